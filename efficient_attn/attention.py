@@ -1,0 +1,169 @@
+"""`MultiHeadAttention`: a projection scheme combined with an attention mechanism.
+
+A drop-in replacement for `flax.linen.MultiHeadDotProductAttention`:
+
+    attn = efficient_attn.MultiHeadAttention(
+        num_heads=8, mechanism='nystrom', projection='efficient',
+        options={'num_landmarks': 32})
+    y = attn(x, mask=mask, deterministic=True)     # x [batch, length, features]
+"""
+import dataclasses
+import functools
+from typing import Any, Callable, Mapping, Optional
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from efficient_attn import masking
+from efficient_attn import projections
+from efficient_attn import registry
+
+
+def mechanism_module(mechanism: str, *, causal: bool = False,
+                     max_length: Optional[int] = None,
+                     options: Optional[Mapping[str, Any]] = None,
+                     **module_kwargs) -> nn.Module:
+  """Build the registered Linen module for `mechanism`, checking the config.
+
+  Raises ValueError naming the bad value and the valid ones for an unknown
+  mechanism, an unknown option, a causal request to a mechanism without a causal
+  form, or a fixed-length mechanism without `max_length`.
+  """
+  name = mechanism
+  spec = registry.get_mechanism(name)
+  if causal and not spec.supports_causal:
+    causal_ok = [n for n, s in registry.MECHANISMS.items() if s.supports_causal]
+    raise ValueError(
+        f'mechanism {name!r} has no causal form (it mixes information along the '
+        f'sequence before scoring, which would let a token see the future); '
+        f'mechanisms with a causal form: {", ".join(causal_ok)}')
+  if spec.fixed_length and max_length is None:
+    raise ValueError(f'mechanism {name!r} has length-shaped parameters and needs '
+                     f'max_length (the longest sequence it will see)')
+  cls = spec.module
+  options = dict(options or {})
+  fields = {f.name for f in dataclasses.fields(cls)} - {'parent', 'name'}
+  reserved = {'causal', 'max_length', 'dtype', 'param_dtype'}
+  bad = sorted(set(options) - (fields - reserved))
+  if bad:
+    raise ValueError(f'unknown option(s) {bad} for mechanism {name!r}; valid options: '
+                     f'{", ".join(sorted(fields - reserved)) or "(none)"}')
+  return cls(causal=causal, max_length=max_length, **options, **module_kwargs)
+
+
+class MultiHeadAttention(nn.Module):
+  """Multi-head attention = projection scheme x mechanism.
+
+  Call signature matches `nn.MultiHeadDotProductAttention`: inputs
+  `[batch, length, features]`, an optional flax-style bool mask
+  `[batch, heads, q_length, kv_length]` (True = attend), `deterministic`.
+  Mechanisms that never form the full attention matrix honour only the
+  key-padding part of the mask; ask for causality with `causal=True`.
+
+  Attributes:
+    num_heads: number of heads h; must divide qkv_features.
+    mechanism: a name from `efficient_attn.list_mechanisms()`.
+    projection: 'standard', 'optimised', 'efficient' or 'super'.
+    options: mechanism options, e.g. {'num_landmarks': 32} (see each mechanism
+      module's fields); unknown keys are an error.
+    causal: autoregressive masking (mechanisms and the super kernel).
+    max_length: context length for 'super' and fixed-length mechanisms.
+    dtype, param_dtype: computation and parameter dtypes.
+    qkv_features, out_features: widths (default: the input width).
+    dropout_rate, broadcast_dropout: attention-weight dropout (softmax only).
+    deterministic: default for the call argument.
+    kernel_init, bias_init, use_bias: for the Dense projections.
+  """
+  num_heads: int
+  mechanism: str = 'softmax'
+  projection: str = 'standard'
+  options: Optional[Mapping[str, Any]] = None
+  causal: bool = False
+  max_length: Optional[int] = None
+  dtype: Any = None
+  param_dtype: Any = jnp.float32
+  qkv_features: Optional[int] = None
+  out_features: Optional[int] = None
+  dropout_rate: float = 0.0
+  broadcast_dropout: bool = True
+  deterministic: Optional[bool] = None
+  kernel_init: Callable[..., Any] = nn.initializers.lecun_normal()
+  bias_init: Callable[..., Any] = nn.initializers.zeros_init()
+  use_bias: bool = True
+
+  @nn.compact
+  def __call__(self, inputs_q, inputs_k=None, inputs_v=None, *, inputs_kv=None,
+               mask=None, deterministic: Optional[bool] = None):
+    if inputs_kv is not None:
+      inputs_k = inputs_v = inputs_kv
+    if inputs_k is None:
+      inputs_k = inputs_q
+    if inputs_v is None:
+      inputs_v = inputs_k
+    features = self.out_features or inputs_q.shape[-1]
+    qkv_features = self.qkv_features or inputs_q.shape[-1]
+    if qkv_features % self.num_heads:
+      raise ValueError(f'num_heads={self.num_heads} must divide the attention width '
+                       f'{qkv_features} (qkv_features / d_model)')
+    head_dim = qkv_features // self.num_heads
+    if self.dropout_rate > 0.0:  # as flax: only dropout needs to know
+      deterministic = nn.merge_param('deterministic', self.deterministic, deterministic)
+    elif deterministic is None:
+      deterministic = True if self.deterministic is None else self.deterministic
+
+    dense = functools.partial(
+        nn.DenseGeneral, features=(self.num_heads, head_dim), axis=-1,
+        kernel_init=self.kernel_init, bias_init=self.bias_init,
+        use_bias=self.use_bias, dtype=self.dtype, param_dtype=self.param_dtype)
+    q, k, v = projections.project_qkv(
+        self.projection, inputs_q, inputs_k, inputs_v, num_heads=self.num_heads,
+        dense=lambda name: dense(name=name), causal=self.causal,
+        max_length=self.max_length, dtype=self.dtype, param_dtype=self.param_dtype)
+    # Captured with `apply(..., mutable=['intermediates'])` by the analysis tools.
+    self.sow('intermediates', 'qkv', (q, k, v))
+
+    extra = {}
+    if self.dropout_rate > 0.0:
+      extra = dict(dropout_rate=self.dropout_rate, broadcast_dropout=self.broadcast_dropout)
+    options = dict(self.options or {}, **extra)
+    mech = mechanism_module(self.mechanism, causal=self.causal,
+                            max_length=self.max_length, options=options,
+                            dtype=self.dtype, param_dtype=self.param_dtype,
+                            name='mechanism')
+    x = mech(q, k, v, mask=mask, deterministic=deterministic)
+    return nn.DenseGeneral(
+        features=features, axis=(-2, -1), kernel_init=self.kernel_init,
+        bias_init=self.bias_init, use_bias=self.use_bias, dtype=self.dtype,
+        param_dtype=self.param_dtype, name='out')(x)
+
+
+def make_attention_fn(mechanism: str = 'softmax', **options) -> Callable[..., Any]:
+  """A parameter-free mechanism as an `attention_fn` for `nn.MultiHeadDotProductAttention`.
+
+      layer = nn.MultiHeadDotProductAttention(
+          num_heads=4, attention_fn=efficient_attn.make_attention_fn('linear'))
+
+  The returned function takes query/key/value `[batch, length, heads, head_dim]`
+  and flax's mask; options are passed to the mechanism's pure function.
+  """
+  spec = registry.get_mechanism(mechanism)
+  if not spec.parameter_free:
+    free = [n for n, s in registry.MECHANISMS.items() if s.parameter_free]
+    raise ValueError(f'mechanism {mechanism!r} has parameters or random features and '
+                     f'cannot be an attention_fn; use efficient_attn.MultiHeadAttention, '
+                     f'or one of: {", ".join(free)}')
+  fn = spec.fn
+
+  def attention_fn(query, key, value, bias=None, mask=None, dtype=None, **unused):
+    if bias is not None:
+      raise ValueError(f'attention bias is not supported by mechanism {mechanism!r}')
+    if dtype is not None:
+      query, key, value = (x.astype(dtype) for x in (query, key, value))
+    return fn(query, key, value, mask=mask, **options)
+
+  return attention_fn
+
+
+def key_padding_mask(mask, batch: int, kv_length: int):
+  """Re-exported for users: see `masking.key_padding_from_mask`."""
+  return masking.key_padding_from_mask(mask, batch, kv_length)

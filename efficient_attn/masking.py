@@ -1,0 +1,72 @@
+"""Masks shared by every mechanism.
+
+Conventions (the same as `flax.linen.MultiHeadDotProductAttention`):
+  * a *mask* is boolean, True where a query may attend to a key, broadcastable
+    to `[batch, heads, q_length, kv_length]`;
+  * a *key padding mask* is boolean `[batch, kv_length]`, True for real tokens.
+
+Mechanisms that never form the `q_length x kv_length` matrix (linear, random
+features, Linformer, Nystrom) can honour only the key-padding part of a mask;
+causality is requested with `causal=True`, never through the mask.
+"""
+from typing import Optional
+
+import jax.numpy as jnp
+
+
+def big_neg(dtype) -> float:
+  """A large finite negative number for `dtype` (used instead of -inf)."""
+  return float(jnp.finfo(jnp.dtype(dtype)).min) / 2
+
+
+def causal_mask(q_length: int, kv_length: int) -> jnp.ndarray:
+  """Bool `[q_length, kv_length]`: query i sees keys j <= i + (kv_length - q_length).
+
+  The offset aligns the last query with the last key, so a single decoding step
+  (q_length = 1) sees every key.
+  """
+  offset = kv_length - q_length
+  return jnp.arange(kv_length)[None, :] <= jnp.arange(q_length)[:, None] + offset
+
+
+def key_padding_from_mask(mask: Optional[jnp.ndarray], batch: int,
+                          kv_length: int) -> Optional[jnp.ndarray]:
+  """Reduce a flax-style mask `[b|1, h|1, q|1, k]` to a key padding mask `[b, k]`.
+
+  A key is kept if any (head, query) pair may attend to it. For the usual
+  padding mask `make_attention_mask(q_pad, k_pad)` this recovers `k_pad`.
+  A 2-D `[batch, kv_length]` input is taken as a key padding mask already.
+  """
+  if mask is None:
+    return None
+  mask = jnp.asarray(mask, dtype=bool)
+  if mask.ndim == 2:
+    return jnp.broadcast_to(mask, (batch, kv_length))
+  if mask.ndim != 4:
+    raise ValueError(
+        f'mask must be [batch, heads, q_length, kv_length] or [batch, kv_length], '
+        f'got shape {mask.shape}')
+  return jnp.broadcast_to(jnp.any(mask, axis=(1, 2)), (batch, kv_length))
+
+
+def combine_masks(mask: Optional[jnp.ndarray], causal: bool, q_length: int,
+                  kv_length: int) -> Optional[jnp.ndarray]:
+  """A single bool mask broadcastable to `[b, h, q, k]`, or None if no masking."""
+  out = None
+  if mask is not None:
+    mask = jnp.asarray(mask, dtype=bool)
+    if mask.ndim == 2:  # key padding [b, k]
+      mask = mask[:, None, None, :]
+    out = mask
+  if causal:
+    c = causal_mask(q_length, kv_length)[None, None]
+    out = c if out is None else jnp.logical_and(out, c)
+  return out
+
+
+def zero_padded(x: jnp.ndarray, key_padding: Optional[jnp.ndarray]) -> jnp.ndarray:
+  """Zero the rows of `x` `[b, l, ...]` at padded positions of `key_padding` `[b, l]`."""
+  if key_padding is None:
+    return x
+  shape = key_padding.shape + (1,) * (x.ndim - 2)
+  return jnp.where(key_padding.reshape(shape), x, jnp.zeros((), x.dtype))

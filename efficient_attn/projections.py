@@ -1,0 +1,109 @@
+"""Projection schemes of "You Need to Pay Better Attention" (paper 004).
+
+A scheme turns the layer inputs into per-head queries, keys and values
+`[batch, length, heads, head_dim]`; the output projection W_O is common to all
+schemes and lives in `attention.MultiHeadAttention`. With model width d_m:
+
+  standard   Q W_Q, K W_K, V W_V                  4 (d_m^2 + d_m) params with W_O
+  optimised  Q W_Q, K W_K, V sliced into heads     3 (d_m^2 + d_m)
+  efficient  Q W_Q, K and V sliced into heads      2 (d_m^2 + d_m)
+  super      efficient, then V'_i = W_A V_i + b_A  2 (d_m^2 + d_m) + l^2 + l
+             (W_A: l x l shared by all heads; lower-triangular when causal)
+
+Parameter names match `flax.linen.MultiHeadDotProductAttention` ('query',
+'key', 'value', 'out'), so checkpoints of the standard scheme are interchangeable.
+"""
+from typing import Any, Callable, Optional
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from efficient_attn import registry
+
+
+def split_heads(x: jnp.ndarray, num_heads: int, name: str) -> jnp.ndarray:
+  """`[batch, length, num_heads * head_dim]` -> `[batch, length, num_heads, head_dim]`."""
+  features = x.shape[-1]
+  if features % num_heads:
+    raise ValueError(f'{name} has {features} features, which num_heads={num_heads} '
+                     f'does not divide; choose heads that divide the model width')
+  return x.reshape(x.shape[:-1] + (num_heads, features // num_heads))
+
+
+def identity_init(key, shape, dtype=jnp.float32):
+  """W_A starts as the identity, so a fresh super layer equals an efficient one."""
+  del key
+  return jnp.eye(shape[0], shape[1], dtype=dtype)
+
+
+class AlignmentKernel(nn.Module):
+  """Super Attention's W_A: mixes values along the sequence, `V' = W_A V + b_A`.
+
+  Attributes:
+    max_length: l, the context length W_A is built for (l x l kernel, l biases).
+      Shorter inputs use the leading n x n block; longer ones are an error.
+    causal: keep W_A lower-triangular so token t only mixes tokens <= t.
+  """
+  max_length: int
+  causal: bool = False
+  dtype: Any = None
+  param_dtype: Any = jnp.float32
+  kernel_init: Callable[..., Any] = identity_init
+  bias_init: Callable[..., Any] = nn.initializers.zeros_init()
+
+  @nn.compact
+  def __call__(self, v: jnp.ndarray) -> jnp.ndarray:
+    """v `[batch, length, heads, head_dim]` -> same shape."""
+    n, l = v.shape[1], self.max_length
+    if n > l:
+      raise ValueError(f'sequence length {n} exceeds max_length={l} that the super '
+                       f'projection (l x l alignment kernel) was built for')
+    kernel = self.param('kernel', self.kernel_init, (l, l), self.param_dtype)[:n, :n]
+    bias = self.param('bias', self.bias_init, (l,), self.param_dtype)[:n]
+    if self.causal:
+      kernel = jnp.tril(kernel)
+    dtype = self.dtype or v.dtype
+    out = jnp.einsum('ts,bshd->bthd', kernel.astype(dtype), v.astype(dtype))
+    return out + bias.astype(dtype)[None, :, None, None]
+
+
+def project_qkv(scheme: str, inputs_q, inputs_k, inputs_v, *, num_heads: int,
+                dense: Callable[[str], nn.Module], causal: bool = False,
+                max_length: Optional[int] = None, dtype: Any = None,
+                param_dtype: Any = jnp.float32):
+  """Per-head q, k, v for a projection scheme; call inside a compact method.
+
+  Args:
+    scheme: one of `registry.PROJECTIONS`.
+    inputs_q, inputs_k, inputs_v: `[batch, length, features]`.
+    num_heads: h.
+    dense: `dense(name)` builds the `[features] -> [heads, head_dim]` DenseGeneral
+      named `name` (so parameters attach to the calling module).
+    causal, max_length: used by the super scheme's alignment kernel.
+  Returns:
+    q `[b, lq, h, dk]`, k `[b, lk, h, dk]`, v `[b, lk, h, dk]`.
+  """
+  registry.check_projection(scheme)
+  q = dense('query')(inputs_q)
+  k = dense('key')(inputs_k) if scheme in ('standard', 'optimised') else None
+  v = dense('value')(inputs_v) if scheme == 'standard' else None
+  qkv_features = q.shape[-2] * q.shape[-1]
+  for name, x in (('inputs_k', inputs_k), ('inputs_v', inputs_v)):
+    if (name == 'inputs_k' and k is None) or (name == 'inputs_v' and v is None):
+      if x.shape[-1] != qkv_features:
+        raise ValueError(
+            f'projection {scheme!r} slices {name} into heads without a matrix, so '
+            f'its width {x.shape[-1]} must equal qkv_features={qkv_features}')
+  if k is None:
+    k = split_heads(inputs_k, num_heads, 'inputs_k')
+  if v is None:
+    v = split_heads(inputs_v, num_heads, 'inputs_v')
+  if scheme == 'super':
+    if max_length is None:
+      raise ValueError("projection 'super' needs max_length (the context length l "
+                       'of its l x l alignment kernel)')
+    v = AlignmentKernel(max_length=max_length, causal=causal, dtype=dtype,
+                        param_dtype=param_dtype, name='alignment')(v)
+  if dtype is not None:
+    q, k, v = (x.astype(dtype) for x in (q, k, v))
+  return q, k, v
