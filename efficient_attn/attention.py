@@ -6,6 +6,11 @@ A drop-in replacement for `flax.linen.MultiHeadDotProductAttention`:
         num_heads=8, mechanism='nystrom', projection='efficient',
         options={'num_landmarks': 32})
     y = attn(x, mask=mask, deterministic=True)     # x [batch, length, features]
+
+Autoregressive decoding (flax lm1b/wmt convention): build the layer with
+`causal=True, decode=True`, `init` it with a full-length input to create the
+'cache' collection, then `apply(..., x_t, mutable=['cache'])` one token
+`[batch, 1, features]` at a time (see `efficient_attn.decoding`).
 """
 import dataclasses
 import functools
@@ -13,7 +18,9 @@ from typing import Any, Callable, Mapping, Optional
 
 import flax.linen as nn
 import jax.numpy as jnp
+from jax import lax
 
+from efficient_attn import decoding
 from efficient_attn import masking
 from efficient_attn import projections
 from efficient_attn import registry
@@ -73,6 +80,14 @@ class MultiHeadAttention(nn.Module):
     dropout_rate, broadcast_dropout: attention-weight dropout (softmax only).
     deterministic: default for the call argument.
     kernel_init, bias_init, use_bias: for the Dense projections.
+    decode: one token per call, state in the 'cache' collection (needs causal).
+      The cache is created, with room for as many tokens as the input has, by
+      the first call that finds none (`init` with a full-length dummy input,
+      or `apply(..., mutable=['cache'])` with trained params); that call runs
+      the ordinary parallel forward. Later calls take `[batch, 1, features]`.
+      Cache: 'index' (next position), 'state' (the mechanism's
+      `decoding.DecodeForm` state) and, for 'super', 'values' (the raw values
+      that the lower-triangular W_A mixes).
   """
   num_heads: int
   mechanism: str = 'softmax'
@@ -90,6 +105,7 @@ class MultiHeadAttention(nn.Module):
   kernel_init: Callable[..., Any] = nn.initializers.lecun_normal()
   bias_init: Callable[..., Any] = nn.initializers.zeros_init()
   use_bias: bool = True
+  decode: bool = False
 
   @nn.compact
   def __call__(self, inputs_q, inputs_k=None, inputs_v=None, *, inputs_kv=None,
@@ -111,6 +127,10 @@ class MultiHeadAttention(nn.Module):
     elif deterministic is None:
       deterministic = True if self.deterministic is None else self.deterministic
 
+    stepping = self.decode and self.has_variable('cache', 'index')
+    if self.decode:
+      self._check_decode(inputs_q, inputs_k, inputs_v, mask, stepping)
+
     dense = functools.partial(
         nn.DenseGeneral, features=(self.num_heads, head_dim), axis=-1,
         kernel_init=self.kernel_init, bias_init=self.bias_init,
@@ -118,7 +138,8 @@ class MultiHeadAttention(nn.Module):
     q, k, v = projections.project_qkv(
         self.projection, inputs_q, inputs_k, inputs_v, num_heads=self.num_heads,
         dense=lambda name: dense(name=name), causal=self.causal,
-        max_length=self.max_length, dtype=self.dtype, param_dtype=self.param_dtype)
+        max_length=self.max_length, dtype=self.dtype, param_dtype=self.param_dtype,
+        align=not stepping)
     # Captured with `apply(..., mutable=['intermediates'])` by the analysis tools.
     self.sow('intermediates', 'qkv', (q, k, v))
 
@@ -130,11 +151,48 @@ class MultiHeadAttention(nn.Module):
                             max_length=self.max_length, options=options,
                             dtype=self.dtype, param_dtype=self.param_dtype,
                             name='mechanism')
-    x = mech(q, k, v, mask=mask, deterministic=deterministic)
+    if self.decode:
+      x = self._decode(mech, q, k, v, mask, deterministic, inputs_q.shape[1], stepping)
+    else:
+      x = mech(q, k, v, mask=mask, deterministic=deterministic)
     return nn.DenseGeneral(
         features=features, axis=(-2, -1), kernel_init=self.kernel_init,
         bias_init=self.bias_init, use_bias=self.use_bias, dtype=self.dtype,
         param_dtype=self.param_dtype, name='out')(x)
+
+
+  def _check_decode(self, inputs_q, inputs_k, inputs_v, mask, stepping):
+    if not self.causal:
+      raise ValueError('decode=True needs causal=True (a token generated one at a time '
+                       'can only attend to the past)')
+    if mask is not None:
+      raise ValueError('decode=True takes no mask (causality comes from the cache)')
+    if not (inputs_q is inputs_k is inputs_v):
+      raise ValueError('decode=True supports self-attention only')
+    if stepping and inputs_q.shape[1] != 1:
+      raise ValueError(f'a decoding step takes one token [batch, 1, features], got '
+                       f'shape {inputs_q.shape} (the cache already exists)')
+
+  def _decode(self, mech, q, k, v, mask, deterministic, length, stepping):
+    """The one place for cache logic: create it, or advance it by one token."""
+    form = decoding.decode_form(self.mechanism, mech)
+    b, _, h, dk = q.shape
+    index = self.variable('cache', 'index', lambda: jnp.zeros((), jnp.int32))
+    state = self.variable('cache', 'state', form.init, b, length, h, dk, v.shape[-1],
+                          q.dtype)
+    if self.projection == 'super':
+      values = self.variable('cache', 'values', jnp.zeros, (b, length) + v.shape[2:],
+                             v.dtype)
+    if not stepping:  # cache just created: the ordinary parallel forward
+      return mech(q, k, v, mask=mask, deterministic=deterministic)
+    i = index.value
+    if self.projection == 'super':
+      values.value = lax.dynamic_update_slice_in_dim(values.value, v, i, axis=1)
+      v = projections.alignment_kernel(self.max_length, self.causal, self.dtype,
+                                       self.param_dtype)(values.value, index=i)
+    state.value, x = form.step(state.value, q, k, v, i)
+    index.value = i + 1
+    return x
 
 
 def make_attention_fn(mechanism: str = 'softmax', **options) -> Callable[..., Any]:

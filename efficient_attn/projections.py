@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional
 
 import flax.linen as nn
 import jax.numpy as jnp
+from jax import lax
 
 from efficient_attn import registry
 
@@ -52,8 +53,13 @@ class AlignmentKernel(nn.Module):
   bias_init: Callable[..., Any] = nn.initializers.zeros_init()
 
   @nn.compact
-  def __call__(self, v: jnp.ndarray) -> jnp.ndarray:
-    """v `[batch, length, heads, head_dim]` -> same shape."""
+  def __call__(self, v: jnp.ndarray, index=None) -> jnp.ndarray:
+    """v `[batch, length, heads, head_dim]` -> same shape.
+
+    With `index` (causal decoding), v holds the raw values of positions
+    0..length-1 (those after `index` are ignored) and only output row `index`
+    is computed: `[batch, 1, heads, head_dim]`.
+    """
     n, l = v.shape[1], self.max_length
     if n > l:
       raise ValueError(f'sequence length {n} exceeds max_length={l} that the super '
@@ -63,14 +69,30 @@ class AlignmentKernel(nn.Module):
     if self.causal:
       kernel = jnp.tril(kernel)
     dtype = self.dtype or v.dtype
+    if index is not None:
+      if not self.causal:
+        raise ValueError('decoding through the super projection needs causal=True')
+      row = lax.dynamic_slice_in_dim(kernel, index, 1, axis=0)            # [1, n]
+      out = jnp.einsum('ts,bshd->bthd', row.astype(dtype), v.astype(dtype))
+      return out + lax.dynamic_slice_in_dim(bias, index, 1).astype(dtype)[None, :, None, None]
     out = jnp.einsum('ts,bshd->bthd', kernel.astype(dtype), v.astype(dtype))
     return out + bias.astype(dtype)[None, :, None, None]
+
+
+def alignment_kernel(max_length: Optional[int], causal: bool, dtype: Any = None,
+                     param_dtype: Any = jnp.float32) -> AlignmentKernel:
+  """The super scheme's `AlignmentKernel`, named 'alignment' in the calling module."""
+  if max_length is None:
+    raise ValueError("projection 'super' needs max_length (the context length l "
+                     'of its l x l alignment kernel)')
+  return AlignmentKernel(max_length=max_length, causal=causal, dtype=dtype,
+                         param_dtype=param_dtype, name='alignment')
 
 
 def project_qkv(scheme: str, inputs_q, inputs_k, inputs_v, *, num_heads: int,
                 dense: Callable[[str], nn.Module], causal: bool = False,
                 max_length: Optional[int] = None, dtype: Any = None,
-                param_dtype: Any = jnp.float32):
+                param_dtype: Any = jnp.float32, align: bool = True):
   """Per-head q, k, v for a projection scheme; call inside a compact method.
 
   Args:
@@ -80,6 +102,8 @@ def project_qkv(scheme: str, inputs_q, inputs_k, inputs_v, *, num_heads: int,
     dense: `dense(name)` builds the `[features] -> [heads, head_dim]` DenseGeneral
       named `name` (so parameters attach to the calling module).
     causal, max_length: used by the super scheme's alignment kernel.
+    align: apply the super scheme's alignment kernel (False: return the raw
+      sliced values; a decoding layer applies `alignment_kernel` to its cache).
   Returns:
     q `[b, lq, h, dk]`, k `[b, lk, h, dk]`, v `[b, lk, h, dk]`.
   """
@@ -98,12 +122,8 @@ def project_qkv(scheme: str, inputs_q, inputs_k, inputs_v, *, num_heads: int,
     k = split_heads(inputs_k, num_heads, 'inputs_k')
   if v is None:
     v = split_heads(inputs_v, num_heads, 'inputs_v')
-  if scheme == 'super':
-    if max_length is None:
-      raise ValueError("projection 'super' needs max_length (the context length l "
-                       'of its l x l alignment kernel)')
-    v = AlignmentKernel(max_length=max_length, causal=causal, dtype=dtype,
-                        param_dtype=param_dtype, name='alignment')(v)
+  if scheme == 'super' and align:
+    v = alignment_kernel(max_length, causal, dtype, param_dtype)(v)
   if dtype is not None:
     q, k, v = (x.astype(dtype) for x in (q, k, v))
   return q, k, v
