@@ -1,0 +1,103 @@
+"""Decoding one token at a time equals the parallel causal forward pass."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import efficient_attn as ea
+from efficient_attn import decoding
+from efficient_attn.models import CausalTransformer
+from efficient_attn.models.causal import shift_right
+from train import generate
+
+B, L, D, H = 2, 70, 16, 2  # L > decoding.KV_BLOCK: the cache spans several blocks
+OPTIONS = {'softmax': {}, 'softmax_chunked': {'q_chunk': 16, 'k_chunk': 16},
+           'linear': {}, 'rfa': {'num_features': 8}, 'performer': {'num_features': 8},
+           'local': {'window': 5}}
+
+
+def _decode_layer(layer, variables, x):
+  """Outputs `[B, L, ...]` of `layer.clone(decode=True)` fed x one token at a time."""
+  dec = layer.clone(decode=True)
+  _, cache = dec.apply(variables, x, mutable=['cache'])  # creates the empty cache
+  step = jax.jit(lambda c, xt: dec.apply({**variables, **c}, xt, mutable=['cache']))
+  outs = []
+  for t in range(x.shape[1]):
+    y, cache = step(cache, x[:, t:t + 1])
+    outs.append(y)
+  return jnp.concatenate(outs, axis=1)
+
+
+@pytest.mark.parametrize('mechanism', list(OPTIONS))
+def test_layer_decode_matches_parallel(mechanism):
+  x = jax.random.normal(jax.random.PRNGKey(0), (B, L, D))
+  layer = ea.MultiHeadAttention(num_heads=H, mechanism=mechanism, causal=True,
+                                options=OPTIONS[mechanism])
+  variables = layer.init(jax.random.PRNGKey(1), x)
+  np.testing.assert_allclose(_decode_layer(layer, variables, x), layer.apply(variables, x),
+                             atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize('mechanism', ['linear', 'softmax'])
+def test_super_projection_decode_matches_parallel(mechanism):
+  x = jax.random.normal(jax.random.PRNGKey(0), (B, 20, D))
+  layer = ea.MultiHeadAttention(num_heads=H, mechanism=mechanism, projection='super',
+                                causal=True, max_length=24)
+  variables = layer.init(jax.random.PRNGKey(1), x)
+  # A non-trivial lower-triangular W_A (it starts as the identity).
+  params = jax.tree.map(lambda p: p, variables['params'])
+  params['alignment']['kernel'] = jax.random.normal(jax.random.PRNGKey(2), (24, 24)) / 4
+  params['alignment']['bias'] = jnp.linspace(-1, 1, 24)
+  variables = {'params': params}
+  np.testing.assert_allclose(_decode_layer(layer, variables, x), layer.apply(variables, x),
+                             atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize('mechanism', ['linear', 'softmax'])
+def test_model_decode_matches_parallel_at_every_position(mechanism):
+  n = 40
+  model = CausalTransformer(max_length=n, d_model=16, depth=2, num_heads=2, mlp_dim=32,
+                            mechanism=mechanism)
+  pixels = jax.random.randint(jax.random.PRNGKey(0), (B, n), 0, 256)
+  inputs = shift_right(pixels, model.start_token)
+  params = jax.jit(model.init)(jax.random.PRNGKey(1), inputs)['params']
+  # Larger weights than at init, so attention is far from uniform (float32
+  # rounding then reaches ~1e-4 of logits ~10; in float64 the two agree exactly).
+  params = jax.tree.map(lambda p: p * 3.0, params)
+  parallel = jax.jit(model.apply)({'params': params}, inputs)
+  step = jax.jit(generate.make_step(model))
+  cache = jax.jit(lambda p: generate.init_cache(model.clone(decode=True), p, B, n))(params)
+  for t in range(n):
+    logits, cache = step(params, cache, inputs[:, t])
+    np.testing.assert_allclose(logits, parallel[:, t], atol=1e-3, rtol=1e-3,
+                               err_msg=f'position {t}')
+
+
+def test_linear_decode_state_is_constant_size():
+  model = CausalTransformer(max_length=L, d_model=16, depth=1, num_heads=2, mlp_dim=32,
+                            mechanism='linear')
+  decoder = model.clone(decode=True)
+  params = jax.eval_shape(model.init, jax.random.PRNGKey(0), jnp.zeros((1, L), jnp.int32))
+  short = jax.eval_shape(lambda p: generate.init_cache(decoder, p, 1, 8), params['params'])
+  long = jax.eval_shape(lambda p: generate.init_cache(decoder, p, 1, L), params['params'])
+  assert jax.tree.map(jnp.shape, short) == jax.tree.map(jnp.shape, long)
+
+
+def test_decode_errors_name_valid_choices():
+  x = jnp.zeros((1, 8, D))
+  with pytest.raises(ValueError, match="'nystrom' has no causal form"):
+    ea.MultiHeadAttention(num_heads=H, mechanism='nystrom', causal=True,
+                          decode=True).init(jax.random.PRNGKey(0), x)
+  with pytest.raises(ValueError, match='decode=True needs causal=True'):
+    ea.MultiHeadAttention(num_heads=H, decode=True).init(jax.random.PRNGKey(0), x)
+  with pytest.raises(ValueError, match="'linformer' has no causal form"):
+    ea.MultiHeadAttention(num_heads=H, mechanism='linformer', causal=True, max_length=8,
+                          decode=True).init(jax.random.PRNGKey(0), x)
+  assert {'softmax', 'linear', 'rfa', 'performer', 'local'} <= set(
+      decoding.decodable_mechanisms())
+  with pytest.raises(ValueError, match=r"'nope' has no decoding form.*softmax.*linear"):
+    decoding.decode_form('nope', object())
+  layer = ea.MultiHeadAttention(num_heads=H, causal=True, decode=True)
+  variables = layer.init(jax.random.PRNGKey(0), x)
+  with pytest.raises(ValueError, match='one token'):
+    layer.apply(variables, x, mutable=['cache'])
