@@ -1,0 +1,315 @@
+"""Tests of the kernel-attention core and linear attention (tiny shapes, CPU)."""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from efficient_attn.mechanisms import linear
+
+FEATURE_MAPS = ('elu', 'relu', 'identity')
+EPS = 1e-6
+
+
+@pytest.fixture
+def x64():
+  with jax.enable_x64(True):
+    yield
+
+
+# ---------------------------------------------------------------------------
+# NumPy float64 reference: the quadratic form of the definition.
+# ---------------------------------------------------------------------------
+
+
+def np_phi(x, name):
+  if name == 'elu':
+    return np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0.0)))
+  if name == 'relu':
+    return np.maximum(x, 0.0)
+  return x
+
+
+def np_safe(den, eps):
+  return np.where(den >= 0, np.maximum(den, eps), np.minimum(den, -eps))
+
+
+def np_kernel_ref(phi_q, phi_k, v, key_padding=None, causal=False, normalize=True,
+                  eps=EPS):
+  """out_i = sum_j A_ij v_j / sum_j A_ij with A = phi_q phi_k^T over visible keys."""
+  a = np.einsum('bqhf,bkhf->bhqk', phi_q, phi_k)
+  lq, lk = a.shape[-2:]
+  visible = np.ones((1, 1, lq, lk), bool)
+  if causal:
+    visible = visible & np.tril(np.ones((lq, lk), bool))[None, None]
+  if key_padding is not None:
+    visible = visible & key_padding[:, None, None, :]
+  a = np.where(visible, a, 0.0)
+  out = np.einsum('bhqk,bkhd->bqhd', a, v)
+  if normalize:
+    out = out / np_safe(np.swapaxes(a.sum(-1), 1, 2), eps)[..., None]
+  return out
+
+
+def np_linear_ref(q, k, v, feature_map, key_padding=None, causal=False):
+  q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+  phi_q, phi_k = np_phi(q, feature_map), np_phi(k, feature_map)
+  if feature_map == 'identity':   # the seeds' (1/d_k) Q (K^T V), no denominator
+    return np_kernel_ref(phi_q / q.shape[-1], phi_k, v, key_padding, causal,
+                         normalize=False)
+  return np_kernel_ref(phi_q, phi_k, v, key_padding, causal)
+
+
+def inputs(seed=0, b=2, l=10, h=2, d=4, dv=3, dtype=jnp.float32, scale=1.0):
+  """q, k, v drawn with NumPy (no JAX compilation)."""
+  rng = np.random.default_rng(seed)
+  q = rng.normal(size=(b, l, h, d)) * scale
+  k = rng.normal(size=(b, l, h, d)) * scale
+  v = rng.normal(size=(b, l, h, dv))
+  return tuple(jnp.asarray(x, dtype) for x in (q, k, v))
+
+
+def value_and_grads(fn, num_args=3):
+  """A jitted (*args) -> (fn(*args), d sum(fn) / d args)."""
+  def loss(*a):
+    out = fn(*a)
+    return jnp.sum(out.astype(jnp.float32)), out
+  vg = jax.jit(jax.value_and_grad(loss, argnums=tuple(range(num_args)), has_aux=True))
+
+  def run(*args):
+    (_, out), grads = vg(*args)
+    return out, grads
+  return run
+
+
+PAD = np.array([[True] * 10, [True] * 6 + [False] * 4])
+
+
+# ---------------------------------------------------------------------------
+# Against the reference.
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize('feature_map', FEATURE_MAPS)
+@pytest.mark.parametrize('causal', [False, True])
+def test_linear_matches_reference(x64, feature_map, causal):
+  q, k, v = inputs(dtype=jnp.float64)
+  # Non-causal: key padding [b, k]; causal: a flax-style 4-D mask.
+  mask = PAD if not causal else jnp.asarray(PAD)[:, None, None, :]
+  out = jax.jit(functools.partial(linear.linear_attention, causal=causal,
+                                  feature_map=feature_map, chunk_size=4))(q, k, v, mask)
+  assert out.dtype == jnp.float64 and out.shape == v.shape
+  ref = np_linear_ref(q, k, v, feature_map, key_padding=PAD, causal=causal)
+  np.testing.assert_allclose(out, ref, rtol=1e-10, atol=1e-12)
+
+
+def test_cross_attention_lengths(x64):
+  q, _, _ = inputs(l=5, dtype=jnp.float64)
+  _, k, v = inputs(seed=1, l=10, dtype=jnp.float64)
+  out = jax.jit(linear.linear_attention)(q, k, v, PAD)
+  np.testing.assert_allclose(out, np_linear_ref(q, k, v, 'elu', PAD), rtol=1e-10)
+  with pytest.raises(ValueError, match='q_length == kv_length'):
+    linear.linear_attention(q, k, v, causal=True)
+
+
+# ---------------------------------------------------------------------------
+# Chunked parallel form == recurrent form == reference.
+# ---------------------------------------------------------------------------
+
+
+def run_steps(step_fn, state, q, k, v):
+  outs = []
+  for t in range(q.shape[1]):
+    state, o = step_fn(state, q[:, t], k[:, t], v[:, t])
+    outs.append(o)
+  return state, jnp.stack(outs, axis=1)
+
+
+@pytest.mark.parametrize('feature_map,chunks', [('elu', (1, 3, 7, 16)), ('relu', (4,)),
+                                                ('identity', (3, 16))])
+def test_chunked_causal_equals_recurrent(x64, feature_map, chunks):
+  q, k, v = inputs(dtype=jnp.float64)
+  b, l, h, d = q.shape
+  ref = np_linear_ref(q, k, v, feature_map, causal=True)
+  step = jax.jit(functools.partial(linear.linear_attention_step, feature_map=feature_map))
+  state0 = linear.init_kernel_state(b, h, d, v.shape[-1], jnp.float64)
+  final, rec = run_steps(step, state0, q, k, v)
+  np.testing.assert_allclose(rec, ref, rtol=1e-10, atol=1e-12)
+  for chunk in chunks:   # 3, 4 and 7 do not divide 10; 16 > length
+    par, state = jax.jit(functools.partial(
+        linear.linear_attention, causal=True, feature_map=feature_map,
+        chunk_size=chunk, return_state=True))(q, k, v)
+    np.testing.assert_allclose(par, rec, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(state.s, final.s, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(state.z, final.z, rtol=1e-10, atol=1e-12)
+
+
+def test_prefill_then_decode(x64):
+  q, k, v = inputs(dtype=jnp.float64)
+  full = np_linear_ref(q, k, v, 'elu', causal=True)
+  _, state = jax.jit(functools.partial(linear.linear_attention, causal=True, chunk_size=4,
+                                       return_state=True))(q[:, :6], k[:, :6], v[:, :6])
+  outs = []
+  step = jax.jit(linear.linear_attention_step)
+  for t in range(6, 10):   # the [batch, 1, heads, dim] token layout
+    state, o = step(state, q[:, t:t + 1], k[:, t:t + 1], v[:, t:t + 1])
+    assert o.shape == (2, 1, 2, 3)
+    outs.append(o)
+  np.testing.assert_allclose(jnp.concatenate(outs, 1), full[:, 6:], rtol=1e-10)
+
+
+def test_step_key_valid_skips_update(x64):
+  q, k, v = inputs(dtype=jnp.float64)
+  state = linear.init_kernel_state(2, 2, 4, 3, jnp.float64)
+  state, _ = linear.linear_attention_step(state, q[:, 0], k[:, 0], v[:, 0])
+  valid = jnp.array([True, False])
+  new, _ = linear.linear_attention_step(state, q[:, 1], k[:, 1] * 1e3, v[:, 1] * 1e3,
+                                        key_valid=valid)
+  np.testing.assert_array_equal(new.s[1], state.s[1])
+  assert not np.allclose(new.s[0], state.s[0])
+
+
+# ---------------------------------------------------------------------------
+# Structure: causality, padding, memory.
+# ---------------------------------------------------------------------------
+
+
+def assert_no_lookahead(fn, args, past_args=(1, 2)):
+  """fn(*args) -> [1, l, 1, dv]; d out_t / d arg_s must vanish for s > t.
+
+  One compiled VJP, pulled back from a random cotangent on output t alone, for
+  every t. The last output must also depend on the first three positions of
+  the args in `past_args` (keys, values, gates): the test is not vacuous.
+  """
+  out = jax.eval_shape(fn, *args)
+  l = out.shape[1]
+  vjp = jax.jit(lambda ct, *a: jax.vjp(fn, *a)[1](ct))
+  cts = np.random.default_rng(0).normal(size=out.shape).astype(np.float32)
+  for t in range(l):
+    ct = np.zeros(out.shape, np.float32)
+    ct[:, t] = cts[:, t]
+    grads = vjp(jnp.asarray(ct, out.dtype), *args)
+    for i, g in enumerate(grads):
+      g = np.asarray(g)
+      assert np.all(g[:, t + 1:] == 0), f'output {t} depends on later inputs of arg {i}'
+      if t == l - 1 and i in past_args:
+        assert np.any(g[:, :3] != 0)
+
+
+@pytest.mark.parametrize('feature_map', FEATURE_MAPS)
+def test_no_lookahead(feature_map):
+  q, k, v = inputs(b=1, l=7, h=1, d=3, dv=2)
+  fn = functools.partial(linear.linear_attention, causal=True, feature_map=feature_map,
+                         chunk_size=3)
+  assert_no_lookahead(fn, (q, k, v))
+
+
+@pytest.mark.parametrize('feature_map', FEATURE_MAPS)
+@pytest.mark.parametrize('causal', [False, True])
+def test_padded_keys_get_zero_weight(feature_map, causal):
+  q, k, v = inputs()
+  rng = np.random.default_rng(0)
+  pad = jnp.asarray(PAD)
+  k2 = jnp.where(pad[:, :, None, None], k, rng.normal(size=k.shape) * 1e4)
+  v2 = jnp.where(pad[:, :, None, None], v, rng.normal(size=v.shape) * 1e4)
+  fn = functools.partial(linear.linear_attention, mask=pad, causal=causal,
+                         feature_map=feature_map, chunk_size=4)
+  vg = value_and_grads(fn)
+  out, _ = vg(q, k, v)
+  out2, (_, gk, gv) = vg(q, k2, v2)
+  np.testing.assert_array_equal(out, out2)
+  assert np.all(np.asarray(gk)[1, 6:] == 0) and np.all(np.asarray(gv)[1, 6:] == 0)
+
+
+def _max_intermediate(jaxpr) -> int:
+  """Largest number of elements of any value in a (nested) jaxpr."""
+  biggest = 0
+  for eqn in jaxpr.eqns:
+    for var in eqn.outvars:
+      shape = getattr(var.aval, 'shape', ())
+      biggest = max(biggest, int(np.prod(shape)) if shape else 1)
+    for param in eqn.params.values():
+      for sub in (param if isinstance(param, (tuple, list)) else (param,)):
+        if isinstance(sub, jax.extend.core.ClosedJaxpr):
+          biggest = max(biggest, _max_intermediate(sub.jaxpr))
+        elif isinstance(sub, jax.extend.core.Jaxpr):
+          biggest = max(biggest, _max_intermediate(sub))
+  return biggest
+
+
+def test_causal_memory_has_no_cumsum_tensor():
+  """Forward and backward never hold an O(n f dv) tensor (n=512, f=dv=16, c=16)."""
+  n, f, dv, c = 512, 16, 16, 16
+  q, k, v = (jax.ShapeDtypeStruct((1, n, 1, x), jnp.float32) for x in (f, f, dv))
+  fn = functools.partial(linear.linear_attention, causal=True, chunk_size=c)
+  loss = lambda q, k, v: jnp.sum(fn(q, k, v) ** 2)
+  fwd = _max_intermediate(jax.make_jaxpr(fn)(q, k, v).jaxpr)
+  bwd = _max_intermediate(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v).jaxpr)
+  cumsum_size = n * f * dv
+  assert fwd <= n * max(f, dv) and bwd <= n * max(f, dv), (fwd, bwd)
+  assert max(fwd, bwd) * 8 <= cumsum_size
+
+
+# ---------------------------------------------------------------------------
+# Numerics.
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize('feature_map', FEATURE_MAPS)
+@pytest.mark.parametrize('causal', [False, True])
+def test_finite_outputs_and_gradients(feature_map, causal):
+  """bfloat16 inputs with large norms (q, k scaled by 100)."""
+  dtype = jnp.bfloat16
+  q, k, v = inputs(dtype=dtype, scale=100.0)
+  fn = functools.partial(linear.linear_attention, mask=PAD, causal=causal,
+                         feature_map=feature_map, chunk_size=4)
+  out, grads = value_and_grads(fn)(q, k, v)
+  assert out.dtype == dtype
+  assert bool(jnp.all(jnp.isfinite(out.astype(jnp.float32))))
+  for g in grads:
+    assert g.dtype == dtype and bool(jnp.all(jnp.isfinite(g.astype(jnp.float32))))
+
+
+def test_bf16_close_to_float32():
+  q, k, v = inputs()
+  ref = linear.linear_attention(q, k, v, causal=True, chunk_size=4)
+  low = linear.linear_attention(*(x.astype(jnp.bfloat16) for x in (q, k, v)),
+                                causal=True, chunk_size=4)
+  np.testing.assert_allclose(low.astype(jnp.float32), ref, atol=5e-2, rtol=5e-2)
+
+
+def test_relu_all_zero_row_gives_zero():
+  q, k, v = inputs()
+  q = -jnp.abs(q)   # relu(q) == 0: empty kernel row, den clamped to eps
+  out = linear.linear_attention(q, k, v, feature_map='relu')
+  np.testing.assert_array_equal(out, 0.0)
+
+
+# ---------------------------------------------------------------------------
+# Linen module.
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize('causal', [False, True])
+def test_module_matches_function(causal):
+  q, k, v = inputs()
+  mod = linear.LinearAttention(causal=causal, feature_map='relu', chunk_size=3)
+  variables = jax.jit(mod.init)(jax.random.PRNGKey(0), q, k, v, mask=PAD)
+  assert not jax.tree_util.tree_leaves(variables)
+  out = jax.jit(mod.apply)(variables, q, k, v, mask=PAD)
+  ref = linear.linear_attention(q, k, v, mask=PAD, causal=causal, feature_map='relu')
+  np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
+  if causal:
+    state = mod.init_state(2, 2, 4, 3)
+    step = jax.jit(lambda s, *a: mod.apply(variables, s, *a, method='step'))
+    _, rec = run_steps(step, state, q, k, v)
+    np.testing.assert_allclose(rec, linear.linear_attention(q, k, v, causal=True,
+                                                            feature_map='relu'),
+                               rtol=1e-4, atol=1e-5)
+
+
+def test_module_bad_feature_map():
+  q, k, v = inputs()
+  with pytest.raises(ValueError, match='valid feature maps'):
+    linear.LinearAttention(feature_map='cos').init(jax.random.PRNGKey(0), q, k, v)
