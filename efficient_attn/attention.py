@@ -145,6 +145,13 @@ class MultiHeadAttention(nn.Module):
 
     extra = {}
     if self.dropout_rate > 0.0:
+      with_weights = [n for n, s in registry.MECHANISMS.items()
+                      if 'dropout_rate' in {f.name for f in dataclasses.fields(s.module)}]
+      if self.mechanism not in with_weights:
+        raise ValueError(
+            f'dropout_rate={self.dropout_rate}: attention-weight dropout needs a mechanism '
+            f'that forms attention weights ({", ".join(with_weights)}), not '
+            f'{self.mechanism!r}; set the attention dropout rate to 0')
       extra = dict(dropout_rate=self.dropout_rate, broadcast_dropout=self.broadcast_dropout)
     options = dict(self.options or {}, **extra)
     mech = mechanism_module(self.mechanism, causal=self.causal,

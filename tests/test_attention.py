@@ -53,6 +53,9 @@ def test_bad_combinations_say_why():
     _layer('nystrom', causal=True).init(jax.random.PRNGKey(0), x)
   with pytest.raises(ValueError, match='num_heads=3 must divide'):
     ea.MultiHeadAttention(num_heads=3).init(jax.random.PRNGKey(0), x)
+  with pytest.raises(ValueError, match="dropout_rate=0.1: .*softmax.*not 'linear'"):
+    ea.MultiHeadAttention(num_heads=H, mechanism='linear', dropout_rate=0.1).init(
+        jax.random.PRNGKey(0), x, deterministic=False)
   with pytest.raises(ValueError, match="'super' needs max_length"):
     ea.MultiHeadAttention(num_heads=H, projection='super').init(jax.random.PRNGKey(0), x)
   with pytest.raises(ValueError, match='exceeds max_length=8'):
