@@ -1,0 +1,192 @@
+"""Shared defaults for every experiment config (big_vision style).
+
+A config file builds its `ConfigDict` from `base()` and the dataset presets
+below, then sets only what its experiment changes:
+
+    def get_config():
+      config = common.base()
+      common.cifar10(config)
+      config.model.d_model = 128
+      return config
+
+Groups (the contract other tools rely on):
+  dataset    name, data_dir, batch_size (global), eval_batch_size, image_size or
+             max_length, num_classes, shuffle_buffer, augment, splits.
+  model      kind ('vit' | 'text'), d_model, depth, num_heads, mlp_dim,
+             patch_size, pool, dropout_rate, attention_dropout_rate, max_length.
+  attention  mechanism, projection, options (a ConfigDict of mechanism options).
+  optim      name, learning_rate, warmup_steps, weight_decay, grad_clip, b1, b2.
+  train      num_steps or num_epochs (the other one -1), eval_every, log_every,
+             checkpoint_every, keep_checkpoints, seed, dtype.
+  task, init_from, lora (rank=0: off).
+Fields a sweep varies are plain values, so `--config.attention.mechanism=linear`
+works. No field defaults to None: overrides from the command line need a type.
+"""
+from typing import Any, Dict, Optional
+
+import ml_collections
+
+MECHANISM_OPTIONS = {
+    # Options each mechanism gets in the experiment configs: the knobs a sweep
+    # varies, present in the config so `--config.attention.options.X=...` works.
+    'softmax': {},
+    'softmax_chunked': {'q_chunk': 64, 'k_chunk': 64},
+    'linear': {'feature_map': 'elu'},
+    'rfa': {'num_features': 64},
+    'performer': {'num_features': 64},
+    'linformer': {'k_proj': 64},
+    'nystrom': {'num_landmarks': 32},
+    'local': {'window': 32},
+}
+
+
+def base() -> ml_collections.ConfigDict:
+  """Every field with its default; the experiment files override a few."""
+  config = ml_collections.ConfigDict()
+  config.task = 'classification'
+  config.init_from = ''  # a workdir whose latest checkpoint's params initialise this run
+
+  config.dataset = ml_collections.ConfigDict(dict(
+      name='digits',
+      data_dir='',          # TFDS data dir ('' = TFDS default) or the ImageFolder root
+      manual_dir='',        # TFDS manual download dir (imagenet2012)
+      download=True,        # let TFDS download and prepare a missing dataset
+      train_split='train',
+      eval_split='test',
+      batch_size=64,        # global, over all devices and hosts
+      eval_batch_size=256,  # global
+      image_size=8,         # square side the images are resized to (image datasets)
+      channels=1,
+      max_length=0,         # token length (text datasets)
+      num_classes=10,       # 0: from the dataset (ImageFolder: number of label folders)
+      shuffle_buffer=10_000,
+      augment='none',       # 'none' | 'crop_flip' | 'inception_crop'
+  ))
+  config.model = ml_collections.ConfigDict(dict(
+      kind='vit',
+      d_model=64,
+      depth=2,
+      num_heads=4,
+      mlp_dim=128,
+      patch_size=2,
+      pool='cls',           # 'cls' | 'mean'
+      dropout_rate=0.0,
+      attention_dropout_rate=0.0,
+      max_length=0,         # text: context length the model is built for (0: dataset.max_length)
+  ))
+  config.attention = ml_collections.ConfigDict(dict(
+      mechanism='softmax',
+      projection='standard',
+      options=ml_collections.ConfigDict(),
+  ))
+  config.optim = ml_collections.ConfigDict(dict(
+      name='adamw',         # 'adamw' | 'sgd' (b1 is the momentum)
+      learning_rate=1e-3,   # peak, after linear warmup; cosine decay to 0 afterwards
+      warmup_steps=100,
+      weight_decay=1e-4,    # decoupled, on matrices only (ndim > 1)
+      grad_clip=1.0,        # global norm; 0 disables
+      b1=0.9,
+      b2=0.999,
+  ))
+  config.train = ml_collections.ConfigDict(dict(
+      num_steps=-1,
+      num_epochs=-1,
+      eval_every=-1,        # steps; -1: only at the end
+      log_every=50,
+      checkpoint_every=1000,
+      keep_checkpoints=3,
+      seed=0,
+      dtype='float32',      # compute dtype: 'float32' | 'bfloat16' (params stay float32)
+  ))
+  config.lora = ml_collections.ConfigDict(dict(rank=0))
+  return config
+
+
+def set_attention(config, mechanism: str = 'softmax', projection: str = 'standard',
+                  **options) -> ml_collections.ConfigDict:
+  """Sets the attention group; options default to MECHANISM_OPTIONS[mechanism]."""
+  config.attention.mechanism = mechanism
+  config.attention.projection = projection
+  config.attention.options = ml_collections.ConfigDict(
+      {**MECHANISM_OPTIONS.get(mechanism, {}), **options})
+  return config
+
+
+def parse_arg(arg: Optional[str], **defaults) -> Dict[str, Any]:
+  """Parses a config argument string as big_vision does.
+
+  `parse_arg('nystrom,max_length=4096', mechanism='softmax', max_length=1024)`
+  gives {'mechanism': 'nystrom', 'max_length': 4096}: a bare value sets the
+  first key; `key=value` pairs set the others, converted to the default's type.
+  """
+  result = dict(defaults)
+  if not arg:
+    return result
+  keys = list(defaults)
+  for i, item in enumerate(x for x in arg.split(',') if x):
+    key, sep, value = item.partition('=')
+    if not sep:
+      if i > 0:
+        raise ValueError(f'config argument {arg!r}: only the first item may omit its '
+                         f'key; valid keys: {", ".join(keys)}')
+      key, value = keys[0], item
+    if key not in defaults:
+      raise ValueError(f'config argument {arg!r}: unknown key {key!r}; valid keys: '
+                       f'{", ".join(keys)}')
+    kind = type(defaults[key])
+    result[key] = value.lower() in ('1', 'true', 'yes') if kind is bool else kind(value)
+  return result
+
+
+# Dataset presets: shapes and the input pipeline of each dataset.
+
+def digits(config):
+  """scikit-learn's bundled 8x8 handwritten digits: 1437 train / 360 test, no download."""
+  config.dataset.update(dict(name='digits', image_size=8, channels=1, num_classes=10,
+                             augment='none', train_split='train', eval_split='test'))
+  return config
+
+
+def mnist(config):
+  """MNIST 28x28 resized to 32x32, so patch 4 gives the paper's 64 tokens."""
+  config.dataset.update(dict(name='mnist', image_size=32, channels=1, num_classes=10,
+                             augment='none', shuffle_buffer=60_000))
+  return config
+
+
+def cifar10(config):
+  config.dataset.update(dict(name='cifar10', image_size=32, channels=3, num_classes=10,
+                             augment='crop_flip', shuffle_buffer=50_000))
+  return config
+
+
+def cifar100(config):
+  config.dataset.update(dict(name='cifar100', image_size=32, channels=3, num_classes=100,
+                             augment='crop_flip', shuffle_buffer=50_000))
+  return config
+
+
+def imagenet(config, manual_dir: str = ''):
+  """imagenet2012; TFDS needs the downloaded tars in `manual_dir` to prepare it once."""
+  config.dataset.update(dict(name='imagenet2012', image_size=224, channels=3,
+                             num_classes=1000, augment='inception_crop',
+                             eval_split='validation', manual_dir=manual_dir,
+                             shuffle_buffer=10_000))
+  return config
+
+
+def imdb(config, max_length: int = 1024):
+  """IMDB reviews as UTF-8 bytes (LRA text task): ids 1..256, 0 = padding."""
+  config.dataset.update(dict(name='imdb_reviews', max_length=max_length, num_classes=2,
+                             augment='none', image_size=0, channels=0,
+                             shuffle_buffer=25_000))
+  config.model.kind = 'text'
+  return config
+
+
+def image_folder(config, root: str = '', image_size: int = 64):
+  """A local folder `root/{train,test}/<label>/*.png|jpg` read by `tfds.ImageFolder`."""
+  config.dataset.update(dict(name='image_folder', data_dir=root, image_size=image_size,
+                             channels=3, num_classes=0, augment='crop_flip',
+                             shuffle_buffer=10_000, download=False))
+  return config

@@ -1,0 +1,55 @@
+"""Shared fixtures: a tiny ImageFolder of real PNG files; runs shared by xdist workers."""
+import fcntl
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+
+def write_image_folder(root, splits=(('train', 6), ('test', 3)), labels=('cat', 'dog')):
+  """root/<split>/<label>/<i>.png, random RGB images of a few sizes."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  for split, n in splits:
+    for label in labels:
+      os.makedirs(os.path.join(root, split, label), exist_ok=True)
+      for i in range(n):
+        h, w = rng.integers(20, 40, size=2)
+        image = rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8)
+        tf.io.write_file(os.path.join(root, split, label, f'{i}.png'),
+                         tf.io.encode_png(image))
+  return root
+
+
+@pytest.fixture(scope='session')
+def image_folder_root(tmp_path_factory):
+  return write_image_folder(str(tmp_path_factory.mktemp('image_folder')))
+
+
+@pytest.fixture(scope='session')
+def run_once(tmp_path_factory):
+  """`run_once(name, fn)` calls `fn(workdir)` once per test session and returns workdir.
+
+  Under pytest-xdist the workers share the directory (the first one runs, the
+  others wait on a file lock), so an expensive training run is not repeated
+  by every worker that needs it.
+  """
+  base = tmp_path_factory.getbasetemp()
+  if os.environ.get('PYTEST_XDIST_WORKER'):
+    base = base.parent  # the session's directory, shared by its workers
+
+  def run(name, fn):
+    workdir = base / f'shared_{name}'
+    with open(f'{workdir}.lock', 'w') as lock:
+      fcntl.flock(lock, fcntl.LOCK_EX)
+      try:
+        if not (base / f'shared_{name}.done').exists():
+          shutil.rmtree(workdir, ignore_errors=True)
+          workdir.mkdir()
+          fn(str(workdir))
+          (base / f'shared_{name}.done').touch()
+      finally:
+        fcntl.flock(lock, fcntl.LOCK_UN)
+    return str(workdir)
+  return run

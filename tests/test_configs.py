@@ -1,0 +1,159 @@
+"""Every shipped config loads, validates, builds its model and takes a train step."""
+import glob
+import importlib.util
+import os
+
+from absl import flags
+import jax
+import ml_collections
+from ml_collections import config_flags
+import numpy as np
+import pytest
+
+from efficient_attn import registry
+from train import datasets
+from train import models
+from train import optim
+from train import sharding
+from train import steps
+from train import tasks
+from train import validate
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG_FILES = sorted(
+    os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, 'configs', '*.py'))
+    if os.path.basename(p) not in ('__init__.py', 'common.py'))
+
+
+# Smoke tests compile with little optimisation: about 30% less CPU time.
+FAST_COMPILE = {'xla_backend_optimization_level': 0, 'xla_llvm_disable_expensive_passes': True}
+
+
+def load(path: str, arg: str = None) -> ml_collections.ConfigDict:
+  """Loads a config file as `--config=path[:arg]` does."""
+  spec = importlib.util.spec_from_file_location('cfg', os.path.join(ROOT, path))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg) if arg else module.get_config()
+
+
+def skip_if_unimplemented(config):
+  try:
+    registry.get_mechanism(config.attention.mechanism).module
+  except ImportError as e:
+    pytest.skip(f'mechanism {config.attention.mechanism!r} is not implemented yet: {e}')
+
+
+def runnable(config, image_folder_root):
+  """Points an ImageFolder config at the test folder; drops init_from (no earlier run here)."""
+  if config.dataset.name == 'image_folder':
+    config.dataset.data_dir = str(image_folder_root)
+  config.init_from = ''
+  return config
+
+
+def test_required_configs_exist():
+  names = {os.path.basename(p)[:-3] for p in CONFIG_FILES}
+  required = {'default', 'cifar10_nystrom', 'cifar100', 'imdb', 'imagenet', 'image_folder'}
+  required |= {f'mnist_{p}' for p in registry.list_projections()}
+  required |= {f'cifar10_{m}' for m in registry.list_mechanisms()}
+  assert required <= names, required - names
+
+
+@pytest.mark.parametrize('path', CONFIG_FILES)
+def test_config_validates(path, image_folder_root):
+  config = runnable(load(path), image_folder_root)
+  skip_if_unimplemented(config)
+  validate.validate_config(config)
+  for field in ('dataset', 'model', 'attention', 'optim', 'train', 'lora', 'task', 'init_from'):
+    assert field in config, field
+
+
+def parse_flags(*args):
+  """The config main.py would see for `python main.py *args`."""
+  argv = ['main.py', *args]
+  fv = flags.FlagValues()
+  config_flags.DEFINE_config_file('config', flag_values=fv, sys_argv=argv)
+  fv(argv)
+  return fv.config
+
+
+def test_command_line_overrides_and_args():
+  config = parse_flags(f'--config={ROOT}/configs/mnist.py:super', '--config.model.num_heads=8',
+                       '--config.attention.mechanism=linear')
+  assert config.attention.projection == 'super'
+  assert config.model.num_heads == 8 and config.attention.mechanism == 'linear'
+  config = parse_flags(f'--config={ROOT}/configs/cifar10.py:mechanism=nystrom,projection=efficient',
+                       '--config.attention.options.num_landmarks=16')
+  assert config.attention.options.num_landmarks == 16
+  assert config.attention.projection == 'efficient'
+  assert load('configs/imdb.py', 'linear,max_length=4096').dataset.max_length == 4096
+
+
+# Per attention layer, from the paper's tables 5 (MNIST) and 6 (CIFAR-100).
+PAPER_COUNTS = {
+    'mnist': {'standard': 66_048, 'optimised': 49_536, 'efficient': 33_024, 'super': 37_184},
+    'cifar100': {'standard': 263_168, 'optimised': 197_376, 'efficient': 131_584,
+                 'super': 197_890},
+}
+
+
+@pytest.mark.parametrize('experiment,projection',
+                         [(e, p) for e in PAPER_COUNTS for p in PAPER_COUNTS[e]])
+def test_paper_parameter_counts(experiment, projection):
+  config = load(f'configs/{experiment}_{projection}.py')
+  model = models.create_model(config)
+  shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), models.dummy_inputs(config),
+                                             train=False))['params']
+  _, per_layer = models.parameter_counts(shapes)
+  assert per_layer == PAPER_COUNTS[experiment][projection]
+
+
+def _distinct_configs():
+  seen, out = set(), []
+  for path in CONFIG_FILES:
+    key = load(path).to_json_best_effort(sort_keys=True)
+    if key not in seen:
+      seen.add(key)
+      out.append(path)
+  return out
+
+
+@pytest.mark.parametrize('path', _distinct_configs())
+def test_train_steps_on_mock_data(path, image_folder_root):
+  """Each distinct config: its pipeline on mock data, its model, two train steps.
+
+  Full width, input size, mechanism and projection; depth 1, batch 2 and
+  XLA's cheapest optimisation level keep the CPU time (mostly compilation)
+  small. The learning rate is 0 at step 0 (warmup), so the parameters change
+  at the second step.
+  """
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  config = runnable(load(path), image_folder_root)
+  skip_if_unimplemented(config)
+  config.model.depth = 1
+  config.dataset.batch_size = config.dataset.eval_batch_size = 2
+  config.dataset.shuffle_buffer = 8
+  validate.validate_config(config)
+  config.dataset.num_classes = datasets.num_classes(config)
+  mesh = sharding.create_mesh(jax.devices()[:1])
+  task = tasks.get_task(config.task)
+  model = task.create_model(config)
+  tx = optim.create_optimizer(config, num_steps=10)
+  with tfds.testing.mock_data(num_examples=4):
+    batch = next(sharding.prefetch(datasets.get_train_data(config).batches(0), mesh))
+  init = jax.jit(lambda key: steps.init_params(task, model, config, key))
+  key = jax.random.key(0)
+  params = init.lower(key).compile(compiler_options=FAST_COMPILE)(key)
+  state = steps.create_train_state(task, model, tx, config, mesh, None, params)
+  before = jax.device_get(state.params)
+  train_step = steps.make_train_step(task, model, tx, jax.random.key(1), mesh)
+  train_step = train_step.lower(state, batch).compile(compiler_options=FAST_COMPILE)
+  for _ in range(2):
+    state, metrics = train_step(state, batch)
+    metrics = jax.device_get(metrics)
+    assert metrics['count'] == 2 and np.isfinite(metrics['loss']) and metrics['grad_norm'] > 0
+  assert int(state.step) == 2
+  after = jax.device_get(state.params)
+  changed = jax.tree.leaves(jax.tree.map(lambda a, b: not np.array_equal(a, b), before, after))
+  assert any(changed)

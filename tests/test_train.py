@@ -1,0 +1,147 @@
+"""End to end on the digits: the default config learns; bad configs fail early."""
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from configs import default as default_config
+from train import checkpoint
+from train import datasets
+from train import trainer
+from train import validate
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope='module')
+def default_run(run_once):
+  """The shipped default config, unchanged: a real ~30 s run on 2 CPU cores."""
+  workdir = run_once('default', lambda d: trainer.train_and_evaluate(
+      default_config.get_config(), d))
+  with open(os.path.join(workdir, 'results.json')) as f:
+    return workdir, json.load(f)
+
+
+def test_default_config_learns(default_run):
+  _, results = default_run
+  assert results['test_accuracy'] >= 0.8, results  # chance is 0.1
+  assert results['train_accuracy'] >= 0.8, results
+
+
+def test_workdir_layout(default_run):
+  workdir, results = default_run
+  config = trainer.load_config(workdir)
+  assert config.attention.mechanism == 'softmax' and config.model.d_model == 64
+  for key in ('train_loss', 'train_accuracy', 'test_loss', 'test_accuracy',
+              'test_top5_accuracy', 'params_total', 'params_per_attention_layer',
+              'examples_per_sec', 'epoch_time_s', 'steps', 'wall_time_s', 'dataset',
+              'mechanism', 'projection', 'heads', 'd_model'):
+    assert key in results, key
+  assert results['params_per_attention_layer'] == 4 * (64 * 64 + 64)  # standard, d_m = 64
+  assert results['steps'] == 30 * (1437 // 64)
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    rows = [json.loads(line) for line in f]
+  train_rows = [r for r in rows if r['split'] == 'train']
+  eval_rows = [r for r in rows if r['split'] == 'eval']
+  assert train_rows and eval_rows and train_rows[-1]['step'] == results['steps']
+  for key in ('step', 'loss', 'accuracy', 'top5_accuracy', 'examples_per_sec', 'epoch_time_s',
+              'learning_rate'):
+    assert key in train_rows[-1], key
+  assert eval_rows[-1]['accuracy'] == pytest.approx(results['test_accuracy'])
+  events = glob.glob(os.path.join(workdir, 'tensorboard', 'events.out.tfevents.*'))
+  assert events and os.path.getsize(events[0]) > 100
+  steps = checkpoint.Checkpointer(workdir, create=False).steps()
+  assert steps[-1] == results['steps'] and len(steps) <= config.train.keep_checkpoints
+
+
+def test_rerun_of_a_finished_run_does_nothing(default_run):
+  workdir, results = default_run
+  assert trainer.train_and_evaluate(default_config.get_config(), workdir) == results
+
+
+def test_evaluate_and_load_model_and_params(default_run):
+  workdir, results = default_run
+  values = trainer.evaluate(default_config.get_config(), workdir)
+  assert values['accuracy'] == pytest.approx(results['test_accuracy'])
+  config, model, params = trainer.load_model_and_params(workdir)
+  batch = datasets.get_eval_batch(config)
+  logits = model.apply({'params': params}, batch['inputs'], train=False)
+  correct = (np.argmax(logits, -1) == batch['label']) * batch['mask']
+  assert correct.sum() / batch['mask'].sum() == pytest.approx(results['test_accuracy'])
+
+
+BAD_CONFIGS = [
+    # (override, expected fragments of the message)
+    ({'attention.mechanism': 'nystrm'}, ["attention.mechanism='nystrm'", 'nystrom', 'linear']),
+    ({'attention.projection': 'supper'}, ["attention.projection='supper'", 'super']),
+    ({'dataset.name': 'mnistt'}, ["dataset.name='mnistt'", 'mnist', 'cifar10', 'digits']),
+    ({'model.kind': 'cnn'}, ["model.kind='cnn'", 'vit']),
+    ({'model.kind': 'text'}, ["model.kind='text'", 'vit']),
+    ({'task': 'regression'}, ["task='regression'", 'classification']),
+    ({'model.num_heads': 3}, ['model.num_heads=3', 'd_model=64', '4']),
+    ({'model.patch_size': 3}, ['model.patch_size=3', 'image_size=8', '4']),
+    ({'train.dtype': 'float16'}, ["train.dtype='float16'", 'bfloat16']),
+    ({'train.num_steps': 10}, ['num_steps=10', 'num_epochs=30', 'exactly one']),
+    ({'optim.name': 'lion'}, ["optim.name='lion'", 'adamw', 'sgd']),
+    ({'dataset.augment': 'mixup'}, ["dataset.augment='mixup'", 'crop_flip']),
+    ({'attention.options': {'num_landmarks': 4}}, ['num_landmarks', "'softmax'"]),
+    ({'dataset.name': 'image_folder', 'dataset.num_classes': 0},
+     ["dataset.data_dir=''", 'image_folder']),
+]
+
+
+@pytest.mark.parametrize('overrides,fragments', BAD_CONFIGS)
+def test_bad_config_names_field_value_and_choices(overrides, fragments):
+  config = default_config.get_config()
+  for field, value in overrides.items():
+    group, _, name = field.rpartition('.')
+    target = config[group] if group else config
+    target[name] = value
+  with pytest.raises(validate.ConfigError) as e:
+    validate.validate_config(config)
+  for fragment in fragments:
+    assert fragment in str(e.value), (fragment, str(e.value))
+
+
+def test_sequence_longer_than_fixed_length_mechanism():
+  from configs import imdb  # pylint: disable=g-import-not-at-top
+  config = imdb.get_config('linformer,max_length=512')
+  config.model.max_length = 256  # the model's E, F are built for 256 tokens
+  with pytest.raises(validate.ConfigError, match=r'sequence length 512.*fixed context length '
+                     r"256.*'linformer'"):
+    validate.validate_config(config)
+
+
+def test_main_rejects_bad_config_before_any_work(tmp_path):
+  workdir = tmp_path / 'run'
+  proc = subprocess.run(
+      [sys.executable, 'main.py', '--config=configs/default.py', f'--workdir={workdir}',
+       '--config.attention.mechanism=nystrm'],
+      cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert proc.returncode != 0
+  assert "config.attention.mechanism='nystrm' is not valid; valid choices:" in proc.stderr
+  assert not workdir.exists()
+
+
+def test_non_finite_loss_stops_without_nan_checkpoint(tmp_path):
+  config = default_config.get_config()
+  config.train.update(dict(num_epochs=-1, num_steps=40, checkpoint_every=1, keep_checkpoints=50,
+                           log_every=5, eval_every=-1))
+  config.optim.update(dict(learning_rate=1e12, warmup_steps=0, grad_clip=0.0))
+  workdir = str(tmp_path)
+  with pytest.raises(FloatingPointError, match=r'at step \d+') as e:
+    trainer.train_and_evaluate(config, workdir)
+  bad_step = int(str(e.value).split('at step ')[1].split(';')[0])
+  ckpt = checkpoint.Checkpointer(workdir, create=False)
+  saved = ckpt.steps()
+  assert all(s <= bad_step for s in saved)
+  for s in saved:
+    params = ckpt.manager.restore(s)['params']
+    assert all(np.isfinite(x).all() for x in jax.tree.leaves(params)), s
+  ckpt.close()
+  assert not os.path.exists(os.path.join(workdir, 'results.json'))

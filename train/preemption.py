@@ -1,0 +1,43 @@
+"""SIGTERM -> "save a checkpoint at the current step and exit cleanly".
+
+    with preemption.StopOnSignal() as stop:
+      for step in ...:
+        ...
+        if stop.requested: save(step); break
+
+The handler only sets a flag (the loop acts on it between steps). Outside the
+main thread signal handlers cannot be installed and the flag stays False.
+"""
+import signal
+import threading
+
+from absl import logging
+
+
+class StopOnSignal:
+  """Context manager that turns the given signals into `self.requested = True`."""
+
+  def __init__(self, signals=(signal.SIGTERM,)):
+    self.signals = tuple(signals)
+    self.requested = False
+    self.signal_name = ''
+    self._previous = {}
+
+  def _handle(self, signum, frame):
+    del frame
+    self.requested = True
+    self.signal_name = signal.Signals(signum).name
+    logging.warning('Received %s: will save a checkpoint after the current step and exit',
+                    self.signal_name)
+
+  def __enter__(self):
+    if threading.current_thread() is threading.main_thread():
+      for sig in self.signals:
+        self._previous[sig] = signal.signal(sig, self._handle)
+    return self
+
+  def __exit__(self, *exc):
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
+    self._previous = {}
+    return False

@@ -1,0 +1,170 @@
+"""Config validation: every check runs before any data is read or model built.
+
+    validate.validate_config(config)   # raises ConfigError
+
+Each message names the field, the bad value and the valid choices, e.g.
+"config.attention.mechanism='nystrm' is not valid; valid choices: softmax, ...".
+Valid mechanism and projection names come from `efficient_attn.registry`.
+"""
+import os
+
+import efficient_attn
+from efficient_attn import registry
+from train import datasets
+from train import models
+from train import optim
+from train import tasks
+
+DTYPES = tuple(models.DTYPES)
+POOLS = ('cls', 'mean')
+
+
+class ConfigError(ValueError):
+  """A config field holds a value the experiment cannot run with."""
+
+
+def _choice(field: str, value, choices) -> None:
+  if value not in choices:
+    raise ConfigError(f'config.{field}={value!r} is not valid; valid choices: '
+                      f'{", ".join(map(str, choices))}')
+
+
+def _positive(config, *fields) -> None:
+  for field in fields:
+    value = config
+    for part in field.split('.'):
+      value = value[part]
+    if not isinstance(value, (int, float)) or value <= 0:
+      raise ConfigError(f'config.{field}={value!r} is not valid; it must be > 0')
+
+
+def validate_config(config) -> None:
+  """Raises ConfigError for the first invalid field of `config`."""
+  for group in ('dataset', 'model', 'attention', 'optim', 'train'):
+    if group not in config:
+      raise ConfigError(f'config has no {group!r} group; see configs/common.py')
+  try:
+    task = tasks.get_task(config.task)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
+  del task
+  _dataset(config)
+  _model(config)
+  _attention(config)
+  _optim(config)
+  _train(config)
+  if config.get('init_from') and not os.path.isdir(config.init_from):
+    raise ConfigError(f'config.init_from={config.init_from!r} is not a directory; it must '
+                      f'be the workdir of an earlier run (or empty)')
+  if config.get('lora') is not None and config.lora.get('rank', 0) < 0:
+    raise ConfigError(f'config.lora.rank={config.lora.rank!r} is not valid; it must be '
+                      f'>= 0 (0 = off)')
+
+
+def _dataset(config) -> None:
+  d = config.dataset
+  _choice('dataset.name', d.name, tuple(datasets.DATASETS))
+  spec = datasets.get_spec(d.name)
+  _positive(config, 'dataset.batch_size', 'dataset.eval_batch_size')
+  if spec.kind == 'image':
+    _positive(config, 'dataset.image_size', 'dataset.channels')
+    _choice('dataset.augment', d.augment, datasets.AUGMENTATIONS)
+  else:
+    _positive(config, 'dataset.max_length')
+  if d.num_classes < 0 or (d.num_classes == 0 and spec.num_classes == 0
+                           and spec.source != 'folder'):
+    raise ConfigError(f'config.dataset.num_classes={d.num_classes!r} is not valid; it '
+                      f'must be > 0')
+  if spec.num_classes and d.num_classes not in (0, spec.num_classes):
+    raise ConfigError(f'config.dataset.num_classes={d.num_classes!r} is not valid for '
+                      f'{d.name!r}; valid choices: {spec.num_classes}')
+  if spec.source == 'folder' and not d.data_dir:
+    raise ConfigError(f"config.dataset.data_dir='' is not valid for dataset {d.name!r}; "
+                      f'it must be the image folder root (root/<split>/<label>/<image>)')
+  if spec.source == 'tfds' and d.data_dir and not d.download and not os.path.isdir(
+      d.data_dir) and '://' not in d.data_dir:
+    raise ConfigError(f'config.dataset.data_dir={d.data_dir!r} does not exist (and '
+                      f'config.dataset.download=False)')
+  if spec.manual and d.manual_dir and not os.path.isdir(d.manual_dir) and (
+      '://' not in d.manual_dir):
+    raise ConfigError(f'config.dataset.manual_dir={d.manual_dir!r} does not exist')
+
+
+def _model(config) -> None:
+  m, d = config.model, config.dataset
+  _choice('model.kind', m.kind, tuple(models.MODEL_KINDS))
+  kind = models.get_kind(m.kind)
+  spec = datasets.get_spec(d.name)
+  if kind.input_kind != spec.kind:
+    valid = [k for k, v in models.MODEL_KINDS.items() if v.input_kind == spec.kind]
+    raise ConfigError(f'config.model.kind={m.kind!r} is not valid for the {spec.kind} '
+                      f'dataset {d.name!r}; valid choices: {", ".join(valid)}')
+  _positive(config, 'model.d_model', 'model.depth', 'model.num_heads', 'model.mlp_dim')
+  if m.d_model % m.num_heads:
+    divisors = [h for h in range(1, min(m.d_model, 64) + 1) if m.d_model % h == 0]
+    raise ConfigError(f'config.model.num_heads={m.num_heads} does not divide '
+                      f'config.model.d_model={m.d_model}; valid choices: '
+                      f'{", ".join(map(str, divisors))}')
+  _choice('model.pool', m.pool, POOLS)
+  if m.kind == 'vit':
+    _positive(config, 'model.patch_size')
+    if d.image_size % m.patch_size:
+      divisors = [p for p in range(1, d.image_size + 1) if d.image_size % p == 0]
+      raise ConfigError(f'config.model.patch_size={m.patch_size} does not divide '
+                        f'config.dataset.image_size={d.image_size}; valid choices: '
+                        f'{", ".join(map(str, divisors))}')
+  for field in ('dropout_rate', 'attention_dropout_rate'):
+    if not 0.0 <= m[field] < 1.0:
+      raise ConfigError(f'config.model.{field}={m[field]!r} is not valid; it must be in '
+                        f'[0, 1)')
+
+
+def _attention(config) -> None:
+  a = config.attention
+  _choice('attention.mechanism', a.mechanism, registry.list_mechanisms())
+  _choice('attention.projection', a.projection, registry.list_projections())
+  spec = registry.get_mechanism(a.mechanism)
+  length, context = models.sequence_length(config)
+  if (spec.fixed_length or a.projection == 'super') and length > context:
+    what = ("projection 'super'" if a.projection == 'super'
+            else f'mechanism {a.mechanism!r}')
+    raise ConfigError(f'sequence length {length} (config.dataset.max_length='
+                      f'{config.dataset.max_length}) exceeds the fixed context length '
+                      f'{context} that {what} is built for (config.model.max_length='
+                      f'{config.model.max_length}); valid: lengths <= {context}')
+  options = models.attention_options(config)
+  try:  # builds (does not run) the mechanism: checks option names, causal, max_length
+    efficient_attn.mechanism_module(
+        a.mechanism, causal=models.get_kind(config.model.kind).causal, max_length=context,
+        options=options)
+  except ImportError as e:
+    raise ConfigError(f'config.attention.mechanism={a.mechanism!r} is registered but its '
+                      f'module cannot be imported ({e})') from None
+  except (ValueError, TypeError) as e:
+    raise ConfigError(f'config.attention.options={options!r} is not valid for mechanism '
+                      f'{a.mechanism!r}: {e}') from None
+
+
+def _optim(config) -> None:
+  o = config.optim
+  _choice('optim.name', o.name, optim.OPTIMIZERS)
+  _positive(config, 'optim.learning_rate')
+  for field in ('warmup_steps', 'weight_decay', 'grad_clip'):
+    if o[field] < 0:
+      raise ConfigError(f'config.optim.{field}={o[field]!r} is not valid; it must be >= 0')
+  for field in ('b1', 'b2'):
+    if not 0.0 <= o[field] < 1.0:
+      raise ConfigError(f'config.optim.{field}={o[field]!r} is not valid; it must be in '
+                        f'[0, 1)')
+
+
+def _train(config) -> None:
+  t = config.train
+  if (t.num_steps > 0) == (t.num_epochs > 0):
+    raise ConfigError(f'config.train.num_steps={t.num_steps} and config.train.num_epochs='
+                      f'{t.num_epochs}: set exactly one of them > 0 (the other -1)')
+  _positive(config, 'train.log_every', 'train.checkpoint_every', 'train.keep_checkpoints')
+  if t.eval_every == 0 or t.eval_every < -1:
+    raise ConfigError(f'config.train.eval_every={t.eval_every} is not valid; it must be '
+                      f'> 0, or -1 for only at the end')
+  _choice('train.dtype', t.dtype, DTYPES)
