@@ -54,7 +54,11 @@ def test_workdir_layout(default_run):
     assert key in train_rows[-1], key
   assert eval_rows[-1]['accuracy'] == pytest.approx(results['test_accuracy'])
   events = glob.glob(os.path.join(workdir, 'tensorboard', 'events.out.tfevents.*'))
-  assert events and os.path.getsize(events[0]) > 100
+  assert events
+  from tensorflow.compat.v1 import train as tf_train  # TensorBoard's own reader
+  scalars = {(v.tag, e.step): v.simple_value for path in events
+             for e in tf_train.summary_iterator(path) for v in e.summary.value}
+  assert scalars[('eval/accuracy', results['steps'])] == pytest.approx(results['test_accuracy'])
   steps = checkpoint.Checkpointer(workdir, create=False).steps()
   assert steps[-1] == results['steps'] and len(steps) <= config.train.keep_checkpoints
 

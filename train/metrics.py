@@ -14,8 +14,8 @@ import os
 from typing import Dict, Mapping, Optional
 
 import numpy as np
+import tensorboardX
 
-from train import tensorboard
 
 _SHORT = {'accuracy': 'acc', 'top5_accuracy': 'top5', 'learning_rate': 'lr'}
 
@@ -75,7 +75,7 @@ class MetricWriter:
     if enabled:
       os.makedirs(workdir, exist_ok=True)
       self._jsonl = open(os.path.join(workdir, 'metrics.jsonl'), 'a')
-      self._tb = tensorboard.SummaryWriter(os.path.join(workdir, 'tensorboard'))
+      self._tb = tensorboardX.SummaryWriter(os.path.join(workdir, 'tensorboard'))
 
   def write(self, step: int, split: str, values: Mapping[str, float]) -> None:
     if not self.enabled:
@@ -85,7 +85,7 @@ class MetricWriter:
     self._jsonl.write(json.dumps(row) + '\n')
     self._jsonl.flush()
     for k, v in values.items():
-      self._tb.scalar(f'{split}/{k}', float(v), int(step))
+      self._tb.add_scalar(f'{split}/{k}', float(v), int(step))
     self._tb.flush()
 
   def close(self) -> None:
