@@ -1,10 +1,18 @@
-"""Shared fixtures: a tiny ImageFolder of real PNG files; runs shared by xdist workers."""
+"""Shared fixtures: float64 mode, a tiny ImageFolder of real PNG files, runs shared by xdist workers."""
 import fcntl
 import os
 import shutil
 
+import jax
 import numpy as np
 import pytest
+
+
+@pytest.fixture
+def x64():
+  """Float64 inside one test only, so it never leaks into other tests of the process."""
+  with jax.enable_x64(True):
+    yield
 
 
 def write_image_folder(root, splits=(('train', 6), ('test', 3)), labels=('cat', 'dog')):

@@ -10,11 +10,6 @@ import pytest
 from efficient_attn import feature_maps as fm
 
 
-@pytest.fixture
-def x64():
-  with jax.enable_x64(True):
-    yield
-
 
 def test_deterministic_maps_values():
   x = jnp.array([-2.0, -0.5, 0.0, 0.5, 3.0])

@@ -8,11 +8,6 @@ from efficient_attn.mechanisms.linformer import (LinformerAttention, linformer_a
                                                  linformer_projection_init)
 
 
-@pytest.fixture
-def x64():
-  with jax.enable_x64(True):
-    yield
-
 
 def _np_softmax(s):
   s = s - s.max(-1, keepdims=True)

@@ -12,11 +12,6 @@ local_attention = jax.jit(local.local_attention,
                           static_argnames=('window', 'causal', 'scale', 'block_size'))
 
 
-@pytest.fixture
-def x64():
-  with jax.enable_x64(True):
-    yield
-
 
 def np_band(n, window, causal):
   i, j = np.arange(n)[:, None], np.arange(n)[None, :]

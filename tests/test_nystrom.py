@@ -13,11 +13,6 @@ nystrom_attention = jax.jit(nystrom.nystrom_attention,
 iterative_pinv = jax.jit(nystrom.iterative_pinv, static_argnames=('iterations',))
 
 
-@pytest.fixture
-def x64():
-  with jax.enable_x64(True):
-    yield
-
 
 def _np_softmax(s, valid=None):
   if valid is None:
