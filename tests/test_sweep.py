@@ -59,10 +59,10 @@ def test_command_status_and_skip(tmp_path, capsys):
 
 def test_pod_commands_start_every_worker():
   runs = sweep.expand(dict(config='configs/cifar10_nystrom.py', grid={'model.num_heads': [4, 8]}))
-  cmds = sweep.pod_commands(runs, 'gs://bucket/sweep', 'v4-32', 'us-central2-b')
+  cmds = sweep.pod_commands(runs, '/mnt/shared/sweep', 'v4-32', 'us-central2-b')
   assert len(cmds) == 2
   assert cmds[0].startswith('gcloud compute tpus tpu-vm ssh v4-32 --zone=us-central2-b --worker=all')
-  assert '--workdir=gs://bucket/sweep/num_heads=4' in cmds[0]
+  assert '--workdir=/mnt/shared/sweep/num_heads=4' in cmds[0]
 
 
 @pytest.mark.parametrize('path', sorted(

@@ -1,0 +1,101 @@
+"""Helpers for tests that run `main.py` in real processes (signals, multi-host).
+
+    cmd = main_runner.command(workdir, num_steps=8, checkpoint_every=4)
+    proc = subprocess.run(cmd, **main_runner.popen_kwargs(), timeout=300)
+
+`command` trains a tiny digits ViT (the default config with depth 1, a global
+batch of 16 and dropout, so the per-step rngs matter). Each process gets one
+CPU device.
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Wraps main.py so that every training batch arrives `SLOW_STEP_S` seconds
+# late: the numbers are unchanged, the run just lasts long enough to be
+# interrupted at a chosen point.
+SLOW_MAIN = r'''
+import os, runpy, sys, time
+from train import memory_data
+delay = float(os.environ['SLOW_STEP_S'])
+original = memory_data.TrainData.batches
+def batches(self, start_step=0):
+  for batch in original(self, start_step):
+    time.sleep(delay)
+    yield batch
+memory_data.TrainData.batches = batches
+sys.argv[0] = 'main.py'
+runpy.run_path('main.py', run_name='__main__')
+'''
+
+
+TINY = {'model.depth': 1, 'model.dropout_rate': 0.1, 'dataset.batch_size': 16}
+TRAIN = dict(num_epochs=-1, num_steps=8, log_every=2, checkpoint_every=4, keep_checkpoints=10,
+             eval_every=-1)
+
+
+def settings(**train):
+  """{config path: value} of the tiny run; `train` sets config.train fields."""
+  return {**TINY, **{f'train.{k}': v for k, v in {**TRAIN, **train}.items()}}
+
+
+def overrides(**train):
+  """The tiny run's settings as --config.* flags."""
+  return [f'--config.{k}={v}' for k, v in settings(**train).items()]
+
+
+def config(**train):
+  """The tiny run's config, for running it in this process."""
+  from configs import default  # pylint: disable=g-import-not-at-top
+  result = default.get_config()
+  for path, value in settings(**train).items():
+    group, name = path.split('.')
+    result[group][name] = value
+  return result
+
+
+def command(workdir, *extra, slow: bool = False, **train):
+  """The main.py command line (python -c SLOW_MAIN ... when `slow`)."""
+  prefix = [sys.executable, '-c', SLOW_MAIN] if slow else [sys.executable, 'main.py']
+  return prefix + ['--config=configs/default.py', f'--workdir={workdir}',
+                   *overrides(**train), *extra]
+
+
+def popen_kwargs(slow_step_s: float = 0.0):
+  """cwd, env (1 CPU device, no inherited XLA_FLAGS) and text output for Popen/run."""
+  env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
+  env.update(JAX_PLATFORMS='cpu', SLOW_STEP_S=str(slow_step_s))
+  return dict(cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
+              stderr=subprocess.PIPE)
+
+
+def start_logged(cmd, log_path, slow_step_s: float = 0.0) -> subprocess.Popen:
+  """Popen with stdout and stderr going to `log_path` (no pipe to drain)."""
+  kwargs = popen_kwargs(slow_step_s)
+  with open(log_path, 'w') as log:
+    kwargs.update(stdout=log, stderr=subprocess.STDOUT)
+    return subprocess.Popen(cmd, **kwargs)
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def metric_rows(workdir, split='train'):
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    rows = [json.loads(line) for line in f if line.endswith('\n')]  # complete lines
+  return [row for row in rows if row['split'] == split]
+
+
+def committed_steps(workdir):
+  """Checkpoint steps Orbax has finished writing (tmp directories excluded)."""
+  directory = os.path.join(workdir, 'checkpoints')
+  if not os.path.isdir(directory):
+    return []
+  return sorted(int(name) for name in os.listdir(directory) if name.isdigit())
