@@ -1,0 +1,427 @@
+r"""Approximation error of attention mechanisms against exact softmax attention.
+
+error = ||out - ref||_F / ||ref||_F over the whole `[batch, length, heads, dim]`
+output, where ref is exact softmax attention softmax(q k^T / sqrt(d)) v on the
+same q, k, v, except for RFA, which by construction approximates softmax over
+cosine similarities, softmax(q^ k^^T / sigma^2) v with q^, k^ l2-normalised
+(see `efficient_attn.mechanisms.random_features.rfa_features`), so that is its
+reference. Linear attention (elu+1, relu, identity) is not an estimator of
+softmax; its numbers say how far the kernel is from it.
+
+Four sweeps:
+  * knob: each mechanism's knob (random features, landmarks, projected length
+    k, window, ...) at --knob_length, on random q, k ~ N(0, qk_scale^2), v ~
+    N(0, 1) (mean and std over --seeds draws of inputs and of the mechanism's
+    randomness/parameters); N(0, 1) is what a freshly initialised layer's
+    projections of layer-normed inputs produce;
+  * length: each mechanism at its default options over --lengths;
+  * scale: each mechanism at its default options against the std of q and k
+    (--scales): random-feature estimators degrade quickly as |q|, |k| grow;
+  * checkpoint: the knob sweep on the q, k, v that trained models (--source:
+    workdirs, or 'random:<mechanism>' for an untrained ViT) compute on a batch
+    of their eval inputs, per attention layer and averaged over layers.
+Plus identity checks: settings where the mechanism must equal exact attention.
+
+Parameterised mechanisms are used at their initialisation: Linformer's E, F
+are learned, so at init (Xavier-uniform) it is not meant to approximate softmax.
+
+    python -m benchmarks.approx_error --out=benchmark_results/error
+    python -m benchmarks.approx_error --source=runs/digits_softmax --knob_length=512
+
+Writes <out>/<name>.json, .md, <name>_knob.png, <name>_length.png,
+<name>_scale.png and, with sources, <name>_checkpoint.png.
+"""
+import argparse
+import functools
+import os
+import sys
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks import common
+from benchmarks import output
+from benchmarks import runs
+from efficient_attn.mechanisms.softmax import softmax_attention
+
+# mechanism -> (option, values); 'n' means the sequence length, '2n' twice it.
+DEFAULT_KNOBS = {
+    'softmax_chunked': ('k_chunk', [16, 64, 256]),
+    'linear': ('feature_map', ['elu', 'relu', 'identity']),
+    'rfa': ('num_features', [16, 32, 64, 128, 256, 512, 1024]),
+    'performer': ('num_features', [16, 32, 64, 128, 256, 512, 1024]),
+    'linformer': ('k_proj', [16, 32, 64, 128, 256, 'n']),
+    'nystrom': ('num_landmarks', [8, 16, 32, 64, 128, 256, 'n']),
+    'local': ('window', [16, 32, 64, 128, 256, 512, '2n']),
+}
+# Settings that the identities say are exact: (label, mechanism, options).
+IDENTITIES = (
+    ('chunked softmax (k_chunk=16)', 'softmax_chunked', {'q_chunk': 16, 'k_chunk': 16}),
+    ('nystrom, all tokens landmarks, default pinv_iterations', 'nystrom',
+     {'num_landmarks': 'n'}),
+    ('nystrom, all tokens landmarks, pinv_iterations=30', 'nystrom',
+     {'num_landmarks': 'n', 'pinv_iterations': 30}),
+    ('local, window 2n (covers every key)', 'local', {'window': '2n'}),
+    ('linformer, k = n, E = F = identity', 'linformer', {'k_proj': 'n', '_identity': True}),
+)
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+  p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument('--out', default='benchmark_results/approx_error')
+  p.add_argument('--name', default='approx_error')
+  p.add_argument('--mechanisms', default=None,
+                 help='comma list (default: every registered mechanism except softmax)')
+  p.add_argument('--knob', action='append', default=[],
+                 help="mechanism.option=v1,v2,... replaces that mechanism's sweep "
+                      "('n' = length, '2n' = twice it)")
+  p.add_argument('--knob_length', type=int, default=1024)
+  p.add_argument('--lengths', default='128,256,512,1024,2048,4096')
+  p.add_argument('--batch', type=int, default=1)
+  p.add_argument('--heads', type=int, default=8)
+  p.add_argument('--head_dim', type=int, default=64)
+  p.add_argument('--seeds', type=int, default=3, help='random draws per point')
+  p.add_argument('--qk_scale', type=float, default=1.0,
+                 help='std of the random q, k entries (v is N(0, 1))')
+  p.add_argument('--scales', default='0.25,0.5,1,2',
+                 help='q, k scales of the scale sweep at --knob_length (default options)')
+  p.add_argument('--source', action='append', default=[],
+                 help="workdir or 'random:<mechanism>' whose captured q, k, v to use")
+  p.add_argument('--num_examples', type=int, default=8, help='eval examples per source')
+  p.add_argument('--option', action='append', default=[],
+                 help='mechanism.option=value applied to every point (repeatable)')
+  p.add_argument('--no_identities', action='store_true')
+  p.add_argument('--quiet', action='store_true')
+  return p.parse_args(argv)
+
+
+# ----------------------------------------------------------------------------
+# The math.
+# ----------------------------------------------------------------------------
+
+
+def relative_error(out, ref) -> float:
+  """||out - ref||_F / ||ref||_F in float64."""
+  out = np.asarray(out, np.float64)
+  ref = np.asarray(ref, np.float64)
+  return float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
+def reference(mechanism: str, options: Dict[str, Any], q, k, v):
+  """The exact attention `mechanism` approximates (see module docstring)."""
+  if mechanism == 'rfa':
+    sigma = float(options.get('sigma', 1.0))
+    unit = lambda x: x * jax.lax.rsqrt(jnp.sum(x * x, -1, keepdims=True) + 1e-12)
+    return softmax_attention(unit(q), unit(k), v, scale=1.0 / sigma**2)
+  return softmax_attention(q, k, v)
+
+
+def resolve(value: Any, length: int) -> Any:
+  """'n' -> length, '2n' -> 2 length; other values unchanged."""
+  if value == 'n':
+    return length
+  if value == '2n':
+    return 2 * length
+  return value
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled(mechanism: str, options: Tuple[Tuple[str, Any], ...], length: int):
+  """(jitted init_with_output, jitted apply) of a mechanism, reused across draws."""
+  module = common.build_mechanism(mechanism, length, dict(options))
+  return jax.jit(module.init_with_output), jax.jit(module.apply)
+
+
+def mechanism_output(mechanism: str, options: Dict[str, Any], q, k, v, seed: int):
+  """Output of the mechanism's Linen module initialised from `seed` (jitted).
+
+  Random-feature mechanisms also draw their features from `seed`. The private
+  option '_identity' sets Linformer's E = F = identity (needs k_proj = length).
+  """
+  options = dict(options)
+  identity = options.pop('_identity', False)
+  if mechanism in ('rfa', 'performer'):
+    options.setdefault('seed', seed)
+  init, apply = _compiled(mechanism, tuple(sorted(options.items())), k.shape[1])
+  out, variables = init(jax.random.PRNGKey(seed), q, k, v)
+  if identity:
+    variables = jax.tree.map(lambda p: jnp.eye(p.shape[-2], p.shape[-1], dtype=p.dtype)
+                             if p.ndim >= 2 else p, variables)
+    out = apply(variables, q, k, v)
+  return out
+
+
+def point_error(mechanism: str, options: Dict[str, Any], qkv_draws) -> Tuple[float, float]:
+  """(mean, std) relative error over draws [(seed, (q, k, v))]."""
+  errors = []
+  for seed, (q, k, v) in qkv_draws:
+    n = k.shape[1]
+    opts = {key: resolve(val, n) for key, val in options.items()}
+    out = mechanism_output(mechanism, opts, q, k, v, seed)
+    errors.append(relative_error(out, reference(mechanism, opts, q, k, v)))
+  return float(np.mean(errors)), float(np.std(errors))
+
+
+# ----------------------------------------------------------------------------
+# Sweeps.
+# ----------------------------------------------------------------------------
+
+
+def random_draws(args, length: int, qk_scale: Optional[float] = None):
+  """[(seed, (q, k, v))]: v ~ N(0, 1), q and k ~ N(0, qk_scale^2) (default --qk_scale)."""
+  scale = args.qk_scale if qk_scale is None else qk_scale
+  draws = []
+  for s in range(args.seeds):
+    q, k, v = common.random_qkv(1000 * s + length, args.batch, length, args.heads, args.head_dim)
+    draws.append((s, (q * scale, k * scale, v)))
+  return draws
+
+
+# Knobs that stop mattering past a multiple of the length (landmarks, projected
+# length and chunks are clamped to n; a window of 2n already covers every key).
+LENGTH_BOUNDED = {'num_landmarks': 1, 'k_proj': 1, 'k_chunk': 1, 'q_chunk': 1, 'window': 2}
+
+
+def knob_values(option: str, values: Sequence[Any], length: int) -> List[Any]:
+  """The sweep's values that differ at `length`: bounded knobs above their bound
+  dropped (the symbolic 'n' / '2n' kept), duplicates after resolving dropped."""
+  keep, seen = [], set()
+  bound = LENGTH_BOUNDED.get(option)
+  for v in values:
+    r = resolve(v, length)
+    if (bound and isinstance(v, (int, float)) and not isinstance(v, bool)
+        and r > bound * length):
+      continue
+    if r in seen:
+      continue
+    seen.add(r)
+    keep.append(v)
+  return keep
+
+
+def progress(args, text: str):
+  if not args.quiet:
+    print(text, flush=True)
+
+
+def knob_sweep(args, mechanisms, knobs, fixed, draws_by_name) -> List[Dict[str, Any]]:
+  """Rows over knobs for each input set {name: (length, [(seed, qkv) or per-layer])}."""
+  rows = []
+  for inputs_name, (length, draws) in draws_by_name.items():
+    for m in mechanisms:
+      if m not in knobs:
+        continue
+      option, values = knobs[m]
+      for value in knob_values(option, values, length):
+        opts = dict(fixed.get(m, {}), **{option: value})
+        row = dict(inputs=inputs_name, mechanism=m, option=option, value=value,
+                   resolved=resolve(value, length), length=length)
+        try:
+          if isinstance(draws, dict):  # checkpoint: per layer
+            per_layer = {name: point_error(m, opts, d)[0] for name, d in draws.items()}
+            row.update(error=float(np.mean(list(per_layer.values()))),
+                       std=float(np.std(list(per_layer.values()))), per_layer=per_layer)
+          else:
+            row['error'], row['std'] = point_error(m, opts, draws)
+        except Exception as e:  # pylint: disable=broad-except  (recorded, sweep continues)
+          row.update(error=None, std=None, reason=f'{type(e).__name__}: {str(e)[:160]}')
+        rows.append(row)
+        progress(args, f'[knob] {inputs_name:28s} {m:16s} {option}={value!s:8s} '
+                       f'error {output.fmt_num(row["error"], 3)}')
+  return rows
+
+
+def length_sweep(args, mechanisms, fixed, lengths) -> List[Dict[str, Any]]:
+  rows = []
+  for n in lengths:
+    draws = random_draws(args, n)
+    for m in mechanisms:
+      row = dict(mechanism=m, length=n, options=fixed.get(m, {}))
+      try:
+        row['error'], row['std'] = point_error(m, fixed.get(m, {}), draws)
+      except Exception as e:  # pylint: disable=broad-except
+        row.update(error=None, std=None, reason=f'{type(e).__name__}: {str(e)[:160]}')
+      rows.append(row)
+      progress(args, f'[length] {m:16s} n={n:6d} error {output.fmt_num(row["error"], 3)}')
+  return rows
+
+
+def scale_sweep(args, mechanisms, fixed, scales) -> List[Dict[str, Any]]:
+  """Error against the scale of q and k (logits q.k / sqrt(d) have std scale^2)."""
+  rows = []
+  for scale in scales:
+    draws = random_draws(args, args.knob_length, scale)
+    for m in mechanisms:
+      row = dict(mechanism=m, qk_scale=scale, length=args.knob_length)
+      try:
+        row['error'], row['std'] = point_error(m, fixed.get(m, {}), draws)
+      except Exception as e:  # pylint: disable=broad-except
+        row.update(error=None, std=None, reason=f'{type(e).__name__}: {str(e)[:160]}')
+      rows.append(row)
+      progress(args, f'[scale] {m:16s} qk_scale={scale:<5g} error '
+                     f'{output.fmt_num(row["error"], 3)}')
+  return rows
+
+
+def identity_checks(args, mechanisms) -> List[Dict[str, Any]]:
+  n = min(args.knob_length, 256)
+  draws = random_draws(args, n)[:1]
+  rows = []
+  for label, m, opts in IDENTITIES:
+    if m not in mechanisms:
+      continue
+    err, _ = point_error(m, opts, draws)
+    rows.append(dict(check=label, mechanism=m, options=opts, length=n, error=err))
+    progress(args, f'[identity] {label:55s} n={n} error {err:.3g}')
+  return rows
+
+
+# ----------------------------------------------------------------------------
+# Output.
+# ----------------------------------------------------------------------------
+
+
+def sweep_table(rows, key: str) -> str:
+  xs = sorted({r[key] for r in rows})
+  mechs = list(dict.fromkeys(r['mechanism'] for r in rows))
+  get = lambda m, x: next((r['error'] for r in rows if r['mechanism'] == m and r[key] == x),
+                          None)
+  return output.table(['mechanism'] + [f'{x:g}' for x in xs],
+                      [[m] + [output.fmt_num(get(m, x), 3) for x in xs] for m in mechs])
+
+
+def markdown(meta, knob_rows, length_rows, scale_rows, identity_rows) -> str:
+  notes = [
+      'error = ||out - exact||_F / ||exact||_F; exact = softmax(q k^T / sqrt(d)) v on the same '
+      'q, k, v (RFA: softmax over cosine similarities / sigma^2, what it estimates).',
+      f"random inputs: q, k ~ N(0, {meta['qk_scale']:g}²), v ~ N(0, 1), batch {meta['batch']}, "
+      f"{meta['heads']} heads, "
+      f"head_dim {meta['head_dim']}; mean ± std over {meta['seeds']} draws of inputs and of "
+      'random features / initial parameters.',
+      'parameterised mechanisms at initialisation (Linformer E, F learned: not an '
+      'approximation at init); linear attention is a different kernel, not an estimator.',
+      'default options: ' + '; '.join(
+          f'{m}: ' + ', '.join(f'{k}={v}' for k, v in o.items() if v is not None)
+          for m, o in meta['options'].items()),
+  ]
+  parts = [output.header('Approximation error vs exact softmax attention',
+                         meta['device_line'], notes)]
+  for inputs_name in dict.fromkeys(r['inputs'] for r in knob_rows):
+    rows = [r for r in knob_rows if r['inputs'] == inputs_name]
+    spread = '± std over layers' if 'captured' in inputs_name else '± std over draws'
+    parts += [f'## Error vs knob: {inputs_name} (length {rows[0]["length"]})', '',
+              output.table(['mechanism', 'knob', 'value', 'relative error', spread],
+                           [[r['mechanism'], r['option'], r['resolved'],
+                             output.fmt_num(r['error'], 3), output.fmt_num(r['std'], 2)]
+                            for r in rows], 'lllrr'), '']
+  if length_rows:
+    parts += ['## Error vs length (random inputs, default options)', '',
+              sweep_table(length_rows, 'length'), '']
+  if scale_rows:
+    parts += [f"## Error vs std of q and k entries (n={meta['knob_length']}, default options)",
+              '', 'Logits q.k / sqrt(d) have std scale²; FAVOR+ variance grows like '
+              'exp(|q|² / sqrt(d) + |k|² / sqrt(d)).', '',
+              sweep_table(scale_rows, 'qk_scale'), '']
+  if identity_rows:
+    parts += ['## Identity checks (must be ~0)', '',
+              output.table(['setting', 'length', 'relative error'],
+                           [[r['check'], r['length'], f"{r['error']:.2e}"]
+                            for r in identity_rows], 'lrr'), '']
+  return '\n'.join(parts)
+
+
+def knob_plot(path: str, rows, title: str) -> Optional[str]:
+  """A panel per mechanism with a numeric knob: error against the knob, a line per input set."""
+  numeric = lambda m: all(isinstance(r['resolved'], (int, float))
+                          for r in rows if r['mechanism'] == m)
+  panels = []
+  for m in [m for m in dict.fromkeys(r['mechanism'] for r in rows) if numeric(m)]:
+    mine = [r for r in rows if r['mechanism'] == m]
+    series = {}
+    for inputs_name in dict.fromkeys(r['inputs'] for r in mine):
+      pts = [r for r in mine if r['inputs'] == inputs_name]
+      series[inputs_name] = ([r['resolved'] for r in pts], [r['error'] for r in pts])
+    panels.append((f"{m}: error vs {mine[0]['option']}", series))
+  if not panels:
+    return None
+  return output.line_plot(path, panels, xlabel='knob value', ylabel='relative error',
+                          suptitle=title, ncols=min(3, len(panels)))
+
+
+def sweep_plot(path: str, rows, key: str, xlabel: str, title: str) -> Optional[str]:
+  """Error against `key` ('length' or 'qk_scale'), a line per mechanism."""
+  series = {}
+  for m in dict.fromkeys(r['mechanism'] for r in rows):
+    pts = [r for r in rows if r['mechanism'] == m]
+    series[m] = ([r[key] for r in pts], [r['error'] for r in pts])
+  if not series:
+    return None
+  return output.line_plot(path, [(f'error vs {key}', series)], xlabel=xlabel,
+                          ylabel='relative error', suptitle=title)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+  args = parse_args(argv)
+  info = common.device_info()
+  mechanisms = (common.csv_list(args.mechanisms) if args.mechanisms else
+                [m for m in common.available_mechanisms() if m != 'softmax'])
+  for m in mechanisms:
+    common.parse_target(m)
+  knobs = dict(DEFAULT_KNOBS)
+  for item in args.knob:
+    key, _, values = item.partition('=')
+    m, _, option = key.partition('.')
+    if not option or not values:
+      raise ValueError(f'--knob {item!r} must look like mechanism.option=v1,v2')
+    knobs[m] = (option, [common.parse_value(v) for v in common.csv_list(values)])
+  fixed = common.parse_options(args.option)
+  options = {m: common.effective_options(m, fixed.get(m)) for m in mechanisms}
+
+  inputs = {f'random, n={args.knob_length}': (args.knob_length,
+                                                    random_draws(args, args.knob_length))}
+  checkpoint_inputs = {}
+  for name in args.source:
+    source = runs.load_source(name, args.num_examples)
+    layers = runs.capture_qkv(source)
+    length = layers[0][1][1].shape[1]
+    checkpoint_inputs[f'{name} (captured q,k,v)'] = (
+        length, {layer: [(0, qkv)] for layer, qkv in layers})
+  knob_rows = knob_sweep(args, mechanisms, knobs, fixed, inputs)
+  ckpt_rows = knob_sweep(args, mechanisms, knobs, fixed, checkpoint_inputs)
+  length_rows = length_sweep(args, mechanisms, fixed, common.csv_list(args.lengths, int))
+  scale_rows = scale_sweep(args, mechanisms, fixed, common.csv_list(args.scales, float))
+  identity_rows = [] if args.no_identities else identity_checks(args, mechanisms)
+
+  meta = dict(device=info, device_line=common.describe_device(info), batch=args.batch,
+              heads=args.heads, head_dim=args.head_dim, seeds=args.seeds,
+              qk_scale=args.qk_scale,
+              knob_length=args.knob_length, knobs={m: list(v) for m, v in knobs.items()},
+              options=options, sources=args.source,
+              command=' '.join(['python -m benchmarks.approx_error'] +
+                               list(argv if argv is not None else sys.argv[1:])))
+  sub = common.describe_device(info)
+  plots = [p for p in (
+      knob_plot(os.path.join(args.out, f'{args.name}_knob.png'), knob_rows,
+                f'Relative error vs knob, random inputs; {sub}'),
+      sweep_plot(os.path.join(args.out, f'{args.name}_length.png'), length_rows, 'length',
+                 'sequence length (tokens)',
+                 f'Relative error vs length, random inputs, default options; {sub}'),
+      sweep_plot(os.path.join(args.out, f'{args.name}_scale.png'), scale_rows, 'qk_scale',
+                 'std of q and k entries',
+                 f'Relative error vs q, k scale, n={args.knob_length}, default options; {sub}'),
+      knob_plot(os.path.join(args.out, f'{args.name}_checkpoint.png'), ckpt_rows,
+                f'Relative error vs knob on captured q, k, v (mean over layers); {sub}')
+      if ckpt_rows else None) if p]
+  data = dict(meta=meta, knob=knob_rows + ckpt_rows, length=length_rows, scale=scale_rows,
+              identity=identity_rows, plots=plots)
+  output.finish(args.out, args.name, data,
+                markdown(meta, knob_rows + ckpt_rows, length_rows, scale_rows, identity_rows),
+                quiet=args.quiet)
+  return data
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,335 @@
+"""Shared benchmark pieces: building attention from a name, timing, memory, device facts.
+
+An attention *target* is a name: 'exact' (`jax.nn.dot_product_attention`), a
+registered mechanism ('linear', 'nystrom', ...; core attention on q, k, v
+`[batch, length, heads, head_dim]`), or 'mechanism/projection' (a whole
+`efficient_attn.MultiHeadAttention` layer on x `[batch, length, heads * head_dim]`).
+"""
+import dataclasses
+import datetime
+import math
+import os
+import platform
+import resource
+import statistics
+import time
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import efficient_attn as ea
+
+EXACT = 'exact'
+
+
+# ----------------------------------------------------------------------------
+# Building a benchmark from a name.
+# ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Bench:
+  """A function, its variables and inputs: `fn(variables, *inputs) -> array`.
+
+  `variables` is a Flax variables dict (possibly empty); its 'params' are
+  differentiated in the forward+backward pass together with all inputs.
+  """
+  label: str
+  fn: Callable[..., Any]
+  variables: Any
+  inputs: Tuple[Any, ...]
+  options: Dict[str, Any]
+
+  def forward(self):
+    """(function, args) for the forward pass."""
+    return self.fn, (self.variables,) + self.inputs
+
+  def forward_backward(self):
+    """(function, args): gradient of sum(outputs) w.r.t. params and all inputs."""
+    rest = {c: v for c, v in self.variables.items() if c != 'params'}
+    params = self.variables.get('params', {})
+
+    def loss(p, *inputs):
+      out = self.fn(dict(rest, params=p) if p else rest, *inputs)
+      return jnp.sum(out.astype(jnp.float32))
+
+    grad = jax.grad(loss, argnums=tuple(range(1 + len(self.inputs))))
+    return grad, (params,) + self.inputs
+
+
+def random_qkv(seed: int, batch: int, length: int, heads: int, head_dim: int,
+               dtype=jnp.float32):
+  """q, k, v `[batch, length, heads, head_dim]`, standard normal."""
+  keys = jax.random.split(jax.random.PRNGKey(seed), 3)
+  return tuple(jax.random.normal(k, (batch, length, heads, head_dim), dtype) for k in keys)
+
+
+def exact_attention(q, k, v, causal: bool = False, implementation: Optional[str] = None):
+  """`jax.nn.dot_product_attention` (XLA on CPU unless `implementation` says otherwise)."""
+  return jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation=implementation)
+
+
+def mechanism_bench(name: str, q, k, v, *, options: Optional[Mapping[str, Any]] = None,
+                    causal: bool = False, seed: int = 0,
+                    exact_implementation: Optional[str] = None) -> Bench:
+  """Core attention of mechanism `name` (or 'exact') on q, k, v.
+
+  Fixed-length mechanisms (Linformer) are built with max_length = kv length.
+  Parameters are initialised from `seed`.
+  """
+  options = dict(options or {})
+  if name == EXACT:
+    fn = lambda variables, q, k, v: exact_attention(q, k, v, causal, exact_implementation)
+    return Bench(name, fn, {}, (q, k, v), options)
+  module = build_mechanism(name, k.shape[1], options, causal)
+  variables = jax.jit(module.init)(jax.random.PRNGKey(seed), q, k, v)
+  fn = lambda variables, q, k, v: module.apply(variables, q, k, v)
+  return Bench(name, fn, dict(variables), (q, k, v), options)
+
+
+def build_mechanism(name: str, length: int, options: Optional[Mapping[str, Any]] = None,
+                    causal: bool = False):
+  """The mechanism's Linen module; fixed-length ones are built for `length` tokens."""
+  return ea.mechanism_module(name, causal=causal, max_length=length, options=dict(options or {}))
+
+
+def layer_bench(mechanism: str, projection: str, x, *, num_heads: int,
+                options: Optional[Mapping[str, Any]] = None, causal: bool = False,
+                seed: int = 0) -> Bench:
+  """A whole `MultiHeadAttention(mechanism, projection)` layer on x `[batch, length, d_model]`.
+
+  x may be a `jax.ShapeDtypeStruct`: the variables are then shapes only
+  (`jax.eval_shape`), enough to lower, compile and count, without allocating.
+  """
+  layer = attention_layer(mechanism, projection, num_heads=num_heads, length=x.shape[1],
+                          options=options, causal=causal)
+  key = jax.random.PRNGKey(seed)
+  if isinstance(x, jax.ShapeDtypeStruct):
+    variables = jax.eval_shape(layer.init, key, x)
+  else:
+    variables = jax.jit(layer.init)(key, x)
+  fn = lambda variables, x: layer.apply(variables, x)
+  return Bench(f'{mechanism}/{projection}', fn, dict(variables), (x,), dict(options or {}))
+
+
+def attention_layer(mechanism: str, projection: str, *, num_heads: int, length: int,
+                    options: Optional[Mapping[str, Any]] = None, causal: bool = False):
+  """`ea.MultiHeadAttention` with max_length = length (for 'super' and Linformer)."""
+  return ea.MultiHeadAttention(num_heads=num_heads, mechanism=mechanism, projection=projection,
+                               options=dict(options or {}) or None, causal=causal,
+                               max_length=length)
+
+
+def parse_target(target: str) -> Tuple[str, Optional[str]]:
+  """'linear/efficient' -> ('linear', 'efficient'); 'linear' -> ('linear', None).
+
+  Raises ValueError listing the valid names for an unknown mechanism or projection.
+  """
+  mechanism, _, projection = target.partition('/')
+  if mechanism != EXACT:
+    ea.get_mechanism(mechanism)
+  elif projection:
+    raise ValueError(f"'{EXACT}' is core attention only, not a layer: {target!r}")
+  if projection:
+    ea.registry.check_projection(projection)
+  return mechanism, projection or None
+
+
+def parse_options(items: Sequence[str]) -> Dict[str, Dict[str, Any]]:
+  """['nystrom.num_landmarks=32', 'linear.feature_map=relu'] -> {'nystrom': {...}, ...}.
+
+  Values are parsed as int, float, bool or None when they look like one.
+  """
+  out: Dict[str, Dict[str, Any]] = {}
+  for item in items:
+    key, sep, value = item.partition('=')
+    mechanism, dot, option = key.partition('.')
+    if not sep or not dot:
+      raise ValueError(f'option {item!r} must look like mechanism.option=value')
+    out.setdefault(mechanism, {})[option] = parse_value(value)
+  return out
+
+
+def parse_value(text: str) -> Any:
+  lowered = text.lower()
+  if lowered in ('true', 'false'):
+    return lowered == 'true'
+  if lowered == 'none':
+    return None
+  for cast in (int, float):
+    try:
+      return cast(text)
+    except ValueError:
+      pass
+  return text
+
+
+def csv_list(text: str, cast: Callable[[str], Any] = str) -> list:
+  """'a,b,,c' -> [cast(a), cast(b), cast(c)]."""
+  return [cast(t.strip()) for t in text.split(',') if t.strip()]
+
+
+def available_mechanisms() -> Tuple[str, ...]:
+  """Registered mechanisms whose modules import (others are still being written)."""
+  names = []
+  for name in ea.list_mechanisms():
+    try:
+      ea.get_mechanism(name).module
+    except (ImportError, AttributeError):
+      continue
+    names.append(name)
+  return tuple(names)
+
+
+def count_params(tree) -> int:
+  return int(sum(np.size(x) for x in jax.tree.leaves(tree)))
+
+
+# ----------------------------------------------------------------------------
+# Timing.
+# ----------------------------------------------------------------------------
+
+
+def block(x):
+  return jax.tree.map(lambda a: a.block_until_ready() if hasattr(a, 'block_until_ready') else a, x)
+
+
+def time_compiled(compiled: Callable[..., Any], args: Sequence[Any], *, repeats: int,
+                  budget_s: float) -> Dict[str, Any]:
+  """Median (and minimum) wall time of `compiled(*args)` after one warm-up call.
+
+  Runs the warm-up, then up to `repeats` timed calls, stopping early once the
+  timed calls have used half of `budget_s` (at least one timed call). If the
+  warm-up alone exceeds the budget, it is reported as the single measurement
+  (`from_warmup=True`): for calls that long, first-call overhead is negligible.
+  Every call is followed by `block_until_ready`.
+  """
+  start = time.perf_counter()
+  block(compiled(*args))
+  warmup = time.perf_counter() - start
+  times = []
+  if warmup > budget_s:
+    times, from_warmup = [warmup], True
+  else:
+    from_warmup = False
+    while len(times) < max(1, repeats):
+      start = time.perf_counter()
+      block(compiled(*args))
+      times.append(time.perf_counter() - start)
+      if sum(times) > budget_s / 2:
+        break
+  return dict(time_s=statistics.median(times), min_s=min(times), times_s=times,
+              warmup_s=warmup, runs=len(times), from_warmup=from_warmup)
+
+
+def predict_time(lengths: Sequence[int], times: Sequence[float], length: int,
+                 default_exponent: float = 2.0) -> Optional[float]:
+  """Extrapolates time to `length` from earlier (length, time) points.
+
+  Uses the log-log slope of the last two points (clipped to [1, 2.5]), or
+  `default_exponent` with one point; None with none.
+  """
+  if not lengths:
+    return None
+  exponent = default_exponent
+  if len(lengths) >= 2 and lengths[-1] != lengths[-2] and times[-2] > 0:
+    exponent = math.log(times[-1] / times[-2]) / math.log(lengths[-1] / lengths[-2])
+    exponent = min(max(exponent, 1.0), 2.5)
+  return times[-1] * (length / lengths[-1]) ** exponent
+
+
+def fit_exponent(xs: Sequence[float], ys: Sequence[float], lo: Optional[float] = None,
+                 hi: Optional[float] = None) -> Optional[float]:
+  """Least-squares slope of log(y) against log(x) over points with lo <= x <= hi.
+
+  None if fewer than two usable points (missing or non-positive values are dropped).
+  """
+  pts = [(x, y) for x, y in zip(xs, ys)
+         if y is not None and y > 0 and (lo is None or x >= lo) and (hi is None or x <= hi)]
+  if len({x for x, _ in pts}) < 2:
+    return None
+  lx = np.log([x for x, _ in pts])
+  ly = np.log([y for _, y in pts])
+  return float(np.polyfit(lx, ly, 1)[0])
+
+
+# ----------------------------------------------------------------------------
+# Memory and the machine.
+# ----------------------------------------------------------------------------
+
+
+def peak_rss_bytes() -> int:
+  """Peak resident set size of this process so far (Linux reports KiB)."""
+  return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def device_peak_bytes() -> Optional[int]:
+  """Peak bytes in use on the default device (GPU/TPU), None where not reported (CPU)."""
+  stats = jax.devices()[0].memory_stats() if hasattr(jax.devices()[0], 'memory_stats') else None
+  if not stats:
+    return None
+  return stats.get('peak_bytes_in_use')
+
+
+def total_memory_bytes() -> Optional[int]:
+  """Memory available to the computation: the device's limit, or the host's RAM on CPU."""
+  dev = jax.devices()[0]
+  if dev.platform != 'cpu':
+    stats = dev.memory_stats() or {}
+    if stats.get('bytes_limit'):
+      return int(stats['bytes_limit'])
+  try:
+    with open('/proc/meminfo') as f:
+      for line in f:
+        if line.startswith('MemTotal:'):
+          return int(line.split()[1]) * 1024
+  except OSError:
+    pass
+  return None
+
+
+def cpu_model() -> str:
+  try:
+    with open('/proc/cpuinfo') as f:
+      for line in f:
+        if line.startswith('model name'):
+          return line.split(':', 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine()
+
+
+def device_info() -> Dict[str, Any]:
+  """What the numbers were measured on, and when."""
+  dev = jax.devices()[0]
+  cpus = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()
+  return dict(
+      date=datetime.datetime.now().astimezone().isoformat(timespec='seconds'),
+      platform=dev.platform, device_kind=dev.device_kind, device_count=jax.device_count(),
+      cpu_model=cpu_model(), cpu_count=cpus, memory_total_bytes=total_memory_bytes(),
+      jax_version=jax.__version__, python_version=platform.python_version(),
+      hostname=platform.node())
+
+
+def describe_device(info: Mapping[str, Any]) -> str:
+  """One line: 'cpu (AMD EPYC, 2 CPUs, 23.4 GiB RAM), jax 0.10.2, 2025-01-01T12:00:00+00:00'."""
+  mem = info.get('memory_total_bytes')
+  mem = f', {mem / 2**30:.1f} GiB RAM' if mem and info['platform'] == 'cpu' else ''
+  kind = info['device_kind'] if info['platform'] != 'cpu' else info['cpu_model']
+  return (f"{info['platform']} ({kind}, {info['cpu_count']} CPUs{mem}), "
+          f"jax {info['jax_version']}, {info['date']}")
+
+
+def effective_options(mechanism: str, overrides: Optional[Mapping[str, Any]] = None
+                      ) -> Dict[str, Any]:
+  """The mechanism module's own options with their values (defaults + overrides)."""
+  if mechanism == EXACT:
+    return dict(overrides or {})
+  cls = ea.get_mechanism(mechanism).module
+  skip = {'parent', 'name', 'causal', 'max_length', 'dtype', 'param_dtype'}
+  opts = {f.name: f.default for f in dataclasses.fields(cls)
+          if f.name not in skip and f.default is not dataclasses.MISSING}
+  opts.update(overrides or {})
+  return {k: v for k, v in opts.items() if isinstance(v, (int, float, str, bool, type(None)))}

@@ -1,0 +1,189 @@
+r"""Experiment workdirs -> one comparison table and learning-curve plots.
+
+Reads each workdir's `results.json` (written when a run finishes),
+`metrics.jsonl` (one JSON object per log/eval: step, split, loss, accuracy,
+top5_accuracy, examples_per_sec, epoch_time_s, ...) and `config.json`. A run
+without results.json is reported from its last logged metrics, marked
+'running'. Directories that are not workdirs are skipped with a message, so a
+glob over a sweep root works.
+
+    python -m benchmarks.report runs/* --out=benchmark_results/report
+    python -m benchmarks.report runs/mnist_* --sort=test_accuracy --name=mnist
+
+Writes <out>/<name>.json, .md and <name>_curves.png (loss and accuracy against
+step, train solid and eval dashed, one colour per run).
+"""
+import argparse
+import os
+import sys
+from typing import Any, Dict, List, Optional, Sequence
+
+from benchmarks import common
+from benchmarks import output
+from benchmarks import runs
+
+COLUMNS = (  # (key, header, formatter)
+    ('run', 'run', str),
+    ('dataset', 'dataset', str),
+    ('mechanism', 'mechanism', str),
+    ('projection', 'projection', str),
+    ('heads', 'h', str),
+    ('d_model', 'd_model', str),
+    ('params_total', 'params', lambda v: f'{v:,}'),
+    ('params_per_attention_layer', 'params / attn layer', lambda v: f'{v:,}'),
+    ('train_accuracy', 'train acc', lambda v: f'{100 * v:.2f}%'),
+    ('train_loss', 'train loss', lambda v: f'{v:.4f}'),
+    ('test_accuracy', 'test acc', lambda v: f'{100 * v:.2f}%'),
+    ('test_loss', 'test loss', lambda v: f'{v:.4f}'),
+    ('test_top5_accuracy', 'test top-5', lambda v: f'{100 * v:.2f}%'),
+    ('epoch_time_s', 'epoch time', lambda v: f'{v:.3g} s'),
+    ('examples_per_sec', 'examples/s', lambda v: f'{v:,.0f}'),
+    ('steps', 'steps', str),
+    ('status', 'status', str),
+)
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+  p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument('workdirs', nargs='+', help='experiment workdirs (globs welcome)')
+  p.add_argument('--out', default='benchmark_results/report')
+  p.add_argument('--name', default='report')
+  p.add_argument('--sort', default='', help='column key to sort by (descending for accuracy)')
+  p.add_argument('--quiet', action='store_true')
+  return p.parse_args(argv)
+
+
+def is_workdir(path: str) -> bool:
+  return os.path.isdir(path) and any(
+      os.path.exists(os.path.join(path, f)) for f in ('results.json', 'metrics.jsonl'))
+
+
+def last(rows: List[Dict[str, Any]], split: str, key: str) -> Optional[float]:
+  for row in reversed(rows):
+    if row.get('split') == split and row.get(key) is not None:
+      return row[key]
+  return None
+
+
+def summarise_run(workdir: str) -> Dict[str, Any]:
+  """One table row: results.json when finished, else the last logged metrics."""
+  results = runs.read_json(os.path.join(workdir, 'results.json'))
+  metrics = runs.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
+  config = runs.read_json(os.path.join(workdir, 'config.json')) or {}
+  row = dict(run=os.path.basename(os.path.normpath(workdir)), workdir=workdir)
+  row.update({k: v for k, v in runs.config_info(config).items() if v is not None})
+  if results:
+    row.update(results)
+    row['status'] = 'finished'
+  else:
+    row['status'] = 'running' if metrics else 'empty'
+    for split, prefix in (('train', 'train_'), ('eval', 'test_')):
+      for key in ('loss', 'accuracy', 'top5_accuracy'):
+        value = last(metrics, split, key)
+        if value is not None:
+          row[prefix + key] = value
+    for key in ('examples_per_sec', 'epoch_time_s'):
+      value = last(metrics, 'train', key)
+      if value is not None:
+        row[key] = value
+    steps = [m['step'] for m in metrics if 'step' in m]
+    if steps:
+      row['steps'] = max(steps)
+  row['curves'] = curves(metrics)
+  return row
+
+
+def curves(metrics: List[Dict[str, Any]]) -> Dict[str, Dict[str, List[float]]]:
+  """{split: {'step': [...], 'loss': [...], 'accuracy': [...]}} from metrics.jsonl rows."""
+  out: Dict[str, Dict[str, List[float]]] = {}
+  for row in metrics:
+    if 'step' not in row or 'split' not in row:
+      continue
+    c = out.setdefault(row['split'], dict(step=[], loss=[], accuracy=[]))
+    c['step'].append(row['step'])
+    c['loss'].append(row.get('loss'))
+    c['accuracy'].append(row.get('accuracy'))
+  return out
+
+
+def sort_rows(rows, key: str):
+  if not key:
+    return rows
+  descending = 'accuracy' in key or key in ('examples_per_sec',)
+  present = [r for r in rows if r.get(key) is not None]
+  missing = [r for r in rows if r.get(key) is None]
+  return sorted(present, key=lambda r: r[key], reverse=descending) + missing
+
+
+def markdown(meta, rows) -> str:
+  notes = ['accuracy and loss: final train (mean over the last logging window) and test '
+           '(eval split) values from results.json; runs still going show their last logged '
+           "metrics ('running'). Epoch time and examples/s are the trainer's steady-state "
+           'training rate.']
+  table_rows = []
+  for r in rows:
+    table_rows.append([None if r.get(k) is None else fmt(r[k]) for k, _, fmt in COLUMNS])
+  parts = [output.header('Experiment comparison', meta['device_line'], notes,
+                         label='Report written on'),
+           output.table([h for _, h, _ in COLUMNS], table_rows, 'lllll' + 'r' * 11 + 'l'), '']
+  return '\n'.join(parts)
+
+
+def plot(path: str, rows) -> Optional[str]:
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  if not any(r['curves'] for r in rows):
+    return None
+  fig, axes = plt.subplots(1, 2, figsize=(12, 4.4))
+  colors = plt.rcParams['axes.prop_cycle'].by_key()['color']
+  for i, r in enumerate(rows):
+    color = colors[i % len(colors)]
+    label = f"{r['run']} ({r.get('mechanism', '?')}/{r.get('projection', '?')})"
+    for ax, key in zip(axes, ('loss', 'accuracy')):
+      for split, style in (('train', '-'), ('eval', '--')):
+        c = r['curves'].get(split)
+        if not c:
+          continue
+        pts = [(s, v) for s, v in zip(c['step'], c[key]) if v is not None]
+        if pts:
+          ax.plot(*zip(*pts), style, color=color, marker='o' if split == 'eval' else None,
+                  markersize=3, label=f'{label} {split}')
+  for ax, key in zip(axes, ('loss', 'accuracy')):
+    ax.set_xlabel('training step')
+    ax.set_ylabel(key)
+    ax.set_title(f'{key} (train solid, eval dashed)', fontsize=10)
+    ax.grid(True, alpha=0.3)
+  axes[0].set_yscale('log')
+  axes[1].legend(fontsize=7, loc='lower right')
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
+  fig.savefig(path, dpi=80)
+  plt.close(fig)
+  return path
+
+
+def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+  args = parse_args(argv)
+  info = common.device_info()
+  rows = []
+  for wd in args.workdirs:
+    if not is_workdir(wd):
+      if not args.quiet:
+        print(f'[report] skipping {wd}: no results.json or metrics.jsonl')
+      continue
+    rows.append(summarise_run(wd))
+  if not rows:
+    raise SystemExit('no experiment workdirs among: ' + ' '.join(args.workdirs))
+  rows = sort_rows(rows, args.sort)
+  meta = dict(device=info, device_line=common.describe_device(info),
+              workdirs=args.workdirs,
+              command=' '.join(['python -m benchmarks.report'] +
+                               list(argv if argv is not None else sys.argv[1:])))
+  png = plot(os.path.join(args.out, f'{args.name}_curves.png'), rows)
+  data = dict(meta=meta, runs=rows, plots=[png] if png else [])
+  output.finish(args.out, args.name, data, markdown(meta, rows), quiet=args.quiet)
+  return data
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,129 @@
+"""Experiment workdirs as analysis inputs: models, parameters, eval inputs, captured q/k/v.
+
+A *source* is what the checkpoint-based tools (approx_error, spectrum) analyse:
+a trained workdir (through the trainer's `load_model_and_params` and the input
+pipeline's `get_eval_batch`), or 'random:<mechanism>' (a freshly initialised
+small ViT on random 8x8 images: an untrained baseline, and what the tests use).
+"""
+import dataclasses
+import json
+import os
+import re
+from typing import Any, Dict, List, Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import traverse_util
+
+RANDOM_PREFIX = 'random:'
+
+
+@dataclasses.dataclass
+class Source:
+  """A model with parameters and a batch of its inputs.
+
+  Attributes:
+    name: the workdir path or 'random:<mechanism>'.
+    model: a Flax module whose attention layers are `efficient_attn.MultiHeadAttention`.
+    params: its parameters.
+    inputs: a batch of model inputs (images `[b, h, w, c]` or tokens `[b, n]`).
+    info: dataset / mechanism / projection / heads / d_model, for labels.
+  """
+  name: str
+  model: Any
+  params: Any
+  inputs: Any
+  info: Dict[str, Any]
+
+
+def load_source(name: str, num_examples: int = 8, seed: int = 0) -> Source:
+  """A workdir or 'random:<mechanism>' (see module docstring)."""
+  if name.startswith(RANDOM_PREFIX):
+    return random_vit(name[len(RANDOM_PREFIX):] or 'softmax', num_examples, seed)
+  if not os.path.isdir(name):
+    raise FileNotFoundError(f'no such workdir {name!r} (or use random:<mechanism>)')
+  try:
+    from train import trainer  # pylint: disable=g-import-not-at-top
+    from train import datasets  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise RuntimeError(f'reading a checkpoint needs the trainer (train.trainer): {e}') from e
+  config, model, params = trainer.load_model_and_params(name)
+  batch = datasets.get_eval_batch(config)
+  inputs = np.asarray(batch['inputs'])
+  if 'mask' in batch:  # drop padding rows of a short last batch
+    inputs = inputs[np.asarray(batch['mask']) > 0]
+  return Source(name, model, params, jnp.asarray(inputs[:num_examples]), config_info(config))
+
+
+def config_info(config) -> Dict[str, Any]:
+  """dataset / mechanism / projection / heads / d_model from an experiment config."""
+  get = lambda group, field, default=None: (config.get(group) or {}).get(field, default)
+  return dict(dataset=get('dataset', 'name'), mechanism=get('attention', 'mechanism'),
+              projection=get('attention', 'projection'), heads=get('model', 'num_heads'),
+              d_model=get('model', 'd_model'))
+
+
+def random_vit(mechanism: str = 'softmax', num_examples: int = 8, seed: int = 0,
+               projection: str = 'standard', image_size: int = 8, d_model: int = 32,
+               depth: int = 2, num_heads: int = 4) -> Source:
+  """An untrained ViT (patch 2, cls token) on random images `[b, 8, 8, 1]`."""
+  from efficient_attn.models import ViT  # pylint: disable=g-import-not-at-top
+  model = ViT(num_classes=10, patch_size=2, d_model=d_model, depth=depth, num_heads=num_heads,
+              mlp_dim=2 * d_model, mechanism=mechanism, projection=projection)
+  key_init, key_x = jax.random.split(jax.random.PRNGKey(seed))
+  inputs = jax.random.normal(key_x, (num_examples, image_size, image_size, 1))
+  params = jax.jit(model.init)(key_init, inputs)['params']
+  info = dict(dataset='random', mechanism=mechanism, projection=projection, heads=num_heads,
+              d_model=d_model)
+  return Source(RANDOM_PREFIX + mechanism, model, params, inputs, info)
+
+
+def capture_qkv(source: Source) -> List[Tuple[str, Tuple[jnp.ndarray, ...]]]:
+  """[(layer path, (q, k, v))] after projection, for every attention layer, in order.
+
+  Uses the `('intermediates', 'qkv')` values that `MultiHeadAttention` sows;
+  q, k, v are `[batch, length, heads, head_dim]`.
+  """
+  apply = jax.jit(lambda params, x: source.model.apply({'params': params}, x,
+                                                      mutable=['intermediates'])[1])
+  state = apply(source.params, source.inputs)
+  flat = traverse_util.flatten_dict(dict(state.get('intermediates', {})))
+  layers = []
+  for path, value in flat.items():
+    if path[-1] == 'qkv':
+      for i, qkv in enumerate(value):  # one entry per call of the layer
+        name = '/'.join(path[:-1]) + (f'#{i}' if len(value) > 1 else '')
+        layers.append((name, tuple(qkv)))
+  if not layers:
+    raise ValueError(f'{source.name}: the model sowed no (q, k, v); its attention layers '
+                     'must be efficient_attn.MultiHeadAttention')
+  return sorted(layers, key=lambda item: _natural_key(item[0]))
+
+
+def _natural_key(text: str):
+  return [int(t) if t.isdigit() else t for t in re.split(r'(\d+)', text)]
+
+
+def read_json(path: str) -> Optional[Any]:
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
+def read_jsonl(path: str) -> List[Dict[str, Any]]:
+  """One JSON object per line; a torn last line (a run still writing) is skipped."""
+  if not os.path.exists(path):
+    return []
+  rows = []
+  with open(path) as f:
+    for line in f:
+      line = line.strip()
+      if not line:
+        continue
+      try:
+        rows.append(json.loads(line))
+      except json.JSONDecodeError:
+        continue
+  return rows

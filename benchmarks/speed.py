@@ -1,0 +1,425 @@
+r"""Speed and memory of attention mechanisms against sequence length.
+
+For each target (exact `jax.nn.dot_product_attention`, every registered
+mechanism, and whole layers 'mechanism/projection'), each mode (forward;
+forward+backward = gradient of sum(outputs) w.r.t. q, k, v and parameters) and
+each length: compile, warm up once, time the median of up to --repeats calls
+(each followed by block_until_ready), and record the peak memory:
+
+  * 'xla' (default): XLA's compiled memory analysis, arguments + outputs +
+    temporaries - aliased bytes: what the program itself needs;
+  * with --isolate, every point runs in a fresh subprocess and also records the
+    process's peak resident memory (CPU, `ru_maxrss`, includes the runtime's
+    ~0.3-0.5 GiB) or the device's `peak_bytes_in_use` (GPU/TPU); the headline
+    memory is then that number. A point that kills its subprocess (OOM) is
+    recorded as failed instead of ending the run.
+
+Points whose XLA memory exceeds --memory_budget_gb, or whose time per call
+extrapolated from the shorter lengths exceeds --max_time_s, are recorded as
+skipped with the reason; longer lengths of that target are then skipped too.
+
+    python -m benchmarks.speed --out=benchmark_results/speed
+    python -m benchmarks.speed --targets=exact,softmax_chunked,linear \
+        --lengths=1024,4096 --modes=fwd_bwd --extra_lengths=softmax_chunked=32768
+
+Writes <out>/<name>.json, <out>/<name>.md, <out>/<name>_time.png,
+<out>/<name>_memory.png and <out>/<name>_speedup.png.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from benchmarks import common
+from benchmarks import output
+from benchmarks import xla_stats
+
+MODES = ('fwd', 'fwd_bwd')
+MODE_TITLES = {'fwd': 'forward', 'fwd_bwd': 'forward + backward'}
+CPU_LENGTHS = tuple(2**i for i in range(8, 15))    # 256 .. 16384
+ACCEL_LENGTHS = tuple(2**i for i in range(8, 18))  # 256 .. 131072
+DEFAULT_LAYERS = ('linear/standard', 'linear/optimised', 'linear/efficient', 'linear/super')
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+  p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument('--out', default='benchmark_results/speed', help='output directory')
+  p.add_argument('--name', default='speed', help='file name stem of the outputs')
+  p.add_argument('--targets', default=None,
+                 help="comma list: 'exact', mechanisms, 'mechanism/projection' layers "
+                      "(default: exact and every registered mechanism)")
+  p.add_argument('--layers', default=','.join(DEFAULT_LAYERS),
+                 help="layers 'mechanism/projection' added to --targets ('' for none)")
+  p.add_argument('--lengths', default=None,
+                 help='comma list (default 256..16384 doubling on CPU, ..131072 on GPU/TPU)')
+  p.add_argument('--extra_lengths', action='append', default=[],
+                 help="target=len[,len]: more lengths for one target, e.g. softmax_chunked=32768")
+  p.add_argument('--modes', default=','.join(MODES), help='fwd, fwd_bwd')
+  p.add_argument('--batch', type=int, default=1)
+  p.add_argument('--heads', type=int, default=8)
+  p.add_argument('--head_dim', type=int, default=64)
+  p.add_argument('--dtype', default='float32')
+  p.add_argument('--causal', action='store_true')
+  p.add_argument('--option', action='append', default=[],
+                 help='mechanism.option=value, e.g. nystrom.num_landmarks=32 (repeatable)')
+  p.add_argument('--repeats', type=int, default=5, help='timed calls per point')
+  p.add_argument('--statistic', choices=('median', 'min'), default='median',
+                 help='which of the timed calls is reported (min resists a busy machine)')
+  p.add_argument('--time_budget_s', type=float, default=30.0,
+                 help='per point: stop repeating once timed calls pass half of it; a warm-up '
+                      'longer than it is itself the (single) measurement')
+  p.add_argument('--max_time_s', type=float, default=120.0,
+                 help='skip a point whose time per call, extrapolated from shorter lengths, '
+                      'exceeds this')
+  p.add_argument('--memory_budget_gb', type=float, default=None,
+                 help="per point, by XLA's memory analysis (default 85%% of RAM/device)")
+  p.add_argument('--isolate', action='store_true',
+                 help='one subprocess per point; records peak RSS / device peak memory')
+  p.add_argument('--point_timeout_s', type=float, default=1800.0)
+  p.add_argument('--fit_range', default='1024,16384',
+                 help='lo,hi lengths for the fitted scaling exponent')
+  p.add_argument('--exact_implementation', default=None,
+                 help="jax.nn.dot_product_attention implementation (default: jax's choice, "
+                      "'xla' on CPU)")
+  p.add_argument('--seed', type=int, default=0)
+  p.add_argument('--quiet', action='store_true')
+  p.add_argument('--_point', default=None, help=argparse.SUPPRESS)
+  return p.parse_args(argv)
+
+
+# ----------------------------------------------------------------------------
+# One point.
+# ----------------------------------------------------------------------------
+
+
+def build(spec: Dict[str, Any]) -> common.Bench:
+  """The benchmark of one point: core attention on q, k, v or a layer on x."""
+  mechanism, projection = common.parse_target(spec['target'])
+  dtype = jnp.dtype(spec['dtype'])
+  b, n, h, d = spec['batch'], spec['length'], spec['heads'], spec['head_dim']
+  if projection is None:
+    q, k, v = common.random_qkv(spec['seed'], b, n, h, d, dtype)
+    return common.mechanism_bench(mechanism, q, k, v, options=spec['options'],
+                                  causal=spec['causal'], seed=spec['seed'],
+                                  exact_implementation=spec['exact_implementation'])
+  x = jax.random.normal(jax.random.PRNGKey(spec['seed']), (b, n, h * d), dtype)
+  return common.layer_bench(mechanism, projection, x, num_heads=h, options=spec['options'],
+                            causal=spec['causal'], seed=spec['seed'])
+
+
+def measure_point(spec: Dict[str, Any]) -> Dict[str, Any]:
+  """Compiles, checks the memory budget, times. Returns the point's record."""
+  rec: Dict[str, Any] = {}
+  bench = build(spec)
+  fn, args = bench.forward() if spec['mode'] == 'fwd' else bench.forward_backward()
+  rss_baseline = common.peak_rss_bytes()
+  start = time.perf_counter()
+  compiled = jax.jit(fn).lower(*args).compile()
+  rec['compile_s'] = time.perf_counter() - start
+  rec['memory_xla'] = xla_stats.memory(compiled)
+  rec.update(xla_stats.flops(compiled))
+  mem = (rec['memory_xla'] or {}).get('total')
+  if mem is not None and spec['memory_budget_bytes'] and mem > spec['memory_budget_bytes']:
+    rec.update(status='skipped', reason=(
+        f"needs {output.fmt_bytes(mem)} by XLA's memory analysis > budget "
+        f"{output.fmt_bytes(spec['memory_budget_bytes'])}"))
+    return rec
+  rec.update(common.time_compiled(compiled, args, repeats=spec['repeats'],
+                                  budget_s=spec['time_budget_s']))
+  rec['rss_baseline_bytes'] = rss_baseline
+  rec['rss_peak_bytes'] = common.peak_rss_bytes()
+  rec['device_peak_bytes'] = common.device_peak_bytes()
+  rec['status'] = 'ok'
+  return rec
+
+
+def run_isolated(spec: Dict[str, Any], timeout_s: float) -> Dict[str, Any]:
+  """`measure_point` in a fresh interpreter; a crash (e.g. OOM kill) becomes 'failed'."""
+  cmd = [sys.executable, '-m', 'benchmarks.speed', '--_point', json.dumps(spec)]
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+      [root] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]))
+  try:
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env,
+                          check=False)
+  except subprocess.TimeoutExpired:
+    return dict(status='failed', reason=f'subprocess timed out after {timeout_s:.0f} s')
+  lines = [l for l in proc.stdout.splitlines() if l.startswith('{')]
+  if proc.returncode != 0 or not lines:
+    tail = (proc.stderr.strip().splitlines() or [''])[-1][:200]
+    why = ('killed by signal %d (out of memory?)' % -proc.returncode
+           if proc.returncode < 0 else f'exit code {proc.returncode}: {tail}')
+    return dict(status='failed', reason=why)
+  return json.loads(lines[-1])
+
+
+def safe_measure(spec: Dict[str, Any]) -> Dict[str, Any]:
+  """`measure_point` in this process; an exception becomes a 'failed' record."""
+  try:
+    return measure_point(spec)
+  except Exception as e:  # pylint: disable=broad-except  (recorded, run continues)
+    msg = str(e).strip().splitlines()[0][:200] if str(e).strip() else ''
+    return dict(status='failed', reason=f'{type(e).__name__}: {msg}')
+
+
+# ----------------------------------------------------------------------------
+# The sweep.
+# ----------------------------------------------------------------------------
+
+
+def target_lengths(args, target: str, lengths: Sequence[int]) -> List[int]:
+  extra = []
+  for item in args.extra_lengths:
+    name, _, values = item.partition('=')
+    if name == target:
+      extra += common.csv_list(values, int)
+  return sorted(set(lengths) | set(extra))
+
+
+def headline_memory(rec: Dict[str, Any], isolate: bool, platform: str):
+  """(bytes, source) of a point: RSS / device peak when isolated, else XLA's analysis."""
+  if isolate and platform == 'cpu' and rec.get('rss_peak_bytes'):
+    return rec['rss_peak_bytes'], 'rss'
+  if isolate and rec.get('device_peak_bytes'):
+    return rec['device_peak_bytes'], 'device'
+  return (rec.get('memory_xla') or {}).get('total'), 'xla'
+
+
+def sweep(args, targets: Sequence[str], lengths: Sequence[int], modes: Sequence[str],
+          options: Dict[str, Dict[str, Any]], memory_budget: Optional[int],
+          platform: str) -> List[Dict[str, Any]]:
+  plan = [(t, m, n) for t in targets for m in modes for n in target_lengths(args, t, lengths)]
+  points: List[Dict[str, Any]] = []
+  over_budget = set()  # (target, mode) that already hit a budget
+  for i, (target, mode, n) in enumerate(plan):
+    mechanism, projection = common.parse_target(target)
+    spec = dict(target=target, mode=mode, length=n, batch=args.batch, heads=args.heads,
+                head_dim=args.head_dim, dtype=args.dtype, causal=args.causal,
+                options=options.get(mechanism, {}), repeats=args.repeats,
+                time_budget_s=args.time_budget_s, memory_budget_bytes=memory_budget,
+                seed=args.seed, exact_implementation=args.exact_implementation)
+    rec = dict(target=target, mechanism=mechanism, projection=projection, mode=mode, length=n)
+    done = [p for p in points if p['target'] == target and p['mode'] == mode
+            and p['status'] == 'ok']
+    predicted = common.predict_time([p['length'] for p in done], [p['time_s'] for p in done], n)
+    if (target, mode) in over_budget:
+      rec.update(status='skipped', reason='a shorter length was already over budget')
+    elif predicted is not None and predicted > args.max_time_s:
+      rec.update(status='skipped', reason=(
+          f'predicted {predicted:.3g} s per call > --max_time_s={args.max_time_s:g}'))
+    elif args.isolate:
+      rec.update(run_isolated(spec, args.point_timeout_s))
+    else:
+      rec.update(safe_measure(spec))
+    if rec['status'] != 'ok':
+      over_budget.add((target, mode))
+    else:
+      if args.statistic == 'min':
+        rec['median_s'], rec['time_s'] = rec['time_s'], rec['min_s']
+      rec['memory_bytes'], rec['memory_source'] = headline_memory(rec, args.isolate, platform)
+    points.append(rec)
+    if not args.quiet:
+      if rec['status'] == 'ok':
+        what = (f"{output.fmt_time(rec['time_s'])} ({rec['runs']} runs), memory "
+                f"{output.fmt_bytes(rec['memory_bytes'])} ({rec['memory_source']}), "
+                f"compile {rec['compile_s']:.1f} s")
+      else:
+        what = f"{rec['status']}: {rec['reason']}"
+      print(f'[{i + 1:3d}/{len(plan)}] {target:24s} {mode:7s} n={n:6d}  {what}', flush=True)
+  return points
+
+
+# ----------------------------------------------------------------------------
+# Summaries, tables, plots.
+# ----------------------------------------------------------------------------
+
+
+def lookup(points, target, mode, n, key='time_s'):
+  for p in points:
+    if p['target'] == target and p['mode'] == mode and p['length'] == n and p['status'] == 'ok':
+      return p.get(key)
+  return None
+
+
+def summarise(points, targets, modes, fit_lo, fit_hi) -> Dict[str, Any]:
+  """Per target and mode: fitted exponents and ratios to exact at each length."""
+  out: Dict[str, Any] = {}
+  for target in targets:
+    for mode in modes:
+      ok = [p for p in points if p['target'] == target and p['mode'] == mode
+            and p['status'] == 'ok']
+      ns = [p['length'] for p in ok]
+      entry = dict(
+          time_exponent=common.fit_exponent(ns, [p['time_s'] for p in ok], fit_lo, fit_hi),
+          memory_exponent=common.fit_exponent(ns, [p['memory_bytes'] for p in ok], fit_lo,
+                                              fit_hi),
+          fit_lengths=[n for n in ns if fit_lo <= n <= fit_hi],
+          speedup_vs_exact={}, memory_ratio_vs_exact={})
+      for p in ok:
+        t_exact = lookup(points, common.EXACT, mode, p['length'])
+        m_exact = lookup(points, common.EXACT, mode, p['length'], 'memory_bytes')
+        if t_exact:
+          entry['speedup_vs_exact'][p['length']] = t_exact / p['time_s']
+        if m_exact and p.get('memory_bytes'):
+          entry['memory_ratio_vs_exact'][p['length']] = p['memory_bytes'] / m_exact
+      out[f'{target}:{mode}'] = entry
+  return out
+
+
+def exponent_cell(exponent, fit_lengths, lo, hi) -> str:
+  """'1.02', or '1.98 (1024-8192)' when the measured points cover less than lo..hi."""
+  if exponent is None:
+    return None
+  text = f'{exponent:.3g}'
+  if fit_lengths and (min(fit_lengths) > lo or max(fit_lengths) < hi):
+    text += f' ({min(fit_lengths)}-{max(fit_lengths)})'
+  return text
+
+
+def markdown(meta, points, summary, targets, modes) -> str:
+  fit_lo, fit_hi = meta['fit_range']
+  notes = [
+      f"batch {meta['batch']}, {meta['heads']} heads, head_dim {meta['head_dim']}, "
+      f"{meta['dtype']}, {'causal' if meta['causal'] else 'non-causal'}; 'exact' is "
+      f"`jax.nn.dot_product_attention` (implementation: {meta['exact_implementation']}); "
+      "layers 'mechanism/projection' are whole MultiHeadAttention layers "
+      f"(d_model = {meta['heads'] * meta['head_dim']}).",
+      f"time: {meta['statistic']} of up to {meta['repeats']} calls after compilation and one "
+      "warm-up "
+      f"(block_until_ready), fewer once they pass {meta['time_budget_s'] / 2:g} s; a warm-up "
+      f"over {meta['time_budget_s']:g} s is the single measurement; points predicted over "
+      f"{meta['max_time_s']:g} s per call are skipped.",
+      f"memory: {meta['memory_description']}",
+      f"exponent: slope of log(time) against log(length) over lengths {fit_lo}..{fit_hi} "
+      '(only measured points).',
+      'options: ' + '; '.join(f'{k}: ' + ', '.join(f'{o}={v}' for o, v in opts.items()
+                                                   if v is not None)
+                              for k, opts in meta['options'].items() if opts),
+  ]
+  parts = [output.header('Attention speed and memory', meta['device_line'], notes)]
+  all_ns = sorted({p['length'] for p in points})
+  for mode in modes:
+    title = MODE_TITLES[mode]
+    rows, sp_rows, mem_rows = [], [], []
+    for t in targets:
+      s = summary[f'{t}:{mode}']
+      rows.append([t] + [output.fmt_time(lookup(points, t, mode, n)) for n in all_ns]
+                  + [exponent_cell(s['time_exponent'], s['fit_lengths'], fit_lo, fit_hi)])
+      sp_rows.append([t] + [output.fmt_num(s['speedup_vs_exact'].get(n), 3) for n in all_ns])
+      mem_rows.append([t] + [output.fmt_bytes(lookup(points, t, mode, n, 'memory_bytes'))
+                             for n in all_ns]
+                      + [exponent_cell(s['memory_exponent'], s['fit_lengths'], fit_lo, fit_hi)])
+    heads = ['target'] + [str(n) for n in all_ns]
+    parts += [f'## {title}: time per call', '',
+              output.table(heads + [f'exponent {fit_lo}-{fit_hi}'], rows), '',
+              f'## {title}: speedup vs exact (time of exact / time)', '',
+              output.table(heads, sp_rows), '',
+              f'## {title}: peak memory ({meta["memory_source"]})', '',
+              output.table(heads + [f'exponent {fit_lo}-{fit_hi}'], mem_rows), '']
+  missing = [p for p in points if p['status'] != 'ok']
+  if missing:
+    parts += ['## Points not measured', '',
+              output.table(['target', 'mode', 'length', 'status', 'reason'],
+                           [[p['target'], p['mode'], p['length'], p['status'], p['reason']]
+                            for p in missing], 'lllll'), '']
+  return '\n'.join(parts)
+
+
+def plots(out, name, meta, points, summary, targets, modes) -> List[str]:
+  def series(key, values=None):
+    panels = []
+    for mode in modes:
+      s = {}
+      for t in targets:
+        ns = sorted({p['length'] for p in points if p['target'] == t and p['mode'] == mode})
+        ys = [(values(t, mode, n) if values else lookup(points, t, mode, n, key)) for n in ns]
+        exp = summary[f'{t}:{mode}']['time_exponent']
+        label = t if key != 'time_s' or exp is None else f'{t} (slope {exp:.2f})'
+        s[label] = (ns, ys)
+      panels.append((MODE_TITLES[mode], s))
+    return panels
+
+  sub = (f"batch {meta['batch']}, {meta['heads']} heads, head_dim {meta['head_dim']}, "
+         f"{meta['dtype']} — {meta['device_line']}")
+  mem_unit = lambda t, m, n: ((lookup(points, t, m, n, 'memory_bytes') or 0) / 2**20) or None
+  return [
+      output.line_plot(os.path.join(out, f'{name}_time.png'), series('time_s'),
+                       xlabel='sequence length (tokens)', ylabel='time per call (s)',
+                       suptitle='Attention time vs length (log-log); ' + sub),
+      output.line_plot(os.path.join(out, f'{name}_memory.png'), series(None, mem_unit),
+                       xlabel='sequence length (tokens)',
+                       ylabel=f"peak memory (MiB, {meta['memory_source']})",
+                       suptitle='Attention peak memory vs length (log-log); ' + sub),
+      output.line_plot(
+          os.path.join(out, f'{name}_speedup.png'),
+          series(None, lambda t, m, n: summary[f'{t}:{m}']['speedup_vs_exact'].get(n)),
+          xlabel='sequence length (tokens)', ylabel='speedup vs exact (×)',
+          suptitle='time of exact attention / time of target; ' + sub, hlines=[(1.0, 'exact')]),
+  ]
+
+
+def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+  args = parse_args(argv)
+  if args._point is not None:  # pylint: disable=protected-access  (subprocess of --isolate)
+    spec = json.loads(args._point)  # pylint: disable=protected-access
+    print(json.dumps(output.jsonable(safe_measure(spec))))
+    return {}
+  info = common.device_info()
+  platform = info['platform']
+  targets = common.csv_list(args.targets) if args.targets else (
+      [common.EXACT] + list(common.available_mechanisms()))
+  targets += [t for t in common.csv_list(args.layers) if t not in targets]
+  for t in targets:
+    common.parse_target(t)
+  lengths = (common.csv_list(args.lengths, int) if args.lengths
+             else list(CPU_LENGTHS if platform == 'cpu' else ACCEL_LENGTHS))
+  modes = common.csv_list(args.modes)
+  bad = sorted(set(modes) - set(MODES))
+  if bad:
+    raise ValueError(f'unknown mode(s) {bad}; valid: {", ".join(MODES)}')
+  overrides = common.parse_options(args.option)
+  mechanisms = sorted({common.parse_target(t)[0] for t in targets})
+  options = {m: common.effective_options(m, overrides.get(m)) for m in mechanisms}
+  memory_budget = (int(args.memory_budget_gb * 2**30) if args.memory_budget_gb
+                   else int(0.85 * (common.total_memory_bytes() or 0)) or None)
+  fit_lo, fit_hi = common.csv_list(args.fit_range, int)
+  if args.isolate:
+    source = 'rss' if platform == 'cpu' else 'device'
+    description = ("peak resident memory of a fresh process per point (`ru_maxrss`, includes "
+                   'the JAX runtime and inputs)' if source == 'rss' else
+                   "device `peak_bytes_in_use` of a fresh process per point")
+  else:
+    source = 'xla'
+    description = ("XLA compiled memory analysis: arguments + outputs + temporaries - "
+                   'aliased bytes of the jitted program (excludes runtime overhead)')
+  meta = dict(device=info, device_line=common.describe_device(info), batch=args.batch,
+              heads=args.heads, head_dim=args.head_dim, dtype=args.dtype, causal=args.causal,
+              modes=modes, lengths=lengths, extra_lengths=args.extra_lengths,
+              repeats=args.repeats, statistic=args.statistic, time_budget_s=args.time_budget_s,
+              max_time_s=args.max_time_s,
+              memory_budget_bytes=memory_budget, memory_source=source,
+              memory_description=description, options=options, fit_range=[fit_lo, fit_hi],
+              exact_implementation=args.exact_implementation or 'default (XLA on CPU)',
+              isolate=args.isolate, command=' '.join(['python -m benchmarks.speed'] +
+                                                     list(argv if argv is not None
+                                                          else sys.argv[1:])))
+  start = time.time()
+  points = sweep(args, targets, lengths, modes, options, memory_budget, platform)
+  meta['wall_time_s'] = time.time() - start
+  summary = summarise(points, targets, modes, fit_lo, fit_hi)
+  pngs = plots(args.out, args.name, meta, points, summary, targets, modes)
+  data = dict(meta=meta, targets=targets, points=points, summary=summary, plots=pngs)
+  output.finish(args.out, args.name, data, markdown(meta, points, summary, targets, modes),
+                quiet=args.quiet)
+  return data
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,290 @@
+"""The benchmark tools run end to end on tiny settings and write valid JSON, markdown, PNG.
+
+Also checks the pieces whose numbers the tools report: loop-corrected FLOPs,
+exponent fits, energy curves, identities of the error tool, paper 004's counts.
+"""
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import matplotlib.image
+import numpy as np
+import pytest
+
+from benchmarks import approx_error
+from benchmarks import common
+from benchmarks import cost
+from benchmarks import report
+from benchmarks import spectrum
+from benchmarks import speed
+from benchmarks import xla_stats
+from efficient_attn.mechanisms.softmax import chunked_softmax_attention
+from efficient_attn.mechanisms.softmax import softmax_attention
+
+
+def check_outputs(out, name, pngs):
+  """<out>/<name>.json parses, <name>.md holds well-formed tables, the PNGs decode."""
+  with open(os.path.join(out, f'{name}.json')) as f:
+    data = json.load(f)
+  with open(os.path.join(out, f'{name}.md')) as f:
+    text = f.read()
+  assert text.startswith('# ') and 'cpu' in text.splitlines()[2]
+  lines = text.splitlines()
+  tables = 0
+  for i, line in enumerate(lines):
+    if line.startswith('|:') or line.startswith('|-'):
+      tables += 1
+      width = lines[i - 1].count(' | ')
+      j = i + 1
+      while j < len(lines) and lines[j].startswith('|'):
+        assert lines[j].count(' | ') == width, lines[j]
+        j += 1
+  assert tables >= 1
+  for png in pngs:
+    path = os.path.join(out, png)
+    with open(path, 'rb') as f:
+      assert f.read(8) == b'\x89PNG\r\n\x1a\n'
+    image = matplotlib.image.imread(path)
+    assert image.shape[0] > 100 and image.shape[1] > 100
+  return data, text
+
+
+# ----------------------------------------------------------------------------
+# Pieces.
+# ----------------------------------------------------------------------------
+
+
+def test_loop_corrected_flops_match_the_unchunked_count():
+  q = jax.ShapeDtypeStruct((1, 256, 2, 16), jnp.float32)
+  full = jax.jit(softmax_attention).lower(q, q, q).compile()
+  chunked = jax.jit(lambda q, k, v: chunked_softmax_attention(q, k, v, q_chunk=64, k_chunk=32)
+                    ).lower(q, q, q).compile()
+  f_full, f_chunk = xla_stats.flops(full), xla_stats.flops(chunked)
+  assert f_full['loops'] == 0 and f_full['flops'] == f_full['flops_xla']
+  assert f_chunk['loops'] >= 2 and f_chunk['unknown_trip_counts'] == 0
+  assert f_chunk['flops_xla'] < 0.2 * f_full['flops']      # XLA counts each body once
+  assert abs(f_chunk['flops'] / f_full['flops'] - 1) < 0.1  # the correction restores it
+  mem = xla_stats.memory(full)
+  assert mem['total'] >= mem['argument'] > 0
+
+
+def test_exponent_fit_and_time_prediction():
+  ns = [256, 512, 1024, 2048]
+  assert common.fit_exponent(ns, [3 * n**1.5 for n in ns]) == pytest.approx(1.5)
+  assert common.fit_exponent(ns, [n**2 for n in ns], lo=1024) == pytest.approx(2.0)
+  assert common.fit_exponent(ns, [1.0, None, None, None]) is None
+  assert common.predict_time([100], [1.0], 200) == pytest.approx(4.0)
+  assert common.predict_time([100, 200], [1.0, 2.0], 400) == pytest.approx(4.0)
+
+
+def test_energy_curve_and_rank():
+  assert spectrum.rank_for(spectrum.energy_curve(np.ones(10)), 0.9) == 9
+  assert spectrum.rank_for(spectrum.energy_curve(np.array([1.0, 0, 0, 0])), 0.9) == 1
+  # Uniform attention is rank one: one singular value carries all the energy.
+  q = jnp.zeros((1, 12, 2, 4))
+  curves = spectrum.attention_spectra(q, q)
+  assert curves.shape == (1, 2, 12) and np.allclose(curves, 1.0)
+  # Padding: a 5-token example uses its 5 x 5 block.
+  qr = jax.random.normal(jax.random.PRNGKey(0), (1, 8, 1, 4))
+  pad = np.array([[True] * 5 + [False] * 3])
+  curves = spectrum.attention_spectra(qr, qr, pad)
+  assert np.allclose(curves[0, 0, 4:], 1.0) and np.all(np.diff(curves[0, 0]) >= -1e-12)
+
+
+# ----------------------------------------------------------------------------
+# The tools, end to end.
+# ----------------------------------------------------------------------------
+
+
+def test_speed_tool(tmp_path):
+  out = str(tmp_path)
+  data = speed.main([f'--out={out}', '--targets=exact,softmax_chunked',
+                     '--layers=linear/efficient', '--lengths=32', '--heads=2', '--head_dim=8',
+                     '--repeats=1', '--option=softmax_chunked.k_chunk=16',
+                     '--extra_lengths=softmax_chunked=64', '--quiet'])
+  _, text = check_outputs(out, 'speed', ['speed_time.png', 'speed_memory.png',
+                                         'speed_speedup.png'])
+  points = data['points']
+  assert len(points) == 3 * 2 + 2  # targets x modes, + the extra length of softmax_chunked
+  assert all(p['status'] == 'ok' and p['time_s'] > 0 and p['memory_bytes'] > 0 for p in points)
+  assert {p['memory_source'] for p in points} == {'xla'}
+  assert data['meta']['options']['softmax_chunked']['k_chunk'] == 16
+  summary = data['summary']
+  assert summary['exact:fwd']['speedup_vs_exact'][32] == pytest.approx(1.0)
+  assert summary['softmax_chunked:fwd_bwd']['speedup_vs_exact'][32] > 0
+  assert 64 not in summary['softmax_chunked:fwd']['speedup_vs_exact']  # no exact at 64
+  assert '## forward + backward: time per call' in text and 'linear/efficient' in text
+
+
+def test_speed_records_skipped_and_failed_points(tmp_path):
+  out = str(tmp_path)
+  data = speed.main([f'--out={out}', '--targets=exact', '--layers=softmax/super',
+                     '--lengths=16,32', '--heads=1', '--head_dim=4', '--modes=fwd',
+                     '--memory_budget_gb=1e-7', '--quiet'])
+  by_len = {(p['target'], p['length']): p for p in data['points']}
+  assert by_len[('exact', 16)]['status'] == 'skipped'
+  assert 'budget' in by_len[('exact', 16)]['reason']
+  assert 'already over budget' in by_len[('exact', 32)]['reason']
+  assert by_len[('softmax/super', 16)]['status'] == 'skipped'
+  _, text = check_outputs(out, 'speed', ['speed_time.png'])
+  assert '## Points not measured' in text
+  # A point that raises is recorded, not fatal.
+  bad = speed.safe_measure(dict(target='linformer', mode='fwd', length=8, batch=1, heads=1,
+                                head_dim=4, dtype='float32', causal=True, options={},
+                                repeats=1, time_budget_s=1.0, memory_budget_bytes=None, seed=0,
+                                exact_implementation=None))
+  assert bad['status'] == 'failed' and 'causal' in bad['reason']
+
+
+def test_speed_isolated_point_reports_peak_rss():
+  spec = dict(target='softmax_chunked', mode='fwd_bwd', length=32, batch=1, heads=1,
+              head_dim=4, dtype='float32', causal=False, options={'k_chunk': 8}, repeats=1,
+              time_budget_s=5.0, memory_budget_bytes=None, seed=0, exact_implementation=None)
+  rec = speed.run_isolated(spec, timeout_s=300)
+  assert rec['status'] == 'ok', rec
+  assert rec['rss_peak_bytes'] >= rec['rss_baseline_bytes'] > 0
+  assert speed.headline_memory(rec, True, 'cpu') == (rec['rss_peak_bytes'], 'rss')
+
+
+def test_approx_error_tool_and_identities(tmp_path):
+  out = str(tmp_path)
+  data = approx_error.main([
+      f'--out={out}', '--mechanisms=softmax_chunked,nystrom,local,linformer',
+      '--knob=nystrom.num_landmarks=4,n', '--knob=local.window=2n', '--knob=linformer.k_proj=8',
+      '--knob=softmax_chunked.k_chunk=16', '--knob_length=16', '--lengths=16', '--scales=0.5',
+      '--seeds=1', '--heads=1', '--head_dim=8', '--quiet'])
+  check_outputs(out, 'approx_error', ['approx_error_knob.png', 'approx_error_length.png',
+                                      'approx_error_scale.png'])
+  knob = {(r['mechanism'], r['resolved']): r['error'] for r in data['knob']}
+  assert knob[('nystrom', 16)] < knob[('nystrom', 4)]
+  assert knob[('local', 32)] < 1e-5            # the window covers every key
+  assert knob[('softmax_chunked', 16)] < 1e-5
+  assert len(data['length']) == len(data['scale']) == 4
+  identities = {r['check']: r['error'] for r in data['identity']}
+  assert len(identities) == 5
+  for label, err in identities.items():
+    if 'default pinv_iterations' not in label:
+      assert err < 1e-4, (label, err)
+
+
+def test_knob_values_depend_on_the_length():
+  assert approx_error.knob_values('num_landmarks', [4, 8, 32, 'n'], 16) == [4, 8, 'n']
+  assert approx_error.knob_values('num_features', [8, 64], 16) == [8, 64]
+  assert approx_error.knob_values('window', [16, 32, 64, '2n'], 16) == [16, 32]
+
+
+def test_rfa_is_compared_with_softmax_over_cosine_similarities():
+  q, k, v = common.random_qkv(0, 1, 16, 1, 8)
+  ref = approx_error.reference('rfa', {'sigma': 1.0}, q, k, v)
+  unit = lambda x: x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+  assert np.allclose(ref, softmax_attention(unit(q), unit(k), v, scale=1.0), atol=1e-5)
+  mean, _ = approx_error.point_error('rfa', {'num_features': 256}, [(0, (q, k, v))])
+  assert mean < 0.1
+
+
+def test_cost_tool_reproduces_paper_004_counts(tmp_path):
+  out = str(tmp_path)
+  data = cost.main([f'--out={out}', '--mechanisms=softmax,softmax_chunked',
+                    '--projections=standard', '--d_model=16', '--heads=2',
+                    '--length=32', '--lengths=16,64', '--option=softmax_chunked.k_chunk=8',
+                    '--option=softmax_chunked.q_chunk=8', '--quiet'])
+  check_outputs(out, 'cost', ['cost_flops.png', 'cost_params.png'])
+  assert data['paper_004'] and all(r['match'] for r in data['paper_004'])
+  layers = {(r['mechanism'], r['projection']): r for r in data['layers']}
+  d, l = 16, 32
+  assert layers[('softmax', 'standard')]['params_total'] == 4 * (d * d + d)
+  sup = cost.layer_cost('softmax', 'super', d_model=d, heads=2, length=l, batch=1, options={},
+                        modes=())
+  assert sup['params_total'] == 2 * (d * d + d) + l * l + l
+  exact, chunked = layers[('softmax', 'standard')], layers[('softmax_chunked', 'standard')]
+  assert chunked['fwd_loops'] > 0
+  assert abs(chunked['fwd_flops'] / exact['fwd_flops'] - 1) < 0.15
+  assert data['meta']['scaling']['softmax']['flops_exponent'] > 1.2
+  linformer = cost.layer_cost('linformer', 'efficient', d_model=d, heads=2, length=l, batch=1,
+                              options={'k_proj': 8}, modes=())
+  assert linformer['params_mechanism'] == 2 * 8 * l                      # E, F: k x n
+  assert linformer['params_total'] == 2 * (d * d + d) + 2 * 8 * l
+
+
+def test_spectrum_tool(tmp_path):
+  out = str(tmp_path)
+  data = spectrum.main([f'--out={out}', '--source=random:softmax', '--num_examples=2',
+                        '--ks=4,8', '--quiet'])
+  check_outputs(out, 'spectrum', ['spectrum_energy.png', 'spectrum_rank.png'])
+  layers = data['results'][0]['layers']
+  assert len(layers) == 2
+  for layer in layers:
+    curve = np.asarray(layer['mean_curve'])
+    assert curve.shape == (17,) and np.all(np.diff(curve) >= -1e-9)
+    assert curve[-1] == pytest.approx(1.0)
+    assert 1 <= layer['rank_min'] <= layer['rank_mean'] <= layer['rank_max'] <= 17
+
+
+def write_fake_run(root, name, mechanism, finished=True):
+  wd = os.path.join(root, name)
+  os.makedirs(wd)
+  with open(os.path.join(wd, 'config.json'), 'w') as f:
+    json.dump(dict(dataset=dict(name='digits'), model=dict(num_heads=2, d_model=16),
+                   attention=dict(mechanism=mechanism, projection='standard')), f)
+  with open(os.path.join(wd, 'metrics.jsonl'), 'w') as f:
+    for step in (10, 20):
+      f.write(json.dumps(dict(step=step, split='train', loss=2.0 / step, accuracy=0.04 * step,
+                              examples_per_sec=100.0, epoch_time_s=3.0)) + '\n')
+      f.write(json.dumps(dict(step=step, split='eval', loss=2.5 / step,
+                              accuracy=0.03 * step)) + '\n')
+    f.write('{"step": 30, "spl')  # a torn last line of a run still writing
+  if finished:
+    with open(os.path.join(wd, 'results.json'), 'w') as f:
+      json.dump(dict(train_loss=0.1, train_accuracy=0.8, test_loss=0.125, test_accuracy=0.6,
+                     test_top5_accuracy=0.9, params_total=1234, params_per_attention_layer=272,
+                     examples_per_sec=100.0, epoch_time_s=3.0, steps=20, dataset='digits',
+                     mechanism=mechanism, projection='standard', heads=2, d_model=16), f)
+  return wd
+
+
+def test_report_tool(tmp_path):
+  runs_root = str(tmp_path / 'runs')
+  done = write_fake_run(runs_root, 'a_softmax', 'softmax')
+  going = write_fake_run(runs_root, 'b_linear', 'linear', finished=False)
+  os.makedirs(os.path.join(runs_root, 'not_a_run'))
+  out = str(tmp_path / 'out')
+  data = report.main([done, going, os.path.join(runs_root, 'not_a_run'), f'--out={out}',
+                      '--sort=test_accuracy', '--quiet'])
+  _, text = check_outputs(out, 'report', ['report_curves.png'])
+  rows = {r['run']: r for r in data['runs']}
+  assert set(rows) == {'a_softmax', 'b_linear'}
+  assert rows['a_softmax']['status'] == 'finished' and rows['a_softmax']['test_accuracy'] == 0.6
+  assert rows['b_linear']['status'] == 'running' and rows['b_linear']['steps'] == 20
+  assert rows['b_linear']['test_accuracy'] == pytest.approx(0.6)  # last eval: 0.03 * 20
+  assert '| a_softmax | digits | softmax | standard | 2 | 16 | 1,234 | 272 | 80.00%' in text
+
+
+@pytest.mark.slow
+def test_tools_on_a_tiny_trained_run(tmp_path):
+  """Trains digits for a few steps with the real trainer, then analyses the workdir."""
+  from configs import default  # pylint: disable=g-import-not-at-top
+  from train import trainer  # pylint: disable=g-import-not-at-top
+  config = default.get_config()
+  config.model.update(dict(d_model=16, num_heads=2, mlp_dim=32, depth=1))
+  config.train.update(dict(num_steps=2, num_epochs=-1, eval_every=2, log_every=1,
+                           checkpoint_every=2))
+  workdir = str(tmp_path / 'digits')
+  results = trainer.train_and_evaluate(config, workdir)
+  assert results is not None
+  out = str(tmp_path / 'out')
+  rep = report.main([workdir, f'--out={out}', '--quiet'])
+  assert rep['runs'][0]['status'] == 'finished'
+  assert rep['runs'][0]['params_per_attention_layer'] == 4 * (16 * 16 + 16)
+  spec = spectrum.main([f'--out={out}', f'--source={workdir}', '--num_examples=3', '--quiet'])
+  assert spec['results'][0]['info']['dataset'] == 'digits'
+  assert spec['results'][0]['layers'][0]['length'] == 17
+  err = approx_error.main([f'--out={out}', '--mechanisms=nystrom', '--knob_length=8',
+                           '--knob=nystrom.num_landmarks=4,n', '--lengths=', '--scales=',
+                           '--seeds=1',
+                           '--heads=1', '--head_dim=4', f'--source={workdir}',
+                           '--num_examples=3', '--no_identities', '--quiet'])
+  captured = [r for r in err['knob'] if 'captured' in r['inputs']]
+  assert [r['resolved'] for r in captured] == [4, 17]
+  assert set(captured[0]['per_layer']) == {'encoder/block_0/attention'}
+  check_outputs(out, 'approx_error', ['approx_error_checkpoint.png'])
