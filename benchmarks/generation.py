@@ -1,0 +1,242 @@
+r"""Image generation speed: linear attention as an RNN vs softmax with a KV cache.
+
+Reproduces the table of the "Efficient Attention" report (section 1.2): wall
+time to generate 100, 200, 300 images of 28 x 28 = 784 pixels with a causal
+pixel Transformer, linear attention (recurrent form: constant-size state per
+layer) against softmax attention (key/value cache; each step attends over the
+cached prefix, so it costs O(position)). Both are measured in one run, with
+the same weights (the two mechanisms have the same parameters), by:
+
+  * wall time: the jit-compiled sampler (`train.generate.sample_fn`) for
+    each batch size, compiled ahead of time (compile time reported
+    separately), median of --repeats calls;
+  * per-step latency against position: the jit-compiled single step called
+    from Python at every position (batch --latency_batch), each call followed
+    by block_until_ready, so the curve shows how a step's cost grows with t.
+
+    python -m benchmarks.generation --out=benchmark_results/generation
+    python -m benchmarks.generation --num_images=10,20 --image_size=8 --depth=1
+    python -m benchmarks.generation --params=pixel_lm.msgpack --d_model=256 ...
+
+Weights are random unless --params names a flax msgpack file of the model's
+params (`flax.serialization.to_bytes`; the architecture flags must match it)
+or --workdir a trainer run of the 'pixel_lm' task (e.g. configs/digits_pixels.py),
+whose newest checkpoint gives the weights and the architecture (image size,
+widths, depth; LoRA adapters merged), every mechanism reusing them:
+
+    python -m benchmarks.generation --workdir=runs/digits_pixels --num_images=100
+Writes <out>/<name>.json, <out>/<name>.md, <out>/<name>_latency.png (per-step
+latency against position) and <out>/<name>_wall.png (wall time against images).
+"""
+import argparse
+import functools
+import time
+from typing import Any, Dict, Optional, Sequence
+
+import flax.serialization
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks import common
+from benchmarks import output
+from efficient_attn.models import CausalTransformer
+from train import generate
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+  p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument('--out', default='benchmark_results/generation', help='output directory')
+  p.add_argument('--name', default='generation', help='file name stem of the outputs')
+  p.add_argument('--mechanisms', default='linear,softmax', help='comma list (decodable)')
+  p.add_argument('--num_images', default='100,200,300', help='comma list of batch sizes')
+  p.add_argument('--image_size', type=int, default=28, help='side; length = side^2')
+  p.add_argument('--d_model', type=int, default=64)
+  p.add_argument('--depth', type=int, default=2)
+  p.add_argument('--num_heads', type=int, default=4)
+  p.add_argument('--mlp_dim', type=int, default=128)
+  p.add_argument('--option', action='append', default=[],
+                 help='mechanism option, e.g. linear.feature_map=relu (repeatable)')
+  p.add_argument('--latency_batch', type=int, default=0,
+                 help='batch of the per-step latency run (0: the first --num_images)')
+  p.add_argument('--repeats', type=int, default=1, help='timed sampler calls per point')
+  p.add_argument('--temperature', type=float, default=1.0)
+  p.add_argument('--params', default='', help='flax msgpack file of trained params')
+  p.add_argument('--workdir', default='', help='trainer workdir of a pixel_lm run: weights '
+                 'and architecture from its checkpoint (overrides the architecture flags)')
+  p.add_argument('--seed', type=int, default=0)
+  p.add_argument('--quiet', action='store_true')
+  return p.parse_args(argv)
+
+
+def build_model(args, mechanism: str, options: Dict[str, Any]) -> CausalTransformer:
+  return CausalTransformer(max_length=args.image_size**2, d_model=args.d_model,
+                           depth=args.depth, num_heads=args.num_heads, mlp_dim=args.mlp_dim,
+                           mechanism=mechanism, options=options.get(mechanism) or None)
+
+
+def load_params(model: CausalTransformer, path: str, seed: int):
+  """Random params from `seed`, or those in the msgpack file `path` (same structure)."""
+  params = jax.jit(model.init)(jax.random.PRNGKey(seed),
+                               jnp.zeros((1, model.max_length), jnp.int32))['params']
+  if path:
+    with open(path, 'rb') as f:
+      params = flax.serialization.from_bytes(params, f.read())
+  return params
+
+
+def load_workdir(args):
+  """(model, params) of a trained pixel_lm run; sets args' architecture fields from it."""
+  from train import adapters  # pylint: disable=g-import-not-at-top
+  from train import trainer  # pylint: disable=g-import-not-at-top
+  config, model, params = trainer.load_model_and_params(args.workdir)
+  model, params = adapters.unwrap(config, model, jax.device_get(params))
+  if not isinstance(model, CausalTransformer):
+    raise ValueError(f'--workdir={args.workdir!r} holds a {config.model.kind!r} model; '
+                     f"generation needs a 'causal' one (task 'pixel_lm')")
+  args.image_size = config.dataset.image_size
+  args.d_model, args.depth = model.d_model, model.depth
+  args.num_heads, args.mlp_dim = model.num_heads, model.mlp_dim
+  return model, params
+
+
+def time_sampler(model, params, batch: int, args) -> Dict[str, Any]:
+  """AOT-compile, then time generating `batch` images (median of args.repeats)."""
+  length = model.max_length
+  run = generate.sample_fn(model, batch, length)
+  rng = jax.random.PRNGKey(args.seed)
+  rest = generate.sampler_args(batch, length, args.temperature)
+  start = time.perf_counter()
+  compiled = run.lower(params, rng, *rest).compile()
+  compile_s = time.perf_counter() - start
+  times = []
+  for i in range(max(1, args.repeats)):
+    start = time.perf_counter()
+    common.block(compiled(params, jax.random.fold_in(rng, i), *rest))
+    times.append(time.perf_counter() - start)
+  return dict(time_s=float(np.median(times)), times_s=times, compile_s=compile_s)
+
+
+def step_latency(model, params, batch: int, args) -> np.ndarray:
+  """Seconds of each single-token step at positions 0..length-1 (batch `batch`)."""
+  length = model.max_length
+  step = generate.make_step(model)
+
+  @functools.partial(jax.jit, donate_argnums=(1,))  # update the cache in place
+  def sample_step(params, cache, token, rng):
+    logits, cache = step(params, cache, token)
+    return generate.sample_logits(rng, logits, args.temperature), cache
+
+  decoder = model.clone(decode=True)
+  cache = jax.jit(lambda p: generate.init_cache(decoder, p, batch, length))(params)
+  token = jnp.full((batch,), model.start_token, jnp.int32)
+  rng = jax.random.PRNGKey(args.seed)
+  for _ in range(3):  # compile and warm up on a copy (donated, then discarded)
+    common.block(sample_step(params, jax.tree.map(jnp.copy, cache), token, rng))
+  times = np.zeros(length)
+  for t in range(length):
+    start = time.perf_counter()
+    token, cache = common.block(sample_step(params, cache, token, jax.random.fold_in(rng, t)))
+    times[t] = time.perf_counter() - start
+  return times
+
+
+def smooth(x: np.ndarray, window: int) -> np.ndarray:
+  """Running median over `window` positions (robust to scheduler noise)."""
+  half = window // 2
+  return np.array([np.median(x[max(0, i - half):i + half + 1]) for i in range(len(x))])
+
+
+def markdown(result: Dict[str, Any]) -> str:
+  mechs = result['mechanisms']
+  cfg = result['config']
+  source = cfg.get('workdir') or cfg['params']
+  notes = [f"model: d_model={cfg['d_model']}, depth={cfg['depth']}, heads={cfg['num_heads']}, "
+           f"mlp={cfg['mlp_dim']}, {result['num_params']:,} params, "
+           f"{'weights from ' + source if source else 'random weights'}",
+           f"images of {cfg['image_size']}x{cfg['image_size']} = {result['length']} pixels "
+           f"(steps), temperature {cfg['temperature']}",
+           'linear: recurrent state per layer; softmax: key/value cache, each step '
+           'visits only the filled cache blocks',
+           'times exclude compilation (reported in the JSON)']
+  text = output.header('Image generation: linear (RNN) vs softmax (KV cache)',
+                       common.describe_device(result['device']), notes)
+  ref = mechs[0]
+  headers = ['images'] + [f'{m} (s)' for m in mechs] + [f'{m} / {ref}' for m in mechs[1:]]
+  rows = []
+  for n in result['num_images']:
+    t = [result['wall'][m][str(n)]['time_s'] for m in mechs]
+    rows.append([n] + [f'{x:.3f}' for x in t] + [f'{x / t[0]:.2f}x' for x in t[1:]])
+  text += '\n## Wall time to generate the images\n\n' + output.table(headers, rows) + '\n'
+  lat_rows = []
+  for m in mechs:
+    lat = np.asarray(result['latency'][m]['times_s'])
+    k = max(1, len(lat) // 10)
+    lat_rows.append([m, output.fmt_time(float(np.median(lat[:k]))),
+                     output.fmt_time(float(np.median(lat[-k:]))),
+                     f'{np.median(lat[-k:]) / np.median(lat[:k]):.2f}x'])
+  text += (f"\n## Per-step latency (batch {result['latency_batch']}), median over the "
+           f"first / last 10% of positions\n\n"
+           + output.table(['mechanism', 'first 10%', 'last 10%', 'last / first'], lat_rows)
+           + '\n')
+  return text
+
+
+def run(args) -> Dict[str, Any]:
+  mechs = common.csv_list(args.mechanisms)
+  sizes = common.csv_list(args.num_images, int)
+  options = common.parse_options(args.option)
+  latency_batch = args.latency_batch or sizes[0]
+  result: Dict[str, Any] = dict(
+      config=vars(args), device=common.device_info(), mechanisms=mechs, num_images=sizes,
+      length=args.image_size**2, latency_batch=latency_batch, wall={}, latency={})
+  trained, params = load_workdir(args) if args.workdir else (None, None)
+  result['length'] = args.image_size**2
+  for mech in mechs:
+    if trained is not None:  # the trained model with this mechanism
+      own = dict(trained.options or {}) if mech == trained.mechanism else {}
+      model = trained.clone(mechanism=mech, options={**own, **options.get(mech, {})} or None)
+    else:
+      model = build_model(args, mech, options)
+    if params is None:  # one set of weights for every mechanism
+      params = load_params(model, args.params, args.seed)
+    result['num_params'] = common.count_params(params)
+    result['wall'][mech] = {}
+    for n in sizes:
+      result['wall'][mech][str(n)] = time_sampler(model, params, n, args)
+      if not args.quiet:
+        print(f"{mech}: {n} images in {result['wall'][mech][str(n)]['time_s']:.3f} s",
+              flush=True)
+    result['latency'][mech] = dict(times_s=step_latency(model, params, latency_batch, args))
+  return result
+
+
+def plot(path: str, result: Dict[str, Any]) -> str:
+  positions = np.arange(result['length'])
+  window = max(1, result['length'] // 50)
+  latency = {m: (positions, smooth(np.asarray(result['latency'][m]['times_s']), window) * 1e3)
+             for m in result['mechanisms']}
+  wall = {m: (result['num_images'], [result['wall'][m][str(n)]['time_s']
+                                     for n in result['num_images']])
+          for m in result['mechanisms']}
+  output.line_plot(path, [(f"per-step latency (batch {result['latency_batch']}, running "
+                           f'median of {window})', latency)],
+                   xlabel='position (pixel)', ylabel='ms per step', logx=False, logy=False,
+                   suptitle=common.describe_device(result['device']))
+  output.line_plot(path.replace('_latency.png', '_wall.png'),
+                   [('wall time to generate', wall)], xlabel='images', ylabel='seconds',
+                   logx=False, logy=False)
+  return path
+
+
+def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+  args = parse_args(argv)
+  result = run(args)
+  plot(f'{args.out}/{args.name}_latency.png', result)
+  output.finish(args.out, args.name, result, markdown(result), quiet=args.quiet)
+  return result
+
+
+if __name__ == '__main__':
+  main()
