@@ -11,14 +11,20 @@ below, then sets only what its experiment changes:
 
 Groups (the contract other tools rely on):
   dataset    name, data_dir, batch_size (global), eval_batch_size, image_size or
-             max_length, num_classes, shuffle_buffer, augment, splits.
-  model      kind ('vit' | 'text'), d_model, depth, num_heads, mlp_dim,
-             patch_size, pool, dropout_rate, attention_dropout_rate, max_length.
+             max_length, num_classes, shuffle_buffer, augment, splits,
+             pixels_as_tokens (images as int tokens 0..255 `[b, h*w]`, for the
+             causal pixel model), transform (a `train.lora_data` variant,
+             e.g. 'rotated', applied to train and eval images; '' = none).
+  model      kind ('vit' | 'text' | 'causal' | 'mlp'), d_model, depth, num_heads,
+             mlp_dim, patch_size, pool, dropout_rate, attention_dropout_rate,
+             max_length.
   attention  mechanism, projection, options (a ConfigDict of mechanism options).
   optim      name, learning_rate, warmup_steps, weight_decay, grad_clip, b1, b2.
   train      num_steps or num_epochs (the other one -1), eval_every, log_every,
              checkpoint_every, keep_checkpoints, seed, dtype.
-  task, init_from, lora (rank=0: off).
+  task ('classification' | 'pixel_lm'), init_from, lora (rank=0: off; alpha,
+             targets: see `train/adapters.py`), sample (pixel_lm only: the
+             sample / completion PNGs, see `pixel_lm()` below).
 Fields a sweep varies are plain values, so `--config.attention.mechanism=linear`
 works. No field defaults to None: overrides from the command line need a type.
 """
@@ -61,6 +67,8 @@ def base() -> ml_collections.ConfigDict:
       num_classes=10,       # 0: from the dataset (ImageFolder: number of label folders)
       shuffle_buffer=10_000,
       augment='none',       # 'none' | 'crop_flip' | 'inception_crop'
+      pixels_as_tokens=False,  # images -> int32 tokens 0..255 `[b, h*w]`, no resize/normalise
+      transform='',         # 'rotated' | 'inverted' | 'quantised' | lora_data spec; '' = none
   ))
   config.model = ml_collections.ConfigDict(dict(
       kind='vit',
@@ -98,7 +106,11 @@ def base() -> ml_collections.ConfigDict:
       seed=0,
       dtype='float32',      # compute dtype: 'float32' | 'bfloat16' (params stay float32)
   ))
-  config.lora = ml_collections.ConfigDict(dict(rank=0))
+  config.lora = ml_collections.ConfigDict(dict(
+      rank=0,               # 0: off; r >= 1: adapters on `targets`, the base frozen
+      alpha=0.0,            # adapter scale alpha / r; 0: scale 1
+      targets='default',    # ','-joined presets (default, attention, mlp, head, all) / regexes
+  ))
   return config
 
 
@@ -116,20 +128,24 @@ def parse_arg(arg: Optional[str], **defaults) -> Dict[str, Any]:
   """Parses a config argument string as big_vision does.
 
   `parse_arg('nystrom,max_length=4096', mechanism='softmax', max_length=1024)`
-  gives {'mechanism': 'nystrom', 'max_length': 4096}: a bare value sets the
-  first key; `key=value` pairs set the others, converted to the default's type.
+  gives {'mechanism': 'nystrom', 'max_length': 4096}: bare values set the keys
+  in order (`'rotated,8'` sets the first two); `key=value` pairs, after them,
+  set any key; values are converted to the default's type.
   """
   result = dict(defaults)
   if not arg:
     return result
   keys = list(defaults)
+  positional = 0
   for i, item in enumerate(x for x in arg.split(',') if x):
     key, sep, value = item.partition('=')
     if not sep:
-      if i > 0:
-        raise ValueError(f'config argument {arg!r}: only the first item may omit its '
-                         f'key; valid keys: {", ".join(keys)}')
-      key, value = keys[0], item
+      if i > positional or i >= len(keys):
+        raise ValueError(f'config argument {arg!r}: values without a key set the keys '
+                         f'in order and must come before any key=value; valid keys, in '
+                         f'order: {", ".join(keys)}')
+      key, value = keys[i], item
+      positional += 1
     if key not in defaults:
       raise ValueError(f'config argument {arg!r}: unknown key {key!r}; valid keys: '
                        f'{", ".join(keys)}')
@@ -189,4 +205,29 @@ def image_folder(config, root: str = '', image_size: int = 64):
   config.dataset.update(dict(name='image_folder', data_dir=root, image_size=image_size,
                              channels=3, num_classes=0, augment='crop_flip',
                              shuffle_buffer=10_000, download=False))
+  return config
+
+
+# Task presets.
+
+def pixel_lm(config):
+  """Autoregressive pixel model (Katharopoulos et al. 2020, section 4.2.1).
+
+  Pixels become tokens 0..255 at the stored size (digits 8x8: 64 steps, MNIST
+  28x28: 784), raster order, no resizing or normalisation; a causal Transformer
+  predicts each from the ones before. At the end the trainer writes sample
+  grids and occluded completions (`sample` group) into the workdir.
+  """
+  config.task = 'pixel_lm'
+  config.model.kind = 'causal'
+  config.dataset.update(dict(pixels_as_tokens=True, augment='none', channels=1))
+  if config.dataset.name == 'mnist':
+    config.dataset.image_size = 28  # the stored size
+  config.sample = ml_collections.ConfigDict(dict(
+      num_samples=16,       # unconditional samples in samples.png
+      num_completions=8,    # test images completed in samples_completion.png
+      rows=0,               # image rows shown to the model (0: half)
+      temperature=1.0,
+      seed=0,
+  ))
   return config

@@ -53,6 +53,21 @@ def test_super_projection_decode_matches_parallel(mechanism):
                              atol=2e-5, rtol=2e-5)
 
 
+def assert_decode_matches_parallel(model, params, inputs, atol=1e-3):
+  """A `CausalTransformer`'s one-token-at-a-time logits equal its parallel forward.
+
+  inputs `[b, n]` (already shifted right); checked at every position.
+  """
+  b, n = inputs.shape
+  parallel = jax.jit(model.apply)({'params': params}, inputs)
+  step = jax.jit(generate.make_step(model))
+  cache = jax.jit(lambda p: generate.init_cache(model.clone(decode=True), p, b, n))(params)
+  for t in range(n):
+    logits, cache = step(params, cache, inputs[:, t])
+    np.testing.assert_allclose(logits, parallel[:, t], atol=atol, rtol=atol,
+                               err_msg=f'position {t}')
+
+
 @pytest.mark.parametrize('mechanism', ['linear', 'softmax'])
 def test_model_decode_matches_parallel_at_every_position(mechanism):
   n = 40
@@ -64,13 +79,7 @@ def test_model_decode_matches_parallel_at_every_position(mechanism):
   # Larger weights than at init, so attention is far from uniform (float32
   # rounding then reaches ~1e-4 of logits ~10; in float64 the two agree exactly).
   params = jax.tree.map(lambda p: p * 3.0, params)
-  parallel = jax.jit(model.apply)({'params': params}, inputs)
-  step = jax.jit(generate.make_step(model))
-  cache = jax.jit(lambda p: generate.init_cache(model.clone(decode=True), p, B, n))(params)
-  for t in range(n):
-    logits, cache = step(params, cache, inputs[:, t])
-    np.testing.assert_allclose(logits, parallel[:, t], atol=1e-3, rtol=1e-3,
-                               err_msg=f'position {t}')
+  assert_decode_matches_parallel(model, params, inputs)
 
 
 def test_linear_decode_state_is_constant_size():

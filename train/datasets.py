@@ -6,9 +6,13 @@
     batch = datasets.get_eval_batch(config)        # one local eval batch, for analysis
 
 Batches are dicts of numpy arrays for this process (the local slice of the
-global batch): 'inputs' (images `[b, h, w, c]` float32 normalised, or tokens
-`[b, max_length]` int32 with 0 = padding), 'label' `[b]` int32 and 'mask' `[b]`
-float32 (0 for the padding rows that complete the last eval batch).
+global batch): 'inputs' (images `[b, h, w, c]` float32 normalised, text tokens
+`[b, max_length]` int32 with 0 = padding, or with `dataset.pixels_as_tokens`
+pixel tokens `[b, h*w]` int32 in 0..255, raster order, neither resized nor
+normalised), 'label' `[b]` int32 and 'mask' `[b]` float32 (0 for the padding
+rows that complete the last eval batch). `dataset.transform` (a
+`train.lora_data` spec such as 'rotated') changes train and eval images alike,
+on the pixel values before normalisation.
 
 Order: the training batch of step s is a pure function of (seed, s, process
 count), so a run resumed at step s sees exactly the batches an uninterrupted
@@ -18,6 +22,7 @@ import dataclasses
 from typing import Optional, Tuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 
@@ -68,6 +73,12 @@ def get_spec(name: str) -> DatasetSpec:
   return DATASETS[name]
 
 
+def input_kind(config) -> str:
+  """What the pipeline yields: 'image', 'text' or 'pixels' (image tokens)."""
+  kind = get_spec(config.dataset.name).kind
+  return 'pixels' if kind == 'image' and config.dataset.get('pixels_as_tokens') else kind
+
+
 def _processes(process_index: Optional[int], process_count: Optional[int]):
   return (jax.process_index() if process_index is None else process_index,
           jax.process_count() if process_count is None else process_count)
@@ -84,9 +95,9 @@ def get_train_data(config, *, process_index: Optional[int] = None,
   pid, count = _processes(process_index, process_count)
   if spec.source == 'memory':
     from train import memory_data  # pylint: disable=g-import-not-at-top
-    return memory_data.TrainData(config, spec, pid, count)
+    return _transformed(config, memory_data.TrainData(config, spec, pid, count))
   from train import tfds_data  # pylint: disable=g-import-not-at-top
-  return tfds_data.TrainData(config, spec, pid, count)
+  return _transformed(config, tfds_data.TrainData(config, spec, pid, count))
 
 
 def get_eval_data(config, split: str = '', *, process_index: Optional[int] = None,
@@ -102,9 +113,56 @@ def get_eval_data(config, split: str = '', *, process_index: Optional[int] = Non
   pid, count = _processes(process_index, process_count)
   if spec.source == 'memory':
     from train import memory_data  # pylint: disable=g-import-not-at-top
-    return memory_data.EvalData(config, spec, split, pid, count)
+    return _transformed(config, memory_data.EvalData(config, spec, split, pid, count))
   from train import tfds_data  # pylint: disable=g-import-not-at-top
-  return tfds_data.EvalData(config, spec, split, pid, count)
+  return _transformed(config, tfds_data.EvalData(config, spec, split, pid, count))
+
+
+def input_transform(config):
+  """`config.dataset.transform` as a function on batches of 'inputs', or None.
+
+  The `train.lora_data` transform sees the pixel values before normalisation:
+  pixel tokens `[b, h*w]` as 0..255 images `[b, h, w]`; normalised images
+  `[b, h, w, c]` as x * std + mean in [0, 1] (renormalised afterwards, which
+  equals transforming before normalising). It runs jit-compiled on the CPU.
+  """
+  name = config.dataset.get('transform', '')
+  if name in ('', 'none'):
+    return None
+  from train import lora_data  # pylint: disable=g-import-not-at-top
+  transform = lora_data.get_transform(name)
+  spec = get_spec(config.dataset.name)
+  mean, std = np.asarray(spec.mean, np.float32), np.asarray(spec.std, np.float32)
+  side = config.dataset.image_size
+
+  @jax.jit
+  def fn(inputs):
+    if jnp.issubdtype(inputs.dtype, jnp.integer):  # pixel tokens
+      images = inputs.reshape((inputs.shape[0], side, side))
+      return transform(images).reshape(inputs.shape)
+    return (transform(inputs * std + mean) - mean) / std
+
+  cpu = jax.local_devices(backend='cpu')[0]
+  return lambda inputs: np.asarray(fn(jax.device_put(inputs, cpu)))
+
+
+class _Transformed:
+  """A train or eval data object whose batches' 'inputs' pass through `fn`."""
+
+  def __init__(self, data, fn):
+    self.data, self.fn = data, fn
+
+  def __getattr__(self, name):
+    return getattr(self.data, name)
+
+  def batches(self, *args, **kwargs):
+    for batch in self.data.batches(*args, **kwargs):
+      yield dict(batch, inputs=self.fn(batch['inputs']))
+
+
+def _transformed(config, data):
+  fn = input_transform(config)
+  return data if fn is None else _Transformed(data, fn)
 
 
 def get_eval_batch(config, split: str = ''):

@@ -1,5 +1,8 @@
 """In-memory datasets: scikit-learn's 8x8 digits, batched with numpy.
 
+Images are normalised `[n, 8, 8, 1]` float32, or with `dataset.pixels_as_tokens`
+the 17 intensities 0..16 rescaled to tokens round(v * 255 / 16) `[n, 64]` int32.
+
 Training order: epoch e is `default_rng([seed, e]).permutation(N)`, step s of an
 epoch takes the global batch `perm[s*B:(s+1)*B]` and process p its slice
 `[p*B/P:(p+1)*B/P]`, so the global batch is the same for any process count and
@@ -40,6 +43,8 @@ def _load(config, spec, split: str):
   if config.dataset.image_size not in (0, images.shape[1]):
     raise ValueError(f'config.dataset.image_size={config.dataset.image_size} is not valid '
                      f'for digits; valid choices: 8')
+  if config.dataset.get('pixels_as_tokens'):  # 0..16 rescaled to tokens 0..255
+    return np.round(images * 255).astype(np.int32).reshape(len(images), -1), labels
   return (images - mean) / std, labels
 
 

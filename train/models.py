@@ -1,10 +1,11 @@
 """Builds the model a config names, and counts its parameters.
 
-    model = models.create_model(config)           # ViT or TextClassifier
+    model = models.create_model(config)           # ViT, TextClassifier, CausalTransformer, MLP
     x = models.dummy_inputs(config, batch_size=2)  # what model(x, train=...) takes
 
-`MODEL_KINDS` maps `config.model.kind` to a `ModelKind`; a new kind (e.g. a
-causal model) is one more entry.
+`MODEL_KINDS` maps `config.model.kind` to a `ModelKind`; a new kind is one
+more entry. With `config.lora.rank > 0` the model comes wrapped in
+`lora.Adapted` (see `train/adapters.py`).
 """
 import dataclasses
 from typing import Any, Callable, Dict, Tuple
@@ -14,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from efficient_attn import models as ea_models
+from train import adapters
 from train import datasets
 
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
@@ -31,12 +33,14 @@ class ModelKind:
       context length the model is built for)`.
     causal: whether its attention layers are causal (checked against the
       mechanism by the config validation).
+    tasks: the `config.task` values it serves.
   """
   build: Callable[..., nn.Module]
   input_kind: str
   dummy_inputs: Callable[[Any, int], jnp.ndarray]
   sequence_length: Callable[[Any], Tuple[int, int]]
   causal: bool = False
+  tasks: Tuple[str, ...] = ('classification',)
 
 
 def compute_dtype(config):
@@ -93,9 +97,58 @@ def _text_length(config):
   return config.dataset.max_length + cls, _text_max_length(config) + cls
 
 
+PIXEL_LEVELS = 256  # causal pixel model: tokens 0..255, start token 256
+
+
+def _pixels_length(config):
+  n = config.dataset.image_size ** 2
+  return n, n
+
+
+def _causal(config, **overrides) -> nn.Module:
+  kwargs = {k: v for k, v in _common(config).items() if k not in ('num_classes', 'pool')}
+  return ea_models.CausalTransformer(vocab_size=PIXEL_LEVELS,
+                                     max_length=_pixels_length(config)[1],
+                                     **{**kwargs, **overrides})
+
+
+def _causal_inputs(config, batch_size: int):
+  return jnp.zeros((batch_size, _pixels_length(config)[0]), jnp.int32)
+
+
+class MLP(nn.Module):
+  """Flatten -> `depth` x (Dense(width) -> ReLU) -> Dense(num_classes) 'head'.
+
+  The LoRA study's base model (784-64-64-10 on MNIST: depth 2, width 64;
+  55,050 parameters). Layers: 'hidden_0', ..., 'head'.
+  """
+  num_classes: int
+  depth: int = 2
+  width: int = 64
+  dtype: Any = None
+
+  @nn.compact
+  def __call__(self, images, *, train: bool = False):
+    """images `[b, h, w, c]` -> logits `[b, num_classes]` float32."""
+    del train
+    x = images.reshape((images.shape[0], -1)).astype(self.dtype or jnp.float32)
+    for i in range(self.depth):
+      x = nn.relu(nn.Dense(self.width, dtype=self.dtype, name=f'hidden_{i}')(x))
+    return nn.Dense(self.num_classes, dtype=self.dtype, name='head')(x).astype(jnp.float32)
+
+
+def _mlp(config, **overrides) -> nn.Module:
+  kwargs = dict(num_classes=datasets.num_classes(config), depth=config.model.depth,
+                width=config.model.mlp_dim, dtype=compute_dtype(config))
+  return MLP(**{**kwargs, **overrides})
+
+
 MODEL_KINDS = {
     'vit': ModelKind(_vit, 'image', _vit_inputs, _vit_length),
     'text': ModelKind(_text, 'text', _text_inputs, _text_length),
+    'causal': ModelKind(_causal, 'pixels', _causal_inputs, _pixels_length, causal=True,
+                        tasks=('pixel_lm',)),
+    'mlp': ModelKind(_mlp, 'image', _vit_inputs, lambda config: (0, 0)),
 }
 
 
@@ -107,8 +160,9 @@ def get_kind(name: str) -> ModelKind:
 
 
 def create_model(config, **overrides) -> nn.Module:
-  """The model of `config.model.kind`; `overrides` replace constructor arguments."""
-  return get_kind(config.model.kind).build(config, **overrides)
+  """The model of `config.model.kind` (LoRA-adapted if `config.lora.rank > 0`);
+  `overrides` replace constructor arguments of the base model."""
+  return adapters.wrap(config, get_kind(config.model.kind).build(config, **overrides))
 
 
 def dummy_inputs(config, batch_size: int = 1):
@@ -127,6 +181,14 @@ def path_str(path) -> str:
 
 def count_params(params) -> int:
   return int(sum(x.size for x in jax.tree.leaves(params)))
+
+
+def count_trainable(params, trainable_fn=None) -> int:
+  """Parameters `trainable_fn` (a predicate on paths; None: all) lets train."""
+  if trainable_fn is None:
+    return count_params(params)
+  return int(sum(x.size for path, x in jax.tree_util.tree_flatten_with_path(params)[0]
+                 if trainable_fn(path_str(path))))
 
 
 def parameter_counts(params) -> Tuple[int, int]:

@@ -89,6 +89,20 @@ def image_example(data: tf.Tensor, *, size: int, channels: int, augment: str, tr
   return image
 
 
+def pixel_tokens(data: tf.Tensor, *, size: int, channels: int) -> tf.Tensor:
+  """Encoded image -> int32 `[size * size * channels]` raster-order tokens 0..255.
+
+  No resizing: the stored image must be `size` x `size` (MNIST: 28).
+  """
+  image = decode_image(data, channels)
+  shape = tf.shape(image)
+  tf.debugging.assert_equal(
+      shape[:2], tf.constant([size, size]),
+      message=f'pixels_as_tokens reads images at their stored size, which differs from '
+              f'config.dataset.image_size={size}')
+  return tf.reshape(tf.cast(image, tf.int32), [size * size * channels])
+
+
 def byte_tokens(text: tf.Tensor, max_length: int) -> tf.Tensor:
   """A UTF-8 string -> int32 `[max_length]`: byte b becomes id b + 1, 0 pads."""
   ids = tf.cast(tf.io.decode_raw(text, tf.uint8), tf.int32)[:max_length] + 1

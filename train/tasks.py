@@ -15,14 +15,10 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import flax.linen as nn
 
+from train import adapters
 from train import models
 
 Metrics = Dict[str, Any]
-
-
-def _no_trainable_fn(config) -> Optional[Callable[[str], bool]]:
-  del config
-  return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,21 +34,28 @@ class Task:
       ('dropout', 'features') or None in evaluation.
     trainable_fn: `trainable_fn(config)` returns None (train everything) or a
       predicate on parameter paths like 'encoder/block_0/attention/query/kernel';
-      parameters it rejects are frozen (LoRA supplies one).
+      parameters it rejects are frozen. The default freezes all but the LoRA
+      adapters when `config.lora.rank > 0`.
     init_params_fn: `init_params_fn(config, fresh, loaded) -> params` merges the
       `config.init_from` checkpoint's params `loaded` into the fresh ones; None
-      for the default (copy every leaf whose path and shape match).
+      for the default (with LoRA: `lora.load_base`, which fails on any
+      mismatch; otherwise copy every leaf whose path and shape match).
+    write_outputs: optional `write_outputs(config, model, params, workdir) ->
+      {name: path}`, called on process 0 after training and in evaluation
+      (pixel_lm: sample PNGs).
   """
   name: str
   create_model: Callable[[Any], nn.Module]
   init_inputs: Callable[[Any], Any]
   loss_and_metrics: Callable[..., Tuple[Any, Metrics]]
-  trainable_fn: Callable[[Any], Optional[Callable[[str], bool]]] = _no_trainable_fn
+  trainable_fn: Callable[[Any], Optional[Callable[[str], bool]]] = adapters.trainable_fn
   init_params_fn: Optional[Callable[[Any, Mapping, Mapping], Mapping]] = None
+  write_outputs: Optional[Callable[..., Dict[str, str]]] = None
 
 
 _TASKS = {
     'classification': 'train.classification:TASK',
+    'pixel_lm': 'train.pixel_lm:TASK',
 }
 
 

@@ -100,6 +100,9 @@ def _example_fn(config, spec, train: bool):
   def fn(seed, example):
     if spec.kind == 'text':
       inputs = preprocess.byte_tokens(example[spec.feature], d.max_length)
+    elif d.get('pixels_as_tokens'):
+      inputs = preprocess.pixel_tokens(example[spec.feature], size=d.image_size,
+                                       channels=d.channels)
     else:
       inputs = preprocess.image_example(
           example[spec.feature], size=d.image_size, channels=d.channels,

@@ -8,7 +8,8 @@ Workdir: `config.json` (the config used), `checkpoints/<step>/` (Orbax, last
 `train.keep_checkpoints`), `tensorboard/` (events), `metrics.jsonl` (one
 object per log or eval: step, split, loss, accuracy, [top5_accuracy],
 grad_norm, learning_rate, examples_per_sec, epoch_time_s) and, once the run
-has finished, `results.json`.
+has finished, `results.json` and the task's outputs (pixel_lm: `samples.png`,
+`samples_completion.png`; also written by `evaluate`).
 
 Robustness: re-running the same command resumes from the newest readable
 checkpoint (the data order and rngs are functions of the step, so the resumed
@@ -28,6 +29,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from train import adapters
 from train import checkpoint
 from train import datasets
 from train import metrics as metrics_lib
@@ -156,6 +158,7 @@ def train_and_evaluate(config, workdir: str) -> Optional[Dict[str, Any]]:
   start_step = int(jax.device_get(state.step))
 
   params_total, params_attention = models.parameter_counts(state.params)
+  params_trainable = models.count_trainable(state.params, task.trainable_fn(config))
   logging.info('%s: %s x %s attention, %s parameters (%s per attention layer); %d devices, '
                '%d processes; %d steps of %d examples (%d steps per epoch)',
                config.model.kind, config.attention.projection, config.attention.mechanism,
@@ -235,12 +238,14 @@ def train_and_evaluate(config, workdir: str) -> Optional[Dict[str, Any]]:
   save(step)
   ckpt.close()
   writer.close()
+  outputs = _write_outputs(task, config, model, state.params, workdir) if is_writer else {}
   train_values = metrics_lib.reduce_sums(metrics_lib.sum_rows(recent)) if recent else {}
   rate = speed.rate()
   results = {
       **{f'train_{k}': v for k, v in train_values.items()},
       **{f'test_{k}': v for k, v in eval_values.items()},
       'params_total': params_total,
+      'params_trainable': params_trainable,
       'params_per_attention_layer': params_attention,
       'examples_per_sec': rate,
       'epoch_time_s': epoch_examples / max(rate, 1e-9) if rate else None,
@@ -258,6 +263,7 @@ def train_and_evaluate(config, workdir: str) -> Optional[Dict[str, Any]]:
       'd_model': config.model.d_model,
       'depth': config.model.depth,
       'devices': jax.device_count(),
+      **({'outputs': outputs} if outputs else {}),
   }
   if is_writer:
     _write_json(os.path.join(workdir, 'results.json'), results)
@@ -283,8 +289,9 @@ def _init_from(config, task, model, mesh, key):
   """Fresh params with every matching leaf of `config.init_from`'s latest checkpoint."""
   fresh = jax.jit(lambda k: steps_lib.init_params(task, model, config, k))(key)
   step, loaded = checkpoint.restore_params(config.init_from, mesh)
-  if task.init_params_fn is not None:
-    params = task.init_params_fn(config, fresh, loaded)
+  init_params_fn = task.init_params_fn or adapters.init_params_fn(config)
+  if init_params_fn is not None:
+    params = init_params_fn(config, fresh, loaded)
     logging.info('init_from %s (step %d): merged by the task', config.init_from, step)
     return params
   params, report = checkpoint.merge_params(fresh, loaded)
@@ -306,9 +313,20 @@ def evaluate(config, workdir: str) -> Dict[str, float]:
   values = run_eval(steps_lib.make_eval_step(task, model, mesh), params, eval_data, mesh)
   if sharding.is_writer():
     print(metrics_lib.progress_line(step, step, values, prefix='eval'), flush=True)
+    _write_outputs(task, config, model, params, workdir)
     _write_json(os.path.join(workdir, 'eval_results.json'),
                 {'step': step, 'split': config.dataset.eval_split, **values})
   return values
+
+
+def _write_outputs(task, config, model, params, workdir: str) -> Dict[str, str]:
+  """The task's extra files (pixel_lm: sample PNGs) in `workdir`, on this process."""
+  if task.write_outputs is None:
+    return {}
+  t0 = time.time()
+  paths = task.write_outputs(config, model, params, workdir)
+  logging.info('Wrote %s in %.1f s', ', '.join(paths.values()), time.time() - t0)
+  return paths
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:

@@ -7,9 +7,11 @@ Each message names the field, the bad value and the valid choices, e.g.
 Valid mechanism and projection names come from `efficient_attn.registry`.
 """
 import os
+import re
 
 import efficient_attn
 from efficient_attn import registry
+from train import adapters
 from train import datasets
 from train import models
 from train import optim
@@ -59,6 +61,8 @@ def validate_config(config) -> None:
   if config.get('lora') is not None and config.lora.get('rank', 0) < 0:
     raise ConfigError(f'config.lora.rank={config.lora.rank!r} is not valid; it must be '
                       f'>= 0 (0 = off)')
+  if config.get('lora') is not None and config.lora.get('rank', 0) > 0:
+    _lora(config)
 
 
 def _dataset(config) -> None:
@@ -88,17 +92,36 @@ def _dataset(config) -> None:
   if spec.manual and d.manual_dir and not os.path.isdir(d.manual_dir) and (
       '://' not in d.manual_dir):
     raise ConfigError(f'config.dataset.manual_dir={d.manual_dir!r} does not exist')
+  if d.get('pixels_as_tokens'):
+    if spec.kind != 'image':
+      raise ConfigError(f'config.dataset.pixels_as_tokens=True is not valid for the '
+                        f'{spec.kind} dataset {d.name!r}; it needs an image dataset')
+    _choice('dataset.channels', d.channels, (1,))
+  if d.get('transform', '') not in ('', 'none'):
+    if spec.kind != 'image':
+      raise ConfigError(f'config.dataset.transform={d.transform!r} is not valid for the '
+                        f'{spec.kind} dataset {d.name!r}; it needs an image dataset')
+    from train import lora_data  # pylint: disable=g-import-not-at-top
+    try:
+      lora_data.get_transform(d.transform)
+    except ValueError as e:
+      raise ConfigError(f'config.dataset.transform={d.transform!r} is not valid: {e}') from None
 
 
 def _model(config) -> None:
   m, d = config.model, config.dataset
   _choice('model.kind', m.kind, tuple(models.MODEL_KINDS))
   kind = models.get_kind(m.kind)
-  spec = datasets.get_spec(d.name)
-  if kind.input_kind != spec.kind:
-    valid = [k for k, v in models.MODEL_KINDS.items() if v.input_kind == spec.kind]
-    raise ConfigError(f'config.model.kind={m.kind!r} is not valid for the {spec.kind} '
+  inputs = datasets.input_kind(config)
+  if kind.input_kind != inputs:
+    valid = [k for k, v in models.MODEL_KINDS.items() if v.input_kind == inputs]
+    what = 'pixel-token (dataset.pixels_as_tokens)' if inputs == 'pixels' else inputs
+    raise ConfigError(f'config.model.kind={m.kind!r} is not valid for the {what} '
                       f'dataset {d.name!r}; valid choices: {", ".join(valid)}')
+  if config.task not in kind.tasks:
+    valid = [k for k, v in models.MODEL_KINDS.items() if config.task in v.tasks]
+    raise ConfigError(f'config.model.kind={m.kind!r} is not valid for config.task='
+                      f'{config.task!r}; valid choices: {", ".join(valid)}')
   _positive(config, 'model.d_model', 'model.depth', 'model.num_heads', 'model.mlp_dim')
   if m.d_model % m.num_heads:
     divisors = [h for h in range(1, min(m.d_model, 64) + 1) if m.d_model % h == 0]
@@ -124,6 +147,11 @@ def _attention(config) -> None:
   _choice('attention.mechanism', a.mechanism, registry.list_mechanisms())
   _choice('attention.projection', a.projection, registry.list_projections())
   spec = registry.get_mechanism(a.mechanism)
+  if models.get_kind(config.model.kind).causal and not spec.supports_causal:
+    valid = [n for n, s in registry.MECHANISMS.items() if s.supports_causal]
+    raise ConfigError(f'config.attention.mechanism={a.mechanism!r} is not valid for the '
+                      f'causal model kind {config.model.kind!r} (it has no causal form); '
+                      f'valid choices: {", ".join(valid)}')
   length, context = models.sequence_length(config)
   if (spec.fixed_length or a.projection == 'super') and length > context:
     what = ("projection 'super'" if a.projection == 'super'
@@ -143,6 +171,19 @@ def _attention(config) -> None:
   except (ValueError, TypeError) as e:
     raise ConfigError(f'config.attention.options={options!r} is not valid for mechanism '
                       f'{a.mechanism!r}: {e}') from None
+
+
+def _lora(config) -> None:
+  for target in adapters.targets(config.lora.get('targets', 'default')):
+    try:
+      re.compile(target)
+    except re.error as e:
+      raise ConfigError(f'config.lora.targets={config.lora.targets!r}: {target!r} is '
+                        f'neither a preset ({", ".join(adapters.PRESETS)}) nor a valid '
+                        f'regular expression ({e})') from None
+  if config.lora.get('alpha', 0.0) < 0:
+    raise ConfigError(f'config.lora.alpha={config.lora.alpha!r} is not valid; it must be '
+                      f'>= 0 (0: scale 1)')
 
 
 def _optim(config) -> None:

@@ -1,0 +1,50 @@
+"""The LoRA study's base classifier ("Efficient Attention" report, section 2.1).
+
+Trained on plain images; `lora_finetune.py` adapts it to a transformed variant
+(rotated, inverted, quantised) and `lora_scratch.py` trains LoRA-only models.
+Arguments (in order, or key=value): dataset ('mnist' | 'digits'), model
+('mlp' | 'vit'), variant (a `train.lora_data` variant the base is trained
+on; '' = plain images).
+
+    --config=configs/lora_base.py               MNIST 28x28, MLP 784-64-64-10 (55,050 params)
+    --config=configs/lora_base.py:digits        digits 8x8, MLP 64-64-64-10 (8,970), offline
+    --config=configs/lora_base.py:mnist,vit     MNIST 28x28, ViT (patch 4, 49 tokens)
+"""
+from configs import common
+
+DATASETS = ('mnist', 'digits')
+MODELS = ('mlp', 'vit')
+
+
+def study(dataset: str, model: str):
+  """The shared data, model, optimiser and LoRA targets of the study's runs."""
+  if dataset not in DATASETS or model not in MODELS:
+    raise ValueError(f'LoRA study dataset={dataset!r}, model={model!r}; valid: dataset '
+                     f'{", ".join(DATASETS)}, model {", ".join(MODELS)}')
+  config = common.base()
+  if dataset == 'mnist':
+    common.mnist(config)
+    config.dataset.update(dict(image_size=28, batch_size=128, eval_batch_size=1000))
+  else:
+    common.digits(config)
+    config.dataset.update(dict(batch_size=64, eval_batch_size=360))
+  if model == 'mlp':  # every layer adapted, the head included
+    config.model.update(dict(kind='mlp', depth=2, mlp_dim=64))
+    config.lora.targets = 'all'
+  else:  # attention + Transformer MLP + the (zero-initialised) head
+    config.model.update(dict(kind='vit', d_model=64, depth=2, num_heads=4, mlp_dim=128,
+                             patch_size=4 if dataset == 'mnist' else 2, pool='mean'))
+    config.lora.targets = 'default,head'
+  config.optim.update(dict(learning_rate=2e-3, warmup_steps=50, weight_decay=1e-4))
+  if dataset == 'mnist':
+    config.train.update(dict(num_epochs=5, log_every=100, checkpoint_every=2000))
+  else:
+    config.train.update(dict(num_steps=600, log_every=100, checkpoint_every=600))
+  return config
+
+
+def get_config(arg=None):
+  args = common.parse_arg(arg, dataset='mnist', model='mlp', variant='')
+  config = study(args['dataset'], args['model'])
+  config.dataset.transform = args['variant']
+  return config

@@ -1,0 +1,122 @@
+"""LoRA through the trainer: frozen base, init_from, transformed data, the rank sweep."""
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+from flax import traverse_util
+
+from benchmarks import lora_sweep
+from configs import lora_base
+from configs import lora_finetune
+from configs import lora_scratch
+from efficient_attn import lora
+from train import checkpoint
+from train import datasets
+from train import lora_data
+from train import models
+from train import trainer
+
+PNG = b'\x89PNG\r\n\x1a\n'
+
+
+def short(config, steps):
+  config.train.update(dict(num_steps=steps, num_epochs=-1, checkpoint_every=steps,
+                           log_every=steps))
+  return config
+
+
+@pytest.fixture(scope='module')
+def base(run_once):
+  return run_once('lora_base_digits', lambda d: trainer.train_and_evaluate(
+      short(lora_base.get_config('digits'), 40), d))
+
+
+@pytest.fixture(scope='module')
+def finetune(base, tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp('lora_ft'))
+  results = trainer.train_and_evaluate(
+      short(lora_finetune.get_config(f'rotated,4,digits,base={base}'), 20), workdir)
+  return workdir, results
+
+
+def _flat(workdir):
+  return traverse_util.flatten_dict(jax.device_get(checkpoint.restore_params(workdir)[1]))
+
+
+def test_only_adapters_change(base, finetune):
+  workdir, results = finetune
+  assert results['params_trainable'] == 4 * (64 + 64 + 64 + 64 + 64 + 10)  # r (in + out)
+  assert results['params_total'] == 8970 + results['params_trainable']
+  base_params, tuned = _flat(base), _flat(workdir)
+  adapters = {p for p in tuned if lora.is_adapter(p)}
+  assert {p[:-1] for p in adapters} == {('hidden_0',), ('hidden_1',), ('head',)}
+  assert set(tuned) - adapters == set(base_params)
+  for path, value in base_params.items():
+    np.testing.assert_array_equal(tuned[path], value, err_msg='/'.join(path))
+  assert all(np.abs(tuned[p]).max() > 0 for p in adapters if p[-1] == lora.B_NAME)
+
+
+def test_checkpoint_reloads_as_adapted_model(finetune):
+  workdir, results = finetune
+  config, model, params = trainer.load_model_and_params(workdir)
+  assert isinstance(model, lora.Adapted) and config.dataset.transform == 'rotated'
+  batch = datasets.get_eval_batch(config)
+  correct = (np.argmax(model.apply({'params': params}, batch['inputs']), -1) == batch['label'])
+  assert (correct * batch['mask']).sum() / batch['mask'].sum() == pytest.approx(
+      results['test_accuracy'])
+
+
+def test_init_from_a_base_of_another_model_fails_loudly(base, tmp_path):
+  config = short(lora_finetune.get_config(f'rotated,2,digits,vit,base={base}'), 2)
+  with pytest.raises(ValueError, match=r'is not a base of this LoRA model.*missing'):
+    trainer.train_and_evaluate(config, str(tmp_path))
+
+
+@pytest.mark.parametrize('variant', ['rotated', 'inverted', 'quantised'])
+def test_transform_applies_to_train_and_eval_before_normalisation(variant):
+  plain = lora_base.get_config('digits')
+  config = lora_base.get_config(f'digits,variant={variant}')
+  spec = datasets.get_spec('digits')
+  transform = lora_data.get_transform(variant)
+  for get in (lambda c: next(datasets.get_train_data(c).batches(3)),
+              datasets.get_eval_batch):
+    x, y = get(plain), get(config)
+    np.testing.assert_array_equal(x['label'], y['label'])
+    raw = x['inputs'] * spec.std[0] + spec.mean[0]  # pixel values in [0, 1]
+    want = (np.asarray(transform(raw)) - spec.mean[0]) / spec.std[0]
+    np.testing.assert_allclose(y['inputs'], want, atol=1e-5)
+    assert not np.allclose(x['inputs'], y['inputs'])
+
+
+def test_scratch_targets_include_the_zero_initialised_head():
+  config = lora_scratch.get_config('rotated,2,digits,vit')
+  assert config.init_from == ''
+  shapes = jax.eval_shape(lambda: models.create_model(config).init(
+      jax.random.key(0), models.dummy_inputs(config), train=False))['params']
+  assert 'lora_b' in shapes['head'] and 'lora_a' in shapes['encoder']['block_0'][
+      'attention']['query']
+
+
+def test_sweep_writes_table_and_plot(base, tmp_path):
+  out = tmp_path / 'out'
+  result = lora_sweep.main(['--dataset=digits', '--ranks=1,2', '--variants=rotated',
+                            '--steps=5', f'--base_workdir={base}',
+                            f'--root={tmp_path / "runs"}', f'--out={out}', '--quiet'])
+  with open(out / 'lora_sweep.json') as f:
+    saved = json.load(f)
+  assert saved['ranks'] == [1, 2] and saved['params']['r2'] == 2 * 330
+  assert saved['params']['full'] == 8970
+  for mode in ('finetune', 'scratch'):
+    assert set(saved[mode]) == {'1', '2'}
+    assert all(0 <= saved[mode][r]['rotated'] <= 1 for r in ('1', '2'))
+  assert 0 <= saved['base']['rotated'] <= 1 and 'rotated' in saved['full_finetune']
+  assert saved['base']['rotated'] == result['base']['rotated']
+  with open(out / 'lora_sweep.md') as f:
+    text = f.read()
+  assert '| r | trainable params | rotated |' in text and '\n| 2 | 660 |' in text
+  assert 'full fine-tuning' in text and 'from scratch' in text
+  with open(out / 'lora_sweep.png', 'rb') as f:
+    assert f.read(8) == PNG
+  assert os.path.exists(tmp_path / 'runs' / 'scratch_rotated_r2' / 'results.json')

@@ -1,0 +1,77 @@
+"""The 'pixel_lm' task: autoregressive pixel generation (Katharopoulos et al. 2020).
+
+Images arrive as tokens `[b, h*w]` int32 in 0..255 (`dataset.pixels_as_tokens`);
+the causal model reads `shift_right(pixels, start_token)` and predicts every
+pixel from the ones before it, a 256-way softmax per pixel. Metrics (per
+pixel unless said): 'loss' (cross-entropy, nats), 'bits_per_dim' (loss / ln 2),
+'nll' (nats per image: the sum over its pixels) and 'accuracy' (argmax equals
+the pixel). After training, and in `--mode=eval`, `write_outputs` saves
+`samples.png` (unconditional samples) and `samples_completion.png`
+(test images, their occluded top halves, the model's completions).
+"""
+import math
+from typing import Dict
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from efficient_attn.models.causal import shift_right
+from train import adapters
+from train import datasets
+from train import generate
+from train import models
+from train import tasks
+
+SAMPLE_DEFAULTS = dict(num_samples=16, num_completions=8, rows=0, temperature=1.0, seed=0)
+
+
+def loss_and_metrics(model, params, batch, *, train: bool, rngs=None):
+  """batch: 'inputs' `[b, n]` int pixels, 'mask' `[b]` -> (mean loss per pixel, metric sums).
+
+  'count' is the number of real pixels (real images x n).
+  """
+  pixels = batch['inputs']
+  n = pixels.shape[1]
+  logits = model.apply({'params': params}, shift_right(pixels, models.PIXEL_LEVELS),
+                       train=train, rngs=rngs)
+  losses = optax.softmax_cross_entropy_with_integer_labels(logits, pixels)  # [b, n]
+  weights = jnp.broadcast_to(batch['mask'].astype(jnp.float32)[:, None], losses.shape)
+  loss_sum = (losses * weights).sum()
+  count = weights.sum()
+  metrics = {
+      'loss': loss_sum,
+      'bits_per_dim': loss_sum / math.log(2.0),
+      'nll': loss_sum * n,  # / count = mean nats per image
+      'accuracy': ((jnp.argmax(logits, -1) == pixels) * weights).sum(),
+      'count': count,
+  }
+  return loss_sum / jnp.maximum(count, 1.0), metrics
+
+
+def write_outputs(config, model, params, workdir: str) -> Dict[str, str]:
+  """Sample grid and occluded completions of test images as PNGs in `workdir`.
+
+  Runs on this process's devices only (params are fetched to the host first).
+  """
+  s = {**SAMPLE_DEFAULTS, **(config.get('sample') or {})}
+  model, params = adapters.unwrap(config, model, jax.device_get(params))
+  side = config.dataset.image_size
+  images = None
+  if s['num_completions'] > 0:
+    tokens = datasets.get_eval_batch(config)['inputs'][:s['num_completions']]
+    images = np.asarray(tokens).reshape((-1, side, side))
+  return generate.write_samples(
+      model, params, jax.random.key(s['seed']), workdir, image_shape=(side, side),
+      num_samples=s['num_samples'], temperature=s['temperature'], images=images,
+      rows=s['rows'] or None)
+
+
+TASK = tasks.Task(
+    name='pixel_lm',
+    create_model=models.create_model,
+    init_inputs=tasks.default_init_inputs,
+    loss_and_metrics=loss_and_metrics,
+    write_outputs=write_outputs,
+)
