@@ -20,7 +20,7 @@ Groups (the contract other tools rely on):
              max_length.
   attention  mechanism, projection, options (a ConfigDict of mechanism options).
   optim      name, learning_rate, warmup_steps, weight_decay, grad_clip, b1, b2.
-  train      num_steps or num_epochs (the other one -1), eval_every, log_every,
+  train      num_steps or num_epochs (num_steps > 0 takes precedence), eval_every, log_every,
              checkpoint_every, keep_checkpoints, seed, dtype.
   task ('classification' | 'pixel_lm'), init_from, lora (rank=0: off; alpha,
              targets: see `train/adapters.py`), sample (pixel_lm only: the

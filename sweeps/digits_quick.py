@@ -6,5 +6,5 @@ def get_sweep():
       config='configs/default.py',
       grid={'attention.mechanism': ['softmax', 'linear', 'nystrom'],
             'attention.projection': ['standard', 'efficient']},
-      fixed={'train.num_epochs': -1, 'train.num_steps': 300},
+      fixed={'train.num_steps': 300},
   )

@@ -90,7 +90,7 @@ BAD_CONFIGS = [
     ({'model.num_heads': 3}, ['model.num_heads=3', 'd_model=64', '4']),
     ({'model.patch_size': 3}, ['model.patch_size=3', 'image_size=8', '4']),
     ({'train.dtype': 'float16'}, ["train.dtype='float16'", 'bfloat16']),
-    ({'train.num_steps': 10}, ['num_steps=10', 'num_epochs=30', 'exactly one']),
+    ({'train.num_epochs': -1}, ['num_steps=-1', 'num_epochs=-1', 'set one of them > 0']),
     ({'optim.name': 'lion'}, ["optim.name='lion'", 'adamw', 'sgd']),
     ({'dataset.augment': 'mixup'}, ["dataset.augment='mixup'", 'crop_flip']),
     ({'attention.options': {'num_landmarks': 4}}, ['num_landmarks', "'softmax'"]),

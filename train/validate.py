@@ -201,9 +201,9 @@ def _optim(config) -> None:
 
 def _train(config) -> None:
   t = config.train
-  if (t.num_steps > 0) == (t.num_epochs > 0):
+  if t.num_steps <= 0 and t.num_epochs <= 0:  # num_steps > 0 wins over num_epochs
     raise ConfigError(f'config.train.num_steps={t.num_steps} and config.train.num_epochs='
-                      f'{t.num_epochs}: set exactly one of them > 0 (the other -1)')
+                      f'{t.num_epochs}: set one of them > 0 (num_steps takes precedence)')
   _positive(config, 'train.log_every', 'train.checkpoint_every', 'train.keep_checkpoints')
   if t.eval_every == 0 or t.eval_every < -1:
     raise ConfigError(f'config.train.eval_every={t.eval_every} is not valid; it must be '
