@@ -246,11 +246,7 @@ def plots(out, name, meta, layer_rows, scaling_rows) -> List[str]:
   ax.set_title(f"Parameters per layer, d_model={meta['d_model']}, heads={meta['heads']}, "
                f"length={meta['length']}", fontsize=10)
   ax.legend(fontsize=8)
-  fig.tight_layout()
-  path = os.path.join(out, f'{name}_params.png')
-  fig.savefig(path, dpi=80)
-  plt.close(fig)
-  return paths + [path]
+  return paths + [output.save_figure(fig, os.path.join(out, f'{name}_params.png'))]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:

@@ -207,11 +207,7 @@ def plot(path: str, result: Dict[str, Any]) -> str:
   axes[0][0].set_ylabel('test accuracy')
   fig.suptitle(f"{result['config']['dataset']}, {result['config']['model']}: "
                f"{common.describe_device(result['device'])}", fontsize=9)
-  fig.tight_layout()
-  os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
-  fig.savefig(path, dpi=80)
-  plt.close(fig)
-  return path
+  return output.save_figure(fig, path)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:

@@ -127,6 +127,15 @@ def header(title: str, device_line: str, notes: Sequence[str] = (),
 Series = Mapping[str, Tuple[Sequence[float], Sequence[Optional[float]]]]
 
 
+def save_figure(fig, path: str) -> str:
+  """Lay out, write `path` (PNG, 80 dpi, folders created) and close `fig`."""
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
+  fig.savefig(path, dpi=80)
+  plt.close(fig)
+  return path
+
+
 def line_plot(path: str, panels: Sequence[Tuple[str, Series]], *, xlabel: str, ylabel: str,
               suptitle: str = '', logx: bool = True, logy: bool = True,
               hlines: Sequence[Tuple[float, str]] = (), ncols: Optional[int] = None) -> str:
@@ -166,11 +175,7 @@ def line_plot(path: str, panels: Sequence[Tuple[str, Series]], *, xlabel: str, y
     ax.axis('off')
   if suptitle:
     fig.suptitle(textwrap.fill(suptitle, int(13 * 5.6 * ncols)), fontsize=9)
-  fig.tight_layout()
-  os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
-  fig.savefig(path, dpi=80)
-  plt.close(fig)
-  return path
+  return save_figure(fig, path)
 
 
 def heatmaps(path: str, panels: Sequence[Tuple[str, Any, Sequence[str], Sequence[str]]], *,
@@ -193,8 +198,4 @@ def heatmaps(path: str, panels: Sequence[Tuple[str, Any, Sequence[str], Sequence
     fig.colorbar(im, ax=ax, label=colorbar)
   if suptitle:
     fig.suptitle(suptitle, fontsize=9)
-  fig.tight_layout()
-  os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
-  fig.savefig(path, dpi=80)
-  plt.close(fig)
-  return path
+  return save_figure(fig, path)

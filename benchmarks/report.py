@@ -155,11 +155,7 @@ def plot(path: str, rows) -> Optional[str]:
     ax.grid(True, alpha=0.3)
   axes[0].set_yscale('log')
   axes[1].legend(fontsize=7, loc='lower right')
-  fig.tight_layout()
-  os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
-  fig.savefig(path, dpi=80)
-  plt.close(fig)
-  return path
+  return output.save_figure(fig, path)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:

@@ -166,11 +166,7 @@ def plots(out, name, meta, results) -> List[str]:
     ax.legend(fontsize=7)
   fig.suptitle(f"Cumulative singular-value energy of softmax attention matrices "
                f"({meta['energy']}); {meta['device_line']}", fontsize=9)
-  fig.tight_layout()
-  energy_path = os.path.join(out, f'{name}_energy.png')
-  os.makedirs(out, exist_ok=True)
-  fig.savefig(energy_path, dpi=80)
-  plt.close(fig)
+  energy_path = output.save_figure(fig, os.path.join(out, f'{name}_energy.png'))
   panels = []
   for res in results:
     ranks = np.array([l['rank_per_head'] for l in res['layers']])

@@ -210,7 +210,7 @@ def _causal_chunked(phi_q, phi_k, v, log_g, eps, normalize, chunk_size):
       inter_s = jnp.einsum('bqhf,bhfd->bqhd', pq, s)
       inter_z = jnp.einsum('bqhf,bhf->bqh', pq, z)
       pk_state = pk
-      s_decay = z_decay = None
+      s_decay = None
     else:
       cum = jnp.cumsum(lg, axis=1)                     # [b, c, h], log prod_{s<=t} g_s
       cum_t = jnp.swapaxes(cum, 1, 2)                  # [b, h, c]
