@@ -172,3 +172,13 @@ def test_super_starts_as_efficient_and_sows_qkv():
   q, k, v = state['intermediates']['qkv'][0]
   assert q.shape == k.shape == v.shape == (B, L, H, D // H)
   np.testing.assert_allclose(v, x.reshape(B, L, H, D // H))  # efficient: V sliced, no W_V
+
+
+@pytest.mark.parametrize('mechanism', list(OPTIONS))
+def test_bfloat16_parameters(mechanism):
+  x = _inputs(dtype=jnp.bfloat16)
+  layer = _layer(mechanism, 'super', dtype=jnp.bfloat16, param_dtype=jnp.bfloat16)
+  variables = layer.init(jax.random.PRNGKey(0), x)
+  assert {p.dtype for p in jax.tree.leaves(variables['params'])} == {jnp.dtype(jnp.bfloat16)}
+  y = layer.apply(variables, x)
+  assert y.dtype == jnp.bfloat16 and bool(jnp.all(jnp.isfinite(y.astype(jnp.float32))))
