@@ -1,4 +1,5 @@
 """Pre-LayerNorm Transformer encoder shared by every model in the project."""
+import dataclasses
 from typing import Any, Callable, Mapping, Optional
 
 import flax.linen as nn
@@ -63,31 +64,20 @@ class EncoderBlock(nn.Module):
     return x + y
 
 
-class Encoder(nn.Module):
-  """`depth` EncoderBlocks and a final LayerNorm. Block fields as EncoderBlock."""
-  depth: int
-  num_heads: int
-  mlp_dim: int
-  mechanism: str = 'softmax'
-  projection: str = 'standard'
-  options: Optional[Mapping[str, Any]] = None
-  causal: bool = False
-  max_length: Optional[int] = None
-  dropout_rate: float = 0.0
-  attention_dropout_rate: float = 0.0
-  dtype: Any = None
-  param_dtype: Any = jnp.float32
-  attention_cls: Callable[..., nn.Module] = MultiHeadAttention
+class Encoder(EncoderBlock):
+  """`depth` EncoderBlocks and a final LayerNorm; every other field is the blocks'.
+
+  Subclassing EncoderBlock keeps one list of block fields: each block is built
+  from this module's values of them.
+  """
+  depth: int = 1
 
   @nn.compact
   def __call__(self, x, mask=None, deterministic: bool = True):
     """x `[batch, length, d_model]`; mask flax-style or None -> same shape."""
+    block_fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(EncoderBlock)
+                    if f.init and f.name not in ('parent', 'name')}
     for i in range(self.depth):
-      x = EncoderBlock(
-          num_heads=self.num_heads, mlp_dim=self.mlp_dim, mechanism=self.mechanism,
-          projection=self.projection, options=self.options, causal=self.causal,
-          max_length=self.max_length, dropout_rate=self.dropout_rate,
-          attention_dropout_rate=self.attention_dropout_rate, dtype=self.dtype,
-          param_dtype=self.param_dtype, attention_cls=self.attention_cls,
-          name=f'block_{i}')(x, mask=mask, deterministic=deterministic)
+      x = EncoderBlock(**block_fields, name=f'block_{i}')(x, mask=mask,
+                                                          deterministic=deterministic)
     return nn.LayerNorm(dtype=self.dtype, param_dtype=self.param_dtype, name='final_norm')(x)
