@@ -1,4 +1,4 @@
-"""Assertions shared by several test files."""
+"""Assertions and inputs shared by several test files."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -24,3 +24,20 @@ def assert_no_lookahead(fn, args, past_args=(1, 2)):
       assert np.all(g[:, t + 1:] == 0), f'output {t} depends on later inputs of arg {i}'
       if t == l - 1 and i in past_args:
         assert np.any(g[:, :3] != 0)
+
+
+def value_and_grads(fn, num_args=3):
+  """A jitted (*args) -> (fn(*args), d sum(fn) / d args)."""
+  def loss(*a):
+    out = fn(*a)
+    return jnp.sum(out.astype(jnp.float32)), out
+  vg = jax.jit(jax.value_and_grad(loss, argnums=tuple(range(num_args)), has_aux=True))
+
+  def run(*args):
+    (_, out), grads = vg(*args)
+    return out, grads
+  return run
+
+
+# Key padding `[2, 10]`: row 0 all real, row 1 with its last 4 tokens padded.
+PAD = np.array([[True] * 10, [True] * 6 + [False] * 4])

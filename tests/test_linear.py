@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from efficient_attn.mechanisms import linear
-from helpers import assert_no_lookahead
+from helpers import PAD, assert_no_lookahead, value_and_grads
 
 FEATURE_MAPS = ('elu', 'relu', 'identity')
 EPS = 1e-6
@@ -64,22 +64,6 @@ def inputs(seed=0, b=2, l=10, h=2, d=4, dv=3, dtype=jnp.float32, scale=1.0):
   k = rng.normal(size=(b, l, h, d)) * scale
   v = rng.normal(size=(b, l, h, dv))
   return tuple(jnp.asarray(x, dtype) for x in (q, k, v))
-
-
-def value_and_grads(fn, num_args=3):
-  """A jitted (*args) -> (fn(*args), d sum(fn) / d args)."""
-  def loss(*a):
-    out = fn(*a)
-    return jnp.sum(out.astype(jnp.float32)), out
-  vg = jax.jit(jax.value_and_grad(loss, argnums=tuple(range(num_args)), has_aux=True))
-
-  def run(*args):
-    (_, out), grads = vg(*args)
-    return out, grads
-  return run
-
-
-PAD = np.array([[True] * 10, [True] * 6 + [False] * 4])
 
 
 # ---------------------------------------------------------------------------

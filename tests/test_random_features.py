@@ -11,7 +11,7 @@ import pytest
 from efficient_attn import feature_maps
 from efficient_attn.mechanisms import linear
 from efficient_attn.mechanisms import random_features as rf
-from helpers import assert_no_lookahead
+from helpers import PAD, assert_no_lookahead, value_and_grads
 
 EPS = 1e-6
 
@@ -101,22 +101,6 @@ def projection(m=16, d=4, seed=1, dtype=jnp.float32):
   """The first m rows of one cached draw: still a valid block-orthogonal draw
   when d divides m (whole blocks), and it saves compiling one draw per shape."""
   return jnp.asarray(_big_projection(d, seed)[:m], dtype)
-
-
-def value_and_grads(fn, num_args=3):
-  """A jitted (*args) -> (fn(*args), d sum(fn) / d args)."""
-  def loss(*a):
-    out = fn(*a)
-    return jnp.sum(out.astype(jnp.float32)), out
-  vg = jax.jit(jax.value_and_grad(loss, argnums=tuple(range(num_args)), has_aux=True))
-
-  def run(*args):
-    (_, out), grads = vg(*args)
-    return out, grads
-  return run
-
-
-PAD = np.array([[True] * 10, [True] * 6 + [False] * 4])
 
 
 # ---------------------------------------------------------------------------

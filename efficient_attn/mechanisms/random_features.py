@@ -292,6 +292,12 @@ class _RandomFeatureMechanism(Mechanism):
     return feature_maps.fixed_projection(self.seed, tuple(self.scope.path), num_features,
                                          dim, self.orthogonal)
 
+  def _prepare(self, q, k, v, deterministic: bool):
+    """q, k, v in the compute dtype and the projection `[num_features, head_dim]`."""
+    dtype = self.dtype or q.dtype
+    q, k, v = q.astype(dtype), k.astype(dtype), v.astype(dtype)
+    return q, k, v, self._projection(self.num_features, q.shape[-1], deterministic)
+
 
 class RFAAttention(_RandomFeatureMechanism):
   """Linen wrapper of `rfa_attention`.
@@ -343,9 +349,7 @@ class RFAAttention(_RandomFeatureMechanism):
     return self.sigma
 
   def __call__(self, q, k, v, mask=None, deterministic: bool = True):
-    dtype = self.dtype or q.dtype
-    q, k, v = q.astype(dtype), k.astype(dtype), v.astype(dtype)
-    w = self._projection(self.num_features, q.shape[-1], deterministic)
+    q, k, v, w = self._prepare(q, k, v, deterministic)
     gate = self.gate(k) if self.use_gate else None
     return rfa_attention(q, k, v, w, mask=mask, causal=self.causal, eps=self.eps,
                          gate=gate, sigma=self._sigma(q.shape[-2]),
@@ -360,9 +364,7 @@ class RFAAttention(_RandomFeatureMechanism):
            deterministic: bool = True):
     """One causal decoding step with the fixed features: (new_state, out_t)."""
     del deterministic
-    dtype = self.dtype or q_t.dtype
-    q_t, k_t, v_t = q_t.astype(dtype), k_t.astype(dtype), v_t.astype(dtype)
-    w = self._projection(self.num_features, q_t.shape[-1], True)
+    q_t, k_t, v_t, w = self._prepare(q_t, k_t, v_t, True)
     gate = self.gate(k_t) if self.use_gate else None
     return rfa_attention_step(state, q_t, k_t, v_t, w, sigma=self._sigma(q_t.shape[-2]),
                               eps=self.eps, gate_t=gate, key_valid=key_valid)
@@ -394,9 +396,7 @@ class PerformerAttention(_RandomFeatureMechanism):
   chunk_size: int = 64
 
   def __call__(self, q, k, v, mask=None, deterministic: bool = True):
-    dtype = self.dtype or q.dtype
-    q, k, v = q.astype(dtype), k.astype(dtype), v.astype(dtype)
-    w = self._projection(self.num_features, q.shape[-1], deterministic)
+    q, k, v, w = self._prepare(q, k, v, deterministic)
     return performer_attention(q, k, v, w, mask=mask, causal=self.causal, eps=self.eps,
                                chunk_size=self.chunk_size)
 
@@ -409,8 +409,6 @@ class PerformerAttention(_RandomFeatureMechanism):
            deterministic: bool = True):
     """One causal decoding step with the fixed features: (new_state, out_t)."""
     del deterministic
-    dtype = self.dtype or q_t.dtype
-    q_t, k_t, v_t = q_t.astype(dtype), k_t.astype(dtype), v_t.astype(dtype)
-    w = self._projection(self.num_features, q_t.shape[-1], True)
+    q_t, k_t, v_t, w = self._prepare(q_t, k_t, v_t, True)
     return performer_attention_step(state, q_t, k_t, v_t, w, eps=self.eps,
                                     key_valid=key_valid)
