@@ -21,7 +21,6 @@ import jax.numpy as jnp
 from jax import lax
 
 from efficient_attn import decoding
-from efficient_attn import masking
 from efficient_attn import projections
 from efficient_attn import registry
 
@@ -227,8 +226,3 @@ def make_attention_fn(mechanism: str = 'softmax', **options) -> Callable[..., An
     return fn(query, key, value, mask=mask, **options)
 
   return attention_fn
-
-
-def key_padding_mask(mask, batch: int, kv_length: int):
-  """Re-exported for users: see `masking.key_padding_from_mask`."""
-  return masking.key_padding_from_mask(mask, batch, kv_length)
