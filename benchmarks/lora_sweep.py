@@ -29,7 +29,7 @@ from benchmarks import output
 from configs import lora_base
 from configs import lora_finetune
 from configs import lora_scratch
-from train import datasets
+from train import input_pipeline
 from train import sharding
 from train import steps as steps_lib
 from train import tasks
@@ -81,7 +81,7 @@ def _train(config, workdir: str, args) -> Dict[str, Any]:
   if results is None:
     raise RuntimeError(f'run {workdir} was stopped by a signal; re-run to resume')
   if not args.quiet:
-    print(f"{os.path.basename(workdir)}: test accuracy {results['test_accuracy']:.4f}, "
+    print(f"{os.path.basename(workdir)}: test accuracy {results['eval_accuracy']:.4f}, "
           f"{results['params_trainable']:,} trainable ({time.time() - start:.1f} s)",
           flush=True)
   return results
@@ -95,7 +95,7 @@ def evaluate_on(workdir: str, variant: str) -> float:
   _, model, params = trainer.load_model_and_params(workdir, mesh)
   task = tasks.get_task(config.task)
   values = trainer.run_eval(steps_lib.make_eval_step(task, model, mesh), params,
-                            datasets.get_eval_data(config), mesh)
+                            input_pipeline.get_eval_data(config), mesh)
   return values['accuracy']
 
 
@@ -117,7 +117,7 @@ def run(args, command: str = '') -> Dict[str, Any]:
     res = _train(_configure(lora_base.get_config(f'{data},{model}'), args, args.base_steps),
                  base, args)
     result['params']['base'] = res['params_total']
-    result['base']['plain'] = res['test_accuracy']
+    result['base']['plain'] = res['eval_accuracy']
     result['steps']['base'] = res['steps']
   result['base_workdir'] = os.path.abspath(base)
   for variant in variants:
@@ -126,7 +126,7 @@ def run(args, command: str = '') -> Dict[str, Any]:
       res = _train(_configure(lora_finetune.get_config(f'{variant},0,{data},{model},base={base}'),
                               args, args.steps),
                    os.path.join(args.root, f'full_{variant}'), args)
-      result['full_finetune'][variant] = res['test_accuracy']
+      result['full_finetune'][variant] = res['eval_accuracy']
       result['params']['full'] = res['params_trainable']
     for mode in modes:
       for r in ranks:
@@ -135,7 +135,7 @@ def run(args, command: str = '') -> Dict[str, Any]:
                   else lora_scratch.get_config(arg))
         res = _train(_configure(config, args, args.steps),
                      os.path.join(args.root, f'{mode}_{variant}_r{r}'), args)
-        result[mode].setdefault(str(r), {})[variant] = res['test_accuracy']
+        result[mode].setdefault(str(r), {})[variant] = res['eval_accuracy']
         result['steps']['adaptation'] = res['steps']
         result['params'][f'r{r}'] = res['params_trainable']
   return result

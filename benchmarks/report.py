@@ -8,7 +8,7 @@ without results.json is reported from its last logged metrics, marked
 glob over a sweep root works.
 
     python -m benchmarks.report runs/* --out=benchmark_results/report
-    python -m benchmarks.report runs/mnist_* --sort=test_accuracy --name=mnist
+    python -m benchmarks.report runs/mnist_* --sort=eval_accuracy --name=mnist
 
 Writes <out>/<name>.json, .md and <name>_curves.png (loss and accuracy against
 step, train solid and eval dashed, one colour per run).
@@ -33,9 +33,9 @@ COLUMNS = (  # (key, header, formatter)
     ('params_per_attention_layer', 'params / attn layer', lambda v: f'{v:,}'),
     ('train_accuracy', 'train acc', lambda v: f'{100 * v:.2f}%'),
     ('train_loss', 'train loss', lambda v: f'{v:.4f}'),
-    ('test_accuracy', 'test acc', lambda v: f'{100 * v:.2f}%'),
-    ('test_loss', 'test loss', lambda v: f'{v:.4f}'),
-    ('test_top5_accuracy', 'test top-5', lambda v: f'{100 * v:.2f}%'),
+    ('eval_accuracy', 'test acc', lambda v: f'{100 * v:.2f}%'),
+    ('eval_loss', 'test loss', lambda v: f'{v:.4f}'),
+    ('eval_top5_accuracy', 'eval top-5', lambda v: f'{100 * v:.2f}%'),
     ('epoch_time_s', 'epoch time', lambda v: f'{v:.3g} s'),
     ('examples_per_sec', 'examples/s', lambda v: f'{v:,.0f}'),
     ('steps', 'steps', str),
@@ -78,7 +78,7 @@ def summarise_run(workdir: str) -> Dict[str, Any]:
     row['status'] = 'finished'
   else:
     row['status'] = 'running' if metrics else 'empty'
-    for split, prefix in (('train', 'train_'), ('eval', 'test_')):
+    for split, prefix in (('train', 'train_'), ('eval', 'eval_')):
       for key in ('loss', 'accuracy', 'top5_accuracy'):
         value = last(metrics, split, key)
         if value is not None:

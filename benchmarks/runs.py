@@ -45,11 +45,11 @@ def load_source(name: str, num_examples: int = 8, seed: int = 0) -> Source:
     raise FileNotFoundError(f'no such workdir {name!r} (or use random:<mechanism>)')
   try:
     from train import trainer  # pylint: disable=g-import-not-at-top
-    from train import datasets  # pylint: disable=g-import-not-at-top
+    from train import input_pipeline  # pylint: disable=g-import-not-at-top
   except ImportError as e:
     raise RuntimeError(f'reading a checkpoint needs the trainer (train.trainer): {e}') from e
   config, model, params = trainer.load_model_and_params(name)
-  batch = datasets.get_eval_batch(config)
+  batch = input_pipeline.get_eval_batch(config)
   inputs = np.asarray(batch['inputs'])
   if 'mask' in batch:  # drop padding rows of a short last batch
     inputs = inputs[np.asarray(batch['mask']) > 0]

@@ -10,11 +10,12 @@ below, then sets only what its experiment changes:
       return config
 
 Groups (the contract other tools rely on):
-  dataset    name, data_dir, batch_size (global), eval_batch_size, image_size or
-             max_length, num_classes, shuffle_buffer, augment, splits,
-             pixels_as_tokens (images as int tokens 0..255 `[b, h*w]`, for the
-             causal pixel model), transform (a `train.lora_data` variant,
-             e.g. 'rotated', applied to train and eval images; '' = none).
+  dataset    name, source, data_dir, batch_size (global), eval_batch_size,
+             image_size or max_length, num_classes, shuffle_buffer, augment,
+             splits, holdout, mean / std, pixels_as_tokens (images as int tokens
+             0..255 `[b, h*w]`, for the causal pixel model), transform (a
+             `train.input_pipeline.transforms` variant, e.g. 'rotated', applied to
+             train and eval images; '' = none). See `train/input_pipeline/specs.py`.
   model      kind ('vit' | 'text' | 'causal' | 'mlp'), d_model, depth, num_heads,
              mlp_dim, patch_size, pool, dropout_rate, attention_dropout_rate,
              max_length.
@@ -53,12 +54,18 @@ def base() -> ml_collections.ConfigDict:
   config.init_from = ''  # a workdir whose latest checkpoint's params initialise this run
 
   config.dataset = ml_collections.ConfigDict(dict(
-      name='digits',
-      data_dir='',          # TFDS data dir ('' = TFDS default) or the ImageFolder root
+      name='digits',        # what the data is: digits, mnist, cifar10, cifar100, imagenet2012,
+                            # imdb_reviews, image_folder
+      source='',            # where it is read from: tfds, arrays (.npz), folder, sklearn,
+                            # generated; '' = the dataset's own (digits: sklearn, ...: tfds)
+      data_dir='',          # tfds: the TFDS data dir ('' = TFDS default); arrays: the .npz
+                            # file ('{split}' in it: one file per split); folder: the root
       manual_dir='',        # TFDS manual download dir (imagenet2012)
       download=True,        # let TFDS download and prepare a missing dataset
       train_split='train',
       eval_split='test',
+      holdout=0.0,          # > 0: that fraction of train becomes split 'validation'
+                            # (fixed, class-stratified; in-memory datasets)
       batch_size=64,        # global, over all devices and hosts
       eval_batch_size=256,  # global
       image_size=8,         # square side the images are resized to (image datasets)
@@ -66,9 +73,11 @@ def base() -> ml_collections.ConfigDict:
       max_length=0,         # token length (text datasets)
       num_classes=10,       # 0: from the dataset (ImageFolder: number of label folders)
       shuffle_buffer=10_000,
-      augment='none',       # 'none' | 'crop_flip' | 'inception_crop'
+      augment='none',       # 'none' | 'crop' | 'crop_flip' | 'inception_crop' (streamed only)
+      mean=(),              # per-channel image normalisation in [0, 1] units; () = the
+      std=(),               # dataset's preset, or measured on the training images
       pixels_as_tokens=False,  # images -> int32 tokens 0..255 `[b, h*w]`, no resize/normalise
-      transform='',         # 'rotated' | 'inverted' | 'quantised' | lora_data spec; '' = none
+      transform='',         # 'rotated' | 'inverted' | 'quantised' | a transforms spec; '' = none
   ))
   config.model = ml_collections.ConfigDict(dict(
       kind='vit',
@@ -201,10 +210,15 @@ def imdb(config, max_length: int = 1024):
 
 
 def image_folder(config, root: str = '', image_size: int = 64):
-  """A local folder `root/{train,test}/<label>/*.png|jpg` read by `tfds.ImageFolder`."""
-  config.dataset.update(dict(name='image_folder', data_dir=root, image_size=image_size,
-                             channels=3, num_classes=0, augment='crop_flip',
-                             shuffle_buffer=10_000, download=False))
+  """A local folder `root/{train,test}/<label>/*.png|jpg` read by `tfds.ImageFolder`.
+
+  No augmentation (flips are wrong for digits and text; set dataset.augment to
+  'crop' or 'crop_flip' where they fit); normalisation is measured on the
+  training images unless dataset.mean / dataset.std are set.
+  """
+  config.dataset.update(dict(name='image_folder', source='folder', data_dir=root,
+                             image_size=image_size, channels=3, num_classes=0,
+                             augment='none', shuffle_buffer=10_000, download=False))
   return config
 
 

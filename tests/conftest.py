@@ -8,6 +8,14 @@ import numpy as np
 import pytest
 
 
+@pytest.fixture(autouse=True)
+def fresh_data_cache():
+  """In-memory datasets are cached per process; a test may mock TFDS differently."""
+  from train.input_pipeline import arrays  # pylint: disable=g-import-not-at-top
+  arrays.clear_cache()
+  yield
+
+
 @pytest.fixture
 def x64():
   """Float64 inside one test only, so it never leaks into other tests of the process."""

@@ -20,14 +20,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # interrupted at a chosen point.
 SLOW_MAIN = r'''
 import os, runpy, sys, time
-from train import memory_data
+from train.input_pipeline import memory
 delay = float(os.environ['SLOW_STEP_S'])
-original = memory_data.TrainData.batches
+original = memory.TrainData.batches
 def batches(self, start_step=0):
   for batch in original(self, start_step):
     time.sleep(delay)
     yield batch
-memory_data.TrainData.batches = batches
+memory.TrainData.batches = batches
 sys.argv[0] = 'main.py'
 runpy.run_path('main.py', run_name='__main__')
 '''

@@ -236,7 +236,7 @@ def write_fake_run(root, name, mechanism, finished=True):
     f.write('{"step": 30, "spl')  # a torn last line of a run still writing
   if finished:
     with open(os.path.join(wd, 'results.json'), 'w') as f:
-      json.dump(dict(train_loss=0.1, train_accuracy=0.8, test_loss=0.125, test_accuracy=0.6,
+      json.dump(dict(train_loss=0.1, train_accuracy=0.8, eval_loss=0.125, eval_accuracy=0.6,
                      test_top5_accuracy=0.9, params_total=1234, params_per_attention_layer=272,
                      examples_per_sec=100.0, epoch_time_s=3.0, steps=20, dataset='digits',
                      mechanism=mechanism, projection='standard', heads=2, d_model=16), f)
@@ -250,13 +250,13 @@ def test_report_tool(tmp_path):
   os.makedirs(os.path.join(runs_root, 'not_a_run'))
   out = str(tmp_path / 'out')
   data = report.main([done, going, os.path.join(runs_root, 'not_a_run'), f'--out={out}',
-                      '--sort=test_accuracy', '--quiet'])
+                      '--sort=eval_accuracy', '--quiet'])
   _, text = check_outputs(out, 'report', ['report_curves.png'])
   rows = {r['run']: r for r in data['runs']}
   assert set(rows) == {'a_softmax', 'b_linear'}
-  assert rows['a_softmax']['status'] == 'finished' and rows['a_softmax']['test_accuracy'] == 0.6
+  assert rows['a_softmax']['status'] == 'finished' and rows['a_softmax']['eval_accuracy'] == 0.6
   assert rows['b_linear']['status'] == 'running' and rows['b_linear']['steps'] == 20
-  assert rows['b_linear']['test_accuracy'] == pytest.approx(0.6)  # last eval: 0.03 * 20
+  assert rows['b_linear']['eval_accuracy'] == pytest.approx(0.6)  # last eval: 0.03 * 20
   assert '| a_softmax | digits | softmax | standard | 2 | 16 | 1,234 | 272 | 80.00%' in text
 
 

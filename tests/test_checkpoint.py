@@ -52,7 +52,7 @@ def test_resume_continues_with_identical_parameters(full_run, tmp_path):
   _, _, params = trainer.load_model_and_params(workdir)
   _, _, resumed_params = trainer.load_model_and_params(resumed)
   assert_trees_equal(params, resumed_params)
-  assert resumed_results['test_loss'] == results['test_loss']
+  assert resumed_results['eval_loss'] == results['eval_loss']
 
 
 def corrupt(step_dir):
@@ -104,8 +104,8 @@ def test_init_from_starts_from_the_other_runs_params(full_run, tmp_path):
   config.init_from = workdir
   config.optim.learning_rate = 1e-12  # the one step leaves the loaded params as they are
   new = trainer.train_and_evaluate(config, str(tmp_path))
-  assert new['test_loss'] == pytest.approx(results['test_loss'], rel=1e-5)
-  assert new['test_loss'] < 2.0  # a fresh model (zero head) has loss ln(10) = 2.30
+  assert new['eval_loss'] == pytest.approx(results['eval_loss'], rel=1e-5)
+  assert new['eval_loss'] < 2.0  # a fresh model (zero head) has loss ln(10) = 2.30
 
 
 def test_sigterm_saves_and_exits_cleanly_then_resumes(tmp_path):

@@ -86,7 +86,7 @@ def test_sigkill_resumes_from_last_complete_checkpoint(reference, tmp_path):
   assert f'Resumed from the checkpoint at step {last}' in log
   assert results_of(workdir)['resumed_from_step'] == last
   assert_same_params(params_of(workdir), reference[1])
-  assert results_of(workdir)['test_loss'] == results_of(reference[0])['test_loss']
+  assert results_of(workdir)['eval_loss'] == results_of(reference[0])['eval_loss']
 
 
 def test_sigterm_saves_the_current_step_exits_0_and_resumes(reference, tmp_path):

@@ -11,7 +11,7 @@ from flax import traverse_util
 
 from efficient_attn import lora
 from efficient_attn.models import CausalTransformer
-from train import lora_data
+from train.input_pipeline import transforms
 
 CFG = lora.LoraConfig(rank=2, alpha=4.0)
 
@@ -133,18 +133,18 @@ def test_targets_select_by_path_and_load_base_checks_shapes():
 
 def test_data_transforms():
   x = np.random.RandomState(0).randint(0, 256, (3, 5, 5)).astype(np.uint8)
-  np.testing.assert_array_equal(lora_data.rotate(x, 90), np.rot90(x, axes=(1, 2)))
-  np.testing.assert_allclose(lora_data.rotate(x.astype(np.float32), 90.0001),
+  np.testing.assert_array_equal(transforms.rotate(x, 90), np.rot90(x, axes=(1, 2)))
+  np.testing.assert_allclose(transforms.rotate(x.astype(np.float32), 90.0001),
                              np.rot90(x, axes=(1, 2)), atol=0.1)
-  np.testing.assert_array_equal(lora_data.invert(x), 255 - x)
-  np.testing.assert_allclose(lora_data.invert(x / 255.0), 1 - x / 255.0, atol=1e-6)
-  q = np.asarray(lora_data.quantise(x, 2))
+  np.testing.assert_array_equal(transforms.invert(x), 255 - x)
+  np.testing.assert_allclose(transforms.invert(x / 255.0), 1 - x / 255.0, atol=1e-6)
+  q = np.asarray(transforms.quantise(x, 2))
   assert set(np.unique(q)) <= {0, 255} and q.dtype == np.uint8
   np.testing.assert_array_equal(q, np.where(x >= 128, 255, 0))
-  assert len(np.unique(lora_data.quantise(x, 4))) <= 4
-  chained = lora_data.get_transform('rotate:180,invert')(x[..., None])
+  assert len(np.unique(transforms.quantise(x, 4))) <= 4
+  chained = transforms.get_transform('rotate:180,invert')(x[..., None])
   np.testing.assert_array_equal(chained[..., 0], 255 - x[:, ::-1, ::-1])
-  np.testing.assert_array_equal(lora_data.get_transform('none')(x), x)
-  assert set(lora_data.VARIANTS) == {'mnist', 'rotated', 'inverted', 'quantised'}
+  np.testing.assert_array_equal(transforms.get_transform('none')(x), x)
+  assert set(transforms.VARIANTS) == {'mnist', 'rotated', 'inverted', 'quantised'}
   with pytest.raises(ValueError, match='unknown transform.*rotate.*invert.*quantise'):
-    lora_data.get_transform('blur')
+    transforms.get_transform('blur')

@@ -13,8 +13,8 @@ from configs import lora_finetune
 from configs import lora_scratch
 from efficient_attn import lora
 from train import checkpoint
-from train import datasets
-from train import lora_data
+from train import input_pipeline
+from train.input_pipeline import transforms
 from train import models
 from train import trainer
 
@@ -62,10 +62,10 @@ def test_checkpoint_reloads_as_adapted_model(finetune):
   workdir, results = finetune
   config, model, params = trainer.load_model_and_params(workdir)
   assert isinstance(model, lora.Adapted) and config.dataset.transform == 'rotated'
-  batch = datasets.get_eval_batch(config)
+  batch = input_pipeline.get_eval_batch(config)
   correct = (np.argmax(model.apply({'params': params}, batch['inputs']), -1) == batch['label'])
   assert (correct * batch['mask']).sum() / batch['mask'].sum() == pytest.approx(
-      results['test_accuracy'])
+      results['eval_accuracy'])
 
 
 def test_init_from_a_base_of_another_model_fails_loudly(base, tmp_path):
@@ -78,10 +78,10 @@ def test_init_from_a_base_of_another_model_fails_loudly(base, tmp_path):
 def test_transform_applies_to_train_and_eval_before_normalisation(variant):
   plain = lora_base.get_config('digits')
   config = lora_base.get_config(f'digits,variant={variant}')
-  spec = datasets.get_spec('digits')
-  transform = lora_data.get_transform(variant)
-  for get in (lambda c: next(datasets.get_train_data(c).batches(3)),
-              datasets.get_eval_batch):
+  spec = input_pipeline.get_spec('digits')
+  transform = transforms.get_transform(variant)
+  for get in (lambda c: next(input_pipeline.get_train_data(c).batches(3)),
+              input_pipeline.get_eval_batch):
     x, y = get(plain), get(config)
     np.testing.assert_array_equal(x['label'], y['label'])
     raw = x['inputs'] * spec.std[0] + spec.mean[0]  # pixel values in [0, 1]

@@ -11,9 +11,9 @@ from benchmarks import generation
 from configs import digits_pixels
 from configs import mnist_pixels
 from efficient_attn.models.causal import shift_right
-from train import datasets
-from train import lora_data
-from train import memory_data
+from train import input_pipeline
+from train.input_pipeline import transforms
+from train.input_pipeline import arrays
 from train import trainer
 from train import validate
 
@@ -41,17 +41,17 @@ def run(run_once):
 
 def test_digits_pixel_tokens():
   config = tiny_config()
-  batch = next(datasets.get_train_data(config).batches(0))
+  batch = next(input_pipeline.get_train_data(config).batches(0))
   tokens = batch['inputs']
   assert tokens.shape == (32, 64) and tokens.dtype == np.int32
   levels = np.round(np.arange(17) * 255 / 16)
   assert set(np.unique(tokens)) <= set(levels) and tokens.max() == 255
-  eval_tokens = datasets.get_eval_batch(config)['inputs']
-  images = memory_data.load_digits()['test'][0][:120, ..., 0]
-  np.testing.assert_array_equal(eval_tokens, np.round(images * 255).reshape(120, 64))
+  eval_tokens = input_pipeline.get_eval_batch(config)['inputs']
+  images = arrays.load_digits()['test'].inputs[:120, ..., 0]
+  np.testing.assert_array_equal(eval_tokens, np.round(images).reshape(120, 64))
   config.dataset.transform = 'rotated'  # on the 8x8 image, not the token row
-  rotated = datasets.get_eval_batch(config)['inputs']
-  want = np.asarray(lora_data.rotate(eval_tokens.reshape(-1, 8, 8))).reshape(-1, 64)
+  rotated = input_pipeline.get_eval_batch(config)['inputs']
+  want = np.asarray(transforms.rotate(eval_tokens.reshape(-1, 8, 8))).reshape(-1, 64)
   np.testing.assert_array_equal(rotated, want)
 
 
@@ -60,8 +60,8 @@ def test_mnist_pixel_tokens_from_tfds():
   config = mnist_pixels.get_config('linear')
   config.dataset.update(dict(batch_size=4, eval_batch_size=4, shuffle_buffer=8))
   with tfds.testing.mock_data(num_examples=8):
-    tokens = next(datasets.get_train_data(config).batches(0))['inputs']
-    eval_tokens = datasets.get_eval_batch(config)['inputs']
+    tokens = next(input_pipeline.get_train_data(config).batches(0))['inputs']
+    eval_tokens = input_pipeline.get_eval_batch(config)['inputs']
   for t in (tokens, eval_tokens):
     assert t.shape == (4, 784) and t.dtype == np.int32
     assert t.min() >= 0 and t.max() <= 255
@@ -70,7 +70,7 @@ def test_mnist_pixel_tokens_from_tfds():
 def test_training_metrics_and_sample_pngs(run):
   workdir, results = run
   assert results['task'] == 'pixel_lm' and results['model'] == 'causal'
-  for split in ('train', 'test'):
+  for split in ('train', 'eval'):
     loss = results[f'{split}_loss']
     assert math.log(256) > loss > 0  # learned something within 30 steps
     assert results[f'{split}_bits_per_dim'] == pytest.approx(loss / math.log(2))
@@ -86,14 +86,14 @@ def test_eval_mode_writes_samples(run, tmp_path):
   workdir, results = run
   os.remove(os.path.join(workdir, 'samples.png'))
   values = trainer.evaluate(tiny_config(), workdir)
-  assert values['bits_per_dim'] == pytest.approx(results['test_bits_per_dim'], rel=1e-5)
+  assert values['bits_per_dim'] == pytest.approx(results['eval_bits_per_dim'], rel=1e-5)
   assert os.path.exists(os.path.join(workdir, 'samples.png'))
 
 
 def test_recurrent_decoding_of_the_checkpoint_equals_parallel(run):
   workdir, _ = run
   config, model, params = trainer.load_model_and_params(workdir)
-  pixels = datasets.get_eval_batch(config)['inputs'][:2]
+  pixels = input_pipeline.get_eval_batch(config)['inputs'][:2]
   test_decode.assert_decode_matches_parallel(
       model, jax.device_get(params), shift_right(pixels, model.start_token))
 

@@ -13,7 +13,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = r'''
 import jax, numpy as np
 from configs import default
-from train import datasets, optim, sharding, steps, tasks
+from train import input_pipeline, optim, sharding, steps, tasks
 assert jax.device_count() == 8, jax.devices()
 config = default.get_config()
 config.model.update(dict(depth=1, dropout_rate=0.1))  # dropout: masks must not depend on devices
@@ -25,8 +25,8 @@ except ValueError as e:
 task = tasks.get_task(config.task)
 model = task.create_model(config)
 tx = optim.create_optimizer(config, num_steps=100)
-batch = next(datasets.get_train_data(config).batches(7))
-eval_batch = datasets.get_eval_batch(config)
+batch = next(input_pipeline.get_train_data(config).batches(7))
+eval_batch = input_pipeline.get_eval_batch(config)
 params = steps.init_params(task, model, config, jax.random.key(0))
 results = {}
 for n in (1, 8):

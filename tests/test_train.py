@@ -11,7 +11,7 @@ import pytest
 
 from configs import default as default_config
 from train import checkpoint
-from train import datasets
+from train import input_pipeline
 from train import trainer
 from train import validate
 
@@ -29,7 +29,7 @@ def default_run(run_once):
 
 def test_default_config_learns(default_run):
   _, results = default_run
-  assert results['test_accuracy'] >= 0.8, results  # chance is 0.1
+  assert results['eval_accuracy'] >= 0.8, results  # chance is 0.1
   assert results['train_accuracy'] >= 0.8, results
 
 
@@ -37,8 +37,8 @@ def test_workdir_layout(default_run):
   workdir, results = default_run
   config = trainer.load_config(workdir)
   assert config.attention.mechanism == 'softmax' and config.model.d_model == 64
-  for key in ('train_loss', 'train_accuracy', 'test_loss', 'test_accuracy',
-              'test_top5_accuracy', 'params_total', 'params_per_attention_layer',
+  for key in ('train_loss', 'train_accuracy', 'eval_loss', 'eval_accuracy',
+              'eval_top5_accuracy', 'params_total', 'params_per_attention_layer',
               'examples_per_sec', 'epoch_time_s', 'steps', 'wall_time_s', 'dataset',
               'mechanism', 'projection', 'heads', 'd_model'):
     assert key in results, key
@@ -52,13 +52,13 @@ def test_workdir_layout(default_run):
   for key in ('step', 'loss', 'accuracy', 'top5_accuracy', 'examples_per_sec', 'epoch_time_s',
               'learning_rate'):
     assert key in train_rows[-1], key
-  assert eval_rows[-1]['accuracy'] == pytest.approx(results['test_accuracy'])
+  assert eval_rows[-1]['accuracy'] == pytest.approx(results['eval_accuracy'])
   events = glob.glob(os.path.join(workdir, 'tensorboard', 'events.out.tfevents.*'))
   assert events
   from tensorflow.compat.v1 import train as tf_train  # TensorBoard's own reader
   scalars = {(v.tag, e.step): v.simple_value for path in events
              for e in tf_train.summary_iterator(path) for v in e.summary.value}
-  assert scalars[('eval/accuracy', results['steps'])] == pytest.approx(results['test_accuracy'])
+  assert scalars[('eval/accuracy', results['steps'])] == pytest.approx(results['eval_accuracy'])
   steps = checkpoint.Checkpointer(workdir, create=False).steps()
   assert steps[-1] == results['steps'] and len(steps) <= config.train.keep_checkpoints
 
@@ -71,12 +71,12 @@ def test_rerun_of_a_finished_run_does_nothing(default_run):
 def test_evaluate_and_load_model_and_params(default_run):
   workdir, results = default_run
   values = trainer.evaluate(default_config.get_config(), workdir)
-  assert values['accuracy'] == pytest.approx(results['test_accuracy'])
+  assert values['accuracy'] == pytest.approx(results['eval_accuracy'])
   config, model, params = trainer.load_model_and_params(workdir)
-  batch = datasets.get_eval_batch(config)
+  batch = input_pipeline.get_eval_batch(config)
   logits = model.apply({'params': params}, batch['inputs'], train=False)
   correct = (np.argmax(logits, -1) == batch['label']) * batch['mask']
-  assert correct.sum() / batch['mask'].sum() == pytest.approx(results['test_accuracy'])
+  assert correct.sum() / batch['mask'].sum() == pytest.approx(results['eval_accuracy'])
 
 
 BAD_CONFIGS = [

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from efficient_attn import models as ea_models
 from train import adapters
-from train import datasets
+from train import input_pipeline
 
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 
@@ -55,7 +55,7 @@ def attention_options(config) -> Dict[str, Any]:
 
 def _common(config) -> Dict[str, Any]:
   m, a = config.model, config.attention
-  return dict(num_classes=datasets.num_classes(config), d_model=m.d_model, depth=m.depth,
+  return dict(num_classes=input_pipeline.num_classes(config), d_model=m.d_model, depth=m.depth,
               num_heads=m.num_heads, mlp_dim=m.mlp_dim, pool=m.pool,
               mechanism=a.mechanism, projection=a.projection,
               options=attention_options(config), dropout_rate=m.dropout_rate,
@@ -83,7 +83,7 @@ def _text_max_length(config) -> int:
 
 
 def _text(config, **overrides) -> nn.Module:
-  return ea_models.TextClassifier(vocab_size=datasets.TEXT_VOCAB_SIZE,
+  return ea_models.TextClassifier(vocab_size=input_pipeline.TEXT_VOCAB_SIZE,
                                   max_length=_text_max_length(config),
                                   **{**_common(config), **overrides})
 
@@ -138,7 +138,7 @@ class MLP(nn.Module):
 
 
 def _mlp(config, **overrides) -> nn.Module:
-  kwargs = dict(num_classes=datasets.num_classes(config), depth=config.model.depth,
+  kwargs = dict(num_classes=input_pipeline.num_classes(config), depth=config.model.depth,
                 width=config.model.mlp_dim, dtype=compute_dtype(config))
   return MLP(**{**kwargs, **overrides})
 

@@ -19,7 +19,7 @@ import optax
 
 from efficient_attn.models.causal import shift_right
 from train import adapters
-from train import datasets
+from train import input_pipeline
 from train import generate
 from train import models
 from train import tasks
@@ -60,7 +60,7 @@ def write_outputs(config, model, params, workdir: str) -> Dict[str, str]:
   side = config.dataset.image_size
   images = None
   if s['num_completions'] > 0:
-    tokens = datasets.get_eval_batch(config)['inputs'][:s['num_completions']]
+    tokens = input_pipeline.get_eval_batch(config)['inputs'][:s['num_completions']]
     images = np.asarray(tokens).reshape((-1, side, side))
   return generate.write_samples(
       model, params, jax.random.key(s['seed']), workdir, image_shape=(side, side),

@@ -51,9 +51,13 @@ def load_sweep(path: str) -> Dict[str, Any]:
 
 
 def _short(value: Any) -> str:
-  text = os.path.splitext(os.path.basename(str(value)))[0] if isinstance(value, str) and (
-      value.endswith('.py') or ':' in value) else str(value)
-  return text.replace(':', '-').replace('/', '-').replace(' ', '')
+  """'configs/cifar10.py:nystrom' -> 'cifar10-nystrom'; other values as text."""
+  if isinstance(value, str) and (value.endswith('.py') or '.py:' in value):
+    path, _, arg = value.partition(':')
+    text = os.path.splitext(os.path.basename(path))[0] + (f'-{arg}' if arg else '')
+  else:
+    text = str(value)
+  return text.replace(':', '-').replace('/', '-').replace(' ', '').replace(',', '-')
 
 
 def run_name(config: str, overrides: Mapping[str, Any], varied: Sequence[str]) -> str:

@@ -31,7 +31,7 @@ import numpy as np
 
 from train import adapters
 from train import checkpoint
-from train import datasets
+from train import input_pipeline
 from train import metrics as metrics_lib
 from train import models
 from train import optim
@@ -46,7 +46,7 @@ def _resolved(config) -> ml_collections.ConfigDict:
   """A copy of `config` with values read from the data filled in (num_classes)."""
   config = ml_collections.ConfigDict(config.to_dict())
   if config.dataset.num_classes == 0:
-    config.dataset.num_classes = datasets.num_classes(config)
+    config.dataset.num_classes = input_pipeline.num_classes(config)
   return config
 
 
@@ -54,7 +54,7 @@ def _prepare(config, mesh=None):
   """Validates (before any work), prepares data; returns (config, task, model, mesh)."""
   validate.validate_config(config)
   try:  # missing data or a batch the devices cannot split: the message names the field
-    datasets.prepare(config)
+    input_pipeline.prepare(config)
     config = _resolved(config)
     mesh = sharding.create_mesh() if mesh is None else mesh
     sharding.check_batch_size(config.dataset.batch_size, mesh)
@@ -145,8 +145,8 @@ def train_and_evaluate(config, workdir: str) -> Optional[Dict[str, Any]]:
     with open(os.path.join(workdir, 'config.json'), 'w') as f:
       f.write(config.to_json_best_effort(indent=2, sort_keys=True))
 
-  train_data = datasets.get_train_data(config)
-  eval_data = datasets.get_eval_data(config)
+  train_data = input_pipeline.get_train_data(config)
+  eval_data = input_pipeline.get_eval_data(config)
   t = config.train
   num_steps = t.num_steps if t.num_steps > 0 else t.num_epochs * train_data.steps_per_epoch
   tx = optim.create_optimizer(config, num_steps, task.trainable_fn(config))
@@ -243,7 +243,7 @@ def train_and_evaluate(config, workdir: str) -> Optional[Dict[str, Any]]:
   rate = speed.rate()
   results = {
       **{f'train_{k}': v for k, v in train_values.items()},
-      **{f'test_{k}': v for k, v in eval_values.items()},
+      **{f'eval_{k}': v for k, v in eval_values.items()},
       'params_total': params_total,
       'params_trainable': params_trainable,
       'params_per_attention_layer': params_attention,
@@ -267,8 +267,8 @@ def train_and_evaluate(config, workdir: str) -> Optional[Dict[str, Any]]:
   }
   if is_writer:
     _write_json(os.path.join(workdir, 'results.json'), results)
-    logging.info('Finished: test accuracy %s, results in %s/results.json',
-                 eval_values.get('accuracy'), workdir)
+    logging.info('Finished: %s accuracy %s, results in %s/results.json',
+                 config.dataset.eval_split, eval_values.get('accuracy'), workdir)
   return results
 
 
@@ -309,7 +309,7 @@ def evaluate(config, workdir: str) -> Dict[str, float]:
   config, task, model, mesh = _prepare(config)
   abstract = steps_lib.abstract_params(task, model, config, mesh)
   step, params = checkpoint.restore_params(workdir, mesh, abstract)
-  eval_data = datasets.get_eval_data(config)
+  eval_data = input_pipeline.get_eval_data(config)
   values = run_eval(steps_lib.make_eval_step(task, model, mesh), params, eval_data, mesh)
   if sharding.is_writer():
     print(metrics_lib.progress_line(step, step, values, prefix='eval'), flush=True)

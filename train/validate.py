@@ -12,7 +12,8 @@ import re
 import efficient_attn
 from efficient_attn import registry
 from train import adapters
-from train import datasets
+from train.input_pipeline import specs
+from train.input_pipeline import transforms
 from train import models
 from train import optim
 from train import tasks
@@ -67,25 +68,46 @@ def validate_config(config) -> None:
 
 def _dataset(config) -> None:
   d = config.dataset
-  _choice('dataset.name', d.name, tuple(datasets.DATASETS))
-  spec = datasets.get_spec(d.name)
+  _choice('dataset.name', d.name, tuple(specs.DATASETS))
+  spec = specs.get_spec(d.name)
+  try:
+    src = specs.source(config)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
   _positive(config, 'dataset.batch_size', 'dataset.eval_batch_size')
   if spec.kind == 'image':
     _positive(config, 'dataset.image_size', 'dataset.channels')
-    _choice('dataset.augment', d.augment, datasets.AUGMENTATIONS)
-  else:
+    _choice('dataset.augment', d.augment, specs.AUGMENTATIONS)
+    if d.augment == 'inception_crop' and specs.in_memory(config):
+      raise ConfigError(f"config.dataset.augment='inception_crop' is not valid for the "
+                        f'in-memory dataset {d.name!r} from {src!r}; valid choices: none, '
+                        f'crop, crop_flip')
+    try:
+      specs.normalization(config, spec)
+    except ValueError as e:
+      raise ConfigError(str(e)) from None
+  elif spec.kind == 'text':
     _positive(config, 'dataset.max_length')
   if d.num_classes < 0 or (d.num_classes == 0 and spec.num_classes == 0
-                           and spec.source != 'folder'):
+                           and src not in ('folder', 'arrays')):
     raise ConfigError(f'config.dataset.num_classes={d.num_classes!r} is not valid; it '
                       f'must be > 0')
   if spec.num_classes and d.num_classes not in (0, spec.num_classes):
     raise ConfigError(f'config.dataset.num_classes={d.num_classes!r} is not valid for '
                       f'{d.name!r}; valid choices: {spec.num_classes}')
-  if spec.source == 'folder' and not d.data_dir:
-    raise ConfigError(f"config.dataset.data_dir='' is not valid for dataset {d.name!r}; "
-                      f'it must be the image folder root (root/<split>/<label>/<image>)')
-  if spec.source == 'tfds' and d.data_dir and not d.download and not os.path.isdir(
+  holdout = d.get('holdout', 0.0)
+  if not 0.0 <= holdout < 1.0:
+    raise ConfigError(f'config.dataset.holdout={holdout!r} is not valid; it must be in '
+                      f'[0, 1) (the fraction of the training split held out as validation)')
+  if holdout > 0 and not specs.in_memory(config):
+    raise ConfigError(f'config.dataset.holdout={holdout} needs an in-memory dataset; '
+                      f'{d.name!r} from {src!r} streams (hold out files instead)')
+  if src in ('folder', 'arrays') and not d.data_dir:
+    what = ('the image folder root (root/<split>/<label>/<image>)' if src == 'folder'
+            else "the .npz file (a '{split}' in it names one file per split)")
+    raise ConfigError(f"config.dataset.data_dir='' is not valid for dataset {d.name!r} from "
+                      f'source {src!r}; it must be {what}')
+  if src == 'tfds' and d.data_dir and not d.download and not os.path.isdir(
       d.data_dir) and '://' not in d.data_dir:
     raise ConfigError(f'config.dataset.data_dir={d.data_dir!r} does not exist (and '
                       f'config.dataset.download=False)')
@@ -101,9 +123,11 @@ def _dataset(config) -> None:
     if spec.kind != 'image':
       raise ConfigError(f'config.dataset.transform={d.transform!r} is not valid for the '
                         f'{spec.kind} dataset {d.name!r}; it needs an image dataset')
-    from train import lora_data  # pylint: disable=g-import-not-at-top
+    if not specs.in_memory(config):
+      raise ConfigError(f'config.dataset.transform={d.transform!r} needs an in-memory '
+                        f'dataset; {d.name!r} from {src!r} streams')
     try:
-      lora_data.get_transform(d.transform)
+      transforms.get_transform(d.transform)
     except ValueError as e:
       raise ConfigError(f'config.dataset.transform={d.transform!r} is not valid: {e}') from None
 
@@ -112,7 +136,7 @@ def _model(config) -> None:
   m, d = config.model, config.dataset
   _choice('model.kind', m.kind, tuple(models.MODEL_KINDS))
   kind = models.get_kind(m.kind)
-  inputs = datasets.input_kind(config)
+  inputs = specs.input_kind(config)
   if kind.input_kind != inputs:
     valid = [k for k, v in models.MODEL_KINDS.items() if v.input_kind == inputs]
     what = 'pixel-token (dataset.pixels_as_tokens)' if inputs == 'pixels' else inputs

@@ -1,4 +1,7 @@
-"""tf.data input pipelines over TFDS datasets and `tfds.ImageFolder` folders.
+"""Streaming tf.data pipelines: large TFDS datasets (ImageNet) and image folders.
+
+Folders hold `root/<split>/<label>/<image>` (PNG or JPEG, any size; images are
+resized to `dataset.image_size`); the label folders, sorted, are the classes.
 
 Sharding: process p of P reads `tfds.even_splits(split, P)[p]` (for an
 ImageFolder, `ds.shard(P, p)`), so no two processes read the same example.
@@ -22,8 +25,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from train import datasets
-from train import preprocess
+from train.input_pipeline import preprocess
+from train.input_pipeline import specs
 
 tf.config.set_visible_devices([], 'GPU')  # tf.data only; keep the accelerators for JAX
 
@@ -44,6 +47,17 @@ def folder_num_classes(config) -> int:
   return tfds.ImageFolder(config.dataset.data_dir).info.features['label'].num_classes
 
 
+def _folder_normalization(config):
+  """Per-channel mean and std of (at most 512) training images of a folder."""
+  d = config.dataset
+  ds = tfds.ImageFolder(d.data_dir).as_dataset(
+      split=d.train_split, shuffle_files=False, decoders={'image': tfds.decode.SkipDecoding()})
+  fn = lambda ex: preprocess.resize(preprocess.decode_image(ex['image'], d.channels),
+                                    d.image_size) / 255.0
+  x = np.stack(list(ds.take(512).map(fn).as_numpy_iterator())).reshape(-1, d.channels)
+  return x.mean(0).astype(np.float32), np.maximum(x.std(0), 1e-3).astype(np.float32)
+
+
 class Source:
   """One split of a TFDS dataset or ImageFolder, as this process's shard of records.
 
@@ -51,17 +65,20 @@ class Source:
   encoded (images are decoded later, after any skipping).
   """
 
-  def __init__(self, config, spec, split: str, process_index: int, process_count: int,
+  def __init__(self, config, split: str, process_index: int, process_count: int,
                drop_remainder: bool):
+    spec = specs.get_spec(config.dataset.name)
     self.spec = spec
+    self.folder = specs.source(config) == 'folder'
     self.split = split
     self.process_index, self.process_count = process_index, process_count
     self.drop_remainder = drop_remainder
-    if spec.source == 'folder':
+    if self.folder:
       self.builder = tfds.ImageFolder(config.dataset.data_dir)
     else:
       self.builder = tfds.builder(spec.name, data_dir=config.dataset.data_dir or None)
-    self.decoders = ({spec.feature: tfds.decode.SkipDecoding()}
+    self.feature = 'image' if self.folder else spec.feature
+    self.decoders = ({self.feature: tfds.decode.SkipDecoding()}
                      if spec.kind == 'image' else None)
     self.num_examples = self._count()
 
@@ -73,7 +90,7 @@ class Source:
       return int(ds.reduce(np.int64(0), lambda n, _: n + 1).numpy())
 
   def _read(self, shuffle_seed: Optional[int], shard: bool = True) -> tf.data.Dataset:
-    if self.spec.source == 'folder':
+    if self.folder:
       ds = self.builder.as_dataset(split=self.split, shuffle_files=False,
                                    decoders=self.decoders)
       if shard and self.process_count > 1:
@@ -93,20 +110,25 @@ class Source:
     return self._read(shuffle_seed)
 
 
-def _example_fn(config, spec, train: bool):
+def _example_fn(config, source: Source, train: bool):
   """(seed `[2]`, raw example) -> {'inputs', 'label'} for the model."""
   d = config.dataset
+  kind = specs.input_kind(config)
+  norm = None
+  if kind == 'image':
+    norm = specs.normalization(config) or _folder_normalization(config)
+  feature = source.feature
 
   def fn(seed, example):
-    if spec.kind == 'text':
-      inputs = preprocess.byte_tokens(example[spec.feature], d.max_length)
-    elif d.get('pixels_as_tokens'):
-      inputs = preprocess.pixel_tokens(example[spec.feature], size=d.image_size,
+    if kind == 'text':
+      inputs = preprocess.byte_tokens(example[feature], d.max_length)
+    elif kind == 'pixels':
+      inputs = preprocess.pixel_tokens(example[feature], size=d.image_size,
                                        channels=d.channels)
     else:
       inputs = preprocess.image_example(
-          example[spec.feature], size=d.image_size, channels=d.channels,
-          augment=d.augment, train=train, mean=spec.mean, std=spec.std, seed=seed)
+          example[feature], size=d.image_size, channels=d.channels,
+          augment=d.augment, train=train, mean=norm[0], std=norm[1], seed=seed)
     return {'inputs': inputs, 'label': tf.cast(example['label'], tf.int32),
             'mask': tf.constant(1.0, tf.float32)}
   return fn
@@ -115,21 +137,21 @@ def _example_fn(config, spec, train: bool):
 class TrainData:
   """Endless shuffled, augmented training batches of this process."""
 
-  def __init__(self, config, spec, process_index: int, process_count: int):
-    self.config, self.spec = config, spec
-    self.source = Source(config, spec, config.dataset.train_split, process_index,
+  def __init__(self, config, process_index: int, process_count: int):
+    self.config = config
+    self.source = Source(config, config.dataset.train_split, process_index,
                          process_count, drop_remainder=True)
     self.num_examples = self.source.num_examples
     self.global_batch = config.dataset.batch_size
-    self.local_batch = datasets.local_batch_size(self.global_batch, process_count,
-                                                 'batch_size')
+    self.local_batch = specs.local_batch_size(self.global_batch, process_count,
+                                              'batch_size')
     self.local_examples = self.num_examples // process_count
     self.steps_per_epoch = self.local_examples // self.local_batch
     if self.steps_per_epoch == 0:
       raise ValueError(f'config.dataset.batch_size={self.global_batch} exceeds the '
                        f'{self.num_examples} examples of split {self.source.split!r}')
     self.seed, self.process_index = config.train.seed, process_index
-    self._fn = _example_fn(config, spec, train=True)
+    self._fn = _example_fn(config, self.source, train=True)
 
   def epoch_dataset(self, epoch: int, skip_batches: int = 0) -> tf.data.Dataset:
     """Batches of one epoch, starting after its first `skip_batches` batches."""
@@ -158,15 +180,15 @@ class TrainData:
 class EvalData:
   """Every example of a split once over all processes, in order, padded batches."""
 
-  def __init__(self, config, spec, split: str, process_index: int, process_count: int):
-    self.source = Source(config, spec, split, process_index, process_count,
+  def __init__(self, config, split: str, process_index: int, process_count: int):
+    self.source = Source(config, split, process_index, process_count,
                          drop_remainder=False)
     self.num_examples = self.source.num_examples
-    self.local_batch = datasets.local_batch_size(config.dataset.eval_batch_size,
-                                                 process_count, 'eval_batch_size')
+    self.local_batch = specs.local_batch_size(config.dataset.eval_batch_size,
+                                              process_count, 'eval_batch_size')
     per_process = -(-self.num_examples // process_count)
     self.num_batches = -(-per_process // self.local_batch)
-    fn = _example_fn(config, spec, train=False)
+    fn = _example_fn(config, self.source, train=False)
     ds = self.source.dataset()
     ds = ds.map(lambda ex: fn(None, ex), num_parallel_calls=tf.data.AUTOTUNE,
                 deterministic=True)
@@ -180,17 +202,22 @@ class EvalData:
       if batch is None:  # this process ran out: an all-padding batch
         batch = {k: v[:0] for k, v in template.items()}
       template = batch
-      yield {k: datasets.pad_rows(v, self.local_batch) for k, v in batch.items()}
+      yield {k: specs.pad_rows(v, self.local_batch) for k, v in batch.items()}
 
 
-def prepare(config, spec) -> None:
+def prepare(config) -> None:
   """Checks the data exists, downloading/preparing it through TFDS when allowed."""
   d = config.dataset
-  if spec.source == 'folder':
+  spec = specs.get_spec(d.name)
+  if specs.source(config) == 'folder':
     if not d.data_dir or not tf.io.gfile.isdir(d.data_dir):
       raise ValueError(f'config.dataset.data_dir={d.data_dir!r} is not a directory; '
-                       f'dataset {spec.name!r} needs the image folder root '
+                       f"source 'folder' needs the image folder root "
                        f'(root/<split>/<label>/<image>)')
+    classes = folder_num_classes(config)
+    if spec.num_classes and classes > spec.num_classes:
+      raise ValueError(f'config.dataset.data_dir={d.data_dir!r} has {classes} label folders, '
+                       f'more than the {spec.num_classes} classes of dataset {d.name!r}')
     splits = sorted(tf.io.gfile.listdir(d.data_dir))
     splits = [s.rstrip('/') for s in splits]
     for field in ('train_split', 'eval_split'):

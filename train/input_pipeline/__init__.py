@@ -1,0 +1,89 @@
+"""The input pipeline's one entry point.
+
+    train_data = input_pipeline.get_train_data(config)   # .num_examples, .steps_per_epoch, .batches(start_step)
+    eval_data = input_pipeline.get_eval_data(config)     # .num_examples, .num_batches, .batches()
+    batch = input_pipeline.get_eval_batch(config)        # one local eval batch, for analysis
+
+Batches are dicts of numpy arrays for this process (its slice of the global
+batch): 'inputs' (images `[b, h, w, c]` float32 normalised; text `[b,
+max_length]` int32 byte ids, 0 = padding; token tasks `[b, length]` int32;
+with `dataset.pixels_as_tokens` pixel tokens `[b, h*w*c]` int32 0..255 in
+raster order), 'label' `[b]` int32 and 'mask' `[b]` float32 (0 for the padding
+rows that complete the last eval batch).
+
+Where the examples come from (`dataset.source`) and what the dataset is
+(`dataset.name`) are independent; see `train/input_pipeline/specs.py`. Small datasets
+are decoded once into memory (`memory.py`), large ones stream (`stream.py`).
+In both, the training batch of step s is a pure function of (seed, s, process
+count), so a run resumed at step s sees exactly what an uninterrupted run sees.
+"""
+from typing import Optional
+
+import jax
+
+from train.input_pipeline import memory
+from train.input_pipeline import specs
+from train.input_pipeline.specs import get_spec, input_kind, source, TEXT_VOCAB_SIZE  # pylint: disable=unused-import
+
+
+def _processes(process_index: Optional[int], process_count: Optional[int]):
+  return (jax.process_index() if process_index is None else process_index,
+          jax.process_count() if process_count is None else process_count)
+
+
+def get_train_data(config, *, process_index: Optional[int] = None,
+                   process_count: Optional[int] = None):
+  """The endless training stream of this process (defaults: jax.process_index/count)."""
+  pid, count = _processes(process_index, process_count)
+  if specs.in_memory(config):
+    return memory.TrainData(config, pid, count)
+  from train.input_pipeline import stream  # pylint: disable=g-import-not-at-top
+  return stream.TrainData(config, pid, count)
+
+
+def get_eval_data(config, split: str = '', *, process_index: Optional[int] = None,
+                  process_count: Optional[int] = None):
+  """Evaluation batches of `split` (default `config.dataset.eval_split`): every
+  example once over the processes, padding rows with mask 0."""
+  split = split or config.dataset.eval_split
+  pid, count = _processes(process_index, process_count)
+  if specs.in_memory(config):
+    return memory.EvalData(config, split, pid, count)
+  from train.input_pipeline import stream  # pylint: disable=g-import-not-at-top
+  return stream.EvalData(config, split, pid, count)
+
+
+def get_eval_batch(config, split: str = ''):
+  """The first local evaluation batch of `config`'s dataset (numpy dict)."""
+  return next(iter(get_eval_data(config, split).batches()))
+
+
+def num_classes(config) -> int:
+  """`config.dataset.num_classes`, or the count read from the data when it is 0."""
+  if config.dataset.num_classes > 0:
+    return config.dataset.num_classes
+  spec = get_spec(config.dataset.name)
+  if spec.num_classes:
+    return spec.num_classes
+  if specs.in_memory(config):
+    from train.input_pipeline import arrays  # pylint: disable=g-import-not-at-top
+    return int(arrays.get_split(config, config.dataset.train_split).labels.max()) + 1
+  from train.input_pipeline import stream  # pylint: disable=g-import-not-at-top
+  return stream.folder_num_classes(config)
+
+
+def prepare(config) -> None:
+  """Makes sure the data can be read (TFDS download_and_prepare when allowed).
+
+  Raises ValueError naming the field (data_dir, manual_dir, download, source,
+  split) when the data is missing or cannot be prepared. Call before any
+  training work.
+  """
+  src = source(config)
+  if src == 'tfds' or src == 'folder':
+    from train.input_pipeline import stream  # pylint: disable=g-import-not-at-top
+    stream.prepare(config)
+  if specs.in_memory(config):
+    from train.input_pipeline import arrays  # pylint: disable=g-import-not-at-top
+    for split in (config.dataset.train_split, config.dataset.eval_split):
+      arrays.get_split(config, split)

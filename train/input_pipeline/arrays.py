@@ -1,0 +1,252 @@
+"""Reading small datasets into memory once: `.npz` files, TFDS, scikit-learn digits.
+
+    splits = arrays.load(config)     # {split: Examples}, decoded, cached per process
+    x, y = splits['train'].inputs, splits['train'].labels
+
+`.npz` files ('arrays' source) hold one split each and may use these keys:
+
+  * labels: `y` (or `label`, `labels`), int `[n]`;
+  * images: `x` (or `image`, `images`), uint8 `[n, h, w]` or `[n, h, w, c]`;
+  * encoded images: `jpeg` (or `png`, `encoded`) with `offsets` `[n + 1]`:
+    image i is the file `jpeg[offsets[i]:offsets[i + 1]]` (PNG or JPEG bytes);
+  * text: `text_utf8` (or `text`) with `offsets` `[n + 1]`: UTF-8 bytes;
+  * tokens: `tokens`, int `[n, length]` (generated token tasks, 0 = padding).
+
+`dataset.data_dir` is the file, e.g. `mnist_train.npz`; a '{split}' in it
+names one file per split (`mnist_{split}.npz`), otherwise the file is the
+'train' split. `dataset.holdout` > 0 carves a fixed, class-stratified
+validation split out of 'train' ('train' keeps the rest), the same for every
+seed and process.
+
+Everything is decoded here, once: encoded images to uint8 pixels, text to
+bytes. The results are cached for the life of the process, so the training
+and evaluation pipelines (and a resumed run) share one decoded copy.
+"""
+import dataclasses
+import functools
+import os
+from typing import Any, Dict, Optional, Tuple
+
+import numpy as np
+
+from train.input_pipeline import specs
+
+LABEL_KEYS = ('y', 'label', 'labels')
+IMAGE_KEYS = ('x', 'image', 'images')
+ENCODED_KEYS = ('jpeg', 'png', 'encoded')
+TEXT_KEYS = ('text_utf8', 'text')
+HOLDOUT_SEED = 0  # the validation split is fixed, whatever the training seed
+
+
+@dataclasses.dataclass(frozen=True)
+class Examples:
+  """One split in memory.
+
+  Attributes:
+    inputs: images `[n, h, w, c]` (uint8, or float32 in 0..255), a list of n
+      `bytes` (text) or int tokens `[n, length]`.
+    labels: int32 `[n]`.
+  """
+  inputs: Any
+  labels: np.ndarray
+
+  def __len__(self):
+    return len(self.labels)
+
+  def take(self, index: np.ndarray) -> 'Examples':
+    if isinstance(self.inputs, np.ndarray):
+      return Examples(self.inputs[index], self.labels[index])
+    return Examples([self.inputs[i] for i in index], self.labels[index])
+
+
+def _first(npz, keys, path: str, what: str, required: bool = True) -> Optional[str]:
+  for key in keys:
+    if key in npz.files:
+      return key
+  if required:
+    raise ValueError(f'{path} has no {what} array; expected one of the keys '
+                     f'{", ".join(keys)} (it has {", ".join(npz.files)})')
+  return None
+
+
+def _ragged(data: np.ndarray, offsets: np.ndarray, path: str):
+  offsets = np.asarray(offsets, np.int64)
+  if offsets.ndim != 1 or offsets[0] != 0 or offsets[-1] != len(data) or np.any(
+      np.diff(offsets) < 0):
+    raise ValueError(f'{path}: offsets must rise from 0 to the length of the data '
+                     f'({len(data)}), got {offsets[:3]}...{offsets[-2:]}')
+  raw = data.tobytes()
+  return [raw[offsets[i]:offsets[i + 1]] for i in range(len(offsets) - 1)]
+
+
+def decode_images(files, channels: int = 0) -> np.ndarray:
+  """Encoded PNG/JPEG files (bytes) -> uint8 `[n, h, w, c]` (all the same size)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  images = [tf.io.decode_image(f, channels=channels, expand_animations=False).numpy()
+            for f in files]
+  shapes = {im.shape for im in images}
+  if len(shapes) > 1:
+    raise ValueError(f'encoded images have different shapes {sorted(shapes)[:4]}; the '
+                     f'arrays source needs one size')
+  return np.stack(images) if images else np.zeros((0, 1, 1, max(channels, 1)), np.uint8)
+
+
+def read_npz(path: str) -> Examples:
+  """One split from an `.npz` file (see the module docstring for the keys)."""
+  if not os.path.exists(path):
+    raise ValueError(f'config.dataset.data_dir={path!r}: no such file')
+  with np.load(path, allow_pickle=False) as npz:
+    labels = np.asarray(npz[_first(npz, LABEL_KEYS, path, 'label')], np.int32)
+    image = _first(npz, IMAGE_KEYS, path, 'input', required=False)
+    encoded = _first(npz, ENCODED_KEYS, path, 'input', required=False)
+    text = _first(npz, TEXT_KEYS, path, 'input', required=False)
+    if image is not None:
+      inputs = np.asarray(npz[image])
+      if inputs.ndim == 3:
+        inputs = inputs[..., None]
+      if inputs.ndim != 4 or inputs.dtype != np.uint8:
+        raise ValueError(f'{path}: {image!r} must be uint8 [n, h, w] or [n, h, w, c], got '
+                         f'{inputs.dtype} {inputs.shape}')
+    elif encoded is not None or text is not None:
+      if 'offsets' not in npz.files:
+        raise ValueError(f'{path}: {encoded or text!r} needs an offsets array [n + 1]')
+      files = _ragged(npz[encoded or text], npz['offsets'], path)
+      inputs = decode_images(files) if encoded is not None else files
+    elif 'tokens' in npz.files:
+      inputs = np.asarray(npz['tokens'])
+    else:
+      raise ValueError(f'{path} has no inputs; expected one of the keys '
+                       f'{", ".join(IMAGE_KEYS + ENCODED_KEYS + TEXT_KEYS)} or tokens '
+                       f'(it has {", ".join(npz.files)})')
+  if len(inputs) != len(labels):
+    raise ValueError(f'{path}: {len(inputs)} inputs but {len(labels)} labels')
+  return Examples(inputs, labels)
+
+
+def holdout_split(labels: np.ndarray, fraction: float, seed: int = HOLDOUT_SEED
+                  ) -> Tuple[np.ndarray, np.ndarray]:
+  """(train indices, validation indices): a fixed class-stratified split.
+
+  Each class is shuffled with `seed` and its last share goes to validation;
+  the shares are rounded so that the validation split has round(n * fraction)
+  examples in all (largest remainders first). Both index arrays are sorted.
+  """
+  n = len(labels)
+  total = int(round(n * fraction))
+  classes, counts = np.unique(labels, return_counts=True)
+  exact = counts * fraction
+  take = np.floor(exact).astype(int)
+  order = np.argsort(-(exact - take), kind='stable')
+  take[order[:total - take.sum()]] += 1
+  rng = np.random.default_rng(seed)
+  val = []
+  for c, k in zip(classes, take):
+    idx = rng.permutation(np.flatnonzero(labels == c))
+    val.append(idx[len(idx) - k:])
+  val = np.sort(np.concatenate(val)) if val else np.zeros((0,), np.int64)
+  train = np.setdiff1d(np.arange(n), val)
+  return train, val
+
+
+def _carve(splits: Dict[str, Examples], holdout: float, where: str) -> Dict[str, Examples]:
+  if holdout <= 0:
+    return splits
+  if 'validation' in splits:
+    raise ValueError(f'config.dataset.holdout={holdout} carves a validation split, but '
+                     f'{where} already has one; set holdout=0')
+  if 'train' not in splits:
+    raise ValueError(f'config.dataset.holdout={holdout}: {where} has no train split')
+  train, val = holdout_split(splits['train'].labels, holdout)
+  return dict(splits, train=splits['train'].take(train), validation=splits['train'].take(val))
+
+
+def _npz_splits(pattern: str) -> Dict[str, Examples]:
+  if '{split}' not in pattern:
+    return {'train': read_npz(pattern)}
+  head, tail = pattern.split('{split}', 1)
+  folder = os.path.dirname(head) or '.'
+  if not os.path.isdir(folder):
+    raise ValueError(f'config.dataset.data_dir={pattern!r}: no folder {folder!r}')
+  splits = {}
+  for entry in sorted(os.listdir(folder)):
+    path = os.path.join(folder, entry)
+    if path.startswith(head) and path.endswith(tail) and len(path) > len(head) + len(tail):
+      splits[path[len(head):len(path) - len(tail)]] = read_npz(path)
+  if not splits:
+    raise ValueError(f'config.dataset.data_dir={pattern!r} matches no file')
+  return splits
+
+
+def _tfds_splits(name: str, data_dir: str, feature: str, splits) -> Dict[str, Examples]:
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  builder = tfds.builder(name, data_dir=data_dir or None)
+  out = {}
+  for split in splits:
+    ds = builder.as_dataset(split=split, shuffle_files=False).batch(4096)
+    parts = list(tfds.as_numpy(ds))
+    inputs = np.concatenate([p[feature] for p in parts]) if parts else np.zeros((0,))
+    labels = np.concatenate([p['label'] for p in parts]) if parts else np.zeros((0,))
+    if inputs.dtype == object:  # text
+      inputs = [bytes(t) for t in inputs]
+    out[split] = Examples(inputs, np.asarray(labels, np.int32))
+  return out
+
+
+def load_digits() -> Dict[str, Examples]:
+  """scikit-learn's 1797 8x8 digits, 20% held out (stratified, fixed): 1437 / 360.
+
+  The 17 intensities 0..16 are rescaled to v * 255 / 16 (float32, exact).
+  """
+  from sklearn import datasets as sk_datasets  # pylint: disable=g-import-not-at-top
+  from sklearn import model_selection  # pylint: disable=g-import-not-at-top
+  digits = sk_datasets.load_digits()
+  images = (digits.images * (255.0 / 16.0)).astype(np.float32)[..., None]
+  labels = digits.target.astype(np.int32)
+  x_train, x_test, y_train, y_test = model_selection.train_test_split(
+      images, labels, test_size=0.2, stratify=labels, random_state=0)
+  return {'train': Examples(x_train, y_train), 'test': Examples(x_test, y_test)}
+
+
+@functools.lru_cache(maxsize=4)
+def _load(source: str, name: str, data_dir: str, holdout: float,
+          tfds_splits: Tuple[str, ...]) -> Dict[str, Examples]:
+  if source == 'arrays':
+    if not data_dir:
+      raise ValueError("config.dataset.source='arrays' needs config.dataset.data_dir: the "
+                       ".npz file (a '{split}' in it names one file per split)")
+    return _carve(_npz_splits(data_dir), holdout, data_dir)
+  if source == 'sklearn':
+    return _carve(load_digits(), holdout, 'the digits')
+  if source == 'tfds':
+    spec = specs.get_spec(name)
+    return _carve(_tfds_splits(name, data_dir, spec.feature, tfds_splits), holdout,
+                  f'TFDS {name!r}')
+  raise ValueError(f'source {source!r} is not read by train.input_pipeline.arrays')
+
+
+def clear_cache() -> None:
+  """Forgets every dataset read so far (the next `load` reads again)."""
+  _load.cache_clear()
+
+
+def load(config) -> Dict[str, Examples]:
+  """{split: Examples} of an in-memory dataset (decoded once per process)."""
+  d = config.dataset
+  src = specs.source(config)
+  wanted = ()
+  if src == 'tfds':  # TFDS reads only the splits the run uses
+    base = ('train',) if d.get('holdout', 0.0) > 0 else ()
+    wanted = tuple(sorted(set(base) | {s for s in (d.train_split, d.eval_split)
+                                       if s != 'validation' or not base}))
+  return _load(src, d.name, d.data_dir, float(d.get('holdout', 0.0)), wanted)
+
+
+def get_split(config, split: str) -> Examples:
+  splits = load(config)
+  if split not in splits:
+    raise ValueError(f'config.dataset split {split!r} is not valid for dataset '
+                     f'{config.dataset.name!r} from {specs.source(config)!r}; valid '
+                     f'choices: {", ".join(sorted(splits))}'
+                     + ('' if 'validation' in splits else
+                        ' (config.dataset.holdout > 0 adds a validation split)'))
+  return splits[split]

@@ -1,0 +1,142 @@
+"""What the input pipeline knows about each dataset, and where it can be read from.
+
+A dataset has an identity (`config.dataset.name`: its kind, classes, stored
+image size, normalisation) and a *source* (`config.dataset.source`: where the
+examples come from). Any source can serve any dataset of a kind it can hold,
+so a model config (e.g. the MNIST ViT) runs on MNIST from TFDS, from an
+`.npz` file or from a folder of PNGs by changing only the source:
+
+  * 'tfds': `tfds.builder(name, data_dir=dataset.data_dir)`;
+  * 'arrays': `.npz` files, `dataset.data_dir` is the file (a '{split}' in the
+    path names one file per split); see `train/input_pipeline/arrays.py` for the keys;
+  * 'folder': `dataset.data_dir/<split>/<label>/<image>` (`tfds.ImageFolder`);
+  * 'sklearn': scikit-learn's bundled 8x8 digits (no download);
+  * 'generated': a task the project generates (Long Range Arena ListOps and
+    Pathfinder), written once to `dataset.data_dir` and read as arrays.
+
+Small datasets are read once, decoded and kept in memory (`memory.py`); large
+ones (ImageNet, image folders) stream through tf.data (`stream.py`).
+"""
+import dataclasses
+from typing import Optional, Tuple
+
+import numpy as np
+
+SOURCES = ('tfds', 'arrays', 'folder', 'sklearn', 'generated')
+AUGMENTATIONS = ('none', 'crop', 'crop_flip', 'inception_crop')
+TEXT_VOCAB_SIZE = 257  # bytes 0..255 as ids 1..256; 0 is padding
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetSpec:
+  """One dataset's identity.
+
+  Attributes:
+    name: `config.dataset.name`.
+    kind: 'image', 'text' (byte tokens) or 'tokens' (a generated token task).
+    num_classes: label count; 0: read it from the data (image folders).
+    mean, std: per-channel normalisation of images scaled to [0, 1]; empty:
+      computed from the training images (or set `dataset.mean` / `dataset.std`).
+    default_source: the source used when `config.dataset.source` is ''.
+    stored_size: the side of the stored images (0: varies), for pixel tokens.
+    small: fits in memory (TFDS datasets read once into memory).
+    feature: the TFDS feature holding the input.
+    manual: TFDS prepares it only from manually downloaded files.
+  """
+  name: str
+  kind: str
+  num_classes: int
+  mean: Tuple[float, ...] = ()
+  std: Tuple[float, ...] = ()
+  default_source: str = 'tfds'
+  stored_size: int = 0
+  small: bool = True
+  feature: str = 'image'
+  manual: bool = False
+
+  def sources(self) -> Tuple[str, ...]:
+    """The sources that can serve this dataset."""
+    if self.default_source in ('sklearn', 'generated'):
+      return (self.default_source, 'arrays')
+    if self.name == 'image_folder':
+      return ('folder', 'arrays')
+    if self.kind == 'image':
+      return ('tfds', 'arrays', 'folder')
+    return ('tfds', 'arrays')
+
+
+DATASETS = {spec.name: spec for spec in (
+    DatasetSpec('digits', 'image', 10, (0.3053,), (0.3760,), 'sklearn', stored_size=8),
+    DatasetSpec('mnist', 'image', 10, (0.1307,), (0.3081,), stored_size=28),
+    DatasetSpec('cifar10', 'image', 10, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616),
+                stored_size=32),
+    DatasetSpec('cifar100', 'image', 100, (0.5071, 0.4865, 0.4409),
+                (0.2673, 0.2564, 0.2762), stored_size=32),
+    DatasetSpec('imagenet2012', 'image', 1000, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225),
+                small=False, manual=True),
+    DatasetSpec('imdb_reviews', 'text', 2, feature='text'),
+    DatasetSpec('image_folder', 'image', 0, default_source='folder', small=False),
+)}
+
+
+def get_spec(name: str) -> DatasetSpec:
+  if name not in DATASETS:
+    raise ValueError(f'config.dataset.name={name!r} is not valid; valid choices: '
+                     f'{", ".join(DATASETS)}')
+  return DATASETS[name]
+
+
+def source(config) -> str:
+  """The source that serves `config.dataset` ('' means the dataset's default)."""
+  d = config.dataset
+  spec = get_spec(d.name)
+  src = d.get('source', '') or spec.default_source
+  if src not in spec.sources():
+    raise ValueError(f'config.dataset.source={src!r} is not valid for dataset {d.name!r}; '
+                     f'valid choices: {", ".join(spec.sources())}')
+  return src
+
+
+def in_memory(config) -> bool:
+  """Whether the dataset is read once into memory (else streamed by tf.data)."""
+  src = source(config)
+  return src in ('arrays', 'sklearn', 'generated') or (
+      src == 'tfds' and get_spec(config.dataset.name).small)
+
+
+def input_kind(config) -> str:
+  """What the pipeline yields: 'image', 'text', 'tokens' or 'pixels' (image tokens)."""
+  kind = get_spec(config.dataset.name).kind
+  return 'pixels' if kind == 'image' and config.dataset.get('pixels_as_tokens') else kind
+
+
+def normalization(config, spec: Optional[DatasetSpec] = None):
+  """(mean, std) float32 arrays `[channels]` from the config, else the spec; None if unknown."""
+  d = config.dataset
+  spec = spec or get_spec(d.name)
+  channels = d.channels
+  values = []
+  for what, preset in (('mean', spec.mean), ('std', spec.std)):
+    value = np.asarray(tuple(d.get(what, ()) or ()) or preset, np.float32)
+    if value.size and value.shape != (channels,) and value.shape != (1,):
+      raise ValueError(f'config.dataset.{what}={tuple(value.tolist())} has {value.size} '
+                       f'values; dataset.channels={channels} needs {channels} (or 1)')
+    if what == 'std' and np.any(value <= 0):
+      raise ValueError(f'config.dataset.std={tuple(value.tolist())} must be > 0')
+    values.append(np.broadcast_to(value, (channels,)).copy() if value.size else None)
+  return None if values[0] is None or values[1] is None else tuple(values)
+
+
+def local_batch_size(global_size: int, process_count: int, field: str) -> int:
+  """The per-process share of a global batch size `config.dataset.<field>`."""
+  if global_size <= 0 or global_size % process_count:
+    raise ValueError(f'config.dataset.{field}={global_size} must be a positive multiple '
+                     f'of the number of processes ({process_count})')
+  return global_size // process_count
+
+
+def pad_rows(x, size: int):
+  """Pads axis 0 of the numpy array `x` with zeros up to `size` rows."""
+  if len(x) == size:
+    return x
+  return np.concatenate([x, np.zeros((size - len(x),) + x.shape[1:], x.dtype)])
