@@ -1,6 +1,0 @@
-"""CIFAR-10 ViT with softmax_chunked attention; see configs/cifar10.py."""
-from configs import cifar10
-
-
-def get_config():
-  return cifar10.get_config('softmax_chunked')

@@ -1,6 +1,0 @@
-"""Reduced ViT-B/16 on ImageNet (paper 004), efficient projection; see configs/imagenet.py."""
-from configs import imagenet
-
-
-def get_config():
-  return imagenet.get_config('efficient')

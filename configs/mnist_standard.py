@@ -1,6 +1,0 @@
-"""MNIST ViT (paper 004) with the standard projection scheme; see configs/mnist.py."""
-from configs import mnist
-
-
-def get_config():
-  return mnist.get_config('standard')

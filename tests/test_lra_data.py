@@ -1,0 +1,333 @@
+"""Offline Long Range Arena data: ListOps generator, Pathfinder generator and reader, AAN reader."""
+import json
+import os
+
+import numpy as np
+import pytest
+from scipy import ndimage
+
+from train.input_pipeline import aan
+from train.input_pipeline import listops
+from train.input_pipeline import pathfinder
+
+# ----------------------------------------------------------------------------- ListOps
+
+
+@pytest.mark.parametrize('expression, value', [
+    ('[MAX 2 9 ]', 9),
+    ('[MIN 4 7 1 ]', 1),
+    ('[MED 1 5 8 9 2 ]', 5),  # odd count: the middle of 1 2 5 8 9
+    ('[MED 1 2 ]', 1),  # even count: (1 + 2) / 2 = 1.5, rounded down
+    ('[MED 3 8 0 9 ]', 5),  # 0 3 8 9: (3 + 8) / 2 = 5.5 -> 5
+    ('[SM 7 8 9 ]', 4),  # 24 mod 10
+    ('[MAX 4 3 [MIN 2 3 ] 1 0 [MED 1 5 8 9 2 ] ]', 5),  # the example of Tay et al. (2021)
+    ('[SM [MAX 9 9 ] [MIN 9 8 ] [MED 7 9 ] 1 ]', 6),  # 9 + 8 + 8 + 1 = 26
+    ('[MIN [SM 5 5 ] [MAX 3 [MED 6 2 4 ] ] ]', 0),  # SM = 0, MED = 4, MAX = 4
+    ('[MED [SM 9 9 ] [MAX 0 1 ] 7 [MIN 6 4 ] ]', 5),  # 8 1 7 4 -> 1 4 7 8 -> 5
+    ('( ( ( [MAX 2 ) 9 ) X )', 9),  # LRA's TSV form: parentheses, and X for ]
+    ('7', 7),
+])
+def test_listops_evaluate_hand_computed(expression, value):
+  assert listops.evaluate(expression) == value
+  ids = listops.encode(expression)
+  assert listops.evaluate(ids) == value
+  assert listops.evaluate(np.pad(ids, (0, 5))) == value  # trailing padding is ignored
+  assert listops.evaluate(listops.decode(ids).split()) == value
+
+
+def test_listops_evaluate_tree_and_median_rule():
+  tree = (listops.MED, [1, (listops.SUM_MOD, [9, 9]), 7, 4])  # 1 8 7 4 -> 1 4 7 8 -> 5
+  assert listops.evaluate(tree) == 5
+  rng = np.random.default_rng(0)
+  for n in range(1, 12):  # LRA's rule is int(np.median(args))
+    args = rng.integers(0, 10, n).tolist()
+    assert listops.apply_operator(listops.MED, args) == int(np.median(args))
+
+
+@pytest.mark.parametrize('bad', ['[MAX 2 9', '] 3', '3 4', '[MAX 2 [MIN 1 ] ] ]', '[FOO 1 ]', ''])
+def test_listops_evaluate_rejects_malformed(bad):
+  with pytest.raises(ValueError):
+    listops.evaluate(bad)
+
+
+@pytest.fixture(scope='module')
+def listops_lra_sample():
+  """400 expressions with LRA's settings (lengths in (500, 2000))."""
+  return listops.generate(400, seed=0)
+
+
+def test_listops_generate_deterministic_and_seeded():
+  a = listops.generate(30, seed=3, min_length=10, max_length=60)
+  b = listops.generate(30, seed=3, min_length=10, max_length=60)
+  c = listops.generate(30, seed=4, min_length=10, max_length=60)
+  for x, y in zip(a, b):
+    np.testing.assert_array_equal(x, y)
+  assert not np.array_equal(a.tokens, c.tokens)
+
+
+def test_listops_lengths_and_labels_lra_like(listops_lra_sample):
+  tokens, labels, lengths = listops_lra_sample
+  assert tokens.dtype == np.int16 and tokens.shape == (400, 2000)
+  assert labels.dtype == np.int64 and lengths.dtype == np.int64
+  # LRA keeps 500 < length < 2000; a restatement of LRA's recursive generator gave a
+  # mean of ~1048 and a median of ~968 tokens on 3,000 draws.
+  assert lengths.min() > 500 and lengths.max() < 2000
+  assert 900 < lengths.mean() < 1200, lengths.mean()
+  np.testing.assert_array_equal((tokens != 0).sum(1), lengths)
+  assert all(not tokens[i, lengths[i]:].any() for i in range(len(tokens)))  # left-aligned
+  for i in range(0, 400, 40):
+    assert listops.evaluate(tokens[i]) == labels[i]
+  # ListOps is imbalanced: MIN and MAX near the root make 0 and 9 about twice as common
+  # (~17% each on 5,000 draws; the others 7.5-9.5%). All classes appear and none exceeds
+  # 2.5x (or falls below 0.4x) the uniform rate.
+  counts = np.bincount(labels, minlength=10)
+  assert counts.min() >= 0.4 * 40 and counts.max() <= 2.5 * 40, counts
+  assert counts[0] > 1.3 * 40 and counts[9] > 1.3 * 40, counts
+
+
+def test_listops_unique_and_exclude():
+  """Tiny expressions (3-5 tokens) collide often: draws stay unique and avoid `exclude`."""
+  a = listops.generate(60, seed=0, min_length=2, max_length=6)
+  keys_a = {listops.fingerprint(row) for row in a.tokens}
+  assert len(keys_a) == 60
+  b = listops.generate(60, seed=1, min_length=2, max_length=6, exclude=keys_a)
+  assert not keys_a & {listops.fingerprint(row) for row in b.tokens}
+
+
+def test_listops_bad_arguments():
+  with pytest.raises(ValueError, match='min_length'):
+    listops.generate(1, seed=0, min_length=100, max_length=101)
+  with pytest.raises(ValueError, match='max_args'):
+    listops.generate(1, seed=0, max_args=1)
+  with pytest.raises(ValueError, match='unreachable'):
+    listops.generate(1, seed=0, max_depth=2, max_args=3, min_length=10, max_length=60)
+  with pytest.raises(ValueError, match='valid'):
+    listops.write_splits('/nonexistent', max_lenght=3)
+
+
+def test_listops_write_splits_round_trip(tmp_path, capsys):
+  sizes = {'train': 12, 'validation': 4, 'test': 4}
+  paths = listops.write_splits(str(tmp_path), seed=0, sizes=sizes, max_length=60, min_length=10)
+  assert paths == [str(tmp_path / f'listops_{s}.npz') for s in sizes]
+  rows = {}
+  for split, path in zip(sizes, paths):
+    with np.load(path) as data:
+      assert set(data.files) == {'tokens', 'y', 'lengths', 'settings_json'}
+      tokens, y, lengths = data['tokens'], data['y'], data['lengths']
+      settings = json.loads(data['settings_json'].tobytes())
+    assert tokens.shape == (sizes[split], 60) and tokens.dtype == np.int16
+    assert y.dtype == np.int64 and ((0 <= y) & (y <= 9)).all()
+    assert ((10 < lengths) & (lengths < 60)).all()
+    assert [listops.evaluate(t) for t in tokens] == y.tolist()
+    assert settings['split'] == split and settings['max_length'] == 60
+    rows[split] = {t.tobytes() for t in tokens}
+  assert not rows['train'] & rows['validation'] and not rows['train'] & rows['test']
+  assert not rows['validation'] & rows['test']
+
+  mtimes = [os.stat(p).st_mtime_ns for p in paths]
+  capsys.readouterr()
+  listops.write_splits(str(tmp_path), seed=0, sizes=sizes, max_length=60, min_length=10)
+  assert [os.stat(p).st_mtime_ns for p in paths] == mtimes  # idempotent: nothing rewritten
+  assert capsys.readouterr().out.count('up to date') == 3
+
+  os.remove(paths[2])  # resumes with the missing split only, identical to before
+  listops.write_splits(str(tmp_path), seed=0, sizes=sizes, max_length=60, min_length=10)
+  assert [os.stat(p).st_mtime_ns for p in paths[:2]] == mtimes[:2]
+  with np.load(paths[2]) as data:
+    assert {t.tobytes() for t in data['tokens']} == rows['test']
+
+  listops.write_splits(str(tmp_path), seed=1, sizes=sizes, max_length=60, min_length=10)
+  with np.load(paths[0]) as data:  # other settings: replaced
+    assert {t.tobytes() for t in data['tokens']} != rows['train']
+
+
+# ----------------------------------------------------------------------------- Pathfinder
+
+
+@pytest.fixture(scope='module')
+def pathfinder_sample():
+  return pathfinder.generate(64, seed=0, contour_length=14, with_discs=True)
+
+
+def test_pathfinder_shapes_balance_and_values(pathfinder_sample):
+  images, labels, discs = pathfinder_sample
+  assert images.shape == (64, 32, 32) and images.dtype == np.uint8
+  assert labels.shape == (64,) and labels.dtype == np.int64
+  assert set(np.unique(images)) == {0, 255}
+  assert labels.sum() == 32 and set(np.unique(labels)) == {0, 1}  # exactly balanced
+  assert discs.shape == (64, 2, 2) and ((1 <= discs) & (discs <= 30)).all()
+  for image, disc in zip(images, discs):
+    for y, x in disc:
+      assert (image[y - 1:y + 2, x - 1:x + 2] == 255).all()  # 3x3 discs
+  # Dashed paths: with 1-pixel gaps every dash is its own 8-connected piece.
+  pieces = [ndimage.label(image > 0, structure=np.ones((3, 3)))[1] for image in images]
+  assert np.mean(pieces) > 20
+
+
+def test_pathfinder_deterministic_and_seeded(pathfinder_sample):
+  images, labels, discs = pathfinder.generate(64, seed=0, contour_length=14, with_discs=True)
+  np.testing.assert_array_equal(images, pathfinder_sample[0])
+  np.testing.assert_array_equal(labels, pathfinder_sample[1])
+  np.testing.assert_array_equal(discs, pathfinder_sample[2])
+  other, _ = pathfinder.generate(64, seed=1, contour_length=14)
+  assert not np.array_equal(other, images)
+
+
+@pytest.mark.parametrize('contour_length, num_distractors', [(6, 0), (14, 0), (9, None)])
+def test_pathfinder_label_is_connectivity(contour_length, num_distractors):
+  """With solid curves (gap=0) the discs share an 8-connected component iff the label is 1.
+
+  Paths keep a one-pixel empty margin from each other, so this holds with distractors too.
+  Random labels would disagree with the flood fill on about half of the images.
+  """
+  images, labels, discs = pathfinder.generate(
+      60, seed=contour_length, contour_length=contour_length, gap=0,
+      num_distractors=num_distractors, with_discs=True)
+  connected = []
+  for image, (a, b) in zip(images, discs):
+    components, _ = ndimage.label(image > 0, structure=np.ones((3, 3)))
+    connected.append(components[tuple(a)] == components[tuple(b)])
+  assert 0 < labels.sum() < len(labels)
+  np.testing.assert_array_equal(np.asarray(connected, np.int64), labels)
+
+
+def test_pathfinder_bad_arguments():
+  with pytest.raises(ValueError, match='contour_length'):
+    pathfinder.generate(2, seed=0, contour_length=1)
+  with pytest.raises(ValueError, match='continuity'):
+    pathfinder.generate(2, seed=0, continuity=0.5)
+  with pytest.raises(ValueError, match='contour_length must be one of'):
+    pathfinder.read_released('/nonexistent', contour_length=7)
+
+
+def test_pathfinder_write_splits_round_trip(tmp_path, capsys):
+  sizes = {'train': 8, 'validation': 4, 'test': 4}
+  paths = pathfinder.write_splits(str(tmp_path), seed=0, sizes=sizes, contour_length=6)
+  assert paths == [str(tmp_path / f'pathfinder6_{s}.npz') for s in sizes]
+  images = {}
+  for split, path in zip(sizes, paths):
+    with np.load(path) as data:
+      assert set(data.files) == {'x', 'y', 'settings_json'}
+      assert data['x'].shape == (sizes[split], 32, 32) and data['x'].dtype == np.uint8
+      assert data['y'].dtype == np.int64 and data['y'].sum() == sizes[split] // 2
+      assert json.loads(data['settings_json'].tobytes())['contour_length'] == 6
+      images[split] = data['x']
+  assert not np.array_equal(images['validation'], images['test'])
+  mtimes = [os.stat(p).st_mtime_ns for p in paths]
+  capsys.readouterr()
+  pathfinder.write_splits(str(tmp_path), seed=0, sizes=sizes, contour_length=6)
+  assert [os.stat(p).st_mtime_ns for p in paths] == mtimes
+  assert capsys.readouterr().out.count('up to date') == 3
+
+
+def _write_released(root, folder, batches):
+  """A tiny copy of the released layout: imgs/<batch>/sample_<i>.png, metadata/<batch>.npy."""
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  base = os.path.join(root, folder)
+  os.makedirs(os.path.join(base, 'metadata'))
+  expected_images, expected_labels = [], []
+  rng = np.random.default_rng(0)
+  for batch, (count, empty) in enumerate(batches):
+    os.makedirs(os.path.join(base, 'imgs', str(batch)))
+    lines = []
+    for i in range(count):
+      label = int(rng.integers(0, 2))
+      path = os.path.join(base, 'imgs', str(batch), f'sample_{i}.png')
+      if i == empty:
+        open(path, 'wb').close()  # LRA drops images whose file is empty
+      else:
+        image = rng.integers(0, 256, (32, 32), dtype=np.uint8)
+        Image.fromarray(image).save(path)
+        expected_images.append(image)
+        expected_labels.append(label)
+      lines.append(f'imgs/{batch} sample_{i}.png {i} {label} 1.0 14 4 2 0.5 1 1')
+    with open(os.path.join(base, 'metadata', f'{batch}.npy'), 'w') as f:
+      f.write('\n'.join(lines) + '\n')
+  return np.stack(expected_images), np.asarray(expected_labels)
+
+
+def test_pathfinder_read_released(tmp_path):
+  # Batches 0, 1 and 10: metadata files must be read in numeric order (10 after 1).
+  expected, labels = _write_released(str(tmp_path), 'curv_contour_length_14',
+                                     [(3, None), (4, 2), (2, None)])
+  os.rename(tmp_path / 'curv_contour_length_14' / 'metadata' / '2.npy',
+            tmp_path / 'curv_contour_length_14' / 'metadata' / '10.npy')
+  images, got = pathfinder.read_released(str(tmp_path), contour_length=14)
+  assert images.dtype == np.uint8 and images.shape == (8, 32, 32)
+  assert got.dtype == np.int64
+  np.testing.assert_array_equal(images, expected)
+  np.testing.assert_array_equal(got, labels)
+
+  expected6, labels6 = _write_released(str(tmp_path), 'curv_baseline', [(2, None)])
+  images6, got6 = pathfinder.read_released(str(tmp_path), contour_length=6)
+  np.testing.assert_array_equal(images6, expected6)
+  np.testing.assert_array_equal(got6, labels6)
+
+
+def test_pathfinder_read_released_binary_metadata(tmp_path):
+  """Also reads metadata saved with np.save (what the Linsley et al. generator calls)."""
+  expected, labels = _write_released(str(tmp_path), 'curv_contour_length_9', [(3, None)])
+  meta = tmp_path / 'curv_contour_length_9' / 'metadata' / '0.npy'
+  rows = [line.split() for line in meta.read_text().splitlines()]
+  with open(meta, 'wb') as f:
+    np.save(f, np.array(rows))
+  images, got = pathfinder.read_released(str(tmp_path), contour_length=9)
+  np.testing.assert_array_equal(images, expected)
+  np.testing.assert_array_equal(got, labels)
+
+
+# ----------------------------------------------------------------------------- AAN
+
+_TSV_ROWS = [
+    (b'1.0', b'P05-1001', b'W04-2401', b"b'Quotes \"stay\", commas too'", b"b'line\\nbreak'"),
+    (b'0', b'D07-1104', b'J93-2004', 'caf\u00e9 \u2013 utf-8'.encode(), b'plain text'),
+    (b'1', b'A00-1001', b'A00-1002', b'x', b''),
+]
+
+
+def _write_tsv(path, rows):
+  with open(path, 'wb') as f:
+    f.write(b''.join(b'\t'.join(row) + b'\n' for row in rows))
+
+
+def test_aan_read_tsv(tmp_path):
+  path = str(tmp_path / 'new_aan_pairs.eval.tsv')
+  _write_tsv(path, _TSV_ROWS)
+  text1, text2, labels = aan.read_tsv(path)
+  assert text1 == [row[3] for row in _TSV_ROWS] and text2 == [row[4] for row in _TSV_ROWS]
+  assert labels.dtype == np.int64 and labels.tolist() == [1, 0, 1]
+
+  _write_tsv(path, _TSV_ROWS[:1])
+  text1, text2, _ = aan.read_tsv(path, unescape=True)
+  assert text1 == [b'Quotes "stay", commas too'] and text2 == [b'line\nbreak']
+  _write_tsv(path, _TSV_ROWS[1:2])
+  with pytest.raises(ValueError, match='bytes literals'):
+    aan.read_tsv(path, unescape=True)
+
+
+@pytest.mark.parametrize('row, match', [
+    ((b'1', b'a', b'b', b'only four'), '5 tab-separated'),
+    ((b'label', b'id1', b'id2', b'text1', b'text2'), 'label must be 0 or 1'),
+    ((b'2', b'a', b'b', b'c', b'd'), 'label must be 0 or 1'),
+])
+def test_aan_read_tsv_rejects_bad_rows(tmp_path, row, match):
+  path = str(tmp_path / 'bad.tsv')
+  _write_tsv(path, [_TSV_ROWS[2], row])
+  with pytest.raises(ValueError, match=match) as error:
+    aan.read_tsv(path)
+  assert 'bad.tsv:2' in str(error.value)
+
+
+def test_aan_tsv_to_npz(tmp_path):
+  path, out = str(tmp_path / 'pairs.tsv'), str(tmp_path / 'pairs.npz')
+  _write_tsv(path, _TSV_ROWS)
+  assert aan.tsv_to_npz(path, out) == out
+  text1, text2, labels = aan.read_tsv(path)
+  with np.load(out) as data:
+    assert set(data.files) == {'text_utf8', 'offsets', 'text2_utf8', 'offsets2', 'y'}
+    assert data['offsets'].dtype == np.int64 and data['offsets'].shape == (4,)
+    for texts, blob, offsets in ((text1, data['text_utf8'], data['offsets']),
+                                 (text2, data['text2_utf8'], data['offsets2'])):
+      assert blob.dtype == np.uint8
+      assert [blob[offsets[i]:offsets[i + 1]].tobytes() for i in range(3)] == texts
+    np.testing.assert_array_equal(data['y'], labels)
