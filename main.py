@@ -16,9 +16,11 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
+from train import checkpoint
 from train import sharding
 from train import trainer
 from train import validate
+from train import workdir
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'Experiment config file, e.g. configs/default.py or configs/mnist.py:super.')
@@ -26,10 +28,15 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for checkpoints, metr
 _MODE = flags.DEFINE_enum('mode', 'train', ['train', 'eval'],
                           'train: train and evaluate (resuming if possible); '
                           'eval: evaluate the newest checkpoint of --workdir.')
+_RESTART = flags.DEFINE_bool(
+    'restart', False, 'Start over in a --workdir that holds a run of another config: the '
+    'old run is moved aside to <workdir>.replaced-<time>, never deleted.')
 _COORDINATOR = flags.DEFINE_string('coordinator_address', '',
                                    'host:port of process 0 for jax.distributed.')
 _NUM_PROCESSES = flags.DEFINE_integer('num_processes', 0, 'Number of processes (multi-host).')
 _PROCESS_ID = flags.DEFINE_integer('process_id', -1, 'Index of this process (multi-host).')
+_TIMEOUT = flags.DEFINE_integer(
+    'distributed_timeout_s', 300, 'Seconds to wait for every process to connect.')
 _DISTRIBUTED = flags.DEFINE_enum(
     'distributed', 'auto', ['auto', 'on', 'off'],
     'auto: jax.distributed.initialize with the flags above, or without arguments '
@@ -37,19 +44,45 @@ _DISTRIBUTED = flags.DEFINE_enum(
 flags.mark_flags_as_required(['config', 'workdir'])
 
 
+def _innermost(error: BaseException) -> str:
+  while error.args and isinstance(error.args[0], BaseException):
+    error = error.args[0]
+  return str(error.args[0]) if error.args else type(error).__name__
+
+
+def parse_flags(argv):
+  """absl's flag parsing, with a bad --config override reported in one line."""
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    sys.exit(f'Error: {e} (--helpfull lists the flags)')
+  except (AttributeError, KeyError, TypeError, ValueError) as e:  # a --config.x override
+    lines = _innermost(e).splitlines()
+    name = lines[0].strip("'\"")
+    hint = ('; ' + lines[1][0].lower() + lines[1][1:]) if len(lines) > 1 else ''
+    flag = next((a.split('=')[0] for a in argv[1:] if a.split('=')[0].endswith(f'.{name}')),
+                '')
+    sys.exit(f'Invalid config override {flag}: no field {name!r}{hint}'.replace(' :', ':'))
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  sharding.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value,
-                                  _PROCESS_ID.value, _DISTRIBUTED.value)
+  try:
+    sharding.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value,
+                                    _PROCESS_ID.value, _DISTRIBUTED.value, _TIMEOUT.value)
+  except (ValueError, ConnectionError) as e:
+    sys.exit(f'Error: {e}')
   try:
     if _MODE.value == 'train':
-      trainer.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+      trainer.train_and_evaluate(_CONFIG.value, _WORKDIR.value, restart=_RESTART.value)
     else:
       trainer.evaluate(_CONFIG.value, _WORKDIR.value)
   except validate.ConfigError as e:
     logging.error('Invalid config: %s', e)
     sys.exit(f'Invalid config: {e}')
+  except (workdir.WorkdirError, checkpoint.CheckpointSaveError) as e:
+    sys.exit(f'Error: {e}')
   except FileNotFoundError as e:  # --mode=eval without a checkpoint
     sys.exit(f'Error: {e}')
   except FloatingPointError as e:  # a non-finite loss: the message names the step
@@ -57,4 +90,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

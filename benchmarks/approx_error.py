@@ -1,12 +1,12 @@
 r"""Approximation error of attention mechanisms against exact softmax attention.
 
 error = ||out - ref||_F / ||ref||_F over the whole `[batch, length, heads, dim]`
-output, where ref is exact softmax attention softmax(q k^T / sqrt(d)) v on the
-same q, k, v, except for RFA, which by construction approximates softmax over
-cosine similarities, softmax(q^ k^^T / sigma^2) v with q^, k^ l2-normalised
-(see `efficient_attn.mechanisms.random_features.rfa_features`), so that is its
-reference. Linear attention (elu+1, relu, identity) is not an estimator of
-softmax; its numbers say how far the kernel is from it.
+output, where ref is the exact attention the mechanism declares it
+approximates (`registry.Mechanism.reference`): softmax(q k^T / sqrt(d)) v on the
+same q, k, v for most; softmax over cosine similarities for RFA (what its
+features estimate); shared-query-key softmax for Reformer. Linear attention
+(elu+1, relu, identity) is not an estimator of softmax; its numbers say how far
+the kernel is from it.
 
 Four sweeps:
   * knob: each mechanism's knob (random features, landmarks, projected length
@@ -31,12 +31,12 @@ are learned, so at init (Xavier-uniform) it is not meant to approximate softmax.
 Writes <out>/<name>.json, .md, <name>_knob.png, <name>_length.png,
 <name>_scale.png and, with sources, <name>_checkpoint.png.
 """
-import argparse
 import functools
 import os
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from absl import flags
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -44,58 +44,38 @@ import numpy as np
 from benchmarks import common
 from benchmarks import output
 from benchmarks import runs
-from efficient_attn.mechanisms.softmax import softmax_attention
+import efficient_attn as ea
 
-# mechanism -> (option, values); 'n' means the sequence length, '2n' twice it.
-DEFAULT_KNOBS = {
-    'softmax_chunked': ('k_chunk', [16, 64, 256]),
-    'linear': ('feature_map', ['elu', 'relu', 'identity']),
-    'rfa': ('num_features', [16, 32, 64, 128, 256, 512, 1024]),
-    'performer': ('num_features', [16, 32, 64, 128, 256, 512, 1024]),
-    'linformer': ('k_proj', [16, 32, 64, 128, 256, 'n']),
-    'nystrom': ('num_landmarks', [8, 16, 32, 64, 128, 256, 'n']),
-    'local': ('window', [16, 32, 64, 128, 256, 512, '2n']),
-}
-# Settings that the identities say are exact: (label, mechanism, options).
-IDENTITIES = (
-    ('chunked softmax (k_chunk=16)', 'softmax_chunked', {'q_chunk': 16, 'k_chunk': 16}),
-    ('nystrom, all tokens landmarks, default pinv_iterations', 'nystrom',
-     {'num_landmarks': 'n'}),
-    ('nystrom, all tokens landmarks, pinv_iterations=30', 'nystrom',
-     {'num_landmarks': 'n', 'pinv_iterations': 30}),
-    ('local, window 2n (covers every key)', 'local', {'window': '2n'}),
-    ('linformer, k = n, E = F = identity', 'linformer', {'k_proj': 'n', '_identity': True}),
-)
-
-
-def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-  p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument('--out', default='benchmark_results/approx_error')
-  p.add_argument('--name', default='approx_error')
-  p.add_argument('--mechanisms', default=None,
-                 help='comma list (default: every registered mechanism except softmax)')
-  p.add_argument('--knob', action='append', default=[],
-                 help="mechanism.option=v1,v2,... replaces that mechanism's sweep "
-                      "('n' = length, '2n' = twice it)")
-  p.add_argument('--knob_length', type=int, default=1024)
-  p.add_argument('--lengths', default='128,256,512,1024,2048,4096')
-  p.add_argument('--batch', type=int, default=1)
-  p.add_argument('--heads', type=int, default=8)
-  p.add_argument('--head_dim', type=int, default=64)
-  p.add_argument('--seeds', type=int, default=3, help='random draws per point')
-  p.add_argument('--qk_scale', type=float, default=1.0,
-                 help='std of the random q, k entries (v is N(0, 1))')
-  p.add_argument('--scales', default='0.25,0.5,1,2',
-                 help='q, k scales of the scale sweep at --knob_length (default options)')
-  p.add_argument('--source', action='append', default=[],
-                 help="workdir or 'random:<mechanism>' whose captured q, k, v to use")
-  p.add_argument('--num_examples', type=int, default=8, help='eval examples per source')
-  p.add_argument('--option', action='append', default=[],
-                 help='mechanism.option=value applied to every point (repeatable)')
-  p.add_argument('--no_identities', action='store_true')
-  p.add_argument('--quiet', action='store_true')
-  return p.parse_args(argv)
+def define_flags(fv: flags.FlagValues) -> None:
+  flags.DEFINE_string('out', 'benchmark_results/approx_error', 'output directory', flag_values=fv)
+  flags.DEFINE_string('name', 'approx_error', 'file name stem of the outputs', flag_values=fv)
+  flags.DEFINE_string('mechanisms', None,
+                      'comma list (default: every registered mechanism except softmax)',
+                      flag_values=fv)
+  flags.DEFINE_multi_string('knob', [],
+                            "mechanism.option=v1,v2,... replaces that mechanism's sweep "
+                            "('n' = length, '2n' = twice it; repeatable)", flag_values=fv)
+  flags.DEFINE_integer('knob_length', 1024, 'sequence length of the knob sweep', flag_values=fv)
+  flags.DEFINE_string('lengths', '128,256,512,1024,2048,4096',
+                      'comma list of lengths of the length sweep', flag_values=fv)
+  flags.DEFINE_integer('batch', 1, 'batch size', flag_values=fv)
+  flags.DEFINE_integer('heads', 8, 'attention heads', flag_values=fv)
+  flags.DEFINE_integer('head_dim', 64, 'dimension per head', flag_values=fv)
+  flags.DEFINE_integer('seeds', 3, 'random draws per point', flag_values=fv)
+  flags.DEFINE_float('qk_scale', 1.0, 'std of the random q, k entries (v is N(0, 1))',
+                     flag_values=fv)
+  flags.DEFINE_string('scales', '0.25,0.5,1,2',
+                      'q, k scales of the scale sweep at --knob_length (default options)',
+                      flag_values=fv)
+  flags.DEFINE_multi_string('source', [],
+                            "workdir or 'random:<mechanism>' whose captured q, k, v to use "
+                            "(repeatable)", flag_values=fv)
+  flags.DEFINE_integer('num_examples', 8, 'eval examples per source', flag_values=fv)
+  flags.DEFINE_multi_string('option', [],
+                            'mechanism.option=value applied to every point (repeatable)',
+                            flag_values=fv)
+  flags.DEFINE_bool('no_identities', False, 'skip the identity checks', flag_values=fv)
+  flags.DEFINE_bool('quiet', False, 'no progress messages', flag_values=fv)
 
 
 # ----------------------------------------------------------------------------
@@ -111,12 +91,9 @@ def relative_error(out, ref) -> float:
 
 
 def reference(mechanism: str, options: Dict[str, Any], q, k, v):
-  """The exact attention `mechanism` approximates (see module docstring)."""
-  if mechanism == 'rfa':
-    sigma = float(options.get('sigma', 1.0))
-    unit = lambda x: x * jax.lax.rsqrt(jnp.sum(x * x, -1, keepdims=True) + 1e-12)
-    return softmax_attention(unit(q), unit(k), v, scale=1.0 / sigma**2)
-  return softmax_attention(q, k, v)
+  """The exact attention `mechanism` approximates (its declaration's `reference`)."""
+  decl = ea.get_mechanism(mechanism)
+  return decl.reference(decl.resolve(options), q, k, v)
 
 
 def resolve(value: Any, length: int) -> Any:
@@ -138,19 +115,13 @@ def _compiled(mechanism: str, options: Tuple[Tuple[str, Any], ...], length: int)
 def mechanism_output(mechanism: str, options: Dict[str, Any], q, k, v, seed: int):
   """Output of the mechanism's Linen module initialised from `seed` (jitted).
 
-  Random-feature mechanisms also draw their features from `seed`. The private
-  option '_identity' sets Linformer's E = F = identity (needs k_proj = length).
+  Random-feature mechanisms also draw their features from `seed`.
   """
   options = dict(options)
-  identity = options.pop('_identity', False)
-  if mechanism in ('rfa', 'performer'):
+  if ea.get_mechanism(mechanism).random_features:
     options.setdefault('seed', seed)
-  init, apply = _compiled(mechanism, tuple(sorted(options.items())), k.shape[1])
-  out, variables = init(jax.random.PRNGKey(seed), q, k, v)
-  if identity:
-    variables = jax.tree.map(lambda p: jnp.eye(p.shape[-2], p.shape[-1], dtype=p.dtype)
-                             if p.ndim >= 2 else p, variables)
-    out = apply(variables, q, k, v)
+  init, _ = _compiled(mechanism, tuple(sorted(options.items())), k.shape[1])
+  out, _ = init(jax.random.PRNGKey(seed), q, k, v)
   return out
 
 
@@ -270,9 +241,11 @@ def identity_checks(args, mechanisms) -> List[Dict[str, Any]]:
   n = min(args.knob_length, 256)
   draws = random_draws(args, n)[:1]
   rows = []
-  for label, m, opts in IDENTITIES:
-    if m not in mechanisms:
+  for m in mechanisms:
+    opts = ea.get_mechanism(m).exact_options(n)
+    if opts is None:
       continue
+    label = f'{m}, ' + ', '.join(f'{k}={v}' for k, v in opts.items())
     err, _ = point_error(m, opts, draws)
     rows.append(dict(check=label, mechanism=m, options=opts, length=n, error=err))
     progress(args, f'[identity] {label:55s} n={n} error {err:.3g}')
@@ -364,13 +337,14 @@ def sweep_plot(path: str, rows, key: str, xlabel: str, title: str) -> Optional[s
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
-  args = parse_args(argv)
+  args = common.parse_flags(define_flags, argv, __doc__)
   info = common.device_info()
   mechanisms = (common.csv_list(args.mechanisms) if args.mechanisms else
                 [m for m in common.available_mechanisms() if m != 'softmax'])
   for m in mechanisms:
     common.parse_target(m)
-  knobs = dict(DEFAULT_KNOBS)
+  knobs = {m: (d.knob[0], list(d.knob[1])) for m, d in
+           ((m, ea.get_mechanism(m)) for m in mechanisms) if d.knob is not None}
   for item in args.knob:
     key, _, values = item.partition('=')
     m, _, option = key.partition('.')

@@ -12,6 +12,7 @@ import os
 import platform
 import resource
 import statistics
+import sys
 import time
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
@@ -22,6 +23,47 @@ import numpy as np
 import efficient_attn as ea
 
 EXACT = 'exact'
+
+
+# ----------------------------------------------------------------------------
+# Command lines.
+# ----------------------------------------------------------------------------
+
+
+def parse_flags(define_flags: Callable[[Any], None], argv: Optional[Sequence[str]] = None,
+                doc: str = '', *, positional: str = ''):
+  """absl flags of one tool, parsed from `argv` into their own FlagValues.
+
+  `argv` holds the arguments without the program name (default sys.argv[1:]).
+  Each tool defines its flags in `define_flags(flag_values)`, so several tools
+  (and the tests) can parse their own command lines in one process. `--help`
+  prints the tool's docstring and flags; a bad flag exits with a one-line
+  'Error: ...'. Returns the FlagValues; non-flag arguments are an error unless
+  `positional` names them (e.g. 'workdirs'): then at least one is required and
+  the result is `(flag_values, [arguments])`.
+  """
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  fv = flags.FlagValues()
+  define_flags(fv)
+  argv = list(sys.argv[1:] if argv is None else argv)
+  if '--help' in argv or '-h' in argv:
+    usage = f'\n\narguments: {positional} (one or more)' if positional else ''
+    try:
+      print(doc.strip() + usage + '\n\nflags:\n' + fv.get_help(), flush=True)
+    except BrokenPipeError:  # e.g. `--help | head`
+      os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    sys.exit(0)
+  try:
+    rest = fv(['tool'] + argv)[1:]
+  except flags.Error as e:
+    sys.exit(f'Error: {e}')
+  if not positional:
+    if rest:
+      sys.exit(f'Error: unexpected arguments {rest}')
+    return fv
+  if not rest:
+    sys.exit(f'Error: missing argument: {positional} (one or more)')
+  return fv, rest
 
 
 # ----------------------------------------------------------------------------
@@ -172,15 +214,8 @@ def csv_list(text: str, cast: Callable[[str], Any] = str) -> list:
 
 
 def available_mechanisms() -> Tuple[str, ...]:
-  """Registered mechanisms whose modules import (others are still being written)."""
-  names = []
-  for name in ea.list_mechanisms():
-    try:
-      ea.get_mechanism(name).module
-    except (ImportError, AttributeError):
-      continue
-    names.append(name)
-  return tuple(names)
+  """Every registered mechanism."""
+  return ea.list_mechanisms()
 
 
 def count_params(tree) -> int:
@@ -324,12 +359,8 @@ def describe_device(info: Mapping[str, Any]) -> str:
 
 def effective_options(mechanism: str, overrides: Optional[Mapping[str, Any]] = None
                       ) -> Dict[str, Any]:
-  """The mechanism module's own options with their values (defaults + overrides)."""
+  """The mechanism's options with their values (declared defaults + overrides)."""
   if mechanism == EXACT:
     return dict(overrides or {})
-  cls = ea.get_mechanism(mechanism).module
-  skip = {'parent', 'name', 'causal', 'max_length', 'dtype', 'param_dtype'}
-  opts = {f.name: f.default for f in dataclasses.fields(cls)
-          if f.name not in skip and f.default is not dataclasses.MISSING}
-  opts.update(overrides or {})
-  return {k: v for k, v in opts.items() if isinstance(v, (int, float, str, bool, type(None)))}
+  return dict(ea.get_mechanism(mechanism).resolve(
+      {k: v for k, v in (overrides or {}).items() if not k.startswith('_')}))

@@ -13,43 +13,32 @@ nothing is allocated) and compiled:
     the compiled HLO's known trip counts (see `xla_stats`);
   * memory: XLA's compiled memory analysis (arguments + outputs + temporaries).
 
-Three tables: the layer table at the given size; the complexity table of seed
-000 with measured FLOP and memory scaling exponents over --lengths; and the
-parameter columns of paper 004's tables, recomputed from initialised layers.
+Three tables: the layer table at the given size; each mechanism's declared
+time and memory order with measured FLOP and memory scaling exponents over
+--lengths; and the parameter columns of the tables of Hosseini & Hosseini
+(2024), recomputed from initialised layers.
 
     python -m benchmarks.cost --out=benchmark_results/cost --d_model=512 --heads=8 --length=1024
 
 Writes <out>/<name>.json, .md, <name>_flops.png (FLOPs vs length) and
 <name>_params.png.
 """
-import argparse
 import os
 import sys
 from typing import Any, Dict, List, Optional, Sequence
 
+from absl import flags
 import jax
 import jax.numpy as jnp
 
 from benchmarks import common
 from benchmarks import output
 from benchmarks import xla_stats
+import efficient_attn as ea
 
-# Seed 000's complexity table (computational, memory), and the library's own
-# statement for mechanisms the seed does not list (n length, d head width, m
-# features / landmarks, k projected length, w window, c chunk).
-COMPLEXITY = {
-    'softmax': ('O(d²n + dn²)', 'O(nd²)', 'seed 000'),
-    'softmax_chunked': ('O(d²n + dn²)', 'O(nd + c²)', 'library'),
-    'linear': ('O(d²n)', 'O(dn + d²)', 'seed 000'),
-    'rfa': ('O(nd)', 'O(4D + 2Dd)', 'seed 000'),
-    'performer': ('O(nmd)', 'O(nm + md)', 'library'),
-    'linformer': ('O(n)', 'O(n)', 'seed 000'),
-    'nystrom': ('O(n)', 'O(n)', 'seed 000'),
-    'local': ('O(nwd)', 'O(nw)', 'library'),
-}
-# Paper 004's per-layer "# Param." columns: (dataset, heads, d_m, context l) ->
+# The per-layer "# Param." columns of Hosseini & Hosseini (2024): (dataset, heads, d_m, context l) ->
 # {projection: count}; ImageNet's are printed rounded to 3 significant digits.
-PAPER_004 = (
+PAPER_PARAMS = (
     ('MNIST (Table 5)', 4, 128, 64,
      dict(standard=66_048, optimised=49_536, efficient=33_024, super=37_184)),
     ('CIFAR100 (Table 6)', 8, 256, 257,
@@ -64,29 +53,27 @@ PAPER_004 = (
 ROUNDED = ('ImageNet (Table 1)',)
 
 
-def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-  p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument('--out', default='benchmark_results/cost')
-  p.add_argument('--name', default='cost')
-  p.add_argument('--mechanisms', default=None, help='comma list (default: all registered)')
-  p.add_argument('--projections', default='standard,optimised,efficient,super')
-  p.add_argument('--d_model', type=int, default=512)
-  p.add_argument('--heads', type=int, default=8)
-  p.add_argument('--length', type=int, default=1024)
-  p.add_argument('--batch', type=int, default=1)
-  p.add_argument('--lengths', default='256,512,1024,2048,4096',
-                 help='lengths of the complexity (scaling) table')
-  p.add_argument('--scaling_projection', default='standard',
-                 help='projection scheme of the layers in the complexity table')
-  p.add_argument('--option', action='append', default=[],
-                 help='mechanism.option=value (repeatable)')
-  p.add_argument('--quiet', action='store_true')
-  return p.parse_args(argv)
+def define_flags(fv: flags.FlagValues) -> None:
+  flags.DEFINE_string('out', 'benchmark_results/cost', 'output directory', flag_values=fv)
+  flags.DEFINE_string('name', 'cost', 'file name stem of the outputs', flag_values=fv)
+  flags.DEFINE_string('mechanisms', None, 'comma list (default: all registered)', flag_values=fv)
+  flags.DEFINE_string('projections', 'standard,optimised,efficient,super',
+                      'comma list of projection schemes', flag_values=fv)
+  flags.DEFINE_integer('d_model', 512, 'layer width', flag_values=fv)
+  flags.DEFINE_integer('heads', 8, 'attention heads', flag_values=fv)
+  flags.DEFINE_integer('length', 1024, 'sequence length of the layer table', flag_values=fv)
+  flags.DEFINE_integer('batch', 1, 'batch size', flag_values=fv)
+  flags.DEFINE_string('lengths', '256,512,1024,2048,4096',
+                      'lengths of the complexity (scaling) table', flag_values=fv)
+  flags.DEFINE_string('scaling_projection', 'standard',
+                      'projection scheme of the layers in the complexity table', flag_values=fv)
+  flags.DEFINE_multi_string('option', [], 'mechanism.option=value (repeatable)', flag_values=fv)
+  flags.DEFINE_bool('quiet', False, 'no progress messages', flag_values=fv)
 
 
 def param_formula(projection: str, d: int, l: int) -> int:
-  """Paper 004: standard 4(d²+d), optimised 3(d²+d), efficient 2(d²+d), super 2(d²+d)+l²+l."""
+  """Hosseini & Hosseini (2024): standard 4(d²+d), optimised 3(d²+d), efficient 2(d²+d),
+  super 2(d²+d)+l²+l."""
   base = {'standard': 4, 'optimised': 3, 'efficient': 2, 'super': 2}[projection] * (d * d + d)
   return base + (l * l + l if projection == 'super' else 0)
 
@@ -129,9 +116,9 @@ def safe_cost(args, mechanism, projection, length, options, modes) -> Dict[str, 
 
 
 def paper_params() -> List[Dict[str, Any]]:
-  """Our initialised layers' parameter counts next to paper 004's columns."""
+  """Our initialised layers' parameter counts next to the paper's columns."""
   rows = []
-  for dataset, heads, d, l, counts in PAPER_004:
+  for dataset, heads, d, l, counts in PAPER_PARAMS:
     for projection, paper in counts.items():
       x = jax.ShapeDtypeStruct((1, l, d), jnp.float32)
       bench = common.layer_bench('softmax', projection, x, num_heads=heads)
@@ -181,10 +168,11 @@ def markdown(meta, layer_rows, scaling_rows, paper_rows) -> str:
                                 and r['length'] == n and r['status'] == 'ok'), None)
   rows = []
   for m, s in meta['scaling'].items():
-    comp, mem, src = COMPLEXITY.get(m, ('?', '?', ''))
+    decl = ea.get_mechanism(m)
+    (comp, mem), src = decl.complexity, decl.citation
     rows.append([m, comp, mem, src] + [output.fmt_count(get(m, n, 'fwd_flops')) for n in ns]
                 + [output.fmt_num(s['flops_exponent'], 3), output.fmt_num(s['memory_exponent'], 3)])
-  parts += [f"## Complexity (seed 000) with measured numbers: {meta['scaling_projection']} "
+  parts += [f"## Complexity with measured numbers: {meta['scaling_projection']} "
             f"projection, d_model={meta['d_model']}, heads={meta['heads']}", '',
             'Forward FLOPs per layer at each length, and fitted exponents p of FLOPs ~ n^p and '
             "XLA memory ~ n^p over those lengths (quadratic terms show as p -> 2 once they "
@@ -192,7 +180,7 @@ def markdown(meta, layer_rows, scaling_rows, paper_rows) -> str:
             output.table(['mechanism', 'compute (theory)', 'memory (theory)', 'source']
                          + [f'FLOPs n={n}' for n in ns] + ['FLOPs exponent', 'memory exponent'],
                          rows, 'llll' + 'r' * (len(ns) + 2)), '']
-  parts += ["## Parameters per layer vs paper 004's tables", '',
+  parts += ['## Parameters per layer vs the tables of Hosseini & Hosseini (2024)', '',
             'Counted from initialised layers (mechanism: softmax); formula: standard 4(d²+d), '
             'optimised 3(d²+d), efficient 2(d²+d), super 2(d²+d)+l²+l. ImageNet counts are '
             'printed rounded in the paper.', '',
@@ -250,7 +238,7 @@ def plots(out, name, meta, layer_rows, scaling_rows) -> List[str]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
-  args = parse_args(argv)
+  args = common.parse_flags(define_flags, argv, __doc__)
   info = common.device_info()
   mechanisms = (common.csv_list(args.mechanisms) if args.mechanisms
                 else list(common.available_mechanisms()))
@@ -280,7 +268,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
               command=' '.join(['python -m benchmarks.cost'] +
                                list(argv if argv is not None else sys.argv[1:])))
   pngs = plots(args.out, args.name, meta, layer_rows, scaling_rows)
-  data = dict(meta=meta, layers=layer_rows, scaling=scaling_rows, paper_004=paper_rows,
+  data = dict(meta=meta, layers=layer_rows, scaling=scaling_rows, paper_params=paper_rows,
               plots=pngs)
   output.finish(args.out, args.name, data, markdown(meta, layer_rows, scaling_rows, paper_rows),
                 quiet=args.quiet)

@@ -7,7 +7,7 @@ layer) against softmax attention (key/value cache; each step attends over the
 cached prefix, so it costs O(position)). Both are measured in one run, with
 the same weights (the two mechanisms have the same parameters), by:
 
-  * wall time: the jit-compiled sampler (`train.generate.sample_fn`) for
+  * wall time: the jit-compiled sampler (`train.sampling.sample_fn`) for
     each batch size, compiled ahead of time (compile time reported
     separately), median of --repeats calls;
   * per-step latency against position: the jit-compiled single step called
@@ -28,11 +28,11 @@ widths, depth; LoRA adapters merged), every mechanism reusing them:
 Writes <out>/<name>.json, <out>/<name>.md, <out>/<name>_latency.png (per-step
 latency against position) and <out>/<name>_wall.png (wall time against images).
 """
-import argparse
 import functools
 import time
 from typing import Any, Dict, Optional, Sequence
 
+from absl import flags
 import flax.serialization
 import jax
 import jax.numpy as jnp
@@ -40,40 +40,42 @@ import numpy as np
 
 from benchmarks import common
 from benchmarks import output
+from efficient_attn import sampling
 from efficient_attn.models import CausalTransformer
-from train import generate
+from efficient_attn.models import TransformerConfig
 
 
-def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-  p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument('--out', default='benchmark_results/generation', help='output directory')
-  p.add_argument('--name', default='generation', help='file name stem of the outputs')
-  p.add_argument('--mechanisms', default='linear,softmax', help='comma list (decodable)')
-  p.add_argument('--num_images', default='100,200,300', help='comma list of batch sizes')
-  p.add_argument('--image_size', type=int, default=28, help='side; length = side^2')
-  p.add_argument('--d_model', type=int, default=64)
-  p.add_argument('--depth', type=int, default=2)
-  p.add_argument('--num_heads', type=int, default=4)
-  p.add_argument('--mlp_dim', type=int, default=128)
-  p.add_argument('--option', action='append', default=[],
-                 help='mechanism option, e.g. linear.feature_map=relu (repeatable)')
-  p.add_argument('--latency_batch', type=int, default=0,
-                 help='batch of the per-step latency run (0: the first --num_images)')
-  p.add_argument('--repeats', type=int, default=1, help='timed sampler calls per point')
-  p.add_argument('--temperature', type=float, default=1.0)
-  p.add_argument('--params', default='', help='flax msgpack file of trained params')
-  p.add_argument('--workdir', default='', help='trainer workdir of a pixel_lm run: weights '
-                 'and architecture from its checkpoint (overrides the architecture flags)')
-  p.add_argument('--seed', type=int, default=0)
-  p.add_argument('--quiet', action='store_true')
-  return p.parse_args(argv)
+def define_flags(fv: flags.FlagValues) -> None:
+  flags.DEFINE_string('out', 'benchmark_results/generation', 'output directory', flag_values=fv)
+  flags.DEFINE_string('name', 'generation', 'file name stem of the outputs', flag_values=fv)
+  flags.DEFINE_string('mechanisms', 'linear,softmax', 'comma list (decodable)', flag_values=fv)
+  flags.DEFINE_string('num_images', '100,200,300', 'comma list of batch sizes', flag_values=fv)
+  flags.DEFINE_integer('image_size', 28, 'side; length = side^2', flag_values=fv)
+  flags.DEFINE_integer('d_model', 64, 'model width', flag_values=fv)
+  flags.DEFINE_integer('depth', 2, 'number of layers', flag_values=fv)
+  flags.DEFINE_integer('num_heads', 4, 'attention heads', flag_values=fv)
+  flags.DEFINE_integer('mlp_dim', 128, 'MLP hidden width', flag_values=fv)
+  flags.DEFINE_multi_string('option', [],
+                            'mechanism option, e.g. linear.feature_map=relu (repeatable)',
+                            flag_values=fv)
+  flags.DEFINE_integer('latency_batch', 0,
+                       'batch of the per-step latency run (0: the first --num_images)',
+                       flag_values=fv)
+  flags.DEFINE_integer('repeats', 1, 'timed sampler calls per point', flag_values=fv)
+  flags.DEFINE_float('temperature', 1.0, 'sampling temperature', flag_values=fv)
+  flags.DEFINE_string('params', '', 'flax msgpack file of trained params', flag_values=fv)
+  flags.DEFINE_string('workdir', '', 'trainer workdir of a pixel_lm run: weights '
+                      'and architecture from its checkpoint (overrides the architecture flags)',
+                      flag_values=fv)
+  flags.DEFINE_integer('seed', 0, 'random seed', flag_values=fv)
+  flags.DEFINE_bool('quiet', False, 'no progress messages', flag_values=fv)
 
 
 def build_model(args, mechanism: str, options: Dict[str, Any]) -> CausalTransformer:
-  return CausalTransformer(max_length=args.image_size**2, d_model=args.d_model,
-                           depth=args.depth, num_heads=args.num_heads, mlp_dim=args.mlp_dim,
-                           mechanism=mechanism, options=options.get(mechanism) or None)
+  return CausalTransformer(TransformerConfig(
+      max_length=args.image_size**2, d_model=args.d_model, depth=args.depth,
+      num_heads=args.num_heads, mlp_dim=args.mlp_dim, mechanism=mechanism,
+      options=options.get(mechanism) or None))
 
 
 def load_params(model: CausalTransformer, path: str, seed: int):
@@ -89,24 +91,24 @@ def load_params(model: CausalTransformer, path: str, seed: int):
 def load_workdir(args):
   """(model, params) of a trained pixel_lm run; sets args' architecture fields from it."""
   from train import adapters  # pylint: disable=g-import-not-at-top
-  from train import trainer  # pylint: disable=g-import-not-at-top
-  config, model, params = trainer.load_model_and_params(args.workdir)
+  from train import inference  # pylint: disable=g-import-not-at-top
+  config, model, params = inference.load(args.workdir)
   model, params = adapters.unwrap(config, model, jax.device_get(params))
   if not isinstance(model, CausalTransformer):
     raise ValueError(f'--workdir={args.workdir!r} holds a {config.model.kind!r} model; '
                      f"generation needs a 'causal' one (task 'pixel_lm')")
   args.image_size = config.dataset.image_size
-  args.d_model, args.depth = model.d_model, model.depth
-  args.num_heads, args.mlp_dim = model.num_heads, model.mlp_dim
+  c = model.config
+  args.d_model, args.depth, args.num_heads, args.mlp_dim = c.d_model, c.depth, c.num_heads, c.mlp_dim
   return model, params
 
 
 def time_sampler(model, params, batch: int, args) -> Dict[str, Any]:
   """AOT-compile, then time generating `batch` images (median of args.repeats)."""
   length = model.max_length
-  run = generate.sample_fn(model, batch, length)
+  run = sampling.sample_fn(model, batch, length)
   rng = jax.random.PRNGKey(args.seed)
-  rest = generate.sampler_args(batch, length, args.temperature)
+  rest = sampling.sampler_args(batch, length, args.temperature)
   start = time.perf_counter()
   compiled = run.lower(params, rng, *rest).compile()
   compile_s = time.perf_counter() - start
@@ -121,15 +123,15 @@ def time_sampler(model, params, batch: int, args) -> Dict[str, Any]:
 def step_latency(model, params, batch: int, args) -> np.ndarray:
   """Seconds of each single-token step at positions 0..length-1 (batch `batch`)."""
   length = model.max_length
-  step = generate.make_step(model)
+  step = sampling.make_step(model)
 
   @functools.partial(jax.jit, donate_argnums=(1,))  # update the cache in place
   def sample_step(params, cache, token, rng):
     logits, cache = step(params, cache, token)
-    return generate.sample_logits(rng, logits, args.temperature), cache
+    return sampling.sample_logits(rng, logits, args.temperature), cache
 
   decoder = model.clone(decode=True)
-  cache = jax.jit(lambda p: generate.init_cache(decoder, p, batch, length))(params)
+  cache = jax.jit(lambda p: sampling.init_cache(decoder, p, batch, length))(params)
   token = jnp.full((batch,), model.start_token, jnp.int32)
   rng = jax.random.PRNGKey(args.seed)
   for _ in range(3):  # compile and warm up on a copy (donated, then discarded)
@@ -188,15 +190,17 @@ def run(args) -> Dict[str, Any]:
   sizes = common.csv_list(args.num_images, int)
   options = common.parse_options(args.option)
   latency_batch = args.latency_batch or sizes[0]
+  trained, params = load_workdir(args) if args.workdir else (None, None)  # sets the sizes
   result: Dict[str, Any] = dict(
-      config=vars(args), device=common.device_info(), mechanisms=mechs, num_images=sizes,
-      length=args.image_size**2, latency_batch=latency_batch, wall={}, latency={})
-  trained, params = load_workdir(args) if args.workdir else (None, None)
-  result['length'] = args.image_size**2
+      config=args.flag_values_dict(), device=common.device_info(), mechanisms=mechs,
+      num_images=sizes, length=args.image_size**2, latency_batch=latency_batch, wall={},
+      latency={})
   for mech in mechs:
     if trained is not None:  # the trained model with this mechanism
-      own = dict(trained.options or {}) if mech == trained.mechanism else {}
-      model = trained.clone(mechanism=mech, options={**own, **options.get(mech, {})} or None)
+      c = trained.config
+      own = dict(c.options or {}) if mech == c.mechanism else {}
+      model = trained.clone(config=c.replace(mechanism=mech,
+                                             options={**own, **options.get(mech, {})} or None))
     else:
       model = build_model(args, mech, options)
     if params is None:  # one set of weights for every mechanism
@@ -231,7 +235,7 @@ def plot(path: str, result: Dict[str, Any]) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
-  args = parse_args(argv)
+  args = common.parse_flags(define_flags, argv, __doc__)
   result = run(args)
   plot(f'{args.out}/{args.name}_latency.png', result)
   output.finish(args.out, args.name, result, markdown(result), quiet=args.quiet)

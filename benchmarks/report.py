@@ -13,10 +13,11 @@ glob over a sweep root works.
 Writes <out>/<name>.json, .md and <name>_curves.png (loss and accuracy against
 step, train solid and eval dashed, one colour per run).
 """
-import argparse
 import os
 import sys
 from typing import Any, Dict, List, Optional, Sequence
+
+from absl import flags
 
 from benchmarks import common
 from benchmarks import output
@@ -43,15 +44,12 @@ COLUMNS = (  # (key, header, formatter)
 )
 
 
-def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-  p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument('workdirs', nargs='+', help='experiment workdirs (globs welcome)')
-  p.add_argument('--out', default='benchmark_results/report')
-  p.add_argument('--name', default='report')
-  p.add_argument('--sort', default='', help='column key to sort by (descending for accuracy)')
-  p.add_argument('--quiet', action='store_true')
-  return p.parse_args(argv)
+def define_flags(fv: flags.FlagValues) -> None:
+  flags.DEFINE_string('out', 'benchmark_results/report', 'output directory', flag_values=fv)
+  flags.DEFINE_string('name', 'report', 'file name stem of the outputs', flag_values=fv)
+  flags.DEFINE_string('sort', '', 'column key to sort by (descending for accuracy)',
+                      flag_values=fv)
+  flags.DEFINE_bool('quiet', False, 'no progress messages', flag_values=fv)
 
 
 def is_workdir(path: str) -> bool:
@@ -159,20 +157,20 @@ def plot(path: str, rows) -> Optional[str]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
-  args = parse_args(argv)
+  args, workdirs = common.parse_flags(define_flags, argv, __doc__, positional='workdirs')
   info = common.device_info()
   rows = []
-  for wd in args.workdirs:
+  for wd in workdirs:
     if not is_workdir(wd):
       if not args.quiet:
         print(f'[report] skipping {wd}: no results.json or metrics.jsonl')
       continue
     rows.append(summarise_run(wd))
   if not rows:
-    raise SystemExit('no experiment workdirs among: ' + ' '.join(args.workdirs))
+    raise SystemExit('no experiment workdirs among: ' + ' '.join(workdirs))
   rows = sort_rows(rows, args.sort)
   meta = dict(device=info, device_line=common.describe_device(info),
-              workdirs=args.workdirs,
+              workdirs=workdirs,
               command=' '.join(['python -m benchmarks.report'] +
                                list(argv if argv is not None else sys.argv[1:])))
   png = plot(os.path.join(args.out, f'{args.name}_curves.png'), rows)

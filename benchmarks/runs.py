@@ -1,7 +1,7 @@
 """Experiment workdirs as analysis inputs: models, parameters, eval inputs, captured q/k/v.
 
 A *source* is what the checkpoint-based tools (approx_error, spectrum) analyse:
-a trained workdir (through the trainer's `load_model_and_params` and the input
+a trained workdir (through `train.inference.load` and the input
 pipeline's `get_eval_batch`), or 'random:<mechanism>' (a freshly initialised
 small ViT on random 8x8 images: an untrained baseline, and what the tests use).
 """
@@ -44,11 +44,11 @@ def load_source(name: str, num_examples: int = 8, seed: int = 0) -> Source:
   if not os.path.isdir(name):
     raise FileNotFoundError(f'no such workdir {name!r} (or use random:<mechanism>)')
   try:
-    from train import trainer  # pylint: disable=g-import-not-at-top
+    from train import inference  # pylint: disable=g-import-not-at-top
     from train import input_pipeline  # pylint: disable=g-import-not-at-top
   except ImportError as e:
-    raise RuntimeError(f'reading a checkpoint needs the trainer (train.trainer): {e}') from e
-  config, model, params = trainer.load_model_and_params(name)
+    raise RuntimeError(f'reading a checkpoint needs the experiment code (train/): {e}') from e
+  config, model, params = inference.load(name)
   batch = input_pipeline.get_eval_batch(config)
   inputs = np.asarray(batch['inputs'])
   if 'mask' in batch:  # drop padding rows of a short last batch
@@ -68,9 +68,10 @@ def random_vit(mechanism: str = 'softmax', num_examples: int = 8, seed: int = 0,
                projection: str = 'standard', image_size: int = 8, d_model: int = 32,
                depth: int = 2, num_heads: int = 4) -> Source:
   """An untrained ViT (patch 2, cls token) on random images `[b, 8, 8, 1]`."""
-  from efficient_attn.models import ViT  # pylint: disable=g-import-not-at-top
-  model = ViT(num_classes=10, patch_size=2, d_model=d_model, depth=depth, num_heads=num_heads,
-              mlp_dim=2 * d_model, mechanism=mechanism, projection=projection)
+  from efficient_attn import models  # pylint: disable=g-import-not-at-top
+  model = models.ViT(models.TransformerConfig(
+      d_model=d_model, depth=depth, num_heads=num_heads, mlp_dim=2 * d_model,
+      mechanism=mechanism, projection=projection), num_classes=10, patch_size=2)
   key_init, key_x = jax.random.split(jax.random.PRNGKey(seed))
   inputs = jax.random.normal(key_x, (num_examples, image_size, image_size, 1))
   params = jax.jit(model.init)(key_init, inputs)['params']

@@ -1,4 +1,4 @@
-r"""Spectrum of the attention matrix, as in the Linformer study (seed 003).
+r"""Spectrum of the attention matrix, as in the Linformer paper (Wang et al. 2020, section 3).
 
 For each source (a trained workdir, or 'random:<mechanism>' for an untrained
 ViT), a batch of its eval inputs is run through the model, the projected q, k
@@ -7,7 +7,7 @@ P = softmax(q k^T / sqrt(d)) `[n, n]` is formed (for token inputs, over the
 real tokens only: id 0 is padding). From P's singular values s_1 >= s_2 >= ...
 the cumulative energy curve is
 
-    E(u) = sum_{i <= u} s_i / sum_i s_i          (seed 003's definition; default)
+    E(u) = sum_{i <= u} s_i / sum_i s_i          (the Linformer paper's definition; default)
     E(u) = sum_{i <= u} s_i^2 / sum_i s_i^2      (--energy=sigma2: Frobenius share)
 
 and the rank needed for --threshold (default 90%) energy is min{u : E(u) >=
@@ -20,11 +20,11 @@ Writes <out>/<name>.json, .md, <name>_energy.png (curves per layer, mean over
 heads and examples, band = range over heads) and <name>_rank.png (rank at the
 threshold, layer x head, a panel per source).
 """
-import argparse
 import os
 import sys
 from typing import Any, Dict, List, Optional, Sequence
 
+from absl import flags
 import jax.numpy as jnp
 import numpy as np
 
@@ -34,20 +34,19 @@ from benchmarks import runs
 from efficient_attn.mechanisms.softmax import softmax_weights
 
 
-def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-  p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument('--out', default='benchmark_results/spectrum')
-  p.add_argument('--name', default='spectrum')
-  p.add_argument('--source', action='append', default=[],
-                 help="workdir or 'random:<mechanism>' (repeatable; default random:softmax)")
-  p.add_argument('--num_examples', type=int, default=8)
-  p.add_argument('--threshold', type=float, default=0.9)
-  p.add_argument('--energy', choices=('sigma', 'sigma2'), default='sigma')
-  p.add_argument('--ks', default='8,16,32,64', help='report the energy captured by top-k')
-  p.add_argument('--seed', type=int, default=0)
-  p.add_argument('--quiet', action='store_true')
-  return p.parse_args(argv)
+def define_flags(fv: flags.FlagValues) -> None:
+  flags.DEFINE_string('out', 'benchmark_results/spectrum', 'output directory', flag_values=fv)
+  flags.DEFINE_string('name', 'spectrum', 'file name stem of the outputs', flag_values=fv)
+  flags.DEFINE_multi_string('source', [],
+                            "workdir or 'random:<mechanism>' (repeatable; default random:softmax)",
+                            flag_values=fv)
+  flags.DEFINE_integer('num_examples', 8, 'eval examples per source', flag_values=fv)
+  flags.DEFINE_float('threshold', 0.9, 'energy fraction of the reported rank', flag_values=fv)
+  flags.DEFINE_enum('energy', 'sigma', ['sigma', 'sigma2'],
+                    'energy of a singular value: sigma or sigma^2', flag_values=fv)
+  flags.DEFINE_string('ks', '8,16,32,64', 'report the energy captured by top-k', flag_values=fv)
+  flags.DEFINE_integer('seed', 0, 'random seed', flag_values=fv)
+  flags.DEFINE_bool('quiet', False, 'no progress messages', flag_values=fv)
 
 
 # ----------------------------------------------------------------------------
@@ -124,7 +123,7 @@ def markdown(meta, results) -> str:
   pct = f"{meta['threshold']:.0%}"
   notes = [
       'P = softmax(q k^T / sqrt(d)) per layer and head from the captured q, k on eval inputs; '
-      'energy E(u) = ' + ('sum of the top-u singular values / sum of all (seed 003)'
+      'energy E(u) = ' + ('sum of the top-u singular values / sum of all (Wang et al. 2020)'
                           if meta['energy'] == 'sigma' else
                           'sum of the top-u squared singular values / sum of all (Frobenius)'),
       f'rank = smallest u with E(u) >= {pct}, averaged over examples; min/max over heads '
@@ -184,7 +183,7 @@ def short_name(source: str) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
-  args = parse_args(argv)
+  args = common.parse_flags(define_flags, argv, __doc__)
   info = common.device_info()
   sources = args.source or ['random:softmax']
   results = []

@@ -25,7 +25,6 @@ skipped with the reason; longer lengths of that target are then skipped too.
 Writes <out>/<name>.json, <out>/<name>.md, <out>/<name>_time.png,
 <out>/<name>_memory.png and <out>/<name>_speedup.png.
 """
-import argparse
 import json
 import os
 import subprocess
@@ -33,6 +32,7 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
+from absl import flags
 import jax
 import jax.numpy as jnp
 
@@ -47,51 +47,58 @@ ACCEL_LENGTHS = tuple(2**i for i in range(8, 18))  # 256 .. 131072
 DEFAULT_LAYERS = ('linear/standard', 'linear/optimised', 'linear/efficient', 'linear/super')
 
 
-def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-  p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument('--out', default='benchmark_results/speed', help='output directory')
-  p.add_argument('--name', default='speed', help='file name stem of the outputs')
-  p.add_argument('--targets', default=None,
-                 help="comma list: 'exact', mechanisms, 'mechanism/projection' layers "
-                      "(default: exact and every registered mechanism)")
-  p.add_argument('--layers', default=','.join(DEFAULT_LAYERS),
-                 help="layers 'mechanism/projection' added to --targets ('' for none)")
-  p.add_argument('--lengths', default=None,
-                 help='comma list (default 256..16384 doubling on CPU, ..131072 on GPU/TPU)')
-  p.add_argument('--extra_lengths', action='append', default=[],
-                 help="target=len[,len]: more lengths for one target, e.g. softmax_chunked=32768")
-  p.add_argument('--modes', default=','.join(MODES), help='fwd, fwd_bwd')
-  p.add_argument('--batch', type=int, default=1)
-  p.add_argument('--heads', type=int, default=8)
-  p.add_argument('--head_dim', type=int, default=64)
-  p.add_argument('--dtype', default='float32')
-  p.add_argument('--causal', action='store_true')
-  p.add_argument('--option', action='append', default=[],
-                 help='mechanism.option=value, e.g. nystrom.num_landmarks=32 (repeatable)')
-  p.add_argument('--repeats', type=int, default=5, help='timed calls per point')
-  p.add_argument('--statistic', choices=('median', 'min'), default='median',
-                 help='which of the timed calls is reported (min resists a busy machine)')
-  p.add_argument('--time_budget_s', type=float, default=30.0,
-                 help='per point: stop repeating once timed calls pass half of it; a warm-up '
-                      'longer than it is itself the (single) measurement')
-  p.add_argument('--max_time_s', type=float, default=120.0,
-                 help='skip a point whose time per call, extrapolated from shorter lengths, '
-                      'exceeds this')
-  p.add_argument('--memory_budget_gb', type=float, default=None,
-                 help="per point, by XLA's memory analysis (default 85%% of RAM/device)")
-  p.add_argument('--isolate', action='store_true',
-                 help='one subprocess per point; records peak RSS / device peak memory')
-  p.add_argument('--point_timeout_s', type=float, default=1800.0)
-  p.add_argument('--fit_range', default='1024,16384',
-                 help='lo,hi lengths for the fitted scaling exponent')
-  p.add_argument('--exact_implementation', default=None,
-                 help="jax.nn.dot_product_attention implementation (default: jax's choice, "
-                      "'xla' on CPU)")
-  p.add_argument('--seed', type=int, default=0)
-  p.add_argument('--quiet', action='store_true')
-  p.add_argument('--_point', default=None, help=argparse.SUPPRESS)
-  return p.parse_args(argv)
+def define_flags(fv: flags.FlagValues) -> None:
+  flags.DEFINE_string('out', 'benchmark_results/speed', 'output directory', flag_values=fv)
+  flags.DEFINE_string('name', 'speed', 'file name stem of the outputs', flag_values=fv)
+  flags.DEFINE_string('targets', None,
+                      "comma list: 'exact', mechanisms, 'mechanism/projection' layers "
+                      "(default: exact and every registered mechanism)", flag_values=fv)
+  flags.DEFINE_string('layers', ','.join(DEFAULT_LAYERS),
+                      "layers 'mechanism/projection' added to --targets ('' for none)",
+                      flag_values=fv)
+  flags.DEFINE_string('lengths', None,
+                      'comma list (default 256..16384 doubling on CPU, ..131072 on GPU/TPU)',
+                      flag_values=fv)
+  flags.DEFINE_multi_string('extra_lengths', [],
+                            'target=len[,len]: more lengths for one target, e.g. '
+                            'softmax_chunked=32768 (repeatable)', flag_values=fv)
+  flags.DEFINE_string('modes', ','.join(MODES), 'fwd, fwd_bwd', flag_values=fv)
+  flags.DEFINE_integer('batch', 1, 'batch size', flag_values=fv)
+  flags.DEFINE_integer('heads', 8, 'attention heads', flag_values=fv)
+  flags.DEFINE_integer('head_dim', 64, 'dimension per head', flag_values=fv)
+  flags.DEFINE_string('dtype', 'float32', 'dtype of q, k, v', flag_values=fv)
+  flags.DEFINE_bool('causal', False, 'causal attention', flag_values=fv)
+  flags.DEFINE_multi_string('option', [],
+                            'mechanism.option=value, e.g. nystrom.num_landmarks=32 (repeatable)',
+                            flag_values=fv)
+  flags.DEFINE_integer('repeats', 5, 'timed calls per point', flag_values=fv)
+  flags.DEFINE_enum('statistic', 'median', ['median', 'min'],
+                    'which of the timed calls is reported (min resists a busy machine)',
+                    flag_values=fv)
+  flags.DEFINE_float('time_budget_s', 30.0,
+                     'per point: stop repeating once timed calls pass half of it; a warm-up '
+                     'longer than it is itself the (single) measurement', flag_values=fv)
+  flags.DEFINE_float('max_time_s', 120.0,
+                     'skip a point whose time per call, extrapolated from shorter lengths, '
+                     'exceeds this', flag_values=fv)
+  flags.DEFINE_float('memory_budget_gb', None,
+                     "per point, by XLA's memory analysis (default 85% of RAM/device)",
+                     flag_values=fv)
+  flags.DEFINE_bool('isolate', False,
+                    'one subprocess per point; records peak RSS / device peak memory',
+                    flag_values=fv)
+  flags.DEFINE_float('point_timeout_s', 1800.0, 'seconds per --isolate subprocess',
+                     flag_values=fv)
+  flags.DEFINE_string('fit_range', '1024,16384',
+                      'lo,hi lengths for the fitted scaling exponent', flag_values=fv)
+  flags.DEFINE_string('exact_implementation', None,
+                      "jax.nn.dot_product_attention implementation (default: jax's choice, "
+                      "'xla' on CPU)", flag_values=fv)
+  flags.DEFINE_integer('seed', 0, 'random seed', flag_values=fv)
+  flags.DEFINE_bool('quiet', False, 'no progress messages', flag_values=fv)
+  flags.DEFINE_string('point_spec', None,
+                      'internal: one point as JSON, measured by an --isolate subprocess',
+                      flag_values=fv)
 
 
 # ----------------------------------------------------------------------------
@@ -142,7 +149,7 @@ def measure_point(spec: Dict[str, Any]) -> Dict[str, Any]:
 
 def run_isolated(spec: Dict[str, Any], timeout_s: float) -> Dict[str, Any]:
   """`measure_point` in a fresh interpreter; a crash (e.g. OOM kill) becomes 'failed'."""
-  cmd = [sys.executable, '-m', 'benchmarks.speed', '--_point', json.dumps(spec)]
+  cmd = [sys.executable, '-m', 'benchmarks.speed', '--point_spec', json.dumps(spec)]
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   env = dict(os.environ, PYTHONPATH=os.pathsep.join(
       [root] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]))
@@ -366,9 +373,9 @@ def plots(out, name, meta, points, summary, targets, modes) -> List[str]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
-  args = parse_args(argv)
-  if args._point is not None:  # pylint: disable=protected-access  (subprocess of --isolate)
-    spec = json.loads(args._point)  # pylint: disable=protected-access
+  args = common.parse_flags(define_flags, argv, __doc__)
+  if args.point_spec is not None:  # a subprocess of --isolate
+    spec = json.loads(args.point_spec)
     print(json.dumps(output.jsonable(safe_measure(spec))))
     return {}
   info = common.device_info()

@@ -1,10 +1,10 @@
-"""CIFAR-100 ViT of "You Need to Pay Better Attention": d_model 256, 8 layers.
+"""CIFAR-100 ViT of Hosseini & Hosseini (2024): d_model 256, 8 layers.
 
 2x2 patches and a cls token: 257 tokens, the context length that reproduces
 the paper's per-layer parameter counts (super: 197,890). 8 heads (the paper's
 best row). The argument picks the projection scheme:
 
-    --config=configs/cifar100.py:super      (or configs/cifar100_super.py)
+    --config=configs/cifar100.py:super
 """
 from configs import common
 

@@ -33,18 +33,20 @@ from typing import Any, Dict, Optional
 
 import ml_collections
 
-MECHANISM_OPTIONS = {
-    # Options each mechanism gets in the experiment configs: the knobs a sweep
-    # varies, present in the config so `--config.attention.options.X=...` works.
-    'softmax': {},
-    'softmax_chunked': {'q_chunk': 64, 'k_chunk': 64},
-    'linear': {'feature_map': 'elu'},
-    'rfa': {'num_features': 64},
-    'performer': {'num_features': 64},
-    'linformer': {'k_proj': 64},
-    'nystrom': {'num_landmarks': 32},
-    'local': {'window': 32},
-}
+from efficient_attn import registry
+
+
+def attention_options() -> ml_collections.ConfigDict:
+  """Every option of every mechanism as a typed field, None = the mechanism's default.
+
+  So `--config.attention.mechanism=nystrom --config.attention.options.num_landmarks=8`
+  works on any config; an option set for a mechanism that does not have it is
+  an error naming the mechanism's options. The defaults themselves live in
+  each mechanism's declaration (`efficient_attn.get_mechanism(name).options`).
+  """
+  return ml_collections.ConfigDict({
+      name: ml_collections.FieldReference(None, field_type=opt.type)
+      for name, opt in sorted(registry.option_table().items())})
 
 
 def base() -> ml_collections.ConfigDict:
@@ -90,11 +92,13 @@ def base() -> ml_collections.ConfigDict:
       dropout_rate=0.0,
       attention_dropout_rate=0.0,
       max_length=0,         # text: context length the model is built for (0: dataset.max_length)
+      reversible=False,     # reversible residual blocks: activation memory flat in depth
   ))
   config.attention = ml_collections.ConfigDict(dict(
       mechanism='softmax',
       projection='standard',
-      options=ml_collections.ConfigDict(),
+      options=attention_options(),
+      rotary=False,         # rotary positions (RoPE) on q, k (kernel mechanisms: RoFormer form)
   ))
   config.optim = ml_collections.ConfigDict(dict(
       name='adamw',         # 'adamw' | 'sgd' (b1 is the momentum)
@@ -102,6 +106,7 @@ def base() -> ml_collections.ConfigDict:
       warmup_steps=100,
       weight_decay=1e-4,    # decoupled, on matrices only (ndim > 1)
       grad_clip=1.0,        # global norm; 0 disables
+      max_warmup_fraction=0.2,  # warmup_steps is capped at this fraction of the run
       b1=0.9,
       b2=0.999,
   ))
@@ -125,11 +130,11 @@ def base() -> ml_collections.ConfigDict:
 
 def set_attention(config, mechanism: str = 'softmax', projection: str = 'standard',
                   **options) -> ml_collections.ConfigDict:
-  """Sets the attention group; options default to MECHANISM_OPTIONS[mechanism]."""
+  """Sets the attention group; options left unset take the mechanism's declared defaults."""
   config.attention.mechanism = mechanism
   config.attention.projection = projection
-  config.attention.options = ml_collections.ConfigDict(
-      {**MECHANISM_OPTIONS.get(mechanism, {}), **options})
+  for name, value in options.items():
+    config.attention.options[name] = value
   return config
 
 

@@ -5,7 +5,7 @@ raster order by a small causal Transformer; at the end `samples.png` and
 `samples_completion.png` land in the workdir. The argument picks the mechanism
 (one with a causal form: linear, softmax, rfa, performer, local, softmax_chunked):
 
-    --config=configs/digits_pixels.py:linear   (or configs/digits_pixels_linear.py)
+    --config=configs/digits_pixels.py:linear
 """
 from configs import common
 

@@ -1,4 +1,4 @@
-"""ImageNet ViT of "You Need to Pay Better Attention": a reduced ViT-B/16.
+"""ImageNet ViT of Hosseini & Hosseini (2024): a reduced ViT-B/16.
 
 8 blocks (not 12), 112x112 images, 8x8 patches (196 tokens + cls), d_model 768,
 12 heads, MLP 3072. TFDS prepares imagenet2012 once from the manually

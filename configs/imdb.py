@@ -4,7 +4,7 @@ Reviews are read as UTF-8 bytes (ids 1..256, 0 = padding), truncated or padded
 to `max_length`; 4 layers, d_model 256, 4 heads, mean pooling. The argument
 picks the mechanism, projection and length:
 
-    --config=configs/imdb.py:linear,max_length=4096    (or configs/imdb_linear.py)
+    --config=configs/imdb.py:linear,max_length=4096
 """
 from configs import common
 

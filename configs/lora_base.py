@@ -3,7 +3,7 @@
 Trained on plain images; `lora_finetune.py` adapts it to a transformed variant
 (rotated, inverted, quantised) and `lora_scratch.py` trains LoRA-only models.
 Arguments (in order, or key=value): dataset ('mnist' | 'digits'), model
-('mlp' | 'vit'), variant (a `train.lora_data` variant the base is trained
+('mlp' | 'vit'), variant (a `train.input_pipeline.transforms` variant the base is trained
 on; '' = plain images).
 
     --config=configs/lora_base.py               MNIST 28x28, MLP 784-64-64-10 (55,050 params)
@@ -13,6 +13,7 @@ on; '' = plain images).
 from configs import common
 
 DATASETS = ('mnist', 'digits')
+VARIANTS = ('quantised', 'rotated', 'inverted')  # the transformed data the base is adapted to
 MODELS = ('mlp', 'vit')
 
 
@@ -48,3 +49,22 @@ def get_config(arg=None):
   config = study(args['dataset'], args['model'])
   config.dataset.transform = args['variant']
   return config
+
+
+RANKS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def study_runs(dataset: str, model: str = 'mlp', ranks=RANKS, variants=VARIANTS):
+  """The sweep runs of the whole study (for `train/sweep.py`), named as
+  `benchmarks/lora_table.py` reads them: base, full_<v>, finetune_<v>_r<r>,
+  scratch_<v>_r<r>; the fine-tuning runs start from '{root}/base'."""
+  tail = f'{dataset},{model}'
+  base = 'base={root}/base'
+  runs = [dict(name='base', config=f'configs/lora_base.py:{tail}')]
+  for v in variants:
+    runs.append(dict(name=f'full_{v}', config=f'configs/lora_finetune.py:{v},0,{tail},{base}'))
+    runs += [dict(name=f'finetune_{v}_r{r}',
+                  config=f'configs/lora_finetune.py:{v},{r},{tail},{base}') for r in ranks]
+    runs += [dict(name=f'scratch_{v}_r{r}', config=f'configs/lora_scratch.py:{v},{r},{tail}')
+             for r in ranks]
+  return runs

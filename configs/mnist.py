@@ -1,10 +1,11 @@
-"""MNIST ViT of "You Need to Pay Better Attention": d_model 128, 2 layers, 4 heads.
+"""MNIST ViT of Hosseini & Hosseini (2024), "You Need to Pay Better Attention": d_model
+128, 2 layers, 4 heads.
 
 Images are resized to 32x32 and cut into 4x4 patches: 64 tokens, mean-pooled,
 so the super projection's W_A is 64 x 64 as in the paper's parameter counts.
 The argument picks the projection scheme:
 
-    --config=configs/mnist.py:super     (or configs/mnist_super.py)
+    --config=configs/mnist.py:super
 """
 from configs import common
 

@@ -4,7 +4,7 @@ Their architecture: 8 layers, 8 heads, d_model 256, feed-forward 1024, pixels
 as 256-way tokens; they train 250 epochs (lr 1e-4). Bits per dim is the
 metric to compare; samples and completions are written at the end.
 
-    --config=configs/mnist_pixels.py:linear   (or configs/mnist_pixels_linear.py)
+    --config=configs/mnist_pixels.py:linear
     --config=configs/mnist_pixels.py:softmax --config.train.num_epochs=10
 """
 from configs import common

@@ -4,8 +4,10 @@
     ea.list_mechanisms()     # ('softmax', 'softmax_chunked', 'linear', ...)
     ea.list_projections()    # ('standard', 'optimised', 'efficient', 'super')
     layer = ea.MultiHeadAttention(num_heads=4, mechanism='linear', projection='efficient')
+    ea.get_mechanism('nystrom').options   # what a mechanism declares about itself
 """
 from efficient_attn import mechanisms
+from efficient_attn.attention import Mechanism
 from efficient_attn.attention import MultiHeadAttention
 from efficient_attn.attention import make_attention_fn
 from efficient_attn.attention import mechanism_module
@@ -14,7 +16,7 @@ from efficient_attn.registry import list_mechanisms
 from efficient_attn.registry import list_projections
 
 __all__ = [
-    'MultiHeadAttention', 'make_attention_fn', 'mechanism_module', 'mechanisms',
+    'Mechanism', 'MultiHeadAttention', 'make_attention_fn', 'mechanism_module', 'mechanisms',
     'get_mechanism', 'list_mechanisms', 'list_projections',
 ]
 __version__ = '0.1.0'

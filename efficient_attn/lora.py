@@ -10,7 +10,7 @@ the attention projections (query/key/value: `[d, (heads, head_dim)]`; out:
     with lora.adapted(cfg):
       params = model.init(rng, x)['params']          # base leaves + 'lora_a' / 'lora_b'
       params = lora.load_base(params, base_params)   # fine-tune a trained model
-      tx = lora.optimizer(optax.adam(1e-3), params)  # base frozen (set_to_zero)
+      tx = lora.optimizer(optax.adam(1e-3))          # base frozen (set_to_zero)
       y = model.apply({'params': params}, x)
     merged = lora.merge(params, scale=cfg.scale)     # plain model, no interceptor
     adapted_model = lora.Adapted(model, cfg)         # the same, as a Linen module
@@ -246,10 +246,14 @@ def trainable_mask(params) -> Dict[str, Any]:
   return jax.tree.map(lambda l: l == 'lora', labels(params))
 
 
-def optimizer(tx: optax.GradientTransformation, params) -> optax.GradientTransformation:
-  """`tx` on the adapters, zero updates (and no optimiser state) for the base."""
+def optimizer(tx: optax.GradientTransformation, params=None) -> optax.GradientTransformation:
+  """`tx` on the adapters, zero updates (and no optimiser state) for the base.
+
+  `params` may be omitted: the adapter leaves are then recognised by name when
+  the optimiser state is created.
+  """
   return optax.multi_transform({'lora': tx, 'frozen': optax.set_to_zero()},
-                               labels(params))
+                               labels if params is None else labels(params))
 
 
 def count_params(params, trainable_only: bool = False) -> int:

@@ -64,6 +64,40 @@ def combine_masks(mask: Optional[jnp.ndarray], causal: bool, q_length: int,
   return out
 
 
+def check_inputs(q, k, v, mask=None, *, name: str = 'attention',
+                 same_length: bool = False) -> None:
+  """Raises one-line ValueErrors for inconsistent attention inputs.
+
+  q `[batch, q_length, heads, head_dim]`, k `[batch, kv_length, heads,
+  head_dim]`, v `[batch, kv_length, heads, v_dim]`; mask None, a key padding
+  mask `[batch|1, kv_length]` or bool broadcastable to `[batch, heads,
+  q_length, kv_length]` (each axis its size or 1). `same_length`: the
+  mechanism needs q_length == kv_length.
+  """
+  shapes = f'q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}'
+  if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+    raise ValueError(f'{name} takes q, k, v of rank 4 [batch, length, heads, head_dim], got '
+                     f'{shapes}')
+  b, lq, h, d = q.shape
+  if k.shape[0] != b or v.shape[0] != b or k.shape[2] != h or v.shape[2] != h:
+    raise ValueError(f'{name}: batch and heads of q, k, v differ: {shapes}')
+  if k.shape[3] != d:
+    raise ValueError(f'{name}: q and k head_dim differ: {shapes}')
+  lk = k.shape[1]
+  if v.shape[1] != lk:
+    raise ValueError(f'{name}: k and v lengths differ ({lk} and {v.shape[1]}): {shapes}')
+  if same_length and lq != lk:
+    raise ValueError(f'{name} needs q_length == kv_length, got {lq} and {lk}')
+  if mask is None:
+    return
+  shape = tuple(mask.shape)
+  want = (b, lk) if len(shape) == 2 else (b, h, lq, lk)
+  if len(shape) not in (2, 4) or any(s not in (1, w) for s, w in zip(shape, want)):
+    raise ValueError(f'{name}: mask of shape {shape} does not fit q_length={lq}, '
+                     f'kv_length={lk}; valid: [batch, kv_length] key padding or '
+                     f'broadcastable to [batch={b}, heads={h}, {lq}, {lk}]')
+
+
 def zero_padded(x: jnp.ndarray, key_padding: Optional[jnp.ndarray]) -> jnp.ndarray:
   """Zero the rows of `x` `[b, l, ...]` at padded positions of `key_padding` `[b, l]`."""
   if key_padding is None:

@@ -1,4 +1,4 @@
-"""Projection schemes of "You Need to Pay Better Attention" (paper 004).
+"""Projection schemes of "You Need to Pay Better Attention" (Hosseini & Hosseini 2024).
 
 A scheme turns the layer inputs into per-head queries, keys and values
 `[batch, length, heads, head_dim]`; the output projection W_O is common to all
@@ -92,7 +92,8 @@ def alignment_kernel(max_length: Optional[int], causal: bool, dtype: Any = None,
 def project_qkv(scheme: str, inputs_q, inputs_k, inputs_v, *, num_heads: int,
                 dense: Callable[[str], nn.Module], causal: bool = False,
                 max_length: Optional[int] = None, dtype: Any = None,
-                param_dtype: Any = jnp.float32, align: bool = True):
+                param_dtype: Any = jnp.float32, align: bool = True,
+                shared_qk: bool = False):
   """Per-head q, k, v for a projection scheme; call inside a compact method.
 
   Args:
@@ -104,12 +105,16 @@ def project_qkv(scheme: str, inputs_q, inputs_k, inputs_v, *, num_heads: int,
     causal, max_length: used by the super scheme's alignment kernel.
     align: apply the super scheme's alignment kernel (False: return the raw
       sliced values; a decoding layer applies `alignment_kernel` to its cache).
+    shared_qk: keys are the queries (Reformer): no key projection or slice.
   Returns:
     q `[b, lq, h, dk]`, k `[b, lk, h, dk]`, v `[b, lk, h, dk]`.
   """
   registry.check_projection(scheme)
   q = dense('query')(inputs_q)
-  k = dense('key')(inputs_k) if scheme in ('standard', 'optimised') else None
+  if shared_qk:
+    k = q
+  else:
+    k = dense('key')(inputs_k) if scheme in ('standard', 'optimised') else None
   v = dense('value')(inputs_v) if scheme == 'standard' else None
   qkv_features = q.shape[-2] * q.shape[-1]
   for name, x in (('inputs_k', inputs_k), ('inputs_v', inputs_v)):

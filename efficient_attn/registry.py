@@ -1,95 +1,391 @@
-"""The one place where mechanism and projection names are defined.
+"""Attention mechanisms declare themselves here, once, each in its own file.
 
-Each entry names the Linen module (imported lazily, so importing the package
-stays cheap) and the pure function behind it, and says what the mechanism can
-do. `get_mechanism('nope')` fails with the list of valid names.
+    from efficient_attn import registry
+
+    @registry.register
+    class Nystrom(registry.Mechanism):
+      name = 'nystrom'
+      description = 'Nystrom landmarks and an iterative pseudo-inverse'
+      citation = 'Xiong et al. 2021'
+      options = (registry.Option('num_landmarks', 32, int, 'landmarks m', minimum=1), ...)
+      complexity = ('O(n m d + m^3)', 'O(n m)')
+      knob = ('num_landmarks', (8, 16, 32, 64, 128, 256, 'n'))
+
+      def attend(self, o, params, q, k, v, *, mask, causal, ctx):
+        return nystrom_attention(q, k, v, o.num_landmarks, mask=mask, ...)
+
+Everything else reads these declarations: the Linen and NNX layers build the
+declared parameters and call `attend`; the config validator and the layers
+check options with the same `Option`s; decoding reads `decode`; the benchmark
+and docs tables read `complexity` and `knob`; the tests loop over the
+registry with each mechanism's `example` options. Adding a mechanism is one
+file in `efficient_attn/mechanisms/` (imported automatically) plus its test.
 """
 import dataclasses
+import functools
 import importlib
-from typing import Any, Callable, Tuple
+import pkgutil
+from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Tuple
+
+PROJECTIONS: Tuple[str, ...] = ('standard', 'optimised', 'efficient', 'super')
+MASKS = ('any', 'key_padding')
+DECODE_FORMS = ('', 'kv_cache', 'recurrent')
+ROTARY_FORMS = ('', 'scores', 'features')
+_TYPE_NAMES = {int: 'an int', float: 'a float', bool: 'a bool', str: 'a string'}
 
 
 @dataclasses.dataclass(frozen=True)
-class MechanismSpec:
-  """What the library knows about one attention mechanism.
+class Option:
+  """One mechanism option: its default (what the library and the configs use),
+  type and allowed values.
 
   Attributes:
-    name: registry name, e.g. 'nystrom'.
-    module_path: 'package.module:ClassName' of the Linen module. The module's
-      `__call__(q, k, v, mask=None, deterministic=True)` maps
-      `[batch, length, heads, head_dim]` arrays to `[batch, q_length, heads, v_dim]`;
-      its dataclass fields include `causal`, `max_length`, `dtype`,
-      `param_dtype` and the mechanism's own options.
-    fn_path: 'package.module:function' of the pure function.
-    supports_causal: whether `causal=True` is allowed.
-    fixed_length: whether the mechanism needs `max_length` (learned length-n maps).
-    parameter_free: whether it is usable as an `attention_fn` of
-      `nn.MultiHeadDotProductAttention` (no parameters, no randomness).
-    description: one line for listings.
+    name: the keyword, e.g. 'num_landmarks'.
+    default: the default value.
+    type: int, float, bool or str (an int is accepted for a float).
+    doc: one line for docs and errors.
+    minimum, maximum: inclusive bounds (numbers).
+    above: exclusive lower bound (numbers), e.g. 0.0 for "> 0".
+    choices: the allowed values (strings).
+    allow_none: None is allowed (it means 'automatic'; the doc says what).
+    configurable: settable from an experiment config (False for array-valued
+      options such as a shared projection, which only Python callers pass).
   """
   name: str
-  module_path: str
-  fn_path: str
-  supports_causal: bool
-  fixed_length: bool
-  parameter_free: bool
-  description: str
+  default: Any
+  type: type
+  doc: str
+  minimum: Optional[float] = None
+  maximum: Optional[float] = None
+  above: Optional[float] = None
+  choices: Tuple[Any, ...] = ()
+  allow_none: bool = False
+  configurable: bool = True
+
+  def describe(self) -> str:
+    """What the option accepts, e.g. "an int >= 1" or "one of 'elu', 'relu'"."""
+    if self.choices:
+      text = 'one of ' + ', '.join(repr(c) for c in self.choices)
+    elif not self.configurable:
+      text = 'an array'
+    else:
+      text = _TYPE_NAMES.get(self.type, self.type.__name__)
+      bounds = []
+      if self.above is not None:
+        bounds.append(f'> {self.above}')
+      if self.minimum is not None:
+        bounds.append(f'>= {self.minimum}')
+      if self.maximum is not None:
+        bounds.append(f'<= {self.maximum}')
+      if bounds:
+        text += ' ' + ' and '.join(bounds)
+    return text + (' or None' if self.allow_none else '')
+
+  def check(self, value: Any, mechanism: str) -> Any:
+    """`value` converted to the option's type, or ValueError naming it and what is allowed."""
+    def bad():
+      return ValueError(f'option {self.name}={value!r} of mechanism {mechanism!r} is not '
+                        f'valid; it must be {self.describe()}')
+    if value is None:
+      if self.allow_none:
+        return None
+      raise bad()
+    if not self.configurable:
+      return value
+    if self.type is float and isinstance(value, int) and not isinstance(value, bool):
+      value = float(value)
+    if not isinstance(value, self.type) or (self.type is not bool and isinstance(value, bool)):
+      raise bad()
+    if self.choices and value not in self.choices:
+      raise bad()
+    if (self.minimum is not None and value < self.minimum) or (
+        self.maximum is not None and value > self.maximum) or (
+            self.above is not None and value <= self.above):
+      raise bad()
+    return value
+
+
+class Options(dict):
+  """Resolved options of one mechanism: a dict with attribute access (`o.num_landmarks`)."""
+
+  def __getattr__(self, name):
+    try:
+      return self[name]
+    except KeyError:
+      raise AttributeError(name) from None
+
+
+class ParamSpec(NamedTuple):
+  """A parameter a mechanism owns: its shape and initialiser `init(key, shape, dtype)`.
+
+  A plain `(shape, init)` tuple works wherever a ParamSpec does.
+  """
+  shape: Tuple[int, ...]
+  init: Callable[..., Any]
+
+
+class Mechanism:
+  """A mechanism's declaration; subclass it in the mechanism's own file and `register` it.
+
+  Class attributes (the facts every other part of the project reads):
+    name: registry name, e.g. 'nystrom'.
+    description: one line for listings.
+    citation: the paper, by authors and year.
+    options: the `Option`s, with the defaults the library and configs use.
+    causal: has a causal form (`causal=True` honoured with no look-ahead).
+    fixed_length: has length-shaped parameters and needs `max_length`.
+    masks: 'any' (any boolean mask) or 'key_padding' (only key padding; the
+      layer refuses other masks rather than silently dropping them).
+    decode: '' (cannot decode), 'kv_cache' (exact attention over a key/value
+      cache) or 'recurrent' (a constant-size state, `init_state` / `step`).
+    rotary: how rotary positions (Su et al. 2021) apply: 'scores' (the layer
+      rotates q and k before `attend`), 'features' (`attend` / `step` rotate the
+      kernel features of the numerator, reading `ctx.positions` / `ctx.position`)
+      or '' (no q . k scores to rotate: the layer refuses rotary=True).
+    forms_weights: forms the attention matrix (attention dropout, sow_weights).
+    random_features: uses a fixed random draw (so it is not parameter-free).
+    shared_qk: keys are the queries (the layer skips the key projection).
+    self_attention_only: needs q_length == kv_length.
+    complexity: (time, memory) per head, e.g. ('O(n^2 d)', 'O(n^2)').
+    knob: the approximation knob (option, values) the error benchmark sweeps;
+      'n' stands for the sequence length and '2n' for twice it.
+    example: small options for smoke runs at length 16 (tests, quick benchmarks).
+
+  Methods take the resolved `Options` o; `attend` is the mechanism itself.
+  """
+  name: str = ''
+  description: str = ''
+  citation: str = ''
+  options: Tuple[Option, ...] = ()
+  causal: bool = False
+  fixed_length: bool = False
+  masks: str = 'key_padding'
+  decode: str = ''
+  rotary: str = ''
+  forms_weights: bool = False
+  random_features: bool = False
+  shared_qk: bool = False
+  self_attention_only: bool = False
+  complexity: Tuple[str, str] = ('', '')
+  knob: Optional[Tuple[str, Tuple[Any, ...]]] = None
+  example: Mapping[str, Any] = {}
 
   @property
-  def module(self) -> Any:
-    return _load(self.module_path)
+  def parameter_free(self) -> bool:
+    """No parameters and no random draw with the default options: usable as an attention_fn."""
+    if self.fixed_length or self.random_features:
+      return False
+    return not self.params(self.resolve(), heads=1, head_dim=1, max_length=None, causal=False)
 
-  @property
-  def fn(self) -> Callable[..., Any]:
-    return _load(self.fn_path)
+  def describe(self) -> str:
+    """A few lines for a person: what it is, its forms and its options with their defaults."""
+    forms = [f'causal form: {"yes" if self.causal else "no"}',
+             f'masks: {"any" if self.masks == "any" else "key padding only"}',
+             f'decoding: {self.decode or "none"}',
+             f'rotary: {self.rotary or "no"}',
+             f'fixed length: {"yes" if self.fixed_length else "no"}']
+    lines = [f'{self.name}: {self.description} ({self.citation})',
+             f'  time {self.complexity[0]}, memory {self.complexity[1]} per head; '
+             + ', '.join(forms)]
+    lines += [f'  {o.name}={o.default!r}: {o.doc} ({o.describe()})' for o in self.options]
+    return '\n'.join(lines)
+
+  def resolve(self, options: Optional[Mapping[str, Any]] = None) -> Options:
+    """The options with defaults filled in and every value checked."""
+    options = dict(options or {})
+    known = {opt.name: opt for opt in self.options}
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+      raise ValueError(f'unknown option(s) {unknown} for mechanism {self.name!r}; valid '
+                       f'options: {", ".join(known) or "(none)"}')
+    return Options({name: opt.check(options.get(name, opt.default), self.name)
+                    for name, opt in known.items()})
+
+  def check(self, o: Options, *, length: int, max_length: Optional[int], causal: bool) -> None:
+    """Raises ValueError when the options cannot serve this length (default: nothing to check)."""
+    del o, length, max_length, causal
+
+  def params(self, o: Options, *, heads: int, head_dim: int, max_length: Optional[int],
+             causal: bool) -> Dict[str, ParamSpec]:
+    """The parameters of one layer, by name (default: none)."""
+    del o, heads, head_dim, max_length, causal
+    return {}
+
+  def shared_params(self, o: Options, *, heads: int, head_dim: int,
+                    max_length: Optional[int]) -> Dict[str, ParamSpec]:
+    """Parameters one model shares across all its layers (default: none)."""
+    del o, heads, head_dim, max_length
+    return {}
+
+  def attend(self, o: Options, params: Mapping[str, Any], q, k, v, *, mask, causal: bool,
+             ctx: 'Context'):
+    """q `[b, lq, h, d]`, k `[b, lk, h, d]`, v `[b, lk, h, dv]` -> `[b, lq, h, dv]`."""
+    raise NotImplementedError
+
+  # What it approximates (the approximation-error benchmark and identity tests).
+  def reference(self, o: Options, q, k, v):
+    """The exact attention this mechanism approximates (default: softmax attention)."""
+    del o
+    from efficient_attn.mechanisms.softmax import softmax_attention  # pylint: disable=g-import-not-at-top
+    return softmax_attention(q, k, v)
+
+  def exact_options(self, length: int) -> Optional[Dict[str, Any]]:
+    """Options under which `attend` equals `reference` at this length, or None."""
+    del length
+    return None
+
+  # Recurrent decoding (decode == 'recurrent').
+  def init_state(self, o: Options, *, batch: int, heads: int, head_dim: int, v_dim: int):
+    """The empty decoding state (a pytree of constant size, float32)."""
+    raise NotImplementedError
+
+  def step(self, o: Options, params, state, q_t, k_t, v_t, *, ctx: 'Context'):
+    """One token `[batch, 1, heads, dim]`: (new state, out_t `[batch, 1, heads, dv]`).
+
+    Feeding tokens 0..n-1 reproduces the causal `attend`.
+    """
+    raise NotImplementedError
+
+  # KV-cache decoding (decode == 'kv_cache').
+  def kv_window(self, o: Options) -> Optional[int]:
+    """Causal window of the key/value cache (None: every earlier key)."""
+    del o
+    return None
 
 
-def _load(path: str) -> Any:
-  module_name, attr = path.split(':')
-  return getattr(importlib.import_module(module_name), attr)
+class Context:
+  """What a mechanism may ask of the layer that runs it (Linen or NNX, or a bare call).
+
+  Attributes:
+    deterministic: evaluation: no dropout and no training-only noise.
+    tag: names this layer (a module path): fixed random draws are keyed by it,
+      so each layer has its own draw, the same in every call and process.
+    dropout_rate, broadcast_dropout: attention-weight dropout (mechanisms that
+      form the weights apply it when not deterministic).
+    max_length: the layer's context length (None if it has none).
+    positions: rotary (query positions, key positions) for a 'features'
+      mechanism's `attend`, or None (no rotary positions).
+    position: a decoding step's rotary position (scalar), or None.
+  """
+
+  def __init__(self, deterministic: bool = True, tag: Tuple[str, ...] = (),
+               rngs: Optional[Mapping[str, Any]] = None, dropout_rate: float = 0.0,
+               broadcast_dropout: bool = True, max_length: Optional[int] = None):
+    self.deterministic = deterministic
+    self.tag = tuple(tag)
+    self.max_length = max_length
+    self.dropout_rate = dropout_rate
+    self.broadcast_dropout = broadcast_dropout
+    self._rngs = dict(rngs or {})
+    self.positions = None
+    self.position = None
+
+  def rng(self, name: str):
+    """A PRNG key from the stream `name` ('dropout', 'features', ...), or None if absent."""
+    return self._rngs.get(name)
 
 
-_M = 'efficient_attn.mechanisms.'
-MECHANISMS = {
-    spec.name: spec for spec in (
-        MechanismSpec('softmax', _M + 'softmax:SoftmaxAttention', _M + 'softmax:softmax_attention',
-                      True, False, True, 'exact scaled dot-product attention, O(n^2)'),
-        MechanismSpec('softmax_chunked', _M + 'softmax:ChunkedSoftmaxAttention',
-                      _M + 'softmax:chunked_softmax_attention', True, False, True,
-                      'exact attention by online softmax over key chunks, O(n) memory'),
-        MechanismSpec('linear', _M + 'linear:LinearAttention', _M + 'linear:linear_attention',
-                      True, False, True, 'kernelised linear attention (elu+1 / relu / identity)'),
-        MechanismSpec('rfa', _M + 'random_features:RFAAttention', _M + 'random_features:rfa_attention',
-                      True, False, False, 'random feature attention, trigonometric features'),
-        MechanismSpec('performer', _M + 'random_features:PerformerAttention',
-                      _M + 'random_features:performer_attention', True, False, False,
-                      'FAVOR+ with positive orthogonal random features'),
-        MechanismSpec('linformer', _M + 'linformer:LinformerAttention',
-                      _M + 'linformer:linformer_attention', False, True, False,
-                      'learned length projections E, F (n -> k)'),
-        MechanismSpec('nystrom', _M + 'nystrom:NystromAttention', _M + 'nystrom:nystrom_attention',
-                      False, False, False, 'Nystrom landmarks and iterative pseudo-inverse'),
-        MechanismSpec('local', _M + 'local:LocalAttention', _M + 'local:local_attention',
-                      True, False, True, 'sliding-window attention in blocks, O(n w)'),
-    )
-}
+_MECHANISMS: Dict[str, Mechanism] = {}
 
-PROJECTIONS: Tuple[str, ...] = ('standard', 'optimised', 'efficient', 'super')
+
+def register(cls):
+  """Class decorator: registers one instance of a `Mechanism` subclass under `cls.name`."""
+  decl = cls()
+  if not decl.name or decl.name in _MECHANISMS:
+    raise ValueError(f'mechanism name {decl.name!r} is empty or registered twice')
+  if (decl.masks not in MASKS or decl.decode not in DECODE_FORMS or
+      decl.rotary not in ROTARY_FORMS):
+    raise ValueError(f'mechanism {decl.name!r}: masks must be one of {MASKS}, decode one of '
+                     f'{DECODE_FORMS}, rotary one of {ROTARY_FORMS}')
+  decl.resolve()  # the defaults themselves must be valid
+  _MECHANISMS[decl.name] = decl
+  return cls
+
+
+@functools.lru_cache(maxsize=None)
+def _load_all() -> None:
+  """Imports every module of `efficient_attn.mechanisms` (they register themselves).
+
+  Runs once per process, whatever was imported before: a caller that imported
+  one mechanism module directly still sees every mechanism afterwards.
+  """
+  import efficient_attn.mechanisms as package  # pylint: disable=g-import-not-at-top
+  names = sorted(m.name for m in pkgutil.iter_modules(package.__path__))
+  modules = [f'{package.__name__}.{n}' for n in ['softmax'] + [n for n in names
+                                                             if n != 'softmax']]
+  for module in modules:
+    importlib.import_module(module)
+  # The same order whatever was imported first: by module, then as registered.
+  rank = {module: i for i, module in enumerate(modules)}
+  ordered = sorted(_MECHANISMS.items(), key=lambda kv: rank.get(type(kv[1]).__module__,
+                                                                len(rank)))
+  _MECHANISMS.clear()
+  _MECHANISMS.update(ordered)
 
 
 def list_mechanisms() -> Tuple[str, ...]:
-  return tuple(MECHANISMS)
+  """Every registered mechanism name ('softmax' first, then by module)."""
+  _load_all()
+  return tuple(_MECHANISMS)
+
+
+def mechanisms() -> Tuple[Mechanism, ...]:
+  """Every registered declaration, in `list_mechanisms` order."""
+  _load_all()
+  return tuple(_MECHANISMS.values())
+
+
+def get_mechanism(name: str) -> Mechanism:
+  """The declaration registered as `name`; ValueError lists the valid names."""
+  _load_all()
+  if name not in _MECHANISMS:
+    raise ValueError(f'Unknown attention mechanism {name!r}; valid mechanisms: '
+                     f'{", ".join(_MECHANISMS)}')
+  return _MECHANISMS[name]
+
+
+def names_where(predicate: Callable[[Mechanism], bool]) -> Tuple[str, ...]:
+  """The names of the mechanisms whose declaration satisfies `predicate`."""
+  return tuple(m.name for m in mechanisms() if predicate(m))
+
+
+def configure(mechanism: str, options: Optional[Mapping[str, Any]] = None, *,
+              causal: bool = False, max_length: Optional[int] = None,
+              length: Optional[int] = None, rotary: bool = False) -> Tuple[Mechanism, Options]:
+  """(declaration, resolved options) after every check that needs no data.
+
+  Raises ValueError, naming the value and what is valid, for an unknown
+  mechanism or option, an option value out of range, `causal` for a
+  mechanism without a causal form, a fixed-length mechanism without
+  `max_length`, a `length` over `max_length`, `rotary` for a mechanism without
+  q . k scores, and the mechanism's own checks.
+  """
+  decl = get_mechanism(mechanism)
+  o = decl.resolve(options)
+  if causal and not decl.causal:
+    raise ValueError(
+        f'mechanism {mechanism!r} has no causal form (it mixes information along the '
+        f'sequence before scoring, which would let a token see the future); mechanisms '
+        f'with a causal form: {", ".join(names_where(lambda m: m.causal))}')
+  if rotary and not decl.rotary:
+    raise ValueError(
+        f'mechanism {mechanism!r} cannot take rotary positions (rotary=True): it has no '
+        f'query-key scores to rotate; mechanisms that can: '
+        f'{", ".join(names_where(lambda m: bool(m.rotary)))}')
+  if decl.fixed_length and max_length is None:
+    raise ValueError(f'mechanism {mechanism!r} has length-shaped parameters and needs '
+                     f'max_length (the longest sequence it will see)')
+  if length is not None and max_length is not None and decl.fixed_length and (
+      length > max_length):
+    raise ValueError(f'sequence length {length} exceeds max_length={max_length} that '
+                     f'mechanism {mechanism!r} is built for')
+  if length is not None:
+    decl.check(o, length=length, max_length=max_length, causal=causal)
+  return decl, o
 
 
 def list_projections() -> Tuple[str, ...]:
   return PROJECTIONS
-
-
-def get_mechanism(name: str) -> MechanismSpec:
-  if name not in MECHANISMS:
-    raise ValueError(f'Unknown attention mechanism {name!r}; valid mechanisms: '
-                     f'{", ".join(MECHANISMS)}')
-  return MECHANISMS[name]
 
 
 def check_projection(name: str) -> str:
@@ -97,3 +393,21 @@ def check_projection(name: str) -> str:
     raise ValueError(f'Unknown projection scheme {name!r}; valid projections: '
                      f'{", ".join(PROJECTIONS)}')
   return name
+
+
+def option_table() -> Dict[str, Option]:
+  """Every option name of every mechanism -> one `Option` of that name (for configs).
+
+  Options of the same name must have the same type across mechanisms (a
+  config field has one type); ValueError names any that do not.
+  """
+  table: Dict[str, Option] = {}
+  for decl in mechanisms():
+    for opt in decl.options:
+      if not opt.configurable:
+        continue
+      other = table.setdefault(opt.name, opt)
+      if other.type is not opt.type:
+        raise ValueError(f'option {opt.name!r} is {other.type.__name__} in one mechanism and '
+                         f'{opt.type.__name__} in {decl.name!r}; one name, one type')
+  return table

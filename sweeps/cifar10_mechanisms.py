@@ -1,9 +1,10 @@
-"""Every mechanism on CIFAR-10 with the same ViT (seed 000's comparison)."""
+"""Every registered mechanism on CIFAR-10 with the same ViT.
+
+Each run is exactly what `--config=configs/cifar10.py:<mechanism>` runs, the
+mechanism's declared options included (`tests/test_sweep.py` checks it).
+"""
+from efficient_attn import registry
 
 
 def get_sweep():
-  return dict(
-      config='configs/cifar10_softmax.py',
-      grid={'attention.mechanism': ['softmax', 'linear', 'rfa', 'performer', 'linformer',
-                                    'nystrom', 'local']},
-  )
+  return dict(grid={'config': [f'configs/cifar10.py:{m}' for m in registry.list_mechanisms()]})

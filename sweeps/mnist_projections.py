@@ -1,9 +1,9 @@
-"""The paper-004 MNIST study: 4 projection schemes x {1, 2, 4} heads (12 runs)."""
+"""The four projection schemes of Hosseini & Hosseini (2024) x {1, 2, 4} heads on MNIST (12 runs)."""
+from efficient_attn import registry
 
 
 def get_sweep():
   return dict(
-      config='configs/mnist_standard.py',
-      grid={'attention.projection': ['standard', 'optimised', 'efficient', 'super'],
+      grid={'config': [f'configs/mnist.py:{p}' for p in registry.list_projections()],
             'model.num_heads': [1, 2, 4]},
   )

@@ -42,7 +42,7 @@ def with_overrides(config, overrides):
 
 NAME_ERRORS = [  # (overrides of the default config, fragments of the message)
     ({'attention.mechanism': 'flash'}, ["config.attention.mechanism='flash'",
-                                        'softmax, softmax_chunked, linear', 'local']),
+                                        'softmax, softmax_chunked', 'linear', 'local']),
     ({'attention.projection': 'shared'}, ["config.attention.projection='shared'",
                                           'standard, optimised, efficient, super']),
     ({'dataset.name': 'svhn'}, ["config.dataset.name='svhn'", 'digits, mnist, cifar10',
@@ -90,9 +90,10 @@ def test_config_sequence_longer_than_fixed_length(mechanism, projection, what, n
 def test_model_sequence_longer_than_fixed_length(mechanism, projection):
   """The library refuses too (a model built for 16 tokens fed 24)."""
   model = ea_models.TextClassifier(
-      vocab_size=257, max_length=16, num_classes=2, d_model=16, depth=1, num_heads=2,
-      mlp_dim=32, pool='mean', mechanism=mechanism, projection=projection,
-      options={'k_proj': 4} if mechanism == 'linformer' else {})
+      ea_models.TransformerConfig(
+          max_length=16, d_model=16, depth=1, num_heads=2, mlp_dim=32, mechanism=mechanism,
+          projection=projection, options={'k_proj': 4} if mechanism == 'linformer' else {}),
+      vocab_size=257, num_classes=2, pool='mean')
   params = model.init(jax.random.key(0), jnp.ones((1, 16), jnp.int32))
   model.apply(params, jnp.ones((1, 16), jnp.int32))
   with pytest.raises(ValueError, match='input length 24 exceeds max_length=16'):

@@ -6,14 +6,12 @@ import pytest
 
 import efficient_attn as ea
 from efficient_attn import decoding
-from efficient_attn.models import CausalTransformer
+from efficient_attn.models import CausalTransformer, TransformerConfig
 from efficient_attn.models.causal import shift_right
-from train import generate
+from efficient_attn import sampling
 
 B, L, D, H = 2, 70, 16, 2  # L > decoding.KV_BLOCK: the cache spans several blocks
-OPTIONS = {'softmax': {}, 'softmax_chunked': {'q_chunk': 16, 'k_chunk': 16},
-           'linear': {}, 'rfa': {'num_features': 8}, 'performer': {'num_features': 8},
-           'local': {'window': 5}}
+DECODABLE = decoding.decodable_mechanisms()
 
 
 def _decode_layer(layer, variables, x):
@@ -28,11 +26,11 @@ def _decode_layer(layer, variables, x):
   return jnp.concatenate(outs, axis=1)
 
 
-@pytest.mark.parametrize('mechanism', list(OPTIONS))
+@pytest.mark.parametrize('mechanism', DECODABLE)
 def test_layer_decode_matches_parallel(mechanism):
   x = jax.random.normal(jax.random.PRNGKey(0), (B, L, D))
   layer = ea.MultiHeadAttention(num_heads=H, mechanism=mechanism, causal=True,
-                                options=OPTIONS[mechanism])
+                                options=ea.get_mechanism(mechanism).example)
   variables = layer.init(jax.random.PRNGKey(1), x)
   np.testing.assert_allclose(_decode_layer(layer, variables, x), layer.apply(variables, x),
                              atol=2e-5, rtol=2e-5)
@@ -60,8 +58,8 @@ def assert_decode_matches_parallel(model, params, inputs, atol=1e-3):
   """
   b, n = inputs.shape
   parallel = jax.jit(model.apply)({'params': params}, inputs)
-  step = jax.jit(generate.make_step(model))
-  cache = jax.jit(lambda p: generate.init_cache(model.clone(decode=True), p, b, n))(params)
+  step = jax.jit(sampling.make_step(model))
+  cache = jax.jit(lambda p: sampling.init_cache(model.clone(decode=True), p, b, n))(params)
   for t in range(n):
     logits, cache = step(params, cache, inputs[:, t])
     np.testing.assert_allclose(logits, parallel[:, t], atol=atol, rtol=atol,
@@ -71,8 +69,9 @@ def assert_decode_matches_parallel(model, params, inputs, atol=1e-3):
 @pytest.mark.parametrize('mechanism', ['linear', 'softmax'])
 def test_model_decode_matches_parallel_at_every_position(mechanism):
   n = 40
-  model = CausalTransformer(max_length=n, d_model=16, depth=2, num_heads=2, mlp_dim=32,
-                            mechanism=mechanism)
+  model = CausalTransformer(TransformerConfig(
+      max_length=n, d_model=16, depth=2, num_heads=2, mlp_dim=32,
+                            mechanism=mechanism))
   pixels = jax.random.randint(jax.random.PRNGKey(0), (B, n), 0, 256)
   inputs = shift_right(pixels, model.start_token)
   params = jax.jit(model.init)(jax.random.PRNGKey(1), inputs)['params']
@@ -83,12 +82,13 @@ def test_model_decode_matches_parallel_at_every_position(mechanism):
 
 
 def test_linear_decode_state_is_constant_size():
-  model = CausalTransformer(max_length=L, d_model=16, depth=1, num_heads=2, mlp_dim=32,
-                            mechanism='linear')
+  model = CausalTransformer(TransformerConfig(
+      max_length=L, d_model=16, depth=1, num_heads=2, mlp_dim=32,
+                            mechanism='linear'))
   decoder = model.clone(decode=True)
   params = jax.eval_shape(model.init, jax.random.PRNGKey(0), jnp.zeros((1, L), jnp.int32))
-  short = jax.eval_shape(lambda p: generate.init_cache(decoder, p, 1, 8), params['params'])
-  long = jax.eval_shape(lambda p: generate.init_cache(decoder, p, 1, L), params['params'])
+  short = jax.eval_shape(lambda p: sampling.init_cache(decoder, p, 1, 8), params['params'])
+  long = jax.eval_shape(lambda p: sampling.init_cache(decoder, p, 1, L), params['params'])
   assert jax.tree.map(jnp.shape, short) == jax.tree.map(jnp.shape, long)
 
 
@@ -104,9 +104,26 @@ def test_decode_errors_name_valid_choices():
                           decode=True).init(jax.random.PRNGKey(0), x)
   assert {'softmax', 'linear', 'rfa', 'performer', 'local'} <= set(
       decoding.decodable_mechanisms())
-  with pytest.raises(ValueError, match=r"'nope' has no decoding form.*softmax.*linear"):
-    decoding.decode_form('nope', object())
+  with pytest.raises(ValueError, match=r"'nystrom' has no decoding form.*softmax.*linear"):
+    decl = ea.get_mechanism('nystrom')
+    decoding.decode_form(decl, decl.resolve())
   layer = ea.MultiHeadAttention(num_heads=H, causal=True, decode=True)
   variables = layer.init(jax.random.PRNGKey(0), x)
   with pytest.raises(ValueError, match='one token'):
     layer.apply(variables, x, mutable=['cache'])
+
+
+def test_decoding_past_the_cache_capacity_stops_with_a_message():
+  """The cache holds the first call's length (rounded up to a block): step 64 of a
+  cache made from 3 tokens would otherwise overwrite the last slot silently."""
+  x = jax.random.normal(jax.random.PRNGKey(0), (1, 3, D))
+  layer = ea.MultiHeadAttention(num_heads=H, causal=True, decode=True)
+  variables = layer.init(jax.random.PRNGKey(1), x)
+  params, cache = {'params': variables['params']}, variables['cache']
+  step = jax.jit(lambda c, xt: layer.apply({**params, 'cache': c}, xt, mutable=['cache']))
+  token = x[:, :1]
+  for _ in range(decoding.KV_BLOCK):
+    _, state = step(cache, token)
+    cache = state['cache']
+  with pytest.raises(Exception, match='position 64 is past the cache capacity of 64'):
+    jax.block_until_ready(step(cache, token))

@@ -1,4 +1,4 @@
-"""Sampling, occluded completion and image grids of `train.generate`."""
+"""Sampling (`efficient_attn.sampling`), occluded completion and image grids (`train.samples`)."""
 import functools
 import os
 
@@ -8,20 +8,22 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
-from efficient_attn.models import CausalTransformer
+from efficient_attn.models import CausalTransformer, TransformerConfig
 from efficient_attn.models.causal import shift_right
-from train import generate
+from efficient_attn import sampling
+from train import samples
 
 SIDE, B = 6, 3
 
 
 @functools.lru_cache(maxsize=None)
 def _model(mechanism):
-  model = CausalTransformer(max_length=SIDE * SIDE, d_model=16, depth=1, num_heads=2,
-                            mlp_dim=32, mechanism=mechanism)
+  model = CausalTransformer(TransformerConfig(
+      max_length=SIDE * SIDE, d_model=16, depth=1, num_heads=2,
+                            mlp_dim=32, mechanism=mechanism))
   params = jax.jit(model.init)(jax.random.PRNGKey(0),
                                jnp.zeros((1, SIDE * SIDE), jnp.int32))['params']
-  return model, params, generate.make_sampler(model, B)
+  return model, params, sampling.make_sampler(model, B)
 
 
 @pytest.mark.parametrize('mechanism', ['linear', 'softmax'])
@@ -48,9 +50,9 @@ def test_low_temperature_is_greedy(mechanism):
 
 def test_sample_logits():
   logits = jnp.array([[0.0, 5.0, 1.0], [3.0, 0.0, 0.0]])
-  np.testing.assert_array_equal(generate.sample_logits(jax.random.PRNGKey(0), logits, 0.0),
+  np.testing.assert_array_equal(sampling.sample_logits(jax.random.PRNGKey(0), logits, 0.0),
                                 [1, 0])
-  draws = jax.vmap(lambda k: generate.sample_logits(k, logits, 1.0))(
+  draws = jax.vmap(lambda k: sampling.sample_logits(k, logits, 1.0))(
       jax.random.split(jax.random.PRNGKey(0), 2000))
   freq = np.mean(np.asarray(draws[:, 0]) == 1)
   np.testing.assert_allclose(freq, jax.nn.softmax(logits[0])[1], atol=0.03)
@@ -60,9 +62,9 @@ def test_occluded_completion_keeps_the_prefix():
   model, params, sampler = _model('linear')
   images = np.random.RandomState(0).randint(0, 256, (B, SIDE, SIDE)).astype(np.uint8)
   rows = 2
-  out = sampler(params, jax.random.PRNGKey(3), prefix=generate.images_to_tokens(images),
+  out = sampler(params, jax.random.PRNGKey(3), prefix=samples.images_to_tokens(images),
                 prefix_length=rows * SIDE)
-  done = generate.tokens_to_images(out, (SIDE, SIDE))
+  done = samples.tokens_to_images(out, (SIDE, SIDE))
   np.testing.assert_array_equal(done[:, :rows], images[:, :rows])
   assert not np.array_equal(done[:, rows:], images[:, rows:])
 
@@ -70,7 +72,7 @@ def test_occluded_completion_keeps_the_prefix():
 def test_pngs_written(tmp_path):
   model, params, _ = _model('linear')
   images = np.random.RandomState(0).randint(0, 256, (2, SIDE, SIDE)).astype(np.uint8)
-  paths = generate.write_samples(model, params, jax.random.PRNGKey(0), str(tmp_path),
+  paths = samples.write_samples(model, params, jax.random.PRNGKey(0), str(tmp_path),
                                  image_shape=(SIDE, SIDE), num_samples=B, images=images,
                                  rows=3)
   assert set(paths) == {'samples', 'completion'}
@@ -85,8 +87,8 @@ def test_pngs_written(tmp_path):
 
 def test_tile_and_occlude():
   images = np.arange(5 * 2 * 3).reshape(5, 2, 3).astype(np.uint8)
-  grid = generate.tile(images, ncols=3, pad=1, pad_value=255)
+  grid = samples.tile(images, ncols=3, pad=1, pad_value=255)
   assert grid.shape == (2 * 3 - 1, 3 * 4 - 1)
   np.testing.assert_array_equal(grid[3:5, 4:7], images[4])
-  occluded = generate.occlude(images, 1)
+  occluded = samples.occlude(images, 1)
   assert (occluded[:, 1:] == 0).all() and (occluded[:, :1] == images[:, :1]).all()

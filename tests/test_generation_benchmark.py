@@ -6,6 +6,7 @@ import flax.serialization
 import jax
 import jax.numpy as jnp
 
+from benchmarks import common
 from benchmarks import generation
 
 ARGS = ['--num_images=2,3', '--image_size=4', '--d_model=8', '--depth=1', '--num_heads=2',
@@ -32,7 +33,7 @@ def test_tiny_run_writes_outputs(tmp_path):
 
 
 def test_params_from_a_file(tmp_path):
-  args = generation.parse_args(ARGS + ['--mechanisms=linear'])
+  args = common.parse_flags(generation.define_flags, ARGS + ['--mechanisms=linear'])
   model = generation.build_model(args, 'linear', {})
   params = generation.load_params(model, '', seed=1)
   params = jax.tree.map(lambda p: p + 1.0, params)

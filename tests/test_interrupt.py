@@ -20,6 +20,7 @@ import pytest
 import main_runner
 from train import checkpoint
 from train import trainer
+from train import inference
 
 STEPS, EVERY = 16, 2  # checkpoints at 2, 4, ..., 16 (all kept)
 SLOW_STEP_S = 0.2  # per training batch, so that the signals land mid-run
@@ -27,7 +28,7 @@ TIMEOUT_S = 180
 
 
 def params_of(workdir):
-  return trainer.load_model_and_params(workdir)[2]
+  return inference.load(workdir)[2]
 
 
 def assert_same_params(a, b):
@@ -107,6 +108,7 @@ def test_sigterm_saves_the_current_step_exits_0_and_resumes(reference, tmp_path)
   assert 4 <= stopped < STEPS
   assert main_runner.committed_steps(workdir) == [stopped]
   assert 'Traceback' not in log
+  assert not os.path.exists(os.path.join(workdir, 'results.json'))  # stopped, not finished
   log = rerun(workdir, checkpoint_every=100)
   assert f'Resumed from the checkpoint at step {stopped}' in log
   assert_same_params(params_of(workdir), reference[1])
@@ -144,7 +146,7 @@ def test_corrupt_and_partial_checkpoints_are_skipped_then_replaced(reference, tm
   assert results['resumed_from_step'] == 8
   warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
   for step in (16, 12, 10):
-    assert any(f'step {step} ' in w and 'unreadable' in w for w in warnings), (step, warnings)
+    assert any(f'step {step} ' in w and 'damaged' in w for w in warnings), (step, warnings)
   step, params = checkpoint.restore_params(workdir)  # 16 was written again, readable
   assert step == STEPS
   assert_same_params(params, reference[1])

@@ -6,6 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import efficient_attn as ea
+
 from efficient_attn.mechanisms import linear
 from helpers import PAD, assert_no_lookahead, value_and_grads
 
@@ -252,16 +254,20 @@ def test_relu_all_zero_row_gives_zero():
 @pytest.mark.parametrize('causal', [False, True])
 def test_module_matches_function(causal):
   q, k, v = inputs()
-  mod = linear.LinearAttention(causal=causal, feature_map='relu', chunk_size=3)
+  options = {'feature_map': 'relu', 'chunk_size': 3}
+  mod = ea.mechanism_module('linear', causal=causal, options=options)
   variables = jax.jit(mod.init)(jax.random.PRNGKey(0), q, k, v, mask=PAD)
   assert not jax.tree_util.tree_leaves(variables)
   out = jax.jit(mod.apply)(variables, q, k, v, mask=PAD)
   ref = linear.linear_attention(q, k, v, mask=PAD, causal=causal, feature_map='relu')
   np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
   if causal:
-    state = mod.init_state(2, 2, 4, 3)
-    step = jax.jit(lambda s, *a: mod.apply(variables, s, *a, method='step'))
-    _, rec = run_steps(step, state, q, k, v)
+    decl = ea.get_mechanism('linear')
+    state = decl.init_state(decl.resolve(options), batch=2, heads=2, head_dim=4, v_dim=3)
+    def step(s, *token):  # tokens [b, h, d] -> the module's [b, 1, h, d]
+      s, out = mod.apply(variables, *(x[:, None] for x in token), state=s)
+      return s, out[:, 0]
+    _, rec = run_steps(jax.jit(step), state, q, k, v)
     np.testing.assert_allclose(rec, linear.linear_attention(q, k, v, causal=True,
                                                             feature_map='relu'),
                                rtol=1e-4, atol=1e-5)
@@ -269,5 +275,6 @@ def test_module_matches_function(causal):
 
 def test_module_bad_feature_map():
   q, k, v = inputs()
-  with pytest.raises(ValueError, match='valid feature maps'):
-    linear.LinearAttention(feature_map='cos').init(jax.random.PRNGKey(0), q, k, v)
+  with pytest.raises(ValueError, match="feature_map='cos' of mechanism 'linear'.*'elu'"):
+    ea.mechanism_module('linear', options={'feature_map': 'cos'}).init(
+        jax.random.PRNGKey(0), q, k, v)

@@ -4,7 +4,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from efficient_attn.mechanisms.linformer import (LinformerAttention, linformer_attention,
+import efficient_attn as ea
+from efficient_attn.mechanisms.linformer import (linformer_attention,
                                                  linformer_projection_init)
 
 
@@ -123,18 +124,20 @@ def test_errors():
   rng = np.random.default_rng(5)
   q, k, v = (jnp.asarray(x, jnp.float32) for x in _qkv(rng, n=6, lq=6))
   key = jax.random.PRNGKey(0)
-  with pytest.raises(ValueError, match='causal'):
-    LinformerAttention(max_length=8, k_proj=4, causal=True).init(key, q, k, v)
+  mod = lambda max_length=8, causal=False, **o: ea.mechanism_module(
+      'linformer', causal=causal, max_length=max_length, options=o)
+  with pytest.raises(ValueError, match="'linformer' has no causal form"):
+    mod(k_proj=4, causal=True)
   with pytest.raises(ValueError, match='max_length'):
-    LinformerAttention(k_proj=4).init(key, q, k, v)
+    mod(max_length=None, k_proj=4)
   with pytest.raises(ValueError, match=r'length 6 exceeds max_length=4'):
-    LinformerAttention(max_length=4, k_proj=2).init(key, q, k, v)
+    mod(max_length=4, k_proj=2).init(key, q, k, v)
   with pytest.raises(ValueError, match=r'length 6 exceeds max_length 5'):
     linformer_attention(q, k, v, jnp.ones((2, 5)), jnp.ones((2, 5)))
-  with pytest.raises(ValueError, match='sharing'):
-    LinformerAttention(max_length=8, sharing='bogus').init(key, q, k, v)
-  with pytest.raises(ValueError, match='shared_projection'):
-    LinformerAttention(max_length=8, sharing='layerwise').init(key, q, k, v)
+  with pytest.raises(ValueError, match="sharing='bogus'.*'headwise'"):
+    mod(sharing='bogus')
+  with pytest.raises(ValueError, match="sharing='layerwise' needs the model's shared"):
+    mod(sharing='layerwise').init(key, q, k, v)
   with pytest.raises(ValueError, match='heads'):
     linformer_attention(q, k, v, jnp.ones((3, 2, 8)), jnp.ones((3, 2, 8)))
 
@@ -149,8 +152,9 @@ def test_module_params_and_apply(sharing, expected):
   rng = np.random.default_rng(6)
   q, k, v = (jnp.asarray(x, jnp.float32) for x in _qkv(rng, n=6, lq=6))
   shared = jnp.asarray(rng.normal(size=(4, 8)), jnp.float32) if sharing == 'layerwise' else None
-  mod = LinformerAttention(max_length=8, k_proj=4, sharing=sharing, shared_projection=shared,
-                           param_dtype=jnp.bfloat16)
+  mod = ea.mechanism_module('linformer', max_length=8, param_dtype=jnp.bfloat16,
+                            options=dict(k_proj=4, sharing=sharing),
+                            shared_params={'kv_proj': shared} if shared is not None else None)
   variables = mod.init(jax.random.PRNGKey(0), q, k, v)
   params = variables.get('params', {})
   assert {name: p.shape for name, p in params.items()} == expected
@@ -167,29 +171,24 @@ def test_module_params_and_apply(sharing, expected):
 
 def test_k_proj_clamped_to_max_length_and_init_scale():
   q = k = v = jnp.zeros((1, 4, 1, 2))
-  params = LinformerAttention(max_length=5, k_proj=64).init(jax.random.PRNGKey(0), q, k, v)
+  params = ea.mechanism_module('linformer', max_length=5, options={'k_proj': 64}).init(
+      jax.random.PRNGKey(0), q, k, v)
   assert params['params']['e_proj'].shape == (5, 5)
   e = linformer_projection_init(jax.random.PRNGKey(1), (3, 64, 512))
   np.testing.assert_allclose(float(jnp.var(e)), 1 / (64 + 512), rtol=0.05)
 
 
 def test_layerwise_sharing_in_a_model():
-  import flax.linen as nn
-
-  class TwoLayers(nn.Module):
-    @nn.compact
-    def __call__(self, x):
-      proj = self.param('linformer_proj', linformer_projection_init, (3, 8))
-      for _ in range(2):
-        x = x + LinformerAttention(max_length=8, k_proj=3, sharing='layerwise',
-                                   shared_projection=proj)(x, x, x)
-      return x
-
-  x = jnp.asarray(np.random.default_rng(7).normal(size=(1, 6, 2, 4)), jnp.float32)
-  variables = TwoLayers().init(jax.random.PRNGKey(0), x)
-  assert jax.tree.map(jnp.shape, variables['params']) == {'linformer_proj': (3, 8)}
-  grads = jax.grad(lambda p: jnp.sum(TwoLayers().apply({'params': p}, x) ** 2))(
-      variables['params'])
-  g = grads['linformer_proj']
+  """The Encoder creates one E = F for every layer; each layer projects with it."""
+  from efficient_attn.models import Encoder, TransformerConfig  # pylint: disable=g-import-not-at-top
+  config = TransformerConfig(d_model=8, depth=2, num_heads=2, mlp_dim=8, mechanism='linformer',
+                             options={'k_proj': 3, 'sharing': 'layerwise'}, max_length=8)
+  x = jnp.asarray(np.random.default_rng(7).normal(size=(1, 6, 8)), jnp.float32)
+  variables = Encoder(config).init(jax.random.PRNGKey(0), x)
+  params = variables['params']
+  assert params['shared_attention_kv_proj'].shape == (3, 8)
+  assert not params['block_0']['attention'].get('mechanism')  # no per-layer projections
+  grads = jax.grad(lambda p: jnp.sum(Encoder(config).apply({'params': p}, x) ** 2))(params)
+  g = grads['shared_attention_kv_proj']
   assert bool(jnp.all(g[:, :6] != 0))  # used by the 6 tokens
   assert bool(jnp.all(g[:, 6:] == 0))  # columns beyond the input length are unused

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from efficient_attn.mechanisms import local
-from efficient_attn.mechanisms.local import LocalAttention
+import efficient_attn as ea
 
 # Jitted once per shape: much faster on CPU than op-by-op dispatch.
 local_attention = jax.jit(local.local_attention,
@@ -154,11 +154,12 @@ def test_module_init_apply():
   rng = np.random.default_rng(5)
   q, k, v = (jnp.asarray(x, jnp.float32) for x in _qkv(rng, n=9))
   for causal in (False, True):
-    mod = LocalAttention(window=4, causal=causal)
+    mod = ea.mechanism_module('local', causal=causal, options={'window': 4})
     variables = mod.init(jax.random.PRNGKey(0), q, k, v)
     assert not variables.get('params')
     out = jax.jit(mod.apply)(variables, q, k, v)
     assert out.shape == (2, 9, 2, 3) and out.dtype == jnp.float32
     np.testing.assert_allclose(np.asarray(out), np_local(q, k, v, 4, causal), atol=1e-5)
-  out = LocalAttention(window=4, dtype=jnp.bfloat16).apply({}, q, k, v)
+  out = ea.mechanism_module('local', options={'window': 4}, dtype=jnp.bfloat16).apply(
+      {}, q, k, v)
   assert out.dtype == jnp.bfloat16

@@ -1,4 +1,4 @@
-"""LoRA adapters (`efficient_attn.lora`) and the transformed data (`train.lora_data`)."""
+"""LoRA adapters (`efficient_attn.lora`) and the transformed data (`train.input_pipeline.transforms`)."""
 import functools
 
 import flax.linen as nn
@@ -10,7 +10,7 @@ import pytest
 from flax import traverse_util
 
 from efficient_attn import lora
-from efficient_attn.models import CausalTransformer
+from efficient_attn.models import CausalTransformer, TransformerConfig
 from train.input_pipeline import transforms
 
 CFG = lora.LoraConfig(rank=2, alpha=4.0)
@@ -18,8 +18,9 @@ CFG = lora.LoraConfig(rank=2, alpha=4.0)
 
 @functools.lru_cache(maxsize=None)
 def _model():
-  model = CausalTransformer(max_length=8, d_model=16, depth=1, num_heads=2, mlp_dim=32,
-                            mechanism='softmax')
+  model = CausalTransformer(TransformerConfig(
+      max_length=8, d_model=16, depth=1, num_heads=2, mlp_dim=32,
+                            mechanism='softmax'))
   tokens = jax.random.randint(jax.random.PRNGKey(0), (2, 8), 0, 256)
   base = jax.jit(model.init)(jax.random.PRNGKey(1), tokens)['params']
   params = jax.jit(lora.wrap(model.init, CFG))(jax.random.PRNGKey(2), tokens)['params']

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from benchmarks import lora_sweep
+from benchmarks import lora_table
 from configs import lora_base
 from configs import lora_finetune
 from configs import lora_scratch
@@ -17,6 +17,8 @@ from train import input_pipeline
 from train.input_pipeline import transforms
 from train import models
 from train import trainer
+from train import inference
+from train import sweep
 
 PNG = b'\x89PNG\r\n\x1a\n'
 
@@ -60,7 +62,7 @@ def test_only_adapters_change(base, finetune):
 
 def test_checkpoint_reloads_as_adapted_model(finetune):
   workdir, results = finetune
-  config, model, params = trainer.load_model_and_params(workdir)
+  config, model, params = inference.load(workdir)
   assert isinstance(model, lora.Adapted) and config.dataset.transform == 'rotated'
   batch = input_pipeline.get_eval_batch(config)
   correct = (np.argmax(model.apply({'params': params}, batch['inputs']), -1) == batch['label'])
@@ -99,24 +101,34 @@ def test_scratch_targets_include_the_zero_initialised_head():
       'attention']['query']
 
 
-def test_sweep_writes_table_and_plot(base, tmp_path):
+def test_study_table_reads_the_sweep_runs(base, tmp_path):
+  root = tmp_path / 'runs'
+  root.mkdir()
+  os.symlink(base, root / 'base')
+  runs = sweep.expand(dict(runs=lora_base.study_runs('digits', ranks=(1, 2),
+                                                     variants=('rotated',)),
+                           fixed={'train.num_steps': 5, 'train.num_epochs': -1,
+                                  'train.checkpoint_every': 5, 'train.log_every': 5}),
+                      str(root))
+  assert [r.name for r in runs] == ['base', 'full_rotated', 'finetune_rotated_r1',
+                                    'finetune_rotated_r2', 'scratch_rotated_r1',
+                                    'scratch_rotated_r2']
+  for run in runs[1:-1]:  # scratch_rotated_r2 left unfinished
+    trainer.train_and_evaluate(sweep.build_config(run), str(root / run.name))
   out = tmp_path / 'out'
-  result = lora_sweep.main(['--dataset=digits', '--ranks=1,2', '--variants=rotated',
-                            '--steps=5', f'--base_workdir={base}',
-                            f'--root={tmp_path / "runs"}', f'--out={out}', '--quiet'])
-  with open(out / 'lora_sweep.json') as f:
+  result = lora_table.main([f'--root={root}', f'--out={out}', '--quiet'])
+  with open(out / 'lora.json') as f:
     saved = json.load(f)
   assert saved['ranks'] == [1, 2] and saved['params']['r2'] == 2 * 330
-  assert saved['params']['full'] == 8970
-  for mode in ('finetune', 'scratch'):
-    assert set(saved[mode]) == {'1', '2'}
-    assert all(0 <= saved[mode][r]['rotated'] <= 1 for r in ('1', '2'))
+  assert saved['params']['full'] == 8970 and saved['variants'] == ['rotated']
+  assert set(saved['finetune']) == {'1', '2'} and set(saved['scratch']) == {'1'}
+  assert saved['unfinished'] == []  # never started: no workdir at all
   assert 0 <= saved['base']['rotated'] <= 1 and 'rotated' in saved['full_finetune']
   assert saved['base']['rotated'] == result['base']['rotated']
-  with open(out / 'lora_sweep.md') as f:
+  assert saved['base']['rotated'] != saved['base']['plain']
+  with open(out / 'lora.md') as f:
     text = f.read()
   assert '| r | trainable params | rotated |' in text and '\n| 2 | 660 |' in text
   assert 'full fine-tuning' in text and 'from scratch' in text
-  with open(out / 'lora_sweep.png', 'rb') as f:
+  with open(out / 'lora.png', 'rb') as f:
     assert f.read(8) == PNG
-  assert os.path.exists(tmp_path / 'runs' / 'scratch_rotated_r2' / 'results.json')

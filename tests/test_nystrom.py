@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from efficient_attn.mechanisms import nystrom
-from efficient_attn.mechanisms.nystrom import NystromAttention, depthwise_conv_skip
+import efficient_attn as ea
+from efficient_attn.mechanisms.nystrom import depthwise_conv_skip
 
 # Jitted once per shape: much faster on CPU than op-by-op dispatch.
 nystrom_attention = jax.jit(nystrom.nystrom_attention,
@@ -230,8 +231,8 @@ def test_depthwise_conv_skip_shape_check():
 
 def test_errors():
   q = k = v = jnp.zeros((1, 6, 2, 4))
-  with pytest.raises(ValueError, match='causal'):
-    NystromAttention(causal=True).init(jax.random.PRNGKey(0), q, k, v)
+  with pytest.raises(ValueError, match="'nystrom' has no causal form"):
+    ea.mechanism_module('nystrom', causal=True)
   with pytest.raises(ValueError, match='num_landmarks'):
     nystrom_attention(q, k, v, 0)
   with pytest.raises(ValueError, match='q_length == kv_length'):
@@ -241,7 +242,8 @@ def test_errors():
 def test_module_init_apply():
   rng = np.random.default_rng(10)
   q, k, v = (jnp.asarray(x, jnp.float32) for x in _qkv(rng, lq=9, n=9))
-  mod = NystromAttention(num_landmarks=3, conv_kernel_size=5, param_dtype=jnp.bfloat16)
+  mod = ea.mechanism_module('nystrom', param_dtype=jnp.bfloat16,
+                            options=dict(num_landmarks=3, conv_kernel_size=5))
   variables = jax.jit(mod.init)(jax.random.PRNGKey(0), q, k, v)
   kernel = variables['params']['conv_kernel']
   assert kernel.shape == (5, 2) and kernel.dtype == jnp.bfloat16
@@ -250,8 +252,8 @@ def test_module_init_apply():
   np.testing.assert_allclose(
       np.asarray(out), np.asarray(nystrom_attention(q, k, v, 3, conv_kernel=kernel)),
       rtol=1e-6, atol=1e-6)
-  # Default: no parameters, 64 landmarks clamped to the sequence length.
-  mod = NystromAttention(pinv_iterations=20)
+  # Default: no parameters; 32 landmarks clamped to the sequence length (exact).
+  mod = ea.mechanism_module('nystrom', options={'pinv_iterations': 20})
   variables = jax.jit(mod.init)(jax.random.PRNGKey(0), q, k, v)
   assert not variables.get('params')
   out = jax.jit(mod.apply)(variables, q, k, v)

@@ -15,6 +15,7 @@ from train import input_pipeline
 from train.input_pipeline import transforms
 from train.input_pipeline import arrays
 from train import trainer
+from train import inference
 from train import validate
 
 import test_decode  # pylint: disable=g-bad-import-order  (tests/ is on sys.path)
@@ -92,7 +93,7 @@ def test_eval_mode_writes_samples(run, tmp_path):
 
 def test_recurrent_decoding_of_the_checkpoint_equals_parallel(run):
   workdir, _ = run
-  config, model, params = trainer.load_model_and_params(workdir)
+  config, model, params = inference.load(workdir)
   pixels = input_pipeline.get_eval_batch(config)['inputs'][:2]
   test_decode.assert_decode_matches_parallel(
       model, jax.device_get(params), shift_right(pixels, model.start_token))

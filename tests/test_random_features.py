@@ -8,6 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import efficient_attn as ea
+
 from efficient_attn import feature_maps
 from efficient_attn.mechanisms import linear
 from efficient_attn.mechanisms import random_features as rf
@@ -288,7 +290,8 @@ class Two(nn.Module):
 def test_performer_fixed_features_and_redraw():
   q, k, v, _ = inputs()
   key = jax.random.PRNGKey(0)
-  model = Two(rf.PerformerAttention, dict(num_features=32, redraw=True, seed=3))
+  model = Two(ea.Mechanism, dict(mechanism='performer',
+                                 options=dict(num_features=32, redraw=True, seed=3)))
   variables = jax.jit(model.init)(key, q, k, v)
   assert not jax.tree_util.tree_leaves(variables)   # no state for the features
   apply = jax.jit(model.apply, static_argnames='deterministic')
@@ -310,49 +313,58 @@ def test_performer_fixed_features_and_redraw():
   # Evaluation ignores the rng.
   np.testing.assert_array_equal(apply(variables, q, k, v, rngs={'features': key})[0], a)
   # redraw=False ignores it even in training.
-  fixed = Two(rf.PerformerAttention, dict(num_features=32, seed=3))
+  fixed = Two(ea.Mechanism, dict(mechanism='performer', options=dict(num_features=32, seed=3)))
   fixed_apply = jax.jit(functools.partial(fixed.apply, deterministic=False))
   np.testing.assert_allclose(fixed_apply(variables, q, k, v, rngs={'features': key})[0], a,
                              rtol=1e-5, atol=1e-7)
 
 
+def _stepper(mod, variables):
+  """jit(state, q_t, k_t, v_t) -> (state, out_t) of a Mechanism module, tokens [b, 1, h, d]."""
+  return jax.jit(lambda s, *token: mod.apply(variables, *token, state=s))
+
+
+def _empty_state(name, **options):
+  decl = ea.get_mechanism(name)
+  return decl.init_state(decl.resolve(options), batch=2, heads=2, head_dim=4, v_dim=3)
+
+
 def test_rfa_module_gate_sigma_and_step():
   q, k, v, _ = inputs()
-  mod = rf.RFAAttention(causal=True, num_features=8, use_gate=True, learn_sigma=True,
-                        sigma=0.8, chunk_size=4)
+  options = dict(num_features=8, use_gate=True, learn_sigma=True, sigma=0.8, chunk_size=4)
+  mod = ea.mechanism_module('rfa', causal=True, options=options)
   variables = jax.jit(mod.init)(jax.random.PRNGKey(0), q, k, v)
   shapes = jax.tree_util.tree_map(jnp.shape, variables['params'])
-  assert shapes == {'gate': {'kernel': (4, 2), 'bias': (2,)},
-                    'log_sigma': {'log_sigma': (2,)}}
-  np.testing.assert_allclose(jnp.exp(variables['params']['log_sigma']['log_sigma']), 0.8,
-                             rtol=1e-6)
+  assert shapes == {'gate_kernel': (4, 2), 'gate_bias': (2,), 'log_sigma': (2,)}
+  np.testing.assert_allclose(jnp.exp(variables['params']['log_sigma']), 0.8, rtol=1e-6)
   out = jax.jit(mod.apply)(variables, q, k, v)
   assert out.shape == v.shape and bool(jnp.all(jnp.isfinite(out)))
-  step = jax.jit(lambda s, *a: mod.apply(variables, s, *a, method='step'))
-  state = mod.init_state(2, 2, 4, 3)
+  step = _stepper(mod, variables)
+  state = _empty_state('rfa', **options)
   outs = []
   for t in range(10):
-    state, o = step(state, q[:, t], k[:, t], v[:, t])
-    outs.append(o)
+    state, o = step(state, q[:, t:t + 1], k[:, t:t + 1], v[:, t:t + 1])
+    outs.append(o[:, 0])
   np.testing.assert_allclose(jnp.stack(outs, 1), out, rtol=1e-4, atol=1e-5)
   # Gradients reach the gate and sigma.
   g = jax.jit(jax.grad(lambda p: jnp.sum(mod.apply({'params': p}, q, k, v) ** 2)))(
       variables['params'])
   assert all(float(jnp.max(jnp.abs(x))) > 0 for x in jax.tree_util.tree_leaves(g))
-  with pytest.raises(ValueError, match='causal'):
-    rf.RFAAttention(use_gate=True).init(jax.random.PRNGKey(0), q, k, v)
+  with pytest.raises(ValueError, match='use_gate=True.*causal'):
+    ea.mechanism_module('rfa', options={'use_gate': True}).init(jax.random.PRNGKey(0), q, k, v)
 
 
 def test_performer_module_step_and_mask():
   q, k, v, _ = inputs()
-  mod = rf.PerformerAttention(causal=True, num_features=16, chunk_size=3)
+  options = dict(num_features=16, chunk_size=3)
+  mod = ea.mechanism_module('performer', causal=True, options=options)
   variables = jax.jit(mod.init)(jax.random.PRNGKey(0), q, k, v)
   out = jax.jit(mod.apply)(variables, q, k, v)
-  step = jax.jit(lambda s, *a: mod.apply(variables, s, *a, method='step'))
-  state = mod.init_state(2, 2, 4, 3)
+  step = _stepper(mod, variables)
+  state = _empty_state('performer', **options)
   for t in range(10):
     state, o = step(state, q[:, t:t + 1], k[:, t:t + 1], v[:, t:t + 1])
     np.testing.assert_allclose(o[:, 0], out[:, t], rtol=1e-4, atol=1e-5)
-  masked = jax.jit(rf.PerformerAttention(num_features=16).apply)(
+  masked = jax.jit(ea.mechanism_module('performer', options={'num_features': 16}).apply)(
       {}, q, k, v, mask=PAD[:, None, None, :])
   assert masked.shape == v.shape and bool(jnp.all(jnp.isfinite(masked)))

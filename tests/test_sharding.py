@@ -13,7 +13,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = r'''
 import jax, numpy as np
 from configs import default
-from train import input_pipeline, optim, sharding, steps, tasks
+from train import input_pipeline, models, optim, sharding, steps, tasks
 assert jax.device_count() == 8, jax.devices()
 config = default.get_config()
 config.model.update(dict(depth=1, dropout_rate=0.1))  # dropout: masks must not depend on devices
@@ -23,15 +23,15 @@ try:
 except ValueError as e:
   assert 'batch_size=12 must be divisible by the number of devices (8)' in str(e), e
 task = tasks.get_task(config.task)
-model = task.create_model(config)
+model = models.create_model(config)
 tx = optim.create_optimizer(config, num_steps=100)
 batch = next(input_pipeline.get_train_data(config).batches(7))
 eval_batch = input_pipeline.get_eval_batch(config)
-params = steps.init_params(task, model, config, jax.random.key(0))
+params = steps.init_params(model, config, jax.random.key(0))
 results = {}
 for n in (1, 8):
   mesh = sharding.create_mesh(jax.devices()[:n])
-  state = steps.create_train_state(task, model, tx, config, mesh, None, params)
+  state = steps.create_train_state(model, tx, config, mesh, None, params)
   step = steps.make_train_step(task, model, tx, jax.random.key(1), mesh)
   for i in range(3):  # step 0 has learning rate 0 (warmup)
     global_batch = sharding.to_global(batch, mesh)

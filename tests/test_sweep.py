@@ -1,15 +1,17 @@
 """Sweep expansion, naming, skipping and pod commands (no training here)."""
+import glob
 import json
 import os
 import sys
 
 import pytest
 
+from efficient_attn import registry
 from train import sweep
 
 
 def test_grid_expands_to_named_runs():
-  runs = sweep.expand(dict(config='configs/mnist_standard.py',
+  runs = sweep.expand(dict(config='configs/mnist.py',
                            grid={'attention.projection': ['standard', 'super'],
                                  'model.num_heads': [1, 4]},
                            fixed={'train.num_steps': 10}))
@@ -21,9 +23,14 @@ def test_grid_expands_to_named_runs():
 
 
 def test_configs_in_grid_and_explicit_runs():
-  runs = sweep.expand(dict(grid={'config': ['configs/mnist_super.py', 'configs/cifar10_linear.py']},
+  runs = sweep.expand(dict(grid={'config': ['configs/mnist.py:super', 'configs/cifar10.py:linear']},
                            runs=[]))
-  assert [r.name for r in runs] == ['mnist_super', 'cifar10_linear']
+  assert [r.name for r in runs] == ['mnist-super', 'cifar10-linear']
+  runs = sweep.expand(dict(runs=[{'name': 'base', 'config': 'configs/lora_base.py:digits'},
+                                 {'config': 'configs/lora_finetune.py:rotated,4,base={root}/base',
+                                  'name': 'ft'}]), root='/r')
+  assert [r.name for r in runs] == ['base', 'ft']
+  assert runs[1].config == 'configs/lora_finetune.py:rotated,4,base=/r/base'
   runs = sweep.expand(dict(config='configs/default.py',
                            runs=[{'attention.mechanism': 'linear'},
                                  {'attention.mechanism': 'local', 'attention.options.window': 8}]))
@@ -31,12 +38,26 @@ def test_configs_in_grid_and_explicit_runs():
 
 
 def test_bad_sweeps_fail_clearly(tmp_path):
-  with pytest.raises(ValueError, match=r"unknown sweep keys \['gird'\]"):
+  with pytest.raises(sweep.SweepError, match=r"unknown sweep keys \['gird'\]"):
     sweep.expand(dict(config='c.py', gird={}))
-  with pytest.raises(ValueError, match="needs 'config'"):
+  with pytest.raises(sweep.SweepError, match="needs 'config'"):
     sweep.expand(dict(grid={'a': [1, 2]}))
-  with pytest.raises(FileNotFoundError, match='nope.py'):
+  with pytest.raises(sweep.SweepError, match='nope.py.*does not exist'):
     sweep.load_sweep(str(tmp_path / 'nope.py'))
+  (tmp_path / 'typo.py').write_text('def get_sweep():\n  return dict(confg=1)\n')
+  with pytest.raises(sweep.SweepError, match=r"unknown sweep keys \['confg'\]"):
+    sweep.expand(sweep.load_sweep(str(tmp_path / 'typo.py')))
+  (tmp_path / 'broken.py').write_text('def get_sweep(:\n')
+  with pytest.raises(sweep.SweepError, match='does not load: SyntaxError'):
+    sweep.load_sweep(str(tmp_path / 'broken.py'))
+  runs = sweep.expand(dict(config='configs/default.py',
+                           runs=[{'model.num_heads': 3}, {'model.num_head': 4},
+                                 {'attention.mechanism': 'nystrm'}, {'model.depth': 1}]))
+  with pytest.raises(sweep.SweepError) as e:  # every bad run named, up front
+    sweep.check(runs)
+  message = str(e.value)
+  assert message.startswith('3 of 4 runs are not valid')
+  assert 'num_heads=3' in message and 'num_head' in message and 'nystrm' in message
 
 
 def test_command_status_and_skip(tmp_path, capsys):
@@ -45,15 +66,24 @@ def test_command_status_and_skip(tmp_path, capsys):
   assert cmd == ['python3', 'main.py', '--config=configs/default.py',
                  f'--workdir={tmp_path}/seed=0', '--config.train.seed=0']
   assert sweep.status(runs[0], str(tmp_path)) == 'new'
-  for run in runs:  # both finished: nothing is launched
+  configs = sweep.check(runs)
+  for run in runs:  # both finished with these configs: nothing is launched
     os.makedirs(tmp_path / run.name)
+    (tmp_path / run.name / 'config.json').write_text(configs[run.name].to_json())
     (tmp_path / run.name / 'results.json').write_text(json.dumps({}))
-  assert sweep.run_local(runs, str(tmp_path), python='/nonexistent/python') == {
+  assert sweep.run_local(runs, str(tmp_path), configs, python='/nonexistent/python') == {
       'seed=0': 'skipped', 'seed=1': 'skipped'}
+  # The sweep's fixed values changed: its runs are not 'done', and are not touched.
+  changed = sweep.expand(dict(config='configs/default.py', grid={'train.seed': [0, 1]},
+                              fixed={'model.depth': 1}))
+  new_configs = sweep.check(changed)
+  assert sweep.status(changed[0], str(tmp_path), new_configs['seed=0']) == 'changed'
+  assert sweep.run_local(changed, str(tmp_path), new_configs,
+                         python='/nonexistent/python')['seed=0'] == 'failed (changed config)'
   os.remove(tmp_path / 'seed=1' / 'results.json')
-  assert sweep.status(runs[1], str(tmp_path)) == 'partial'
+  assert sweep.status(runs[1], str(tmp_path), configs['seed=1']) == 'partial'
   # A run whose process fails is reported, and the sweep goes on.
-  out = sweep.run_local(runs, str(tmp_path), python=sys.executable + '-missing')
+  out = sweep.run_local(runs, str(tmp_path), configs, python=sys.executable + '-missing')
   assert out['seed=1'].startswith('failed')
 
 
@@ -65,10 +95,23 @@ def test_pod_commands_start_every_worker():
   assert '--workdir=/mnt/shared/sweep/num_heads=4' in cmds[0]
 
 
-@pytest.mark.parametrize('path', sorted(
-    os.path.join('sweeps', f) for f in os.listdir('sweeps') if f.endswith('.py')))
+@pytest.mark.parametrize('path', sorted(glob.glob('sweeps/*.py') + glob.glob('sweeps/*/*.py')))
 def test_shipped_sweeps_expand_to_existing_configs(path):
   runs = sweep.expand(sweep.load_sweep(path))
   assert runs
   for run in runs:
     assert os.path.exists(run.config.split(':')[0]), run.config
+
+
+def test_the_cifar10_sweep_runs_exactly_what_its_config_files_run():
+  """Each run of sweeps/cifar10_mechanisms.py is configs/cifar10.py:<mechanism>, options included."""
+  from configs import cifar10  # pylint: disable=g-import-not-at-top
+  from train import validate  # pylint: disable=g-import-not-at-top
+  runs = sweep.expand(sweep.load_sweep('sweeps/cifar10_mechanisms.py'))
+  configs = sweep.check(runs)
+  assert {r.name for r in runs} == {f'cifar10-{m}' for m in registry.list_mechanisms()}
+  for run in runs:
+    mechanism = run.config.split(':')[1]
+    direct = validate.resolved(cifar10.get_config(mechanism), read_data=False)
+    assert configs[run.name].to_dict() == direct.to_dict(), run.name
+    assert dict(direct.attention.options) == dict(registry.get_mechanism(mechanism).resolve())

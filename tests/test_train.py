@@ -2,6 +2,7 @@
 import glob
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -13,6 +14,8 @@ from configs import default as default_config
 from train import checkpoint
 from train import input_pipeline
 from train import trainer
+from train import workdir as workdir_lib
+from train import inference
 from train import validate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -35,7 +38,7 @@ def test_default_config_learns(default_run):
 
 def test_workdir_layout(default_run):
   workdir, results = default_run
-  config = trainer.load_config(workdir)
+  config = workdir_lib.load_config(workdir)
   assert config.attention.mechanism == 'softmax' and config.model.d_model == 64
   for key in ('train_loss', 'train_accuracy', 'eval_loss', 'eval_accuracy',
               'eval_top5_accuracy', 'params_total', 'params_per_attention_layer',
@@ -49,15 +52,19 @@ def test_workdir_layout(default_run):
   train_rows = [r for r in rows if r['split'] == 'train']
   eval_rows = [r for r in rows if r['split'] == 'eval']
   assert train_rows and eval_rows and train_rows[-1]['step'] == results['steps']
-  for key in ('step', 'loss', 'accuracy', 'top5_accuracy', 'examples_per_sec', 'epoch_time_s',
-              'learning_rate'):
+  for key in ('step', 'loss', 'accuracy', 'top5_accuracy', 'grad_norm', 'learning_rate'):
     assert key in train_rows[-1], key
+  progress = [r for r in rows if r['split'] == 'progress']  # clu's ReportProgress
+  assert progress and all('steps_per_sec' in r or 'uptime' in r for r in progress)
+  assert results['epochs_timed'] == 30 and results['epoch_time_s'] > 0
   assert eval_rows[-1]['accuracy'] == pytest.approx(results['eval_accuracy'])
   events = glob.glob(os.path.join(workdir, 'tensorboard', 'events.out.tfevents.*'))
   assert events
   from tensorflow.compat.v1 import train as tf_train  # TensorBoard's own reader
-  scalars = {(v.tag, e.step): v.simple_value for path in events
-             for e in tf_train.summary_iterator(path) for v in e.summary.value}
+  from tensorflow import make_ndarray  # clu writes scalars as tensors (summary v2)
+  scalars = {(v.tag, e.step): float(make_ndarray(v.tensor)) if v.HasField('tensor')
+             else v.simple_value
+             for path in events for e in tf_train.summary_iterator(path) for v in e.summary.value}
   assert scalars[('eval/accuracy', results['steps'])] == pytest.approx(results['eval_accuracy'])
   steps = checkpoint.Checkpointer(workdir, create=False).steps()
   assert steps[-1] == results['steps'] and len(steps) <= config.train.keep_checkpoints
@@ -72,7 +79,7 @@ def test_evaluate_and_load_model_and_params(default_run):
   workdir, results = default_run
   values = trainer.evaluate(default_config.get_config(), workdir)
   assert values['accuracy'] == pytest.approx(results['eval_accuracy'])
-  config, model, params = trainer.load_model_and_params(workdir)
+  config, model, params = inference.load(workdir)
   batch = input_pipeline.get_eval_batch(config)
   logits = model.apply({'params': params}, batch['inputs'], train=False)
   correct = (np.argmax(logits, -1) == batch['label']) * batch['mask']
@@ -140,7 +147,7 @@ def test_non_finite_loss_stops_without_nan_checkpoint(tmp_path):
   workdir = str(tmp_path)
   with pytest.raises(FloatingPointError, match=r'at step \d+') as e:
     trainer.train_and_evaluate(config, workdir)
-  bad_step = int(str(e.value).split('at step ')[1].split(';')[0])
+  bad_step = int(re.search(r'at step (\d+)', str(e.value)).group(1))
   ckpt = checkpoint.Checkpointer(workdir, create=False)
   saved = ckpt.steps()
   assert all(s <= bad_step for s in saved)

@@ -1,11 +1,11 @@
-"""`config.lora` in the trainer: adapted models, frozen base, init_from, merging.
+"""`config.lora` and `config.init_from`: adapted models, frozen bases, merging.
 
-    config.lora.rank = 8                       # 0: off (full training)
-    config.lora.targets = 'default,head'       # presets and/or regexes, ','-joined
-    model = adapters.wrap(config, base_model)  # lora.Adapted when rank > 0
-    trainable = adapters.trainable_fn(config)  # lora.is_adapter: optax freezes the rest
-    params = adapters.init_params(config, fresh, loaded)   # init_from: lora.load_base
-    model, params = adapters.unwrap(config, model, params) # plain model, merged params
+    config.lora.rank = 8                        # 0: off (full training)
+    config.lora.targets = 'default,head'        # presets and/or regexes, ','-joined
+    model = adapters.wrap(config, base_model)   # lora.Adapted when rank > 0
+    tx = adapters.optimizer(config, tx)         # lora.optimizer: only the adapters train
+    params = adapters.init_from(config, fresh, loaded)   # a base run's params
+    model, params = adapters.unwrap(config, model, params)  # plain model, merged params
 
 Targets are matched (`re.search`) against each Dense layer's module path, e.g.
 'encoder/block_0/attention/query' (ViT), 'decoder/block_0/mlp/Dense_1'
@@ -13,7 +13,10 @@ Targets are matched (`re.search`) against each Dense layer's module path, e.g.
 only must adapt its zero-initialised classifier 'head' (include 'head'), or
 its output stays zero.
 """
-from typing import Callable, Optional, Tuple
+from typing import Optional, Tuple
+
+import jax
+import optax
 
 from efficient_attn import lora
 
@@ -51,28 +54,47 @@ def wrap(config, model):
   return model if cfg is None else lora.Adapted(model, cfg)
 
 
-def trainable_fn(config) -> Optional[Callable[[str], bool]]:
-  """None (train everything), or `lora.is_adapter` (train the adapters only)."""
-  return None if lora_config(config) is None else lora.is_adapter
+def optimizer(config, tx: optax.GradientTransformation) -> optax.GradientTransformation:
+  """`tx` for every parameter, or with LoRA on for the adapters only (the base frozen)."""
+  return tx if lora_config(config) is None else lora.optimizer(tx)
 
 
-def init_params_fn(config):
-  """`init_params(config, fresh, loaded)` for `init_from` when LoRA is on, else None."""
-  return None if lora_config(config) is None else init_params
+def trainable_count(config, params) -> int:
+  """Parameters the optimiser changes (with LoRA: the adapters)."""
+  return lora.count_params(params, trainable_only=lora_config(config) is not None)
 
 
-def init_params(config, fresh, loaded):
-  """Fresh adapters on the loaded base (`lora.load_base`).
+def init_from(config, fresh, loaded):
+  """`fresh` params with `loaded` (the `config.init_from` run's) copied in.
 
-  Raises ValueError naming the missing, unexpected or reshaped leaves when the
-  `init_from` checkpoint is not a base of this model (e.g. a different width or
-  number of classes, or a checkpoint that has adapters itself).
+  With LoRA: the whole base, fresh adapters (`lora.load_base`); raises
+  ValueError naming the missing, unexpected or reshaped leaves when the
+  checkpoint is not a base of this model. Without: every leaf whose path and
+  shape match is copied (a new head or changed layer keeps its initialisation).
+  Returns (params, report): report lists 'copied', 'fresh' and 'unused' paths.
   """
-  try:
-    return lora.load_base(fresh, loaded)
-  except ValueError as e:
-    raise ValueError(f'config.init_from={config.init_from!r} is not a base of this LoRA '
-                     f'model: {e}') from None
+  flat_loaded = {jax.tree_util.keystr(p, simple=True, separator='/'): x
+                 for p, x in jax.tree_util.tree_flatten_with_path(loaded)[0]}
+  if lora_config(config) is not None:
+    try:
+      params = lora.load_base(fresh, loaded)
+    except ValueError as e:
+      raise ValueError(f'config.init_from={config.init_from!r} is not a base of this LoRA '
+                       f'model: {e}') from None
+    return params, {'copied': sorted(flat_loaded), 'fresh': [], 'unused': []}
+  report = {'copied': [], 'fresh': []}
+
+  def pick(path, x):
+    name = jax.tree_util.keystr(path, simple=True, separator='/')
+    old = flat_loaded.get(name)
+    if old is not None and old.shape == x.shape:
+      report['copied'].append(name)
+      return old.astype(x.dtype)
+    report['fresh'].append(name)
+    return x
+  params = jax.tree_util.tree_map_with_path(pick, fresh)
+  report['unused'] = sorted(set(flat_loaded) - set(report['copied']))
+  return params, report
 
 
 def unwrap(config, model, params):
@@ -85,4 +107,3 @@ def unwrap(config, model, params):
   if cfg is None or not isinstance(model, lora.Adapted):
     return model, params
   return model.module, lora.merge(params, scale=cfg.scale)
-

@@ -1,29 +1,47 @@
 """Orbax checkpoints of a run: `workdir/checkpoints/<step>/{params,opt_state}`.
 
-    ckpt = checkpoint.Checkpointer(workdir, keep=3)
-    ckpt.save(step, params, opt_state)          # refuses non-finite params
+    ckpt = checkpoint.Checkpointer(workdir, every=1000, keep=3)
+    ckpt.save(step, params, opt_state)        # at the cadence; force=True for the last / SIGTERM
     restored = ckpt.restore(abstract_params, abstract_opt_state)  # (step, params, opt) | None
     step, params = checkpoint.restore_params(workdir)   # latest params, any model
 
 The step is the checkpoint's name; the data order and per-step rngs are
-functions of it, so nothing else needs saving. Orbax writes each step in a
-temporary directory and renames it when complete, so a run killed while
-saving leaves no half-written step behind; a step that is nevertheless
-unreadable (a corrupted disk, a truncated copy) is skipped with a warning and
-the previous one restored. All processes call save/restore (Orbax coordinates
-multi-host writes).
+functions of it, so nothing else needs saving. Orbax writes each step in the
+background (the loop goes on) into a temporary directory and renames it when
+complete, so a run killed while saving leaves the previous step intact.
+
+Integrity: each save also records a manifest, `checkpoints/<step>.manifest.json`,
+with the shape, dtype and CRC-32 of every array. Restoring checks it (and that
+every value is finite); a damaged step is skipped with a warning naming it and
+the previous one is used. A checkpoint whose shapes differ from the model's is
+not damage: restoring it raises `CheckpointMismatch`, and nothing is deleted.
+A failed save stops the run with `CheckpointSaveError` naming the path.
 """
+import contextlib
+import json
 import logging as logging_std
 import os
-from typing import Any, Optional, Tuple
+import zlib
+from typing import Any, Dict, Optional, Tuple
 
 from absl import logging
+from etils import epath
 import jax
 import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
 
-from train import models
 from train import sharding
+
+ITEMS = ('params', 'opt_state')
+
+
+class CheckpointMismatch(ValueError):
+  """A checkpoint holds arrays of other shapes than the model's: another model's run."""
+
+
+class CheckpointSaveError(RuntimeError):
+  """Writing a checkpoint failed; the run stops rather than go on unsaved."""
 
 
 class _OrbaxInfoFilter(logging_std.Filter):
@@ -33,17 +51,14 @@ class _OrbaxInfoFilter(logging_std.Filter):
     return record.levelno > logging_std.INFO or f'{os.sep}orbax{os.sep}' not in record.pathname
 
 
-def quiet_orbax_logging() -> None:
+def _quiet_orbax_logging() -> None:
   logger = logging_std.getLogger('absl')
   if not any(isinstance(f, _OrbaxInfoFilter) for f in logger.filters):
     logger.addFilter(_OrbaxInfoFilter())
 
 
-ITEMS = ('params', 'opt_state')
-
-
-def checkpoint_dir(workdir: str) -> str:
-  return os.path.join(os.path.abspath(workdir), 'checkpoints')
+def checkpoint_dir(workdir) -> epath.Path:
+  return epath.Path(workdir) / 'checkpoints'
 
 
 @jax.jit
@@ -57,74 +72,165 @@ def all_finite(tree) -> bool:
   return bool(_all_finite(tree))
 
 
-class Checkpointer:
-  """Saves every N steps (the caller decides), keeps the last `keep`."""
+def manifest(tree) -> Dict[str, list]:
+  """{path: [shape, dtype, crc32]} of every array of `tree` (fetched to the host)."""
+  out = {}
+  for path, x in jax.tree_util.tree_flatten_with_path(jax.device_get(tree))[0]:
+    x = np.ascontiguousarray(x)
+    out[jax.tree_util.keystr(path)] = [list(x.shape), str(x.dtype), zlib.crc32(x.tobytes())]
+  return out
 
-  def __init__(self, workdir: str, keep: int = 3, async_save: bool = True,
+
+def _shape_differences(saved_tree, abstract) -> list:
+  saved = {jax.tree_util.keystr(p): tuple(m.shape)
+           for p, m in jax.tree_util.tree_flatten_with_path(saved_tree)[0]}
+  want = {jax.tree_util.keystr(p): tuple(a.shape)
+          for p, a in jax.tree_util.tree_flatten_with_path(abstract)[0]}
+  diffs = [f'{k}: saved {saved[k]}, model {want[k]}' for k in sorted(set(saved) & set(want))
+           if saved[k] != want[k]]
+  diffs += [f'{k}: only in the checkpoint' for k in sorted(set(saved) - set(want))]
+  diffs += [f'{k}: only in the model' for k in sorted(set(want) - set(saved))]
+  return diffs
+
+
+class Checkpointer:
+  """Saves every `every` steps (and when forced), keeps the last `keep`, restores verified."""
+
+  def __init__(self, workdir, every: int = 1000, keep: int = 3, async_save: bool = True,
                create: bool = True):
-    quiet_orbax_logging()
+    _quiet_orbax_logging()
     self.directory = checkpoint_dir(workdir)
-    if not create and not os.path.isdir(self.directory):
+    if not create and not self.directory.is_dir():
       raise FileNotFoundError(f'no checkpoints directory {self.directory}')
-    self.manager = ocp.CheckpointManager(
-        self.directory,
-        item_handlers={name: ocp.StandardCheckpointHandler() for name in ITEMS},
-        options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=create,
-                                             enable_async_checkpointing=async_save))
+    try:
+      self.manager = ocp.CheckpointManager(
+          self.directory,
+          item_handlers={name: ocp.StandardCheckpointHandler() for name in ITEMS},
+          options=ocp.CheckpointManagerOptions(
+              max_to_keep=keep, create=create, enable_async_checkpointing=async_save,
+              save_decision_policy=ocp.checkpoint_managers.AnySavePolicy([
+                  ocp.checkpoint_managers.FixedIntervalPolicy(every),
+                  ocp.checkpoint_managers.PreemptionCheckpointingPolicy()])))
+    except OSError as e:
+      raise CheckpointSaveError(f'cannot create checkpoints in {self.directory}: {e}') from None
     self.unreadable = set()  # steps `restore` skipped: `save` replaces them
 
   def steps(self):
     return sorted(self.manager.all_steps())
 
-  def latest_step(self) -> Optional[int]:
-    return self.manager.latest_step()
+  def reached_preemption(self, step: int) -> bool:
+    """Orbax's preemption sync point (multi-host runs with jax.distributed)."""
+    return self.manager.reached_preemption(step)
 
-  def save(self, step: int, params, opt_state) -> None:
-    """Saves `step`; raises FloatingPointError (saving nothing) if params are not finite.
+  def _manifest_path(self, step: int) -> epath.Path:
+    return self.directory / f'{step}.manifest.json'
 
-    An existing readable checkpoint of `step` is kept; an unreadable one (seen
-    by `restore`) is replaced.
+  def save(self, step: int, params, opt_state, force: bool = False) -> bool:
+    """Saves `step` if the cadence (or `force`) says so; returns whether it did.
+
+    Raises FloatingPointError (saving nothing) if params are not finite, and
+    CheckpointSaveError naming the path if this or an earlier write failed.
     """
+    if not force and not self.manager.should_save(step):
+      return False
+    self.check()
+    if step in self.manager.all_steps() and step not in self.unreadable:
+      return False
     if not all_finite(params):
       self.manager.wait_until_finished()  # an earlier step's save still completes
       raise FloatingPointError(f'parameters at step {step} are not finite (NaN/Inf); '
                                f'refusing to write a checkpoint')
-    if step in self.manager.all_steps():
-      if step not in self.unreadable:
-        return
-      logging.warning('Replacing the unreadable checkpoint at step %d', step)
+    if step in self.unreadable:
+      logging.warning('Replacing the damaged checkpoint at step %d', step)
       self.manager.delete(step)
       self.unreadable.discard(step)
-    self.manager.save(step, args=ocp.args.Composite(
-        params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state)))
+    try:
+      self._manifest_path(step).write_text(json.dumps(
+          {name: manifest(tree) for name, tree in zip(ITEMS, (params, opt_state))}))
+      self.manager.save(step, force=True, args=ocp.args.Composite(
+          params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state)))
+    except OSError as e:
+      raise CheckpointSaveError(f'saving the checkpoint at step {step} in {self.directory} '
+                                f'failed: {e}') from None
+    self._prune_manifests(step)
+    return True
+
+  def check(self) -> None:
+    """Raises CheckpointSaveError if a background save has failed."""
+    try:
+      self.manager.check_for_errors()
+    except Exception as e:  # pylint: disable=broad-except
+      first = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+      raise CheckpointSaveError(f'saving a checkpoint in {self.directory} failed: '
+                                f'{first}') from None
+
+  def _prune_manifests(self, current: int) -> None:
+    """Deletes the manifests of steps Orbax no longer keeps."""
+    keep = set(self.manager.all_steps()) | {current}
+    for path in self.directory.glob('*.manifest.json'):
+      step = path.name.split('.')[0]
+      if step.isdigit() and int(step) not in keep:
+        path.unlink()
+
+  def _verify(self, step: int, restored: Dict[str, Any]) -> Optional[str]:
+    """Why the restored arrays of `step` are damaged, or None if they are sound."""
+    path = self._manifest_path(step)
+    if path.exists():
+      want = json.loads(path.read_text())
+      for name, tree in restored.items():
+        got = manifest(tree)
+        bad = [k for k in want.get(name, {}) if k in got and got[k] != want[name][k]]
+        if bad:
+          return f'{name}{bad[0]} does not match its recorded checksum'
+    if not all_finite(restored['params']):
+      return 'its parameters are not finite'
+    return None
 
   def restore(self, abstract_params=None, abstract_opt_state=None, mesh=None
               ) -> Optional[Tuple[int, Any, Any]]:
-    """The newest readable checkpoint as (step, params, opt_state), or None.
+    """The newest sound checkpoint as (step, params, opt_state), or None.
 
     The abstract trees (`jax.ShapeDtypeStruct`s with shardings) fix structure
     and placement. Without `abstract_params` the structure and shapes are read
     from the checkpoint and the params replicated over `mesh` (default: all
     devices), which restores a model other than the current one (init_from).
     opt_state is restored only when `abstract_opt_state` is given.
+
+    Raises CheckpointMismatch when the newest checkpoint's shapes differ from
+    the abstract params (another model's run): nothing is skipped or deleted.
     """
     for step in reversed(self.steps()):
       try:
-        target = (self.saved_params(step, mesh) if abstract_params is None
-                  else abstract_params)
-        items = {'params': ocp.args.StandardRestore(target)}
+        saved = self.saved_params(step, mesh)
+      except Exception as e:  # pylint: disable=broad-except
+        self._skip(step, f'{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""}')
+        continue
+      if abstract_params is not None:
+        diffs = _shape_differences(saved, abstract_params)
+        if diffs:
+          raise CheckpointMismatch(
+              f'the checkpoint at step {step} in {self.directory} belongs to another model '
+              f'({len(diffs)} arrays differ, e.g. {diffs[0]}); use a new workdir')
+      try:
+        items = {'params': ocp.args.StandardRestore(
+            saved if abstract_params is None else abstract_params)}
         if abstract_opt_state is not None:
           items['opt_state'] = ocp.args.StandardRestore(abstract_opt_state)
-        restored = self.manager.restore(step, args=ocp.args.Composite(**items))
+        restored = dict(self.manager.restore(step, args=ocp.args.Composite(**items)))
       except Exception as e:  # pylint: disable=broad-except
-        first_line = str(e).splitlines()[0] if str(e) else ''
-        logging.warning('Checkpoint at step %d in %s is unreadable (%s: %s); falling back '
-                        'to the previous one', step, self.directory, type(e).__name__,
-                        first_line)
-        self.unreadable.add(step)
+        self._skip(step, f'{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""}')
+        continue
+      damage = self._verify(step, restored)
+      if damage:
+        self._skip(step, damage)
         continue
       return step, restored['params'], restored.get('opt_state')
     return None
+
+  def _skip(self, step: int, why: str) -> None:
+    logging.warning('The checkpoint at step %d (%s) is damaged: %s; falling back to the '
+                    'previous one', step, self.directory / str(step), why)
+    self.unreadable.add(step)
 
   def saved_params(self, step: int, mesh=None):
     """The params tree saved at `step` as ShapeDtypeStructs replicated over `mesh`."""
@@ -134,13 +240,27 @@ class Checkpointer:
     return jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=repl),
                         tree)
 
+  @contextlib.contextmanager
+  def finishing(self):
+    """Lets an in-flight background save complete if the block raises (so the
+    previous sound checkpoint stays usable and nothing is torn down mid-write)."""
+    try:
+      yield
+    except BaseException:
+      try:
+        self.manager.wait_until_finished()
+      except Exception:  # pylint: disable=broad-except  (the first error wins)
+        pass
+      raise
+
   def close(self) -> None:
     self.manager.wait_until_finished()
+    self.check()
     self.manager.close()
 
 
-def restore_params(workdir: str, mesh=None, abstract_params=None) -> Tuple[int, Any]:
-  """(step, params) of the newest readable checkpoint of `workdir`.
+def restore_params(workdir, mesh=None, abstract_params=None) -> Tuple[int, Any]:
+  """(step, params) of the newest sound checkpoint of `workdir`.
 
   See `Checkpointer.restore`; raises FileNotFoundError if none is readable.
   """
@@ -148,32 +268,7 @@ def restore_params(workdir: str, mesh=None, abstract_params=None) -> Tuple[int, 
   try:
     restored = ckpt.restore(abstract_params, mesh=mesh)
   finally:
-    ckpt.close()
+    ckpt.manager.close()
   if restored is None:
     raise FileNotFoundError(f'no readable checkpoint in {ckpt.directory}')
   return restored[0], restored[1]
-
-
-def merge_params(fresh, loaded):
-  """Copies every leaf of `loaded` whose path and shape match into `fresh`.
-
-  Returns (params, report) where report lists 'copied', 'fresh' (kept their
-  initialisation: new or reshaped, e.g. a new head or LoRA factors) and
-  'unused' (in the checkpoint only) parameter paths.
-  """
-  flat_loaded = {models.path_str(p): x
-                 for p, x in jax.tree_util.tree_flatten_with_path(loaded)[0]}
-  report = {'copied': [], 'fresh': [], 'unused': []}
-
-  def pick(path, x):
-    name = models.path_str(path)
-    old = flat_loaded.get(name)
-    if old is not None and old.shape == x.shape:
-      report['copied'].append(name)
-      return old.astype(x.dtype)
-    report['fresh'].append(name)
-    return x
-  params = jax.tree_util.tree_map_with_path(pick, fresh)
-  used = set(report['copied'])
-  report['unused'] = sorted(set(flat_loaded) - used)
-  return params, report

@@ -1,94 +1,118 @@
-"""Where metrics go: `metrics.jsonl`, TensorBoard events and progress lines.
+"""Where metrics go: clu writers (log lines, TensorBoard) and `metrics.jsonl`.
 
-    writer = metrics.MetricWriter(workdir, enabled=jax.process_index() == 0)
-    writer.write(300, 'train', {'loss': 0.41, 'accuracy': 0.87, ...})
-    print(metrics.progress_line(300, 1000, {...}, examples_per_sec=2345, eta_s=31))
-    # step 300/1000 | loss 0.412 | acc 0.871 | 2345 ex/s | eta 0:00:31
+    writer = metrics.create_writer(workdir, enabled=jax.process_index() == 0, resume_step=0)
+    writer.write_scalars(300, {'train/loss': 0.41, 'train/accuracy': 0.87})
 
-Each metrics.jsonl line is one JSON object with 'step', 'split' ('train' or
-'eval') and the metric values; TensorBoard tags are '<split>/<metric>'.
+Each metrics.jsonl line is one JSON object with 'step', 'split' ('train',
+'eval', or 'progress' for clu's steps_per_sec and uptime: the part of the key
+before '/') and the metric values; a value that
+is not finite (NaN, inf) is written as null, so every line is valid JSON.
+TensorBoard events go through `clu.metric_writers` (tf.summary, which writes
+to any filesystem tf.io.gfile knows, gs:// included). A resumed run first
+drops the lines written after the step it resumes from, so no row repeats.
 """
-import datetime
 import json
-import os
-from typing import Dict, Mapping, Optional
+import math
+from typing import Any, Dict, Mapping, Optional
 
+from clu import metric_writers
+from etils import epath
 import numpy as np
-import tensorboardX
+
+JSONL = 'metrics.jsonl'
 
 
-_SHORT = {'accuracy': 'acc', 'top5_accuracy': 'top5', 'learning_rate': 'lr'}
-
-
-def reduce_sums(sums: Mapping[str, float]) -> Dict[str, float]:
+def reduce_sums(sums: Mapping[str, Any]) -> Dict[str, float]:
   """Metric sums with a 'count' (the task convention) -> means."""
   count = max(float(sums['count']), 1.0)
   return {k: float(v) / count for k, v in sums.items() if k != 'count'}
 
 
-def add_sums(total: Optional[Dict[str, float]], sums: Mapping[str, float]) -> Dict[str, float]:
-  total = dict(total or {})
-  for k, v in sums.items():
-    total[k] = total.get(k, 0.0) + float(np.asarray(v, np.float64))
-  return total
-
-
 def sum_rows(rows) -> Dict[str, float]:
-  """Adds up an iterable of metric-sum dicts."""
-  total = {}
+  """Adds up an iterable of metric-sum dicts (in float64)."""
+  total: Dict[str, float] = {}
   for row in rows:
-    total = add_sums(total, row)
+    for k, v in row.items():
+      total[k] = total.get(k, 0.0) + float(np.asarray(v, np.float64))
   return total
 
 
-def format_duration(seconds: float) -> str:
-  return str(datetime.timedelta(seconds=int(max(seconds, 0))))
+def _finite_or_none(value) -> Optional[float]:
+  value = float(value)
+  return value if math.isfinite(value) else None
 
 
-def progress_line(step: int, total: int, values: Mapping[str, float], *,
-                  examples_per_sec: Optional[float] = None,
-                  eta_s: Optional[float] = None, prefix: str = 'step') -> str:
-  parts = [f'{prefix} {step}/{total}']
-  for key in ('loss', 'accuracy', 'top5_accuracy'):
-    if key in values:
-      parts.append(f'{_SHORT.get(key, key)} {values[key]:.4g}')
-  for key, value in values.items():
-    if key not in ('loss', 'accuracy', 'top5_accuracy', 'examples_per_sec',
-                   'epoch_time_s', 'learning_rate'):
-      parts.append(f'{_SHORT.get(key, key)} {value:.4g}')
-  if 'learning_rate' in values:
-    parts.append(f'lr {values["learning_rate"]:.3g}')
-  if examples_per_sec:
-    parts.append(f'{examples_per_sec:.0f} ex/s')
-  if eta_s is not None:
-    parts.append(f'eta {format_duration(eta_s)}')
-  return ' | '.join(parts)
+def read_jsonl(path) -> list:
+  """The rows of a metrics.jsonl file; a torn last line (a run still writing) is skipped."""
+  path = epath.Path(path)
+  if not path.exists():
+    return []
+  rows = []
+  for line in path.read_text().splitlines():
+    try:
+      rows.append(json.loads(line))
+    except json.JSONDecodeError:
+      continue
+  return rows
 
 
-class MetricWriter:
-  """Writes metrics of process 0; on other processes every call does nothing."""
+class JsonlWriter(metric_writers.MetricWriter):
+  """A clu MetricWriter for `metrics.jsonl` (scalars only; other kinds are ignored)."""
 
-  def __init__(self, workdir: str, enabled: bool = True):
-    self.enabled = enabled
-    self._jsonl = None
-    self._tb = None
-    if enabled:
-      os.makedirs(workdir, exist_ok=True)
-      self._jsonl = open(os.path.join(workdir, 'metrics.jsonl'), 'a')
-      self._tb = tensorboardX.SummaryWriter(os.path.join(workdir, 'tensorboard'))
+  def __init__(self, path, resume_step: int = 0):
+    self.path = epath.Path(path)
+    rows = [r for r in read_jsonl(self.path) if r.get('step', 0) <= resume_step]
+    self.path.parent.mkdir(parents=True, exist_ok=True)
+    self.path.write_text(''.join(json.dumps(r) + '\n' for r in rows))
+    self._file = self.path.open('a')
 
-  def write(self, step: int, split: str, values: Mapping[str, float]) -> None:
-    if not self.enabled:
-      return
-    row = {'step': int(step), 'split': split}
-    row.update({k: float(v) for k, v in values.items()})
-    self._jsonl.write(json.dumps(row) + '\n')
-    self._jsonl.flush()
-    for k, v in values.items():
-      self._tb.add_scalar(f'{split}/{k}', float(v), int(step))
-    self._tb.flush()
+  def write_scalars(self, step: int, scalars: Mapping[str, Any]):
+    rows: Dict[str, Dict[str, Any]] = {}
+    for key, value in scalars.items():
+      split, _, name = key.rpartition('/')
+      rows.setdefault(split or 'progress', {})[name] = _finite_or_none(value)
+    for split, values in rows.items():
+      self._file.write(json.dumps({'step': int(step), 'split': split, **values}) + '\n')
+    self._file.flush()
 
-  def close(self) -> None:
-    if self.enabled:
-      self._jsonl.close()
-      self._tb.close()
+  def write_summaries(self, step, values, metadata=None):
+    del step, values, metadata
+
+  def write_images(self, step, images):
+    del step, images
+
+  def write_videos(self, step, videos):
+    del step, videos
+
+  def write_audios(self, step, audios, *, sample_rate):
+    del step, audios, sample_rate
+
+  def write_texts(self, step, texts):
+    del step, texts
+
+  def write_histograms(self, step, arrays, num_buckets=None):
+    del step, arrays, num_buckets
+
+  def write_hparams(self, hparams):
+    del hparams
+
+  def flush(self):
+    self._file.flush()
+
+  def close(self):
+    self._file.close()
+
+
+def create_writer(workdir, *, enabled: bool, resume_step: int = 0
+                  ) -> metric_writers.MetricWriter:
+  """Log lines, TensorBoard events in `workdir/tensorboard` and `workdir/metrics.jsonl`.
+
+  On processes other than the writer (`enabled=False`) only log lines.
+  """
+  if not enabled:
+    return metric_writers.create_default_writer(just_logging=True, asynchronous=False)
+  workdir = epath.Path(workdir)
+  return metric_writers.MultiWriter([
+      metric_writers.create_default_writer(workdir / 'tensorboard', asynchronous=False),
+      JsonlWriter(workdir / JSONL, resume_step),
+  ])

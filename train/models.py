@@ -1,194 +1,108 @@
-"""Builds the model a config names, and counts its parameters.
+"""Builds the model `config.model.kind` names, straight from the config.
 
-    model = models.create_model(config)           # ViT, TextClassifier, CausalTransformer, MLP
-    x = models.dummy_inputs(config, batch_size=2)  # what model(x, train=...) takes
+    model = models.create_model(config)            # ViT, TextClassifier, CausalTransformer, MLP
+    x = models.dummy_inputs(config, batch_size=2)   # what model(x, train=...) takes
 
-`MODEL_KINDS` maps `config.model.kind` to a `ModelKind`; a new kind is one
-more entry. With `config.lora.rank > 0` the model comes wrapped in
-`lora.Adapted` (see `train/adapters.py`).
+Kinds: 'vit' (images), 'text' (byte or token sequences), 'causal' (pixel
+tokens, the autoregressive pixel model) and 'mlp' (images, the LoRA study's
+base). With `config.lora.rank > 0` the model comes wrapped in `lora.Adapted`
+(see `train/adapters.py`).
 """
-import dataclasses
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Dict, Tuple
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from efficient_attn import models as ea_models
+from efficient_attn import models as ea
 from train import adapters
 from train import input_pipeline
 
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelKind:
-  """How to build one kind of model from a config.
-
-  Attributes:
-    build: `build(config, **overrides) -> nn.Module`.
-    input_kind: the dataset kind it consumes ('image' or 'text').
-    dummy_inputs: `dummy_inputs(config, batch_size) -> array` for `init`.
-    sequence_length: `sequence_length(config) -> (tokens the attention sees,
-      context length the model is built for)`.
-    causal: whether its attention layers are causal (checked against the
-      mechanism by the config validation).
-    tasks: the `config.task` values it serves.
-  """
-  build: Callable[..., nn.Module]
-  input_kind: str
-  dummy_inputs: Callable[[Any, int], jnp.ndarray]
-  sequence_length: Callable[[Any], Tuple[int, int]]
-  causal: bool = False
-  tasks: Tuple[str, ...] = ('classification',)
-
-
-def compute_dtype(config):
-  return DTYPES[config.train.dtype]
-
-
-def attention_options(config) -> Dict[str, Any]:
-  """`config.attention.options` as a plain dict."""
-  options = config.attention.options
-  return options.to_dict() if hasattr(options, 'to_dict') else dict(options or {})
-
-
-def _common(config) -> Dict[str, Any]:
-  m, a = config.model, config.attention
-  return dict(num_classes=input_pipeline.num_classes(config), d_model=m.d_model, depth=m.depth,
-              num_heads=m.num_heads, mlp_dim=m.mlp_dim, pool=m.pool,
-              mechanism=a.mechanism, projection=a.projection,
-              options=attention_options(config), dropout_rate=m.dropout_rate,
-              attention_dropout_rate=m.attention_dropout_rate, dtype=compute_dtype(config))
-
-
-def _vit(config, **overrides) -> nn.Module:
-  return ea_models.ViT(patch_size=config.model.patch_size,
-                       **{**_common(config), **overrides})
-
-
-def _vit_inputs(config, batch_size: int):
-  d = config.dataset
-  return jnp.zeros((batch_size, d.image_size, d.image_size, d.channels), jnp.float32)
-
-
-def _vit_length(config):
-  n = (config.dataset.image_size // config.model.patch_size) ** 2
-  n += config.model.pool == 'cls'
-  return n, n
-
-
-def _text_max_length(config) -> int:
-  return config.model.max_length or config.dataset.max_length
-
-
-def _text(config, **overrides) -> nn.Module:
-  return ea_models.TextClassifier(vocab_size=input_pipeline.TEXT_VOCAB_SIZE,
-                                  max_length=_text_max_length(config),
-                                  **{**_common(config), **overrides})
-
-
-def _text_inputs(config, batch_size: int):
-  return jnp.ones((batch_size, config.dataset.max_length), jnp.int32)
-
-
-def _text_length(config):
-  cls = config.model.pool == 'cls'
-  return config.dataset.max_length + cls, _text_max_length(config) + cls
-
-
+KINDS = ('vit', 'text', 'causal', 'mlp')
+# What each kind reads (`input_pipeline.input_kind`) and the tasks it serves.
+READS = {'vit': ('image',), 'text': ('text', 'tokens'), 'causal': ('pixels',),
+         'mlp': ('image',)}
+TASKS = {'vit': ('classification',), 'text': ('classification',), 'causal': ('pixel_lm',),
+         'mlp': ('classification',)}
 PIXEL_LEVELS = 256  # causal pixel model: tokens 0..255, start token 256
 
 
-def _pixels_length(config):
-  n = config.dataset.image_size ** 2
-  return n, n
-
-
-def _causal(config, **overrides) -> nn.Module:
-  kwargs = {k: v for k, v in _common(config).items() if k not in ('num_classes', 'pool')}
-  return ea_models.CausalTransformer(vocab_size=PIXEL_LEVELS,
-                                     max_length=_pixels_length(config)[1],
-                                     **{**kwargs, **overrides})
-
-
-def _causal_inputs(config, batch_size: int):
-  return jnp.zeros((batch_size, _pixels_length(config)[0]), jnp.int32)
-
-
-class MLP(nn.Module):
-  """Flatten -> `depth` x (Dense(width) -> ReLU) -> Dense(num_classes) 'head'.
-
-  The LoRA study's base model (784-64-64-10 on MNIST: depth 2, width 64;
-  55,050 parameters). Layers: 'hidden_0', ..., 'head'.
-  """
-  num_classes: int
-  depth: int = 2
-  width: int = 64
-  dtype: Any = None
-
-  @nn.compact
-  def __call__(self, images, *, train: bool = False):
-    """images `[b, h, w, c]` -> logits `[b, num_classes]` float32."""
-    del train
-    x = images.reshape((images.shape[0], -1)).astype(self.dtype or jnp.float32)
-    for i in range(self.depth):
-      x = nn.relu(nn.Dense(self.width, dtype=self.dtype, name=f'hidden_{i}')(x))
-    return nn.Dense(self.num_classes, dtype=self.dtype, name='head')(x).astype(jnp.float32)
-
-
-def _mlp(config, **overrides) -> nn.Module:
-  kwargs = dict(num_classes=input_pipeline.num_classes(config), depth=config.model.depth,
-                width=config.model.mlp_dim, dtype=compute_dtype(config))
-  return MLP(**{**kwargs, **overrides})
-
-
-MODEL_KINDS = {
-    'vit': ModelKind(_vit, 'image', _vit_inputs, _vit_length),
-    'text': ModelKind(_text, 'text', _text_inputs, _text_length),
-    'causal': ModelKind(_causal, 'pixels', _causal_inputs, _pixels_length, causal=True,
-                        tasks=('pixel_lm',)),
-    'mlp': ModelKind(_mlp, 'image', _vit_inputs, lambda config: (0, 0)),
-}
-
-
-def get_kind(name: str) -> ModelKind:
-  if name not in MODEL_KINDS:
-    raise ValueError(f'config.model.kind={name!r} is not valid; valid choices: '
-                     f'{", ".join(MODEL_KINDS)}')
-  return MODEL_KINDS[name]
-
-
-def create_model(config, **overrides) -> nn.Module:
-  """The model of `config.model.kind` (LoRA-adapted if `config.lora.rank > 0`);
-  `overrides` replace constructor arguments of the base model."""
-  return adapters.wrap(config, get_kind(config.model.kind).build(config, **overrides))
-
-
-def dummy_inputs(config, batch_size: int = 1):
-  return get_kind(config.model.kind).dummy_inputs(config, batch_size)
+def attention_options(config) -> Dict[str, Any]:
+  """The options set in `config.attention.options` (None entries mean 'the default')."""
+  options = config.attention.options
+  options = options.to_dict() if hasattr(options, 'to_dict') else dict(options or {})
+  return {k: v for k, v in options.items() if v is not None}
 
 
 def sequence_length(config) -> Tuple[int, int]:
   """(tokens the attention sees, context length the model is built for)."""
-  return get_kind(config.model.kind).sequence_length(config)
+  m, d = config.model, config.dataset
+  if m.kind == 'vit':
+    n = ea.vit.vit_length(d.image_size, m.patch_size, m.pool)
+    return n, n
+  if m.kind == 'text':
+    cls = m.pool == 'cls'
+    return d.max_length + cls, (m.max_length or d.max_length) + cls
+  if m.kind == 'causal':
+    n = d.image_size ** 2 * d.channels
+    return n, n
+  return 0, 0
 
 
-def path_str(path) -> str:
-  """A jax key path -> 'encoder/block_0/attention/query/kernel'."""
-  return '/'.join(str(getattr(k, 'key', getattr(k, 'idx', k))) for k in path)
+def transformer_config(config, **changes) -> ea.TransformerConfig:
+  """The encoder settings of `config.model` and `config.attention`."""
+  m, a = config.model, config.attention
+  return ea.TransformerConfig(
+      d_model=m.d_model, depth=m.depth, num_heads=m.num_heads, mlp_dim=m.mlp_dim,
+      mechanism=a.mechanism, projection=a.projection, options=attention_options(config),
+      dropout_rate=m.dropout_rate, attention_dropout_rate=m.attention_dropout_rate,
+      reversible=m.reversible, rotary=a.rotary, dtype=DTYPES[config.train.dtype], **changes)
+
+
+def create_model(config) -> nn.Module:
+  """The model of `config.model.kind` (LoRA-adapted if `config.lora.rank > 0`)."""
+  m = config.model
+  num_classes = input_pipeline.num_classes(config)
+  if m.kind == 'vit':
+    model = ea.ViT(transformer_config(config), num_classes=num_classes,
+                   patch_size=m.patch_size, pool=m.pool)
+  elif m.kind == 'text':
+    vocab = (input_pipeline.TEXT_VOCAB_SIZE if input_pipeline.input_kind(config) == 'text'
+             else input_pipeline.vocab_size(config))
+    model = ea.TextClassifier(
+        transformer_config(config, max_length=m.max_length or config.dataset.max_length),
+        num_classes=num_classes, vocab_size=vocab, pool=m.pool)
+  elif m.kind == 'causal':
+    model = ea.CausalTransformer(
+        transformer_config(config, max_length=sequence_length(config)[1]),
+        vocab_size=PIXEL_LEVELS)
+  elif m.kind == 'mlp':
+    model = ea.MLP(num_classes, depth=m.depth, width=m.mlp_dim,
+                   dtype=DTYPES[config.train.dtype])
+  else:
+    raise ValueError(f'config.model.kind={m.kind!r} is not valid; valid choices: '
+                     f'{", ".join(KINDS)}')
+  return adapters.wrap(config, model)
+
+
+def dummy_inputs(config, batch_size: int = 1):
+  """Zero inputs of the shape `create_model(config)` takes."""
+  d, kind = config.dataset, config.model.kind
+  if kind in ('vit', 'mlp'):
+    return jnp.zeros((batch_size, d.image_size, d.image_size, d.channels), jnp.float32)
+  if kind == 'text':
+    return jnp.ones((batch_size, d.max_length), jnp.int32)
+  return jnp.zeros((batch_size, sequence_length(config)[0]), jnp.int32)
 
 
 def count_params(params) -> int:
   return int(sum(x.size for x in jax.tree.leaves(params)))
 
 
-def count_trainable(params, trainable_fn=None) -> int:
-  """Parameters `trainable_fn` (a predicate on paths; None: all) lets train."""
-  if trainable_fn is None:
-    return count_params(params)
-  return int(sum(x.size for path, x in jax.tree_util.tree_flatten_with_path(params)[0]
-                 if trainable_fn(path_str(path))))
+def path_str(path) -> str:
+  """A jax key path -> 'encoder/block_0/attention/query/kernel'."""
+  return jax.tree_util.keystr(path, simple=True, separator='/')
 
 
 def parameter_counts(params) -> Tuple[int, int]:

@@ -1,24 +1,32 @@
-"""Optimiser: linear warmup + cosine decay, decoupled weight decay, clipping, freezing.
+"""Optimiser: linear warmup + cosine decay, decoupled weight decay, clipping, LoRA freezing.
 
-    tx = optim.create_optimizer(config, num_steps, trainable_fn=None)
+    tx = optim.create_optimizer(config, num_steps)
     lr = optim.learning_rate_schedule(config, num_steps)(step)
 """
-from typing import Callable, Optional
-
 import jax
 import optax
 
-from train import models
+from train import adapters
 
 OPTIMIZERS = ('adamw', 'sgd')
 
 
-def learning_rate_schedule(config, num_steps: int) -> optax.Schedule:
-  """0 -> optim.learning_rate over warmup_steps, then cosine to 0 at num_steps."""
+def warmup_steps(config, num_steps: int) -> int:
+  """`optim.warmup_steps`, capped at `optim.max_warmup_fraction` of the run.
+
+  So a short run (a smoke test, `--config.train.num_steps=200`) is not all
+  warmup; the cap is logged by the trainer when it applies.
+  """
   o = config.optim
-  warmup = min(o.warmup_steps, max(num_steps - 1, 0))
+  cap = int(o.get('max_warmup_fraction', 1.0) * num_steps)
+  return max(0, min(o.warmup_steps, cap, num_steps - 1))
+
+
+def learning_rate_schedule(config, num_steps: int) -> optax.Schedule:
+  """0 -> optim.learning_rate over the warmup, then cosine to 0 at num_steps."""
+  warmup = warmup_steps(config, num_steps)
   return optax.warmup_cosine_decay_schedule(
-      init_value=0.0, peak_value=o.learning_rate, warmup_steps=warmup,
+      init_value=0.0, peak_value=config.optim.learning_rate, warmup_steps=warmup,
       decay_steps=max(num_steps, warmup + 1), end_value=0.0)
 
 
@@ -27,19 +35,9 @@ def _decay_mask(params):
   return jax.tree.map(lambda x: x.ndim > 1, params)
 
 
-def create_optimizer(config, num_steps: int,
-                     trainable_fn: Optional[Callable[[str], bool]] = None
-                     ) -> optax.GradientTransformation:
-  """The optax transformation of `config.optim`.
-
-  Args:
-    config: the experiment config.
-    num_steps: length of the cosine schedule.
-    trainable_fn: None (train every parameter) or a predicate on parameter
-      paths ('encoder/block_0/attention/query/kernel'); parameters it rejects
-      get zero updates (optax.multi_transform), and the gradient clipping norm
-      is taken over the trainable ones only.
-  """
+def create_optimizer(config, num_steps: int) -> optax.GradientTransformation:
+  """The optax transformation of `config.optim` (LoRA: only the adapters train,
+  and the clipping norm is taken over them alone)."""
   o = config.optim
   lr = learning_rate_schedule(config, num_steps)
   chain = [optax.clip_by_global_norm(o.grad_clip)] if o.grad_clip > 0 else []
@@ -52,11 +50,4 @@ def create_optimizer(config, num_steps: int,
   else:
     raise ValueError(f'config.optim.name={o.name!r} is not valid; valid choices: '
                      f'{", ".join(OPTIMIZERS)}')
-  tx = optax.chain(*chain)
-  if trainable_fn is None:
-    return tx
-
-  def labels(params):
-    return jax.tree_util.tree_map_with_path(
-        lambda path, _: 'train' if trainable_fn(models.path_str(path)) else 'freeze', params)
-  return optax.multi_transform({'train': tx, 'freeze': optax.set_to_zero()}, labels)
+  return adapters.optimizer(config, optax.chain(*chain))

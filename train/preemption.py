@@ -17,8 +17,8 @@ from absl import logging
 class StopOnSignal:
   """Context manager that turns the given signals into `self.requested = True`."""
 
-  def __init__(self, signals=(signal.SIGTERM,)):
-    self.signals = tuple(signals)
+  def __init__(self, signals=(signal.SIGTERM,), enabled: bool = True):
+    self.signals = tuple(signals) if enabled else ()
     self.requested = False
     self.signal_name = ''
     self._previous = {}

@@ -8,6 +8,8 @@ array, so the jit-compiled step is the same program on 1 or 1000 devices.
 """
 import collections
 import os
+import sys
+import threading
 from typing import Iterator, Optional
 
 from absl import logging
@@ -36,8 +38,27 @@ def _multi_process_env() -> bool:
   return False
 
 
+def check_distributed_flags(coordinator_address: str, num_processes: int,
+                            process_id: int) -> None:
+  """One-line ValueErrors for multi-host settings that cannot work."""
+  if num_processes < 0:
+    raise ValueError(f'--num_processes={num_processes} is not valid; it must be >= 1 (or 0: '
+                     f'from the environment)')
+  if process_id < -1 or (num_processes > 0 and process_id >= num_processes):
+    valid = f'0..{num_processes - 1}' if num_processes > 0 else '>= 0'
+    raise ValueError(f'--process_id={process_id} is not valid for --num_processes='
+                     f'{num_processes}; valid: {valid}')
+  if (num_processes > 1 or process_id >= 0) and not coordinator_address:
+    raise ValueError(f'--num_processes={num_processes} --process_id={process_id} need '
+                     f'--coordinator_address=host:port (process 0\'s address)')
+  if coordinator_address and num_processes > 1 and process_id < 0:
+    raise ValueError(f'--coordinator_address={coordinator_address} with --num_processes='
+                     f'{num_processes} needs --process_id (0..{num_processes - 1})')
+
+
 def initialize_distributed(coordinator_address: str = '', num_processes: int = 0,
-                           process_id: int = -1, mode: str = 'auto') -> bool:
+                           process_id: int = -1, mode: str = 'auto',
+                           timeout_s: int = 300) -> bool:
   """Calls `jax.distributed.initialize` when this is a multi-process run.
 
   Args:
@@ -49,6 +70,7 @@ def initialize_distributed(coordinator_address: str = '', num_processes: int = 0
       when the environment describes a cluster: a TPU pod slice, SLURM, Open
       MPI, JAX_COORDINATOR_ADDRESS), 'on' (always, no-argument form unless
       settings are given) or 'off'.
+    timeout_s: how long to wait for every process to connect before failing.
   Returns:
     whether jax.distributed was initialised.
   """
@@ -60,13 +82,32 @@ def initialize_distributed(coordinator_address: str = '', num_processes: int = 0
   coordinator_address = coordinator_address or env.get('JAX_COORDINATOR_ADDRESS', '')
   num_processes = num_processes if num_processes > 0 else int(env.get('JAX_NUM_PROCESSES', 0))
   process_id = process_id if process_id >= 0 else int(env.get('JAX_PROCESS_ID', -1))
+  check_distributed_flags(coordinator_address, num_processes, process_id)
   if coordinator_address:
-    jax.distributed.initialize(
-        coordinator_address=coordinator_address,
-        num_processes=num_processes if num_processes > 0 else None,
-        process_id=process_id if process_id >= 0 else None)
+    logging.info('jax.distributed: process %s of %s connecting to %s (waiting up to %d s '
+                 'for every process)', process_id, num_processes, coordinator_address,
+                 timeout_s)
+    message = (f'process {process_id} of {num_processes} could not join '
+               f'{coordinator_address} within {timeout_s} s (is every process started, '
+               f'with the same --coordinator_address and --num_processes?)')
+    # JAX aborts the process when peers are missing; say why first, and exit cleanly.
+    watchdog = threading.Timer(timeout_s, lambda: (sys.stderr.write(f'Error: {message}\n'),
+                                                   sys.stderr.flush(), os._exit(1)))
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+      jax.distributed.initialize(
+          coordinator_address=coordinator_address,
+          num_processes=num_processes if num_processes > 0 else None,
+          process_id=process_id if process_id >= 0 else None,
+          initialization_timeout=timeout_s + 60)
+    except Exception as e:  # pylint: disable=broad-except  (XLA runtime errors)
+      first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+      raise ConnectionError(f'{message}: {first}') from None
+    finally:
+      watchdog.cancel()
   elif mode == 'on' or _multi_process_env():
-    jax.distributed.initialize()
+    jax.distributed.initialize(initialization_timeout=timeout_s)
   else:
     return False
   logging.info('jax.distributed: process %d of %d, %d local / %d global devices',

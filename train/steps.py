@@ -1,6 +1,6 @@
 """The jit-compiled pieces of training: state creation, train step, eval step.
 
-    state = steps.create_train_state(task, model, tx, config, mesh)
+    state = steps.create_train_state(model, tx, config, mesh, key)
     train_step = steps.make_train_step(task, model, tx, base_key, mesh)
     state, metrics = train_step(state, global_batch)     # metric sums of the step
     eval_step = steps.make_eval_step(task, model, mesh)
@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from train import models
 from train import sharding
 
 
@@ -29,9 +30,9 @@ class TrainState:
   opt_state: Any
 
 
-def init_params(task, model, config, key):
-  """Fresh parameters of `model` (float32) from `task.init_inputs(config)`."""
-  variables = model.init({'params': key}, task.init_inputs(config), train=False)
+def init_params(model, config, key):
+  """Fresh parameters of `model` (float32), initialised on `models.dummy_inputs(config)`."""
+  variables = model.init({'params': key}, models.dummy_inputs(config), train=False)
   return variables['params']
 
 
@@ -40,28 +41,28 @@ def _with_sharding(shapes, mesh):
   return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=repl), shapes)
 
 
-def abstract_params(task, model, config, mesh):
+def abstract_params(model, config, mesh):
   """The params as ShapeDtypeStructs with replicated shardings (no compute)."""
   return _with_sharding(jax.eval_shape(
-      lambda: init_params(task, model, config, jax.random.key(0))), mesh)
+      lambda: init_params(model, config, jax.random.key(0))), mesh)
 
 
-def abstract_state(task, model, tx, config, mesh) -> TrainState:
+def abstract_state(model, tx, config, mesh) -> TrainState:
   """The TrainState as ShapeDtypeStructs with replicated shardings (no compute)."""
   def build():
-    params = init_params(task, model, config, jax.random.key(0))
+    params = init_params(model, config, jax.random.key(0))
     return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
   return _with_sharding(jax.eval_shape(build), mesh)
 
 
-def create_train_state(task, model, tx, config, mesh, key, params=None) -> TrainState:
+def create_train_state(model, tx, config, mesh, key, params=None) -> TrainState:
   """A replicated TrainState at step 0, params from `key` unless `params` are given."""
   repl = sharding.replicated(mesh)
 
   def from_params(p):
     return TrainState(jnp.zeros((), jnp.int32), p, tx.init(p))
   if params is None:
-    return jax.jit(lambda k: from_params(init_params(task, model, config, k)),
+    return jax.jit(lambda k: from_params(init_params(model, config, k)),
                    out_shardings=repl)(key)
   return jax.jit(from_params, out_shardings=repl)(jax.device_put(params, repl))
 

@@ -1,24 +1,30 @@
-"""Expand a sweep into named runs; run them here one after another, or print pod commands.
+"""Expand a sweep into named runs; check them, run them here one after another, or print pod commands.
 
 A sweep file defines `get_sweep()` returning a dict with
-  * `config`: the config file (big_vision style `path[:arg]`) — or put several
-    under `grid['config']` to sweep datasets / experiments;
+  * `config`: the config file (big_vision style `path[:arg]`), or several
+    under `grid['config']` to sweep experiments (`configs/cifar10.py:<m>`);
   * `grid`: {override or 'config': [values]}, expanded as a Cartesian product, and/or
-  * `runs`: an explicit list of {override: value} dicts (each merged over `fixed`);
+  * `runs`: an explicit list of {override: value} dicts (each merged over `fixed`;
+    a 'config' key picks the run's config file, a 'name' key names its workdir);
   * `fixed`: overrides applied to every run (e.g. {'train.num_steps': 500}).
 Overrides are `ConfigDict` paths as on the command line (`attention.mechanism`).
+'{root}' in a config argument or an override value is replaced by --root (a
+run can start from another run of the sweep, e.g. `init_from='{root}/base'`).
 
     python -m train.sweep --sweep=sweeps/mnist_projections.py --root=runs/mnist list
     python -m train.sweep --sweep=sweeps/mnist_projections.py --root=runs/mnist run
     python -m train.sweep --sweep=sweeps/mnist_projections.py --root=runs/mnist pod \
         --tpu_name=my-v4-32 --zone=us-central2-b
 
-`run` skips finished runs (their workdir has `results.json`) and resumes
-unfinished ones (re-running the same command restores the latest checkpoint);
-a failing run is reported and the sweep goes on. `pod` prints, for each run,
-the one command that starts it on every worker of a TPU VM pod.
+Every action first builds and validates each run's config exactly as main.py
+would, and stops with one line per bad run. `list` shows each run's status:
+'done' (results.json, same config), 'partial' (resumable), 'new', or
+'changed' (the workdir holds a run of another config: `run` will not touch it).
+`run` skips finished runs and resumes unfinished ones (re-running the same
+command restores the newest checkpoint); a failing run is reported and the
+sweep goes on. `pod` prints, for each run, the one command that starts it on
+every worker of a TPU VM pod.
 """
-import argparse
 import dataclasses
 import importlib.util
 import itertools
@@ -29,7 +35,23 @@ import sys
 import time
 from typing import Any, Dict, List, Mapping, Sequence
 
-RESULTS_FILE = 'results.json'
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+
+from train import validate
+from train import workdir as workdir_lib
+
+_SWEEP = flags.DEFINE_string('sweep', None, 'Sweep definition file (defines get_sweep()).')
+_ROOT = flags.DEFINE_string('root', None, 'Folder holding one workdir per run.')
+_TPU = flags.DEFINE_string('tpu_name', 'TPU_NAME', 'pod: the TPU VM name.')
+_ZONE = flags.DEFINE_string('zone', 'ZONE', 'pod: the TPU VM zone.')
+_REPO = flags.DEFINE_string('repo_dir', '~/efficient-attn', 'pod: the repository on the VM.')
+ACTIONS = ('list', 'run', 'pod')
+
+
+class SweepError(ValueError):
+  """A sweep definition or one of its runs is not valid."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,12 +63,15 @@ class Run:
 
 def load_sweep(path: str) -> Dict[str, Any]:
   if not os.path.exists(path):
-    raise FileNotFoundError(f'sweep file {path!r} does not exist')
+    raise SweepError(f'sweep file {path!r} does not exist')
   spec = importlib.util.spec_from_file_location('sweep_definition', path)
   module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+  try:
+    spec.loader.exec_module(module)
+  except Exception as e:  # pylint: disable=broad-except
+    raise SweepError(f'sweep file {path!r} does not load: {type(e).__name__}: {e}') from None
   if not hasattr(module, 'get_sweep'):
-    raise ValueError(f'sweep file {path!r} must define get_sweep()')
+    raise SweepError(f'sweep file {path!r} must define get_sweep()')
   return module.get_sweep()
 
 
@@ -61,19 +86,19 @@ def _short(value: Any) -> str:
 
 
 def run_name(config: str, overrides: Mapping[str, Any], varied: Sequence[str]) -> str:
-  """A readable, unique name from the swept values, e.g. 'mnist_standard.mechanism=linear.num_heads=4'."""
+  """A readable, unique name from the swept values, e.g. 'mnist-super.num_heads=4'."""
   parts = [_short(config)] if 'config' in varied else []
   parts += [f'{key.split(".")[-1]}={_short(overrides[key])}' for key in varied
             if key != 'config' and key in overrides]
   return '.'.join(parts) or _short(config)
 
 
-def expand(sweep: Mapping[str, Any]) -> List[Run]:
+def expand(sweep: Mapping[str, Any], root: str = '') -> List[Run]:
   """The runs of a sweep definition, in a stable order, with unique names."""
   known = {'config', 'grid', 'runs', 'fixed'}
   unknown = sorted(set(sweep) - known)
   if unknown:
-    raise ValueError(f'unknown sweep keys {unknown}; valid keys: {sorted(known)}')
+    raise SweepError(f'unknown sweep keys {unknown}; valid keys: {sorted(known)}')
   grid = dict(sweep.get('grid', {}))
   fixed = dict(sweep.get('fixed', {}))
   points: List[Dict[str, Any]] = []
@@ -87,44 +112,97 @@ def expand(sweep: Mapping[str, Any]) -> List[Run]:
   varied = []
   for p in points:
     for key in p:
-      if key not in varied and len({repr(q.get(key)) for q in points}) > 1:
+      if key != 'name' and key not in varied and len({repr(q.get(key)) for q in points}) > 1:
         varied.append(key)
+  fill = lambda v: v.replace('{root}', root) if isinstance(v, str) else v
   runs = []
   for p in points:
     config = p.pop('config', sweep.get('config'))
     if not config:
-      raise ValueError("a sweep needs 'config' (top level or in the grid)")
-    overrides = {**fixed, **p}
-    runs.append(Run(run_name(config, {'config': config, **overrides}, varied), config, overrides))
+      raise SweepError("a sweep needs 'config' (top level or in the grid)")
+    name = p.pop('name', None)
+    overrides = {k: fill(v) for k, v in {**fixed, **p}.items()}
+    runs.append(Run(name or run_name(config, {'config': config, **overrides}, varied),
+                    fill(config), overrides))
   names = [r.name for r in runs]
   dup = sorted({n for n in names if names.count(n) > 1})
   if dup:
-    raise ValueError(f'sweep has runs with the same name {dup}; vary fewer things or use `runs`')
+    raise SweepError(f'sweep has runs with the same name {dup}; vary fewer things or use '
+                     f'`runs`')
   return runs
 
 
-def command(run: Run, root: str, python: str = sys.executable, extra: Sequence[str] = ()) -> List[str]:
+def flag_args(run: Run, root: str) -> List[str]:
+  """The main.py flags of one run."""
+  return ([f'--config={run.config}', f'--workdir={os.path.join(root, run.name)}']
+          + [f'--config.{k}={v}' for k, v in run.overrides.items()])
+
+
+def command(run: Run, root: str, python: str = sys.executable,
+            extra: Sequence[str] = ()) -> List[str]:
   """The main.py command line of one run."""
-  cmd = [python, 'main.py', f'--config={run.config}', f'--workdir={os.path.join(root, run.name)}']
-  cmd += [f'--config.{k}={v}' for k, v in run.overrides.items()]
-  return cmd + list(extra)
+  return [python, 'main.py'] + flag_args(run, root) + list(extra)
 
 
-def status(run: Run, root: str) -> str:
+def build_config(run: Run):
+  """The run's config, built from its config file and overrides exactly as main.py does."""
+  argv = ['main.py'] + [a for a in flag_args(run, '') if not a.startswith('--workdir')]
+  values = flags.FlagValues()
+  config_flags.DEFINE_config_file('config', flag_values=values, sys_argv=argv)
+  try:
+    values(argv)
+  except Exception as e:  # pylint: disable=broad-except  (flags errors, config file errors)
+    message = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+    raise SweepError(f'run {run.name!r}: {message}') from None
+  return values.config
+
+
+def check(runs: Sequence[Run], root: str = '') -> Dict[str, Any]:
+  """{name: config} after validating every run; SweepError lists every bad one.
+
+  A run that starts from another run of the sweep (`init_from` in `root`) is
+  checked without that workdir, which exists only once the other run is done.
+  """
+  configs, errors = {}, []
+  ours = {os.path.normpath(os.path.join(root, r.name)) for r in runs}
+  for run in runs:
+    try:
+      config = build_config(run)
+      init_from = config.get('init_from', '')
+      if init_from and os.path.normpath(init_from) in ours:
+        config.init_from = ''
+      config = validate.resolved(config, read_data=False)
+      config.init_from = init_from
+      configs[run.name] = config
+    except (SweepError, validate.ConfigError) as e:
+      errors.append(f'  {run.name}: {e}'.replace(f"run {run.name!r}: ", ''))
+  if errors:
+    raise SweepError(f'{len(errors)} of {len(runs)} runs are not valid:\n' + '\n'.join(errors))
+  return configs
+
+
+def status(run: Run, root: str, config=None) -> str:
+  """'done', 'partial', 'new', or 'changed' (the workdir holds another config's run)."""
   workdir = os.path.join(root, run.name)
-  if os.path.exists(os.path.join(workdir, RESULTS_FILE)):
-    return 'done'
-  return 'partial' if os.path.isdir(workdir) else 'new'
+  stored = workdir_lib.load_config(workdir)
+  if stored is None:
+    return 'partial' if os.path.isdir(workdir) else 'new'
+  if config is not None and workdir_lib.differences(stored.to_dict(), config.to_dict()):
+    return 'changed'
+  return 'done' if os.path.exists(os.path.join(workdir, workdir_lib.RESULTS)) else 'partial'
 
 
-def run_local(runs: Sequence[Run], root: str, python: str = sys.executable) -> Dict[str, str]:
-  """Run each unfinished run in turn; returns {name: 'done'|'skipped'|'failed (rc=N)'}."""
+def run_local(runs: Sequence[Run], root: str, configs: Mapping[str, Any],
+              python: str = sys.executable) -> Dict[str, str]:
+  """Run each unfinished run in turn; returns {name: 'done'|'skipped'|'failed ...'}."""
   outcome = {}
   for i, run in enumerate(runs, 1):
-    state = status(run, root)
-    if state == 'done':
-      print(f'[{i}/{len(runs)}] {run.name}: finished before, skipped', flush=True)
-      outcome[run.name] = 'skipped'
+    state = status(run, root, configs.get(run.name))
+    if state in ('done', 'changed'):
+      why = ('finished before, skipped' if state == 'done' else
+             f'{os.path.join(root, run.name)} holds a run of another config; skipped')
+      print(f'[{i}/{len(runs)}] {run.name}: {why}', flush=True)
+      outcome[run.name] = 'skipped' if state == 'done' else 'failed (changed config)'
       continue
     verb = 'resuming' if state == 'partial' else 'starting'
     print(f'[{i}/{len(runs)}] {run.name}: {verb}', flush=True)
@@ -135,7 +213,8 @@ def run_local(runs: Sequence[Run], root: str, python: str = sys.executable) -> D
       print(f'[{i}/{len(runs)}] {run.name}: could not start: {e}', flush=True)
       rc = -1
     took = time.time() - t0
-    outcome[run.name] = 'done' if rc == 0 and status(run, root) == 'done' else f'failed (rc={rc})'
+    outcome[run.name] = ('done' if rc == 0 and status(run, root) == 'done'
+                         else f'failed (rc={rc})')
     print(f'[{i}/{len(runs)}] {run.name}: {outcome[run.name]} in {took:.0f}s', flush=True)
   return outcome
 
@@ -153,30 +232,30 @@ def pod_commands(runs: Sequence[Run], root: str, tpu_name: str, zone: str,
   return out
 
 
-def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('action', choices=('list', 'run', 'pod'))
-  parser.add_argument('--sweep', required=True, help='sweep definition file')
-  parser.add_argument('--root', required=True, help='folder holding one workdir per run')
-  parser.add_argument('--tpu_name', default='TPU_NAME')
-  parser.add_argument('--zone', default='ZONE')
-  parser.add_argument('--repo_dir', default='~/efficient-attn')
-  args = parser.parse_args(argv)
-  runs = expand(load_sweep(args.sweep))
-  if args.action == 'list':
+def main(argv) -> int:
+  if len(argv) != 2 or argv[1] not in ACTIONS:
+    raise app.UsageError(f'give one action: {", ".join(ACTIONS)} (got {argv[1:]})')
+  action, root = argv[1], _ROOT.value
+  try:
+    runs = expand(load_sweep(_SWEEP.value), root)
+    configs = check(runs, root)
+  except SweepError as e:
+    sys.exit(f'Error: {e}')
+  if action == 'list':
     for run in runs:
-      print(f'{status(run, args.root):8s} {run.name}')
-      print('         ' + ' '.join(shlex.quote(c) for c in command(run, args.root)))
+      print(f'{status(run, root, configs[run.name]):8s} {run.name}')
+      print('         ' + ' '.join(shlex.quote(c) for c in command(run, root)))
     return 0
-  if args.action == 'pod':
-    print('\n'.join(pod_commands(runs, args.root, args.tpu_name, args.zone, args.repo_dir)))
+  if action == 'pod':
+    print('\n'.join(pod_commands(runs, root, _TPU.value, _ZONE.value, _REPO.value)))
     return 0
-  outcome = run_local(runs, args.root)
+  outcome = run_local(runs, root, configs)
   failed = [n for n, o in outcome.items() if o.startswith('failed')]
-  print(f'{len(outcome) - len(failed)}/{len(outcome)} runs finished; results in {args.root}'
+  print(f'{len(outcome) - len(failed)}/{len(outcome)} runs finished; results in {root}'
         + (f'; failed: {", ".join(failed)}' if failed else ''))
   return 1 if failed else 0
 
 
 if __name__ == '__main__':
-  sys.exit(main())
+  flags.mark_flags_as_required(['sweep', 'root'])
+  app.run(main)

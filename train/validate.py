@@ -1,6 +1,7 @@
 """Config validation: every check runs before any data is read or model built.
 
     validate.validate_config(config)   # raises ConfigError
+    config = validate.resolved(config) # a checked copy: options and num_classes filled in
 
 Each message names the field, the bad value and the valid choices, e.g.
 "config.attention.mechanism='nystrm' is not valid; valid choices: softmax, ...".
@@ -9,17 +10,20 @@ Valid mechanism and projection names come from `efficient_attn.registry`.
 import os
 import re
 
-import efficient_attn
+import ml_collections
+
 from efficient_attn import registry
 from train import adapters
-from train.input_pipeline import specs
-from train.input_pipeline import transforms
+from train import input_pipeline
 from train import models
 from train import optim
 from train import tasks
+from train.input_pipeline import specs
+from train.input_pipeline import transforms
 
 DTYPES = tuple(models.DTYPES)
 POOLS = ('cls', 'mean')
+REVERSIBLE_KINDS = ('vit', 'text')  # encoders; the causal model decodes
 
 
 class ConfigError(ValueError):
@@ -134,16 +138,15 @@ def _dataset(config) -> None:
 
 def _model(config) -> None:
   m, d = config.model, config.dataset
-  _choice('model.kind', m.kind, tuple(models.MODEL_KINDS))
-  kind = models.get_kind(m.kind)
+  _choice('model.kind', m.kind, models.KINDS)
   inputs = specs.input_kind(config)
-  if kind.input_kind != inputs:
-    valid = [k for k, v in models.MODEL_KINDS.items() if v.input_kind == inputs]
+  if inputs not in models.READS[m.kind]:
+    valid = [k for k in models.KINDS if inputs in models.READS[k]]
     what = 'pixel-token (dataset.pixels_as_tokens)' if inputs == 'pixels' else inputs
     raise ConfigError(f'config.model.kind={m.kind!r} is not valid for the {what} '
                       f'dataset {d.name!r}; valid choices: {", ".join(valid)}')
-  if config.task not in kind.tasks:
-    valid = [k for k, v in models.MODEL_KINDS.items() if config.task in v.tasks]
+  if config.task not in models.TASKS[m.kind]:
+    valid = [k for k in models.KINDS if config.task in models.TASKS[k]]
     raise ConfigError(f'config.model.kind={m.kind!r} is not valid for config.task='
                       f'{config.task!r}; valid choices: {", ".join(valid)}')
   _positive(config, 'model.d_model', 'model.depth', 'model.num_heads', 'model.mlp_dim')
@@ -160,6 +163,10 @@ def _model(config) -> None:
       raise ConfigError(f'config.model.patch_size={m.patch_size} does not divide '
                         f'config.dataset.image_size={d.image_size}; valid choices: '
                         f'{", ".join(map(str, divisors))}')
+  if m.get('reversible', False) and m.kind not in REVERSIBLE_KINDS:
+    raise ConfigError(f'config.model.reversible=True is not valid for config.model.kind='
+                      f'{m.kind!r} (it samples by decoding, which needs the ordinary '
+                      f'stack); valid kinds: {", ".join(REVERSIBLE_KINDS)}')
   for field in ('dropout_rate', 'attention_dropout_rate'):
     if not 0.0 <= m[field] < 1.0:
       raise ConfigError(f'config.model.{field}={m[field]!r} is not valid; it must be in '
@@ -170,31 +177,56 @@ def _attention(config) -> None:
   a = config.attention
   _choice('attention.mechanism', a.mechanism, registry.list_mechanisms())
   _choice('attention.projection', a.projection, registry.list_projections())
-  spec = registry.get_mechanism(a.mechanism)
-  if models.get_kind(config.model.kind).causal and not spec.supports_causal:
-    valid = [n for n, s in registry.MECHANISMS.items() if s.supports_causal]
-    raise ConfigError(f'config.attention.mechanism={a.mechanism!r} is not valid for the '
-                      f'causal model kind {config.model.kind!r} (it has no causal form); '
-                      f'valid choices: {", ".join(valid)}')
+  if config.model.kind == 'mlp':
+    return
   length, context = models.sequence_length(config)
-  if (spec.fixed_length or a.projection == 'super') and length > context:
-    what = ("projection 'super'" if a.projection == 'super'
-            else f'mechanism {a.mechanism!r}')
+  fixed = registry.get_mechanism(a.mechanism).fixed_length
+  if (fixed or a.projection == 'super') and length > context:
+    what = f'mechanism {a.mechanism!r}' if fixed else "projection 'super'"
     raise ConfigError(f'sequence length {length} (config.dataset.max_length='
                       f'{config.dataset.max_length}) exceeds the fixed context length '
                       f'{context} that {what} is built for (config.model.max_length='
                       f'{config.model.max_length}); valid: lengths <= {context}')
-  options = models.attention_options(config)
-  try:  # builds (does not run) the mechanism: checks option names, causal, max_length
-    efficient_attn.mechanism_module(
-        a.mechanism, causal=models.get_kind(config.model.kind).causal, max_length=context,
-        options=options)
-  except ImportError as e:
-    raise ConfigError(f'config.attention.mechanism={a.mechanism!r} is registered but its '
-                      f'module cannot be imported ({e})') from None
-  except (ValueError, TypeError) as e:
-    raise ConfigError(f'config.attention.options={options!r} is not valid for mechanism '
-                      f'{a.mechanism!r}: {e}') from None
+  causal = config.model.kind == 'causal'
+  try:
+    registry.configure(a.mechanism, models.attention_options(config), causal=causal,
+                       max_length=context, length=length, rotary=a.get('rotary', False))
+  except ValueError as e:
+    if causal and not registry.get_mechanism(a.mechanism).causal:
+      valid = registry.names_where(lambda m: m.causal)
+      raise ConfigError(f'config.attention.mechanism={a.mechanism!r} is not valid for the '
+                        f'causal model kind {config.model.kind!r} (it has no causal form); '
+                        f'valid choices: {", ".join(valid)}') from None
+    raise ConfigError(f'config.attention: {e}') from None
+
+
+def resolved(config, read_data: bool = True) -> ml_collections.ConfigDict:
+  """A validated copy of `config` with what the data and the registry fill in.
+
+  `attention.options` becomes the chosen mechanism's complete options (its
+  declared defaults plus what the config set), and `dataset.num_classes` the
+  count read from the data when it is 0. This is what a run records in
+  config.json. `read_data=False` skips the data (a stored config, for inference).
+  """
+  validate_config(config)
+  config = ml_collections.ConfigDict(config.to_dict())
+  a = config.attention
+  options = registry.get_mechanism(a.mechanism).resolve(models.attention_options(config))
+  a.options = ml_collections.ConfigDict(dict(options))
+  if not read_data:
+    return config
+  d = config.dataset
+  try:
+    input_pipeline.prepare(config)
+    if d.num_classes == 0:
+      d.num_classes = input_pipeline.num_classes(config)
+    train_examples = input_pipeline.num_examples(config, d.train_split)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
+  if d.batch_size > train_examples:
+    raise ConfigError(f'config.dataset.batch_size={d.batch_size} exceeds the {train_examples} '
+                      f'examples of split {d.train_split!r}; valid: <= {train_examples}')
+  return config
 
 
 def _lora(config) -> None:

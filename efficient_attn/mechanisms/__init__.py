@@ -1,23 +1,41 @@
-"""Pure attention functions on `[batch, length, heads, head_dim]` arrays.
+"""Attention mechanisms: one file each, pure functions plus a registered declaration.
 
-One submodule per family (`softmax`, `linear`, `random_features`, `linformer`,
-`nystrom`, `local`); each registered mechanism's pure function is also reachable
-here by its function name, loaded on first use:
+Every module of this package is imported by `efficient_attn.registry` and
+registers its mechanisms there. Their pure functions are also reachable here
+by name:
 
     from efficient_attn import mechanisms
     out = mechanisms.nystrom_attention(q, k, v, num_landmarks=16)
 """
-from efficient_attn import registry
+import importlib
+import pkgutil
 
-_FUNCTIONS = {spec.fn_path.split(':')[1]: spec for spec in registry.MECHANISMS.values()}
+
+def _modules():
+  for info in pkgutil.iter_modules(__path__):
+    yield importlib.import_module(f'{__name__}.{info.name}')
+
+
+def _functions():
+  """{name: function} of every public `*_attention` / `*_mixing` function of the package."""
+  out = {}
+  for module in _modules():
+    for name, value in vars(module).items():
+      if (name.endswith(('_attention', '_mixing')) and not name.startswith('_')
+          and callable(value) and getattr(value, '__module__', '') == module.__name__):
+        out[name] = value
+  return out
 
 
 def __getattr__(name):
-  if name in _FUNCTIONS:
-    return _FUNCTIONS[name].fn
+  if name in {info.name for info in pkgutil.iter_modules(__path__)}:  # a submodule
+    return importlib.import_module(f'{__name__}.{name}')
+  functions = _functions()
+  if name in functions:
+    return functions[name]
   raise AttributeError(f'efficient_attn.mechanisms has no {name!r}; functions: '
-                       f'{", ".join(_FUNCTIONS)}')
+                       f'{", ".join(sorted(functions))}')
 
 
 def __dir__():
-  return sorted(_FUNCTIONS)
+  return sorted(_functions())

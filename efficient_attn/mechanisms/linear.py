@@ -1,320 +1,29 @@
-"""Kernelised linear attention and the kernel-attention core shared with RFA / Performer.
+"""Kernelised linear attention with deterministic feature maps (Katharopoulos et al. 2020).
 
 With a feature map phi, attention weights sim(q_i, k_j) = phi(q_i) . phi(k_j)
-give (Katharopoulos et al. 2020, "Transformers are RNNs"):
+give out_i = phi(q_i)^T S / (phi(q_i) . Z) with S = sum_j phi(k_j) v_j^T and
+Z = sum_j phi(k_j), computed right-to-left by the shared core
+`efficient_attn.kernel_attention` in O(n d dv) instead of O(n^2). The causal
+form's prefix sums are the hidden state of an RNN: decoding costs O(d dv) per
+token whatever the position.
 
-  out_i = phi(q_i)^T S / (phi(q_i) . Z),   S = sum_j phi(k_j) v_j^T,  Z = sum_j phi(k_j)
-
-computed right-to-left in O(n f dv) instead of O(n^2). The causal form uses the
-prefix sums S_i, Z_i (j <= i), which are also the hidden state of an RNN:
-`kernel_attention_step` decodes one token in O(f dv), independent of position.
-
-Shapes: phi_q `[batch, q_length, heads, f]`, phi_k `[batch, kv_length, heads, f]`,
-v `[batch, kv_length, heads, dv]` -> `[batch, q_length, heads, dv]`. Masks follow
-`efficient_attn.masking`: only the key-padding part of a mask can be honoured
-(no q x k matrix is formed); causality is requested with `causal=True`.
-
-Denominator: `safe_denominator` clamps |den| >= eps keeping its sign
-(max(den, eps) for non-negative features). Unlike den + eps this leaves the
-output exactly invariant to a common rescaling of the key features whenever
-|den| >= eps (so Performer's key stabiliser cancels exactly, in parallel and
-recurrent forms alike), and it never divides by ~0 for the sign-indefinite
-trigonometric (RFA) features, whose estimated denominator may be <= 0: the
-output is bounded by |numerator| / eps and keeps the numerator's sign.
+Shapes: q `[batch, q_length, heads, d]`, k `[batch, kv_length, heads, d]`,
+v `[batch, kv_length, heads, dv]` -> `[batch, q_length, heads, dv]`. Only the
+key-padding part of a mask can be honoured (no q x k matrix is formed);
+causality is requested with `causal=True`.
 """
-from typing import Callable, NamedTuple, Optional, Union
+from typing import Callable, Optional, Union
 
-import jax
 import jax.numpy as jnp
-from jax import lax
 
 from efficient_attn import feature_maps
 from efficient_attn import masking
-from efficient_attn.mechanisms.base import Mechanism
-
-
-class KernelState(NamedTuple):
-  """Recurrent state of causal kernel attention for one layer (a pytree).
-
-  Attributes:
-    s: S = sum_j phi(k_j) v_j^T, `[batch, heads, f, dv]`.
-    z: Z = sum_j phi(k_j), `[batch, heads, f]`.
-    log_scale: `[batch, heads]`; only Performer's positive features use it: the
-      running key stabiliser (s and z hold the sums of features scaled by
-      exp(-log_scale)). Starts at a large negative number (no key seen yet);
-      the other feature maps carry it through untouched.
-  """
-  s: jnp.ndarray
-  z: jnp.ndarray
-  log_scale: jnp.ndarray
-
-
-def init_kernel_state(batch: int, heads: int, feat_dim: int, v_dim: int,
-                      dtype=jnp.float32) -> KernelState:
-  """The empty state (no keys seen) for `kernel_attention_step`.
-
-  Args:
-    batch, heads: as in the attention inputs.
-    feat_dim: f, the feature dimension of phi (head_dim for 'elu' / 'relu' /
-      'identity', 2 * num_features for RFA, num_features for Performer).
-    v_dim: dv, the value head dimension.
-    dtype: accumulation dtype; keep float32 (or wider) even for bf16 models.
-
-  Memory O(batch * heads * f * dv), independent of the sequence length.
-  """
-  return KernelState(
-      s=jnp.zeros((batch, heads, feat_dim, v_dim), dtype),
-      z=jnp.zeros((batch, heads, feat_dim), dtype),
-      log_scale=jnp.full((batch, heads), masking.big_neg(dtype), dtype))
-
-
-def safe_denominator(den: jnp.ndarray, eps: float) -> jnp.ndarray:
-  """den with |den| clamped to >= eps, keeping its sign (0 counts as positive)."""
-  return jnp.where(den >= 0, jnp.maximum(den, eps), jnp.minimum(den, -eps))
-
-
-@jax.custom_jvp
-def _divide(num, den):
-  return num / den
-
-
-@_divide.defjvp
-def _divide_jvp(primals, tangents):
-  # d(n/d) = (dn - out dd) / d: never forms d^2, which underflows for the tiny
-  # (but clamped) denominators of stabilised positive features.
-  num, den = primals
-  d_num, d_den = tangents
-  out = num / den
-  return out, (d_num - out * d_den) / den
-
-
-def normalize_by(num: jnp.ndarray, den: jnp.ndarray, eps: float) -> jnp.ndarray:
-  """num `[..., dv]` / safe_denominator(den `[...]`, eps), with a stable gradient."""
-  return _divide(num, safe_denominator(den, eps)[..., None])
-
-
-def _compute_dtype(*xs) -> jnp.dtype:
-  return jnp.promote_types(jnp.result_type(*xs), jnp.float32)
-
-
-def _log_gate(gate: jnp.ndarray, dtype) -> jnp.ndarray:
-  gate = gate.astype(dtype)
-  return jnp.log(jnp.clip(gate, jnp.finfo(dtype).tiny, 1.0))
-
-
-def kernel_attention(phi_q: jnp.ndarray, phi_k: jnp.ndarray, v: jnp.ndarray,
-                     key_padding: Optional[jnp.ndarray] = None, causal: bool = False,
-                     eps: float = 1e-6, normalize: bool = True, chunk_size: int = 64,
-                     gate: Optional[jnp.ndarray] = None, return_state: bool = False):
-  """The shared core: out_i = phi_q_i^T S / safe(phi_q_i . Z) over the visible keys.
-
-  Non-causal: S, Z are summed over all keys once: time O(n f dv), memory
-  O(n (f + dv) + f dv) per head.
-
-  Causal (query i sees keys j <= i; needs q_length == kv_length): the sequence is
-  cut into chunks of `chunk_size` c and `lax.scan`ned, carrying (S, Z). Inside a
-  chunk the causal part is a masked c x c quadratic term, the past arrives
-  through the carried state. Time O(n (c + f) dv + n c f) per head; memory
-  O(n (f + dv) + c^2 + f dv): no O(n f dv) cumulative-sum tensor is formed.
-  The chunk body is rematerialised (`jax.checkpoint`), so the backward pass
-  stores only the inputs and one (S, Z) per chunk, O(n (f + dv) + (n / c) f dv),
-  i.e. O(n d) for c ~ f. Any chunk size works; the last chunk is zero-padded.
-
-  Gated (causal only; RFA's recency gate): with g_t in (0, 1) per token and head,
-  S_t = g_t S_{t-1} + (1 - g_t) phi_k_t v_t^T and Z_t likewise. Inside a chunk
-  the decays prod g are exp of differences of cumulative log-gates, masked
-  before exponentiation, so they never overflow.
-
-  Args:
-    phi_q: `[batch, q_length, heads, f]` query features.
-    phi_k: `[batch, kv_length, heads, f]` key features.
-    v: `[batch, kv_length, heads, dv]`.
-    key_padding: optional bool `[batch, kv_length]`, True = real key. Padded keys
-      contribute nothing (their phi_k and v are zeroed; with a gate they also
-      do not decay the state).
-    causal: prefix (autoregressive) attention.
-    eps: denominator clamp, see `safe_denominator`.
-    normalize: divide by phi_q . Z (False: plain phi_q^T S, no denominator).
-    chunk_size: causal chunk length c.
-    gate: optional `[batch, kv_length, heads]` in (0, 1); causal only.
-    return_state: also return the `KernelState` after the last key (prefill for
-      recurrent decoding; its log_scale is left at "empty").
-
-  Returns:
-    `[batch, q_length, heads, dv]` in v's dtype (computed in float32 or wider),
-    and the final `KernelState` (float32 or wider) if `return_state`.
-  """
-  out_dtype = v.dtype
-  compute = _compute_dtype(phi_q, phi_k, v)
-  phi_q, phi_k, v = (x.astype(compute) for x in (phi_q, phi_k, v))
-  b, lq, h, f = phi_q.shape
-  lk = phi_k.shape[1]
-  dv = v.shape[-1]
-  if phi_k.shape != (b, lk, h, f) or v.shape[:3] != (b, lk, h):
-    raise ValueError(f'inconsistent shapes phi_q {phi_q.shape}, phi_k {phi_k.shape}, '
-                     f'v {v.shape}')
-  log_g = None
-  if gate is not None:
-    if not causal:
-      raise ValueError('a recency gate needs causal=True')
-    log_g = _log_gate(gate, compute)
-    phi_k = phi_k * (1.0 - gate.astype(compute))[..., None]
-  if key_padding is not None:
-    key_padding = jnp.asarray(key_padding, bool)
-    phi_k = masking.zero_padded(phi_k, key_padding)
-    v = masking.zero_padded(v, key_padding)
-    if log_g is not None:
-      log_g = masking.zero_padded(log_g, key_padding)
-
-  if not causal:
-    s = jnp.einsum('bkhf,bkhd->bhfd', phi_k, v)
-    z = jnp.sum(phi_k, axis=1)
-    out = jnp.einsum('bqhf,bhfd->bqhd', phi_q, s)
-    if normalize:
-      out = normalize_by(out, jnp.einsum('bqhf,bhf->bqh', phi_q, z), eps)
-  else:
-    if lq != lk:
-      raise ValueError(f'causal kernel attention needs q_length == kv_length, got '
-                       f'{lq} and {lk}; decode with kernel_attention_step')
-    out, (s, z) = _causal_chunked(phi_q, phi_k, v, log_g, eps, normalize, chunk_size)
-  out = out.astype(out_dtype)
-  if return_state:
-    state = KernelState(s, z, jnp.full((b, h), masking.big_neg(compute), compute))
-    return out, state
-  return out
-
-
-def _causal_chunked(phi_q, phi_k, v, log_g, eps, normalize, chunk_size):
-  """Chunked causal scan; inputs already in the compute dtype and masked."""
-  b, n, h, f = phi_q.shape
-  dv = v.shape[-1]
-  c = max(1, min(int(chunk_size), n))
-  nc = -(-n // c)
-  pad = nc * c - n
-
-  def chunks(x):
-    x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
-    x = x.reshape((b, nc, c) + x.shape[2:])
-    return jnp.moveaxis(x, 1, 0)                       # [nc, b, c, ...]
-
-  xs = (chunks(phi_q), chunks(phi_k), chunks(v),
-        None if log_g is None else chunks(log_g))
-  tri = jnp.tril(jnp.ones((c, c), bool))               # [q, k]: k <= q
-
-  def body(carry, x):
-    s, z = carry                                       # [b,h,f,dv], [b,h,f]
-    pq, pk, vc, lg = x
-    a = jnp.einsum('bqhf,bkhf->bhqk', pq, pk)
-    if lg is None:
-      a = jnp.where(tri, a, 0.0)
-      inter_s = jnp.einsum('bqhf,bhfd->bqhd', pq, s)
-      inter_z = jnp.einsum('bqhf,bhf->bqh', pq, z)
-      pk_state = pk
-      s_decay = None
-    else:
-      cum = jnp.cumsum(lg, axis=1)                     # [b, c, h], log prod_{s<=t} g_s
-      cum_t = jnp.swapaxes(cum, 1, 2)                  # [b, h, c]
-      diff = cum_t[..., :, None] - cum_t[..., None, :]  # log prod_{j<s<=t} g_s
-      decay = jnp.where(tri, jnp.exp(jnp.where(tri, diff, 0.0)), 0.0)
-      a = a * decay
-      q_decay = jnp.exp(cum)[..., None]                # [b, c, h, 1]
-      inter_s = jnp.einsum('bqhf,bhfd->bqhd', pq, s) * q_decay
-      inter_z = jnp.einsum('bqhf,bhf->bqh', pq, z) * q_decay[..., 0]
-      last = cum[:, -1:]                               # [b, 1, h]
-      pk_state = pk * jnp.exp(last - cum)[..., None]
-      s_decay = jnp.exp(last[:, 0])                    # [b, h]
-    num = jnp.einsum('bhqk,bkhd->bqhd', a, vc) + inter_s
-    if normalize:
-      den = jnp.swapaxes(jnp.sum(a, axis=-1), 1, 2) + inter_z   # [b, c, h]
-      out = normalize_by(num, den, eps)
-    else:
-      out = num
-    if s_decay is not None:
-      s = s * s_decay[..., None, None]
-      z = z * s_decay[..., None]
-    s = s + jnp.einsum('bkhf,bkhd->bhfd', pk_state, vc)
-    z = z + jnp.sum(pk_state, axis=1)
-    return (s, z), out
-
-  init = (jnp.zeros((b, h, f, dv), phi_q.dtype), jnp.zeros((b, h, f), phi_q.dtype))
-  (s, z), out = lax.scan(jax.checkpoint(body, prevent_cse=False), init, xs)
-  out = jnp.moveaxis(out, 0, 1).reshape(b, nc * c, h, dv)[:, :n]
-  return out, (s, z)
-
-
-def _as_token(x: jnp.ndarray):
-  """`[batch, heads, dim]` or `[batch, 1, heads, dim]` -> `[batch, heads, dim]`."""
-  if x.ndim == 4:
-    if x.shape[1] != 1:
-      raise ValueError(f'a decoding step takes one token, got shape {x.shape}')
-    return x[:, 0], True
-  if x.ndim != 3:
-    raise ValueError(f'token must be [batch, heads, dim] or [batch, 1, heads, dim], '
-                     f'got shape {x.shape}')
-  return x, False
-
-
-def kernel_attention_step(state: KernelState, phi_q_t: jnp.ndarray, phi_k_t: jnp.ndarray,
-                          v_t: jnp.ndarray, eps: float = 1e-6, normalize: bool = True,
-                          gate_t: Optional[jnp.ndarray] = None,
-                          key_valid: Optional[jnp.ndarray] = None):
-  """One causal decoding step: add token t's key/value to the state, then read it.
-
-      S_t = S_{t-1} + phi_k_t v_t^T          (gated: g S_{t-1} + (1 - g) phi_k_t v_t^T)
-      Z_t = Z_{t-1} + phi_k_t                (gated: g Z_{t-1} + (1 - g) phi_k_t)
-      out_t = phi_q_t^T S_t / safe(phi_q_t . Z_t)     (or phi_q_t^T S_t)
-
-  Feeding tokens 0..n-1 in order reproduces `kernel_attention(..., causal=True)`.
-  Time and memory O(f dv) per (batch, head), independent of t.
-
-  Args:
-    state: `KernelState` from `init_kernel_state` (or a prefill's final state).
-    phi_q_t: `[batch, heads, f]` (or `[batch, 1, heads, f]`, see Returns).
-    phi_k_t: `[batch, heads, f]` (or `[batch, 1, heads, f]`).
-    v_t: `[batch, heads, dv]` (or `[batch, 1, heads, dv]`).
-    eps, normalize: as in `kernel_attention`.
-    gate_t: optional `[batch, heads]` (or `[batch, 1, heads]`) gate in (0, 1).
-    key_valid: optional bool `[batch]`: False leaves that row's state untouched
-      (a padded / finished sequence); the output still reads the state.
-
-  Returns:
-    (new_state, out_t): out_t is `[batch, heads, dv]`, or `[batch, 1, heads, dv]`
-    if phi_q_t had that layout, in v_t's dtype.
-  """
-  phi_q_t, keep_axis = _as_token(phi_q_t)
-  phi_k_t, _ = _as_token(phi_k_t)
-  v_t, _ = _as_token(v_t)
-  compute = jnp.promote_types(state.s.dtype, _compute_dtype(phi_q_t, phi_k_t, v_t))
-  q, k, vv = (x.astype(compute) for x in (phi_q_t, phi_k_t, v_t))
-  s, z = state.s.astype(compute), state.z.astype(compute)
-  if key_valid is not None:
-    valid = jnp.asarray(key_valid, bool)[:, None, None]
-    k = jnp.where(valid, k, 0.0)
-    vv = jnp.where(valid, vv, 0.0)
-  kv = k[..., :, None] * vv[..., None, :]                   # [b, h, f, dv]
-  if gate_t is None:
-    s, z = s + kv, z + k
-  else:
-    g = gate_t[:, 0] if gate_t.ndim == 3 else gate_t
-    g = g.astype(compute)
-    if key_valid is not None:
-      g = jnp.where(valid[..., 0], g, 1.0)
-    s = g[..., None, None] * s + (1.0 - g)[..., None, None] * kv
-    z = g[..., None] * z + (1.0 - g)[..., None] * k
-  out = jnp.einsum('bhf,bhfd->bhd', q, s)
-  if normalize:
-    out = normalize_by(out, jnp.einsum('bhf,bhf->bh', q, z), eps)
-  out = out.astype(v_t.dtype)
-  if keep_axis:
-    out = out[:, None]
-  new_state = KernelState(s.astype(state.s.dtype), z.astype(state.z.dtype),
-                          state.log_scale)
-  return new_state, out
-
-
-# ----------------------------------------------------------------------------
-# Linear attention (deterministic feature maps).
-# ----------------------------------------------------------------------------
+from efficient_attn import registry
+from efficient_attn import rotary
+from efficient_attn.kernel_attention import KernelState
+from efficient_attn.kernel_attention import init_kernel_state
+from efficient_attn.kernel_attention import kernel_attention
+from efficient_attn.kernel_attention import kernel_attention_step
 
 FeatureMapArg = Union[str, Callable[[jnp.ndarray], jnp.ndarray]]
 
@@ -322,7 +31,7 @@ FeatureMapArg = Union[str, Callable[[jnp.ndarray], jnp.ndarray]]
 def linear_features(q: jnp.ndarray, k: jnp.ndarray, feature_map: FeatureMapArg = 'elu'):
   """(phi_q, phi_k, normalize) for linear attention.
 
-  'elu' (elu + 1) and 'relu' are normalised kernels. 'identity' is the seeds'
+  'elu' (elu + 1) and 'relu' are normalised kernels. 'identity' is the
   softmax-free linear attention (Q / sqrt(d_k)) (K^T / sqrt(d_k) V) =
   (1/d_k) Q (K^T V): phi_q = q / d_k, phi_k = k and no denominator. A callable
   is used as phi for both q and k with normalisation.
@@ -339,14 +48,14 @@ def linear_features(q: jnp.ndarray, k: jnp.ndarray, feature_map: FeatureMapArg =
 def linear_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask=None,
                      causal: bool = False, feature_map: FeatureMapArg = 'elu',
                      eps: float = 1e-6, chunk_size: int = 64,
-                     return_state: bool = False):
+                     return_state: bool = False, positions=None):
   """Linear attention phi(q) (phi(k)^T v) / (phi(q) . sum_j phi(k_j)).
 
   feature_map:
     * 'elu': phi = elu + 1 (Katharopoulos et al.), normalised;
     * 'relu': phi = relu, normalised (an all-zero row gives output 0);
-    * 'identity': the seeds' (1/d_k) Q (K^T V), without softmax and without a
-      denominator (normalize=False);
+    * 'identity': softmax-free (1/d_k) Q (K^T V), without a denominator
+      (normalize=False);
     * a callable phi, normalised.
 
   Time O(n d dv), memory O(n d + d dv) per head (causal: see `kernel_attention`).
@@ -360,10 +69,14 @@ def linear_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask=None,
     eps: denominator clamp (see `safe_denominator`).
     chunk_size: causal chunk length.
     return_state: also return the final `KernelState` (prefill for decoding).
+    positions: optional (query positions `[q_length]`, key positions
+      `[kv_length]`): rotary positions in RoFormer's linear form (Su et al.
+      2021; `efficient_attn.rotary.numerator`).
 
   Returns:
     `[batch, q_length, heads, dv]` in v's dtype (and the state if requested).
   """
+  masking.check_inputs(q, k, v, mask, name='linear attention', same_length=causal)
   b, lk = k.shape[0], k.shape[1]
   kp = masking.key_padding_from_mask(mask, b, lk)
   k = masking.zero_padded(k, kp)
@@ -371,57 +84,51 @@ def linear_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask=None,
   phi_q, phi_k, normalize = linear_features(q, k, feature_map)
   return kernel_attention(phi_q, phi_k, v, key_padding=kp, causal=causal, eps=eps,
                           normalize=normalize, chunk_size=chunk_size,
-                          return_state=return_state)
+                          return_state=return_state,
+                          **rotary.numerator(phi_q, phi_k, positions))
 
 
 def linear_attention_step(state: KernelState, q_t: jnp.ndarray, k_t: jnp.ndarray,
                           v_t: jnp.ndarray, feature_map: FeatureMapArg = 'elu',
-                          eps: float = 1e-6, key_valid: Optional[jnp.ndarray] = None):
+                          eps: float = 1e-6, key_valid: Optional[jnp.ndarray] = None,
+                          position=None):
   """One decoding step of causal `linear_attention`.
 
   Tokens are `[batch, heads, d]` (or `[batch, 1, heads, d]`); the state comes from
   `init_kernel_state(batch, heads, d, dv)`. Returns (new_state, out_t), see
-  `kernel_attention_step`. O(d dv) per (batch, head) and token.
+  `kernel_attention_step`. O(d dv) per (batch, head) and token. `position`: the
+  token's rotary position (with `positions` in the parallel form).
   """
   phi_q, phi_k, normalize = linear_features(q_t, k_t, feature_map)
   return kernel_attention_step(state, phi_q, phi_k, v_t, eps=eps, normalize=normalize,
-                               key_valid=key_valid)
+                               key_valid=key_valid,
+                               **rotary.numerator(phi_q, phi_k, rotary.at(position)))
 
 
-class LinearAttention(Mechanism):
-  """Linen wrapper of `linear_attention` (no parameters, no randomness).
+@registry.register
+class Linear(registry.Mechanism):
+  name = 'linear'
+  description = 'kernelised linear attention (elu+1 / relu / identity)'
+  citation = 'Katharopoulos et al. 2020'
+  options = (
+      registry.Option('feature_map', 'elu', str, 'phi: elu (+1), relu or identity',
+                      choices=tuple(feature_maps.FEATURE_MAPS)),
+      registry.Option('eps', 1e-6, float, 'denominator clamp', above=0.0),
+      registry.Option('chunk_size', 64, int, 'chunk length of the causal scan', minimum=1),
+  )
+  causal = True
+  decode = 'recurrent'
+  rotary = 'features'
+  complexity = ('O(n d^2)', 'O(n d + d^2)')
+  knob = ('feature_map', ('elu', 'relu', 'identity'))
 
-  Attributes:
-    feature_map: 'elu' (elu + 1), 'relu' or 'identity' (the seeds' (1/d_k) Q (K^T V)).
-    eps: denominator clamp.
-    chunk_size: chunk length of the causal scan.
+  def attend(self, o, params, q, k, v, *, mask, causal, ctx):
+    return linear_attention(q, k, v, mask=mask, causal=causal, feature_map=o.feature_map,
+                            eps=o.eps, chunk_size=o.chunk_size, positions=ctx.positions)
 
-  Decoding: `init_state(batch, heads, head_dim, v_dim)` and
-  `step(state, q_t, k_t, v_t)` (tokens `[batch, heads, dim]` or
-  `[batch, 1, heads, dim]`) reproduce the causal output one token at a time.
-  """
-  feature_map: str = 'elu'
-  eps: float = 1e-6
-  chunk_size: int = 64
+  def init_state(self, o, *, batch, heads, head_dim, v_dim):
+    return init_kernel_state(batch, heads, head_dim, v_dim)
 
-  def __call__(self, q, k, v, mask=None, deterministic: bool = True):
-    del deterministic
-    dtype = self.dtype or q.dtype
-    feature_maps.get_feature_map(self.feature_map)  # early, readable error
-    return linear_attention(q.astype(dtype), k.astype(dtype), v.astype(dtype),
-                            mask=mask, causal=self.causal, feature_map=self.feature_map,
-                            eps=self.eps, chunk_size=self.chunk_size)
-
-  def init_state(self, batch: int, heads: int, head_dim: int, v_dim: int,
-                 dtype=jnp.float32) -> KernelState:
-    """Empty decoding state; `step` needs no other variables."""
-    return init_kernel_state(batch, heads, head_dim, v_dim, dtype)
-
-  def step(self, state: KernelState, q_t, k_t, v_t, key_valid=None,
-           deterministic: bool = True):
-    """One causal decoding step: returns (new_state, out_t)."""
-    del deterministic
-    dtype = self.dtype or q_t.dtype
-    return linear_attention_step(state, q_t.astype(dtype), k_t.astype(dtype),
-                                 v_t.astype(dtype), feature_map=self.feature_map,
-                                 eps=self.eps, key_valid=key_valid)
+  def step(self, o, params, state, q_t, k_t, v_t, *, ctx):
+    return linear_attention_step(state, q_t, k_t, v_t, feature_map=o.feature_map, eps=o.eps,
+                                 position=ctx.position)

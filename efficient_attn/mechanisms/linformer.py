@@ -9,15 +9,16 @@ attend exactly (softmax) to the k_proj compressed keys:
 Time O(n k_proj d) and memory O(n k_proj) per head instead of O(n^2). The
 projections are shaped by `max_length`, so the mechanism is fixed-length; it is
 not causal (every compressed key mixes all positions, future ones included).
-Shapes follow `efficient_attn.mechanisms.base.Mechanism`.
+Shapes follow `efficient_attn.registry.Mechanism.attend`.
 """
-from typing import Any, Optional
+from typing import Optional
 
-import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 from efficient_attn import masking
-from efficient_attn.mechanisms.base import Mechanism
+from efficient_attn import registry
+from efficient_attn.mechanisms.softmax import SCALE
 from efficient_attn.mechanisms.softmax import softmax_attention
 
 SHARING_MODES = ('none', 'headwise', 'kv', 'layerwise')
@@ -90,6 +91,7 @@ def linformer_attention(q, k, v, e_proj, f_proj, mask=None, scale: Optional[floa
   Returns:
     `[batch, q_length, heads, v_dim]`, dtype of `v`.
   """
+  masking.check_inputs(q, k, v, mask, name='Linformer attention')
   b, n = k.shape[0], k.shape[1]
   key_padding = masking.key_padding_from_mask(mask, b, n)
   k_c = project_sequence(k, e_proj, key_padding)
@@ -106,76 +108,69 @@ def linformer_projection_init(key, shape, dtype=jnp.float32):
   The variance 1 / (k_proj + max_length) keeps E k at about the scale of k.
   """
   batch_axis = tuple(range(len(shape) - 2))
-  return nn.initializers.variance_scaling(
+  return jax.nn.initializers.variance_scaling(
       0.5, 'fan_avg', 'uniform', in_axis=-1, out_axis=-2,
       batch_axis=batch_axis)(key, shape, dtype)
 
 
-class LinformerAttention(Mechanism):
-  """Linen Linformer with learned E, F `[.., k_proj, max_length]`.
+@registry.register
+class Linformer(registry.Mechanism):
+  """Parameters by `sharing` (Wang et al. 2020, section 4):
 
-  Attributes:
-    k_proj: projected length; the parameters use min(k_proj, max_length).
-    sharing: how E and F are shared (paper section 4):
-      'none': separate E and F per head, params `e_proj`, `f_proj`
-        `[heads, k_proj, max_length]`;
-      'headwise': one E and one F for all heads (the official implementation's
-        default), params `[k_proj, max_length]`;
-      'kv': one matrix E = F for all heads and for keys and values, param
-        `kv_proj` `[k_proj, max_length]`;
-      'layerwise': E = F = `shared_projection`, an array that the model creates
-        once (e.g. `self.param('linformer_proj', linformer_projection_init,
-        (k, l))` in the top-level module) and passes to every layer; this
-        module then creates no parameters.
-    shared_projection: the array used by 'layerwise' sharing, `[k_proj,
-      max_length]` or `[heads|1, k_proj, max_length]`.
-    scale: score scale, default 1/sqrt(head_dim).
+    'none': separate E and F per head, 'e_proj', 'f_proj' `[heads, k, max_length]`;
+    'headwise': one E and one F for all heads (the official implementation's
+      default), 'e_proj', 'f_proj' `[k, max_length]`;
+    'kv': one matrix E = F for keys and values, 'kv_proj' `[k, max_length]`;
+    'layerwise': E = F = one 'kv_proj' `[k, max_length]` shared by every layer
+      of a model: the encoder creates it once (`shared_params`) and passes it
+      to each layer (`MultiHeadAttention(shared_params=...)`).
 
-  `max_length` (inherited) is required; `causal=True` is refused.
+  k = min(k_proj, max_length).
   """
-  k_proj: int = 64
-  sharing: str = 'headwise'
-  shared_projection: Optional[Any] = None
-  scale: Optional[float] = None
+  name = 'linformer'
+  rotary = 'scores'
+  description = 'learned length projections E, F (n -> k)'
+  citation = 'Wang et al. 2020'
+  options = (
+      registry.Option('k_proj', 64, int, 'projected length k', minimum=1),
+      registry.Option('sharing', 'headwise', str, 'how E and F are shared',
+                      choices=SHARING_MODES),
+      SCALE,
+  )
+  fixed_length = True
+  complexity = ('O(n k d)', 'O(n k)')
+  knob = ('k_proj', (16, 32, 64, 128, 256, 'n'))
+  example = {'k_proj': 8}
 
-  @nn.compact
-  def __call__(self, q, k, v, mask=None, deterministic: bool = True):
-    del deterministic
-    if self.causal:
-      raise ValueError('LinformerAttention does not support causal=True: the projections '
-                       'E, F mix all sequence positions, so every compressed key would '
-                       'carry information from future tokens')
-    if self.sharing not in SHARING_MODES:
-      raise ValueError(f'Unknown Linformer sharing {self.sharing!r}; valid: '
-                       f'{", ".join(SHARING_MODES)}')
-    if self.max_length is None:
-      raise ValueError('LinformerAttention needs max_length (the length its projections '
-                       'E, F are built for); got max_length=None')
-    n = k.shape[1]
-    if n > self.max_length:
-      raise ValueError(f'Linformer input length {n} exceeds max_length={self.max_length}')
-    heads = k.shape[2]
-    kp = min(self.k_proj, self.max_length)
+  def _shape(self, o, max_length):
+    return (min(o.k_proj, max_length), max_length)
+
+  def params(self, o, *, heads, head_dim, max_length, causal):
+    shape = self._shape(o, max_length)
     init = linformer_projection_init
-    shape2 = (kp, self.max_length)
-    if self.sharing == 'none':
-      e = self.param('e_proj', init, (heads,) + shape2, self.param_dtype)
-      f = self.param('f_proj', init, (heads,) + shape2, self.param_dtype)
-    elif self.sharing == 'headwise':
-      e = self.param('e_proj', init, shape2, self.param_dtype)
-      f = self.param('f_proj', init, shape2, self.param_dtype)
-    elif self.sharing == 'kv':
-      e = f = self.param('kv_proj', init, shape2, self.param_dtype)
-    else:  # layerwise
-      if self.shared_projection is None:
-        raise ValueError("LinformerAttention sharing='layerwise' needs shared_projection "
-                         '(one [k_proj, max_length] array passed to every layer)')
-      e = f = jnp.asarray(self.shared_projection)
-      if e.shape[-1] != self.max_length:
-        raise ValueError(f'shared_projection has length {e.shape[-1]}, expected '
-                         f'max_length={self.max_length}')
-    dtype = self.dtype or q.dtype
-    if self.dtype is not None:
-      e, f = e.astype(dtype), f.astype(dtype)
-    return linformer_attention(q.astype(dtype), k.astype(dtype), v.astype(dtype), e, f,
-                               mask=mask, scale=self.scale)
+    if o.sharing == 'none':
+      return {'e_proj': registry.ParamSpec((heads,) + shape, init),
+              'f_proj': registry.ParamSpec((heads,) + shape, init)}
+    if o.sharing == 'headwise':
+      return {'e_proj': registry.ParamSpec(shape, init),
+              'f_proj': registry.ParamSpec(shape, init)}
+    if o.sharing == 'kv':
+      return {'kv_proj': registry.ParamSpec(shape, init)}
+    return {}
+
+  def shared_params(self, o, *, heads, head_dim, max_length):
+    if o.sharing != 'layerwise':
+      return {}
+    return {'kv_proj': registry.ParamSpec(self._shape(o, max_length),
+                                          linformer_projection_init)}
+
+  def attend(self, o, params, q, k, v, *, mask, causal, ctx):
+    if 'kv_proj' in params:
+      e = f = params['kv_proj']
+    elif o.sharing == 'layerwise':
+      raise ValueError("Linformer sharing='layerwise' needs the model's shared 'kv_proj' "
+                       '[k, max_length]: pass MultiHeadAttention(shared_params=...) or use '
+                       'the Encoder, which creates it')
+    else:
+      e, f = params['e_proj'], params['f_proj']
+    return linformer_attention(q, k, v, e, f, mask=mask, scale=o.scale)

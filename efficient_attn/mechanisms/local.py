@@ -10,16 +10,20 @@ The sequence is cut into blocks; each query block attends to the concatenation
 of its own key block and as many neighbouring blocks as the band reaches, with
 the exact band mask applied inside, so no n x n array is ever formed: time and
 memory O(n (w + block)) per head. Self-attention only (q_length == kv_length).
-Shapes follow `efficient_attn.mechanisms.base.Mechanism`.
-"""
-import math
-from typing import Optional
+Shapes follow `efficient_attn.registry.Mechanism.attend`.
 
-import jax
+`band_blocks` builds the blocked band (queries, keys, values, band mask) once;
+`local_attention` and the mechanisms that add other keys to the band
+(Longformer's global tokens, the Sparse Transformer's strided pattern) all
+call it and take the softmax with `blocksparse.attend`.
+"""
+from typing import NamedTuple, Optional
+
 import jax.numpy as jnp
 
-from efficient_attn import masking
-from efficient_attn.mechanisms.base import Mechanism
+from efficient_attn import registry
+from efficient_attn.mechanisms import blocksparse
+from efficient_attn.mechanisms.softmax import SCALE
 
 
 def _blocks_with_neighbours(x, block: int, left: int, right: int, num_blocks: int):
@@ -34,6 +38,76 @@ def _blocks_with_neighbours(x, block: int, left: int, right: int, num_blocks: in
   xb = xp.reshape((x.shape[0], num_blocks + left + right, block) + x.shape[2:])
   parts = [xb[:, i:i + num_blocks] for i in range(left + right + 1)]
   return jnp.concatenate(parts, axis=2)
+
+
+class Band(NamedTuple):
+  """The blocked band of `band_blocks`.
+
+  Attributes:
+    queries: `[batch, num_blocks, block, heads, head_dim]`, zero-padded to
+      num_blocks * block positions.
+    segment: the band keys and values of each query block, a
+      `blocksparse.Segment` in the 'block' layout (`[batch, num_blocks, t,
+      heads, dim]`, t = (left + 1 + right) * block) whose `valid`
+      `[batch, num_blocks, 1, block, t]` is the band, the sequence bounds and
+      the key padding.
+    key_pos: int `[1, num_blocks, 1, 1, t]`, the sequence position of each
+      band key (outside [0, n) for padding), broadcastable to `segment.valid`.
+  """
+  queries: jnp.ndarray
+  segment: blocksparse.Segment
+  key_pos: jnp.ndarray
+
+
+def band_blocks(q, k, v, key_padding, window: int, causal: bool = False,
+                block_size: Optional[int] = None) -> Band:
+  """Blocks the band |i - j| <= window // 2 (causal: i - window < j <= i).
+
+  Args:
+    q: `[batch, n, heads, head_dim]`.
+    k: `[batch, n, heads, head_dim]`.
+    v: `[batch, n, heads, v_dim]`.
+    key_padding: bool `[batch, n]`, True for real keys.
+    window: window size w >= 1.
+    causal: use the causal band.
+    block_size: query/key block size (see `local_attention` for the default).
+
+  Returns:
+    A `Band`; `blocksparse.attend(band.queries, [band.segment], scale)` is
+    local attention, `[batch, num_blocks, block, heads, v_dim]`. Memory
+    O(n (w + block)) per head.
+  """
+  b, n, h, d = q.shape
+  if window < 1:
+    raise ValueError(f'window must be >= 1, got {window}')
+  half = window // 2
+  reach = window - 1 if causal else half
+  if block_size is None:
+    block_size = window if causal else max(half, 1)
+  if block_size < 1:
+    raise ValueError(f'block_size must be >= 1, got {block_size}')
+  block = min(block_size, n)
+  num_blocks = -(-n // block)
+  left = min(-(-reach // block), num_blocks - 1)
+  right = 0 if causal else left
+
+  qb = jnp.pad(q, ((0, 0), (0, num_blocks * block - n), (0, 0), (0, 0)))
+  qb = qb.reshape(b, num_blocks, block, h, d)
+  kb = _blocks_with_neighbours(k, block, left, right, num_blocks)
+  vb = _blocks_with_neighbours(v, block, left, right, num_blocks)
+  kpb = _blocks_with_neighbours(key_padding, block, left, right, num_blocks)  # [b, c, t]
+
+  width = (left + right + 1) * block
+  c = jnp.arange(num_blocks)[:, None, None]
+  qpos = c * block + jnp.arange(block)[None, :, None]                 # [c, B, 1]
+  kpos = (c - left) * block + jnp.arange(width)[None, None, :]        # [c, 1, t]
+  if causal:
+    band = (kpos <= qpos) & (kpos > qpos - window)
+  else:
+    band = jnp.abs(qpos - kpos) <= half
+  band = band & (kpos >= 0) & (kpos < n)                              # [c, B, t]
+  valid = band[None, :, None] & kpb[:, :, None, None, :]              # [b, c, 1, B, t]
+  return Band(qb, blocksparse.Segment('block', kb, vb, valid), kpos[None, :, None])
 
 
 def local_attention(q, k, v, window: int, mask=None, causal: bool = False,
@@ -70,69 +144,42 @@ def local_attention(q, k, v, window: int, mask=None, causal: bool = False,
   Returns:
     `[batch, n, heads, v_dim]`, dtype of `v`.
   """
-  b, n, h, d = q.shape
+  b, n, _, d = q.shape
   if k.shape[1] != n:
     raise ValueError(f'local_attention needs q_length == kv_length, got {n} and {k.shape[1]}')
-  if window < 1:
-    raise ValueError(f'window must be >= 1, got {window}')
-  half = window // 2
-  reach = window - 1 if causal else half
-  if block_size is None:
-    block_size = window if causal else max(half, 1)
-  if block_size < 1:
-    raise ValueError(f'block_size must be >= 1, got {block_size}')
-  block = min(block_size, n)
-  num_blocks = -(-n // block)
-  left = min(-(-reach // block), num_blocks - 1)
-  right = 0 if causal else left
-  scale = 1.0 / math.sqrt(d) if scale is None else scale
-  compute = jnp.promote_types(jnp.promote_types(q.dtype, v.dtype), jnp.float32)
-
-  key_padding = masking.key_padding_from_mask(mask, b, n)
-  if key_padding is None:
-    key_padding = jnp.ones((b, n), bool)
-
-  qb = jnp.pad(q, ((0, 0), (0, num_blocks * block - n), (0, 0), (0, 0)))
-  qb = qb.reshape(b, num_blocks, block, h, d).astype(compute)
-  kb = _blocks_with_neighbours(k, block, left, right, num_blocks).astype(compute)
-  vb = _blocks_with_neighbours(v, block, left, right, num_blocks).astype(compute)
-  kpb = _blocks_with_neighbours(key_padding, block, left, right, num_blocks)  # [b, c, t]
-
-  width = (left + right + 1) * block
-  c = jnp.arange(num_blocks)[:, None, None]
-  qpos = c * block + jnp.arange(block)[None, :, None]                 # [c, B, 1]
-  kpos = (c - left) * block + jnp.arange(width)[None, None, :]        # [c, 1, t]
-  if causal:
-    band = (kpos <= qpos) & (kpos > qpos - window)
-  else:
-    band = jnp.abs(qpos - kpos) <= half
-  band = band & (kpos >= 0) & (kpos < n)                              # [c, B, t]
-  valid = band[None, :, None] & kpb[:, :, None, None, :]              # [b, c, 1, B, t]
-
-  s = jnp.einsum('bcqhd,bckhd->bchqk', qb, kb) * scale                # [b, c, h, B, t]
-  s = jnp.where(valid, s, masking.big_neg(compute))
-  w = jax.nn.softmax(s, axis=-1)
-  w = jnp.where(valid, w, 0.0)
-  out = jnp.einsum('bchqk,bckhd->bcqhd', w, vb)
-  out = out.reshape(b, num_blocks * block, h, -1)[:, :n]
+  padding = blocksparse.key_padding(mask, b, n)
+  band = band_blocks(q, k, v, padding, window, causal, block_size)
+  out = blocksparse.attend(band.queries, [band.segment], blocksparse.default_scale(d, scale))
+  out = out.reshape(b, -1, out.shape[3], out.shape[4])[:, :n]
   return out.astype(v.dtype)
 
 
-class LocalAttention(Mechanism):
-  """Linen wrapper of `local_attention` (no parameters).
+@registry.register
+class Local(registry.Mechanism):
+  name = 'local'
+  rotary = 'scores'
+  description = 'sliding-window attention in blocks'
+  citation = 'Parmar et al. 2018; Beltagy et al. 2020'
+  options = (
+      registry.Option('window', 32, int, 'window size w (see local_attention for the band)',
+                      minimum=1),
+      registry.Option('block_size', None, int, 'query/key block size; None: the default',
+                      minimum=1, allow_none=True),
+      SCALE,
+  )
+  causal = True
+  decode = 'kv_cache'
+  self_attention_only = True
+  complexity = ('O(n w d)', 'O(n w)')
+  knob = ('window', (16, 32, 64, 128, 256, 512, '2n'))
+  example = {'window': 4}
 
-  Attributes:
-    window: window size (see `local_attention` for the exact band).
-    block_size: block size, None for the default.
-    scale: score scale, default 1/sqrt(head_dim).
-  """
-  window: int = 64
-  block_size: Optional[int] = None
-  scale: Optional[float] = None
+  def exact_options(self, length):
+    return {'window': 2 * length}
 
-  def __call__(self, q, k, v, mask=None, deterministic: bool = True):
-    del deterministic
-    dtype = self.dtype or q.dtype
-    return local_attention(q.astype(dtype), k.astype(dtype), v.astype(dtype), self.window,
-                           mask=mask, causal=self.causal, scale=self.scale,
-                           block_size=self.block_size)
+  def attend(self, o, params, q, k, v, *, mask, causal, ctx):
+    return local_attention(q, k, v, o.window, mask=mask, causal=causal, scale=o.scale,
+                           block_size=o.block_size)
+
+  def kv_window(self, o):
+    return o.window

@@ -13,17 +13,17 @@ iterative Moore-Penrose pseudo-inverse of the paper. With as many landmarks as
 tokens, Q~ = Q, K~ = K and F A^+ B = A A^+ A = A: exact softmax attention.
 
 Not causal: landmarks average over all positions, future ones included.
-Shapes follow `efficient_attn.mechanisms.base.Mechanism`.
+Shapes follow `efficient_attn.registry.Mechanism.attend`.
 """
 from typing import Optional
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from efficient_attn import masking
-from efficient_attn.mechanisms.base import Mechanism
+from efficient_attn import registry
+from efficient_attn.mechanisms.softmax import SCALE
 from efficient_attn.mechanisms.softmax import softmax_weights
 
 
@@ -161,6 +161,7 @@ def nystrom_attention(q, k, v, num_landmarks: int, mask=None, pinv_iterations: i
   Returns:
     `[batch, q_length, heads, v_dim]`, dtype of `v`.
   """
+  masking.check_inputs(q, k, v, mask, name='Nystrom attention')
   b, lq, h, _ = q.shape
   lk = k.shape[1]
   if num_landmarks < 1:
@@ -192,38 +193,38 @@ def nystrom_attention(q, k, v, num_landmarks: int, mask=None, pinv_iterations: i
   return out.astype(v.dtype)
 
 
-class NystromAttention(Mechanism):
-  """Linen wrapper of `nystrom_attention`.
+@registry.register
+class Nystrom(registry.Mechanism):
+  """With `conv_kernel_size` (the paper uses 33), a learned depthwise convolution
+  of the values, 'conv_kernel' `[conv_kernel_size, heads]`, is added to the output."""
+  name = 'nystrom'
+  rotary = 'scores'
+  description = 'Nystrom landmarks and an iterative pseudo-inverse'
+  citation = 'Xiong et al. 2021'
+  options = (
+      registry.Option('num_landmarks', 32, int,
+                      'landmarks m (shorter sequences use their length: exact)', minimum=1),
+      registry.Option('pinv_iterations', 6, int, 'iterations of the pseudo-inverse',
+                      minimum=1),
+      registry.Option('conv_kernel_size', None, int,
+                      'depthwise convolution skip of the values; None: none', minimum=1,
+                      allow_none=True),
+      SCALE,
+  )
+  complexity = ('O(n m d + m^3)', 'O(n m)')
+  knob = ('num_landmarks', (8, 16, 32, 64, 128, 256, 'n'))
+  example = {'num_landmarks': 4}
 
-  Attributes:
-    num_landmarks: m; sequences shorter than m use their length (exact then).
-    pinv_iterations: iterations of the pseudo-inverse.
-    conv_kernel_size: if set (the paper uses 33), a learned depthwise
-      convolution `conv_kernel` `[conv_kernel_size, heads]` of the values is
-      added to the output; None: no skip.
-    scale: score scale, default 1/sqrt(head_dim).
+  def params(self, o, *, heads, head_dim, max_length, causal):
+    if o.conv_kernel_size is None:
+      return {}
+    init = jax.nn.initializers.variance_scaling(1 / 3, 'fan_in', 'uniform')
+    return {'conv_kernel': registry.ParamSpec((o.conv_kernel_size, heads), init)}
 
-  `causal=True` is refused.
-  """
-  num_landmarks: int = 64
-  pinv_iterations: int = 6
-  conv_kernel_size: Optional[int] = None
-  scale: Optional[float] = None
+  def exact_options(self, length):
+    return {'num_landmarks': length, 'pinv_iterations': 30}
 
-  @nn.compact
-  def __call__(self, q, k, v, mask=None, deterministic: bool = True):
-    del deterministic
-    if self.causal:
-      raise ValueError('NystromAttention does not support causal=True: the landmarks are '
-                       'means over segments of the whole sequence, so every query would '
-                       'see (through them) keys from future positions')
-    kernel = None
-    if self.conv_kernel_size is not None:
-      kernel = self.param('conv_kernel',
-                           nn.initializers.variance_scaling(1 / 3, 'fan_in', 'uniform'),
-                           (self.conv_kernel_size, k.shape[2]), self.param_dtype)
-    dtype = self.dtype or q.dtype
-    return nystrom_attention(q.astype(dtype), k.astype(dtype), v.astype(dtype),
-                             self.num_landmarks, mask=mask,
-                             pinv_iterations=self.pinv_iterations, scale=self.scale,
-                             conv_kernel=kernel)
+  def attend(self, o, params, q, k, v, *, mask, causal, ctx):
+    return nystrom_attention(q, k, v, o.num_landmarks, mask=mask,
+                             pinv_iterations=o.pinv_iterations, scale=o.scale,
+                             conv_kernel=params.get('conv_kernel'))

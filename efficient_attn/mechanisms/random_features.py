@@ -1,7 +1,7 @@
 """Random-feature attention: RFA (trigonometric features) and Performer (FAVOR+).
 
 Both replace exp(q . k) by phi(q) . phi(k) with random features phi and run the
-shared kernel core `efficient_attn.mechanisms.linear.kernel_attention`, so they
+shared kernel core `efficient_attn.kernel_attention`, so they
 cost O(n m dv) time and O(n (m + dv) + m dv) memory per head for m features
 (causal: chunked scan, see `kernel_attention`), and decode in O(m dv) per token.
 
@@ -10,29 +10,29 @@ v `[batch, kv_length, heads, dv]` -> `[batch, q_length, heads, dv]`; the random
 projection W `[num_features, d]` is shared by all heads. Masks follow
 `efficient_attn.masking`; only their key-padding part is honoured.
 
-Redraw policy (both modules): by default the projection is FIXED per layer,
-drawn from `feature_maps.fixed_feature_rng(seed, scope path)`, i.e.
-`PRNGKey(seed)` folded with zlib.crc32 of `'/'.join(self.scope.path)`: no
-variable collection, no state, and checkpoints restore exactly. With
-`redraw=True`, a call with `deterministic=False` and an rng stream named
-'features' (`rngs={'features': key}`) draws a fresh projection; evaluation
+Redraw policy (both mechanisms): by default the projection is FIXED per
+layer, drawn from `feature_maps.fixed_feature_rng(seed, layer tag)`, i.e.
+`PRNGKey(seed)` folded with zlib.crc32 of the layer's module path: no variable
+collection, no state, and checkpoints restore exactly. With `redraw=True`, a
+call with `deterministic=False` and an rng stream named 'features'
+(`rngs={'features': key}`) draws a fresh projection; evaluation
 (`deterministic=True`) always uses the fixed draw.
 """
 import math
 from typing import Optional, Union
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from efficient_attn import feature_maps
 from efficient_attn import masking
-from efficient_attn.mechanisms.base import Mechanism
-from efficient_attn.mechanisms.linear import KernelState
-from efficient_attn.mechanisms.linear import init_kernel_state
-from efficient_attn.mechanisms.linear import kernel_attention
-from efficient_attn.mechanisms.linear import kernel_attention_step
+from efficient_attn import registry
+from efficient_attn import rotary
+from efficient_attn.kernel_attention import KernelState
+from efficient_attn.kernel_attention import init_kernel_state
+from efficient_attn.kernel_attention import kernel_attention
+from efficient_attn.kernel_attention import kernel_attention_step
 
 Sigma = Union[float, jnp.ndarray]
 
@@ -70,7 +70,7 @@ def rfa_features(x: jnp.ndarray, projection: jnp.ndarray, sigma: Sigma = 1.0) ->
 def rfa_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, projection: jnp.ndarray,
                   mask=None, causal: bool = False, eps: float = 1e-6,
                   gate: Optional[jnp.ndarray] = None, sigma: Sigma = 1.0,
-                  chunk_size: int = 64, return_state: bool = False):
+                  chunk_size: int = 64, return_state: bool = False, positions=None):
   """Random feature attention (Peng et al. 2021).
 
       out_i = phi(q_i)^T sum_j phi(k_j) v_j^T / safe(phi(q_i) . sum_j phi(k_j))
@@ -98,7 +98,9 @@ def rfa_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, projection: jn
     sigma: kernel width, a float or per-head `[heads]`.
     chunk_size: causal chunk length.
     return_state: also return the final `KernelState` (prefill for decoding).
+    positions: optional rotary (query, key) positions (see `linear_attention`).
   """
+  masking.check_inputs(q, k, v, mask, name='RFA attention', same_length=causal)
   b, lk = k.shape[0], k.shape[1]
   kp = masking.key_padding_from_mask(mask, b, lk)
   k = masking.zero_padded(k, kp)
@@ -107,13 +109,14 @@ def rfa_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, projection: jn
   phi_k = rfa_features(k, projection, sigma)
   return kernel_attention(phi_q, phi_k, v, key_padding=kp, causal=causal, eps=eps,
                           normalize=True, chunk_size=chunk_size, gate=gate,
-                          return_state=return_state)
+                          return_state=return_state,
+                          **rotary.numerator(phi_q, phi_k, positions))
 
 
 def rfa_attention_step(state: KernelState, q_t: jnp.ndarray, k_t: jnp.ndarray,
                        v_t: jnp.ndarray, projection: jnp.ndarray, sigma: Sigma = 1.0,
                        eps: float = 1e-6, gate_t: Optional[jnp.ndarray] = None,
-                       key_valid: Optional[jnp.ndarray] = None):
+                       key_valid: Optional[jnp.ndarray] = None, position=None):
   """One decoding step of causal `rfa_attention` (optionally gated).
 
   Tokens `[batch, heads, d]` (or `[batch, 1, heads, d]`), gate_t `[batch, heads]`
@@ -121,9 +124,10 @@ def rfa_attention_step(state: KernelState, q_t: jnp.ndarray, k_t: jnp.ndarray,
   `init_kernel_state(batch, heads, 2 * D, dv)`. Returns (new_state, out_t), see
   `linear.kernel_attention_step`. O(D dv) per (batch, head) and token.
   """
-  return kernel_attention_step(state, rfa_features(q_t, projection, sigma),
-                               rfa_features(k_t, projection, sigma), v_t, eps=eps,
-                               normalize=True, gate_t=gate_t, key_valid=key_valid)
+  phi_q, phi_k = rfa_features(q_t, projection, sigma), rfa_features(k_t, projection, sigma)
+  return kernel_attention_step(state, phi_q, phi_k, v_t, eps=eps, normalize=True,
+                               gate_t=gate_t, key_valid=key_valid,
+                               **rotary.numerator(phi_q, phi_k, rotary.at(position)))
 
 
 # ----------------------------------------------------------------------------
@@ -156,7 +160,7 @@ def _performer_scale(q, k):
 def performer_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
                         projection: jnp.ndarray, mask=None, causal: bool = False,
                         eps: Optional[float] = None, chunk_size: int = 64,
-                        return_state: bool = False):
+                        return_state: bool = False, positions=None):
   """Performer FAVOR+ attention (Choromanski et al. 2021).
 
   q and k are scaled by d^-1/4, so phi(q) . phi(k) with the positive features
@@ -183,7 +187,9 @@ def performer_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
     chunk_size: causal chunk length.
     return_state: also return the final `KernelState`, whose log_scale is the
       key stabiliser (prefill for `performer_attention_step`).
+    positions: optional rotary (query, key) positions (see `linear_attention`).
   """
+  masking.check_inputs(q, k, v, mask, name='Performer attention', same_length=causal)
   b, lk = k.shape[0], k.shape[1]
   kp = masking.key_padding_from_mask(mask, b, lk)
   k = masking.zero_padded(k, kp)
@@ -195,7 +201,8 @@ def performer_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
                                                key_padding=kp, return_stabilizer=True)
   res = kernel_attention(phi_q, phi_k, v, key_padding=kp, causal=causal, eps=eps,
                          normalize=True, chunk_size=chunk_size,
-                         return_state=return_state)
+                         return_state=return_state,
+                         **rotary.numerator(phi_q, phi_k, positions))
   if not return_state:
     return res
   out, state = res
@@ -208,7 +215,8 @@ def performer_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
 
 def performer_attention_step(state: KernelState, q_t: jnp.ndarray, k_t: jnp.ndarray,
                              v_t: jnp.ndarray, projection: jnp.ndarray,
-                             eps: Optional[float] = None, key_valid: Optional[jnp.ndarray] = None):
+                             eps: Optional[float] = None, key_valid: Optional[jnp.ndarray] = None,
+                             position=None):
   """One decoding step of causal `performer_attention`.
 
   A recurrent form cannot use the max over all keys, so the key stabiliser is a
@@ -241,174 +249,141 @@ def performer_attention_step(state: KernelState, q_t: jnp.ndarray, k_t: jnp.ndar
   rescaled = KernelState(state.s * ratio[..., None, None].astype(state.s.dtype),
                          state.z * ratio[..., None].astype(state.z.dtype),
                          new.astype(state.log_scale.dtype))
-  new_state, out = kernel_attention_step(rescaled, phi_q, phi_k, v_t, eps=eps,
-                                         normalize=True, key_valid=key_valid)
+  new_state, out = kernel_attention_step(
+      rescaled, phi_q, phi_k, v_t, eps=eps, normalize=True, key_valid=key_valid,
+      **rotary.numerator(phi_q, phi_k, rotary.at(position)))
   if keep_axis and out.ndim == 3:
     out = out[:, None]
   return new_state, out
 
 
 # ----------------------------------------------------------------------------
-# Linen modules.
+# Declarations.
 # ----------------------------------------------------------------------------
 
-
-class _HeadGate(nn.Module):
-  """g = sigmoid(k . w_h + b_h) per head: `[..., heads, d] -> [..., heads]`."""
-  bias_init: float = 0.0
-  param_dtype: jnp.dtype = jnp.float32
-
-  @nn.compact
-  def __call__(self, k):
-    h, d = k.shape[-2:]
-    w = self.param('kernel', nn.initializers.lecun_normal(), (d, h), self.param_dtype)
-    b = self.param('bias', nn.initializers.constant(self.bias_init), (h,),
-                   self.param_dtype)
-    compute = jnp.promote_types(k.dtype, jnp.float32)
-    logits = jnp.einsum('...hd,dh->...h', k.astype(compute), w.astype(compute))
-    return jax.nn.sigmoid(logits + b.astype(compute))
+_FEATURE_OPTIONS = (
+    registry.Option('orthogonal', True, bool, 'block-orthogonal projection rows'),
+    registry.Option('redraw', False, bool,
+                    "fresh features in training calls given a 'features' rng"),
+    registry.Option('seed', 0, int, 'seed of the fixed per-layer draw', minimum=0),
+    registry.Option('chunk_size', 64, int, 'chunk length of the causal scan', minimum=1),
+)
+_FEATURE_KNOB = ('num_features', (16, 32, 64, 128, 256, 512, 1024))
 
 
-class _HeadLogSigma(nn.Module):
-  """A learned log sigma per head, `[heads]`."""
-  init_sigma: float = 1.0
-  param_dtype: jnp.dtype = jnp.float32
-
-  @nn.compact
-  def __call__(self, heads: int):
-    return self.param('log_sigma', nn.initializers.constant(math.log(self.init_sigma)),
-                      (heads,), self.param_dtype)
-
-
-class _RandomFeatureMechanism(Mechanism):
-  """Shared projection handling (see the module docstring's redraw policy)."""
-
-  def _projection(self, num_features: int, dim: int, deterministic: bool):
-    if self.redraw and not deterministic and self.has_rng('features'):
-      w = feature_maps.gaussian_projection(self.make_rng('features'), num_features, dim,
-                                           orthogonal=self.orthogonal)
-      return lax.stop_gradient(w)
-    # The fixed draw is a compile-time constant (cached per layer).
-    return feature_maps.fixed_projection(self.seed, tuple(self.scope.path), num_features,
-                                         dim, self.orthogonal)
-
-  def _prepare(self, q, k, v, deterministic: bool):
-    """q, k, v in the compute dtype and the projection `[num_features, head_dim]`."""
-    dtype = self.dtype or q.dtype
-    q, k, v = q.astype(dtype), k.astype(dtype), v.astype(dtype)
-    return q, k, v, self._projection(self.num_features, q.shape[-1], deterministic)
+def _projection(o, head_dim: int, ctx):
+  """The random projection `[num_features, head_dim]`: fresh (redraw) or the layer's fixed one."""
+  key = ctx.rng('features') if o.redraw and not ctx.deterministic else None
+  if key is not None:
+    return lax.stop_gradient(feature_maps.gaussian_projection(
+        key, o.num_features, head_dim, orthogonal=o.orthogonal))
+  # A compile-time constant, cached per layer.
+  return feature_maps.fixed_projection(o.seed, ctx.tag, o.num_features, head_dim,
+                                       o.orthogonal)
 
 
-class RFAAttention(_RandomFeatureMechanism):
-  """Linen wrapper of `rfa_attention`.
+@registry.register
+class RFA(registry.Mechanism):
+  """Learned parameters: 'gate_kernel' `[head_dim, heads]` and 'gate_bias' `[heads]`
+  with `use_gate` (g_t = sigmoid(k_t . w_h + b_h)), 'log_sigma' `[heads]` with
+  `learn_sigma`."""
+  name = 'rfa'
+  description = 'random feature attention, trigonometric features'
+  citation = 'Peng et al. 2021'
+  options = (
+      registry.Option('num_features', 64, int, 'D random projections (2 D features)',
+                      minimum=1),
+      registry.Option('sigma', 1.0, float, 'kernel width (initial value when learned)',
+                      above=0.0),
+      registry.Option('learn_sigma', False, bool, 'learn log sigma per head'),
+      registry.Option('use_gate', False, bool, 'RFA-Gate recency gate (causal only)'),
+      registry.Option('gate_bias_init', 0.0, float, 'initial gate bias (larger: longer memory)'),
+      registry.Option('eps', 1e-6, float, 'denominator clamp (|den| >= eps, sign kept)',
+                      above=0.0),
+  ) + _FEATURE_OPTIONS
+  causal = True
+  decode = 'recurrent'
+  random_features = True
+  rotary = 'features'
+  complexity = ('O(n D d)', 'O(n D + D d)')
+  knob = _FEATURE_KNOB
+  example = {'num_features': 16}
 
-  Attributes:
-    num_features: D random projections (features have 2 D dimensions).
-    sigma: kernel width (initial value when learned).
-    learn_sigma: learn log sigma per head (param 'log_sigma/log_sigma', `[heads]`).
-    use_gate: RFA-Gate recency gate, causal only: g_t = sigmoid(k_t . w_h + b_h)
-      per head (params 'gate/kernel' `[d, heads]`, 'gate/bias' `[heads]`).
-    gate_bias_init: initial gate bias (larger: longer memory).
-    orthogonal: block-orthogonal projection rows (lower variance than i.i.d.).
-    redraw: draw fresh features when `deterministic=False` and a 'features'
-      rng is given; otherwise (and always in evaluation) the FIXED per-layer
-      draw from `PRNGKey(seed)` folded with crc32 of the module path (no state;
-      checkpoints restore exactly).
-    seed: seed of the fixed draw.
-    eps: denominator clamp (|den| >= eps, sign kept; trig features can give
-      den <= 0).
-    chunk_size: causal chunk length.
+  def check(self, o, *, length, max_length, causal):
+    if o.use_gate and not causal:
+      raise ValueError('option use_gate=True of mechanism \'rfa\' needs causal=True (the '
+                       'gate discounts earlier tokens of a prefix)')
 
-  Decoding: `init_state(batch, heads, head_dim, v_dim)` and
-  `step(state, q_t, k_t, v_t)` (tokens `[batch, heads, dim]` or
-  `[batch, 1, heads, dim]`); `step` reads the parameters created by `__call__`.
-  """
-  num_features: int = 128
-  sigma: float = 1.0
-  learn_sigma: bool = False
-  use_gate: bool = False
-  gate_bias_init: float = 0.0
-  orthogonal: bool = True
-  redraw: bool = False
-  seed: int = 0
-  eps: float = 1e-6
-  chunk_size: int = 64
+  def params(self, o, *, heads, head_dim, max_length, causal):
+    out = {}
+    if o.use_gate:
+      out['gate_kernel'] = registry.ParamSpec((head_dim, heads),
+                                              jax.nn.initializers.lecun_normal())
+      out['gate_bias'] = registry.ParamSpec((heads,),
+                                            jax.nn.initializers.constant(o.gate_bias_init))
+    if o.learn_sigma:
+      out['log_sigma'] = registry.ParamSpec((heads,),
+                                            jax.nn.initializers.constant(math.log(o.sigma)))
+    return out
 
-  def setup(self):
-    if self.use_gate:
-      if not self.causal:
-        raise ValueError('RFAAttention: use_gate=True needs causal=True (the gate '
-                         'discounts earlier tokens of a prefix)')
-      self.gate = _HeadGate(bias_init=self.gate_bias_init, param_dtype=self.param_dtype)
-    if self.learn_sigma:
-      self.log_sigma = _HeadLogSigma(init_sigma=self.sigma, param_dtype=self.param_dtype)
+  def _gate_sigma(self, o, params, k):
+    gate = None
+    if o.use_gate:
+      compute = jnp.promote_types(k.dtype, jnp.float32)
+      logits = jnp.einsum('...hd,dh->...h', k.astype(compute),
+                          params['gate_kernel'].astype(compute))
+      gate = jax.nn.sigmoid(logits + params['gate_bias'].astype(compute))
+    sigma = jnp.exp(params['log_sigma'].astype(jnp.float32)) if o.learn_sigma else o.sigma
+    return gate, sigma
 
-  def _sigma(self, heads: int):
-    if self.learn_sigma:
-      return jnp.exp(self.log_sigma(heads).astype(jnp.float32))
-    return self.sigma
+  def reference(self, o, q, k, v):
+    """Softmax over cosine similarities q^ . k^ / sigma^2 (what the features estimate)."""
+    from efficient_attn.mechanisms.softmax import softmax_attention  # pylint: disable=g-import-not-at-top
+    unit = lambda x: x * lax.rsqrt(jnp.sum(x * x, -1, keepdims=True) + 1e-12)
+    return softmax_attention(unit(q), unit(k), v, scale=1.0 / o.sigma**2)
 
-  def __call__(self, q, k, v, mask=None, deterministic: bool = True):
-    q, k, v, w = self._prepare(q, k, v, deterministic)
-    gate = self.gate(k) if self.use_gate else None
-    return rfa_attention(q, k, v, w, mask=mask, causal=self.causal, eps=self.eps,
-                         gate=gate, sigma=self._sigma(q.shape[-2]),
-                         chunk_size=self.chunk_size)
+  def attend(self, o, params, q, k, v, *, mask, causal, ctx):
+    gate, sigma = self._gate_sigma(o, params, k)
+    return rfa_attention(q, k, v, _projection(o, q.shape[-1], ctx), mask=mask,
+                         causal=causal, eps=o.eps, gate=gate, sigma=sigma,
+                         chunk_size=o.chunk_size, positions=ctx.positions)
 
-  def init_state(self, batch: int, heads: int, head_dim: int, v_dim: int,
-                 dtype=jnp.float32) -> KernelState:
-    del head_dim
-    return init_kernel_state(batch, heads, 2 * self.num_features, v_dim, dtype)
+  def init_state(self, o, *, batch, heads, head_dim, v_dim):
+    return init_kernel_state(batch, heads, 2 * o.num_features, v_dim)
 
-  def step(self, state: KernelState, q_t, k_t, v_t, key_valid=None,
-           deterministic: bool = True):
-    """One causal decoding step with the fixed features: (new_state, out_t)."""
-    del deterministic
-    q_t, k_t, v_t, w = self._prepare(q_t, k_t, v_t, True)
-    gate = self.gate(k_t) if self.use_gate else None
-    return rfa_attention_step(state, q_t, k_t, v_t, w, sigma=self._sigma(q_t.shape[-2]),
-                              eps=self.eps, gate_t=gate, key_valid=key_valid)
+  def step(self, o, params, state, q_t, k_t, v_t, *, ctx):
+    gate, sigma = self._gate_sigma(o, params, k_t)
+    return rfa_attention_step(state, q_t, k_t, v_t, _projection(o, q_t.shape[-1], ctx),
+                              sigma=sigma, eps=o.eps, gate_t=gate, position=ctx.position)
 
 
-class PerformerAttention(_RandomFeatureMechanism):
-  """Linen wrapper of `performer_attention` (FAVOR+), no parameters.
+@registry.register
+class Performer(registry.Mechanism):
+  name = 'performer'
+  description = 'FAVOR+ with positive orthogonal random features'
+  citation = 'Choromanski et al. 2021'
+  options = (
+      registry.Option('num_features', 64, int, 'm positive random features', minimum=1),
+      registry.Option('eps', None, float,
+                      'denominator clamp; None: tiny^(1/4) of the compute dtype',
+                      above=0.0, allow_none=True),
+  ) + _FEATURE_OPTIONS
+  causal = True
+  decode = 'recurrent'
+  random_features = True
+  rotary = 'features'
+  complexity = ('O(n m d)', 'O(n m + m d)')
+  knob = _FEATURE_KNOB
+  example = {'num_features': 16}
 
-  Attributes:
-    num_features: m positive random features.
-    orthogonal: block-orthogonal projection rows with chi norms (FAVOR+).
-    redraw: draw fresh features when `deterministic=False` and a 'features'
-      rng is given; otherwise (and always in evaluation) the FIXED per-layer
-      draw from `PRNGKey(seed)` folded with crc32 of the module path (no state;
-      checkpoints restore exactly).
-    seed: seed of the fixed draw.
-    eps: denominator clamp (None: `performer_eps` of the compute dtype).
-    chunk_size: causal chunk length.
+  def attend(self, o, params, q, k, v, *, mask, causal, ctx):
+    return performer_attention(q, k, v, _projection(o, q.shape[-1], ctx), mask=mask,
+                               causal=causal, eps=o.eps, chunk_size=o.chunk_size,
+                               positions=ctx.positions)
 
-  Decoding: `init_state(batch, heads, head_dim, v_dim)` and
-  `step(state, q_t, k_t, v_t)` (tokens `[batch, heads, dim]` or
-  `[batch, 1, heads, dim]`), see `performer_attention_step`.
-  """
-  num_features: int = 256
-  orthogonal: bool = True
-  redraw: bool = False
-  seed: int = 0
-  eps: Optional[float] = None
-  chunk_size: int = 64
+  def init_state(self, o, *, batch, heads, head_dim, v_dim):
+    return init_kernel_state(batch, heads, o.num_features, v_dim)
 
-  def __call__(self, q, k, v, mask=None, deterministic: bool = True):
-    q, k, v, w = self._prepare(q, k, v, deterministic)
-    return performer_attention(q, k, v, w, mask=mask, causal=self.causal, eps=self.eps,
-                               chunk_size=self.chunk_size)
-
-  def init_state(self, batch: int, heads: int, head_dim: int, v_dim: int,
-                 dtype=jnp.float32) -> KernelState:
-    del head_dim
-    return init_kernel_state(batch, heads, self.num_features, v_dim, dtype)
-
-  def step(self, state: KernelState, q_t, k_t, v_t, key_valid=None,
-           deterministic: bool = True):
-    """One causal decoding step with the fixed features: (new_state, out_t)."""
-    del deterministic
-    q_t, k_t, v_t, w = self._prepare(q_t, k_t, v_t, True)
-    return performer_attention_step(state, q_t, k_t, v_t, w, eps=self.eps,
-                                    key_valid=key_valid)
+  def step(self, o, params, state, q_t, k_t, v_t, *, ctx):
+    return performer_attention_step(state, q_t, k_t, v_t, _projection(o, q_t.shape[-1], ctx),
+                                    eps=o.eps, position=ctx.position)

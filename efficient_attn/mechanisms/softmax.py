@@ -4,7 +4,6 @@ Both take q `[batch, q_length, heads, head_dim]`, k `[batch, kv_length, heads,
 head_dim]`, v `[batch, kv_length, heads, v_dim]` and return `[batch, q_length,
 heads, v_dim]`. Masks follow `efficient_attn.masking`.
 """
-import functools
 import math
 from typing import Optional
 
@@ -13,7 +12,11 @@ import jax.numpy as jnp
 from jax import lax
 
 from efficient_attn import masking
-from efficient_attn.mechanisms.base import Mechanism
+from efficient_attn import online_softmax
+from efficient_attn import registry
+
+SCALE = registry.Option('scale', None, float, 'score scale; None: 1/sqrt(head_dim)',
+                        above=0.0, allow_none=True)
 
 
 def _scale(head_dim: int, scale: Optional[float]) -> float:
@@ -46,12 +49,12 @@ def softmax_attention(q, k, v, mask=None, causal: bool = False,
       shape[1] = 1
     keep_mask = jax.random.bernoulli(dropout_rng, keep, shape)
     weights = weights * keep_mask.astype(weights.dtype) / keep
-  out = jnp.einsum('bhqk,bkhd->bqhd', weights.astype(v.dtype), v)
-  return out
+  return jnp.einsum('bhqk,bkhd->bqhd', weights.astype(v.dtype), v)
 
 
 def softmax_weights(q, k, mask=None, causal: bool = False, scale: Optional[float] = None):
   """The attention matrix `[batch, heads, q_length, kv_length]` (float32 or wider)."""
+  masking.check_inputs(q, k, k, mask, name='softmax attention')
   compute = jnp.promote_types(q.dtype, jnp.float32)
   s = jnp.einsum('bqhd,bkhd->bhqk', q.astype(compute), k.astype(compute))
   s = s * _scale(q.shape[-1], scale)
@@ -65,13 +68,13 @@ def softmax_weights(q, k, mask=None, causal: bool = False, scale: Optional[float
 
 
 def chunked_softmax_attention(q, k, v, mask=None, causal: bool = False,
-                              scale: Optional[float] = None, q_chunk: int = 1024,
-                              k_chunk: int = 1024):
+                              scale: Optional[float] = None, q_chunk: int = 512,
+                              k_chunk: int = 512):
   """Exact attention by online softmax over key chunks (Rabe & Staats, 2021).
 
   Queries are processed `q_chunk` at a time; for each, keys and values are
-  scanned `k_chunk` at a time keeping a running max, normaliser and weighted sum.
-  Both levels are rematerialised in the backward pass, so memory is
+  scanned `k_chunk` at a time with `efficient_attn.online_softmax`. Both
+  levels are rematerialised in the backward pass, so memory is
   O(n d + q_chunk * k_chunk) per head in forward and backward, time O(n^2 d).
   Equal to `softmax_attention` up to float rounding.
 
@@ -79,6 +82,9 @@ def chunked_softmax_attention(q, k, v, mask=None, causal: bool = False,
     kv_length]` or any mask broadcastable to `[batch, heads, q_length,
     kv_length]` (only its current chunk is read).
   """
+  masking.check_inputs(q, k, v, mask, name='chunked softmax attention')
+  if q_chunk < 1 or k_chunk < 1:
+    raise ValueError(f'q_chunk={q_chunk} and k_chunk={k_chunk} must be >= 1')
   b, lq, h, d = q.shape
   lk = k.shape[1]
   compute = jnp.promote_types(q.dtype, jnp.float32)
@@ -96,14 +102,11 @@ def chunked_softmax_attention(q, k, v, mask=None, causal: bool = False,
            (0, pk if mask.shape[3] > 1 else 0)]
     mask = jnp.pad(mask, pad)
   offset = lk - lq  # causal alignment as in masking.causal_mask
-  neg = masking.big_neg(compute)
 
-  def key_step(qc, q0, carry, j):
-    m, l, acc = carry
+  def key_step(qc, q0, state, j):
     k0 = j * ck
     kc = lax.dynamic_slice_in_dim(ks, k0, ck, axis=1)
     vc = lax.dynamic_slice_in_dim(vs, k0, ck, axis=1)
-    s = jnp.einsum('bqhd,bkhd->bhqk', qc, kc)
     kpos = k0 + jnp.arange(ck)
     valid = (kpos < lk)[None, None, None, :]
     if causal:
@@ -116,55 +119,70 @@ def chunked_softmax_attention(q, k, v, mask=None, causal: bool = False,
       if mc.shape[3] > 1:
         mc = lax.dynamic_slice_in_dim(mc, k0, ck, axis=3)
       valid = valid & mc
-    s = jnp.where(valid, s, neg)
-    m_new = jnp.maximum(m, s.max(axis=-1))
-    p = jnp.exp(s - m_new[..., None]) * valid
-    corr = jnp.exp(m - m_new)
-    l = l * corr + p.sum(axis=-1)
-    acc = acc * corr[..., None] + jnp.einsum('bhqk,bkhd->bhqd', p, vc)
-    return (m_new, l, acc), None
+    scores = jnp.einsum('bqhd,bkhd->bhqk', qc, kc)
+    return online_softmax.update(state, scores, valid, vc), None
 
   @jax.checkpoint
   def query_chunk(i):
     q0 = i * cq
     qc = lax.dynamic_slice_in_dim(qs, q0, cq, axis=1)
-    init = (jnp.full((b, h, cq), neg, compute), jnp.zeros((b, h, cq), compute),
-            jnp.zeros((b, h, cq, v.shape[-1]), compute))
-    step = jax.checkpoint(functools.partial(key_step, qc, q0))
-    (_, l, acc), _ = lax.scan(step, init, jnp.arange(nk))
-    return acc / jnp.where(l == 0, 1.0, l)[..., None]
+    step = jax.checkpoint(lambda state, j: key_step(qc, q0, state, j))
+    state, _ = lax.scan(step, online_softmax.init(b, h, cq, v.shape[-1], compute),
+                        jnp.arange(nk))
+    return online_softmax.finish(state)
 
   out = lax.map(query_chunk, jnp.arange(nq))  # [nq, b, h, cq, dv]
   out = jnp.moveaxis(out, 0, 2).reshape(b, h, nq * cq, -1)[:, :, :lq]
   return jnp.swapaxes(out, 1, 2).astype(v.dtype)
 
 
-class SoftmaxAttention(Mechanism):
-  """Linen wrapper of `softmax_attention` (optional attention-weight dropout)."""
-  dropout_rate: float = 0.0
-  broadcast_dropout: bool = True
-  scale: Optional[float] = None
-
-  def __call__(self, q, k, v, mask=None, deterministic: bool = True):
-    rng = None
-    if self.dropout_rate > 0.0 and not deterministic:
-      rng = self.make_rng('dropout')
-    dtype = self.dtype or q.dtype
-    return softmax_attention(q.astype(dtype), k.astype(dtype), v.astype(dtype),
-                             mask=mask, causal=self.causal, scale=self.scale,
-                             dropout_rate=self.dropout_rate, dropout_rng=rng,
-                             broadcast_dropout=self.broadcast_dropout)
+def _dropout(ctx):
+  """(rate, rng) of attention-weight dropout in this call (0, None when off)."""
+  rate = 0.0 if ctx.deterministic else ctx.dropout_rate
+  return rate, (ctx.rng('dropout') if rate > 0 else None)
 
 
-class ChunkedSoftmaxAttention(Mechanism):
-  """Linen wrapper of `chunked_softmax_attention`."""
-  q_chunk: int = 1024
-  k_chunk: int = 1024
-  scale: Optional[float] = None
+@registry.register
+class Softmax(registry.Mechanism):
+  name = 'softmax'
+  rotary = 'scores'
+  description = 'exact scaled dot-product attention'
+  citation = 'Vaswani et al. 2017'
+  options = (SCALE,)
+  causal = True
+  masks = 'any'
+  decode = 'kv_cache'
+  forms_weights = True
+  complexity = ('O(n^2 d)', 'O(n^2)')
 
-  def __call__(self, q, k, v, mask=None, deterministic: bool = True):
-    del deterministic
-    dtype = self.dtype or q.dtype
-    return chunked_softmax_attention(q.astype(dtype), k.astype(dtype), v.astype(dtype),
-                                     mask=mask, causal=self.causal, scale=self.scale,
-                                     q_chunk=self.q_chunk, k_chunk=self.k_chunk)
+  def attend(self, o, params, q, k, v, *, mask, causal, ctx):
+    rate, rng = _dropout(ctx)
+    return softmax_attention(q, k, v, mask=mask, causal=causal, scale=o.scale,
+                             dropout_rate=rate, dropout_rng=rng,
+                             broadcast_dropout=ctx.broadcast_dropout)
+
+
+@registry.register
+class ChunkedSoftmax(registry.Mechanism):
+  name = 'softmax_chunked'
+  rotary = 'scores'
+  description = 'exact attention by online softmax over key chunks, O(n) memory'
+  citation = 'Rabe & Staats 2021'
+  options = (
+      registry.Option('q_chunk', 512, int, 'queries per chunk', minimum=1),
+      registry.Option('k_chunk', 512, int, 'keys per chunk', minimum=1),
+      SCALE,
+  )
+  causal = True
+  masks = 'any'
+  decode = 'kv_cache'
+  complexity = ('O(n^2 d)', 'O(n d + c^2)')
+  knob = ('k_chunk', (16, 64, 256))
+  example = {'q_chunk': 8, 'k_chunk': 4}
+
+  def exact_options(self, length):
+    return {'q_chunk': 16, 'k_chunk': 16}
+
+  def attend(self, o, params, q, k, v, *, mask, causal, ctx):
+    return chunked_softmax_attention(q, k, v, mask=mask, causal=causal, scale=o.scale,
+                                     q_chunk=o.q_chunk, k_chunk=o.k_chunk)

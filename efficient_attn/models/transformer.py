@@ -1,42 +1,48 @@
-"""Pre-LayerNorm Transformer encoder shared by every model in the project."""
+"""The pre-LayerNorm Transformer encoder shared by every model, and its settings object.
+
+    config = TransformerConfig(d_model=128, depth=4, num_heads=4, mlp_dim=256,
+                               mechanism='nystrom', projection='efficient')
+    y = Encoder(config).apply(variables, x)      # x [batch, length, d_model]
+
+One `TransformerConfig` (the flax examples/wmt style) flows from the model to
+every block and attention layer, so no field list is repeated per module.
+"""
 import dataclasses
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Mapping, Optional
 
 import flax.linen as nn
 import jax.numpy as jnp
 
+from efficient_attn import registry
 from efficient_attn.attention import MultiHeadAttention
+from efficient_attn.models import reversible
 
 
-class MlpBlock(nn.Module):
-  """Dense(mlp_dim) -> GELU -> dropout -> Dense(d_model) -> dropout."""
-  mlp_dim: int
-  dropout_rate: float = 0.0
-  dtype: Any = None
-  param_dtype: Any = jnp.float32
-
-  @nn.compact
-  def __call__(self, x, deterministic: bool = True):
-    d = x.shape[-1]
-    y = nn.Dense(self.mlp_dim, dtype=self.dtype, param_dtype=self.param_dtype)(x)
-    y = nn.gelu(y)
-    y = nn.Dropout(self.dropout_rate)(y, deterministic=deterministic)
-    y = nn.Dense(d, dtype=self.dtype, param_dtype=self.param_dtype)(y)
-    return nn.Dropout(self.dropout_rate)(y, deterministic=deterministic)
-
-
-class EncoderBlock(nn.Module):
-  """x + Attn(LN(x)), then + MLP(LN(x)). Tokens `[batch, length, d_model]`.
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+  """Settings of a Transformer stack and its attention layers.
 
   Attributes:
-    num_heads, mechanism, projection, options, causal, max_length: passed to
-      `efficient_attn.MultiHeadAttention`.
-    mlp_dim: hidden width of the MLP.
-    dropout_rate: residual dropout; attention_dropout_rate: on attention weights.
-    attention_cls: the attention layer class (LoRA swaps in an adapted one).
+    d_model: token width.
+    depth: number of blocks.
+    num_heads, mlp_dim: attention heads and MLP hidden width.
+    mechanism, projection, options: the attention layer (see
+      `efficient_attn.MultiHeadAttention`).
+    causal: autoregressive attention.
+    max_length: the context length (the super projection and fixed-length
+      mechanisms are built for it); models set it from their input size.
+    dropout_rate: residual and MLP dropout; attention_dropout_rate: on the
+      attention weights (mechanisms that form them).
+    dtype, param_dtype: computation and parameter dtypes.
+    decode: one token per call with a 'cache' (see `MultiHeadAttention`).
+    rotary: rotary positions in every attention layer (see `MultiHeadAttention`).
+    reversible: reversible residual blocks (`efficient_attn.models.reversible`):
+      activation memory that does not grow with depth, for one more forward.
   """
-  num_heads: int
-  mlp_dim: int
+  d_model: int = 64
+  depth: int = 2
+  num_heads: int = 4
+  mlp_dim: int = 128
   mechanism: str = 'softmax'
   projection: str = 'standard'
   options: Optional[Mapping[str, Any]] = None
@@ -46,38 +52,83 @@ class EncoderBlock(nn.Module):
   attention_dropout_rate: float = 0.0
   dtype: Any = None
   param_dtype: Any = jnp.float32
-  attention_cls: Callable[..., nn.Module] = MultiHeadAttention
+  decode: bool = False
+  rotary: bool = False
+  reversible: bool = False
+
+  def replace(self, **changes) -> 'TransformerConfig':
+    return dataclasses.replace(self, **changes)
+
+
+def attention_layer(c: TransformerConfig, shared_params=None) -> MultiHeadAttention:
+  """The attention layer of a block, named 'attention'."""
+  return MultiHeadAttention(
+      num_heads=c.num_heads, mechanism=c.mechanism, projection=c.projection,
+      options=c.options, causal=c.causal, max_length=c.max_length,
+      dropout_rate=c.attention_dropout_rate, dtype=c.dtype, param_dtype=c.param_dtype,
+      shared_params=shared_params, decode=c.decode, rotary=c.rotary, name='attention')
+
+
+class MlpBlock(nn.Module):
+  """Dense(mlp_dim) -> GELU -> dropout -> Dense(d_model) -> dropout."""
+  config: TransformerConfig
+
+  @nn.compact
+  def __call__(self, x, deterministic: bool = True):
+    c = self.config
+    y = nn.Dense(c.mlp_dim, dtype=c.dtype, param_dtype=c.param_dtype)(x)
+    y = nn.gelu(y)
+    y = nn.Dropout(c.dropout_rate)(y, deterministic=deterministic)
+    y = nn.Dense(x.shape[-1], dtype=c.dtype, param_dtype=c.param_dtype)(y)
+    return nn.Dropout(c.dropout_rate)(y, deterministic=deterministic)
+
+
+class EncoderBlock(nn.Module):
+  """x + Attn(LN(x)), then + MLP(LN(x)). Tokens `[batch, length, d_model]`.
+
+  Attributes:
+    config: the stack's settings.
+    shared_params: attention parameters shared by every block (see
+      `registry.Mechanism.shared_params`), created by the `Encoder`.
+  """
+  config: TransformerConfig
+  shared_params: Optional[Mapping[str, Any]] = None
 
   @nn.compact
   def __call__(self, x, mask=None, deterministic: bool = True):
-    y = nn.LayerNorm(dtype=self.dtype, param_dtype=self.param_dtype)(x)
-    y = self.attention_cls(
-        num_heads=self.num_heads, mechanism=self.mechanism, projection=self.projection,
-        options=self.options, causal=self.causal, max_length=self.max_length,
-        dropout_rate=self.attention_dropout_rate, dtype=self.dtype,
-        param_dtype=self.param_dtype, name='attention')(y, mask=mask, deterministic=deterministic)
-    y = nn.Dropout(self.dropout_rate)(y, deterministic=deterministic)
+    c = self.config
+    y = nn.LayerNorm(dtype=c.dtype, param_dtype=c.param_dtype)(x)
+    y = attention_layer(c, self.shared_params)(y, mask=mask, deterministic=deterministic)
+    y = nn.Dropout(c.dropout_rate)(y, deterministic=deterministic)
     x = x + y
-    y = nn.LayerNorm(dtype=self.dtype, param_dtype=self.param_dtype)(x)
-    y = MlpBlock(self.mlp_dim, self.dropout_rate, self.dtype, self.param_dtype,
-                 name='mlp')(y, deterministic=deterministic)
+    y = nn.LayerNorm(dtype=c.dtype, param_dtype=c.param_dtype)(x)
+    y = MlpBlock(c, name='mlp')(y, deterministic=deterministic)
     return x + y
 
 
-class Encoder(EncoderBlock):
-  """`depth` EncoderBlocks and a final LayerNorm; every other field is the blocks'.
+class Encoder(nn.Module):
+  """`depth` EncoderBlocks and a final LayerNorm.
 
-  Subclassing EncoderBlock keeps one list of block fields: each block is built
-  from this module's values of them.
+  Parameters the mechanism shares across layers (e.g. Linformer's layerwise
+  E = F) are created here once, under 'shared_attention', and passed to every block.
   """
-  depth: int = 1
+  config: TransformerConfig
 
   @nn.compact
   def __call__(self, x, mask=None, deterministic: bool = True):
-    """x `[batch, length, d_model]`; mask flax-style or None -> same shape."""
-    block_fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(EncoderBlock)
-                    if f.init and f.name not in ('parent', 'name')}
-    for i in range(self.depth):
-      x = EncoderBlock(**block_fields, name=f'block_{i}')(x, mask=mask,
-                                                          deterministic=deterministic)
-    return nn.LayerNorm(dtype=self.dtype, param_dtype=self.param_dtype, name='final_norm')(x)
+    """x `[batch, length, d_model]`; mask flax-style, key padding or None -> same shape."""
+    c = self.config
+    decl, o = registry.configure(c.mechanism, c.options, causal=c.causal,
+                                 max_length=c.max_length)
+    head_dim = x.shape[-1] // c.num_heads
+    specs = decl.shared_params(o, heads=c.num_heads, head_dim=head_dim,
+                               max_length=c.max_length)
+    shared = {name: self.param(f'shared_attention_{name}', init, shape, c.param_dtype)
+              for name, (shape, init) in specs.items()} or None
+    if c.reversible:
+      x = reversible.ReversibleStack(c, shared, name='reversible')(x, mask, deterministic)
+    else:
+      for i in range(c.depth):
+        x = EncoderBlock(c, shared, name=f'block_{i}')(x, mask=mask,
+                                                       deterministic=deterministic)
+    return nn.LayerNorm(dtype=c.dtype, param_dtype=c.param_dtype, name='final_norm')(x)

@@ -72,6 +72,23 @@ def num_classes(config) -> int:
   return stream.folder_num_classes(config)
 
 
+def num_examples(config, split: str) -> int:
+  """The number of examples of `split` (all processes together)."""
+  if specs.in_memory(config):
+    from train.input_pipeline import arrays  # pylint: disable=g-import-not-at-top
+    return len(arrays.get_split(config, split))
+  from train.input_pipeline import stream  # pylint: disable=g-import-not-at-top
+  return stream.Source(config, split, 0, 1, drop_remainder=False).num_examples
+
+
+def vocab_size(config) -> int:
+  """Token ids of a token task are 0..vocab_size-1 (0 = padding)."""
+  size = get_spec(config.dataset.name).vocab_size
+  if not size:
+    raise ValueError(f'dataset {config.dataset.name!r} is not a token task')
+  return size
+
+
 def prepare(config) -> None:
   """Makes sure the data can be read (TFDS download_and_prepare when allowed).
 

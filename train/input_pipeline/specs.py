@@ -42,6 +42,7 @@ class DatasetSpec:
     small: fits in memory (TFDS datasets read once into memory).
     feature: the TFDS feature holding the input.
     manual: TFDS prepares it only from manually downloaded files.
+    vocab_size: token tasks: ids 0..vocab_size-1 (0 = padding).
   """
   name: str
   kind: str
@@ -53,6 +54,7 @@ class DatasetSpec:
   small: bool = True
   feature: str = 'image'
   manual: bool = False
+  vocab_size: int = 0
 
   def sources(self) -> Tuple[str, ...]:
     """The sources that can serve this dataset."""

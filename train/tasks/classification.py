@@ -2,8 +2,7 @@
 import jax.numpy as jnp
 import optax
 
-from train import models
-from train import tasks
+from train.tasks import base
 
 
 def loss_and_metrics(model, params, batch, *, train: bool, rngs=None):
@@ -26,9 +25,4 @@ def loss_and_metrics(model, params, batch, *, train: bool, rngs=None):
   return metrics['loss'] / jnp.maximum(count, 1.0), metrics
 
 
-TASK = tasks.Task(
-    name='classification',
-    create_model=models.create_model,
-    init_inputs=tasks.default_init_inputs,
-    loss_and_metrics=loss_and_metrics,
-)
+TASK = base.Task(name='classification', loss_and_metrics=loss_and_metrics)

@@ -20,9 +20,9 @@ import optax
 from efficient_attn.models.causal import shift_right
 from train import adapters
 from train import input_pipeline
-from train import generate
 from train import models
-from train import tasks
+from train import samples
+from train.tasks import base
 
 SAMPLE_DEFAULTS = dict(num_samples=16, num_completions=8, rows=0, temperature=1.0, seed=0)
 
@@ -62,16 +62,11 @@ def write_outputs(config, model, params, workdir: str) -> Dict[str, str]:
   if s['num_completions'] > 0:
     tokens = input_pipeline.get_eval_batch(config)['inputs'][:s['num_completions']]
     images = np.asarray(tokens).reshape((-1, side, side))
-  return generate.write_samples(
+  return samples.write_samples(
       model, params, jax.random.key(s['seed']), workdir, image_shape=(side, side),
       num_samples=s['num_samples'], temperature=s['temperature'], images=images,
       rows=s['rows'] or None)
 
 
-TASK = tasks.Task(
-    name='pixel_lm',
-    create_model=models.create_model,
-    init_inputs=tasks.default_init_inputs,
-    loss_and_metrics=loss_and_metrics,
-    write_outputs=write_outputs,
-)
+TASK = base.Task(name='pixel_lm', loss_and_metrics=loss_and_metrics,
+                 write_outputs=write_outputs)

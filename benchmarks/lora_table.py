@@ -1,0 +1,182 @@
+r"""The table and plot of the LoRA rank study (Hu et al. 2021), read from a finished sweep.
+
+The study's runs are made by the sweep tool (`sweeps/lora_digits.py`,
+`sweeps/real/lora_mnist.py`; the runs are listed by
+`configs/lora_base.study_runs`): a base classifier trained on plain images
+(`base`), and for each transformed variant (rotated, inverted, quantised) full
+fine-tuning of the base (`full_<variant>`), LoRA fine-tuning of the frozen
+base at each rank (`finetune_<variant>_r<r>`) and LoRA-only training of a
+random frozen base (`scratch_<variant>_r<r>`). This tool reads their
+`results.json`, evaluates the base itself on each variant (no adaptation), and
+writes `<out>/<name>.md`, `.json` and `.png` (accuracy against the rank).
+
+    python -m train.sweep --sweep=sweeps/lora_digits.py --root=runs/lora_digits run
+    python -m benchmarks.lora_table --root=runs/lora_digits --out=benchmark_results/lora_digits
+
+Runs that have not finished are left out of the table (named in its notes).
+"""
+import json
+import os
+import re
+import sys
+from typing import Any, Dict, Optional, Sequence
+
+from absl import flags
+
+from benchmarks import common
+from benchmarks import output
+
+MODES = (('finetune', 'Fine-tuning the base with LoRA'),
+         ('scratch', 'LoRA only, from scratch (random frozen base)'))
+_RUN = re.compile(r'^(full|finetune|scratch)_([a-z]+?)(?:_r(\d+))?$')
+
+
+def define_flags(fv: flags.FlagValues) -> None:
+  flags.DEFINE_string('root', None, 'the sweep root holding base/, full_<v>/, ... ',
+                      flag_values=fv)
+  flags.DEFINE_string('out', 'benchmark_results/lora', 'output directory', flag_values=fv)
+  flags.DEFINE_string('name', 'lora', 'file name stem of the outputs', flag_values=fv)
+  flags.DEFINE_bool('quiet', False, 'do not print the table', flag_values=fv)
+  flags.mark_flag_as_required('root', flag_values=fv)
+
+
+def _results(workdir: str) -> Optional[Dict[str, Any]]:
+  path = os.path.join(workdir, 'results.json')
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
+def evaluate_on(workdir: str, variant: str) -> float:
+  """Accuracy of `workdir`'s newest checkpoint on its eval split, with `variant` images."""
+  from train import input_pipeline  # pylint: disable=g-import-not-at-top
+  from train import trainer  # pylint: disable=g-import-not-at-top
+  from train import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  from train import checkpoint  # pylint: disable=g-import-not-at-top
+  config = workdir_lib.load_config(workdir)
+  config.dataset.transform = variant
+  session = trainer.Session(config)
+  _, params = checkpoint.restore_params(workdir, session.mesh, session.abstract_params())
+  return session.evaluate(params, input_pipeline.get_eval_data(session.config))['accuracy']
+
+
+def collect(root: str) -> Dict[str, Any]:
+  """Every finished run of the study under `root`, and the base on each variant."""
+  base = _results(os.path.join(root, 'base'))
+  if base is None:
+    raise FileNotFoundError(f'{root}/base has no results.json: run the sweep first '
+                            '(python -m train.sweep --sweep=... --root=... run)')
+  with open(os.path.join(root, 'base', 'config.json')) as f:
+    base_config = json.load(f)
+  result: Dict[str, Any] = dict(
+      root=os.path.abspath(root), device=common.device_info(),
+      dataset=base_config['dataset']['name'], model=base_config['model']['kind'],
+      eval_split=base_config['dataset']['eval_split'],
+      base={'plain': base['eval_accuracy']}, full_finetune={}, finetune={}, scratch={},
+      params={'base': base['params_total']}, steps={'base': base['steps']}, unfinished=[])
+  ranks, variants = set(), set()
+  for name in sorted(os.listdir(root)):
+    match = _RUN.match(name)
+    if not match:
+      continue
+    mode, variant, rank = match.group(1), match.group(2), match.group(3)
+    res = _results(os.path.join(root, name))
+    if res is None:
+      result['unfinished'].append(name)
+      continue
+    variants.add(variant)
+    if mode == 'full':
+      result['full_finetune'][variant] = res['eval_accuracy']
+      result['params']['full'] = res['params_trainable']
+    else:
+      ranks.add(int(rank))
+      result[mode].setdefault(rank, {})[variant] = res['eval_accuracy']
+      result['params'][f'r{rank}'] = res['params_trainable']
+      result['steps']['adaptation'] = res['steps']
+  result['ranks'], result['variants'] = sorted(ranks), sorted(variants)
+  for variant in result['variants']:
+    result['base'][variant] = evaluate_on(os.path.join(root, 'base'), variant)
+  return result
+
+
+def _pct(x: Optional[float]) -> Optional[str]:
+  return None if x is None else f'{100 * x:.2f}%'
+
+
+def markdown(result: Dict[str, Any], command: str = '') -> str:
+  variants, split = result['variants'], result['eval_split']
+  notes = [f"dataset {result['dataset']}, model {result['model']} "
+           f"({output.fmt_count(result['params']['base'])} parameters); runs in "
+           f"{result['root']}",
+           f"base: {result['steps']['base']} steps on plain images, {split} accuracy "
+           f"{_pct(result['base']['plain'])}",
+           f"every adaptation run: {result['steps'].get('adaptation')} steps",
+           f'accuracy on the {split} split; trainable params = LoRA adapters '
+           '(r x (in + out) per adapted layer)']
+  if result['unfinished']:
+    notes.append('not finished, left out: ' + ', '.join(result['unfinished']))
+  if command:
+    notes.append(f'command: `{command}`')
+  text = output.header('LoRA rank study', common.describe_device(result['device']), notes)
+  rows = [['base, not adapted', 0] + [_pct(result['base'].get(v)) for v in variants]]
+  if result['full_finetune']:
+    rows.append(['full fine-tuning', output.fmt_count(result['params'].get('full'))] +
+                [_pct(result['full_finetune'].get(v)) for v in variants])
+  text += '\n## Baselines\n\n' + output.table(['', 'trainable params'] + variants, rows) + '\n'
+  for mode, title in MODES:
+    if not result[mode]:
+      continue
+    rows = [[r, output.fmt_count(result['params'].get(f'r{r}'))] +
+            [_pct(result[mode].get(str(r), {}).get(v)) for v in variants]
+            for r in result['ranks']]
+    text += f'\n## {title}\n\n' + output.table(['r', 'trainable params'] + variants,
+                                               rows) + '\n'
+  return text
+
+
+def plot(path: str, result: Dict[str, Any]) -> str:
+  """Accuracy against r, a panel per mode, a line per variant; dashed: full fine-tuning."""
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top  (Agg via output)
+  modes = [(m, t) for m, t in MODES if result[m]]
+  fig, axes = plt.subplots(1, max(len(modes), 1), figsize=(5.6 * max(len(modes), 1), 4.2),
+                           squeeze=False, sharey=True)
+  for ax, (mode, title) in zip(axes[0], modes):
+    for i, v in enumerate(result['variants']):
+      color = f'C{i}'
+      accs = [result[mode].get(str(r), {}).get(v) for r in result['ranks']]
+      ax.plot(result['ranks'], [np_nan(a) for a in accs], marker='os^vD'[i % 5], color=color,
+              label=v)
+      if v in result['full_finetune']:
+        ax.axhline(result['full_finetune'][v], color=color, linestyle='--', linewidth=1,
+                   label=f'{v}, full fine-tuning')
+      ax.axhline(result['base'][v], color=color, linestyle=':', linewidth=1,
+                 label=f'{v}, base not adapted')
+    ax.set_xscale('log', base=2)
+    ax.set_xticks(result['ranks'], [str(r) for r in result['ranks']])
+    ax.set_ylim(0, 1)
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel('rank r')
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, loc='lower right')
+  axes[0][0].set_ylabel(f"{result['eval_split']} accuracy")
+  fig.suptitle(f"LoRA: {result['dataset']}, {result['model']}", fontsize=9)
+  return output.save_figure(fig, path)
+
+
+def np_nan(x: Optional[float]) -> float:
+  return float('nan') if x is None else x
+
+
+def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+  fv = common.parse_flags(define_flags, argv, __doc__)
+  args = list(sys.argv[1:] if argv is None else argv)
+  command = ' '.join(['python -m benchmarks.lora_table'] + args)
+  result = collect(fv.root)
+  plot(os.path.join(fv.out, f'{fv.name}.png'), result)
+  output.finish(fv.out, fv.name, result, markdown(result, command), quiet=fv.quiet)
+  return result
+
+
+if __name__ == '__main__':
+  main()
