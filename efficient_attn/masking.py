@@ -104,3 +104,15 @@ def zero_padded(x: jnp.ndarray, key_padding: Optional[jnp.ndarray]) -> jnp.ndarr
     return x
   shape = key_padding.shape + (1,) * (x.ndim - 2)
   return jnp.where(key_padding.reshape(shape), x, jnp.zeros((), x.dtype))
+
+
+def checked_keys_values(q, k, v, mask, *, name: str, causal: bool):
+  """The common start of the mechanisms that honour only key padding: check the
+  inputs (`check_inputs`; causal needs q_length == kv_length), reduce `mask` to
+  key padding `[batch, kv_length]` (or None) and zero the padded keys and values.
+
+  Returns (k, v, key_padding).
+  """
+  check_inputs(q, k, v, mask, name=name, same_length=causal)
+  key_padding = key_padding_from_mask(mask, k.shape[0], k.shape[1])
+  return zero_padded(k, key_padding), zero_padded(v, key_padding), key_padding

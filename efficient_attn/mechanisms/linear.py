@@ -76,11 +76,7 @@ def linear_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask=None,
   Returns:
     `[batch, q_length, heads, dv]` in v's dtype (and the state if requested).
   """
-  masking.check_inputs(q, k, v, mask, name='linear attention', same_length=causal)
-  b, lk = k.shape[0], k.shape[1]
-  kp = masking.key_padding_from_mask(mask, b, lk)
-  k = masking.zero_padded(k, kp)
-  v = masking.zero_padded(v, kp)
+  k, v, kp = masking.checked_keys_values(q, k, v, mask, name='linear attention', causal=causal)
   phi_q, phi_k, normalize = linear_features(q, k, feature_map)
   return kernel_attention(phi_q, phi_k, v, key_padding=kp, causal=causal, eps=eps,
                           normalize=normalize, chunk_size=chunk_size,

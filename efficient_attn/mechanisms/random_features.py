@@ -100,11 +100,7 @@ def rfa_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, projection: jn
     return_state: also return the final `KernelState` (prefill for decoding).
     positions: optional rotary (query, key) positions (see `linear_attention`).
   """
-  masking.check_inputs(q, k, v, mask, name='RFA attention', same_length=causal)
-  b, lk = k.shape[0], k.shape[1]
-  kp = masking.key_padding_from_mask(mask, b, lk)
-  k = masking.zero_padded(k, kp)
-  v = masking.zero_padded(v, kp)
+  k, v, kp = masking.checked_keys_values(q, k, v, mask, name='RFA attention', causal=causal)
   phi_q = rfa_features(q, projection, sigma)
   phi_k = rfa_features(k, projection, sigma)
   return kernel_attention(phi_q, phi_k, v, key_padding=kp, causal=causal, eps=eps,
@@ -189,11 +185,7 @@ def performer_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
       key stabiliser (prefill for `performer_attention_step`).
     positions: optional rotary (query, key) positions (see `linear_attention`).
   """
-  masking.check_inputs(q, k, v, mask, name='Performer attention', same_length=causal)
-  b, lk = k.shape[0], k.shape[1]
-  kp = masking.key_padding_from_mask(mask, b, lk)
-  k = masking.zero_padded(k, kp)
-  v = masking.zero_padded(v, kp)
+  k, v, kp = masking.checked_keys_values(q, k, v, mask, name='Performer attention', causal=causal)
   qs, ks = _performer_scale(q, k)
   eps = performer_eps(qs.dtype) if eps is None else eps
   phi_q = feature_maps.positive_features(qs, projection, is_query=True)

@@ -38,11 +38,12 @@ import json
 import os
 import time
 import types
-import zipfile
 import zlib
 from typing import Iterable, List, NamedTuple, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
+
+from train.input_pipeline import npz_cache
 
 PAD = '<pad>'
 MIN = '[MIN'
@@ -305,22 +306,6 @@ def split_path(folder: str, split: str) -> str:
   return os.path.join(folder, f'listops_{split}.npz')
 
 
-def _read_settings(path: str) -> Optional[dict]:
-  try:
-    with np.load(path) as data:
-      return json.loads(data['settings_json'].tobytes().decode('utf-8'))
-  except (OSError, KeyError, ValueError, zipfile.BadZipFile):
-    return None
-
-
-def _save_npz(path: str, **arrays):
-  """Writes `path` atomically (a temporary file renamed), so a killed run leaves no half file."""
-  tmp = f'{path}.tmp{os.getpid()}'
-  with open(tmp, 'wb') as f:
-    np.savez_compressed(f, **arrays)
-  os.replace(tmp, path)
-
-
 def write_splits(folder: str, seed: int = 0, sizes=None, max_length: int = 2000,
                  verbose: bool = True, **kw) -> List[str]:
   """Writes `folder/listops_{split}.npz` for each split; skips files already up to date.
@@ -359,7 +344,7 @@ def write_splits(folder: str, seed: int = 0, sizes=None, max_length: int = 2000,
   settings = {split: _settings(seed, split, sizes, names[:i], max_length, gen_kw)
               for i, split in enumerate(names)}
   os.makedirs(folder, exist_ok=True)
-  todo = [s for s in names if _read_settings(split_path(folder, s)) != settings[s]]
+  todo = [s for s in names if npz_cache.read_settings(split_path(folder, s)) != settings[s]]
   exclude: Set[bytes] = set()
   for i, split in enumerate(names):
     path = split_path(folder, split)
@@ -368,7 +353,7 @@ def write_splits(folder: str, seed: int = 0, sizes=None, max_length: int = 2000,
       examples = generate(sizes[split], split_seed(seed, split), max_length=max_length,
                           exclude=exclude, progress=f'listops {split}' if verbose else None,
                           **gen_kw)
-      _save_npz(path, tokens=examples.tokens, y=examples.labels, lengths=examples.lengths,
+      npz_cache.save_npz(path, tokens=examples.tokens, y=examples.labels, lengths=examples.lengths,
                 settings_json=_json_bytes(settings[split]))
       rows = examples.tokens
     else:

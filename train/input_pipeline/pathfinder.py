@@ -62,11 +62,12 @@ import logging
 import os
 import time
 import types
-import zipfile
 import zlib
 from typing import List, Optional, Sequence, Tuple, Union
 
 import numpy as np
+
+from train.input_pipeline import npz_cache
 
 IMAGE_SIZE = 32
 RELEASED_FOLDERS = types.MappingProxyType(
@@ -378,14 +379,6 @@ def split_path(folder: str, split: str, contour_length: int = 14) -> str:
   return os.path.join(folder, f'pathfinder{contour_length}_{split}.npz')
 
 
-def _read_settings(path: str) -> Optional[dict]:
-  try:
-    with np.load(path) as data:
-      return json.loads(data['settings_json'].tobytes().decode('utf-8'))
-  except (OSError, KeyError, ValueError, zipfile.BadZipFile):
-    return None
-
-
 def write_splits(folder: str, seed: int = 0, sizes=None, contour_length: int = 14,
                  verbose: bool = True, **kw) -> List[str]:
   """Writes `folder/pathfinder{contour_length}_{split}.npz`; skips files already up to date.
@@ -429,23 +422,15 @@ def write_splits(folder: str, seed: int = 0, sizes=None, contour_length: int = 1
     paths.append(path)
     split_seed = (int(seed), zlib.crc32(split.encode('utf-8')))
     settings = {'format': _FORMAT, 'seed': int(seed), 'split': split, 'num_examples': int(n), **cfg}
-    if _read_settings(path) == settings:
+    if npz_cache.read_settings(path) == settings:
       if verbose:
         print(f'{path}: up to date, skipped', flush=True)
       continue
     images, labels = generate(n, split_seed, progress=f'pathfinder{contour_length} {split}'
                               if verbose else None, **cfg)
-    _save_npz(path, x=images, y=labels, settings_json=np.frombuffer(
+    npz_cache.save_npz(path, x=images, y=labels, settings_json=np.frombuffer(
         json.dumps(settings, sort_keys=True).encode('utf-8'), np.uint8))
   return paths
-
-
-def _save_npz(path: str, **arrays):
-  """Writes `path` atomically (a temporary file renamed), so a killed run leaves no half file."""
-  tmp = f'{path}.tmp{os.getpid()}'
-  with open(tmp, 'wb') as f:
-    np.savez_compressed(f, **arrays)
-  os.replace(tmp, path)
 
 
 def released_folder(root: str, contour_length: int = 14) -> str:
