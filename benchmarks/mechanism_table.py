@@ -2,8 +2,8 @@ r"""The mechanism table of the README, generated from the registry's declaration
 
 Every column but the measured ones comes from what each mechanism declares
 (`efficient_attn.get_mechanism(name)`); the measured columns come from a
-speed benchmark's JSON (default `docs/results/speed.json`, written by
-`python -m benchmarks.speed`), where present.
+speed benchmark's JSON (default `docs/results/speed_mechanisms.json`, written
+by `python -m benchmarks.speed --name=speed_mechanisms`), where present.
 
     python -m benchmarks.mechanism_table                  # print the table
     python -m benchmarks.mechanism_table --update=README.md  # rewrite it in place
@@ -22,10 +22,11 @@ from benchmarks import output
 import efficient_attn as ea
 
 START, END = '<!-- mechanisms:start -->', '<!-- mechanisms:end -->'
+SPEED_JSON = 'docs/results/speed_mechanisms.json'  # python -m benchmarks.speed --name=speed_mechanisms
 
 
 def define_flags(fv: flags.FlagValues) -> None:
-  flags.DEFINE_string('speed_json', 'docs/results/speed.json',
+  flags.DEFINE_string('speed_json', SPEED_JSON,
                       'speed benchmark results for the measured columns ("" for none)',
                       flag_values=fv)
   flags.DEFINE_integer('length', 4096, 'the sequence length of the measured columns',
