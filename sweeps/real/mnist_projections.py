@@ -11,9 +11,9 @@ DATA = os.environ.get('REAL_DATA_DIR', '../shared/data')
 
 def get_sweep():
   return dict(
-      grid={'config': [f'configs/mnist.py:{p}' for p in
-                       ('standard', 'optimised', 'efficient', 'super')],
-            'train.seed': [0, 1]},
+      grid={'train.seed': [0, 1],  # every scheme's first seed before any second seed
+            'config': [f'configs/mnist.py:{p}' for p in
+                       ('standard', 'optimised', 'efficient', 'super')]},
       fixed={'train.num_epochs': 15,
              'dataset.source': 'arrays',
              'dataset.data_dir': os.path.join(DATA, 'mnist_train.npz'),
