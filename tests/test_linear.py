@@ -10,6 +10,7 @@ import efficient_attn as ea
 
 from efficient_attn.mechanisms import linear
 from helpers import PAD, assert_no_lookahead, value_and_grads
+import pattern_reference
 
 FEATURE_MAPS = ('elu', 'relu', 'identity')
 EPS = 1e-6
@@ -182,30 +183,14 @@ def test_padded_keys_get_zero_weight(feature_map, causal):
   assert np.all(np.asarray(gk)[1, 6:] == 0) and np.all(np.asarray(gv)[1, 6:] == 0)
 
 
-def _max_intermediate(jaxpr) -> int:
-  """Largest number of elements of any value in a (nested) jaxpr."""
-  biggest = 0
-  for eqn in jaxpr.eqns:
-    for var in eqn.outvars:
-      shape = getattr(var.aval, 'shape', ())
-      biggest = max(biggest, int(np.prod(shape)) if shape else 1)
-    for param in eqn.params.values():
-      for sub in (param if isinstance(param, (tuple, list)) else (param,)):
-        if isinstance(sub, jax.extend.core.ClosedJaxpr):
-          biggest = max(biggest, _max_intermediate(sub.jaxpr))
-        elif isinstance(sub, jax.extend.core.Jaxpr):
-          biggest = max(biggest, _max_intermediate(sub))
-  return biggest
-
-
 def test_causal_memory_has_no_cumsum_tensor():
   """Forward and backward never hold an O(n f dv) tensor (n=512, f=dv=16, c=16)."""
   n, f, dv, c = 512, 16, 16, 16
   q, k, v = (jax.ShapeDtypeStruct((1, n, 1, x), jnp.float32) for x in (f, f, dv))
   fn = functools.partial(linear.linear_attention, causal=True, chunk_size=c)
   loss = lambda q, k, v: jnp.sum(fn(q, k, v) ** 2)
-  fwd = _max_intermediate(jax.make_jaxpr(fn)(q, k, v).jaxpr)
-  bwd = _max_intermediate(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v).jaxpr)
+  fwd = pattern_reference.max_intermediate(jax.make_jaxpr(fn)(q, k, v).jaxpr)
+  bwd = pattern_reference.max_intermediate(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v).jaxpr)
   cumsum_size = n * f * dv
   assert fwd <= n * max(f, dv) and bwd <= n * max(f, dv), (fwd, bwd)
   assert max(fwd, bwd) * 8 <= cumsum_size

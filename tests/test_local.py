@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from efficient_attn.mechanisms import local
+import pattern_reference
 import efficient_attn as ea
 
 # Jitted once per shape: much faster on CPU than op-by-op dispatch.
@@ -22,19 +23,9 @@ def np_band(n, window, causal):
 
 def np_local(q, k, v, window, causal=False, key_padding=None, scale=None):
   """Dense banded softmax in float64; rows with no allowed key give 0."""
-  q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
-  b, n, h, d = q.shape
-  scale = 1 / np.sqrt(d) if scale is None else scale
-  valid = np.broadcast_to(np_band(n, window, causal)[None, None], (b, h, n, n))
-  if key_padding is not None:
-    valid = valid & np.asarray(key_padding)[:, None, None, :]
-  s = np.einsum('bqhd,bkhd->bhqk', q, k) * scale
-  s = np.where(valid, s, -np.inf)
-  mx = s.max(-1, keepdims=True)
-  e = np.where(valid, np.exp(s - np.where(np.isfinite(mx), mx, 0.0)), 0.0)
-  z = e.sum(-1, keepdims=True)
-  w = e / np.where(z == 0, 1.0, z)
-  return np.einsum('bhqk,bkhd->bqhd', w, v)
+  n = np.shape(q)[1]
+  return pattern_reference.np_masked_attention(q, k, v, np_band(n, window, causal)[None, None],
+                                               key_padding, scale)
 
 
 def _qkv(rng, b=2, n=11, h=2, d=4, dv=3, dtype=np.float64):
