@@ -23,6 +23,7 @@ from benchmarks import common
 from benchmarks import output
 from benchmarks import runs
 
+LEFT = ('run', 'dataset', 'mechanism', 'projection', 'h', 'eval split', 'status')
 COLUMNS = (  # (key, header, formatter)
     ('run', 'run', str),
     ('dataset', 'dataset', str),
@@ -34,8 +35,9 @@ COLUMNS = (  # (key, header, formatter)
     ('params_per_attention_layer', 'params / attn layer', lambda v: f'{v:,}'),
     ('train_accuracy', 'train acc', lambda v: f'{100 * v:.2f}%'),
     ('train_loss', 'train loss', lambda v: f'{v:.4f}'),
-    ('eval_accuracy', 'test acc', lambda v: f'{100 * v:.2f}%'),
-    ('eval_loss', 'test loss', lambda v: f'{v:.4f}'),
+    ('eval_split', 'eval split', str),
+    ('eval_accuracy', 'eval acc', lambda v: f'{100 * v:.2f}%'),
+    ('eval_loss', 'eval loss', lambda v: f'{v:.4f}'),
     ('eval_top5_accuracy', 'eval top-5', lambda v: f'{100 * v:.2f}%'),
     ('epoch_time_s', 'epoch time', lambda v: f'{v:.3g} s'),
     ('examples_per_sec', 'examples/s', lambda v: f'{v:,.0f}'),
@@ -115,8 +117,9 @@ def sort_rows(rows, key: str):
 
 
 def markdown(meta, rows) -> str:
-  notes = ['accuracy and loss: final train (mean over the last logging window) and test '
-           '(eval split) values from results.json; runs still going show their last logged '
+  notes = ['accuracy and loss: final train (mean over the last logging window) and eval '
+           "values from results.json, on the split named in 'eval split' (a validation split "
+           'carved from the training data is not a test set); runs still going show their last logged '
            "metrics ('running'). Epoch time and examples/s are the trainer's steady-state "
            'training rate.']
   table_rows = []
@@ -124,7 +127,8 @@ def markdown(meta, rows) -> str:
     table_rows.append([None if r.get(k) is None else fmt(r[k]) for k, _, fmt in COLUMNS])
   parts = [output.header('Experiment comparison', meta['device_line'], notes,
                          label='Report written on'),
-           output.table([h for _, h, _ in COLUMNS], table_rows, 'lllll' + 'r' * 11 + 'l'), '']
+           output.table([h for _, h, _ in COLUMNS], table_rows,
+                        ''.join('l' if h in LEFT else 'r' for _, h, _ in COLUMNS)), '']
   return '\n'.join(parts)
 
 

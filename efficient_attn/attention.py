@@ -21,48 +21,28 @@ from typing import Any, Callable, Mapping, Optional
 
 import flax.linen as nn
 import jax.numpy as jnp
-from jax import lax
 
-from efficient_attn import checks
 from efficient_attn import decoding
+from efficient_attn import layer
 from efficient_attn import masking
 from efficient_attn import projections
 from efficient_attn import registry
-from efficient_attn import rotary
 
 
 class _LinenContext(registry.Context):
   """`registry.Context` of a Linen module: rng streams from the module, its path as tag."""
 
-  def __init__(self, module: nn.Module, deterministic: bool):
+  def __init__(self, module: nn.Module, deterministic: bool, dropout_rng=None):
     super().__init__(deterministic=deterministic, tag=tuple(module.scope.path),
                      dropout_rate=module.dropout_rate,
                      broadcast_dropout=module.broadcast_dropout, max_length=module.max_length)
     self._module = module
+    self._dropout_rng = dropout_rng
 
   def rng(self, name: str):
+    if name == 'dropout' and self._dropout_rng is not None:
+      return self._dropout_rng
     return self._module.make_rng(name) if self._module.has_rng(name) else None
-
-
-def check_mask(decl: registry.Mechanism, mask, q_length: int) -> None:
-  """Refuses a mask a key-padding-only mechanism cannot honour (e.g. a causal mask).
-
-  A 4-D mask `[b, h, q, k]` is key padding when it is the outer product of a
-  query and a key validity (`make_attention_mask(q_valid, k_valid)`), the same
-  for every head. Concrete masks are checked at once, traced ones when they run.
-  """
-  if decl.masks != 'key_padding' or mask is None or jnp.ndim(mask) != 4 or (
-      mask.shape[2] == 1 or q_length == 1):
-    return
-  mask = jnp.asarray(mask, bool)
-  keys = jnp.any(mask, axis=(1, 2), keepdims=True)
-  queries = jnp.any(mask, axis=(1, 3), keepdims=True)
-  ok = jnp.all(mask == (keys & queries))
-  checks.runtime_check(
-      ok, f'mechanism {decl.name!r} honours only key-padding masks, and this '
-      f'[batch, heads, q_length, kv_length] mask is not one (is it a causal mask from '
-      f'nn.make_causal_mask?): ask for causality with causal=True, and pass padding as '
-      f'a [batch, kv_length] mask or make_attention_mask(valid, valid)')
 
 
 class Mechanism(nn.Module):
@@ -104,31 +84,19 @@ class Mechanism(nn.Module):
 
   @nn.compact
   def __call__(self, q, k, v, mask=None, deterministic: bool = True, *, state=None,
-               position=None):
+               position=None, dropout_rng=None):
     """See the class docstring; `position`: a decoding step's position (rotary)."""
     decl, o = self.configured(k.shape[1] if state is None else None)
-    masking.check_inputs(q, k, v, mask, name=f'mechanism {self.mechanism!r}',
-                         same_length=decl.self_attention_only and state is None)
-    heads, head_dim = q.shape[2], q.shape[3]
-    specs = decl.params(o, heads=heads, head_dim=head_dim, max_length=self.max_length,
+    layer.check_inputs(decl, q, k, v, mask, stepping=state is not None)  # before shapes are read
+    specs = decl.params(o, heads=q.shape[2], head_dim=q.shape[3], max_length=self.max_length,
                         causal=self.causal)
     params = {name: self.param(name, init, shape, self.param_dtype)
               for name, (shape, init) in specs.items()}
     params.update(self.shared_params or {})
-    ctx = _LinenContext(self, deterministic)
-    dtype = self.dtype or q.dtype
-    q, k, v = (x.astype(dtype) for x in (q, k, v))
-    if self.rotary:
-      positions = (rotary.positions_of(q.shape[1], k.shape[1]) if state is None
-                   else rotary.at(position))
-      if decl.rotary == 'scores':
-        q, k = rotary.rotate(q, positions[0]), rotary.rotate(k, positions[1])
-      else:
-        ctx.positions, ctx.position = positions, position
-    if state is not None:
-      return decl.step(o, params, state, q, k, v, ctx=ctx)
-    check_mask(decl, mask, q.shape[1])
-    return decl.attend(o, params, q, k, v, mask=mask, causal=self.causal, ctx=ctx)
+    return layer.run_mechanism(decl, o, params, q, k, v, mask=mask, causal=self.causal,
+                               ctx=_LinenContext(self, deterministic, dropout_rng),
+                               use_rotary=self.rotary, dtype=self.dtype, state=state,
+                               position=position)
 
 
 def mechanism_module(mechanism: str, *, causal: bool = False,
@@ -171,7 +139,8 @@ class MultiHeadAttention(nn.Module):
     dropout_rate, broadcast_dropout: attention-weight dropout (mechanisms that
       form the weights).
     deterministic: default for the call argument.
-    kernel_init, bias_init, use_bias: for the Dense projections.
+    kernel_init, bias_init, use_bias, precision: for the Dense projections;
+      out_kernel_init, out_bias_init: the output projection's (default: the same).
     shared_params: parameters shared by every layer of a model (e.g. Linformer's
       layerwise E = F), as the mechanism's `shared_params` declares.
     decode: one token per call, state in the 'cache' collection (needs causal).
@@ -203,57 +172,56 @@ class MultiHeadAttention(nn.Module):
   deterministic: Optional[bool] = None
   kernel_init: Callable[..., Any] = nn.initializers.lecun_normal()
   bias_init: Callable[..., Any] = nn.initializers.zeros_init()
+  out_kernel_init: Optional[Callable[..., Any]] = None
+  out_bias_init: Optional[Callable[..., Any]] = None
   use_bias: bool = True
+  precision: Any = None
   shared_params: Optional[Mapping[str, Any]] = None
   decode: bool = False
   rotary: bool = False
 
   @nn.compact
   def __call__(self, inputs_q, inputs_k=None, inputs_v=None, *, inputs_kv=None,
-               mask=None, deterministic: Optional[bool] = None):
+               mask=None, deterministic: Optional[bool] = None, dropout_rng=None,
+               sow_weights: bool = False):
+    if sow_weights:
+      raise ValueError(f'sow_weights=True is not supported by efficient_attn.MultiHeadAttention '
+                       f'(mechanism {self.mechanism!r}) yet')
     if inputs_kv is not None:
       inputs_k = inputs_v = inputs_kv
     if inputs_k is None:
       inputs_k = inputs_q
     if inputs_v is None:
       inputs_v = inputs_k
-    batch_shape = inputs_q.shape[:-2]
-    if inputs_q.ndim < 2:
-      raise ValueError(f'inputs must be [..., length, features], got shape '
-                       f'{inputs_q.shape}')
-    if len(batch_shape) != 1:  # flax: every axis before [length, features] is a batch axis
-      return self._flat_batch(inputs_q, inputs_k, inputs_v, mask, deterministic)
+    return layer.with_one_batch_axis(
+        lambda q, k, v, m: self._attend(q, k, v, m, deterministic, dropout_rng), inputs_q,
+        inputs_k, inputs_v, mask, decode=self.decode)
+
+  def _attend(self, inputs_q, inputs_k, inputs_v, mask, deterministic, dropout_rng):
     features = self.out_features or inputs_q.shape[-1]
-    qkv_features = self.qkv_features or inputs_q.shape[-1]
-    if qkv_features % self.num_heads:
-      raise ValueError(f'num_heads={self.num_heads} must divide the attention width '
-                       f'{qkv_features} (qkv_features / d_model)')
-    head_dim = qkv_features // self.num_heads
+    head_dim = layer.head_dim(self.num_heads, self.qkv_features or inputs_q.shape[-1])
+    decl = registry.get_mechanism(self.mechanism)
+    layer.check_dropout(decl, self.dropout_rate)
     if self.dropout_rate > 0.0:  # as flax: only dropout needs to know
       deterministic = nn.merge_param('deterministic', self.deterministic, deterministic)
+      if not deterministic and dropout_rng is None:  # drawn here, as flax draws it
+        dropout_rng = self.make_rng('dropout')
     elif deterministic is None:
       deterministic = True if self.deterministic is None else self.deterministic
-    decl = registry.get_mechanism(self.mechanism)
-    if self.dropout_rate > 0.0 and not decl.forms_weights:
-      with_weights = registry.names_where(lambda m: m.forms_weights)
-      raise ValueError(
-          f'dropout_rate={self.dropout_rate}: attention-weight dropout needs a mechanism '
-          f'that forms attention weights ({", ".join(with_weights)}), not '
-          f'{self.mechanism!r}; set the attention dropout rate to 0')
-
     stepping = self.decode and self.has_variable('cache', 'index')
     if self.decode:
-      self._check_decode(inputs_q, inputs_k, inputs_v, mask, stepping)
+      layer.check_decode(self.causal, mask, inputs_q, inputs_k, inputs_v, stepping)
 
     dense = functools.partial(
         nn.DenseGeneral, features=(self.num_heads, head_dim), axis=-1,
         kernel_init=self.kernel_init, bias_init=self.bias_init,
-        use_bias=self.use_bias, dtype=self.dtype, param_dtype=self.param_dtype)
+        use_bias=self.use_bias, dtype=self.dtype, param_dtype=self.param_dtype,
+        precision=self.precision)
+    align = self._alignment() if self.projection == 'super' else None
     q, k, v = projections.project_qkv(
         self.projection, inputs_q, inputs_k, inputs_v, num_heads=self.num_heads,
-        dense=lambda name: dense(name=name), causal=self.causal,
-        max_length=self.max_length, dtype=self.dtype, param_dtype=self.param_dtype,
-        align=not stepping, shared_qk=decl.shared_qk)
+        dense=lambda name: dense(name=name), align=None if stepping else align,
+        dtype=self.dtype, shared_qk=decl.shared_qk)
     # Captured with `apply(..., mutable=['intermediates'])` by the analysis tools.
     self.sow('intermediates', 'qkv', (q, k, v))
 
@@ -263,87 +231,54 @@ class MultiHeadAttention(nn.Module):
                      broadcast_dropout=self.broadcast_dropout,
                      shared_params=self.shared_params, rotary=self.rotary, name='mechanism')
     if self.decode:
-      x = self._decode(mech, q, k, v, mask, deterministic, inputs_q.shape[1], stepping)
+      x = self._decode(mech, q, k, v, mask, deterministic, inputs_q.shape[1], stepping, align)
     else:
-      x = mech(q, k, v, mask=mask, deterministic=deterministic)
+      x = mech(q, k, v, mask=mask, deterministic=deterministic, dropout_rng=dropout_rng)
     return nn.DenseGeneral(
-        features=features, axis=(-2, -1), kernel_init=self.kernel_init,
-        bias_init=self.bias_init, use_bias=self.use_bias, dtype=self.dtype,
-        param_dtype=self.param_dtype, name='out')(x)
+        features=features, axis=(-2, -1), kernel_init=self.out_kernel_init or self.kernel_init,
+        bias_init=self.out_bias_init or self.bias_init, use_bias=self.use_bias,
+        dtype=self.dtype, param_dtype=self.param_dtype, precision=self.precision,
+        name='out')(x)
 
-  def _flat_batch(self, inputs_q, inputs_k, inputs_v, mask, deterministic):
-    """Inputs with 0 or several batch axes: flattened to one, and the output restored."""
-    if self.decode:
-      raise ValueError(f'decode=True takes inputs [batch, length, features], got shape '
-                       f'{inputs_q.shape}')
-    batch_shape = inputs_q.shape[:-2]
-    flat = lambda x: x.reshape((-1,) + x.shape[-2:])
-    if mask is not None:
-      mask = jnp.asarray(mask)
-      if mask.ndim == len(batch_shape) + 3:  # [..., heads, q, k]
-        mask = jnp.broadcast_to(mask, batch_shape + mask.shape[-3:])
-        mask = mask.reshape((-1,) + mask.shape[-3:])
-      elif mask.ndim == len(batch_shape) + 1:  # [..., k] key padding
-        mask = jnp.broadcast_to(mask, batch_shape + mask.shape[-1:]).reshape(
-            (-1, mask.shape[-1]))
-      else:
-        raise ValueError(f'mask of shape {mask.shape} does not fit inputs of shape '
-                         f'{inputs_q.shape}; valid: [..., heads, q_length, kv_length] or '
-                         f'[..., kv_length] with the inputs\' batch axes {batch_shape}')
-    out = self.__call__(flat(inputs_q), flat(inputs_k), flat(inputs_v), mask=mask,
-                        deterministic=deterministic)
-    return out.reshape(batch_shape + out.shape[-2:])
+  def _alignment(self) -> projections.AlignmentKernel:
+    return projections.alignment_kernel(self.max_length, self.causal, self.dtype,
+                                        self.param_dtype)
 
-  def _check_decode(self, inputs_q, inputs_k, inputs_v, mask, stepping):
-    if not self.causal:
-      raise ValueError('decode=True needs causal=True (a token generated one at a time '
-                       'can only attend to the past)')
-    if mask is not None:
-      raise ValueError('decode=True takes no mask (causality comes from the cache)')
-    if not (inputs_q is inputs_k is inputs_v):
-      raise ValueError('decode=True supports self-attention only')
-    if stepping and inputs_q.shape[1] != 1:
-      raise ValueError(f'a decoding step takes one token [batch, 1, features], got '
-                       f'shape {inputs_q.shape} (the cache already exists)')
-
-  def _decode(self, mech, q, k, v, mask, deterministic, length, stepping):
-    """The one place for cache logic: create it, or advance it by one token."""
+  def _decode(self, mech, q, k, v, mask, deterministic, length, stepping, align):
+    """The cache as Linen variables; `layer.decode_step` does the rest."""
     decl, o = mech.configured()
     form = decoding.decode_form(
         decl, o, lambda state, q_t, k_t, v_t, i: mech(q_t, k_t, v_t, deterministic=True,
                                                       state=state, position=i))
-    b, _, h, dk = q.shape
-    index = self.variable('cache', 'index', lambda: jnp.zeros((), jnp.int32))
-    state = self.variable('cache', 'state', form.init, b, length, h, dk, v.shape[-1],
-                          q.dtype)
-    if self.projection == 'super':
-      values = self.variable('cache', 'values', jnp.zeros, (b, length) + v.shape[2:],
-                             v.dtype)
-    if not stepping:  # cache just created: the ordinary parallel forward
+    if not stepping:  # create the cache; this call is the ordinary parallel forward
+      b, _, h, dk = q.shape
+      for name, value in layer.init_cache(form, batch=b, length=length, heads=h, head_dim=dk,
+                                          dtype=q.dtype, super_values=align is not None).items():
+        self.put_variable('cache', name, value)
       return mech(q, k, v, mask=mask, deterministic=deterministic)
-    i = index.value
-    if self.projection == 'super':
-      checks.runtime_check(i < values.value.shape[1], 'decoding step at position {} is past '
-                           'the super projection\'s context of {} tokens', i,
-                           values.value.shape[1])
-      values.value = lax.dynamic_update_slice_in_dim(values.value, v, i, axis=1)
-      v = projections.alignment_kernel(self.max_length, self.causal, self.dtype,
-                                       self.param_dtype)(values.value, index=i)
-    if self.rotary and decl.rotary == 'scores':  # cached keys are stored rotated
-      q, k = rotary.rotate(q, i), rotary.rotate(k, i)
-    state.value, x = form.step(state.value, q, k, v, i)
-    index.value = i + 1
+    cache = {name: self.get_variable('cache', name) for name in layer.CACHE_NAMES
+             if self.has_variable('cache', name)}
+    cache, x = layer.decode_step(form, cache, q, k, v, align_at=align,
+                                 rotate_scores=self.rotary and decl.rotary == 'scores')
+    for name, value in cache.items():
+      self.put_variable('cache', name, value)
     return x
 
 
 def make_attention_fn(mechanism: str = 'softmax', **options) -> Callable[..., Any]:
-  """A parameter-free mechanism as an `attention_fn` for `nn.MultiHeadDotProductAttention`.
+  """A parameter-free mechanism as the `attention_fn` of flax's own attention layers.
 
       layer = nn.MultiHeadDotProductAttention(
           num_heads=4, attention_fn=efficient_attn.make_attention_fn('linear'))
+      layer = nnx.MultiHeadAttention(
+          num_heads=4, in_features=64, attention_fn=efficient_attn.make_attention_fn('linear'),
+          decode=False, rngs=nnx.Rngs(0))
 
   The returned function takes query/key/value `[batch, length, heads, head_dim]`
-  and flax's mask; options are the mechanism's (checked here).
+  and flax's mask; options are the mechanism's (checked here). What it cannot
+  honour it refuses with one line rather than ignoring: attention dropout
+  during training, `sow_weights`, an attention bias, `force_fp32_for_softmax`,
+  `is_causal` for a mechanism without a causal form.
   """
   decl, o = registry.configure(mechanism, options)
   if not decl.parameter_free:
@@ -352,15 +287,30 @@ def make_attention_fn(mechanism: str = 'softmax', **options) -> Callable[..., An
                      f'cannot be an attention_fn; use efficient_attn.MultiHeadAttention, '
                      f'or one of: {", ".join(free)}')
 
-  def attention_fn(query, key, value, bias=None, mask=None, dtype=None, **unused):
+  def refuse(what):
+    raise ValueError(f'{what} is not supported by the attention_fn of mechanism '
+                     f'{mechanism!r}; use efficient_attn.MultiHeadAttention')
+
+  def attention_fn(query, key, value, bias=None, mask=None, dropout_rng=None,
+                   dropout_rate=0.0, broadcast_dropout=True, deterministic=True, dtype=None,
+                   precision=None, force_fp32_for_softmax=False, module=None,
+                   is_causal=False):
+    del dropout_rng, broadcast_dropout, precision
     if bias is not None:
-      raise ValueError(f'attention bias is not supported by mechanism {mechanism!r}')
+      refuse('an attention bias')
+    if dropout_rate > 0.0 and not deterministic:
+      refuse(f'attention dropout (dropout_rate={dropout_rate}) in training')
+    if module is not None:
+      refuse('sow_weights=True')
+    if force_fp32_for_softmax:
+      refuse('force_fp32_for_softmax=True')
+    if is_causal:
+      registry.configure(mechanism, options, causal=True)  # refuses a non-causal mechanism
     if dtype is not None:
       query, key, value = (x.astype(dtype) for x in (query, key, value))
     masking.check_inputs(query, key, value, mask, name=f'mechanism {mechanism!r}')
-    check_mask(decl, mask, query.shape[1])
-    return decl.attend(o, {}, query, key, value, mask=mask, causal=False,
+    layer.check_mask(decl, mask, query.shape[1])
+    return decl.attend(o, {}, query, key, value, mask=mask, causal=bool(is_causal),
                        ctx=registry.Context())
 
   return attention_fn
-

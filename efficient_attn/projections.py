@@ -13,7 +13,7 @@ schemes and lives in `attention.MultiHeadAttention`. With model width d_m:
 Parameter names match `flax.linen.MultiHeadDotProductAttention` ('query',
 'key', 'value', 'out'), so checkpoints of the standard scheme are interchangeable.
 """
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Tuple
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -38,7 +38,7 @@ def identity_init(key, shape, dtype=jnp.float32):
 
 
 class AlignmentKernel(nn.Module):
-  """Super Attention's W_A: mixes values along the sequence, `V' = W_A V + b_A`.
+  """Super Attention's W_A as a Linen module (parameters 'kernel' `[l, l]`, 'bias' `[l]`).
 
   Attributes:
     max_length: l, the context length W_A is built for (l x l kernel, l biases).
@@ -54,29 +54,43 @@ class AlignmentKernel(nn.Module):
 
   @nn.compact
   def __call__(self, v: jnp.ndarray, index=None) -> jnp.ndarray:
-    """v `[batch, length, heads, head_dim]` -> same shape.
+    """See `align`."""
+    l = self.max_length
+    kernel = self.param('kernel', self.kernel_init, (l, l), self.param_dtype)
+    bias = self.param('bias', self.bias_init, (l,), self.param_dtype)
+    return align(kernel, bias, v, causal=self.causal, dtype=self.dtype, index=index)
 
-    With `index` (causal decoding), v holds the raw values of positions
-    0..length-1 (those after `index` are ignored) and only output row `index`
-    is computed: `[batch, 1, heads, head_dim]`.
-    """
-    n, l = v.shape[1], self.max_length
-    if n > l:
-      raise ValueError(f'sequence length {n} exceeds max_length={l} that the super '
-                       f'projection (l x l alignment kernel) was built for')
-    kernel = self.param('kernel', self.kernel_init, (l, l), self.param_dtype)[:n, :n]
-    bias = self.param('bias', self.bias_init, (l,), self.param_dtype)[:n]
-    if self.causal:
-      kernel = jnp.tril(kernel)
-    dtype = self.dtype or v.dtype
-    if index is not None:
-      if not self.causal:
-        raise ValueError('decoding through the super projection needs causal=True')
-      row = lax.dynamic_slice_in_dim(kernel, index, 1, axis=0)            # [1, n]
-      out = jnp.einsum('ts,bshd->bthd', row.astype(dtype), v.astype(dtype))
-      return out + lax.dynamic_slice_in_dim(bias, index, 1).astype(dtype)[None, :, None, None]
-    out = jnp.einsum('ts,bshd->bthd', kernel.astype(dtype), v.astype(dtype))
-    return out + bias.astype(dtype)[None, :, None, None]
+
+def align(kernel, bias, v: jnp.ndarray, *, causal: bool, dtype: Any = None,
+          index=None) -> jnp.ndarray:
+  """Super Attention's value mixing `V' = W_A V + b_A` along the sequence.
+
+  Args:
+    kernel: W_A `[l, l]`; bias: b_A `[l]` (l = max_length). Inputs shorter than
+      l use the leading n x n block; longer ones are an error.
+    v: `[batch, n, heads, head_dim]`.
+    causal: use the lower triangle of W_A only (token t mixes tokens <= t).
+    index: causal decoding: v holds the raw values of positions 0..n-1 (those
+      after `index` are ignored) and only output row `index` is computed.
+  Returns:
+    `[batch, n, heads, head_dim]`, or `[batch, 1, heads, head_dim]` with `index`.
+  """
+  n, l = v.shape[1], kernel.shape[0]
+  if n > l:
+    raise ValueError(f'sequence length {n} exceeds max_length={l} that the super '
+                     f'projection (l x l alignment kernel) was built for')
+  kernel, bias = kernel[:n, :n], bias[:n]
+  if causal:
+    kernel = jnp.tril(kernel)
+  dtype = dtype or v.dtype
+  if index is not None:
+    if not causal:
+      raise ValueError('decoding through the super projection needs causal=True')
+    row = lax.dynamic_slice_in_dim(kernel, index, 1, axis=0)            # [1, n]
+    out = jnp.einsum('ts,bshd->bthd', row.astype(dtype), v.astype(dtype))
+    return out + lax.dynamic_slice_in_dim(bias, index, 1).astype(dtype)[None, :, None, None]
+  out = jnp.einsum('ts,bshd->bthd', kernel.astype(dtype), v.astype(dtype))
+  return out + bias.astype(dtype)[None, :, None, None]
 
 
 def alignment_kernel(max_length: Optional[int], causal: bool, dtype: Any = None,
@@ -89,10 +103,21 @@ def alignment_kernel(max_length: Optional[int], causal: bool, dtype: Any = None,
                          param_dtype=param_dtype, name='alignment')
 
 
+def dense_names(scheme: str, shared_qk: bool = False) -> Tuple[str, ...]:
+  """The projection matrices a scheme has: 'query', then 'key' and 'value' where
+  the scheme projects them (the others are sliced into heads)."""
+  registry.check_projection(scheme)
+  names = ['query']
+  if scheme in ('standard', 'optimised') and not shared_qk:
+    names.append('key')
+  if scheme == 'standard':
+    names.append('value')
+  return tuple(names)
+
+
 def project_qkv(scheme: str, inputs_q, inputs_k, inputs_v, *, num_heads: int,
-                dense: Callable[[str], nn.Module], causal: bool = False,
-                max_length: Optional[int] = None, dtype: Any = None,
-                param_dtype: Any = jnp.float32, align: bool = True,
+                dense: Callable[[str], Callable[..., Any]],
+                align: Optional[Callable[..., Any]] = None, dtype: Any = None,
                 shared_qk: bool = False):
   """Per-head q, k, v for a projection scheme; call inside a compact method.
 
@@ -100,22 +125,18 @@ def project_qkv(scheme: str, inputs_q, inputs_k, inputs_v, *, num_heads: int,
     scheme: one of `registry.PROJECTIONS`.
     inputs_q, inputs_k, inputs_v: `[batch, length, features]`.
     num_heads: h.
-    dense: `dense(name)` builds the `[features] -> [heads, head_dim]` DenseGeneral
-      named `name` (so parameters attach to the calling module).
-    causal, max_length: used by the super scheme's alignment kernel.
-    align: apply the super scheme's alignment kernel (False: return the raw
-      sliced values; a decoding layer applies `alignment_kernel` to its cache).
+    dense: `dense(name)` is the `[features] -> [heads, head_dim]` projection
+      named `name` (a Linen DenseGeneral or an NNX LinearGeneral of the caller).
+    align: the super scheme's `align(v)` (its W_A); None returns the raw sliced
+      values (a decoding layer aligns its cache instead).
     shared_qk: keys are the queries (Reformer): no key projection or slice.
   Returns:
     q `[b, lq, h, dk]`, k `[b, lk, h, dk]`, v `[b, lk, h, dk]`.
   """
-  registry.check_projection(scheme)
+  names = dense_names(scheme, shared_qk)
   q = dense('query')(inputs_q)
-  if shared_qk:
-    k = q
-  else:
-    k = dense('key')(inputs_k) if scheme in ('standard', 'optimised') else None
-  v = dense('value')(inputs_v) if scheme == 'standard' else None
+  k = q if shared_qk else dense('key')(inputs_k) if 'key' in names else None
+  v = dense('value')(inputs_v) if 'value' in names else None
   qkv_features = q.shape[-2] * q.shape[-1]
   for name, x in (('inputs_k', inputs_k), ('inputs_v', inputs_v)):
     if (name == 'inputs_k' and k is None) or (name == 'inputs_v' and v is None):
@@ -127,8 +148,8 @@ def project_qkv(scheme: str, inputs_q, inputs_k, inputs_v, *, num_heads: int,
     k = split_heads(inputs_k, num_heads, 'inputs_k')
   if v is None:
     v = split_heads(inputs_v, num_heads, 'inputs_v')
-  if scheme == 'super' and align:
-    v = alignment_kernel(max_length, causal, dtype, param_dtype)(v)
+  if scheme == 'super' and align is not None:
+    v = align(v)
   if dtype is not None:
     q, k, v = (x.astype(dtype) for x in (q, k, v))
   return q, k, v

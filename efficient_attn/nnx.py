@@ -1,0 +1,310 @@
+"""Flax NNX modules: the same mechanisms and projections as the Linen layer.
+
+    from flax import nnx
+    import efficient_attn.nnx as ean
+
+    layer = ean.MultiHeadAttention(num_heads=4, in_features=64, mechanism='linear',
+                                   projection='efficient', rngs=nnx.Rngs(0))
+    y = layer(x)                                   # x [..., length, 64]
+
+`MultiHeadAttention` takes the constructor and call arguments of
+`flax.nnx.MultiHeadAttention` plus `mechanism`, `projection`, `options`,
+`causal`, `max_length` and `rotary`, and builds every mechanism and projection
+in the registry from what the mechanism declares (`efficient_attn.registry`):
+its parameter shapes become `nnx.Param`s, and the call runs the same
+functions as the Linen layer (`efficient_attn.layer`), so both give the same
+outputs and the same errors. The parameter tree has the Linen layer's names
+('query', 'key', 'value', 'alignment', 'mechanism', 'out'): `to_linen_params` and
+`load_linen_params` move weights between the two APIs.
+
+Decoding follows NNX: `layer.init_cache((batch, max_length, features))`, then
+call the layer with one token `[batch, 1, features]` and `decode=True` (or build
+it with `decode=True`). Recurrent mechanisms (linear, rfa, performer) keep a
+constant-size state; softmax and local keep keys and values.
+
+Random features: a mechanism's fixed random draw is keyed by `tag`, the layer's
+name (the Linen layer uses its module path). The default, ('mechanism',), is the
+draw of a top-level Linen layer; give each layer of a model its own tag.
+"""
+import functools
+from typing import Any, Callable, Mapping, Optional, Sequence, Tuple
+
+import jax.numpy as jnp
+from flax import nnx
+
+from efficient_attn import decoding
+from efficient_attn import layer
+from efficient_attn import projections
+from efficient_attn import registry
+
+_default_kernel_init = nnx.initializers.lecun_normal()
+_default_bias_init = nnx.initializers.zeros_init()
+
+
+class _Context(registry.Context):
+  """`registry.Context` of an NNX module: random streams from an `nnx.Rngs` or stream."""
+
+  def __init__(self, mechanism: 'Mechanism', deterministic: bool, rngs):
+    super().__init__(deterministic=deterministic, tag=mechanism.tag,
+                     dropout_rate=mechanism.dropout_rate,
+                     broadcast_dropout=mechanism.broadcast_dropout,
+                     max_length=mechanism.max_length)
+    self._stream = rngs
+
+  def rng(self, name: str):
+    if self._stream is None:
+      return None
+    if isinstance(self._stream, nnx.Rngs):
+      return self._stream[name]()
+    return self._stream()
+
+
+class Mechanism(nnx.Module):
+  """A registered mechanism on projected heads, owning the parameters it declares.
+
+  `__call__(q, k, v, mask=None, deterministic=True, rngs=None)` maps q `[batch,
+  q_length, heads, head_dim]`, k `[batch, kv_length, heads, head_dim]`, v
+  `[batch, kv_length, heads, v_dim]` to `[batch, q_length, heads, v_dim]`; with
+  `state=...` it is one recurrent decoding step. The Linen `Mechanism` with
+  the same arguments has the same parameters under the same names.
+  """
+
+  def __init__(self, mechanism: str = 'softmax', *, num_heads: int, head_dim: int,
+               options: Optional[Mapping[str, Any]] = None, causal: bool = False,
+               max_length: Optional[int] = None, dtype: Any = None,
+               param_dtype: Any = jnp.float32, dropout_rate: float = 0.0,
+               broadcast_dropout: bool = True, rotary: bool = False,
+               shared_params: Optional[Mapping[str, Any]] = None,
+               tag: Sequence[str] = ('mechanism',), rngs: nnx.Rngs):
+    self.decl, self.o = registry.configure(mechanism, options, causal=causal,
+                                           max_length=max_length, rotary=rotary)
+    self.name, self.options = mechanism, dict(options or {})
+    self.causal, self.max_length, self.rotary = causal, max_length, rotary
+    self.dtype, self.dropout_rate, self.broadcast_dropout = dtype, dropout_rate, broadcast_dropout
+    self.tag = tuple(tag)
+    specs = self.decl.params(self.o, heads=num_heads, head_dim=head_dim,
+                             max_length=max_length, causal=causal)
+    for name, (shape, init) in specs.items():
+      setattr(self, name, nnx.Param(init(rngs.params(), shape, param_dtype)))
+    self.param_names = tuple(specs)
+    self.shared_params = nnx.data(dict(shared_params or {}))
+
+  def params(self):
+    """The declared parameters (and shared ones) as arrays, by name."""
+    params = {name: getattr(self, name)[...] for name in self.param_names}
+    params.update({name: p[...] if isinstance(p, nnx.Variable) else p
+                   for name, p in self.shared_params.items()})
+    return params
+
+  def __call__(self, q, k, v, mask=None, deterministic: bool = True, *, rngs=None,
+               state=None, position=None):
+    if state is None:
+      registry.configure(self.name, self.options, causal=self.causal,
+                         max_length=self.max_length, length=k.shape[1], rotary=self.rotary)
+    return layer.run_mechanism(self.decl, self.o, self.params(), q, k, v, mask=mask,
+                               causal=self.causal, ctx=_Context(self, deterministic, rngs),
+                               use_rotary=self.rotary, dtype=self.dtype, state=state,
+                               position=position)
+
+
+class Alignment(nnx.Module):
+  """Super Attention's W_A `[l, l]` and b_A `[l]` (see `projections.align`)."""
+
+  def __init__(self, max_length: Optional[int], causal: bool = False, dtype: Any = None,
+               param_dtype: Any = jnp.float32, *, rngs: nnx.Rngs):
+    if max_length is None:
+      projections.alignment_kernel(None, causal)  # the one error for a missing length
+    self.causal, self.dtype = causal, dtype
+    self.kernel = nnx.Param(projections.identity_init(rngs.params(), (max_length, max_length),
+                                                      param_dtype))
+    self.bias = nnx.Param(jnp.zeros((max_length,), param_dtype))
+
+  def __call__(self, v, index=None):
+    return projections.align(self.kernel[...], self.bias[...], v, causal=self.causal,
+                             dtype=self.dtype, index=index)
+
+
+def _first(*values, default=None):
+  return next((v for v in values if v is not None), default)
+
+
+class MultiHeadAttention(nnx.Module):
+  """Multi-head attention = projection scheme x mechanism, as an NNX module.
+
+  Arguments as `flax.nnx.MultiHeadAttention` (num_heads, in_features,
+  qkv_features, out_features, in_kv_features, dtype, param_dtype,
+  broadcast_dropout, dropout_rate, deterministic, precision, kernel_init,
+  out_kernel_init, bias_init, out_bias_init, use_bias, decode, rngs, keep_rngs)
+  and as `efficient_attn.MultiHeadAttention`: mechanism, projection, options,
+  causal, max_length, rotary, shared_params; `tag` names the layer's fixed
+  random draw (see the module docstring). `num_kv_heads` other than
+  `num_heads` and `normalize_qk=True` are not supported yet and raise.
+  """
+
+  def __init__(self, num_heads: int, in_features: int, qkv_features: Optional[int] = None,
+               out_features: Optional[int] = None, num_kv_heads: Optional[int] = None,
+               in_kv_features: Optional[int] = None, *, mechanism: str = 'softmax',
+               projection: str = 'standard', options: Optional[Mapping[str, Any]] = None,
+               causal: bool = False, max_length: Optional[int] = None, rotary: bool = False,
+               dtype: Any = None, param_dtype: Any = jnp.float32,
+               broadcast_dropout: bool = True, dropout_rate: float = 0.0,
+               deterministic: Optional[bool] = None, precision: Any = None,
+               kernel_init: Callable[..., Any] = _default_kernel_init,
+               out_kernel_init: Optional[Callable[..., Any]] = None,
+               bias_init: Callable[..., Any] = _default_bias_init,
+               out_bias_init: Optional[Callable[..., Any]] = None, use_bias: bool = True,
+               decode: Optional[bool] = None, normalize_qk: bool = False,
+               shared_params: Optional[Mapping[str, Any]] = None,
+               tag: Sequence[str] = ('mechanism',), rngs: nnx.Rngs, keep_rngs: bool = True):
+    if num_kv_heads not in (None, num_heads):
+      raise ValueError(f'num_kv_heads={num_kv_heads}: grouped-query attention is not '
+                       f'supported yet; use num_kv_heads=None (= num_heads={num_heads})')
+    if normalize_qk:
+      raise ValueError('normalize_qk=True: QK layer norm is not supported yet')
+    registry.check_projection(projection)
+    self.num_heads, self.in_features = num_heads, in_features
+    self.qkv_features = qkv_features or in_features
+    self.out_features = out_features or in_features
+    self.in_kv_features = in_kv_features or in_features
+    self.head_dim = layer.head_dim(num_heads, self.qkv_features)
+    self.projection, self.causal, self.max_length = projection, causal, max_length
+    self.dtype, self.dropout_rate, self.deterministic = dtype, dropout_rate, deterministic
+    self.decode, self.rotary = decode, rotary
+    decl = registry.get_mechanism(mechanism)
+    layer.check_dropout(decl, dropout_rate)
+    self.shared_qk = decl.shared_qk
+
+    linear = functools.partial(nnx.LinearGeneral, out_features=(num_heads, self.head_dim),
+                               dtype=dtype, param_dtype=param_dtype, kernel_init=kernel_init,
+                               bias_init=bias_init, use_bias=use_bias, precision=precision,
+                               rngs=rngs)
+    for name in projections.dense_names(projection, decl.shared_qk):
+      setattr(self, name, linear(in_features if name == 'query' else self.in_kv_features))
+    self.alignment = (Alignment(max_length, causal, dtype, param_dtype, rngs=rngs)
+                      if projection == 'super' else nnx.data(None))
+    self.mechanism = Mechanism(
+        mechanism, num_heads=num_heads, head_dim=self.head_dim, options=options,
+        causal=causal, max_length=max_length, dtype=dtype, param_dtype=param_dtype,
+        dropout_rate=dropout_rate, broadcast_dropout=broadcast_dropout, rotary=rotary,
+        shared_params=shared_params, tag=tag, rngs=rngs)
+    self.out = nnx.LinearGeneral(
+        in_features=(num_heads, self.head_dim), out_features=self.out_features, axis=(-2, -1),
+        kernel_init=out_kernel_init or kernel_init, bias_init=out_bias_init or bias_init,
+        use_bias=use_bias, dtype=dtype, param_dtype=param_dtype, precision=precision,
+        rngs=rngs)
+    needs_rng = dropout_rate > 0 or bool(self.mechanism.o.get('redraw'))  # fresh draws
+    self.rngs = rngs.fork() if keep_rngs and needs_rng else nnx.data(None)
+    self.cache = nnx.data(None)
+
+  def _form(self) -> decoding.DecodeForm:
+    mech = self.mechanism
+    return decoding.decode_form(
+        mech.decl, mech.o, lambda state, q_t, k_t, v_t, i: mech(q_t, k_t, v_t, state=state,
+                                                                position=i))
+
+  def init_cache(self, input_shape: Tuple[int, ...], dtype: Any = jnp.float32):
+    """An empty decoding cache for inputs `[batch, max_length, features]`."""
+    if len(input_shape) != 3:
+      raise ValueError(f'init_cache takes the input shape [batch, max_length, features], '
+                       f'got {tuple(input_shape)}')
+    layer.check_causal(self.causal)
+    batch, length, _ = input_shape
+    self.cache = nnx.Cache(layer.init_cache(
+        self._form(), batch=batch, length=length, heads=self.num_heads,
+        head_dim=self.head_dim, dtype=dtype, super_values=self.projection == 'super'))
+
+  def _projections(self):
+    return lambda name: getattr(self, name)
+
+  def __call__(self, inputs_q, inputs_k=None, inputs_v=None, *, mask=None,
+               deterministic: Optional[bool] = None, rngs=None, sow_weights: bool = False,
+               decode: Optional[bool] = None):
+    if sow_weights:
+      raise ValueError(f'sow_weights=True is not supported by mechanism '
+                       f'{self.mechanism.name!r} in efficient_attn.nnx yet')
+    if inputs_k is None:
+      if inputs_v is not None:
+        raise ValueError('inputs_k cannot be None when inputs_v is given; pass the same '
+                         'array as inputs_k and leave inputs_v None')
+      inputs_k = inputs_q
+    if inputs_v is None:
+      inputs_v = inputs_k
+    if inputs_q.shape[-1] != self.in_features:
+      raise ValueError(f'inputs have {inputs_q.shape[-1]} features, but the layer was '
+                       f'built for in_features={self.in_features}')
+    if self.dropout_rate > 0.0:
+      deterministic = _first(deterministic, self.deterministic)
+      if deterministic is None:
+        raise ValueError('dropout_rate > 0 needs deterministic, as a call or a '
+                         'constructor argument')
+    else:
+      deterministic = True
+    rngs = _first(rngs, self.rngs)
+    decode = bool(_first(decode, self.decode, default=False))
+    return layer.with_one_batch_axis(
+        lambda q, k, v, m: self._attend(q, k, v, m, deterministic, rngs, decode),
+        inputs_q, inputs_k, inputs_v, mask, decode=decode)
+
+  def _attend(self, inputs_q, inputs_k, inputs_v, mask, deterministic, rngs, decode):
+    if decode:
+      layer.check_decode(self.causal, mask, inputs_q, inputs_k, inputs_v, stepping=True)
+      if self.cache is None:
+        raise ValueError('decode=True: the decoding cache is not initialised; call '
+                         'init_cache((batch, max_length, features)) first')
+    align = self.alignment if self.projection == 'super' else None
+    q, k, v = projections.project_qkv(
+        self.projection, inputs_q, inputs_k, inputs_v, num_heads=self.num_heads,
+        dense=self._projections(), align=None if decode else align, dtype=self.dtype,
+        shared_qk=self.shared_qk)
+    if decode:
+      cache, x = layer.decode_step(
+          self._form(), self.cache.get_value(), q, k, v, align_at=align,
+          rotate_scores=self.rotary and self.mechanism.decl.rotary == 'scores')
+      self.cache.set_value(cache)
+    else:
+      x = self.mechanism(q, k, v, mask=mask, deterministic=deterministic, rngs=rngs)
+    return self.out(x)
+
+
+def to_linen_params(module: nnx.Module) -> dict:
+  """The NNX layer's (or model's) parameters as the Linen layer's `params` tree.
+
+  Shared parameters passed in with `shared_params` belong to the model, not the
+  layer, and are left out (the Linen layer takes them as an argument too).
+  """
+  tree = nnx.state(module, nnx.Param).to_pure_dict()
+  return _drop_shared(tree)
+
+
+def _drop_shared(tree):
+  if not isinstance(tree, dict):
+    return tree
+  return {k: _drop_shared(v) for k, v in tree.items() if k != 'shared_params'}
+
+
+def load_linen_params(module: nnx.Module, params: Mapping[str, Any]) -> None:
+  """Loads a Linen `params` tree (e.g. `variables['params']` of the Linen layer, or
+  of a Linen checkpoint) into the NNX layer or model in place.
+
+  Raises ValueError naming the first path whose name or shape differs.
+  """
+  state = nnx.state(module, nnx.Param)
+  ours = _drop_shared(state.to_pure_dict())
+  _check_same_tree(ours, dict(params), ())
+  state.replace_by_pure_dict(params)
+  nnx.update(module, state)
+
+
+def _check_same_tree(ours, theirs, path):
+  where = '/'.join(path) or '(root)'
+  if isinstance(ours, dict) != isinstance(theirs, dict):
+    raise ValueError(f'parameter {where}: one tree has a subtree where the other has an array')
+  if isinstance(ours, dict):
+    if set(ours) != set(theirs):
+      raise ValueError(f'parameters under {where} differ: the NNX module has '
+                       f'{sorted(ours)}, the Linen tree has {sorted(theirs)}')
+    for key in ours:
+      _check_same_tree(ours[key], theirs[key], path + (str(key),))
+  elif tuple(ours.shape) != tuple(theirs.shape):
+    raise ValueError(f'parameter {where}: shape {tuple(theirs.shape)} in the Linen tree, '
+                     f'{tuple(ours.shape)} in the NNX module')

@@ -1,0 +1,211 @@
+"""The NNX layer equals the Linen layer for every mechanism x projection, and works as NNX code.
+
+Parity is tested with the same parameters (moved with `load_linen_params`) in
+the plain, key-padding, causal, rotary and decoding cases, so every property
+the Linen contract tests prove (`test_attention.py`, `test_decode.py`) holds
+for the NNX layer too.
+"""
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+import efficient_attn as ea
+import efficient_attn.nnx as ean
+from efficient_attn import registry
+
+B, L, D, H = 2, 16, 16, 2
+TOL = dict(atol=2e-5, rtol=2e-5)
+
+
+def _kwargs(mechanism, projection='standard', **kw):
+  return dict(mechanism=mechanism, projection=projection, max_length=L,
+              options=dict(ea.get_mechanism(mechanism).example), **kw)
+
+
+def _pair(mechanism, projection='standard', **kw):
+  """(Linen layer, random params, NNX layer holding those params).
+
+  The NNX layer is built abstractly and filled with NumPy draws (eager inits
+  compile a kernel per shape, which is slow); `jax.eval_shape` of the Linen
+  init checks that the trees match.
+  """
+  x = jnp.zeros((B, L, D))
+  linen = ea.MultiHeadAttention(num_heads=H, **_kwargs(mechanism, projection, **kw))
+  layer = nnx.eval_shape(lambda: ean.MultiHeadAttention(
+      H, D, rngs=nnx.Rngs(0), **_kwargs(mechanism, projection, **kw)))
+  shapes = jax.eval_shape(linen.init, jax.random.PRNGKey(1), x)['params']
+  rng = np.random.default_rng(2)
+  params = jax.tree.map(lambda s: jnp.asarray(0.3 * rng.standard_normal(s.shape), s.dtype),
+                        shapes)
+  ean.load_linen_params(layer, params)
+  return linen, params, layer
+
+
+def _x(seed=0):
+  return jax.random.normal(jax.random.PRNGKey(seed), (B, L, D))
+
+
+@pytest.mark.parametrize('mechanism', ea.list_mechanisms())
+def test_nnx_equals_linen_for_every_projection(mechanism):
+  """Key padding, causal and rotary cases of every projection, compiled as one function.
+
+  This is also where every mechanism x projection runs under jit (finite, right shape).
+  """
+  decl = ea.get_mechanism(mechanism)
+  valid = jnp.arange(L)[None, :] < jnp.array([[L], [L - 5]])
+  cases = {}
+  for projection in ea.list_projections():
+    cases[projection, 'key padding'] = _pair(mechanism, projection), valid
+    if decl.causal:
+      cases[projection, 'causal'] = _pair(mechanism, projection, causal=True), None
+  if decl.rotary:
+    cases['standard', 'rotary'] = _pair(mechanism, rotary=True, causal=decl.causal), None
+  splits = {case: (params, nnx.split(layer)) for case, ((_, params, layer), _) in cases.items()}
+
+  @jax.jit
+  def outputs(splits, x):
+    out = {}
+    for case, ((linen, _, _), mask) in cases.items():
+      params, (graphdef, state) = splits[case]
+      out[case] = (nnx.merge(graphdef, state)(x, mask=mask),
+                   linen.apply({'params': params}, x, mask=mask))
+    return out
+
+  for case, (ours, theirs) in outputs(splits, _x()).items():
+    assert theirs.shape == (B, L, D) and bool(jnp.all(jnp.isfinite(theirs))), case
+    np.testing.assert_allclose(ours, theirs, err_msg=f'{mechanism} x {case}', **TOL)
+
+
+@pytest.mark.parametrize('mechanism', registry.names_where(lambda m: bool(m.decode)))
+@pytest.mark.parametrize('projection', ['standard', 'super'])
+def test_nnx_decoding_equals_linen_decoding_and_the_parallel_pass(mechanism, projection):
+  x = _x()
+  rotary = bool(ea.get_mechanism(mechanism).rotary)
+  linen, params, layer = _pair(mechanism, projection, causal=True, rotary=rotary)
+  dec = linen.clone(decode=True)
+  _, cache = jax.jit(lambda x: dec.apply({'params': params}, x, mutable=['cache']))(x)
+  layer.init_cache(x.shape)
+
+  @nnx.jit
+  def step(layer, cache, x_t):
+    y_linen, cache = dec.apply({'params': params, **cache}, x_t, mutable=['cache'])
+    return layer(x_t, decode=True), y_linen, cache
+
+  for t in range(L):
+    y, y_linen, cache = step(layer, cache, x[:, t:t + 1])
+    np.testing.assert_allclose(y, y_linen, err_msg=f'step {t}', **TOL)
+  parallel = jax.jit(linen.apply)({'params': params}, x)
+  np.testing.assert_allclose(y_linen, parallel[:, -1:], **TOL)
+  assert int(layer.cache.get_value()['index']) == L
+
+
+def _error(make):
+  with pytest.raises(ValueError) as e:
+    make()
+  assert '\n' not in str(e.value)
+  return str(e.value)
+
+
+def test_bad_input_gets_the_same_one_line_error_from_both_wrappers():
+  x = _x()
+  cases = {
+      'unknown mechanism': dict(mechanism='nope'),
+      'unknown option': dict(mechanism='nystrom', options={'landmarks': 4}),
+      'option out of range': dict(mechanism='nystrom', options={'num_landmarks': 0}),
+      'no causal form': dict(mechanism='fnet', causal=True),
+      'dropout without weights': dict(mechanism='linear', dropout_rate=0.1),
+      'unknown projection': dict(projection='fancy'),
+      'super without a length': dict(projection='super'),
+  }
+  for what, kw in cases.items():
+    linen = _error(lambda: ea.MultiHeadAttention(num_heads=H, **kw).init(
+        jax.random.PRNGKey(0), x))
+    ours = _error(lambda: ean.MultiHeadAttention(H, D, rngs=nnx.Rngs(0), **kw)(x))
+    assert linen == ours, (what, linen, ours)
+  causal_mask = nn.make_causal_mask(jnp.ones((B, L)))
+  linen, params, layer = _pair('linear')
+  assert _error(lambda: layer(x, mask=causal_mask)) == _error(
+      lambda: linen.apply({'params': params}, x, mask=causal_mask))
+  assert _error(lambda: layer(x[:, :, :8])).startswith('inputs have 8 features')
+  assert 'init_cache' in _error(lambda: _pair('linear', causal=True)[2](x[:, :1], decode=True))
+  assert 'num_kv_heads=1' in _error(lambda: ean.MultiHeadAttention(
+      H, D, num_kv_heads=1, rngs=nnx.Rngs(0)))
+
+
+def test_converter_round_trip_and_a_mismatched_tree_is_named():
+  linen, params, layer = _pair('linformer', 'optimised')
+  back = ean.to_linen_params(layer)
+  jax.tree.map(np.testing.assert_array_equal, back, params)
+  bad = jax.tree.map(lambda p: p, params)
+  bad['query']['kernel'] = bad['query']['kernel'][:-1]
+  assert 'query/kernel' in _error(lambda: ean.load_linen_params(layer, bad))
+  del bad['query']
+  assert "'query'" in _error(lambda: ean.load_linen_params(layer, bad))
+
+
+def test_leading_batch_axes_and_dropout_as_in_flax():
+  x = jax.random.normal(jax.random.PRNGKey(0), (3, 2, L, D))
+  layer = ean.MultiHeadAttention(H, D, mechanism='softmax', dropout_rate=0.5,
+                                 rngs=nnx.Rngs(0, dropout=1))
+  y = layer(x, deterministic=True)
+  np.testing.assert_allclose(y[1, 0], layer(x[1, 0][None], deterministic=True)[0], **TOL)
+  assert not np.allclose(layer(x, deterministic=False), y)
+  assert 'deterministic' in _error(lambda: layer(x))
+
+
+def test_jit_grad_scan_over_a_stack_and_optimizer():
+  """Three layers made with nnx.vmap, run with nnx.scan, trained with nnx.Optimizer."""
+
+  @nnx.split_rngs(splits=3)
+  @nnx.vmap(in_axes=(0,), out_axes=0)
+  def stack(rngs):
+    return ean.MultiHeadAttention(H, D, mechanism='performer', projection='efficient',
+                                  options={'num_features': 8}, rngs=rngs)
+
+  layers = stack(nnx.Rngs(0))
+  x, target = _x(), _x(1)
+
+  def loss_fn(layers):
+    @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
+    def through(h, layer):
+      return h + layer(h)
+    return jnp.mean((through(x, layers) - target) ** 2)
+
+  optimizer = nnx.Optimizer(layers, optax.adam(1e-2), wrt=nnx.Param)
+
+  @nnx.jit
+  def train_step(layers, optimizer):
+    loss, grads = nnx.value_and_grad(loss_fn)(layers)
+    optimizer.update(layers, grads)
+    return loss
+
+  losses = [float(train_step(layers, optimizer)) for _ in range(5)]
+  assert losses[-1] < losses[0], losses
+  assert layers.query.kernel.shape == (3, D, H, D // H)
+
+
+def test_the_nnx_vit_example_trains():
+  from examples import nnx_vit  # pylint: disable=g-import-not-at-top
+  (x, y), _ = nnx_vit.digits()
+  model = nnx_vit.ViT(mechanism='linear', projection='efficient', depth=1, rngs=nnx.Rngs(0))
+  losses = nnx_vit.train(model, x, y, steps=30, batch=32, learning_rate=1e-2)
+  assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 0.3, losses
+
+
+def test_attention_fn_in_flax_nnx_layer():
+  """`make_attention_fn` inside flax's own nnx.MultiHeadAttention equals our NNX layer."""
+  x = _x()
+  flax_layer = nnx.MultiHeadAttention(H, D, attention_fn=ea.make_attention_fn('linear'),
+                                      decode=False, rngs=nnx.Rngs(0))
+  for causal in (False, True):
+    ours = ean.MultiHeadAttention(H, D, mechanism='linear', causal=causal, rngs=nnx.Rngs(1))
+    ean.load_linen_params(ours, ean.to_linen_params(flax_layer))
+    np.testing.assert_allclose(flax_layer(x, is_causal=causal), ours(x), **TOL)
+  with pytest.raises(ValueError, match="'fnet' has no causal form"):
+    fnet = nnx.MultiHeadAttention(H, D, attention_fn=ea.make_attention_fn('fnet'),
+                                  decode=False, rngs=nnx.Rngs(0))
+    fnet(x, is_causal=True)
