@@ -141,6 +141,8 @@ class MultiHeadAttention(nn.Module):
     deterministic: default for the call argument.
     kernel_init, bias_init, use_bias, precision: for the Dense projections;
       out_kernel_init, out_bias_init: the output projection's (default: the same).
+    normalize_qk: QK layer norm (Dehghani et al. 2023), as flax: a LayerNorm
+      without bias on each head's queries ('query_ln') and keys ('key_ln').
     shared_params: parameters shared by every layer of a model (e.g. Linformer's
       layerwise E = F), as the mechanism's `shared_params` declares.
     decode: one token per call, state in the 'cache' collection (needs causal).
@@ -176,6 +178,7 @@ class MultiHeadAttention(nn.Module):
   out_bias_init: Optional[Callable[..., Any]] = None
   use_bias: bool = True
   precision: Any = None
+  normalize_qk: bool = False
   shared_params: Optional[Mapping[str, Any]] = None
   decode: bool = False
   rotary: bool = False
@@ -221,7 +224,7 @@ class MultiHeadAttention(nn.Module):
     q, k, v = projections.project_qkv(
         self.projection, inputs_q, inputs_k, inputs_v, num_heads=self.num_heads,
         dense=lambda name: dense(name=name), align=None if stepping else align,
-        dtype=self.dtype, shared_qk=decl.shared_qk)
+        dtype=self.dtype, shared_qk=decl.shared_qk, normalize=self._qk_norm())
     # Captured with `apply(..., mutable=['intermediates'])` by the analysis tools.
     self.sow('intermediates', 'qkv', (q, k, v))
 
@@ -239,6 +242,12 @@ class MultiHeadAttention(nn.Module):
         bias_init=self.out_bias_init or self.bias_init, use_bias=self.use_bias,
         dtype=self.dtype, param_dtype=self.param_dtype, precision=self.precision,
         name='out')(x)
+
+  def _qk_norm(self):
+    if not self.normalize_qk:
+      return None
+    return lambda name: nn.LayerNorm(use_bias=False, dtype=self.dtype,
+                                     param_dtype=self.param_dtype, name=name)
 
   def _alignment(self) -> projections.AlignmentKernel:
     return projections.alignment_kernel(self.max_length, self.causal, self.dtype,

@@ -137,8 +137,9 @@ class MultiHeadAttention(nnx.Module):
   out_kernel_init, bias_init, out_bias_init, use_bias, decode, rngs, keep_rngs)
   and as `efficient_attn.MultiHeadAttention`: mechanism, projection, options,
   causal, max_length, rotary, shared_params; `tag` names the layer's fixed
-  random draw (see the module docstring). `num_kv_heads` other than
-  `num_heads` and `normalize_qk=True` are not supported yet and raise.
+  random draw (see the module docstring). `normalize_qk` is QK layer norm, as
+  flax's. `num_kv_heads` other than `num_heads` (grouped-query attention) is
+  not supported yet and raises.
   """
 
   def __init__(self, num_heads: int, in_features: int, qkv_features: Optional[int] = None,
@@ -159,8 +160,6 @@ class MultiHeadAttention(nnx.Module):
     if num_kv_heads not in (None, num_heads):
       raise ValueError(f'num_kv_heads={num_kv_heads}: grouped-query attention is not '
                        f'supported yet; use num_kv_heads=None (= num_heads={num_heads})')
-    if normalize_qk:
-      raise ValueError('normalize_qk=True: QK layer norm is not supported yet')
     registry.check_projection(projection)
     self.num_heads, self.in_features = num_heads, in_features
     self.qkv_features = qkv_features or in_features
@@ -180,6 +179,11 @@ class MultiHeadAttention(nnx.Module):
                                rngs=rngs)
     for name in projections.dense_names(projection, decl.shared_qk):
       setattr(self, name, linear(in_features if name == 'query' else self.in_kv_features))
+    for name in ('query_ln',) + (() if decl.shared_qk else ('key_ln',)):
+      setattr(self, name, nnx.LayerNorm(self.head_dim, use_bias=False, dtype=dtype,
+                                        param_dtype=param_dtype, rngs=rngs)
+              if normalize_qk else nnx.data(None))
+    self.normalize_qk = normalize_qk
     self.alignment = (Alignment(max_length, causal, dtype, param_dtype, rngs=rngs)
                       if projection == 'super' else nnx.data(None))
     self.mechanism = Mechanism(
@@ -255,7 +259,8 @@ class MultiHeadAttention(nnx.Module):
     q, k, v = projections.project_qkv(
         self.projection, inputs_q, inputs_k, inputs_v, num_heads=self.num_heads,
         dense=self._projections(), align=None if decode else align, dtype=self.dtype,
-        shared_qk=self.shared_qk)
+        shared_qk=self.shared_qk,
+        normalize=self._projections() if self.normalize_qk else None)
     if decode:
       cache, x = layer.decode_step(
           self._form(), self.cache.get_value(), q, k, v, align_at=align,

@@ -118,7 +118,8 @@ def dense_names(scheme: str, shared_qk: bool = False) -> Tuple[str, ...]:
 def project_qkv(scheme: str, inputs_q, inputs_k, inputs_v, *, num_heads: int,
                 dense: Callable[[str], Callable[..., Any]],
                 align: Optional[Callable[..., Any]] = None, dtype: Any = None,
-                shared_qk: bool = False):
+                shared_qk: bool = False,
+                normalize: Optional[Callable[[str], Callable[..., Any]]] = None):
   """Per-head q, k, v for a projection scheme; call inside a compact method.
 
   Args:
@@ -130,6 +131,8 @@ def project_qkv(scheme: str, inputs_q, inputs_k, inputs_v, *, num_heads: int,
     align: the super scheme's `align(v)` (its W_A); None returns the raw sliced
       values (a decoding layer aligns its cache instead).
     shared_qk: keys are the queries (Reformer): no key projection or slice.
+    normalize: QK layer norm (Dehghani et al. 2023): `normalize(name)` is the
+      norm named 'query_ln' or 'key_ln', applied to each head's q and k.
   Returns:
     q `[b, lq, h, dk]`, k `[b, lk, h, dk]`, v `[b, lk, h, dk]`.
   """
@@ -148,6 +151,9 @@ def project_qkv(scheme: str, inputs_q, inputs_k, inputs_v, *, num_heads: int,
     k = split_heads(inputs_k, num_heads, 'inputs_k')
   if v is None:
     v = split_heads(inputs_v, num_heads, 'inputs_v')
+  if normalize is not None:
+    q = normalize('query_ln')(q)
+    k = q if shared_qk else normalize('key_ln')(k)
   if scheme == 'super' and align is not None:
     v = align(v)
   if dtype is not None:

@@ -123,11 +123,11 @@ def test_standard_softmax_equals_flax():
 
 
 def test_flax_fields_and_call_arguments_give_flax_results():
-  """Two batch axes, attention dropout (from rngs or dropout_rng), the out_* initialisers and
-  precision: the same parameters and the same outputs as flax's layer."""
+  """Two batch axes, attention dropout (from rngs or dropout_rng), the out_* initialisers,
+  precision and QK layer norm: the same parameters and the same outputs as flax's layer."""
   x = _inputs(shape=(2, 3, L, 8))
   kw = dict(num_heads=2, dropout_rate=0.5, out_kernel_init=nn.initializers.ones,
-            out_bias_init=nn.initializers.ones, precision='highest')
+            out_bias_init=nn.initializers.ones, precision='highest', normalize_qk=True)
   ours, ref = ea.MultiHeadAttention(**kw), nn.MultiHeadDotProductAttention(**kw)
   variables = ref.init(jax.random.PRNGKey(1), x, deterministic=True)
   jax.tree.map(np.testing.assert_array_equal,
@@ -315,7 +315,8 @@ def test_attention_fn_drop_in():
   dropout = nn.MultiHeadDotProductAttention(num_heads=H, dropout_rate=0.1,
                                             attention_fn=ea.make_attention_fn('softmax'))
   with pytest.raises(ValueError, match=r"attention dropout \(dropout_rate=0.1\) in training"):
-    dropout.apply({'params': params}, x, deterministic=False, rngs={'dropout': jax.random.PRNGKey(0)})
+    dropout.apply({'params': params}, x, deterministic=False,
+                  rngs={'dropout': jax.random.PRNGKey(0)})
   np.testing.assert_allclose(dropout.apply({'params': params}, x, deterministic=True),
                              base.apply({'params': params}, x), atol=1e-5, rtol=1e-5)
   with pytest.raises(ValueError, match='sow_weights=True is not supported'):

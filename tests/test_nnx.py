@@ -64,6 +64,7 @@ def test_nnx_equals_linen_for_every_projection(mechanism):
       cases[projection, 'causal'] = _pair(mechanism, projection, causal=True), None
   if decl.rotary:
     cases['standard', 'rotary'] = _pair(mechanism, rotary=True, causal=decl.causal), None
+  cases['efficient', 'qk norm'] = _pair(mechanism, 'efficient', normalize_qk=True), valid
   splits = {case: (params, nnx.split(layer)) for case, ((_, params, layer), _) in cases.items()}
 
   @jax.jit
@@ -196,8 +197,9 @@ def test_the_nnx_vit_example_trains():
   assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 0.3, losses
 
 
-def test_attention_fn_in_flax_nnx_layer():
-  """`make_attention_fn` inside flax's own nnx.MultiHeadAttention equals our NNX layer."""
+def test_flax_nnx_layer_with_our_attention_fn_or_qk_norm_equals_ours():
+  """`make_attention_fn` inside flax's own nnx.MultiHeadAttention equals our NNX layer, and
+  so does flax's QK layer norm."""
   x = _x()
   flax_layer = nnx.MultiHeadAttention(H, D, attention_fn=ea.make_attention_fn('linear'),
                                       decode=False, rngs=nnx.Rngs(0))
@@ -205,6 +207,10 @@ def test_attention_fn_in_flax_nnx_layer():
     ours = ean.MultiHeadAttention(H, D, mechanism='linear', causal=causal, rngs=nnx.Rngs(1))
     ean.load_linen_params(ours, ean.to_linen_params(flax_layer))
     np.testing.assert_allclose(flax_layer(x, is_causal=causal), ours(x), **TOL)
+  flax_qk_norm = nnx.MultiHeadAttention(H, D, normalize_qk=True, decode=False, rngs=nnx.Rngs(0))
+  ours = ean.MultiHeadAttention(H, D, normalize_qk=True, rngs=nnx.Rngs(1))
+  ean.load_linen_params(ours, ean.to_linen_params(flax_qk_norm))
+  np.testing.assert_allclose(flax_qk_norm(x), ours(x), **TOL)
   with pytest.raises(ValueError, match="'fnet' has no causal form"):
     fnet = nnx.MultiHeadAttention(H, D, attention_fn=ea.make_attention_fn('fnet'),
                                   decode=False, rngs=nnx.Rngs(0))
