@@ -190,12 +190,7 @@ class MultiHeadAttention(nn.Module):
     if sow_weights:
       raise ValueError(f'sow_weights=True is not supported by efficient_attn.MultiHeadAttention '
                        f'(mechanism {self.mechanism!r}) yet')
-    if inputs_kv is not None:
-      inputs_k = inputs_v = inputs_kv
-    if inputs_k is None:
-      inputs_k = inputs_q
-    if inputs_v is None:
-      inputs_v = inputs_k
+    inputs_q, inputs_k, inputs_v = layer.resolve_inputs(inputs_q, inputs_k, inputs_v, inputs_kv)
     return layer.with_one_batch_axis(
         lambda q, k, v, m: self._attend(q, k, v, m, deterministic, dropout_rng), inputs_q,
         inputs_k, inputs_v, mask, decode=self.decode)

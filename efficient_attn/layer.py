@@ -6,6 +6,7 @@ else: the input checks and their one-line errors, the mechanism call (dtype,
 rotary positions, masks) and the decoding step. So the two layers cannot drift
 apart, and a mechanism is never written twice.
 """
+import warnings
 from typing import Any, Callable, Dict, Optional
 
 import jax.numpy as jnp
@@ -16,6 +17,33 @@ from efficient_attn import decoding
 from efficient_attn import masking
 from efficient_attn import registry
 from efficient_attn import rotary
+
+
+def resolve_inputs(inputs_q, inputs_k=None, inputs_v=None, inputs_kv=None):
+  """(inputs_q, inputs_k, inputs_v) by flax's rules: k defaults to q and v to k.
+
+  Raises ValueError for values without keys, for `inputs_kv` together with
+  `inputs_k` / `inputs_v`, and for a boolean `inputs_v` (a mask passed
+  positionally, flax's old call signature); `inputs_kv` warns as in flax.
+  """
+  if inputs_kv is not None:
+    if inputs_k is not None or inputs_v is not None:
+      raise ValueError('If either `inputs_k` or `inputs_v` is not None, `inputs_kv` must be '
+                       'None; pass inputs_k (and inputs_v) only')
+    warnings.warn('The inputs_kv arg will be deprecated soon. Use inputs_k and inputs_v '
+                  'instead.', DeprecationWarning, stacklevel=3)
+    inputs_k = inputs_v = inputs_kv
+  if inputs_k is None and inputs_v is not None:
+    raise ValueError('`inputs_k` cannot be None if `inputs_v` is not None; to use one array '
+                     'for both, pass it as inputs_k and leave inputs_v None')
+  if inputs_v is not None and jnp.asarray(inputs_v).dtype == jnp.bool_:
+    warnings.warn("the function signature of MultiHeadDotProductAttention's `__call__` method "
+                  'has changed: the mask is a keyword argument', DeprecationWarning, stacklevel=3)
+    raise ValueError(f'inputs_v is a boolean array of shape {jnp.shape(inputs_v)}: is it a mask '
+                     f'passed positionally? Pass it as mask=...')
+  inputs_k = inputs_q if inputs_k is None else inputs_k
+  inputs_v = inputs_k if inputs_v is None else inputs_v
+  return inputs_q, inputs_k, inputs_v
 
 
 def head_dim(num_heads: int, qkv_features: int) -> int:

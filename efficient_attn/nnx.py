@@ -226,13 +226,7 @@ class MultiHeadAttention(nnx.Module):
     if sow_weights:
       raise ValueError(f'sow_weights=True is not supported by mechanism '
                        f'{self.mechanism.name!r} in efficient_attn.nnx yet')
-    if inputs_k is None:
-      if inputs_v is not None:
-        raise ValueError('inputs_k cannot be None when inputs_v is given; pass the same '
-                         'array as inputs_k and leave inputs_v None')
-      inputs_k = inputs_q
-    if inputs_v is None:
-      inputs_v = inputs_k
+    inputs_q, inputs_k, inputs_v = layer.resolve_inputs(inputs_q, inputs_k, inputs_v)
     if inputs_q.shape[-1] != self.in_features:
       raise ValueError(f'inputs have {inputs_q.shape[-1]} features, but the layer was '
                        f'built for in_features={self.in_features}')
@@ -277,7 +271,7 @@ def to_linen_params(module: nnx.Module) -> dict:
   Shared parameters passed in with `shared_params` belong to the model, not the
   layer, and are left out (the Linen layer takes them as an argument too).
   """
-  tree = nnx.state(module, nnx.Param).to_pure_dict()
+  tree = nnx.to_pure_dict(nnx.state(module, nnx.Param))
   return _drop_shared(tree)
 
 
@@ -294,9 +288,9 @@ def load_linen_params(module: nnx.Module, params: Mapping[str, Any]) -> None:
   Raises ValueError naming the first path whose name or shape differs.
   """
   state = nnx.state(module, nnx.Param)
-  ours = _drop_shared(state.to_pure_dict())
+  ours = _drop_shared(nnx.to_pure_dict(state))
   _check_same_tree(ours, dict(params), ())
-  state.replace_by_pure_dict(params)
+  nnx.replace_by_pure_dict(state, params)
   nnx.update(module, state)
 
 

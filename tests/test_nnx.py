@@ -5,6 +5,8 @@ the plain, key-padding, causal, rotary and decoding cases, so every property
 the Linen contract tests prove (`test_attention.py`, `test_decode.py`) holds
 for the NNX layer too.
 """
+import contextlib
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -131,6 +133,13 @@ def test_bad_input_gets_the_same_one_line_error_from_both_wrappers():
   linen, params, layer = _pair('linear')
   assert _error(lambda: layer(x, mask=causal_mask)) == _error(
       lambda: linen.apply({'params': params}, x, mask=causal_mask))
+  for args in ((x, None, x), (x, x, causal_mask)):  # values without keys; a positional mask
+    with pytest.warns(DeprecationWarning) if args[2].dtype == bool else contextlib.nullcontext():
+      assert _error(lambda: layer(*args)) == _error(
+          lambda: linen.apply({'params': params}, *args))
+  with pytest.warns(DeprecationWarning, match='inputs_kv'):
+    np.testing.assert_array_equal(linen.apply({'params': params}, x, inputs_kv=x[::-1]),
+                                  linen.apply({'params': params}, x, x[::-1]))
   assert _error(lambda: layer(x[:, :, :8])).startswith('inputs have 8 features')
   assert 'init_cache' in _error(lambda: _pair('linear', causal=True)[2](x[:, :1], decode=True))
   assert 'num_kv_heads=1' in _error(lambda: ean.MultiHeadAttention(
