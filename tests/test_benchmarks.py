@@ -16,6 +16,7 @@ import pytest
 from benchmarks import approx_error
 from benchmarks import common
 from benchmarks import cost
+from benchmarks import nnx_overhead
 from benchmarks import report
 from benchmarks import spectrum
 from benchmarks import speed
@@ -289,3 +290,12 @@ def test_tools_on_a_tiny_trained_run(tmp_path):
   assert [r['resolved'] for r in captured] == [4, 17]
   assert set(captured[0]['per_layer']) == {'encoder/block_0/attention'}
   check_outputs(out, 'approx_error', ['approx_error_checkpoint.png'])
+
+
+def test_nnx_overhead_tool(tmp_path):
+  nnx_overhead.main(['--mechanisms=linear', '--batch=2', '--length=8', '--d_model=16',
+                     '--heads=2', '--repeats=2', f'--out={tmp_path}', '--name=o'])
+  data = json.loads((tmp_path / 'o.json').read_text())
+  row, = data['rows']
+  assert row['mechanism'] == 'linear' and row['linen_s'] > 0 and row['nnx_s'] > 0
+  assert '| linear |' in (tmp_path / 'o.md').read_text()
