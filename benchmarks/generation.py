@@ -54,6 +54,8 @@ def define_flags(fv: flags.FlagValues) -> None:
   flags.DEFINE_integer('d_model', 64, 'model width', flag_values=fv)
   flags.DEFINE_integer('depth', 2, 'number of layers', flag_values=fv)
   flags.DEFINE_integer('num_heads', 4, 'attention heads', flag_values=fv)
+  flags.DEFINE_string('num_kv_heads', '0', 'comma list of key/value head counts '
+                      '(grouped-query attention; 0: one per head); each is a model', flag_values=fv)
   flags.DEFINE_integer('mlp_dim', 128, 'MLP hidden width', flag_values=fv)
   flags.DEFINE_multi_string('option', [],
                             'mechanism option, e.g. linear.feature_map=relu (repeatable)',
@@ -71,11 +73,21 @@ def define_flags(fv: flags.FlagValues) -> None:
   flags.DEFINE_bool('quiet', False, 'no progress messages', flag_values=fv)
 
 
-def build_model(args, mechanism: str, options: Dict[str, Any]) -> CausalTransformer:
+def build_model(args, mechanism: str, options: Dict[str, Any],
+                num_kv_heads: int = 0) -> CausalTransformer:
   return CausalTransformer(TransformerConfig(
       max_length=args.image_size**2, d_model=args.d_model, depth=args.depth,
-      num_heads=args.num_heads, mlp_dim=args.mlp_dim, mechanism=mechanism,
-      options=options.get(mechanism) or None))
+      num_heads=args.num_heads, num_kv_heads=num_kv_heads or None, mlp_dim=args.mlp_dim,
+      mechanism=mechanism, options=options.get(mechanism) or None))
+
+
+def cache_bytes(model, params) -> int:
+  """Bytes of the decoding cache of one sequence (every layer; keys and values, or
+  the recurrent state, and the position)."""
+  decoder = model.clone(decode=True)
+  shapes = jax.eval_shape(lambda p: sampling.init_cache(decoder, p, 1, model.max_length),
+                          params)
+  return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(shapes)))
 
 
 def load_params(model: CausalTransformer, path: str, seed: int):
@@ -178,6 +190,16 @@ def markdown(result: Dict[str, Any]) -> str:
     lat_rows.append([m, output.fmt_time(float(np.median(lat[:k]))),
                      output.fmt_time(float(np.median(lat[-k:]))),
                      f'{np.median(lat[-k:]) / np.median(lat[:k]):.2f}x'])
+  kv_rows = [[m, f"{result['params'][m]:,}", f"{result['cache_bytes'][m] / 1024:.1f}",
+              f"{result['cache_bytes'][m] / result['cache_bytes'][m.split(' ')[0]]:.2f}x"
+              if m.split(' ')[0] in result['cache_bytes'] else '']
+             for m in mechs]
+  text += ('\n## Decoding state per image (every layer)\n\n'
+           'Key/value cache (softmax, local) or recurrent state (linear, rfa, performer) '
+           'of one sequence at full length; with grouped-query attention keys and values '
+           'have fewer heads, and so does a state that depends on them alone.\n\n'
+           + output.table(['model', 'params', 'state KiB', 'vs. one kv head per head'],
+                          kv_rows) + '\n')
   text += (f"\n## Per-step latency (batch {result['latency_batch']}), median over the "
            f"first / last 10% of positions\n\n"
            + output.table(['mechanism', 'first 10%', 'last 10%', 'last / first'], lat_rows)
@@ -186,7 +208,10 @@ def markdown(result: Dict[str, Any]) -> str:
 
 
 def run(args) -> Dict[str, Any]:
-  mechs = common.csv_list(args.mechanisms)
+  kinds = common.csv_list(args.mechanisms)
+  kv_heads = common.csv_list(args.num_kv_heads, int)
+  mechs = [m if kv in (0, args.num_heads) else f'{m} (kv heads {kv})'
+           for m in kinds for kv in kv_heads]
   sizes = common.csv_list(args.num_images, int)
   options = common.parse_options(args.option)
   latency_batch = args.latency_batch or sizes[0]
@@ -194,25 +219,33 @@ def run(args) -> Dict[str, Any]:
   result: Dict[str, Any] = dict(
       config=args.flag_values_dict(), device=common.device_info(), mechanisms=mechs,
       num_images=sizes, length=args.image_size**2, latency_batch=latency_batch, wall={},
-      latency={})
-  for mech in mechs:
+      latency={}, cache_bytes={})
+  if trained is not None and kv_heads != [0]:
+    raise ValueError(f'--num_kv_heads={args.num_kv_heads}: a trained --workdir fixes the '
+                     f'key/value heads; leave it 0')
+  weights = {}  # one set of weights per architecture, shared by the mechanisms
+  for label, (mech, kv) in zip(mechs, [(m, kv) for m in kinds for kv in kv_heads]):
     if trained is not None:  # the trained model with this mechanism
       c = trained.config
       own = dict(c.options or {}) if mech == c.mechanism else {}
       model = trained.clone(config=c.replace(mechanism=mech,
                                              options={**own, **options.get(mech, {})} or None))
     else:
-      model = build_model(args, mech, options)
-    if params is None:  # one set of weights for every mechanism
-      params = load_params(model, args.params, args.seed)
-    result['num_params'] = common.count_params(params)
-    result['wall'][mech] = {}
+      model = build_model(args, mech, options, kv)
+    if trained is None:
+      if kv not in weights:
+        weights[kv] = load_params(model, args.params if not kv else '', args.seed)
+      params = weights[kv]
+    result.setdefault('num_params', common.count_params(params))
+    result.setdefault('params', {})[label] = common.count_params(params)
+    result['cache_bytes'][label] = cache_bytes(model, params)
+    result['wall'][label] = {}
     for n in sizes:
-      result['wall'][mech][str(n)] = time_sampler(model, params, n, args)
+      result['wall'][label][str(n)] = time_sampler(model, params, n, args)
       if not args.quiet:
-        print(f"{mech}: {n} images in {result['wall'][mech][str(n)]['time_s']:.3f} s",
+        print(f"{label}: {n} images in {result['wall'][label][str(n)]['time_s']:.3f} s",
               flush=True)
-    result['latency'][mech] = dict(times_s=step_latency(model, params, latency_batch, args))
+    result['latency'][label] = dict(times_s=step_latency(model, params, latency_batch, args))
   return result
 
 

@@ -55,7 +55,9 @@ def finish(out_dir: str, name: str, data: Mapping[str, Any], markdown: str,
                markdown=write_text(os.path.join(out_dir, f'{name}.md'), markdown))
   if not quiet:
     print(markdown)
-    print(f'wrote {paths["json"]}, {paths["markdown"]} and plots in {out_dir}')
+    plots = sorted(f for f in os.listdir(out_dir) if f.startswith(name) and f.endswith('.png'))
+    print(f'wrote {paths["json"]}, {paths["markdown"]}'
+          + (f' and {", ".join(plots)} in {out_dir}' if plots else ''))
   return paths
 
 

@@ -83,13 +83,13 @@ def random_vit(mechanism: str = 'softmax', num_examples: int = 8, seed: int = 0,
 def capture_qkv(source: Source) -> List[Tuple[str, Tuple[jnp.ndarray, ...]]]:
   """[(layer path, (q, k, v))] after projection, for every attention layer, in order.
 
-  Uses the `('intermediates', 'qkv')` values that `MultiHeadAttention` sows;
+  Uses the `('attention_qkv', 'qkv')` values that `MultiHeadAttention` sows;
   q, k, v are `[batch, length, heads, head_dim]`.
   """
   apply = jax.jit(lambda params, x: source.model.apply({'params': params}, x,
-                                                      mutable=['intermediates'])[1])
+                                                      mutable=['attention_qkv'])[1])
   state = apply(source.params, source.inputs)
-  flat = traverse_util.flatten_dict(dict(state.get('intermediates', {})))
+  flat = traverse_util.flatten_dict(dict(state.get('attention_qkv', {})))
   layers = []
   for path, value in flat.items():
     if path[-1] == 'qkv':

@@ -19,7 +19,8 @@ Groups (the contract other tools rely on):
   model      kind ('vit' | 'text' | 'causal' | 'mlp'), d_model, depth, num_heads,
              mlp_dim, patch_size, pool, dropout_rate, attention_dropout_rate,
              max_length.
-  attention  mechanism, projection, options (a ConfigDict of mechanism options).
+  attention  mechanism, projection, options (a ConfigDict of mechanism options), rotary,
+             num_kv_heads.
   optim      name, learning_rate, warmup_steps, weight_decay, grad_clip, b1, b2.
   train      num_steps or num_epochs (num_steps > 0 takes precedence), eval_every, log_every,
              checkpoint_every, keep_checkpoints, seed, dtype.
@@ -99,6 +100,7 @@ def base() -> ml_collections.ConfigDict:
       projection='standard',
       options=attention_options(),
       rotary=False,         # rotary positions (RoPE) on q, k (kernel mechanisms: RoFormer form)
+      num_kv_heads=0,       # grouped-query attention: key/value heads (0: one per head)
   ))
   config.optim = ml_collections.ConfigDict(dict(
       name='adamw',         # 'adamw' | 'sgd' (b1 is the momentum)

@@ -8,9 +8,10 @@ A drop-in replacement for `flax.linen.MultiHeadDotProductAttention`:
     y = attn(x, mask=mask, deterministic=True)     # x [..., length, features]
 
 Autoregressive decoding (flax lm1b/wmt convention): build the layer with
-`causal=True, decode=True`, `init` it with a full-length input to create the
-'cache' collection, then `apply(..., x_t, mutable=['cache'])` one token
-`[batch, 1, features]` at a time (see `efficient_attn.decoding`).
+`decode=True` (and `causal=True` for a model trained causally), `init` it with
+a full-length input to create the 'cache' collection, then `apply(..., x_t,
+mutable=['cache'])` one token `[batch, 1, features]` at a time (see
+`efficient_attn.decoding`).
 
 The mechanism itself runs in `Mechanism`, a Linen module that creates the
 parameters its declaration (`efficient_attn.registry`) asks for and calls the
@@ -24,7 +25,6 @@ import jax.numpy as jnp
 
 from efficient_attn import decoding
 from efficient_attn import layer
-from efficient_attn import masking
 from efficient_attn import projections
 from efficient_attn import registry
 
@@ -84,8 +84,10 @@ class Mechanism(nn.Module):
 
   @nn.compact
   def __call__(self, q, k, v, mask=None, deterministic: bool = True, *, state=None,
-               position=None, dropout_rng=None):
-    """See the class docstring; `position`: a decoding step's position (rotary)."""
+               position=None, dropout_rng=None, sow_weights: bool = False,
+               force_fp32_for_softmax: bool = False):
+    """See the class docstring; `position`: a decoding step's position (rotary);
+    sow_weights / force_fp32_for_softmax: see `layer.run_mechanism`."""
     decl, o = self.configured(k.shape[1] if state is None else None)
     layer.check_inputs(decl, q, k, v, mask, stepping=state is not None)  # before shapes are read
     specs = decl.params(o, heads=q.shape[2], head_dim=q.shape[3], max_length=self.max_length,
@@ -96,7 +98,8 @@ class Mechanism(nn.Module):
     return layer.run_mechanism(decl, o, params, q, k, v, mask=mask, causal=self.causal,
                                ctx=_LinenContext(self, deterministic, dropout_rng),
                                use_rotary=self.rotary, dtype=self.dtype, state=state,
-                               position=position)
+                               position=position, sow_weights=sow_weights,
+                               force_fp32_for_softmax=force_fp32_for_softmax)
 
 
 def mechanism_module(mechanism: str, *, causal: bool = False,
@@ -138,6 +141,14 @@ class MultiHeadAttention(nn.Module):
     qkv_features, out_features: widths (default: the input width).
     dropout_rate, broadcast_dropout: attention-weight dropout (mechanisms that
       form the weights).
+    num_kv_heads: grouped-query attention (Ainslie et al. 2023): keys and values
+      get this many heads (a divisor of num_heads; 'standard' projection), so
+      their projections and the decoding cache shrink by num_heads / num_kv_heads.
+      None: num_heads.
+    force_fp32_for_softmax: as flax: the attention weights stay float32 when
+      they multiply the values and when sown, whatever `dtype` (scores and
+      softmax are float32 in every mechanism regardless). Mechanisms that never
+      form the weights refuse it.
     deterministic: default for the call argument.
     kernel_init, bias_init, use_bias, precision: for the Dense projections;
       out_kernel_init, out_bias_init: the output projection's (default: the same).
@@ -145,7 +156,10 @@ class MultiHeadAttention(nn.Module):
       without bias on each head's queries ('query_ln') and keys ('key_ln').
     shared_params: parameters shared by every layer of a model (e.g. Linformer's
       layerwise E = F), as the mechanism's `shared_params` declares.
-    decode: one token per call, state in the 'cache' collection (needs causal).
+    decode: one token per call, state in the 'cache' collection. A step attends
+      to the cached tokens up to its own position (flax's rule), so decoding is
+      causal even if the layer is not; train with causal=True to decode what you
+      trained.
     rotary: rotary position embeddings (RoPE, Su et al. 2021) on the projected
       queries and keys, or, for kernel mechanisms, RoFormer's linear form
       (rotated features in the numerator only); positions come from the token
@@ -155,9 +169,12 @@ class MultiHeadAttention(nn.Module):
       the first call that finds none (`init` with a full-length dummy input,
       or `apply(..., mutable=['cache'])` with trained params); that call runs
       the ordinary parallel forward. Later calls take `[batch, 1, features]`.
-      Cache: 'index' (next position), 'state' (the mechanism's
-      `decoding.DecodeForm` state) and, for 'super', 'values' (the raw values
-      that the lower-triangular W_A mixes).
+      Cache (`layer.init_cache`): 'cache_index' (next position); 'cached_key'
+      and 'cached_value' (as flax) or 'cached_state' (recurrent mechanisms);
+      for 'super', 'cached_raw_values' (the raw values W_A mixes).
+    The call's `sow_weights=True` sows the attention weights `[..., heads,
+    q_length, kv_length]` into 'intermediates' as 'attention_weights', as flax
+    does (mechanisms that form the weights; see `layer.attention_weights`).
   """
   num_heads: int
   mechanism: str = 'softmax'
@@ -171,6 +188,8 @@ class MultiHeadAttention(nn.Module):
   out_features: Optional[int] = None
   dropout_rate: float = 0.0
   broadcast_dropout: bool = True
+  num_kv_heads: Optional[int] = None
+  force_fp32_for_softmax: bool = False
   deterministic: Optional[bool] = None
   kernel_init: Callable[..., Any] = nn.initializers.lecun_normal()
   bias_init: Callable[..., Any] = nn.initializers.zeros_init()
@@ -187,51 +206,67 @@ class MultiHeadAttention(nn.Module):
   def __call__(self, inputs_q, inputs_k=None, inputs_v=None, *, inputs_kv=None,
                mask=None, deterministic: Optional[bool] = None, dropout_rng=None,
                sow_weights: bool = False):
-    if sow_weights:
-      raise ValueError(f'sow_weights=True is not supported by efficient_attn.MultiHeadAttention '
-                       f'(mechanism {self.mechanism!r}) yet')
     inputs_q, inputs_k, inputs_v = layer.resolve_inputs(inputs_q, inputs_k, inputs_v, inputs_kv)
+    batch_shape = inputs_q.shape[:-2]
     return layer.with_one_batch_axis(
-        lambda q, k, v, m: self._attend(q, k, v, m, deterministic, dropout_rng), inputs_q,
-        inputs_k, inputs_v, mask, decode=self.decode)
+        lambda q, k, v, m: self._attend(q, k, v, m, deterministic, dropout_rng, sow_weights,
+                                        batch_shape),
+        inputs_q, inputs_k, inputs_v, mask)
 
-  def _attend(self, inputs_q, inputs_k, inputs_v, mask, deterministic, dropout_rng):
+  def _attend(self, inputs_q, inputs_k, inputs_v, mask, deterministic, dropout_rng,
+              sow_weights, batch_shape):
     features = self.out_features or inputs_q.shape[-1]
     head_dim = layer.head_dim(self.num_heads, self.qkv_features or inputs_q.shape[-1])
     decl = registry.get_mechanism(self.mechanism)
     layer.check_dropout(decl, self.dropout_rate)
+    layer.check_weights_args(decl, sow_weights=sow_weights,
+                             force_fp32_for_softmax=self.force_fp32_for_softmax)
+    kv_heads = layer.kv_heads(decl, self.projection, self.num_heads, self.num_kv_heads)
     if self.dropout_rate > 0.0:  # as flax: only dropout needs to know
       deterministic = nn.merge_param('deterministic', self.deterministic, deterministic)
       if not deterministic and dropout_rng is None:  # drawn here, as flax draws it
         dropout_rng = self.make_rng('dropout')
     elif deterministic is None:
       deterministic = True if self.deterministic is None else self.deterministic
-    stepping = self.decode and self.has_variable('cache', 'index')
+    stepping = self.decode and self.has_variable('cache', 'cache_index')
     if self.decode:
-      layer.check_decode(self.causal, mask, inputs_q, inputs_k, inputs_v, stepping)
+      layer.check_decode(mask, inputs_q, inputs_k, inputs_v, stepping)
 
-    dense = functools.partial(
-        nn.DenseGeneral, features=(self.num_heads, head_dim), axis=-1,
+    dense = lambda name: nn.DenseGeneral(
+        features=(self.num_heads if name == 'query' else kv_heads, head_dim), axis=-1,
         kernel_init=self.kernel_init, bias_init=self.bias_init,
         use_bias=self.use_bias, dtype=self.dtype, param_dtype=self.param_dtype,
-        precision=self.precision)
+        precision=self.precision, name=name)
     align = self._alignment() if self.projection == 'super' else None
     q, k, v = projections.project_qkv(
         self.projection, inputs_q, inputs_k, inputs_v, num_heads=self.num_heads,
-        dense=lambda name: dense(name=name), align=None if stepping else align,
+        dense=dense, align=None if stepping else align,
         dtype=self.dtype, shared_qk=decl.shared_qk, normalize=self._qk_norm())
-    # Captured with `apply(..., mutable=['intermediates'])` by the analysis tools.
-    self.sow('intermediates', 'qkv', (q, k, v))
+    # Captured with `apply(..., mutable=['attention_qkv'])` by the analysis tools; a
+    # collection of its own, so flax's 'intermediates' hold only what flax puts there
+    # (and not at init, which would put it among the variables).
+    if not self.is_initializing():
+      self.sow('attention_qkv', 'qkv', (q, k, v))
 
     mech = Mechanism(mechanism=self.mechanism, options=dict(self.options or {}),
                      causal=self.causal, max_length=self.max_length, dtype=self.dtype,
                      param_dtype=self.param_dtype, dropout_rate=self.dropout_rate,
                      broadcast_dropout=self.broadcast_dropout,
                      shared_params=self.shared_params, rotary=self.rotary, name='mechanism')
-    if self.decode:
-      x = self._decode(mech, q, k, v, mask, deterministic, inputs_q.shape[1], stepping, align)
+    if stepping:
+      if sow_weights:
+        raise ValueError('sow_weights=True in a decoding step is not supported; sow the '
+                         'weights of a parallel forward')
+      x = self._decode_step(mech, q, k, v, align)
     else:
-      x = mech(q, k, v, mask=mask, deterministic=deterministic, dropout_rng=dropout_rng)
+      if self.decode:
+        self._init_cache(mech, q, k, inputs_q.shape[1], align)
+      x = mech(q, k, v, mask=mask, deterministic=deterministic, dropout_rng=dropout_rng,
+               sow_weights=sow_weights, force_fp32_for_softmax=self.force_fp32_for_softmax)
+      if sow_weights:
+        x, weights = x
+        self.sow('intermediates', 'attention_weights',
+                 weights.reshape(batch_shape + weights.shape[1:]))
     return nn.DenseGeneral(
         features=features, axis=(-2, -1), kernel_init=self.out_kernel_init or self.kernel_init,
         bias_init=self.out_bias_init or self.bias_init, use_bias=self.use_bias,
@@ -248,21 +283,28 @@ class MultiHeadAttention(nn.Module):
     return projections.alignment_kernel(self.max_length, self.causal, self.dtype,
                                         self.param_dtype)
 
-  def _decode(self, mech, q, k, v, mask, deterministic, length, stepping, align):
-    """The cache as Linen variables; `layer.decode_step` does the rest."""
+  def _form(self, mech) -> decoding.DecodeForm:
     decl, o = mech.configured()
-    form = decoding.decode_form(
+    return decoding.decode_form(
         decl, o, lambda state, q_t, k_t, v_t, i: mech(q_t, k_t, v_t, deterministic=True,
                                                       state=state, position=i))
-    if not stepping:  # create the cache; this call is the ordinary parallel forward
-      b, _, h, dk = q.shape
-      for name, value in layer.init_cache(form, batch=b, length=length, heads=h, head_dim=dk,
-                                          dtype=q.dtype, super_values=align is not None).items():
-        self.put_variable('cache', name, value)
-      return mech(q, k, v, mask=mask, deterministic=deterministic)
+
+  def _init_cache(self, mech, q, k, length, align):
+    """Creates the cache (the call that does so is the ordinary parallel forward)."""
+    decl, o = mech.configured()
+    b, _, h, dk = q.shape
+    heads = layer.state_heads(decl, o, h, k.shape[2])
+    for name, value in layer.init_cache(self._form(mech), batch=b, length=length, heads=heads,
+                                        head_dim=dk, dtype=q.dtype,
+                                        super_values=align is not None).items():
+      self.put_variable('cache', name, value)
+
+  def _decode_step(self, mech, q, k, v, align):
+    """The cache as Linen variables; `layer.decode_step` does the rest."""
+    decl, _ = mech.configured()
     cache = {name: self.get_variable('cache', name) for name in layer.CACHE_NAMES
              if self.has_variable('cache', name)}
-    cache, x = layer.decode_step(form, cache, q, k, v, align_at=align,
+    cache, x = layer.decode_step(self._form(mech), cache, q, k, v, align_at=align,
                                  rotate_scores=self.rotary and decl.rotary == 'scores')
     for name, value in cache.items():
       self.put_variable('cache', name, value)
@@ -278,11 +320,14 @@ def make_attention_fn(mechanism: str = 'softmax', **options) -> Callable[..., An
           num_heads=4, in_features=64, attention_fn=efficient_attn.make_attention_fn('linear'),
           decode=False, rngs=nnx.Rngs(0))
 
-  The returned function takes query/key/value `[batch, length, heads, head_dim]`
-  and flax's mask; options are the mechanism's (checked here). What it cannot
-  honour it refuses with one line rather than ignoring: attention dropout
-  during training, `sow_weights`, an attention bias, `force_fp32_for_softmax`,
-  `is_causal` for a mechanism without a causal form.
+  The returned function takes query `[batch, length, heads, head_dim]`, key and
+  value `[batch, length, kv_heads, head_dim]` (kv_heads dividing heads: flax's
+  grouped-query attention) and flax's mask; options are the mechanism's
+  (checked here). `force_fp32_for_softmax` and `sow_weights` (flax passes the
+  module) are honoured by mechanisms that form the weights, and `is_causal`
+  where the mechanism has a causal form. What it cannot honour it refuses with
+  one line rather than ignoring: attention dropout during training, an
+  attention bias, and the options above for other mechanisms.
   """
   decl, o = registry.configure(mechanism, options)
   if not decl.parameter_free:
@@ -304,17 +349,22 @@ def make_attention_fn(mechanism: str = 'softmax', **options) -> Callable[..., An
       refuse('an attention bias')
     if dropout_rate > 0.0 and not deterministic:
       refuse(f'attention dropout (dropout_rate={dropout_rate}) in training')
-    if module is not None:
-      refuse('sow_weights=True')
-    if force_fp32_for_softmax:
-      refuse('force_fp32_for_softmax=True')
     if is_causal:
       registry.configure(mechanism, options, causal=True)  # refuses a non-causal mechanism
     if dtype is not None:
       query, key, value = (x.astype(dtype) for x in (query, key, value))
-    masking.check_inputs(query, key, value, mask, name=f'mechanism {mechanism!r}')
-    layer.check_mask(decl, mask, query.shape[1])
-    return decl.attend(o, {}, query, key, value, mask=mask, causal=bool(is_causal),
-                       ctx=registry.Context())
+    out = layer.run_mechanism(decl, o, {}, query, key, value, mask=mask,
+                              causal=bool(is_causal), ctx=registry.Context(),
+                              use_rotary=False, sow_weights=module is not None,
+                              force_fp32_for_softmax=force_fp32_for_softmax)
+    if module is None:
+      return out
+    out, weights = out
+    if isinstance(module, nn.Module):
+      module.sow('intermediates', 'attention_weights', weights)
+    else:  # an NNX module
+      from flax import nnx  # pylint: disable=g-import-not-at-top
+      module.sow(nnx.Intermediate, 'attention_weights', weights)
+    return out
 
   return attention_fn

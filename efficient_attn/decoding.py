@@ -15,10 +15,17 @@
 Both are wrapped as `DecodeForm(init, step)` with one signature, so the layer
 handles every mechanism with the same few lines.
 
-Capacity: the cache holds as many tokens as the call that created it (rounded
-up to `KV_BLOCK`); a step past that capacity stops with a ValueError (see
-`efficient_attn.checks`) instead of overwriting the last slot. Create the
-cache with a dummy input as long as the longest sequence you will decode.
+Capacity: the cache holds as many tokens as the call that created it; a step
+past that capacity stops with a ValueError (see `efficient_attn.checks`)
+instead of overwriting the last slot. Create the cache with a dummy input as
+long as the longest sequence you will decode.
+
+Grouped-query attention (Ainslie et al. 2023): keys and values may have fewer
+heads than the queries (`heads` a multiple of `kv_heads`; query head i reads
+key/value head i // (heads / kv_heads)). The key/value cache then holds only
+the kv heads, and so does the recurrent state of a mechanism whose state
+depends on keys and values alone (`registry.Mechanism.grouped_state`): the
+decoding memory shrinks by the group factor.
 """
 import math
 from typing import Any, Callable, NamedTuple, Optional, Tuple
@@ -34,8 +41,8 @@ KV_BLOCK = 64  # keys per block visited by `kv_cache_attention`
 
 
 class KVCache(NamedTuple):
-  """Keys `[batch, L, heads, dk]` and values `[batch, L, heads, dv]`; L is the
-  capacity rounded up to a multiple of the block size."""
+  """Keys `[batch, L, kv_heads, dk]` and values `[batch, L, kv_heads, dv]`; L is
+  the capacity."""
   keys: jnp.ndarray
   values: jnp.ndarray
 
@@ -93,11 +100,10 @@ def decode_form(decl: registry.Mechanism, o: registry.Options,
 
 
 def init_kv_cache(batch: int, capacity: int, heads: int, head_dim: int, v_dim: int,
-                  dtype=jnp.float32, block: int = KV_BLOCK) -> KVCache:
-  """An empty cache with room for `capacity` tokens (rounded up to `block`)."""
-  length = -(-capacity // block) * block
-  return KVCache(jnp.zeros((batch, length, heads, head_dim), dtype),
-                 jnp.zeros((batch, length, heads, v_dim), dtype))
+                  dtype=jnp.float32) -> KVCache:
+  """An empty cache with room for `capacity` tokens of `heads` (kv) heads."""
+  return KVCache(jnp.zeros((batch, capacity, heads, head_dim), dtype),
+                 jnp.zeros((batch, capacity, heads, v_dim), dtype))
 
 
 def kv_cache_attention(q: jnp.ndarray, keys: jnp.ndarray, values: jnp.ndarray, index,
@@ -111,29 +117,36 @@ def kv_cache_attention(q: jnp.ndarray, keys: jnp.ndarray, values: jnp.ndarray, i
 
   Args:
     q: `[batch, heads, dk]`, the query at position `index`.
-    keys: `[batch, L, heads, dk]`, values `[batch, L, heads, dv]`, L a multiple
-      of `block`, filled up to `index` inclusive.
+    keys: `[batch, L, kv_heads, dk]`, values `[batch, L, kv_heads, dv]`, filled
+      up to `index` inclusive; `heads` a multiple of `kv_heads` (grouped-query
+      attention: query head i reads kv head i // (heads / kv_heads)).
     index: int scalar (may be traced).
     scale: score scale, default 1/sqrt(dk).
     window: causal local attention: keys index - window < j <= index.
+    block: keys per visited block (the last block of a cache whose length is
+      not a multiple overlaps its predecessor; overlapped keys count once).
   Returns:
     `[batch, heads, dv]` in the values' dtype (computed in float32 or wider).
   """
-  b, length, h, dk = keys.shape
-  if length % block:
-    raise ValueError(f'cache length {length} is not a multiple of block={block}')
+  b, length, hk, dk = keys.shape
+  h = q.shape[1]
+  if h % hk:
+    raise ValueError(f'{h} query heads are not a multiple of the cache\'s {hk} key/value heads')
+  block = min(block, length)
   compute = jnp.promote_types(q.dtype, jnp.float32)
   q = q.astype(compute) * (1.0 / math.sqrt(dk) if scale is None else scale)
+  q = q.reshape(b, hk, h // hk, dk)                       # the group as the query axis
   lo = 0 if window is None else jnp.maximum(index - window + 1, 0)
 
   def body(j, state):
-    kb = lax.dynamic_slice_in_dim(keys, j * block, block, axis=1).astype(compute)
-    vb = lax.dynamic_slice_in_dim(values, j * block, block, axis=1).astype(compute)
-    pos = j * block + jnp.arange(block)
-    valid = (pos >= lo) & (pos <= index)
-    scores = jnp.einsum('bhd,bkhd->bhk', q, kb)[:, :, None]
+    start = jnp.minimum(j * block, length - block)
+    kb = lax.dynamic_slice_in_dim(keys, start, block, axis=1).astype(compute)
+    vb = lax.dynamic_slice_in_dim(values, start, block, axis=1).astype(compute)
+    pos = start + jnp.arange(block)
+    valid = (pos >= jnp.maximum(lo, j * block)) & (pos <= index)
+    scores = jnp.einsum('bngd,bknd->bngk', q, kb)
     return online_softmax.update(state, scores, valid, vb)
 
   state = lax.fori_loop(lo // block, index // block + 1, body,
-                        online_softmax.init(b, h, 1, values.shape[-1], compute))
-  return online_softmax.finish(state)[:, :, 0].astype(values.dtype)
+                        online_softmax.init(b, hk, h // hk, values.shape[-1], compute))
+  return online_softmax.finish(state).reshape(b, h, -1).astype(values.dtype)

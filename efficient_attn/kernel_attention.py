@@ -287,6 +287,9 @@ def kernel_attention_step(state: KernelState, phi_q_t: jnp.ndarray, phi_k_t: jnp
   Feeding tokens 0..n-1 in order reproduces `kernel_attention(..., causal=True)`.
   Time and memory O(f dv) per (batch, head), independent of t.
 
+  Grouped-query attention: the state, phi_k_t and v_t may have kv_heads heads, a
+  divisor of phi_q_t's; query head i reads state i // (heads / kv_heads).
+
   Args:
     state: `KernelState` from `init_kernel_state` (or a prefill's final state).
     phi_q_t: `[batch, heads, f]` (or `[batch, 1, heads, f]`, see Returns).
@@ -325,9 +328,11 @@ def kernel_attention_step(state: KernelState, phi_q_t: jnp.ndarray, phi_k_t: jnp
       g = jnp.where(valid[..., 0], g, 1.0)
     s = g[..., None, None] * s + (1.0 - g)[..., None, None] * kv
     z = g[..., None] * z + (1.0 - g)[..., None] * k
-  out = jnp.einsum('bhf,bhfd->bhd', nq, s)
+  groups = lambda x: x.reshape(x.shape[0], s.shape[1], -1, x.shape[-1])  # [b, kv_h, g, f]
+  out = jnp.einsum('bngf,bnfd->bngd', groups(nq), s).reshape(vv.shape[0], -1, s.shape[-1])
   if normalize:
-    out = normalize_by(out, jnp.einsum('bhf,bhf->bh', q, z), eps)
+    den = jnp.einsum('bngf,bnf->bng', groups(q), z).reshape(out.shape[:2])
+    out = normalize_by(out, den, eps)
   out = out.astype(v_t.dtype)
   if keep_axis:
     out = out[:, None]

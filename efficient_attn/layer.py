@@ -6,9 +6,11 @@ else: the input checks and their one-line errors, the mechanism call (dtype,
 rotary positions, masks) and the decoding step. So the two layers cannot drift
 apart, and a mechanism is never written twice.
 """
+import copy
 import warnings
 from typing import Any, Callable, Dict, Optional
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -24,7 +26,9 @@ def resolve_inputs(inputs_q, inputs_k=None, inputs_v=None, inputs_kv=None):
 
   Raises ValueError for values without keys, for `inputs_kv` together with
   `inputs_k` / `inputs_v`, and for a boolean `inputs_v` (a mask passed
-  positionally, flax's old call signature); `inputs_kv` warns as in flax.
+  positionally, flax's old call signature). `inputs_kv` warns as in flax, and
+  so does an `inputs_v` whose last two axes are equal (it may be a float mask;
+  then the value projection's shape check stops it, as in flax).
   """
   if inputs_kv is not None:
     if inputs_k is not None or inputs_v is not None:
@@ -36,10 +40,16 @@ def resolve_inputs(inputs_q, inputs_k=None, inputs_v=None, inputs_kv=None):
   if inputs_k is None and inputs_v is not None:
     raise ValueError('`inputs_k` cannot be None if `inputs_v` is not None; to use one array '
                      'for both, pass it as inputs_k and leave inputs_v None')
-  if inputs_v is not None and jnp.asarray(inputs_v).dtype == jnp.bool_:
-    warnings.warn("the function signature of MultiHeadDotProductAttention's `__call__` method "
-                  'has changed: the mask is a keyword argument', DeprecationWarning, stacklevel=3)
-    raise ValueError(f'inputs_v is a boolean array of shape {jnp.shape(inputs_v)}: is it a mask '
+  shape = jnp.shape(inputs_v) if inputs_v is not None else ()
+  is_bool = inputs_v is not None and jnp.asarray(inputs_v).dtype == jnp.bool_
+  if is_bool or (len(shape) >= 2 and shape[-1] == shape[-2]):
+    warnings.warn(f'You are passing an array of shape {shape} to the `inputs_v` arg, when you '
+                  f'may have intended to pass it to the `mask` arg: the function signature of '
+                  f"MultiHeadDotProductAttention's `__call__` method has changed to "
+                  f'`__call__(inputs_q, inputs_k=None, inputs_v=None, *, mask=None, ...)`',
+                  DeprecationWarning, stacklevel=3)
+  if is_bool:
+    raise ValueError(f'inputs_v is a boolean array of shape {shape}: is it a mask '
                      f'passed positionally? Pass it as mask=...')
   inputs_k = inputs_q if inputs_k is None else inputs_k
   inputs_v = inputs_k if inputs_v is None else inputs_v
@@ -64,18 +74,89 @@ def check_dropout(decl: registry.Mechanism, rate: float) -> None:
         f'attention dropout rate to 0')
 
 
-def check_causal(causal: bool) -> None:
-  """Decoding needs a causal layer."""
-  if not causal:
-    raise ValueError('decode=True needs causal=True (a token generated one at a time '
-                     'can only attend to the past)')
+def kv_heads(decl: registry.Mechanism, projection: str, num_heads: int,
+             num_kv_heads: Optional[int]) -> int:
+  """Key/value heads of grouped-query attention (Ainslie et al. 2023), checked.
+
+  None means num_heads (multi-head attention). Fewer heads need a divisor of
+  num_heads, the 'standard' projection (the only scheme that projects keys and
+  values into heads) and a mechanism whose keys are not its queries.
+  """
+  if num_kv_heads is None or num_kv_heads == num_heads:
+    return num_heads
+  if num_kv_heads < 1 or num_heads % num_kv_heads:
+    raise ValueError(f'num_heads ({num_heads}) must be divisible by num_kv_heads '
+                     f'({num_kv_heads}); valid: a divisor of {num_heads}')
+  if projection != 'standard':
+    raise ValueError(f'num_kv_heads={num_kv_heads}: grouped-query attention needs '
+                     f"projection 'standard' (the only scheme with key and value projections "
+                     f'into heads), not {projection!r}')
+  if decl.shared_qk:
+    raise ValueError(f'num_kv_heads={num_kv_heads}: mechanism {decl.name!r} uses the queries '
+                     f'as keys, so keys cannot have fewer heads')
+  return num_kv_heads
 
 
-def check_decode(causal: bool, mask, inputs_q, inputs_k, inputs_v, stepping: bool) -> None:
-  """What decoding needs: causality, no mask, self-attention, one token per step."""
-  check_causal(causal)
-  if mask is not None:
-    raise ValueError('decode=True takes no mask (causality comes from the cache)')
+def repeat_kv(q, k, v):
+  """k, v `[batch, length, kv_heads, d]` repeated to q's heads (grouped-query attention:
+  query head i reads key/value head i // (heads / kv_heads))."""
+  h, hk = q.shape[-2], k.shape[-2]
+  if hk == h:
+    return k, v
+  if h % hk or v.shape[-2] != hk:
+    raise ValueError(f'queries have {h} heads, keys {hk} and values {v.shape[-2]}: key and '
+                     f'value heads must be equal and divide the query heads')
+  return jnp.repeat(k, h // hk, axis=-2), jnp.repeat(v, h // hk, axis=-2)
+
+
+def state_heads(decl: registry.Mechanism, o: registry.Options, heads: int,
+                kv_heads: int) -> int:
+  """Heads of the decoding state: kv_heads for a key/value cache or a state that depends
+  on keys and values alone (`grouped_state`), else one per query head."""
+  return kv_heads if decl.decode == 'kv_cache' or decl.grouped_state(o) else heads
+
+
+def check_weights_args(decl: registry.Mechanism, *, sow_weights: bool = False,
+                       force_fp32_for_softmax: bool = False) -> None:
+  """Refuses sow_weights / force_fp32_for_softmax for a mechanism that never forms the
+  attention weights (it has no weights to sow, and no softmax to compute in float32)."""
+  for arg, on in (('sow_weights', sow_weights),
+                  ('force_fp32_for_softmax', force_fp32_for_softmax)):
+    if on and not decl.forms_weights:
+      raise ValueError(f'{arg}=True: mechanism {decl.name!r} never forms the attention '
+                       f'weights; mechanisms that do: '
+                       f'{", ".join(registry.names_where(lambda m: m.forms_weights))}')
+
+
+def attention_weights(decl: registry.Mechanism, o: registry.Options, params, q, k, *, mask,
+                      causal: bool, ctx: registry.Context, dtype: Any):
+  """The attention weights `[batch, heads, q_length, kv_length]` (as flax sows them).
+
+  Every mechanism is linear in the values, out = A v, so attending to the
+  identity (v = I, one value per key) returns A itself, whatever form the
+  mechanism computes it in. Computed without dropout, in float32, then cast
+  to `dtype`.
+  """
+  b, n = k.shape[0], k.shape[1]
+  eye = jnp.broadcast_to(jnp.eye(n, dtype=jnp.float32)[None, :, None, :],
+                         (b, n, k.shape[2], n))
+  k, eye = repeat_kv(q, k, eye)
+  quiet = copy.copy(ctx)
+  quiet.deterministic = True
+  w = decl.attend(o, params, q, k, eye, mask=mask, causal=causal, ctx=quiet)
+  return jnp.swapaxes(w, 1, 2).astype(dtype)
+
+
+def check_decode(mask, inputs_q, inputs_k, inputs_v, stepping: bool) -> None:
+  """What a decoding step needs: no mask, self-attention, one token per step.
+
+  A step attends to the cached positions up to its own (flax's rule), so the
+  steps are causal whether or not the layer was built with causal=True; the
+  call that creates the cache is the layer's ordinary forward.
+  """
+  if stepping and mask is not None:
+    raise ValueError('a decoding step takes no mask (it attends to the cached tokens up to '
+                     'its own position)')
   if not (inputs_q is inputs_k is inputs_v):
     raise ValueError('decode=True supports self-attention only')
   if stepping and inputs_q.shape[1] != 1:
@@ -104,21 +185,18 @@ def check_mask(decl: registry.Mechanism, mask, q_length: int) -> None:
       f'a [batch, kv_length] mask or make_attention_mask(valid, valid)')
 
 
-def with_one_batch_axis(call: Callable[..., Any], inputs_q, inputs_k, inputs_v, mask,
-                        *, decode: bool):
+def with_one_batch_axis(call: Callable[..., Any], inputs_q, inputs_k, inputs_v, mask):
   """Runs `call(q, k, v, mask)` on inputs with 0 or several batch axes, flattened to one.
 
   Flax's convention: every axis before `[length, features]` is a batch axis.
   The mask is `[..., heads, q_length, kv_length]` or key padding `[..., kv_length]`.
+  A decoding cache is kept for the flattened batch.
   """
   if inputs_q.ndim < 2:
     raise ValueError(f'inputs must be [..., length, features], got shape {inputs_q.shape}')
   batch_shape = inputs_q.shape[:-2]
   if len(batch_shape) == 1:
     return call(inputs_q, inputs_k, inputs_v, mask)
-  if decode:
-    raise ValueError(f'decode=True takes inputs [batch, length, features], got shape '
-                     f'{inputs_q.shape}')
   flat = lambda x: x.reshape((-1,) + x.shape[-2:])
   if mask is not None:
     mask = jnp.asarray(mask)
@@ -132,29 +210,50 @@ def with_one_batch_axis(call: Callable[..., Any], inputs_q, inputs_k, inputs_v, 
       raise ValueError(f'mask of shape {mask.shape} does not fit inputs of shape '
                        f'{inputs_q.shape}; valid: [..., heads, q_length, kv_length] or '
                        f'[..., kv_length] with the inputs\' batch axes {batch_shape}')
-  out = call(flat(inputs_q), flat(inputs_k), flat(inputs_v), mask)
+  q = flat(inputs_q)  # self-attention stays recognisable: the same array for q, k and v
+  k = q if inputs_k is inputs_q else flat(inputs_k)
+  v = k if inputs_v is inputs_k else q if inputs_v is inputs_q else flat(inputs_v)
+  out = call(q, k, v, mask)
   return out.reshape(batch_shape + out.shape[-2:])
 
 
 def check_inputs(decl: registry.Mechanism, q, k, v, mask, *, stepping: bool = False) -> None:
-  """One-line errors for inconsistent q, k, v and mask shapes (see `masking.check_inputs`)."""
+  """One-line errors for inconsistent q, k, v and mask shapes (see `masking.check_inputs`);
+  k and v may have fewer heads than q, a divisor (grouped-query attention)."""
+  if q.ndim == k.ndim == v.ndim == 4 and k.shape[2] == v.shape[2] and k.shape[2] and (
+      q.shape[2] % k.shape[2] == 0):
+    k, v = (jax.ShapeDtypeStruct(x.shape[:2] + q.shape[2:3] + x.shape[3:], x.dtype)
+            for x in (k, v))
   masking.check_inputs(q, k, v, mask, name=f'mechanism {decl.name!r}',
                        same_length=decl.self_attention_only and not stepping)
 
 
 def run_mechanism(decl: registry.Mechanism, o: registry.Options, params: Dict[str, Any],
                   q, k, v, *, mask, causal: bool, ctx: registry.Context, use_rotary: bool,
-                  dtype: Any = None, state=None, position=None):
+                  dtype: Any = None, state=None, position=None, sow_weights: bool = False,
+                  force_fp32_for_softmax: bool = False):
   """The declared mechanism on projected heads: `attend`, or one decoding `step`.
 
-  q `[batch, q_length, heads, head_dim]`, k `[batch, kv_length, heads, head_dim]`,
-  v `[batch, kv_length, heads, v_dim]` -> `[batch, q_length, heads, v_dim]`; with
+  q `[batch, q_length, heads, head_dim]`, k `[batch, kv_length, kv_heads,
+  head_dim]`, v `[batch, kv_length, kv_heads, v_dim]` -> `[batch, q_length,
+  heads, v_dim]`; kv_heads divides heads (grouped-query attention). With
   `state`, one token and `(new_state, out_t)`. `params` are the declared ones
   (and any shared ones), however the wrapper stores them.
+
+  sow_weights: return `(out, weights)`, weights `[batch, heads, q_length,
+  kv_length]` (see `attention_weights`). force_fp32_for_softmax: the weights
+  multiply float32 values (and are sown in float32) whatever `dtype` is; scores
+  and softmax are float32 in every mechanism anyway.
   """
+  check_weights_args(decl, sow_weights=sow_weights,
+                     force_fp32_for_softmax=force_fp32_for_softmax)
+  if state is None or not decl.grouped_state(o):
+    k, v = repeat_kv(q, k, v)
   check_inputs(decl, q, k, v, mask, stepping=state is not None)
   dtype = dtype or q.dtype
   q, k, v = (x.astype(dtype) for x in (q, k, v))
+  if force_fp32_for_softmax:
+    v = v.astype(jnp.promote_types(v.dtype, jnp.float32))
   if use_rotary:
     positions = (rotary.positions_of(q.shape[1], k.shape[1]) if state is None
                  else rotary.at(position))
@@ -163,22 +262,41 @@ def run_mechanism(decl: registry.Mechanism, o: registry.Options, params: Dict[st
     else:
       ctx.positions, ctx.position = positions, position
   if state is not None:
+    if sow_weights:
+      raise ValueError(f'sow_weights=True in a decoding step is not supported (mechanism '
+                       f'{decl.name!r}); sow the weights of a parallel forward')
     return decl.step(o, params, state, q, k, v, ctx=ctx)
   check_mask(decl, mask, q.shape[1])
-  return decl.attend(o, params, q, k, v, mask=mask, causal=causal, ctx=ctx)
+  out = decl.attend(o, params, q, k, v, mask=mask, causal=causal, ctx=ctx)
+  if not sow_weights:
+    return out
+  weights_dtype = jnp.float32 if force_fp32_for_softmax else dtype
+  return out, attention_weights(decl, o, params, q, k, mask=mask, causal=causal, ctx=ctx,
+                                dtype=weights_dtype)
 
 
-CACHE_NAMES = ('index', 'state', 'values')
+# The decoding cache, under flax's names where flax has the same thing.
+CACHE_NAMES = ('cache_index', 'cached_key', 'cached_value', 'cached_state',
+               'cached_raw_values')
 
 
 def init_cache(form: decoding.DecodeForm, *, batch: int, length: int, heads: int,
                head_dim: int, dtype: Any, super_values: bool) -> Dict[str, Any]:
-  """An empty decoding cache for `length` tokens: 'index', 'state' and, for the
-  super projection, 'values' (the raw values its lower-triangular W_A mixes)."""
-  cache = {'index': jnp.zeros((), jnp.int32),
-           'state': form.init(batch, length, heads, head_dim, head_dim, dtype)}
+  """An empty decoding cache for `length` tokens of `heads` (`state_heads`) heads.
+
+  'cache_index' (the next position); the mechanism's state: 'cached_key' and
+  'cached_value' `[batch, length, heads, head_dim]` for a key/value cache (as
+  flax), 'cached_state' for a recurrent state; and, for the super projection,
+  'cached_raw_values' (the raw values its lower-triangular W_A mixes).
+  """
+  cache = {'cache_index': jnp.zeros((), jnp.int32)}
+  state = form.init(batch, length, heads, head_dim, head_dim, dtype)
+  if isinstance(state, decoding.KVCache):
+    cache['cached_key'], cache['cached_value'] = state
+  else:
+    cache['cached_state'] = state
   if super_values:
-    cache['values'] = jnp.zeros((batch, length, heads, head_dim), dtype)
+    cache['cached_raw_values'] = jnp.zeros((batch, length, heads, head_dim), dtype)
   return cache
 
 
@@ -192,17 +310,22 @@ def decode_step(form: decoding.DecodeForm, cache: Dict[str, Any], q, k, v, *,
     rotate_scores: rotary positions on q and k (keys are cached rotated).
     align_at: the super projection's `align(values, index=i)`; None otherwise.
   """
-  i = cache['index']
+  i = cache['cache_index']
   cache = dict(cache)
   if align_at is not None:
-    values = cache['values']
+    values = cache['cached_raw_values']
     checks.runtime_check(i < values.shape[1], 'decoding step at position {} is past the '
                          'super projection\'s context of {} tokens', i, values.shape[1])
     values = lax.dynamic_update_slice_in_dim(values, v.astype(values.dtype), i, axis=1)
-    cache['values'] = values
+    cache['cached_raw_values'] = values
     v = align_at(values, index=i)
   if rotate_scores:
     q, k = rotary.rotate(q, i), rotary.rotate(k, i)
-  cache['state'], x = form.step(cache['state'], q, k, v, i)
-  cache['index'] = i + 1
+  if 'cached_key' in cache:
+    state, x = form.step(decoding.KVCache(cache['cached_key'], cache['cached_value']),
+                         q, k, v, i)
+    cache['cached_key'], cache['cached_value'] = state
+  else:
+    cache['cached_state'], x = form.step(cache['cached_state'], q, k, v, i)
+  cache['cache_index'] = i + 1
   return cache, x

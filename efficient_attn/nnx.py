@@ -20,13 +20,15 @@ outputs and the same errors. The parameter tree has the Linen layer's names
 Decoding follows NNX: `layer.init_cache((batch, max_length, features))`, then
 call the layer with one token `[batch, 1, features]` and `decode=True` (or build
 it with `decode=True`). Recurrent mechanisms (linear, rfa, performer) keep a
-constant-size state; softmax and local keep keys and values.
+constant-size state (`cached_state`); softmax and local keep keys and values
+(`cached_key`, `cached_value`, as flax); `cache_index` is the next position.
 
 Random features: a mechanism's fixed random draw is keyed by `tag`, the layer's
 name (the Linen layer uses its module path). The default, ('mechanism',), is the
 draw of a top-level Linen layer; give each layer of a model its own tag.
 """
 import functools
+import math
 from typing import Any, Callable, Mapping, Optional, Sequence, Tuple
 
 import jax.numpy as jnp
@@ -97,14 +99,16 @@ class Mechanism(nnx.Module):
     return params
 
   def __call__(self, q, k, v, mask=None, deterministic: bool = True, *, rngs=None,
-               state=None, position=None):
+               state=None, position=None, sow_weights: bool = False,
+               force_fp32_for_softmax: bool = False):
     if state is None:
       registry.configure(self.name, self.options, causal=self.causal,
                          max_length=self.max_length, length=k.shape[1], rotary=self.rotary)
     return layer.run_mechanism(self.decl, self.o, self.params(), q, k, v, mask=mask,
                                causal=self.causal, ctx=_Context(self, deterministic, rngs),
                                use_rotary=self.rotary, dtype=self.dtype, state=state,
-                               position=position)
+                               position=position, sow_weights=sow_weights,
+                               force_fp32_for_softmax=force_fp32_for_softmax)
 
 
 class Alignment(nnx.Module):
@@ -136,10 +140,12 @@ class MultiHeadAttention(nnx.Module):
   broadcast_dropout, dropout_rate, deterministic, precision, kernel_init,
   out_kernel_init, bias_init, out_bias_init, use_bias, decode, rngs, keep_rngs)
   and as `efficient_attn.MultiHeadAttention`: mechanism, projection, options,
-  causal, max_length, rotary, shared_params; `tag` names the layer's fixed
-  random draw (see the module docstring). `normalize_qk` is QK layer norm, as
-  flax's. `num_kv_heads` other than `num_heads` (grouped-query attention) is
-  not supported yet and raises.
+  causal, max_length, rotary, shared_params, force_fp32_for_softmax; `tag`
+  names the layer's fixed random draw (see the module docstring).
+  `normalize_qk` is QK layer norm and `num_kv_heads` grouped-query attention,
+  as flax's (see `efficient_attn.MultiHeadAttention` for both, and for
+  `force_fp32_for_softmax`). The call's `sow_weights=True` sows the attention
+  weights as `nnx.Intermediate` 'attention_weights', as flax does.
   """
 
   def __init__(self, num_heads: int, in_features: int, qkv_features: Optional[int] = None,
@@ -155,12 +161,14 @@ class MultiHeadAttention(nnx.Module):
                bias_init: Callable[..., Any] = _default_bias_init,
                out_bias_init: Optional[Callable[..., Any]] = None, use_bias: bool = True,
                decode: Optional[bool] = None, normalize_qk: bool = False,
+               force_fp32_for_softmax: bool = False,
                shared_params: Optional[Mapping[str, Any]] = None,
                tag: Sequence[str] = ('mechanism',), rngs: nnx.Rngs, keep_rngs: bool = True):
-    if num_kv_heads not in (None, num_heads):
-      raise ValueError(f'num_kv_heads={num_kv_heads}: grouped-query attention is not '
-                       f'supported yet; use num_kv_heads=None (= num_heads={num_heads})')
     registry.check_projection(projection)
+    decl = registry.get_mechanism(mechanism)
+    self.num_kv_heads = layer.kv_heads(decl, projection, num_heads, num_kv_heads)
+    layer.check_weights_args(decl, force_fp32_for_softmax=force_fp32_for_softmax)
+    self.force_fp32_for_softmax = force_fp32_for_softmax
     self.num_heads, self.in_features = num_heads, in_features
     self.qkv_features = qkv_features or in_features
     self.out_features = out_features or in_features
@@ -169,16 +177,16 @@ class MultiHeadAttention(nnx.Module):
     self.projection, self.causal, self.max_length = projection, causal, max_length
     self.dtype, self.dropout_rate, self.deterministic = dtype, dropout_rate, deterministic
     self.decode, self.rotary = decode, rotary
-    decl = registry.get_mechanism(mechanism)
     layer.check_dropout(decl, dropout_rate)
     self.shared_qk = decl.shared_qk
 
-    linear = functools.partial(nnx.LinearGeneral, out_features=(num_heads, self.head_dim),
-                               dtype=dtype, param_dtype=param_dtype, kernel_init=kernel_init,
-                               bias_init=bias_init, use_bias=use_bias, precision=precision,
-                               rngs=rngs)
+    linear = functools.partial(nnx.LinearGeneral, dtype=dtype, param_dtype=param_dtype,
+                               kernel_init=kernel_init, bias_init=bias_init,
+                               use_bias=use_bias, precision=precision, rngs=rngs)
     for name in projections.dense_names(projection, decl.shared_qk):
-      setattr(self, name, linear(in_features if name == 'query' else self.in_kv_features))
+      query = name == 'query'
+      setattr(self, name, linear(in_features if query else self.in_kv_features,
+                                 (num_heads if query else self.num_kv_heads, self.head_dim)))
     for name in ('query_ln',) + (() if decl.shared_qk else ('key_ln',)):
       setattr(self, name, nnx.LayerNorm(self.head_dim, use_bias=False, dtype=dtype,
                                         param_dtype=param_dtype, rngs=rngs)
@@ -196,9 +204,11 @@ class MultiHeadAttention(nnx.Module):
         kernel_init=out_kernel_init or kernel_init, bias_init=out_bias_init or bias_init,
         use_bias=use_bias, dtype=dtype, param_dtype=param_dtype, precision=precision,
         rngs=rngs)
-    needs_rng = dropout_rate > 0 or bool(self.mechanism.o.get('redraw'))  # fresh draws
-    self.rngs = rngs.fork() if keep_rngs and needs_rng else nnx.data(None)
-    self.cache = nnx.data(None)
+    # Kept as flax keeps it: the dropout stream (a mechanism's redraws read it too).
+    needs_rng = dropout_rate > 0 or bool(self.mechanism.o.get('redraw'))
+    self.rngs = rngs.dropout.fork() if keep_rngs and needs_rng else nnx.data(None)
+    for name in layer.CACHE_NAMES:
+      setattr(self, name, nnx.data(None))
 
   def _form(self) -> decoding.DecodeForm:
     mech = self.mechanism
@@ -207,15 +217,23 @@ class MultiHeadAttention(nnx.Module):
                                                                 position=i))
 
   def init_cache(self, input_shape: Tuple[int, ...], dtype: Any = jnp.float32):
-    """An empty decoding cache for inputs `[batch, max_length, features]`."""
-    if len(input_shape) != 3:
-      raise ValueError(f'init_cache takes the input shape [batch, max_length, features], '
+    """An empty decoding cache for inputs `[..., max_length, features]` (any leading
+    batch axes; the cache keeps them flattened into one)."""
+    if len(input_shape) < 2:
+      raise ValueError(f'init_cache takes the input shape [..., max_length, features], '
                        f'got {tuple(input_shape)}')
-    layer.check_causal(self.causal)
-    batch, length, _ = input_shape
-    self.cache = nnx.Cache(layer.init_cache(
-        self._form(), batch=batch, length=length, heads=self.num_heads,
-        head_dim=self.head_dim, dtype=dtype, super_values=self.projection == 'super'))
+    batch = math.prod(input_shape[:-2])
+    mech = self.mechanism
+    heads = layer.state_heads(mech.decl, mech.o, self.num_heads, self.num_kv_heads)
+    cache = layer.init_cache(self._form(), batch=batch, length=input_shape[-2], heads=heads,
+                             head_dim=self.head_dim, dtype=dtype,
+                             super_values=self.projection == 'super')
+    for name in layer.CACHE_NAMES:
+      setattr(self, name, nnx.Cache(cache[name]) if name in cache else nnx.data(None))
+
+  def _cache(self):
+    return {name: getattr(self, name).get_value() for name in layer.CACHE_NAMES
+            if getattr(self, name) is not None}
 
   def _projections(self):
     return lambda name: getattr(self, name)
@@ -223,9 +241,7 @@ class MultiHeadAttention(nnx.Module):
   def __call__(self, inputs_q, inputs_k=None, inputs_v=None, *, mask=None,
                deterministic: Optional[bool] = None, rngs=None, sow_weights: bool = False,
                decode: Optional[bool] = None):
-    if sow_weights:
-      raise ValueError(f'sow_weights=True is not supported by mechanism '
-                       f'{self.mechanism.name!r} in efficient_attn.nnx yet')
+    layer.check_weights_args(self.mechanism.decl, sow_weights=sow_weights)
     inputs_q, inputs_k, inputs_v = layer.resolve_inputs(inputs_q, inputs_k, inputs_v)
     if inputs_q.shape[-1] != self.in_features:
       raise ValueError(f'inputs have {inputs_q.shape[-1]} features, but the layer was '
@@ -239,16 +255,22 @@ class MultiHeadAttention(nnx.Module):
       deterministic = True
     rngs = _first(rngs, self.rngs)
     decode = bool(_first(decode, self.decode, default=False))
+    batch_shape = inputs_q.shape[:-2]
     return layer.with_one_batch_axis(
-        lambda q, k, v, m: self._attend(q, k, v, m, deterministic, rngs, decode),
-        inputs_q, inputs_k, inputs_v, mask, decode=decode)
+        lambda q, k, v, m: self._attend(q, k, v, m, deterministic, rngs, decode, sow_weights,
+                                        batch_shape),
+        inputs_q, inputs_k, inputs_v, mask)
 
-  def _attend(self, inputs_q, inputs_k, inputs_v, mask, deterministic, rngs, decode):
+  def _attend(self, inputs_q, inputs_k, inputs_v, mask, deterministic, rngs, decode,
+              sow_weights, batch_shape):
     if decode:
-      layer.check_decode(self.causal, mask, inputs_q, inputs_k, inputs_v, stepping=True)
-      if self.cache is None:
+      layer.check_decode(mask, inputs_q, inputs_k, inputs_v, stepping=True)
+      if self.cache_index is None:
         raise ValueError('decode=True: the decoding cache is not initialised; call '
                          'init_cache((batch, max_length, features)) first')
+      if sow_weights:
+        raise ValueError('sow_weights=True in a decoding step is not supported; sow the '
+                         'weights of a parallel forward')
     align = self.alignment if self.projection == 'super' else None
     q, k, v = projections.project_qkv(
         self.projection, inputs_q, inputs_k, inputs_v, num_heads=self.num_heads,
@@ -257,11 +279,18 @@ class MultiHeadAttention(nnx.Module):
         normalize=self._projections() if self.normalize_qk else None)
     if decode:
       cache, x = layer.decode_step(
-          self._form(), self.cache.get_value(), q, k, v, align_at=align,
+          self._form(), self._cache(), q, k, v, align_at=align,
           rotate_scores=self.rotary and self.mechanism.decl.rotary == 'scores')
-      self.cache.set_value(cache)
+      for name, value in cache.items():
+        getattr(self, name).set_value(value)
     else:
-      x = self.mechanism(q, k, v, mask=mask, deterministic=deterministic, rngs=rngs)
+      x = self.mechanism(q, k, v, mask=mask, deterministic=deterministic, rngs=rngs,
+                         sow_weights=sow_weights,
+                         force_fp32_for_softmax=self.force_fp32_for_softmax)
+      if sow_weights:
+        x, weights = x
+        self.sow(nnx.Intermediate, 'attention_weights',
+                 weights.reshape(batch_shape + weights.shape[1:]))
     return self.out(x)
 
 

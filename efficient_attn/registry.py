@@ -246,6 +246,13 @@ class Mechanism:
     """
     raise NotImplementedError
 
+  def grouped_state(self, o: Options) -> bool:
+    """The state depends on keys and values alone (no per-query-head parameter touches
+    them), so with grouped-query attention `step` keeps one state per key/value head and
+    takes q_t `[batch, 1, heads, dk]` with k_t, v_t `[batch, 1, kv_heads, d]`."""
+    del o
+    return False
+
   # KV-cache decoding (decode == 'kv_cache').
   def kv_window(self, o: Options) -> Optional[int]:
     """Causal window of the key/value cache (None: every earlier key)."""

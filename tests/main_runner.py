@@ -65,10 +65,18 @@ def command(workdir, *extra, slow: bool = False, **train):
                    *overrides(**train), *extra]
 
 
-def popen_kwargs(slow_step_s: float = 0.0):
-  """cwd, env (1 CPU device, no inherited XLA_FLAGS) and text output for Popen/run."""
+def popen_kwargs(slow_step_s: float = 0.0, unoptimised: bool = False):
+  """cwd, env (1 CPU device, no inherited XLA_FLAGS) and text output for Popen/run.
+
+  unoptimised: XLA compiles without optimisation, which halves tiny runs (compiling
+  dominates them); only for runs compared with runs under the same flags, since
+  the float results differ in the last bits from an optimised compile.
+  """
   env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
   env.update(JAX_PLATFORMS='cpu', SLOW_STEP_S=str(slow_step_s))
+  if unoptimised:
+    env['XLA_FLAGS'] = ('--xla_backend_optimization_level=0 '
+                        '--xla_llvm_disable_expensive_passes=true')
   return dict(cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
               stderr=subprocess.PIPE)
 

@@ -137,8 +137,31 @@ def test_flax_fields_and_call_arguments_give_flax_results():
     np.testing.assert_allclose(ours.apply(variables, x, deterministic=False, **call),
                                ref.apply(variables, x, deterministic=False, **call),
                                atol=1e-5, rtol=1e-5)
-  with pytest.raises(ValueError, match="sow_weights=True is not supported.*'softmax'"):
-    ours.apply(variables, x, deterministic=True, sow_weights=True)
+
+
+@pytest.mark.parametrize('force_fp32', [True, False])
+def test_sown_weights_and_force_fp32_as_flax(force_fp32):
+  """sow_weights puts flax's 'attention_weights' (two batch axes here) in 'intermediates',
+  float32 with force_fp32_for_softmax, else the layer dtype; outputs as flax's in bfloat16.
+  Linear attention never forms the weights and refuses both by name."""
+  x = _inputs(shape=(2, 3, L, 8))
+  kw = dict(num_heads=2, dtype=jnp.bfloat16, force_fp32_for_softmax=force_fp32)
+  ours, ref = ea.MultiHeadAttention(**kw), nn.MultiHeadDotProductAttention(**kw)
+  variables = ref.init(jax.random.PRNGKey(2), x)
+  (y, sown), (y_ref, sown_ref) = (
+      m.apply(variables, x, sow_weights=True, mutable=['intermediates']) for m in (ours, ref))
+  (w,), (w_ref,) = (t['intermediates']['attention_weights'] for t in (sown, sown_ref))
+  assert w.shape == w_ref.shape == (2, 3, 2, L, L)
+  assert w.dtype == w_ref.dtype == (jnp.float32 if force_fp32 else jnp.bfloat16)
+  np.testing.assert_allclose(np.float32(w), np.float32(w_ref), atol=1e-2)
+  np.testing.assert_allclose(np.float32(y), np.float32(y_ref), atol=3e-2, rtol=3e-2)
+  assert 'intermediates' not in ours.apply(variables, x, mutable=['intermediates'])[1]
+  for bad in (dict(call=dict(sow_weights=True)), dict(force_fp32_for_softmax=True)):
+    arg = 'sow_weights' if 'call' in bad else 'force_fp32_for_softmax'
+    layer = ea.MultiHeadAttention(num_heads=2, mechanism='linear',
+                                  **{k: v for k, v in bad.items() if k != 'call'})
+    with pytest.raises(ValueError, match=f"{arg}=True: mechanism 'linear' never forms"):
+      layer.init(jax.random.PRNGKey(0), x, **bad.get('call', {}))
 
 
 @pytest.mark.parametrize('d,h,l', [(128, 4, 64), (32, 4, 16), (64, 8, 10)])
@@ -319,8 +342,17 @@ def test_attention_fn_drop_in():
                   rngs={'dropout': jax.random.PRNGKey(0)})
   np.testing.assert_allclose(dropout.apply({'params': params}, x, deterministic=True),
                              base.apply({'params': params}, x), atol=1e-5, rtol=1e-5)
-  with pytest.raises(ValueError, match='sow_weights=True is not supported'):
-    swapped.apply({'params': params}, x, sow_weights=True)
+  swapped = nn.MultiHeadDotProductAttention(num_heads=H,
+                                            attention_fn=ea.make_attention_fn('softmax'))
+  _, sown = swapped.apply({'params': params}, x, sow_weights=True, mutable=['intermediates'])
+  _, sown_ref = base.apply({'params': params}, x, sow_weights=True, mutable=['intermediates'])
+  np.testing.assert_allclose(sown['intermediates']['attention_weights'][0],
+                             sown_ref['intermediates']['attention_weights'][0], atol=1e-5)
+  with pytest.raises(ValueError, match="sow_weights=True: mechanism 'linear' never forms"):
+    linear.apply({'params': params}, x, sow_weights=True, mutable=['intermediates'])
+  local = nn.MultiHeadDotProductAttention(num_heads=H, attention_fn=ea.make_attention_fn('local'))
+  with pytest.raises(ValueError, match="mechanism 'local'.*q_length == kv_length"):
+    local.apply({'params': params}, x, x[:, :L // 2])  # a self-attention mechanism
   with pytest.raises(ValueError, match="'linear' honours only key-padding"):
     nn.MultiHeadDotProductAttention(num_heads=H, attention_fn=ea.make_attention_fn('linear')
                                     ).apply({'params': params}, x,
@@ -336,7 +368,28 @@ def test_super_starts_as_efficient_and_sows_qkv():
   params.pop('alignment')
   np.testing.assert_allclose(sup.apply(variables, x), eff.apply({'params': params}, x),
                              atol=1e-6)
-  _, state = eff.apply({'params': params}, x, mutable=['intermediates'])
-  q, k, v = state['intermediates']['qkv'][0]
+  _, state = eff.apply({'params': params}, x, mutable=['attention_qkv'])
+  q, k, v = state['attention_qkv']['qkv'][0]
   assert q.shape == k.shape == v.shape == (B, L, H, D // H)
   np.testing.assert_allclose(v, x.reshape(B, L, H, D // H))  # efficient: V sliced, no W_V
+
+
+@pytest.mark.parametrize('mechanism', registry.names_where(lambda m: not m.shared_qk))
+def test_grouped_query_attention_is_attention_with_repeated_key_value_heads(mechanism):
+  """num_kv_heads=2 of 4 heads: query head i reads key/value head i // 2, i.e. the layer
+  equals multi-head attention whose key and value kernels repeat each kv head twice."""
+  x = _inputs()
+  gqa = _layer(mechanism, num_kv_heads=2)
+  shapes = jax.eval_shape(gqa.init, jax.random.PRNGKey(0), x)['params']
+  rng = np.random.default_rng(1)  # NumPy draws: no init to compile
+  params = jax.tree.map(lambda s: jnp.asarray(0.3 * rng.standard_normal(s.shape), s.dtype),
+                        shapes)
+  assert params['key']['kernel'].shape == (D, 2, D // H)
+  full = jax.tree.map(lambda p: p, params)
+  for name in ('key', 'value'):
+    full[name] = jax.tree.map(lambda p: jnp.repeat(p, 2, axis=-2), params[name])
+  valid = jnp.arange(L)[None, :] < jnp.array([[L], [L - 5]])
+  ours, expected = jax.jit(lambda x: (gqa.apply({'params': params}, x, mask=valid),
+                                      _layer(mechanism).apply({'params': full}, x,
+                                                              mask=valid)))(x)
+  np.testing.assert_allclose(ours, expected, atol=1e-5, rtol=1e-5)

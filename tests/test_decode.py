@@ -97,8 +97,9 @@ def test_decode_errors_name_valid_choices():
   with pytest.raises(ValueError, match="'nystrom' has no causal form"):
     ea.MultiHeadAttention(num_heads=H, mechanism='nystrom', causal=True,
                           decode=True).init(jax.random.PRNGKey(0), x)
-  with pytest.raises(ValueError, match='decode=True needs causal=True'):
-    ea.MultiHeadAttention(num_heads=H, decode=True).init(jax.random.PRNGKey(0), x)
+  with pytest.raises(ValueError, match="'nystrom' has no decoding form"):
+    ea.MultiHeadAttention(num_heads=H, mechanism='nystrom', decode=True).init(
+        jax.random.PRNGKey(0), x)
   with pytest.raises(ValueError, match="'linformer' has no causal form"):
     ea.MultiHeadAttention(num_heads=H, mechanism='linformer', causal=True, max_length=8,
                           decode=True).init(jax.random.PRNGKey(0), x)
@@ -114,16 +115,59 @@ def test_decode_errors_name_valid_choices():
 
 
 def test_decoding_past_the_cache_capacity_stops_with_a_message():
-  """The cache holds the first call's length (rounded up to a block): step 64 of a
-  cache made from 3 tokens would otherwise overwrite the last slot silently."""
+  """The cache holds the first call's length: step 3 of a cache made from 3 tokens
+  would otherwise overwrite the last slot silently."""
   x = jax.random.normal(jax.random.PRNGKey(0), (1, 3, D))
   layer = ea.MultiHeadAttention(num_heads=H, causal=True, decode=True)
   variables = layer.init(jax.random.PRNGKey(1), x)
   params, cache = {'params': variables['params']}, variables['cache']
   step = jax.jit(lambda c, xt: layer.apply({**params, 'cache': c}, xt, mutable=['cache']))
   token = x[:, :1]
-  for _ in range(decoding.KV_BLOCK):
+  for _ in range(3):
     _, state = step(cache, token)
     cache = state['cache']
-  with pytest.raises(Exception, match='position 64 is past the cache capacity of 64'):
+  assert cache['cached_key'].shape == (1, 3, H, D // H)  # flax's cache layout and names
+  with pytest.raises(Exception, match='position 3 is past the cache capacity of 3'):
     jax.block_until_ready(step(cache, token))
+
+
+def test_decoding_from_the_cache_index_alone_with_two_batch_axes():
+  """flax's rule: a layer built without causal=True decodes too, each step attending to the
+  cached tokens up to its own, so the steps equal the causal forward; inputs with two batch
+  axes [b1, b2, length, features] keep one cache for the flattened batch."""
+  x = jax.random.normal(jax.random.PRNGKey(0), (2, 3, 10, D))
+  layer = ea.MultiHeadAttention(num_heads=H)
+  variables = layer.init(jax.random.PRNGKey(1), x)
+  causal = ea.MultiHeadAttention(num_heads=H, causal=True).apply(variables, x)
+  dec = layer.clone(decode=True)
+  _, cache = dec.apply(variables, x, mutable=['cache'])
+  assert cache['cache']['cached_key'].shape == (6, 10, H, D // H)
+  step = jax.jit(lambda c, xt: dec.apply({**variables, **c}, xt, mutable=['cache']))
+  outs = []
+  for t in range(x.shape[2]):
+    y, cache = step(cache, x[:, :, t:t + 1])
+    outs.append(y)
+  np.testing.assert_allclose(jnp.concatenate(outs, axis=2), causal, atol=2e-5, rtol=2e-5)
+  with pytest.raises(ValueError, match='a decoding step takes no mask'):
+    dec.apply({**variables, **cache}, x[:, :, :1], mutable=['cache'],
+              mask=jnp.ones((2, 3, 1), bool))
+
+
+@pytest.mark.parametrize('window', [None, 5])
+def test_kv_cache_attention_groups_heads_over_any_cache_length(window):
+  """One query per head over a grouped cache (4 query heads, 2 kv heads) of 70 slots (not a
+  multiple of the block: the last block overlaps) equals a float64 NumPy softmax over the
+  visible keys, with query head i reading kv head i // 2."""
+  rng = np.random.default_rng(0)
+  q, keys, values = (rng.standard_normal(s) for s in ((2, 4, 8), (2, 70, 2, 8), (2, 70, 2, 3)))
+  for index in (0, 63, 64, 69):
+    out = decoding.kv_cache_attention(jnp.float32(q), jnp.float32(keys), jnp.float32(values),
+                                      index, window=window)
+    lo = 0 if window is None else max(0, index - window + 1)
+    k, v = np.repeat(keys[:, lo:index + 1], 2, axis=2), np.repeat(values[:, lo:index + 1], 2,
+                                                                   axis=2)
+    s = np.einsum('bhd,bkhd->bhk', q, k) / np.sqrt(8)
+    w = np.exp(s - s.max(-1, keepdims=True))
+    w /= w.sum(-1, keepdims=True)
+    np.testing.assert_allclose(out, np.einsum('bhk,bkhd->bhd', w, v), atol=1e-5,
+                               err_msg=f'index {index}')

@@ -15,17 +15,23 @@ ARGS = ['--num_images=2,3', '--image_size=4', '--d_model=8', '--depth=1', '--num
 
 def test_tiny_run_writes_outputs(tmp_path):
   out = str(tmp_path)
-  generation.main(ARGS + [f'--out={out}', '--option=linear.feature_map=relu'])
+  generation.main(ARGS + [f'--out={out}', '--option=linear.feature_map=relu',
+                          '--num_kv_heads=0,1'])
   with open(os.path.join(out, 'generation.json')) as f:
     result = json.load(f)
-  assert result['mechanisms'] == ['linear', 'softmax'] and result['length'] == 16
-  for mech in ('linear', 'softmax'):
+  assert result['mechanisms'] == ['linear', 'linear (kv heads 1)', 'softmax',
+                                  'softmax (kv heads 1)'] and result['length'] == 16
+  for mech in ('linear', 'softmax'):  # grouped-query attention halves the decoding state
+    grouped = result['cache_bytes'][f'{mech} (kv heads 1)']
+    assert 0.5 * result['cache_bytes'][mech] <= grouped < 0.55 * result['cache_bytes'][mech]
+    assert result['params'][f'{mech} (kv heads 1)'] < result['params'][mech]
     assert set(result['wall'][mech]) == {'2', '3'}
     assert all(p['time_s'] > 0 for p in result['wall'][mech].values())
     assert len(result['latency'][mech]['times_s']) == 16
   with open(os.path.join(out, 'generation.md')) as f:
     text = f.read()
-  assert '| images | linear (s) | softmax (s) | softmax / linear |' in text
+  assert '| images | linear (s) | linear (kv heads 1) (s) | softmax (s) |' in text
+  assert '| softmax (kv heads 1) |' in text and 'Decoding state per image' in text
   assert '\n| 3 |' in text and 'Per-step latency' in text
   for name in ('generation_latency.png', 'generation_wall.png'):
     with open(os.path.join(out, name), 'rb') as f:

@@ -30,7 +30,7 @@ def start_pair(workdir, via_env=False):
   address = f'127.0.0.1:{main_runner.free_port()}'
   procs = []
   for i in range(2):
-    kwargs = main_runner.popen_kwargs()
+    kwargs = main_runner.popen_kwargs(unoptimised=True)
     if via_env:
       kwargs['env'].update(JAX_COORDINATOR_ADDRESS=address, JAX_NUM_PROCESSES='2',
                            JAX_PROCESS_ID=str(i))
@@ -64,7 +64,8 @@ def run_pair_and_single(root):
   """
   multi, single = str(root / 'multi'), str(root / 'single')
   procs = start_pair(multi)
-  procs.append(subprocess.Popen(main_runner.command(single), **main_runner.popen_kwargs()))
+  procs.append(subprocess.Popen(main_runner.command(single),
+                               **main_runner.popen_kwargs(unoptimised=True)))
   outputs = finish(procs)
   return multi, single, outputs[:2]
 

@@ -67,6 +67,10 @@ def test_nnx_equals_linen_for_every_projection(mechanism):
   if decl.rotary:
     cases['standard', 'rotary'] = _pair(mechanism, rotary=True, causal=decl.causal), None
   cases['efficient', 'qk norm'] = _pair(mechanism, 'efficient', normalize_qk=True), valid
+  if not decl.shared_qk:  # grouped-query attention: one key/value head for both heads
+    cases['standard', 'gqa'] = _pair(mechanism, num_kv_heads=1), valid
+    if decl.causal:
+      cases['standard', 'gqa causal'] = _pair(mechanism, num_kv_heads=1, causal=True), None
   splits = {case: (params, nnx.split(layer)) for case, ((_, params, layer), _) in cases.items()}
 
   @jax.jit
@@ -84,11 +88,15 @@ def test_nnx_equals_linen_for_every_projection(mechanism):
 
 
 @pytest.mark.parametrize('mechanism', registry.names_where(lambda m: bool(m.decode)))
-@pytest.mark.parametrize('projection', ['standard', 'super'])
+@pytest.mark.parametrize('projection', ['standard', 'super', 'gqa'])
 def test_nnx_decoding_equals_linen_decoding_and_the_parallel_pass(mechanism, projection):
+  """'gqa': the standard projection with one key/value head for the two query heads."""
   x = _x()
-  rotary = bool(ea.get_mechanism(mechanism).rotary)
-  linen, params, layer = _pair(mechanism, projection, causal=True, rotary=rotary)
+  decl = ea.get_mechanism(mechanism)
+  kw = dict(causal=True, rotary=bool(decl.rotary))
+  if projection == 'gqa':
+    projection, kw['num_kv_heads'] = 'standard', 1
+  linen, params, layer = _pair(mechanism, projection, **kw)
   dec = linen.clone(decode=True)
   _, cache = jax.jit(lambda x: dec.apply({'params': params}, x, mutable=['cache']))(x)
   layer.init_cache(x.shape)
@@ -103,7 +111,15 @@ def test_nnx_decoding_equals_linen_decoding_and_the_parallel_pass(mechanism, pro
     np.testing.assert_allclose(y, y_linen, err_msg=f'step {t}', **TOL)
   parallel = jax.jit(linen.apply)({'params': params}, x)
   np.testing.assert_allclose(y_linen, parallel[:, -1:], **TOL)
-  assert int(layer.cache.get_value()['index']) == L
+  assert int(layer.cache_index[...]) == L
+  # Flax's names; a key/value cache or a grouped state keeps only the kv heads.
+  assert jax.tree.map(jnp.shape, nnx.to_pure_dict(nnx.state(layer, nnx.Cache))) == \
+      jax.tree.map(jnp.shape, cache['cache'])
+  heads = kw.get('num_kv_heads', H) if (decl.decode == 'kv_cache' or decl.grouped_state(
+      decl.resolve(decl.example))) else H
+  state = cache['cache'].get('cached_key', cache['cache'].get('cached_state'))
+  assert jax.tree.leaves(state)[0].shape[:2] in ((B, heads), (B, L))
+  assert jax.tree.leaves(state)[0].shape[2 if decl.decode == 'kv_cache' else 1] == heads
 
 
 def _error(make):
@@ -142,8 +158,15 @@ def test_bad_input_gets_the_same_one_line_error_from_both_wrappers():
                                   linen.apply({'params': params}, x, x[::-1]))
   assert _error(lambda: layer(x[:, :, :8])).startswith('inputs have 8 features')
   assert 'init_cache' in _error(lambda: _pair('linear', causal=True)[2](x[:, :1], decode=True))
-  assert 'num_kv_heads=1' in _error(lambda: ean.MultiHeadAttention(
-      H, D, num_kv_heads=1, rngs=nnx.Rngs(0)))
+  for kw in (dict(num_kv_heads=3), dict(num_kv_heads=1, projection='efficient'),
+             dict(num_kv_heads=1, mechanism='reformer'),
+             dict(mechanism='linear', force_fp32_for_softmax=True)):
+    message = _error(lambda: ea.MultiHeadAttention(num_heads=H, **kw).init(
+        jax.random.PRNGKey(0), x))
+    assert message == _error(lambda: ean.MultiHeadAttention(H, D, rngs=nnx.Rngs(0), **kw)), kw
+    assert str(kw.get('num_kv_heads', 'force_fp32_for_softmax')) in message
+  assert _error(lambda: layer(x, sow_weights=True)) == _error(
+      lambda: linen.apply({'params': params}, x, sow_weights=True))
 
 
 def test_converter_round_trip_and_a_mismatched_tree_is_named():

@@ -44,8 +44,8 @@ def test_rotated_softmax_layer_is_softmax_of_rotated_projections():
   x = jax.random.normal(jax.random.key(0), (B, L, D))
   layer = ea.MultiHeadAttention(num_heads=H, rotary=True)
   variables = layer.init(jax.random.key(1), x)
-  _, inter = layer.apply(variables, x, mutable=['intermediates'])
-  q, k, v = inter['intermediates']['qkv'][0]
+  _, inter = layer.apply(variables, x, mutable=['attention_qkv'])
+  q, k, v = inter['attention_qkv']['qkv'][0]
   pos = jnp.arange(L)
   heads = softmax_attention(rotary.rotate(q, pos), rotary.rotate(k, pos), v)
   p = variables['params']['out']

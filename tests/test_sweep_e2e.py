@@ -30,7 +30,7 @@ RUNS = ('mechanism=softmax', 'mechanism=linear')
 
 def sweep_cli(*args):
   proc = subprocess.run([sys.executable, '-m', 'train.sweep', *args], timeout=300,
-                        **main_runner.popen_kwargs())
+                        **main_runner.popen_kwargs(unoptimised=True))
   return proc
 
 
@@ -69,7 +69,8 @@ def test_sweep_runs_skips_resumes_and_reports(tmp_path):
   out = str(tmp_path / 'report')
   proc = subprocess.run([sys.executable, '-m', 'benchmarks.report',
                          *sorted(glob.glob(os.path.join(root, '*'))), f'--out={out}',
-                         '--name=tiny', '--quiet'], timeout=300, **main_runner.popen_kwargs())
+                         '--name=tiny', '--quiet'], timeout=300,
+                        **main_runner.popen_kwargs(unoptimised=True))
   assert proc.returncode == 0, proc.stderr[-3000:]
   with open(os.path.join(out, 'tiny.json')) as f:
     rows = json.load(f)['runs']

@@ -57,7 +57,8 @@ def transformer_config(config, **changes) -> ea.TransformerConfig:
       d_model=m.d_model, depth=m.depth, num_heads=m.num_heads, mlp_dim=m.mlp_dim,
       mechanism=a.mechanism, projection=a.projection, options=attention_options(config),
       dropout_rate=m.dropout_rate, attention_dropout_rate=m.attention_dropout_rate,
-      reversible=m.reversible, rotary=a.rotary, dtype=DTYPES[config.train.dtype], **changes)
+      reversible=m.reversible, rotary=a.rotary, num_kv_heads=a.get('num_kv_heads') or None,
+      dtype=DTYPES[config.train.dtype], **changes)
 
 
 def create_model(config) -> nn.Module:

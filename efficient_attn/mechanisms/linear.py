@@ -125,6 +125,9 @@ class Linear(registry.Mechanism):
   def init_state(self, o, *, batch, heads, head_dim, v_dim):
     return init_kernel_state(batch, heads, head_dim, v_dim)
 
+  def grouped_state(self, o):
+    return True
+
   def step(self, o, params, state, q_t, k_t, v_t, *, ctx):
     return linear_attention_step(state, q_t, k_t, v_t, feature_map=o.feature_map, eps=o.eps,
                                  position=ctx.position)

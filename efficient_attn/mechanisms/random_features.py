@@ -343,6 +343,9 @@ class RFA(registry.Mechanism):
   def init_state(self, o, *, batch, heads, head_dim, v_dim):
     return init_kernel_state(batch, heads, 2 * o.num_features, v_dim)
 
+  def grouped_state(self, o):
+    return not (o.use_gate or o.learn_sigma)  # per-query-head gate or sigma
+
   def step(self, o, params, state, q_t, k_t, v_t, *, ctx):
     gate, sigma = self._gate_sigma(o, params, k_t)
     return rfa_attention_step(state, q_t, k_t, v_t, _projection(o, q_t.shape[-1], ctx),
@@ -375,6 +378,9 @@ class Performer(registry.Mechanism):
 
   def init_state(self, o, *, batch, heads, head_dim, v_dim):
     return init_kernel_state(batch, heads, o.num_features, v_dim)
+
+  def grouped_state(self, o):
+    return True  # one random projection for every head
 
   def step(self, o, params, state, q_t, k_t, v_t, *, ctx):
     return performer_attention_step(state, q_t, k_t, v_t, _projection(o, q_t.shape[-1], ctx),

@@ -26,6 +26,7 @@ class TransformerConfig:
     d_model: token width.
     depth: number of blocks.
     num_heads, mlp_dim: attention heads and MLP hidden width.
+    num_kv_heads: key/value heads (grouped-query attention; None: num_heads).
     mechanism, projection, options: the attention layer (see
       `efficient_attn.MultiHeadAttention`).
     causal: autoregressive attention.
@@ -43,6 +44,7 @@ class TransformerConfig:
   depth: int = 2
   num_heads: int = 4
   mlp_dim: int = 128
+  num_kv_heads: Optional[int] = None
   mechanism: str = 'softmax'
   projection: str = 'standard'
   options: Optional[Mapping[str, Any]] = None
@@ -63,7 +65,8 @@ class TransformerConfig:
 def attention_layer(c: TransformerConfig, shared_params=None) -> MultiHeadAttention:
   """The attention layer of a block, named 'attention'."""
   return MultiHeadAttention(
-      num_heads=c.num_heads, mechanism=c.mechanism, projection=c.projection,
+      num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, mechanism=c.mechanism,
+      projection=c.projection,
       options=c.options, causal=c.causal, max_length=c.max_length,
       dropout_rate=c.attention_dropout_rate, dtype=c.dtype, param_dtype=c.param_dtype,
       shared_params=shared_params, decode=c.decode, rotary=c.rotary, name='attention')
