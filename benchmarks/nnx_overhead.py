@@ -6,14 +6,16 @@ For each mechanism, `efficient_attn.MultiHeadAttention` (Linen, `jax.jit` of
 `jax.grad`) and `efficient_attn.nnx.MultiHeadAttention` get the gradient of
 sum(output) with respect to every parameter and the input. The NNX layer runs
 twice: under `nnx.jit` / `nnx.grad` (NNX's own per-call work counted) and as
-`nnx.split` state under `jax.jit`. The calls are interleaved in one process
-and the medians compared.
+`nnx.split` state under `jax.jit`. For softmax with the standard projection,
+flax's own `nn.MultiHeadDotProductAttention` runs beside them with the same
+parameters. The calls are interleaved in one process and the medians compared.
 Writes <out>/<name>.json and .md.
 """
 import statistics
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -54,6 +56,11 @@ def measure(mechanism: str, *, projection: str, batch: int, length: int, d_model
   pure_step = jax.jit(jax.grad(lambda st, x: nnx.merge(graphdef, st)(x).sum(), argnums=(0, 1)))
   calls = {'linen': lambda: linen_step(params, x), 'nnx': lambda: nnx_step(layer, x),
            'nnx_split': lambda: pure_step(state, x)}
+  if mechanism == 'softmax' and projection == 'standard':  # the same parameter tree
+    flax_layer = nn.MultiHeadDotProductAttention(num_heads=heads)
+    flax_step = jax.jit(jax.grad(lambda p, x: flax_layer.apply({'params': p}, x).sum(),
+                                 argnums=(0, 1)))
+    calls['flax'] = lambda: flax_step(params, x)
   times: Dict[str, List[float]] = {name: [] for name in calls}
   for name, call in calls.items():  # compile and warm up
     common.block(call())
@@ -62,9 +69,11 @@ def measure(mechanism: str, *, projection: str, batch: int, length: int, d_model
       start = time.perf_counter()
       common.block(call())
       times[name].append(time.perf_counter() - start)
-  linen_s, nnx_s, split_s = (statistics.median(times[n]) for n in calls)
+  linen_s, nnx_s, split_s = (statistics.median(times[n]) for n in ('linen', 'nnx', 'nnx_split'))
+  flax_s = statistics.median(times['flax']) if 'flax' in times else None
   return dict(mechanism=mechanism, projection=projection, linen_s=linen_s, nnx_s=nnx_s,
               nnx_split_s=split_s, ratio=nnx_s / linen_s, split_ratio=split_s / linen_s,
+              flax_s=flax_s, flax_ratio=linen_s / flax_s if flax_s else None,
               runs=repeats, times_s=times)
 
 
@@ -80,12 +89,16 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
            f'{fv.projection} projection; median of {fv.repeats} interleaved calls each.',
            "NNX: `nnx.jit`, which includes its own per-call work (walking the module graph); "
            'NNX split: the same layer as `nnx.split` state under `jax.jit` (no per-call '
-           'graph work), the pattern flax recommends for hot loops.']
+           'graph work), the pattern flax recommends for hot loops.',
+           "flax: flax's own `nn.MultiHeadDotProductAttention` with the same parameters "
+           '(softmax, standard projection only).']
   table = output.table(
-      ['mechanism', 'Linen', 'NNX', 'NNX / Linen', 'NNX split', 'NNX split / Linen'],
+      ['mechanism', 'Linen', 'NNX', 'NNX / Linen', 'NNX split', 'NNX split / Linen', 'flax',
+       'Linen / flax'],
       [[r['mechanism'], output.fmt_time(r['linen_s']), output.fmt_time(r['nnx_s']),
-        f'{r["ratio"]:.3f}', output.fmt_time(r['nnx_split_s']), f'{r["split_ratio"]:.3f}']
-       for r in rows])
+        f'{r["ratio"]:.3f}', output.fmt_time(r['nnx_split_s']), f'{r["split_ratio"]:.3f}',
+        output.fmt_time(r['flax_s']) if r['flax_s'] else '',
+        f'{r["flax_ratio"]:.3f}' if r['flax_ratio'] else ''] for r in rows])
   markdown = '\n'.join([output.header('NNX layer overhead', device, notes), table, ''])
   output.finish(fv.out, fv.name, dict(device=info, shape=shape, rows=rows), markdown)
 

@@ -293,9 +293,10 @@ def test_tools_on_a_tiny_trained_run(tmp_path):
 
 
 def test_nnx_overhead_tool(tmp_path):
-  nnx_overhead.main(['--mechanisms=linear', '--batch=2', '--length=8', '--d_model=16',
+  nnx_overhead.main(['--mechanisms=linear,softmax', '--batch=2', '--length=8', '--d_model=16',
                      '--heads=2', '--repeats=2', f'--out={tmp_path}', '--name=o'])
   data = json.loads((tmp_path / 'o.json').read_text())
-  row, = data['rows']
-  assert row['mechanism'] == 'linear' and row['linen_s'] > 0 and row['nnx_s'] > 0
+  linear, softmax = data['rows']
+  assert linear['mechanism'] == 'linear' and linear['linen_s'] > 0 and linear['nnx_s'] > 0
+  assert linear['flax_s'] is None and softmax['flax_s'] > 0  # flax's layer: softmax only
   assert '| linear |' in (tmp_path / 'o.md').read_text()

@@ -56,8 +56,8 @@ def softmax_weights(q, k, mask=None, causal: bool = False, scale: Optional[float
   """The attention matrix `[batch, heads, q_length, kv_length]` (float32 or wider)."""
   masking.check_inputs(q, k, k, mask, name='softmax attention')
   compute = jnp.promote_types(q.dtype, jnp.float32)
-  s = jnp.einsum('bqhd,bkhd->bhqk', q.astype(compute), k.astype(compute))
-  s = s * _scale(q.shape[-1], scale)
+  q = q.astype(compute) * _scale(q.shape[-1], scale)  # scale q (n d), not the scores (n^2)
+  s = jnp.einsum('bqhd,bkhd->bhqk', q, k.astype(compute))
   full = masking.combine_masks(mask, causal, q.shape[1], k.shape[1])
   if full is not None:
     s = jnp.where(full, s, masking.big_neg(compute))
