@@ -210,8 +210,9 @@ def markdown(result: Dict[str, Any]) -> str:
 def run(args) -> Dict[str, Any]:
   kinds = common.csv_list(args.mechanisms)
   kv_heads = common.csv_list(args.num_kv_heads, int)
-  mechs = [m if kv in (0, args.num_heads) else f'{m} (kv heads {kv})'
-           for m in kinds for kv in kv_heads]
+  variants = [(m if kv in (0, args.num_heads) else f'{m} (kv heads {kv})', m, kv)
+            for m in kinds for kv in kv_heads]  # (label, mechanism, kv heads)
+  mechs = [label for label, _, _ in variants]
   sizes = common.csv_list(args.num_images, int)
   options = common.parse_options(args.option)
   latency_batch = args.latency_batch or sizes[0]
@@ -224,7 +225,7 @@ def run(args) -> Dict[str, Any]:
     raise ValueError(f'--num_kv_heads={args.num_kv_heads}: a trained --workdir fixes the '
                      f'key/value heads; leave it 0')
   weights = {}  # one set of weights per architecture, shared by the mechanisms
-  for label, (mech, kv) in zip(mechs, [(m, kv) for m in kinds for kv in kv_heads]):
+  for label, mech, kv in variants:
     if trained is not None:  # the trained model with this mechanism
       c = trained.config
       own = dict(c.options or {}) if mech == c.mechanism else {}

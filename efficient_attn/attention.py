@@ -219,8 +219,6 @@ class MultiHeadAttention(nn.Module):
     head_dim = layer.head_dim(self.num_heads, self.qkv_features or inputs_q.shape[-1])
     decl = registry.get_mechanism(self.mechanism)
     layer.check_dropout(decl, self.dropout_rate)
-    layer.check_weights_args(decl, sow_weights=sow_weights,
-                             force_fp32_for_softmax=self.force_fp32_for_softmax)
     kv_heads = layer.kv_heads(decl, self.projection, self.num_heads, self.num_kv_heads)
     if self.dropout_rate > 0.0:  # as flax: only dropout needs to know
       deterministic = nn.merge_param('deterministic', self.deterministic, deterministic)
@@ -230,7 +228,7 @@ class MultiHeadAttention(nn.Module):
       deterministic = True if self.deterministic is None else self.deterministic
     stepping = self.decode and self.has_variable('cache', 'cache_index')
     if self.decode:
-      layer.check_decode(mask, inputs_q, inputs_k, inputs_v, stepping)
+      layer.check_decode(mask, inputs_q, inputs_k, inputs_v, stepping, sow_weights)
 
     dense = lambda name: nn.DenseGeneral(
         features=(self.num_heads if name == 'query' else kv_heads, head_dim), axis=-1,
@@ -254,9 +252,6 @@ class MultiHeadAttention(nn.Module):
                      broadcast_dropout=self.broadcast_dropout,
                      shared_params=self.shared_params, rotary=self.rotary, name='mechanism')
     if stepping:
-      if sow_weights:
-        raise ValueError('sow_weights=True in a decoding step is not supported; sow the '
-                         'weights of a parallel forward')
       x = self._decode_step(mech, q, k, v, align)
     else:
       if self.decode:

@@ -147,8 +147,10 @@ def attention_weights(decl: registry.Mechanism, o: registry.Options, params, q, 
   return jnp.swapaxes(w, 1, 2).astype(dtype)
 
 
-def check_decode(mask, inputs_q, inputs_k, inputs_v, stepping: bool) -> None:
-  """What a decoding step needs: no mask, self-attention, one token per step.
+def check_decode(mask, inputs_q, inputs_k, inputs_v, stepping: bool,
+                 sow_weights: bool = False) -> None:
+  """What a decoding step needs: no mask, no sown weights, self-attention, one token
+  per step.
 
   A step attends to the cached positions up to its own (flax's rule), so the
   steps are causal whether or not the layer was built with causal=True; the
@@ -157,6 +159,9 @@ def check_decode(mask, inputs_q, inputs_k, inputs_v, stepping: bool) -> None:
   if stepping and mask is not None:
     raise ValueError('a decoding step takes no mask (it attends to the cached tokens up to '
                      'its own position)')
+  if stepping and sow_weights:
+    raise ValueError('sow_weights=True in a decoding step is not supported; sow the '
+                     'weights of a parallel forward')
   if not (inputs_q is inputs_k is inputs_v):
     raise ValueError('decode=True supports self-attention only')
   if stepping and inputs_q.shape[1] != 1:
@@ -261,10 +266,7 @@ def run_mechanism(decl: registry.Mechanism, o: registry.Options, params: Dict[st
       q, k = rotary.rotate(q, positions[0]), rotary.rotate(k, positions[1])
     else:
       ctx.positions, ctx.position = positions, position
-  if state is not None:
-    if sow_weights:
-      raise ValueError(f'sow_weights=True in a decoding step is not supported (mechanism '
-                       f'{decl.name!r}); sow the weights of a parallel forward')
+  if state is not None:  # a decoding step (the layer refuses sow_weights there)
     return decl.step(o, params, state, q, k, v, ctx=ctx)
   check_mask(decl, mask, q.shape[1])
   out = decl.attend(o, params, q, k, v, mask=mask, causal=causal, ctx=ctx)

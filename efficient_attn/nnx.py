@@ -241,7 +241,6 @@ class MultiHeadAttention(nnx.Module):
   def __call__(self, inputs_q, inputs_k=None, inputs_v=None, *, mask=None,
                deterministic: Optional[bool] = None, rngs=None, sow_weights: bool = False,
                decode: Optional[bool] = None):
-    layer.check_weights_args(self.mechanism.decl, sow_weights=sow_weights)
     inputs_q, inputs_k, inputs_v = layer.resolve_inputs(inputs_q, inputs_k, inputs_v)
     if inputs_q.shape[-1] != self.in_features:
       raise ValueError(f'inputs have {inputs_q.shape[-1]} features, but the layer was '
@@ -264,13 +263,11 @@ class MultiHeadAttention(nnx.Module):
   def _attend(self, inputs_q, inputs_k, inputs_v, mask, deterministic, rngs, decode,
               sow_weights, batch_shape):
     if decode:
-      layer.check_decode(mask, inputs_q, inputs_k, inputs_v, stepping=True)
+      layer.check_decode(mask, inputs_q, inputs_k, inputs_v, stepping=True,
+                         sow_weights=sow_weights)
       if self.cache_index is None:
         raise ValueError('decode=True: the decoding cache is not initialised; call '
                          'init_cache((batch, max_length, features)) first')
-      if sow_weights:
-        raise ValueError('sow_weights=True in a decoding step is not supported; sow the '
-                         'weights of a parallel forward')
     align = self.alignment if self.projection == 'super' else None
     q, k, v = projections.project_qkv(
         self.projection, inputs_q, inputs_k, inputs_v, num_heads=self.num_heads,

@@ -50,6 +50,8 @@ NAME_ERRORS = [  # (overrides of the default config, fragments of the message)
     ({'model.kind': 'resnet'}, ["config.model.kind='resnet'", 'vit, text']),
     ({'model.num_heads': 5}, ['config.model.num_heads=5', 'config.model.d_model=64',
                               'valid choices: 1, 2, 4, 8, 16, 32, 64']),
+    ({'attention.num_kv_heads': 3}, ['config.attention.num_kv_heads=3',
+                                     'num_heads (4) must be divisible by num_kv_heads (3)']),
 ]
 
 

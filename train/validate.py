@@ -12,6 +12,7 @@ import re
 
 import ml_collections
 
+from efficient_attn import layer
 from efficient_attn import registry
 from train import adapters
 from train import input_pipeline
@@ -179,6 +180,13 @@ def _attention(config) -> None:
   _choice('attention.projection', a.projection, registry.list_projections())
   if config.model.kind == 'mlp':
     return
+  num_kv_heads = a.get('num_kv_heads', 0)
+  if num_kv_heads:  # 0: one key/value head per head
+    try:
+      layer.kv_heads(registry.get_mechanism(a.mechanism), a.projection, config.model.num_heads,
+                     num_kv_heads)
+    except ValueError as e:
+      raise ConfigError(f'config.attention.num_kv_heads={num_kv_heads}: {e}') from None
   length, context = models.sequence_length(config)
   fixed = registry.get_mechanism(a.mechanism).fixed_length
   if (fixed or a.projection == 'super') and length > context:
