@@ -2,16 +2,18 @@
 
 The ViT of configs/mnist.py (its model and optimiser; 15 epochs, not 10), trained
 on 54,000 MNIST training images and validated on the 6,000 held out
-(class-stratified). REAL_DATA_DIR points at the folder holding mnist_train.npz.
+(class-stratified). REAL_DATA_DIR points at the folder holding mnist_train.npz;
+SEEDS (default "0,1") picks the seeds, so a second seed can run into its own root.
 """
 import os
 
 DATA = os.environ.get('REAL_DATA_DIR', '../shared/data')
+SEEDS = [int(s) for s in os.environ.get('SEEDS', '0,1').split(',')]
 
 
 def get_sweep():
   return dict(
-      grid={'train.seed': [0, 1],  # every scheme's first seed before any second seed
+      grid={'train.seed': SEEDS,  # every scheme's first seed before any second seed
             'config': [f'configs/mnist.py:{p}' for p in
                        ('standard', 'optimised', 'efficient', 'super')]},
       fixed={'train.num_epochs': 15,
