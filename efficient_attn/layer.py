@@ -143,6 +143,7 @@ def attention_weights(decl: registry.Mechanism, o: registry.Options, params, q, 
   k, eye = repeat_kv(q, k, eye)
   quiet = copy.copy(ctx)
   quiet.deterministic = True
+  quiet.forming_weights = True
   w = decl.attend(o, params, q, k, eye, mask=mask, causal=causal, ctx=quiet)
   return jnp.swapaxes(w, 1, 2).astype(dtype)
 

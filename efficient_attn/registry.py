@@ -273,6 +273,9 @@ class Context:
     positions: rotary (query positions, key positions) for a 'features'
       mechanism's `attend`, or None (no rotary positions).
     position: a decoding step's rotary position (scalar), or None.
+    forming_weights: the call computes the attention weights themselves
+      (`layer.attention_weights`, identity values), so a mechanism must use its
+      explicit form, never a fused kernel that does not form them.
   """
 
   def __init__(self, deterministic: bool = True, tag: Tuple[str, ...] = (),
@@ -286,6 +289,7 @@ class Context:
     self._rngs = dict(rngs or {})
     self.positions = None
     self.position = None
+    self.forming_weights = False
 
   def rng(self, name: str):
     """A PRNG key from the stream `name` ('dropout', 'features', ...), or None if absent."""

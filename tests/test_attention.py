@@ -392,4 +392,5 @@ def test_grouped_query_attention_is_attention_with_repeated_key_value_heads(mech
   ours, expected = jax.jit(lambda x: (gqa.apply({'params': params}, x, mask=valid),
                                       _layer(mechanism).apply({'params': full}, x,
                                                               mask=valid)))(x)
-  np.testing.assert_allclose(ours, expected, atol=1e-5, rtol=1e-5)
+  scale = max(1.0, float(jnp.abs(expected).max()))  # fnet's outputs reach ~100
+  np.testing.assert_allclose(ours, expected, atol=2e-6 * scale, rtol=1e-5)

@@ -11,12 +11,17 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from efficient_attn import fused
 from efficient_attn import masking
 from efficient_attn import online_softmax
 from efficient_attn import registry
 
 SCALE = registry.Option('scale', None, float, 'score scale; None: 1/sqrt(head_dim)',
                         above=0.0, allow_none=True)
+IMPLEMENTATION = registry.Option(
+    'implementation', 'auto', str, "'auto': the platform's fused kernel (cuDNN on GPU, "
+    "Pallas splash on TPU) when it can honour the call, else the einsum ('xla')",
+    choices=fused.IMPLEMENTATIONS)
 
 
 def _scale(head_dim: int, scale: Optional[float]) -> float:
@@ -142,13 +147,22 @@ def _dropout(ctx):
   return rate, (ctx.rng('dropout') if rate > 0 else None)
 
 
+def _fused(o, q, k, v, mask, causal, ctx, dropout: bool = False):
+  """The fused kernel's output if `o.implementation` picks one for this call, else None."""
+  impl = fused.choose(o.implementation, q, k, v, mask, causal, dropout=dropout,
+                      weights=ctx.forming_weights)
+  if impl == 'xla':
+    return None
+  return fused.attention(impl, q, k, v, mask, causal, _scale(q.shape[-1], o.scale))
+
+
 @registry.register
 class Softmax(registry.Mechanism):
   name = 'softmax'
   rotary = 'scores'
   description = 'exact scaled dot-product attention'
   citation = 'Vaswani et al. 2017'
-  options = (SCALE,)
+  options = (SCALE, IMPLEMENTATION)
   causal = True
   masks = 'any'
   decode = 'kv_cache'
@@ -157,6 +171,9 @@ class Softmax(registry.Mechanism):
 
   def attend(self, o, params, q, k, v, *, mask, causal, ctx):
     rate, rng = _dropout(ctx)
+    out = _fused(o, q, k, v, mask, causal, ctx, dropout=rng is not None)
+    if out is not None:
+      return out
     return softmax_attention(q, k, v, mask=mask, causal=causal, scale=o.scale,
                              dropout_rate=rate, dropout_rng=rng,
                              broadcast_dropout=ctx.broadcast_dropout)
@@ -172,6 +189,7 @@ class ChunkedSoftmax(registry.Mechanism):
       registry.Option('q_chunk', 512, int, 'queries per chunk', minimum=1),
       registry.Option('k_chunk', 512, int, 'keys per chunk', minimum=1),
       SCALE,
+      IMPLEMENTATION,
   )
   causal = True
   masks = 'any'
@@ -184,5 +202,8 @@ class ChunkedSoftmax(registry.Mechanism):
     return {'q_chunk': 16, 'k_chunk': 16}
 
   def attend(self, o, params, q, k, v, *, mask, causal, ctx):
+    out = _fused(o, q, k, v, mask, causal, ctx)
+    if out is not None:
+      return out
     return chunked_softmax_attention(q, k, v, mask=mask, causal=causal, scale=o.scale,
                                      q_chunk=o.q_chunk, k_chunk=o.k_chunk)

@@ -1,0 +1,177 @@
+"""Exact attention on the accelerators' fused kernels, and the rule that picks one.
+
+`softmax` attention runs on one of three implementations:
+
+  'xla'    the library's own einsum (`softmax.softmax_attention`): any platform,
+           dtype, mask, dropout; it forms the n x n weights.
+  'cudnn'  cuDNN flash attention through `jax.nn.dot_product_attention` (GPU,
+           float16 / bfloat16, head_dim a multiple of 8 and at most 128).
+  'pallas' Pallas splash attention (`jax.experimental.pallas.ops.tpu`) on TPU;
+           lengths a multiple of 128, self-attention.
+
+`choose` returns the implementation for a call, or with `requested='auto'` the
+fastest one that can honour it exactly: the einsum whenever attention dropout
+is on or the weights are asked for (the fused kernels never form them), and for
+masks or shapes a kernel cannot take. An explicit request the call cannot
+honour raises a one-line error that names the reason. Every implementation
+returns 0 for a query that sees no key, as the einsum does.
+
+q `[batch, q_length, heads, head_dim]`, k `[batch, kv_length, heads,
+head_dim]`, v `[batch, kv_length, heads, head_dim]`; masks follow
+`efficient_attn.masking` (True = attend).
+"""
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+IMPLEMENTATIONS = ('auto', 'xla', 'cudnn', 'pallas')
+PALLAS_BLOCK = 128  # splash attention's default block: lengths must be multiples of it
+_HALF = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
+def platform() -> str:
+  """The default backend: 'cpu', 'gpu' or 'tpu'."""
+  return jax.default_backend()
+
+
+def _key_mask(mask, batch: int, kv_length: int):
+  """The mask as `[batch, kv_length]` if it only masks keys (None if it is None).
+
+  Raises ValueError if it varies over heads or queries (a kernel then cannot take it).
+  """
+  if mask is None:
+    return None
+  m = jnp.asarray(mask, bool)
+  if m.ndim == 2:
+    return jnp.broadcast_to(m, (batch, kv_length))
+  if m.ndim == 4 and m.shape[1] == 1 and m.shape[2] == 1:
+    return jnp.broadcast_to(m[:, 0, 0], (batch, kv_length))
+  raise ValueError(f'a mask of shape {tuple(m.shape)} varies over heads or queries')
+
+
+def why_not(impl: str, q, k, v, mask, causal: bool, on: str) -> Optional[str]:
+  """Why `impl` cannot compute this call exactly on platform `on`, or None if it can."""
+  if impl == 'xla':
+    return None
+  want = {'cudnn': 'gpu', 'pallas': 'tpu'}[impl]
+  if on != want:
+    return f'it runs on {want}, and this backend is {on!r}'
+  if not q.dtype == k.dtype == v.dtype:
+    return f'q, k, v dtypes differ ({q.dtype}, {k.dtype}, {v.dtype})'
+  lq, lk, d = q.shape[1], k.shape[1], q.shape[-1]
+  if v.shape[-1] != d:
+    return f'the value dim {v.shape[-1]} differs from the head dim {d}'
+  if causal and lq != lk:
+    return f'causal attention with q_length {lq} != kv_length {lk}'
+  try:
+    _key_mask(mask, q.shape[0], lk)
+  except ValueError as e:
+    return str(e)
+  if impl == 'cudnn':
+    if jnp.dtype(q.dtype) not in _HALF:
+      return f'cuDNN takes float16 or bfloat16, not {q.dtype}'
+    if d % 8 or d > 128:
+      return f'cuDNN takes a head dim that is a multiple of 8 and <= 128, not {d}'
+    if mask is not None and (lq % 2 or lk % 2):
+      return f'cuDNN with a mask takes even lengths, not {lq} and {lk}'
+  else:
+    if lq != lk:
+      return f'splash attention is self-attention; q_length {lq} != kv_length {lk}'
+    if lq % PALLAS_BLOCK:
+      return f'splash attention takes lengths that are multiples of {PALLAS_BLOCK}, not {lq}'
+  return None
+
+
+def choose(requested: str, q, k, v, mask=None, causal: bool = False, *,
+           dropout: bool = False, weights: bool = False, on: Optional[str] = None) -> str:
+  """The implementation ('xla', 'cudnn' or 'pallas') that runs this call.
+
+  Args:
+    requested: one of `IMPLEMENTATIONS`; 'auto' picks the fused kernel of the
+      platform when it can honour the call, else 'xla'.
+    q, k, v, mask, causal: the call (see module docstring).
+    dropout: attention-weight dropout is on (only 'xla' applies it).
+    weights: the call forms the attention weights themselves (identity values,
+      `layer.attention_weights`): always 'xla', whatever was requested, since
+      the fused kernels never form them.
+    on: the platform; default `platform()` (tests pass it to fake one).
+  """
+  if requested not in IMPLEMENTATIONS:
+    raise ValueError(f'implementation={requested!r}; valid: {", ".join(IMPLEMENTATIONS)}')
+  on = on or platform()
+  if weights or requested == 'xla':
+    return 'xla'
+  if requested == 'auto':
+    fused = {'gpu': 'cudnn', 'tpu': 'pallas'}.get(on)
+    if fused is None or dropout or why_not(fused, q, k, v, mask, causal, on):
+      return 'xla'
+    return fused
+  if dropout:
+    raise ValueError(f'implementation={requested!r} cannot apply attention dropout; '
+                     "use 'xla' or 'auto'")
+  reason = why_not(requested, q, k, v, mask, causal, on)
+  if reason:
+    raise ValueError(f'implementation={requested!r} cannot run this call: {reason}')
+  return requested
+
+
+def _zero_blind_rows(out, keys):
+  """out `[b, q, h, d]` with 0 for the batch rows whose key mask `keys` `[b, kv]` is all False."""
+  if keys is None:
+    return out
+  return jnp.where(keys.any(-1)[:, None, None, None], out, jnp.zeros((), out.dtype))
+
+
+def cudnn_attention(q, k, v, mask=None, causal: bool = False, scale: float = 1.0,
+                    implementation: str = 'cudnn'):
+  """`jax.nn.dot_product_attention` with the library's mask rules.
+
+  A key mask becomes a `[batch, 1, q_length, kv_length]` mask (cuDNN's bias
+  must span both lengths); `implementation='xla'` runs the same call through
+  XLA, which is how the translation is tested off a GPU.
+  """
+  b, lq, lk = q.shape[0], q.shape[1], k.shape[1]
+  keys = _key_mask(mask, b, lk)
+  full = None if keys is None else jnp.broadcast_to(keys[:, None, None, :], (b, 1, lq, lk))
+  out = jax.nn.dot_product_attention(q, k, v, mask=full, scale=scale, is_causal=causal,
+                                     implementation=implementation)
+  return _zero_blind_rows(out, keys)
+
+
+def pallas_attention(q, k, v, mask=None, causal: bool = False, scale: float = 1.0,
+                     interpret: bool = False):
+  """Splash attention (Pallas, TPU); `interpret=True` runs it on any platform.
+
+  A key mask becomes splash segment ids (queries segment 1, masked keys 0).
+  """
+  from jax.experimental.pallas.ops.tpu import splash_attention as splash  # pylint: disable=g-import-not-at-top
+  b, n, h, _ = q.shape
+  keys = _key_mask(mask, b, n)
+  one = (splash.CausalMask if causal else splash.FullMask)((n, n))
+  kernel = splash.make_splash_mha(splash.MultiHeadMask([one] * h), head_shards=1,
+                                  q_seq_shards=1, interpret=interpret)
+  heads_first = lambda x: jnp.swapaxes(x, 1, 2)
+  qs = heads_first(q * jnp.asarray(scale, q.dtype))
+  segments = None
+  if keys is not None:
+    segments = splash.SegmentIds(q=jnp.ones((b, n), jnp.int32), kv=keys.astype(jnp.int32))
+  if segments is None:
+    out = jax.vmap(kernel)(qs, heads_first(k), heads_first(v))
+  else:
+    out = jax.vmap(lambda a, c, e, s: kernel(a, c, e, segment_ids=s))(
+        qs, heads_first(k), heads_first(v), segments)
+  return _zero_blind_rows(heads_first(out), keys)
+
+
+def attention(impl: str, q, k, v, mask=None, causal: bool = False, scale: float = 1.0):
+  """Runs the fused implementation `impl` ('cudnn' or 'pallas') chosen by `choose`."""
+  if impl == 'cudnn':
+    return cudnn_attention(q, k, v, mask, causal, scale)
+  if impl == 'pallas':
+    return pallas_attention(q, k, v, mask, causal, scale)
+  raise ValueError(f'no fused implementation {impl!r}; valid: cudnn, pallas')
+
+
+__all__ = ['IMPLEMENTATIONS', 'choose', 'why_not', 'attention', 'cudnn_attention',
+           'pallas_attention', 'platform']
