@@ -9,11 +9,10 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
+from efficient_attn import flash
 from efficient_attn import fused
 from efficient_attn import masking
-from efficient_attn import online_softmax
 from efficient_attn import registry
 
 SCALE = registry.Option('scale', None, float, 'score scale; None: 1/sqrt(head_dim)',
@@ -73,15 +72,17 @@ def softmax_weights(q, k, mask=None, causal: bool = False, scale: Optional[float
 
 
 def chunked_softmax_attention(q, k, v, mask=None, causal: bool = False,
-                              scale: Optional[float] = None, q_chunk: int = 512,
+                              scale: Optional[float] = None, q_chunk: int = 256,
                               k_chunk: int = 512):
-  """Exact attention by online softmax over key chunks (Rabe & Staats, 2021).
+  """Exact attention in O(n) memory: FlashAttention's blocks (Dao et al. 2022).
 
-  Queries are processed `q_chunk` at a time; for each, keys and values are
-  scanned `k_chunk` at a time with `efficient_attn.online_softmax`. Both
-  levels are rematerialised in the backward pass, so memory is
-  O(n d + q_chunk * k_chunk) per head in forward and backward, time O(n^2 d).
-  Equal to `softmax_attention` up to float rounding.
+  Queries are processed `q_chunk` at a time against keys and values `k_chunk`
+  at a time by online softmax (Rabe & Staats 2021); the backward pass is
+  `efficient_attn.flash`'s, which recomputes each block's probabilities from
+  the saved log-sum-exp instead of storing them. Memory O(n d + q_chunk *
+  k_chunk) per head in forward and backward, time O(n^2 d); causal masking
+  skips the blocks above the diagonal. Equal to `softmax_attention` up to
+  float rounding.
 
   Args: as `softmax_attention`; `mask` may be a key padding mask `[batch,
     kv_length]` or any mask broadcastable to `[batch, heads, q_length,
@@ -90,55 +91,21 @@ def chunked_softmax_attention(q, k, v, mask=None, causal: bool = False,
   masking.check_inputs(q, k, v, mask, name='chunked softmax attention')
   if q_chunk < 1 or k_chunk < 1:
     raise ValueError(f'q_chunk={q_chunk} and k_chunk={k_chunk} must be >= 1')
-  b, lq, h, d = q.shape
-  lk = k.shape[1]
+  lq, lk = q.shape[1], k.shape[1]
   compute = jnp.promote_types(q.dtype, jnp.float32)
   cq, ck = min(q_chunk, lq), min(k_chunk, lk)
-  nq, nk = -(-lq // cq), -(-lk // ck)
-  pq, pk = nq * cq - lq, nk * ck - lk
-  qs = jnp.pad(q, ((0, 0), (0, pq), (0, 0), (0, 0))).astype(compute) * _scale(d, scale)
-  ks = jnp.pad(k, ((0, 0), (0, pk), (0, 0), (0, 0))).astype(compute)
-  vs = jnp.pad(v, ((0, 0), (0, pk), (0, 0), (0, 0))).astype(compute)
+  pq, pk = -lq % cq, -lk % ck
+  pad = lambda x, p: jnp.pad(x, ((0, 0), (0, p), (0, 0), (0, 0))).astype(compute)
+  qs = pad(q, pq) * _scale(q.shape[-1], scale)
   if mask is not None:
     mask = jnp.asarray(mask, bool)
     if mask.ndim == 2:
       mask = mask[:, None, None, :]
-    pad = [(0, 0), (0, 0), (0, pq if mask.shape[2] > 1 else 0),
-           (0, pk if mask.shape[3] > 1 else 0)]
-    mask = jnp.pad(mask, pad)
-  offset = lk - lq  # causal alignment as in masking.causal_mask
-
-  def key_step(qc, q0, state, j):
-    k0 = j * ck
-    kc = lax.dynamic_slice_in_dim(ks, k0, ck, axis=1)
-    vc = lax.dynamic_slice_in_dim(vs, k0, ck, axis=1)
-    kpos = k0 + jnp.arange(ck)
-    valid = (kpos < lk)[None, None, None, :]
-    if causal:
-      qpos = q0 + jnp.arange(cq)
-      valid = valid & (kpos[None, :] <= qpos[:, None] + offset)[None, None]
-    if mask is not None:
-      mc = mask
-      if mc.shape[2] > 1:
-        mc = lax.dynamic_slice_in_dim(mc, q0, cq, axis=2)
-      if mc.shape[3] > 1:
-        mc = lax.dynamic_slice_in_dim(mc, k0, ck, axis=3)
-      valid = valid & mc
-    scores = jnp.einsum('bqhd,bkhd->bhqk', qc, kc)
-    return online_softmax.update(state, scores, valid, vc), None
-
-  @jax.checkpoint
-  def query_chunk(i):
-    q0 = i * cq
-    qc = lax.dynamic_slice_in_dim(qs, q0, cq, axis=1)
-    step = jax.checkpoint(lambda state, j: key_step(qc, q0, state, j))
-    state, _ = lax.scan(step, online_softmax.init(b, h, cq, v.shape[-1], compute),
-                        jnp.arange(nk))
-    return online_softmax.finish(state)
-
-  out = lax.map(query_chunk, jnp.arange(nq))  # [nq, b, h, cq, dv]
-  out = jnp.moveaxis(out, 0, 2).reshape(b, h, nq * cq, -1)[:, :, :lq]
-  return jnp.swapaxes(out, 1, 2).astype(v.dtype)
+    mask = jnp.pad(mask, [(0, 0), (0, 0), (0, pq if mask.shape[2] > 1 else 0),
+                          (0, pk if mask.shape[3] > 1 else 0)])
+  blocks = flash.Blocks(cq, ck, lk, bool(causal), lk - lq)  # causal as masking.causal_mask
+  out = flash.attend(blocks, qs, pad(k, pk), pad(v, pk), mask)
+  return out[:, :lq].astype(v.dtype)
 
 
 def _dropout(ctx):
@@ -183,10 +150,10 @@ class Softmax(registry.Mechanism):
 class ChunkedSoftmax(registry.Mechanism):
   name = 'softmax_chunked'
   rotary = 'scores'
-  description = 'exact attention by online softmax over key chunks, O(n) memory'
-  citation = 'Rabe & Staats 2021'
+  description = 'exact attention in O(n) memory: online softmax over blocks, recomputing backward'
+  citation = 'Rabe & Staats 2021; Dao et al. 2022'
   options = (
-      registry.Option('q_chunk', 512, int, 'queries per chunk', minimum=1),
+      registry.Option('q_chunk', 256, int, 'queries per chunk', minimum=1),
       registry.Option('k_chunk', 512, int, 'keys per chunk', minimum=1),
       SCALE,
       IMPLEMENTATION,
