@@ -93,6 +93,21 @@ def _compute_dtype(*xs) -> jnp.dtype:
   return jnp.promote_types(jnp.result_type(*xs), jnp.float32)
 
 
+CAUSAL_CHUNK = {'cpu': 64, 'gpu': 256, 'tpu': 256}
+
+
+def causal_chunk_size(chunk_size: Optional[int] = None) -> int:
+  """`chunk_size`, or if None the platform's: 64 on CPU, 256 on GPU and TPU.
+
+  Measured forward + backward at 1K-16K tokens: on one CPU core 64 beat 32,
+  128 and 256 (256 costs 1.8x); on an H100 (bfloat16) 256 beat 16-128 (64
+  costs 1.7x). The TPU value follows the GPU's and is not measured.
+  """
+  if chunk_size is not None:
+    return chunk_size
+  return CAUSAL_CHUNK.get(jax.default_backend(), 64)
+
+
 def _log_gate(gate: jnp.ndarray, dtype) -> jnp.ndarray:
   gate = gate.astype(dtype)
   return jnp.log(jnp.clip(gate, jnp.finfo(dtype).tiny, 1.0))
@@ -100,7 +115,8 @@ def _log_gate(gate: jnp.ndarray, dtype) -> jnp.ndarray:
 
 def kernel_attention(phi_q: jnp.ndarray, phi_k: jnp.ndarray, v: jnp.ndarray,
                      key_padding: Optional[jnp.ndarray] = None, causal: bool = False,
-                     eps: float = 1e-6, normalize: bool = True, chunk_size: int = 64,
+                     eps: float = 1e-6, normalize: bool = True,
+                     chunk_size: Optional[int] = None,
                      gate: Optional[jnp.ndarray] = None, return_state: bool = False,
                      num_q: Optional[jnp.ndarray] = None, num_k: Optional[jnp.ndarray] = None):
   """The shared core: out_i = phi_q_i^T S / safe(phi_q_i . Z) over the visible keys.
@@ -132,7 +148,7 @@ def kernel_attention(phi_q: jnp.ndarray, phi_k: jnp.ndarray, v: jnp.ndarray,
     causal: prefix (autoregressive) attention.
     eps: denominator clamp, see `safe_denominator`.
     normalize: divide by phi_q . Z (False: plain phi_q^T S, no denominator).
-    chunk_size: causal chunk length c.
+    chunk_size: causal chunk length c (None: `causal_chunk_size()`, per platform).
     gate: optional `[batch, kv_length, heads]` in (0, 1); causal only.
     return_state: also return the `KernelState` after the last key (prefill for
       recurrent decoding; its log_scale is left at "empty").
@@ -192,6 +208,32 @@ def kernel_attention(phi_q: jnp.ndarray, phi_k: jnp.ndarray, v: jnp.ndarray,
   return out
 
 
+def heads_as_batch(fn, q, k, v, key_padding, return_state: bool = False, **kwargs):
+  """Runs a kernel mechanism `fn` with each head as its own batch row.
+
+  `fn(q, k, v, mask=key_padding, return_state=..., **kwargs)` sees q `[batch *
+  heads, q_length, 1, d]` (k, v, key padding likewise): its feature tensors
+  `[batch * heads, length, 1, f]` then feed XLA's batched matmuls with no
+  transposes, which on CPU made Performer's forward + backward 1.6x faster
+  (8192 tokens, 256 features). Only q, k, v and the output (d-sized) are
+  transposed. The result is unfolded to `[batch, q_length, heads, dv]`, and a
+  returned `KernelState` to `[batch, heads, ...]`.
+  """
+  b, h = q.shape[0], q.shape[2]
+  if h == 1:
+    return fn(q, k, v, mask=key_padding, return_state=return_state, **kwargs)
+
+  def fold(x):
+    return jnp.swapaxes(x, 1, 2).reshape(b * h, x.shape[1], 1, x.shape[-1])
+  kp = None if key_padding is None else jnp.repeat(key_padding, h, axis=0)
+  res = fn(fold(q), fold(k), fold(v), mask=kp, return_state=return_state, **kwargs)
+  out, state = res if return_state else (res, None)
+  out = jnp.swapaxes(out.reshape(b, h, q.shape[1], out.shape[-1]), 1, 2)
+  if not return_state:
+    return out
+  return out, jax.tree.map(lambda s: s.reshape((b, h) + s.shape[2:]), state)
+
+
 def _causal_chunked(phi_q, phi_k, v, log_g, eps, normalize, chunk_size, numerator=None):
   """Chunked causal scan; inputs already in the compute dtype and masked.
 
@@ -200,7 +242,7 @@ def _causal_chunked(phi_q, phi_k, v, log_g, eps, normalize, chunk_size, numerato
   """
   b, n, h, f = phi_q.shape
   dv = v.shape[-1]
-  c = max(1, min(int(chunk_size), n))
+  c = max(1, min(int(causal_chunk_size(chunk_size)), n))
   nc = -(-n // c)
   pad = nc * c - n
 

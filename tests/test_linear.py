@@ -263,3 +263,16 @@ def test_module_bad_feature_map():
   with pytest.raises(ValueError, match="feature_map='cos' of mechanism 'linear'.*'elu'"):
     ea.mechanism_module('linear', options={'feature_map': 'cos'}).init(
         jax.random.PRNGKey(0), q, k, v)
+
+
+def test_causal_chunk_size_follows_the_platform(monkeypatch):
+  """None picks the platform's chunk (64 CPU, 256 GPU/TPU); the output does not depend on it."""
+  from efficient_attn import kernel_attention  # pylint: disable=g-import-not-at-top
+  assert kernel_attention.causal_chunk_size(7) == 7
+  for platform, chunk in (('cpu', 64), ('gpu', 256), ('tpu', 256)):
+    monkeypatch.setattr(jax, 'default_backend', lambda p=platform: p)
+    assert kernel_attention.causal_chunk_size() == chunk
+  q, k, v = (jax.random.normal(jax.random.PRNGKey(i), (1, 300, 2, 4)) for i in range(3))
+  np.testing.assert_allclose(linear.linear_attention(q, k, v, causal=True),
+                             linear.linear_attention(q, k, v, causal=True, chunk_size=7),
+                             atol=1e-5)

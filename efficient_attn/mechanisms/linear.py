@@ -23,6 +23,7 @@ from efficient_attn import rotary
 from efficient_attn.kernel_attention import KernelState
 from efficient_attn.kernel_attention import init_kernel_state
 from efficient_attn.kernel_attention import kernel_attention
+from efficient_attn.kernel_attention import heads_as_batch
 from efficient_attn.kernel_attention import kernel_attention_step
 
 FeatureMapArg = Union[str, Callable[[jnp.ndarray], jnp.ndarray]]
@@ -47,7 +48,7 @@ def linear_features(q: jnp.ndarray, k: jnp.ndarray, feature_map: FeatureMapArg =
 
 def linear_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask=None,
                      causal: bool = False, feature_map: FeatureMapArg = 'elu',
-                     eps: float = 1e-6, chunk_size: int = 64,
+                     eps: float = 1e-6, chunk_size: Optional[int] = None,
                      return_state: bool = False, positions=None):
   """Linear attention phi(q) (phi(k)^T v) / (phi(q) . sum_j phi(k_j)).
 
@@ -67,7 +68,7 @@ def linear_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask=None,
       `masking.key_padding_from_mask` (padded keys get zero weight).
     causal: query i sees keys j <= i (needs q_length == kv_length).
     eps: denominator clamp (see `safe_denominator`).
-    chunk_size: causal chunk length.
+    chunk_size: causal chunk length (None: 64 on CPU, 256 on GPU and TPU).
     return_state: also return the final `KernelState` (prefill for decoding).
     positions: optional (query positions `[q_length]`, key positions
       `[kv_length]`): rotary positions in RoFormer's linear form (Su et al.
@@ -77,6 +78,10 @@ def linear_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask=None,
     `[batch, q_length, heads, dv]` in v's dtype (and the state if requested).
   """
   k, v, kp = masking.checked_keys_values(q, k, v, mask, name='linear attention', causal=causal)
+  if q.shape[2] > 1:
+    return heads_as_batch(
+        linear_attention, q, k, v, kp, return_state, causal=causal, feature_map=feature_map,
+        eps=eps, chunk_size=chunk_size, positions=positions)
   phi_q, phi_k, normalize = linear_features(q, k, feature_map)
   return kernel_attention(phi_q, phi_k, v, key_padding=kp, causal=causal, eps=eps,
                           normalize=normalize, chunk_size=chunk_size,
@@ -110,7 +115,9 @@ class Linear(registry.Mechanism):
       registry.Option('feature_map', 'elu', str, 'phi: elu (+1), relu or identity',
                       choices=tuple(feature_maps.FEATURE_MAPS)),
       registry.Option('eps', 1e-6, float, 'denominator clamp', above=0.0),
-      registry.Option('chunk_size', 64, int, 'chunk length of the causal scan', minimum=1),
+      registry.Option('chunk_size', None, int, 'chunk length of the causal scan; None: '
+                    'the platform\'s (64 on CPU, 256 on GPU and TPU)', minimum=1,
+                    allow_none=True),
   )
   causal = True
   decode = 'recurrent'

@@ -32,6 +32,7 @@ from efficient_attn import rotary
 from efficient_attn.kernel_attention import KernelState
 from efficient_attn.kernel_attention import init_kernel_state
 from efficient_attn.kernel_attention import kernel_attention
+from efficient_attn.kernel_attention import heads_as_batch
 from efficient_attn.kernel_attention import kernel_attention_step
 
 Sigma = Union[float, jnp.ndarray]
@@ -70,7 +71,7 @@ def rfa_features(x: jnp.ndarray, projection: jnp.ndarray, sigma: Sigma = 1.0) ->
 def rfa_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, projection: jnp.ndarray,
                   mask=None, causal: bool = False, eps: float = 1e-6,
                   gate: Optional[jnp.ndarray] = None, sigma: Sigma = 1.0,
-                  chunk_size: int = 64, return_state: bool = False, positions=None):
+                  chunk_size: Optional[int] = None, return_state: bool = False, positions=None):
   """Random feature attention (Peng et al. 2021).
 
       out_i = phi(q_i)^T sum_j phi(k_j) v_j^T / safe(phi(q_i) . sum_j phi(k_j))
@@ -96,7 +97,7 @@ def rfa_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, projection: jn
     eps: denominator clamp.
     gate: optional `[batch, kv_length, heads]` in (0, 1); requires causal.
     sigma: kernel width, a float or per-head `[heads]`.
-    chunk_size: causal chunk length.
+    chunk_size: causal chunk length (None: 64 on CPU, 256 on GPU and TPU).
     return_state: also return the final `KernelState` (prefill for decoding).
     positions: optional rotary (query, key) positions (see `linear_attention`).
   """
@@ -155,7 +156,7 @@ def _performer_scale(q, k):
 
 def performer_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
                         projection: jnp.ndarray, mask=None, causal: bool = False,
-                        eps: Optional[float] = None, chunk_size: int = 64,
+                        eps: Optional[float] = None, chunk_size: Optional[int] = None,
                         return_state: bool = False, positions=None):
   """Performer FAVOR+ attention (Choromanski et al. 2021).
 
@@ -180,12 +181,16 @@ def performer_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
     mask: any `efficient_attn.masking` form, reduced to key padding.
     causal: query i sees keys j <= i (needs q_length == kv_length).
     eps: denominator clamp (None: `performer_eps` of the compute dtype).
-    chunk_size: causal chunk length.
+    chunk_size: causal chunk length (None: 64 on CPU, 256 on GPU and TPU).
     return_state: also return the final `KernelState`, whose log_scale is the
       key stabiliser (prefill for `performer_attention_step`).
     positions: optional rotary (query, key) positions (see `linear_attention`).
   """
   k, v, kp = masking.checked_keys_values(q, k, v, mask, name='Performer attention', causal=causal)
+  if q.shape[2] > 1:
+    return heads_as_batch(
+        performer_attention, q, k, v, kp, return_state, projection=projection, causal=causal,
+        eps=eps, chunk_size=chunk_size, positions=positions)
   qs, ks = _performer_scale(q, k)
   eps = performer_eps(qs.dtype) if eps is None else eps
   phi_q = feature_maps.positive_features(qs, projection, is_query=True)
@@ -258,7 +263,9 @@ _FEATURE_OPTIONS = (
     registry.Option('redraw', False, bool,
                     "fresh features in training calls given a 'features' rng"),
     registry.Option('seed', 0, int, 'seed of the fixed per-layer draw', minimum=0),
-    registry.Option('chunk_size', 64, int, 'chunk length of the causal scan', minimum=1),
+    registry.Option('chunk_size', None, int, 'chunk length of the causal scan; None: '
+                    'the platform\'s (64 on CPU, 256 on GPU and TPU)', minimum=1,
+                    allow_none=True),
 )
 _FEATURE_KNOB = ('num_features', (16, 32, 64, 128, 256, 512, 1024))
 
