@@ -1,4 +1,4 @@
-"""softmax_chunked (FlashAttention's blocks and hand-written backward) against dense attention.
+"""softmax and softmax_chunked (FlashAttention's blocks, hand-written backward) against references.
 
 Values against the float64 NumPy reference; gradients against autodiff of the
 dense einsum in float64, for causal self- and cross-attention, key padding
@@ -36,6 +36,7 @@ CASES = [  # lq, lk, causal, mask, q_chunk, k_chunk
     (13, 13, True, None, 4, 5),        # chunks do not divide the length
     (7, 19, True, None, 3, 4),         # causal aligned at the end, fewer queries
     (19, 7, True, 'keys', 4, 3),       # more queries than keys: early rows see nothing
+    (9, 5, True, None, 4, 2),          # the same without a mask
     (12, 17, False, 'keys', 5, 6),
     (12, 12, True, 'per_head', 4, 4),
 ]
@@ -62,6 +63,7 @@ def test_values_and_gradients_equal_dense_attention(lq, lk, causal, mask, cq, ck
     want = np.einsum('bhqk,bkhd->bqhd', np.where(z > 0, e / np.where(z > 0, z, 1), 0.0), v)
   got = chunked_softmax_attention(q, k, v, m, causal, q_chunk=cq, k_chunk=ck)
   np.testing.assert_allclose(got, want, atol=1e-10)
+  np.testing.assert_allclose(softmax_attention(q, k, v, m, causal), want, atol=1e-10)
 
   w = np.random.default_rng(2).normal(size=want.shape)
 

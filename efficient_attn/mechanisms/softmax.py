@@ -66,7 +66,9 @@ def softmax_weights(q, k, mask=None, causal: bool = False, scale: Optional[float
   if full is not None:
     s = jnp.where(full, s, masking.big_neg(compute))
   w = jax.nn.softmax(s, axis=-1)
-  if full is not None:
+  if mask is not None or (causal and k.shape[1] < q.shape[1]):
+    # A row may be fully masked (its softmax is then uniform): zero it. Otherwise the
+    # masked scores sit big_neg below the row's max and exp gives exactly 0 already.
     w = jnp.where(full, w, 0.0)
   return w
 
