@@ -86,6 +86,19 @@ def test_save_refuses_non_finite_params(tmp_path):
   assert checkpoint.Checkpointer(str(tmp_path)).steps() == []
 
 
+def test_a_relative_workdir_saves_and_restores(tmp_path, monkeypatch):
+  """`--workdir=runs/default` (the README's command): Orbax needs absolute paths."""
+  monkeypatch.chdir(tmp_path)
+  params = {'w': jnp.arange(3.0)}
+  ckpt = checkpoint.Checkpointer('runs/default')
+  assert ckpt.save(5, params, {'m': jnp.zeros(3)}, force=True)
+  ckpt.close()
+  assert os.path.isdir(tmp_path / 'runs' / 'default' / 'checkpoints')
+  step, restored = checkpoint.restore_params('runs/default')
+  assert step == 5
+  assert_trees_equal(restored, params)
+
+
 def test_init_from_copies_matching_leaves():
   fresh = {'a': np.zeros(3), 'head': {'kernel': np.zeros((4, 5))}, 'lora': np.zeros(2)}
   loaded = {'a': np.ones(3), 'head': {'kernel': np.ones((4, 10))}, 'old': np.ones(1)}

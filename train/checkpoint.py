@@ -58,6 +58,9 @@ def _quiet_orbax_logging() -> None:
 
 
 def checkpoint_dir(workdir) -> epath.Path:
+  """`<workdir>/checkpoints`; a local workdir made absolute (Orbax refuses relative paths)."""
+  if '://' not in str(workdir):
+    workdir = os.path.abspath(os.fspath(workdir))
   return epath.Path(workdir) / 'checkpoints'
 
 
