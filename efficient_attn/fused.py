@@ -14,7 +14,8 @@ fastest one that can honour it exactly: the einsum whenever attention dropout
 is on or the weights are asked for (the fused kernels never form them), and for
 masks or shapes a kernel cannot take. An explicit request the call cannot
 honour raises a one-line error that names the reason. Every implementation
-returns 0 for a query that sees no key, as the einsum does.
+returns 0 for a query that sees no key (a fully masked row, or under causal
+masking a query whose earlier keys are all padded), as the einsum does.
 
 q `[batch, q_length, heads, head_dim]`, k `[batch, kv_length, heads,
 head_dim]`, v `[batch, kv_length, heads, head_dim]`; masks follow
@@ -116,11 +117,17 @@ def choose(requested: str, q, k, v, mask=None, causal: bool = False, *,
   return requested
 
 
-def _zero_blind_rows(out, keys):
-  """out `[b, q, h, d]` with 0 for the batch rows whose key mask `keys` `[b, kv]` is all False."""
+def _zero_blind_rows(out, keys, causal: bool):
+  """out `[b, q, h, d]` with 0 for the queries that see no key, as the einsum gives.
+
+  keys `[b, kv]` is the key mask. Without causality a query is blind when its batch
+  row masks every key; with it (q_length == kv_length), query i is blind when keys
+  0..i are all masked, e.g. under left padding.
+  """
   if keys is None:
     return out
-  return jnp.where(keys.any(-1)[:, None, None, None], out, jnp.zeros((), out.dtype))
+  seen = jnp.cumsum(keys, axis=-1) > 0 if causal else keys.any(-1, keepdims=True)
+  return jnp.where(seen[:, :, None, None], out, jnp.zeros((), out.dtype))
 
 
 def cudnn_attention(q, k, v, mask=None, causal: bool = False, scale: float = 1.0,
@@ -136,7 +143,7 @@ def cudnn_attention(q, k, v, mask=None, causal: bool = False, scale: float = 1.0
   full = None if keys is None else jnp.broadcast_to(keys[:, None, None, :], (b, 1, lq, lk))
   out = jax.nn.dot_product_attention(q, k, v, mask=full, scale=scale, is_causal=causal,
                                      implementation=implementation)
-  return _zero_blind_rows(out, keys)
+  return _zero_blind_rows(out, keys, causal)
 
 
 def pallas_attention(q, k, v, mask=None, causal: bool = False, scale: float = 1.0,
@@ -161,7 +168,7 @@ def pallas_attention(q, k, v, mask=None, causal: bool = False, scale: float = 1.
   else:
     out = jax.vmap(lambda a, c, e, s: kernel(a, c, e, segment_ids=s))(
         qs, heads_first(k), heads_first(v), segments)
-  return _zero_blind_rows(heads_first(out), keys)
+  return _zero_blind_rows(heads_first(out), keys, causal)
 
 
 def attention(impl: str, q, k, v, mask=None, causal: bool = False, scale: float = 1.0):

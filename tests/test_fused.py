@@ -24,11 +24,17 @@ def _qkv(b=2, n=128, h=2, d=16, dtype=jnp.float32, seed=0, nk=None):
   return tuple(jnp.asarray(rng.normal(size=s), dtype) for s in shapes)
 
 
-def _key_mask(b, n):
-  """Row 0 masks its last quarter; row 1 masks every key (its output must be 0)."""
+def _key_mask(b, n, left=False):
+  """Row 0 masks its last quarter; row 1 masks every key (its output must be 0).
+
+  left: row 1 masks its first quarter instead (left padding): under causal masking
+  its first queries see no key, and their outputs must be 0.
+  """
   m = np.ones((b, n), bool)
   m[0, 3 * n // 4:] = False
   m[1] = False
+  if left:
+    m[1, n // 4:] = True
   return m
 
 
@@ -75,11 +81,11 @@ def test_an_explicit_request_that_cannot_run_says_why():
 
 @pytest.mark.parametrize('kind', ['cudnn', 'pallas'])
 @pytest.mark.parametrize('causal, masked', [(False, False), (True, False), (False, True),
-                                            (True, True)])
+                                            (True, True), (True, 'left')])
 def test_fused_paths_equal_the_reference(kind, causal, masked, x64):
   del x64  # the reference is float64; the kernels run in float32
   q, k, v = _qkv(n=128 if kind == 'pallas' else 10)
-  mask = _key_mask(2, k.shape[1]) if masked else None
+  mask = _key_mask(2, k.shape[1], left=masked == 'left') if masked else None
   n = q.shape[1]
   allowed = np.tril(np.ones((n, n), bool)) if causal else np.ones((n, n), bool)
   want = np_masked_attention(q, k, v, allowed, key_padding=mask, scale=0.3)
@@ -89,7 +95,9 @@ def test_fused_paths_equal_the_reference(kind, causal, masked, x64):
     run = functools.partial(fused.pallas_attention, interpret=True)
   got = run(q, k, v, mask, causal, 0.3)
   np.testing.assert_allclose(got, want, atol=2e-5)
-  if masked:
+  if masked == 'left':
+    assert not np.any(np.asarray(got)[1, :k.shape[1] // 4])
+  elif masked:
     assert not np.any(np.asarray(got)[1])
 
 
