@@ -99,13 +99,14 @@ def measure_length(n: int, pairs: Sequence[tuple], fv, budget: float) -> List[Di
     row = dict(mechanism=mechanism, causal=causal, peer=peer, length=n)
     bench = common.mechanism_bench(mechanism, q, k, v, options=options.get(mechanism),
                                    causal=causal)
-    ours, reason = _compile(*bench.forward_backward(), budget)
+    ours_fn, ours_args = bench.forward_backward()
+    ours, reason = _compile(ours_fn, ours_args, budget)
     params, fn = peer_fn(peer, n, causal, fv)
     grad = jax.grad(lambda p, q, k, v: jnp.sum(fn(p, q, k, v)), argnums=(0, 1, 2, 3))
     theirs, peer_reason = _compile(grad, (params, q, k, v), budget)
     row['skipped'] = reason and f'library: {reason}' or peer_reason and f'peer: {peer_reason}'
     if not row['skipped']:
-      sides[len(rows)] = ((ours, bench.forward_backward()[1]), (theirs, (params, q, k, v)))
+      sides[len(rows)] = ((ours, ours_args), (theirs, (params, q, k, v)))
     rows.append(row)
   times = {(i, s): [] for i in sides for s in (0, 1)}
   for i, pair in sides.items():  # pair by pair, its two sides alternating

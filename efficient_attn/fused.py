@@ -26,6 +26,8 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
+from efficient_attn import masking
+
 IMPLEMENTATIONS = ('auto', 'xla', 'cudnn', 'pallas')
 PALLAS_BLOCK = 128  # splash attention's default block: lengths must be multiples of it
 _HALF = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
@@ -41,14 +43,10 @@ def _key_mask(mask, batch: int, kv_length: int):
 
   Raises ValueError if it varies over heads or queries (a kernel then cannot take it).
   """
-  if mask is None:
-    return None
-  m = jnp.asarray(mask, bool)
-  if m.ndim == 2:
-    return jnp.broadcast_to(m, (batch, kv_length))
-  if m.ndim == 4 and m.shape[1] == 1 and m.shape[2] == 1:
-    return jnp.broadcast_to(m[:, 0, 0], (batch, kv_length))
-  raise ValueError(f'a mask of shape {tuple(m.shape)} varies over heads or queries')
+  if mask is not None and jnp.ndim(mask) != 2 and (
+      jnp.ndim(mask) != 4 or mask.shape[1] != 1 or mask.shape[2] != 1):
+    raise ValueError(f'a mask of shape {tuple(jnp.shape(mask))} varies over heads or queries')
+  return masking.key_padding_from_mask(mask, batch, kv_length)
 
 
 def why_not(impl: str, q, k, v, mask, causal: bool, on: str) -> Optional[str]:
@@ -160,14 +158,10 @@ def pallas_attention(q, k, v, mask=None, causal: bool = False, scale: float = 1.
                                   q_seq_shards=1, interpret=interpret)
   heads_first = lambda x: jnp.swapaxes(x, 1, 2)
   qs = heads_first(q * jnp.asarray(scale, q.dtype))
-  segments = None
-  if keys is not None:
-    segments = splash.SegmentIds(q=jnp.ones((b, n), jnp.int32), kv=keys.astype(jnp.int32))
-  if segments is None:
-    out = jax.vmap(kernel)(qs, heads_first(k), heads_first(v))
-  else:
-    out = jax.vmap(lambda a, c, e, s: kernel(a, c, e, segment_ids=s))(
-        qs, heads_first(k), heads_first(v), segments)
+  segments = None if keys is None else splash.SegmentIds(
+      q=jnp.ones((b, n), jnp.int32), kv=keys.astype(jnp.int32))
+  out = jax.vmap(lambda a, c, e, s: kernel(a, c, e, segment_ids=s))(
+      qs, heads_first(k), heads_first(v), segments)
   return _zero_blind_rows(heads_first(out), keys, causal)
 
 

@@ -30,9 +30,9 @@ from efficient_attn import masking
 from efficient_attn import registry
 from efficient_attn import rotary
 from efficient_attn.kernel_attention import KernelState
+from efficient_attn.kernel_attention import heads_as_batch
 from efficient_attn.kernel_attention import init_kernel_state
 from efficient_attn.kernel_attention import kernel_attention
-from efficient_attn.kernel_attention import heads_as_batch
 from efficient_attn.kernel_attention import kernel_attention_step
 
 Sigma = Union[float, jnp.ndarray]
