@@ -15,16 +15,17 @@ writes `<out>/<name>.md`, `.json` and `.png` (accuracy against the rank).
 
 Runs that have not finished are left out of the table (named in its notes).
 """
-import json
 import os
 import re
 import sys
 from typing import Any, Dict, Optional, Sequence
 
 from absl import flags
+from etils import epath
 
 from benchmarks import common
 from benchmarks import output
+from benchmarks import runs
 
 MODES = (('finetune', 'Fine-tuning the base with LoRA'),
          ('scratch', 'LoRA only, from scratch (random frozen base)'))
@@ -40,12 +41,8 @@ def define_flags(fv: flags.FlagValues) -> None:
   flags.mark_flag_as_required('root', flag_values=fv)
 
 
-def _results(workdir: str) -> Optional[Dict[str, Any]]:
-  path = os.path.join(workdir, 'results.json')
-  if not os.path.exists(path):
-    return None
-  with open(path) as f:
-    return json.load(f)
+def _results(workdir) -> Optional[Dict[str, Any]]:
+  return runs.read_json(epath.Path(workdir) / 'results.json')
 
 
 def evaluate_on(workdir: str, variant: str) -> float:
@@ -63,25 +60,24 @@ def evaluate_on(workdir: str, variant: str) -> float:
 
 def collect(root: str) -> Dict[str, Any]:
   """Every finished run of the study under `root`, and the base on each variant."""
-  base = _results(os.path.join(root, 'base'))
+  base = _results(epath.Path(root) / 'base')
   if base is None:
     raise FileNotFoundError(f'{root}/base has no results.json: run the sweep first '
                             '(python -m train.sweep --sweep=... --root=... run)')
-  with open(os.path.join(root, 'base', 'config.json')) as f:
-    base_config = json.load(f)
+  base_config = runs.read_json(epath.Path(root) / 'base' / 'config.json')
   result: Dict[str, Any] = dict(
-      root=os.path.abspath(root), device=common.device_info(),
+      root=os.path.abspath(root) if '://' not in root else root, device=common.device_info(),
       dataset=base_config['dataset']['name'], model=base_config['model']['kind'],
       eval_split=base_config['dataset']['eval_split'],
       base={'plain': base['eval_accuracy']}, full_finetune={}, finetune={}, scratch={},
       params={'base': base['params_total']}, steps={'base': base['steps']}, unfinished=[])
   ranks, variants = set(), set()
-  for name in sorted(os.listdir(root)):
+  for name in sorted(p.name for p in epath.Path(root).iterdir()):
     match = _RUN.match(name)
     if not match:
       continue
     mode, variant, rank = match.group(1), match.group(2), match.group(3)
-    res = _results(os.path.join(root, name))
+    res = _results(epath.Path(root) / name)
     if res is None:
       result['unfinished'].append(name)
       continue
@@ -96,7 +92,7 @@ def collect(root: str) -> Dict[str, Any]:
       result['steps']['adaptation'] = res['steps']
   result['ranks'], result['variants'] = sorted(ranks), sorted(variants)
   for variant in result['variants']:
-    result['base'][variant] = evaluate_on(os.path.join(root, 'base'), variant)
+    result['base'][variant] = evaluate_on(os.fspath(epath.Path(root) / 'base'), variant)
   return result
 
 

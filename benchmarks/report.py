@@ -5,7 +5,8 @@ Reads each workdir's `results.json` (written when a run finishes),
 top5_accuracy, examples_per_sec, epoch_time_s, ...) and `config.json`. A run
 without results.json is reported from its last logged metrics, marked
 'running'. Directories that are not workdirs are skipped with a message, so a
-glob over a sweep root works.
+glob over a sweep root works. Workdirs may be on gs:// (quote the glob there, the
+shell cannot expand it: 'gs://bucket/runs/*').
 
     python -m benchmarks.report runs/* --out=benchmark_results/report
     python -m benchmarks.report runs/mnist_* --sort=eval_accuracy --name=mnist
@@ -18,6 +19,7 @@ import sys
 from typing import Any, Dict, List, Optional, Sequence
 
 from absl import flags
+from etils import epath
 
 from benchmarks import common
 from benchmarks import output
@@ -55,8 +57,16 @@ def define_flags(fv: flags.FlagValues) -> None:
 
 
 def is_workdir(path: str) -> bool:
-  return os.path.isdir(path) and any(
-      os.path.exists(os.path.join(path, f)) for f in ('results.json', 'metrics.jsonl'))
+  path = epath.Path(path)
+  return path.is_dir() and any((path / f).exists() for f in ('results.json', 'metrics.jsonl'))
+
+
+def expand(pattern: str) -> List[str]:
+  """A workdir, or a glob in its last part, which the shell cannot expand for gs://."""
+  parent, _, name = pattern.rstrip('/').rpartition('/')
+  if not any(c in name for c in '*?['):
+    return [pattern]
+  return sorted(os.fspath(p) for p in epath.Path(parent or '.').glob(name))
 
 
 def last(rows: List[Dict[str, Any]], split: str, key: str) -> Optional[float]:
@@ -68,10 +78,11 @@ def last(rows: List[Dict[str, Any]], split: str, key: str) -> Optional[float]:
 
 def summarise_run(workdir: str) -> Dict[str, Any]:
   """One table row: results.json when finished, else the last logged metrics."""
-  results = runs.read_json(os.path.join(workdir, 'results.json'))
-  metrics = runs.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
-  config = runs.read_json(os.path.join(workdir, 'config.json')) or {}
-  row = dict(run=os.path.basename(os.path.normpath(workdir)), workdir=workdir)
+  path = epath.Path(workdir)
+  results = runs.read_json(path / 'results.json')
+  metrics = runs.read_jsonl(path / 'metrics.jsonl')
+  config = runs.read_json(path / 'config.json') or {}
+  row = dict(run=path.name, workdir=workdir)
   row.update({k: v for k, v in runs.config_info(config).items() if v is not None})
   if results:
     row.update(results)
@@ -162,6 +173,7 @@ def plot(path: str, rows) -> Optional[str]:
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   args, workdirs = common.parse_flags(define_flags, argv, __doc__, positional='workdirs')
+  workdirs = [w for pattern in workdirs for w in expand(pattern)]
   info = common.device_info()
   rows = []
   for wd in workdirs:

@@ -11,6 +11,7 @@ import os
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
+from etils import epath
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -41,7 +42,7 @@ def load_source(name: str, num_examples: int = 8, seed: int = 0) -> Source:
   """A workdir or 'random:<mechanism>' (see module docstring)."""
   if name.startswith(RANDOM_PREFIX):
     return random_vit(name[len(RANDOM_PREFIX):] or 'softmax', num_examples, seed)
-  if not os.path.isdir(name):
+  if not epath.Path(name).is_dir():
     raise FileNotFoundError(f'no such workdir {name!r} (or use random:<mechanism>)')
   try:
     from train import inference  # pylint: disable=g-import-not-at-top
@@ -106,25 +107,24 @@ def _natural_key(text: str):
   return [int(t) if t.isdigit() else t for t in re.split(r'(\d+)', text)]
 
 
-def read_json(path: str) -> Optional[Any]:
-  if not os.path.exists(path):
-    return None
-  with open(path) as f:
-    return json.load(f)
+def read_json(path) -> Optional[Any]:
+  """A JSON file (local or gs://, through epath), or None if it is absent."""
+  path = epath.Path(path)
+  return json.loads(path.read_text()) if path.exists() else None
 
 
-def read_jsonl(path: str) -> List[Dict[str, Any]]:
+def read_jsonl(path) -> List[Dict[str, Any]]:
   """One JSON object per line; a torn last line (a run still writing) is skipped."""
-  if not os.path.exists(path):
+  path = epath.Path(path)
+  if not path.exists():
     return []
   rows = []
-  with open(path) as f:
-    for line in f:
-      line = line.strip()
-      if not line:
-        continue
-      try:
-        rows.append(json.loads(line))
-      except json.JSONDecodeError:
-        continue
+  for line in path.read_text().splitlines():
+    line = line.strip()
+    if not line:
+      continue
+    try:
+      rows.append(json.loads(line))
+    except json.JSONDecodeError:
+      continue
   return rows

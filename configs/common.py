@@ -23,7 +23,7 @@ Groups (the contract other tools rely on):
              num_kv_heads.
   optim      name, learning_rate, warmup_steps, weight_decay, grad_clip, b1, b2.
   train      num_steps or num_epochs (num_steps > 0 takes precedence), eval_every, log_every,
-             checkpoint_every, keep_checkpoints, seed, dtype.
+             checkpoint_every, keep_checkpoints, async_checkpoints, seed, dtype.
   task ('classification' | 'pixel_lm'), init_from, lora (rank=0: off; alpha,
              targets: see `train/adapters.py`), sample (pixel_lm only: the
              sample / completion PNGs, see `pixel_lm()` below).
@@ -119,6 +119,7 @@ def base() -> ml_collections.ConfigDict:
       log_every=50,
       checkpoint_every=1000,
       keep_checkpoints=3,
+      async_checkpoints=True,  # Orbax writes in the background; False: the loop waits
       seed=0,
       dtype='float32',      # compute dtype: 'float32' | 'bfloat16' (params stay float32)
   ))

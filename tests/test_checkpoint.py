@@ -45,8 +45,11 @@ def test_resume_continues_with_identical_parameters(full_run, tmp_path):
   shutil.copytree(workdir, resumed)  # as if the run had stopped right after step 20
   shutil.rmtree(os.path.join(resumed, 'checkpoints', '40'))
   os.remove(os.path.join(resumed, 'results.json'))
-  resumed_results = trainer.train_and_evaluate(short_config(), resumed)
+  # The resumed half saves synchronously (a field a resumed run may change): same run.
+  resumed_results = trainer.train_and_evaluate(short_config(async_checkpoints=False), resumed)
   assert resumed_results['resumed_from_step'] == 20 and results['resumed_from_step'] == 0
+  assert results['checkpoints_saved'] == 2 and resumed_results['checkpoints_saved'] == 1
+  assert results['checkpoint_stall_s'] > 0 and resumed_results['checkpoint_stall_s'] > 0
   _, _, params = inference.load(workdir)
   _, _, resumed_params = inference.load(resumed)
   assert_trees_equal(params, resumed_params)

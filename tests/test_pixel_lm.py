@@ -16,6 +16,7 @@ from train.input_pipeline import transforms
 from train.input_pipeline import arrays
 from train import trainer
 from train import inference
+from train import samples
 from train import validate
 
 import test_decode  # pylint: disable=g-bad-import-order  (tests/ is on sys.path)
@@ -91,6 +92,16 @@ def test_eval_mode_writes_samples(run, tmp_path):
   assert os.path.exists(os.path.join(workdir, 'samples.png'))
 
 
+def test_no_unconditional_samples_writes_only_completions(run, tmp_path):
+  workdir, _ = run
+  config, model, params = inference.load(workdir)
+  images = np.asarray(input_pipeline.get_eval_batch(config)['inputs'][:2]).reshape(2, 8, 8)
+  paths = samples.write_samples(model, jax.device_get(params), jax.random.key(0),
+                                str(tmp_path), image_shape=(8, 8), num_samples=0,
+                                images=images)
+  assert list(paths) == ['completion'] and os.listdir(tmp_path) == ['samples_completion.png']
+
+
 def test_recurrent_decoding_of_the_checkpoint_equals_parallel(run):
   workdir, _ = run
   config, model, params = inference.load(workdir)
@@ -116,6 +127,7 @@ def test_generation_benchmark_reads_the_checkpoint(run, tmp_path):
     ({'dataset.pixels_as_tokens': False}, ["model.kind='causal'", 'vit']),
     ({'task': 'classification'}, ["model.kind='causal'", "task='classification'", 'vit']),
     ({'dataset.transform': 'blur'}, ["transform='blur'", 'rotate']),
+    ({'sample.num_samples': -1}, ['config.sample.num_samples=-1', '>= 0']),
 ])
 def test_bad_pixel_configs(overrides, fragments):
   config = tiny_config()

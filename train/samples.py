@@ -3,9 +3,11 @@
     write_samples(model, params, rng, workdir, image_shape=(28, 28), images=real)
     # -> {'samples': '<workdir>/samples.png', 'completion': '<workdir>/samples_completion.png'}
 """
+import io
 import os
 from typing import Dict, Optional, Tuple
 
+from etils import epath
 import jax
 import jax.numpy as jnp
 import matplotlib
@@ -47,10 +49,13 @@ def tile(images, ncols: Optional[int] = None, pad: int = 1, pad_value: int = 128
 def save_grid(path: str, images, ncols: Optional[int] = None, zoom: int = 1) -> str:
   """Write uint8 images `[n, h, w]` as one grayscale PNG grid, each pixel a
   `zoom` x `zoom` block; returns the path."""
-  os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
   grid = np.kron(tile(images, ncols), np.ones((zoom, zoom), np.uint8))
-  plt.imsave(path, grid, cmap='gray', vmin=0, vmax=255)
-  return path
+  png = io.BytesIO()
+  plt.imsave(png, grid, cmap='gray', vmin=0, vmax=255, format='png')
+  path = epath.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_bytes(png.getvalue())
+  return os.fspath(path)
 
 
 def occlude(images, rows: int, value: int = 0) -> np.ndarray:
@@ -67,7 +72,7 @@ def write_samples(model, params, rng, out_dir: str, *, image_shape: Tuple[int, i
   """Unconditional samples and (given real `images`) occluded completions as PNGs.
 
   The hook for a trainer's evaluation: writes `<out_dir>/<prefix>.png` (a grid
-  of `num_samples` samples) and, if `images` `[n, h, w]` uint8 is given,
+  of `num_samples` samples; none when 0) and, if `images` `[n, h, w]` uint8 is given,
   `<out_dir>/<prefix>_completion.png`: rows of originals, occluded inputs (top
   `rows` rows kept, default half) and completions. Returns {name: path}.
   """
@@ -75,16 +80,20 @@ def write_samples(model, params, rng, out_dir: str, *, image_shape: Tuple[int, i
   length = h * w
   zoom = max(1, 64 // max(h, w))
   rng_u, rng_c = jax.random.split(rng)
-  sampler = make_sampler(model, num_samples, length)
-  tokens = sampler(params, rng_u, temperature=temperature)
-  paths = dict(samples=save_grid(os.path.join(out_dir, f'{prefix}.png'),
-                                 tokens_to_images(tokens, image_shape), zoom=zoom))
-  if images is not None:
+  paths = {}
+  sampler = None
+  if num_samples > 0:
+    sampler = make_sampler(model, num_samples, length)
+    tokens = sampler(params, rng_u, temperature=temperature)
+    paths['samples'] = save_grid(os.path.join(out_dir, f'{prefix}.png'),
+                                 tokens_to_images(tokens, image_shape), zoom=zoom)
+  if images is not None and len(images):
     images = np.asarray(images)
     images = (images[..., 0] if images.ndim == 4 else images)[:, :h, :w]
     rows = h // 2 if rows is None else rows
     n = images.shape[0]
-    completer = sampler if n == num_samples else make_sampler(model, n, length)
+    completer = sampler if sampler is not None and n == num_samples else make_sampler(
+        model, n, length)
     done = completer(params, rng_c, temperature=temperature,
                      prefix=images_to_tokens(images), prefix_length=rows * w)
     grid = np.concatenate([images, occlude(images, rows), tokens_to_images(done, image_shape)])

@@ -37,6 +37,7 @@ from typing import Any, Dict, List, Mapping, Sequence
 
 from absl import app
 from absl import flags
+from etils import epath
 from ml_collections import config_flags
 
 from train import validate
@@ -132,9 +133,14 @@ def expand(sweep: Mapping[str, Any], root: str = '') -> List[Run]:
   return runs
 
 
+def workdir_of(run: Run, root: str) -> str:
+  """The run's workdir under `root` (a local folder or gs://...)."""
+  return os.fspath(epath.Path(root) / run.name) if root else run.name
+
+
 def flag_args(run: Run, root: str) -> List[str]:
   """The main.py flags of one run."""
-  return ([f'--config={run.config}', f'--workdir={os.path.join(root, run.name)}']
+  return ([f'--config={run.config}', f'--workdir={workdir_of(run, root)}']
           + [f'--config.{k}={v}' for k, v in run.overrides.items()])
 
 
@@ -164,7 +170,7 @@ def check(runs: Sequence[Run], root: str = '') -> Dict[str, Any]:
   checked without that workdir, which exists only once the other run is done.
   """
   configs, errors = {}, []
-  ours = {os.path.normpath(os.path.join(root, r.name)) for r in runs}
+  ours = {os.path.normpath(workdir_of(r, root)) for r in runs}
   for run in runs:
     try:
       config = build_config(run)
@@ -183,13 +189,13 @@ def check(runs: Sequence[Run], root: str = '') -> Dict[str, Any]:
 
 def status(run: Run, root: str, config=None) -> str:
   """'done', 'partial', 'new', or 'changed' (the workdir holds another config's run)."""
-  workdir = os.path.join(root, run.name)
+  workdir = epath.Path(workdir_of(run, root))
   stored = workdir_lib.load_config(workdir)
   if stored is None:
-    return 'partial' if os.path.isdir(workdir) else 'new'
+    return 'partial' if workdir.is_dir() else 'new'
   if config is not None and workdir_lib.differences(stored.to_dict(), config.to_dict()):
     return 'changed'
-  return 'done' if os.path.exists(os.path.join(workdir, workdir_lib.RESULTS)) else 'partial'
+  return 'done' if (workdir / workdir_lib.RESULTS).exists() else 'partial'
 
 
 def run_local(runs: Sequence[Run], root: str, configs: Mapping[str, Any],
@@ -200,7 +206,7 @@ def run_local(runs: Sequence[Run], root: str, configs: Mapping[str, Any],
     state = status(run, root, configs.get(run.name))
     if state in ('done', 'changed'):
       why = ('finished before, skipped' if state == 'done' else
-             f'{os.path.join(root, run.name)} holds a run of another config; skipped')
+             f'{workdir_of(run, root)} holds a run of another config; skipped')
       print(f'[{i}/{len(runs)}] {run.name}: {why}', flush=True)
       outcome[run.name] = 'skipped' if state == 'done' else 'failed (changed config)'
       continue

@@ -104,7 +104,8 @@ def _train(s: Session, run, wall_start: float) -> Optional[Dict[str, Any]]:
   train_data = input_pipeline.get_train_data(c)
   num_steps = t.num_steps if t.num_steps > 0 else t.num_epochs * train_data.steps_per_epoch
   tx, lr = optim.create_optimizer(c, num_steps), optim.learning_rate_schedule(c, num_steps)
-  ckpt = checkpoint.Checkpointer(run.path, every=t.checkpoint_every, keep=t.keep_checkpoints)
+  ckpt = checkpoint.Checkpointer(run.path, every=t.checkpoint_every, keep=t.keep_checkpoints,
+                                 async_save=t.get('async_checkpoints', True))
   state = _restore_or_init(s, tx, ckpt)
   start = int(jax.device_get(state.step))
   _log_start(s, state, num_steps, train_data, optim.warmup_steps(c, num_steps))
@@ -115,6 +116,7 @@ def _train(s: Session, run, wall_start: float) -> Optional[Dict[str, Any]]:
   batches = sharding.prefetch(train_data.batches(start), s.mesh)
   clock = _Clock(train_data.steps_per_epoch)
   window, recent, eval_values = [], collections.deque(maxlen=train_data.steps_per_epoch), {}
+  stalls = []  # seconds the loop waited in each checkpoint save
   # One process: SIGTERM sets a flag. Several: JAX's preemption service (Orbax's sync point).
   with preemption.StopOnSignal(enabled=jax.process_count() == 1) as stop, ckpt.finishing():
     for step in range(start + 1, num_steps + 1):
@@ -136,7 +138,9 @@ def _train(s: Session, run, wall_start: float) -> Optional[Dict[str, Any]]:
           eval_values = s.evaluate(state.params, input_pipeline.get_eval_data(c))
         writer.write_scalars(step, {f'eval/{k}': v for k, v in eval_values.items()})
       with report.timed('checkpoint'), clock.paused():
-        ckpt.save(step, state.params, state.opt_state, force=step == num_steps)
+        t0 = time.monotonic()
+        if ckpt.save(step, state.params, state.opt_state, force=step == num_steps):
+          stalls.append(time.monotonic() - t0)
       if step < num_steps and (stop.requested or ckpt.reached_preemption(step)):
         ckpt.save(step, state.params, state.opt_state, force=True)
         ckpt.close()
@@ -150,6 +154,8 @@ def _train(s: Session, run, wall_start: float) -> Optional[Dict[str, Any]]:
   writer.close()
   results = _results(s, state, num_steps, start, recent, eval_values, clock, wall_start,
                      train_data.steps_per_epoch, s.write_outputs(state.params, run.path))
+  results.update(checkpoints_saved=len(stalls),
+                 checkpoint_stall_s=float(np.median(stalls)) if stalls else None)
   if run.writer:
     workdir_lib.write_json(run.path, workdir_lib.RESULTS, results)
   logging.info('Finished: %s accuracy %s, results in %s', c.dataset.eval_split,

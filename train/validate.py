@@ -10,6 +10,7 @@ Valid mechanism and projection names come from `efficient_attn.registry`.
 import os
 import re
 
+from etils import epath
 import ml_collections
 
 from efficient_attn import layer
@@ -61,7 +62,7 @@ def validate_config(config) -> None:
   _attention(config)
   _optim(config)
   _train(config)
-  if config.get('init_from') and not os.path.isdir(config.init_from):
+  if config.get('init_from') and not epath.Path(config.init_from).is_dir():
     raise ConfigError(f'config.init_from={config.init_from!r} is not a directory; it must '
                       f'be the workdir of an earlier run (or empty)')
   if config.get('lora') is not None and config.lora.get('rank', 0) < 0:
@@ -273,3 +274,8 @@ def _train(config) -> None:
     raise ConfigError(f'config.train.eval_every={t.eval_every} is not valid; it must be '
                       f'> 0, or -1 for only at the end')
   _choice('train.dtype', t.dtype, DTYPES)
+  for field in ('num_samples', 'num_completions'):
+    value = (config.get('sample') or {}).get(field, 0)
+    if value < 0:
+      raise ConfigError(f'config.sample.{field}={value!r} is not valid; it must be >= 0 '
+                        f'(0 = none)')

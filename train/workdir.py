@@ -30,10 +30,15 @@ LOCK = 'trainer.lock'
 # model it trains.
 MAY_CHANGE = (
     'train.num_steps', 'train.num_epochs', 'train.eval_every', 'train.log_every',
-    'train.checkpoint_every', 'train.keep_checkpoints',
+    'train.checkpoint_every', 'train.keep_checkpoints', 'train.async_checkpoints',
     'dataset.eval_batch_size', 'dataset.eval_split', 'dataset.data_dir',
     'dataset.manual_dir', 'dataset.download', 'sample',
 )
+
+
+def is_local(path) -> bool:
+  """Whether `path` is on this machine's filesystem (not gs://, s3://, ...)."""
+  return '://' not in str(path)
 
 
 class WorkdirError(ValueError):
@@ -115,9 +120,7 @@ class Run:
   def _take_lock(self) -> None:
     me = {'pid': os.getpid(), 'host': socket.gethostname()}
     for _ in range(2):
-      try:
-        fd = os.open(os.fspath(self._lock), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-      except FileExistsError:
+      if not self._create_lock(me):
         try:
           other = json.loads(self._lock.read_text())
         except (OSError, ValueError):
@@ -131,10 +134,25 @@ class Run:
             f'{self.path} is in use by another trainer (pid {other.get("pid")} on '
             f'{other.get("host")}); wait for it, or, if that process is gone, delete '
             f'{self._lock}') from None
-      with os.fdopen(fd, 'w') as f:
-        json.dump(me, f)
       self._locked = True
       return
+
+  def _create_lock(self, me: Dict[str, Any]) -> bool:
+    """Writes the lock file unless it exists. Atomic on a local disk; on an object
+    store (gs://) it is check-then-write, which keeps out a trainer started later
+    but not one started in the same instant."""
+    if is_local(self._lock):
+      try:
+        fd = os.open(os.fspath(self._lock), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+      except FileExistsError:
+        return False
+      with os.fdopen(fd, 'w') as f:
+        json.dump(me, f)
+      return True
+    if self._lock.exists():
+      return False
+    self._lock.write_text(json.dumps(me))
+    return True
 
   @property
   def results(self) -> Optional[Dict[str, Any]]:
