@@ -30,6 +30,7 @@ Groups (the contract other tools rely on):
 Fields a sweep varies are plain values, so `--config.attention.mechanism=linear`
 works. No field defaults to None: overrides from the command line need a type.
 """
+import os
 from typing import Any, Dict, Optional
 
 import ml_collections
@@ -173,6 +174,47 @@ def parse_arg(arg: Optional[str], **defaults) -> Dict[str, Any]:
 
 # Dataset presets: shapes and the input pipeline of each dataset.
 
+def size_preset(path: str, sizes: Dict[str, Dict[str, Any]], size: str) -> Dict[str, Any]:
+  """A copy of `sizes[size]`; a one-line error naming the valid sizes otherwise."""
+  if size not in sizes:
+    raise ValueError(f'{path}: size={size!r} is not valid; valid choices: {", ".join(sizes)}')
+  return dict(sizes[size])
+
+
+def lra_model(config, mechanism: str, projection: str, *, d_model: int, depth: int,
+              num_heads: int, mlp_dim: int, pool: str, dropout_rate: float = 0.1,
+              attention_dropout_rate: float = 0.1):
+  """The LRA classifier of a task's config: a token Transformer (`model.kind='text'`) with
+  the mechanism and projection. LRA's attention dropout applies where there are attention
+  weights to drop (mechanisms that form them); the others get 0."""
+  config.model.update(dict(kind='text', d_model=d_model, depth=depth, num_heads=num_heads,
+                           mlp_dim=mlp_dim, pool=pool, dropout_rate=dropout_rate))
+  set_attention(config, mechanism, projection)
+  forms_weights = mechanism in registry.list_mechanisms() and registry.get_mechanism(
+      mechanism).forms_weights
+  config.model.attention_dropout_rate = attention_dropout_rate if forms_weights else 0.0
+  return config
+
+
+def fit_blocks(config, length: int):
+  """Block and chunk sizes that tile `length` tokens: the largest divisor of `length` up to
+  the mechanism's default (64 -> 50 at 2,000 tokens), for block mechanisms (BigBird,
+  Reformer, Sinkhorn) that need the length to be a multiple of their block."""
+  mechanism = config.attention.mechanism
+  if mechanism not in registry.list_mechanisms():
+    return config
+  for option in registry.get_mechanism(mechanism).options:
+    if option.name in BLOCK_OPTIONS and isinstance(option.default, int):
+      current = config.attention.options.get(option.name) or option.default
+      if length % current:
+        config.attention.options[option.name] = max(
+            d for d in range(1, current + 1) if length % d == 0)
+  return config
+
+
+BLOCK_OPTIONS = ('block_size', 'chunk_size')
+
+
 def digits(config):
   """scikit-learn's bundled 8x8 handwritten digits: 1437 train / 360 test, no download."""
   config.dataset.update(dict(name='digits', image_size=8, channels=1, num_classes=10,
@@ -213,6 +255,39 @@ def imdb(config, max_length: int = 1024):
   config.dataset.update(dict(name='imdb_reviews', max_length=max_length, num_classes=2,
                              augment='none', image_size=0, channels=0,
                              shuffle_buffer=25_000))
+  config.model.kind = 'text'
+  return config
+
+
+def lra_cache(task: str) -> str:
+  """Where a generated Long Range Arena task is written once: ~/.cache/efficient_attn/lra/<task>."""
+  return os.path.join(os.path.expanduser('~'), '.cache', 'efficient_attn', 'lra', task)
+
+
+def listops(config, sizes: Optional[Dict[str, int]] = None, min_length: int = 500,
+            max_length: int = 2000):
+  """LRA ListOps (generated here): tokens of an expression, its value 0..9 as the label."""
+  config.dataset.update(dict(name='listops', source='generated', data_dir=lra_cache('listops'),
+                             max_length=max_length, num_classes=10, image_size=0, channels=0,
+                             eval_split='validation', shuffle_buffer=100_000))
+  config.dataset.sizes = ml_collections.ConfigDict(
+      sizes or {'train': 96_000, 'validation': 2000, 'test': 2000})  # LRA's
+  config.dataset.min_length = min_length
+  config.dataset.generator_seed = 0
+  config.model.kind = 'text'
+  return config
+
+
+def pathfinder(config, sizes: Optional[Dict[str, int]] = None, contour_length: int = 14):
+  """LRA Pathfinder (generated here): 32x32 = 1,024 pixel tokens; are the two discs joined?"""
+  config.dataset.update(dict(name='pathfinder', source='generated',
+                             data_dir=lra_cache('pathfinder'), image_size=32, channels=1,
+                             num_classes=2, pixels_as_tokens=True, augment='none',
+                             eval_split='validation', shuffle_buffer=200_000))
+  config.dataset.sizes = ml_collections.ConfigDict(
+      sizes or {'train': 160_000, 'validation': 20_000, 'test': 20_000})  # LRA's
+  config.dataset.contour_length = contour_length
+  config.dataset.generator_seed = 0
   config.model.kind = 'text'
   return config
 

@@ -57,7 +57,8 @@ def installed(monkeypatch, root):
 
   monkeypatch.setattr(_FakeGCS, 'root', str(root))
   for protocol in _FakeGCS.protocol:
-    monkeypatch.setitem(fsspec_registry._registry, protocol, _FakeGCS)  # pylint: disable=protected-access
+    registry = fsspec_registry._registry  # pylint: disable=protected-access
+    monkeypatch.setitem(registry, protocol, _FakeGCS)
   # epath picks TensorFlow's gfile for gs:// when TF is installed; use fsspec.
   monkeypatch.setattr(gpath, '_is_tf_installed', lambda: False)
   type(backend.fsspec_backend)._get_filesystem.cache_clear()  # pylint: disable=protected-access

@@ -21,7 +21,8 @@ from train import validate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_FILES = sorted(
-    os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, 'configs', '*.py'))
+    os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, 'configs', '**', '*.py'),
+                                                recursive=True)
     if os.path.basename(p) not in ('__init__.py', 'common.py'))
 
 
@@ -37,12 +38,21 @@ def load(path: str, arg: str = None) -> ml_collections.ConfigDict:
   return module.get_config(arg) if arg else module.get_config()
 
 
-def runnable(config, image_folder_root):
-  """Points an ImageFolder config at the test folder; drops init_from (no earlier run here)."""
+def runnable(config, image_folder_root, generated_root=None):
+  """Points an ImageFolder config at the test folder and a generated task at a few
+  examples in `generated_root`; drops init_from (no earlier run here)."""
   if config.dataset.name == 'image_folder':
     config.dataset.data_dir = str(image_folder_root)
+  if config.dataset.get('source') == 'generated' and generated_root is not None:
+    config.dataset.data_dir = os.path.join(str(generated_root), config.dataset.name)
+    config.dataset.sizes = ml_collections.ConfigDict({'train': 4, 'validation': 2, 'test': 2})
   config.init_from = ''
   return config
+
+
+@pytest.fixture(scope='module')
+def generated_root(tmp_path_factory):
+  return tmp_path_factory.mktemp('generated')
 
 
 def test_required_configs_exist():
@@ -54,17 +64,20 @@ def test_required_configs_exist():
 
 @pytest.mark.parametrize('mechanism', registry.list_mechanisms())
 def test_every_mechanism_has_a_cifar10_and_an_imdb_config(mechanism):
-  """configs/cifar10.py:<m> and configs/imdb.py:<m> exist for every registered mechanism."""
-  for path, arg in (('configs/cifar10.py', mechanism), ('configs/imdb.py', mechanism),
-                    ('configs/cifar10.py', f'{mechanism},size=small')):
+  """configs/cifar10.py:<m>, configs/imdb.py:<m> and configs/lra/<task>.py:<m> exist for
+  every registered mechanism."""
+  lra = [(f'configs/lra/{task}.py', f'{mechanism},size={size}')
+         for task in ('listops', 'pathfinder', 'image', 'text') for size in ('base', 'small')]
+  for path, arg in [('configs/cifar10.py', mechanism), ('configs/imdb.py', mechanism),
+                    ('configs/cifar10.py', f'{mechanism},size=small')] + lra:
     config = load(path, arg)
     assert config.attention.mechanism == mechanism
     validate.validate_config(config)
 
 
 @pytest.mark.parametrize('path', CONFIG_FILES)
-def test_config_validates(path, image_folder_root):
-  config = runnable(load(path), image_folder_root)
+def test_config_validates(path, image_folder_root, generated_root):
+  config = runnable(load(path), image_folder_root, generated_root)
   validate.validate_config(config)
   for field in ('dataset', 'model', 'attention', 'optim', 'train', 'lora', 'task', 'init_from'):
     assert field in config, field
@@ -121,7 +134,7 @@ def _distinct_configs():
 
 
 @pytest.mark.parametrize('path', _distinct_configs())
-def test_train_steps_on_mock_data(path, image_folder_root):
+def test_train_steps_on_mock_data(path, image_folder_root, generated_root):
   """Each distinct config: its pipeline on mock data, its model, two train steps.
 
   Full width, input size, mechanism and projection; depth 1, batch 2 and
@@ -130,7 +143,7 @@ def test_train_steps_on_mock_data(path, image_folder_root):
   at the second step.
   """
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  config = runnable(load(path), image_folder_root)
+  config = runnable(load(path), image_folder_root, generated_root)
   config.model.depth = 1
   config.dataset.batch_size = config.dataset.eval_batch_size = 2
   config.dataset.shuffle_buffer = 8

@@ -331,3 +331,58 @@ def test_aan_tsv_to_npz(tmp_path):
       assert blob.dtype == np.uint8
       assert [blob[offsets[i]:offsets[i + 1]].tobytes() for i in range(3)] == texts
     np.testing.assert_array_equal(data['y'], labels)
+
+
+# ----------------------------------------------------------------------------- as datasets
+
+
+@pytest.mark.parametrize('path', ['configs/lra/listops.py', 'configs/lra/pathfinder.py'])
+def test_generated_source_writes_once_and_batches_like_arrays(path, tmp_path, capsys):
+  import test_configs  # pylint: disable=g-import-not-at-top  (tests/ is on sys.path)
+  from train import input_pipeline  # pylint: disable=g-import-not-at-top
+  from train.input_pipeline import arrays  # pylint: disable=g-import-not-at-top
+  from train.input_pipeline import generated  # pylint: disable=g-import-not-at-top
+  config = test_configs.load(path, 'size=small')
+  config.dataset.update(dict(data_dir=str(tmp_path), batch_size=4, eval_batch_size=3))
+  config.dataset.sizes.update(dict(train=8, validation=3, test=3))
+  batch = next(input_pipeline.get_train_data(config).batches(0))
+  files = sorted(os.listdir(tmp_path))
+  assert len(files) == 3 and all(f.endswith('.npz') for f in files), files
+  pattern = generated.pattern(config)
+  stored = arrays.read_npz(pattern.format(split='train'))
+  n = 500 if config.dataset.name == 'listops' else 1024  # small: lengths < 500; 32x32 pixels
+  assert batch['inputs'].shape == (4, n) and batch['label'].shape == (4,)
+  assert set(np.unique(batch['label'])) <= set(range(config.dataset.num_classes))
+  assert len(stored) == 8
+  ev = input_pipeline.get_eval_batch(config)
+  assert ev['inputs'].shape[0] == 3
+  stamps = {f: os.path.getmtime(tmp_path / f) for f in files}
+  arrays.clear_cache()
+  capsys.readouterr()
+  generated.ensure(config)  # up to date: nothing is drawn again
+  assert 'up to date' in capsys.readouterr().out
+  assert stamps == {f: os.path.getmtime(tmp_path / f) for f in files}
+  config.dataset.data_dir = ''
+  with pytest.raises(ValueError, match="data_dir='' is not valid for the generated"):
+    generated.ensure(config)
+
+
+def test_pixel_tokens_are_all_attended_without_padding():
+  """Pathfinder / Image: pixel value 0 is black, not padding (TextClassifier padding=False)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from efficient_attn import models  # pylint: disable=g-import-not-at-top
+  cfg = models.TransformerConfig(d_model=16, depth=1, num_heads=2, mlp_dim=16, max_length=8)
+  tokens = np.array([[5, 7, 3, 9, 0, 0, 0, 0]])  # text pads at the end
+  for padding, moves in ((False, True), (True, False)):
+    model = models.TextClassifier(cfg, num_classes=3, vocab_size=256, pool='mean',
+                                  padding=padding)
+    rng = np.random.default_rng(0)  # every weight random (the head starts at zero)
+    params = jax.tree.map(lambda p: p + 0.1 * rng.normal(size=p.shape).astype(p.dtype),
+                          model.init(jax.random.key(0), tokens))
+    moved = jax.tree_util.tree_map_with_path(  # another embedding for id 0 only
+        lambda path, p: (p.at[0].add(rng.normal(size=p.shape[1:]).astype(p.dtype))
+                         if jax.tree_util.keystr(path).endswith("['embed']['embedding']")
+                         else p),
+        params)
+    a, b = model.apply(params, tokens), model.apply(moved, tokens)
+    assert bool(np.any(np.abs(np.asarray(a) - np.asarray(b)) > 1e-6)) == moves, padding

@@ -21,7 +21,7 @@ from train import input_pipeline
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 KINDS = ('vit', 'text', 'causal', 'mlp')
 # What each kind reads (`input_pipeline.input_kind`) and the tasks it serves.
-READS = {'vit': ('image',), 'text': ('text', 'tokens'), 'causal': ('pixels',),
+READS = {'vit': ('image',), 'text': ('text', 'tokens', 'pixels'), 'causal': ('pixels',),
          'mlp': ('image',)}
 TASKS = {'vit': ('classification',), 'text': ('classification',), 'causal': ('pixel_lm',),
          'mlp': ('classification',)}
@@ -43,11 +43,20 @@ def sequence_length(config) -> Tuple[int, int]:
     return n, n
   if m.kind == 'text':
     cls = m.pool == 'cls'
-    return d.max_length + cls, (m.max_length or d.max_length) + cls
+    n = token_length(config)
+    return n + cls, (m.max_length or n) + cls
   if m.kind == 'causal':
     n = d.image_size ** 2 * d.channels
     return n, n
   return 0, 0
+
+
+def token_length(config) -> int:
+  """The token sequence a 'text' model reads: dataset.max_length, or every pixel."""
+  d = config.dataset
+  if input_pipeline.input_kind(config) == 'pixels':
+    return d.image_size ** 2 * d.channels
+  return d.max_length
 
 
 def transformer_config(config, **changes) -> ea.TransformerConfig:
@@ -69,11 +78,12 @@ def create_model(config) -> nn.Module:
     model = ea.ViT(transformer_config(config), num_classes=num_classes,
                    patch_size=m.patch_size, pool=m.pool)
   elif m.kind == 'text':
-    vocab = (input_pipeline.TEXT_VOCAB_SIZE if input_pipeline.input_kind(config) == 'text'
-             else input_pipeline.vocab_size(config))
+    inputs = input_pipeline.input_kind(config)
+    vocab = {'text': input_pipeline.TEXT_VOCAB_SIZE, 'pixels': PIXEL_LEVELS}.get(inputs) or (
+        input_pipeline.vocab_size(config))
     model = ea.TextClassifier(
-        transformer_config(config, max_length=m.max_length or config.dataset.max_length),
-        num_classes=num_classes, vocab_size=vocab, pool=m.pool)
+        transformer_config(config, max_length=m.max_length or token_length(config)),
+        num_classes=num_classes, vocab_size=vocab, pool=m.pool, padding=inputs != 'pixels')
   elif m.kind == 'causal':
     model = ea.CausalTransformer(
         transformer_config(config, max_length=sequence_length(config)[1]),
@@ -93,7 +103,7 @@ def dummy_inputs(config, batch_size: int = 1):
   if kind in ('vit', 'mlp'):
     return jnp.zeros((batch_size, d.image_size, d.image_size, d.channels), jnp.float32)
   if kind == 'text':
-    return jnp.ones((batch_size, d.max_length), jnp.int32)
+    return jnp.ones((batch_size, token_length(config)), jnp.int32)
   return jnp.zeros((batch_size, sequence_length(config)[0]), jnp.int32)
 
 

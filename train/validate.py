@@ -89,10 +89,11 @@ def _dataset(config) -> None:
                         f'in-memory dataset {d.name!r} from {src!r}; valid choices: none, '
                         f'crop, crop_flip')
     try:
-      specs.normalization(config, spec)
+      if not d.get('pixels_as_tokens'):  # pixel tokens are not normalised
+        specs.normalization(config, spec)
     except ValueError as e:
       raise ConfigError(str(e)) from None
-  elif spec.kind == 'text':
+  elif spec.kind in ('text', 'tokens'):
     _positive(config, 'dataset.max_length')
   if d.num_classes < 0 or (d.num_classes == 0 and spec.num_classes == 0
                            and src not in ('folder', 'arrays')):
@@ -108,9 +109,10 @@ def _dataset(config) -> None:
   if holdout > 0 and not specs.in_memory(config):
     raise ConfigError(f'config.dataset.holdout={holdout} needs an in-memory dataset; '
                       f'{d.name!r} from {src!r} streams (hold out files instead)')
-  if src in ('folder', 'arrays') and not d.data_dir:
-    what = ('the image folder root (root/<split>/<label>/<image>)' if src == 'folder'
-            else "the .npz file (a '{split}' in it names one file per split)")
+  if src in ('folder', 'arrays', 'generated') and not d.data_dir:
+    what = {'folder': 'the image folder root (root/<split>/<label>/<image>)',
+            'arrays': "the .npz file (a '{split}' in it names one file per split)",
+            'generated': 'the folder the generated splits are written into'}[src]
     raise ConfigError(f"config.dataset.data_dir='' is not valid for dataset {d.name!r} from "
                       f'source {src!r}; it must be {what}')
   if src == 'tfds' and d.data_dir and not d.download and not os.path.isdir(

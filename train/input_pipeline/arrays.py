@@ -233,6 +233,9 @@ def load(config) -> Dict[str, Examples]:
   """{split: Examples} of an in-memory dataset (decoded once per process)."""
   d = config.dataset
   src = specs.source(config)
+  if src == 'generated':  # written once into data_dir, then read as .npz files
+    from train.input_pipeline import generated  # pylint: disable=g-import-not-at-top
+    return _load('arrays', d.name, generated.ensure(config), float(d.get('holdout', 0.0)), ())
   wanted = ()
   if src == 'tfds':  # TFDS reads only the splits the run uses
     base = ('train',) if d.get('holdout', 0.0) > 0 else ()

@@ -78,6 +78,9 @@ DATASETS = {spec.name: spec for spec in (
                 small=False, manual=True),
     DatasetSpec('imdb_reviews', 'text', 2, feature='text'),
     DatasetSpec('image_folder', 'image', 0, default_source='folder', small=False),
+    # The Long Range Arena's generated tasks (Tay et al. 2021; `generated.py`).
+    DatasetSpec('listops', 'tokens', 10, default_source='generated', vocab_size=16),
+    DatasetSpec('pathfinder', 'image', 2, default_source='generated', stored_size=32),
 )}
 
 

@@ -1,0 +1,186 @@
+r"""The Long Range Arena's efficiency table: training steps/s and memory, relative to softmax.
+
+    python -m benchmarks.lra_efficiency --out=docs/results --name=lra_efficiency
+    python -m benchmarks.lra_efficiency --mechanisms=softmax,linear --lengths=1024,2048 \
+        --batch_size=32
+
+LRA's setting (Tay et al. 2021, Table 2): byte-level text classification with
+LRA's Text model (`configs/lra/text.py`: 4 layers, width 256, 4 heads, MLP
+1024) at lengths 1K, 2K, 3K and 4K, batch 32, every mechanism at its declared
+defaults. For each (mechanism, length) this builds the config's model, optimiser
+and jitted train step, feeds one synthetic batch of random bytes (no data is
+read: only the speed matters), and times --steps steps after a warm-up step.
+Memory is XLA's compiled memory analysis of the train step (arguments + outputs
++ temporaries: the peak the step needs). Both are given relative to softmax at
+the same length, as in LRA's table. A mechanism that cannot run at a length
+(a fixed context, an option the length does not fit) or exceeds
+--memory_budget_gb is reported with the reason. Writes <out>/<name>.json, .md
+and <name>.png (steps/s against length).
+"""
+import sys
+import time
+from typing import Any, Dict, Optional, Sequence
+
+import jax
+import numpy as np
+
+from benchmarks import common
+from benchmarks import output
+from benchmarks import xla_stats
+
+# LRA Table 2 gives steps/s and memory relative to the Transformer; this
+# project has not been able to check those numbers against the paper here, so
+# none are printed beside ours (see docs/results/lra.md).
+LENGTHS = (1024, 2048, 3072, 4096)
+
+
+def define_flags(fv):
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  flags.DEFINE_string('mechanisms', '', 'comma-separated (default: every registered one)',
+                      flag_values=fv)
+  flags.DEFINE_string('lengths', ','.join(map(str, LENGTHS)), 'sequence lengths',
+                      flag_values=fv)
+  flags.DEFINE_integer('batch_size', 32, 'global batch (LRA: 32)', flag_values=fv)
+  flags.DEFINE_integer('steps', 3, 'timed train steps per point', flag_values=fv)
+  flags.DEFINE_string('size', 'base', "configs/lra/text.py size ('base' = LRA's model)",
+                      flag_values=fv)
+  flags.DEFINE_float('memory_budget_gb', 0.0, "skip points above this many GB by XLA's "
+                     'memory analysis (0: 85% of RAM)', flag_values=fv)
+  flags.DEFINE_string('out', 'benchmark_results', 'output folder', flag_values=fv)
+  flags.DEFINE_string('name', 'lra_efficiency', 'output file stem', flag_values=fv)
+  flags.DEFINE_bool('quiet', False, 'no printed table', flag_values=fv)
+
+
+def text_config(mechanism: str, length: int, size: str, batch_size: int):
+  from configs.lra import text  # pylint: disable=g-import-not-at-top
+  config = text.get_config(f'mechanism={mechanism},max_length={length},size={size}')
+  config.dataset.batch_size = batch_size
+  return config
+
+
+def measure_point(mechanism: str, length: int, size: str, batch_size: int, steps: int,
+                  budget_bytes: Optional[int]) -> Dict[str, Any]:
+  """{steps_per_s, memory_bytes} of one (mechanism, length), or {error}."""
+  from train import models  # pylint: disable=g-import-not-at-top
+  from train import optim  # pylint: disable=g-import-not-at-top
+  from train import sharding  # pylint: disable=g-import-not-at-top
+  from train import steps as steps_lib  # pylint: disable=g-import-not-at-top
+  from train import tasks  # pylint: disable=g-import-not-at-top
+  from train import validate  # pylint: disable=g-import-not-at-top
+  config = text_config(mechanism, length, size, batch_size)
+  try:
+    validate.validate_config(config)
+    model = models.create_model(config)
+  except (validate.ConfigError, ValueError) as e:
+    return dict(error=str(e).splitlines()[0])
+  mesh = sharding.create_mesh(jax.devices()[:1])
+  tx = optim.create_optimizer(config, num_steps=1000)
+  key = jax.random.key(0)
+  state = steps_lib.create_train_state(model, tx, config, mesh, key)
+  rng = np.random.default_rng(0)
+  batch = sharding.to_global(dict(
+      inputs=rng.integers(1, 257, size=(batch_size, length)).astype(np.int32),
+      label=rng.integers(0, 2, size=(batch_size,)).astype(np.int32),
+      mask=np.ones((batch_size,), np.float32)), mesh)
+  step = steps_lib.make_train_step(tasks.get_task(config.task), model, tx,
+                                   jax.random.key(1), mesh)
+  try:
+    compiled = step.lower(state, batch).compile()
+  except Exception as e:  # pylint: disable=broad-except  (a shape the mechanism refuses)
+    return dict(error=f'{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""}')
+  memory = (xla_stats.memory(compiled) or {}).get('total')
+  if budget_bytes and memory and memory > budget_bytes:
+    return dict(error=f"needs {output.fmt_bytes(memory)} by XLA's memory analysis",
+                memory_bytes=memory)
+  state, metrics = compiled(state, batch)  # warm-up
+  jax.block_until_ready((state, metrics))
+  start = time.perf_counter()
+  for _ in range(steps):
+    state, metrics = compiled(state, batch)
+  jax.block_until_ready((state, metrics))
+  seconds = (time.perf_counter() - start) / steps
+  return dict(steps_per_s=1.0 / seconds, step_s=seconds, memory_bytes=memory,
+              params=int(sum(x.size for x in jax.tree.leaves(state.params))))
+
+
+def relative(points, mechanisms, lengths, key: str, invert: bool = False):
+  """{mechanism: {length: value / softmax's value}}."""
+  out = {}
+  for m in mechanisms:
+    for n in lengths:
+      mine, base = points[m][n].get(key), points.get('softmax', {}).get(n, {}).get(key)
+      out.setdefault(m, {})[n] = (mine / base if mine and base else None)
+  return out
+
+
+def markdown(meta, points, mechanisms, lengths) -> str:
+  speed = relative(points, mechanisms, lengths, 'steps_per_s')
+  memory = relative(points, mechanisms, lengths, 'memory_bytes')
+
+  def row(m, table, fmt):
+    return [m] + [fmt(table[m][n]) if table[m][n] is not None else None for n in lengths]
+  heads = ['mechanism'] + [f'{n // 1024}K' if n % 1024 == 0 else str(n) for n in lengths]
+  errors = [f'{m} at {n}: {points[m][n]["error"]}' for m in mechanisms for n in lengths
+            if 'error' in points[m][n]]
+  parts = [output.header("Long Range Arena efficiency: training steps/s and memory, "
+                         "relative to softmax", meta['device_line'], meta['notes']),
+           '## Steps per second (relative to softmax; higher is faster)', '',
+           output.table(heads, [row(m, speed, lambda v: f'{v:.2f}x') for m in mechanisms]),
+           '', '## Memory (relative to softmax; lower is smaller)', '',
+           output.table(heads, [row(m, memory, lambda v: f'{v:.2f}x') for m in mechanisms]),
+           '', '## Absolute', '',
+           output.table(['mechanism', 'length', 'steps/s', 'memory (XLA)'],
+                        [[m, n, output.fmt_num(points[m][n].get('steps_per_s')),
+                          output.fmt_bytes(points[m][n].get('memory_bytes'))]
+                         for m in mechanisms for n in lengths])]
+  if errors:
+    parts += ['', 'Not measured:', ''] + [f'- {e}' for e in errors]
+  return '\n'.join(parts) + '\n'
+
+
+def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+  argv = list(sys.argv[1:] if argv is None else argv)
+  fv = common.parse_flags(define_flags, argv, __doc__)
+  mechanisms = common.csv_list(fv.mechanisms) or list(common.available_mechanisms())
+  if 'softmax' not in mechanisms:
+    mechanisms = ['softmax'] + mechanisms  # the reference
+  lengths = common.csv_list(fv.lengths, int)
+  total = common.total_memory_bytes()
+  budget = int(fv.memory_budget_gb * 2**30) if fv.memory_budget_gb else (
+      int(0.85 * total) if total else None)
+  points: Dict[str, Dict[int, Dict[str, Any]]] = {}
+  start = time.time()
+  todo = len(mechanisms) * len(lengths)
+  for i, m in enumerate(mechanisms):
+    for j, n in enumerate(lengths):
+      points.setdefault(m, {})[n] = measure_point(m, n, fv.size, fv.batch_size, fv.steps,
+                                                  budget)
+      done = i * len(lengths) + j + 1
+      if not fv.quiet:
+        elapsed = time.time() - start
+        print(f'[lra_efficiency] {done}/{todo} {m} @ {n}: '
+              f'{points[m][n].get("steps_per_s", points[m][n].get("error"))} '
+              f'({elapsed:.0f}s, ETA {elapsed / done * (todo - done):.0f}s)', flush=True)
+  info = common.device_info()
+  notes = [f"LRA's Text model (configs/lra/text.py, size={fv.size}), batch {fv.batch_size}, "
+           f'random bytes; {fv.steps} timed train steps after a warm-up step; every '
+           'mechanism at its declared defaults.',
+           "memory: XLA's compiled memory analysis of the train step.",
+           'command: python -m benchmarks.lra_efficiency ' + ' '.join(argv)]
+  meta = dict(device=info, device_line=common.describe_device(info), notes=notes,
+              batch_size=fv.batch_size, size=fv.size, steps=fv.steps)
+  series = {m: (lengths, [points[m][n].get('steps_per_s') for n in lengths])
+            for m in mechanisms}
+  png = output.line_plot(f'{fv.out}/{fv.name}.png', [('training steps/s', series)],
+                         xlabel='sequence length', ylabel='steps/s')
+  data = dict(meta=meta, mechanisms=mechanisms, lengths=lengths, points=points,
+              relative_speed=relative(points, mechanisms, lengths, 'steps_per_s'),
+              relative_memory=relative(points, mechanisms, lengths, 'memory_bytes'),
+              plots=[png])
+  output.finish(fv.out, fv.name, data, markdown(meta, points, mechanisms, lengths),
+                quiet=fv.quiet)
+  return data
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,23 @@
+"""benchmarks.lra_efficiency: one tiny run (two mechanisms, two short lengths)."""
+import json
+
+from benchmarks import lra_efficiency
+
+
+def test_steps_and_memory_relative_to_softmax(tmp_path):
+  data = lra_efficiency.main(['--mechanisms=linear,synthesizer', '--lengths=32',
+                              '--batch_size=2', '--steps=1', '--size=small',
+                              f'--out={tmp_path}', '--quiet'])
+  assert data['mechanisms'] == ['softmax', 'linear', 'synthesizer']  # softmax added first
+  for n in (32,):
+    assert data['relative_speed']['softmax'][n] == 1.0
+    assert data['relative_memory']['softmax'][n] == 1.0
+    linear = data['points']['linear'][n]
+    assert linear['steps_per_s'] > 0 and linear['memory_bytes'] > 0
+    assert data['relative_speed']['linear'][n] == (
+        linear['steps_per_s'] / data['points']['softmax'][n]['steps_per_s'])
+  saved = json.loads((tmp_path / 'lra_efficiency.json').read_text())
+  assert saved['meta']['batch_size'] == 2
+  text = (tmp_path / 'lra_efficiency.md').read_text()
+  assert '| linear |' in text and 'relative to softmax' in text
+  assert (tmp_path / 'lra_efficiency.png').exists()

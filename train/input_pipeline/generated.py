@@ -1,0 +1,71 @@
+"""The generated Long Range Arena tasks (ListOps, Pathfinder) as datasets: the 'generated' source.
+
+    pattern = generated.ensure(config)   # writes missing splits into dataset.data_dir
+    # -> '<data_dir>/listops_{split}.npz', then read as the 'arrays' source reads it
+
+`config.dataset.data_dir` is the cache folder. The splits are written once
+(each generator skips a file whose settings match, so an interrupted
+generation resumes) and then read into memory like any `.npz` dataset.
+Settings, all optional in `config.dataset`:
+  * sizes: {split: examples}, e.g. {'train': 5000, 'validation': 500,
+    'test': 500}; default the generator's (LRA's);
+  * generator_seed: the seed of the draw (default 0);
+  * ListOps: min_length (default 500) and max_length (default 2000): the
+    expression lengths, in tokens;
+  * Pathfinder: contour_length (6, 9 or 14 dashes, LRA's easy / intermediate /
+    hard; default 14).
+"""
+import os
+from typing import Any, Dict
+
+from train.input_pipeline import listops
+from train.input_pipeline import pathfinder
+
+NAMES = ('listops', 'pathfinder')
+
+
+def _sizes(d) -> Dict[str, int]:
+  sizes = d.get('sizes')
+  if not sizes:
+    return {}
+  return {str(k): int(v) for k, v in (sizes.to_dict() if hasattr(sizes, 'to_dict')
+                                      else dict(sizes)).items()}
+
+
+def settings(config) -> Dict[str, Any]:
+  """What the generator of `config.dataset.name` is asked for (sizes and task settings)."""
+  d = config.dataset
+  if d.name not in NAMES:
+    raise ValueError(f'dataset {d.name!r} is not generated; valid choices: {", ".join(NAMES)}')
+  out: Dict[str, Any] = dict(seed=int(d.get('generator_seed', 0)), sizes=_sizes(d) or None)
+  if d.name == 'listops':
+    out.update(min_length=int(d.get('min_length', 0) or 500),
+               max_length=int(d.get('max_length', 0) or 2000))
+  else:
+    out.update(contour_length=int(d.get('contour_length', 0) or 14))
+  return out
+
+
+def pattern(config) -> str:
+  """The `.npz` path pattern ('{split}' in it) of the dataset's split files."""
+  d, s = config.dataset, settings(config)
+  if d.name == 'listops':
+    return listops.split_path(d.data_dir, '{split}')
+  return pathfinder.split_path(d.data_dir, '{split}', s['contour_length'])
+
+
+def ensure(config, verbose: bool = True) -> str:
+  """Writes any missing or outdated split file into `dataset.data_dir`; returns `pattern`."""
+  d, s = config.dataset, settings(config)
+  if not d.data_dir:
+    raise ValueError(f"config.dataset.data_dir='' is not valid for the generated dataset "
+                     f'{d.name!r}; it must be the folder to write its splits into')
+  os.makedirs(d.data_dir, exist_ok=True)
+  if d.name == 'listops':
+    listops.write_splits(d.data_dir, seed=s['seed'], sizes=s['sizes'],
+                         max_length=s['max_length'], min_length=s['min_length'],
+                         verbose=verbose)
+  else:
+    pathfinder.write_splits(d.data_dir, seed=s['seed'], sizes=s['sizes'],
+                            contour_length=s['contour_length'], verbose=verbose)
+  return pattern(config)
