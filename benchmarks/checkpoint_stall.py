@@ -108,10 +108,9 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
       ['mode', 'stall per save (ms)', 'train examples/s between saves', 'close (ms)'],
       [[mode, f"{r['stall_s'] * 1e3:.1f}", f"{r['examples_per_s']:.0f}",
         f"{r['close_s'] * 1e3:.1f}"] for mode, r in row['modes'].items()])
-  markdown = '\n'.join([output.header('Checkpoint stall: synchronous against asynchronous',
-                                      common.describe_device(info), notes), table, ''])
-  output.finish(fv.out, fv.name, dict(device=info, row=row, command=notes[-1]), markdown,
-                quiet=fv.quiet)
+  output.finish_table(fv.out, fv.name, 'Checkpoint stall: synchronous against asynchronous',
+                      common.describe_device(info), notes, table,
+                      dict(device=info, row=row, command=notes[-1]), quiet=fv.quiet)
   return row
 
 

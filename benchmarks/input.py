@@ -93,10 +93,9 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
       ['dataset', 'real examples/s', 'synthetic examples/s', 'real / synthetic'],
       [[row['dataset'], f"{row['real_examples_per_s']:.0f}",
         f"{row['synthetic_examples_per_s']:.0f}", f"{row['ratio']:.3f}"]])
-  markdown = '\n'.join([output.header('Input pipeline: real against synthetic batches',
-                                      common.describe_device(info), notes), table, ''])
-  output.finish(fv.out, fv.name, dict(device=info, row=row, command=notes[-1]), markdown,
-                quiet=fv.quiet)
+  output.finish_table(fv.out, fv.name, 'Input pipeline: real against synthetic batches',
+                      common.describe_device(info), notes, table,
+                      dict(device=info, row=row, command=notes[-1]), quiet=fv.quiet)
   return row
 
 

@@ -61,6 +61,14 @@ def finish(out_dir: str, name: str, data: Mapping[str, Any], markdown: str,
   return paths
 
 
+def finish_table(out_dir: str, name: str, title: str, device_line: str, notes: Sequence[str],
+                 table_markdown: str, data: Mapping[str, Any], quiet: bool = False
+                 ) -> Dict[str, str]:
+  """`finish` for a report of one table: the header (title, device, notes), then the table."""
+  markdown = '\n'.join([header(title, device_line, notes), table_markdown, ''])
+  return finish(out_dir, name, data, markdown, quiet=quiet)
+
+
 # ----------------------------------------------------------------------------
 # Markdown.
 # ----------------------------------------------------------------------------

@@ -264,31 +264,34 @@ def lra_cache(task: str) -> str:
   return os.path.join(os.path.expanduser('~'), '.cache', 'efficient_attn', 'lra', task)
 
 
-def listops(config, sizes: Optional[Dict[str, int]] = None, min_length: int = 500,
-            max_length: int = 2000):
-  """LRA ListOps (generated here): tokens of an expression, its value 0..9 as the label."""
-  config.dataset.update(dict(name='listops', source='generated', data_dir=lra_cache('listops'),
-                             max_length=max_length, num_classes=10, image_size=0, channels=0,
-                             eval_split='validation', shuffle_buffer=100_000))
-  config.dataset.sizes = ml_collections.ConfigDict(
-      sizes or {'train': 96_000, 'validation': 2000, 'test': 2000})  # LRA's
-  config.dataset.min_length = min_length
+def _generated(config, name: str, sizes: Dict[str, int], **dataset):
+  """A generated LRA task: written once to `lra_cache(name)`, `sizes` examples per split."""
+  config.dataset.update(dict(name=name, source='generated', data_dir=lra_cache(name),
+                             eval_split='validation', **dataset))
+  config.dataset.sizes = ml_collections.ConfigDict(sizes)
   config.dataset.generator_seed = 0
   config.model.kind = 'text'
   return config
 
 
+def listops(config, sizes: Optional[Dict[str, int]] = None, min_length: int = 500,
+            max_length: int = 2000):
+  """LRA ListOps (generated here): tokens of an expression, its value 0..9 as the label."""
+  config = _generated(config, 'listops',
+                      sizes or {'train': 96_000, 'validation': 2000, 'test': 2000},  # LRA's
+                      max_length=max_length, num_classes=10, image_size=0, channels=0,
+                      shuffle_buffer=100_000)
+  config.dataset.min_length = min_length
+  return config
+
+
 def pathfinder(config, sizes: Optional[Dict[str, int]] = None, contour_length: int = 14):
   """LRA Pathfinder (generated here): 32x32 = 1,024 pixel tokens; are the two discs joined?"""
-  config.dataset.update(dict(name='pathfinder', source='generated',
-                             data_dir=lra_cache('pathfinder'), image_size=32, channels=1,
-                             num_classes=2, pixels_as_tokens=True, augment='none',
-                             eval_split='validation', shuffle_buffer=200_000))
-  config.dataset.sizes = ml_collections.ConfigDict(
-      sizes or {'train': 160_000, 'validation': 20_000, 'test': 20_000})  # LRA's
+  config = _generated(config, 'pathfinder',
+                      sizes or {'train': 160_000, 'validation': 20_000, 'test': 20_000},
+                      image_size=32, channels=1, num_classes=2, pixels_as_tokens=True,
+                      augment='none', shuffle_buffer=200_000)
   config.dataset.contour_length = contour_length
-  config.dataset.generator_seed = 0
-  config.model.kind = 'text'
   return config
 
 
