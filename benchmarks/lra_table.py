@@ -5,8 +5,8 @@ r"""Long Range Arena Table 1 from workdirs: accuracy per mechanism and task, LRA
 
 Reads each workdir's `config.json` and `results.json` (finished runs; others
 are listed as unfinished). The task comes from the config: ListOps, Pathfinder
-(generated here), Text (byte-level IMDB) or Image (CIFAR-10 pixel tokens);
-Retrieval needs LRA's AAN files, which this project only reads. A row is a
+(generated here), Text (byte-level IMDB), Image (CIFAR-10 pixel tokens) or
+Retrieval (LRA's AAN files, which cannot be generated). A row is a
 mechanism (with its projection when not 'standard'), a cell its accuracy on the
 run's evaluation split, in percent; where several runs share a cell (seeds)
 their mean is shown with the count. The setting of each task (examples, length,
@@ -67,6 +67,8 @@ def task_of(config: Dict[str, Any]) -> Optional[str]:
     return 'Text'
   if name == 'cifar10' and d.get('pixels_as_tokens'):
     return 'Image'
+  if name == 'aan':
+    return 'Retrieval'
   return None
 
 
@@ -80,9 +82,12 @@ def setting_of(config: Dict[str, Any], task: str) -> str:
   if task == 'ListOps':
     parts.append(f"lengths {d.get('min_length', 500)}-{d.get('max_length')}")
   elif task == 'Pathfinder':
-    parts.append(f"contour length {d.get('contour_length', 14)}")
+    size = d.get('image_size', 32)
+    parts.append(f"{size}x{size}, contour length {d.get('contour_length', 14)}")
   elif task == 'Text':
     parts.append(f"{d.get('max_length')} bytes")
+  elif task == 'Retrieval':
+    parts.append(f"2 x {d.get('max_length')} bytes")
   parts.append(f"{m['depth']} layers x {m['d_model']}, {m['num_heads']} heads")
   return ', '.join(parts)
 

@@ -91,6 +91,7 @@ def base() -> ml_collections.ConfigDict:
       mlp_dim=128,
       patch_size=2,
       pool='cls',           # 'cls' | 'mean'
+      positions='learned',  # text models: 'learned' | 'sinusoidal' (fixed; LRA's default)
       dropout_rate=0.0,
       attention_dropout_rate=0.0,
       max_length=0,         # text: context length the model is built for (0: dataset.max_length)
@@ -183,12 +184,14 @@ def size_preset(path: str, sizes: Dict[str, Dict[str, Any]], size: str) -> Dict[
 
 def lra_model(config, mechanism: str, projection: str, *, d_model: int, depth: int,
               num_heads: int, mlp_dim: int, pool: str, dropout_rate: float = 0.1,
-              attention_dropout_rate: float = 0.1):
+              attention_dropout_rate: float = 0.1, positions: str = 'sinusoidal'):
   """The LRA classifier of a task's config: a token Transformer (`model.kind='text'`) with
   the mechanism and projection. LRA's attention dropout applies where there are attention
-  weights to drop (mechanisms that form them); the others get 0."""
+  weights to drop (mechanisms that form them); the others get 0. Positions are fixed
+  sinusoids, LRA's default (`learn_pos_emb=False`) everywhere but its CIFAR-10 Image task."""
   config.model.update(dict(kind='text', d_model=d_model, depth=depth, num_heads=num_heads,
-                           mlp_dim=mlp_dim, pool=pool, dropout_rate=dropout_rate))
+                           mlp_dim=mlp_dim, pool=pool, dropout_rate=dropout_rate,
+                           positions=positions))
   set_attention(config, mechanism, projection)
   forms_weights = mechanism in registry.list_mechanisms() and registry.get_mechanism(
       mechanism).forms_weights
@@ -259,6 +262,19 @@ def imdb(config, max_length: int = 1024):
   return config
 
 
+def aan(config, data_dir: str = '', max_length: int = 4000):
+  """LRA Retrieval: pairs of ACL Anthology Network papers as bytes; is one cited by the other?
+
+  Read from LRA's released `new_aan_pairs.{train,eval,test}.tsv` in `data_dir`
+  (no download here); each document cut or padded to `max_length` bytes."""
+  config.dataset.update(dict(name='aan', source='tsv', data_dir=data_dir,
+                             max_length=max_length, num_classes=2, augment='none',
+                             image_size=0, channels=0, eval_split='validation',
+                             shuffle_buffer=150_000))
+  config.model.kind = 'text'
+  return config
+
+
 def lra_cache(task: str) -> str:
   """Where a generated Long Range Arena task is written once: ~/.cache/efficient_attn/lra/<task>."""
   return os.path.join(os.path.expanduser('~'), '.cache', 'efficient_attn', 'lra', task)
@@ -285,13 +301,19 @@ def listops(config, sizes: Optional[Dict[str, int]] = None, min_length: int = 50
   return config
 
 
-def pathfinder(config, sizes: Optional[Dict[str, int]] = None, contour_length: int = 14):
-  """LRA Pathfinder (generated here): 32x32 = 1,024 pixel tokens; are the two discs joined?"""
+def pathfinder(config, sizes: Optional[Dict[str, int]] = None, contour_length: int = 14,
+               image_size: int = 32, num_distractors: Optional[int] = None):
+  """LRA Pathfinder (generated here): 32x32 = 1,024 pixel tokens; are the two discs joined?
+
+  `image_size` and `num_distractors` (default: the generator's, LRA's for 32x32) change
+  the images; LRA's task is 32x32."""
   config = _generated(config, 'pathfinder',
                       sizes or {'train': 160_000, 'validation': 20_000, 'test': 20_000},
-                      image_size=32, channels=1, num_classes=2, pixels_as_tokens=True,
+                      image_size=image_size, channels=1, num_classes=2, pixels_as_tokens=True,
                       augment='none', shuffle_buffer=200_000)
   config.dataset.contour_length = contour_length
+  config.dataset.num_distractors = ml_collections.config_dict.placeholder(int)
+  config.dataset.num_distractors = num_distractors
   return config
 
 

@@ -52,6 +52,19 @@ def write_image_folder(root, splits=(('train', 6), ('test', 3)), labels=('cat', 
   return root
 
 
+def write_aan_folder(root, sizes=(('train', 6), ('eval', 4), ('test', 4))):
+  """root/new_aan_pairs.<split>.tsv as LRA releases them: label, ids, two b'...' texts."""
+  rng = np.random.default_rng(0)
+  os.makedirs(root, exist_ok=True)
+  for split, n in sizes:
+    with open(os.path.join(root, f'new_aan_pairs.{split}.tsv'), 'w') as f:
+      for i in range(n):
+        words = [' '.join(rng.choice(['attention', 'parsing', 'corpus', 'model'], size=k))
+                 for k in rng.integers(1, 12, size=2)]
+        f.write(f"{float(i % 2)}\tP{i}\tQ{i}\tb'{words[0]}'\tb'{words[1]}'\n")
+  return root
+
+
 @pytest.fixture(scope='session')
 def image_folder_root(tmp_path_factory):
   return write_image_folder(str(tmp_path_factory.mktemp('image_folder')))

@@ -144,3 +144,19 @@ def test_main_exits_nonzero_with_the_message_and_no_traceback(flags, message, tm
   assert proc.stderr.strip().splitlines()[-1].startswith(message), proc.stderr[-2000:]
   assert 'Traceback' not in proc.stderr
   assert not workdir.exists()
+
+
+def test_retrieval_without_its_files(tmp_path):
+  """LRA Retrieval cannot be generated: no folder, a missing folder, a bad interaction are
+  one-line errors before the workdir is written."""
+  import test_configs  # pylint: disable=g-import-not-at-top  (tests/ is on sys.path)
+  config = test_configs.load('configs/lra/retrieval.py', 'linear,size=small')
+  with pytest.raises(validate.ConfigError, match="data_dir='' is not valid .* new_aan_pairs"):
+    trainer.train_and_evaluate(config, str(tmp_path / 'run'))
+  config.dataset.data_dir = str(tmp_path / 'tsv_data')
+  with pytest.raises(validate.ConfigError, match=r"data_dir='.*tsv_data': no such folder"):
+    trainer.train_and_evaluate(config, str(tmp_path / 'run'))
+  config.model.interaction = 'dot'
+  with pytest.raises(validate.ConfigError, match="interaction='dot' is not valid.*concat, nli"):
+    trainer.train_and_evaluate(config, str(tmp_path / 'run'))
+  assert not (tmp_path / 'run').exists()

@@ -39,10 +39,14 @@ def load(path: str, arg: str = None) -> ml_collections.ConfigDict:
 
 
 def runnable(config, image_folder_root, generated_root=None):
-  """Points an ImageFolder config at the test folder and a generated task at a few
-  examples in `generated_root`; drops init_from (no earlier run here)."""
+  """Points an ImageFolder config at the test folder, a generated task at a few
+  examples in `generated_root` and LRA Retrieval at a few written pairs there; drops
+  init_from (no earlier run here)."""
   if config.dataset.name == 'image_folder':
     config.dataset.data_dir = str(image_folder_root)
+  if config.dataset.get('source') == 'tsv' and generated_root is not None:
+    from conftest import write_aan_folder  # pylint: disable=g-import-not-at-top
+    config.dataset.data_dir = write_aan_folder(os.path.join(str(generated_root), 'aan'))
   if config.dataset.get('source') == 'generated' and generated_root is not None:
     config.dataset.data_dir = os.path.join(str(generated_root), config.dataset.name)
     config.dataset.sizes = ml_collections.ConfigDict({'train': 4, 'validation': 2, 'test': 2})
@@ -68,6 +72,8 @@ def test_every_mechanism_has_a_cifar10_and_an_imdb_config(mechanism):
   every registered mechanism."""
   lra = [(f'configs/lra/{task}.py', f'{mechanism},size={size}')
          for task in ('listops', 'pathfinder', 'image', 'text') for size in ('base', 'small')]
+  lra += [('configs/lra/retrieval.py', f'{mechanism},size={size},data_dir=lra/tsv_data')
+          for size in ('base', 'small')]
   for path, arg in [('configs/cifar10.py', mechanism), ('configs/imdb.py', mechanism),
                     ('configs/cifar10.py', f'{mechanism},size=small')] + lra:
     config = load(path, arg)

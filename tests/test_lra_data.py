@@ -350,7 +350,8 @@ def test_generated_source_writes_once_and_batches_like_arrays(path, tmp_path, ca
   assert len(files) == 3 and all(f.endswith('.npz') for f in files), files
   pattern = generated.pattern(config)
   stored = arrays.read_npz(pattern.format(split='train'))
-  n = 500 if config.dataset.name == 'listops' else 1024  # small: lengths < 500; 32x32 pixels
+  d = config.dataset
+  n = d.max_length if d.name == 'listops' else d.image_size ** 2  # small: 256 either way
   assert batch['inputs'].shape == (4, n) and batch['label'].shape == (4,)
   assert set(np.unique(batch['label'])) <= set(range(config.dataset.num_classes))
   assert len(stored) == 8
@@ -386,3 +387,104 @@ def test_pixel_tokens_are_all_attended_without_padding():
         params)
     a, b = model.apply(params, tokens), model.apply(moved, tokens)
     assert bool(np.any(np.abs(np.asarray(a) - np.asarray(b)) > 1e-6)) == moves, padding
+
+
+# ----------------------------------------------------------------------------- Retrieval
+
+
+def _retrieval_config(folder, mechanism='softmax', max_length=24):
+  import test_configs  # pylint: disable=g-import-not-at-top  (tests/ is on sys.path)
+  config = test_configs.load('configs/lra/retrieval.py',
+                             f'{mechanism},size=small,data_dir={folder}')
+  config.dataset.update(dict(max_length=max_length, batch_size=2, eval_batch_size=3))
+  return config
+
+
+def test_retrieval_source_batches_byte_pairs(tmp_path):
+  """The 'tsv' source: LRA's three files as train / validation / test, each example the
+  byte ids of its two documents `[2, max_length]`, in the files' order for evaluation."""
+  from conftest import write_aan_folder  # pylint: disable=g-import-not-at-top
+  from train import input_pipeline  # pylint: disable=g-import-not-at-top
+  folder = write_aan_folder(str(tmp_path / 'tsv'))
+  config = _retrieval_config(folder)
+  text1, text2, labels = aan.read_tsv(os.path.join(folder, 'new_aan_pairs.eval.tsv'))
+  batches = list(input_pipeline.get_eval_data(config).batches())
+  inputs = np.concatenate([b['inputs'] for b in batches])[:len(labels)]
+  assert inputs.shape == (4, 2, 24) and inputs.dtype == np.int32
+  for i in range(4):
+    for k, text in enumerate((text1[i], text2[i])):
+      ids = np.frombuffer(text[:24], np.uint8).astype(np.int32) + 1
+      np.testing.assert_array_equal(inputs[i, k], np.pad(ids, (0, 24 - len(ids))))
+  np.testing.assert_array_equal(np.concatenate([b['label'] for b in batches])[:4], labels)
+  assert input_pipeline.num_examples(config, 'train') == 6
+  assert next(input_pipeline.get_train_data(config).batches(0))['inputs'].shape == (2, 2, 24)
+  config.dataset.data_dir = str(tmp_path / 'missing')
+  with pytest.raises(ValueError, match='missing.*no such folder'):
+    input_pipeline.num_examples(config, 'train')
+
+
+def test_text_matcher_is_a_shared_dual_encoder():
+  """TextMatcher = one encoder on both documents, [e1, e2] (or NLI features), an MLP; padding
+  of either document changes nothing; a pair order swap moves the logits ('concat')."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from efficient_attn import models  # pylint: disable=g-import-not-at-top
+  from efficient_attn.models import text  # pylint: disable=g-import-not-at-top
+  cfg = models.TransformerConfig(d_model=16, depth=1, num_heads=2, mlp_dim=12, max_length=10)
+  rng = np.random.default_rng(0)
+  tokens = np.zeros((3, 2, 10), np.int32)
+  for i in range(3):
+    for k in range(2):
+      n = rng.integers(2, 9)
+      tokens[i, k, :n] = rng.integers(1, 257, n)
+  for interaction in ('concat', 'nli'):
+    model = models.TextMatcher(cfg, num_classes=2, vocab_size=257, interaction=interaction)
+    params = model.init(jax.random.key(0), tokens)['params']
+    assert set(params) == {'tower', 'mlp', 'mlp2', 'head'}  # one encoder for both documents
+    assert params['mlp2']['kernel'].shape == (12, 6)
+    logits = np.asarray(model.apply({'params': params}, tokens), np.float64)
+    tower = text._Tower(cfg, 257, 'mean')  # pylint: disable=protected-access
+    e1, e2 = (np.asarray(tower.apply({'params': params['tower']}, tokens[:, k], train=False),
+                         np.float64) for k in range(2))
+    x = np.concatenate([e1, e2] + ([e1 * e2, e1 - e2] if interaction == 'nli' else []), -1)
+    for name in ('mlp', 'mlp2', 'head'):
+      p = jax.tree.map(lambda a: np.asarray(a, np.float64), params[name])
+      x = x @ p['kernel'] + p['bias']
+      x = np.maximum(x, 0) if name != 'head' else x
+    np.testing.assert_allclose(logits, x, rtol=1e-4, atol=1e-5)
+    short = tokens[:, :, :9]  # one padding column fewer: the same pairs
+    np.testing.assert_allclose(model.apply({'params': params}, short), logits, atol=1e-5)
+  swapped = np.asarray(model.apply({'params': params}, tokens[:, ::-1]))
+  assert not np.allclose(swapped, logits, atol=1e-4)  # 'nli' keeps e1 - e2: order matters
+  with pytest.raises(ValueError, match=r'pairs \[batch, 2, length\]'):
+    model.apply({'params': params}, tokens[:, 0])
+  with pytest.raises(ValueError, match="interaction='dot' is not valid; valid choices: concat"):
+    models.TextMatcher(cfg, num_classes=2, vocab_size=257, interaction='dot').init(
+        jax.random.key(0), tokens)
+
+
+def test_sinusoidal_positions_are_fixed():
+  """positions='sinusoidal' (LRA's default): sin / cos of p / 10000^(2i/d), no parameter."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from efficient_attn import models  # pylint: disable=g-import-not-at-top
+  from efficient_attn.models import text  # pylint: disable=g-import-not-at-top
+  table = text.sinusoidal_positions(50, 6)
+  assert table.shape == (1, 50, 6)
+  p, i = 37, 2  # features 2i (sin) and 2i + 1 (cos)
+  angle = p / 10000.0 ** (2 * i / 6)
+  np.testing.assert_allclose(table[0, p, 2 * i], np.sin(angle), rtol=1e-6)
+  np.testing.assert_allclose(table[0, p, 2 * i + 1], np.cos(angle), rtol=1e-6)
+  assert text.sinusoidal_positions(4, 5).shape == (1, 4, 5)  # odd width
+  cfg = models.TransformerConfig(d_model=8, depth=1, num_heads=2, mlp_dim=8, max_length=6)
+  tokens = np.array([[3, 4, 5, 0, 0, 0]])
+  fixed = models.TextClassifier(cfg, num_classes=2, vocab_size=9, positions='sinusoidal')
+  learned = models.TextClassifier(cfg, num_classes=2, vocab_size=9)
+  assert 'pos_embedding' not in fixed.init(jax.random.key(0), tokens)['params']
+  assert 'pos_embedding' in learned.init(jax.random.key(0), tokens)['params']
+  # The same tokens in another order give other features (mean pooling alone would not).
+  tower = text._Tower(cfg, 9, 'mean', 'sinusoidal')  # pylint: disable=protected-access
+  params = tower.init(jax.random.key(0), tokens, train=False)
+  a = tower.apply(params, tokens, train=False)
+  assert not np.allclose(a, tower.apply(params, np.array([[5, 4, 3, 0, 0, 0]]), train=False))
+  with pytest.raises(ValueError, match="positions='rope' is not valid; valid choices: learned"):
+    models.TextClassifier(cfg, num_classes=2, vocab_size=9, positions='rope').init(
+        jax.random.key(0), tokens)

@@ -21,3 +21,9 @@ def test_steps_and_memory_relative_to_softmax(tmp_path):
   text = (tmp_path / 'lra_efficiency.md').read_text()
   assert '| linear |' in text and 'relative to softmax' in text
   assert (tmp_path / 'lra_efficiency.png').exists()
+  # LRA's Table 2 beside ours: the printed speed-ups, memory relative to the printed 9.48 GB.
+  assert '## Published (LRA, not measured here)' in text
+  assert '| linear | Linear Trans. | 1.1x | 1.9x | 3.7x | 5.6x |' in text
+  assert '| linear | Linear Trans. | 0.44x | 0.22x | 0.15x | 0.11x |' in text
+  assert 'sparse' not in saved['published']['models']  # not in LRA's Table 2
+  assert saved['published']['models']['softmax']['memory_gb'][3] == 9.48

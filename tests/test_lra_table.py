@@ -26,17 +26,21 @@ def test_table_from_workdirs(tmp_path):
   _workdir(runs, 'listops-softmax', 'configs/lra/listops.py', 'softmax,size=small', 0.375)
   _workdir(runs, 'image-nystrom', 'configs/lra/image.py', 'mechanism=nystrom,projection=super',
            None)  # unfinished
+  _workdir(runs, 'retrieval-linear', 'configs/lra/retrieval.py',
+           'linear,size=small,data_dir=tsv_data', 0.5)
   _workdir(runs, 'mnist', 'configs/mnist.py', 'standard', 0.99)  # not an LRA run
   out = tmp_path / 'out'
   data = lra_table.main([f'{runs}/*', f'--out={out}', '--quiet'])
-  assert data['ours']['linear'] == {'ListOps': [30.0, 40.0], 'Pathfinder': [60.0]}
+  assert data['ours']['linear'] == {'ListOps': [30.0, 40.0], 'Pathfinder': [60.0],
+                                    'Retrieval': [50.0]}
   assert data['ours']['softmax'] == {'ListOps': [37.5]}
   assert 'nystrom+super' not in data['ours']
   text = (out / 'lra.md').read_text()
-  assert '| linear | 35.00 (2) | 60.00 | 47.50 |' in text  # mean of 2 seeds; average
+  assert '| linear | 35.00 (2) | 50.00 | 60.00 | 48.33 |' in text  # mean of 2 seeds; average
   assert '| softmax | 37.50 | – | – |' in text  # no Pathfinder run: no average
   assert '| softmax | Transformer | 36.37 | 64.27 | 57.46 | 42.44 | 71.40 | 54.39 |' in text
-  assert 'lengths 100-500' in text and 'contour length 6' in text
+  assert 'lengths 64-256' in text and '16x16, contour length 6' in text
+  assert '2 x 1000 bytes' in text
   assert 'Unfinished' in text and 'image-nystrom' in text
   assert (out / 'lra.png').exists()
 

@@ -3,7 +3,8 @@
     model = models.create_model(config)            # ViT, TextClassifier, CausalTransformer, MLP
     x = models.dummy_inputs(config, batch_size=2)   # what model(x, train=...) takes
 
-Kinds: 'vit' (images), 'text' (byte or token sequences), 'causal' (pixel
+Kinds: 'vit' (images), 'text' (byte or token sequences; a dual encoder for
+pairs of documents), 'causal' (pixel
 tokens, the autoregressive pixel model) and 'mlp' (images, the LoRA study's
 base). With `config.lora.rank > 0` the model comes wrapped in `lora.Adapted`
 (see `train/adapters.py`).
@@ -21,7 +22,8 @@ from train import input_pipeline
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 KINDS = ('vit', 'text', 'causal', 'mlp')
 # What each kind reads (`input_pipeline.input_kind`) and the tasks it serves.
-READS = {'vit': ('image',), 'text': ('text', 'tokens', 'pixels'), 'causal': ('pixels',),
+READS = {'vit': ('image',), 'text': ('text', 'text_pair', 'tokens', 'pixels'),
+         'causal': ('pixels',),
          'mlp': ('image',)}
 TASKS = {'vit': ('classification',), 'text': ('classification',), 'causal': ('pixel_lm',),
          'mlp': ('classification',)}
@@ -79,11 +81,16 @@ def create_model(config) -> nn.Module:
                    patch_size=m.patch_size, pool=m.pool)
   elif m.kind == 'text':
     inputs = input_pipeline.input_kind(config)
-    vocab = {'text': input_pipeline.TEXT_VOCAB_SIZE, 'pixels': PIXEL_LEVELS}.get(inputs) or (
-        input_pipeline.vocab_size(config))
-    model = ea.TextClassifier(
-        transformer_config(config, max_length=m.max_length or token_length(config)),
-        num_classes=num_classes, vocab_size=vocab, pool=m.pool, padding=inputs != 'pixels')
+    vocab = {'text': input_pipeline.TEXT_VOCAB_SIZE, 'text_pair': input_pipeline.TEXT_VOCAB_SIZE,
+             'pixels': PIXEL_LEVELS}.get(inputs) or input_pipeline.vocab_size(config)
+    encoder = transformer_config(config, max_length=m.max_length or token_length(config))
+    positions = m.get('positions', 'learned')
+    if inputs == 'text_pair':
+      model = ea.TextMatcher(encoder, num_classes=num_classes, vocab_size=vocab, pool=m.pool,
+                             interaction=m.get('interaction', 'concat'), positions=positions)
+    else:
+      model = ea.TextClassifier(encoder, num_classes=num_classes, vocab_size=vocab,
+                                pool=m.pool, padding=inputs != 'pixels', positions=positions)
   elif m.kind == 'causal':
     model = ea.CausalTransformer(
         transformer_config(config, max_length=sequence_length(config)[1]),
@@ -103,7 +110,8 @@ def dummy_inputs(config, batch_size: int = 1):
   if kind in ('vit', 'mlp'):
     return jnp.zeros((batch_size, d.image_size, d.image_size, d.channels), jnp.float32)
   if kind == 'text':
-    return jnp.ones((batch_size, token_length(config)), jnp.int32)
+    pair = (2,) if input_pipeline.input_kind(config) == 'text_pair' else ()
+    return jnp.ones((batch_size,) + pair + (token_length(config),), jnp.int32)
   return jnp.zeros((batch_size, sequence_length(config)[0]), jnp.int32)
 
 

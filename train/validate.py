@@ -15,6 +15,7 @@ import ml_collections
 
 from efficient_attn import layer
 from efficient_attn import registry
+from efficient_attn.models import text as ea_text
 from train import adapters
 from train import input_pipeline
 from train import models
@@ -93,7 +94,7 @@ def _dataset(config) -> None:
         specs.normalization(config, spec)
     except ValueError as e:
       raise ConfigError(str(e)) from None
-  elif spec.kind in ('text', 'tokens'):
+  elif spec.kind in ('text', 'text_pair', 'tokens'):
     _positive(config, 'dataset.max_length')
   if d.num_classes < 0 or (d.num_classes == 0 and spec.num_classes == 0
                            and src not in ('folder', 'arrays')):
@@ -109,10 +110,11 @@ def _dataset(config) -> None:
   if holdout > 0 and not specs.in_memory(config):
     raise ConfigError(f'config.dataset.holdout={holdout} needs an in-memory dataset; '
                       f'{d.name!r} from {src!r} streams (hold out files instead)')
-  if src in ('folder', 'arrays', 'generated') and not d.data_dir:
+  if src in ('folder', 'arrays', 'generated', 'tsv') and not d.data_dir:
     what = {'folder': 'the image folder root (root/<split>/<label>/<image>)',
             'arrays': "the .npz file (a '{split}' in it names one file per split)",
-            'generated': 'the folder the generated splits are written into'}[src]
+            'generated': 'the folder the generated splits are written into',
+            'tsv': "the folder of LRA's new_aan_pairs.{train,eval,test}.tsv"}[src]
     raise ConfigError(f"config.dataset.data_dir='' is not valid for dataset {d.name!r} from "
                       f'source {src!r}; it must be {what}')
   if src == 'tfds' and d.data_dir and not d.download and not os.path.isdir(
@@ -160,6 +162,9 @@ def _model(config) -> None:
                       f'config.model.d_model={m.d_model}; valid choices: '
                       f'{", ".join(map(str, divisors))}')
   _choice('model.pool', m.pool, POOLS)
+  if m.get('interaction') is not None:
+    _choice('model.interaction', m.interaction, ea_text.INTERACTIONS)
+  _choice('model.positions', m.get('positions', 'learned'), ea_text.POSITIONS)
   if m.kind == 'vit':
     _positive(config, 'model.patch_size')
     if d.image_size % m.patch_size:

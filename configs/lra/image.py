@@ -5,7 +5,7 @@ mechanism, projection and size:
 
   base: LRA's setting: 1 layer, width 32, 1 head, MLP 64, mean pooling (LRA: CLS,
     but 1,025 tokens are a length block mechanisms cannot tile), dropout
-    0.3, attention dropout 0.2; batch 256, 200 epochs, Adam at 5e-4 with one
+    0.3, attention dropout 0.2, learned positions (LRA's CIFAR-10 setting); batch 256, 200 epochs, Adam at 5e-4 with one
     epoch of warm-up and cosine decay, no weight decay. LRA's epoch is 45,000
     images; here 10% of the training set (5,000 images, class-stratified) is held
     out for validation and the other 45,000 train.
@@ -30,7 +30,7 @@ def get_config(arg=None):
                              eval_split='validation'))
   common.lra_model(config, args['mechanism'], args['projection'], d_model=32, depth=1,
                    num_heads=1, mlp_dim=64, pool='mean', dropout_rate=0.3,
-                   attention_dropout_rate=0.2)
+                   attention_dropout_rate=0.2, positions='learned')
   config.dataset.batch_size = 256
   config.dataset.eval_batch_size = 500
   config.optim.update(dict(learning_rate=5e-4, warmup_steps=45_000 // 256, weight_decay=0.0,

@@ -5,14 +5,15 @@ once to ~/.cache/efficient_attn/lra/listops. The argument picks the mechanism,
 projection and size:
 
   base: LRA's setting: expressions of 500-2,000 tokens, 96,000 / 2,000 / 2,000
-    examples; 6 layers, width 512, 8 heads, MLP 2048, mean pooling (LRA: CLS, but one
-    more token makes the length one that block mechanisms cannot tile); batch 32,
+    examples; 6 layers, width 512, 8 heads, MLP 2048, fixed sinusoidal positions, mean
+    pooling (LRA: CLS, but one more token makes the length one that block mechanisms
+    cannot tile); batch 32,
     5,000 steps. LRA's optimiser is Adam at 0.05 with linear warm-up over 1,000
     steps and rsqrt decay, weight decay 0.1; here AdamW peaks at LRA's rate at
     the end of warm-up (0.05 / sqrt(1000) = 1.58e-3) and decays by cosine.
-  small: the same task on 10,000 / 1,000 / 1,000 shorter expressions (100-500
-    tokens); 2 layers, width 64, 4 heads, MLP 128; 1,500 steps, which fits this
-    project's CPU comparisons.
+  small: the same task on 10,000 / 1,000 / 1,000 shorter expressions (64-256
+    tokens); 2 layers, width 64, 4 heads, MLP 128; 1,000 steps, which fits this
+    project's CPU comparisons (at 500 tokens a softmax step takes 0.8 s on one core).
 
     --config=configs/lra/listops.py:linear
     --config=configs/lra/listops.py:mechanism=nystrom,size=small
@@ -25,8 +26,8 @@ SIZES = {
                  num_steps=5000, eval_batch_size=256),
     'small': dict(model=dict(d_model=64, depth=2, num_heads=4, mlp_dim=128),
                   data=dict(sizes={'train': 10_000, 'validation': 1000, 'test': 1000},
-                            min_length=100, max_length=500),
-                  num_steps=1500, eval_batch_size=250),
+                            min_length=64, max_length=256),
+                  num_steps=1000, eval_batch_size=250),
 }
 
 

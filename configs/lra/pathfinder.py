@@ -6,12 +6,15 @@ here (`train/input_pipeline/pathfinder.py`) and written once to
 projection and size:
 
   base: LRA's setting: contour length 14 (hard), 160,000 / 20,000 / 20,000
-    images; 1 layer, width 32, 2 heads, MLP 32, mean pooling, dropout 0.1;
+    images; 1 layer, width 32, 2 heads, MLP 32, mean pooling, dropout 0.1, fixed
+    sinusoidal positions;
     batch 512, 200 epochs, Adam at 1e-3, one epoch of warm-up, cosine decay, no
     weight decay. (LRA's attention width is 16 inside a width-32 model; here the
     projections keep the width.)
-  small: contour length 6 (LRA's easy setting), 10,000 / 1,000 / 1,000 images,
-    the same model; batch 128, 20 epochs, which fits this project's CPU comparisons.
+  small: 16x16 images (256 tokens) with 3 distractors (LRA's 10 scaled to a quarter of the
+    area), contour length 6 (LRA's easy setting), 10,000 / 1,000 / 1,000 images, the
+    same model; batch 64, 10 epochs (1,560 steps), which fits this project's CPU
+    comparisons: at 1,024 tokens one softmax step of batch 128 takes seconds on one core.
 
     --config=configs/lra/pathfinder.py:performer
     --config=configs/lra/pathfinder.py:mechanism=local,size=small
@@ -22,8 +25,8 @@ SIZES = {
     'base': dict(data=dict(sizes=None, contour_length=14), batch_size=512, num_epochs=200,
                  warmup_steps=160_000 // 512),
     'small': dict(data=dict(sizes={'train': 10_000, 'validation': 1000, 'test': 1000},
-                            contour_length=6),
-                  batch_size=128, num_epochs=20, warmup_steps=10_000 // 128),
+                            contour_length=6, image_size=16, num_distractors=3),
+                  batch_size=64, num_epochs=10, warmup_steps=10_000 // 64),
 }
 
 

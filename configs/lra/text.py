@@ -3,8 +3,9 @@
 Bytes are tokens 1..256 (0 = padding). The argument picks the mechanism,
 projection, length and size:
 
-  base: LRA's setting: 4 layers, width 256, 4 heads, MLP 1024, mean pooling (LRA: CLS, but one
-    more token makes the length one that block mechanisms cannot tile);
+  base: LRA's setting: 4 layers, width 256, 4 heads, MLP 1024, fixed sinusoidal positions,
+    mean pooling (LRA: CLS, but one more token makes the length one that block mechanisms
+    cannot tile);
     batch 32, 20,000 steps. LRA's optimiser is Adam at 0.05 with 8,000 warm-up
     steps and rsqrt decay, weight decay 0.1; here AdamW peaks at LRA's rate at
     the end of warm-up (0.05 / sqrt(8000) = 5.6e-4) and decays by cosine.

@@ -6,7 +6,8 @@
 
 Batches are dicts of numpy arrays for this process (its slice of the global
 batch): 'inputs' (images `[b, h, w, c]` float32 normalised; text `[b,
-max_length]` int32 byte ids, 0 = padding; token tasks `[b, length]` int32;
+max_length]` int32 byte ids, 0 = padding; text pairs `[b, 2, max_length]`;
+token tasks `[b, length]` int32;
 with `dataset.pixels_as_tokens` pixel tokens `[b, h*w*c]` int32 0..255 in
 raster order), 'label' `[b]` int32 and 'mask' `[b]` float32 (0 for the padding
 rows that complete the last eval batch).

@@ -24,7 +24,7 @@ bytes a b'...' literal stands for.
 import ast
 import os
 import types
-from typing import Iterator, List, Tuple
+from typing import Dict, Iterator, List, Tuple
 
 import numpy as np
 
@@ -121,3 +121,20 @@ def tsv_to_npz(path: str, out_path: str, unescape: bool = False) -> str:
              offsets2=np.asarray(offsets[1], np.int64), y=np.asarray(labels, np.int64))
   os.replace(tmp, out_path)
   return out_path
+
+
+def read_splits(folder: str, unescape: bool = False) -> Dict[str, Tuple[List[bytes], List[bytes],
+                                                                         np.ndarray]]:
+  """{split: read_tsv(file)} for each of `SPLIT_FILES` present in `folder` (at least one).
+
+  'validation' is LRA's `new_aan_pairs.eval.tsv`.
+  """
+  if not os.path.isdir(folder):
+    raise ValueError(f'config.dataset.data_dir={folder!r}: no such folder; it must hold '
+                     f'LRA\'s {", ".join(SPLIT_FILES.values())}')
+  out = {split: read_tsv(os.path.join(folder, name), unescape)
+         for split, name in SPLIT_FILES.items() if os.path.exists(os.path.join(folder, name))}
+  if not out:
+    raise ValueError(f'config.dataset.data_dir={folder!r} holds none of LRA\'s AAN files '
+                     f'{", ".join(SPLIT_FILES.values())}')
+  return out

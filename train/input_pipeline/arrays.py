@@ -44,7 +44,8 @@ class Examples:
 
   Attributes:
     inputs: images `[n, h, w, c]` (uint8, or float32 in 0..255), a list of n
-      `bytes` (text) or int tokens `[n, length]`.
+      `bytes` (text), a list of n `(bytes, bytes)` (text pairs) or int tokens
+      `[n, length]`.
     labels: int32 `[n]`.
   """
   inputs: Any
@@ -217,6 +218,10 @@ def _load(source: str, name: str, data_dir: str, holdout: float,
     return _carve(_npz_splits(data_dir), holdout, data_dir)
   if source == 'sklearn':
     return _carve(load_digits(), holdout, 'the digits')
+  if source == 'tsv':
+    from train.input_pipeline import aan  # pylint: disable=g-import-not-at-top
+    return _carve({split: Examples(list(zip(a, b)), np.asarray(y, np.int32))
+                   for split, (a, b, y) in aan.read_splits(data_dir).items()}, holdout, data_dir)
   if source == 'tfds':
     spec = specs.get_spec(name)
     return _carve(_tfds_splits(name, data_dir, spec.feature, tfds_splits), holdout,

@@ -13,7 +13,8 @@ Settings, all optional in `config.dataset`:
   * ListOps: min_length (default 500) and max_length (default 2000): the
     expression lengths, in tokens;
   * Pathfinder: contour_length (6, 9 or 14 dashes, LRA's easy / intermediate /
-    hard; default 14).
+    hard; default 14), image_size (default 32, LRA's) and num_distractors
+    (default the generator's, LRA's 20 // distractor length, which fits 32x32).
 """
 import os
 from typing import Any, Dict
@@ -42,7 +43,10 @@ def settings(config) -> Dict[str, Any]:
     out.update(min_length=int(d.get('min_length', 0) or 500),
                max_length=int(d.get('max_length', 0) or 2000))
   else:
-    out.update(contour_length=int(d.get('contour_length', 0) or 14))
+    out.update(contour_length=int(d.get('contour_length', 0) or 14),
+               image_size=int(d.get('image_size', 0) or pathfinder.IMAGE_SIZE))
+    if d.get('num_distractors') is not None:
+      out['num_distractors'] = int(d.num_distractors)
   return out
 
 
@@ -51,7 +55,7 @@ def pattern(config) -> str:
   d, s = config.dataset, settings(config)
   if d.name == 'listops':
     return listops.split_path(d.data_dir, '{split}')
-  return pathfinder.split_path(d.data_dir, '{split}', s['contour_length'])
+  return pathfinder.split_path(d.data_dir, '{split}', s['contour_length'], s['image_size'])
 
 
 def ensure(config, verbose: bool = True) -> str:
@@ -66,6 +70,7 @@ def ensure(config, verbose: bool = True) -> str:
                          max_length=s['max_length'], min_length=s['min_length'],
                          verbose=verbose)
   else:
-    pathfinder.write_splits(d.data_dir, seed=s['seed'], sizes=s['sizes'],
-                            contour_length=s['contour_length'], verbose=verbose)
+    options = {k: v for k, v in s.items() if k not in ('seed', 'sizes')}
+    pathfinder.write_splits(d.data_dir, seed=s['seed'], sizes=s['sizes'], verbose=verbose,
+                            **options)
   return pattern(config)

@@ -76,6 +76,10 @@ def prepare(config, examples: arrays.Examples) -> Tuple[np.ndarray, np.ndarray]:
       raise ValueError(f'dataset {d.name!r} is text, but the source holds arrays of shape '
                        f'{np.shape(x)}')
     return byte_ids(x, d.max_length), examples.labels
+  if kind == 'text_pair':  # [n, 2, max_length]
+    first, second = zip(*x) if len(x) else ((), ())
+    return np.stack([byte_ids(first, d.max_length), byte_ids(second, d.max_length)],
+                    1), examples.labels
   if kind == 'tokens':
     x = np.asarray(x)
     length = d.max_length or x.shape[1]

@@ -375,13 +375,16 @@ def generate(num_examples: int, seed: Union[int, Sequence[int]], contour_length:
   return (images, labels, discs) if with_discs else (images, labels)
 
 
-def split_path(folder: str, split: str, contour_length: int = 14) -> str:
-  return os.path.join(folder, f'pathfinder{contour_length}_{split}.npz')
+def split_path(folder: str, split: str, contour_length: int = 14,
+               image_size: int = IMAGE_SIZE) -> str:
+  """`folder/pathfinder{contour_length}_{split}.npz`; `..._{image_size}px_...` for other sizes."""
+  size = '' if image_size == IMAGE_SIZE else f'_{image_size}px'
+  return os.path.join(folder, f'pathfinder{contour_length}{size}_{split}.npz')
 
 
 def write_splits(folder: str, seed: int = 0, sizes=None, contour_length: int = 14,
                  verbose: bool = True, **kw) -> List[str]:
-  """Writes `folder/pathfinder{contour_length}_{split}.npz`; skips files already up to date.
+  """Writes the `split_path` files of each split; skips files already up to date.
 
   Each file holds `x` (uint8 `[n, size, size]`), `y` (int64 `[n]`) and
   `settings_json` (uint8 bytes of the JSON generation settings). A file whose
@@ -418,7 +421,7 @@ def write_splits(folder: str, seed: int = 0, sizes=None, contour_length: int = 1
   os.makedirs(folder, exist_ok=True)
   paths = []
   for split, n in sizes.items():
-    path = split_path(folder, split, contour_length)
+    path = split_path(folder, split, contour_length, cfg['image_size'])
     paths.append(path)
     split_seed = (int(seed), zlib.crc32(split.encode('utf-8')))
     settings = {'format': _FORMAT, 'seed': int(seed), 'split': split, 'num_examples': int(n), **cfg}
@@ -426,7 +429,7 @@ def write_splits(folder: str, seed: int = 0, sizes=None, contour_length: int = 1
       if verbose:
         print(f'{path}: up to date, skipped', flush=True)
       continue
-    images, labels = generate(n, split_seed, progress=f'pathfinder{contour_length} {split}'
+    images, labels = generate(n, split_seed, progress=f'pathfinder {os.path.basename(path)}'
                               if verbose else None, **cfg)
     npz_cache.save_npz(path, x=images, y=labels, settings_json=np.frombuffer(
         json.dumps(settings, sort_keys=True).encode('utf-8'), np.uint8))

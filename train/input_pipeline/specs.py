@@ -12,7 +12,9 @@ so a model config (e.g. the MNIST ViT) runs on MNIST from TFDS, from an
   * 'folder': `dataset.data_dir/<split>/<label>/<image>` (`tfds.ImageFolder`);
   * 'sklearn': scikit-learn's bundled 8x8 digits (no download);
   * 'generated': a task the project generates (Long Range Arena ListOps and
-    Pathfinder), written once to `dataset.data_dir` and read as arrays.
+    Pathfinder), written once to `dataset.data_dir` and read as arrays;
+  * 'tsv': the Long Range Arena's released AAN Retrieval files
+    (`dataset.data_dir/new_aan_pairs.{train,eval,test}.tsv`, see `aan.py`).
 
 Small datasets are read once, decoded and kept in memory (`memory.py`); large
 ones (ImageNet, image folders) stream through tf.data (`stream.py`).
@@ -22,7 +24,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-SOURCES = ('tfds', 'arrays', 'folder', 'sklearn', 'generated')
+SOURCES = ('tfds', 'arrays', 'folder', 'sklearn', 'generated', 'tsv')
 AUGMENTATIONS = ('none', 'crop', 'crop_flip', 'inception_crop')
 TEXT_VOCAB_SIZE = 257  # bytes 0..255 as ids 1..256; 0 is padding
 
@@ -33,7 +35,8 @@ class DatasetSpec:
 
   Attributes:
     name: `config.dataset.name`.
-    kind: 'image', 'text' (byte tokens) or 'tokens' (a generated token task).
+    kind: 'image', 'text' (byte tokens), 'text_pair' (two byte-token documents)
+      or 'tokens' (a generated token task).
     num_classes: label count; 0: read it from the data (image folders).
     mean, std: per-channel normalisation of images scaled to [0, 1]; empty:
       computed from the training images (or set `dataset.mean` / `dataset.std`).
@@ -60,6 +63,8 @@ class DatasetSpec:
     """The sources that can serve this dataset."""
     if self.default_source in ('sklearn', 'generated'):
       return (self.default_source, 'arrays')
+    if self.default_source == 'tsv':
+      return ('tsv',)
     if self.name == 'image_folder':
       return ('folder', 'arrays')
     if self.kind == 'image':
@@ -81,6 +86,8 @@ DATASETS = {spec.name: spec for spec in (
     # The Long Range Arena's generated tasks (Tay et al. 2021; `generated.py`).
     DatasetSpec('listops', 'tokens', 10, default_source='generated', vocab_size=16),
     DatasetSpec('pathfinder', 'image', 2, default_source='generated', stored_size=32),
+    # Retrieval: LRA's released ACL Anthology Network pairs (`aan.py`).
+    DatasetSpec('aan', 'text_pair', 2, default_source='tsv', feature='text'),
 )}
 
 
@@ -105,12 +112,12 @@ def source(config) -> str:
 def in_memory(config) -> bool:
   """Whether the dataset is read once into memory (else streamed by tf.data)."""
   src = source(config)
-  return src in ('arrays', 'sklearn', 'generated') or (
+  return src in ('arrays', 'sklearn', 'generated', 'tsv') or (
       src == 'tfds' and get_spec(config.dataset.name).small)
 
 
 def input_kind(config) -> str:
-  """What the pipeline yields: 'image', 'text', 'tokens' or 'pixels' (image tokens)."""
+  """What the pipeline yields: 'image', 'text', 'text_pair', 'tokens' or 'pixels' (image tokens)."""
   kind = get_spec(config.dataset.name).kind
   return 'pixels' if kind == 'image' and config.dataset.get('pixels_as_tokens') else kind
 
