@@ -115,3 +115,18 @@ def test_the_cifar10_sweep_runs_exactly_what_its_config_files_run():
     direct = validate.resolved(cifar10.get_config(mechanism), read_data=False)
     assert configs[run.name].to_dict() == direct.to_dict(), run.name
     assert dict(direct.attention.options) == dict(registry.get_mechanism(mechanism).resolve())
+
+
+def test_the_lra_sweep_reads_its_environment(monkeypatch):
+  """sweeps/lra.py: SIZE picks the configs' size, TASKS the tasks, AAN_DIR Retrieval's files."""
+  monkeypatch.setenv('SIZE', 'small')
+  names = {r.name for r in sweep.expand(sweep.load_sweep('sweeps/lra.py'))}
+  assert names == {f'{t}-{m}' for t in ('listops', 'pathfinder')
+                   for m in registry.list_mechanisms()}
+  monkeypatch.setenv('TASKS', 'retrieval')
+  monkeypatch.setenv('MECHANISMS', 'linear,nystrom')
+  monkeypatch.setenv('AAN_DIR', 'gs://bucket/tsv_data')
+  runs = sweep.expand(sweep.load_sweep('sweeps/lra.py'))
+  assert [r.config for r in runs] == ['configs/lra/retrieval.py:linear,size=small',
+                                      'configs/lra/retrieval.py:nystrom,size=small']
+  assert all(r.overrides['dataset.data_dir'] == 'gs://bucket/tsv_data' for r in runs)
