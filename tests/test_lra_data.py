@@ -352,6 +352,8 @@ def test_generated_source_writes_once_and_batches_like_arrays(path, tmp_path, ca
   stored = arrays.read_npz(pattern.format(split='train'))
   d = config.dataset
   n = d.max_length if d.name == 'listops' else d.image_size ** 2  # small: 256 either way
+  if d.name == 'pathfinder':  # other sizes than LRA's 32x32 get files of their own
+    assert all(f.startswith('pathfinder6_16px_') for f in files), files
   assert batch['inputs'].shape == (4, n) and batch['label'].shape == (4,)
   assert set(np.unique(batch['label'])) <= set(range(config.dataset.num_classes))
   assert len(stored) == 8
