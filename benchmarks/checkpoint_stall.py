@@ -15,7 +15,8 @@ synchronous; with asynchronous saving only the copy to host and the manifest,
 while Orbax writes in a background thread. Also reports the train steps' rate
 between saves, which a background write can slow. The first save of each mode
 is left out of the medians (it compiles the finiteness check). The trainer
-records the same stall in each run's results.json (`checkpoint_stall_s`).
+records each run's median stall in its results.json (`checkpoint_stall_s`),
+first save included.
 Writes <out>/<name>.json and .md.
 """
 import statistics
@@ -71,17 +72,21 @@ def measure(config, saves: int, steps_between: int, root: str) -> Dict[str, Any]
     ckpt = checkpoint.Checkpointer(epath.Path(root) / mode, every=10**9, keep=2,
                                    async_save=async_save)
     stalls, rates = [], []
-    for i in range(1, saves + 1):
+    try:
+      for i in range(1, saves + 1):
+        start = time.perf_counter()
+        for _ in range(steps_between):
+          state, metrics = train_step(state, next(batches))
+        jax.block_until_ready((state, metrics))
+        rates.append(steps_between * c.dataset.batch_size / (time.perf_counter() - start))
+        start = time.perf_counter()
+        if not ckpt.save(i * steps_between, state.params, state.opt_state, force=True):
+          raise SystemExit(f'Error: {epath.Path(root) / mode} already holds step '
+                           f'{i * steps_between}; give --workdir an empty folder')
+        stalls.append(time.perf_counter() - start)
       start = time.perf_counter()
-      for _ in range(steps_between):
-        state, metrics = train_step(state, next(batches))
-      jax.block_until_ready((state, metrics))
-      rates.append(steps_between * c.dataset.batch_size / (time.perf_counter() - start))
-      start = time.perf_counter()
-      ckpt.save(i * steps_between, state.params, state.opt_state, force=True)
-      stalls.append(time.perf_counter() - start)
-    start = time.perf_counter()
-    ckpt.close()  # waits for the last background write
+    finally:
+      ckpt.close()  # waits for the last background write
     rows[mode] = dict(stall_s=statistics.median(stalls[1:] or stalls), stalls_s=stalls,
                       examples_per_s=statistics.median(rates[1:] or rates),
                       close_s=time.perf_counter() - start)

@@ -26,6 +26,7 @@ from etils import epath
 from benchmarks import common
 from benchmarks import output
 from benchmarks import runs
+from train import workdir as workdir_lib
 
 MODES = (('finetune', 'Fine-tuning the base with LoRA'),
          ('scratch', 'LoRA only, from scratch (random frozen base)'))
@@ -49,7 +50,6 @@ def evaluate_on(workdir: str, variant: str) -> float:
   """Accuracy of `workdir`'s newest checkpoint on its eval split, with `variant` images."""
   from train import input_pipeline  # pylint: disable=g-import-not-at-top
   from train import trainer  # pylint: disable=g-import-not-at-top
-  from train import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   from train import checkpoint  # pylint: disable=g-import-not-at-top
   config = workdir_lib.load_config(workdir)
   config.dataset.transform = variant
@@ -66,7 +66,8 @@ def collect(root: str) -> Dict[str, Any]:
                             '(python -m train.sweep --sweep=... --root=... run)')
   base_config = runs.read_json(epath.Path(root) / 'base' / 'config.json')
   result: Dict[str, Any] = dict(
-      root=os.path.abspath(root) if '://' not in root else root, device=common.device_info(),
+      root=os.path.abspath(root) if workdir_lib.is_local(root) else root,
+      device=common.device_info(),
       dataset=base_config['dataset']['name'], model=base_config['model']['kind'],
       eval_split=base_config['dataset']['eval_split'],
       base={'plain': base['eval_accuracy']}, full_finetune={}, finetune={}, scratch={},

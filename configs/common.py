@@ -13,12 +13,13 @@ Groups (the contract other tools rely on):
   dataset    name, source, data_dir, batch_size (global), eval_batch_size,
              image_size or max_length, num_classes, shuffle_buffer, augment,
              splits, holdout, mean / std, pixels_as_tokens (images as int tokens
-             0..255 `[b, h*w]`, for the causal pixel model), transform (a
+             0..255 `[b, h*w]`: the causal pixel model, LRA's Image and Pathfinder), transform (a
              `train.input_pipeline.transforms` variant, e.g. 'rotated', applied to
              train and eval images; '' = none). See `train/input_pipeline/specs.py`.
   model      kind ('vit' | 'text' | 'causal' | 'mlp'), d_model, depth, num_heads,
              mlp_dim, patch_size, pool, dropout_rate, attention_dropout_rate,
-             max_length.
+             max_length, reversible, positions (text: 'learned' | 'sinusoidal'),
+             interaction (text pairs: 'concat' | 'nli').
   attention  mechanism, projection, options (a ConfigDict of mechanism options), rotary,
              num_kv_heads.
   optim      name, learning_rate, warmup_steps, weight_decay, grad_clip, b1, b2.

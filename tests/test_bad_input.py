@@ -160,3 +160,14 @@ def test_retrieval_without_its_files(tmp_path):
   with pytest.raises(validate.ConfigError, match="interaction='dot' is not valid.*concat, nli"):
     trainer.train_and_evaluate(config, str(tmp_path / 'run'))
   assert not (tmp_path / 'run').exists()
+
+
+def test_positions_only_on_text_models():
+  config = default_config.get_config()  # a ViT
+  config.model.positions = 'sinusoidal'
+  with pytest.raises(validate.ConfigError, match="positions='sinusoidal' is not valid for "
+                     "config.model.kind='vit'.*valid choices: learned"):
+    validate.validate_config(config)
+  config.model.positions = 'rope'
+  with pytest.raises(validate.ConfigError, match="positions='rope' is not valid"):
+    validate.validate_config(config)

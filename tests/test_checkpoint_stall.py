@@ -2,6 +2,8 @@
 import json
 import os
 
+import pytest
+
 from benchmarks import checkpoint_stall
 
 
@@ -19,3 +21,7 @@ def test_both_modes_save_and_are_timed(tmp_path):
   saved = json.loads((tmp_path / 'checkpoint_stall.json').read_text())
   assert 'benchmarks.checkpoint_stall' in saved['command']
   assert '| asynchronous |' in (tmp_path / 'checkpoint_stall.md').read_text()
+  with pytest.raises(SystemExit, match='already holds step 6; give --workdir an empty'):
+    checkpoint_stall.main(['--config=configs/default.py', '--config.dataset.batch_size=16',
+                           '--saves=2', '--steps_between=3', f'--workdir={tmp_path / "w"}',
+                           f'--out={tmp_path}', '--quiet'])  # no save: no stall to time

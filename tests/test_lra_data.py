@@ -108,7 +108,7 @@ def test_listops_bad_arguments():
 def test_listops_write_splits_round_trip(tmp_path, capsys):
   sizes = {'train': 12, 'validation': 4, 'test': 4}
   paths = listops.write_splits(str(tmp_path), seed=0, sizes=sizes, max_length=60, min_length=10)
-  assert paths == [str(tmp_path / f'listops_{s}.npz') for s in sizes]
+  assert paths == [str(tmp_path / f'listops_10-60_{s}.npz') for s in sizes]  # not LRA's lengths
   rows = {}
   for split, path in zip(sizes, paths):
     with np.load(path) as data:
@@ -352,8 +352,8 @@ def test_generated_source_writes_once_and_batches_like_arrays(path, tmp_path, ca
   stored = arrays.read_npz(pattern.format(split='train'))
   d = config.dataset
   n = d.max_length if d.name == 'listops' else d.image_size ** 2  # small: 256 either way
-  if d.name == 'pathfinder':  # other sizes than LRA's 32x32 get files of their own
-    assert all(f.startswith('pathfinder6_16px_') for f in files), files
+  prefix = 'pathfinder6_16px_' if d.name == 'pathfinder' else 'listops_64-256_'
+  assert all(f.startswith(prefix) for f in files), files  # not LRA's sizes: files of their own
   assert batch['inputs'].shape == (4, n) and batch['label'].shape == (4,)
   assert set(np.unique(batch['label'])) <= set(range(config.dataset.num_classes))
   assert len(stored) == 8
@@ -427,7 +427,7 @@ def test_retrieval_source_batches_byte_pairs(tmp_path):
 
 def test_text_matcher_is_a_shared_dual_encoder():
   """TextMatcher = one encoder on both documents, [e1, e2] (or NLI features), an MLP; padding
-  of either document changes nothing; a pair order swap moves the logits ('concat')."""
+  of either document changes nothing; swapping the documents moves the logits."""
   import jax  # pylint: disable=g-import-not-at-top
   from efficient_attn import models  # pylint: disable=g-import-not-at-top
   from efficient_attn.models import text  # pylint: disable=g-import-not-at-top
@@ -455,8 +455,8 @@ def test_text_matcher_is_a_shared_dual_encoder():
     np.testing.assert_allclose(logits, x, rtol=1e-4, atol=1e-5)
     short = tokens[:, :, :9]  # one padding column fewer: the same pairs
     np.testing.assert_allclose(model.apply({'params': params}, short), logits, atol=1e-5)
-  swapped = np.asarray(model.apply({'params': params}, tokens[:, ::-1]))
-  assert not np.allclose(swapped, logits, atol=1e-4)  # 'nli' keeps e1 - e2: order matters
+    swapped = np.asarray(model.apply({'params': params}, tokens[:, ::-1]))
+    assert not np.allclose(swapped, logits, atol=1e-4), interaction  # [e1, e2] is ordered
   with pytest.raises(ValueError, match=r'pairs \[batch, 2, length\]'):
     model.apply({'params': params}, tokens[:, 0])
   with pytest.raises(ValueError, match="interaction='dot' is not valid; valid choices: concat"):

@@ -230,3 +230,15 @@ def test_any_config_takes_any_mechanisms_options_after_a_switch(tmp_path):
   config = validate.resolved(values.config, read_data=False)
   assert config.attention.options.num_landmarks == 4
   assert config.attention.options.pinv_iterations == 6  # the declared default, recorded
+
+
+def test_fields_added_later_keep_older_runs_resumable():
+  """A config.json written before `model.positions` existed reads as its old behaviour
+  ('learned'); a stored run that did differ is still refused."""
+  config = tiny()
+  stored = json.loads(config.to_json())
+  del stored['model']['positions']
+  assert workdir_lib.differences(stored, config.to_dict()) == []
+  config.model.positions = 'sinusoidal'
+  assert workdir_lib.differences(stored, config.to_dict()) == [
+      "model.positions: 'learned' -> 'sinusoidal'"]

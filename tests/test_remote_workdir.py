@@ -70,3 +70,14 @@ def test_sample_png_in_a_bucket(bucket):
                            np.zeros((4, 8, 8), np.uint8), zoom=2)
   assert path == 'gs://bucket/runs/pixels/samples.png'
   assert bucket(path).read_bytes().startswith(b'\x89PNG\r\n\x1a\n')
+
+
+def test_retrieval_files_in_a_bucket(bucket):
+  """LRA's AAN files read straight from gs:// (sweeps/lra.py's AAN_DIR)."""
+  from conftest import write_aan_folder  # pylint: disable=g-import-not-at-top
+  from train.input_pipeline import aan  # pylint: disable=g-import-not-at-top
+  write_aan_folder(str(bucket('gs://bucket/lra/tsv_data')))
+  splits = aan.read_splits('gs://bucket/lra/tsv_data')
+  assert {k: len(v[2]) for k, v in splits.items()} == {'train': 6, 'validation': 4, 'test': 4}
+  with pytest.raises(ValueError, match='no such folder'):
+    aan.read_splits('gs://bucket/lra/missing')

@@ -21,11 +21,11 @@ from train import input_pipeline
 from train import models
 from train import optim
 from train import tasks
+from train import workdir
 from train.input_pipeline import specs
 from train.input_pipeline import transforms
 
 DTYPES = tuple(models.DTYPES)
-POOLS = ('cls', 'mean')
 REVERSIBLE_KINDS = ('vit', 'text')  # encoders; the causal model decodes
 
 
@@ -118,11 +118,11 @@ def _dataset(config) -> None:
     raise ConfigError(f"config.dataset.data_dir='' is not valid for dataset {d.name!r} from "
                       f'source {src!r}; it must be {what}')
   if src == 'tfds' and d.data_dir and not d.download and not os.path.isdir(
-      d.data_dir) and '://' not in d.data_dir:
+      d.data_dir) and workdir.is_local(d.data_dir):
     raise ConfigError(f'config.dataset.data_dir={d.data_dir!r} does not exist (and '
                       f'config.dataset.download=False)')
   if spec.manual and d.manual_dir and not os.path.isdir(d.manual_dir) and (
-      '://' not in d.manual_dir):
+      workdir.is_local(d.manual_dir)):
     raise ConfigError(f'config.dataset.manual_dir={d.manual_dir!r} does not exist')
   if d.get('pixels_as_tokens'):
     if spec.kind != 'image':
@@ -161,10 +161,15 @@ def _model(config) -> None:
     raise ConfigError(f'config.model.num_heads={m.num_heads} does not divide '
                       f'config.model.d_model={m.d_model}; valid choices: '
                       f'{", ".join(map(str, divisors))}')
-  _choice('model.pool', m.pool, POOLS)
+  _choice('model.pool', m.pool, ea_text.POOLS)
   if m.get('interaction') is not None:
     _choice('model.interaction', m.interaction, ea_text.INTERACTIONS)
-  _choice('model.positions', m.get('positions', 'learned'), ea_text.POSITIONS)
+  positions = m.get('positions', 'learned')
+  _choice('model.positions', positions, ea_text.POSITIONS)
+  if positions != 'learned' and m.kind != 'text':
+    raise ConfigError(f'config.model.positions={positions!r} is not valid for config.model.'
+                      f"kind={m.kind!r}, which only has learned positions; valid choices: "
+                      f'learned')
   if m.kind == 'vit':
     _positive(config, 'model.patch_size')
     if d.image_size % m.patch_size:

@@ -36,6 +36,12 @@ MAY_CHANGE = (
 )
 
 
+# Fields added to the configs after runs were made, with the value that gives
+# the behaviour those runs had: a stored config without the field reads as
+# having it, so older workdirs can still be resumed and evaluated.
+ADDED_DEFAULTS = {'model.positions': 'learned', 'dataset.num_distractors': None}
+
+
 def is_local(path) -> bool:
   """Whether `path` is on this machine's filesystem (not gs://, s3://, ...)."""
   return '://' not in str(path)
@@ -61,8 +67,10 @@ def _may_change(path: str) -> bool:
 
 
 def differences(stored: Dict[str, Any], config: Dict[str, Any]) -> List[str]:
-  """'field: stored -> new' for every field (outside MAY_CHANGE) that differs."""
+  """'field: stored -> new' for every field (outside MAY_CHANGE) that differs; a field of
+  ADDED_DEFAULTS missing from the stored config counts as its default."""
   a, b = _flat(stored), _flat(json.loads(json.dumps(config)))
+  a.update({k: v for k, v in ADDED_DEFAULTS.items() if k not in a and k in b})
   keys = sorted(k for k in set(a) | set(b) if not _may_change(k))
   return [f'{k}: {a.get(k, "(absent)")!r} -> {b.get(k, "(absent)")!r}' for k in keys
           if a.get(k, '(absent)') != b.get(k, '(absent)')]

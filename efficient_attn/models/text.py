@@ -67,7 +67,7 @@ def encode(module: nn.Module, c: TransformerConfig, tokens, *, vocab_size: int, 
 
 
 class TextClassifier(nn.Module):
-  """Token embedding, learned positions, encoder with a padding mask, pooled head.
+  """Token embedding, positions, encoder with a padding mask, pooled head.
 
   Token id 0 is padding. The attention layers get the key padding `[batch,
   length]` (padded tokens are never attended to); pooling averages real tokens.

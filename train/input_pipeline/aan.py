@@ -26,6 +26,7 @@ import os
 import types
 from typing import Dict, Iterator, List, Tuple
 
+from etils import epath
 import numpy as np
 
 COLUMNS = ('label', 'id1', 'id2', 'text1', 'text2')
@@ -49,7 +50,7 @@ def _unescape(field: bytes, where: str) -> bytes:
 
 def _rows(path: str, unescape: bool) -> Iterator[Tuple[int, bytes, bytes]]:
   """(label, text1, text2) per non-empty line of an LRA AAN TSV file."""
-  with open(path, 'rb') as f:
+  with epath.Path(path).open('rb') as f:
     for lineno, line in enumerate(f, 1):
       line = line.rstrip(b'\r\n')
       if not line.strip():
@@ -127,13 +128,15 @@ def read_splits(folder: str, unescape: bool = False) -> Dict[str, Tuple[List[byt
                                                                          np.ndarray]]:
   """{split: read_tsv(file)} for each of `SPLIT_FILES` present in `folder` (at least one).
 
-  'validation' is LRA's `new_aan_pairs.eval.tsv`.
+  'validation' is LRA's `new_aan_pairs.eval.tsv`. `folder` may be any path epath
+  reads (a local folder, gs://...).
   """
-  if not os.path.isdir(folder):
+  root = epath.Path(folder)
+  if not root.is_dir():
     raise ValueError(f'config.dataset.data_dir={folder!r}: no such folder; it must hold '
                      f'LRA\'s {", ".join(SPLIT_FILES.values())}')
-  out = {split: read_tsv(os.path.join(folder, name), unescape)
-         for split, name in SPLIT_FILES.items() if os.path.exists(os.path.join(folder, name))}
+  out = {split: read_tsv(str(root / name), unescape)
+         for split, name in SPLIT_FILES.items() if (root / name).exists()}
   if not out:
     raise ValueError(f'config.dataset.data_dir={folder!r} holds none of LRA\'s AAN files '
                      f'{", ".join(SPLIT_FILES.values())}')

@@ -54,7 +54,7 @@ def pattern(config) -> str:
   """The `.npz` path pattern ('{split}' in it) of the dataset's split files."""
   d, s = config.dataset, settings(config)
   if d.name == 'listops':
-    return listops.split_path(d.data_dir, '{split}')
+    return listops.split_path(d.data_dir, '{split}', s['min_length'], s['max_length'])
   return pathfinder.split_path(d.data_dir, '{split}', s['contour_length'], s['image_size'])
 
 

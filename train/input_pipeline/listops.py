@@ -302,13 +302,16 @@ def split_seed(seed: int, split: str) -> Tuple[int, int]:
   return (int(seed), zlib.crc32(split.encode('utf-8')))
 
 
-def split_path(folder: str, split: str) -> str:
-  return os.path.join(folder, f'listops_{split}.npz')
+def split_path(folder: str, split: str, min_length: int = 500, max_length: int = 2000) -> str:
+  """`folder/listops_{split}.npz`; `listops_{min}-{max}_{split}.npz` for other lengths than
+  LRA's 500-2000, so that datasets of other lengths never overwrite each other."""
+  lengths = '' if (min_length, max_length) == (500, 2000) else f'_{min_length}-{max_length}'
+  return os.path.join(folder, f'listops{lengths}_{split}.npz')
 
 
 def write_splits(folder: str, seed: int = 0, sizes=None, max_length: int = 2000,
                  verbose: bool = True, **kw) -> List[str]:
-  """Writes `folder/listops_{split}.npz` for each split; skips files already up to date.
+  """Writes the `split_path` file of each split; skips files already up to date.
 
   Each file holds `tokens` (int16 `[n, max_length]`, 0 = padding,
   left-aligned), `y` (int64 `[n]`, 0..9), `lengths` (int64 `[n]`) and
@@ -344,10 +347,11 @@ def write_splits(folder: str, seed: int = 0, sizes=None, max_length: int = 2000,
   settings = {split: _settings(seed, split, sizes, names[:i], max_length, gen_kw)
               for i, split in enumerate(names)}
   os.makedirs(folder, exist_ok=True)
-  todo = [s for s in names if npz_cache.read_settings(split_path(folder, s)) != settings[s]]
+  paths = {s: split_path(folder, s, gen_kw['min_length'], max_length) for s in names}
+  todo = [s for s in names if npz_cache.read_settings(paths[s]) != settings[s]]
   exclude: Set[bytes] = set()
   for i, split in enumerate(names):
-    path = split_path(folder, split)
+    path = paths[split]
     feeds_later = any(s in todo for s in names[i + 1:])  # a later split must avoid this one
     if split in todo:
       examples = generate(sizes[split], split_seed(seed, split), max_length=max_length,
@@ -362,7 +366,7 @@ def write_splits(folder: str, seed: int = 0, sizes=None, max_length: int = 2000,
       rows = _load_tokens(path) if feeds_later else ()
     if feeds_later:
       exclude.update(fingerprint(row) for row in rows)
-  return [split_path(folder, s) for s in names]
+  return [paths[s] for s in names]
 
 
 def _load_tokens(path: str) -> np.ndarray:
