@@ -15,8 +15,12 @@ Memory is XLA's compiled memory analysis of the train step (arguments + outputs
 the same length, as in LRA's table. A mechanism that cannot run at a length
 (a fixed context, an option the length does not fit) or exceeds
 --memory_budget_gb is reported with the reason. Writes <out>/<name>.json, .md
-and <name>.png (steps/s against length).
+and <name>.png (steps/s against length). Each point is also written to
+<out>/<name>.partial.json as it is measured, so an interrupted run goes on
+where it stopped when the same command is run again.
 """
+import json
+import os
 import sys
 import time
 from typing import Any, Dict, Optional, Sequence
@@ -191,13 +195,20 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   total = common.total_memory_bytes()
   budget = int(fv.memory_budget_gb * 2**30) if fv.memory_budget_gb else (
       int(0.85 * total) if total else None)
+  setting = dict(size=fv.size, batch_size=fv.batch_size, steps=fv.steps, budget=budget)
+  partial = os.path.join(fv.out, f'{fv.name}.partial.json')
+  kept = read_partial(partial, setting)
   points: Dict[str, Dict[int, Dict[str, Any]]] = {}
   start = time.time()
   todo = len(mechanisms) * len(lengths)
   for i, m in enumerate(mechanisms):
     for j, n in enumerate(lengths):
-      points.setdefault(m, {})[n] = measure_point(m, n, fv.size, fv.batch_size, fv.steps,
-                                                  budget)
+      point = kept.get(m, {}).get(n)
+      if point is None:
+        point = measure_point(m, n, fv.size, fv.batch_size, fv.steps, budget)
+        kept.setdefault(m, {})[n] = point
+        output.write_json(partial, dict(setting=setting, points=kept))
+      points.setdefault(m, {})[n] = point
       done = i * len(lengths) + j + 1
       if not fv.quiet:
         elapsed = time.time() - start
@@ -225,7 +236,27 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
               plots=[png])
   output.finish(fv.out, fv.name, data, markdown(meta, points, mechanisms, lengths),
                 quiet=fv.quiet)
+  if os.path.exists(partial):
+    os.remove(partial)
   return data
+
+
+def read_partial(path: str, setting: Dict[str, Any]) -> Dict[str, Dict[int, Dict[str, Any]]]:
+  """The points an interrupted run of the same setting measured ({} if none): a run is
+  resumed by running the same command again."""
+  if not os.path.exists(path):
+    return {}
+  with open(path) as f:
+    saved = json.load(f)
+  if saved.get('setting') != setting:
+    print(f'[lra_efficiency] {path} was measured with {saved.get("setting")}, not {setting}: '
+          'measuring again', flush=True)
+    return {}
+  points = {m: {int(n): p for n, p in by_length.items()} for m, by_length in
+            saved['points'].items()}
+  print(f'[lra_efficiency] resuming: {sum(map(len, points.values()))} points from {path}',
+        flush=True)
+  return points
 
 
 if __name__ == '__main__':

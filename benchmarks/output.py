@@ -34,10 +34,13 @@ def jsonable(x: Any) -> Any:
 
 
 def write_json(path: str, data: Any) -> str:
+  """Writes `data` as JSON, atomically (a kill leaves the old file or the new one)."""
   os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
-  with open(path, 'w') as f:
+  tmp = f'{path}.tmp{os.getpid()}'
+  with open(tmp, 'w') as f:
     json.dump(jsonable(data), f, indent=1, allow_nan=False)
     f.write('\n')
+  os.replace(tmp, path)
   return path
 
 

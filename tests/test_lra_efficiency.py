@@ -27,3 +27,22 @@ def test_steps_and_memory_relative_to_softmax(tmp_path):
   assert '| linear | Linear Trans. | 0.44x | 0.22x | 0.15x | 0.11x |' in text
   assert 'sparse' not in saved['published']['models']  # not in LRA's Table 2
   assert saved['published']['models']['softmax']['memory_gb'][3] == 9.48
+
+
+def test_an_interrupted_run_resumes(tmp_path):
+  """Points measured before an interruption (the .partial.json) are kept, not measured
+  again; a partial file of another setting is ignored; the finished run removes it."""
+  partial = tmp_path / 'lra_efficiency.partial.json'
+  args = ['--mechanisms=linear', '--lengths=32', '--batch_size=2', '--steps=1', '--size=small',
+          f'--out={tmp_path}', '--quiet', '--memory_budget_gb=8']
+  setting = dict(size='small', batch_size=2, steps=1, budget=8 * 2**30)
+  kept = {'steps_per_s': 123.0, 'step_s': 1 / 123.0, 'memory_bytes': 1000, 'params': 1}
+  partial.write_text(json.dumps(dict(setting=setting, points={'softmax': {'32': kept}})))
+  data = lra_efficiency.main(args)
+  assert data['points']['softmax'][32] == kept  # not measured again
+  assert data['points']['linear'][32]['steps_per_s'] != 123.0
+  assert not partial.exists()
+  partial.write_text(json.dumps(dict(setting=dict(setting, steps=5),
+                                     points={'softmax': {'32': kept}})))
+  data = lra_efficiency.main(args)
+  assert data['points']['softmax'][32]['steps_per_s'] != 123.0  # another setting: measured
