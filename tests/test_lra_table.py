@@ -40,6 +40,8 @@ def test_table_from_workdirs(tmp_path):
   assert '| softmax | 37.50 | – | – |' in text  # no Pathfinder run: no average
   assert '| softmax | Transformer | 36.37 | 64.27 | 57.46 | 42.44 | 71.40 | 54.39 |' in text
   assert 'lengths 64-256' in text and '16x16, contour length 6' in text
+  assert '10,000 train / 1,000 validation / 1,000 test' in text and '1 layer x 32' in text
+  assert '| sinkhorn | Sinkhorn Trans. | 33.67 | 61.20 | 53.83 | 41.23 | 67.45 | 51.39 |' in text
   assert '2 x 1000 bytes' in text
   assert 'Unfinished' in text and 'image-nystrom' in text
   assert (out / 'lra.png').exists()
