@@ -4,7 +4,8 @@ Generated here (`train/input_pipeline/listops.py`, LRA's algorithm), written
 once to ~/.cache/efficient_attn/lra/listops. The argument picks the mechanism,
 projection and size:
 
-  base: LRA's setting: expressions of 500-2,000 tokens, 96,000 / 2,000 / 2,000
+  base: LRA's setting (its paper's appendix; its code's base_listops_config.py has 4
+    layers and MLP 1024): expressions of 500-2,000 tokens, 96,000 / 2,000 / 2,000
     examples; 6 layers, width 512, 8 heads, MLP 2048, fixed sinusoidal positions, mean
     pooling (LRA: CLS, but one more token makes the length one that block mechanisms
     cannot tile); batch 32,

@@ -10,7 +10,8 @@ The argument picks the mechanism, projection, folder and size:
   base: LRA's setting (lra_benchmarks/matching/configs/base_match_config.py):
     documents of 4,000 bytes; 4 layers, width 128, 4 heads, MLP 512, fixed
     sinusoidal positions, mean pooling (LRA: CLS, but one more token makes the length one that block
-    mechanisms cannot tile), features joined as [e1, e2] (LRA's default);
+    mechanisms cannot tile), features joined as [e1, e2] (the default of LRA's code;
+    its paper, appendix A.1.3, writes [e1, e2, e1 * e2, e1 - e2]: model.interaction='nli');
     batch 32, 5,000 steps. LRA's optimiser is Adam at 0.05 with 8,000 warm-up
     steps and rsqrt decay, weight decay 0.1; here AdamW peaks at 0.05 /
     sqrt(8000) = 5.6e-4 after 1,000 warm-up steps and decays by cosine.
