@@ -4,8 +4,8 @@ Bytes are tokens 1..256 (0 = padding). The argument picks the mechanism,
 projection, length and size:
 
   base: LRA's setting (its code's base_tc_config.py; the paper's appendix says 6 layers,
-    width 512, 8 heads, MLP 2048): 4 layers, width 256, 4 heads, MLP 1024, fixed sinusoidal positions,
-    mean pooling (LRA: CLS, but one more token makes the length one that block mechanisms
+    width 512, 8 heads, MLP 2048): 4 layers, width 256, 4 heads, MLP 1024, fixed sinusoidal
+    positions, mean pooling (LRA: CLS, but one more token makes the length one that block mechanisms
     cannot tile);
     batch 32, 20,000 steps. LRA's optimiser is Adam at 0.05 with 8,000 warm-up
     steps and rsqrt decay, weight decay 0.1; here AdamW peaks at LRA's rate at
