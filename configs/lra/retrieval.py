@@ -1,4 +1,4 @@
-"""Long Range Arena Retrieval (Tay et al. 2021): do two ACL Anthology Network papers cite?
+"""Long Range Arena Retrieval (Tay et al. 2021): does one paper of a pair cite the other?
 
 A dual encoder (`efficient_attn.models.TextMatcher`): both byte-level
 documents go through one shared encoder, the two pooled features are joined
