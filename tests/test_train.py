@@ -36,6 +36,26 @@ def test_default_config_learns(default_run):
   assert results['train_accuracy'] >= 0.8, results
 
 
+def test_clock_steady_rate_leaves_out_the_first_step_and_pauses(monkeypatch):
+  """A run shorter than an epoch still gets a measured rate: the steps after the first
+  (compiling) one, eval and checkpoint time excluded."""
+  now = [0.0]
+  monkeypatch.setattr(trainer.time, 'monotonic', lambda: now[0])
+  clock = trainer._Clock(steps_per_epoch=100)  # pylint: disable=protected-access
+  assert clock.steady_steps_per_sec() is None
+  now[0] = 30.0  # the first step compiles
+  clock.tick(1)
+  for step in range(2, 12):
+    with clock.paused():  # eval / checkpoint of the step before
+      now[0] += 10.0
+    now[0] += 0.5
+    clock.tick(step)
+  with clock.paused():  # the final evaluation, after the last step
+    now[0] += 60.0
+  assert clock.steady_steps_per_sec() == pytest.approx(2.0)  # 10 steps in 5 s
+  assert clock.epoch_time() is None  # no whole epoch
+
+
 def test_workdir_layout(default_run):
   workdir, results = default_run
   config = workdir_lib.load_config(workdir)
@@ -57,6 +77,8 @@ def test_workdir_layout(default_run):
   progress = [r for r in rows if r['split'] == 'progress']  # clu's ReportProgress
   assert progress and all('steps_per_sec' in r or 'uptime' in r for r in progress)
   assert results['epochs_timed'] == 30 and results['epoch_time_s'] > 0
+  # the steady rate (every step after the first) agrees with the measured epochs
+  assert 0.5 < results['steady_examples_per_sec'] / results['examples_per_sec'] < 2
   assert eval_rows[-1]['accuracy'] == pytest.approx(results['eval_accuracy'])
   events = glob.glob(os.path.join(workdir, 'tensorboard', 'events.out.tfevents.*'))
   assert events

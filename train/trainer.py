@@ -164,25 +164,39 @@ def _train(s: Session, run, wall_start: float) -> Optional[Dict[str, Any]]:
 
 
 class _Clock:
-  """Measured epoch times: wall time between epoch boundaries, eval and saving excluded."""
+  """Measured epoch times: wall time between epoch boundaries, eval and saving excluded;
+  and the steady step rate: every step after the first (which compiles), the same excluded."""
 
   def __init__(self, steps_per_epoch: int):
     self.steps_per_epoch = steps_per_epoch
     self.epochs = []          # seconds of each whole epoch run here (the first compiles)
     self._start, self._excluded, self._steps = time.monotonic(), 0.0, 0
+    self._first = None        # time of the first tick, and pauses since then
+    self._paused_total, self._steady = 0.0, (0, 0.0)  # (steps, seconds) at the last tick
 
   def tick(self, step: int) -> None:
+    now = time.monotonic()
+    if self._first is None:
+      self._first, self._paused_total = now, 0.0
+    else:
+      self._steady = (self._steady[0] + 1, now - self._first - self._paused_total)
     self._steps += 1
     if step % self.steps_per_epoch == 0:
       if self._steps == self.steps_per_epoch:
-        self.epochs.append(time.monotonic() - self._start - self._excluded)
-      self._start, self._excluded, self._steps = time.monotonic(), 0.0, 0
+        self.epochs.append(now - self._start - self._excluded)
+      self._start, self._excluded, self._steps = now, 0.0, 0
 
   @contextlib.contextmanager
   def paused(self):
     t0 = time.monotonic()
     yield
     self._excluded += time.monotonic() - t0
+    self._paused_total += time.monotonic() - t0
+
+  def steady_steps_per_sec(self) -> Optional[float]:
+    """Steps per second after the first step, eval and saving excluded (None: one step)."""
+    steps, seconds = self._steady
+    return steps / seconds if steps and seconds > 0 else None
 
   def epoch_time(self) -> Optional[float]:
     """Median measured epoch time, leaving out the first (compiling) epoch when possible."""
@@ -234,6 +248,8 @@ def _results(s: Session, state, num_steps, start, recent, eval_values, clock, wa
   total, attention = models.parameter_counts(state.params)
   train_values = metrics_lib.reduce_sums(metrics_lib.sum_rows(recent)) if recent else {}
   epoch_time = clock.epoch_time()
+  steady = clock.steady_steps_per_sec()
+  steady = steady * c.dataset.batch_size if steady else None
   return {
       **{f'train_{k}': v for k, v in train_values.items()},
       **{f'eval_{k}': v for k, v in eval_values.items()},
@@ -242,8 +258,10 @@ def _results(s: Session, state, num_steps, start, recent, eval_values, clock, wa
       'params_per_attention_layer': attention,
       'epoch_time_s': epoch_time,
       'epochs_timed': len(clock.epochs),
+      # From whole measured epochs; in a run shorter than two epochs, the steady rate.
       'examples_per_sec': (steps_per_epoch * c.dataset.batch_size / epoch_time
-                           if epoch_time else None),
+                           if epoch_time else steady),
+      'steady_examples_per_sec': steady,
       'steps': num_steps,
       'steps_per_epoch': steps_per_epoch,
       'resumed_from_step': start,
