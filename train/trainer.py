@@ -190,8 +190,9 @@ class _Clock:
   def paused(self):
     t0 = time.monotonic()
     yield
-    self._excluded += time.monotonic() - t0
-    self._paused_total += time.monotonic() - t0
+    paused = time.monotonic() - t0
+    self._excluded += paused
+    self._paused_total += paused
 
   def steady_steps_per_sec(self) -> Optional[float]:
     """Steps per second after the first step, eval and saving excluded (None: one step)."""
