@@ -6,9 +6,9 @@ mechanism, projection and size:
   base: LRA's setting: 1 layer, width 32, 1 head, MLP 64, mean pooling (LRA: CLS,
     but 1,025 tokens are a length block mechanisms cannot tile), dropout
     0.3, attention dropout 0.2, learned positions (LRA's CIFAR-10 setting); batch 256,
-    200 epochs, Adam at 5e-4 with one epoch of warm-up and cosine decay, no weight decay. LRA's epoch is 45,000
-    images; here 10% of the training set (5,000 images, class-stratified) is held
-    out for validation and the other 45,000 train.
+    200 epochs, Adam at 5e-4 with one epoch of warm-up and cosine decay, no weight decay.
+    LRA's epoch is 45,000 images; here 10% of the training set (5,000 images,
+    class-stratified) is held out for validation and the other 45,000 train.
   small: the same model for 5 epochs, which fits this project's CPU comparisons.
 
 From TFDS; for local files add --config.dataset.source=arrays
