@@ -103,6 +103,24 @@ def test_shipped_sweeps_expand_to_existing_configs(path):
     assert os.path.exists(run.config.split(':')[0]), run.config
 
 
+REAL_DATA_FIELDS = {'dataset.source', 'dataset.data_dir', 'dataset.holdout', 'dataset.eval_split'}
+
+
+@pytest.mark.parametrize('path', ['sweeps/real/mnist_projections.py',
+                                  'sweeps/real/cifar10_mechanisms.py',
+                                  'sweeps/real/imdb_bytes.py'])
+def test_real_data_comparisons_change_only_the_data_and_the_budget(path):
+  """The real-data studies run the shipped configs: only the data's location and train.* move."""
+  runs = sweep.expand(sweep.load_sweep(path))
+  assert len(runs) >= 3
+  configs = sweep.check(runs)
+  for run in runs:
+    moved = {k for k in run.overrides if k not in REAL_DATA_FIELDS and not k.startswith('train.')}
+    assert not moved, (run.name, moved)
+    assert configs[run.name].dataset.source == 'arrays'
+    assert configs[run.name].dataset.eval_split == 'validation'
+
+
 def test_the_cifar10_sweep_runs_exactly_what_its_config_files_run():
   """Each run of sweeps/cifar10_mechanisms.py is configs/cifar10.py:<mechanism>, options included."""
   from configs import cifar10  # pylint: disable=g-import-not-at-top
