@@ -3,12 +3,14 @@
 The ViT of configs/mnist.py (its model and optimiser; 15 epochs, not 10), trained
 on 54,000 MNIST training images and validated on the 6,000 held out
 (class-stratified). REAL_DATA_DIR points at the folder holding mnist_train.npz;
-SEEDS (default "0,1") picks the seeds, so a second seed can run into its own root.
+SEEDS (default "0,1") picks the seeds, so a second seed can run into its own root;
+EPOCHS (default 15, the budget of docs/results/real_data.md's runs) sets the budget.
 """
 import os
 
 DATA = os.environ.get('REAL_DATA_DIR', '../shared/data')
 SEEDS = [int(s) for s in os.environ.get('SEEDS', '0,1').split(',')]
+EPOCHS = int(os.environ.get('EPOCHS', '15'))
 
 
 def get_sweep():
@@ -16,7 +18,7 @@ def get_sweep():
       grid={'train.seed': SEEDS,  # every scheme's first seed before any second seed
             'config': [f'configs/mnist.py:{p}' for p in
                        ('standard', 'optimised', 'efficient', 'super')]},
-      fixed={'train.num_epochs': 15,
+      fixed={'train.num_epochs': EPOCHS,
              'dataset.source': 'arrays',
              'dataset.data_dir': os.path.join(DATA, 'mnist_train.npz'),
              'dataset.holdout': 0.1,
