@@ -5,15 +5,17 @@ patches: 256 tokens, mean pooling; its optimiser and augmentation) for exact
 softmax, linear (Katharopoulos et al. 2020), RFA (Peng et al. 2021), Performer
 (Choromanski et al. 2021), Linformer (Wang et al. 2020), Nystrom (Xiong et al.
 2021) and local attention, each with its declared default options. Every run has
-the same budget, EPOCHS epochs of batch 128 (default 2), the same seed and the
-same data: 45,000 training images of cifar10_train_jpeg.npz and the 5,000 held
-out (class-stratified) for validation. REAL_DATA_DIR points at the folder
-holding the file; MECHANISMS (comma-separated) picks the mechanisms.
+the same budget, EPOCHS epochs of batch 128 (default 2), the same seed (SEED,
+default 0) and the same data: 45,000 training images of cifar10_train_jpeg.npz
+and the 5,000 held out (class-stratified) for validation. REAL_DATA_DIR points
+at the folder holding the file; MECHANISMS (comma-separated) picks the
+mechanisms.
 """
 import os
 
 DATA = os.environ.get('REAL_DATA_DIR', '../shared/data')
 EPOCHS = int(os.environ.get('EPOCHS', '2'))
+SEED = int(os.environ.get('SEED', '0'))
 MECHANISMS = os.environ.get(
     'MECHANISMS', 'softmax,linear,rfa,performer,linformer,nystrom,local').split(',')
 
@@ -21,7 +23,7 @@ MECHANISMS = os.environ.get(
 def get_sweep():
   return dict(
       grid={'config': [f'configs/cifar10.py:mechanism={m},size=small' for m in MECHANISMS]},
-      fixed={'train.num_epochs': EPOCHS, 'train.log_every': 50,
+      fixed={'train.num_epochs': EPOCHS, 'train.seed': SEED, 'train.log_every': 50,
              'train.eval_every': 352, 'train.checkpoint_every': 176,
              'dataset.source': 'arrays',
              'dataset.data_dir': os.path.join(DATA, 'cifar10_train_jpeg.npz'),
