@@ -82,6 +82,8 @@ def test_command_status_and_skip(tmp_path, capsys):
                          python='/nonexistent/python')['seed=0'] == 'failed (changed config)'
   os.remove(tmp_path / 'seed=1' / 'results.json')
   assert sweep.status(runs[1], str(tmp_path), configs['seed=1']) == 'partial'
+  # A run that exits cleanly without results (stopped by SIGTERM) is resumable, not failed.
+  assert sweep.run_local(runs, str(tmp_path), configs, python='true')['seed=1'] == sweep.STOPPED
   # A run whose process fails is reported, and the sweep goes on.
   out = sweep.run_local(runs, str(tmp_path), configs, python=sys.executable + '-missing')
   assert out['seed=1'].startswith('failed')

@@ -49,6 +49,7 @@ _TPU = flags.DEFINE_string('tpu_name', 'TPU_NAME', 'pod: the TPU VM name.')
 _ZONE = flags.DEFINE_string('zone', 'ZONE', 'pod: the TPU VM zone.')
 _REPO = flags.DEFINE_string('repo_dir', '~/efficient-attn', 'pod: the repository on the VM.')
 ACTIONS = ('list', 'run', 'pod')
+STOPPED = 'stopped (resumable)'
 
 
 class SweepError(ValueError):
@@ -200,7 +201,11 @@ def status(run: Run, root: str, config=None) -> str:
 
 def run_local(runs: Sequence[Run], root: str, configs: Mapping[str, Any],
               python: str = sys.executable) -> Dict[str, str]:
-  """Run each unfinished run in turn; returns {name: 'done'|'skipped'|'failed ...'}."""
+  """Run each unfinished run in turn; returns {name: 'done'|'skipped'|STOPPED|'failed ...'}.
+
+  A run that exits cleanly without results (SIGTERM: a checkpoint was saved) is
+  STOPPED, not failed: running the sweep again resumes it.
+  """
   outcome = {}
   for i, run in enumerate(runs, 1):
     state = status(run, root, configs.get(run.name))
@@ -219,8 +224,13 @@ def run_local(runs: Sequence[Run], root: str, configs: Mapping[str, Any],
       print(f'[{i}/{len(runs)}] {run.name}: could not start: {e}', flush=True)
       rc = -1
     took = time.time() - t0
-    outcome[run.name] = ('done' if rc == 0 and status(run, root) == 'done'
-                         else f'failed (rc={rc})')
+    after = status(run, root)
+    if rc == 0 and after == 'done':
+      outcome[run.name] = 'done'
+    elif rc == 0 and after == 'partial':  # stopped by SIGTERM after saving a checkpoint
+      outcome[run.name] = STOPPED
+    else:
+      outcome[run.name] = f'failed (rc={rc})'
     print(f'[{i}/{len(runs)}] {run.name}: {outcome[run.name]} in {took:.0f}s', flush=True)
   return outcome
 
@@ -257,7 +267,10 @@ def main(argv) -> int:
     return 0
   outcome = run_local(runs, root, configs)
   failed = [n for n, o in outcome.items() if o.startswith('failed')]
-  print(f'{len(outcome) - len(failed)}/{len(outcome)} runs finished; results in {root}'
+  stopped = [n for n, o in outcome.items() if o == STOPPED]
+  print(f'{len(outcome) - len(failed) - len(stopped)}/{len(outcome)} runs finished; results '
+        f'in {root}' + (f'; stopped (run the sweep again to resume): {", ".join(stopped)}'
+                        if stopped else '')
         + (f'; failed: {", ".join(failed)}' if failed else ''))
   return 1 if failed else 0
 
