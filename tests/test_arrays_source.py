@@ -89,6 +89,24 @@ def test_split_pattern_and_clear_errors(npz_files):
     validate.validate_config(bad)
 
 
+def test_npz_files_are_read_through_gfile(npz_files):
+  """A bucket path (here TF's in-memory ram:// file system) reads like a local one."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  root, mnist, _, labels, _ = npz_files
+  folder = 'ram://arrays_gfile_test'
+  for split in ('train', 'test'):
+    tf.io.gfile.makedirs(folder)
+    tf.io.gfile.copy(str(root / f'mnist_{split}.npz'), f'{folder}/mnist_{split}.npz',
+                     overwrite=True)
+  config = _mnist(f'{folder}/mnist_{{split}}.npz')
+  train = arrays.get_split(config, 'train')
+  np.testing.assert_array_equal(train.labels, labels)
+  np.testing.assert_array_equal(np.asarray(train.inputs)[..., 0], mnist)
+  assert len(arrays.get_split(config, 'test').labels) == 20
+  with pytest.raises(ValueError, match=r"data_dir='ram://arrays_gfile_test/nope.npz'.*no such"):
+    arrays.get_split(_mnist(f'{folder}/nope.npz'), 'train')
+
+
 def test_encoded_images_are_decoded_once_and_augmented_deterministically(npz_files, monkeypatch):
   root, _, rgb, labels, _ = npz_files
   config = common.cifar10(common.base())

@@ -14,7 +14,8 @@
 
 `dataset.data_dir` is the file, e.g. `mnist_train.npz`; a '{split}' in it
 names one file per split (`mnist_{split}.npz`), otherwise the file is the
-'train' split. `dataset.holdout` > 0 carves a fixed, class-stratified
+'train' split. Files are read through `tf.io.gfile`, so a `gs://` path works
+as a local one does. `dataset.holdout` > 0 carves a fixed, class-stratified
 validation split out of 'train' ('train' keeps the rest), the same for every
 seed and process.
 
@@ -92,11 +93,17 @@ def decode_images(files, channels: int = 0) -> np.ndarray:
   return np.stack(images) if images else np.zeros((0, 1, 1, max(channels, 1)), np.uint8)
 
 
+def _gfile():
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return tf.io.gfile
+
+
 def read_npz(path: str) -> Examples:
   """One split from an `.npz` file (see the module docstring for the keys)."""
-  if not os.path.exists(path):
+  gfile = _gfile()
+  if not gfile.exists(path) or gfile.isdir(path):
     raise ValueError(f'config.dataset.data_dir={path!r}: no such file')
-  with np.load(path, allow_pickle=False) as npz:
+  with gfile.GFile(path, 'rb') as f, np.load(f, allow_pickle=False) as npz:
     labels = np.asarray(npz[_first(npz, LABEL_KEYS, path, 'label')], np.int32)
     image = _first(npz, IMAGE_KEYS, path, 'input', required=False)
     encoded = _first(npz, ENCODED_KEYS, path, 'input', required=False)
@@ -166,11 +173,12 @@ def _npz_splits(pattern: str) -> Dict[str, Examples]:
     return {'train': read_npz(pattern)}
   head, tail = pattern.split('{split}', 1)
   folder = os.path.dirname(head) or '.'
-  if not os.path.isdir(folder):
+  gfile = _gfile()
+  if not gfile.isdir(folder):
     raise ValueError(f'config.dataset.data_dir={pattern!r}: no folder {folder!r}')
   splits = {}
-  for entry in sorted(os.listdir(folder)):
-    path = os.path.join(folder, entry)
+  for entry in sorted(gfile.listdir(folder)):
+    path = os.path.join(folder, entry.rstrip('/'))
     if path.startswith(head) and path.endswith(tail) and len(path) > len(head) + len(tail):
       splits[path[len(head):len(path) - len(tail)]] = read_npz(path)
   if not splits:
