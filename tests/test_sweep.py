@@ -123,6 +123,20 @@ def test_real_data_comparisons_change_only_the_data_and_the_budget(path):
     assert configs[run.name].dataset.eval_split == 'validation'
 
 
+def test_the_mnist_projection_study_splits_by_scheme_seed_and_budget(monkeypatch):
+  """SCHEMES, SEEDS and EPOCHS pick a piece of sweeps/real/mnist_projections.py to run."""
+  path = 'sweeps/real/mnist_projections.py'
+  names = [r.name for r in sweep.expand(sweep.load_sweep(path))]
+  assert len(names) == 8 and len(set(names)) == 8
+  monkeypatch.setenv('SCHEMES', 'standard,super')
+  monkeypatch.setenv('SEEDS', '1')
+  monkeypatch.setenv('EPOCHS', '25')
+  runs = sweep.expand(sweep.load_sweep(path))
+  assert [r.config for r in runs] == ['configs/mnist.py:standard', 'configs/mnist.py:super']
+  assert all(r.overrides['train.seed'] == 1 and r.overrides['train.num_epochs'] == 25
+             for r in runs)
+
+
 def test_the_cifar10_sweep_runs_exactly_what_its_config_files_run():
   """Each run of sweeps/cifar10_mechanisms.py is configs/cifar10.py:<mechanism>, options included."""
   from configs import cifar10  # pylint: disable=g-import-not-at-top

@@ -4,20 +4,22 @@ The ViT of configs/mnist.py (its model and optimiser; 15 epochs, not 10), traine
 on 54,000 MNIST training images and validated on the 6,000 held out
 (class-stratified). REAL_DATA_DIR points at the folder holding mnist_train.npz;
 SEEDS (default "0,1") picks the seeds, so a second seed can run into its own root;
-EPOCHS (default 15, the budget of docs/results/real_data.md's runs) sets the budget.
+SCHEMES (default all four) picks the projection schemes, so the study can be split
+across cores or machines; EPOCHS (default 15, the budget of
+docs/results/real_data.md's runs) sets the budget.
 """
 import os
 
 DATA = os.environ.get('REAL_DATA_DIR', '../shared/data')
 SEEDS = [int(s) for s in os.environ.get('SEEDS', '0,1').split(',')]
 EPOCHS = int(os.environ.get('EPOCHS', '15'))
+SCHEMES = os.environ.get('SCHEMES', 'standard,optimised,efficient,super').split(',')
 
 
 def get_sweep():
   return dict(
       grid={'train.seed': SEEDS,  # every scheme's first seed before any second seed
-            'config': [f'configs/mnist.py:{p}' for p in
-                       ('standard', 'optimised', 'efficient', 'super')]},
+            'config': [f'configs/mnist.py:{p}' for p in SCHEMES]},
       fixed={'train.num_epochs': EPOCHS,
              'dataset.source': 'arrays',
              'dataset.data_dir': os.path.join(DATA, 'mnist_train.npz'),
