@@ -128,6 +128,8 @@ def test_the_mnist_projection_study_splits_by_scheme_seed_and_budget(monkeypatch
   path = 'sweeps/real/mnist_projections.py'
   names = [r.name for r in sweep.expand(sweep.load_sweep(path))]
   assert len(names) == 8 and len(set(names)) == 8
+  monkeypatch.setenv('SCHEMES', '')   # empty means all four, never the config's bare default
+  assert [r.name for r in sweep.expand(sweep.load_sweep(path))] == names
   monkeypatch.setenv('SCHEMES', 'standard,super')
   monkeypatch.setenv('SEEDS', '1')
   monkeypatch.setenv('EPOCHS', '25')

@@ -13,7 +13,8 @@ import os
 DATA = os.environ.get('REAL_DATA_DIR', '../shared/data')
 SEEDS = [int(s) for s in os.environ.get('SEEDS', '0,1').split(',')]
 EPOCHS = int(os.environ.get('EPOCHS', '15'))
-SCHEMES = os.environ.get('SCHEMES', 'standard,optimised,efficient,super').split(',')
+SCHEMES = [p for p in os.environ.get('SCHEMES', '').split(',') if p] or [
+    'standard', 'optimised', 'efficient', 'super']
 
 
 def get_sweep():
