@@ -30,6 +30,7 @@ import numpy as np
 
 from benchmarks import common
 from benchmarks import output
+from benchmarks import train_speed
 from benchmarks import xla_stats
 
 LENGTHS = (1024, 2048, 3072, 4096)
@@ -107,31 +108,15 @@ def text_config(mechanism: str, length: int, size: str, batch_size: int):
 def measure_point(mechanism: str, length: int, size: str, batch_size: int, steps: int,
                   budget_bytes: Optional[int]) -> Dict[str, Any]:
   """{steps_per_s, memory_bytes} of one (mechanism, length), or {error}."""
-  from train import models  # pylint: disable=g-import-not-at-top
-  from train import optim  # pylint: disable=g-import-not-at-top
-  from train import sharding  # pylint: disable=g-import-not-at-top
-  from train import steps as steps_lib  # pylint: disable=g-import-not-at-top
-  from train import tasks  # pylint: disable=g-import-not-at-top
-  from train import validate  # pylint: disable=g-import-not-at-top
   config = text_config(mechanism, length, size, batch_size)
-  try:
-    validate.validate_config(config)
-    model = models.create_model(config)
-  except (validate.ConfigError, ValueError) as e:
-    return dict(error=str(e).splitlines()[0])
-  mesh = sharding.create_mesh(jax.devices()[:1])
-  tx = optim.create_optimizer(config, num_steps=1000)
-  key = jax.random.key(0)
-  state = steps_lib.create_train_state(model, tx, config, mesh, key)
   rng = np.random.default_rng(0)
-  batch = sharding.to_global(dict(
-      inputs=rng.integers(1, 257, size=(batch_size, length)).astype(np.int32),
-      label=rng.integers(0, 2, size=(batch_size,)).astype(np.int32),
-      mask=np.ones((batch_size,), np.float32)), mesh)
-  step = steps_lib.make_train_step(tasks.get_task(config.task), model, tx,
-                                   jax.random.key(1), mesh)
+  batch = dict(inputs=rng.integers(1, 257, size=(batch_size, length)).astype(np.int32),
+               label=rng.integers(0, 2, size=(batch_size,)).astype(np.int32),
+               mask=np.ones((batch_size,), np.float32))
   try:
-    compiled = step.lower(state, batch).compile()
+    compiled, state, batch, params = train_speed.compiled_train_step(config, batch)
+  except ValueError as e:  # includes validate.ConfigError: a config the trainer refuses
+    return dict(error=str(e).splitlines()[0])
   except Exception as e:  # pylint: disable=broad-except  (a shape the mechanism refuses)
     return dict(error=f'{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""}')
   memory = (xla_stats.memory(compiled) or {}).get('total')
@@ -145,8 +130,7 @@ def measure_point(mechanism: str, length: int, size: str, batch_size: int, steps
     state, metrics = compiled(state, batch)
   jax.block_until_ready((state, metrics))
   seconds = (time.perf_counter() - start) / steps
-  return dict(steps_per_s=1.0 / seconds, step_s=seconds, memory_bytes=memory,
-              params=int(sum(x.size for x in jax.tree.leaves(state.params))))
+  return dict(steps_per_s=1.0 / seconds, step_s=seconds, memory_bytes=memory, params=params)
 
 
 def relative(points, mechanisms, lengths, key: str, invert: bool = False):

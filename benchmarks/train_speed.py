@@ -1,0 +1,196 @@
+r"""Training speed of whole experiment configs, measured side by side.
+
+    python -m benchmarks.train_speed --config=configs/mnist.py:standard \
+        --config=configs/mnist.py:efficient --examples_per_epoch=54000 \
+        --out=docs/results --name=train_speed_mnist
+
+Separate training runs are a poor speed comparison on a shared machine: each
+meets a different load. This tool builds each config's model, optimiser and
+jitted train step (the trainer's own, `train.steps.make_train_step`) in one
+process, feeds each one synthetic batch of the config's global batch size and
+input shape (normal floats for images, the model's dummy tokens for text; only
+the speed matters), and then times them in interleaved rounds: every round runs
+--steps steps of each config, in an order rotated each round, so that drift in
+the machine's load falls on every config alike. Reported per config: the median
+over rounds of the time per step, the fastest and slowest round, examples/s,
+seconds per epoch (with --examples_per_epoch) and the speed relative to the
+first config. Writes <out>/<name>.json, .md and <name>.png (time per step in
+each round).
+"""
+import statistics
+import sys
+import time
+from typing import Any, Dict, Optional, Sequence
+
+import jax
+import numpy as np
+
+from benchmarks import common
+from benchmarks import output
+
+
+def define_flags(fv):
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  flags.DEFINE_multi_string('config', [], "config specs, 'path.py' or 'path.py:arg' (the "
+                            'first is the baseline); repeat the flag', flag_values=fv)
+  flags.DEFINE_integer('batch_size', None, "global batch (default: each config's)",
+                       flag_values=fv)
+  flags.DEFINE_integer('rounds', 5, 'interleaved timing rounds', flag_values=fv)
+  flags.DEFINE_integer('steps', 10, 'timed train steps per config per round', flag_values=fv)
+  flags.DEFINE_integer('examples_per_epoch', None,
+                       'training examples per epoch, for seconds per epoch', flag_values=fv)
+  flags.DEFINE_string('out', 'benchmark_results', 'output folder', flag_values=fv)
+  flags.DEFINE_string('name', 'train_speed', 'output file stem', flag_values=fv)
+  flags.DEFINE_bool('quiet', False, 'no printed table', flag_values=fv)
+
+
+def load_config(spec: str):
+  """'configs/mnist.py:super' -> that file's get_config('super') (get_config() without ':')."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  path, _, arg = spec.partition(':')
+  module_spec = importlib.util.spec_from_file_location('speed_config', path)
+  if module_spec is None or not path.endswith('.py'):
+    raise ValueError(f"--config={spec!r} is not a config file 'path.py[:arg]'")
+  module = importlib.util.module_from_spec(module_spec)
+  try:
+    module_spec.loader.exec_module(module)
+  except FileNotFoundError:
+    raise ValueError(f'--config={spec!r}: {path} does not exist') from None
+  return module.get_config(arg) if arg else module.get_config()
+
+
+def synthetic_batch(config, batch_size: int, seed: int = 0) -> Dict[str, np.ndarray]:
+  """{'inputs', 'label', 'mask'} of `config`'s input shape: normal floats for float inputs,
+  the model's dummy tokens for integer ones, label 0, every example real."""
+  from train import models  # pylint: disable=g-import-not-at-top
+  dummy = np.asarray(models.dummy_inputs(config, batch_size))
+  if np.issubdtype(dummy.dtype, np.floating):
+    dummy = np.random.default_rng(seed).standard_normal(dummy.shape).astype(dummy.dtype)
+  return dict(inputs=dummy, label=np.zeros((batch_size,), np.int32),
+              mask=np.ones((batch_size,), np.float32))
+
+
+def compiled_train_step(config, batch: Dict[str, np.ndarray], num_steps: int = 1000):
+  """(compiled train step, initial state, global batch, parameter count) of `config`, on
+  the first device: the trainer's model, optimiser and step.
+
+  Raises `train.validate.ConfigError` / ValueError for a config the trainer refuses.
+  """
+  from train import models  # pylint: disable=g-import-not-at-top
+  from train import optim  # pylint: disable=g-import-not-at-top
+  from train import sharding  # pylint: disable=g-import-not-at-top
+  from train import steps as steps_lib  # pylint: disable=g-import-not-at-top
+  from train import tasks  # pylint: disable=g-import-not-at-top
+  from train import validate  # pylint: disable=g-import-not-at-top
+  validate.validate_config(config)
+  model = models.create_model(config)
+  mesh = sharding.create_mesh(jax.devices()[:1])
+  tx = optim.create_optimizer(config, num_steps=num_steps)
+  state = steps_lib.create_train_state(model, tx, config, mesh, jax.random.key(0))
+  batch = sharding.to_global(batch, mesh)
+  step = steps_lib.make_train_step(tasks.get_task(config.task), model, tx,
+                                   jax.random.key(1), mesh)
+  params = models.count_params(state.params)
+  return step.lower(state, batch).compile(), state, batch, params
+
+
+def measure(specs: Sequence[str], *, batch_size: Optional[int], rounds: int, steps: int,
+            log=print) -> Dict[str, Dict[str, Any]]:
+  """{spec: {params, batch_size, round_step_s: [seconds per step in each round]}}."""
+  built = {}
+  for spec in specs:
+    config = load_config(spec)
+    if batch_size:
+      config.dataset.batch_size = batch_size
+    b = config.dataset.batch_size
+    compiled, state, batch, params = compiled_train_step(config, synthetic_batch(config, b))
+    state, metrics = compiled(state, batch)  # warm-up
+    jax.block_until_ready((state, metrics))
+    built[spec] = dict(compiled=compiled, state=state, batch=batch, params=params,
+                       batch_size=b, times=[])
+    log(f'[train_speed] compiled {spec}: {params:,} parameters, batch {b}')
+  start = time.time()
+  for r in range(rounds):
+    order = list(specs[r % len(specs):]) + list(specs[:r % len(specs)])
+    for spec in order:
+      item = built[spec]
+      t0 = time.perf_counter()
+      state = item['state']
+      for _ in range(steps):
+        state, metrics = item['compiled'](state, item['batch'])
+      jax.block_until_ready((state, metrics))
+      item['state'] = state
+      item['times'].append((time.perf_counter() - t0) / steps)
+    elapsed = time.time() - start
+    log(f'[train_speed] round {r + 1}/{rounds} ({elapsed:.0f}s, '
+        f'ETA {elapsed / (r + 1) * (rounds - r - 1):.0f}s): ' +
+        ', '.join(f'{s} {built[s]["times"][-1] * 1e3:.1f} ms' for s in specs))
+  return {s: dict(params=v['params'], batch_size=v['batch_size'], round_step_s=v['times'])
+          for s, v in built.items()}
+
+
+def summarise(points: Dict[str, Dict[str, Any]], specs: Sequence[str],
+              examples_per_epoch: Optional[int]) -> Dict[str, Dict[str, Any]]:
+  """Adds step_s (median over rounds), min/max, examples/s, s/epoch, relative speed."""
+  base = statistics.median(points[specs[0]]['round_step_s'])
+  for spec in specs:
+    p = points[spec]
+    step_s = statistics.median(p['round_step_s'])
+    p.update(step_s=step_s, fastest_round_s=min(p['round_step_s']),
+             slowest_round_s=max(p['round_step_s']),
+             examples_per_s=p['batch_size'] / step_s,
+             relative_speed=base / step_s,
+             epoch_s=(examples_per_epoch / (p['batch_size'] / step_s)
+                      if examples_per_epoch else None))
+  return points
+
+
+def markdown(meta, points, specs) -> str:
+  rows = [[s, f'{points[s]["params"]:,}', points[s]['batch_size'],
+           f'{points[s]["step_s"] * 1e3:.1f}',
+           f'{points[s]["fastest_round_s"] * 1e3:.1f}-{points[s]["slowest_round_s"] * 1e3:.1f}',
+           f'{points[s]["examples_per_s"]:.0f}',
+           output.fmt_num(points[s]['epoch_s']) if points[s]['epoch_s'] else '-',
+           f'{points[s]["relative_speed"]:.3f}x'] for s in specs]
+  return '\n'.join([
+      output.header('Training speed, configs side by side', meta['device_line'], meta['notes']),
+      output.table(['config', 'parameters', 'batch', 'ms/step (median)', 'rounds (ms)',
+                    'examples/s', 's/epoch', f'speed vs {specs[0]}'], rows)]) + '\n'
+
+
+def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+  argv = list(sys.argv[1:] if argv is None else argv)
+  fv = common.parse_flags(define_flags, argv, __doc__)
+  specs = list(fv.config)
+  if not specs:
+    sys.exit('Error: give at least one --config=path.py[:arg]')
+  if len(set(specs)) != len(specs):
+    sys.exit(f'Error: a --config is given twice: {specs}')
+  for name in ('rounds', 'steps'):
+    if getattr(fv, name) < 1:
+      sys.exit(f'Error: --{name}={getattr(fv, name)} must be at least 1')
+  log = (lambda *_: None) if fv.quiet else (lambda m: print(m, flush=True))
+  try:
+    points = measure(specs, batch_size=fv.batch_size, rounds=fv.rounds, steps=fv.steps,
+                     log=log)
+  except ValueError as e:  # includes validate.ConfigError
+    sys.exit(f'Error: {str(e).splitlines()[0]}')
+  summarise(points, specs, fv.examples_per_epoch)
+  info = common.device_info()
+  notes = [f'{fv.rounds} interleaved rounds of {fv.steps} train steps per config, order '
+           'rotated each round, after one warm-up step; synthetic inputs; ms/step is the '
+           'median over rounds.',
+           'command: python -m benchmarks.train_speed ' + ' '.join(argv)]
+  meta = dict(device=info, device_line=common.describe_device(info), notes=notes,
+              rounds=fv.rounds, steps=fv.steps, examples_per_epoch=fv.examples_per_epoch)
+  series = {s: (list(range(1, fv.rounds + 1)),
+                [t * 1e3 for t in points[s]['round_step_s']]) for s in specs}
+  png = output.line_plot(f'{fv.out}/{fv.name}.png', [('time per train step', series)],
+                         xlabel='round', ylabel='ms per step', logx=False, logy=False)
+  data = dict(meta=meta, configs=specs, points=points, plots=[png])
+  output.finish(fv.out, fv.name, data, markdown(meta, points, specs), quiet=fv.quiet)
+  return data
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,38 @@
+"""benchmarks.train_speed: two configs timed side by side (tiny batch, two rounds)."""
+import json
+
+import pytest
+
+from benchmarks import train_speed
+
+
+def test_two_configs_side_by_side(tmp_path):
+  specs = ['configs/mnist.py:standard', 'configs/mnist.py:efficient']
+  data = train_speed.main([f'--config={s}' for s in specs] + [
+      '--batch_size=2', '--rounds=2', '--steps=1', '--examples_per_epoch=54000',
+      f'--out={tmp_path}', '--quiet'])
+  assert data['configs'] == specs
+  standard, efficient = (data['points'][s] for s in specs)
+  # The trainer's models: the parameter counts of docs/results/real_data.md's study 1.
+  assert (standard['params'], efficient['params']) == (276_874, 210_826)
+  assert standard['relative_speed'] == 1.0
+  for p in (standard, efficient):
+    assert len(p['round_step_s']) == 2 and p['batch_size'] == 2
+    assert p['fastest_round_s'] <= p['step_s'] <= p['slowest_round_s']
+    assert p['examples_per_s'] == pytest.approx(2 / p['step_s'])
+    assert p['epoch_s'] == pytest.approx(54000 * p['step_s'] / 2)
+  assert efficient['relative_speed'] == pytest.approx(standard['step_s'] / efficient['step_s'])
+  saved = json.loads((tmp_path / 'train_speed.json').read_text())
+  assert saved['meta']['rounds'] == 2
+  text = (tmp_path / 'train_speed.md').read_text()
+  assert '| configs/mnist.py:efficient | 210,826 | 2 |' in text
+  assert (tmp_path / 'train_speed.png').exists()
+
+
+def test_a_bad_config_is_named(tmp_path):
+  with pytest.raises(SystemExit, match='configs/nope.py does not exist'):
+    train_speed.main(['--config=configs/nope.py', f'--out={tmp_path}', '--quiet'])
+  with pytest.raises(SystemExit, match='given twice'):
+    train_speed.main(['--config=configs/mnist.py', '--config=configs/mnist.py', '--quiet'])
+  with pytest.raises(SystemExit, match='--rounds=0'):
+    train_speed.main(['--config=configs/mnist.py', '--rounds=0', '--quiet'])
