@@ -11,10 +11,16 @@ shell cannot expand it: 'gs://bucket/runs/*').
     python -m benchmarks.report runs/* --out=benchmark_results/report
     python -m benchmarks.report runs/mnist_* --sort=eval_accuracy --name=mnist
 
+Runs whose configs differ only in `train.seed` are also summarised over seeds:
+the mean eval accuracy, its spread (half the range), the lowest and highest,
+and the mean epoch time and examples/s of the finished runs of each group.
+
 Writes <out>/<name>.json, .md and <name>_curves.png (loss and accuracy against
 step, train solid and eval dashed, one colour per run).
 """
+import json
 import os
+import statistics
 import sys
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -33,6 +39,7 @@ COLUMNS = (  # (key, header, formatter)
     ('projection', 'projection', str),
     ('heads', 'h', str),
     ('d_model', 'd_model', str),
+    ('seed', 'seed', str),
     ('params_total', 'params', lambda v: f'{v:,}'),
     ('params_per_attention_layer', 'params / attn layer', lambda v: f'{v:,}'),
     ('train_accuracy', 'train acc', lambda v: f'{100 * v:.2f}%'),
@@ -84,6 +91,9 @@ def summarise_run(workdir: str) -> Dict[str, Any]:
   config = runs.read_json(path / 'config.json') or {}
   row = dict(run=path.name, workdir=workdir)
   row.update({k: v for k, v in runs.config_info(config).items() if v is not None})
+  if (config.get('train') or {}).get('seed') is not None:
+    row['seed'] = config['train']['seed']
+  row['config_key'] = seedless_key(config)
   if results:
     row.update(results)
     row['status'] = 'finished'
@@ -103,6 +113,40 @@ def summarise_run(workdir: str) -> Dict[str, Any]:
       row['steps'] = max(steps)
   row['curves'] = curves(metrics)
   return row
+
+
+def seedless_key(config: Dict[str, Any]) -> str:
+  """The config without train.seed, as canonical JSON: runs sharing it differ only in seed."""
+  config = dict(config, train={k: v for k, v in (config.get('train') or {}).items()
+                               if k != 'seed'})
+  return json.dumps(config, sort_keys=True)
+
+
+def seed_groups(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+  """Finished runs grouped by seedless config, for the groups of two runs or more:
+  {runs, seeds, n, eval_accuracy mean / spread (half the range) / min / max, mean epoch
+  time and examples/s}."""
+  groups: Dict[str, List[Dict[str, Any]]] = {}
+  for r in rows:
+    if r['status'] == 'finished' and r.get('eval_accuracy') is not None:
+      groups.setdefault(r['config_key'], []).append(r)
+  out = []
+  for members in groups.values():
+    if len(members) < 2:
+      continue
+    acc = [r['eval_accuracy'] for r in members]
+    mean = lambda key: (statistics.mean(r[key] for r in members)
+                        if all(r.get(key) is not None for r in members) else None)
+    names = list(dict.fromkeys(r['run'] for r in members))
+    out.append(dict(runs=names, mechanism=members[0].get('mechanism'),
+                    projection=members[0].get('projection'),
+                    seeds=[r.get('seed') for r in members], n=len(members),
+                    eval_accuracy_mean=statistics.mean(acc),
+                    eval_accuracy_spread=(max(acc) - min(acc)) / 2,
+                    eval_accuracy_min=min(acc), eval_accuracy_max=max(acc),
+                    epoch_time_s_mean=mean('epoch_time_s'),
+                    examples_per_sec_mean=mean('examples_per_sec')))
+  return out
 
 
 def curves(metrics: List[Dict[str, Any]]) -> Dict[str, Dict[str, List[float]]]:
@@ -127,7 +171,7 @@ def sort_rows(rows, key: str):
   return sorted(present, key=lambda r: r[key], reverse=descending) + missing
 
 
-def markdown(meta, rows) -> str:
+def markdown(meta, rows, groups) -> str:
   notes = ['accuracy and loss: final train (mean over the last logging window) and eval '
            "values from results.json, on the split named in 'eval split' (a validation split "
            'carved from the training data is not a test set); runs still going show their last logged '
@@ -140,6 +184,20 @@ def markdown(meta, rows) -> str:
                          label='Report written on'),
            output.table([h for _, h, _ in COLUMNS], table_rows,
                         ''.join('l' if h in LEFT else 'r' for _, h, _ in COLUMNS)), '']
+  if groups:
+    pct = lambda v: f'{100 * v:.2f}%'
+    parts += ['## Over seeds (finished runs whose configs differ only in train.seed)', '',
+              output.table(
+                  ['run', 'mechanism', 'projection', 'seeds', 'eval acc mean', 'spread',
+                   'lowest', 'highest', 'epoch time (mean)', 'examples/s (mean)'],
+                  [[', '.join(g['runs']), g['mechanism'], g['projection'],
+                    ', '.join(map(str, g['seeds'])), pct(g['eval_accuracy_mean']),
+                    f'±{100 * g["eval_accuracy_spread"]:.2f}', pct(g['eval_accuracy_min']),
+                    pct(g['eval_accuracy_max']),
+                    None if g['epoch_time_s_mean'] is None else f'{g["epoch_time_s_mean"]:.3g} s',
+                    None if g['examples_per_sec_mean'] is None
+                    else f'{g["examples_per_sec_mean"]:,.0f}'] for g in groups],
+                  'lllrrrrrrr'), '']
   return '\n'.join(parts)
 
 
@@ -151,7 +209,8 @@ def plot(path: str, rows) -> Optional[str]:
   colors = plt.rcParams['axes.prop_cycle'].by_key()['color']
   for i, r in enumerate(rows):
     color = colors[i % len(colors)]
-    label = f"{r['run']} ({r.get('mechanism', '?')}/{r.get('projection', '?')})"
+    seed = f", seed {r['seed']}" if r.get('seed') is not None else ''
+    label = f"{r['run']} ({r.get('mechanism', '?')}/{r.get('projection', '?')}{seed})"
     for ax, key in zip(axes, ('loss', 'accuracy')):
       for split, style in (('train', '-'), ('eval', '--')):
         c = r['curves'].get(split)
@@ -190,8 +249,11 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
               command=' '.join(['python -m benchmarks.report'] +
                                list(argv if argv is not None else sys.argv[1:])))
   png = plot(os.path.join(args.out, f'{args.name}_curves.png'), rows)
-  data = dict(meta=meta, runs=rows, plots=[png] if png else [])
-  output.finish(args.out, args.name, data, markdown(meta, rows), quiet=args.quiet)
+  groups = seed_groups(rows)
+  for r in rows:
+    del r['config_key']  # grouping only
+  data = dict(meta=meta, runs=rows, seed_groups=groups, plots=[png] if png else [])
+  output.finish(args.out, args.name, data, markdown(meta, rows, groups), quiet=args.quiet)
   return data
 
 

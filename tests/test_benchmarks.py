@@ -223,12 +223,14 @@ def test_spectrum_tool(tmp_path):
     assert 1 <= layer['rank_min'] <= layer['rank_mean'] <= layer['rank_max'] <= 17
 
 
-def write_fake_run(root, name, mechanism, finished=True):
+def write_fake_run(root, name, mechanism, finished=True, seed=0, eval_accuracy=0.6,
+                   epoch_time_s=3.0):
   wd = os.path.join(root, name)
   os.makedirs(wd)
   with open(os.path.join(wd, 'config.json'), 'w') as f:
     json.dump(dict(dataset=dict(name='digits'), model=dict(num_heads=2, d_model=16),
-                   attention=dict(mechanism=mechanism, projection='standard')), f)
+                   attention=dict(mechanism=mechanism, projection='standard'),
+                   train=dict(seed=seed, num_steps=20)), f)
   with open(os.path.join(wd, 'metrics.jsonl'), 'w') as f:
     for step in (10, 20):
       f.write(json.dumps(dict(step=step, split='train', loss=2.0 / step, accuracy=0.04 * step,
@@ -238,9 +240,10 @@ def write_fake_run(root, name, mechanism, finished=True):
     f.write('{"step": 30, "spl')  # a torn last line of a run still writing
   if finished:
     with open(os.path.join(wd, 'results.json'), 'w') as f:
-      json.dump(dict(train_loss=0.1, train_accuracy=0.8, eval_loss=0.125, eval_accuracy=0.6,
-                     test_top5_accuracy=0.9, params_total=1234, params_per_attention_layer=272,
-                     examples_per_sec=100.0, epoch_time_s=3.0, steps=20, dataset='digits',
+      json.dump(dict(train_loss=0.1, train_accuracy=0.8, eval_loss=0.125,
+                     eval_accuracy=eval_accuracy, test_top5_accuracy=0.9, params_total=1234,
+                     params_per_attention_layer=272, examples_per_sec=100.0,
+                     epoch_time_s=epoch_time_s, steps=20, dataset='digits',
                      mechanism=mechanism, projection='standard', heads=2, d_model=16), f)
   return wd
 
@@ -259,7 +262,32 @@ def test_report_tool(tmp_path):
   assert rows['a_softmax']['status'] == 'finished' and rows['a_softmax']['eval_accuracy'] == 0.6
   assert rows['b_linear']['status'] == 'running' and rows['b_linear']['steps'] == 20
   assert rows['b_linear']['eval_accuracy'] == pytest.approx(0.6)  # last eval: 0.03 * 20
-  assert '| a_softmax | digits | softmax | standard | 2 | 16 | 1,234 | 272 | 80.00%' in text
+  assert '| a_softmax | digits | softmax | standard | 2 | 16 | 0 | 1,234 | 272 | 80.00%' in text
+  assert data['seed_groups'] == [] and 'Over seeds' not in text  # one seed of each
+
+
+def test_report_over_seeds(tmp_path):
+  """Runs whose configs differ only in train.seed are summarised: mean, half-range spread,
+  extremes; a running run, or one of another config, joins no group."""
+  root = str(tmp_path / 'runs')
+  dirs = [write_fake_run(os.path.join(root, f's{seed}'), 'softmax', 'softmax', seed=seed,
+                         eval_accuracy=acc, epoch_time_s=t)
+          for seed, acc, t in ((0, 0.97, 2.0), (1, 0.98, 4.0), (2, 0.96, 3.0))]
+  dirs.append(write_fake_run(os.path.join(root, 's3'), 'softmax', 'softmax', seed=3,
+                             finished=False))
+  dirs.append(write_fake_run(os.path.join(root, 's0'), 'linear', 'linear', seed=0))
+  out = str(tmp_path / 'out')
+  data = report.main(dirs + [f'--out={out}', '--quiet'])
+  (group,) = data['seed_groups']
+  assert group['runs'] == ['softmax'] and group['seeds'] == [0, 1, 2] and group['n'] == 3
+  assert group['eval_accuracy_mean'] == pytest.approx(0.97)
+  assert group['eval_accuracy_spread'] == pytest.approx(0.01)
+  assert (group['eval_accuracy_min'], group['eval_accuracy_max']) == (0.96, 0.98)
+  assert group['epoch_time_s_mean'] == pytest.approx(3.0)
+  text = (tmp_path / 'out' / 'report.md').read_text()
+  assert ('| softmax | softmax | standard | 0, 1, 2 | 97.00% | ±1.00 | 96.00% | 98.00% | 3 s |'
+          in text)
+  assert all('config_key' not in r for r in data['runs'])
 
 
 @pytest.mark.slow
