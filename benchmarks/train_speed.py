@@ -56,6 +56,8 @@ def load_config(spec: str):
     module_spec.loader.exec_module(module)
   except FileNotFoundError:
     raise ValueError(f'--config={spec!r}: {path} does not exist') from None
+  if not hasattr(module, 'get_config'):
+    raise ValueError(f'--config={spec!r}: {path} defines no get_config()')
   return module.get_config(arg) if arg else module.get_config()
 
 
@@ -100,7 +102,7 @@ def measure(specs: Sequence[str], *, batch_size: Optional[int], rounds: int, ste
   built = {}
   for spec in specs:
     config = load_config(spec)
-    if batch_size:
+    if batch_size is not None:
       config.dataset.batch_size = batch_size
     b = config.dataset.batch_size
     compiled, state, batch, params = compiled_train_step(config, synthetic_batch(config, b))
@@ -141,7 +143,7 @@ def summarise(points: Dict[str, Dict[str, Any]], specs: Sequence[str],
              examples_per_s=p['batch_size'] / step_s,
              relative_speed=base / step_s,
              epoch_s=(examples_per_epoch / (p['batch_size'] / step_s)
-                      if examples_per_epoch else None))
+                      if examples_per_epoch is not None else None))
   return points
 
 
@@ -150,7 +152,7 @@ def markdown(meta, points, specs) -> str:
            f'{points[s]["step_s"] * 1e3:.1f}',
            f'{points[s]["fastest_round_s"] * 1e3:.1f}-{points[s]["slowest_round_s"] * 1e3:.1f}',
            f'{points[s]["examples_per_s"]:.0f}',
-           output.fmt_num(points[s]['epoch_s']) if points[s]['epoch_s'] else '-',
+           '-' if points[s]['epoch_s'] is None else output.fmt_num(points[s]['epoch_s']),
            f'{points[s]["relative_speed"]:.3f}x'] for s in specs]
   return '\n'.join([
       output.header('Training speed, configs side by side', meta['device_line'], meta['notes']),
@@ -166,9 +168,10 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     sys.exit('Error: give at least one --config=path.py[:arg]')
   if len(set(specs)) != len(specs):
     sys.exit(f'Error: a --config is given twice: {specs}')
-  for name in ('rounds', 'steps'):
-    if getattr(fv, name) < 1:
-      sys.exit(f'Error: --{name}={getattr(fv, name)} must be at least 1')
+  for name in ('rounds', 'steps', 'batch_size', 'examples_per_epoch'):
+    value = getattr(fv, name)
+    if value is not None and value < 1:  # batch_size, examples_per_epoch: None is unset
+      sys.exit(f'Error: --{name}={value} must be at least 1')
   log = (lambda *_: None) if fv.quiet else (lambda m: print(m, flush=True))
   try:
     points = measure(specs, batch_size=fv.batch_size, rounds=fv.rounds, steps=fv.steps,

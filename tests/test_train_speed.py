@@ -36,3 +36,11 @@ def test_a_bad_config_is_named(tmp_path):
     train_speed.main(['--config=configs/mnist.py', '--config=configs/mnist.py', '--quiet'])
   with pytest.raises(SystemExit, match='--rounds=0'):
     train_speed.main(['--config=configs/mnist.py', '--rounds=0', '--quiet'])
+  with pytest.raises(SystemExit, match='--batch_size=0'):  # not the config's batch, silently
+    train_speed.main(['--config=configs/mnist.py', '--batch_size=0', '--quiet'])
+  with pytest.raises(SystemExit, match='--examples_per_epoch=-5'):
+    train_speed.main(['--config=configs/mnist.py', '--examples_per_epoch=-5', '--quiet'])
+  with pytest.raises(SystemExit, match='benchmarks/common.py defines no get_config'):
+    train_speed.main(['--config=benchmarks/common.py', '--quiet'])
+  with pytest.raises(SystemExit, match="projection='bogus' is not valid"):
+    train_speed.main(['--config=configs/mnist.py:bogus', f'--out={tmp_path}', '--quiet'])
