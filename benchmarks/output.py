@@ -151,11 +151,13 @@ def save_figure(fig, path: str) -> str:
 
 def line_plot(path: str, panels: Sequence[Tuple[str, Series]], *, xlabel: str, ylabel: str,
               suptitle: str = '', logx: bool = True, logy: bool = True,
-              hlines: Sequence[Tuple[float, str]] = (), ncols: Optional[int] = None) -> str:
+              hlines: Sequence[Tuple[float, str]] = (), ncols: Optional[int] = None,
+              integer_x: bool = False) -> str:
   """One figure with a panel per (title, {label: (xs, ys)}), `ncols` panels a row.
 
   Missing (None / non-finite) ys are skipped; `hlines`: (y, label) reference
-  lines on every panel. Log x axes are base 2 with plain-number tick labels.
+  lines on every panel. Log x axes are base 2 with plain-number tick labels;
+  `integer_x` puts x ticks on whole numbers only (rounds, epochs).
   """
   ncols = ncols or max(1, len(panels))
   nrows = max(1, math.ceil(len(panels) / ncols))
@@ -176,6 +178,8 @@ def line_plot(path: str, panels: Sequence[Tuple[str, Series]], *, xlabel: str, y
     if logx:
       ax.set_xscale('log', base=2)
       ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda x, _: f'{x:g}'))
+    if integer_x:
+      ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
     if logy:
       ax.set_yscale('log')
     ax.set_title(title, fontsize=10)

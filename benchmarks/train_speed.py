@@ -189,7 +189,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   series = {s: (list(range(1, fv.rounds + 1)),
                 [t * 1e3 for t in points[s]['round_step_s']]) for s in specs}
   png = output.line_plot(f'{fv.out}/{fv.name}.png', [('time per train step', series)],
-                         xlabel='round', ylabel='ms per step', logx=False, logy=False)
+                         xlabel='round', ylabel='ms per step', logx=False, logy=False,
+                         integer_x=True)
   data = dict(meta=meta, configs=specs, points=points, plots=[png])
   output.finish(fv.out, fv.name, data, markdown(meta, points, specs), quiet=fv.quiet)
   return data

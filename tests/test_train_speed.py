@@ -44,3 +44,17 @@ def test_a_bad_config_is_named(tmp_path):
     train_speed.main(['--config=benchmarks/common.py', '--quiet'])
   with pytest.raises(SystemExit, match="projection='bogus' is not valid"):
     train_speed.main(['--config=configs/mnist.py:bogus', f'--out={tmp_path}', '--quiet'])
+
+
+def test_round_axis_has_whole_number_ticks(tmp_path, monkeypatch):
+  """Rounds are counted: the speed plot must not label round 1.5 (it did, with 2-5 rounds)."""
+  from benchmarks import output
+  figures = []
+  monkeypatch.setattr(output, 'save_figure', lambda fig, path: figures.append(fig) or path)
+  series = {'a': ([1, 2], [3.0, 4.0])}
+  for integer_x in (False, True):
+    output.line_plot(str(tmp_path / 'p.png'), [('t', series)], xlabel='round', ylabel='ms',
+                     logx=False, logy=False, integer_x=integer_x)
+  ticks = [[t for t in f.axes[0].get_xticks() if 1 <= t <= 2] for f in figures]
+  assert any(t != int(t) for t in ticks[0])  # matplotlib's default puts ticks at 1.2, 1.4, ...
+  assert ticks[1] and all(t == int(t) for t in ticks[1])
