@@ -166,3 +166,13 @@ def test_the_lra_sweep_reads_its_environment(monkeypatch):
   assert [r.config for r in runs] == ['configs/lra/retrieval.py:linear,size=small',
                                       'configs/lra/retrieval.py:nystrom,size=small']
   assert all(r.overrides['dataset.data_dir'] == 'gs://bucket/tsv_data' for r in runs)
+
+
+@pytest.mark.parametrize('path', ['sweeps/real/cifar10_mechanisms.py',
+                                  'sweeps/real/imdb_bytes.py'])
+def test_the_mechanism_studies_take_a_seed(path, monkeypatch):
+  """SEED runs a second seed of studies 2 and 5 (the default stays the recorded seed 0)."""
+  assert all(r.overrides['train.seed'] == 0 for r in sweep.expand(sweep.load_sweep(path)))
+  monkeypatch.setenv('SEED', '1')
+  runs = sweep.expand(sweep.load_sweep(path))
+  assert runs and all(r.overrides['train.seed'] == 1 for r in runs)

@@ -8,20 +8,22 @@ budget. Trained on 22,500 of the
 25,000 training reviews and validated on the 2,500 held out (class-stratified).
 REAL_DATA_DIR points at the folder holding imdb_train.npz; MAX_LENGTH (default
 1024) sets the bytes per review; MECHANISMS (comma-separated) picks the
-mechanisms.
+mechanisms; SEED (default 0) the training seed.
 """
 import os
 
 DATA = os.environ.get('REAL_DATA_DIR', '../shared/data')
 MAX_LENGTH = int(os.environ.get('MAX_LENGTH', '1024'))
 MECHANISMS = os.environ.get('MECHANISMS', 'linear,performer,softmax').split(',')
+SEED = int(os.environ.get('SEED', '0'))
 
 
 def get_sweep():
   return dict(
       grid={'config': [f'configs/lra/text.py:mechanism={m},max_length={MAX_LENGTH},size=small'
                        for m in MECHANISMS]},
-      fixed={'train.log_every': 50, 'train.eval_every': 500, 'train.checkpoint_every': 250,
+      fixed={'train.seed': SEED, 'train.log_every': 50, 'train.eval_every': 500,
+             'train.checkpoint_every': 250,
              'dataset.source': 'arrays',
              'dataset.data_dir': os.path.join(DATA, 'imdb_train.npz'),
              'dataset.holdout': 0.1,
