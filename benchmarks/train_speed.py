@@ -46,19 +46,13 @@ def define_flags(fv):
 
 def load_config(spec: str):
   """'configs/mnist.py:super' -> that file's get_config('super') (get_config() without ':')."""
-  import importlib.util  # pylint: disable=g-import-not-at-top
+  from train import pyfile  # pylint: disable=g-import-not-at-top
   path, _, arg = spec.partition(':')
-  module_spec = importlib.util.spec_from_file_location('speed_config', path)
-  if module_spec is None or not path.endswith('.py'):
-    raise ValueError(f"--config={spec!r} is not a config file 'path.py[:arg]'")
-  module = importlib.util.module_from_spec(module_spec)
   try:
-    module_spec.loader.exec_module(module)
-  except FileNotFoundError:
-    raise ValueError(f'--config={spec!r}: {path} does not exist') from None
-  if not hasattr(module, 'get_config'):
-    raise ValueError(f'--config={spec!r}: {path} defines no get_config()')
-  return module.get_config(arg) if arg else module.get_config()
+    get_config = pyfile.function(path, 'get_config')
+  except ValueError as e:
+    raise ValueError(f'--config={spec!r}: {e}') from None
+  return get_config(arg) if arg else get_config()
 
 
 def synthetic_batch(config, batch_size: int, seed: int = 0) -> Dict[str, np.ndarray]:

@@ -15,14 +15,14 @@ Environment:
 import os
 
 from efficient_attn import registry
+from train import env
 
 SIZE = os.environ.get('SIZE', 'base')
 AAN_DIR = os.environ.get('AAN_DIR', '')
 DEFAULT_TASKS = ('listops,pathfinder' if SIZE == 'small' else
                  'listops,text,image,pathfinder' + (',retrieval' if AAN_DIR else ''))
-TASKS = [t for t in os.environ.get('TASKS', DEFAULT_TASKS).split(',') if t]
-MECHANISMS = [m for m in os.environ.get('MECHANISMS', '').split(',') if m] or list(
-    registry.list_mechanisms())
+TASKS = env.names('TASKS', DEFAULT_TASKS)
+MECHANISMS = env.names('MECHANISMS', ','.join(registry.list_mechanisms()))
 
 
 def get_sweep():

@@ -176,3 +176,7 @@ def test_the_mechanism_studies_take_a_seed(path, monkeypatch):
   monkeypatch.setenv('SEED', '1')
   runs = sweep.expand(sweep.load_sweep(path))
   assert runs and all(r.overrides['train.seed'] == 1 for r in runs)
+  monkeypatch.setenv('SEED', 'one')  # named, not "invalid literal for int()"
+  with pytest.raises(sweep.SweepError, match=r"does not load: ValueError: SEED='one' is not an "
+                                             r'integer'):
+    sweep.load_sweep(path)

@@ -30,7 +30,7 @@ def test_two_configs_side_by_side(tmp_path):
 
 
 def test_a_bad_config_is_named(tmp_path):
-  with pytest.raises(SystemExit, match='configs/nope.py does not exist'):
+  with pytest.raises(SystemExit, match="'configs/nope.py' does not exist"):
     train_speed.main(['--config=configs/nope.py', f'--out={tmp_path}', '--quiet'])
   with pytest.raises(SystemExit, match='given twice'):
     train_speed.main(['--config=configs/mnist.py', '--config=configs/mnist.py', '--quiet'])
@@ -40,7 +40,7 @@ def test_a_bad_config_is_named(tmp_path):
     train_speed.main(['--config=configs/mnist.py', '--batch_size=0', '--quiet'])
   with pytest.raises(SystemExit, match='--examples_per_epoch=-5'):
     train_speed.main(['--config=configs/mnist.py', '--examples_per_epoch=-5', '--quiet'])
-  with pytest.raises(SystemExit, match='benchmarks/common.py defines no get_config'):
+  with pytest.raises(SystemExit, match=r"'benchmarks/common.py' defines no get_config\(\)"):
     train_speed.main(['--config=benchmarks/common.py', '--quiet'])
   with pytest.raises(SystemExit, match="projection='bogus' is not valid"):
     train_speed.main(['--config=configs/mnist.py:bogus', f'--out={tmp_path}', '--quiet'])
@@ -49,6 +49,7 @@ def test_a_bad_config_is_named(tmp_path):
 def test_round_axis_has_whole_number_ticks(tmp_path, monkeypatch):
   """Rounds are counted: the speed plot must not label round 1.5 (it did, with 2-5 rounds)."""
   from benchmarks import output
+  from matplotlib import pyplot as plt
   figures = []
   monkeypatch.setattr(output, 'save_figure', lambda fig, path: figures.append(fig) or path)
   series = {'a': ([1, 2], [3.0, 4.0])}
@@ -56,5 +57,7 @@ def test_round_axis_has_whole_number_ticks(tmp_path, monkeypatch):
     output.line_plot(str(tmp_path / 'p.png'), [('t', series)], xlabel='round', ylabel='ms',
                      logx=False, logy=False, integer_x=integer_x)
   ticks = [[t for t in f.axes[0].get_xticks() if 1 <= t <= 2] for f in figures]
+  for f in figures:
+    plt.close(f)
   assert any(t != int(t) for t in ticks[0])  # matplotlib's default puts ticks at 1.2, 1.4, ...
   assert ticks[1] and all(t == int(t) for t in ticks[1])

@@ -26,7 +26,6 @@ sweep goes on. `pod` prints, for each run, the one command that starts it on
 every worker of a TPU VM pod.
 """
 import dataclasses
-import importlib.util
 import itertools
 import os
 import shlex
@@ -40,6 +39,7 @@ from absl import flags
 from etils import epath
 from ml_collections import config_flags
 
+from train import pyfile
 from train import validate
 from train import workdir as workdir_lib
 
@@ -64,17 +64,11 @@ class Run:
 
 
 def load_sweep(path: str) -> Dict[str, Any]:
-  if not os.path.exists(path):
-    raise SweepError(f'sweep file {path!r} does not exist')
-  spec = importlib.util.spec_from_file_location('sweep_definition', path)
-  module = importlib.util.module_from_spec(spec)
   try:
-    spec.loader.exec_module(module)
-  except Exception as e:  # pylint: disable=broad-except
-    raise SweepError(f'sweep file {path!r} does not load: {type(e).__name__}: {e}') from None
-  if not hasattr(module, 'get_sweep'):
-    raise SweepError(f'sweep file {path!r} must define get_sweep()')
-  return module.get_sweep()
+    get_sweep = pyfile.function(path, 'get_sweep')
+  except ValueError as e:
+    raise SweepError(f'sweep file {e}') from None
+  return get_sweep()
 
 
 def _short(value: Any) -> str:

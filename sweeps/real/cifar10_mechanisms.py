@@ -13,11 +13,12 @@ mechanisms.
 """
 import os
 
+from train import env
+
 DATA = os.environ.get('REAL_DATA_DIR', '../shared/data')
-EPOCHS = int(os.environ.get('EPOCHS', '2'))
-SEED = int(os.environ.get('SEED', '0'))
-MECHANISMS = os.environ.get(
-    'MECHANISMS', 'softmax,linear,rfa,performer,linformer,nystrom,local').split(',')
+EPOCHS = env.integer('EPOCHS', 2, minimum=1)
+SEED = env.integer('SEED', 0)
+MECHANISMS = env.names('MECHANISMS', 'softmax,linear,rfa,performer,linformer,nystrom,local')
 
 
 def get_sweep():

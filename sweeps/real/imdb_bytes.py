@@ -12,10 +12,12 @@ mechanisms; SEED (default 0) the training seed.
 """
 import os
 
+from train import env
+
 DATA = os.environ.get('REAL_DATA_DIR', '../shared/data')
-MAX_LENGTH = int(os.environ.get('MAX_LENGTH', '1024'))
-MECHANISMS = os.environ.get('MECHANISMS', 'linear,performer,softmax').split(',')
-SEED = int(os.environ.get('SEED', '0'))
+MAX_LENGTH = env.integer('MAX_LENGTH', 1024, minimum=1)
+MECHANISMS = env.names('MECHANISMS', 'linear,performer,softmax')
+SEED = env.integer('SEED', 0)
 
 
 def get_sweep():

@@ -10,11 +10,12 @@ docs/results/real_data.md's runs) sets the budget.
 """
 import os
 
+from train import env
+
 DATA = os.environ.get('REAL_DATA_DIR', '../shared/data')
-SEEDS = [int(s) for s in os.environ.get('SEEDS', '0,1').split(',')]
-EPOCHS = int(os.environ.get('EPOCHS', '15'))
-SCHEMES = [p for p in os.environ.get('SCHEMES', '').split(',') if p] or [
-    'standard', 'optimised', 'efficient', 'super']
+SEEDS = env.integers('SEEDS', '0,1')
+EPOCHS = env.integer('EPOCHS', 15, minimum=1)
+SCHEMES = env.names('SCHEMES', 'standard,optimised,efficient,super')
 
 
 def get_sweep():
