@@ -16,13 +16,14 @@ the mean eval accuracy, its spread (half the range), the lowest and highest,
 and the mean epoch time and examples/s of the finished runs of each group.
 
 Writes <out>/<name>.json, .md and <name>_curves.png (loss and accuracy against
-step, train solid and eval dashed, one colour per run).
+step, train solid and eval dashed, one colour per run; and eval accuracy over
+the second half of each run, zoomed to its range).
 """
 import json
 import os
 import statistics
 import sys
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from absl import flags
 from etils import epath
@@ -201,12 +202,24 @@ def markdown(meta, rows, groups) -> str:
   return '\n'.join(parts)
 
 
+def late_eval(curve: Dict[str, List[float]]) -> List[Tuple[float, float]]:
+  """(step, eval accuracy) over the second half of a run's evaluated steps."""
+  pts = [(s, v) for s, v in zip(curve['step'], curve['accuracy']) if v is not None]
+  if not pts:
+    return []
+  half = pts[-1][0] / 2
+  return [p for p in pts if p[0] > half]
+
+
 def plot(path: str, rows) -> Optional[str]:
+  """Loss (log) and accuracy against step, plus eval accuracy over the second half of each
+  run, zoomed to its range: differences of a tenth of a point are visible there."""
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   if not any(r['curves'] for r in rows):
     return None
-  fig, axes = plt.subplots(1, 2, figsize=(12, 4.4))
+  fig, axes = plt.subplots(1, 3, figsize=(17, 4.4))
   colors = plt.rcParams['axes.prop_cycle'].by_key()['color']
+  late = []
   for i, r in enumerate(rows):
     color = colors[i % len(colors)]
     seed = f", seed {r['seed']}" if r.get('seed') is not None else ''
@@ -220,6 +233,10 @@ def plot(path: str, rows) -> Optional[str]:
         if pts:
           ax.plot(*zip(*pts), style, color=color, marker='o' if split == 'eval' else None,
                   markersize=3, label=f'{label} {split}')
+    pts = late_eval(r['curves'].get('eval') or dict(step=[], accuracy=[]))
+    if pts:
+      axes[2].plot(*zip(*pts), '--', color=color, marker='o', markersize=3)
+      late += [v for _, v in pts]
   for ax, key in zip(axes, ('loss', 'accuracy')):
     ax.set_xlabel('training step')
     ax.set_ylabel(key)
@@ -227,6 +244,13 @@ def plot(path: str, rows) -> Optional[str]:
     ax.grid(True, alpha=0.3)
   axes[0].set_yscale('log')
   axes[1].legend(fontsize=7, loc='lower right')
+  axes[2].set_xlabel('training step')
+  axes[2].set_ylabel('eval accuracy')
+  axes[2].set_title('eval accuracy, second half of each run (zoomed)', fontsize=10)
+  axes[2].grid(True, alpha=0.3)
+  if late:
+    pad = max(0.1 * (max(late) - min(late)), 0.002)
+    axes[2].set_ylim(min(late) - pad, max(late) + pad)
   return output.save_figure(fig, path)
 
 

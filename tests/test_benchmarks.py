@@ -266,6 +266,24 @@ def test_report_tool(tmp_path):
   assert data['seed_groups'] == [] and 'Over seeds' not in text  # one seed of each
 
 
+def test_report_zooms_on_late_eval_accuracy(tmp_path, monkeypatch):
+  """The third panel shows eval accuracy over each run's second half, its y-axis fitted to
+  those values, so 97% against 98% is not squeezed into a 0-1 axis."""
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+  figures = []
+  monkeypatch.setattr(report.output, 'save_figure', lambda fig, path: figures.append(fig) or path)
+  root = str(tmp_path / 'runs')
+  dirs = [write_fake_run(root, name, name) for name in ('softmax', 'linear')]
+  report.main(dirs + [f'--out={tmp_path / "out"}', '--quiet'])
+  (fig,) = figures
+  zoom = fig.axes[2]
+  lines = zoom.get_lines()
+  assert len(lines) == 2 and all(list(l.get_xdata()) == [20] for l in lines)  # not step 10
+  low, high = zoom.get_ylim()
+  assert 0.59 < low < 0.6 < high < 0.61  # eval accuracy 0.6 at step 20, not 0.3 at step 10
+  plt.close(fig)
+
+
 def test_report_over_seeds(tmp_path):
   """Runs whose configs differ only in train.seed are summarised: mean, half-range spread,
   extremes; a running run, or one of another config, joins no group."""
