@@ -13,12 +13,16 @@ writes `<out>/<name>.md`, `.json` and `.png` (accuracy against the rank).
     python -m train.sweep --sweep=sweeps/lora_digits.py --root=runs/lora_digits run
     python -m benchmarks.lora_table --root=runs/lora_digits --out=benchmark_results/lora_digits
 
+Several roots (`--root=runs/s0,runs/s1`), each the whole study with another
+`train.seed`, give one table of means with their spread (half the range).
+
 Runs that have not finished are left out of the table (named in its notes).
 """
 import os
 import re
+import statistics
 import sys
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from absl import flags
 from etils import epath
@@ -34,8 +38,8 @@ _RUN = re.compile(r'^(full|finetune|scratch)_([a-z]+?)(?:_r(\d+))?$')
 
 
 def define_flags(fv: flags.FlagValues) -> None:
-  flags.DEFINE_string('root', None, 'the sweep root holding base/, full_<v>/, ... ',
-                      flag_values=fv)
+  flags.DEFINE_list('root', None, 'the sweep root holding base/, full_<v>/, ...; several '
+                    '(comma-separated), one per seed, give means and spreads', flag_values=fv)
   flags.DEFINE_string('out', 'benchmark_results/lora', 'output directory', flag_values=fv)
   flags.DEFINE_string('name', 'lora', 'file name stem of the outputs', flag_values=fv)
   flags.DEFINE_bool('quiet', False, 'do not print the table', flag_values=fv)
@@ -69,6 +73,7 @@ def collect(root: str) -> Dict[str, Any]:
       root=os.path.abspath(root) if workdir_lib.is_local(root) else root,
       device=common.device_info(),
       dataset=base_config['dataset']['name'], model=base_config['model']['kind'],
+      seeds=[(base_config.get('train') or {}).get('seed')],
       eval_split=base_config['dataset']['eval_split'],
       base={'plain': base['eval_accuracy']}, full_finetune={}, finetune={}, scratch={},
       params={'base': base['params_total']}, steps={'base': base['steps']}, unfinished=[])
@@ -97,6 +102,51 @@ def collect(root: str) -> Dict[str, Any]:
   return result
 
 
+ACCURACIES = ('base', 'full_finetune', 'finetune', 'scratch')
+SAME = ('dataset', 'model', 'eval_split', 'ranks', 'variants', 'params', 'steps')
+
+
+def combine(results: List[Dict[str, Any]]) -> Dict[str, Any]:
+  """collect() of several seeds -> one result: every accuracy the mean over the seeds, its
+  half-range under result['spread'] (same layout), the seeds' results under 'per_seed'. A
+  cell some seed has not finished is left out (its runs are listed as unfinished), never a
+  mean of fewer seeds. Raises ValueError when the roots are not one study."""
+  first = results[0]
+  for r in results[1:]:
+    for key in SAME:
+      if r[key] != first[key]:
+        raise ValueError(f"--root={r['root']}: its {key} {r[key]!r} is not that of "
+                         f"--root={first['root']} ({first[key]!r}); only seeds of one study "
+                         f'combine')
+  out = dict(first, root=', '.join(r['root'] for r in results),
+             seeds=[s for r in results for s in r['seeds']],
+             unfinished=[f"{r['root']}/{n}" for r in results for n in r['unfinished']],
+             spread={}, per_seed=results)
+  for key in ACCURACIES:
+    out[key], out['spread'][key] = _mean_spread([r[key] for r in results])
+  return out
+
+
+def _mean_spread(trees: List[Any]) -> Tuple[Any, Any]:
+  """Nested dicts with float leaves -> (mean, half-range) trees over the keys all share."""
+  if isinstance(trees[0], dict):
+    keys = sorted(set.intersection(*(set(t) for t in trees)))
+    pairs = {k: _mean_spread([t[k] for t in trees]) for k in keys}
+    return {k: p[0] for k, p in pairs.items()}, {k: p[1] for k, p in pairs.items()}
+  return statistics.fmean(trees), (max(trees) - min(trees)) / 2
+
+
+def _cell(result: Dict[str, Any], key: str, *path: str) -> Optional[str]:
+  """The accuracy at result[key][path...] as a percentage, with ' ±spread' over seeds."""
+  value, spread = result[key], result.get('spread', {}).get(key)
+  for p in path:
+    value = (value or {}).get(p)
+    spread = None if spread is None else spread.get(p)
+  if value is None:
+    return None
+  return _pct(value) + ('' if spread is None else f' ±{100 * spread:.2f}')
+
+
 def _pct(x: Optional[float]) -> Optional[str]:
   return None if x is None else f'{100 * x:.2f}%'
 
@@ -107,25 +157,28 @@ def markdown(result: Dict[str, Any], command: str = '') -> str:
            f"({output.fmt_count(result['params']['base'])} parameters); runs in "
            f"{result['root']}",
            f"base: {result['steps']['base']} steps on plain images, {split} accuracy "
-           f"{_pct(result['base']['plain'])}",
+           f"{_cell(result, 'base', 'plain')}",
            f"every adaptation run: {result['steps'].get('adaptation')} steps",
            f'accuracy on the {split} split; trainable params = LoRA adapters '
            '(r x (in + out) per adapted layer)']
+  if len(result['seeds']) > 1:
+    notes.append(f"{len(result['seeds'])} seeds ({', '.join(map(str, result['seeds']))}), "
+                 'one root each: every cell is the mean over the seeds, ± half the range')
   if result['unfinished']:
     notes.append('not finished, left out: ' + ', '.join(result['unfinished']))
   if command:
     notes.append(f'command: `{command}`')
   text = output.header('LoRA rank study', common.describe_device(result['device']), notes)
-  rows = [['base, not adapted', 0] + [_pct(result['base'].get(v)) for v in variants]]
+  rows = [['base, not adapted', 0] + [_cell(result, 'base', v) for v in variants]]
   if result['full_finetune']:
     rows.append(['full fine-tuning', output.fmt_count(result['params'].get('full'))] +
-                [_pct(result['full_finetune'].get(v)) for v in variants])
+                [_cell(result, 'full_finetune', v) for v in variants])
   text += '\n## Baselines\n\n' + output.table(['', 'trainable params'] + variants, rows) + '\n'
   for mode, title in MODES:
     if not result[mode]:
       continue
     rows = [[r, output.fmt_count(result['params'].get(f'r{r}'))] +
-            [_pct(result[mode].get(str(r), {}).get(v)) for v in variants]
+            [_cell(result, mode, str(r), v) for v in variants]
             for r in result['ranks']]
     text += f'\n## {title}\n\n' + output.table(['r', 'trainable params'] + variants,
                                                rows) + '\n'
@@ -133,7 +186,8 @@ def markdown(result: Dict[str, Any], command: str = '') -> str:
 
 
 def plot(path: str, result: Dict[str, Any]) -> str:
-  """Accuracy against r, a panel per mode, a line per variant; dashed: full fine-tuning."""
+  """Accuracy against r, a panel per mode, a line per variant (error bars: the spread over
+  seeds); dashed: full fine-tuning."""
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top  (Agg via output)
   modes = [(m, t) for m, t in MODES if result[m]]
   fig, axes = plt.subplots(1, max(len(modes), 1), figsize=(5.6 * max(len(modes), 1), 4.2),
@@ -142,8 +196,11 @@ def plot(path: str, result: Dict[str, Any]) -> str:
     for i, v in enumerate(result['variants']):
       color = f'C{i}'
       accs = [result[mode].get(str(r), {}).get(v) for r in result['ranks']]
-      ax.plot(result['ranks'], [np_nan(a) for a in accs], marker='os^vD'[i % 5], color=color,
-              label=v)
+      spread = result.get('spread', {}).get(mode)
+      errors = None if spread is None else [
+          np_nan(spread.get(str(r), {}).get(v)) for r in result['ranks']]
+      ax.errorbar(result['ranks'], [np_nan(a) for a in accs], yerr=errors,
+                  marker='os^vD'[i % 5], color=color, capsize=2, label=v)
       if v in result['full_finetune']:
         ax.axhline(result['full_finetune'][v], color=color, linestyle='--', linewidth=1,
                    label=f'{v}, full fine-tuning')
@@ -169,7 +226,11 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   fv = common.parse_flags(define_flags, argv, __doc__)
   args = list(sys.argv[1:] if argv is None else argv)
   command = ' '.join(['python -m benchmarks.lora_table'] + args)
-  result = collect(fv.root)
+  result = [collect(root) for root in fv.root]
+  try:
+    result = combine(result) if len(result) > 1 else result[0]
+  except ValueError as e:
+    raise SystemExit(str(e)) from None
   plot(os.path.join(fv.out, f'{fv.name}.png'), result)
   output.finish(fv.out, fv.name, result, markdown(result, command), quiet=fv.quiet)
   return result

@@ -101,6 +101,29 @@ def test_scratch_targets_include_the_zero_initialised_head():
       'attention']['query']
 
 
+def test_seeds_of_the_study_combine_into_means_and_spreads():
+  def result(root, seed, delta, unfinished=()):
+    return dict(root=root, seeds=[seed], device=lora_table.common.device_info(),
+                dataset='mnist', model='mlp', eval_split='validation',
+                ranks=[1], variants=['rotated'], params={'base': 10, 'r1': 2},
+                steps={'base': 5, 'adaptation': 5},
+                base={'plain': 0.9, 'rotated': 0.1 + delta},
+                full_finetune={'rotated': 0.8 + delta}, finetune={'1': {'rotated': 0.5 + delta}},
+                scratch={} if unfinished else {'1': {'rotated': 0.3}},
+                unfinished=list(unfinished))
+  both = lora_table.combine([result('s0', 0, 0.0), result('s1', 1, 0.02, ['scratch_rotated_r1'])])
+  assert both['seeds'] == [0, 1] and both['unfinished'] == ['s1/scratch_rotated_r1']
+  assert both['finetune']['1']['rotated'] == pytest.approx(0.51)
+  assert both['spread']['finetune']['1']['rotated'] == pytest.approx(0.01)
+  assert both['base']['plain'] == pytest.approx(0.9) and both['spread']['base']['plain'] == 0
+  assert both['scratch'] == {}  # seed 1 did not finish it: no "mean" of seed 0 alone
+  text = lora_table.markdown(both)
+  assert '2 seeds (0, 1)' in text and '| 1 | 2 | 51.00% ±1.00 |' in text
+  assert 'full fine-tuning' in text and '81.00% ±1.00' in text
+  with pytest.raises(ValueError, match=r'--root=s1: its ranks \[1, 2\] is not that of --root=s0'):
+    lora_table.combine([result('s0', 0, 0.0), dict(result('s1', 1, 0.0), ranks=[1, 2])])
+
+
 def test_study_table_reads_the_sweep_runs(base, tmp_path):
   root = tmp_path / 'runs'
   root.mkdir()
@@ -132,3 +155,7 @@ def test_study_table_reads_the_sweep_runs(base, tmp_path):
   assert 'full fine-tuning' in text and 'from scratch' in text
   with open(out / 'lora.png', 'rb') as f:
     assert f.read(8) == PNG
+  twice = lora_table.main([f'--root={root},{root}', f'--out={out}', '--name=two', '--quiet'])
+  assert twice['finetune'] == result['finetune'] and twice['spread']['finetune']['1'] == {
+      'rotated': 0}
+  assert twice['scratch'] == result['scratch']
