@@ -20,7 +20,6 @@ Runs that have not finished are left out of the table (named in its notes).
 """
 import os
 import re
-import statistics
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -133,7 +132,7 @@ def _mean_spread(trees: List[Any]) -> Tuple[Any, Any]:
     keys = sorted(set.intersection(*(set(t) for t in trees)))
     pairs = {k: _mean_spread([t[k] for t in trees]) for k in keys}
     return {k: p[0] for k, p in pairs.items()}, {k: p[1] for k, p in pairs.items()}
-  return statistics.fmean(trees), (max(trees) - min(trees)) / 2
+  return runs.mean_spread(trees)
 
 
 def _cell(result: Dict[str, Any], key: str, *path: str) -> Optional[str]:
@@ -193,10 +192,10 @@ def plot(path: str, result: Dict[str, Any]) -> str:
   fig, axes = plt.subplots(1, max(len(modes), 1), figsize=(5.6 * max(len(modes), 1), 4.2),
                            squeeze=False, sharey=True)
   for ax, (mode, title) in zip(axes[0], modes):
+    spread = result.get('spread', {}).get(mode)
     for i, v in enumerate(result['variants']):
       color = f'C{i}'
       accs = [result[mode].get(str(r), {}).get(v) for r in result['ranks']]
-      spread = result.get('spread', {}).get(mode)
       errors = None if spread is None else [
           np_nan(spread.get(str(r), {}).get(v)) for r in result['ranks']]
       ax.errorbar(result['ranks'], [np_nan(a) for a in accs], yerr=errors,

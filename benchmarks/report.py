@@ -136,14 +136,14 @@ def seed_groups(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     if len(members) < 2:
       continue
     acc = [r['eval_accuracy'] for r in members]
+    acc_mean, acc_spread = runs.mean_spread(acc)
     mean = lambda key: (statistics.mean(r[key] for r in members)
                         if all(r.get(key) is not None for r in members) else None)
     names = list(dict.fromkeys(r['run'] for r in members))
     out.append(dict(runs=names, mechanism=members[0].get('mechanism'),
                     projection=members[0].get('projection'),
                     seeds=[r.get('seed') for r in members], n=len(members),
-                    eval_accuracy_mean=statistics.mean(acc),
-                    eval_accuracy_spread=(max(acc) - min(acc)) / 2,
+                    eval_accuracy_mean=acc_mean, eval_accuracy_spread=acc_spread,
                     eval_accuracy_min=min(acc), eval_accuracy_max=max(acc),
                     epoch_time_s_mean=mean('epoch_time_s'),
                     examples_per_sec_mean=mean('examples_per_sec')))

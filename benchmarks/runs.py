@@ -9,7 +9,8 @@ import dataclasses
 import json
 import os
 import re
-from typing import Any, Dict, List, Optional, Tuple
+import statistics
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from etils import epath
 import jax
@@ -105,6 +106,12 @@ def capture_qkv(source: Source) -> List[Tuple[str, Tuple[jnp.ndarray, ...]]]:
 
 def _natural_key(text: str):
   return [int(t) if t.isdigit() else t for t in re.split(r'(\d+)', text)]
+
+
+def mean_spread(values: Sequence[float]) -> Tuple[float, float]:
+  """(mean, spread) of one measure over seeds; the spread is half the range, as every
+  results table here reports it."""
+  return statistics.mean(values), (max(values) - min(values)) / 2
 
 
 def read_json(path) -> Optional[Any]:
