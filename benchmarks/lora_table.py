@@ -225,10 +225,10 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   fv = common.parse_flags(define_flags, argv, __doc__)
   args = list(sys.argv[1:] if argv is None else argv)
   command = ' '.join(['python -m benchmarks.lora_table'] + args)
-  result = [collect(root) for root in fv.root]
   try:
+    result = [collect(root) for root in fv.root]
     result = combine(result) if len(result) > 1 else result[0]
-  except ValueError as e:
+  except (FileNotFoundError, ValueError) as e:  # a root without a study, or roots of two
     raise SystemExit(str(e)) from None
   plot(os.path.join(fv.out, f'{fv.name}.png'), result)
   output.finish(fv.out, fv.name, result, markdown(result, command), quiet=fv.quiet)

@@ -159,3 +159,6 @@ def test_study_table_reads_the_sweep_runs(base, tmp_path):
   assert twice['finetune'] == result['finetune'] and twice['spread']['finetune']['1'] == {
       'rotated': 0}
   assert twice['scratch'] == result['scratch']
+  with pytest.raises(SystemExit, match='nope/base has no results.json'):  # one line, no table
+    lora_table.main([f'--root={root},{tmp_path}/nope', f'--out={out}', '--name=bad', '--quiet'])
+  assert not (out / 'bad.md').exists()
