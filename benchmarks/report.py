@@ -15,10 +15,20 @@ Runs whose configs differ only in `train.seed` are also summarised over seeds:
 the mean eval accuracy, its spread (half the range), the lowest and highest,
 and the mean epoch time and examples/s of the finished runs of each group.
 
+An earlier report's JSON may stand in for workdirs that are gone: its rows are
+read as they were written (marked with their `source`), and they join the seed
+groups. A report written before rows recorded their `config_id` cannot be
+matched by config; the groups are then formed from what every row records
+(model, dataset, mechanism, projection, heads, d_model, depth, steps, eval
+split), and the table says so.
+
+    python -m benchmarks.report old_report.json 'runs/seed1/*' --name=over_seeds
+
 Writes <out>/<name>.json, .md and <name>_curves.png (loss and accuracy against
 step, train solid and eval dashed, one colour per run; and eval accuracy over
 the second half of each run, zoomed to its range).
 """
+import hashlib
 import json
 import os
 import statistics
@@ -64,6 +74,12 @@ def define_flags(fv: flags.FlagValues) -> None:
   flags.DEFINE_bool('quiet', False, 'no progress messages', flag_values=fv)
 
 
+# What every report row records of its config: the seed groups' key for rows read from a
+# report that predates `config_id`.
+DESCRIPTION = ('model', 'dataset', 'mechanism', 'projection', 'heads', 'd_model', 'depth',
+               'steps', 'eval_split')
+
+
 def is_workdir(path: str) -> bool:
   path = epath.Path(path)
   return path.is_dir() and any((path / f).exists() for f in ('results.json', 'metrics.jsonl'))
@@ -94,7 +110,7 @@ def summarise_run(workdir: str) -> Dict[str, Any]:
   row.update({k: v for k, v in runs.config_info(config).items() if v is not None})
   if (config.get('train') or {}).get('seed') is not None:
     row['seed'] = config['train']['seed']
-  row['config_key'] = seedless_key(config)
+  row['config_id'] = config_id(config)
   if results:
     row.update(results)
     row['status'] = 'finished'
@@ -116,21 +132,32 @@ def summarise_run(workdir: str) -> Dict[str, Any]:
   return row
 
 
-def seedless_key(config: Dict[str, Any]) -> str:
-  """The config without train.seed, as canonical JSON: runs sharing it differ only in seed."""
+def config_id(config: Dict[str, Any]) -> str:
+  """A short hash of the config without train.seed: runs sharing it differ only in seed."""
   config = dict(config, train={k: v for k, v in (config.get('train') or {}).items()
                                if k != 'seed'})
-  return json.dumps(config, sort_keys=True)
+  return hashlib.sha1(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def seed_groups(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+def from_report(path: str) -> List[Dict[str, Any]]:
+  """The rows of an earlier report's JSON, each marked with its `source`."""
+  data = runs.read_json(path)
+  if not isinstance(data, dict) or not isinstance(data.get('runs'), list):
+    raise SystemExit(f'{path}: not a report JSON (it has no "runs" list)')
+  return [dict(r, source=path) for r in data['runs']]
+
+
+def seed_groups(rows: List[Dict[str, Any]]) -> Tuple[List[Dict[str, Any]], str]:
   """Finished runs grouped by seedless config, for the groups of two runs or more:
-  {runs, seeds, n, eval_accuracy mean / spread (half the range) / min / max, mean epoch
-  time and examples/s}."""
-  groups: Dict[str, List[Dict[str, Any]]] = {}
-  for r in rows:
-    if r['status'] == 'finished' and r.get('eval_accuracy') is not None:
-      groups.setdefault(r['config_key'], []).append(r)
+  ([{runs, seeds, n, eval_accuracy mean / spread (half the range) / min / max, mean epoch
+  time and examples/s}], what grouped them: 'config' or the DESCRIPTION fields when a row
+  from an older report has no config_id)."""
+  finished = [r for r in rows if r.get('status') == 'finished' and r.get('eval_accuracy') is not None]
+  by_config = all(r.get('config_id') for r in finished)
+  groups: Dict[Any, List[Dict[str, Any]]] = {}
+  for r in finished:
+    key = r['config_id'] if by_config else tuple(str(r.get(k)) for k in DESCRIPTION)
+    groups.setdefault(key, []).append(r)
   out = []
   for members in groups.values():
     if len(members) < 2:
@@ -147,7 +174,7 @@ def seed_groups(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
                     eval_accuracy_min=min(acc), eval_accuracy_max=max(acc),
                     epoch_time_s_mean=mean('epoch_time_s'),
                     examples_per_sec_mean=mean('examples_per_sec')))
-  return out
+  return out, 'config' if by_config else ', '.join(DESCRIPTION)
 
 
 def curves(metrics: List[Dict[str, Any]]) -> Dict[str, Dict[str, List[float]]]:
@@ -172,7 +199,7 @@ def sort_rows(rows, key: str):
   return sorted(present, key=lambda r: r[key], reverse=descending) + missing
 
 
-def markdown(meta, rows, groups) -> str:
+def markdown(meta, rows, groups, grouped_by='config') -> str:
   notes = ['accuracy and loss: final train (mean over the last logging window) and eval '
            "values from results.json, on the split named in 'eval split' (a validation split "
            'carved from the training data is not a test set); runs still going show their last logged '
@@ -187,12 +214,16 @@ def markdown(meta, rows, groups) -> str:
                         ''.join('l' if h in LEFT else 'r' for _, h, _ in COLUMNS)), '']
   if groups:
     pct = lambda v: f'{100 * v:.2f}%'
-    parts += ['## Over seeds (finished runs whose configs differ only in train.seed)', '',
+    title = ('finished runs whose configs differ only in train.seed' if grouped_by == 'config'
+             else f'finished runs alike in {grouped_by}: a report among the inputs predates '
+             'config_id, so configs could not be compared whole')
+    parts += [f'## Over seeds ({title})', '',
               output.table(
                   ['run', 'mechanism', 'projection', 'seeds', 'eval acc mean', 'spread',
                    'lowest', 'highest', 'epoch time (mean)', 'examples/s (mean)'],
                   [[', '.join(g['runs']), g['mechanism'], g['projection'],
-                    ', '.join(map(str, g['seeds'])), pct(g['eval_accuracy_mean']),
+                    ', '.join('?' if s is None else str(s) for s in g['seeds']),
+                    pct(g['eval_accuracy_mean']),
                     f'±{100 * g["eval_accuracy_spread"]:.2f}', pct(g['eval_accuracy_min']),
                     pct(g['eval_accuracy_max']),
                     None if g['epoch_time_s_mean'] is None else f'{g["epoch_time_s_mean"]:.3g} s',
@@ -202,9 +233,16 @@ def markdown(meta, rows, groups) -> str:
   return '\n'.join(parts)
 
 
-def late_eval(curve: Dict[str, List[float]]) -> List[Tuple[float, float]]:
+def points(curve: Optional[Dict[str, List[float]]], key: str) -> List[Tuple[float, float]]:
+  """(step, value) of one curve where `key` was logged."""
+  if not curve:
+    return []
+  return [(s, v) for s, v in zip(curve['step'], curve[key]) if v is not None]
+
+
+def late_eval(curve: Optional[Dict[str, List[float]]]) -> List[Tuple[float, float]]:
   """(step, eval accuracy) over the second half of a run's evaluated steps."""
-  pts = [(s, v) for s, v in zip(curve['step'], curve['accuracy']) if v is not None]
+  pts = points(curve, 'accuracy')
   if not pts:
     return []
   half = pts[-1][0] / 2
@@ -215,7 +253,7 @@ def plot(path: str, rows) -> Optional[str]:
   """Loss (log) and accuracy against step, plus eval accuracy over the second half of each
   run, zoomed to its range: differences of a tenth of a point are visible there."""
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  if not any(r['curves'] for r in rows):
+  if not any(r.get('curves') for r in rows):
     return None
   fig, axes = plt.subplots(1, 3, figsize=(17, 4.4))
   colors = plt.rcParams['axes.prop_cycle'].by_key()['color']
@@ -226,14 +264,11 @@ def plot(path: str, rows) -> Optional[str]:
     label = f"{r['run']} ({r.get('mechanism', '?')}/{r.get('projection', '?')}{seed})"
     for ax, key in zip(axes, ('loss', 'accuracy')):
       for split, style in (('train', '-'), ('eval', '--')):
-        c = r['curves'].get(split)
-        if not c:
-          continue
-        pts = [(s, v) for s, v in zip(c['step'], c[key]) if v is not None]
+        pts = points((r.get('curves') or {}).get(split), key)
         if pts:
           ax.plot(*zip(*pts), style, color=color, marker='o' if split == 'eval' else None,
                   markersize=3, label=f'{label} {split}')
-    pts = late_eval(r['curves'].get('eval') or dict(step=[], accuracy=[]))
+    pts = late_eval((r.get('curves') or {}).get('eval'))
     if pts:
       axes[2].plot(*zip(*pts), '--', color=color, marker='o', markersize=3)
       late += [v for _, v in pts]
@@ -260,24 +295,27 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   info = common.device_info()
   rows = []
   for wd in workdirs:
+    if wd.endswith('.json') and epath.Path(wd).is_file():
+      rows += from_report(wd)
+      continue
     if not is_workdir(wd):
       if not args.quiet:
         print(f'[report] skipping {wd}: no results.json or metrics.jsonl')
       continue
     rows.append(summarise_run(wd))
   if not rows:
-    raise SystemExit('no experiment workdirs among: ' + ' '.join(workdirs))
+    raise SystemExit('no experiment workdirs or report JSON among: ' + ' '.join(workdirs))
   rows = sort_rows(rows, args.sort)
   meta = dict(device=info, device_line=common.describe_device(info),
               workdirs=workdirs,
               command=' '.join(['python -m benchmarks.report'] +
                                list(argv if argv is not None else sys.argv[1:])))
   png = plot(os.path.join(args.out, f'{args.name}_curves.png'), rows)
-  groups = seed_groups(rows)
-  for r in rows:
-    del r['config_key']  # grouping only
-  data = dict(meta=meta, runs=rows, seed_groups=groups, plots=[png] if png else [])
-  output.finish(args.out, args.name, data, markdown(meta, rows, groups), quiet=args.quiet)
+  groups, grouped_by = seed_groups(rows)
+  data = dict(meta=meta, runs=rows, seed_groups=groups, seed_groups_by=grouped_by,
+              plots=[png] if png else [])
+  output.finish(args.out, args.name, data, markdown(meta, rows, groups, grouped_by),
+                quiet=args.quiet)
   return data
 
 

@@ -305,7 +305,41 @@ def test_report_over_seeds(tmp_path):
   text = (tmp_path / 'out' / 'report.md').read_text()
   assert ('| softmax | softmax | standard | 0, 1, 2 | 97.00% | ±1.00 | 96.00% | 98.00% | 3 s |'
           in text)
-  assert all('config_key' not in r for r in data['runs'])
+  ids = {r['run']: r['config_id'] for r in data['runs']}
+  assert len(set(ids.values())) == 2 and ids['softmax'] != ids['linear']  # seed left out
+
+
+def test_report_reads_an_earlier_report_for_lost_workdirs(tmp_path):
+  """A report's JSON stands in for workdirs that are gone, and its rows join the seed
+  groups: by config_id; by what every row records when the report predates config_id,
+  and the table says so. A file that is no report stops with one line naming it."""
+  root = str(tmp_path / 'runs')
+  seed0 = [write_fake_run(os.path.join(root, 's0'), m, m, seed=0, eval_accuracy=0.9)
+           for m in ('softmax', 'linear')]
+  report.main(seed0 + [f'--out={tmp_path}', '--name=seed0', '--quiet'])
+  seed1 = write_fake_run(os.path.join(root, 's1'), 'softmax', 'softmax', seed=1,
+                         eval_accuracy=0.8)
+  old = str(tmp_path / 'seed0.json')
+  data = report.main([old, seed1, f'--out={tmp_path}', '--name=both', '--quiet'])
+  assert [r.get('source') for r in data['runs']] == [old, old, None]
+  (group,) = data['seed_groups']
+  assert data['seed_groups_by'] == 'config' and group['seeds'] == [0, 1]
+  assert group['eval_accuracy_mean'] == pytest.approx(0.85)
+
+  with open(old) as f:
+    legacy = json.load(f)
+  for r in legacy['runs']:
+    del r['config_id']
+  with open(old, 'w') as f:
+    json.dump(legacy, f)
+  data = report.main([old, seed1, f'--out={tmp_path}', '--name=legacy', '--quiet'])
+  (group,) = data['seed_groups']
+  assert group['seeds'] == [0, 1] and data['seed_groups_by'].startswith('model, dataset')
+  assert 'predates config_id' in (tmp_path / 'legacy.md').read_text()
+
+  (tmp_path / 'other.json').write_text('[1, 2]')
+  with pytest.raises(SystemExit, match='other.json: not a report JSON'):
+    report.main([str(tmp_path / 'other.json'), f'--out={tmp_path}', '--quiet'])
 
 
 @pytest.mark.slow
