@@ -141,9 +141,13 @@ def config_id(config: Dict[str, Any]) -> str:
 
 def from_report(path: str) -> List[Dict[str, Any]]:
   """The rows of an earlier report's JSON, each marked with its `source`."""
-  data = runs.read_json(path)
-  if not isinstance(data, dict) or not isinstance(data.get('runs'), list):
-    raise SystemExit(f'{path}: not a report JSON (it has no "runs" list)')
+  try:
+    data = runs.read_json(path)
+  except json.JSONDecodeError as e:
+    raise SystemExit(f'{path}: not a report JSON (it does not parse: {e})') from None
+  if (not isinstance(data, dict) or not isinstance(data.get('runs'), list)
+      or not all(isinstance(r, dict) and 'run' in r for r in data['runs'])):
+    raise SystemExit(f'{path}: not a report JSON (it has no "runs" list of named rows)')
   return [dict(r, source=path) for r in data['runs']]
 
 
@@ -262,13 +266,14 @@ def plot(path: str, rows) -> Optional[str]:
     color = colors[i % len(colors)]
     seed = f", seed {r['seed']}" if r.get('seed') is not None else ''
     label = f"{r['run']} ({r.get('mechanism', '?')}/{r.get('projection', '?')}{seed})"
+    run_curves = r.get('curves') or {}  # a row from an older report may have none
     for ax, key in zip(axes, ('loss', 'accuracy')):
       for split, style in (('train', '-'), ('eval', '--')):
-        pts = points((r.get('curves') or {}).get(split), key)
+        pts = points(run_curves.get(split), key)
         if pts:
           ax.plot(*zip(*pts), style, color=color, marker='o' if split == 'eval' else None,
                   markersize=3, label=f'{label} {split}')
-    pts = late_eval((r.get('curves') or {}).get('eval'))
+    pts = late_eval(run_curves.get('eval'))
     if pts:
       axes[2].plot(*zip(*pts), '--', color=color, marker='o', markersize=3)
       late += [v for _, v in pts]

@@ -337,9 +337,12 @@ def test_report_reads_an_earlier_report_for_lost_workdirs(tmp_path):
   assert group['seeds'] == [0, 1] and data['seed_groups_by'].startswith('model, dataset')
   assert 'predates config_id' in (tmp_path / 'legacy.md').read_text()
 
-  (tmp_path / 'other.json').write_text('[1, 2]')
-  with pytest.raises(SystemExit, match='other.json: not a report JSON'):
-    report.main([str(tmp_path / 'other.json'), f'--out={tmp_path}', '--quiet'])
+  for name, text in (('other.json', '[1, 2]'), ('rows.json', '{"runs": [{"step": 1}]}'),
+                     ('torn.json', '{"runs": [')):
+    (tmp_path / name).write_text(text)
+    with pytest.raises(SystemExit, match=f'{name}: not a report JSON'):
+      report.main([str(tmp_path / name), f'--out={tmp_path}', '--name=bad', '--quiet'])
+  assert not (tmp_path / 'bad.md').exists()
 
 
 @pytest.mark.slow
