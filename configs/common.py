@@ -145,33 +145,71 @@ def set_attention(config, mechanism: str = 'softmax', projection: str = 'standar
 
 
 def parse_arg(arg: Optional[str], **defaults) -> Dict[str, Any]:
-  """Parses a config argument string as big_vision does.
+  """Parses a config (or sweep) argument string as big_vision does.
 
   `parse_arg('nystrom,max_length=4096', mechanism='softmax', max_length=1024)`
   gives {'mechanism': 'nystrom', 'max_length': 4096}: bare values set the keys
   in order (`'rotated,8'` sets the first two); `key=value` pairs, after them,
-  set any key; values are converted to the default's type.
+  set any key; values are converted to the default's type. A key whose default
+  is a tuple takes a list: its values run to the next `key=value`
+  (`parse_arg('seeds=0,1,epochs=25', seeds=(0,), epochs=15)` gives
+  {'seeds': (0, 1), 'epochs': 25}). A key or value that cannot be used raises a
+  one-line ValueError naming it and the valid keys.
   """
   result = dict(defaults)
   if not arg:
     return result
   keys = list(defaults)
-  positional = 0
+  where = f'argument {arg!r}: '
+  positional, listing, given = 0, None, set()  # listing: the tuple key being read
   for i, item in enumerate(x for x in arg.split(',') if x):
     key, sep, value = item.partition('=')
+    if not sep and listing is not None:
+      result[listing] += (_convert(where, listing, item, _kind(defaults[listing])),)
+      continue
     if not sep:
       if i > positional or i >= len(keys):
-        raise ValueError(f'config argument {arg!r}: values without a key set the keys '
-                         f'in order and must come before any key=value; valid keys, in '
-                         f'order: {", ".join(keys)}')
+        raise ValueError(f'config {where}values without a key set the keys in order and must '
+                         f'come before any key=value; valid keys, in order: {", ".join(keys)}')
       key, value = keys[i], item
       positional += 1
     if key not in defaults:
-      raise ValueError(f'config argument {arg!r}: unknown key {key!r}; valid keys: '
-                       f'{", ".join(keys)}')
-    kind = type(defaults[key])
-    result[key] = value.lower() in ('1', 'true', 'yes') if kind is bool else kind(value)
+      raise ValueError(f'config {where}unknown key {key!r}; valid keys: {", ".join(keys)}')
+    given.add(key)
+    listing = key if isinstance(defaults[key], tuple) else None
+    if listing is None:
+      result[key] = _convert(where, key, value, type(defaults[key]))
+    elif value:
+      result[key] = (_convert(where, key, value, _kind(defaults[key])),)
+    else:
+      result[key] = ()
+  empty = [k for k in keys if k in given and isinstance(defaults[k], tuple) and not result[k]]
+  if empty:
+    raise ValueError(f'config {where}{empty[0]}= names nothing; give one or more values')
   return result
+
+
+def at_least(minimum: int, **values) -> None:
+  """A one-line ValueError naming the first value (or list item) below `minimum`."""
+  for key, value in values.items():
+    for v in value if isinstance(value, tuple) else (value,):
+      if v < minimum:
+        raise ValueError(f'{key}={v} is not valid; it must be >= {minimum}')
+
+
+def _kind(default: tuple) -> type:
+  """The type of a tuple default's values (str for an empty tuple)."""
+  return type(default[0]) if default else str
+
+
+def _convert(where: str, key: str, value: str, kind: type) -> Any:
+  """`value` as `kind`; a one-line ValueError naming the key otherwise."""
+  if kind is bool:
+    return value.lower() in ('1', 'true', 'yes')
+  try:
+    return kind(value)
+  except ValueError:
+    raise ValueError(f'config {where}{key}={value!r} is not a valid {kind.__name__}') from None
 
 
 # Dataset presets: shapes and the input pipeline of each dataset.

@@ -1,7 +1,7 @@
-"""train.pyfile (configs and sweeps loaded by path) and train.env (sweep settings)."""
+"""train.pyfile (configs and sweeps loaded by path) and their settings after ':'."""
 import pytest
 
-from train import env
+from configs import common
 from train import pyfile
 
 
@@ -20,32 +20,46 @@ def test_function_loads_a_file_and_names_every_failure(tmp_path):
     pyfile.function(str(tmp_path / 'other.py'), 'get_sweep')
 
 
-def test_env_reads_settings_and_names_bad_ones(monkeypatch):
-  for name in ('N', 'LIST', 'NAMES'):
-    monkeypatch.delenv(name, raising=False)
-  assert env.integer('N', 7) == 7
-  assert env.integers('LIST', '0,1') == [0, 1]
-  assert env.names('NAMES', 'a,b') == ['a', 'b']
-  monkeypatch.setenv('N', ' 3 ')
-  monkeypatch.setenv('LIST', '2, 5,')
-  monkeypatch.setenv('NAMES', 'softmax, ,linear')
-  assert env.integer('N', 7) == 3
-  assert env.integers('LIST', '0,1') == [2, 5]
-  assert env.names('NAMES', 'a') == ['softmax', 'linear']
-  monkeypatch.setenv('N', '2.5')
-  with pytest.raises(ValueError, match=r"^N='2.5' is not an integer$"):
-    env.integer('N', 7)
-  monkeypatch.setenv('N', '0')
-  with pytest.raises(ValueError, match='N=0 is not valid; it must be >= 1'):
-    env.integer('N', 7, minimum=1)
-  monkeypatch.setenv('LIST', '1,x')
-  with pytest.raises(ValueError, match=r"LIST='1,x' is not a comma-separated list of integers"):
-    env.integers('LIST', '0')
-  monkeypatch.setenv('LIST', '1,-2')
-  with pytest.raises(ValueError, match='LIST: -2 is not valid; every value must be >= 0'):
-    env.integers('LIST', '0')
-  monkeypatch.setenv('NAMES', '  ')
-  assert env.names('NAMES', 'a') == ['a']  # blank is unset
-  monkeypatch.setenv('NAMES', ' , ')
-  with pytest.raises(ValueError, match='NAMES names nothing'):
-    env.names('NAMES', 'a')
+def test_call_passes_the_argument_and_names_every_failure(tmp_path):
+  (tmp_path / 'sweep.py').write_text(
+      'from configs import common\n'
+      'def get_sweep(arg=None):\n'
+      '  return common.parse_arg(arg, seed=0, aan_dir="")\n')
+  (tmp_path / 'plain.py').write_text('def get_sweep():\n  return "plain"\n')
+  path = str(tmp_path / 'sweep.py')
+  assert pyfile.call(path, 'get_sweep') == {'seed': 0, 'aan_dir': ''}
+  assert pyfile.call(f'{path}:seed=1,aan_dir=gs://b/tsv', 'get_sweep') == {
+      'seed': 1, 'aan_dir': 'gs://b/tsv'}  # the argument starts at the first ':'
+  assert pyfile.call(str(tmp_path / 'plain.py'), 'get_sweep') == 'plain'
+  with pytest.raises(ValueError, match=r"^'.*plain.py' takes no argument; got 'seed=1'$"):
+    pyfile.call(str(tmp_path / 'plain.py:seed=1'), 'get_sweep')
+  with pytest.raises(ValueError, match=r"^'.*sweep.py:seed=one': config argument 'seed=one': "
+                                       r"seed='one' is not a valid int$"):
+    pyfile.call(f'{path}:seed=one', 'get_sweep')
+  with pytest.raises(ValueError, match=r"'.*nope.py' does not exist"):
+    pyfile.call(str(tmp_path / 'nope.py:seed=1'), 'get_sweep')
+
+
+def test_parse_arg_reads_settings_and_names_bad_ones():
+  """Settings after ':' (configs and sweeps): integers, lists and names, one-line errors."""
+  defaults = dict(n=7, seeds=(0, 1), names=('a', 'b'), flag=False)
+  assert common.parse_arg(None, **defaults) == defaults
+  assert common.parse_arg('', **defaults) == defaults
+  assert common.parse_arg('3,seeds=2,5,,names=softmax,linear,flag=true', **defaults) == dict(
+      n=3, seeds=(2, 5), names=('softmax', 'linear'), flag=True)
+  assert common.parse_arg('names=x', **defaults)['names'] == ('x',)
+  with pytest.raises(ValueError, match=r"^config argument 'n=2.5': n='2.5' is not a valid int$"):
+    common.parse_arg('n=2.5', **defaults)
+  with pytest.raises(ValueError, match=r"seeds='x' is not a valid int$"):
+    common.parse_arg('seeds=1,x', **defaults)
+  with pytest.raises(ValueError, match=r"unknown key 'N'; valid keys: n, seeds, names, flag$"):
+    common.parse_arg('N=3', **defaults)
+  with pytest.raises(ValueError, match=r'names= names nothing; give one or more values$'):
+    common.parse_arg('names=,n=1', **defaults)
+  with pytest.raises(ValueError, match='must come before any key=value; valid keys, in order'):
+    common.parse_arg('n=1,2', **defaults)
+  common.at_least(0, seed=0, seeds=(0, 3))
+  with pytest.raises(ValueError, match=r'^epochs=0 is not valid; it must be >= 1$'):
+    common.at_least(1, epochs=0)
+  with pytest.raises(ValueError, match=r'^seeds=-2 is not valid; it must be >= 0$'):
+    common.at_least(0, seeds=(1, -2))

@@ -97,46 +97,12 @@ def test_pod_commands_start_every_worker():
   assert '--workdir=/mnt/shared/sweep/num_heads=4' in cmds[0]
 
 
-@pytest.mark.parametrize('path', sorted(glob.glob('sweeps/*.py') + glob.glob('sweeps/*/*.py')))
+@pytest.mark.parametrize('path', sorted(glob.glob('sweeps/*.py')))  # studies/: test_studies.py
 def test_shipped_sweeps_expand_to_existing_configs(path):
   runs = sweep.expand(sweep.load_sweep(path))
   assert runs
   for run in runs:
     assert os.path.exists(run.config.split(':')[0]), run.config
-
-
-REAL_DATA_FIELDS = {'dataset.source', 'dataset.data_dir', 'dataset.holdout', 'dataset.eval_split'}
-
-
-@pytest.mark.parametrize('path', ['sweeps/real/mnist_projections.py',
-                                  'sweeps/real/cifar10_mechanisms.py',
-                                  'sweeps/real/imdb_bytes.py'])
-def test_real_data_comparisons_change_only_the_data_and_the_budget(path):
-  """The real-data studies run the shipped configs: only the data's location and train.* move."""
-  runs = sweep.expand(sweep.load_sweep(path))
-  assert len(runs) >= 3
-  configs = sweep.check(runs)
-  for run in runs:
-    moved = {k for k in run.overrides if k not in REAL_DATA_FIELDS and not k.startswith('train.')}
-    assert not moved, (run.name, moved)
-    assert configs[run.name].dataset.source == 'arrays'
-    assert configs[run.name].dataset.eval_split == 'validation'
-
-
-def test_the_mnist_projection_study_splits_by_scheme_seed_and_budget(monkeypatch):
-  """SCHEMES, SEEDS and EPOCHS pick a piece of sweeps/real/mnist_projections.py to run."""
-  path = 'sweeps/real/mnist_projections.py'
-  names = [r.name for r in sweep.expand(sweep.load_sweep(path))]
-  assert len(names) == 8 and len(set(names)) == 8
-  monkeypatch.setenv('SCHEMES', '')   # empty means all four, never the config's bare default
-  assert [r.name for r in sweep.expand(sweep.load_sweep(path))] == names
-  monkeypatch.setenv('SCHEMES', 'standard,super')
-  monkeypatch.setenv('SEEDS', '1')
-  monkeypatch.setenv('EPOCHS', '25')
-  runs = sweep.expand(sweep.load_sweep(path))
-  assert [r.config for r in runs] == ['configs/mnist.py:standard', 'configs/mnist.py:super']
-  assert all(r.overrides['train.seed'] == 1 and r.overrides['train.num_epochs'] == 25
-             for r in runs)
 
 
 def test_the_cifar10_sweep_runs_exactly_what_its_config_files_run():
@@ -153,31 +119,16 @@ def test_the_cifar10_sweep_runs_exactly_what_its_config_files_run():
     assert dict(direct.attention.options) == dict(registry.get_mechanism(mechanism).resolve())
 
 
-def test_the_lra_sweep_reads_its_environment(monkeypatch):
-  """sweeps/lra.py: SIZE picks the configs' size, TASKS the tasks, AAN_DIR Retrieval's files."""
-  monkeypatch.setenv('SIZE', 'small')
-  names = {r.name for r in sweep.expand(sweep.load_sweep('sweeps/lra.py'))}
+def test_the_lra_sweep_takes_its_settings():
+  """sweeps/lra.py: size picks the configs' size, tasks the tasks, aan_dir Retrieval's files."""
+  names = {r.name for r in sweep.expand(sweep.load_sweep('sweeps/lra.py:size=small'))}
   assert names == {f'{t}-{m}' for t in ('listops', 'pathfinder')
                    for m in registry.list_mechanisms()}
-  monkeypatch.setenv('TASKS', 'retrieval')
-  monkeypatch.setenv('MECHANISMS', 'linear,nystrom')
-  monkeypatch.setenv('AAN_DIR', 'gs://bucket/tsv_data')
-  runs = sweep.expand(sweep.load_sweep('sweeps/lra.py'))
+  runs = sweep.expand(sweep.load_sweep('sweeps/lra.py:size=small,tasks=retrieval,'
+                                       'mechanisms=linear,nystrom,aan_dir=gs://bucket/tsv_data'))
   assert [r.config for r in runs] == ['configs/lra/retrieval.py:linear,size=small',
                                       'configs/lra/retrieval.py:nystrom,size=small']
   assert all(r.overrides['dataset.data_dir'] == 'gs://bucket/tsv_data' for r in runs)
-
-
-@pytest.mark.parametrize('path', ['sweeps/real/cifar10_mechanisms.py',
-                                  'sweeps/real/imdb_bytes.py', 'sweeps/real/mnist_pixels.py',
-                                  'sweeps/real/lora_mnist.py'])
-def test_the_mechanism_studies_take_a_seed(path, monkeypatch):
-  """SEED runs a second seed of studies 2 to 5 (the default stays the recorded seed 0)."""
-  assert all(r.overrides['train.seed'] == 0 for r in sweep.expand(sweep.load_sweep(path)))
-  monkeypatch.setenv('SEED', '1')
-  runs = sweep.expand(sweep.load_sweep(path))
-  assert runs and all(r.overrides['train.seed'] == 1 for r in runs)
-  monkeypatch.setenv('SEED', 'one')  # named, not "invalid literal for int()"
-  with pytest.raises(sweep.SweepError, match=r"does not load: ValueError: SEED='one' is not an "
-                                             r'integer'):
-    sweep.load_sweep(path)
+  with pytest.raises(sweep.SweepError, match=r"unknown key 'SIZE'; valid keys: size, tasks, "
+                                             r"mechanisms, aan_dir$"):
+    sweep.load_sweep('sweeps/lra.py:SIZE=small')

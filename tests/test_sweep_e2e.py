@@ -90,7 +90,8 @@ def parse_main_flags(cmd):
 
 @pytest.mark.parametrize('path', sorted(
     glob.glob(os.path.join(main_runner.ROOT, 'sweeps', '*.py'))
-    + glob.glob(os.path.join(main_runner.ROOT, 'sweeps', '*', '*.py'))), ids=os.path.basename)
+    + glob.glob(os.path.join(main_runner.ROOT, 'studies', '*', 'sweep.py'))),
+    ids=lambda p: os.path.relpath(p, main_runner.ROOT))
 def test_shipped_sweep_commands_give_valid_configs(path, monkeypatch):
   """Each run's main.py command parses to a config the validator accepts (as `list` checks)."""
   monkeypatch.chdir(main_runner.ROOT)

@@ -2,12 +2,15 @@
 
     get_config = pyfile.function('configs/mnist.py', 'get_config')
     config = get_config('super')
+    sweep = pyfile.call('studies/cifar10_mechanisms/sweep.py:seed=1', 'get_sweep')
 
 Every failure is a ValueError naming the file: it does not exist, is not a
 `.py` file, raises while loading (the exception's type and message are kept),
-or does not define the function.
+or does not define the function; `call` also names an argument the function
+does not take or rejects.
 """
 import importlib.util
+import inspect
 import os
 from typing import Any, Callable
 
@@ -29,3 +32,20 @@ def function(path: str, name: str) -> Callable[..., Any]:
   if not callable(fn):
     raise ValueError(f'{path!r} defines no {name}()')
   return fn
+
+
+def call(spec: str, name: str) -> Any:
+  """`name(arg)` of the file of `spec` = 'path.py:arg' (big_vision style), `name()` without ':'.
+
+  The argument is the text after the first ':' (`key=value,...`, parsed by the
+  function itself, e.g. with `configs.common.parse_arg`). A ValueError the
+  function raises is re-raised as one line naming `spec`.
+  """
+  path, sep, arg = spec.partition(':')
+  fn = function(path, name)
+  if sep and not inspect.signature(fn).parameters:
+    raise ValueError(f'{path!r} takes no argument; got {arg!r}')
+  try:
+    return fn(arg) if sep else fn()
+  except ValueError as e:
+    raise ValueError(f'{spec!r}: {e}') from None

@@ -1,6 +1,8 @@
 """Expand a sweep into named runs; check them, run them here one after another, or print pod commands.
 
-A sweep file defines `get_sweep()` returning a dict with
+A sweep file defines `get_sweep()`, or `get_sweep(arg)` taking settings after a ':'
+like a config file (`--sweep=studies/cifar10_mechanisms/sweep.py:seed=1,epochs=25`),
+returning a dict with
   * `config`: the config file (big_vision style `path[:arg]`), or several
     under `grid['config']` to sweep experiments (`configs/cifar10.py:<m>`);
   * `grid`: {override or 'config': [values]}, expanded as a Cartesian product, and/or
@@ -63,12 +65,12 @@ class Run:
   overrides: Mapping[str, Any]
 
 
-def load_sweep(path: str) -> Dict[str, Any]:
+def load_sweep(spec: str) -> Dict[str, Any]:
+  """The definition of the sweep file `spec`, 'path.py' or 'path.py:key=value,...'."""
   try:
-    get_sweep = pyfile.function(path, 'get_sweep')
+    return pyfile.call(spec, 'get_sweep')
   except ValueError as e:
     raise SweepError(f'sweep file {e}') from None
-  return get_sweep()
 
 
 def _short(value: Any) -> str:
