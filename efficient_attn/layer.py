@@ -307,12 +307,20 @@ def decode_step(form: decoding.DecodeForm, cache: Dict[str, Any], q, k, v, *,
                 rotate_scores: bool, align_at: Optional[Callable[..., Any]] = None):
   """One token `[batch, 1, heads, dim]` through the cache: (new cache, out `[batch, 1, heads, dv]`).
 
+  Raises ValueError when `batch` is not the cache's.
+
   Args:
     form: the mechanism's `decoding.DecodeForm`.
     cache: from `init_cache`.
     rotate_scores: rotary positions on q and k (keys are cached rotated).
     align_at: the super projection's `align(values, index=i)`; None otherwise.
   """
+  cached = [x for name, value in cache.items() if name != 'cache_index'
+            for x in jax.tree.leaves(value)]  # every one [batch, ...]
+  if cached and q.shape[0] != cached[0].shape[0]:
+    raise ValueError(f'a decoding step of batch {q.shape[0]} does not fit the cache, made '
+                     f'for batch {cached[0].shape[0]} (batch axes flattened); decode with '
+                     f'the batch the cache was created with')
   i = cache['cache_index']
   cache = dict(cache)
   if align_at is not None:

@@ -171,3 +171,24 @@ def test_kv_cache_attention_groups_heads_over_any_cache_length(window):
     w /= w.sum(-1, keepdims=True)
     np.testing.assert_allclose(out, np.einsum('bhk,bkhd->bhd', w, v), atol=1e-5,
                                err_msg=f'index {index}')
+
+
+@pytest.mark.parametrize('mechanism', ['softmax', 'linear'])  # a key/value cache, a state
+def test_a_decoding_step_of_another_batch_than_the_cache_names_both(mechanism):
+  """A cache made for batch 2 refuses steps of batch 3 and 1 in one line, in the Linen and
+  the NNX layer (they were shape errors from deep inside the step, or a broadcast)."""
+  from flax import nnx
+  from efficient_attn import nnx as ea_nnx
+  x = jnp.zeros((2, 4, D))
+  linen = ea.MultiHeadAttention(num_heads=H, mechanism=mechanism, causal=True, decode=True)
+  variables = linen.init(jax.random.PRNGKey(0), x)
+  nnx_layer = ea_nnx.MultiHeadAttention(num_heads=H, in_features=D, mechanism=mechanism,
+                                        causal=True, rngs=nnx.Rngs(0))
+  nnx_layer.init_cache(x.shape)
+  for batch in (3, 1):
+    token = jnp.zeros((batch, 1, D))
+    message = f'decoding step of batch {batch} does not fit the cache, made for batch 2'
+    with pytest.raises(ValueError, match=message):
+      linen.apply(variables, token, mutable=['cache'])
+    with pytest.raises(ValueError, match=message):
+      nnx_layer(token, decode=True)
