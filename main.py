@@ -50,12 +50,26 @@ def _innermost(error: BaseException) -> str:
   return str(error.args[0]) if error.args else type(error).__name__
 
 
-def parse_flags(argv):
-  """absl's flag parsing, with a bad --config override reported in one line."""
+def _one_line(error: flags.Error) -> str:
+  """The flag error; for a config file whose get_config raised, its last line (the
+  exception's message) in place of the traceback that ml_collections puts there."""
+  head, sep, trace = str(error).partition('Error whilst parsing config file:')
+  lines = trace.strip().splitlines()
+  frames = [i for i, line in enumerate(lines) if line.startswith('  File ')]
+  if not sep or not frames:
+    return str(error)
+  # After the last frame (its source lines are indented): 'ValueError: message'.
+  exception = [line for line in lines[frames[-1]:] if line and not line[0].isspace()]
+  return head + ' '.join(exception).split(': ', 1)[-1]
+
+
+def parse_flags(argv, flag_values=flags.FLAGS):
+  """absl's flag parsing, with a bad --config (its argument, or an override) reported in
+  one line."""
   try:
-    return flags.FLAGS(argv)
+    return flag_values(argv)
   except flags.Error as e:
-    sys.exit(f'Error: {e} (--helpfull lists the flags)')
+    sys.exit(f'Error: {_one_line(e)} (--helpfull lists the flags)')
   except (AttributeError, KeyError, TypeError, ValueError) as e:  # a --config.x override
     lines = _innermost(e).splitlines()
     name = lines[0].strip("'\"")

@@ -110,6 +110,26 @@ def test_command_line_overrides_and_args():
   assert load('configs/imdb.py', 'linear,max_length=4096').dataset.max_length == 4096
 
 
+@pytest.mark.parametrize('arg,message', [
+    ('lra/listops.py:size=tiny', "size='tiny' is not valid; valid choices: base, small"),
+    ('lra/listops.py:linear,sise=small', "unknown key 'sise'; valid keys: mechanism, "
+     'projection, size'),
+])
+def test_a_config_argument_get_config_refuses_is_one_line(arg, message):
+  """main.py reports a config file's own error in one line (ml_collections wraps it in the
+  traceback of get_config), exiting before any work."""
+  import main  # pylint: disable=g-import-not-at-top
+  argv = ['main.py', f'--config={ROOT}/configs/{arg}', '--workdir=unused']
+  fv = flags.FlagValues()
+  config_flags.DEFINE_config_file('config', flag_values=fv, sys_argv=argv)
+  flags.DEFINE_string('workdir', None, '', flag_values=fv)
+  with pytest.raises(SystemExit) as e:
+    main.parse_flags(argv, fv)
+  assert len(str(e.value).splitlines()) == 1 and 'Traceback' not in str(e.value), e.value
+  assert str(e.value).startswith(f'Error: flag --config={ROOT}/configs/{arg}: '), e.value
+  assert message in str(e.value)
+
+
 # Per attention layer, from the paper's tables 5 (MNIST) and 6 (CIFAR-100).
 PAPER_COUNTS = {  # Hosseini & Hosseini (2024)
     'mnist': {'standard': 66_048, 'optimised': 49_536, 'efficient': 33_024, 'super': 37_184},
