@@ -77,6 +77,10 @@ def test_eval_with_another_mechanism_is_refused(finished):
     trainer.evaluate(tiny(**{'attention.mechanism': 'linear'}), finished)
   values = trainer.evaluate(tiny(**{'train.num_steps': 99}), finished)  # may change
   assert 0 <= values['accuracy'] <= 1
+  trainer.evaluate(tiny(**{'dataset.eval_split': 'train'}), finished)  # again: replaced
+  with open(os.path.join(finished, 'eval_results.json')) as f:
+    assert _strict_json(f.read())['split'] == 'train'
+  assert not [f for f in os.listdir(finished) if '.tmp' in f]
 
 
 def test_a_bad_config_against_an_existing_run_writes_nothing(finished):
@@ -90,12 +94,78 @@ def test_restart_moves_the_old_run_aside(finished, tmp_path):
   import shutil  # pylint: disable=g-import-not-at-top
   workdir = str(tmp_path / 'run')
   shutil.copytree(finished, workdir)
-  results = trainer.train_and_evaluate(tiny(**{'train.num_steps': 4}), workdir, restart=False)
-  assert results['steps'] == 8  # num_steps may change: the finished run's results
-  trainer.train_and_evaluate(tiny(**{'train.seed': 1}), workdir, restart=True)
+  workdir_lib.open_run(workdir, validate.resolved(tiny(**{'train.seed': 1})),
+                       restart=True).close()
   moved = [p for p in os.listdir(tmp_path) if p.startswith('run.replaced-')]
   assert len(moved) == 1 and os.path.exists(tmp_path / moved[0] / 'results.json')
+  assert not os.path.exists(tmp_path / moved[0] / workdir_lib.LOCK)
   assert workdir_lib.load_config(workdir).train.seed == 1
+  assert os.listdir(workdir) == ['config.json']  # and the lock is released
+
+
+def test_restart_is_refused_while_another_trainer_holds_the_lock(tmp_path):
+  """--restart used to move a live run aside while its trainer kept writing into
+  both folders (config.json of one model beside results and checkpoints of the other)."""
+  workdir = tmp_path / 'run'
+  live = workdir_lib.open_run(str(workdir), validate.resolved(tiny()))  # a running trainer
+  before = _snapshot(workdir)
+  with pytest.raises(workdir_lib.WorkdirError,
+                     match=rf'^{workdir} is in use by another trainer \(pid {os.getpid()} on '):
+    trainer.train_and_evaluate(tiny(**{'model.d_model': 32}), str(workdir), restart=True)
+  assert os.listdir(tmp_path) == ['run'] and _snapshot(workdir) == before  # nothing moved
+  live.close()
+  assert not (workdir / workdir_lib.LOCK).exists()
+
+
+def test_more_steps_continue_a_finished_run_fewer_are_refused(finished, tmp_path):
+  """A finished run asked for more steps used to return its old results and store
+  the new num_steps in config.json; a sweep listed it as done."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  from train import sweep  # pylint: disable=g-import-not-at-top
+  workdir = str(tmp_path / 'run')
+  shutil.copytree(finished, workdir)
+  state = lambda steps: sweep.status(sweep.Run('run', 'configs/default.py', {}), str(tmp_path),
+                                     validate.resolved(tiny(**{'train.num_steps': steps})))
+  assert [state(8), state(12), state(4)] == ['done', 'partial', 'changed']
+  snapshot = _snapshot(workdir)
+  with pytest.raises(workdir_lib.WorkdirError, match=r'results.json is from step 8; '
+                     r'train.num_steps=4.*may grow on resume, not shrink'):
+    trainer.train_and_evaluate(tiny(**{'train.num_steps': 4}), workdir)
+  # a finished run again, with a field that may change: nothing to do, nothing rewritten
+  assert trainer.train_and_evaluate(tiny(**{'train.log_every': 1}), workdir)['steps'] == 8
+  assert _snapshot(workdir) == snapshot
+
+  results = trainer.train_and_evaluate(tiny(**{'train.num_steps': 12}), workdir)
+  assert results['steps'] == 12 and results['resumed_from_step'] == 8
+  assert workdir_lib.load_config(workdir).train.num_steps == 12
+  with open(os.path.join(workdir, 'results.json')) as f:
+    assert json.load(f)['steps'] == 12
+  with open(os.path.join(workdir, 'results.8-steps.json')) as f:
+    assert json.load(f)['steps'] == 8  # the earlier results are kept
+  assert workdir_lib.checkpoint_steps(workdir) == [4, 8, 12]
+  assert state(12) == 'done'
+
+
+def _strict_json(text):
+  def reject(constant):
+    raise ValueError(f'{constant} is not JSON')
+  return json.loads(text, parse_constant=reject)
+
+
+def test_json_files_are_strict_and_replaced_whole(tmp_path, monkeypatch):
+  """results.json could hold a bare NaN; a second --mode=eval stopped with
+  FileExistsError, leaving eval_results.json.tmp beside the old file."""
+  from etils import epath  # pylint: disable=g-import-not-at-top
+  import fake_gcs  # pylint: disable=g-import-not-at-top
+  with fake_gcs.installed(monkeypatch, tmp_path / 'bucket'):
+    for folder in (str(tmp_path / 'local'), 'gs://bucket/run'):
+      epath.Path(folder).mkdir(parents=True, exist_ok=True)
+      workdir_lib.write_json(folder, 'eval_results.json', {'step': 4, 'loss': 1.0})
+      workdir_lib.write_json(folder, 'eval_results.json',
+                             {'step': 8, 'loss': float('nan'), 'x': [float('-inf'), 2.0]})
+      text = (epath.Path(folder) / 'eval_results.json').read_text()
+      assert _strict_json(text) == {'step': 8, 'loss': None, 'x': [None, 2.0]}
+      assert [p.name for p in epath.Path(folder).iterdir()] == ['eval_results.json']
 
 
 def test_a_second_trainer_is_kept_out_and_a_stale_lock_replaced(tmp_path):

@@ -20,7 +20,8 @@ run can start from another run of the sweep, e.g. `init_from='{root}/base'`).
 
 Every action first builds and validates each run's config exactly as main.py
 would, and stops with one line per bad run. `list` shows each run's status:
-'done' (results.json, same config), 'partial' (resumable), 'new', or
+'done' (results.json of the steps asked for, same config), 'partial'
+(resumable, or finished with fewer steps than now asked for), 'new', or
 'changed' (the workdir holds a run of another config: `run` will not touch it).
 `run` skips finished runs and resumes unfinished ones (re-running the same
 command restores the newest checkpoint); a failing run is reported and the
@@ -29,6 +30,7 @@ every worker of a TPU VM pod.
 """
 import dataclasses
 import itertools
+import json
 import os
 import shlex
 import subprocess
@@ -185,14 +187,24 @@ def check(runs: Sequence[Run], root: str = '') -> Dict[str, Any]:
 
 
 def status(run: Run, root: str, config=None) -> str:
-  """'done', 'partial', 'new', or 'changed' (the workdir holds another config's run)."""
+  """'done', 'partial', 'new', or 'changed' (the workdir holds another config's run).
+
+  With `config`, a finished run is 'done' only if it trained the steps `config`
+  asks for: fewer is 'partial' (`run` continues it), more is 'changed'.
+  """
   workdir = epath.Path(workdir_of(run, root))
   stored = workdir_lib.load_config(workdir)
   if stored is None:
     return 'partial' if workdir.is_dir() else 'new'
   if config is not None and workdir_lib.differences(stored.to_dict(), config.to_dict()):
     return 'changed'
-  return 'done' if (workdir / workdir_lib.RESULTS).exists() else 'partial'
+  if not (workdir / workdir_lib.RESULTS).exists():
+    return 'partial'
+  if config is None:
+    return 'done'
+  beyond = workdir_lib.steps_beyond(config, json.loads(
+      (workdir / workdir_lib.RESULTS).read_text()))
+  return 'done' if beyond == 0 else 'partial' if beyond > 0 else 'changed'
 
 
 def run_local(runs: Sequence[Run], root: str, configs: Mapping[str, Any],

@@ -86,23 +86,26 @@ def train_and_evaluate(config, workdir: str, restart: bool = False) -> Optional[
 
   Returns the results (also in results.json), or None when SIGTERM stopped the
   run after saving a checkpoint. `restart`: move a run of another config aside.
+  A finished run asked for more steps continues from its final checkpoint.
   """
   wall_start = time.time()
   s = Session(config)
-  run = workdir_lib.open_run(workdir, s.config, writer=sharding.is_writer(), restart=restart)
+  train_data = input_pipeline.get_train_data(s.config)
+  num_steps = workdir_lib.total_steps(s.config.train, train_data.steps_per_epoch)
+  run = workdir_lib.open_run(workdir, s.config, writer=sharding.is_writer(), restart=restart,
+                             num_steps=num_steps)
   try:
-    if run.results is not None:
+    if run.finished:
       logging.info('%s has finished (results.json); nothing to do', workdir)
       return run.results
-    return _train(s, run, wall_start)
+    return _train(s, run, train_data, num_steps, wall_start)
   finally:
     run.close()
 
 
-def _train(s: Session, run, wall_start: float) -> Optional[Dict[str, Any]]:
+def _train(s: Session, run, train_data, num_steps: int,
+           wall_start: float) -> Optional[Dict[str, Any]]:
   c, t = s.config, s.config.train
-  train_data = input_pipeline.get_train_data(c)
-  num_steps = t.num_steps if t.num_steps > 0 else t.num_epochs * train_data.steps_per_epoch
   tx, lr = optim.create_optimizer(c, num_steps), optim.learning_rate_schedule(c, num_steps)
   ckpt = checkpoint.Checkpointer(run.path, every=t.checkpoint_every, keep=t.keep_checkpoints,
                                  async_save=t.get('async_checkpoints', True))

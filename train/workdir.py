@@ -8,11 +8,20 @@
 stored ones, other than those in `MAY_CHANGE`, is refused before anything is
 written: the message names the fields and says how to go on (a new workdir, or
 `--restart`, which moves the old run aside, never deletes it). A lock file
-keeps a second trainer out of a workdir in use; a lock left by a process that
-is gone is replaced with a warning.
+keeps a second trainer out of a workdir in use (`--restart` included); a lock
+left by a process that is gone is replaced with a warning.
+
+The run's length (`train.num_steps`, or `num_epochs` whole epochs) may grow on
+resume, never shrink: a finished run asked for more steps continues from its
+final checkpoint (its results.json kept as `results.<steps>-steps.json`), and
+a workdir trained past the asked length is refused. config.json always
+describes the run whose results and checkpoints the workdir holds.
+
+Every JSON file written here is strict JSON: a non-finite float is null.
 """
 import datetime
 import json
+import math
 import os
 import socket
 from typing import Any, Dict, List, Optional
@@ -102,6 +111,42 @@ def check_identity(path, config, *, evaluating: bool = False) -> None:
         f'weights), or pass --restart to move the old run aside and start over')
 
 
+def total_steps(train, steps_per_epoch: int) -> int:
+  """The run's length in steps: `train.num_steps`, else `train.num_epochs` whole epochs."""
+  return train.num_steps if train.num_steps > 0 else train.num_epochs * steps_per_epoch
+
+
+def steps_beyond(config, results: Dict[str, Any]) -> int:
+  """Steps `config` asks for beyond a finished run's results.json (< 0: it asks for fewer)."""
+  if 'steps_per_epoch' not in results and config.train.num_steps <= 0:
+    return 0  # an older results.json: nothing to compare with
+  return total_steps(config.train, results.get('steps_per_epoch', 0)) - results['steps']
+
+
+def checkpoint_steps(path) -> List[int]:
+  """The steps of `path/checkpoints/<step>` folders (Orbax's temporary ones excluded)."""
+  folder = epath.Path(path) / 'checkpoints'
+  if not folder.is_dir():
+    return []
+  return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit())
+
+
+def _strict(obj):
+  """`obj` with every non-finite float replaced by None (strict JSON has no NaN)."""
+  if isinstance(obj, float) and not math.isfinite(obj):
+    return None
+  if isinstance(obj, dict):
+    return {k: _strict(v) for k, v in obj.items()}
+  if isinstance(obj, (list, tuple)):
+    return [_strict(v) for v in obj]
+  return obj
+
+
+def dumps(obj, **kwargs) -> str:
+  """Strict JSON text of `obj`: NaN and infinities become null."""
+  return json.dumps(_strict(obj), allow_nan=False, **kwargs)
+
+
 def _pid_alive(pid: int) -> bool:
   try:
     os.kill(pid, 0)
@@ -112,55 +157,116 @@ def _pid_alive(pid: int) -> bool:
   return True
 
 
-class Run:
-  """An open workdir: its identity checked, its lock held (on the writing process)."""
+class _Lock:
+  """`path/trainer.lock`: which process (pid, host) trains in the workdir."""
 
-  def __init__(self, path, config, *, writer: bool):
+  def __init__(self, path):
     self.path = epath.Path(path)
-    self.writer = writer
-    self._lock = self.path / LOCK
-    self._locked = False
-    if writer:
-      self.path.mkdir(parents=True, exist_ok=True)
-      self._take_lock()
-      (self.path / CONFIG).write_text(config.to_json_best_effort(indent=2, sort_keys=True))
+    self.file = self.path / LOCK
+    self.held = False
+    self._me = {'pid': os.getpid(), 'host': socket.gethostname()}
 
-  def _take_lock(self) -> None:
-    me = {'pid': os.getpid(), 'host': socket.gethostname()}
+  def acquire(self) -> None:
+    """Takes the lock; WorkdirError naming the holder if a live process holds it."""
     for _ in range(2):
-      if not self._create_lock(me):
+      if not self._create():
         try:
-          other = json.loads(self._lock.read_text())
+          other = json.loads(self.file.read_text())
         except (OSError, ValueError):
           other = {}
-        if other.get('host') == me['host'] and not _pid_alive(int(other.get('pid', -1))):
+        if other.get('host') == self._me['host'] and not _pid_alive(int(other.get('pid', -1))):
           logging.warning('Replacing a stale lock in %s (process %s is not running)',
                           self.path, other.get('pid'))
-          self._lock.unlink()
+          self.file.unlink(missing_ok=True)
           continue
         raise WorkdirError(
             f'{self.path} is in use by another trainer (pid {other.get("pid")} on '
             f'{other.get("host")}); wait for it, or, if that process is gone, delete '
-            f'{self._lock}') from None
-      self._locked = True
+            f'{self.file}') from None
+      self.held = True
       return
 
-  def _create_lock(self, me: Dict[str, Any]) -> bool:
+  def _create(self) -> bool:
     """Writes the lock file unless it exists. Atomic on a local disk; on an object
     store (gs://) it is check-then-write, which keeps out a trainer started later
     but not one started in the same instant."""
-    if is_local(self._lock):
+    if is_local(self.file):
       try:
-        fd = os.open(os.fspath(self._lock), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        fd = os.open(os.fspath(self.file), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
       except FileExistsError:
         return False
       with os.fdopen(fd, 'w') as f:
-        json.dump(me, f)
+        json.dump(self._me, f)
       return True
-    if self._lock.exists():
+    if self.file.exists():
       return False
-    self._lock.write_text(json.dumps(me))
+    self.file.write_text(json.dumps(self._me))
     return True
+
+  def release(self) -> None:
+    """Deletes the lock file if it is still this process's."""
+    if not self.held:
+      return
+    self.held = False
+    try:
+      if json.loads(self.file.read_text()) != self._me:
+        return
+    except (OSError, ValueError):
+      return
+    self.file.unlink(missing_ok=True)
+
+
+class Run:
+  """An open workdir: its identity checked, its lock held (on the writing process).
+
+  `finished`: the workdir holds the results of exactly the asked number of
+  steps (nothing to do; config.json is left as it is).
+  """
+
+  def __init__(self, path, config, *, writer: bool, num_steps: Optional[int] = None):
+    self.path = epath.Path(path)
+    self.writer = writer
+    self._lock = _Lock(self.path)
+    if writer:
+      self.path.mkdir(parents=True, exist_ok=True)
+      self._lock.acquire()
+    try:
+      self.finished = self._check_length(config, num_steps)
+      if writer and not self.finished:
+        (self.path / CONFIG).write_text(dumps(
+            json.loads(config.to_json_best_effort()), indent=2, sort_keys=True))
+    except BaseException:
+      self.close()
+      raise
+
+  def _check_length(self, config, num_steps: Optional[int]) -> bool:
+    """Whether the run is finished at `num_steps`; continues a shorter finished run,
+    refuses a longer one (WorkdirError, nothing written)."""
+    results = self.results
+    if num_steps is None:
+      return results is not None
+    done = results['steps'] if results is not None else 0
+    newest = max(checkpoint_steps(self.path), default=0)
+    if max(done, newest) > num_steps:
+      what = (f'its results.json is from step {done}' if done >= newest else
+              f'its newest checkpoint is at step {newest}')
+      raise WorkdirError(
+          f'{self.path} has trained further than this config asks ({what}; '
+          f'train.num_steps={config.train.num_steps}, num_epochs={config.train.num_epochs} '
+          f'make {num_steps} steps): the length may grow on resume, not shrink. Use a new '
+          f'--workdir (--config.init_from={self.path} starts from its weights), or '
+          f'--restart')
+    if results is None:
+      return False
+    if done == num_steps:
+      return True
+    if self.writer:
+      kept = self.path / f'results.{done}-steps.json'
+      (self.path / RESULTS).replace(kept)
+      logging.warning('%s finished at step %d; continuing it to step %d from its final '
+                      'checkpoint (its results are kept in %s)', self.path, done, num_steps,
+                      kept.name)
+    return False
 
   @property
   def results(self) -> Optional[Dict[str, Any]]:
@@ -169,27 +275,39 @@ class Run:
     return json.loads(file.read_text()) if file.exists() else None
 
   def close(self) -> None:
-    if self._locked:
-      self._lock.unlink()
-      self._locked = False
+    self._lock.release()
 
 
 def write_json(path, name: str, obj) -> None:
-  """Writes `path/name` as JSON (through a temporary file and a rename)."""
-  tmp = epath.Path(path) / f'{name}.tmp'
-  tmp.write_text(json.dumps(obj, indent=2, sort_keys=True))
-  tmp.rename(epath.Path(path) / name)
+  """Writes `path/name` as strict JSON, replacing it whole: a temporary file is
+  written, then renamed over it (a local or gs:// path)."""
+  tmp = epath.Path(path) / f'{name}.tmp{os.getpid()}'
+  tmp.write_text(dumps(obj, indent=2, sort_keys=True))
+  tmp.replace(epath.Path(path) / name)
 
 
-def open_run(path, config, *, writer: bool = True, restart: bool = False) -> Run:
-  """Checks the workdir's identity (or moves the old run aside), locks it, stores the config."""
+def open_run(path, config, *, writer: bool = True, restart: bool = False,
+             num_steps: Optional[int] = None) -> Run:
+  """Checks the workdir's identity (or moves the old run aside), locks it, stores the config.
+
+  `restart` takes the workdir's lock before moving the old run aside, so it is
+  refused (WorkdirError) while another trainer holds it. `num_steps`: the run's
+  length, checked against what the workdir holds (see the module docstring).
+  """
   path = epath.Path(path)
   if restart and (path / CONFIG).exists():
     if writer:
+      lock = _Lock(path)
+      lock.acquire()
       stamp = datetime.datetime.now().strftime('%Y%m%d-%H%M%S')
       aside = path.parent / f'{path.name}.replaced-{stamp}'
-      path.rename(aside)
+      try:
+        path.rename(aside)
+      except BaseException:
+        lock.release()
+        raise
+      (aside / LOCK).unlink(missing_ok=True)  # ours, moved with the folder
       logging.warning('--restart: moved the previous run in %s to %s', path, aside)
   else:
     check_identity(path, config)
-  return Run(path, config, writer=writer)
+  return Run(path, config, writer=writer, num_steps=num_steps)
