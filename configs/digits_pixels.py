@@ -3,7 +3,8 @@
 Pixels are tokens 0..255 (the digits' 17 levels rescaled), predicted in
 raster order by a small causal Transformer; at the end `samples.png` and
 `samples_completion.png` land in the workdir. The argument picks the mechanism
-(one with a causal form: linear, softmax, rfa, performer, local, softmax_chunked):
+(one that can decode, which the samples need: linear, softmax, rfa, performer, local,
+softmax_chunked; `efficient_attn.decoding.decodable_mechanisms()` lists them all):
 
     --config=configs/digits_pixels.py:linear
 """

@@ -130,6 +130,21 @@ def test_a_config_argument_get_config_refuses_is_one_line(arg, message):
   assert message in str(e.value)
 
 
+@pytest.mark.parametrize('mechanism', ['sparse', 'reformer'])
+def test_a_pixel_model_that_cannot_sample_is_refused_before_training(mechanism):
+  """configs/digits_pixels.py:sparse and :reformer have causal forms but no decoding form:
+  they passed validation and failed in sampling after training. Refused up front, naming the
+  mechanism and those that decode; without samples they train."""
+  config = load('configs/digits_pixels.py', mechanism)
+  valid = ', '.join(registry.names_where(lambda m: bool(m.decode)))
+  with pytest.raises(validate.ConfigError, match=(
+      f"^config.attention.mechanism='{mechanism}' has no decoding form, which the samples "
+      rf'.*\(config.sample.num_samples=16, num_completions=8\); valid choices: {valid}; ')):
+    validate.validate_config(config)
+  config.sample.num_samples = config.sample.num_completions = 0
+  validate.validate_config(config)
+
+
 # Per attention layer, from the paper's tables 5 (MNIST) and 6 (CIFAR-100).
 PAPER_COUNTS = {  # Hosseini & Hosseini (2024)
     'mnist': {'standard': 66_048, 'optimised': 49_536, 'efficient': 33_024, 'super': 37_184},

@@ -291,3 +291,12 @@ def _train(config) -> None:
     if value < 0:
       raise ConfigError(f'config.sample.{field}={value!r} is not valid; it must be >= 0 '
                         f'(0 = none)')
+  sample = {**tasks.pixel_lm.SAMPLE_DEFAULTS, **(config.get('sample') or {})}
+  mechanism = config.attention.mechanism
+  if config.task == 'pixel_lm' and (sample['num_samples'] or sample['num_completions']) and (
+      not registry.get_mechanism(mechanism).decode):
+    valid = registry.names_where(lambda m: bool(m.decode))
+    raise ConfigError(f'config.attention.mechanism={mechanism!r} has no decoding form, which '
+                      f"the samples written after training need (config.sample.num_samples="
+                      f"{sample['num_samples']}, num_completions={sample['num_completions']}); "
+                      f'valid choices: {", ".join(valid)}; or set both to 0')
