@@ -1,7 +1,7 @@
 r"""The table and plot of the LoRA rank study (Hu et al. 2021), read from a finished sweep.
 
 The study's runs are made by the sweep tool (`sweeps/lora_digits.py`,
-`sweeps/real/lora_mnist.py`; the runs are listed by
+`studies/lora_mnist/sweep.py`; the runs are listed by
 `configs/lora_base.study_runs`): a base classifier trained on plain images
 (`base`), and for each transformed variant (rotated, inverted, quantised) full
 fine-tuning of the base (`full_<variant>`), LoRA fine-tuning of the frozen

@@ -11,6 +11,14 @@ STUDIES = sorted(glob.glob('studies/*/sweep.py'))
 REAL_DATA_FIELDS = {'dataset.source', 'dataset.data_dir', 'dataset.holdout', 'dataset.eval_split'}
 
 
+def test_every_study_has_its_sweep_and_readme():
+  assert [os.path.dirname(p) for p in STUDIES] == [
+      'studies/cifar10_mechanisms', 'studies/imdb_bytes', 'studies/lora_mnist',
+      'studies/mnist_pixels', 'studies/mnist_projections']
+  for path in STUDIES:
+    assert os.path.exists(os.path.join(os.path.dirname(path), 'README.md')), path
+
+
 @pytest.mark.parametrize('path', STUDIES)
 def test_study_sweeps_expand_to_existing_configs(path):
   runs = sweep.expand(sweep.load_sweep(path))

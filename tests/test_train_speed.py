@@ -13,7 +13,7 @@ def test_two_configs_side_by_side(tmp_path):
       f'--out={tmp_path}', '--quiet'])
   assert data['configs'] == specs
   standard, efficient = (data['points'][s] for s in specs)
-  # The trainer's models: the parameter counts of docs/results/real_data.md's study 1.
+  # The trainer's models: the parameter counts of studies/mnist_projections/README.md.
   assert (standard['params'], efficient['params']) == (276_874, 210_826)
   assert standard['relative_speed'] == 1.0
   for p in (standard, efficient):
