@@ -47,7 +47,8 @@ from train import pyfile
 from train import validate
 from train import workdir as workdir_lib
 
-_SWEEP = flags.DEFINE_string('sweep', None, 'Sweep definition file (defines get_sweep()).')
+_SWEEP = flags.DEFINE_string('sweep', None, 'Sweep definition file (defines get_sweep()), '
+                              'settings after a colon: path.py:key=value,...')
 _ROOT = flags.DEFINE_string('root', None, 'Folder holding one workdir per run.')
 _TPU = flags.DEFINE_string('tpu_name', 'TPU_NAME', 'pod: the TPU VM name.')
 _ZONE = flags.DEFINE_string('zone', 'ZONE', 'pod: the TPU VM zone.')
