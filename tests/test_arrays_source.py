@@ -89,6 +89,36 @@ def test_split_pattern_and_clear_errors(npz_files):
     validate.validate_config(bad)
 
 
+_X = np.zeros((20, 28, 28), np.uint8)
+_Y = np.arange(20) % 10
+
+
+@pytest.mark.parametrize('train,test,message', [
+    # each used to train or evaluate quietly (accuracy 0.0 and a NaN loss, truncated
+    # labels), to stop with "non-finite training loss", or with a traceback
+    (_Y, np.full(20, 10), r'mnist_test.npz: labels must be in 0..9 \(config.dataset.'
+                          r'num_classes=10\), got 10 \(20 of 20 labels\)'),
+    (_Y - 1, _Y, r'mnist_train.npz: labels must be in 0..9 .*got -1 \(2 of 20'),
+    (_Y + 0.5, _Y, r"mnist_train.npz: labels 'y' must be integers \[n\], got float64"),
+    (np.where(_Y == 3, 12, _Y), _Y, r'mnist_train.npz: labels must be in 0..9 .*got 12'),
+    (_Y, _Y[:0], r"mnist_test.npz holds no examples \(config.dataset.eval_split='test'\)"),
+    (b'', _Y, r'mnist_train.npz is not a readable .npz file \(an empty file\)$'),
+    (b'PK\x03\x04 cut short', _Y, r'mnist_train.npz is not a readable .npz file'),
+])
+def test_bad_labels_and_unreadable_files_are_refused_before_any_work(tmp_path, train, test,
+                                                                     message):
+  from train import trainer  # pylint: disable=g-import-not-at-top
+  for split, labels in (('train', train), ('test', test)):
+    if isinstance(labels, bytes):
+      (tmp_path / f'mnist_{split}.npz').write_bytes(labels)
+    else:
+      np.savez(tmp_path / f'mnist_{split}.npz', x=_X[:len(labels)], y=labels)
+  config = _mnist(tmp_path / 'mnist_{split}.npz')
+  with pytest.raises(validate.ConfigError, match=message) as e:
+    trainer.train_and_evaluate(config, str(tmp_path / 'run'))
+  assert '\n' not in str(e.value) and not (tmp_path / 'run').exists()
+
+
 def test_npz_files_are_read_through_gfile(npz_files):
   """A bucket path (here TF's in-memory ram:// file system) reads like a local one."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top

@@ -22,6 +22,7 @@ from train import models
 from train import optim
 from train import tasks
 from train import workdir
+from train.input_pipeline import arrays
 from train.input_pipeline import specs
 from train.input_pipeline import transforms
 
@@ -239,8 +240,7 @@ def resolved(config, read_data: bool = True) -> ml_collections.ConfigDict:
   d = config.dataset
   try:
     input_pipeline.prepare(config)
-    if d.num_classes == 0:
-      d.num_classes = input_pipeline.num_classes(config)
+    _check_splits(config)  # fills in num_classes
     train_examples = input_pipeline.num_examples(config, d.train_split)
   except ValueError as e:
     raise ConfigError(str(e)) from None
@@ -248,6 +248,31 @@ def resolved(config, read_data: bool = True) -> ml_collections.ConfigDict:
     raise ConfigError(f'config.dataset.batch_size={d.batch_size} exceeds the {train_examples} '
                       f'examples of split {d.train_split!r}; valid: <= {train_examples}')
   return config
+
+
+def _check_splits(config) -> None:
+  """Every split the run reads has examples, and in-memory labels lie in
+  0..num_classes-1 (`dataset.num_classes`, filled in here when 0). ValueError
+  naming the file or dataset: an empty test split would otherwise fail only at
+  the final evaluation, and an out-of-range label give a NaN loss."""
+  d = config.dataset
+  splits = {d.train_split: 'train_split', d.eval_split: 'eval_split'}
+  if not specs.in_memory(config):  # streamed: counted (an empty train split fails below)
+    if d.num_classes == 0:
+      d.num_classes = input_pipeline.num_classes(config)
+    if input_pipeline.num_examples(config, d.eval_split) == 0:
+      raise ValueError(f'config.dataset.eval_split={d.eval_split!r} of dataset {d.name!r} '
+                       f'holds no examples; a run needs at least one')
+    return
+  for split, field in splits.items():
+    arrays.check_split(arrays.get_split(config, split), f'config.dataset.{field}={split!r}')
+  classes = 'config.dataset.num_classes'
+  if d.num_classes == 0:
+    d.num_classes = input_pipeline.num_classes(config)
+    classes = 'num_classes read from the training labels'
+  for split in splits:
+    arrays.check_labels(arrays.get_split(config, split), d.num_classes,
+                        f'{classes}={d.num_classes}')
 
 
 def _lora(config) -> None:

@@ -5,7 +5,8 @@
 
 `.npz` files ('arrays' source) hold one split each and may use these keys:
 
-  * labels: `y` (or `label`, `labels`), int `[n]`;
+  * labels: `y` (or `label`, `labels`), int `[n]` (any integer dtype, >= 0;
+    float labels are refused, not truncated);
   * images: `x` (or `image`, `images`), uint8 `[n, h, w]` or `[n, h, w, c]`;
   * encoded images: `jpeg` (or `png`, `encoded`) with `offsets` `[n + 1]`:
     image i is the file `jpeg[offsets[i]:offsets[i + 1]]` (PNG or JPEG bytes);
@@ -19,6 +20,11 @@ as a local one does. `dataset.holdout` > 0 carves a fixed, class-stratified
 validation split out of 'train' ('train' keeps the rest), the same for every
 seed and process.
 
+Checks, each a ValueError naming the file (or dataset): a file that is not a
+readable `.npz` (empty, truncated), labels that are not integers, and, through
+`check_split` / `check_labels` (called by `train.validate` before any workdir
+is written), a split with no examples or labels outside 0..num_classes-1.
+
 Everything is decoded here, once: encoded images to uint8 pixels, text to
 bytes. The results are cached for the life of the process, so the training
 and evaluation pipelines (and a resumed run) share one decoded copy.
@@ -26,6 +32,8 @@ and evaluation pipelines (and a resumed run) share one decoded copy.
 import dataclasses
 import functools
 import os
+import zipfile
+import zlib
 from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
@@ -48,17 +56,38 @@ class Examples:
       `bytes` (text), a list of n `(bytes, bytes)` (text pairs) or int tokens
       `[n, length]`.
     labels: int32 `[n]`.
+    origin: where the split was read from (a file, or a dataset and split),
+      for messages.
   """
   inputs: Any
   labels: np.ndarray
+  origin: str = ''
 
   def __len__(self):
     return len(self.labels)
 
   def take(self, index: np.ndarray) -> 'Examples':
     if isinstance(self.inputs, np.ndarray):
-      return Examples(self.inputs[index], self.labels[index])
-    return Examples([self.inputs[i] for i in index], self.labels[index])
+      return Examples(self.inputs[index], self.labels[index], self.origin)
+    return Examples([self.inputs[i] for i in index], self.labels[index], self.origin)
+
+
+def check_split(examples: Examples, what: str) -> None:
+  """ValueError naming `examples.origin` if the split has no examples; `what` names
+  the field that chose it (e.g. "config.dataset.eval_split='test'")."""
+  if not len(examples):
+    raise ValueError(f'{examples.origin} holds no examples ({what}); a run needs at least '
+                     f'one in every split it reads')
+
+
+def check_labels(examples: Examples, num_classes: int, classes: str) -> None:
+  """ValueError naming `examples.origin` if a label is outside 0..num_classes-1;
+  `classes` says where num_classes comes from."""
+  labels = examples.labels
+  bad = (labels < 0) | (labels >= num_classes)
+  if np.any(bad):
+    raise ValueError(f'{examples.origin}: labels must be in 0..{num_classes - 1} ({classes}), '
+                     f'got {labels[bad][0]} ({int(bad.sum())} of {len(labels)} labels)')
 
 
 def _first(npz, keys, path: str, what: str, required: bool = True) -> Optional[str]:
@@ -100,35 +129,70 @@ def _gfile():
 
 def read_npz(path: str) -> Examples:
   """One split from an `.npz` file (see the module docstring for the keys)."""
-  gfile = _gfile()
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  gfile = tf.io.gfile
   if not gfile.exists(path) or gfile.isdir(path):
     raise ValueError(f'config.dataset.data_dir={path!r}: no such file')
-  with gfile.GFile(path, 'rb') as f, np.load(f, allow_pickle=False) as npz:
-    labels = np.asarray(npz[_first(npz, LABEL_KEYS, path, 'label')], np.int32)
-    image = _first(npz, IMAGE_KEYS, path, 'input', required=False)
-    encoded = _first(npz, ENCODED_KEYS, path, 'input', required=False)
-    text = _first(npz, TEXT_KEYS, path, 'input', required=False)
-    if image is not None:
-      inputs = np.asarray(npz[image])
-      if inputs.ndim == 3:
-        inputs = inputs[..., None]
-      if inputs.ndim != 4 or inputs.dtype != np.uint8:
-        raise ValueError(f'{path}: {image!r} must be uint8 [n, h, w] or [n, h, w, c], got '
-                         f'{inputs.dtype} {inputs.shape}')
-    elif encoded is not None or text is not None:
-      if 'offsets' not in npz.files:
-        raise ValueError(f'{path}: {encoded or text!r} needs an offsets array [n + 1]')
-      files = _ragged(npz[encoded or text], npz['offsets'], path)
-      inputs = decode_images(files) if encoded is not None else files
-    elif 'tokens' in npz.files:
-      inputs = np.asarray(npz['tokens'])
-    else:
-      raise ValueError(f'{path} has no inputs; expected one of the keys '
-                       f'{", ".join(IMAGE_KEYS + ENCODED_KEYS + TEXT_KEYS)} or tokens '
-                       f'(it has {", ".join(npz.files)})')
+  damaged = (EOFError, OSError, zipfile.BadZipFile, zlib.error, tf.errors.OpError)
+  with gfile.GFile(path, 'rb') as f:
+    head = f.read(2)
+    f.seek(0)
+    try:
+      if head != b'PK':  # an .npz is a zip archive
+        raise ValueError('an empty file' if not head else 'not a zip archive')
+      npz = np.load(f, allow_pickle=False)
+    except damaged + (ValueError,) as e:
+      raise ValueError(f'{path} is not a readable .npz file ({_first_line(e)})') from None
+    try:
+      with npz:
+        return _read_npz(npz, path)
+    except damaged as e:  # damaged array data
+      raise ValueError(f'{path} is not a readable .npz file ({_first_line(e)})') from None
+
+
+def _first_line(error: BaseException) -> str:
+  text = str(getattr(error, 'message', '') or error).strip()
+  return text.splitlines()[0] if text else type(error).__name__
+
+
+def _read_npz(npz, path: str) -> Examples:
+  """`read_npz` of an open archive."""
+  key = _first(npz, LABEL_KEYS, path, 'label')
+  labels = np.asarray(npz[key])
+  if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
+    raise ValueError(f'{path}: labels {key!r} must be integers [n], got {labels.dtype} '
+                     f'{list(labels.shape)}' + ('; store whole-number labels as ints '
+                                               '(.astype(np.int64))' if np.issubdtype(
+                                                   labels.dtype, np.floating) else ''))
+  if labels.size and (labels.min() < np.iinfo(np.int32).min or
+                      labels.max() > np.iinfo(np.int32).max):
+    raise ValueError(f'{path}: labels {key!r} must fit int32, got {labels.min()}..'
+                     f'{labels.max()}')
+  labels = labels.astype(np.int32)
+  image = _first(npz, IMAGE_KEYS, path, 'input', required=False)
+  encoded = _first(npz, ENCODED_KEYS, path, 'input', required=False)
+  text = _first(npz, TEXT_KEYS, path, 'input', required=False)
+  if image is not None:
+    inputs = np.asarray(npz[image])
+    if inputs.ndim == 3:
+      inputs = inputs[..., None]
+    if inputs.ndim != 4 or inputs.dtype != np.uint8:
+      raise ValueError(f'{path}: {image!r} must be uint8 [n, h, w] or [n, h, w, c], got '
+                       f'{inputs.dtype} {inputs.shape}')
+  elif encoded is not None or text is not None:
+    if 'offsets' not in npz.files:
+      raise ValueError(f'{path}: {encoded or text!r} needs an offsets array [n + 1]')
+    files = _ragged(npz[encoded or text], npz['offsets'], path)
+    inputs = decode_images(files) if encoded is not None else files
+  elif 'tokens' in npz.files:
+    inputs = np.asarray(npz['tokens'])
+  else:
+    raise ValueError(f'{path} has no inputs; expected one of the keys '
+                     f'{", ".join(IMAGE_KEYS + ENCODED_KEYS + TEXT_KEYS)} or tokens '
+                     f'(it has {", ".join(npz.files)})')
   if len(inputs) != len(labels):
     raise ValueError(f'{path}: {len(inputs)} inputs but {len(labels)} labels')
-  return Examples(inputs, labels)
+  return Examples(inputs, labels, path)
 
 
 def holdout_split(labels: np.ndarray, fraction: float, seed: int = HOLDOUT_SEED
@@ -165,7 +229,9 @@ def _carve(splits: Dict[str, Examples], holdout: float, where: str) -> Dict[str,
   if 'train' not in splits:
     raise ValueError(f'config.dataset.holdout={holdout}: {where} has no train split')
   train, val = holdout_split(splits['train'].labels, holdout)
-  return dict(splits, train=splits['train'].take(train), validation=splits['train'].take(val))
+  validation = dataclasses.replace(splits['train'].take(val), origin=(
+      f'{splits["train"].origin} (its validation split, dataset.holdout={holdout})'))
+  return dict(splits, train=splits['train'].take(train), validation=validation)
 
 
 def _npz_splits(pattern: str) -> Dict[str, Examples]:
@@ -197,7 +263,8 @@ def _tfds_splits(name: str, data_dir: str, feature: str, splits) -> Dict[str, Ex
     labels = np.concatenate([p['label'] for p in parts]) if parts else np.zeros((0,))
     if inputs.dtype == object:  # text
       inputs = [bytes(t) for t in inputs]
-    out[split] = Examples(inputs, np.asarray(labels, np.int32))
+    out[split] = Examples(inputs, np.asarray(labels, np.int32),
+                          f'TFDS {name!r} split {split!r}')
   return out
 
 
@@ -213,7 +280,8 @@ def load_digits() -> Dict[str, Examples]:
   labels = digits.target.astype(np.int32)
   x_train, x_test, y_train, y_test = model_selection.train_test_split(
       images, labels, test_size=0.2, stratify=labels, random_state=0)
-  return {'train': Examples(x_train, y_train), 'test': Examples(x_test, y_test)}
+  return {'train': Examples(x_train, y_train, "scikit-learn's digits (train)"),
+          'test': Examples(x_test, y_test, "scikit-learn's digits (test)")}
 
 
 @functools.lru_cache(maxsize=4)
@@ -228,7 +296,8 @@ def _load(source: str, name: str, data_dir: str, holdout: float,
     return _carve(load_digits(), holdout, 'the digits')
   if source == 'tsv':
     from train.input_pipeline import aan  # pylint: disable=g-import-not-at-top
-    return _carve({split: Examples(list(zip(a, b)), np.asarray(y, np.int32))
+    return _carve({split: Examples(list(zip(a, b)), np.asarray(y, np.int32),
+                                   os.path.join(data_dir, aan.SPLIT_FILES[split]))
                    for split, (a, b, y) in aan.read_splits(data_dir).items()}, holdout, data_dir)
   if source == 'tfds':
     spec = specs.get_spec(name)
