@@ -338,15 +338,20 @@ def test_aan_tsv_to_npz(tmp_path):
 
 @pytest.mark.parametrize('path', ['configs/lra/listops.py', 'configs/lra/pathfinder.py'])
 def test_generated_source_writes_once_and_batches_like_arrays(path, tmp_path, capsys):
+  """In a bucket: TF's in-memory ram:// file system stands for gs:// (the cache
+  used plain open() and os calls, so a gs:// data_dir failed)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import test_configs  # pylint: disable=g-import-not-at-top  (tests/ is on sys.path)
   from train import input_pipeline  # pylint: disable=g-import-not-at-top
   from train.input_pipeline import arrays  # pylint: disable=g-import-not-at-top
   from train.input_pipeline import generated  # pylint: disable=g-import-not-at-top
+  from train.input_pipeline import npz_cache  # pylint: disable=g-import-not-at-top
+  folder = f'ram://{tmp_path.name}/lra'
   config = test_configs.load(path, 'size=small')
-  config.dataset.update(dict(data_dir=str(tmp_path), batch_size=4, eval_batch_size=3))
+  config.dataset.update(dict(data_dir=folder, batch_size=4, eval_batch_size=3))
   config.dataset.sizes.update(dict(train=8, validation=3, test=3))
   batch = next(input_pipeline.get_train_data(config).batches(0))
-  files = sorted(os.listdir(tmp_path))
+  files = sorted(tf.io.gfile.listdir(folder))
   assert len(files) == 3 and all(f.endswith('.npz') for f in files), files
   pattern = generated.pattern(config)
   stored = arrays.read_npz(pattern.format(split='train'))
@@ -359,15 +364,39 @@ def test_generated_source_writes_once_and_batches_like_arrays(path, tmp_path, ca
   assert len(stored) == 8
   ev = input_pipeline.get_eval_batch(config)
   assert ev['inputs'].shape[0] == 3
-  stamps = {f: os.path.getmtime(tmp_path / f) for f in files}
+  contents = {f: npz_cache.read_bytes(f'{folder}/{f}') for f in files}
   arrays.clear_cache()
   capsys.readouterr()
   generated.ensure(config)  # up to date: nothing is drawn again
-  assert 'up to date' in capsys.readouterr().out
-  assert stamps == {f: os.path.getmtime(tmp_path / f) for f in files}
+  assert capsys.readouterr().out.count('up to date') == 3
+  assert contents == {f: npz_cache.read_bytes(f'{folder}/{f}') for f in tf.io.gfile.listdir(folder)}
   config.dataset.data_dir = ''
   with pytest.raises(ValueError, match="data_dir='' is not valid for the generated"):
     generated.ensure(config)
+
+
+def test_released_pathfinder_and_aan_files_in_a_bucket(tmp_path):
+  """read_released and tsv_to_npz on ram:// (standing for gs://) as on a local disk."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from train.input_pipeline import arrays  # pylint: disable=g-import-not-at-top
+  expected, labels = _write_released(str(tmp_path / 'local'), 'curv_baseline', [(3, 1)])
+  bucket = f'ram://{tmp_path.name}'
+  for base, _, names in os.walk(tmp_path / 'local'):
+    target = bucket + base[len(str(tmp_path / 'local')):]
+    tf.io.gfile.makedirs(target)
+    for name in names:
+      tf.io.gfile.copy(os.path.join(base, name), f'{target}/{name}', overwrite=True)
+  images, got = pathfinder.read_released(bucket, contour_length=6)
+  np.testing.assert_array_equal(images, expected)
+  np.testing.assert_array_equal(got, labels)
+
+  tsv = str(tmp_path / 'pairs.tsv')
+  _write_tsv(tsv, _TSV_ROWS)
+  out = aan.tsv_to_npz(tsv, f'{bucket}/pairs.npz')
+  assert sorted(n.rstrip('/') for n in tf.io.gfile.listdir(bucket)) == [
+      'curv_baseline', 'pairs.npz']  # no temporary file left
+  read = arrays.read_npz(out)
+  assert read.inputs == aan.read_tsv(tsv)[0] and read.labels.tolist() == [1, 0, 1]
 
 
 def test_pixel_tokens_are_all_attended_without_padding():

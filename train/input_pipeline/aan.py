@@ -22,12 +22,13 @@ returns the field bytes unchanged by default; `unescape=True` returns the
 bytes a b'...' literal stands for.
 """
 import ast
-import os
 import types
 from typing import Dict, Iterator, List, Tuple
 
 from etils import epath
 import numpy as np
+
+from train.input_pipeline import npz_cache
 
 COLUMNS = ('label', 'id1', 'id2', 'text1', 'text2')
 SPLIT_FILES = types.MappingProxyType({'train': 'new_aan_pairs.train.tsv',
@@ -103,7 +104,7 @@ def tsv_to_npz(path: str, out_path: str, unescape: bool = False) -> str:
 
   Args:
     path: the TSV file.
-    out_path: where to write the .npz.
+    out_path: where to write the .npz (a local or gs:// path).
     unescape: see `read_tsv`.
   """
   texts = (bytearray(), bytearray())
@@ -114,13 +115,10 @@ def tsv_to_npz(path: str, out_path: str, unescape: bool = False) -> str:
     for k, text in enumerate((a, b)):
       texts[k].extend(text)
       offsets[k].append(len(texts[k]))
-  tmp = f'{out_path}.tmp{os.getpid()}'
-  with open(tmp, 'wb') as f:
-    np.savez(f, text_utf8=np.frombuffer(texts[0], np.uint8),
-             offsets=np.asarray(offsets[0], np.int64),
-             text2_utf8=np.frombuffer(texts[1], np.uint8),
-             offsets2=np.asarray(offsets[1], np.int64), y=np.asarray(labels, np.int64))
-  os.replace(tmp, out_path)
+  npz_cache.save_npz(out_path, compressed=False, text_utf8=np.frombuffer(texts[0], np.uint8),
+                     offsets=np.asarray(offsets[0], np.int64),
+                     text2_utf8=np.frombuffer(texts[1], np.uint8),
+                     offsets2=np.asarray(offsets[1], np.int64), y=np.asarray(labels, np.int64))
   return out_path
 
 

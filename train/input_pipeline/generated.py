@@ -3,7 +3,8 @@
     pattern = generated.ensure(config)   # writes missing splits into dataset.data_dir
     # -> '<data_dir>/listops_{split}.npz', then read as the 'arrays' source reads it
 
-`config.dataset.data_dir` is the cache folder. The splits are written once
+`config.dataset.data_dir` is the cache folder (local, or a bucket: every file goes
+through `tf.io.gfile`, see `npz_cache.py`). The splits are written once
 (each generator skips a file whose settings match, so an interrupted
 generation resumes) and then read into memory like any `.npz` dataset.
 Settings, all optional in `config.dataset`:
@@ -16,10 +17,10 @@ Settings, all optional in `config.dataset`:
     hard; default 14), image_size (default 32, LRA's) and num_distractors
     (default the generator's, LRA's 20 // distractor length, which fits 32x32).
 """
-import os
 from typing import Any, Dict
 
 from train.input_pipeline import listops
+from train.input_pipeline import npz_cache
 from train.input_pipeline import pathfinder
 
 NAMES = ('listops', 'pathfinder')
@@ -64,7 +65,7 @@ def ensure(config, verbose: bool = True) -> str:
   if not d.data_dir:
     raise ValueError(f"config.dataset.data_dir='' is not valid for the generated dataset "
                      f'{d.name!r}; it must be the folder to write its splits into')
-  os.makedirs(d.data_dir, exist_ok=True)
+  npz_cache.makedirs(d.data_dir)
   if d.name == 'listops':
     listops.write_splits(d.data_dir, seed=s['seed'], sizes=s['sizes'],
                          max_length=s['max_length'], min_length=s['min_length'],

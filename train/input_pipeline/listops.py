@@ -346,7 +346,7 @@ def write_splits(folder: str, seed: int = 0, sizes=None, max_length: int = 2000,
   names = list(sizes)
   settings = {split: _settings(seed, split, sizes, names[:i], max_length, gen_kw)
               for i, split in enumerate(names)}
-  os.makedirs(folder, exist_ok=True)
+  npz_cache.makedirs(folder)
   paths = {s: split_path(folder, s, gen_kw['min_length'], max_length) for s in names}
   todo = [s for s in names if npz_cache.read_settings(paths[s]) != settings[s]]
   exclude: Set[bytes] = set()
@@ -370,8 +370,7 @@ def write_splits(folder: str, seed: int = 0, sizes=None, max_length: int = 2000,
 
 
 def _load_tokens(path: str) -> np.ndarray:
-  with np.load(path) as data:
-    return data['tokens']
+  return npz_cache.read_array(path, 'tokens')
 
 
 def _json_bytes(settings: dict) -> np.ndarray:

@@ -57,6 +57,7 @@ as text, one line per image: `imgs/<batch> sample_<i>.png <i> <label> <continuit
 <paddle_margin> <num_contrasts>`; LRA reads columns 0, 1 and 3 and drops
 images whose file is empty.
 """
+import io
 import json
 import logging
 import os
@@ -418,7 +419,7 @@ def write_splits(folder: str, seed: int = 0, sizes=None, contour_length: int = 1
       raise ValueError(f'split names must be letters, digits, "_" or "-", got {split!r}')
     if n < 0:
       raise ValueError(f'sizes[{split!r}] must be >= 0, got {n}')
-  os.makedirs(folder, exist_ok=True)
+  npz_cache.makedirs(folder)
   paths = []
   for split, n in sizes.items():
     path = split_path(folder, split, contour_length, cfg['image_size'])
@@ -446,26 +447,27 @@ def released_folder(root: str, contour_length: int = 14) -> str:
 
 def _metadata_rows(path: str) -> List[List[str]]:
   """Rows of one metadata file: text lines split on whitespace (or a saved string array)."""
-  with open(path, 'rb') as f:
-    raw = f.read()
+  raw = npz_cache.read_bytes(path)
   if raw.startswith(b'\x93NUMPY'):  # a real .npy file, as the generator's np.save would write
-    with open(path, 'rb') as f:
-      return [[str(v) for v in row] for row in np.load(f, allow_pickle=False)]
+    return [[str(v) for v in row] for row in np.load(io.BytesIO(raw), allow_pickle=False)]
   return [line.split() for line in raw.decode('utf-8').splitlines() if line.strip()]
 
 
 def _decode_png(path: str) -> Optional[np.ndarray]:
   """uint8 `[h, w]` grayscale, or None for an empty or undecodable file."""
-  if os.path.getsize(path) == 0:
+  raw = npz_cache.read_bytes(path)
+  if not raw:
     return None
   try:
     from PIL import Image  # pylint: disable=g-import-not-at-top
-    with Image.open(path) as image:
+    with Image.open(io.BytesIO(raw)) as image:
       return np.asarray(image.convert('L'), np.uint8)
   except ImportError:
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    image = tf.io.decode_png(tf.io.read_file(path), channels=1)
-    return image.numpy()[..., 0]
+    try:
+      return tf.io.decode_png(raw, channels=1).numpy()[..., 0]
+    except tf.errors.InvalidArgumentError:
+      return None
   except (OSError, ValueError):
     return None
 
@@ -475,7 +477,8 @@ def read_released(root: str, contour_length: int = 14) -> Tuple[np.ndarray, np.n
 
   Args:
     root: the folder holding `curv_baseline/`, `curv_contour_length_9/` and
-      `curv_contour_length_14/` (LRA's lra_release/pathfinder32).
+      `curv_contour_length_14/` (LRA's lra_release/pathfinder32); local or
+      gs://, read through `tf.io.gfile`.
     contour_length: 6, 9 or 14.
 
   Returns:
@@ -485,11 +488,12 @@ def read_released(root: str, contour_length: int = 14) -> Tuple[np.ndarray, np.n
     order. Images whose file is empty or cannot be decoded are skipped, as
     LRA skips empty ones; their number is logged.
   """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   folder = released_folder(root, contour_length)
   meta_dir = os.path.join(folder, 'metadata')
-  if not os.path.isdir(meta_dir):
+  if not tf.io.gfile.isdir(meta_dir):
     raise FileNotFoundError(f'no metadata folder {meta_dir}')
-  names = [n for n in os.listdir(meta_dir) if n.endswith('.npy')]
+  names = [n for n in tf.io.gfile.listdir(meta_dir) if n.endswith('.npy')]
   names.sort(key=lambda n: (int(n[:-4]) if n[:-4].isdigit() else float('inf'), n))
   images, labels, skipped = [], [], 0
   for name in names:
