@@ -250,12 +250,13 @@ class Run:
     if max(done, newest) > num_steps:
       what = (f'its results.json is from step {done}' if done >= newest else
               f'its newest checkpoint is at step {newest}')
+      t = config.train
+      asked = (f'train.num_steps={t.num_steps}' if t.num_steps > 0 else
+               f'train.num_epochs={t.num_epochs}: {num_steps} steps')
       raise WorkdirError(
-          f'{self.path} has trained further than this config asks ({what}; '
-          f'train.num_steps={config.train.num_steps}, num_epochs={config.train.num_epochs} '
-          f'make {num_steps} steps): the length may grow on resume, not shrink. Use a new '
-          f'--workdir (--config.init_from={self.path} starts from its weights), or '
-          f'--restart')
+          f'{self.path} has trained further than this config asks ({what}; {asked}): the '
+          f'length may grow on resume, not shrink. Use a new --workdir '
+          f'(--config.init_from={self.path} starts from its weights), or --restart')
     if results is None:
       return False
     if done == num_steps:
