@@ -208,6 +208,11 @@ def test_mnist_vit_on_a_folder_of_grayscale_pngs(tmp_path, image_folder_root):
   assert generic.dataset.augment == 'none'
   x = next(input_pipeline.get_train_data(generic).batches(0))['inputs']
   assert x.shape[-1] == 1 and abs(float(x.mean())) < 1.0   # measured, not 0.5 / 0.5
+  generic.dataset.num_classes = 1  # labels 0..1 from two folders: refused, not a NaN loss
+  with pytest.raises(validate.ConfigError, match=r'num_classes=1 is not valid for .*, which '
+                     r'has 2 label folders; valid: >= 2, or 0'):
+    validate.resolved(generic)
+  generic.dataset.num_classes = 0
   generic.dataset.mean = (0.5, 0.5, 0.5)
   with pytest.raises(validate.ConfigError, match=r'mean=\(0.5, 0.5, 0.5\) has 3 values'):
     validate.validate_config(generic)

@@ -258,6 +258,13 @@ def _check_splits(config) -> None:
   d = config.dataset
   splits = {d.train_split: 'train_split', d.eval_split: 'eval_split'}
   if not specs.in_memory(config):  # streamed: counted (an empty train split fails below)
+    if specs.source(config) == 'folder' and d.num_classes > 0:  # a label per folder
+      from train.input_pipeline import stream  # pylint: disable=g-import-not-at-top
+      found = stream.folder_num_classes(config)
+      if found > d.num_classes:
+        raise ValueError(f'config.dataset.num_classes={d.num_classes} is not valid for '
+                         f'{d.data_dir}, which has {found} label folders; valid: '
+                         f'>= {found}, or 0 (one class per folder)')
     if d.num_classes == 0:
       d.num_classes = input_pipeline.num_classes(config)
     if input_pipeline.num_examples(config, d.eval_split) == 0:
