@@ -1,14 +1,24 @@
 """Runs an experiment: train and evaluate, or evaluate a checkpoint.
 
-    python main.py --config=configs/cifar10_nystrom.py --workdir=/tmp/run
+    python main.py --config=configs/cifar10_nystrom.py              # in runs/cifar10_nystrom
     python main.py --config=configs/cifar10.py:linear --workdir=/tmp/run \
         --config.model.num_heads=8 --config.train.num_epochs=10
-    python main.py --config=configs/cifar10_nystrom.py --workdir=/tmp/run --mode=eval
+    python main.py --config=configs/cifar10_nystrom.py --mode=eval
 
+Without --workdir, the workdir is runs/<config>[-<argument>][-<hash of the
+--config.* overrides>] (`default_workdir`), printed on the first line.
 Re-running a train command resumes from the workdir's newest checkpoint.
+Progress goes to stdout; absl logs only warnings unless --verbosity is given
+(--verbosity=0: every INFO line, clu's metric lines included).
 Multi-host: pass --coordinator_address/--num_processes/--process_id, or run
 on a pod/cluster whose environment JAX recognises (--distributed=auto).
 """
+import hashlib
+import importlib.util
+import json
+import logging as std_logging
+import os
+import re
 import sys
 
 from absl import app
@@ -17,6 +27,7 @@ from absl import logging
 from ml_collections import config_flags
 
 from train import checkpoint
+from train import input_pipeline
 from train import sharding
 from train import trainer
 from train import validate
@@ -24,7 +35,9 @@ from train import workdir
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'Experiment config file, e.g. configs/default.py or configs/mnist.py:super.')
-_WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for checkpoints, metrics, results.')
+_WORKDIR = flags.DEFINE_string(
+    'workdir', None, 'Directory for checkpoints, metrics, results; default: '
+    'runs/<config>[-<argument>][-<hash of the --config.* overrides>].')
 _MODE = flags.DEFINE_enum('mode', 'train', ['train', 'eval'],
                           'train: train and evaluate (resuming if possible); '
                           'eval: evaluate the newest checkpoint of --workdir.')
@@ -41,7 +54,52 @@ _DISTRIBUTED = flags.DEFINE_enum(
     'distributed', 'auto', ['auto', 'on', 'off'],
     'auto: jax.distributed.initialize with the flags above, or without arguments '
     'when the environment describes a cluster; on: always; off: never.')
-flags.mark_flags_as_required(['config', 'workdir'])
+flags.mark_flags_as_required(['config'])
+
+RUNS = 'runs'
+
+
+def default_workdir(config_arg: str, overrides=None) -> str:
+  """The workdir of a config named on the command line, when --workdir is not given.
+
+  'configs/cifar10_nystrom.py' -> 'runs/cifar10_nystrom'; 'configs/cifar10.py:linear'
+  -> 'runs/cifar10-linear'; 'configs/lra/listops.py:performer' ->
+  'runs/lra/listops-performer'; any --config.* overrides (a {field: value} dict) add a
+  short hash of their sorted values, so another config never shares the folder.
+  """
+  path, _, arg = config_arg.partition(':')
+  path = os.path.normpath(path)
+  parts = path.split(os.sep)
+  if 'configs' in parts:  # relative to the (last) configs/ folder
+    parts = parts[len(parts) - parts[::-1].index('configs'):]
+  else:
+    parts = parts[-1:]
+  parts[-1] = os.path.splitext(parts[-1])[0]
+  name = os.path.join(*parts)
+  if arg:
+    name += '-' + (re.sub(r'[^A-Za-z0-9._]+', '-', arg).strip('-') or 'arg')
+  if overrides:
+    text = json.dumps(dict(overrides), sort_keys=True, default=repr)
+    name += '-' + hashlib.sha256(text.encode()).hexdigest()[:8]
+  return os.path.join(RUNS, name)
+
+
+class _NoMissingTpuNotice(std_logging.Filter):
+  """Drops JAX's "Unable to initialize backend 'tpu'" notice (libtpu is not installed, so
+  there is no TPU to miss); every other record, and the notice on a machine with libtpu,
+  passes."""
+
+  def filter(self, record):
+    return not record.getMessage().startswith("Unable to initialize backend 'tpu'")
+
+
+def quiet_logs(verbosity_given: bool) -> None:
+  """absl logs warnings and errors only (the progress lines go to stdout), unless the
+  user chose a --verbosity; JAX's notice about a missing TPU backend goes without libtpu."""
+  if not verbosity_given:
+    logging.set_verbosity(logging.WARNING)
+  if importlib.util.find_spec('libtpu') is None:
+    std_logging.getLogger('jax._src.xla_bridge').addFilter(_NoMissingTpuNotice())
 
 
 def _innermost(error: BaseException) -> str:
@@ -82,6 +140,11 @@ def parse_flags(argv, flag_values=flags.FLAGS):
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  quiet_logs(flags.FLAGS['verbosity'].present)
+  config_flag = flags.FLAGS['config']
+  path = _WORKDIR.value or default_workdir(config_flags.get_config_filename(config_flag),
+                                          config_flags.get_override_values(config_flag))
+  print(f'workdir {path}', flush=True)
   try:
     sharding.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value,
                                     _PROCESS_ID.value, _DISTRIBUTED.value, _TIMEOUT.value)
@@ -89,9 +152,9 @@ def main(argv):
     sys.exit(f'Error: {e}')
   try:
     if _MODE.value == 'train':
-      trainer.train_and_evaluate(_CONFIG.value, _WORKDIR.value, restart=_RESTART.value)
+      trainer.train_and_evaluate(_CONFIG.value, path, restart=_RESTART.value)
     else:
-      trainer.evaluate(_CONFIG.value, _WORKDIR.value)
+      trainer.evaluate(_CONFIG.value, path)
   except validate.ConfigError as e:
     logging.error('Invalid config: %s', e)
     sys.exit(f'Invalid config: {e}')
@@ -100,6 +163,8 @@ def main(argv):
   except FileNotFoundError as e:  # --mode=eval without a checkpoint
     sys.exit(f'Error: {e}')
   except FloatingPointError as e:  # a non-finite loss: the message names the step
+    sys.exit(f'Error: {e}')
+  except input_pipeline.DownloadError as e:  # TFDS without a network
     sys.exit(f'Error: {e}')
 
 

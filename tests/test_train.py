@@ -1,4 +1,5 @@
 """End to end on the digits: the default config learns; bad configs fail early."""
+import contextlib
 import glob
 import json
 import os
@@ -21,13 +22,57 @@ from train import validate
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def _train_default(workdir):
+  """Trains the default config in `workdir`; what it prints goes to `<workdir>.stdout`."""
+  with open(f'{workdir}.stdout', 'w') as out, contextlib.redirect_stdout(out):
+    trainer.train_and_evaluate(default_config.get_config(), workdir)
+
+
 @pytest.fixture(scope='module')
 def default_run(run_once):
-  """The shipped default config, unchanged: a real ~30 s run on 2 CPU cores."""
-  workdir = run_once('default', lambda d: trainer.train_and_evaluate(
-      default_config.get_config(), d))
+  """The shipped default config, unchanged: the quick start's run (see README.md)."""
+  workdir = run_once('default', _train_default)
   with open(os.path.join(workdir, 'results.json')) as f:
     return workdir, json.load(f)
+
+
+PROGRESS = re.compile(r'step (\d+)/660 \| loss \d\.\d{3,} \| accuracy \d+\.\d\d% \| '
+                      r'top5_accuracy \d+\.\d\d% \| \d+ ex/s \| eta (\d+s|\d+m\d\ds)')
+
+
+def test_default_run_prints_progress_and_the_final_line(default_run):
+  """One line per log interval (step/total, loss, metrics, examples/s, ETA in seconds),
+  an eval line per evaluation, and the final line with the rounded accuracy."""
+  workdir, results = default_run
+  with open(f'{workdir}.stdout') as f:
+    lines = f.read().splitlines()
+  steps = [int(m.group(1)) for m in map(PROGRESS.fullmatch, lines) if m]
+  assert steps == [100, 200, 300, 400, 500, 600, 660], lines
+  assert lines[-2].startswith('eval 660/660 | loss ')
+  path = os.path.join(workdir, 'results.json')
+  assert lines[-1] == (f'test accuracy {100 * results["eval_accuracy"]:.2f}% | loss '
+                       f'{results["eval_loss"]:#.4g} | top5_accuracy '
+                       f'{100 * results["eval_top5_accuracy"]:.2f}% | results in {path}'), lines
+  assert lines[0].startswith('vit: standard x softmax attention, 69,194 parameters')
+
+
+def _shape(line):
+  """A printed line with its numbers and paths masked (they differ from run to run)."""
+  line = re.sub(r'results in \S+', 'results in PATH', re.sub(r'eta \S+', 'eta T', line))
+  return re.sub(r'\d+', 'N', line)
+
+
+def test_readme_quick_start_output_is_what_the_default_run_prints(default_run):
+  """The README's quick-start output block has the lines the default run prints, in order
+  (the numbers and the workdir aside)."""
+  workdir, _ = default_run
+  with open(os.path.join(ROOT, 'README.md')) as f:
+    readme = f.read()
+  block = re.search(r'It prints:\n\n```\n(.*?)```', readme, re.S).group(1).splitlines()
+  with open(f'{workdir}.stdout') as f:
+    printed = f.read().splitlines()
+  assert block[0] == 'workdir runs/default'  # main.py's first line
+  assert [_shape(line) for line in block[1:]] == [_shape(line) for line in printed]
 
 
 def test_default_config_learns(default_run):

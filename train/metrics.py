@@ -10,6 +10,12 @@ is not finite (NaN, inf) is written as null, so every line is valid JSON.
 TensorBoard events go through `clu.metric_writers` (tf.summary, which writes
 to any filesystem tf.io.gfile knows, gs:// included). A resumed run first
 drops the lines written after the step it resumes from, so no row repeats.
+
+What a run prints on stdout (process 0), one line per log interval and one at
+the end:
+
+    step 300/660 | loss 0.1564 | accuracy 95.47% | top5_accuracy 99.92% | 3371 ex/s | eta 7s
+    test accuracy 96.11% | loss 0.1802 | results in runs/default/results.json
 """
 import json
 import math
@@ -35,6 +41,59 @@ def sum_rows(rows) -> Dict[str, float]:
     for k, v in row.items():
       total[k] = total.get(k, 0.0) + float(np.asarray(v, np.float64))
   return total
+
+
+# Train metrics left out of the progress line (they stay in metrics.jsonl and TensorBoard).
+_NOT_PRINTED = ('grad_norm', 'learning_rate')
+
+
+def duration(seconds: float) -> str:
+  """'7s', '2m05s', '1h02m05s': seconds, rounded to the nearest one."""
+  s = int(round(seconds))
+  if s < 60:
+    return f'{s}s'
+  if s < 3600:
+    return f'{s // 60}m{s % 60:02d}s'
+  return f'{s // 3600}h{s % 3600 // 60:02d}m{s % 60:02d}s'
+
+
+def format_values(values: Mapping[str, float]) -> str:
+  """'loss 0.1564 | accuracy 95.47%': the loss first, accuracies as percentages, the rest
+  to 4 significant digits."""
+  parts = []
+  for key, value in sorted(values.items(), key=lambda kv: kv[0] != 'loss'):
+    if key in _NOT_PRINTED:
+      continue
+    value = float(value)
+    shown = (f'{100 * value:.2f}%' if key.endswith('accuracy') and math.isfinite(value)
+             else f'{value:#.4g}')
+    parts.append(f'{key} {shown}')
+  return ' | '.join(parts)
+
+
+def progress_line(step: int, num_steps: int, values: Mapping[str, float],
+                  steps_per_sec: Optional[float], batch_size: int) -> str:
+  """'step 300/660 | loss 0.1564 | accuracy 95.47% | 3371 ex/s | eta 7s'.
+
+  `steps_per_sec`: the measured training rate (None before it is known, shown as
+  '-'); the ETA is the remaining steps at that rate (evaluations not counted).
+  """
+  if steps_per_sec:
+    rate = f'{steps_per_sec * batch_size:.0f} ex/s'
+    eta = duration((num_steps - step) / steps_per_sec)
+  else:
+    rate, eta = '- ex/s', '-'
+  return f'step {step}/{num_steps} | {format_values(values)} | {rate} | eta {eta}'
+
+
+def final_line(split: str, values: Mapping[str, float], results_path) -> str:
+  """'test accuracy 96.11% | loss 0.1802 | ... | results in runs/default/results.json'
+  (the accuracy first, when the task has one)."""
+  shown = format_values(values)
+  if 'accuracy' in values:
+    rest = format_values({k: v for k, v in values.items() if k != 'accuracy'})
+    shown = format_values({'accuracy': values['accuracy']}) + (f' | {rest}' if rest else '')
+  return f'{split} {shown} | results in {results_path}'
 
 
 def _finite_or_none(value) -> Optional[float]:

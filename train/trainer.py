@@ -97,6 +97,11 @@ def train_and_evaluate(config, workdir: str, restart: bool = False) -> Optional[
   try:
     if run.finished:
       logging.info('%s has finished (results.json); nothing to do', workdir)
+      if run.writer:
+        print(f'{workdir} has finished; nothing to do. ' + metrics_lib.final_line(
+            run.results.get('eval_split', s.config.dataset.eval_split),
+            {k[5:]: v for k, v in run.results.items() if k.startswith('eval_') and
+             isinstance(v, (int, float))}, run.path / workdir_lib.RESULTS), flush=True)
       return run.results
     return _train(s, run, train_data, num_steps, wall_start)
   finally:
@@ -125,7 +130,8 @@ def _train(s: Session, run, train_data, num_steps: int,
     for step in range(start + 1, num_steps + 1):
       state, step_metrics = train_step(state, next(batches))
       window.append(step_metrics)
-      if step % t.log_every == 0 or step == num_steps:
+      logs = step % t.log_every == 0 or step == num_steps
+      if logs:
         rows = jax.device_get(window)
         window.clear()
         values = metrics_lib.reduce_sums(metrics_lib.sum_rows(rows))
@@ -136,10 +142,16 @@ def _train(s: Session, run, train_data, num_steps: int,
         ckpt.check()
       report(step)
       clock.tick(step)
+      if logs and run.writer:
+        print(metrics_lib.progress_line(step, num_steps, values, clock.steady_steps_per_sec(),
+                                        c.dataset.batch_size), flush=True)
       if (t.eval_every > 0 and step % t.eval_every == 0) or step == num_steps:
         with report.timed('eval'), clock.paused():
           eval_values = s.evaluate(state.params, input_pipeline.get_eval_data(c))
         writer.write_scalars(step, {f'eval/{k}': v for k, v in eval_values.items()})
+        if run.writer:
+          print(f'eval {step}/{num_steps} | {metrics_lib.format_values(eval_values)}',
+                flush=True)
       with report.timed('checkpoint'), clock.paused():
         t0 = time.monotonic()
         if ckpt.save(step, state.params, state.opt_state, force=step == num_steps):
@@ -161,8 +173,8 @@ def _train(s: Session, run, train_data, num_steps: int,
                  checkpoint_stall_s=float(np.median(stalls)) if stalls else None)
   if run.writer:
     workdir_lib.write_json(run.path, workdir_lib.RESULTS, results)
-  logging.info('Finished: %s accuracy %s, results in %s', c.dataset.eval_split,
-               eval_values.get('accuracy'), run.path / workdir_lib.RESULTS)
+  _say(metrics_lib.final_line(c.dataset.eval_split, eval_values,
+                              run.path / workdir_lib.RESULTS))
   return results
 
 
@@ -217,7 +229,7 @@ def _restore_or_init(s: Session, tx, ckpt):
     raise workdir_lib.WorkdirError(str(e)) from None
   if restored is not None:
     step, params, opt_state = restored
-    logging.info('Resumed from the checkpoint at step %d of %s', step, ckpt.directory)
+    _say(f'Resumed from the checkpoint at step {step} of {ckpt.directory}')
     return steps_lib.TrainState(jax.device_put(np.int32(step), sharding.replicated(s.mesh)),
                                 params, opt_state)
   key = jax.random.key(s.config.train.seed)
@@ -232,14 +244,20 @@ def _restore_or_init(s: Session, tx, ckpt):
   return steps_lib.create_train_state(s.model, tx, s.config, s.mesh, key, params)
 
 
+def _say(message: str) -> None:
+  """A line for the user: in the log, and on stdout on the writing process."""
+  logging.info('%s', message)
+  if sharding.is_writer():
+    print(message, flush=True)
+
+
 def _log_start(s: Session, state, num_steps: int, train_data, warmup: int) -> None:
   c = s.config
   total, attention = models.parameter_counts(state.params)
-  logging.info('%s: %s x %s attention, %s parameters (%s per attention layer); %d devices, '
-               '%d processes; %d steps of %d examples (%d steps per epoch)', c.model.kind,
-               c.attention.projection, c.attention.mechanism, f'{total:,}', f'{attention:,}',
-               jax.device_count(), jax.process_count(), num_steps, c.dataset.batch_size,
-               train_data.steps_per_epoch)
+  _say(f'{c.model.kind}: {c.attention.projection} x {c.attention.mechanism} attention, '
+       f'{total:,} parameters ({attention:,} per attention layer); {jax.device_count()} '
+       f'devices, {jax.process_count()} processes; {num_steps} steps of '
+       f'{c.dataset.batch_size} examples ({train_data.steps_per_epoch} steps per epoch)')
   if warmup < c.optim.warmup_steps:
     logging.warning('optim.warmup_steps=%d is capped at %d (optim.max_warmup_fraction=%s of '
                     '%d steps)', c.optim.warmup_steps, warmup, c.optim.max_warmup_fraction,

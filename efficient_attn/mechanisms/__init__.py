@@ -2,10 +2,11 @@
 
 Every module of this package is imported by `efficient_attn.registry` and
 registers its mechanisms there. Their pure functions are also reachable here
-by name:
+by name, the decoding steps of the recurrent ones too:
 
     from efficient_attn import mechanisms
     out = mechanisms.nystrom_attention(q, k, v, num_landmarks=16)
+    state, out_t = mechanisms.linear_attention_step(state, q_t, k_t, v_t)
 """
 import importlib
 import pkgutil
@@ -17,11 +18,13 @@ def _modules():
 
 
 def _functions():
-  """{name: function} of every public `*_attention` / `*_mixing` function of the package."""
+  """{name: function} of every public `*_attention`, `*_attention_step` and `*_mixing`
+  function of the package."""
   out = {}
   for module in _modules():
     for name, value in vars(module).items():
-      if (name.endswith(('_attention', '_mixing')) and not name.startswith('_')
+      if (name.endswith(('_attention', '_attention_step', '_mixing'))
+          and not name.startswith('_')
           and callable(value) and getattr(value, '__module__', '') == module.__name__):
         out[name] = value
   return out

@@ -17,6 +17,7 @@ serialized records, about a second for CIFAR and a few minutes for ImageNet
 from local disk.
 """
 import itertools
+import socket
 from typing import Optional
 
 from absl import logging
@@ -25,6 +26,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from train.input_pipeline import DownloadError
 from train.input_pipeline import preprocess
 from train.input_pipeline import specs
 
@@ -241,12 +243,49 @@ def prepare(config) -> None:
   download_config = tfds.download.DownloadConfig(manual_dir=d.manual_dir or None)
   if jax.process_index() == 0:
     logging.info('Preparing TFDS dataset %r in %s', spec.name, builder.data_dir)
-    builder.download_and_prepare(download_config=download_config)
+    print(f'Downloading and preparing TFDS {spec.name!r} in {builder.data_dir} (once)',
+          flush=True)
+    _download_and_prepare(builder, download_config)
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
     multihost_utils.sync_global_devices('tfds_prepare')
     if not _is_prepared(builder):  # hosts without a shared filesystem prepare their own
-      builder.download_and_prepare(download_config=download_config)
+      _download_and_prepare(builder, download_config)
+
+
+OFFLINE_HINT = "see README 'Data' for offline use"
+
+
+def _no_network(error: BaseException) -> bool:
+  """Whether `error` (or one it was raised from) says the network cannot be reached."""
+  import requests  # pylint: disable=g-import-not-at-top  (a TFDS dependency)
+  import urllib.error  # pylint: disable=g-import-not-at-top
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    if isinstance(error, (requests.exceptions.ConnectionError, requests.exceptions.Timeout,
+                          urllib.error.URLError, ConnectionError, TimeoutError,
+                          socket.gaierror)):
+      return True
+    error = error.__cause__ or error.__context__
+  return False
+
+
+def _download_and_prepare(builder, download_config) -> None:
+  """builder.download_and_prepare, a failed download raised as one line (DownloadError)."""
+  try:
+    builder.download_and_prepare(download_config=download_config)
+  except Exception as e:  # pylint: disable=broad-except
+    message = ' '.join(str(e).split()) or type(e).__name__
+    if _no_network(e):
+      message = f'could not download {builder.name}: no network; {OFFLINE_HINT}'
+    elif type(e).__module__.split('.')[0] in ('requests', 'urllib3'):  # an HTTP error
+      message = f'could not download {builder.name}: {message}; {OFFLINE_HINT}'
+    elif isinstance(e, OSError):  # the disk
+      message = f'could not prepare {builder.name} in {builder.data_dir}: {message}'
+    else:
+      raise
+    raise DownloadError(message) from e
 
 
 def _is_prepared(builder) -> bool:

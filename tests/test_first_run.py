@@ -1,0 +1,152 @@
+"""A new user's first run: TFDS's real download path, the default workdir, the log setup.
+
+No test here reaches a network: the socket layer refuses every connection (and
+name lookup), so each one behaves the same on a machine with or without
+internet, and TFDS writes only to a temporary data_dir.
+"""
+import logging
+import os
+import re
+import socket
+import subprocess
+import sys
+
+import pytest
+
+import main
+import main_runner
+from configs import mnist
+from train import input_pipeline
+from train import trainer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NO_NETWORK = "could not download mnist: no network; see README 'Data' for offline use"
+
+# main.py as a user runs it, on a machine whose network refuses every connection.
+# TFDS retries a failed connection 10 times with a growing backoff (about 3 minutes);
+# one try shows the same failure.
+NO_NETWORK_MAIN = r'''
+import runpy, socket, sys
+def refuse(*args, **kwargs):
+  raise socket.gaierror(socket.EAI_NONAME, 'no network (refused by the test)')
+socket.getaddrinfo = refuse
+socket.socket.connect = refuse
+from tensorflow_datasets.core.download import downloader
+downloader.MAX_RETRIES = 0
+sys.argv[0] = 'main.py'
+runpy.run_path('main.py', run_name='__main__')
+'''
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+  """Every name lookup and connection fails at once; returns the list of attempts."""
+  attempts = []
+
+  def refuse(*args, **kwargs):
+    attempts.append(args)
+    raise socket.gaierror(socket.EAI_NONAME, 'no network (refused by the test)')
+  monkeypatch.setattr(socket, 'getaddrinfo', refuse)
+  monkeypatch.setattr(socket.socket, 'connect', refuse)
+  monkeypatch.setattr(socket.socket, 'connect_ex', refuse)
+  from tensorflow_datasets.core.download import downloader  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(downloader, 'MAX_RETRIES', 0)
+  return attempts
+
+
+def test_tfds_download_without_network_is_one_line(no_network, tmp_path):
+  """The real builder.download_and_prepare of MNIST runs up to the network (so every
+  module it imports on the way, importlib_resources included, resolves), and the
+  refused connection reaches the user as one line, before the workdir is created."""
+  config = mnist.get_config()
+  config.dataset.data_dir = str(tmp_path / 'tfds')
+  workdir = tmp_path / 'run'
+  with pytest.raises(input_pipeline.DownloadError) as e:
+    trainer.train_and_evaluate(config, str(workdir))
+  assert str(e.value) == NO_NETWORK
+  assert no_network, 'TFDS never reached the socket layer'
+  assert not workdir.exists()
+
+
+def test_readme_has_the_data_section_the_message_names():
+  with open(os.path.join(ROOT, 'README.md')) as f:
+    readme = f.read()
+  data = re.search(r'^### Data\n(.*?)^#', readme, re.M | re.S)
+  assert data, "README.md has no '### Data' section"
+  assert 'network' in data.group(1) and 'data_dir' in data.group(1)
+
+
+def test_main_without_network_or_workdir(tmp_path):
+  """`python main.py --config=configs/mnist.py` with no network: the first line names the
+  workdir derived from the config (a hash of the override), the last is the one-line
+  error, and no workdir is made."""
+  data_dir = str(tmp_path / 'tfds')
+  proc = subprocess.run(
+      [sys.executable, '-c', NO_NETWORK_MAIN, '--config=configs/mnist.py',
+       f'--config.dataset.data_dir={data_dir}'],
+      timeout=300, **main_runner.popen_kwargs())
+  assert proc.returncode == 1, proc.stderr[-3000:]
+  expected = main.default_workdir('configs/mnist.py', {'dataset.data_dir': data_dir})
+  assert re.fullmatch(r'runs/mnist-[0-9a-f]{8}', expected)
+  assert proc.stdout.splitlines()[0] == f'workdir {expected}', proc.stdout
+  assert proc.stderr.strip().splitlines()[-1] == f'Error: {NO_NETWORK}', proc.stderr[-3000:]
+  assert 'Traceback' not in proc.stderr
+  assert "Unable to initialize backend 'tpu'" not in proc.stderr
+  assert not os.path.exists(os.path.join(ROOT, expected))
+
+
+@pytest.mark.parametrize('arg,overrides,expected', [
+    ('configs/cifar10_nystrom.py', None, 'runs/cifar10_nystrom'),
+    ('configs/cifar10.py:linear', {}, 'runs/cifar10-linear'),
+    ('./configs/default.py', None, 'runs/default'),
+    (f'{ROOT}/configs/lra/listops.py:performer', None, 'runs/lra/listops-performer'),
+    ('configs/cifar10.py:mechanism=local,projection=efficient,size=small', None,
+     'runs/cifar10-mechanism-local-projection-efficient-size-small'),
+    ('configs/lora_finetune.py:rotated,8', None, 'runs/lora_finetune-rotated-8'),
+    ('/tmp/my_experiment.py', None, 'runs/my_experiment'),
+])
+def test_default_workdir_names(arg, overrides, expected):
+  assert main.default_workdir(arg, overrides) == expected
+
+
+def test_default_workdir_separates_overrides():
+  """Another config (other overrides, other values) never gets the same folder; the same
+  overrides in another order do."""
+  base = main.default_workdir('configs/cifar10.py:linear')
+  heads8 = main.default_workdir('configs/cifar10.py:linear', {'model.num_heads': 8})
+  heads4 = main.default_workdir('configs/cifar10.py:linear', {'model.num_heads': 4})
+  both = main.default_workdir('configs/cifar10.py:linear',
+                              {'model.num_heads': 8, 'train.num_steps': 10})
+  swapped = main.default_workdir('configs/cifar10.py:linear',
+                                 {'train.num_steps': 10, 'model.num_heads': 8})
+  assert len({base, heads8, heads4, both}) == 4
+  assert both == swapped
+  assert heads8.startswith(base + '-')
+
+
+def test_missing_tpu_notice_is_dropped_and_nothing_else(monkeypatch, caplog):
+  """Without libtpu, JAX's "Unable to initialize backend 'tpu'" notice is dropped; the
+  logger's other records (a GPU's, say) pass."""
+  jax_logger = logging.getLogger('jax._src.xla_bridge')
+  monkeypatch.setattr(jax_logger, 'filters', list(jax_logger.filters))
+  monkeypatch.setattr(main.importlib.util, 'find_spec',
+                      lambda name, *a: None if name == 'libtpu' else object())
+  verbosity = main.logging.get_verbosity()
+  try:
+    main.quiet_logs(verbosity_given=True)
+  finally:
+    main.logging.set_verbosity(verbosity)
+  with caplog.at_level(logging.INFO, logger='jax._src.xla_bridge'):
+    jax_logger.info("Unable to initialize backend 'tpu': INTERNAL: Failed to open libtpu.so")
+    jax_logger.info("Unable to initialize backend 'cuda': no GPU")
+  assert [r.getMessage() for r in caplog.records] == [
+      "Unable to initialize backend 'cuda': no GPU"]
+
+
+def test_decoding_steps_are_exported_like_the_other_pure_functions():
+  import efficient_attn as ea  # pylint: disable=g-import-not-at-top
+  from efficient_attn.mechanisms import linear, random_features  # pylint: disable=g-import-not-at-top
+  assert ea.mechanisms.linear_attention_step is linear.linear_attention_step
+  assert ea.mechanisms.performer_attention_step is random_features.performer_attention_step
+  assert ea.mechanisms.rfa_attention_step is random_features.rfa_attention_step
+  assert {'linear_attention', 'linear_attention_step'} <= set(dir(ea.mechanisms))
