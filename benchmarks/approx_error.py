@@ -339,34 +339,43 @@ def sweep_plot(path: str, rows, key: str, xlabel: str, title: str) -> Optional[s
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   args = common.parse_flags(define_flags, argv, __doc__)
   info = common.device_info()
-  mechanisms = (common.csv_list(args.mechanisms) if args.mechanisms else
-                [m for m in common.available_mechanisms() if m != 'softmax'])
-  for m in mechanisms:
-    common.parse_target(m)
-  knobs = {m: (d.knob[0], list(d.knob[1])) for m, d in
-           ((m, ea.get_mechanism(m)) for m in mechanisms) if d.knob is not None}
-  for item in args.knob:
-    key, _, values = item.partition('=')
-    m, _, option = key.partition('.')
-    if not option or not values:
-      raise ValueError(f'--knob {item!r} must look like mechanism.option=v1,v2')
-    knobs[m] = (option, [common.parse_value(v) for v in common.csv_list(values)])
-  fixed = common.parse_options(args.option)
-  options = {m: common.effective_options(m, fixed.get(m)) for m in mechanisms}
+  with common.flag_errors():
+    mechanisms = (common.csv_list(args.mechanisms) if args.mechanisms else
+                  [m for m in common.available_mechanisms() if m != 'softmax'])
+    for m in mechanisms:
+      try:
+        ea.get_mechanism(m)
+      except ValueError as e:
+        raise ValueError(f'--mechanisms: {e}') from None
+    knobs = {m: (d.knob[0], list(d.knob[1])) for m, d in
+             ((m, ea.get_mechanism(m)) for m in mechanisms) if d.knob is not None}
+    for item in args.knob:
+      key, _, values = item.partition('=')
+      m, _, option = key.partition('.')
+      if not option or not values:
+        raise ValueError(f'--knob {item!r} must look like mechanism.option=v1,v2')
+      if m not in mechanisms:
+        raise ValueError(f'--knob {item!r}: {m!r} is not one of the mechanisms measured '
+                         f'({", ".join(mechanisms)})')
+      knobs[m] = (option, [common.parse_value(v) for v in common.csv_list(values)])
+    fixed = common.parse_options(args.option)
+    options = {m: common.effective_options(m, fixed.get(m)) for m in mechanisms}
+    lengths = common.csv_list(args.lengths, int, '--lengths')
+    scales = common.csv_list(args.scales, float, '--scales')
+    sources = [runs.load_source(name, args.num_examples) for name in args.source]
 
   inputs = {f'random, n={args.knob_length}': (args.knob_length,
                                                     random_draws(args, args.knob_length))}
   checkpoint_inputs = {}
-  for name in args.source:
-    source = runs.load_source(name, args.num_examples)
+  for name, source in zip(args.source, sources):
     layers = runs.capture_qkv(source)
     length = layers[0][1][1].shape[1]
     checkpoint_inputs[f'{name} (captured q,k,v)'] = (
         length, {layer: [(0, qkv)] for layer, qkv in layers})
   knob_rows = knob_sweep(args, mechanisms, knobs, fixed, inputs)
   ckpt_rows = knob_sweep(args, mechanisms, knobs, fixed, checkpoint_inputs)
-  length_rows = length_sweep(args, mechanisms, fixed, common.csv_list(args.lengths, int))
-  scale_rows = scale_sweep(args, mechanisms, fixed, common.csv_list(args.scales, float))
+  length_rows = length_sweep(args, mechanisms, fixed, lengths)
+  scale_rows = scale_sweep(args, mechanisms, fixed, scales)
   identity_rows = [] if args.no_identities else identity_checks(args, mechanisms)
 
   meta = dict(device=info, device_line=common.describe_device(info), batch=args.batch,

@@ -5,6 +5,7 @@ registered mechanism ('linear', 'nystrom', ...; core attention on q, k, v
 `[batch, length, heads, head_dim]`), or 'mechanism/projection' (a whole
 `efficient_attn.MultiHeadAttention` layer on x `[batch, length, heads * head_dim]`).
 """
+import contextlib
 import dataclasses
 import datetime
 import math
@@ -64,6 +65,18 @@ def parse_flags(define_flags: Callable[[Any], None], argv: Optional[Sequence[str
   if not rest:
     sys.exit(f'Error: missing argument: {positional} (one or more)')
   return fv, rest
+
+
+@contextlib.contextmanager
+def flag_errors():
+  """Around a tool's reading of its flag values, before anything is written: a ValueError
+  (an unknown mechanism, a list item that is not a number) or FileNotFoundError (a missing
+  workdir) exits with its first line, 'Error: ...'."""
+  try:
+    yield
+  except (ValueError, FileNotFoundError) as e:
+    lines = str(e).strip().splitlines()
+    raise SystemExit(f'Error: {lines[0] if lines else type(e).__name__}') from None
 
 
 # ----------------------------------------------------------------------------
@@ -182,7 +195,8 @@ def parse_target(target: str) -> Tuple[str, Optional[str]]:
 def parse_options(items: Sequence[str]) -> Dict[str, Dict[str, Any]]:
   """['nystrom.num_landmarks=32', 'linear.feature_map=relu'] -> {'nystrom': {...}, ...}.
 
-  Values are parsed as int, float, bool or None when they look like one.
+  Values are parsed as int, float, bool or None when they look like one. Raises
+  ValueError for an unknown mechanism or option, or a value the option refuses.
   """
   out: Dict[str, Dict[str, Any]] = {}
   for item in items:
@@ -191,6 +205,11 @@ def parse_options(items: Sequence[str]) -> Dict[str, Dict[str, Any]]:
     if not sep or not dot:
       raise ValueError(f'option {item!r} must look like mechanism.option=value')
     out.setdefault(mechanism, {})[option] = parse_value(value)
+  for mechanism, options in out.items():
+    try:
+      effective_options(mechanism, options)
+    except ValueError as e:
+      raise ValueError(f'--option: {e}') from None
   return out
 
 
@@ -208,9 +227,24 @@ def parse_value(text: str) -> Any:
   return text
 
 
-def csv_list(text: str, cast: Callable[[str], Any] = str) -> list:
-  """'a,b,,c' -> [cast(a), cast(b), cast(c)]."""
-  return [cast(t.strip()) for t in text.split(',') if t.strip()]
+CASTS = {int: ('an integer', 'integers'), float: ('a number', 'numbers')}
+
+
+def csv_list(text: str, cast: Callable[[str], Any] = str, flag: str = '') -> list:
+  """'a,b,,c' -> [cast(a), cast(b), cast(c)].
+
+  Raises ValueError naming `flag` (e.g. '--lengths'), the text and the bad item.
+  """
+  out = []
+  for item in (t.strip() for t in text.split(',')):
+    try:
+      out += [cast(item)] if item else []
+    except ValueError:
+      name = getattr(cast, '__name__', 'value')
+      one, many = CASTS.get(cast, (f'a valid {name}', f'{name} values'))
+      raise ValueError(f'{flag or "list"}={text!r} is not valid: {item!r} is not {one}; '
+                       f'valid: a comma list of {many}') from None
+  return out
 
 
 def available_mechanisms() -> Tuple[str, ...]:

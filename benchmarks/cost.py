@@ -59,10 +59,12 @@ def define_flags(fv: flags.FlagValues) -> None:
   flags.DEFINE_string('mechanisms', None, 'comma list (default: all registered)', flag_values=fv)
   flags.DEFINE_string('projections', 'standard,optimised,efficient,super',
                       'comma list of projection schemes', flag_values=fv)
-  flags.DEFINE_integer('d_model', 512, 'layer width', flag_values=fv)
-  flags.DEFINE_integer('heads', 8, 'attention heads', flag_values=fv)
-  flags.DEFINE_integer('length', 1024, 'sequence length of the layer table', flag_values=fv)
-  flags.DEFINE_integer('batch', 1, 'batch size', flag_values=fv)
+  flags.DEFINE_integer('d_model', 512, 'layer width', lower_bound=1, flag_values=fv)
+  flags.DEFINE_integer('heads', 8, 'attention heads (a divisor of --d_model)', lower_bound=1,
+                       flag_values=fv)
+  flags.DEFINE_integer('length', 1024, 'sequence length of the layer table', lower_bound=1,
+                       flag_values=fv)
+  flags.DEFINE_integer('batch', 1, 'batch size', lower_bound=1, flag_values=fv)
   flags.DEFINE_string('lengths', '256,512,1024,2048,4096',
                       'lengths of the complexity (scaling) table', flag_values=fv)
   flags.DEFINE_string('scaling_projection', 'standard',
@@ -240,14 +242,19 @@ def plots(out, name, meta, layer_rows, scaling_rows) -> List[str]:
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   args = common.parse_flags(define_flags, argv, __doc__)
   info = common.device_info()
-  mechanisms = (common.csv_list(args.mechanisms) if args.mechanisms
-                else list(common.available_mechanisms()))
-  projections = common.csv_list(args.projections)
-  for t in [f'{m}/{p}' for m in mechanisms for p in projections]:
-    common.parse_target(t)
-  overrides = common.parse_options(args.option)
-  options = {m: common.effective_options(m, overrides.get(m)) for m in mechanisms}
-  lengths = common.csv_list(args.lengths, int)
+  with common.flag_errors():  # a bad value stops here, not as a table of failed rows
+    if args.d_model % args.heads:
+      divisors = [h for h in range(1, args.d_model + 1) if args.d_model % h == 0]
+      raise ValueError(f'--heads={args.heads} does not divide --d_model={args.d_model}; '
+                       f'valid --heads: {", ".join(map(str, divisors))}')
+    mechanisms = (common.csv_list(args.mechanisms) if args.mechanisms
+                  else list(common.available_mechanisms()))
+    projections = common.csv_list(args.projections)
+    for t in [f'{m}/{p}' for m in mechanisms for p in projections + [args.scaling_projection]]:
+      common.parse_target(t)
+    overrides = common.parse_options(args.option)
+    options = {m: common.effective_options(m, overrides.get(m)) for m in mechanisms}
+    lengths = common.csv_list(args.lengths, int, '--lengths')
 
   layer_rows = [safe_cost(args, m, p, args.length, overrides.get(m, {}), ('fwd', 'fwd_bwd'))
                 for m in mechanisms for p in projections]

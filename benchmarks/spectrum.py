@@ -186,9 +186,12 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   args = common.parse_flags(define_flags, argv, __doc__)
   info = common.device_info()
   sources = args.source or ['random:softmax']
+  with common.flag_errors():  # every source before any is analysed
+    common.csv_list(args.ks, int, '--ks')
+    loaded = [runs.load_source(name, args.num_examples, args.seed) for name in sources]
   results = []
-  for name in sources:
-    res = analyse(runs.load_source(name, args.num_examples, args.seed), args)
+  for name, source in zip(sources, loaded):
+    res = analyse(source, args)
     results.append(res)
     if not args.quiet:
       for l in res['layers']:

@@ -380,23 +380,36 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     return {}
   info = common.device_info()
   platform = info['platform']
-  targets = common.csv_list(args.targets) if args.targets else (
-      [common.EXACT] + list(common.available_mechanisms()))
-  targets += [t for t in common.csv_list(args.layers) if t not in targets]
-  for t in targets:
-    common.parse_target(t)
-  lengths = (common.csv_list(args.lengths, int) if args.lengths
-             else list(CPU_LENGTHS if platform == 'cpu' else ACCEL_LENGTHS))
-  modes = common.csv_list(args.modes)
-  bad = sorted(set(modes) - set(MODES))
-  if bad:
-    raise ValueError(f'unknown mode(s) {bad}; valid: {", ".join(MODES)}')
-  overrides = common.parse_options(args.option)
-  mechanisms = sorted({common.parse_target(t)[0] for t in targets})
-  options = {m: common.effective_options(m, overrides.get(m)) for m in mechanisms}
+  with common.flag_errors():
+    targets = common.csv_list(args.targets) if args.targets else (
+        [common.EXACT] + list(common.available_mechanisms()))
+    targets += [t for t in common.csv_list(args.layers) if t not in targets]
+    for t in targets:
+      try:
+        common.parse_target(t)
+      except ValueError as e:
+        raise ValueError(f'--targets / --layers: {e}') from None
+    lengths = (common.csv_list(args.lengths, int, '--lengths') if args.lengths
+               else list(CPU_LENGTHS if platform == 'cpu' else ACCEL_LENGTHS))
+    for item in args.extra_lengths:
+      target, _, values = item.partition('=')
+      if target not in targets:
+        raise ValueError(f'--extra_lengths={item!r}: {target!r} is not one of the targets '
+                         f'({", ".join(targets)})')
+      common.csv_list(values, int, f'--extra_lengths of {target}')
+    modes = common.csv_list(args.modes)
+    bad = sorted(set(modes) - set(MODES))
+    if bad:
+      raise ValueError(f'--modes: unknown mode(s) {bad}; valid: {", ".join(MODES)}')
+    overrides = common.parse_options(args.option)
+    mechanisms = sorted({common.parse_target(t)[0] for t in targets})
+    options = {m: common.effective_options(m, overrides.get(m)) for m in mechanisms}
+    fit_range = common.csv_list(args.fit_range, int, '--fit_range')
+    if len(fit_range) != 2:
+      raise ValueError(f'--fit_range={args.fit_range!r} is not valid; valid: two lengths lo,hi')
+    fit_lo, fit_hi = fit_range
   memory_budget = (int(args.memory_budget_gb * 2**30) if args.memory_budget_gb
                    else int(0.85 * (common.total_memory_bytes() or 0)) or None)
-  fit_lo, fit_hi = common.csv_list(args.fit_range, int)
   if args.isolate:
     source = 'rss' if platform == 'cpu' else 'device'
     description = ("peak resident memory of a fresh process per point (`ru_maxrss`, includes "

@@ -99,6 +99,40 @@ def test_energy_curve_and_rank():
 # ----------------------------------------------------------------------------
 
 
+UNKNOWN = "Unknown attention mechanism 'nystrm'; valid mechanisms: softmax, "
+NOT_INT = "'abc' is not valid: 'abc' is not an integer; valid: a comma list of integers"
+
+
+@pytest.mark.parametrize('tool,flags,message', [
+    (speed, ['--targets=nystrm'], f'Error: --targets / --layers: {UNKNOWN}'),
+    (speed, ['--targets=linear', '--lengths=abc'], f'Error: --lengths={NOT_INT}'),
+    (speed, ['--targets=linear', '--lengths=8', '--extra_lengths=linear=abc'],
+     f'Error: --extra_lengths of linear={NOT_INT}'),
+    (speed, ['--targets=linear', '--lengths=8', '--extra_lengths=lineer=16'],
+     "Error: --extra_lengths='lineer=16': 'lineer' is not one of the targets"),
+    (speed, ['--targets=linear', '--lengths=8', '--option=nystrom.bogus=1'],
+     "Error: --option: unknown option(s) ['bogus'] for mechanism 'nystrom'"),
+    (approx_error, ['--mechanisms=nystrm'], f'Error: --mechanisms: {UNKNOWN}'),
+    (approx_error, ['--lengths=abc'], f'Error: --lengths={NOT_INT}'),
+    (approx_error, ['--mechanisms=linear', '--knob=nystrom.num_landmarks=4'],
+     "Error: --knob 'nystrom.num_landmarks=4': 'nystrom' is not one of the mechanisms"),
+    (spectrum, ['--source=random:softmax', '--source=/nonexistent/run'],
+     "Error: no such workdir '/nonexistent/run'"),
+    (cost, ['--d_model=30', '--heads=8'],
+     'Error: --heads=8 does not divide --d_model=30; valid --heads: 1, 2, 3, 5, 6, 10, 15, 30'),
+    (cost, ['--lengths=abc'], f'Error: --lengths={NOT_INT}'),
+])
+def test_bad_flag_values_stop_in_one_line_before_any_work(tool, flags, message, tmp_path):
+  """Each was a traceback (or, for cost, exit 0 with a table of ValueError rows; for
+  approx_error's --lengths, after the knob sweep; for a second spectrum source, after the
+  first was analysed)."""
+  out = tmp_path / 'out'
+  with pytest.raises(SystemExit) as e:
+    tool.main([f'--out={out}', '--quiet', *flags])
+  assert str(e.value).startswith(message) and '\n' not in str(e.value), str(e.value)
+  assert not out.exists()
+
+
 def test_speed_tool(tmp_path):
   out = str(tmp_path)
   data = speed.main([f'--out={out}', '--targets=exact,softmax_chunked',
