@@ -28,6 +28,7 @@ from ml_collections import config_flags
 
 from train import checkpoint
 from train import input_pipeline
+from train import pyfile
 from train import sharding
 from train import trainer
 from train import validate
@@ -102,39 +103,15 @@ def quiet_logs(verbosity_given: bool) -> None:
     std_logging.getLogger('jax._src.xla_bridge').addFilter(_NoMissingTpuNotice())
 
 
-def _innermost(error: BaseException) -> str:
-  while error.args and isinstance(error.args[0], BaseException):
-    error = error.args[0]
-  return str(error.args[0]) if error.args else type(error).__name__
-
-
-def _one_line(error: flags.Error) -> str:
-  """The flag error; for a config file whose get_config raised, its last line (the
-  exception's message) in place of the traceback that ml_collections puts there."""
-  head, sep, trace = str(error).partition('Error whilst parsing config file:')
-  lines = trace.strip().splitlines()
-  frames = [i for i, line in enumerate(lines) if line.startswith('  File ')]
-  if not sep or not frames:
-    return str(error)
-  # After the last frame (its source lines are indented): 'ValueError: message'.
-  exception = [line for line in lines[frames[-1]:] if line and not line[0].isspace()]
-  return head + ' '.join(exception).split(': ', 1)[-1]
-
-
 def parse_flags(argv, flag_values=flags.FLAGS):
   """absl's flag parsing, with a bad --config (its argument, or an override) reported in
   one line."""
   try:
     return flag_values(argv)
   except flags.Error as e:
-    sys.exit(f'Error: {_one_line(e)} (--helpfull lists the flags)')
+    sys.exit(f'Error: {pyfile.config_flag_error(e, argv)} (--helpfull lists the flags)')
   except (AttributeError, KeyError, TypeError, ValueError) as e:  # a --config.x override
-    lines = _innermost(e).splitlines()
-    name = lines[0].strip("'\"")
-    hint = ('; ' + lines[1][0].lower() + lines[1][1:]) if len(lines) > 1 else ''
-    flag = next((a.split('=')[0] for a in argv[1:] if a.split('=')[0].endswith(f'.{name}')),
-                '')
-    sys.exit(f'Invalid config override {flag}: no field {name!r}{hint}'.replace(' :', ':'))
+    sys.exit(pyfile.config_flag_error(e, argv))
 
 
 def main(argv):

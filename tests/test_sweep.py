@@ -60,6 +60,24 @@ def test_bad_sweeps_fail_clearly(tmp_path):
   assert 'num_heads=3' in message and 'num_head' in message and 'nystrm' in message
 
 
+def test_bad_runs_print_main_pys_readable_messages_every_one():
+  """Errors were escaped reprs ('\\'num_head\\'\\nDid you mean ...'), one per run: of two bad
+  overrides one was hidden, and a config file's own error came with its exception type."""
+  runs = sweep.expand(dict(config='configs/default.py', runs=[
+      {'model.num_heads': 'x', 'train.num_step': 3},
+      {'config': 'configs/lra/listops.py:size=tiny', 'model.depth': 1}]))
+  with pytest.raises(sweep.SweepError) as e:
+    sweep.check(runs)
+  name = 'default.num_heads=x.num_step=3'
+  assert str(e.value).splitlines() == [
+      '2 of 2 runs are not valid:',
+      f"  {name}: flag --config.model.num_heads=x: invalid literal for int() with base 10: 'x'",
+      f"  {name}: Invalid config override --config.train.num_step: no field 'num_step'; did "
+      'you mean "num_steps" instead of "num_step"?',
+      "  listops-size=tiny.depth=1: flag --config=configs/lra/listops.py:size=tiny: "
+      "configs/lra/listops.py: size='tiny' is not valid; valid choices: base, small"]
+
+
 def test_command_status_and_skip(tmp_path, capsys):
   runs = sweep.expand(dict(config='configs/default.py', grid={'train.seed': [0, 1]}))
   cmd = sweep.command(runs[0], str(tmp_path), python='python3')

@@ -7,12 +7,13 @@
 Every failure is a ValueError naming the file: it does not exist, is not a
 `.py` file, raises while loading (the exception's type and message are kept),
 or does not define the function; `call` also names an argument the function
-does not take or rejects.
+does not take or rejects. `config_flag_error` gives the one line of an error
+from parsing `--config=path.py[:arg]` and its `--config.<field>=value` flags.
 """
 import importlib.util
 import inspect
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 
 def function(path: str, name: str) -> Callable[..., Any]:
@@ -49,3 +50,35 @@ def call(spec: str, name: str) -> Any:
     return fn(arg) if sep else fn()
   except ValueError as e:
     raise ValueError(f'{spec!r}: {e}') from None
+
+
+CONFIG_FILE_ERROR = 'Error whilst parsing config file:'
+
+
+def config_flag_error(error: Exception, argv: Sequence[str]) -> str:
+  """One line for an error ml_collections' config flags raised while parsing `argv`.
+
+  An absl flags error (a config file whose get_config raised: its message, without
+  the traceback ml_collections wraps around it; a value a field's type refuses) or
+  an override of a field that does not exist, e.g. "Invalid config override
+  --config.model.num_head: no field 'num_head'; did you mean "num_heads"" (ConfigDict
+  raises it as a KeyError, whose text would be an escaped repr).
+  """
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  if isinstance(error, flags.Error):
+    head, sep, trace = str(error).partition(CONFIG_FILE_ERROR)
+    lines = trace.strip().splitlines()
+    frames = [i for i, line in enumerate(lines) if line.startswith('  File ')]
+    if not sep or not frames:
+      return ' '.join(str(error).split())
+    # After the last frame (its source lines are indented): 'ValueError: message'.
+    exception = [line for line in lines[frames[-1]:] if line and not line[0].isspace()]
+    return head + ' '.join(exception).split(': ', 1)[-1]
+  while error.args and isinstance(error.args[0], BaseException):
+    error = error.args[0]
+  lines = (str(error.args[0]) if error.args else type(error).__name__).splitlines()
+  name = lines[0].strip('\'"')
+  hint = ('; ' + lines[1][0].lower() + lines[1][1:]) if len(lines) > 1 and lines[1] else ''
+  flag = next((a.split('=')[0] for a in argv[1:] if a.split('=')[0].endswith(f'.{name}')),
+              '')
+  return f'Invalid config override {flag}: no field {name!r}{hint}'.replace(' :', ':')

@@ -150,17 +150,33 @@ def command(run: Run, root: str, python: str = sys.executable,
   return [python, 'main.py'] + flag_args(run, root) + list(extra)
 
 
-def build_config(run: Run):
-  """The run's config, built from its config file and overrides exactly as main.py does."""
-  argv = ['main.py'] + [a for a in flag_args(run, '') if not a.startswith('--workdir')]
+def _parse_config(argv: Sequence[str]):
   values = flags.FlagValues()
   config_flags.DEFINE_config_file('config', flag_values=values, sys_argv=argv)
-  try:
-    values(argv)
-  except Exception as e:  # pylint: disable=broad-except  (flags errors, config file errors)
-    message = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
-    raise SweepError(f'run {run.name!r}: {message}') from None
+  values(argv)
   return values.config
+
+
+def build_config(run: Run):
+  """The run's config, built from its config file and overrides exactly as main.py does.
+
+  Raises SweepError with main.py's one-line message for each error, a line each:
+  the config file's, or else every override's that fails (each is tried alone).
+  """
+  argv = ['main.py'] + [a for a in flag_args(run, '') if not a.startswith('--workdir')]
+  try:
+    return _parse_config(argv)
+  except Exception as e:  # pylint: disable=broad-except  (flags errors, config file errors)
+    together = pyfile.config_flag_error(e, argv)
+  errors = []
+  for one in [argv[:2]] + [argv[:2] + [override] for override in argv[2:]]:
+    try:
+      _parse_config(one)
+    except Exception as e:  # pylint: disable=broad-except
+      errors.append(pyfile.config_flag_error(e, one))
+      if len(one) == 2:  # the config file itself: its overrides cannot be tried
+        break
+  raise SweepError('\n'.join(f'run {run.name!r}: {error}' for error in errors or [together]))
 
 
 def check(runs: Sequence[Run], root: str = '') -> Dict[str, Any]:
@@ -169,7 +185,7 @@ def check(runs: Sequence[Run], root: str = '') -> Dict[str, Any]:
   A run that starts from another run of the sweep (`init_from` in `root`) is
   checked without that workdir, which exists only once the other run is done.
   """
-  configs, errors = {}, []
+  configs, errors, bad = {}, [], 0
   ours = {os.path.normpath(workdir_of(r, root)) for r in runs}
   for run in runs:
     try:
@@ -181,9 +197,11 @@ def check(runs: Sequence[Run], root: str = '') -> Dict[str, Any]:
       config.init_from = init_from
       configs[run.name] = config
     except (SweepError, validate.ConfigError) as e:
-      errors.append(f'  {run.name}: {e}'.replace(f"run {run.name!r}: ", ''))
+      bad += 1
+      errors += [f'  {run.name}: {line}'.replace(f"run {run.name!r}: ", '')
+                 for line in str(e).splitlines()]
   if errors:
-    raise SweepError(f'{len(errors)} of {len(runs)} runs are not valid:\n' + '\n'.join(errors))
+    raise SweepError(f'{bad} of {len(runs)} runs are not valid:\n' + '\n'.join(errors))
   return configs
 
 
