@@ -145,8 +145,49 @@ def test_missing_tpu_notice_is_dropped_and_nothing_else(monkeypatch, caplog):
 
 def test_decoding_steps_are_exported_like_the_other_pure_functions():
   import efficient_attn as ea  # pylint: disable=g-import-not-at-top
-  from efficient_attn.mechanisms import linear, random_features  # pylint: disable=g-import-not-at-top
+  from efficient_attn.mechanisms import linear  # pylint: disable=g-import-not-at-top
+  from efficient_attn.mechanisms import random_features  # pylint: disable=g-import-not-at-top
   assert ea.mechanisms.linear_attention_step is linear.linear_attention_step
   assert ea.mechanisms.performer_attention_step is random_features.performer_attention_step
   assert ea.mechanisms.rfa_attention_step is random_features.rfa_attention_step
   assert {'linear_attention', 'linear_attention_step'} <= set(dir(ea.mechanisms))
+
+
+class _FailingBuilder:
+  """Stands in for a TFDS builder whose download_and_prepare raises `error`."""
+  name, data_dir = 'mnist', '/data/tfds/mnist/3.0.1'
+
+  def __init__(self, error):
+    self.error = error
+
+  def download_and_prepare(self, download_config=None):
+    del download_config
+    raise self.error
+
+
+@pytest.mark.parametrize('error,message', [
+    (socket.gaierror(socket.EAI_AGAIN, 'Temporary failure in name resolution'), NO_NETWORK),
+    (ConnectionRefusedError(111, 'Connection refused'), NO_NETWORK),
+    ('http_404', "could not download mnist: 404 Client Error: Not Found for url: "
+                 "https://example.org/mnist.gz; see README 'Data' for offline use"),
+    (PermissionError(13, 'Permission denied'),
+     'could not prepare mnist in /data/tfds/mnist/3.0.1: [Errno 13] Permission denied'),
+])
+def test_failed_tfds_preparation_is_one_line(error, message):
+  """No network, a server's refusal and a disk error each give one line naming the
+  dataset; only the first two point to offline use."""
+  import requests  # pylint: disable=g-import-not-at-top
+  from train.input_pipeline import stream  # pylint: disable=g-import-not-at-top
+  if error == 'http_404':
+    error = requests.exceptions.HTTPError(
+        '404 Client Error: Not Found for url: https://example.org/mnist.gz')
+  with pytest.raises(input_pipeline.DownloadError) as e:
+    stream._download_and_prepare(_FailingBuilder(error), None)  # pylint: disable=protected-access
+  assert str(e.value) == message
+
+
+def test_other_tfds_errors_pass_through():
+  from train.input_pipeline import stream  # pylint: disable=g-import-not-at-top
+  builder = _FailingBuilder(ValueError('not a DownloadError'))
+  with pytest.raises(ValueError, match='not a DownloadError'):
+    stream._download_and_prepare(builder, None)  # pylint: disable=protected-access
