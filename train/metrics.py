@@ -14,8 +14,8 @@ drops the lines written after the step it resumes from, so no row repeats.
 What a run prints on stdout (process 0), one line per log interval and one at
 the end:
 
-    step 300/660 | loss 0.1564 | accuracy 95.47% | top5_accuracy 99.92% | 3371 ex/s | eta 7s
-    test accuracy 96.11% | loss 0.1802 | results in runs/default/results.json
+    step 300/660 | loss 0.1564 | accuracy 95.47% | top5_accuracy 99.92% | 1162 ex/s | eta 20s
+    test accuracy 96.11% | loss 0.1802 | top5_accuracy 99.72% | results in runs/default/results.json
 """
 import json
 import math
@@ -73,7 +73,7 @@ def format_values(values: Mapping[str, float]) -> str:
 
 def progress_line(step: int, num_steps: int, values: Mapping[str, float],
                   steps_per_sec: Optional[float], batch_size: int) -> str:
-  """'step 300/660 | loss 0.1564 | accuracy 95.47% | 3371 ex/s | eta 7s'.
+  """'step 300/660 | loss 0.1564 | accuracy 95.47% | 1162 ex/s | eta 20s'.
 
   `steps_per_sec`: the measured training rate (None before it is known, shown as
   '-'); the ETA is the remaining steps at that rate (evaluations not counted).
