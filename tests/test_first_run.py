@@ -191,3 +191,18 @@ def test_other_tfds_errors_pass_through():
   builder = _FailingBuilder(ValueError('not a DownloadError'))
   with pytest.raises(ValueError, match='not a DownloadError'):
     stream._download_and_prepare(builder, None)  # pylint: disable=protected-access
+
+
+def test_progress_line_eta_to_the_second():
+  """The ETA is the remaining steps at the measured rate, to the second (clu's was in
+  minutes); grad_norm and the learning rate stay out of the line; before a rate is
+  measured (one step), '-'."""
+  from train import metrics  # pylint: disable=g-import-not-at-top
+  values = {'accuracy': 0.95466, 'grad_norm': 2.5, 'learning_rate': 1e-3, 'loss': 0.15638}
+  assert metrics.progress_line(300, 660, values, 18.0, 64) == (
+      'step 300/660 | loss 0.1564 | accuracy 95.47% | 1152 ex/s | eta 20s')
+  assert metrics.progress_line(1, 10_001, values, 2.0, 64).endswith(
+      '| 128 ex/s | eta 1h23m20s')
+  assert metrics.progress_line(1, 660, values, None, 64).endswith('| - ex/s | eta -')
+  assert [metrics.duration(s) for s in (0.4, 59.5, 61, 3599.6)] == ['0s', '1m00s', '1m01s',
+                                                                     '1h00m00s']
