@@ -239,7 +239,7 @@ class MultiHeadAttention(nn.Module):
     q, k, v = projections.project_qkv(
         self.projection, inputs_q, inputs_k, inputs_v, num_heads=self.num_heads,
         dense=dense, align=None if stepping else align,
-        dtype=self.dtype, shared_qk=decl.shared_qk, normalize=self._qk_norm())
+        dtype=self.dtype, shared_qk=decl.shared_qk, normalize=self._qk_norm(), mask=mask)
     # Captured with `apply(..., mutable=['attention_qkv'])` by the analysis tools; a
     # collection of its own, so flax's 'intermediates' hold only what flax puts there
     # (and not at init, which would put it among the variables).

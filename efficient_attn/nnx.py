@@ -273,7 +273,7 @@ class MultiHeadAttention(nnx.Module):
         self.projection, inputs_q, inputs_k, inputs_v, num_heads=self.num_heads,
         dense=self._projections(), align=None if decode else align, dtype=self.dtype,
         shared_qk=self.shared_qk,
-        normalize=self._projections() if self.normalize_qk else None)
+        normalize=self._projections() if self.normalize_qk else None, mask=mask)
     if decode:
       cache, x = layer.decode_step(
           self._form(), self._cache(), q, k, v, align_at=align,

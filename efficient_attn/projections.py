@@ -19,6 +19,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 from jax import lax
 
+from efficient_attn import masking
 from efficient_attn import registry
 
 
@@ -119,7 +120,8 @@ def project_qkv(scheme: str, inputs_q, inputs_k, inputs_v, *, num_heads: int,
                 dense: Callable[[str], Callable[..., Any]],
                 align: Optional[Callable[..., Any]] = None, dtype: Any = None,
                 shared_qk: bool = False,
-                normalize: Optional[Callable[[str], Callable[..., Any]]] = None):
+                normalize: Optional[Callable[[str], Callable[..., Any]]] = None,
+                mask=None):
   """Per-head q, k, v for a projection scheme; call inside a compact method.
 
   Args:
@@ -133,6 +135,10 @@ def project_qkv(scheme: str, inputs_q, inputs_k, inputs_v, *, num_heads: int,
     shared_qk: keys are the queries (Reformer): no key projection or slice.
     normalize: QK layer norm (Dehghani et al. 2023): `normalize(name)` is the
       norm named 'query_ln' or 'key_ln', applied to each head's q and k.
+    mask: the layer's mask (`[batch, heads, q_length, kv_length]` broadcastable,
+      or key padding `[batch, kv_length]`). The super scheme zeroes the raw
+      values of the keys no query may attend to (padding) before W_A mixes them
+      along the sequence, so a padded token reaches no other token's value.
   Returns:
     q `[b, lq, h, dk]`, k `[b, lk, h, dk]`, v `[b, lk, h, dk]`.
   """
@@ -155,6 +161,8 @@ def project_qkv(scheme: str, inputs_q, inputs_k, inputs_v, *, num_heads: int,
     q = normalize('query_ln')(q)
     k = q if shared_qk else normalize('key_ln')(k)
   if scheme == 'super' and align is not None:
+    if mask is not None and jnp.shape(mask)[-1] == v.shape[1]:  # else the mechanism refuses it
+      v = masking.zero_padded(v, masking.key_padding_from_mask(mask, *v.shape[:2]))
     v = align(v)
   if dtype is not None:
     q, k, v = (x.astype(dtype) for x in (q, k, v))

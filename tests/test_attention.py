@@ -41,6 +41,42 @@ def _init(layer, x):
   return jax.tree.map(lambda a: a, _INITIALISED[key])  # fresh containers: callers may edit
 
 
+# The property tests over sequences of several blocks or chunks: 64 tokens, with each
+# mechanism's example options and blocks or chunks of at most 8 tokens.
+LONG, WIDTH = 64, 8
+
+
+def _long_options(mechanism):
+  """The example options, with a chunk_size of 8 (chunked kernel forms) where unset."""
+  decl = ea.get_mechanism(mechanism)
+  options = dict(decl.example)
+  if 'chunk_size' in {o.name for o in decl.options} and options.get('chunk_size') is None:
+    options['chunk_size'] = 8
+  return options
+
+
+def _long_layer(mechanism, projection, causal=False):
+  """`_layer` for LONG tokens of WIDTH features (2 heads)."""
+  return _layer(mechanism, projection, causal).clone(
+      num_heads=2, options=_long_options(mechanism), max_length=LONG)
+
+
+def _random_variables(layer, x):
+  """Variables of `layer` for `x`, drawn with NumPy (no init to compile); the super
+  scheme's W_A is then dense, not the identity, so it mixes every position."""
+  shapes = jax.eval_shape(layer.init, jax.random.PRNGKey(0), x)
+  rng = np.random.default_rng(1)
+  return jax.tree.map(lambda s: jnp.asarray(0.3 * rng.standard_normal(s.shape), s.dtype),
+                      shapes)
+
+
+def _assert_close_where(a, b, where, what):
+  """a == b (to float32 round-off of their scale) at `where` [batch, length]."""
+  scale = max(1.0, float(np.abs(b).max()))  # fnet's outputs reach ~100
+  gap = np.abs(np.asarray(a) - np.asarray(b)) * np.asarray(where)[..., None]
+  assert gap.max() <= 1e-5 * scale, f'{what}: moved by {gap.max():.3g}'
+
+
 def test_declarations_are_complete():
   assert MECHANISMS[0] == 'softmax' and len(set(MECHANISMS)) == len(MECHANISMS)
   assert ea.list_projections() == ('standard', 'optimised', 'efficient', 'super')
@@ -225,19 +261,23 @@ def test_exact_settings_equal_the_reference(mechanism, x64):
 
 @pytest.mark.parametrize('mechanism', MECHANISMS)
 def test_padded_tokens_move_no_other_output(mechanism):
-  """Changing the keys/values at padded positions changes no real query's output."""
-  x = _inputs()
-  valid = jnp.arange(L)[None, :] < jnp.array([[L], [L - 6]])
-  layer = _layer(mechanism)
-  variables = _init(layer, x)
-  noise = jax.random.normal(jax.random.PRNGKey(9), x.shape) * 10.0
-  x2 = jnp.where(valid[..., None], x, noise)  # change only padded tokens
-  apply = jax.jit(lambda kv, m: layer.apply(variables, x, kv, mask=m))
-  for mask in (valid, nn.make_attention_mask(valid, valid)):
-    y1, y2 = apply(x, mask), apply(x2, mask)
-    np.testing.assert_allclose(np.where(valid[..., None], y1, 0),
-                               np.where(valid[..., None], y2, 0), atol=2e-5, rtol=2e-5)
-    assert not np.allclose(y1, apply(x2 * 0 + x[:, ::-1], mask))  # keys do matter
+  """Self-attention over a padded batch, every projection scheme, 64 tokens (several blocks
+  or chunks): changing the padded tokens of the layer's input (whole tokens: their queries,
+  keys and values, as in a user's padded batch) moves no real output, while changing one
+  real token does (the test can fail). The mask is flax's key padding in per-head form,
+  `[batch, heads, 1, kv_length]`, the same for every head, which every mechanism accepts."""
+  x = _inputs(shape=(2, LONG, WIDTH))
+  valid = jnp.arange(LONG)[None, :] < jnp.array([[LONG], [LONG - 21]])
+  mask = jnp.broadcast_to(valid[:, None, None, :], (2, 2, 1, LONG))
+  padded = jnp.where(valid[..., None], x, 10.0 * _inputs(9, shape=x.shape))
+  moved = x.at[1, 5].add(1.0)
+  for projection in ea.list_projections():
+    layer = _long_layer(mechanism, projection)
+    variables = _random_variables(layer, x)
+    apply = jax.jit(lambda v, z, m, layer=layer: layer.apply(v, z, mask=m))
+    y, y_padded, y_moved = (apply(variables, z, mask) for z in (x, padded, moved))
+    _assert_close_where(y_padded, y, valid, f'{projection}: real outputs')
+    assert not np.allclose(y_moved[1, :LONG - 21], y[1, :LONG - 21]), projection
 
 
 @pytest.mark.parametrize('mechanism', MECHANISMS)

@@ -113,16 +113,25 @@ def depthwise_conv_skip(v, conv_kernel):
 
 
 def _query_padding(mask, batch: int, q_length: int, kv_length: int):
-  """Which queries are real: from a 4-D mask's query axis, or, for a 2-D key
-  padding mask with q_length == kv_length (self-attention), the same mask."""
+  """Which queries form the query landmarks `[batch, q_length]` (None: all).
+
+  A query is left out when a 4-D mask's query axis gives it no key, and, when
+  q_length == kv_length, when its position is a padded key: in self-attention
+  that token is padding, whatever form the mask takes (`[batch, kv_length]`,
+  flax's `[batch, 1, 1, kv_length]` or `make_attention_mask(ones, valid)`), and
+  its content must not move the landmarks of the real queries. (In
+  cross-attention of equal lengths this only narrows the landmarks to fewer
+  queries: every output is still a Nystrom approximation of its own row.)
+  """
   if mask is None:
     return None
   mask = jnp.asarray(mask, bool)
+  real = jnp.ones((batch, q_length), bool)
   if mask.ndim == 4 and mask.shape[2] == q_length and q_length > 1:
-    return jnp.broadcast_to(jnp.any(mask, axis=(1, 3)), (batch, q_length))
-  if mask.ndim == 2 and q_length == kv_length:
-    return jnp.broadcast_to(mask, (batch, q_length))
-  return None
+    real = jnp.broadcast_to(jnp.any(mask, axis=(1, 3)), (batch, q_length))
+  if q_length == kv_length:
+    real = real & masking.key_padding_from_mask(mask, batch, kv_length)
+  return real
 
 
 def nystrom_attention(q, k, v, num_landmarks: int, mask=None, pinv_iterations: int = 6,
@@ -138,9 +147,10 @@ def nystrom_attention(q, k, v, num_landmarks: int, mask=None, pinv_iterations: i
   q_length, kv_length]` is reduced by `masking.key_padding_from_mask`):
   padded keys are left out of the key landmark means and get zero weight in B,
   so changing k or v there changes nothing. Padded queries are left out of the
-  query landmark means too; they are read from a 4-D mask's query axis, or,
-  for a 2-D `[batch, kv_length]` mask with q_length == kv_length, taken to be
-  the same as the key padding (self-attention). A landmark whose segment has
+  query landmark means too (as the paper's code masks Q before forming them);
+  they are read from a 4-D mask's query axis and, when q_length == kv_length
+  (self-attention), from the key padding as well, whatever the mask's form
+  (`_query_padding`). A landmark whose segment has
   no real token is masked out of F, A and B (its row and column of A are 0 and
   stay 0 in A^+). Outputs at padded query positions are not meaningful.
 
