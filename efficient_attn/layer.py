@@ -171,24 +171,31 @@ def check_decode(mask, inputs_q, inputs_k, inputs_v, stepping: bool,
 
 
 def check_mask(decl: registry.Mechanism, mask, q_length: int) -> None:
-  """Refuses a mask a key-padding-only mechanism cannot honour (e.g. a causal mask).
+  """Refuses a mask a key-padding-only mechanism cannot honour: one that differs
+  across queries other than by padding (a causal mask) or across heads.
 
   A 4-D mask `[b, h, q, k]` is key padding when it is the outer product of a
   query and a key validity (`make_attention_mask(q_valid, k_valid)`), the same
-  for every head. Concrete masks are checked at once, traced ones when they run.
+  for every head. One whose head and query axes are both 1 (flax's
+  `[b, 1, 1, k]`) is key padding by its shape; any other is checked: a concrete
+  one at once, a traced one when it runs (`checks.runtime_check`).
   """
+  del q_length  # a single query's [b, h, 1, k] mask may still differ across heads
   if decl.masks != 'key_padding' or mask is None or jnp.ndim(mask) != 4 or (
-      mask.shape[2] == 1 or q_length == 1):
+      mask.shape[1] == 1 and mask.shape[2] == 1):
     return
   mask = jnp.asarray(mask, bool)
   keys = jnp.any(mask, axis=(1, 2), keepdims=True)
   queries = jnp.any(mask, axis=(1, 3), keepdims=True)
   ok = jnp.all(mask == (keys & queries))
+  with_any = ', '.join(registry.names_where(lambda m: m.masks == 'any'))
   checks.runtime_check(
       ok, f'mechanism {decl.name!r} honours only key-padding masks, and this '
-      f'[batch, heads, q_length, kv_length] mask is not one (is it a causal mask from '
-      f'nn.make_causal_mask?): ask for causality with causal=True, and pass padding as '
-      f'a [batch, kv_length] mask or make_attention_mask(valid, valid)')
+      f'[batch, heads, q_length, kv_length] mask is not one: it differs across queries '
+      f'(a causal mask from nn.make_causal_mask?) or across heads. Ask for causality with '
+      f'causal=True and pass padding as a [batch, kv_length] mask or '
+      f'make_attention_mask(valid, valid); for other masks use a mechanism that honours '
+      f'any mask ({with_any})')
 
 
 def with_one_batch_axis(call: Callable[..., Any], inputs_q, inputs_k, inputs_v, mask):

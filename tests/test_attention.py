@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import efficient_attn as ea
+from efficient_attn import checks
 from efficient_attn import registry
 import helpers
 
@@ -282,20 +283,34 @@ def test_padded_tokens_move_no_other_output(mechanism):
 
 @pytest.mark.parametrize('mechanism', MECHANISMS)
 def test_a_flax_causal_mask_is_honoured_or_refused(mechanism):
-  """Mechanisms that form the weights honour nn.make_causal_mask; the others refuse it."""
+  """Mechanisms that form the weights honour nn.make_causal_mask and a per-head mask
+  `[batch, heads, 1, kv_length]` (head 0 alone masks keys 10-15) as flax does; the others
+  refuse both, concrete at once and traced when they run, in a line that says why."""
   x = _inputs()
-  mask = nn.make_causal_mask(jnp.ones((B, L)))
+  causal_mask = jnp.broadcast_to(nn.make_causal_mask(jnp.ones((B, L))), (B, H, L, L))
+  per_head = jnp.ones((B, H, 1, L), bool).at[:, 0, :, 10:].set(False)
   layer = _layer(mechanism)
   variables = _init(layer, x)
   if mechanism in KEY_PADDING_ONLY:
-    with pytest.raises(ValueError, match=f"'{mechanism}' honours only key-padding.*causal=True"):
-      layer.apply(variables, x, mask=mask)
-    with pytest.raises(Exception, match='honours only key-padding'):  # traced: checked at run
-      jax.jit(lambda m: layer.apply(variables, x, mask=m))(mask).block_until_ready()
+    for mask in (causal_mask, per_head):
+      with pytest.raises(ValueError,
+                         match=f"'{mechanism}' honours only key-padding.*across heads.*causal=True"):
+        layer.apply(variables, x, mask=mask)
+    refused = jax.jit(lambda m: layer.apply(variables, x, mask=m))  # one compile, both masks
+    for mask in (causal_mask, jnp.broadcast_to(per_head, (B, H, L, L))):
+      with pytest.raises(Exception) as e:  # JAX's JaxRuntimeError around the ValueError
+        refused(mask).block_until_ready()
+      last = str(e.value).strip().splitlines()[-1]
+      assert last.startswith(f"ValueError: mechanism '{mechanism}' honours only key-padding")
+      assert last.endswith(checks.TRACED), last
   else:
     causal = _layer(mechanism, causal=True)
-    np.testing.assert_allclose(layer.apply(variables, x, mask=mask),
+    np.testing.assert_allclose(layer.apply(variables, x, mask=causal_mask),
                                causal.apply(variables, x), atol=1e-5, rtol=1e-5)
+    flax_layer = nn.MultiHeadDotProductAttention(num_heads=H)
+    np.testing.assert_allclose(layer.apply(variables, x, mask=per_head),
+                               flax_layer.apply(variables, x, mask=per_head),
+                               atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize('mechanism', MECHANISMS)
