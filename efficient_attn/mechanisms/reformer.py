@@ -15,8 +15,8 @@ be None). For each of `n_hashes` rounds:
      has no previous chunk: unlike trax there is no wrap-around);
   4. a token does not attend to itself unless it has no other key: its own
      score is lowered by `SELF_SCORE_PENALTY` (1e5, a large finite number, as
-     trax does); causal: keys at later positions are masked; padded keys are
-     masked;
+     trax does); causal: only the chunk_size most recent earlier keys of the
+     query's own bucket (see Causality below); padded keys are masked;
   5. each round gives an output o_r and the log-sum-exp l_r of its scores,
      and the rounds are combined as sum_r softmax_r(l_r) o_r, i.e. a softmax
      over the union (with multiplicity) of the keys each round offered.
@@ -29,11 +29,18 @@ With one bucket (`n_buckets=1`, allowed specially: no hashing, sorting is the
 identity) and `chunk_size >= length`, this is exact shared-QK softmax
 attention with the self-mask.
 
-Causality: the output never depends on a later token through the attention
-weights (later keys are masked) and the hashing and sorting are not
-differentiated, so the gradient of output i with respect to any input j > i
-is exactly zero. As in the paper, the *membership* of the chunks depends on
-how all tokens hash, later ones included.
+Causality (`causal=True`) is strict: nothing at position t depends on any token
+after t. Masking later keys inside the chunks of step 3 is not enough, since
+where the chunk boundaries fall in the sorted order depends on how every token
+hashes, later ones included (a later token in a lower bucket shifts them), so
+later tokens would decide which earlier keys a query sees. The causal form
+therefore gives query t, in each round, the keys the paper's set P_t = {j :
+h(j) = h(t)} restricted to the past allows: the `chunk_size` most recent
+earlier tokens of t's own bucket (the sorted positions just before t, which the
+own and previous chunk always hold), and itself only when it has no other key.
+That set, each round's output and log-sum-exp, and so their combination depend
+on the hashes of tokens <= t alone. (The non-causal form attends to the whole
+own and previous chunk, every bucket in them, as trax does.)
 
 Cost per head: time O(n_hashes n (chunk_size d + log n)) (the sort), memory
 O(n_hashes n chunk_size). Self-attention only (q_length == kv_length): q
@@ -176,8 +183,16 @@ def reformer_attention(q, k, v, mask=None, causal: bool = False, *, n_buckets: i
   qp, kp = spos[..., :, None], kpos[..., None, :]
   s = jnp.where(qp == kp, s - SELF_SCORE_PENALTY, s)
   valid = kreal[..., None, :]
-  if causal:
-    valid = valid & (kp <= qp)
+  if causal:  # the chunk most recent keys of the query's own bucket (module docstring)
+    sbucket = jnp.take_along_axis(buckets, perm, axis=3).reshape(spos.shape)
+    sidx = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32).reshape(num_chunks, chunk),
+                            spos.shape)                               # sorted index
+    kbucket, ksidx = sbucket, sidx
+    if num_chunks > 1:
+      kbucket = jnp.concatenate([sbucket, _previous_chunk(sbucket, -1)], axis=4)
+      ksidx = jnp.concatenate([sidx, _previous_chunk(sidx, -n - 1)], axis=4)
+    valid = valid & (kp <= qp) & (kbucket[..., None, :] == sbucket[..., :, None]) & (
+        sidx[..., :, None] - ksidx[..., None, :] <= chunk)
   w, lse = masked_softmax(s, valid)
   so = jnp.einsum('bhrcqk,bhrckd->bhrcqd', w, sv).reshape(b, h, n_hashes, n, -1)
   lse = lse.reshape(b, h, n_hashes, n)
