@@ -243,8 +243,6 @@ def prepare(config) -> None:
   download_config = tfds.download.DownloadConfig(manual_dir=d.manual_dir or None)
   if jax.process_index() == 0:
     logging.info('Preparing TFDS dataset %r in %s', spec.name, builder.data_dir)
-    print(f'Downloading and preparing TFDS {spec.name!r} in {builder.data_dir} (once)',
-          flush=True)
     _download_and_prepare(builder, download_config)
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
