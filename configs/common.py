@@ -15,7 +15,8 @@ Groups (the contract other tools rely on):
              splits, holdout, mean / std, pixels_as_tokens (images as int tokens
              0..255 `[b, h*w]`: the causal pixel model, LRA's Image and Pathfinder), transform (a
              `train.input_pipeline.transforms` variant, e.g. 'rotated', applied to
-             train and eval images; '' = none). See `train/input_pipeline/specs.py`.
+             train and eval images; '' = none); sequence datasets (mqar, sequences):
+             vocab_size. See `train/input_pipeline/specs.py`.
   model      kind ('vit' | 'text' | 'causal' | 'mlp'), d_model, depth, num_heads,
              mlp_dim, patch_size, pool, dropout_rate, attention_dropout_rate,
              max_length, reversible, positions (text: 'learned' | 'sinusoidal'),
@@ -25,8 +26,8 @@ Groups (the contract other tools rely on):
   optim      name, learning_rate, warmup_steps, weight_decay, grad_clip, b1, b2.
   train      num_steps or num_epochs (num_steps > 0 takes precedence), eval_every, log_every,
              checkpoint_every, keep_checkpoints, async_checkpoints, seed, dtype.
-  task ('classification' | 'pixel_lm'), init_from, lora (rank=0: off; alpha,
-             targets: see `train/adapters.py`), sample (pixel_lm only: the
+  task ('classification' | 'pixel_lm' | 'sequence_labelling'), init_from, lora (rank=0:
+             off; alpha, targets: see `train/adapters.py`), sample (pixel_lm only: the
              sample / completion PNGs, see `pixel_lm()` below).
 Fields a sweep varies are plain values, so `--config.attention.mechanism=linear`
 works. No field defaults to None: overrides from the command line need a type.
@@ -356,6 +357,40 @@ def pathfinder(config, sizes: Optional[Dict[str, int]] = None, contour_length: i
   return config
 
 
+def mqar(config, sizes: Optional[Dict[str, int]] = None, vocab_size: int = 8192,
+         seq_len: int = 128, num_kv_pairs: int = 8, power_a: float = 0.01):
+  """Zoology's multi-query associative recall (Arora et al. 2023), generated here
+  (`train/input_pipeline/mqar.py`) into `cache_dir('mqar')`: `seq_len` tokens, the
+  `num_kv_pairs` key-value pairs first, each key queried once later; only the queries
+  are scored. The labels are tokens: the model is `sequence_labelling`'s."""
+  config.dataset.update(dict(name='mqar', source='generated', data_dir=cache_dir('mqar'),
+                             max_length=seq_len, num_classes=0, image_size=0, channels=0,
+                             augment='none', eval_split='test'))
+  config.dataset.sizes = ml_collections.ConfigDict(
+      sizes or {'train': 20_000, 'validation': 1000, 'test': 1000})  # Zoology's, at (128, 8)
+  config.dataset.generator_seed = 0
+  config.dataset.vocab_size = vocab_size
+  config.dataset.num_kv_pairs = num_kv_pairs
+  config.dataset.power_a = power_a
+  return sequence_labelling(config)
+
+
+def sequences(config, data_dir: str = '', vocab_size: int = 0, max_length: int = 0):
+  """Any sequence-labelling `.npz` (`inputs`, `labels` int `[n, length]`, label -100 = not
+  scored; `train/input_pipeline/sequences.py`), tokens 0..vocab_size-1; `data_dir` is the
+  file, a '{split}' in it naming one file per split."""
+  config.dataset.update(dict(name='sequences', source='arrays', data_dir=data_dir,
+                             max_length=max_length, num_classes=0, image_size=0, channels=0,
+                             augment='none'))
+  config.dataset.vocab_size = vocab_size
+  return sequence_labelling(config)
+
+
+def cache_dir(name: str) -> str:
+  """Where a generated dataset is written once: ~/.cache/efficient_attn/<name>."""
+  return os.path.join(os.path.expanduser('~'), '.cache', 'efficient_attn', name)
+
+
 def image_folder(config, root: str = '', image_size: int = 64):
   """A local folder `root/{train,test}/<label>/*.png|jpg` read by `tfds.ImageFolder`.
 
@@ -370,6 +405,15 @@ def image_folder(config, root: str = '', image_size: int = 64):
 
 
 # Task presets.
+
+def sequence_labelling(config):
+  """A token predicted at each scored position (label -100: not scored), from the tokens
+  before it: the causal model (token embedding, the causal stack, a vocabulary head)
+  trained with cross-entropy on the scored positions (`train/tasks/sequence_labelling.py`)."""
+  config.task = 'sequence_labelling'
+  config.model.kind = 'causal'
+  return config
+
 
 def pixel_lm(config):
   """Autoregressive pixel model (Katharopoulos et al. 2020, section 4.2.1).

@@ -4,10 +4,10 @@
     x = models.dummy_inputs(config, batch_size=2)   # what model(x, train=...) takes
 
 Kinds: 'vit' (images), 'text' (byte or token sequences; a dual encoder for
-pairs of documents), 'causal' (pixel
-tokens, the autoregressive pixel model) and 'mlp' (images, the LoRA study's
-base). With `config.lora.rank > 0` the model comes wrapped in `lora.Adapted`
-(see `train/adapters.py`).
+pairs of documents), 'causal' (pixel tokens, the autoregressive pixel model;
+token sequences labelled at each position, e.g. MQAR) and 'mlp' (images, the
+LoRA study's base). With `config.lora.rank > 0` the model comes wrapped in
+`lora.Adapted` (see `train/adapters.py`).
 """
 from typing import Any, Dict, Tuple
 
@@ -23,10 +23,10 @@ DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 KINDS = ('vit', 'text', 'causal', 'mlp')
 # What each kind reads (`input_pipeline.input_kind`) and the tasks it serves.
 READS = {'vit': ('image',), 'text': ('text', 'text_pair', 'tokens', 'pixels'),
-         'causal': ('pixels',),
+         'causal': ('pixels', 'sequence'),
          'mlp': ('image',)}
-TASKS = {'vit': ('classification',), 'text': ('classification',), 'causal': ('pixel_lm',),
-         'mlp': ('classification',)}
+TASKS = {'vit': ('classification',), 'text': ('classification',),
+         'causal': ('pixel_lm', 'sequence_labelling'), 'mlp': ('classification',)}
 PIXEL_LEVELS = 256  # causal pixel model: tokens 0..255, start token 256
 
 
@@ -48,7 +48,8 @@ def sequence_length(config) -> Tuple[int, int]:
     n = token_length(config)
     return n + cls, (m.max_length or n) + cls
   if m.kind == 'causal':
-    n = d.image_size ** 2 * d.channels
+    n = (d.max_length if input_pipeline.input_kind(config) == 'sequence' else
+         d.image_size ** 2 * d.channels)
     return n, n
   return 0, 0
 
@@ -92,9 +93,10 @@ def create_model(config) -> nn.Module:
       model = ea.TextClassifier(encoder, num_classes=num_classes, vocab_size=vocab,
                                 pool=m.pool, padding=inputs != 'pixels', positions=positions)
   elif m.kind == 'causal':
+    sequence = input_pipeline.input_kind(config) == 'sequence'
     model = ea.CausalTransformer(
         transformer_config(config, max_length=sequence_length(config)[1]),
-        vocab_size=PIXEL_LEVELS)
+        vocab_size=input_pipeline.vocab_size(config) if sequence else PIXEL_LEVELS)
   elif m.kind == 'mlp':
     model = ea.MLP(num_classes, depth=m.depth, width=m.mlp_dim,
                    dtype=DTYPES[config.train.dtype])

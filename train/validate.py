@@ -58,9 +58,13 @@ def validate_config(config) -> None:
     task = tasks.get_task(config.task)
   except ValueError as e:
     raise ConfigError(str(e)) from None
-  del task
   _dataset(config)
   _model(config)
+  inputs = specs.input_kind(config)
+  if inputs not in task.reads:
+    valid = [t for t, v in tasks.TASKS.items() if inputs in v.reads]
+    raise ConfigError(f'config.task={config.task!r} is not valid for the {inputs} dataset '
+                      f'{config.dataset.name!r}; valid choices: {", ".join(valid)}')
   _attention(config)
   _optim(config)
   _train(config)
@@ -95,10 +99,12 @@ def _dataset(config) -> None:
         specs.normalization(config, spec)
     except ValueError as e:
       raise ConfigError(str(e)) from None
-  elif spec.kind in ('text', 'text_pair', 'tokens'):
+  elif spec.kind in ('text', 'text_pair', 'tokens', 'sequence'):
     _positive(config, 'dataset.max_length')
+  if spec.kind == 'sequence':
+    _sequence(config, src)
   if d.num_classes < 0 or (d.num_classes == 0 and spec.num_classes == 0
-                           and src not in ('folder', 'arrays')):
+                           and src not in ('folder', 'arrays') and spec.kind != 'sequence'):
     raise ConfigError(f'config.dataset.num_classes={d.num_classes!r} is not valid; it '
                       f'must be > 0')
   if spec.num_classes and d.num_classes not in (0, spec.num_classes):
@@ -141,6 +147,31 @@ def _dataset(config) -> None:
       transforms.get_transform(d.transform)
     except ValueError as e:
       raise ConfigError(f'config.dataset.transform={d.transform!r} is not valid: {e}') from None
+
+
+def _sequence(config, src: str) -> None:
+  """A sequence-labelling dataset: its vocabulary (the labels are tokens of it) and, for
+  generated MQAR, the generator's settings."""
+  d = config.dataset
+  vocab = d.get('vocab_size', 0)
+  if not isinstance(vocab, int) or vocab <= 0:
+    raise ConfigError(f'config.dataset.vocab_size={vocab!r} is not valid for the sequence '
+                      f'dataset {d.name!r}; it must be > 0 (token ids 0..vocab_size-1)')
+  if d.num_classes not in (0, d.vocab_size):
+    raise ConfigError(f'config.dataset.num_classes={d.num_classes} is not valid for the '
+                      f'sequence dataset {d.name!r}, whose labels are tokens; valid choices: '
+                      f'0, {d.vocab_size} (config.dataset.vocab_size)')
+  if d.get('holdout', 0.0) > 0:
+    raise ConfigError(f'config.dataset.holdout={d.holdout} is not valid for the sequence '
+                      f'dataset {d.name!r} (holdout splits by class); valid: 0, with a '
+                      f"'{{split}}' file per split")
+  if src == 'generated' and d.name == 'mqar':
+    from train.input_pipeline import mqar  # pylint: disable=g-import-not-at-top
+    try:
+      mqar.check_settings(d.vocab_size, d.max_length, d.get('num_kv_pairs', mqar.NUM_KV_PAIRS),
+                          d.get('power_a', mqar.POWER_A))
+    except ValueError as e:
+      raise ConfigError(f'config.dataset: {e}') from None
 
 
 def _model(config) -> None:
@@ -273,6 +304,12 @@ def _check_splits(config) -> None:
     return
   for split, field in splits.items():
     arrays.check_split(arrays.get_split(config, split), f'config.dataset.{field}={split!r}')
+  if specs.input_kind(config) == 'sequence':  # labels: tokens of the vocabulary, or -100
+    from train.input_pipeline import sequences  # pylint: disable=g-import-not-at-top
+    d.num_classes = d.vocab_size
+    for split in splits:
+      sequences.check(arrays.get_split(config, split), d.vocab_size, d.max_length)
+    return
   classes = 'config.dataset.num_classes'
   if d.num_classes == 0:
     d.num_classes = input_pipeline.num_classes(config)

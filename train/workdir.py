@@ -40,7 +40,7 @@ LOCK = 'trainer.lock'
 MAY_CHANGE = (
     'train.num_steps', 'train.num_epochs', 'train.eval_every', 'train.log_every',
     'train.checkpoint_every', 'train.keep_checkpoints', 'train.async_checkpoints',
-    'dataset.eval_batch_size', 'dataset.eval_split', 'dataset.data_dir',
+    'dataset.eval_batch_size', 'dataset.eval_split', 'dataset.data_dir', 'dataset.source',
     'dataset.manual_dir', 'dataset.download', 'sample',
 )
 

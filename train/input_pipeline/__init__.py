@@ -9,8 +9,9 @@ batch): 'inputs' (images `[b, h, w, c]` float32 normalised; text `[b,
 max_length]` int32 byte ids, 0 = padding; text pairs `[b, 2, max_length]`;
 token tasks `[b, length]` int32;
 with `dataset.pixels_as_tokens` pixel tokens `[b, h*w*c]` int32 0..255 in
-raster order), 'label' `[b]` int32 and 'mask' `[b]` float32 (0 for the padding
-rows that complete the last eval batch).
+raster order; sequence labelling `[b, max_length]` int32), 'label' `[b]` int32
+(sequence labelling: `[b, max_length]`, -100 where not scored) and 'mask' `[b]`
+float32 (0 for the padding rows that complete the last eval batch).
 
 Where the examples come from (`dataset.source`) and what the dataset is
 (`dataset.name`) are independent; see `train/input_pipeline/specs.py`. Small datasets
@@ -68,6 +69,8 @@ def num_classes(config) -> int:
   if config.dataset.num_classes > 0:
     return config.dataset.num_classes
   spec = get_spec(config.dataset.name)
+  if spec.kind == 'sequence':  # the labels are tokens
+    return vocab_size(config)
   if spec.num_classes:
     return spec.num_classes
   if specs.in_memory(config):
@@ -87,8 +90,9 @@ def num_examples(config, split: str) -> int:
 
 
 def vocab_size(config) -> int:
-  """Token ids of a token task are 0..vocab_size-1 (0 = padding)."""
-  size = get_spec(config.dataset.name).vocab_size
+  """Token ids of a token task are 0..vocab_size-1 (0 = padding; sequence labelling:
+  `dataset.vocab_size`, no padding id)."""
+  size = get_spec(config.dataset.name).vocab_size or config.dataset.get('vocab_size', 0)
   if not size:
     raise ValueError(f'dataset {config.dataset.name!r} is not a token task')
   return size

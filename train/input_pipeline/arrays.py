@@ -11,7 +11,9 @@
   * encoded images: `jpeg` (or `png`, `encoded`) with `offsets` `[n + 1]`:
     image i is the file `jpeg[offsets[i]:offsets[i + 1]]` (PNG or JPEG bytes);
   * text: `text_utf8` (or `text`) with `offsets` `[n + 1]`: UTF-8 bytes;
-  * tokens: `tokens`, int `[n, length]` (generated token tasks, 0 = padding).
+  * tokens: `tokens`, int `[n, length]` (generated token tasks, 0 = padding);
+  * sequence labelling (datasets of kind 'sequence': mqar, sequences): `inputs`
+    and `labels`, int `[n, length]`, label -100 = not scored; see `sequences.py`.
 
 `dataset.data_dir` is the file, e.g. `mnist_train.npz`; a '{split}' in it
 names one file per split (`mnist_{split}.npz`), otherwise the file is the
@@ -127,8 +129,9 @@ def _gfile():
   return tf.io.gfile
 
 
-def read_npz(path: str) -> Examples:
-  """One split from an `.npz` file (see the module docstring for the keys)."""
+def read_npz(path: str, parse=None) -> Examples:
+  """One split from an `.npz` file (see the module docstring for the keys); `parse(npz,
+  path)` reads another format from the open archive (`sequences.parse`)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   gfile = tf.io.gfile
   if not gfile.exists(path) or gfile.isdir(path):
@@ -145,7 +148,7 @@ def read_npz(path: str) -> Examples:
       raise ValueError(f'{path} is not a readable .npz file ({_first_line(e)})') from None
     try:
       with npz:
-        return _read_npz(npz, path)
+        return (parse or _read_npz)(npz, path)
     except damaged as e:  # damaged array data
       raise ValueError(f'{path} is not a readable .npz file ({_first_line(e)})') from None
 
@@ -234,9 +237,9 @@ def _carve(splits: Dict[str, Examples], holdout: float, where: str) -> Dict[str,
   return dict(splits, train=splits['train'].take(train), validation=validation)
 
 
-def _npz_splits(pattern: str) -> Dict[str, Examples]:
+def _npz_splits(pattern: str, parse=None) -> Dict[str, Examples]:
   if '{split}' not in pattern:
-    return {'train': read_npz(pattern)}
+    return {'train': read_npz(pattern, parse)}
   head, tail = pattern.split('{split}', 1)
   folder = os.path.dirname(head) or '.'
   gfile = _gfile()
@@ -246,7 +249,7 @@ def _npz_splits(pattern: str) -> Dict[str, Examples]:
   for entry in sorted(gfile.listdir(folder)):
     path = os.path.join(folder, entry.rstrip('/'))
     if path.startswith(head) and path.endswith(tail) and len(path) > len(head) + len(tail):
-      splits[path[len(head):len(path) - len(tail)]] = read_npz(path)
+      splits[path[len(head):len(path) - len(tail)]] = read_npz(path, parse)
   if not splits:
     raise ValueError(f'config.dataset.data_dir={pattern!r} matches no file')
   return splits
@@ -291,7 +294,11 @@ def _load(source: str, name: str, data_dir: str, holdout: float,
     if not data_dir:
       raise ValueError("config.dataset.source='arrays' needs config.dataset.data_dir: the "
                        ".npz file (a '{split}' in it names one file per split)")
-    return _carve(_npz_splits(data_dir), holdout, data_dir)
+    parse = None
+    if specs.get_spec(name).kind == 'sequence':  # inputs and labels [n, length]
+      from train.input_pipeline import sequences  # pylint: disable=g-import-not-at-top
+      parse = sequences.parse
+    return _carve(_npz_splits(data_dir, parse), holdout, data_dir)
   if source == 'sklearn':
     return _carve(load_digits(), holdout, 'the digits')
   if source == 'tsv':

@@ -15,15 +15,18 @@ Settings, all optional in `config.dataset`:
     expression lengths, in tokens;
   * Pathfinder: contour_length (6, 9 or 14 dashes, LRA's easy / intermediate /
     hard; default 14), image_size (default 32, LRA's) and num_distractors
-    (default the generator's, LRA's 20 // distractor length, which fits 32x32).
+    (default the generator's, LRA's 20 // distractor length, which fits 32x32);
+  * MQAR: vocab_size, max_length (the sequence length), num_kv_pairs and
+    power_a (see `mqar.py`).
 """
 from typing import Any, Dict
 
 from train.input_pipeline import listops
+from train.input_pipeline import mqar
 from train.input_pipeline import npz_cache
 from train.input_pipeline import pathfinder
 
-NAMES = ('listops', 'pathfinder')
+NAMES = ('listops', 'pathfinder', 'mqar')
 
 
 def _sizes(d) -> Dict[str, int]:
@@ -43,6 +46,10 @@ def settings(config) -> Dict[str, Any]:
   if d.name == 'listops':
     out.update(min_length=int(d.get('min_length', 0) or 500),
                max_length=int(d.get('max_length', 0) or 2000))
+  elif d.name == 'mqar':
+    out.update(vocab_size=int(d.vocab_size), seq_len=int(d.max_length),
+               num_kv_pairs=int(d.get('num_kv_pairs', mqar.NUM_KV_PAIRS)),
+               power_a=float(d.get('power_a', mqar.POWER_A)))
   else:
     out.update(contour_length=int(d.get('contour_length', 0) or 14),
                image_size=int(d.get('image_size', 0) or pathfinder.IMAGE_SIZE))
@@ -56,6 +63,9 @@ def pattern(config) -> str:
   d, s = config.dataset, settings(config)
   if d.name == 'listops':
     return listops.split_path(d.data_dir, '{split}', s['min_length'], s['max_length'])
+  if d.name == 'mqar':
+    return mqar.split_path(d.data_dir, '{split}', s['vocab_size'], s['seq_len'],
+                           s['num_kv_pairs'], s['power_a'])
   return pathfinder.split_path(d.data_dir, '{split}', s['contour_length'], s['image_size'])
 
 
@@ -70,6 +80,8 @@ def ensure(config, verbose: bool = True) -> str:
     listops.write_splits(d.data_dir, seed=s['seed'], sizes=s['sizes'],
                          max_length=s['max_length'], min_length=s['min_length'],
                          verbose=verbose)
+  elif d.name == 'mqar':
+    mqar.write_splits(d.data_dir, verbose=verbose, **s)
   else:
     options = {k: v for k, v in s.items() if k not in ('seed', 'sizes')}
     pathfinder.write_splits(d.data_dir, seed=s['seed'], sizes=s['sizes'], verbose=verbose,

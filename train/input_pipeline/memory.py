@@ -80,6 +80,9 @@ def prepare(config, examples: arrays.Examples) -> Tuple[np.ndarray, np.ndarray]:
     first, second = zip(*x) if len(x) else ((), ())
     return np.stack([byte_ids(first, d.max_length), byte_ids(second, d.max_length)],
                     1), examples.labels
+  if kind == 'sequence':  # labels [n, length] too; checked by `sequences.check`
+    from train.input_pipeline import sequences  # pylint: disable=g-import-not-at-top
+    return sequences.pad(examples, d.max_length)
   if kind == 'tokens':
     x = np.asarray(x)
     length = d.max_length or x.shape[1]

@@ -12,7 +12,7 @@ so a model config (e.g. the MNIST ViT) runs on MNIST from TFDS, from an
   * 'folder': `dataset.data_dir/<split>/<label>/<image>` (`tfds.ImageFolder`);
   * 'sklearn': scikit-learn's bundled 8x8 digits (no download);
   * 'generated': a task the project generates (Long Range Arena ListOps and
-    Pathfinder), written once to `dataset.data_dir` and read as arrays;
+    Pathfinder, Zoology's MQAR), written once to `dataset.data_dir` and read as arrays;
   * 'tsv': the Long Range Arena's released AAN Retrieval files
     (`dataset.data_dir/new_aan_pairs.{train,eval,test}.tsv`, see `aan.py`).
 
@@ -35,8 +35,9 @@ class DatasetSpec:
 
   Attributes:
     name: `config.dataset.name`.
-    kind: 'image', 'text' (byte tokens), 'text_pair' (two byte-token documents)
-      or 'tokens' (a generated token task).
+    kind: 'image', 'text' (byte tokens), 'text_pair' (two byte-token documents),
+      'tokens' (a generated token task) or 'sequence' (tokens with a label at each
+      position, `sequences.py`).
     num_classes: label count; 0: read it from the data (image folders).
     mean, std: per-channel normalisation of images scaled to [0, 1]; empty:
       computed from the training images (or set `dataset.mean` / `dataset.std`).
@@ -63,8 +64,8 @@ class DatasetSpec:
     """The sources that can serve this dataset."""
     if self.default_source in ('sklearn', 'generated'):
       return (self.default_source, 'arrays')
-    if self.default_source == 'tsv':
-      return ('tsv',)
+    if self.default_source in ('tsv', 'arrays'):
+      return (self.default_source,)
     if self.name == 'image_folder':
       return ('folder', 'arrays')
     if self.kind == 'image':
@@ -88,6 +89,11 @@ DATASETS = {spec.name: spec for spec in (
     DatasetSpec('pathfinder', 'image', 2, default_source='generated', stored_size=32),
     # Retrieval: LRA's released ACL Anthology Network pairs (`aan.py`).
     DatasetSpec('aan', 'text_pair', 2, default_source='tsv', feature='text'),
+    # Sequence labelling (`sequences.py`): Zoology's multi-query associative recall
+    # (Arora et al. 2023; `mqar.py`), and any such .npz a user brings. The vocabulary
+    # is `dataset.vocab_size`; the labels are tokens of it.
+    DatasetSpec('mqar', 'sequence', 0, default_source='generated'),
+    DatasetSpec('sequences', 'sequence', 0, default_source='arrays'),
 )}
 
 

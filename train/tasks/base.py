@@ -23,7 +23,9 @@ class Task:
     write_outputs: optional `write_outputs(config, model, params, workdir) ->
       {name: path}`, called on process 0 after training and in evaluation
       (pixel_lm: sample PNGs).
+    reads: the inputs it scores (`train.input_pipeline.input_kind`).
   """
   name: str
   loss_and_metrics: Callable[..., Tuple[Any, Metrics]]
   write_outputs: Optional[Callable[..., Dict[str, str]]] = None
+  reads: Tuple[str, ...] = ('image', 'text', 'text_pair', 'tokens', 'pixels')

@@ -69,4 +69,4 @@ def write_outputs(config, model, params, workdir: str) -> Dict[str, str]:
 
 
 TASK = base.Task(name='pixel_lm', loss_and_metrics=loss_and_metrics,
-                 write_outputs=write_outputs)
+                 write_outputs=write_outputs, reads=('pixels',))

@@ -1,0 +1,60 @@
+"""Multi-query associative recall (MQAR; Arora et al. 2023, "Zoology") for a causal mechanism.
+
+Each sequence opens with `num_kv_pairs` key-value pairs; every key comes back
+once later (power-law gaps, `power_a`) and the model must answer with its
+value. Only those positions are scored. The data is generated here
+(`train/input_pipeline/mqar.py`, Zoology's definition) and written once to
+~/.cache/efficient_attn/mqar; accuracy is per query.
+
+Zoology's setting (their Figure 2): vocabulary 8,192, 2 layers, widths 64 to
+512, (seq_len, num_kv_pairs) from (64, 4) to (512, 64), 20,000 training
+sequences (100,000 at 64 tokens), learning rates swept over 1e-3..3e-2.
+Their models have no MLP; here each block keeps a small one (`mlp_dim`, twice
+the width by default). The defaults are their (128, 8) cell at width 64 with
+2 heads, 20,000 / 1,000 / 1,000 sequences and batch 64.
+
+The argument: the mechanism (one with a causal form), then key=value for
+d_model, seq_len, num_kv_pairs, vocab_size, power_a, num_heads, depth,
+mlp_dim (0: 2 x d_model), num_train, num_steps:
+
+    --config=configs/mqar.py:linear
+    --config=configs/mqar.py:softmax,d_model=128,seq_len=256,num_kv_pairs=16
+
+Any other file of the task in the sequence-labelling format
+(`train/input_pipeline/sequences.py`) can be evaluated with a trained run:
+--mode=eval --config.dataset.source=arrays --config.dataset.data_dir=other.npz
+--config.dataset.eval_split=train (a file without '{split}' is split 'train').
+"""
+from configs import common
+from efficient_attn import registry
+from train.input_pipeline import mqar
+
+
+def get_config(arg=None):
+  args = common.parse_arg(arg, mechanism='softmax', d_model=64, seq_len=128, num_kv_pairs=8,
+                          vocab_size=8192, power_a=0.01, num_heads=2, depth=2, mlp_dim=0,
+                          num_train=20_000, num_steps=2000)
+  mechanism = args['mechanism']
+  if mechanism in registry.list_mechanisms() and not registry.get_mechanism(mechanism).causal:
+    raise ValueError(f'configs/mqar.py: mechanism {mechanism!r} has no causal form, which '
+                     f'the causal model needs; valid choices: '
+                     f'{", ".join(registry.names_where(lambda m: m.causal))}')
+  common.at_least(1, d_model=args['d_model'], num_heads=args['num_heads'],
+                  depth=args['depth'], num_train=args['num_train'],
+                  num_steps=args['num_steps'])
+  mqar.check_settings(args['vocab_size'], args['seq_len'], args['num_kv_pairs'],
+                      args['power_a'])
+  config = common.mqar(common.base(), vocab_size=args['vocab_size'], seq_len=args['seq_len'],
+                       num_kv_pairs=args['num_kv_pairs'], power_a=args['power_a'],
+                       sizes={'train': args['num_train'], 'validation': 1000, 'test': 1000})
+  config.model.update(dict(d_model=args['d_model'], depth=args['depth'],
+                           num_heads=args['num_heads'],
+                           mlp_dim=args['mlp_dim'] or 2 * args['d_model']))
+  common.set_attention(config, mechanism)
+  common.fit_blocks(config, args['seq_len'])
+  config.dataset.batch_size = 64
+  config.dataset.eval_batch_size = 250
+  config.optim.update(dict(learning_rate=3e-3, warmup_steps=100, weight_decay=0.1))
+  config.train.update(dict(num_steps=args['num_steps'], log_every=100, eval_every=500,
+                           checkpoint_every=500))
+  return config

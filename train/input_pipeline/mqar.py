@@ -1,0 +1,198 @@
+"""Multi-query associative recall (MQAR; Arora et al. 2023, "Zoology"), generated and cached.
+
+    inputs, labels = mqar.generate(1000, seed=(0, 1), vocab_size=8192, seq_len=128,
+                                   num_kv_pairs=8)
+    paths = mqar.write_splits(folder, seed=0, sizes={'train': 20_000, 'test': 1000}, ...)
+
+One example, `seq_len` tokens (Zoology's definition, their
+`multiquery_ar` generator with one pass over the pairs):
+
+  * keys come from the lower half of the vocabulary, 1..vocab_size/2-1, and
+    values from the upper half, vocab_size/2..vocab_size-1; an example's
+    `num_kv_pairs` keys are distinct, and so are its values;
+  * the pairs open the sequence: k_1 v_1 k_2 v_2 ... (2 * num_kv_pairs tokens);
+  * every key is queried once after them: the rest of the sequence has
+    (seq_len - 2 * num_kv_pairs) / 2 even slots, and the queries take
+    `num_kv_pairs` distinct slots, slot g (0-based) drawn with weight
+    a * (g + 1)^(a - 1), a = `power_a` (a power law: most queries soon after
+    the pairs, a few far away; a = 1 is uniform);
+  * every other position is filler, a token drawn uniformly from the whole
+    vocabulary;
+  * a query position is scored: its label is the value paired with its key
+    (the next token a model must predict); every other label is -100.
+
+So `inputs` int `[n, seq_len]` and `labels` int `[n, seq_len]`, the
+sequence-labelling format (`sequences.py`). The draw is a pure function of
+the seed (numpy's PCG64), the same on every machine.
+
+`write_splits` writes one `.npz` file per split, each from its own seed
+(`split_seed`) and excluding every sequence of the splits before it, so no
+sequence is in two splits; a file whose settings match is kept, so the
+splits are generated once.
+"""
+import json
+import os
+import zlib
+from typing import Dict, List, Optional, Set, Tuple
+
+import numpy as np
+
+from train.input_pipeline import npz_cache
+
+DEFAULT_SIZES = {'train': 20_000, 'validation': 1000, 'test': 1000}  # Zoology's (128, 8)
+NUM_KV_PAIRS, POWER_A = 8, 0.01  # Zoology's defaults
+_FORMAT = 1  # bump when the generated content changes for the same settings
+_CHUNK = 4096  # rows drawn at a time (bounds the memory of the gap draw)
+
+
+def check_settings(vocab_size: int, seq_len: int, num_kv_pairs: int, power_a: float) -> None:
+  """A one-line ValueError naming the first setting the task cannot be built with."""
+  if num_kv_pairs < 1:
+    raise ValueError(f'MQAR num_kv_pairs={num_kv_pairs} is not valid; it must be >= 1')
+  if seq_len < 4 * num_kv_pairs:
+    raise ValueError(f'MQAR seq_len={seq_len} is too short for num_kv_pairs={num_kv_pairs}: '
+                     f'the pairs take {2 * num_kv_pairs} tokens and the queries need '
+                     f'{num_kv_pairs} slots of 2 after them; valid: seq_len >= '
+                     f'{4 * num_kv_pairs}')
+  if vocab_size // 2 - 1 < num_kv_pairs:
+    raise ValueError(f'MQAR vocab_size={vocab_size} is too small for num_kv_pairs='
+                     f'{num_kv_pairs} distinct keys (ids 1..vocab_size/2-1); valid: '
+                     f'vocab_size >= {2 * num_kv_pairs + 2}')
+  if not power_a > 0:
+    raise ValueError(f'MQAR power_a={power_a} is not valid; it must be > 0 (1 = uniform gaps)')
+
+
+def gap_weights(num_slots: int, power_a: float) -> np.ndarray:
+  """float64 `[num_slots]`: the chance that one query takes slot g, a (g + 1)^(a - 1),
+  normalised."""
+  p = power_a * np.arange(1, num_slots + 1, dtype=np.float64) ** (power_a - 1)
+  return p / p.sum()
+
+
+def _distinct(rng: np.random.Generator, n: int, low: int, high: int, k: int) -> np.ndarray:
+  """int64 `[n, k]`: k distinct values of low..high-1 per row, uniform (and in random order)."""
+  size = high - low
+  if k * k > 4 * size:  # many collisions: rank a random matrix (size is small here)
+    return np.argsort(rng.random((n, size)), axis=1)[:, :k] + low
+  out = rng.integers(low, high, (n, k))
+  todo = np.arange(n)
+  while len(todo):  # redraw the rows with a repeat (rejection: uniform over distinct rows)
+    s = np.sort(out[todo], axis=1)
+    todo = todo[(s[:, 1:] == s[:, :-1]).any(axis=1)]
+    out[todo] = rng.integers(low, high, (len(todo), k))
+  return out
+
+
+def _draw(rng: np.random.Generator, n: int, vocab_size: int, seq_len: int, num_kv_pairs: int,
+          power_a: float) -> Tuple[np.ndarray, np.ndarray]:
+  """`n` examples (see the module docstring): (inputs, labels) int32 `[n, seq_len]`."""
+  half, context = vocab_size // 2, 2 * num_kv_pairs
+  keys = _distinct(rng, n, 1, half, num_kv_pairs)
+  values = _distinct(rng, n, half, vocab_size, num_kv_pairs)
+  num_slots = (seq_len - context) // 2
+  # Weighted draw of distinct slots (Gumbel top-k: the same law as drawing one slot
+  # after another without replacement).
+  scores = np.log(gap_weights(num_slots, power_a)) + rng.gumbel(size=(n, num_slots))
+  slots = np.argsort(-scores, axis=1)[:, :num_kv_pairs]
+  inputs = rng.integers(0, vocab_size, (n, seq_len))
+  labels = np.full((n, seq_len), -100, np.int64)
+  rows = np.arange(n)[:, None]
+  inputs[:, 0:context:2], inputs[:, 1:context:2] = keys, values
+  where = context + 2 * slots
+  inputs[rows, where] = keys
+  labels[rows, where] = values
+  return inputs.astype(np.int32), labels.astype(np.int32)
+
+
+def fingerprint(row: np.ndarray) -> bytes:
+  """A sequence's identity, for keeping the splits disjoint."""
+  return np.ascontiguousarray(row, np.int32).tobytes()
+
+
+def generate(num_examples: int, seed, vocab_size: int = 8192, seq_len: int = 128,
+             num_kv_pairs: int = NUM_KV_PAIRS, power_a: float = POWER_A,
+             exclude: Optional[Set[bytes]] = None) -> Tuple[np.ndarray, np.ndarray]:
+  """(inputs, labels) int32 `[num_examples, seq_len]`, drawn from `seed` (an int or a tuple
+  of ints), no row of `inputs` in `exclude` (`fingerprint`s; drawn again instead)."""
+  check_settings(vocab_size, seq_len, num_kv_pairs, power_a)
+  rng = np.random.default_rng(seed)
+  exclude = exclude or set()
+  parts: List[Tuple[np.ndarray, np.ndarray]] = []
+  have, fruitless = 0, 0
+  while have < num_examples:
+    x, y = _draw(rng, min(_CHUNK, num_examples - have), vocab_size, seq_len, num_kv_pairs,
+                 power_a)
+    if exclude:
+      keep = np.asarray([fingerprint(r) not in exclude for r in x], bool)
+      x, y = x[keep], y[keep]
+      fruitless = 0 if len(x) else fruitless + 1
+      if fruitless == 100:
+        raise ValueError(f'MQAR: cannot draw {num_examples} sequences outside the '
+                         f'{len(exclude)} of the splits before (vocab_size={vocab_size}, '
+                         f'seq_len={seq_len}, num_kv_pairs={num_kv_pairs} allow too few); '
+                         f'use fewer examples or a larger vocabulary or sequence')
+    parts.append((x, y))
+    have += len(x)
+  if not parts:
+    return (np.zeros((0, seq_len), np.int32),) * 2
+  return tuple(np.concatenate(a) for a in zip(*parts))
+
+
+def split_seed(seed: int, split: str) -> Tuple[int, int]:
+  """The seed of one split: (seed, crc32 of its name), so splits draw independently."""
+  return (int(seed), zlib.crc32(split.encode('utf-8')))
+
+
+def split_path(folder: str, split: str, vocab_size: int, seq_len: int, num_kv_pairs: int,
+               power_a: float) -> str:
+  """`folder/mqar_v<vocab>_l<seq_len>_kv<pairs>_a<power_a>_{split}.npz`: other settings
+  never overwrite each other's files."""
+  return os.path.join(folder, f'mqar_v{vocab_size}_l{seq_len}_kv{num_kv_pairs}_a{power_a:g}_'
+                              f'{split}.npz')
+
+
+def write_splits(folder: str, seed: int = 0, sizes: Optional[Dict[str, int]] = None,
+                 vocab_size: int = 8192, seq_len: int = 128,
+                 num_kv_pairs: int = NUM_KV_PAIRS, power_a: float = POWER_A,
+                 verbose: bool = True) -> List[str]:
+  """Writes the `split_path` file of each split; skips files already up to date.
+
+  Each file holds `inputs` and `labels` (int32 `[n, seq_len]`, see the module
+  docstring) and `settings_json` (uint8 bytes of the JSON generation settings).
+  Splits are generated in the order of `sizes`, each from `split_seed(seed, split)`
+  and excluding the sequences of the splits before it, so they are disjoint.
+
+  Returns:
+    The paths of the split files, in the order of `sizes`.
+  """
+  check_settings(vocab_size, seq_len, num_kv_pairs, power_a)
+  sizes = dict(DEFAULT_SIZES if sizes is None else sizes)
+  for split, n in sizes.items():
+    if not split or not split.replace('_', '').replace('-', '').isalnum():
+      raise ValueError(f'split names must be letters, digits, "_" or "-", got {split!r}')
+    if n < 0:
+      raise ValueError(f'sizes[{split!r}] must be >= 0, got {n}')
+  task = dict(vocab_size=int(vocab_size), seq_len=int(seq_len),
+              num_kv_pairs=int(num_kv_pairs), power_a=float(power_a))
+  names = list(sizes)
+  settings = {split: {'format': _FORMAT, 'seed': int(seed), 'split': split,
+                      'num_examples': int(sizes[split]),
+                      'excludes': [[b, int(sizes[b])] for b in names[:i]], **task}
+              for i, split in enumerate(names)}
+  npz_cache.makedirs(folder)
+  paths = {s: split_path(folder, s, **task) for s in names}
+  todo = [s for s in names if npz_cache.read_settings(paths[s]) != settings[s]]
+  exclude: Set[bytes] = set()
+  for i, split in enumerate(names):
+    feeds_later = any(s in todo for s in names[i + 1:])  # a later split must avoid this one
+    if split in todo:
+      inputs, labels = generate(sizes[split], split_seed(seed, split), exclude=exclude, **task)
+      npz_cache.save_npz(paths[split], inputs=inputs, labels=labels, settings_json=np.frombuffer(
+          json.dumps(settings[split], sort_keys=True).encode('utf-8'), np.uint8))
+      if verbose:
+        print(f'{paths[split]}: {len(inputs)} MQAR examples written', flush=True)
+    else:  # up to date (read whenever the data is opened: no message)
+      inputs = npz_cache.read_array(paths[split], 'inputs') if feeds_later else ()
+    if feeds_later:
+      exclude.update(fingerprint(row) for row in inputs)
+  return [paths[s] for s in names]

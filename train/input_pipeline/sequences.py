@@ -1,0 +1,85 @@
+"""The sequence-labelling `.npz` format: token sequences with a label at each position.
+
+    examples = arrays.read_npz(path, parse=sequences.parse)   # the 'arrays' source does this
+    sequences.check(examples, vocab_size=8192, max_length=128)
+
+A file holds two arrays (Hugging Face's and Zoology's convention):
+
+  * `inputs`: integer `[n, length]`, token ids in 0..vocab_size-1;
+  * `labels`: integer `[n, length]`, the token id each position must predict
+    (0..vocab_size-1), or -100 where the position is not scored.
+
+Any integer dtype is read (stored as int32); other keys are ignored. A model
+reads `inputs` causally and is scored where `labels` is not -100, so a
+language model stores its next-token targets there (inputs shifted left) and
+a task like MQAR (`mqar.py`) scores only the positions that must answer.
+Sequences shorter than `dataset.max_length` are padded with input 0 and
+label -100 (unscored); longer ones are refused.
+
+Each problem is a one-line ValueError naming the file: a missing key, a
+non-integer dtype, a shape that is not `[n, length]` or differs between the
+two arrays (`parse`); inputs or labels outside the vocabulary, a negative
+label other than -100, no scored position at all, sequences longer than the
+model's context (`check`,
+called by `train.validate` before any workdir is written).
+"""
+import numpy as np
+
+IGNORE = -100  # the label of a position that is not scored
+KEYS = ('inputs', 'labels')
+
+
+def parse(npz, path: str):
+  """Examples of an open `.npz` archive (`np.load`) in this format; ValueError naming `path`."""
+  from train.input_pipeline import arrays  # pylint: disable=g-import-not-at-top
+  missing = [k for k in KEYS if k not in npz.files]
+  if missing:
+    raise ValueError(f'{path} has no {missing[0]!r} array; a sequence-labelling file needs '
+                     f'inputs and labels, int [n, length] (it has '
+                     f'{", ".join(npz.files) or "no arrays"})')
+  data = {}
+  for key in KEYS:
+    a = np.asarray(npz[key])
+    if not np.issubdtype(a.dtype, np.integer):
+      raise ValueError(f'{path}: {key!r} must be integers, got {a.dtype}' + (
+          '; store token ids as ints (.astype(np.int32))' if a.dtype.kind in 'fb' else ''))
+    if a.ndim != 2:
+      raise ValueError(f'{path}: {key!r} must be [n, length], got shape {list(a.shape)}')
+    if a.size and (a.min() < np.iinfo(np.int32).min or a.max() > np.iinfo(np.int32).max):
+      raise ValueError(f'{path}: {key!r} must fit int32, got {a.min()}..{a.max()}')
+    data[key] = a.astype(np.int32)
+  if data['inputs'].shape != data['labels'].shape:
+    raise ValueError(f'{path}: inputs {list(data["inputs"].shape)} and labels '
+                     f'{list(data["labels"].shape)} must have the same shape [n, length]')
+  return arrays.Examples(data['inputs'], data['labels'], path)
+
+
+def check(examples, vocab_size: int, max_length: int, vocab: str = 'config.dataset.vocab_size'
+          ) -> None:
+  """ValueError naming `examples.origin`: tokens or labels outside 0..vocab_size-1 (labels
+  may also be -100), or sequences longer than `max_length` (config.dataset.max_length)."""
+  x, y = examples.inputs, examples.labels
+  where = examples.origin
+  if x.shape[1] > max_length:
+    raise ValueError(f'{where}: sequences of {x.shape[1]} tokens exceed config.dataset.'
+                     f'max_length={max_length}; valid: files of length <= {max_length}')
+  bad = (x < 0) | (x >= vocab_size)
+  if bad.any():
+    raise ValueError(f'{where}: inputs must be token ids in 0..{vocab_size - 1} ({vocab}='
+                     f'{vocab_size}), got {x[bad][0]} ({int(bad.sum())} of {x.size} tokens)')
+  bad = ((y < 0) & (y != IGNORE)) | (y >= vocab_size)
+  if bad.any():
+    raise ValueError(f'{where}: labels must be token ids in 0..{vocab_size - 1} ({vocab}='
+                     f'{vocab_size}) or {IGNORE} (not scored), got {y[bad][0]} '
+                     f'({int(bad.sum())} of {y.size} labels)')
+  if len(y) and not (y != IGNORE).any():
+    raise ValueError(f'{where}: every label is {IGNORE}, so no position is scored; a '
+                     f'sequence-labelling file needs labels to learn and measure')
+
+
+def pad(examples, max_length: int):
+  """(inputs, labels) int32 `[n, max_length]`: padded with input 0 and label -100."""
+  x, y = examples.inputs, examples.labels
+  extra = ((0, 0), (0, max_length - x.shape[1]))
+  return (np.pad(x, extra).astype(np.int32),
+          np.pad(y, extra, constant_values=IGNORE).astype(np.int32))
