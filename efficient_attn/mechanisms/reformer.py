@@ -39,8 +39,11 @@ h(j) = h(t)} restricted to the past allows: the `chunk_size` most recent
 earlier tokens of t's own bucket (the sorted positions just before t, which the
 own and previous chunk always hold), and itself only when it has no other key.
 That set, each round's output and log-sum-exp, and so their combination depend
-on the hashes of tokens <= t alone. (The non-causal form attends to the whole
-own and previous chunk, every bucket in them, as trax does.)
+on the hashes of tokens <= t alone. (In floating point, outputs up to t agree
+to round-off, about 1e-7, when later tokens change: where those keys sit in the
+chunk layout, and so the order of the sums, still follows the sort. The
+non-causal form attends to the whole own and previous chunk, every bucket in
+them, as trax does.)
 
 Cost per head: time O(n_hashes n (chunk_size d + log n)) (the sort), memory
 O(n_hashes n chunk_size). Self-attention only (q_length == kv_length): q
