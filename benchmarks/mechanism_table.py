@@ -64,7 +64,7 @@ def table(speed_json: str = '', length: int = 4096) -> str:
   rows: List[List[Any]] = []
   for decl in ea.registry.mechanisms():
     row = [f'`{decl.name}`', decl.citation, decl.complexity[0], decl.complexity[1],
-           'yes' if decl.causal else 'no', decl.decode or '-',
+           'only' if decl.causal_only else 'yes' if decl.causal else 'no', decl.decode or '-',
            'any' if decl.masks == 'any' else 'key padding', decl.rotary or '-',
            'yes' if decl.fixed_length else 'no', _options(decl)]
     if measured:
@@ -73,6 +73,8 @@ def table(speed_json: str = '', length: int = 4096) -> str:
               output.fmt_bytes(point.get('memory_bytes')) if point else 'n/a']
     rows.append(row)
   text = output.table(header, rows, 'l' * len(header))
+  text += ('\n\nCausal "only": a recurrence along the sequence with no bidirectional form '
+           '(built with causal=True; a model\'s encoder runs it left to right).')
   if measured:
     text += (f'\n\nMeasured columns: forward + backward of the mechanism alone (batch 1, 8 heads, '
              f'head_dim 64, float32), from `{speed_json}`; "n/a": not measured at n={length} '

@@ -51,7 +51,9 @@ class Mechanism(nn.Module):
   `__call__(q, k, v, mask=None, deterministic=True)` maps q `[batch, q_length,
   heads, head_dim]`, k `[batch, kv_length, heads, head_dim]`, v `[batch,
   kv_length, heads, v_dim]` to `[batch, q_length, heads, v_dim]`; with
-  `state=...` it is one recurrent decoding step instead (see `decoding`).
+  `state=...` it is one recurrent decoding step instead (see `decoding`). A
+  mechanism whose gates read the layer input (`reads_input`, e.g. 'gla') takes it
+  as `inputs=[batch, q_length, features]` (`MultiHeadAttention` passes its query input).
 
   Attributes:
     mechanism: a name from `efficient_attn.list_mechanisms()`.
@@ -85,13 +87,14 @@ class Mechanism(nn.Module):
   @nn.compact
   def __call__(self, q, k, v, mask=None, deterministic: bool = True, *, state=None,
                position=None, dropout_rng=None, sow_weights: bool = False,
-               force_fp32_for_softmax: bool = False):
+               force_fp32_for_softmax: bool = False, inputs=None):
     """See the class docstring; `position`: a decoding step's position (rotary);
-    sow_weights / force_fp32_for_softmax: see `layer.run_mechanism`."""
+    sow_weights / force_fp32_for_softmax / inputs: see `layer.run_mechanism`."""
     decl, o = self.configured(k.shape[1] if state is None else None)
     layer.check_inputs(decl, q, k, v, mask, stepping=state is not None)  # before shapes are read
-    specs = decl.params(o, heads=q.shape[2], head_dim=q.shape[3], max_length=self.max_length,
-                        causal=self.causal)
+    specs = layer.declared_params(decl, o, heads=q.shape[2], head_dim=q.shape[3],
+                                  max_length=self.max_length, causal=self.causal,
+                                  features=None if inputs is None else inputs.shape[-1])
     params = {name: self.param(name, init, shape, self.param_dtype)
               for name, (shape, init) in specs.items()}
     params.update(self.shared_params or {})
@@ -99,7 +102,7 @@ class Mechanism(nn.Module):
                                ctx=_LinenContext(self, deterministic, dropout_rng),
                                use_rotary=self.rotary, dtype=self.dtype, state=state,
                                position=position, sow_weights=sow_weights,
-                               force_fp32_for_softmax=force_fp32_for_softmax)
+                               force_fp32_for_softmax=force_fp32_for_softmax, inputs=inputs)
 
 
 def mechanism_module(mechanism: str, *, causal: bool = False,
@@ -252,12 +255,13 @@ class MultiHeadAttention(nn.Module):
                      broadcast_dropout=self.broadcast_dropout,
                      shared_params=self.shared_params, rotary=self.rotary, name='mechanism')
     if stepping:
-      x = self._decode_step(mech, q, k, v, align)
+      x = self._decode_step(mech, q, k, v, align, inputs_q)
     else:
       if self.decode:
         self._init_cache(mech, q, k, inputs_q.shape[1], align)
       x = mech(q, k, v, mask=mask, deterministic=deterministic, dropout_rng=dropout_rng,
-               sow_weights=sow_weights, force_fp32_for_softmax=self.force_fp32_for_softmax)
+               sow_weights=sow_weights, force_fp32_for_softmax=self.force_fp32_for_softmax,
+               inputs=inputs_q)
       if sow_weights:
         x, weights = x
         self.sow('intermediates', 'attention_weights',
@@ -278,11 +282,11 @@ class MultiHeadAttention(nn.Module):
     return projections.alignment_kernel(self.max_length, self.causal, self.dtype,
                                         self.param_dtype)
 
-  def _form(self, mech) -> decoding.DecodeForm:
+  def _form(self, mech, inputs=None) -> decoding.DecodeForm:
     decl, o = mech.configured()
     return decoding.decode_form(
         decl, o, lambda state, q_t, k_t, v_t, i: mech(q_t, k_t, v_t, deterministic=True,
-                                                      state=state, position=i))
+                                                      state=state, position=i, inputs=inputs))
 
   def _init_cache(self, mech, q, k, length, align):
     """Creates the cache (the call that does so is the ordinary parallel forward)."""
@@ -294,12 +298,12 @@ class MultiHeadAttention(nn.Module):
                                         super_values=align is not None).items():
       self.put_variable('cache', name, value)
 
-  def _decode_step(self, mech, q, k, v, align):
+  def _decode_step(self, mech, q, k, v, align, inputs):
     """The cache as Linen variables; `layer.decode_step` does the rest."""
     decl, _ = mech.configured()
     cache = {name: self.get_variable('cache', name) for name in layer.CACHE_NAMES
              if self.has_variable('cache', name)}
-    cache, x = layer.decode_step(self._form(mech), cache, q, k, v, align_at=align,
+    cache, x = layer.decode_step(self._form(mech, inputs), cache, q, k, v, align_at=align,
                                  rotate_scores=self.rotary and decl.rotary == 'scores')
     for name, value in cache.items():
       self.put_variable('cache', name, value)
@@ -324,7 +328,8 @@ def make_attention_fn(mechanism: str = 'softmax', **options) -> Callable[..., An
   one line rather than ignoring: attention dropout during training, an
   attention bias, and the options above for other mechanisms.
   """
-  decl, o = registry.configure(mechanism, options)
+  decl, o = registry.configure(mechanism, options,
+                               causal=registry.get_mechanism(mechanism).causal_only)
   if not decl.parameter_free:
     free = registry.names_where(lambda m: m.parameter_free)
     raise ValueError(f'mechanism {mechanism!r} has parameters or random features and '

@@ -241,10 +241,30 @@ def check_inputs(decl: registry.Mechanism, q, k, v, mask, *, stepping: bool = Fa
                        same_length=decl.self_attention_only and not stepping)
 
 
+def declared_params(decl: registry.Mechanism, o: registry.Options, *, heads: int,
+                    head_dim: int, max_length: Optional[int], causal: bool,
+                    features: Optional[int]) -> Dict[str, registry.ParamSpec]:
+  """The parameters a layer creates for the mechanism: `params`, and `input_params` of a
+  mechanism that reads the layer input of `features` features (then not None)."""
+  specs = dict(decl.params(o, heads=heads, head_dim=head_dim, max_length=max_length,
+                           causal=causal))
+  if decl.reads_input:
+    if features is None:
+      raise input_needed(decl)
+    specs.update(decl.input_params(o, features=features, heads=heads, head_dim=head_dim))
+  return specs
+
+
+def input_needed(decl: registry.Mechanism) -> ValueError:
+  return ValueError(f'mechanism {decl.name!r} reads the layer input (its gates are functions '
+                    f'of each token): pass inputs=[batch, q_length, features] (the attention '
+                    f'layers do)')
+
+
 def run_mechanism(decl: registry.Mechanism, o: registry.Options, params: Dict[str, Any],
                   q, k, v, *, mask, causal: bool, ctx: registry.Context, use_rotary: bool,
                   dtype: Any = None, state=None, position=None, sow_weights: bool = False,
-                  force_fp32_for_softmax: bool = False):
+                  force_fp32_for_softmax: bool = False, inputs=None):
   """The declared mechanism on projected heads: `attend`, or one decoding `step`.
 
   q `[batch, q_length, heads, head_dim]`, k `[batch, kv_length, kv_heads,
@@ -256,13 +276,23 @@ def run_mechanism(decl: registry.Mechanism, o: registry.Options, params: Dict[st
   sow_weights: return `(out, weights)`, weights `[batch, heads, q_length,
   kv_length]` (see `attention_weights`). force_fp32_for_softmax: the weights
   multiply float32 values (and are sown in float32) whatever `dtype` is; scores
-  and softmax are float32 in every mechanism anyway.
+  and softmax are float32 in every mechanism anyway. inputs: the layer's query
+  input `[batch, q_length, features]` (one token in a step), which a `reads_input`
+  mechanism's gates read (`ctx.gates`).
   """
   check_weights_args(decl, sow_weights=sow_weights,
                      force_fp32_for_softmax=force_fp32_for_softmax)
   if state is None or not decl.grouped_state(o):
     k, v = repeat_kv(q, k, v)
   check_inputs(decl, q, k, v, mask, stepping=state is not None)
+  if decl.reads_input:
+    if inputs is None:
+      raise input_needed(decl)
+    if inputs.ndim != 3 or inputs.shape[:2] != q.shape[:2]:
+      raise ValueError(f'mechanism {decl.name!r}: inputs of shape {inputs.shape} do not fit '
+                       f'queries {q.shape}; valid: [batch, q_length, features] = '
+                       f'{q.shape[:2] + (-1,)}')
+    ctx.gates = decl.gates(o, params, inputs)
   dtype = dtype or q.dtype
   q, k, v = (x.astype(dtype) for x in (q, k, v))
   if force_fp32_for_softmax:
@@ -337,7 +367,7 @@ def decode_step(form: decoding.DecodeForm, cache: Dict[str, Any], q, k, v, *,
     values = lax.dynamic_update_slice_in_dim(values, v.astype(values.dtype), i, axis=1)
     cache['cached_raw_values'] = values
     v = align_at(values, index=i)
-  if rotate_scores:
+  if rotate_scores and 'cached_key' in cache:  # a recurrent step rotates in run_mechanism
     q, k = rotary.rotate(q, i), rotary.rotate(k, i)
   if 'cached_key' in cache:
     state, x = form.step(decoding.KVCache(cache['cached_key'], cache['cached_value']),

@@ -68,7 +68,9 @@ class Mechanism(nnx.Module):
   q_length, heads, head_dim]`, k `[batch, kv_length, heads, head_dim]`, v
   `[batch, kv_length, heads, v_dim]` to `[batch, q_length, heads, v_dim]`; with
   `state=...` it is one recurrent decoding step. The Linen `Mechanism` with
-  the same arguments has the same parameters under the same names.
+  the same arguments has the same parameters under the same names. A mechanism
+  whose gates read the layer input (`reads_input`) needs `in_features` here and
+  the call's `inputs` `[batch, q_length, in_features]`.
   """
 
   def __init__(self, mechanism: str = 'softmax', *, num_heads: int, head_dim: int,
@@ -77,15 +79,16 @@ class Mechanism(nnx.Module):
                param_dtype: Any = jnp.float32, dropout_rate: float = 0.0,
                broadcast_dropout: bool = True, rotary: bool = False,
                shared_params: Optional[Mapping[str, Any]] = None,
-               tag: Sequence[str] = ('mechanism',), rngs: nnx.Rngs):
+               tag: Sequence[str] = ('mechanism',), in_features: Optional[int] = None,
+               rngs: nnx.Rngs):
     self.decl, self.o = registry.configure(mechanism, options, causal=causal,
                                            max_length=max_length, rotary=rotary)
     self.name, self.options = mechanism, dict(options or {})
     self.causal, self.max_length, self.rotary = causal, max_length, rotary
     self.dtype, self.dropout_rate, self.broadcast_dropout = dtype, dropout_rate, broadcast_dropout
     self.tag = tuple(tag)
-    specs = self.decl.params(self.o, heads=num_heads, head_dim=head_dim,
-                             max_length=max_length, causal=causal)
+    specs = layer.declared_params(self.decl, self.o, heads=num_heads, head_dim=head_dim,
+                                  max_length=max_length, causal=causal, features=in_features)
     for name, (shape, init) in specs.items():
       setattr(self, name, nnx.Param(init(rngs.params(), shape, param_dtype)))
     self.param_names = tuple(specs)
@@ -100,7 +103,7 @@ class Mechanism(nnx.Module):
 
   def __call__(self, q, k, v, mask=None, deterministic: bool = True, *, rngs=None,
                state=None, position=None, sow_weights: bool = False,
-               force_fp32_for_softmax: bool = False):
+               force_fp32_for_softmax: bool = False, inputs=None):
     if state is None:
       registry.configure(self.name, self.options, causal=self.causal,
                          max_length=self.max_length, length=k.shape[1], rotary=self.rotary)
@@ -108,7 +111,7 @@ class Mechanism(nnx.Module):
                                causal=self.causal, ctx=_Context(self, deterministic, rngs),
                                use_rotary=self.rotary, dtype=self.dtype, state=state,
                                position=position, sow_weights=sow_weights,
-                               force_fp32_for_softmax=force_fp32_for_softmax)
+                               force_fp32_for_softmax=force_fp32_for_softmax, inputs=inputs)
 
 
 class Alignment(nnx.Module):
@@ -198,7 +201,7 @@ class MultiHeadAttention(nnx.Module):
         mechanism, num_heads=num_heads, head_dim=self.head_dim, options=options,
         causal=causal, max_length=max_length, dtype=dtype, param_dtype=param_dtype,
         dropout_rate=dropout_rate, broadcast_dropout=broadcast_dropout, rotary=rotary,
-        shared_params=shared_params, tag=tag, rngs=rngs)
+        shared_params=shared_params, tag=tag, in_features=in_features, rngs=rngs)
     self.out = nnx.LinearGeneral(
         in_features=(num_heads, self.head_dim), out_features=self.out_features, axis=(-2, -1),
         kernel_init=out_kernel_init or kernel_init, bias_init=out_bias_init or bias_init,
@@ -210,11 +213,11 @@ class MultiHeadAttention(nnx.Module):
     for name in layer.CACHE_NAMES:
       setattr(self, name, nnx.data(None))
 
-  def _form(self) -> decoding.DecodeForm:
+  def _form(self, inputs=None) -> decoding.DecodeForm:
     mech = self.mechanism
     return decoding.decode_form(
         mech.decl, mech.o, lambda state, q_t, k_t, v_t, i: mech(q_t, k_t, v_t, state=state,
-                                                                position=i))
+                                                                position=i, inputs=inputs))
 
   def init_cache(self, input_shape: Tuple[int, ...], dtype: Any = jnp.float32):
     """An empty decoding cache for inputs `[..., max_length, features]` (any leading
@@ -276,14 +279,14 @@ class MultiHeadAttention(nnx.Module):
         normalize=self._projections() if self.normalize_qk else None, mask=mask)
     if decode:
       cache, x = layer.decode_step(
-          self._form(), self._cache(), q, k, v, align_at=align,
+          self._form(inputs_q), self._cache(), q, k, v, align_at=align,
           rotate_scores=self.rotary and self.mechanism.decl.rotary == 'scores')
       for name, value in cache.items():
         getattr(self, name).set_value(value)
     else:
       x = self.mechanism(q, k, v, mask=mask, deterministic=deterministic, rngs=rngs,
                          sow_weights=sow_weights,
-                         force_fp32_for_softmax=self.force_fp32_for_softmax)
+                         force_fp32_for_softmax=self.force_fp32_for_softmax, inputs=inputs_q)
       if sow_weights:
         x, weights = x
         self.sow(nnx.Intermediate, 'attention_weights',

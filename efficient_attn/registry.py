@@ -133,6 +133,13 @@ class Mechanism:
     citation: the paper, by authors and year.
     options: the `Option`s, with the defaults the library and configs use.
     causal: has a causal form (`causal=True` honoured with no look-ahead).
+    causal_only: causal by nature (a recurrence along the sequence, e.g. the
+      gated linear attentions): `configure` refuses causal=False, and a model
+      encoder runs it causally.
+    reads_input: its gates are functions of each token's layer input, not only
+      of q, k and v (e.g. GLA's decay, Mamba-2's dt, DeltaNet's beta): the
+      layers create `input_params` and pass `gates(o, params, inputs)` to
+      `attend` and `step` as `ctx.gates`.
     fixed_length: has length-shaped parameters and needs `max_length`.
     masks: 'any' (any boolean mask) or 'key_padding' (only key padding; the
       layer refuses other masks rather than silently dropping them).
@@ -158,6 +165,8 @@ class Mechanism:
   citation: str = ''
   options: Tuple[Option, ...] = ()
   causal: bool = False
+  causal_only: bool = False
+  reads_input: bool = False
   fixed_length: bool = False
   masks: str = 'key_padding'
   decode: str = ''
@@ -173,17 +182,19 @@ class Mechanism:
   @property
   def parameter_free(self) -> bool:
     """No parameters and no random draw with the default options: usable as an attention_fn."""
-    if self.fixed_length or self.random_features:
+    if self.fixed_length or self.random_features or self.reads_input:
       return False
     return not self.params(self.resolve(), heads=1, head_dim=1, max_length=None, causal=False)
 
   def describe(self) -> str:
     """A few lines for a person: what it is, its forms and its options with their defaults."""
-    forms = [f'causal form: {"yes" if self.causal else "no"}',
+    forms = [f'causal form: {"only" if self.causal_only else "yes" if self.causal else "no"}',
              f'masks: {"any" if self.masks == "any" else "key padding only"}',
              f'decoding: {self.decode or "none"}',
              f'rotary: {self.rotary or "no"}',
              f'fixed length: {"yes" if self.fixed_length else "no"}']
+    if self.reads_input:
+      forms.append('gates from the layer input')
     lines = [f'{self.name}: {self.description} ({self.citation})',
              f'  time {self.complexity[0]}, memory {self.complexity[1]} per head; '
              + ', '.join(forms)]
@@ -210,6 +221,20 @@ class Mechanism:
     """The parameters of one layer, by name (default: none)."""
     del o, heads, head_dim, max_length, causal
     return {}
+
+  def input_params(self, o: Options, *, features: int, heads: int,
+                   head_dim: int) -> Dict[str, ParamSpec]:
+    """Parameters that read the layer input `[batch, length, features]` (reads_input:
+    the gate projections; default: none). They live beside `params`, under the same
+    module."""
+    del o, features, heads, head_dim
+    return {}
+
+  def gates(self, o: Options, params: Mapping[str, Any], inputs):
+    """reads_input: the per-token gates, a pytree of `[batch, length, ...]` arrays, from the
+    layer input `[batch, length, features]` (one token `[batch, 1, features]` in a decoding
+    step) and the declared parameters. The layers pass them as `ctx.gates`."""
+    raise NotImplementedError
 
   def shared_params(self, o: Options, *, heads: int, head_dim: int,
                     max_length: Optional[int]) -> Dict[str, ParamSpec]:
@@ -273,6 +298,8 @@ class Context:
     positions: rotary (query positions, key positions) for a 'features'
       mechanism's `attend`, or None (no rotary positions).
     position: a decoding step's rotary position (scalar), or None.
+    gates: a reads_input mechanism's `Mechanism.gates` of this call's layer
+      input (`[batch, q_length, ...]`, one token in a step), else None.
     forming_weights: the call computes the attention weights themselves
       (`layer.attention_weights`, identity values), so a mechanism must use its
       explicit form, never a fused kernel that does not form them.
@@ -289,6 +316,7 @@ class Context:
     self._rngs = dict(rngs or {})
     self.positions = None
     self.position = None
+    self.gates = None
     self.forming_weights = False
 
   def rng(self, name: str):
@@ -308,6 +336,8 @@ def register(cls):
       decl.rotary not in ROTARY_FORMS):
     raise ValueError(f'mechanism {decl.name!r}: masks must be one of {MASKS}, decode one of '
                      f'{DECODE_FORMS}, rotary one of {ROTARY_FORMS}')
+  if decl.causal_only and not decl.causal:
+    raise ValueError(f'mechanism {decl.name!r} is causal_only, so it must declare causal')
   decl.resolve()  # the defaults themselves must be valid
   _MECHANISMS[decl.name] = decl
   return cls
@@ -367,7 +397,7 @@ def configure(mechanism: str, options: Optional[Mapping[str, Any]] = None, *,
 
   Raises ValueError, naming the value and what is valid, for an unknown
   mechanism or option, an option value out of range, `causal` for a
-  mechanism without a causal form, a fixed-length mechanism without
+  mechanism without a causal form (and not `causal` for a causal-only one), a fixed-length mechanism without
   `max_length`, a `length` over `max_length`, `rotary` for a mechanism without
   q . k scores, and the mechanism's own checks.
   """
@@ -383,6 +413,11 @@ def configure(mechanism: str, options: Optional[Mapping[str, Any]] = None, *,
         f'mechanism {mechanism!r} cannot take rotary positions (rotary=True): it has no '
         f'query-key scores to rotate; mechanisms that can: '
         f'{", ".join(names_where(lambda m: bool(m.rotary)))}')
+  if decl.causal_only and not causal:
+    raise ValueError(
+        f'mechanism {mechanism!r} is causal only (a recurrence along the sequence, with no '
+        f'bidirectional form): build it with causal=True; mechanisms with a bidirectional '
+        f'form: {", ".join(names_where(lambda m: not m.causal_only))}')
   if decl.fixed_length and max_length is None:
     raise ValueError(f'mechanism {mechanism!r} has length-shaped parameters and needs '
                      f'max_length (the longest sequence it will see)')

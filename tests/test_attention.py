@@ -21,8 +21,10 @@ KEY_PADDING_ONLY = registry.names_where(lambda m: m.masks == 'key_padding')
 
 
 def _layer(mechanism, projection='standard', causal=False, **kw):
+  """The layer; a causal-only mechanism is always built causal (it has no other form)."""
+  decl = ea.get_mechanism(mechanism)
   return ea.MultiHeadAttention(num_heads=H, mechanism=mechanism, projection=projection,
-                               options=ea.get_mechanism(mechanism).example, causal=causal,
+                               options=decl.example, causal=causal or decl.causal_only,
                                max_length=L, **kw)
 
 
@@ -240,8 +242,10 @@ def test_declared_parameters_are_created_and_parameter_free_means_none(mechanism
   layer = _layer(mechanism)
   params = jax.eval_shape(layer.init, jax.random.PRNGKey(0), _inputs())['params']
   o = decl.resolve(decl.example)
-  want = {n: tuple(s) for n, (s, _) in decl.params(o, heads=H, head_dim=D // H, max_length=L,
-                                                  causal=False).items()}
+  specs = dict(decl.params(o, heads=H, head_dim=D // H, max_length=L, causal=False))
+  if decl.reads_input:  # gate projections of the layer input
+    specs.update(decl.input_params(o, features=D, heads=H, head_dim=D // H))
+  want = {n: tuple(s) for n, (s, _) in specs.items()}
   got = jax.tree.map(lambda p: tuple(p.shape), dict(params.get('mechanism', {})))
   assert got == want
   if decl.parameter_free:
@@ -318,9 +322,12 @@ def test_a_flax_causal_mask_is_honoured_or_refused(mechanism):
 
 @pytest.mark.parametrize('mechanism', MECHANISMS)
 def test_inconsistent_shapes_raise_one_line_errors(mechanism):
-  layer = ea.mechanism_module(mechanism, max_length=L, options=ea.get_mechanism(mechanism).example)
+  decl = ea.get_mechanism(mechanism)
+  layer = ea.mechanism_module(mechanism, max_length=L, options=decl.example,
+                              causal=decl.causal_only)
   q = _inputs(shape=(B, L, H, 8))
-  variables = layer.init(jax.random.PRNGKey(0), q, q, q)
+  inputs = {'inputs': q.reshape(B, L, -1)} if decl.reads_input else {}
+  variables = layer.init(jax.random.PRNGKey(0), q, q, q, **inputs)
   bad = {
       'a mask of the wrong length': (q, q, q, jnp.ones((B, L - 3), bool)),
       'a mask of the wrong rank': (q, q, q, jnp.ones((B, 1, L), bool)),
@@ -329,7 +336,7 @@ def test_inconsistent_shapes_raise_one_line_errors(mechanism):
   }
   for what, (qq, kk, vv, mask) in bad.items():
     with pytest.raises(ValueError) as e:
-      layer.apply(variables, qq, kk, vv, mask=mask)
+      layer.apply(variables, qq, kk, vv, mask=mask, **inputs)
     assert '\n' not in str(e.value) and ('mask' in str(e.value) or 'q ' in str(e.value)
                                          or 'rank' in str(e.value)), (what, str(e.value))
 

@@ -24,6 +24,7 @@ TOL = dict(atol=2e-5, rtol=2e-5)
 
 
 def _kwargs(mechanism, projection='standard', **kw):
+  kw.setdefault('causal', ea.get_mechanism(mechanism).causal_only)  # its only form
   return dict(mechanism=mechanism, projection=projection, max_length=L,
               options=dict(ea.get_mechanism(mechanism).example), **kw)
 

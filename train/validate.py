@@ -241,8 +241,14 @@ def _attention(config) -> None:
                       f'{context} that {what} is built for (config.model.max_length='
                       f'{config.model.max_length}); valid: lengths <= {context}')
   causal = config.model.kind == 'causal'
+  if registry.get_mechanism(a.mechanism).causal_only and config.model.get('pool') == 'cls' and (
+      not causal):  # the causal model does not pool
+    raise ConfigError(f'config.model.pool=\'cls\' with mechanism {a.mechanism!r}: a causal-only '
+                      f'mechanism lets the class token (the first) see only itself; valid: '
+                      f'pool=\'mean\'')
   try:
-    registry.configure(a.mechanism, models.attention_options(config), causal=causal,
+    registry.configure(a.mechanism, models.attention_options(config),
+                       causal=causal or registry.get_mechanism(a.mechanism).causal_only,
                        max_length=context, length=length, rotary=a.get('rotary', False))
   except ValueError as e:
     if causal and not registry.get_mechanism(a.mechanism).causal:

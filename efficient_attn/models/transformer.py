@@ -29,7 +29,8 @@ class TransformerConfig:
     num_kv_heads: key/value heads (grouped-query attention; None: num_heads).
     mechanism, projection, options: the attention layer (see
       `efficient_attn.MultiHeadAttention`).
-    causal: autoregressive attention.
+    causal: autoregressive attention (a causal-only mechanism, e.g. 'gla', is causal
+      whatever this says: `attention_causal`).
     max_length: the context length (the super projection and fixed-length
       mechanisms are built for it); models set it from their input size.
     dropout_rate: residual and MLP dropout; attention_dropout_rate: on the
@@ -61,13 +62,18 @@ class TransformerConfig:
   def replace(self, **changes) -> 'TransformerConfig':
     return dataclasses.replace(self, **changes)
 
+  @property
+  def attention_causal(self) -> bool:
+    """causal, or a causal-only mechanism (an encoder then reads left to right, as an RNN)."""
+    return self.causal or registry.get_mechanism(self.mechanism).causal_only
+
 
 def attention_layer(c: TransformerConfig, shared_params=None) -> MultiHeadAttention:
   """The attention layer of a block, named 'attention'."""
   return MultiHeadAttention(
       num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, mechanism=c.mechanism,
       projection=c.projection,
-      options=c.options, causal=c.causal, max_length=c.max_length,
+      options=c.options, causal=c.attention_causal, max_length=c.max_length,
       dropout_rate=c.attention_dropout_rate, dtype=c.dtype, param_dtype=c.param_dtype,
       shared_params=shared_params, decode=c.decode, rotary=c.rotary, name='attention')
 
@@ -121,7 +127,7 @@ class Encoder(nn.Module):
   def __call__(self, x, mask=None, deterministic: bool = True):
     """x `[batch, length, d_model]`; mask flax-style, key padding or None -> same shape."""
     c = self.config
-    decl, o = registry.configure(c.mechanism, c.options, causal=c.causal,
+    decl, o = registry.configure(c.mechanism, c.options, causal=c.attention_causal,
                                  max_length=c.max_length)
     head_dim = x.shape[-1] // c.num_heads
     specs = decl.shared_params(o, heads=c.num_heads, head_dim=head_dim,

@@ -1,0 +1,337 @@
+"""Gated linear attention: the decay recurrence, its chunkwise form, and the shared layer.
+
+The decay family (RetNet's retention, Sun et al. 2023; GLA, Yang et al. 2024;
+Mamba-2's state space duality, Dao & Gu 2024) is one recurrence per head,
+
+    S_t = diag(a_t) S_{t-1} + k_t v_t^T,      o_t = S_t^T q_t,
+
+with a state S `[dk, dv]` and a decay a_t in (0, 1] that is one number per head
+(retention, Mamba-2) or one per key feature (GLA). Three forms compute it:
+
+  * `gated_scan`: the recurrence itself, one token at a time (the definition);
+  * `gated_chunked`: chunkwise parallel (Yang et al. 2024, section 3): the
+    sequence is cut into chunks of c tokens, the state is carried from chunk to
+    chunk by `lax.scan`, and inside a chunk the causal part is a c x c matrix;
+    O(n c dk + n dk dv) time per head instead of the scan's n sequential steps;
+  * `gated_step`: one token of decoding, O(dk dv) whatever the position.
+
+Decays are given as log-decays g_t = log a_t <= 0, in float32. Inside a chunk
+every decay factor is exp of a difference of cumulative log-decays taken in the
+direction that makes it <= 1 (from a key to a later query, or to the chunk
+end), masked before exponentiation: nothing overflows however strong the
+decay, and the chunk-local cumulative sums never reach the sequence length.
+
+`GatedRecurrence` is the mechanism declaration these mechanisms, and the delta
+rule's (`efficient_attn.delta_rule`), share: causal only, key padding (a padded
+token neither writes to the state nor decays it), the optional short causal
+convolution on q, k and v with its decoding state, gates read from the layer
+input (`registry.Mechanism.reads_input`), and the three forms. Each mechanism
+file adds its gates and its output (norm and gate).
+
+Shapes: q, k `[batch, length, heads, dk]`, v `[batch, length, heads, dv]`,
+log-decays `[batch, length, heads, 1 or dk]`; outputs `[batch, length, heads,
+dv]`; states `[batch, heads, dk, dv]`.
+"""
+import math
+from typing import Any, Callable, NamedTuple, Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from efficient_attn import masking
+from efficient_attn import registry
+
+F32 = jnp.float32
+NORM_EPS = 1e-5  # the output RMSNorm's epsilon (fla's and Mamba-2's default)
+
+
+def heads_first(x):
+  """`[b, n, h, ...]` -> `[b, h, n, ...]` in float32."""
+  return jnp.swapaxes(x.astype(F32), 1, 2)
+
+
+def chunked(xs, chunk_size: int):
+  """Each `[b, h, n, ...]` array of `xs` (None passes) zero-padded to a multiple of c and cut
+  into `[n_chunks, b, h, c, ...]`; returns (chunks, c)."""
+  n = next(x for x in xs if x is not None).shape[2]
+  c = max(1, min(int(chunk_size), n))
+  nc = -(-n // c)
+
+  def cut(x):
+    if x is None:
+      return None
+    x = jnp.pad(x, [(0, 0), (0, 0), (0, nc * c - n)] + [(0, 0)] * (x.ndim - 3))
+    x = x.reshape(x.shape[:2] + (nc, c) + x.shape[3:])
+    return jnp.moveaxis(x, 2, 0)
+  return tuple(cut(x) for x in xs), c
+
+
+def unchunked(out, n: int):
+  """`[n_chunks, b, h, c, dv]` -> `[b, n, h, dv]` (the first n tokens)."""
+  nc, b, h, c, dv = out.shape
+  out = jnp.moveaxis(out, 0, 2).reshape(b, h, nc * c, dv)[:, :, :n]
+  return jnp.swapaxes(out, 1, 2)
+
+
+def decay_within(cum, inclusive: bool = True):
+  """exp(cum_t - cum_s) for s <= t (s < t if not inclusive), else 0: `[..., c, c]` from
+  cumulative log-decays `[..., c]`; masked before exp, so every factor is <= 1."""
+  c = cum.shape[-1]
+  tri = jnp.tril(jnp.ones((c, c), bool), 0 if inclusive else -1)
+  diff = cum[..., :, None] - cum[..., None, :]
+  return jnp.where(tri, jnp.exp(jnp.where(tri, diff, 0.0)), 0.0)
+
+
+def init_gated_state(batch: int, heads: int, dk: int, dv: int):
+  """The empty state S `[batch, heads, dk, dv]` (float32)."""
+  return jnp.zeros((batch, heads, dk, dv), F32)
+
+
+def gated_step(s, q_t, k_t, v_t, g_t, beta_t=None):
+  """One token: S = diag(exp(g_t)) S + k_t v_t^T, o_t = S^T q_t.
+
+  s `[b, h, dk, dv]`; q_t, k_t `[b, h, dk]`; v_t `[b, h, dv]`; g_t `[b, h, 1 or dk]`
+  (log-decay). Returns (S, o_t `[b, h, dv]`), float32.
+  """
+  del beta_t  # the decay family has no erase step
+  q_t, k_t, v_t, g_t = (x.astype(F32) for x in (q_t, k_t, v_t, g_t))
+  s = jnp.exp(g_t)[..., None] * s + k_t[..., :, None] * v_t[..., None, :]
+  return s, jnp.einsum('bhk,bhkv->bhv', q_t, s)
+
+
+def scan_tokens(step, q, k, v, g, beta=None, state=None):
+  """The recurrence `step(S, q_t, k_t, v_t, g_t, beta_t)` over every token (`lax.scan`).
+
+  q, k `[b, n, h, dk]`, v `[b, n, h, dv]`, g `[b, n, h, 1 or dk]`, beta `[b, n, h]` or None;
+  state: the initial S (None: zeros). Returns (out `[b, n, h, dv]`, final S), float32.
+  """
+  b, _, h, dk = q.shape
+  s0 = init_gated_state(b, h, dk, v.shape[-1]) if state is None else state
+  xs = tuple(None if x is None else jnp.moveaxis(x.astype(F32), 1, 0)
+             for x in (q, k, v, g, beta))
+  s, out = lax.scan(lambda s, x: step(s, *x), s0, xs)
+  return jnp.moveaxis(out, 0, 1), s
+
+
+def gated_scan(q, k, v, g, beta=None, state=None, chunk_size=None):
+  """The decay recurrence token by token (the definition); see `scan_tokens`."""
+  del chunk_size
+  return scan_tokens(gated_step, q, k, v, g, beta, state)
+
+
+def gated_chunked(q, k, v, g, beta=None, state=None, chunk_size: int = 64):
+  """The decay recurrence chunkwise in parallel; equals `gated_scan`.
+
+  Inside a chunk with cumulative log-decays b_t (from the chunk start):
+    o_t = (q_t * exp(b_t))^T S_0 + sum_{s<=t} (q_t * exp(b_t - b_s)) . k_s v_s,
+    S_c = diag(exp(b_c)) S_0 + sum_s (k_s * exp(b_c - b_s)) v_s^T.
+  A per-feature decay (GLA) forms the c x c x dk factors exp(b_t - b_s) (masked
+  first), so each is <= 1; memory O(c^2 dk) per chunk and head.
+
+  Args: as `scan_tokens`, and chunk_size c (any length works; the last chunk is padded
+  with tokens that neither write nor decay). Returns (out `[b, n, h, dv]`, final S).
+  """
+  del beta
+  b, n, h, dk = q.shape
+  dv = v.shape[-1]
+  (qc, kc, vc, gc), c = chunked(tuple(heads_first(x) for x in (q, k, v, g)), chunk_size)
+  s0 = init_gated_state(b, h, dk, dv) if state is None else state
+  scalar = g.shape[-1] == 1
+  tri = jnp.tril(jnp.ones((c, c), bool))
+
+  def body(s, x):
+    qx, kx, vx, gx = x                                # [b, h, c, dk|dv|dg]
+    cum = jnp.cumsum(gx, axis=2)                      # [b, h, c, dg]
+    if scalar:
+      a = jnp.einsum('bhqd,bhkd->bhqk', qx, kx) * decay_within(cum[..., 0])
+    else:
+      diff = cum[..., :, None, :] - cum[..., None, :, :]         # [b, h, c, c, dk]
+      w = jnp.where(tri[..., None], jnp.exp(jnp.where(tri[..., None], diff, 0.0)), 0.0)
+      a = jnp.einsum('bhqd,bhkd,bhqkd->bhqk', qx, kx, w)
+    out = jnp.einsum('bhqk,bhkv->bhqv', a, vx)
+    out = out + jnp.einsum('bhqd,bhdv->bhqv', qx * jnp.exp(cum), s)
+    last = cum[:, :, -1:]                             # [b, h, 1, dg]
+    s = jnp.swapaxes(jnp.exp(last), 2, 3) * s + jnp.einsum(
+        'bhkd,bhkv->bhdv', kx * jnp.exp(last - cum), vx)
+    return s, out
+
+  s, out = lax.scan(jax.checkpoint(body, prevent_cse=False), s0, (qc, kc, vc, gc))
+  return unchunked(out, n), s
+
+
+class Cores(NamedTuple):
+  """A recurrence's three forms, one signature: `scan` and `chunked` take (q, k, v, g, beta,
+  state, chunk_size) -> (out, S); `step` takes (S, q_t, k_t, v_t, g_t, beta_t) -> (S, o_t);
+  `init(batch, heads, dk, dv)` is the empty state."""
+  scan: Callable[..., Any]
+  chunked: Callable[..., Any]
+  step: Callable[..., Any]
+  init: Callable[..., Any]
+
+
+DECAY = Cores(gated_scan, gated_chunked, gated_step, init_gated_state)
+
+
+# The short causal convolution (fla's ShortConvolution; Mamba-2's conv1d).
+
+def conv_init(key, shape, dtype=F32):
+  """PyTorch's depthwise Conv1d initialisation: U(-1/sqrt(kernel), 1/sqrt(kernel))."""
+  bound = 1.0 / math.sqrt(shape[0])
+  return jax.random.uniform(key, shape, F32, -bound, bound).astype(dtype)
+
+
+def causal_conv(x, w):
+  """Depthwise causal convolution along the sequence: out_t = sum_i w[i] x_{t - K + 1 + i}.
+
+  x `[b, n, h, d]`, w `[K, h, d]` -> `[b, n, h, d]` (float32).
+  """
+  size, n = w.shape[0], x.shape[1]
+  xp = jnp.pad(x.astype(F32), [(0, 0), (size - 1, 0), (0, 0), (0, 0)])
+  return sum(w[i].astype(F32) * xp[:, i:i + n] for i in range(size))
+
+
+def conv_step(history, x_t, w):
+  """One token of `causal_conv`: history `[b, K - 1, h, d]` (the previous inputs), x_t
+  `[b, 1, h, d]` -> (new history, out_t `[b, 1, h, d]`)."""
+  window = jnp.concatenate([history, x_t.astype(F32)], axis=1)
+  return window[:, 1:], jnp.sum(window * w.astype(F32), axis=1, keepdims=True)
+
+
+def rms_norm(x, scale=None, axes=(-1,), eps: float = NORM_EPS):
+  """x / sqrt(mean(x^2 over axes) + eps) (* scale): the output norm (float32)."""
+  x = x.astype(F32)
+  x = x * lax.rsqrt(jnp.mean(jnp.square(x), axis=axes, keepdims=True) + eps)
+  return x if scale is None else x * scale.astype(F32)
+
+
+def dense(x, kernel, bias=None):
+  """x `[b, n, features]` times kernel `[features, ...]` (+ bias), in float32."""
+  y = jnp.tensordot(x.astype(F32), kernel.astype(F32), axes=1)
+  return y if bias is None else y + bias.astype(F32)
+
+
+def inverse_softplus(x):
+  return x + jnp.log(-jnp.expm1(-x))
+
+
+def dt_bias_init(key, shape, dtype=F32, dt_min: float = 1e-3, dt_max: float = 0.1):
+  """Mamba's dt bias: softplus(bias) = dt, dt log-uniform in [dt_min, dt_max] (Gu & Dao 2023)."""
+  u = jax.random.uniform(key, shape, F32)
+  dt = jnp.maximum(jnp.exp(u * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min)), 1e-4)
+  return inverse_softplus(dt).astype(dtype)
+
+
+def a_log_init(low: float, high: float):
+  """A_log = log A, A uniform in [low, high] per head (Mamba-2: [1, 16])."""
+  def init(key, shape, dtype=F32):
+    a = jax.random.uniform(key, shape, F32, low, high)
+    return jnp.log(jnp.maximum(a, 1e-4)).astype(dtype)
+  return init
+
+
+def ones_init(key, shape, dtype=F32):
+  del key
+  return jnp.ones(shape, dtype)
+
+
+def common_options(conv_size: int) -> Tuple[registry.Option, ...]:
+  """The options every gated recurrence has (`conv_size`: the papers' default)."""
+  return (
+      registry.Option('chunk_size', 64, int, 'chunk length of the chunkwise form', minimum=1),
+      registry.Option('form', 'chunk', str, "chunk: chunkwise parallel (training); naive: the "
+                      "token-by-token recurrence (the definition)",
+                      choices=('chunk', 'naive')),
+      registry.Option('conv_size', conv_size, int, 'kernel of the short causal convolution on '
+                      'q, k and v (0: none)', minimum=0),
+  )
+
+
+class RecurrentState(NamedTuple):
+  """A gated recurrence's decoding state: S `[batch, heads, dk, dv]` and the short
+  convolution's last K - 1 inputs (q, k, v), each `[batch, K - 1, heads, d]` (empty
+  without it). Constant size."""
+  s: jnp.ndarray
+  conv: Tuple[jnp.ndarray, ...]
+
+
+class GatedRecurrence(registry.Mechanism):
+  """The declaration the gated linear attentions share (not registered itself).
+
+  A subclass sets `cores` (`DECAY` or `delta_rule.DELTA`), `activation` ('silu': applied to
+  q, k, v after the short convolution) and implements:
+    recurrence_inputs(o, params, q, k, v, gates) -> (q, k, v, log_decay, beta): the
+      recurrence's inputs from the convolved q, k, v `[b, n, h, d]` and the gates
+      (log_decay `[b, n, h, 1 or dk]`, None for no decay; beta `[b, n, h]` or None);
+    finish(o, params, out, v, gates) -> the output `[b, n, h, dv]` from the
+      recurrence's (norm, output gate);
+    own_params(o, heads, head_dim), and `input_params` / `gates` as the registry says.
+  """
+  causal = True
+  causal_only = True
+  reads_input = True
+  masks = 'key_padding'
+  decode = 'recurrent'
+  cores: Cores = DECAY
+  activation: str = ''  # '' or 'silu'
+
+  def own_params(self, o, *, heads, head_dim):
+    del o, heads, head_dim
+    return {}
+
+  def params(self, o, *, heads, head_dim, max_length, causal):
+    specs = {f'{name}_conv': registry.ParamSpec((o.conv_size, heads, head_dim), conv_init)
+             for name in ('q', 'k', 'v')} if o.conv_size else {}
+    specs.update(self.own_params(o, heads=heads, head_dim=head_dim))
+    return specs
+
+  def recurrence_inputs(self, o, params, q, k, v, gates):
+    raise NotImplementedError
+
+  def finish(self, o, params, out, v, gates):
+    raise NotImplementedError
+
+  def _features(self, o, params, q, k, v):
+    if o.conv_size:
+      q, k, v = (causal_conv(x, params[f'{n}_conv']) for x, n in zip((q, k, v), 'qkv'))
+    return self._activate(q, k, v)
+
+  def _activate(self, *xs):
+    xs = tuple(x.astype(F32) for x in xs)
+    return tuple(jax.nn.silu(x) for x in xs) if self.activation == 'silu' else xs
+
+  def attend(self, o, params, q, k, v, *, mask, causal, ctx):
+    if not causal:
+      raise ValueError(f'mechanism {self.name!r} is causal only: call it with causal=True')
+    dtype = v.dtype
+    k, v, kp = masking.checked_keys_values(q, k, v, mask, name=f'mechanism {self.name!r}',
+                                           causal=True)
+    q = masking.zero_padded(q, kp)  # a padded token feeds no convolution either
+    q, k, v = self._features(o, params, q, k, v)
+    q, k, v, g, beta = self.recurrence_inputs(o, params, q, k, v, ctx.gates)
+    if kp is not None:  # a padded token neither writes to the state nor decays it
+      k, v = masking.zero_padded(k, kp), masking.zero_padded(v, kp)
+      g, beta = (None if x is None else masking.zero_padded(x, kp) for x in (g, beta))
+    core = self.cores.chunked if o.form == 'chunk' else self.cores.scan
+    out, _ = core(q, k, v, g, beta, chunk_size=o.chunk_size)
+    return self.finish(o, params, out, v, ctx.gates).astype(dtype)
+
+  def init_state(self, o, *, batch, heads, head_dim, v_dim):
+    conv = tuple(jnp.zeros((batch, o.conv_size - 1, heads, d), F32)
+                 for d in (head_dim, head_dim, v_dim)) if o.conv_size else ()
+    return RecurrentState(self.cores.init(batch, heads, head_dim, v_dim), conv)
+
+  def step(self, o, params, state, q_t, k_t, v_t, *, ctx):
+    dtype = v_t.dtype
+    conv = state.conv
+    if o.conv_size:
+      steps = [conv_step(hist, x, params[f'{n}_conv'])
+               for hist, x, n in zip(state.conv, (q_t, k_t, v_t), 'qkv')]
+      conv = tuple(h for h, _ in steps)
+      q_t, k_t, v_t = (y for _, y in steps)
+    q_t, k_t, v_t = self._activate(q_t, k_t, v_t)
+    q_t, k_t, v_t, g, beta = self.recurrence_inputs(o, params, q_t, k_t, v_t, ctx.gates)
+    s, out = self.cores.step(state.s, q_t[:, 0], k_t[:, 0], v_t[:, 0],
+                             *(None if x is None else x[:, 0] for x in (g, beta)))
+    out = self.finish(o, params, out[:, None], v_t, ctx.gates).astype(dtype)
+    return RecurrentState(s, conv), out

@@ -1,0 +1,66 @@
+"""Gated linear attention (Yang et al. 2024, "Gated Linear Attention Transformers with
+Hardware-Efficient Training"): a data-dependent decay per key feature.
+
+    S_t = diag(a_t) S_{t-1} + k_t v_t^T,    o_t = S_t^T q_t / sqrt(dk),
+    a_t = sigmoid(x_t W_1 W_2 + b)^(1 / tau)      (low rank 16, tau = 16),
+
+so log a_t = log_sigmoid(x_t W_1 W_2 + b) / tau, computed in float32. The
+output is the paper's per-head RMSNorm of o times the swish gate of the token:
+out_t = RMSNorm(o_t) * swish(x_t W_r), before the layer's W_O. Parameters are
+initialised as flash-linear-attention initialises GLA (Xavier uniform with gain
+2^-2.5, zero bias).
+
+The chunkwise form is `gated_linear.gated_chunked` with a per-feature decay: its
+intra-chunk factors exp(b_t - b_s) are formed per feature, masked first, so they
+stay <= 1 however strong the decay.
+"""
+import math
+
+import flax.linen as nn
+import jax
+
+from efficient_attn import gated_linear
+from efficient_attn import registry
+
+
+def fla_init(key, shape, dtype=gated_linear.F32):
+  """Xavier uniform with gain 2^-2.5 over (first axis) -> (the rest), as fla's GLA."""
+  return nn.initializers.variance_scaling(2.0 ** -5, 'fan_avg', 'uniform', in_axis=0,
+                                          out_axis=tuple(range(1, len(shape))))(key, shape, dtype)
+
+
+@registry.register
+class GLA(gated_linear.GatedRecurrence):
+  name = 'gla'
+  description = 'gated linear attention: a data-dependent decay per key feature'
+  citation = 'Yang et al. 2024'
+  options = gated_linear.common_options(conv_size=0) + (
+      registry.Option('gate_rank', 16, int, 'rank of the decay projection W_1 W_2', minimum=1),
+      registry.Option('gate_normalizer', 16.0, float, 'tau: log a = log_sigmoid(.) / tau',
+                      above=0.0),
+  )
+  complexity = ('O(n c d + n d^2)', 'O(n d + c^2 d + d^2)')
+  example = {'chunk_size': 4, 'gate_rank': 4}
+
+  def own_params(self, o, *, heads, head_dim):
+    return {'norm_scale': registry.ParamSpec((head_dim,), gated_linear.ones_init)}
+
+  def input_params(self, o, *, features, heads, head_dim):
+    return {
+        'decay_down': registry.ParamSpec((features, o.gate_rank), fla_init),
+        'decay_up': registry.ParamSpec((o.gate_rank, heads, head_dim), fla_init),
+        'decay_bias': registry.ParamSpec((heads, head_dim), nn.initializers.zeros_init()),
+        'gate_kernel': registry.ParamSpec((features, heads, head_dim), fla_init),
+    }
+
+  def gates(self, o, params, inputs):
+    logits = gated_linear.dense(gated_linear.dense(inputs, params['decay_down']),
+                                params['decay_up'], params['decay_bias'])
+    return {'log_decay': jax.nn.log_sigmoid(logits) / o.gate_normalizer,
+            'output': gated_linear.dense(inputs, params['gate_kernel'])}
+
+  def recurrence_inputs(self, o, params, q, k, v, gates):
+    return q / math.sqrt(q.shape[-1]), k, v, gates['log_decay'], None
+
+  def finish(self, o, params, out, v, gates):
+    return gated_linear.rms_norm(out, params['norm_scale']) * nn.swish(gates['output'])

@@ -1,0 +1,52 @@
+"""Retention (Sun et al. 2023, "Retentive Network"): linear attention with a fixed decay per head.
+
+Multi-scale retention gives head h the decay gamma_h = 1 - 2^(-5 - h):
+
+    S_t = gamma_h S_{t-1} + k_t v_t^T,     o_t = S_t^T q_t,     k scaled by 1/sqrt(dk),
+
+then a per-head normalisation of o (RetNet's GroupNorm, as an RMSNorm without
+affine parameters) and the swish gate of the token: out_t = swish(x_t W_G) *
+norm(o_t), before the layer's output projection W_O. RetNet's rotation of q
+and k (its xPos-style relative positions) is the layer's rotary=True.
+
+The recurrence and its chunkwise form are `efficient_attn.gated_linear`'s
+(a scalar log-decay per head); decoding keeps the constant-size state S.
+"""
+import math
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from efficient_attn import gated_linear
+from efficient_attn import registry
+
+
+def retention_log_decay(heads: int):
+  """log gamma_h = log(1 - 2^(-5 - h)) for h = 0..heads-1, `[heads]` (float32)."""
+  return jnp.log1p(-jnp.exp2(-5.0 - jnp.arange(heads, dtype=jnp.float32)))
+
+
+@registry.register
+class Retention(gated_linear.GatedRecurrence):
+  name = 'retention'
+  description = 'retention: a fixed decay per head, group norm and a swish gate'
+  citation = 'Sun et al. 2023'
+  options = gated_linear.common_options(conv_size=0)
+  rotary = 'scores'
+  complexity = ('O(n c d + n d^2)', 'O(n d + d^2)')
+  example = {'chunk_size': 4}
+
+  def input_params(self, o, *, features, heads, head_dim):
+    return {'gate_kernel': registry.ParamSpec((features, heads, head_dim),
+                                              nn.initializers.lecun_normal())}
+
+  def gates(self, o, params, inputs):
+    return {'output': gated_linear.dense(inputs, params['gate_kernel'])}
+
+  def recurrence_inputs(self, o, params, q, k, v, gates):
+    b, n, h, dk = k.shape
+    g = jnp.broadcast_to(retention_log_decay(h)[:, None], (b, n, h, 1))
+    return q, k / math.sqrt(dk), v, g, None
+
+  def finish(self, o, params, out, v, gates):
+    return gated_linear.rms_norm(out) * nn.swish(gates['output'])

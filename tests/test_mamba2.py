@@ -1,0 +1,33 @@
+"""Mamba-2 (Dao & Gu 2024): naive, chunkwise and decoding forms equal the float64 definition."""
+import jax
+import numpy as np
+import pytest
+
+import efficient_attn as ea
+import gated_helpers as gh
+
+
+def reference(p, q, k, v, x):
+  """Short conv + SiLU on C, B, X; dt, A per head; D skip; gated RMSNorm (float64)."""
+  q, k, v = (gh.silu(gh.causal_conv(a, p[f'{n}_conv'])) for a, n in zip((q, k, v), 'qkv'))
+  dt = np.logaddexp(0.0, x @ p['dt_kernel'] + p['dt_bias'])               # [b, n, h]
+  g = (-np.exp(p['A_log']) * dt)[..., None]
+  y = gh.per_head(gh.decay_recurrence, q, k * dt[..., None], v, g) + p['D'][:, None] * v
+  y = y * gh.silu(np.einsum('bnf,fhd->bnhd', x, p['gate_kernel']))
+  return gh.rms_norm(y, axes=(-2, -1)) * p['norm_scale']
+
+
+@pytest.mark.parametrize('length', [12, 13])
+def test_three_forms_equal_the_definition(length):
+  gh.check_three_forms('mamba2', reference, {'chunk_size': 4}, length=length)
+
+
+def test_initialisation_is_mamba2s():
+  """A uniform in [1, 16] and dt = softplus(dt_bias) in [0.001, 0.1], per head; D = 1."""
+  decl = ea.get_mechanism('mamba2')
+  specs = decl.params(decl.resolve(), heads=256, head_dim=4, max_length=None, causal=True)
+  init = lambda name: np.asarray(specs[name].init(jax.random.PRNGKey(0), specs[name].shape))
+  a, dt = np.exp(init('A_log')), np.logaddexp(0.0, init('dt_bias'))
+  assert 1.0 <= a.min() < 2.0 and 15.0 < a.max() <= 16.0
+  assert 0.99e-3 <= dt.min() < 2e-3 and 0.05 < dt.max() <= 0.1001
+  np.testing.assert_array_equal(init('D'), 1.0)

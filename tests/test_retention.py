@@ -1,0 +1,25 @@
+"""Retention (Sun et al. 2023): naive, chunkwise and decoding forms equal the float64 definition."""
+import numpy as np
+import pytest
+
+from efficient_attn.mechanisms import retention
+import gated_helpers as gh
+
+
+def reference(p, q, k, v, x):
+  """Multi-scale retention, swish gate and per-head norm, in float64 NumPy."""
+  b, n, h, dk = q.shape
+  g = np.log1p(-2.0 ** (-5.0 - np.arange(h)))
+  g = np.broadcast_to(g[None, None, :, None], (b, n, h, 1))
+  o = gh.per_head(gh.decay_recurrence, q, k / np.sqrt(dk), v, g)
+  return gh.rms_norm(o) * gh.silu(np.einsum('bnf,fhd->bnhd', x, p['gate_kernel']))
+
+
+@pytest.mark.parametrize('length', [12, 13])
+def test_three_forms_equal_the_definition(length):
+  gh.check_three_forms('retention', reference, {'chunk_size': 4}, length=length)
+
+
+def test_decays_are_retnets():
+  np.testing.assert_allclose(np.exp(retention.retention_log_decay(4)),
+                             1 - 2.0 ** -np.arange(5, 9), rtol=1e-6)
