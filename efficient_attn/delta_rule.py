@@ -1,0 +1,99 @@
+"""The (gated) delta rule, by token and chunkwise in the WY form (UT transform).
+
+DeltaNet (Schlag et al. 2021) writes to its state S `[dk, dv]` by correcting
+what the key k_t retrieves towards v_t with a learning rate beta_t in (0, 1);
+Gated DeltaNet (Yang, Kautz & Hatamizadeh 2025) first decays the state by a_t:
+
+    S_t = a_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,     o_t = S_t^T q_t
+
+(a_t = 1 for DeltaNet). Written as S_t = a_t S_{t-1} + k_t u_t^T, the
+pseudo-values u_t = beta_t (v_t - a_t S_{t-1}^T k_t) of a chunk (Yang et al. 2024,
+"Parallelizing Linear Transformers with the Delta Rule over Sequence Length")
+solve one unit lower-triangular system per chunk. With cumulative log-decays
+b_t from the chunk start, G_ts = exp(b_t - b_s) and the chunk's start state S_0:
+
+    (I + A) U = diag(beta) V - diag(beta exp(b)) K S_0,   A_ts = beta_t G_ts k_t.k_s (s < t)
+    O = (Q * exp(b)) S_0 + ((Q K^T) * G, s <= t) U
+    S_c = exp(b_c) S_0 + (K * exp(b_c - b))^T U
+
+so U = T (beta V) - T (beta exp(b) K) S_0 with T = (I + A)^-1, the WY form: the
+triangular solve (`solve_triangular`) is the UT transform. Every decay factor
+is <= 1 (masked before exp). Keys should be L2-normalised (the mechanisms do),
+which keeps I - beta k k^T a contraction.
+
+Shapes as `efficient_attn.gated_linear`: q, k `[b, n, h, dk]`, v `[b, n, h, dv]`,
+beta `[b, n, h]`, log-decays `[b, n, h, 1]` or None; states `[b, h, dk, dv]`.
+"""
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from efficient_attn import gated_linear
+
+F32 = jnp.float32
+
+
+def delta_step(s, q_t, k_t, v_t, g_t, beta_t):
+  """One token of the (gated) delta rule: (S, o_t `[b, h, dv]`), float32.
+
+  s `[b, h, dk, dv]`; q_t, k_t `[b, h, dk]`; v_t `[b, h, dv]`; g_t `[b, h, 1]` or None
+  (log-decay); beta_t `[b, h]`.
+  """
+  q_t, k_t, v_t, beta_t = (x.astype(F32) for x in (q_t, k_t, v_t, beta_t))
+  if g_t is not None:
+    s = jnp.exp(g_t.astype(F32))[..., None] * s
+  u = beta_t[..., None] * (v_t - jnp.einsum('bhkv,bhk->bhv', s, k_t))
+  s = s + k_t[..., :, None] * u[..., None, :]
+  return s, jnp.einsum('bhk,bhkv->bhv', q_t, s)
+
+
+def delta_scan(q, k, v, g, beta, state=None, chunk_size=None):
+  """The delta rule token by token (the definition); see `gated_linear.scan_tokens`."""
+  del chunk_size
+  return gated_linear.scan_tokens(delta_step, q, k, v, g, beta, state)
+
+
+def delta_chunked(q, k, v, g, beta, state=None, chunk_size: int = 64):
+  """The (gated) delta rule chunkwise in the WY form; equals `delta_scan`.
+
+  Time O(n c (dk + dv) + n dk dv + n c^2) per head: per chunk a c x c triangular
+  solve and matrix products. Any length works (the last chunk is padded with
+  beta = 0 tokens, which change nothing). Returns (out `[b, n, h, dv]`, final S).
+  """
+  b, n, h, dk = q.shape
+  dv = v.shape[-1]
+  if g is None:
+    g = jnp.zeros(beta.shape + (1,), F32)
+  xs = tuple(gated_linear.heads_first(x) for x in (q, k, v, g[..., 0], beta))
+  (qc, kc, vc, gc, bc), c = gated_linear.chunked(xs, chunk_size)
+  s0 = gated_linear.init_gated_state(b, h, dk, dv) if state is None else state
+  eye = jnp.eye(c, dtype=F32)
+
+  def body(s, x):
+    qx, kx, vx, gx, bx = x                             # [b, h, c, ...], gx, bx [b, h, c]
+    cum = jnp.cumsum(gx, axis=-1)
+    decay = gated_linear.decay_within(cum)             # G_ts, s <= t
+    kk = jnp.einsum('bhtd,bhsd->bhts', kx, kx)
+    a = jnp.tril(bx[..., :, None] * kk * decay, -1)
+    rhs = jnp.concatenate([bx[..., None] * vx, (bx * jnp.exp(cum))[..., None] * kx], -1)
+    solved = jax.scipy.linalg.solve_triangular(eye + a, rhs, lower=True, unit_diagonal=True)
+    u = solved[..., :dv] - jnp.einsum('bhtk,bhkv->bhtv', solved[..., dv:], s)
+    qk = jnp.einsum('bhtd,bhsd->bhts', qx, kx) * decay
+    out = jnp.einsum('bhtk,bhkv->bhtv', qx * jnp.exp(cum)[..., None], s) + jnp.einsum(
+        'bhts,bhsv->bhtv', qk, u)
+    last = cum[..., -1:]
+    s = jnp.exp(last)[..., None] * s + jnp.einsum('bhtk,bhtv->bhkv',
+                                                   kx * jnp.exp(last - cum)[..., None], u)
+    return s, out
+
+  s, out = lax.scan(jax.checkpoint(body, prevent_cse=False), s0, (qc, kc, vc, gc, bc))
+  return gated_linear.unchunked(out, n), s
+
+
+DELTA = gated_linear.Cores(delta_scan, delta_chunked, delta_step, gated_linear.init_gated_state)
+
+
+def l2_normalize(x, eps: float = 1e-6):
+  """x / sqrt(||x||^2 + eps) over the last axis (float32), as fla's l2norm."""
+  x = x.astype(F32)
+  return x * lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + eps)

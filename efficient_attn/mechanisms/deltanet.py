@@ -1,0 +1,46 @@
+"""DeltaNet: the delta rule (Schlag et al. 2021), trained chunkwise in parallel (Yang et al. 2024).
+
+    S_t = (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,    o_t = S_t^T q_t / sqrt(dk),
+
+with beta_t = sigmoid(x_t W_beta) per head from the token, and q, k, v through the
+short causal convolution (kernel 4) and SiLU, q and k L2-normalised, as
+flash-linear-attention's DeltaNet; the output is the per-head RMSNorm of o. The
+chunkwise form is `delta_rule.delta_chunked`, the WY representation (UT
+transform) of Yang et al. 2024.
+"""
+import math
+
+import jax
+
+from efficient_attn import delta_rule
+from efficient_attn import gated_linear
+from efficient_attn import registry
+from efficient_attn.mechanisms.mamba2 import torch_linear_init
+
+
+@registry.register
+class DeltaNet(gated_linear.GatedRecurrence):
+  name = 'deltanet'
+  description = 'the delta rule: an error-correcting write with a learned beta (WY chunks)'
+  citation = 'Schlag et al. 2021'
+  options = gated_linear.common_options(conv_size=4)
+  activation = 'silu'
+  cores = delta_rule.DELTA
+  complexity = ('O(n c d + n d^2)', 'O(n d + c^2 + d^2)')
+  example = {'chunk_size': 4}
+
+  def own_params(self, o, *, heads, head_dim):
+    return {'norm_scale': registry.ParamSpec((head_dim,), gated_linear.ones_init)}
+
+  def input_params(self, o, *, features, heads, head_dim):
+    return {'beta_kernel': registry.ParamSpec((features, heads), torch_linear_init)}
+
+  def gates(self, o, params, inputs):
+    return {'beta': jax.nn.sigmoid(gated_linear.dense(inputs, params['beta_kernel']))}
+
+  def recurrence_inputs(self, o, params, q, k, v, gates):
+    q = delta_rule.l2_normalize(q) / math.sqrt(q.shape[-1])
+    return q, delta_rule.l2_normalize(k), v, None, gates['beta']
+
+  def finish(self, o, params, out, v, gates):
+    return gated_linear.rms_norm(out, params['norm_scale'])
