@@ -233,20 +233,35 @@ def test_a_shorter_file_is_padded_unscored(tmp_path):
 
 # The task: cross-entropy and accuracy on the scored positions only
 
+def test_scored_gathers_position_and_label_pairs():
+  labels = np.full((3, 6), -100, np.int32)
+  labels[0, [1, 4]], labels[1, 5] = (2, 7), 3
+  pairs = sequences.scored(labels)
+  assert pairs.shape == (3, 2, 2) and pairs.dtype == np.int32
+  assert pairs[0].tolist() == [[1, 2], [4, 7]]
+  assert pairs[1].tolist() == [[5, 3], [0, -100]]
+  assert pairs[2].tolist() == [[0, -100], [0, -100]]
+
+
 def test_loss_and_accuracy_count_only_scored_positions():
-  """Against numpy on the scored positions of the real rows; logits at unscored positions
-  and in padding rows (mask 0) change nothing."""
+  """The vocabulary head runs at the scored positions only (the model gets them); the loss
+  and accuracy match numpy on those positions of the real rows, and padding pairs and
+  padding rows (mask 0) change nothing."""
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from train.tasks import sequence_labelling  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(0)
   labels = np.full((3, 6), -100, np.int32)
   labels[0, [1, 4]], labels[1, 5], labels[2, 0] = (2, 7), 3, 1
+  pairs = sequences.scored(labels)  # [3, 2, 2]
   mask = np.asarray([1.0, 1.0, 0.0], np.float32)
-  logits = rng.normal(size=(3, 6, 8)).astype(np.float32)
+  logits = rng.normal(size=(3, 6, 8)).astype(np.float32)  # at every position
 
   def run(values):
-    model = type('Model', (), {'apply': staticmethod(lambda *a, **k: jnp.asarray(values))})
-    batch = {'inputs': np.zeros((3, 6), np.int32), 'label': labels, 'mask': mask}
+    def apply(variables, inputs, *, train, rngs, positions):
+      del variables, inputs, train, rngs
+      return jnp.take_along_axis(jnp.asarray(values), positions[..., None], axis=1)
+    model = type('Model', (), {'apply': staticmethod(apply)})
+    batch = {'inputs': np.zeros((3, 6), np.int32), 'label': pairs, 'mask': mask}
     return sequence_labelling.loss_and_metrics(model, None, batch, train=False)
   loss, sums = run(logits)
   rows, cols = np.asarray([0, 0, 1]), np.asarray([1, 4, 5])
@@ -260,6 +275,19 @@ def test_loss_and_accuracy_count_only_scored_positions():
   changed[2] = -9.0
   loss2, sums2 = run(changed)
   assert float(loss2) == pytest.approx(float(loss)) and float(sums2['count']) == 3
+
+
+def test_causal_model_logits_at_positions_are_those_of_the_full_output():
+  import jax  # pylint: disable=g-import-not-at-top
+  from efficient_attn import models as ea  # pylint: disable=g-import-not-at-top
+  model = ea.CausalTransformer(ea.TransformerConfig(d_model=8, depth=1, num_heads=2,
+                                                    mlp_dim=8, max_length=6), vocab_size=10)
+  tokens = np.arange(12, dtype=np.int32).reshape(2, 6) % 10
+  params = model.init(jax.random.key(0), tokens)
+  positions = np.asarray([[1, 5], [0, 0]], np.int32)
+  full = model.apply(params, tokens)
+  some = model.apply(params, tokens, positions=positions)
+  np.testing.assert_allclose(some, np.take_along_axis(full, positions[..., None], 1), atol=1e-6)
 
 
 # End to end, as main.py runs it

@@ -47,10 +47,12 @@ class CausalTransformer(nn.Module):
     return self.config.max_length
 
   @nn.compact
-  def __call__(self, tokens, *, train: bool = False):
+  def __call__(self, tokens, *, train: bool = False, positions=None):
     """tokens `[batch, length]` int in [0, vocab_size] (inputs, already shifted
     right) -> logits `[batch, length, vocab_size]` float32. In a decoding step
-    `length` is 1 and the position comes from the cache."""
+    `length` is 1 and the position comes from the cache. `positions` `[batch, k]`
+    int: the logits at those positions only, `[batch, k, vocab_size]` (a task
+    scored at a few positions skips the vocabulary head everywhere else)."""
     c = self.config.replace(causal=True, decode=self.decode)
     n = tokens.shape[1]
     if c.max_length is None or n > c.max_length:
@@ -70,5 +72,7 @@ class CausalTransformer(nn.Module):
     x = x.astype(c.dtype or x.dtype)
     x = nn.Dropout(c.dropout_rate)(x, deterministic=not train)
     x = Encoder(c, name='decoder')(x, deterministic=not train)
+    if positions is not None:
+      x = jnp.take_along_axis(x, positions[..., None], axis=1)
     return nn.Dense(self.vocab_size, dtype=c.dtype, param_dtype=c.param_dtype,
                     name='logits')(x).astype(jnp.float32)

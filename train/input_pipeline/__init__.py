@@ -10,8 +10,10 @@ max_length]` int32 byte ids, 0 = padding; text pairs `[b, 2, max_length]`;
 token tasks `[b, length]` int32;
 with `dataset.pixels_as_tokens` pixel tokens `[b, h*w*c]` int32 0..255 in
 raster order; sequence labelling `[b, max_length]` int32), 'label' `[b]` int32
-(sequence labelling: `[b, max_length]`, -100 where not scored) and 'mask' `[b]`
-float32 (0 for the padding rows that complete the last eval batch).
+(sequence labelling: `[b, k, 2]`, the (position, token) of each scored position,
+k the most in one sequence of the split, padded with (0, -100); see
+`sequences.scored`) and 'mask' `[b]` float32 (0 for the padding rows that
+complete the last eval batch).
 
 Where the examples come from (`dataset.source`) and what the dataset is
 (`dataset.name`) are independent; see `train/input_pipeline/specs.py`. Small datasets

@@ -80,9 +80,10 @@ def prepare(config, examples: arrays.Examples) -> Tuple[np.ndarray, np.ndarray]:
     first, second = zip(*x) if len(x) else ((), ())
     return np.stack([byte_ids(first, d.max_length), byte_ids(second, d.max_length)],
                     1), examples.labels
-  if kind == 'sequence':  # labels [n, length] too; checked by `sequences.check`
+  if kind == 'sequence':  # checked by `sequences.check`; labels as (position, token) pairs
     from train.input_pipeline import sequences  # pylint: disable=g-import-not-at-top
-    return sequences.pad(examples, d.max_length)
+    x, y = sequences.pad(examples, d.max_length)
+    return x, sequences.scored(y)
   if kind == 'tokens':
     x = np.asarray(x)
     length = d.max_length or x.shape[1]

@@ -77,6 +77,21 @@ def check(examples, vocab_size: int, max_length: int, vocab: str = 'config.datas
                      f'sequence-labelling file needs labels to learn and measure')
 
 
+def scored(labels: np.ndarray) -> np.ndarray:
+  """int32 `[n, k, 2]`: (position, label) of each scored position of `labels` `[n, length]`
+  in order, k the most in one row (at least 1), rows with fewer padded with (0, -100)."""
+  mask = labels != IGNORE
+  k = max(int(mask.sum(1).max()) if len(labels) else 0, 1)
+  out = np.zeros((len(labels), k, 2), np.int32)
+  out[..., 1] = IGNORE
+  # Scored positions first, each row in order (a stable sort of "not scored").
+  order = np.argsort(~mask, axis=1, kind='stable')[:, :k]
+  take = np.take_along_axis(mask, order, axis=1)
+  out[..., 0] = np.where(take, order, 0)
+  out[..., 1] = np.where(take, np.take_along_axis(labels, order, axis=1), IGNORE)
+  return out
+
+
 def pad(examples, max_length: int):
   """(inputs, labels) int32 `[n, max_length]`: padded with input 0 and label -100."""
   x, y = examples.inputs, examples.labels
