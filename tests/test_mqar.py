@@ -336,3 +336,17 @@ def test_eval_on_another_file_of_the_task(mqar_run, tmp_path):
   with open(os.path.join(workdir, 'eval_results.json')) as f:
     stored = json.load(f)
   assert stored['step'] == results['steps'] and stored['split'] == 'train'
+
+
+def test_the_docs_quote_the_message_a_bad_file_gets(tmp_path):
+  """docs/sequence_labelling.md's example: 200 sequences (seed 7) whose labels use -1."""
+  with open(os.path.join(ROOT, 'docs', 'sequence_labelling.md')) as f:
+    quoted = next(line.strip() for line in f if line.strip().startswith('Invalid config:'))
+  x, y = mqar.generate(200, 7, vocab_size=V, seq_len=L, num_kv_pairs=P)
+  path = write(tmp_path / 'bad.npz', inputs=x, labels=np.where(y >= 0, y, -1))
+  config = load_config('linear')
+  config.dataset.update(dict(source='arrays', data_dir=path, eval_split='train'))
+  arrays.clear_cache()
+  with pytest.raises(validate.ConfigError) as e:
+    validate.resolved(config)
+  assert f'Invalid config: {e.value}' == quoted.replace('/tmp/h_doc/bad.npz', path)
