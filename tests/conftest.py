@@ -1,9 +1,17 @@
-"""Shared fixtures: float64 mode, a tiny ImageFolder of real PNG files, runs shared by xdist workers."""
+"""Shared settings and fixtures: XLA flags, float64 mode, a tiny ImageFolder, shared runs."""
 import fcntl
 import os
 import shutil
 
-import jax
+import main_runner
+
+# Before JAX starts its backend, which reads XLA_FLAGS once: the tests' compile flags
+# (main_runner.XLA_FLAGS says why), ahead of any the caller set, so that theirs win.
+# xdist workers inherit them from the controller.
+if main_runner.XLA_FLAGS not in os.environ.get('XLA_FLAGS', ''):
+  os.environ['XLA_FLAGS'] = f"{main_runner.XLA_FLAGS} {os.environ.get('XLA_FLAGS', '')}".strip()
+
+import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 import numpy as np
 import pytest
 

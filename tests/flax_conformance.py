@@ -20,6 +20,8 @@ import tempfile
 
 import flax
 
+import main_runner
+
 SUITES = {
     'linen': 'tests/linen/linen_attention_test.py',
     'nnx': 'tests/nnx/nn/attention_test.py',
@@ -79,10 +81,9 @@ def run(suite: str, pytest_args=()) -> subprocess.CompletedProcess:
   repo = pathlib.Path(__file__).resolve().parent.parent
   env = dict(os.environ, PYTHONPATH=os.pathsep.join(
       [str(repo)] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]))
-  # Hundreds of small eager kernels: compiling them unoptimised halves the run (both sides
-  # of every comparison run in this one process, under the same flags).
-  env.setdefault('XLA_FLAGS', '--xla_backend_optimization_level=0 '
-                 '--xla_llvm_disable_expensive_passes=true')
+  # Hundreds of small eager kernels: the tests' compile flags cut the run several times
+  # over (both sides of every comparison run in this one process, under the same flags).
+  env.setdefault('XLA_FLAGS', main_runner.XLA_FLAGS)
   env.pop('PYTEST_ADDOPTS', None)
   env.pop('PYTEST_XDIST_WORKER', None)
   return subprocess.run(

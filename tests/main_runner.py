@@ -5,7 +5,7 @@
 
 `command` trains a tiny digits ViT (the default config with depth 1, a global
 batch of 16 and dropout, so the per-step rngs matter). Each process gets one
-CPU device.
+CPU device and compiles under `XLA_FLAGS`, as the test processes do.
 """
 import json
 import os
@@ -14,6 +14,17 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# The XLA flags of every test process (conftest.py puts them in the environment of the
+# pytest processes; `popen_kwargs` gives them to the runs they start). The tests' shapes
+# are tiny, so XLA's CPU compiler, not the arithmetic, takes most of the suite's time;
+# these flags make it compile about 5-10x faster: no LLVM optimisation, the older (and
+# cheaper to compile) loop emitters in place of the MLIR fusion emitters, one codegen
+# thread. The results are the same up to float rounding; a test that compares two
+# programs bit for bit compiles both under these flags (a run and its resumption, an
+# in-process run and a subprocess), so they must be the same in every test process.
+XLA_FLAGS = ('--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true '
+             '--xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=1')
 
 # Wraps main.py so that every training batch arrives `SLOW_STEP_S` seconds
 # late: the numbers are unchanged, the run just lasts long enough to be
@@ -66,18 +77,10 @@ def command(workdir, *extra, slow: bool = False, **train):
                    *overrides(**train), *extra]
 
 
-def popen_kwargs(slow_step_s: float = 0.0, unoptimised: bool = False):
-  """cwd, env (1 CPU device, no inherited XLA_FLAGS) and text output for Popen/run.
-
-  unoptimised: XLA compiles without optimisation, which halves tiny runs (compiling
-  dominates them); only for runs compared with runs under the same flags, since
-  the float results differ in the last bits from an optimised compile.
-  """
+def popen_kwargs(slow_step_s: float = 0.0):
+  """cwd, env (1 CPU device, the tests' `XLA_FLAGS` only) and text output for Popen/run."""
   env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
-  env.update(JAX_PLATFORMS='cpu', SLOW_STEP_S=str(slow_step_s))
-  if unoptimised:
-    env['XLA_FLAGS'] = ('--xla_backend_optimization_level=0 '
-                        '--xla_llvm_disable_expensive_passes=true')
+  env.update(JAX_PLATFORMS='cpu', SLOW_STEP_S=str(slow_step_s), XLA_FLAGS=XLA_FLAGS)
   return dict(cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
               stderr=subprocess.PIPE)
 

@@ -7,6 +7,7 @@ import pytest
 from benchmarks import checkpoint_stall
 
 
+@pytest.mark.slow
 def test_both_modes_save_and_are_timed(tmp_path):
   row = checkpoint_stall.main(['--config=configs/default.py', '--config.dataset.batch_size=16',
                                '--saves=3', '--steps_between=2', f'--workdir={tmp_path / "w"}',

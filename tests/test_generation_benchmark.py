@@ -5,6 +5,7 @@ import os
 import flax.serialization
 import jax
 import jax.numpy as jnp
+import pytest
 
 from benchmarks import common
 from benchmarks import generation
@@ -13,6 +14,7 @@ ARGS = ['--num_images=2,3', '--image_size=4', '--d_model=8', '--depth=1', '--num
         '--mlp_dim=16', '--quiet']
 
 
+@pytest.mark.slow
 def test_tiny_run_writes_outputs(tmp_path):
   out = str(tmp_path)
   generation.main(ARGS + [f'--out={out}', '--option=linear.feature_map=relu',

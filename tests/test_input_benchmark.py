@@ -1,9 +1,12 @@
 """benchmarks.input: the config's train step on real and synthetic batches (one tiny run)."""
 import json
 
+import pytest
+
 from benchmarks import input as input_benchmark
 
 
+@pytest.mark.slow
 def test_real_and_synthetic_rates_are_measured_and_written(tmp_path):
   row = input_benchmark.main(['--config=configs/default.py', '--config.dataset.batch_size=16',
                               '--steps=2', '--rounds=1', f'--out={tmp_path}', '--quiet'])

@@ -47,6 +47,7 @@ def _flat(workdir):
   return traverse_util.flatten_dict(jax.device_get(checkpoint.restore_params(workdir)[1]))
 
 
+@pytest.mark.slow
 def test_only_adapters_change(base, finetune):
   workdir, results = finetune
   assert results['params_trainable'] == 4 * (64 + 64 + 64 + 64 + 64 + 10)  # r (in + out)
@@ -60,6 +61,7 @@ def test_only_adapters_change(base, finetune):
   assert all(np.abs(tuned[p]).max() > 0 for p in adapters if p[-1] == lora.B_NAME)
 
 
+@pytest.mark.slow
 def test_checkpoint_reloads_as_adapted_model(finetune):
   workdir, results = finetune
   config, model, params = inference.load(workdir)
@@ -70,6 +72,7 @@ def test_checkpoint_reloads_as_adapted_model(finetune):
       results['eval_accuracy'])
 
 
+@pytest.mark.slow
 def test_init_from_a_base_of_another_model_fails_loudly(base, tmp_path):
   config = short(lora_finetune.get_config(f'rotated,2,digits,vit,base={base}'), 2)
   with pytest.raises(ValueError, match=r'is not a base of this LoRA model.*missing'):
@@ -124,6 +127,7 @@ def test_seeds_of_the_study_combine_into_means_and_spreads():
     lora_table.combine([result('s0', 0, 0.0), dict(result('s1', 1, 0.0), ranks=[1, 2])])
 
 
+@pytest.mark.slow
 def test_study_table_reads_the_sweep_runs(base, tmp_path):
   root = tmp_path / 'runs'
   root.mkdir()

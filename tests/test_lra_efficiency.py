@@ -1,9 +1,12 @@
 """benchmarks.lra_efficiency: one tiny run (two mechanisms, two short lengths)."""
 import json
 
+import pytest
+
 from benchmarks import lra_efficiency
 
 
+@pytest.mark.slow
 def test_steps_and_memory_relative_to_softmax(tmp_path):
   data = lra_efficiency.main(['--mechanisms=linear,synthesizer', '--lengths=32',
                               '--batch_size=2', '--steps=1', '--size=small',
@@ -29,6 +32,7 @@ def test_steps_and_memory_relative_to_softmax(tmp_path):
   assert saved['published']['models']['softmax']['memory_gb'][3] == 9.48
 
 
+@pytest.mark.slow
 def test_an_interrupted_run_resumes(tmp_path):
   """Points measured before an interruption (the .partial.json) are kept, not measured
   again; a partial file of another setting is ignored; the finished run removes it."""

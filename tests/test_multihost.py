@@ -30,7 +30,7 @@ def start_pair(workdir, via_env=False):
   address = f'127.0.0.1:{main_runner.free_port()}'
   procs = []
   for i in range(2):
-    kwargs = main_runner.popen_kwargs(unoptimised=True)
+    kwargs = main_runner.popen_kwargs()
     if via_env:
       kwargs['env'].update(JAX_COORDINATOR_ADDRESS=address, JAX_NUM_PROCESSES='2',
                            JAX_PROCESS_ID=str(i))
@@ -65,7 +65,7 @@ def run_pair_and_single(root):
   multi, single = str(root / 'multi'), str(root / 'single')
   procs = start_pair(multi)
   procs.append(subprocess.Popen(main_runner.command(single),
-                               **main_runner.popen_kwargs(unoptimised=True)))
+                               **main_runner.popen_kwargs()))
   outputs = finish(procs)
   return multi, single, outputs[:2]
 
@@ -121,6 +121,7 @@ def check_resume_from_the_environment(multi, resumed):
     assert json.load(f)['resumed_from_step'] == 4
 
 
+@pytest.mark.slow
 def test_two_processes_train_like_one_and_resume(tmp_path):
   """One test, not four sharing a fixture: pytest-xdist would run the fixture per worker."""
   multi, single, outputs = run_pair_and_single(tmp_path)

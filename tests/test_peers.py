@@ -4,6 +4,7 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from benchmarks import peer_algorithms as peers
 from benchmarks import peers as peers_tool
@@ -63,6 +64,7 @@ def test_nystromformer_with_every_token_a_landmark_and_linformer_with_identity_a
   np.testing.assert_allclose(peers.linformer(q, k, v, eye, eye), exact, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_a_tiny_run_writes_the_ratio_table_and_skips_over_budget(tmp_path):
   small = ['--lengths=32', '--features=8', '--landmarks=4', '--k_proj=8', '--head_dim=8',
            '--heads=2', '--repeats=1', f'--out={tmp_path}', '--quiet']

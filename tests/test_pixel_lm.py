@@ -69,6 +69,7 @@ def test_mnist_pixel_tokens_from_tfds():
     assert t.min() >= 0 and t.max() <= 255
 
 
+@pytest.mark.slow
 def test_training_metrics_and_sample_pngs(run):
   workdir, results = run
   assert results['task'] == 'pixel_lm' and results['model'] == 'causal'
@@ -84,6 +85,7 @@ def test_training_metrics_and_sample_pngs(run):
       assert f.read(8) == PNG
 
 
+@pytest.mark.slow
 def test_eval_mode_writes_samples(run, tmp_path):
   workdir, results = run
   os.remove(os.path.join(workdir, 'samples.png'))
@@ -92,6 +94,7 @@ def test_eval_mode_writes_samples(run, tmp_path):
   assert os.path.exists(os.path.join(workdir, 'samples.png'))
 
 
+@pytest.mark.slow
 def test_no_unconditional_samples_writes_only_completions(run, tmp_path):
   workdir, _ = run
   config, model, params = inference.load(workdir)
@@ -102,6 +105,7 @@ def test_no_unconditional_samples_writes_only_completions(run, tmp_path):
   assert list(paths) == ['completion'] and os.listdir(tmp_path) == ['samples_completion.png']
 
 
+@pytest.mark.slow
 def test_recurrent_decoding_of_the_checkpoint_equals_parallel(run):
   workdir, _ = run
   config, model, params = inference.load(workdir)
@@ -110,6 +114,7 @@ def test_recurrent_decoding_of_the_checkpoint_equals_parallel(run):
       model, jax.device_get(params), shift_right(pixels, model.start_token))
 
 
+@pytest.mark.slow
 def test_generation_benchmark_reads_the_checkpoint(run, tmp_path):
   workdir, results = run
   result = generation.main([f'--workdir={workdir}', '--num_images=2', '--mechanisms=linear',

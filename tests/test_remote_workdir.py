@@ -32,6 +32,7 @@ def bucket(monkeypatch, tmp_path):
   assert not os.listdir(cwd), f'local files for a gs:// workdir: {os.listdir(cwd)}'
 
 
+@pytest.mark.slow
 def test_train_resume_and_evaluate_in_a_bucket(bucket, tmp_path):
   config = main_runner.config(num_steps=4, checkpoint_every=2, log_every=2)
   first = trainer.train_and_evaluate(config, WORKDIR)

@@ -30,7 +30,7 @@ RUNS = ('mechanism=softmax', 'mechanism=linear')
 
 def sweep_cli(*args):
   proc = subprocess.run([sys.executable, '-m', 'train.sweep', *args], timeout=300,
-                        **main_runner.popen_kwargs(unoptimised=True))
+                        **main_runner.popen_kwargs())
   return proc
 
 
@@ -39,6 +39,7 @@ def results(root, name):
     return json.load(f)
 
 
+@pytest.mark.slow
 def test_sweep_runs_skips_resumes_and_reports(tmp_path):
   definition = tmp_path / 'tiny.py'
   definition.write_text(TINY_SWEEP)
@@ -70,7 +71,7 @@ def test_sweep_runs_skips_resumes_and_reports(tmp_path):
   proc = subprocess.run([sys.executable, '-m', 'benchmarks.report',
                          *sorted(glob.glob(os.path.join(root, '*'))), f'--out={out}',
                          '--name=tiny', '--quiet'], timeout=300,
-                        **main_runner.popen_kwargs(unoptimised=True))
+                        **main_runner.popen_kwargs())
   assert proc.returncode == 0, proc.stderr[-3000:]
   with open(os.path.join(out, 'tiny.json')) as f:
     rows = json.load(f)['runs']

@@ -6,6 +6,7 @@ import pytest
 from benchmarks import train_speed
 
 
+@pytest.mark.slow
 def test_two_configs_side_by_side(tmp_path):
   specs = ['configs/mnist.py:standard', 'configs/mnist.py:efficient']
   data = train_speed.main([f'--config={s}' for s in specs] + [
