@@ -162,6 +162,30 @@ def test_config_defaults_are_zoologys_cell():
   assert (config.model.depth, config.model.d_model) == (2, 64)
 
 
+@pytest.mark.parametrize('overrides,message', [
+    ({'dataset.vocab_size': 0}, "config.dataset.vocab_size=0 is not valid for the sequence "
+                                "dataset 'mqar'; it must be > 0"),
+    ({'dataset.num_classes': 10}, "config.dataset.num_classes=10 is not valid for the sequence "
+                                  f"dataset 'mqar', whose labels are tokens; valid choices: 0, {V}"),
+    ({'dataset.holdout': 0.1}, "config.dataset.holdout=0.1 is not valid for the sequence "
+                               "dataset 'mqar'"),
+    ({'task': 'classification'}, "config.model.kind='causal' is not valid for config.task="
+                                 "'classification'"),
+    ({'task': 'pixel_lm'}, "config.task='pixel_lm' is not valid for the sequence dataset "
+                           "'mqar'; valid choices: sequence_labelling"),
+    ({'model.kind': 'text'}, "config.model.kind='text' is not valid for the sequence dataset "
+                             "'mqar'; valid choices: causal"),
+])
+def test_config_fields_a_sequence_dataset_cannot_have(overrides, message):
+  config = load_config('softmax')
+  for path, value in overrides.items():
+    group, _, name = path.rpartition('.')
+    (config[group] if group else config)[name] = value
+  with pytest.raises(validate.ConfigError) as e:
+    validate.validate_config(config)
+  assert str(e.value).startswith(message) and '\n' not in str(e.value), e.value
+
+
 # The sequence-labelling format: bad files
 
 def write(path, **arrays_):
