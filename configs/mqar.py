@@ -6,12 +6,13 @@ value. Only those positions are scored. The data is generated here
 (`train/input_pipeline/mqar.py`, Zoology's definition) and written once to
 ~/.cache/efficient_attn/mqar; accuracy is per query.
 
-Zoology's setting (their Figure 2): vocabulary 8,192, 2 layers, widths 64 to
-512, (seq_len, num_kv_pairs) from (64, 4) to (512, 64), 20,000 training
-sequences (100,000 at 64 tokens), learning rates swept over 1e-3..3e-2.
-Their models have no MLP; here each block keeps a small one (`mlp_dim`, twice
-the width by default). The defaults are their (128, 8) cell at width 64 with
-2 heads, 20,000 / 1,000 / 1,000 sequences and batch 64.
+Zoology's code (zoology/experiments/mqar_example_configs/original_mqar_configs.py):
+vocabulary 8,192, 2 layers, training (seq_len, num_kv_pairs) of (64, 4), (128, 8)
+and (256, 16 to 64), 20,000 training sequences per setting (100,000 at 64
+tokens), batch 256, learning rates swept over 1e-3..10^-1.5, attention with 2
+heads. Their models have no MLP; here each block keeps a small one (`mlp_dim`,
+twice the width by default). The defaults are the (128, 8) setting at width 64
+with 2 heads, 20,000 / 1,000 / 1,000 sequences and batch 64.
 
 The argument: the mechanism (one with a causal form), then key=value for
 d_model, seq_len, num_kv_pairs, vocab_size, power_a, num_heads, depth,
