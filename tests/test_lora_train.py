@@ -36,11 +36,12 @@ def base(run_once):
 
 
 @pytest.fixture(scope='module')
-def finetune(base, tmp_path_factory):
-  workdir = str(tmp_path_factory.mktemp('lora_ft'))
-  results = trainer.train_and_evaluate(
-      short(lora_finetune.get_config(f'rotated,4,digits,base={base}'), 20), workdir)
-  return workdir, results
+def finetune(base, run_once):
+  """(workdir, results) of a rank-4 fine-tuning of `base`, run once for all xdist workers."""
+  workdir = run_once('lora_finetune_rotated_r4', lambda d: trainer.train_and_evaluate(
+      short(lora_finetune.get_config(f'rotated,4,digits,base={base}'), 20), d))
+  with open(os.path.join(workdir, 'results.json')) as f:
+    return workdir, json.load(f)
 
 
 def _flat(workdir):
