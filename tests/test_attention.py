@@ -297,7 +297,7 @@ def test_a_flax_causal_mask_is_honoured_or_refused(mechanism):
   causal_mask = jnp.broadcast_to(nn.make_causal_mask(jnp.ones((B, L))), (B, H, L, L))
   per_head = jnp.ones((B, H, 1, L), bool).at[:, 0, :, 10:].set(False)
   layer = _layer(mechanism)
-  variables = _init(layer, x)
+  variables = _random_variables(layer, x)
   if mechanism in KEY_PADDING_ONLY:
     for mask in (causal_mask, per_head):
       with pytest.raises(ValueError,
