@@ -131,22 +131,29 @@ def mechanism_bench(name: str, q, k, v, *, options: Optional[Mapping[str, Any]] 
                     exact_implementation: Optional[str] = None) -> Bench:
   """Core attention of mechanism `name` (or 'exact') on q, k, v.
 
-  Fixed-length mechanisms (Linformer) are built with max_length = kv length.
-  Parameters are initialised from `seed`.
+  Fixed-length mechanisms (Linformer) are built with max_length = kv length, and
+  causal-only ones (the gated recurrences) causal. Parameters are initialised from
+  `seed`. A mechanism whose gates read the layer input (`reads_input`) reads q
+  `[batch, length, heads * head_dim]` as that input.
   """
   options = dict(options or {})
   if name == EXACT:
     fn = lambda variables, q, k, v: exact_attention(q, k, v, causal, exact_implementation)
     return Bench(name, fn, {}, (q, k, v), options)
   module = build_mechanism(name, k.shape[1], options, causal)
-  variables = jax.jit(module.init)(jax.random.PRNGKey(seed), q, k, v)
-  fn = lambda variables, q, k, v: module.apply(variables, q, k, v)
+  inputs = lambda q: ({'inputs': q.reshape(q.shape[:2] + (-1,))}
+                      if ea.get_mechanism(name).reads_input else {})
+  variables = jax.jit(lambda key, q, k, v: module.init(key, q, k, v, **inputs(q)))(
+      jax.random.PRNGKey(seed), q, k, v)
+  fn = lambda variables, q, k, v: module.apply(variables, q, k, v, **inputs(q))
   return Bench(name, fn, dict(variables), (q, k, v), options)
 
 
 def build_mechanism(name: str, length: int, options: Optional[Mapping[str, Any]] = None,
                     causal: bool = False):
-  """The mechanism's Linen module; fixed-length ones are built for `length` tokens."""
+  """The mechanism's Linen module; fixed-length ones are built for `length` tokens, and a
+  causal-only one is causal."""
+  causal = causal or ea.get_mechanism(name).causal_only
   return ea.mechanism_module(name, causal=causal, max_length=length, options=dict(options or {}))
 
 
@@ -171,7 +178,9 @@ def layer_bench(mechanism: str, projection: str, x, *, num_heads: int,
 
 def attention_layer(mechanism: str, projection: str, *, num_heads: int, length: int,
                     options: Optional[Mapping[str, Any]] = None, causal: bool = False):
-  """`ea.MultiHeadAttention` with max_length = length (for 'super' and Linformer)."""
+  """`ea.MultiHeadAttention` with max_length = length (for 'super' and Linformer); a
+  causal-only mechanism is causal."""
+  causal = causal or ea.get_mechanism(mechanism).causal_only
   return ea.MultiHeadAttention(num_heads=num_heads, mechanism=mechanism, projection=projection,
                                options=dict(options or {}) or None, causal=causal,
                                max_length=length)

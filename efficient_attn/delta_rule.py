@@ -16,8 +16,9 @@ b_t from the chunk start, G_ts = exp(b_t - b_s) and the chunk's start state S_0:
     O = (Q * exp(b)) S_0 + ((Q K^T) * G, s <= t) U
     S_c = exp(b_c) S_0 + (K * exp(b_c - b))^T U
 
-so U = T (beta V) - T (beta exp(b) K) S_0 with T = (I + A)^-1, the WY form: the
-triangular solve (`solve_triangular`) is the UT transform. Every decay factor
+so U = T (beta V) - T (beta exp(b) K) S_0 with T = (I + A)^-1, the WY form: T (the
+UT transform, `unit_lower_inverse`) is found for every chunk at once, by forward
+substitution, before the scan over chunks. Every decay factor
 is <= 1 (masked before exp). Keys should be L2-normalised (the mechanisms do),
 which keeps I - beta k k^T a contraction.
 
@@ -53,11 +54,44 @@ def delta_scan(q, k, v, g, beta, state=None, chunk_size=None):
   return gated_linear.scan_tokens(delta_step, q, k, v, g, beta, state)
 
 
+@jax.custom_vjp
+def unit_lower_inverse(a):
+  """(I + A)^-1 for strictly lower-triangular A `[..., c, c]`, by forward substitution:
+  row t of T = e_t - A_t T (rows s < t final), c steps each batched over every leading axis
+  (XLA's batched triangular solve is many times slower on CPU). Its gradient is
+  -T^T dT T^T, kept strictly lower."""
+  return _unit_lower_inverse(a)
+
+
+def _unit_lower_inverse(a):
+  c = a.shape[-1]
+  eye = jnp.broadcast_to(jnp.eye(c, dtype=a.dtype), a.shape)
+
+  def row(t, inv):
+    new = eye[..., t, :] - jnp.einsum('...s,...sj->...j', a[..., t, :], inv)
+    return inv.at[..., t, :].set(new)
+  return lax.fori_loop(1, c, row, eye)
+
+
+def _inverse_fwd(a):
+  inv = _unit_lower_inverse(a)
+  return inv, inv
+
+
+def _inverse_bwd(inv, d_inv):
+  t = jnp.swapaxes(inv, -1, -2)
+  return (jnp.tril(-(t @ d_inv @ t), -1),)
+
+
+unit_lower_inverse.defvjp(_inverse_fwd, _inverse_bwd)
+
+
 def delta_chunked(q, k, v, g, beta, state=None, chunk_size: int = 64):
   """The (gated) delta rule chunkwise in the WY form; equals `delta_scan`.
 
-  Time O(n c (dk + dv) + n dk dv + n c^2) per head: per chunk a c x c triangular
-  solve and matrix products. Any length works (the last chunk is padded with
+  Time O(n c (dk + dv) + n dk dv + n c^2) per head: the c x c triangular solves of
+  all chunks at once (they do not depend on the state), then a scan of matrix products
+  over the chunks. Any length works (the last chunk is padded with
   beta = 0 tokens, which change nothing). Returns (out `[b, n, h, dv]`, final S).
   """
   b, n, h, dk = q.shape
@@ -67,26 +101,27 @@ def delta_chunked(q, k, v, g, beta, state=None, chunk_size: int = 64):
   xs = tuple(gated_linear.heads_first(x) for x in (q, k, v, g[..., 0], beta))
   (qc, kc, vc, gc, bc), c = gated_linear.chunked(xs, chunk_size)
   s0 = gated_linear.init_gated_state(b, h, dk, dv) if state is None else state
-  eye = jnp.eye(c, dtype=F32)
+  # The UT transform of every chunk at once (it does not depend on the carried state):
+  # [T (beta V), T (beta exp(b) K)] with T = (I + A)^-1.
+  cum = jnp.cumsum(gc, axis=-1)                        # [nc, b, h, c]
+  decay = gated_linear.decay_within(cum)               # G_ts, s <= t
+  a = jnp.tril(bc[..., :, None] * jnp.einsum('...td,...sd->...ts', kc, kc) * decay, -1)
+  rhs = jnp.concatenate([bc[..., None] * vc, (bc * jnp.exp(cum))[..., None] * kc], -1)
+  solved = jnp.einsum('...ts,...sd->...td', unit_lower_inverse(a), rhs)
 
   def body(s, x):
-    qx, kx, vx, gx, bx = x                             # [b, h, c, ...], gx, bx [b, h, c]
-    cum = jnp.cumsum(gx, axis=-1)
-    decay = gated_linear.decay_within(cum)             # G_ts, s <= t
-    kk = jnp.einsum('bhtd,bhsd->bhts', kx, kx)
-    a = jnp.tril(bx[..., :, None] * kk * decay, -1)
-    rhs = jnp.concatenate([bx[..., None] * vx, (bx * jnp.exp(cum))[..., None] * kx], -1)
-    solved = jax.scipy.linalg.solve_triangular(eye + a, rhs, lower=True, unit_diagonal=True)
-    u = solved[..., :dv] - jnp.einsum('bhtk,bhkv->bhtv', solved[..., dv:], s)
-    qk = jnp.einsum('bhtd,bhsd->bhts', qx, kx) * decay
-    out = jnp.einsum('bhtk,bhkv->bhtv', qx * jnp.exp(cum)[..., None], s) + jnp.einsum(
+    qx, kx, cx, sx = x                                 # [b, h, c, ...]; cx [b, h, c]
+    dx = gated_linear.decay_within(cx)
+    u = sx[..., :dv] - jnp.einsum('bhtk,bhkv->bhtv', sx[..., dv:], s)
+    qk = jnp.einsum('bhtd,bhsd->bhts', qx, kx) * dx
+    out = jnp.einsum('bhtk,bhkv->bhtv', qx * jnp.exp(cx)[..., None], s) + jnp.einsum(
         'bhts,bhsv->bhtv', qk, u)
-    last = cum[..., -1:]
+    last = cx[..., -1:]
     s = jnp.exp(last)[..., None] * s + jnp.einsum('bhtk,bhtv->bhkv',
-                                                   kx * jnp.exp(last - cum)[..., None], u)
+                                                   kx * jnp.exp(last - cx)[..., None], u)
     return s, out
 
-  s, out = lax.scan(jax.checkpoint(body, prevent_cse=False), s0, (qc, kc, vc, gc, bc))
+  s, out = lax.scan(jax.checkpoint(body, prevent_cse=False), s0, (qc, kc, cum, solved))
   return gated_linear.unchunked(out, n), s
 
 
