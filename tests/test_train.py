@@ -223,3 +223,26 @@ def test_non_finite_loss_stops_without_nan_checkpoint(tmp_path):
     assert all(np.isfinite(x).all() for x in jax.tree.leaves(params)), s
   ckpt.close()
   assert not os.path.exists(os.path.join(workdir, 'results.json'))
+
+
+def test_a_failing_final_eval_loses_no_steps(tmp_path, monkeypatch):
+  """The last checkpoint is written before the final evaluation, so an evaluation that
+  fails costs nothing: the re-run resumes at the final step and only evaluates."""
+  config = default_config.get_config()
+  config.train.update(dict(num_epochs=-1, num_steps=6, checkpoint_every=100, log_every=3,
+                           eval_every=-1))
+  workdir = str(tmp_path)
+  evaluate = trainer.Session.evaluate
+
+  def broken(self, params, eval_data):
+    raise RuntimeError('eval broke')
+
+  monkeypatch.setattr(trainer.Session, 'evaluate', broken)
+  with pytest.raises(RuntimeError, match='eval broke'):
+    trainer.train_and_evaluate(config, workdir)
+  ckpt = checkpoint.Checkpointer(workdir, create=False)
+  assert ckpt.steps()[-1] == 6
+  ckpt.close()
+  monkeypatch.setattr(trainer.Session, 'evaluate', evaluate)
+  results = trainer.train_and_evaluate(config, workdir)
+  assert results['resumed_from_step'] == 6 and 'eval_accuracy' in results

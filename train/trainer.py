@@ -145,6 +145,12 @@ def _train(s: Session, run, train_data, num_steps: int,
       if logs and run.writer:
         print(metrics_lib.progress_line(step, num_steps, values, clock.steady_steps_per_sec(),
                                         c.dataset.batch_size), flush=True)
+      # Saved before evaluating: an evaluation that fails (a bad eval split, a crash)
+      # never costs the steps trained since the last checkpoint; the re-run resumes here.
+      with report.timed('checkpoint'), clock.paused():
+        t0 = time.monotonic()
+        if ckpt.save(step, state.params, state.opt_state, force=step == num_steps):
+          stalls.append(time.monotonic() - t0)
       if (t.eval_every > 0 and step % t.eval_every == 0) or step == num_steps:
         with report.timed('eval'), clock.paused():
           eval_values = s.evaluate(state.params, input_pipeline.get_eval_data(c))
@@ -152,10 +158,6 @@ def _train(s: Session, run, train_data, num_steps: int,
         if run.writer:
           print(f'eval {step}/{num_steps} | {metrics_lib.format_values(eval_values)}',
                 flush=True)
-      with report.timed('checkpoint'), clock.paused():
-        t0 = time.monotonic()
-        if ckpt.save(step, state.params, state.opt_state, force=step == num_steps):
-          stalls.append(time.monotonic() - t0)
       if step < num_steps and (stop.requested or ckpt.reached_preemption(step)):
         ckpt.save(step, state.params, state.opt_state, force=True)
         ckpt.close()
@@ -318,7 +320,7 @@ def evaluate(config, workdir: str) -> Dict[str, float]:
   values = s.evaluate(params, input_pipeline.get_eval_data(s.config))
   logging.info('eval at step %d on %s: %s', step, s.config.dataset.eval_split,
                ', '.join(f'{k} {v:.4g}' for k, v in values.items()))
-  print(f'eval {step} | ' + ' | '.join(f'{k} {v:.4g}' for k, v in values.items()), flush=True)
+  print(f'eval {step} | {metrics_lib.format_values(values)}', flush=True)
   if sharding.is_writer():
     s.write_outputs(params, workdir)
     workdir_lib.write_json(workdir, 'eval_results.json',
