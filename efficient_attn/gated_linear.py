@@ -33,7 +33,7 @@ log-decays `[batch, length, heads, 1 or dk]`; outputs `[batch, length, heads,
 dv]`; states `[batch, heads, dk, dv]`.
 """
 import math
-from typing import Any, Callable, NamedTuple, Optional, Tuple
+from typing import Any, Callable, NamedTuple, Tuple
 
 import jax
 import jax.numpy as jnp
