@@ -27,7 +27,6 @@ the kv heads, and so does the recurrent state of a mechanism whose state
 depends on keys and values alone (`registry.Mechanism.grouped_state`): the
 decoding memory shrinks by the group factor.
 """
-import math
 from typing import Any, Callable, NamedTuple, Optional, Tuple
 
 import jax.numpy as jnp
@@ -36,6 +35,7 @@ from jax import lax
 from efficient_attn import checks
 from efficient_attn import online_softmax
 from efficient_attn import registry
+from efficient_attn.softmax import default_scale
 
 KV_BLOCK = 64  # keys per block visited by `kv_cache_attention`
 
@@ -134,7 +134,7 @@ def kv_cache_attention(q: jnp.ndarray, keys: jnp.ndarray, values: jnp.ndarray, i
     raise ValueError(f'{h} query heads are not a multiple of the cache\'s {hk} key/value heads')
   block = min(block, length)
   compute = jnp.promote_types(q.dtype, jnp.float32)
-  q = q.astype(compute) * (1.0 / math.sqrt(dk) if scale is None else scale)
+  q = q.astype(compute) * default_scale(dk, scale)
   q = q.reshape(b, hk, h // hk, dk)                       # the group as the query axis
   lo = 0 if window is None else jnp.maximum(index - window + 1, 0)
 

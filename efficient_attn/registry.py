@@ -27,6 +27,8 @@ import importlib
 import pkgutil
 from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Tuple
 
+from efficient_attn import softmax
+
 PROJECTIONS: Tuple[str, ...] = ('standard', 'optimised', 'efficient', 'super')
 MASKS = ('any', 'key_padding')
 DECODE_FORMS = ('', 'kv_cache', 'recurrent')
@@ -251,8 +253,7 @@ class Mechanism:
   def reference(self, o: Options, q, k, v):
     """The exact attention this mechanism approximates (default: softmax attention)."""
     del o
-    from efficient_attn.mechanisms.softmax import softmax_attention  # pylint: disable=g-import-not-at-top
-    return softmax_attention(q, k, v)
+    return softmax.softmax_attention(q, k, v)
 
   def exact_options(self, length: int) -> Optional[Dict[str, Any]]:
     """Options under which `attend` equals `reference` at this length, or None."""

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from efficient_attn.mechanisms import synthesizer
-from efficient_attn.mechanisms.synthesizer import (init_from_specs, param_specs,
-                                                   synthesizer_attention)
+from efficient_attn.mechanisms.synthesizer import param_specs
+from efficient_attn.mechanisms.synthesizer import synthesizer_attention
+from efficient_attn.params import init_from_specs
 from helpers import PAD, assert_no_lookahead, value_and_grads
 
 H, D, DV = 2, 4, 3

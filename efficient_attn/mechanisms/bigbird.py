@@ -34,6 +34,7 @@ from efficient_attn import masking
 from efficient_attn import registry
 from efficient_attn.mechanisms import blocksparse
 from efficient_attn.mechanisms.softmax import SCALE
+from efficient_attn.softmax import default_scale
 
 
 def bigbird_layout(num_blocks: int, heads: int, num_global_blocks: int = 1,
@@ -130,7 +131,7 @@ def bigbird_attention(q, k, v, mask=None, causal: bool = False, *, block_size: i
                      f'length {n} / block_size {block_size}), got {num_global_blocks}')
   if num_random_blocks < 0:
     raise ValueError(f'num_random_blocks must be >= 0, got {num_random_blocks}')
-  scale = blocksparse.default_scale(d, scale)
+  scale = default_scale(d, scale)
   padding = blocksparse.key_padding(mask, b, n)
   g = num_global_blocks * block_size
   parts = []

@@ -20,8 +20,7 @@ valid key return 0. A segment of t keys costs O(n t d) time and O(n t) memory
 per head (n = num_blocks * block queries): no n x n array is formed unless a
 segment itself has t = n keys (global query rows).
 """
-import math
-from typing import NamedTuple, Optional, Sequence
+from typing import NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -49,11 +48,6 @@ class Segment(NamedTuple):
   keys: jnp.ndarray
   values: jnp.ndarray
   valid: jnp.ndarray
-
-
-def default_scale(head_dim: int, scale: Optional[float]) -> float:
-  """`scale`, or 1 / sqrt(head_dim) when it is None."""
-  return 1.0 / math.sqrt(head_dim) if scale is None else scale
 
 
 def compute_dtype(*arrays) -> jnp.dtype:

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from efficient_attn import masking
 from efficient_attn import registry
 from efficient_attn.mechanisms.softmax import SCALE
-from efficient_attn.mechanisms.softmax import softmax_attention
+from efficient_attn.softmax import softmax_attention
 
 SHARING_MODES = ('none', 'headwise', 'kv', 'layerwise')
 

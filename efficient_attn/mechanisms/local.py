@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from efficient_attn import registry
 from efficient_attn.mechanisms import blocksparse
 from efficient_attn.mechanisms.softmax import SCALE
+from efficient_attn.softmax import default_scale
 
 
 def _blocks_with_neighbours(x, block: int, left: int, right: int, num_blocks: int):
@@ -149,7 +150,7 @@ def local_attention(q, k, v, window: int, mask=None, causal: bool = False,
     raise ValueError(f'local_attention needs q_length == kv_length, got {n} and {k.shape[1]}')
   padding = blocksparse.key_padding(mask, b, n)
   band = band_blocks(q, k, v, padding, window, causal, block_size)
-  out = blocksparse.attend(band.queries, [band.segment], blocksparse.default_scale(d, scale))
+  out = blocksparse.attend(band.queries, [band.segment], default_scale(d, scale))
   out = out.reshape(b, -1, out.shape[3], out.shape[4])[:, :n]
   return out.astype(v.dtype)
 

@@ -25,6 +25,7 @@ from efficient_attn import registry
 from efficient_attn.mechanisms import blocksparse
 from efficient_attn.mechanisms import local
 from efficient_attn.mechanisms.softmax import SCALE
+from efficient_attn.softmax import default_scale
 
 
 def longformer_attention(q, k, v, mask=None, causal: bool = False, *, window: int = 64,
@@ -59,7 +60,7 @@ def longformer_attention(q, k, v, mask=None, causal: bool = False, *, window: in
     raise ValueError(f'global_tokens must be >= 0, got {global_tokens}')
   b, n, h, d = q.shape
   g = min(global_tokens, n)
-  scale = blocksparse.default_scale(d, scale)
+  scale = default_scale(d, scale)
   padding = blocksparse.key_padding(mask, b, n)
   parts = []
   if g:

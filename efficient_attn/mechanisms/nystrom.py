@@ -24,7 +24,7 @@ from jax import lax
 from efficient_attn import masking
 from efficient_attn import registry
 from efficient_attn.mechanisms.softmax import SCALE
-from efficient_attn.mechanisms.softmax import softmax_weights
+from efficient_attn.softmax import softmax_weights
 
 
 def iterative_pinv(a, iterations: int = 6):

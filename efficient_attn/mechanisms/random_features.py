@@ -29,6 +29,7 @@ from efficient_attn import feature_maps
 from efficient_attn import masking
 from efficient_attn import registry
 from efficient_attn import rotary
+from efficient_attn.softmax import softmax_attention
 from efficient_attn.kernel_attention import KernelState
 from efficient_attn.kernel_attention import heads_as_batch
 from efficient_attn.kernel_attention import init_kernel_state
@@ -337,7 +338,6 @@ class RFA(registry.Mechanism):
 
   def reference(self, o, q, k, v):
     """Softmax over cosine similarities q^ . k^ / sigma^2 (what the features estimate)."""
-    from efficient_attn.mechanisms.softmax import softmax_attention  # pylint: disable=g-import-not-at-top
     unit = lambda x: x * lax.rsqrt(jnp.sum(x * x, -1, keepdims=True) + 1e-12)
     return softmax_attention(unit(q), unit(k), v, scale=1.0 / o.sigma**2)
 

@@ -50,7 +50,6 @@ O(n_hashes n chunk_size). Self-attention only (q_length == kv_length): q
 `[batch, n, heads, head_dim]`, v `[batch, n, heads, v_dim]`, output `[batch, n,
 heads, v_dim]`.
 """
-import math
 from typing import Optional
 
 import jax
@@ -59,7 +58,9 @@ import jax.numpy as jnp
 from efficient_attn import masking
 from efficient_attn import registry
 from efficient_attn.mechanisms.softmax import SCALE
-from efficient_attn.mechanisms.synthesizer import ParamSpecs, masked_softmax
+from efficient_attn.params import ParamSpecs
+from efficient_attn.softmax import default_scale
+from efficient_attn.softmax import masked_softmax
 
 # Lowering of a token's score for itself (trax's `mask_self_attention`).
 SELF_SCORE_PENALTY = 1e5
@@ -153,7 +154,7 @@ def reformer_attention(q, k, v, mask=None, causal: bool = False, *, n_buckets: i
     raise ValueError(f'Reformer length {n} is not divisible by chunk_size={chunk_size}')
   num_chunks = n // chunk
   compute = jnp.promote_types(jnp.promote_types(q.dtype, v.dtype), jnp.float32)
-  scale = 1.0 / math.sqrt(d) if scale is None else scale
+  scale = default_scale(d, scale)
   key_padding = masking.key_padding_from_mask(mask, b, n)
   real = jnp.ones((b, n), bool) if key_padding is None else key_padding
 

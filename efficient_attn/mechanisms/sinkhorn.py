@@ -49,7 +49,6 @@ time and O(q_length sortcut_k B) memory, plus the sort. Shapes: q `[batch,
 q_length, heads, head_dim]`, k `[batch, n, heads, head_dim]`, v `[batch, n,
 heads, v_dim]`, output `[batch, q_length, heads, v_dim]`.
 """
-import math
 from typing import Optional
 
 import jax
@@ -58,8 +57,12 @@ import jax.numpy as jnp
 from efficient_attn import masking
 from efficient_attn import registry
 from efficient_attn.mechanisms.softmax import SCALE
-from efficient_attn.mechanisms.synthesizer import (ParamSpecs, masked_softmax, mlp_param_specs,
-                                                   per_head_mlp, require_params)
+from efficient_attn.params import ParamSpecs
+from efficient_attn.params import mlp_param_specs
+from efficient_attn.params import per_head_mlp
+from efficient_attn.params import require_params
+from efficient_attn.softmax import default_scale
+from efficient_attn.softmax import masked_softmax
 
 _SORT_PARAMS = ('sort_w1', 'sort_b1', 'sort_w2', 'sort_b2')
 
@@ -230,7 +233,7 @@ def sinkhorn_attention_from_logits(q, k, v, logits, mask=None, causal: bool = Fa
     raise ValueError(f'Sinkhorn logits must be [batch, heads, {nb}, {nb}], '
                      f'got shape {logits.shape}')
   compute = jnp.promote_types(jnp.promote_types(q.dtype, v.dtype), jnp.float32)
-  scale = 1.0 / math.sqrt(d) if scale is None else scale
+  scale = default_scale(d, scale)
   key_padding = masking.key_padding_from_mask(mask, b, n)
   real = jnp.ones((b, n), bool) if key_padding is None else key_padding
 

@@ -2,18 +2,21 @@
 
 Both take q `[batch, q_length, heads, head_dim]`, k `[batch, kv_length, heads,
 head_dim]`, v `[batch, kv_length, heads, v_dim]` and return `[batch, q_length,
-heads, v_dim]`. Masks follow `efficient_attn.masking`.
+heads, v_dim]`. Masks follow `efficient_attn.masking`. The plain form's math
+(`softmax_attention`, `softmax_weights`) lives in `efficient_attn.softmax`, which
+the registry imports too; it is re-exported here.
 """
-import math
 from typing import Optional
 
-import jax
 import jax.numpy as jnp
 
 from efficient_attn import flash
 from efficient_attn import fused
 from efficient_attn import masking
 from efficient_attn import registry
+from efficient_attn.softmax import default_scale
+from efficient_attn.softmax import softmax_attention
+from efficient_attn.softmax import softmax_weights  # noqa: F401  (re-exported)
 
 SCALE = registry.Option('scale', None, float, 'score scale; None: 1/sqrt(head_dim)',
                         above=0.0, allow_none=True)
@@ -21,56 +24,6 @@ IMPLEMENTATION = registry.Option(
     'implementation', 'auto', str, "'auto': the platform's fused kernel (cuDNN on GPU, "
     "Pallas splash on TPU) when it can honour the call, else the einsum ('xla')",
     choices=fused.IMPLEMENTATIONS)
-
-
-def _scale(head_dim: int, scale: Optional[float]) -> float:
-  return 1.0 / math.sqrt(head_dim) if scale is None else scale
-
-
-def softmax_attention(q, k, v, mask=None, causal: bool = False,
-                      scale: Optional[float] = None, dropout_rate: float = 0.0,
-                      dropout_rng=None, broadcast_dropout: bool = True):
-  """softmax(q k^T * scale) v, the n x n matrix formed explicitly.
-
-  Time O(n^2 d) per head, memory O(n^2) per head. Scores and the softmax run in
-  float32 (or wider) whatever the input dtype; fully masked query rows return 0.
-
-  Args:
-    q, k, v: see module docstring.
-    mask: bool, broadcastable to `[batch, heads, q_length, kv_length]`, or a key
-      padding mask `[batch, kv_length]`; True = attend.
-    causal: restrict query i to keys j <= i (aligned at the sequence end).
-    scale: score scale, default 1/sqrt(head_dim).
-    dropout_rate, dropout_rng, broadcast_dropout: dropout on the attention
-      weights, as in flax; off when `dropout_rng` is None.
-  """
-  weights = softmax_weights(q, k, mask=mask, causal=causal, scale=scale)
-  if dropout_rate > 0.0 and dropout_rng is not None:
-    keep = 1.0 - dropout_rate
-    shape = list(weights.shape)
-    if broadcast_dropout:
-      shape[0] = 1
-      shape[1] = 1
-    keep_mask = jax.random.bernoulli(dropout_rng, keep, shape)
-    weights = weights * keep_mask.astype(weights.dtype) / keep
-  return jnp.einsum('bhqk,bkhd->bqhd', weights.astype(v.dtype), v)
-
-
-def softmax_weights(q, k, mask=None, causal: bool = False, scale: Optional[float] = None):
-  """The attention matrix `[batch, heads, q_length, kv_length]` (float32 or wider)."""
-  masking.check_inputs(q, k, k, mask, name='softmax attention')
-  compute = jnp.promote_types(q.dtype, jnp.float32)
-  q = q.astype(compute) * _scale(q.shape[-1], scale)  # scale q (n d), not the scores (n^2)
-  s = jnp.einsum('bqhd,bkhd->bhqk', q, k.astype(compute))
-  full = masking.combine_masks(mask, causal, q.shape[1], k.shape[1])
-  if full is not None:
-    s = jnp.where(full, s, masking.big_neg(compute))
-  w = jax.nn.softmax(s, axis=-1)
-  if mask is not None or (causal and k.shape[1] < q.shape[1]):
-    # A row may be fully masked (its softmax is then uniform): zero it. Otherwise the
-    # masked scores sit big_neg below the row's max and exp gives exactly 0 already.
-    w = jnp.where(full, w, 0.0)
-  return w
 
 
 def chunked_softmax_attention(q, k, v, mask=None, causal: bool = False,
@@ -98,7 +51,7 @@ def chunked_softmax_attention(q, k, v, mask=None, causal: bool = False,
   cq, ck = min(q_chunk, lq), min(k_chunk, lk)
   pq, pk = -lq % cq, -lk % ck
   pad = lambda x, p: jnp.pad(x, ((0, 0), (0, p), (0, 0), (0, 0))).astype(compute)
-  qs = pad(q, pq) * _scale(q.shape[-1], scale)
+  qs = pad(q, pq) * default_scale(q.shape[-1], scale)
   if mask is not None:
     mask = jnp.asarray(mask, bool)
     if mask.ndim == 2:
@@ -122,7 +75,7 @@ def _fused(o, q, k, v, mask, causal, ctx, dropout: bool = False):
                       weights=ctx.forming_weights)
   if impl == 'xla':
     return None
-  return fused.attention(impl, q, k, v, mask, causal, _scale(q.shape[-1], o.scale))
+  return fused.attention(impl, q, k, v, mask, causal, default_scale(q.shape[-1], o.scale))
 
 
 @registry.register

@@ -40,6 +40,7 @@ from efficient_attn import registry
 from efficient_attn.mechanisms import blocksparse
 from efficient_attn.mechanisms import local
 from efficient_attn.mechanisms.softmax import SCALE
+from efficient_attn.softmax import default_scale
 
 PATTERNS = ('strided', 'fixed')
 
@@ -86,7 +87,7 @@ def sparse_attention(q, k, v, mask=None, causal: bool = False, *, pattern: str =
   if pattern == 'fixed' and not 1 <= num_summary <= stride:
     raise ValueError(f'num_summary must be in [1, stride={stride}], got {num_summary}')
   b, n, h, d = q.shape
-  scale = blocksparse.default_scale(d, scale)
+  scale = default_scale(d, scale)
   s = stride
   nb = -(-n // s)
   q, k, v = (_pad_to(x, nb * s) for x in (q, k, v))

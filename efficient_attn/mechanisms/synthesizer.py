@@ -39,12 +39,11 @@ lower triangle (`masking.causal_mask`). The 'dense' and 'factorized_dense' logit
 row i depends on q_i only and the 'random' kinds on no input, so causal
 masking of the logits is enough for causality.
 
-This module also holds small helpers shared with the Reformer and Sinkhorn
-mechanisms: `masked_softmax`, the per-head 2-layer MLP (`per_head_mlp`,
-`mlp_param_specs`), `require_params` and `init_from_specs`.
+Its per-head MLP and parameter helpers live in `efficient_attn.params`, its
+masked softmax in `efficient_attn.softmax`.
 """
 import math
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -53,94 +52,14 @@ from efficient_attn import masking
 from efficient_attn import feature_maps
 from efficient_attn import registry
 from efficient_attn.mechanisms.softmax import SCALE
+from efficient_attn.params import ParamSpecs
+from efficient_attn.params import mlp_param_specs
+from efficient_attn.params import per_head_mlp
+from efficient_attn.params import require_params
+from efficient_attn.softmax import default_scale
+from efficient_attn.softmax import masked_softmax
 
 KINDS = ('dense', 'random', 'factorized_dense', 'factorized_random')
-
-Initializer = Callable[..., Any]
-ParamSpecs = Dict[str, Tuple[Tuple[int, ...], Initializer]]
-
-# Per-head weight matrices `[heads, fan_in, fan_out]`: heads is a batch axis.
-_KERNEL_INIT = jax.nn.initializers.lecun_normal(in_axis=-2, out_axis=-1, batch_axis=(0,))
-_BIAS_INIT = jax.nn.initializers.zeros
-
-
-def masked_softmax(scores, valid):
-  """Softmax over the last axis restricted to `valid`, with its log-normaliser.
-
-  Args:
-    scores: float array `[..., k]`.
-    valid: bool array broadcastable to `scores`; False entries get weight 0.
-
-  Returns:
-    (weights, lse): weights like `scores` (0 at invalid entries; a row with no
-    valid entry is all 0), and lse `[...]`, the log-sum-exp of the valid
-    scores of each row (`masking.big_neg` for a row with no valid entry). No
-    -inf is ever formed, so gradients stay finite; invalid entries get exactly
-    zero gradient.
-  """
-  neg = masking.big_neg(scores.dtype)
-  s = jnp.where(valid, scores, neg)
-  m = jax.lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True))
-  e = jnp.where(valid, jnp.exp(s - m), 0.0)
-  z = jnp.sum(e, axis=-1, keepdims=True)
-  nonempty = z > 0
-  z_safe = jnp.where(nonempty, z, 1.0)
-  weights = e / z_safe
-  lse = jnp.where(nonempty, m + jnp.log(z_safe), neg)[..., 0]
-  return weights, lse
-
-
-def mlp_param_specs(prefix: str, heads: int, d_in: int, hidden: int,
-                    d_out: int) -> ParamSpecs:
-  """Specs of a per-head 2-layer MLP d_in -> hidden -> d_out, named `prefix`_w1 .. _b2.
-
-  Weights `[heads, fan_in, fan_out]` are LeCun-normal (heads a batch axis),
-  biases `[heads, fan_out]` zero.
-  """
-  return {
-      f'{prefix}_w1': ((heads, d_in, hidden), _KERNEL_INIT),
-      f'{prefix}_b1': ((heads, hidden), _BIAS_INIT),
-      f'{prefix}_w2': ((heads, hidden, d_out), _KERNEL_INIT),
-      f'{prefix}_b2': ((heads, d_out), _BIAS_INIT),
-  }
-
-
-def per_head_mlp(x, params, prefix: str, compute):
-  """`W2 relu(W1 x + b1) + b2` with one MLP per head.
-
-  Args:
-    x: `[..., heads, d_in]`.
-    params: dict holding `prefix`_w1 `[heads, d_in, hidden]`, _b1 `[heads,
-      hidden]`, _w2 `[heads, hidden, d_out]`, _b2 `[heads, d_out]`.
-    prefix: parameter name prefix.
-    compute: computation dtype.
-
-  Returns:
-    `[..., heads, d_out]` in `compute`. Time O(... heads hidden (d_in + d_out)).
-  """
-  w1, b1, w2, b2 = (jnp.asarray(params[f'{prefix}_{n}']).astype(compute)
-                    for n in ('w1', 'b1', 'w2', 'b2'))
-  hid = jax.nn.relu(jnp.einsum('...hd,hdk->...hk', x.astype(compute), w1) + b1)
-  return jnp.einsum('...hk,hko->...ho', hid, w2) + b2
-
-
-def init_from_specs(specs: ParamSpecs, key, dtype=jnp.float32) -> Dict[str, jnp.ndarray]:
-  """Materialise a `param_specs` dict: {name: init(fold_in(key, i), shape, dtype)}.
-
-  Names are visited in sorted order, so the result depends only on `key` and
-  the specs. For pure-function callers and tests; Linen wrappers create the
-  same arrays with `self.param(name, init, shape, param_dtype)`.
-  """
-  return {name: init(jax.random.fold_in(key, i), shape, dtype)
-          for i, (name, (shape, init)) in enumerate(sorted(specs.items()))}
-
-
-def require_params(params, names, who: str):
-  """Raise a one-line ValueError naming the `names` missing from `params`."""
-  missing = [n for n in names if n not in params]
-  if missing:
-    raise ValueError(f'{who} params lack {", ".join(map(repr, missing))}; got keys '
-                     f'{sorted(params)}')
 
 
 def _default_factor(max_length: int) -> int:
@@ -327,7 +246,7 @@ def synthesizer_attention(q, k, v, params, mask=None, causal: bool = False, *,
       raise ValueError(f'mix_with_dot needs k [batch={b}, kv_length={n}, heads={h}, '
                        f'head_dim={d}], got {None if k is None else k.shape}')
     w = jnp.asarray(params['dot_weight']).astype(compute).reshape(h)
-    sc = 1.0 / math.sqrt(d) if scale is None else scale
+    sc = default_scale(d, scale)
     dots = jnp.einsum('bqhd,bkhd->bhqk', q.astype(compute), k.astype(compute)) * sc
     logits = logits + w[None, :, None, None] * dots
   valid = jnp.ones((1, 1, lq, n), bool)
