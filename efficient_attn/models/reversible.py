@@ -25,34 +25,33 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from efficient_attn.models import layers
+
 RNG_STREAMS = ('dropout', 'features')  # the streams attention and dropout draw from
 
 
 class AttentionBranch(nn.Module):
   """F: LayerNorm -> attention -> dropout."""
-  config: Any  # TransformerConfig
+  config: layers.TransformerConfig
   shared_params: Optional[Mapping[str, Any]] = None
 
   @nn.compact
   def __call__(self, x, mask=None, deterministic: bool = True):
-    from efficient_attn.models import transformer  # pylint: disable=g-import-not-at-top
     c = self.config
     y = nn.LayerNorm(dtype=c.dtype, param_dtype=c.param_dtype)(x)
-    y = transformer.attention_layer(c, self.shared_params)(y, mask=mask,
-                                                          deterministic=deterministic)
+    y = layers.attention_layer(c, self.shared_params)(y, mask=mask, deterministic=deterministic)
     return nn.Dropout(c.dropout_rate)(y, deterministic=deterministic)
 
 
 class MlpBranch(nn.Module):
   """G: LayerNorm -> MLP (with its dropout)."""
-  config: Any  # TransformerConfig
+  config: layers.TransformerConfig
 
   @nn.compact
   def __call__(self, x, deterministic: bool = True):
-    from efficient_attn.models import transformer  # pylint: disable=g-import-not-at-top
     c = self.config
     y = nn.LayerNorm(dtype=c.dtype, param_dtype=c.param_dtype)(x)
-    return transformer.MlpBlock(c, name='mlp')(y, deterministic=deterministic)
+    return layers.MlpBlock(c, name='mlp')(y, deterministic=deterministic)
 
 
 def _branches(config, shared, params, keys, mask, deterministic):
@@ -117,7 +116,7 @@ class ReversibleStack(nn.Module):
   `shared_params`: attention parameters every block shares (e.g. Linformer's
   layerwise projection), differentiated through the reversible backward.
   """
-  config: Any  # TransformerConfig
+  config: layers.TransformerConfig
   shared_params: Optional[Mapping[str, Any]] = None
 
   @nn.compact
