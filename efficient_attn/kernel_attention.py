@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from efficient_attn import masking
+from efficient_attn import registry
 
 
 class KernelState(NamedTuple):
@@ -381,3 +382,31 @@ def kernel_attention_step(state: KernelState, phi_q_t: jnp.ndarray, phi_k_t: jnp
   new_state = KernelState(s.astype(state.s.dtype), z.astype(state.z.dtype),
                           state.log_scale)
   return new_state, out
+
+
+# ----------------------------------------------------------------------------
+# The declaration shared by the kernel mechanisms (linear, RFA, Performer).
+# ----------------------------------------------------------------------------
+
+CHUNK_SIZE = registry.Option('chunk_size', None, int, 'chunk length of the causal scan; None: '
+                             'the platform\'s (64 on CPU, 256 on GPU and TPU)', minimum=1,
+                             allow_none=True)
+
+
+class KernelMechanism(registry.Mechanism):
+  """A kernel mechanism: causal, recurrent decoding of a `KernelState`, rotary on features.
+
+  Subclasses give `feature_dim`, the width f of phi (the state is `[f, v_dim]`
+  per head); it defaults to head_dim (feature maps applied elementwise).
+  """
+  causal = True
+  decode = 'recurrent'
+  rotary = 'features'
+
+  def feature_dim(self, o: registry.Options, head_dim: int) -> int:
+    """f, the width of the query and key features."""
+    del o
+    return head_dim
+
+  def init_state(self, o, *, batch, heads, head_dim, v_dim):
+    return init_kernel_state(batch, heads, self.feature_dim(o, head_dim), v_dim)

@@ -27,7 +27,6 @@ Shapes follow `efficient_attn.registry.Mechanism.attend`.
 """
 from typing import Optional
 
-import jax.numpy as jnp
 import numpy as np
 
 from efficient_attn import masking
@@ -134,25 +133,22 @@ def bigbird_attention(q, k, v, mask=None, causal: bool = False, *, block_size: i
   scale = default_scale(d, scale)
   padding = blocksparse.key_padding(mask, b, n)
   g = num_global_blocks * block_size
-  parts = []
-  if g:
-    parts.append(blocksparse.attend_all_keys(q[:, :g], k, v, padding, causal, scale))
-  if g < n:
+
+  def other_rows():
     layout = bigbird_layout(nb, h, num_global_blocks, num_random_blocks, seed, causal)
     index, entry_valid = _key_table(layout, num_global_blocks, block_size)  # [c, h, t]
     valid = entry_valid[:, :, None, :]                                     # [c, h, 1, t]
     if causal:
-      qpos = (num_global_blocks * block_size
-              + np.arange(n - g).reshape(-1, 1, block_size, 1))           # [c, 1, B, 1]
+      qpos = g + np.arange(n - g).reshape(-1, 1, block_size, 1)           # [c, 1, B, 1]
       valid = valid & (index[:, :, None, :] <= qpos)
     valid = valid[None] & padding[:, index][:, :, :, None, :]              # [b, c, h, B, t]
     segment = blocksparse.Segment('block', blocksparse.gather(k, index),
                                   blocksparse.gather(v, index), valid)
     queries = blocksparse.to_blocks(q[:, g:], block_size)
     out = blocksparse.attend(queries, [segment], scale)
-    parts.append(out.reshape(b, n - g, h, out.shape[-1]))
-  out = jnp.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
-  return out.astype(v.dtype)
+    return out.reshape(b, n - g, h, out.shape[-1])
+
+  return blocksparse.global_rows_first(q, k, v, padding, causal, scale, g, other_rows)
 
 
 @registry.register

@@ -20,7 +20,7 @@ valid key return 0. A segment of t keys costs O(n t d) time and O(n t) memory
 per head (n = num_blocks * block queries): no n x n array is formed unless a
 segment itself has t = n keys (global query rows).
 """
-from typing import NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -149,3 +149,32 @@ def attend_all_keys(q, k, v, padding, causal: bool, scale: float) -> jnp.ndarray
   if causal:
     valid = valid & (np.arange(n)[None, :] <= np.arange(g)[:, None])
   return attend(q[:, None], [Segment('shared', k, v, valid)], scale)[:, 0]
+
+
+def global_rows_first(q, k, v, padding, causal: bool, scale: float, num_global: int,
+                      other_rows: Callable[[], jnp.ndarray]) -> jnp.ndarray:
+  """The output of global query rows 0 .. g-1 (`attend_all_keys`), then of the others.
+
+  The tail shared by Longformer (global tokens) and BigBird (global blocks).
+
+  Args:
+    q: `[batch, n, heads, head_dim]`.
+    k: `[batch, n, heads, head_dim]`.
+    v: `[batch, n, heads, v_dim]`.
+    padding: bool key padding `[batch, n]`.
+    causal: query i sees keys j <= i only.
+    scale: score scale.
+    num_global: g, 0 <= g <= n.
+    other_rows: called only when g < n; returns the output of rows g .. n-1,
+      `[batch, n - g, heads, v_dim]`.
+
+  Returns:
+    `[batch, n, heads, v_dim]`, dtype of `v`.
+  """
+  parts = []
+  if num_global:
+    parts.append(attend_all_keys(q[:, :num_global], k, v, padding, causal, scale))
+  if num_global < q.shape[1]:
+    parts.append(other_rows())
+  out = jnp.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
+  return out.astype(v.dtype)

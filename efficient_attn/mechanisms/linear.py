@@ -20,9 +20,11 @@ from efficient_attn import feature_maps
 from efficient_attn import masking
 from efficient_attn import registry
 from efficient_attn import rotary
+from efficient_attn.kernel_attention import CHUNK_SIZE
+from efficient_attn.kernel_attention import KernelMechanism
 from efficient_attn.kernel_attention import KernelState
 from efficient_attn.kernel_attention import heads_as_batch
-from efficient_attn.kernel_attention import init_kernel_state
+from efficient_attn.kernel_attention import init_kernel_state  # noqa: F401  (re-exported)
 from efficient_attn.kernel_attention import kernel_attention
 from efficient_attn.kernel_attention import kernel_attention_step
 
@@ -107,7 +109,7 @@ def linear_attention_step(state: KernelState, q_t: jnp.ndarray, k_t: jnp.ndarray
 
 
 @registry.register
-class Linear(registry.Mechanism):
+class Linear(KernelMechanism):
   name = 'linear'
   description = 'kernelised linear attention (elu+1 / relu / identity)'
   citation = 'Katharopoulos et al. 2020'
@@ -115,22 +117,14 @@ class Linear(registry.Mechanism):
       registry.Option('feature_map', 'elu', str, 'phi: elu (+1), relu or identity',
                       choices=tuple(feature_maps.FEATURE_MAPS)),
       registry.Option('eps', 1e-6, float, 'denominator clamp', above=0.0),
-      registry.Option('chunk_size', None, int, 'chunk length of the causal scan; None: '
-                    'the platform\'s (64 on CPU, 256 on GPU and TPU)', minimum=1,
-                    allow_none=True),
+      CHUNK_SIZE,
   )
-  causal = True
-  decode = 'recurrent'
-  rotary = 'features'
   complexity = ('O(n d^2)', 'O(n d + d^2)')
   knob = ('feature_map', ('elu', 'relu', 'identity'))
 
   def attend(self, o, params, q, k, v, *, mask, causal, ctx):
     return linear_attention(q, k, v, mask=mask, causal=causal, feature_map=o.feature_map,
                             eps=o.eps, chunk_size=o.chunk_size, positions=ctx.positions)
-
-  def init_state(self, o, *, batch, heads, head_dim, v_dim):
-    return init_kernel_state(batch, heads, head_dim, v_dim)
 
   def grouped_state(self, o):
     return True

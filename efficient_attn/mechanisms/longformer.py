@@ -18,8 +18,6 @@ g ~ n. Shapes follow `efficient_attn.registry.Mechanism.attend`.
 """
 from typing import Optional
 
-import jax.numpy as jnp
-
 from efficient_attn import masking
 from efficient_attn import registry
 from efficient_attn.mechanisms import blocksparse
@@ -62,10 +60,8 @@ def longformer_attention(q, k, v, mask=None, causal: bool = False, *, window: in
   g = min(global_tokens, n)
   scale = default_scale(d, scale)
   padding = blocksparse.key_padding(mask, b, n)
-  parts = []
-  if g:
-    parts.append(blocksparse.attend_all_keys(q[:, :g], k, v, padding, causal, scale))
-  if g < n:
+
+  def other_rows():
     band = local.band_blocks(q, k, v, padding, window, causal)
     # Global keys leave the band: they are counted in their own segment.
     segments = [band.segment._replace(valid=band.segment.valid & (band.key_pos >= g))]
@@ -74,9 +70,9 @@ def longformer_attention(q, k, v, mask=None, causal: bool = False, *, window: in
       segments.append(blocksparse.Segment('shared', k[:, :g], v[:, :g],
                                           padding[:, None, None, None, :g]))
     out = blocksparse.attend(band.queries, segments, scale)
-    parts.append(out.reshape(b, -1, h, out.shape[-1])[:, g:n])
-  out = jnp.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
-  return out.astype(v.dtype)
+    return out.reshape(b, -1, h, out.shape[-1])[:, g:n]
+
+  return blocksparse.global_rows_first(q, k, v, padding, causal, scale, g, other_rows)
 
 
 @registry.register

@@ -30,9 +30,10 @@ from efficient_attn import masking
 from efficient_attn import registry
 from efficient_attn import rotary
 from efficient_attn.softmax import softmax_attention
+from efficient_attn.kernel_attention import CHUNK_SIZE
+from efficient_attn.kernel_attention import KernelMechanism
 from efficient_attn.kernel_attention import KernelState
 from efficient_attn.kernel_attention import heads_as_batch
-from efficient_attn.kernel_attention import init_kernel_state
 from efficient_attn.kernel_attention import kernel_attention
 from efficient_attn.kernel_attention import kernel_attention_step
 
@@ -264,9 +265,7 @@ _FEATURE_OPTIONS = (
     registry.Option('redraw', False, bool,
                     "fresh features in training calls given a 'features' rng"),
     registry.Option('seed', 0, int, 'seed of the fixed per-layer draw', minimum=0),
-    registry.Option('chunk_size', None, int, 'chunk length of the causal scan; None: '
-                    'the platform\'s (64 on CPU, 256 on GPU and TPU)', minimum=1,
-                    allow_none=True),
+    CHUNK_SIZE,
 )
 _FEATURE_KNOB = ('num_features', (16, 32, 64, 128, 256, 512, 1024))
 
@@ -283,7 +282,7 @@ def _projection(o, head_dim: int, ctx):
 
 
 @registry.register
-class RFA(registry.Mechanism):
+class RFA(KernelMechanism):
   """Learned parameters: 'gate_kernel' `[head_dim, heads]` and 'gate_bias' `[heads]`
   with `use_gate` (g_t = sigmoid(k_t . w_h + b_h)), 'log_sigma' `[heads]` with
   `learn_sigma`."""
@@ -301,10 +300,7 @@ class RFA(registry.Mechanism):
       registry.Option('eps', 1e-6, float, 'denominator clamp (|den| >= eps, sign kept)',
                       above=0.0),
   ) + _FEATURE_OPTIONS
-  causal = True
-  decode = 'recurrent'
   random_features = True
-  rotary = 'features'
   complexity = ('O(n D d)', 'O(n D + D d)')
   knob = _FEATURE_KNOB
   example = {'num_features': 16}
@@ -347,8 +343,8 @@ class RFA(registry.Mechanism):
                          causal=causal, eps=o.eps, gate=gate, sigma=sigma,
                          chunk_size=o.chunk_size, positions=ctx.positions)
 
-  def init_state(self, o, *, batch, heads, head_dim, v_dim):
-    return init_kernel_state(batch, heads, 2 * o.num_features, v_dim)
+  def feature_dim(self, o, head_dim):
+    return 2 * o.num_features  # cos and sin of D projections
 
   def grouped_state(self, o):
     return not (o.use_gate or o.learn_sigma)  # per-query-head gate or sigma
@@ -360,7 +356,7 @@ class RFA(registry.Mechanism):
 
 
 @registry.register
-class Performer(registry.Mechanism):
+class Performer(KernelMechanism):
   name = 'performer'
   description = 'FAVOR+ with positive orthogonal random features'
   citation = 'Choromanski et al. 2021'
@@ -370,10 +366,7 @@ class Performer(registry.Mechanism):
                       'denominator clamp; None: tiny^(1/4) of the compute dtype',
                       above=0.0, allow_none=True),
   ) + _FEATURE_OPTIONS
-  causal = True
-  decode = 'recurrent'
   random_features = True
-  rotary = 'features'
   complexity = ('O(n m d)', 'O(n m + m d)')
   knob = _FEATURE_KNOB
   example = {'num_features': 16}
@@ -383,8 +376,8 @@ class Performer(registry.Mechanism):
                                causal=causal, eps=o.eps, chunk_size=o.chunk_size,
                                positions=ctx.positions)
 
-  def init_state(self, o, *, batch, heads, head_dim, v_dim):
-    return init_kernel_state(batch, heads, o.num_features, v_dim)
+  def feature_dim(self, o, head_dim):
+    return o.num_features
 
   def grouped_state(self, o):
     return True  # one random projection for every head
