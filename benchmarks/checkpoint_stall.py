@@ -8,7 +8,7 @@ r"""How long does a checkpoint stop training? Orbax's synchronous against asynch
 Builds the config's model, optimiser state and jitted train step as training
 does, then, for each mode, trains --steps_between steps on the config's real
 batches and saves a checkpoint (params and optimiser state, with the trainer's
-manifest and finiteness check) through `train.checkpoint.Checkpointer`, --saves
+manifest and finiteness check) through `train.api.Checkpointer`, --saves
 times, into a fresh temporary workdir (or under --workdir, e.g. a gs:// bucket).
 The stall of a save is the time the loop waits in `save()`: the whole write when
 synchronous; with asynchronous saving only the copy to host and the manifest,
@@ -30,12 +30,7 @@ import jax
 
 from benchmarks import common
 from benchmarks import output
-from train import checkpoint
-from train import input_pipeline
-from train import optim
-from train import sharding
-from train import steps as steps_lib
-from train import trainer
+from train import api
 
 MODES = (('synchronous', False), ('asynchronous', True))
 
@@ -57,20 +52,16 @@ def define_flags(fv, argv: Sequence[str] = ()):
 
 def measure(config, saves: int, steps_between: int, root: str) -> Dict[str, Any]:
   """Per mode: the stall of each save and the examples/s of the steps between saves."""
-  s = trainer.Session(config)
-  c = s.config
-  data = input_pipeline.get_train_data(c)
-  tx = optim.create_optimizer(c, 2 * saves * steps_between + 1)
-  key = jax.random.key(c.train.seed)
-  state = steps_lib.create_train_state(s.model, tx, c, s.mesh, key)
-  train_step = steps_lib.make_train_step(s.task, s.model, tx, key, s.mesh)
-  batches = sharding.prefetch(data.batches(0), s.mesh)
+  run = api.build(config, 2 * saves * steps_between + 1)
+  c = run.config
+  batches = run.train_batches()
+  state, train_step = run.state, run.train_step
   state, metrics = train_step(state, next(batches))  # compile
   jax.block_until_ready((state, metrics))
   rows = {}
   for mode, async_save in MODES:
-    ckpt = checkpoint.Checkpointer(epath.Path(root) / mode, every=10**9, keep=2,
-                                   async_save=async_save)
+    ckpt = api.Checkpointer(epath.Path(root) / mode, every=10**9, keep=2,
+                            async_save=async_save)
     stalls, rates = [], []
     try:
       for i in range(1, saves + 1):

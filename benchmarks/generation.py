@@ -102,10 +102,8 @@ def load_params(model: CausalTransformer, path: str, seed: int):
 
 def load_workdir(args):
   """(model, params) of a trained pixel_lm run; sets args' architecture fields from it."""
-  from train import adapters  # pylint: disable=g-import-not-at-top
-  from train import inference  # pylint: disable=g-import-not-at-top
-  config, model, params = inference.load(args.workdir)
-  model, params = adapters.unwrap(config, model, jax.device_get(params))
+  from train import api  # pylint: disable=g-import-not-at-top
+  config, model, params = api.load(args.workdir, merged=True)
   if not isinstance(model, CausalTransformer):
     raise ValueError(f'--workdir={args.workdir!r} holds a {config.model.kind!r} model; '
                      f"generation needs a 'causal' one (task 'pixel_lm')")

@@ -22,11 +22,7 @@ import jax
 
 from benchmarks import common
 from benchmarks import output
-from train import input_pipeline
-from train import optim
-from train import sharding
-from train import steps as steps_lib
-from train import trainer
+from train import api
 
 
 def define_flags(fv, argv: Sequence[str] = ()):
@@ -44,15 +40,10 @@ def define_flags(fv, argv: Sequence[str] = ()):
 
 def measure(config, steps: int, rounds: int) -> Dict[str, Any]:
   """examples/s of the train step on real and on synthetic batches, interleaved."""
-  s = trainer.Session(config)
-  c = s.config
-  data = input_pipeline.get_train_data(c)
-  total = (2 * rounds + 2) * steps
-  tx = optim.create_optimizer(c, total)
-  key = jax.random.key(c.train.seed)
-  state = steps_lib.create_train_state(s.model, tx, c, s.mesh, key)
-  train_step = steps_lib.make_train_step(s.task, s.model, tx, key, s.mesh)
-  real = sharding.prefetch(data.batches(0), s.mesh)
+  run = api.build(config, (2 * rounds + 2) * steps)
+  c = run.config
+  state, train_step = run.state, run.train_step
+  real = run.train_batches()
   synthetic = next(real)
 
   def block(next_batch):

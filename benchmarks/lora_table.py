@@ -29,7 +29,7 @@ from etils import epath
 from benchmarks import common
 from benchmarks import output
 from benchmarks import runs
-from train import workdir as workdir_lib
+from train import api
 
 MODES = (('finetune', 'Fine-tuning the base with LoRA'),
          ('scratch', 'LoRA only, from scratch (random frozen base)'))
@@ -51,14 +51,11 @@ def _results(workdir) -> Optional[Dict[str, Any]]:
 
 def evaluate_on(workdir: str, variant: str) -> float:
   """Accuracy of `workdir`'s newest checkpoint on its eval split, with `variant` images."""
-  from train import input_pipeline  # pylint: disable=g-import-not-at-top
-  from train import trainer  # pylint: disable=g-import-not-at-top
-  from train import checkpoint  # pylint: disable=g-import-not-at-top
-  config = workdir_lib.load_config(workdir)
+  config = api.stored_config(workdir)
   config.dataset.transform = variant
-  session = trainer.Session(config)
-  _, params = checkpoint.restore_params(workdir, session.mesh, session.abstract_params())
-  return session.evaluate(params, input_pipeline.get_eval_data(session.config))['accuracy']
+  run = api.build(config)
+  _, params = run.restore_params(workdir)
+  return run.evaluate(params)['accuracy']
 
 
 def collect(root: str) -> Dict[str, Any]:
@@ -69,7 +66,7 @@ def collect(root: str) -> Dict[str, Any]:
                             '(python -m train.sweep --sweep=... --root=... run)')
   base_config = runs.read_json(epath.Path(root) / 'base' / 'config.json')
   result: Dict[str, Any] = dict(
-      root=os.path.abspath(root) if workdir_lib.is_local(root) else root,
+      root=os.path.abspath(root) if api.is_local(root) else root,
       device=common.device_info(),
       dataset=base_config['dataset']['name'], model=base_config['model']['kind'],
       seeds=[(base_config.get('train') or {}).get('seed')],

@@ -1,7 +1,7 @@
 """Experiment workdirs as analysis inputs: models, parameters, eval inputs, captured q/k/v.
 
 A *source* is what the checkpoint-based tools (approx_error, spectrum) analyse:
-a trained workdir (through `train.inference.load` and the input
+a trained workdir (through `train.api.load` and the input
 pipeline's `get_eval_batch`), or 'random:<mechanism>' (a freshly initialised
 small ViT on random 8x8 images: an untrained baseline, and what the tests use).
 """
@@ -46,11 +46,11 @@ def load_source(name: str, num_examples: int = 8, seed: int = 0) -> Source:
   if not epath.Path(name).is_dir():
     raise FileNotFoundError(f'no such workdir {name!r} (or use random:<mechanism>)')
   try:
-    from train import inference  # pylint: disable=g-import-not-at-top
+    from train import api  # pylint: disable=g-import-not-at-top
     from train import input_pipeline  # pylint: disable=g-import-not-at-top
   except ImportError as e:
     raise RuntimeError(f'reading a checkpoint needs the experiment code (train/): {e}') from e
-  config, model, params = inference.load(name)
+  config, model, params = api.load(name)
   batch = input_pipeline.get_eval_batch(config)
   inputs = np.asarray(batch['inputs'])
   if 'mask' in batch:  # drop padding rows of a short last batch

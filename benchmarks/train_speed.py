@@ -6,7 +6,7 @@ r"""Training speed of whole experiment configs, measured side by side.
 
 Separate training runs are a poor speed comparison on a shared machine: each
 meets a different load. This tool builds each config's model, optimiser and
-jitted train step (the trainer's own, `train.steps.make_train_step`) in one
+jitted train step (the trainer's own, `train.api.build`) in one
 process, feeds each one synthetic batch of the config's global batch size and
 input shape (normal floats for images, the model's dummy tokens for text; only
 the speed matters), and then times them in interleaved rounds: every round runs
@@ -46,10 +46,10 @@ def define_flags(fv):
 
 def load_config(spec: str):
   """'configs/mnist.py:super' -> that file's get_config('super') (get_config() without ':')."""
-  from train import pyfile  # pylint: disable=g-import-not-at-top
+  from train import api  # pylint: disable=g-import-not-at-top
   path, _, arg = spec.partition(':')
   try:
-    get_config = pyfile.function(path, 'get_config')
+    get_config = api.config_function(path)
   except ValueError as e:
     raise ValueError(f'--config={spec!r}: {e}') from None
   return get_config(arg) if arg else get_config()
@@ -58,8 +58,8 @@ def load_config(spec: str):
 def synthetic_batch(config, batch_size: int, seed: int = 0) -> Dict[str, np.ndarray]:
   """{'inputs', 'label', 'mask'} of `config`'s input shape: normal floats for float inputs,
   the model's dummy tokens for integer ones, label 0, every example real."""
-  from train import models  # pylint: disable=g-import-not-at-top
-  dummy = np.asarray(models.dummy_inputs(config, batch_size))
+  from train import api  # pylint: disable=g-import-not-at-top
+  dummy = np.asarray(api.dummy_inputs(config, batch_size))
   if np.issubdtype(dummy.dtype, np.floating):
     dummy = np.random.default_rng(seed).standard_normal(dummy.shape).astype(dummy.dtype)
   return dict(inputs=dummy, label=np.zeros((batch_size,), np.int32),
@@ -70,24 +70,12 @@ def compiled_train_step(config, batch: Dict[str, np.ndarray], num_steps: int = 1
   """(compiled train step, initial state, global batch, parameter count) of `config`, on
   the first device: the trainer's model, optimiser and step.
 
-  Raises `train.validate.ConfigError` / ValueError for a config the trainer refuses.
+  Raises `train.api.ConfigError` / ValueError for a config the trainer refuses.
   """
-  from train import models  # pylint: disable=g-import-not-at-top
-  from train import optim  # pylint: disable=g-import-not-at-top
-  from train import sharding  # pylint: disable=g-import-not-at-top
-  from train import steps as steps_lib  # pylint: disable=g-import-not-at-top
-  from train import tasks  # pylint: disable=g-import-not-at-top
-  from train import validate  # pylint: disable=g-import-not-at-top
-  validate.validate_config(config)
-  model = models.create_model(config)
-  mesh = sharding.create_mesh(jax.devices()[:1])
-  tx = optim.create_optimizer(config, num_steps=num_steps)
-  state = steps_lib.create_train_state(model, tx, config, mesh, jax.random.key(0))
-  batch = sharding.to_global(batch, mesh)
-  step = steps_lib.make_train_step(tasks.get_task(config.task), model, tx,
-                                   jax.random.key(1), mesh)
-  params = models.count_params(state.params)
-  return step.lower(state, batch).compile(), state, batch, params
+  from train import api  # pylint: disable=g-import-not-at-top
+  run = api.build(config, num_steps, devices=jax.devices()[:1], read_data=False, seed=0)
+  state, batch = run.state, run.to_devices(batch)
+  return run.train_step.lower(state, batch).compile(), state, batch, run.num_params
 
 
 def measure(specs: Sequence[str], *, batch_size: Optional[int], rounds: int, steps: int,
@@ -170,7 +158,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   try:
     points = measure(specs, batch_size=fv.batch_size, rounds=fv.rounds, steps=fv.steps,
                      log=log)
-  except ValueError as e:  # includes validate.ConfigError
+  except ValueError as e:  # includes api.ConfigError
     sys.exit(f'Error: {str(e).splitlines()[0]}')
   summarise(points, specs, fv.examples_per_epoch)
   info = common.device_info()

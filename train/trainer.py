@@ -41,10 +41,14 @@ from train import workdir as workdir_lib
 
 
 class Session:
-  """What one training or evaluation run needs, built from a validated config."""
+  """What one training or evaluation run needs, built from a validated config.
 
-  def __init__(self, config, mesh=None):
-    self.config = validate.resolved(config)   # every check, before any work
+  `read_data=False` skips the data's checks and facts (`validate.resolved`), for a
+  model fed synthetic batches.
+  """
+
+  def __init__(self, config, mesh=None, read_data: bool = True):
+    self.config = validate.resolved(config, read_data)   # every check, before any work
     self.mesh = sharding.create_mesh() if mesh is None else mesh
     try:
       sharding.check_batch_size(self.config.dataset.batch_size, self.mesh)

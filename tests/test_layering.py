@@ -1,0 +1,76 @@
+"""The tools use only the trainer's public face (read from the import graph with `ast`).
+
+`benchmarks/`, `examples/`, `studies/` and `sweeps/` may import `train.api` (the
+trainer's public face) and `train.input_pipeline` (the data package's public
+functions), and nothing else of `train/`: a change inside the trainer cannot
+then break a tool, and a reader sees in one file what the trainer offers.
+"""
+import ast
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+TOOLS = ('benchmarks', 'examples', 'studies', 'sweeps')
+PUBLIC = ('train.api', 'train.input_pipeline')
+
+
+def trainer_imports(source: str):
+  """[(line, module, name)] of every import of `train` in `source`, at any depth.
+
+  `from train import x` gives module 'train.x' (x is a submodule of the package);
+  `from train.m import y` gives ('train.m', 'y'); `import train.m` gives ('train.m', '').
+  """
+  found = []
+  for node in ast.walk(ast.parse(source)):
+    if isinstance(node, ast.Import):
+      found += [(node.lineno, a.name, '') for a in node.names
+                if a.name == 'train' or a.name.startswith('train.')]
+    elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+      if node.module == 'train':
+        found += [(node.lineno, f'train.{a.name}', '') for a in node.names]
+      elif node.module.startswith('train.'):
+        found += [(node.lineno, node.module, a.name) for a in node.names]
+  return found
+
+
+def _submodule(module: str, name: str) -> bool:
+  folder = ROOT.joinpath(*module.split('.'))
+  return (folder / f'{name}.py').exists() or (folder / name).is_dir()
+
+
+def violations(source: str):
+  """The imports of `source` that reach past the public face: a module other than
+  PUBLIC (or one inside it, `from train.input_pipeline import specs` included), or
+  a private name (`_x`, `*`) of a public one."""
+  return [f'line {line}: {module}' + (f'.{name}' if name else '')
+          for line, module, name in trainer_imports(source)
+          if module not in PUBLIC or name.startswith('_') or name == '*'
+          or (name and _submodule(module, name))]
+
+
+def test_tools_import_only_the_trainers_public_face():
+  bad = {}
+  for folder in TOOLS:
+    for path in sorted((ROOT / folder).rglob('*.py')):
+      found = violations(path.read_text())
+      if found:
+        bad[str(path.relative_to(ROOT))] = found
+  assert not bad, f'imports of private trainer modules (use train.api): {bad}'
+
+
+def test_the_rule_sees_every_form_of_import():
+  source = '\n'.join([
+      'from train import api, input_pipeline',
+      'from train.api import build',
+      'import train.api',
+      'def f():',
+      '  from train import steps as steps_lib',   # deferred, aliased
+      '  import train.checkpoint',
+      '  from train.input_pipeline import get_eval_batch, specs',  # a function; a submodule
+      '  from train.input_pipeline.specs import DATASETS',
+      '  from train.api import _private',
+      '  from train import *',
+  ])
+  assert violations(source) == [
+      'line 5: train.steps', 'line 6: train.checkpoint', 'line 7: train.input_pipeline.specs',
+      'line 8: train.input_pipeline.specs.DATASETS', 'line 9: train.api._private',
+      'line 10: train.*']
