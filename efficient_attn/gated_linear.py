@@ -120,14 +120,51 @@ def gated_scan(q, k, v, g, beta=None, state=None, chunk_size=None):
   return scan_tokens(gated_step, q, k, v, g, beta, state)
 
 
-def gated_chunked(q, k, v, g, beta=None, state=None, chunk_size: int = 64):
+SUB_CHUNK = 16  # sub-chunk of a per-feature decay's intra-chunk scores
+
+
+def per_feature_scores(q, k, cum, sub: int = SUB_CHUNK):
+  """sum_d q_td k_sd exp(cum_td - cum_sd) for s <= t, else 0: `[..., c, c]` from q, k and
+  cumulative log-decays `[..., c, dk]`, with every exp <= 1.
+
+  Within a sub-chunk of `sub` tokens the factors are formed per feature (masked first);
+  between sub-chunks j < i they split at the end e_j of sub-chunk j:
+  exp(cum_t - cum_s) = exp(cum_t - cum_e) exp(cum_e - cum_s), both <= 1, so the block is
+  one matrix product (Yang et al. 2024's secondary chunking). `sub` must divide c
+  (else one sub-chunk of c).
+  """
+  c, dk = cum.shape[-2:]
+  sub = sub if c % sub == 0 else c
+  ns = c // sub
+  split = lambda x: x.reshape(x.shape[:-2] + (ns, sub, dk))
+  qs, ks, cs = split(q), split(k), split(cum)          # [..., ns, sub, dk]
+  tri = jnp.tril(jnp.ones((sub, sub), bool))[..., None]
+  diff = cs[..., :, None, :] - cs[..., None, :, :]      # [..., ns, sub, sub, dk]
+  w = jnp.where(tri, jnp.exp(jnp.where(tri, diff, 0.0)), 0.0)
+  diag = jnp.einsum('...td,...sd,...tsd->...ts', qs, ks, w)   # [..., ns, sub, sub]
+  if ns == 1:
+    return diag[..., 0, :, :]
+  end = cs[..., -1, :]                                  # [..., ns, dk]
+  later = jnp.tril(jnp.ones((ns, ns), bool), -1)[:, :, None, None]  # [i, j]: j < i
+  to_end = cs[..., :, None, :, :] - end[..., None, :, None, :]      # [..., i, j, sub, dk]
+  q_ij = qs[..., :, None, :, :] * jnp.where(later, jnp.exp(jnp.where(later, to_end, 0.0)),
+                                            0.0)
+  k_j = ks * jnp.exp(end[..., :, None, :] - cs)          # [..., j, sub, dk]
+  off = jnp.einsum('...ijtd,...jsd->...itjs', q_ij, k_j)  # [..., i, sub, j, sub]
+  eye = jnp.eye(ns, dtype=diag.dtype)
+  full = off + jnp.einsum('...its,ij->...itjs', diag, eye)
+  return full.reshape(full.shape[:-4] + (c, c))
+
+
+def gated_chunked(q, k, v, g, beta=None, state=None, chunk_size: int = 64,
+                  sub_chunk: int = SUB_CHUNK):
   """The decay recurrence chunkwise in parallel; equals `gated_scan`.
 
   Inside a chunk with cumulative log-decays b_t (from the chunk start):
     o_t = (q_t * exp(b_t))^T S_0 + sum_{s<=t} (q_t * exp(b_t - b_s)) . k_s v_s,
     S_c = diag(exp(b_c)) S_0 + sum_s (k_s * exp(b_c - b_s)) v_s^T.
-  A per-feature decay (GLA) forms the c x c x dk factors exp(b_t - b_s) (masked
-  first), so each is <= 1; memory O(c^2 dk) per chunk and head.
+  A per-feature decay (GLA) gets its c x c scores from `per_feature_scores` (sub-chunks
+  of `sub_chunk` tokens), every factor <= 1.
 
   Args: as `scan_tokens`, and chunk_size c (any length works; the last chunk is padded
   with tokens that neither write nor decay). Returns (out `[b, n, h, dv]`, final S).
@@ -138,7 +175,6 @@ def gated_chunked(q, k, v, g, beta=None, state=None, chunk_size: int = 64):
   (qc, kc, vc, gc), c = chunked(tuple(heads_first(x) for x in (q, k, v, g)), chunk_size)
   s0 = init_gated_state(b, h, dk, dv) if state is None else state
   scalar = g.shape[-1] == 1
-  tri = jnp.tril(jnp.ones((c, c), bool))
 
   def body(s, x):
     qx, kx, vx, gx = x                                # [b, h, c, dk|dv|dg]
@@ -146,9 +182,7 @@ def gated_chunked(q, k, v, g, beta=None, state=None, chunk_size: int = 64):
     if scalar:
       a = jnp.einsum('bhqd,bhkd->bhqk', qx, kx) * decay_within(cum[..., 0])
     else:
-      diff = cum[..., :, None, :] - cum[..., None, :, :]         # [b, h, c, c, dk]
-      w = jnp.where(tri[..., None], jnp.exp(jnp.where(tri[..., None], diff, 0.0)), 0.0)
-      a = jnp.einsum('bhqd,bhkd,bhqkd->bhqk', qx, kx, w)
+      a = per_feature_scores(qx, kx, cum, sub_chunk)
     out = jnp.einsum('bhqk,bhkv->bhqv', a, vx)
     out = out + jnp.einsum('bhqd,bhdv->bhqv', qx * jnp.exp(cum), s)
     last = cum[:, :, -1:]                             # [b, h, 1, dg]

@@ -32,6 +32,9 @@ def test_decay_forms_equal_the_recurrence(dg, n):
   f32 = [jnp.asarray(a, jnp.float32) for a in (q, k, v, g)]
   chunk, s_chunk = gated_linear.gated_chunked(*f32, chunk_size=4)
   naive, s_naive = gated_linear.gated_scan(*f32)
+  for sub in (1, 2):  # sub-chunks of a per-feature decay's scores
+    np.testing.assert_allclose(gated_linear.gated_chunked(*f32, chunk_size=4, sub_chunk=sub)[0],
+                               want, atol=1e-5, rtol=1e-5)
   np.testing.assert_allclose(chunk, want, atol=1e-5, rtol=1e-5)
   np.testing.assert_allclose(naive, want, atol=1e-5, rtol=1e-5)
   np.testing.assert_allclose(s_chunk, s_naive, atol=1e-5, rtol=1e-5)
@@ -41,7 +44,7 @@ def test_decay_forms_equal_the_recurrence(dg, n):
     outs.append(o)
   np.testing.assert_allclose(jnp.stack(outs, 1), want, atol=1e-5, rtol=1e-5)
   loss = lambda fn: lambda *a: jnp.sum(jnp.sin(fn(*a)[0]))
-  grads = jax.grad(loss(lambda *a: gated_linear.gated_chunked(*a, chunk_size=4)),
+  grads = jax.grad(loss(lambda *a: gated_linear.gated_chunked(*a, chunk_size=4, sub_chunk=2)),
                    argnums=(0, 1, 2, 3))(*f32)
   with jax.enable_x64(True):
     want_grads = jax.grad(loss(gated_linear.gated_scan), argnums=(0, 1, 2, 3))(
