@@ -135,6 +135,7 @@ def test_missing_image_folder(tmp_path, image_folder_root):
     (['--config=configs/image_folder.py', '--config.dataset.data_dir=/nonexistent/photos'],
      "Invalid config: config.dataset.data_dir='/nonexistent/photos' is not a directory"),
 ])
+@pytest.mark.slow
 def test_main_exits_nonzero_with_the_message_and_no_traceback(flags, message, tmp_path):
   workdir = tmp_path / 'run'
   env = dict(os.environ, JAX_PLATFORMS='cpu')

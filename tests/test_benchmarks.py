@@ -133,6 +133,7 @@ def test_bad_flag_values_stop_in_one_line_before_any_work(tool, flags, message, 
   assert not out.exists()
 
 
+@pytest.mark.slow
 def test_speed_tool(tmp_path):
   out = str(tmp_path)
   data = speed.main([f'--out={out}', '--targets=exact,softmax_chunked',
@@ -183,6 +184,7 @@ def test_speed_isolated_point_reports_peak_rss():
   assert speed.headline_memory(rec, True, 'cpu') == (rec['rss_peak_bytes'], 'rss')
 
 
+@pytest.mark.slow
 def test_approx_error_tool_and_identities(tmp_path):
   out = str(tmp_path)
   data = approx_error.main([

@@ -42,11 +42,10 @@ def results_of(workdir):
 
 
 @pytest.fixture(scope='module')
-def reference(tmp_path_factory):
-  """(workdir, final params) of the uninterrupted run."""
-  workdir = str(tmp_path_factory.mktemp('reference'))
-  trainer.train_and_evaluate(main_runner.config(num_steps=STEPS, checkpoint_every=EVERY),
-                             workdir)
+def reference(run_once):
+  """(workdir, final params) of the uninterrupted run, trained once per session (run_once)."""
+  workdir = run_once('interrupt_reference', lambda workdir: trainer.train_and_evaluate(
+      main_runner.config(num_steps=STEPS, checkpoint_every=EVERY), workdir))
   return workdir, params_of(workdir)
 
 
@@ -72,6 +71,7 @@ def start_slow(workdir, tmp_path, checkpoint_every=EVERY):
   return main_runner.start_logged(cmd, str(tmp_path / 'first.log'), SLOW_STEP_S)
 
 
+@pytest.mark.slow
 def test_sigkill_resumes_from_last_complete_checkpoint(reference, tmp_path):
   workdir = str(tmp_path / 'run')
   proc = start_slow(workdir, tmp_path)
@@ -90,6 +90,7 @@ def test_sigkill_resumes_from_last_complete_checkpoint(reference, tmp_path):
   assert results_of(workdir)['eval_loss'] == results_of(reference[0])['eval_loss']
 
 
+@pytest.mark.slow
 def test_sigterm_saves_the_current_step_exits_0_and_resumes(reference, tmp_path):
   workdir = str(tmp_path / 'run')
   proc = start_slow(workdir, tmp_path, checkpoint_every=100)  # only SIGTERM saves
@@ -130,6 +131,7 @@ def delete_array_data(step_dir):
         os.remove(os.path.join(root, name))
 
 
+@pytest.mark.slow
 def test_corrupt_and_partial_checkpoints_are_skipped_then_replaced(reference, tmp_path,
                                                                   caplog):
   workdir = str(tmp_path / 'run')
@@ -152,6 +154,7 @@ def test_corrupt_and_partial_checkpoints_are_skipped_then_replaced(reference, tm
   assert_same_params(params, reference[1])
 
 
+@pytest.mark.slow
 def test_non_finite_loss_exits_naming_the_step_and_keeps_good_checkpoints(tmp_path):
   workdir = str(tmp_path / 'run')
   cmd = main_runner.command(workdir, '--config.optim.learning_rate=1e12',

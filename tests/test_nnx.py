@@ -222,6 +222,7 @@ def test_jit_grad_scan_over_a_stack_and_optimizer():
   assert layers.query.kernel.shape == (3, D, H, D // H)
 
 
+@pytest.mark.slow
 def test_the_nnx_vit_example_trains():
   from examples import nnx_vit  # pylint: disable=g-import-not-at-top
   (x, y), _ = nnx_vit.digits()

@@ -213,6 +213,7 @@ def test_a_damaged_checkpoint_of_the_same_size_falls_back(finished, tmp_path, da
   assert all(np.all(np.isfinite(np.asarray(p))) for p in __import__('jax').tree.leaves(params))
 
 
+@pytest.mark.slow
 def test_an_unwritable_checkpoint_folder_stops_the_run_with_one_line(tmp_path):
   workdir = tmp_path / 'run'
   workdir.mkdir()
@@ -273,6 +274,7 @@ def _main(*flags, tmp_path):
     (['--num_processes=2', '--process_id=5', '--coordinator_address=localhost:1'],
      'Error: --process_id=5 is not valid for --num_processes=2; valid: 0..1'),
 ])
+@pytest.mark.slow
 def test_bad_flags_fail_in_one_line_before_any_work(flags, message, tmp_path):
   proc = _main('--config=configs/default.py', *flags, tmp_path=tmp_path)
   assert proc.returncode != 0
@@ -281,6 +283,7 @@ def test_bad_flags_fail_in_one_line_before_any_work(flags, message, tmp_path):
   assert not (tmp_path / 'run').exists()
 
 
+@pytest.mark.slow
 def test_a_missing_peer_times_out_with_a_message(tmp_path):
   proc = _main('--config=configs/default.py', '--num_processes=2', '--process_id=0',
                f'--coordinator_address=localhost:{main_runner.free_port()}',

@@ -195,6 +195,7 @@ def test_sequence_longer_than_fixed_length_mechanism():
     validate.validate_config(config)
 
 
+@pytest.mark.slow
 def test_main_rejects_bad_config_before_any_work(tmp_path):
   workdir = tmp_path / 'run'
   proc = subprocess.run(
@@ -206,6 +207,7 @@ def test_main_rejects_bad_config_before_any_work(tmp_path):
   assert not workdir.exists()
 
 
+@pytest.mark.slow
 def test_non_finite_loss_stops_without_nan_checkpoint(tmp_path):
   config = default_config.get_config()
   config.train.update(dict(num_epochs=-1, num_steps=40, checkpoint_every=1, keep_checkpoints=50,
