@@ -85,9 +85,10 @@ def test_decoding_with_rotary_matches_the_parallel_form(mechanism):
   variables = layer.init(jax.random.key(1), x)
   dec = layer.clone(decode=True)
   _, cache = dec.apply(variables, x, mutable=['cache'])
+  step = jax.jit(lambda cache, x_t: dec.apply({**variables, **cache}, x_t, mutable=['cache']))
   outs = []
-  for t in range(L):
-    y, cache = dec.apply({**variables, **cache}, x[:, t:t + 1], mutable=['cache'])
+  for t in range(L):  # one compiled step, reused at every position
+    y, cache = step(cache, x[:, t:t + 1])
     outs.append(y)
   parallel = layer.apply(variables, x)
   np.testing.assert_allclose(jnp.concatenate(outs, 1), parallel, atol=3e-5, rtol=3e-5)
