@@ -469,13 +469,14 @@ def test_text_matcher_is_a_shared_dual_encoder():
       tokens[i, k, :n] = rng.integers(1, 257, n)
   for interaction in ('concat', 'nli'):
     model = models.TextMatcher(cfg, num_classes=2, vocab_size=257, interaction=interaction)
-    params = model.init(jax.random.key(0), tokens)['params']
+    params = jax.jit(model.init)(jax.random.key(0), tokens)['params']
     assert set(params) == {'tower', 'mlp', 'mlp2', 'head'}  # one encoder for both documents
     assert params['mlp2']['kernel'].shape == (12, 6)
-    logits = np.asarray(model.apply({'params': params}, tokens), np.float64)
+    apply = jax.jit(lambda t: model.apply({'params': params}, t))  # one program per shape
+    logits = np.asarray(apply(tokens), np.float64)
     tower = text._Tower(cfg, 257, 'mean')  # pylint: disable=protected-access
-    e1, e2 = (np.asarray(tower.apply({'params': params['tower']}, tokens[:, k], train=False),
-                         np.float64) for k in range(2))
+    encode = jax.jit(lambda t: tower.apply({'params': params['tower']}, t, train=False))
+    e1, e2 = (np.asarray(encode(tokens[:, k]), np.float64) for k in range(2))
     x = np.concatenate([e1, e2] + ([e1 * e2, e1 - e2] if interaction == 'nli' else []), -1)
     for name in ('mlp', 'mlp2', 'head'):
       p = jax.tree.map(lambda a: np.asarray(a, np.float64), params[name])
@@ -483,8 +484,8 @@ def test_text_matcher_is_a_shared_dual_encoder():
       x = np.maximum(x, 0) if name != 'head' else x
     np.testing.assert_allclose(logits, x, rtol=1e-4, atol=1e-5)
     short = tokens[:, :, :9]  # one padding column fewer: the same pairs
-    np.testing.assert_allclose(model.apply({'params': params}, short), logits, atol=1e-5)
-    swapped = np.asarray(model.apply({'params': params}, tokens[:, ::-1]))
+    np.testing.assert_allclose(apply(short), logits, atol=1e-5)
+    swapped = np.asarray(apply(tokens[:, ::-1]))
     assert not np.allclose(swapped, logits, atol=1e-4), interaction  # [e1, e2] is ordered
   with pytest.raises(ValueError, match=r'pairs \[batch, 2, length\]'):
     model.apply({'params': params}, tokens[:, 0])
