@@ -98,13 +98,16 @@ class Option:
       value = float(value)
     if not isinstance(value, self.type) or (self.type is not bool and isinstance(value, bool)):
       raise bad()
-    if self.choices and value not in self.choices:
-      raise bad()
-    if (self.minimum is not None and value < self.minimum) or (
-        self.maximum is not None and value > self.maximum) or (
-            self.above is not None and value <= self.above):
+    if self.out_of_range(value):
       raise bad()
     return value
+
+  def out_of_range(self, value: Any) -> bool:
+    """`value` (not None) is outside the declared choices or bounds."""
+    return bool((self.choices and value not in self.choices) or (
+        self.minimum is not None and value < self.minimum) or (
+        self.maximum is not None and value > self.maximum) or (
+            self.above is not None and value <= self.above))
 
 
 class Options(dict):
@@ -384,6 +387,26 @@ def get_mechanism(name: str) -> Mechanism:
     raise ValueError(f'Unknown attention mechanism {name!r}; valid mechanisms: '
                      f'{", ".join(_MECHANISMS)}')
   return _MECHANISMS[name]
+
+
+def check_arguments(mechanism: str, function: str, **values) -> None:
+  """Checks a pure function's keyword `values` against `mechanism`'s declared Options.
+
+  So a bound is written once, in its `Option`, and both the layer (through
+  `configure`) and the mechanism's plain function enforce it. Only the range is
+  checked (choices, bounds, None where allowed), not the type: a plain function
+  takes what it took before (e.g. a NumPy int).
+
+  Raises:
+    ValueError: one line naming the function, the value and what is allowed, e.g.
+      "sinkhorn_attention: temperature=0.0 is not valid; it must be a float > 0.0".
+  """
+  declared = {option.name: option for option in get_mechanism(mechanism).options}
+  for name, value in values.items():
+    option = declared[name]
+    if (not option.allow_none) if value is None else option.out_of_range(value):
+      raise ValueError(f'{function}: {name}={value!r} is not valid; it must be '
+                       f'{option.describe()}')
 
 
 def names_where(predicate: Callable[[Mechanism], bool]) -> Tuple[str, ...]:

@@ -169,11 +169,11 @@ def test_param_specs_and_errors():
   q, v = (jnp.asarray(x, jnp.float32) for x in _qv(rng, n=12))
   with pytest.raises(ValueError, match='n_buckets must be 1 or an even number >= 2, got 3'):
     reformer_attention(q, None, v, n_buckets=3, chunk_size=4)
-  with pytest.raises(ValueError, match='n_hashes must be >= 1, got 0'):
+  with pytest.raises(ValueError, match=r'reformer_attention: n_hashes=0 is not valid; it must be an int >= 1$'):
     reformer_attention(q, None, v, n_hashes=0, chunk_size=4)
   with pytest.raises(ValueError, match='length 12 is not divisible by chunk_size=8'):
     reformer_attention(q, None, v, chunk_size=8)
-  with pytest.raises(ValueError, match='chunk_size must be >= 1'):
+  with pytest.raises(ValueError, match=r'chunk_size=0 is not valid; it must be an int >= 1$'):
     reformer_attention(q, None, v, chunk_size=0)
   with pytest.raises(ValueError, match='self-attention'):
     reformer_attention(q, None, v[:, :8], chunk_size=4)

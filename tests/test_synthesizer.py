@@ -224,11 +224,11 @@ def test_errors():
   q, k, v = (jnp.asarray(x, jnp.float32) for x in _qkv(rng, lq=14, n=14))
   with pytest.raises(ValueError, match='max_length'):
     param_specs(heads=2, head_dim=4, kind='dense')
-  with pytest.raises(ValueError, match="kind 'bogus'"):
+  with pytest.raises(ValueError, match="kind='bogus' is not valid; it must be one of 'dense', 'random'"):
     param_specs(heads=2, head_dim=4, max_length=8, kind='bogus')
   with pytest.raises(ValueError, match='factor_a'):
     param_specs(heads=2, head_dim=4, max_length=12, kind='factorized_dense', factor_a=5)
-  with pytest.raises(ValueError, match="kind 'bogus'"):
+  with pytest.raises(ValueError, match="kind='bogus' is not valid; it must be one of 'dense', 'random'"):
     synthesizer_attention(q, k, v, {}, kind='bogus')
   for kind in synthesizer.KINDS:
     with pytest.raises(ValueError, match='length 14 exceeds max_length 12'):

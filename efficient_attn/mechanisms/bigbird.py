@@ -119,17 +119,16 @@ def bigbird_attention(q, k, v, mask=None, causal: bool = False, *, block_size: i
   """
   masking.check_inputs(q, k, v, mask, name='bigbird_attention', same_length=True)
   b, n, h, d = q.shape
-  if block_size < 1:
-    raise ValueError(f'block_size must be >= 1, got {block_size}')
+  registry.check_arguments('bigbird', 'bigbird_attention', block_size=block_size,
+                           num_global_blocks=num_global_blocks,
+                           num_random_blocks=num_random_blocks)
   if n % block_size:
     raise ValueError(f'sequence length {n} is not divisible by block_size {block_size}; '
                      f'block_size must divide the length')
   nb = n // block_size
-  if not 0 <= num_global_blocks <= nb:
+  if num_global_blocks > nb:
     raise ValueError(f'num_global_blocks must be in [0, {nb}] (the number of blocks, '
                      f'length {n} / block_size {block_size}), got {num_global_blocks}')
-  if num_random_blocks < 0:
-    raise ValueError(f'num_random_blocks must be >= 0, got {num_random_blocks}')
   scale = default_scale(d, scale)
   padding = blocksparse.key_padding(mask, b, n)
   g = num_global_blocks * block_size

@@ -79,14 +79,12 @@ def band_blocks(q, k, v, key_padding, window: int, causal: bool = False,
     O(n (w + block)) per head.
   """
   b, n, h, d = q.shape
-  if window < 1:
-    raise ValueError(f'window must be >= 1, got {window}')
+  registry.check_arguments('local', 'local attention (band_blocks)', window=window,
+                           block_size=block_size)
   half = window // 2
   reach = window - 1 if causal else half
   if block_size is None:
     block_size = window if causal else max(half, 1)
-  if block_size < 1:
-    raise ValueError(f'block_size must be >= 1, got {block_size}')
   block = min(block_size, n)
   num_blocks = -(-n // block)
   left = min(-(-reach // block), num_blocks - 1)

@@ -52,10 +52,8 @@ def longformer_attention(q, k, v, mask=None, causal: bool = False, *, window: in
   Time O(n (w + g) d), memory O(n (w + g)) per head.
   """
   masking.check_inputs(q, k, v, mask, name='longformer_attention', same_length=True)
-  if window < 1:
-    raise ValueError(f'window must be >= 1, got {window}')
-  if global_tokens < 0:
-    raise ValueError(f'global_tokens must be >= 0, got {global_tokens}')
+  registry.check_arguments('longformer', 'longformer_attention', window=window,
+                           global_tokens=global_tokens)
   b, n, h, d = q.shape
   g = min(global_tokens, n)
   scale = default_scale(d, scale)

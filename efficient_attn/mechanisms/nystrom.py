@@ -174,8 +174,7 @@ def nystrom_attention(q, k, v, num_landmarks: int, mask=None, pinv_iterations: i
   masking.check_inputs(q, k, v, mask, name='Nystrom attention')
   b, lq, h, _ = q.shape
   lk = k.shape[1]
-  if num_landmarks < 1:
-    raise ValueError(f'num_landmarks must be >= 1, got {num_landmarks}')
+  registry.check_arguments('nystrom', 'nystrom_attention', num_landmarks=num_landmarks)
   m = min(num_landmarks, lq, lk)
   compute = jnp.promote_types(jnp.promote_types(q.dtype, v.dtype), jnp.float32)
   qc, kc, vc = q.astype(compute), k.astype(compute), v.astype(compute)

@@ -145,10 +145,8 @@ def reformer_attention(q, k, v, mask=None, causal: bool = False, *, n_buckets: i
                      f'heads={h}, v_dim], got shape {v.shape}')
   if n_buckets < 1 or (n_buckets > 1 and n_buckets % 2):
     raise ValueError(f'n_buckets must be 1 or an even number >= 2, got {n_buckets}')
-  if n_hashes < 1:
-    raise ValueError(f'n_hashes must be >= 1, got {n_hashes}')
-  if chunk_size < 1:
-    raise ValueError(f'chunk_size must be >= 1, got {chunk_size}')
+  registry.check_arguments('reformer', 'reformer_attention', n_hashes=n_hashes,
+                           chunk_size=chunk_size)
   chunk = min(chunk_size, n)
   if n % chunk:
     raise ValueError(f'Reformer length {n} is not divisible by chunk_size={chunk_size}')

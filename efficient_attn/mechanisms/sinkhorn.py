@@ -88,14 +88,12 @@ def param_specs(*, heads: int, head_dim: int, max_length: Optional[int] = None,
   if max_length is None:
     raise ValueError('Sinkhorn param_specs needs max_length (the sorting network has '
                      'max_length // block_size outputs); got max_length=None')
-  if block_size < 1:
-    raise ValueError(f'block_size must be >= 1, got {block_size}')
+  registry.check_arguments('sinkhorn', 'Sinkhorn param_specs', block_size=block_size,
+                           sort_hidden_dim=sort_hidden_dim)
   if max_length < block_size or max_length % block_size:
     raise ValueError(f'max_length={max_length} must be a positive multiple of '
                      f'block_size={block_size}')
   hidden = head_dim if sort_hidden_dim is None else sort_hidden_dim
-  if hidden < 1:
-    raise ValueError(f'sort_hidden_dim must be >= 1, got {sort_hidden_dim}')
   return mlp_param_specs('sort', heads, head_dim, hidden, max_length // block_size)
 
 
@@ -195,16 +193,13 @@ def _check(q, k, v, block_size, sinkhorn_iterations, temperature, sortcut_k, cau
   if v.shape[:3] != (b, n, h):
     raise ValueError(f'v must be [batch={b}, kv_length={n}, heads={h}, v_dim], '
                      f'got shape {v.shape}')
-  if block_size < 1:
-    raise ValueError(f'block_size must be >= 1, got {block_size}')
+  registry.check_arguments('sinkhorn', 'sinkhorn_attention', block_size=block_size,
+                           sinkhorn_iterations=sinkhorn_iterations, temperature=temperature,
+                           sortcut_k=sortcut_k)
   if n % block_size:
     raise ValueError(f'Sinkhorn kv length {n} is not divisible by block_size={block_size}')
-  if sinkhorn_iterations < 1:
-    raise ValueError(f'sinkhorn_iterations must be >= 1, got {sinkhorn_iterations}')
-  if not temperature > 0:
-    raise ValueError(f'temperature must be > 0, got {temperature}')
   nb = n // block_size
-  if sortcut_k < 0 or sortcut_k > nb:
+  if sortcut_k > nb:
     raise ValueError(f'sortcut_k must be in [0, num_blocks={nb}], got {sortcut_k}')
   if sortcut_k and causal:
     raise ValueError(f'sortcut_k={sortcut_k} (SortCut) is non-causal: every query sees the '

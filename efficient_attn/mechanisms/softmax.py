@@ -44,8 +44,8 @@ def chunked_softmax_attention(q, k, v, mask=None, causal: bool = False,
     kv_length]` (only its current chunk is read).
   """
   masking.check_inputs(q, k, v, mask, name='chunked softmax attention')
-  if q_chunk < 1 or k_chunk < 1:
-    raise ValueError(f'q_chunk={q_chunk} and k_chunk={k_chunk} must be >= 1')
+  registry.check_arguments('softmax_chunked', 'chunked_softmax_attention', q_chunk=q_chunk,
+                           k_chunk=k_chunk)
   lq, lk = q.shape[1], k.shape[1]
   compute = jnp.promote_types(q.dtype, jnp.float32)
   cq, ck = min(q_chunk, lq), min(k_chunk, lk)

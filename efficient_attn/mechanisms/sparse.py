@@ -80,10 +80,7 @@ def sparse_attention(q, k, v, mask=None, causal: bool = False, *, pattern: str =
   'fixed').
   """
   masking.check_inputs(q, k, v, mask, name='sparse_attention', same_length=True)
-  if pattern not in PATTERNS:
-    raise ValueError(f'pattern must be one of {PATTERNS}, got {pattern!r}')
-  if stride < 1:
-    raise ValueError(f'stride must be >= 1, got {stride}')
+  registry.check_arguments('sparse', 'sparse_attention', pattern=pattern, stride=stride)
   if pattern == 'fixed' and not 1 <= num_summary <= stride:
     raise ValueError(f'num_summary must be in [1, stride={stride}], got {num_summary}')
   b, n, h, d = q.shape

@@ -107,26 +107,24 @@ def param_specs(*, heads: int, head_dim: int, max_length: Optional[int] = None,
                      'max_length wide); got max_length=None')
   if max_length < 1:
     raise ValueError(f'max_length must be >= 1, got {max_length}')
-  if kind not in KINDS:
-    raise ValueError(f'Unknown Synthesizer kind {kind!r}; valid: {", ".join(KINDS)}')
+  registry.check_arguments('synthesizer', 'Synthesizer param_specs', kind=kind,
+                           hidden_dim=hidden_dim)
   hidden = head_dim if hidden_dim is None else hidden_dim
-  if hidden < 1:
-    raise ValueError(f'hidden_dim must be >= 1, got {hidden_dim}')
   if kind == 'dense':
     specs = mlp_param_specs('dense', heads, head_dim, hidden, max_length)
   elif kind == 'random':
     specs = {'random': ((heads, max_length, max_length),
                         jax.nn.initializers.normal(stddev=1.0))}
   elif kind == 'factorized_dense':
+    registry.check_arguments('synthesizer', 'Synthesizer param_specs', factor_a=factor_a)
     a = _default_factor(max_length) if factor_a is None else factor_a
-    if a < 1 or max_length % a:
+    if max_length % a:
       raise ValueError(f'factor_a must be a positive divisor of max_length={max_length}, '
                        f'got {factor_a}')
     specs = {**mlp_param_specs('fa', heads, head_dim, hidden, a),
              **mlp_param_specs('fb', heads, head_dim, hidden, max_length // a)}
   else:  # factorized_random
-    if factor_rank < 1:
-      raise ValueError(f'factor_rank must be >= 1, got {factor_rank}')
+    registry.check_arguments('synthesizer', 'Synthesizer param_specs', factor_rank=factor_rank)
     init = jax.nn.initializers.normal(stddev=factor_rank ** -0.25)
     specs = {'random1': ((heads, max_length, factor_rank), init),
              'random2': ((heads, max_length, factor_rank), init)}
@@ -147,8 +145,7 @@ def synthetic_logits(q, params, kind: str, kv_length: int, causal: bool = False,
     causal: the random kinds use rows aligned at the end (see module docstring).
     trainable_random: False stops the gradient to the random kinds' matrices.
   """
-  if kind not in KINDS:
-    raise ValueError(f'Unknown Synthesizer kind {kind!r}; valid: {", ".join(KINDS)}')
+  registry.check_arguments('synthesizer', 'synthetic_logits', kind=kind)
   lq, h = q.shape[1], q.shape[2]
   row0 = max(kv_length - lq, 0) if causal else 0  # position of query 0
   compute = jnp.promote_types(q.dtype, jnp.float32)
