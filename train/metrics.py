@@ -10,6 +10,9 @@ is not finite (NaN, inf) is written as null, so every line is valid JSON.
 TensorBoard events go through `clu.metric_writers` (tf.summary, which writes
 to any filesystem tf.io.gfile knows, gs:// included). A resumed run first
 drops the lines written after the step it resumes from, so no row repeats.
+clu (and with it TensorFlow, several seconds to import) is imported when a
+writer is created, not with this module, so a process that never trains
+(a bad flag, a tool) does not pay for it.
 
 What a run prints on stdout (process 0), one line per log interval and one at
 the end:
@@ -21,7 +24,6 @@ import json
 import math
 from typing import Any, Dict, Mapping, Optional
 
-from clu import metric_writers
 from etils import epath
 import numpy as np
 
@@ -115,8 +117,12 @@ def read_jsonl(path) -> list:
   return rows
 
 
-class JsonlWriter(metric_writers.MetricWriter):
-  """A clu MetricWriter for `metrics.jsonl` (scalars only; other kinds are ignored)."""
+class JsonlWriter:
+  """`metrics.jsonl` with clu's MetricWriter methods (scalars only; other kinds are ignored).
+
+  Not a subclass of clu's MetricWriter, whose import brings TensorFlow; clu's
+  MultiWriter only calls these methods.
+  """
 
   def __init__(self, path, resume_step: int = 0):
     self.path = epath.Path(path)
@@ -162,12 +168,13 @@ class JsonlWriter(metric_writers.MetricWriter):
     self._file.close()
 
 
-def create_writer(workdir, *, enabled: bool, resume_step: int = 0
-                  ) -> metric_writers.MetricWriter:
-  """Log lines, TensorBoard events in `workdir/tensorboard` and `workdir/metrics.jsonl`.
+def create_writer(workdir, *, enabled: bool, resume_step: int = 0):
+  """A clu MetricWriter: log lines, TensorBoard events in `workdir/tensorboard` and
+  `workdir/metrics.jsonl`.
 
   On processes other than the writer (`enabled=False`) only log lines.
   """
+  from clu import metric_writers  # pylint: disable=g-import-not-at-top  (TensorFlow)
   if not enabled:
     return metric_writers.create_default_writer(just_logging=True, asynchronous=False)
   workdir = epath.Path(workdir)

@@ -22,7 +22,6 @@ import time
 from typing import Any, Dict, Optional
 
 from absl import logging
-from clu import periodic_actions
 import jax
 import numpy as np
 
@@ -122,6 +121,7 @@ def _train(s: Session, run, train_data, num_steps: int,
   start = int(jax.device_get(state.step))
   _log_start(s, state, num_steps, train_data, optim.warmup_steps(c, num_steps))
   writer = metrics_lib.create_writer(run.path, enabled=run.writer, resume_step=start)
+  from clu import periodic_actions  # pylint: disable=g-import-not-at-top  (TensorFlow)
   report = periodic_actions.ReportProgress(num_train_steps=num_steps, writer=writer,
                                            every_steps=t.log_every)
   train_step = steps_lib.make_train_step(s.task, s.model, tx, jax.random.key(t.seed), s.mesh)
