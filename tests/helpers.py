@@ -41,3 +41,29 @@ def value_and_grads(fn, num_args=3):
 
 # Key padding `[2, 10]`: row 0 all real, row 1 with its last 4 tokens padded.
 PAD = np.array([[True] * 10, [True] * 6 + [False] * 4])
+
+
+def np_safe(den, eps):
+  """NumPy `kernel_attention.safe_denominator`: |den| >= eps, sign kept."""
+  return np.where(den >= 0, np.maximum(den, eps), np.minimum(den, -eps))
+
+
+def np_kernel_ref(phi_q, phi_k, v, key_padding=None, causal=False, *, eps,
+                  normalize=True):
+  """out_i = sum_j A_ij v_j / sum_j A_ij with A = phi_q phi_k^T over the visible keys.
+
+  The float64 quadratic form of kernel attention (linear, RFA, Performer);
+  `normalize=False` leaves out the denominator.
+  """
+  a = np.einsum('bqhf,bkhf->bhqk', phi_q, phi_k)
+  lq, lk = a.shape[-2:]
+  visible = np.ones((1, 1, lq, lk), bool)
+  if causal:
+    visible = visible & np.tril(np.ones((lq, lk), bool))[None, None]
+  if key_padding is not None:
+    visible = visible & key_padding[:, None, None, :]
+  a = np.where(visible, a, 0.0)
+  out = np.einsum('bhqk,bkhd->bqhd', a, v)
+  if normalize:
+    out = out / np_safe(np.swapaxes(a.sum(-1), 1, 2), eps)[..., None]
+  return out

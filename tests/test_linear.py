@@ -9,7 +9,7 @@ import pytest
 import efficient_attn as ea
 
 from efficient_attn.mechanisms import linear
-from helpers import PAD, assert_no_lookahead, value_and_grads
+from helpers import PAD, assert_no_lookahead, np_kernel_ref, value_and_grads
 import pattern_reference
 
 FEATURE_MAPS = ('elu', 'relu', 'identity')
@@ -30,34 +30,13 @@ def np_phi(x, name):
   return x
 
 
-def np_safe(den, eps):
-  return np.where(den >= 0, np.maximum(den, eps), np.minimum(den, -eps))
-
-
-def np_kernel_ref(phi_q, phi_k, v, key_padding=None, causal=False, normalize=True,
-                  eps=EPS):
-  """out_i = sum_j A_ij v_j / sum_j A_ij with A = phi_q phi_k^T over visible keys."""
-  a = np.einsum('bqhf,bkhf->bhqk', phi_q, phi_k)
-  lq, lk = a.shape[-2:]
-  visible = np.ones((1, 1, lq, lk), bool)
-  if causal:
-    visible = visible & np.tril(np.ones((lq, lk), bool))[None, None]
-  if key_padding is not None:
-    visible = visible & key_padding[:, None, None, :]
-  a = np.where(visible, a, 0.0)
-  out = np.einsum('bhqk,bkhd->bqhd', a, v)
-  if normalize:
-    out = out / np_safe(np.swapaxes(a.sum(-1), 1, 2), eps)[..., None]
-  return out
-
-
 def np_linear_ref(q, k, v, feature_map, key_padding=None, causal=False):
   q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
   phi_q, phi_k = np_phi(q, feature_map), np_phi(k, feature_map)
   if feature_map == 'identity':   # the seeds' (1/d_k) Q (K^T V), no denominator
-    return np_kernel_ref(phi_q / q.shape[-1], phi_k, v, key_padding, causal,
+    return np_kernel_ref(phi_q / q.shape[-1], phi_k, v, key_padding, causal, eps=EPS,
                          normalize=False)
-  return np_kernel_ref(phi_q, phi_k, v, key_padding, causal)
+  return np_kernel_ref(phi_q, phi_k, v, key_padding, causal, eps=EPS)
 
 
 def inputs(seed=0, b=2, l=10, h=2, d=4, dv=3, dtype=jnp.float32, scale=1.0):

@@ -13,33 +13,14 @@ import efficient_attn as ea
 from efficient_attn import feature_maps
 from efficient_attn.mechanisms import linear
 from efficient_attn.mechanisms import random_features as rf
-from helpers import PAD, assert_no_lookahead, value_and_grads
+from helpers import PAD, assert_no_lookahead, np_kernel_ref, np_safe, value_and_grads
 
 EPS = 1e-6
-
 
 
 # ---------------------------------------------------------------------------
 # NumPy float64 references of the definitions.
 # ---------------------------------------------------------------------------
-
-
-def np_safe(den, eps=EPS):
-  return np.where(den >= 0, np.maximum(den, eps), np.minimum(den, -eps))
-
-
-def np_kernel_ref(phi_q, phi_k, v, key_padding=None, causal=False, eps=EPS):
-  """sum_j A_ij v_j / sum_j A_ij, A = phi_q phi_k^T over the visible keys."""
-  a = np.einsum('bqhf,bkhf->bhqk', phi_q, phi_k)
-  lq, lk = a.shape[-2:]
-  visible = np.ones((1, 1, lq, lk), bool)
-  if causal:
-    visible = visible & np.tril(np.ones((lq, lk), bool))[None, None]
-  if key_padding is not None:
-    visible = visible & key_padding[:, None, None, :]
-  a = np.where(visible, a, 0.0)
-  return (np.einsum('bhqk,bkhd->bqhd', a, v) /
-          np_safe(np.swapaxes(a.sum(-1), 1, 2), eps)[..., None])
 
 
 def np_gated_ref(phi_q, phi_k, v, gate, key_padding=None):
@@ -57,7 +38,7 @@ def np_gated_ref(phi_q, phi_k, v, gate, key_padding=None):
     s = g[..., None, None] * s + (1 - g)[..., None, None] * pk[..., :, None] * vt[..., None, :]
     z = g[..., None] * z + (1 - g)[..., None] * pk
     num = np.einsum('bhf,bhfd->bhd', phi_q[:, t], s)
-    outs.append(num / np_safe(np.einsum('bhf,bhf->bh', phi_q[:, t], z))[..., None])
+    outs.append(num / np_safe(np.einsum('bhf,bhf->bh', phi_q[:, t], z), EPS)[..., None])
   return np.stack(outs, 1)
 
 
@@ -118,7 +99,7 @@ def test_rfa_matches_reference(x64, causal, sigma):
   out = jax.jit(functools.partial(rf.rfa_attention, causal=causal, chunk_size=4))(
       q, k, v, w, PAD, sigma=jnp.asarray(sigma))
   ref = np_kernel_ref(np_rfa_phi(q, w, sigma), np_rfa_phi(k, w, sigma), np.asarray(v),
-                      PAD, causal)
+                      PAD, causal, eps=EPS)
   np.testing.assert_allclose(out, ref, rtol=1e-9, atol=1e-11)
 
 
