@@ -30,7 +30,7 @@ import os
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from absl import flags
 import jax
@@ -39,6 +39,7 @@ import jax.numpy as jnp
 from benchmarks import common
 from benchmarks import output
 from benchmarks import xla_stats
+import efficient_attn as ea
 
 MODES = ('fwd', 'fwd_bwd')
 MODE_TITLES = {'fwd': 'forward', 'fwd_bwd': 'forward + backward'}
@@ -51,14 +52,23 @@ def define_flags(fv: flags.FlagValues) -> None:
   flags.DEFINE_string('out', 'benchmark_results/speed', 'output directory', flag_values=fv)
   flags.DEFINE_string('name', 'speed', 'file name stem of the outputs', flag_values=fv)
   flags.DEFINE_string('targets', None,
-                      "comma list: 'exact', mechanisms, 'mechanism/projection' layers "
-                      "(default: exact and every registered mechanism)", flag_values=fv)
+                      "comma list: 'exact', mechanisms, 'mechanism/projection' layers, each "
+                      "optionally with its own options 'mechanism@option=value[@...]', e.g. "
+                      "gla@form=naive (default: exact and every registered mechanism)",
+                      flag_values=fv)
   flags.DEFINE_string('layers', ','.join(DEFAULT_LAYERS),
                       "layers 'mechanism/projection' added to --targets ('' for none)",
                       flag_values=fv)
   flags.DEFINE_string('lengths', None,
                       'comma list (default 256..16384 doubling on CPU, ..131072 on GPU/TPU)',
                       flag_values=fv)
+  flags.DEFINE_enum('order', 'target', ['target', 'length'],
+                    'target: each target through every length in turn; length: at each length '
+                    'every target in turn (interleaved, so a change in machine load falls on '
+                    'all targets alike)', flag_values=fv)
+  flags.DEFINE_multi_string('compare', [],
+                            'a:b: also report time(a) / time(b) at each length, e.g. '
+                            'gla@form=naive:gla (repeatable)', flag_values=fv)
   flags.DEFINE_multi_string('extra_lengths', [],
                             'target=len[,len]: more lengths for one target, e.g. '
                             'softmax_chunked=32768 (repeatable)', flag_values=fv)
@@ -106,9 +116,29 @@ def define_flags(fv: flags.FlagValues) -> None:
 # ----------------------------------------------------------------------------
 
 
+def split_target(target: str) -> Tuple[str, Dict[str, Any]]:
+  """'gla@form=naive@chunk_size=32' -> ('gla', {'form': 'naive', 'chunk_size': 32}).
+
+  Raises ValueError for an unknown mechanism or projection, or an option the
+  mechanism does not have or refuses.
+  """
+  base, *items = target.split('@')
+  mechanism, _ = common.parse_target(base)
+  if items and mechanism == common.EXACT:
+    raise ValueError(f"'{common.EXACT}' takes no options: {target!r}")
+  overrides = {}
+  for item in items:
+    option, sep, value = item.partition('=')
+    if not sep:
+      raise ValueError(f'{target!r}: {item!r} must look like option=value')
+    overrides[option] = common.parse_value(value)
+  common.effective_options(mechanism, overrides)  # ValueError for a bad option or value
+  return base, overrides
+
+
 def build(spec: Dict[str, Any]) -> common.Bench:
   """The benchmark of one point: core attention on q, k, v or a layer on x."""
-  mechanism, projection = common.parse_target(spec['target'])
+  mechanism, projection = common.parse_target(split_target(spec['target'])[0])
   dtype = jnp.dtype(spec['dtype'])
   b, n, h, d = spec['batch'], spec['length'], spec['heads'], spec['head_dim']
   if projection is None:
@@ -203,13 +233,16 @@ def sweep(args, targets: Sequence[str], lengths: Sequence[int], modes: Sequence[
           options: Dict[str, Dict[str, Any]], memory_budget: Optional[int],
           platform: str) -> List[Dict[str, Any]]:
   plan = [(t, m, n) for t in targets for m in modes for n in target_lengths(args, t, lengths)]
+  if args.order == 'length':  # interleaved: every target at one length, then the next
+    plan.sort(key=lambda p: p[2])  # stable: targets keep their order within a length
   points: List[Dict[str, Any]] = []
   over_budget = set()  # (target, mode) that already hit a budget
   for i, (target, mode, n) in enumerate(plan):
-    mechanism, projection = common.parse_target(target)
+    base, own = split_target(target)
+    mechanism, projection = common.parse_target(base)
     spec = dict(target=target, mode=mode, length=n, batch=args.batch, heads=args.heads,
                 head_dim=args.head_dim, dtype=args.dtype, causal=args.causal,
-                options=options.get(mechanism, {}), repeats=args.repeats,
+                options=dict(options.get(mechanism, {}), **own), repeats=args.repeats,
                 time_budget_s=args.time_budget_s, memory_budget_bytes=memory_budget,
                 seed=args.seed, exact_implementation=args.exact_implementation)
     rec = dict(target=target, mechanism=mechanism, projection=projection, mode=mode, length=n)
@@ -255,6 +288,20 @@ def lookup(points, target, mode, n, key='time_s'):
   return None
 
 
+def compare_ratios(points, compare: Sequence[Tuple[str, str]], modes) -> Dict[str, Any]:
+  """'a:b:mode' -> {length: time(a) / time(b)} at every length both measured."""
+  out = {}
+  for a, b in compare:
+    for mode in modes:
+      ratios = {}
+      for n in sorted({p['length'] for p in points}):
+        ta, tb = lookup(points, a, mode, n), lookup(points, b, mode, n)
+        if ta and tb:
+          ratios[n] = ta / tb
+      out[f'{a}:{b}:{mode}'] = ratios
+  return out
+
+
 def summarise(points, targets, modes, fit_lo, fit_hi) -> Dict[str, Any]:
   """Per target and mode: fitted exponents and ratios to exact at each length."""
   out: Dict[str, Any] = {}
@@ -290,11 +337,23 @@ def exponent_cell(exponent, fit_lengths, lo, hi) -> str:
   return text
 
 
-def markdown(meta, points, summary, targets, modes) -> str:
+def causality(meta) -> str:
+  """'causal', 'non-causal', or which targets ran causal because they are causal only."""
+  if meta['causal']:
+    return 'causal'
+  only = meta.get('causal_only_targets', [])
+  if only and len(only) == len(meta.get('targets', only)):
+    return 'causal (every target is causal only)'
+  if only:
+    return f"non-causal, except the causal-only {', '.join(only)} (causal)"
+  return 'non-causal'
+
+
+def markdown(meta, points, summary, targets, modes, ratios=None) -> str:
   fit_lo, fit_hi = meta['fit_range']
   notes = [
       f"batch {meta['batch']}, {meta['heads']} heads, head_dim {meta['head_dim']}, "
-      f"{meta['dtype']}, {'causal' if meta['causal'] else 'non-causal'}; 'exact' is "
+      f"{meta['dtype']}, {causality(meta)}; 'exact' is "
       f"`jax.nn.dot_product_attention` (implementation: {meta['exact_implementation']}); "
       "layers 'mechanism/projection' are whole MultiHeadAttention layers "
       f"(d_model = {meta['heads'] * meta['head_dim']}).",
@@ -330,6 +389,13 @@ def markdown(meta, points, summary, targets, modes) -> str:
               output.table(heads, sp_rows), '',
               f'## {title}: peak memory ({meta["memory_source"]})', '',
               output.table(heads + [f'exponent {fit_lo}-{fit_hi}'], mem_rows), '']
+  if ratios:
+    all_ns = sorted({p['length'] for p in points})
+    for mode in modes:
+      rows = [[f'{a} / {b}'] + [output.fmt_num(ratios[f'{a}:{b}:{mode}'].get(n), 3)
+                                for n in all_ns] for a, b in meta['compare']]
+      parts += [f'## {MODE_TITLES[mode]}: time ratios (--compare a:b, time of a / time of b)',
+                '', output.table(['a / b'] + [str(n) for n in all_ns], rows), '']
   missing = [p for p in points if p['status'] != 'ok']
   if missing:
     parts += ['## Points not measured', '',
@@ -386,9 +452,16 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     targets += [t for t in common.csv_list(args.layers) if t not in targets]
     for t in targets:
       try:
-        common.parse_target(t)
+        split_target(t)
       except ValueError as e:
         raise ValueError(f'--targets / --layers: {e}') from None
+    compare = []
+    for item in args.compare:
+      a, sep, b = item.partition(':')
+      if not sep or a not in targets or b not in targets:
+        raise ValueError(f'--compare={item!r} is not valid; it must be a:b, two of the '
+                         f'targets ({", ".join(targets)})')
+      compare.append((a, b))
     lengths = (common.csv_list(args.lengths, int, '--lengths') if args.lengths
                else list(CPU_LENGTHS if platform == 'cpu' else ACCEL_LENGTHS))
     for item in args.extra_lengths:
@@ -402,7 +475,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     if bad:
       raise ValueError(f'--modes: unknown mode(s) {bad}; valid: {", ".join(MODES)}')
     overrides = common.parse_options(args.option)
-    mechanisms = sorted({common.parse_target(t)[0] for t in targets})
+    mechanisms = sorted({common.parse_target(split_target(t)[0])[0] for t in targets})
     options = {m: common.effective_options(m, overrides.get(m)) for m in mechanisms}
     fit_range = common.csv_list(args.fit_range, int, '--fit_range')
     if len(fit_range) != 2:
@@ -427,17 +500,23 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
               memory_budget_bytes=memory_budget, memory_source=source,
               memory_description=description, options=options, fit_range=[fit_lo, fit_hi],
               exact_implementation=args.exact_implementation or 'default (XLA on CPU)',
-              isolate=args.isolate, command=' '.join(['python -m benchmarks.speed'] +
+              isolate=args.isolate, order=args.order, compare=compare, targets=targets,
+              causal_only_targets=[t for t in targets if common.parse_target(
+                  split_target(t)[0])[0] != common.EXACT and ea.get_mechanism(
+                      common.parse_target(split_target(t)[0])[0]).causal_only],
+              command=' '.join(['python -m benchmarks.speed'] +
                                                      list(argv if argv is not None
                                                           else sys.argv[1:])))
   start = time.time()
   points = sweep(args, targets, lengths, modes, options, memory_budget, platform)
   meta['wall_time_s'] = time.time() - start
   summary = summarise(points, targets, modes, fit_lo, fit_hi)
+  ratios = compare_ratios(points, compare, modes)
   pngs = plots(args.out, args.name, meta, points, summary, targets, modes)
-  data = dict(meta=meta, targets=targets, points=points, summary=summary, plots=pngs)
-  output.finish(args.out, args.name, data, markdown(meta, points, summary, targets, modes),
-                quiet=args.quiet)
+  data = dict(meta=meta, targets=targets, points=points, summary=summary, ratios=ratios,
+              plots=pngs)
+  output.finish(args.out, args.name, data,
+                markdown(meta, points, summary, targets, modes, ratios), quiet=args.quiet)
   return data
 
 

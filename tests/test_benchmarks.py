@@ -112,6 +112,10 @@ NOT_INT = "'abc' is not valid: 'abc' is not an integer; valid: a comma list of i
      "Error: --extra_lengths='lineer=16': 'lineer' is not one of the targets"),
     (speed, ['--targets=linear', '--lengths=8', '--option=nystrom.bogus=1'],
      "Error: --option: unknown option(s) ['bogus'] for mechanism 'nystrom'"),
+    (speed, ['--targets=gla@bogus=1', '--lengths=8'],
+     "Error: --targets / --layers: unknown option(s) ['bogus'] for mechanism 'gla'"),
+    (speed, ['--targets=linear,gla', '--lengths=8', '--compare=gla:retention'],
+     "Error: --compare='gla:retention' is not valid; it must be a:b, two of the targets"),
     (approx_error, ['--mechanisms=nystrm'], f'Error: --mechanisms: {UNKNOWN}'),
     (approx_error, ['--lengths=abc'], f'Error: --lengths={NOT_INT}'),
     (approx_error, ['--mechanisms=linear', '--knob=nystrom.num_landmarks=4'],
@@ -152,6 +156,27 @@ def test_speed_tool(tmp_path):
   assert summary['softmax_chunked:fwd_bwd']['speedup_vs_exact'][32] > 0
   assert 64 not in summary['softmax_chunked:fwd']['speedup_vs_exact']  # no exact at 64
   assert '## forward + backward: time per call' in text and 'linear/efficient' in text
+
+
+def test_speed_targets_with_options_interleaved_and_compared(tmp_path):
+  """'mechanism@option=value' targets run with their own options; --order=length measures
+  every target at one length before the next; --compare reports time(a) / time(b); the
+  header says which targets ran causal because they are causal only (it said 'non-causal')."""
+  out = str(tmp_path)
+  data = speed.main([f'--out={out}', '--targets=linear,retention@form=naive',
+                     '--layers=', '--lengths=8,16', '--heads=1', '--head_dim=4',
+                     '--modes=fwd', '--repeats=1', '--order=length',
+                     '--compare=retention@form=naive:linear', '--quiet'])
+  points = data['points']
+  assert [(p['target'], p['length']) for p in points] == [
+      ('linear', 8), ('retention@form=naive', 8), ('linear', 16), ('retention@form=naive', 16)]
+  ratios = data['ratios']['retention@form=naive:linear:fwd']
+  for n in (8, 16):
+    assert ratios[n] == pytest.approx(points[2 * (n // 16) + 1]['time_s']
+                                      / points[2 * (n // 16)]['time_s'])
+  text = open(os.path.join(out, 'speed.md')).read()
+  assert 'non-causal, except the causal-only retention@form=naive (causal)' in text
+  assert '| retention@form=naive / linear |' in text
 
 
 def test_speed_records_skipped_and_failed_points(tmp_path):
