@@ -401,7 +401,8 @@ def check_arguments(mechanism: str, function: str, **values) -> None:
     ValueError: one line naming the function, the value and what is allowed, e.g.
       "sinkhorn_attention: temperature=0.0 is not valid; it must be a float > 0.0".
   """
-  declared = {option.name: option for option in get_mechanism(mechanism).options}
+  decl = _MECHANISMS.get(mechanism) or get_mechanism(mechanism)  # registered on import
+  declared = {option.name: option for option in decl.options}
   for name, value in values.items():
     option = declared[name]
     if (not option.allow_none) if value is None else option.out_of_range(value):
