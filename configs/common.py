@@ -367,7 +367,7 @@ def mqar(config, sizes: Optional[Dict[str, int]] = None, vocab_size: int = 8192,
                              max_length=seq_len, num_classes=0, image_size=0, channels=0,
                              augment='none', eval_split='test'))
   config.dataset.sizes = ml_collections.ConfigDict(
-      sizes or {'train': 20_000, 'validation': 1000, 'test': 1000})  # Zoology's, at (128, 8)
+      sizes or {'train': 100_000, 'validation': 1000, 'test': 1000})
   config.dataset.generator_seed = 0
   config.dataset.vocab_size = vocab_size
   config.dataset.num_kv_pairs = num_kv_pairs
