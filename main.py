@@ -133,7 +133,6 @@ def main(argv):
     else:
       trainer.evaluate(_CONFIG.value, path)
   except validate.ConfigError as e:
-    logging.error('Invalid config: %s', e)
     sys.exit(f'Invalid config: {e}')
   except (workdir.WorkdirError, checkpoint.CheckpointSaveError) as e:
     sys.exit(f'Error: {e}')

@@ -143,6 +143,7 @@ def test_main_exits_nonzero_with_the_message_and_no_traceback(flags, message, tm
                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
   assert proc.returncode == 1
   assert proc.stderr.strip().splitlines()[-1].startswith(message), proc.stderr[-2000:]
+  assert proc.stderr.count(message) == 1, proc.stderr[-2000:]  # said once, not logged too
   assert 'Traceback' not in proc.stderr
   assert not workdir.exists()
 
