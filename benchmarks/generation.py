@@ -5,7 +5,9 @@ time to generate 100, 200, 300 images of 28 x 28 = 784 pixels with a causal
 pixel Transformer, linear attention (recurrent form: constant-size state per
 layer) against softmax attention (key/value cache; each step attends over the
 cached prefix, so it costs O(position)). Both are measured in one run, with
-the same weights (the two mechanisms have the same parameters), by:
+the same weights (the two mechanisms have the same parameters; a mechanism with
+parameters of its own, such as a gated one's gate projections, draws its own
+from the same seed), by:
 
   * wall time: the jit-compiled sampler (`train.sampling.sample_fn`) for
     each batch size, compiled ahead of time (compile time reported
@@ -222,7 +224,7 @@ def run(args) -> Dict[str, Any]:
   if trained is not None and kv_heads != [0]:
     raise ValueError(f'--num_kv_heads={args.num_kv_heads}: a trained --workdir fixes the '
                      f'key/value heads; leave it 0')
-  weights = {}  # one set of weights per architecture, shared by the mechanisms
+  weights = {}  # one set of weights per parameter structure, shared by the mechanisms
   for label, mech, kv in variants:
     if trained is not None:  # the trained model with this mechanism
       c = trained.config
@@ -232,9 +234,15 @@ def run(args) -> Dict[str, Any]:
     else:
       model = build_model(args, mech, options, kv)
     if trained is None:
-      if kv not in weights:
-        weights[kv] = load_params(model, args.params if not kv else '', args.seed)
-      params = weights[kv]
+      # Mechanisms with parameters of their own (e.g. the gated ones' gate projections)
+      # draw their own weights from the same seed; the others share one set.
+      shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0),
+                              jnp.zeros((1, model.max_length), jnp.int32))['params']
+      structure = (kv, jax.tree.structure(shapes),
+                   tuple(s.shape for s in jax.tree.leaves(shapes)))
+      if structure not in weights:
+        weights[structure] = load_params(model, args.params if not kv else '', args.seed)
+      params = weights[structure]
     result.setdefault('num_params', common.count_params(params))
     result.setdefault('params', {})[label] = common.count_params(params)
     result['cache_bytes'][label] = cache_bytes(model, params)

@@ -49,3 +49,13 @@ def test_params_from_a_file(tmp_path):
   path.write_bytes(flax.serialization.to_bytes(params))
   loaded = generation.load_params(model, str(path), seed=0)
   assert jax.tree.all(jax.tree.map(jnp.array_equal, loaded, params))
+
+
+@pytest.mark.slow
+def test_a_gated_mechanism_beside_linear_gets_its_own_weights(tmp_path):
+  """GLA's gate projections are parameters linear lacks: it used to be given linear's
+  weights and stop with ScopeParamNotFoundError; now it draws its own, linear keeps its."""
+  result = generation.main(ARGS + [f'--out={tmp_path}', '--num_images=2',
+                                   '--mechanisms=gla,linear'])
+  assert result['params']['gla'] > result['params']['linear']
+  assert all(len(result['latency'][m]['times_s']) == 16 for m in ('gla', 'linear'))
