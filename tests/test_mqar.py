@@ -351,7 +351,8 @@ def test_tiny_run_trains_and_evaluates(mqar_run):
 def test_eval_on_another_file_of_the_task(mqar_run, tmp_path):
   """--mode=eval with the arrays source on a file of the task that the run never saw."""
   workdir, results = mqar_run
-  x, y = mqar.generate(100, 99, vocab_size=V, seq_len=L, num_kv_pairs=P)
+  # Fewer sequences than one training batch: evaluation checks only what it reads.
+  x, y = mqar.generate(20, 99, vocab_size=V, seq_len=L, num_kv_pairs=P)
   path = write(tmp_path / 'other.npz', inputs=x, labels=y)
   config = parse(f'--config.dataset.data_dir={path}', '--config.dataset.source=arrays',
                  '--config.dataset.eval_split=train', *SIZES, arg=TINY)

@@ -43,11 +43,12 @@ class Session:
   """What one training or evaluation run needs, built from a validated config.
 
   `read_data=False` skips the data's checks and facts (`validate.resolved`), for a
-  model fed synthetic batches.
+  model fed synthetic batches; `training=False` skips those of the training split
+  alone (evaluation reads only the eval split).
   """
 
-  def __init__(self, config, mesh=None, read_data: bool = True):
-    self.config = validate.resolved(config, read_data)   # every check, before any work
+  def __init__(self, config, mesh=None, read_data: bool = True, training: bool = True):
+    self.config = validate.resolved(config, read_data, training)  # every check, before any work
     self.mesh = sharding.create_mesh() if mesh is None else mesh
     try:
       sharding.check_batch_size(self.config.dataset.batch_size, self.mesh)
@@ -315,7 +316,7 @@ def evaluate(config, workdir: str) -> Dict[str, float]:
   data location may differ). Prints the metrics and writes them, with the
   step, to `eval_results.json`.
   """
-  s = Session(config)
+  s = Session(config, training=False)
   workdir_lib.check_identity(workdir, s.config, evaluating=True)
   try:
     step, params = checkpoint.restore_params(workdir, s.mesh, s.abstract_params())

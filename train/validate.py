@@ -259,13 +259,16 @@ def _attention(config) -> None:
     raise ConfigError(f'config.attention: {e}') from None
 
 
-def resolved(config, read_data: bool = True) -> ml_collections.ConfigDict:
+def resolved(config, read_data: bool = True,
+             training: bool = True) -> ml_collections.ConfigDict:
   """A validated copy of `config` with what the data and the registry fill in.
 
   `attention.options` becomes the chosen mechanism's complete options (its
   declared defaults plus what the config set), and `dataset.num_classes` the
   count read from the data when it is 0. This is what a run records in
-  config.json. `read_data=False` skips the data (a stored config, for inference).
+  config.json. `read_data=False` skips the data (a stored config, for inference);
+  `training=False` skips the check of the batch against the training split (an
+  evaluation may read a file smaller than one training batch).
   """
   validate_config(config)
   config = ml_collections.ConfigDict(config.to_dict())
@@ -281,7 +284,7 @@ def resolved(config, read_data: bool = True) -> ml_collections.ConfigDict:
     train_examples = input_pipeline.num_examples(config, d.train_split)
   except ValueError as e:
     raise ConfigError(str(e)) from None
-  if d.batch_size > train_examples:
+  if training and d.batch_size > train_examples:
     raise ConfigError(f'config.dataset.batch_size={d.batch_size} exceeds the {train_examples} '
                       f'examples of split {d.train_split!r}; valid: <= {train_examples}')
   return config
