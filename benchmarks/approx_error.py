@@ -38,7 +38,6 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from absl import flags
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import common

@@ -17,7 +17,6 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 from flax import nnx
 
 import efficient_attn as ea
@@ -62,7 +61,7 @@ def measure(mechanism: str, *, projection: str, batch: int, length: int, d_model
                                  argnums=(0, 1)))
     calls['flax'] = lambda: flax_step(params, x)
   times: Dict[str, List[float]] = {name: [] for name in calls}
-  for name, call in calls.items():  # compile and warm up
+  for call in calls.values():  # compile and warm up
     common.block(call())
   for _ in range(repeats):
     for name, call in calls.items():

@@ -110,7 +110,7 @@ def measure_length(n: int, pairs: Sequence[tuple], fv, budget: float) -> List[Di
     rows.append(row)
   times = {(i, s): [] for i in sides for s in (0, 1)}
   for i, pair in sides.items():  # pair by pair, its two sides alternating
-    for s, (compiled, args) in enumerate(pair):  # warm-up
+    for compiled, args in pair:  # warm-up
       common.block(compiled(*args))
     for _ in range(fv.repeats):
       for s, (compiled, args) in enumerate(pair):

@@ -7,7 +7,6 @@ small ViT on random 8x8 images: an untrained baseline, and what the tests use).
 """
 import dataclasses
 import json
-import os
 import re
 import statistics
 from typing import Any, Dict, List, Optional, Sequence, Tuple

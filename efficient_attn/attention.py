@@ -17,7 +17,6 @@ The mechanism itself runs in `Mechanism`, a Linen module that creates the
 parameters its declaration (`efficient_attn.registry`) asks for and calls the
 declared `attend`; nothing here names a particular mechanism.
 """
-import functools
 from typing import Any, Callable, Mapping, Optional
 
 import flax.linen as nn

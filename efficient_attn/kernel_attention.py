@@ -170,7 +170,6 @@ def kernel_attention(phi_q: jnp.ndarray, phi_k: jnp.ndarray, v: jnp.ndarray,
   phi_q, phi_k, v, num_q, num_k = (x.astype(compute) for x in (phi_q, phi_k, v, num_q, num_k))
   b, lq, h, f = phi_q.shape
   lk = phi_k.shape[1]
-  dv = v.shape[-1]
   if (phi_k.shape != (b, lk, h, f) or v.shape[:3] != (b, lk, h) or
       num_q.shape != phi_q.shape or num_k.shape != phi_k.shape):
     raise ValueError(f'inconsistent shapes phi_q {phi_q.shape}, phi_k {phi_k.shape}, '

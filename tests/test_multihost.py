@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 
 import main_runner
-from train import trainer
 from train import inference
 
 TIMEOUT_S = 240  # per run, on 2 busy cores; an idle machine needs about 30 s

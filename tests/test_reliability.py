@@ -208,7 +208,7 @@ def test_a_damaged_checkpoint_of_the_same_size_falls_back(finished, tmp_path, da
     step, params, _ = ckpt.restore()
   ckpt.close()
   assert step == 4
-  assert f'checkpoint at step 8' in caplog.text and 'damaged' in caplog.text
+  assert 'checkpoint at step 8' in caplog.text and 'damaged' in caplog.text
   assert os.path.join('checkpoints', '8') in caplog.text
   assert all(np.all(np.isfinite(np.asarray(p))) for p in __import__('jax').tree.leaves(params))
 
