@@ -264,6 +264,14 @@ def a_log_init(low: float, high: float):
   return init
 
 
+def torch_linear_init(key, shape, dtype=F32):
+  """PyTorch's nn.Linear default, which the papers' gate projections use: uniform with
+  variance 1 / (3 fan_in), fan_in the first axis of `shape` `[features, ...]`."""
+  return jax.nn.initializers.variance_scaling(
+      1.0 / 3.0, 'fan_in', 'uniform', in_axis=0, out_axis=tuple(range(1, len(shape))))(
+          key, shape, dtype)
+
+
 def ones_init(key, shape, dtype=F32):
   del key
   return jnp.ones(shape, dtype)

@@ -15,7 +15,8 @@ import jax
 from efficient_attn import delta_rule
 from efficient_attn import gated_linear
 from efficient_attn import registry
-from efficient_attn.mechanisms.mamba2 import torch_linear_init
+
+linear_init = gated_linear.torch_linear_init
 
 
 @registry.register
@@ -33,7 +34,7 @@ class DeltaNet(gated_linear.GatedRecurrence):
     return {'norm_scale': registry.ParamSpec((head_dim,), gated_linear.ones_init)}
 
   def input_params(self, o, *, features, heads, head_dim):
-    return {'beta_kernel': registry.ParamSpec((features, heads), torch_linear_init)}
+    return {'beta_kernel': registry.ParamSpec((features, heads), linear_init)}
 
   def gates(self, o, params, inputs):
     return {'beta': jax.nn.sigmoid(gated_linear.dense(inputs, params['beta_kernel']))}

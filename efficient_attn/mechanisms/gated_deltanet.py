@@ -18,7 +18,8 @@ import jax.numpy as jnp
 from efficient_attn import delta_rule
 from efficient_attn import gated_linear
 from efficient_attn import registry
-from efficient_attn.mechanisms.mamba2 import torch_linear_init
+
+linear_init = gated_linear.torch_linear_init
 
 
 @registry.register
@@ -40,9 +41,9 @@ class GatedDeltaNet(gated_linear.GatedRecurrence):
     }
 
   def input_params(self, o, *, features, heads, head_dim):
-    return {'beta_kernel': registry.ParamSpec((features, heads), torch_linear_init),
-            'decay_kernel': registry.ParamSpec((features, heads), torch_linear_init),
-            'gate_kernel': registry.ParamSpec((features, heads, head_dim), torch_linear_init)}
+    return {'beta_kernel': registry.ParamSpec((features, heads), linear_init),
+            'decay_kernel': registry.ParamSpec((features, heads), linear_init),
+            'gate_kernel': registry.ParamSpec((features, heads, head_dim), linear_init)}
 
   def gates(self, o, params, inputs):
     dt = jax.nn.softplus(gated_linear.dense(inputs, params['decay_kernel'], params['dt_bias']))

@@ -20,11 +20,7 @@ import jax.numpy as jnp
 from efficient_attn import gated_linear
 from efficient_attn import registry
 
-
-def torch_linear_init(key, shape, dtype=gated_linear.F32):
-  return nn.initializers.variance_scaling(1.0 / 3.0, 'fan_in', 'uniform', in_axis=0,
-                                          out_axis=tuple(range(1, len(shape))))(key, shape,
-                                                                                dtype)
+linear_init = gated_linear.torch_linear_init
 
 
 @registry.register
@@ -46,8 +42,8 @@ class Mamba2(gated_linear.GatedRecurrence):
     }
 
   def input_params(self, o, *, features, heads, head_dim):
-    return {'dt_kernel': registry.ParamSpec((features, heads), torch_linear_init),
-            'gate_kernel': registry.ParamSpec((features, heads, head_dim), torch_linear_init)}
+    return {'dt_kernel': registry.ParamSpec((features, heads), linear_init),
+            'gate_kernel': registry.ParamSpec((features, heads, head_dim), linear_init)}
 
   def gates(self, o, params, inputs):
     dt = jax.nn.softplus(gated_linear.dense(inputs, params['dt_kernel'], params['dt_bias']))
