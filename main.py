@@ -26,8 +26,8 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
+import data
 from train import checkpoint
-from train import input_pipeline
 from train import pyfile
 from train import sharding
 from train import trainer
@@ -140,7 +140,7 @@ def main(argv):
     sys.exit(f'Error: {e}')
   except FloatingPointError as e:  # a non-finite loss: the message names the step
     sys.exit(f'Error: {e}')
-  except input_pipeline.DownloadError as e:  # TFDS without a network
+  except data.DownloadError as e:  # TFDS without a network
     sys.exit(f'Error: {e}')
 
 

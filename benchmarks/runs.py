@@ -46,11 +46,11 @@ def load_source(name: str, num_examples: int = 8, seed: int = 0) -> Source:
     raise FileNotFoundError(f'no such workdir {name!r} (or use random:<mechanism>)')
   try:
     from train import api  # pylint: disable=g-import-not-at-top
-    from train import input_pipeline  # pylint: disable=g-import-not-at-top
+    import data  # pylint: disable=g-import-not-at-top
   except ImportError as e:
     raise RuntimeError(f'reading a checkpoint needs the experiment code (train/): {e}') from e
   config, model, params = api.load(name)
-  batch = input_pipeline.get_eval_batch(config)
+  batch = data.get_eval_batch(config)
   inputs = np.asarray(batch['inputs'])
   if 'mask' in batch:  # drop padding rows of a short last batch
     inputs = inputs[np.asarray(batch['mask']) > 0]

@@ -14,9 +14,9 @@ Groups (the contract other tools rely on):
              image_size or max_length, num_classes, shuffle_buffer, augment,
              splits, holdout, mean / std, pixels_as_tokens (images as int tokens
              0..255 `[b, h*w]`: the causal pixel model, LRA's Image and Pathfinder), transform (a
-             `train.input_pipeline.transforms` variant, e.g. 'rotated', applied to
+             `data.transforms` variant, e.g. 'rotated', applied to
              train and eval images; '' = none); sequence datasets (mqar, sequences):
-             vocab_size. See `train/input_pipeline/specs.py`.
+             vocab_size. See `data/specs.py`.
   model      kind ('vit' | 'text' | 'causal' | 'mlp'), d_model, depth, num_heads,
              mlp_dim, patch_size, pool, dropout_rate, attention_dropout_rate,
              max_length, reversible, positions (text: 'learned' | 'sinusoidal'),
@@ -360,7 +360,7 @@ def pathfinder(config, sizes: Optional[Dict[str, int]] = None, contour_length: i
 def mqar(config, sizes: Optional[Dict[str, int]] = None, vocab_size: int = 8192,
          seq_len: int = 128, num_kv_pairs: int = 8, power_a: float = 0.01):
   """Zoology's multi-query associative recall (Arora et al. 2023), generated here
-  (`train/input_pipeline/mqar.py`) into `cache_dir('mqar')`: `seq_len` tokens, the
+  (`data/mqar.py`) into `cache_dir('mqar')`: `seq_len` tokens, the
   `num_kv_pairs` key-value pairs first, each key queried once later; only the queries
   are scored. The labels are tokens: the model is `sequence_labelling`'s."""
   config.dataset.update(dict(name='mqar', source='generated', data_dir=cache_dir('mqar'),
@@ -377,7 +377,7 @@ def mqar(config, sizes: Optional[Dict[str, int]] = None, vocab_size: int = 8192,
 
 def sequences(config, data_dir: str = '', vocab_size: int = 0, max_length: int = 0):
   """Any sequence-labelling `.npz` (`inputs`, `labels` int `[n, length]`, label -100 = not
-  scored; `train/input_pipeline/sequences.py`), tokens 0..vocab_size-1; `data_dir` is the
+  scored; `data/sequences.py`), tokens 0..vocab_size-1; `data_dir` is the
   file, a '{split}' in it naming one file per split."""
   config.dataset.update(dict(name='sequences', source='arrays', data_dir=data_dir,
                              max_length=max_length, num_classes=0, image_size=0, channels=0,

@@ -3,7 +3,7 @@
 Trained on plain images; `lora_finetune.py` adapts it to a transformed variant
 (rotated, inverted, quantised) and `lora_scratch.py` trains LoRA-only models.
 Arguments (in order, or key=value): dataset ('mnist' | 'digits'), model
-('mlp' | 'vit'), variant (a `train.input_pipeline.transforms` variant the base is trained
+('mlp' | 'vit'), variant (a `data.transforms` variant the base is trained
 on; '' = plain images).
 
     --config=configs/lora_base.py               MNIST 28x28, MLP 784-64-64-10 (55,050 params)

@@ -3,7 +3,7 @@
 Each sequence opens with `num_kv_pairs` key-value pairs; every key comes back
 once later (power-law gaps, `power_a`) and the model must answer with its
 value. Only those positions are scored. The data is generated here
-(`train/input_pipeline/mqar.py`, Zoology's definition) and written once to
+(`data/mqar.py`, Zoology's definition) and written once to
 ~/.cache/efficient_attn/mqar; accuracy is per query.
 
 Zoology's code (zoology/experiments/mqar_example_configs/original_mqar_configs.py):
@@ -24,13 +24,13 @@ mlp_dim (0: 2 x d_model), num_train, num_steps:
     --config=configs/mqar.py:softmax,d_model=128,seq_len=256,num_kv_pairs=16
 
 Any other file of the task in the sequence-labelling format
-(`train/input_pipeline/sequences.py`) can be evaluated with a trained run:
+(`data/sequences.py`) can be evaluated with a trained run:
 --mode=eval --config.dataset.source=arrays --config.dataset.data_dir=other.npz
 --config.dataset.eval_split=train (a file without '{split}' is split 'train').
 """
 from configs import common
 from efficient_attn import registry
-from train.input_pipeline import mqar
+from data import mqar
 
 
 def get_config(arg=None):

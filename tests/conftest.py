@@ -30,7 +30,7 @@ def fresh_data_cache():
   running the library's tests), there is no cache to clear.
   """
   try:
-    from train.input_pipeline import arrays  # pylint: disable=g-import-not-at-top
+    from data import arrays  # pylint: disable=g-import-not-at-top
   except ImportError:
     yield
     return

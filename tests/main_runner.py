@@ -31,7 +31,7 @@ XLA_FLAGS = ('--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_pa
 # interrupted at a chosen point.
 SLOW_MAIN = r'''
 import os, runpy, sys, time
-from train.input_pipeline import memory
+from data import memory
 delay = float(os.environ['SLOW_STEP_S'])
 original = memory.TrainData.batches
 def batches(self, start_step=0):

@@ -5,10 +5,10 @@ import pytest
 from configs import common
 from configs import imdb as imdb_config
 from configs import mnist as mnist_config
-from train import input_pipeline
+import data
 from train import validate
-from train.input_pipeline import arrays
-from train.input_pipeline import memory
+from data import arrays
+from data import memory
 
 
 def _encode(images, fmt):
@@ -59,9 +59,9 @@ def test_mnist_config_on_npz_with_a_carved_validation_split(npz_files):
   root, mnist, _, labels, _ = npz_files
   config = _mnist(root / 'mnist_train.npz', holdout=0.2, eval_split='validation')
   validate.validate_config(config)
-  input_pipeline.prepare(config)
-  train = input_pipeline.get_train_data(config)
-  evals = input_pipeline.get_eval_data(config)
+  data.prepare(config)
+  train = data.get_train_data(config)
+  evals = data.get_eval_data(config)
   assert train.num_examples == 80 and evals.num_examples == 20
   batch = next(train.batches(0))
   assert batch['inputs'].shape == (8, 32, 32, 1) and batch['inputs'].dtype == np.float32
@@ -78,12 +78,12 @@ def test_mnist_config_on_npz_with_a_carved_validation_split(npz_files):
 def test_split_pattern_and_clear_errors(npz_files):
   root = npz_files[0]
   config = _mnist(root / 'mnist_{split}.npz')
-  assert input_pipeline.get_eval_data(config).num_examples == 20
+  assert data.get_eval_data(config).num_examples == 20
   config = _mnist(root / 'mnist_train.npz')   # eval_split 'test' does not exist
   with pytest.raises(ValueError, match=r"split 'test' is not valid.*train.*holdout"):
-    input_pipeline.get_eval_data(config)
+    data.get_eval_data(config)
   with pytest.raises(ValueError, match=r"data_dir=.*nope.npz.*no such file"):
-    input_pipeline.get_train_data(_mnist(root / 'nope.npz'))
+    data.get_train_data(_mnist(root / 'nope.npz'))
   bad = _mnist(root / 'mnist_train.npz', holdout=1.5)
   with pytest.raises(validate.ConfigError, match=r'holdout=1.5 .*\[0, 1\)'):
     validate.validate_config(bad)
@@ -146,9 +146,9 @@ def test_encoded_images_are_decoded_once_and_augmented_deterministically(npz_fil
   original = arrays.decode_images
   monkeypatch.setattr(arrays, 'decode_images', lambda f, c=0: calls.append(1) or original(f, c))
   arrays.clear_cache()
-  a = next(input_pipeline.get_train_data(config).batches(3))
-  b = next(input_pipeline.get_train_data(config).batches(3))
-  input_pipeline.get_eval_data(config)
+  a = next(data.get_train_data(config).batches(3))
+  b = next(data.get_train_data(config).batches(3))
+  data.get_eval_data(config)
   assert len(calls) == 1                                     # decoded once per process
   np.testing.assert_array_equal(a['inputs'], b['inputs'])  # crop/flip: a function of the step
   val = arrays.get_split(config, 'validation')
@@ -176,7 +176,7 @@ def test_imdb_text_from_npz(npz_files):
   config.dataset.update(dict(source='arrays', data_dir=str(root / 'imdb.npz'), batch_size=4,
                              eval_batch_size=8, holdout=0.25, eval_split='validation'))
   validate.validate_config(config)
-  batch = next(input_pipeline.get_eval_data(config).batches())
+  batch = next(data.get_eval_data(config).batches())
   assert batch['inputs'].shape == (8, 16) and batch['inputs'].dtype == np.int32
   ids = memory.byte_ids([texts[1]], 16)[0]
   assert ids[0] == ord('r') + 1 and ids[-1] == 0
@@ -191,12 +191,12 @@ def test_mnist_vit_on_a_folder_of_grayscale_pngs(tmp_path, image_folder_root):
   config.dataset.update(dict(source='folder', data_dir=digits, batch_size=4,
                              eval_batch_size=4))
   validate.validate_config(config)
-  input_pipeline.prepare(config)
+  data.prepare(config)
   assert config.dataset.augment == 'none' and config.dataset.channels == 1
-  batch = next(input_pipeline.get_train_data(config).batches(0))
+  batch = next(data.get_train_data(config).batches(0))
   assert batch['inputs'].shape == (4, 32, 32, 1)
   config.dataset.data_dir = image_folder_root   # 2 label folders: fine for 10 classes
-  input_pipeline.prepare(config)
+  data.prepare(config)
   config.dataset.name = 'digits'
   with pytest.raises(validate.ConfigError, match="source='folder' is not valid.*sklearn"):
     validate.validate_config(config)
@@ -206,7 +206,7 @@ def test_mnist_vit_on_a_folder_of_grayscale_pngs(tmp_path, image_folder_root):
   generic.dataset.batch_size = 4
   validate.validate_config(generic)
   assert generic.dataset.augment == 'none'
-  x = next(input_pipeline.get_train_data(generic).batches(0))['inputs']
+  x = next(data.get_train_data(generic).batches(0))['inputs']
   assert x.shape[-1] == 1 and abs(float(x.mean())) < 1.0   # measured, not 0.5 / 0.5
   generic.dataset.num_classes = 1  # labels 0..1 from two folders: refused, not a NaN loss
   with pytest.raises(validate.ConfigError, match=r'num_classes=1 is not valid for .*, which '

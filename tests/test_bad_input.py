@@ -17,7 +17,7 @@ from configs import common
 from configs import default as default_config
 from configs import imdb as imdb_config
 from efficient_attn import models as ea_models
-from train import input_pipeline
+import data
 from train import trainer
 from train import validate
 
@@ -30,7 +30,7 @@ def no_data(monkeypatch):
   def touched(*args, **kwargs):
     raise AssertionError('the dataset was touched before the config was rejected')
   for name in ('prepare', 'get_train_data', 'get_eval_data'):
-    monkeypatch.setattr(input_pipeline, name, touched)
+    monkeypatch.setattr(data, name, touched)
 
 
 def with_overrides(config, overrides):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from efficient_attn import registry
-from train import input_pipeline
+import data
 from train import models
 from train import optim
 from train import sharding
@@ -190,13 +190,13 @@ def test_train_steps_on_mock_data(path, image_folder_root, generated_root):
   config.dataset.batch_size = config.dataset.eval_batch_size = 2
   config.dataset.shuffle_buffer = 8
   validate.validate_config(config)
-  config.dataset.num_classes = input_pipeline.num_classes(config)
+  config.dataset.num_classes = data.num_classes(config)
   mesh = sharding.create_mesh(jax.devices()[:1])
   task = tasks.get_task(config.task)
   model = models.create_model(config)
   tx = optim.create_optimizer(config, num_steps=10)
   with tfds.testing.mock_data(num_examples=4):
-    batch = next(sharding.prefetch(input_pipeline.get_train_data(config).batches(0), mesh))
+    batch = next(sharding.prefetch(data.get_train_data(config).batches(0), mesh))
   init = jax.jit(lambda key: steps.init_params(model, config, key))
   key = jax.random.key(0)
   params = init(key)

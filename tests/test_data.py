@@ -4,8 +4,8 @@ import pytest
 
 from configs import common
 from configs import default as default_config
-from train import input_pipeline
-from train.input_pipeline import arrays
+import data
+from data import arrays
 
 
 def digits_config(**dataset):
@@ -39,12 +39,12 @@ def test_digits_split_is_fixed_and_stratified():
 
 def test_digits_batches_shapes_and_ranges():
   config = digits_config(batch_size=32)
-  data = input_pipeline.get_train_data(config)
-  assert data.steps_per_epoch == 1437 // 32
-  batch = next(data.batches(0))
+  ds = data.get_train_data(config)
+  assert ds.steps_per_epoch == 1437 // 32
+  batch = next(ds.batches(0))
   assert batch['inputs'].shape == (32, 8, 8, 1) and batch['inputs'].dtype == np.float32
   assert batch['label'].dtype == np.int32 and batch['mask'].dtype == np.float32
-  spec = input_pipeline.get_spec('digits')
+  spec = data.get_spec('digits')
   lo, hi = (0 - spec.mean[0]) / spec.std[0], (1 - spec.mean[0]) / spec.std[0]
   assert lo - 1e-5 <= batch['inputs'].min() and batch['inputs'].max() <= hi + 1e-5
   assert set(np.unique(batch['label'])) <= set(range(10))
@@ -52,13 +52,13 @@ def test_digits_batches_shapes_and_ranges():
 
 def test_digits_order_is_a_function_of_seed_and_step():
   config = digits_config(batch_size=64)
-  data = input_pipeline.get_train_data(config)
-  run = take(data.batches(0), 50)  # crosses two epoch boundaries (22 steps per epoch)
-  assert_batches_equal(run, take(input_pipeline.get_train_data(config).batches(0), 50))
-  assert_batches_equal(run[30:], take(data.batches(30), 20))  # resume at step 30
+  ds = data.get_train_data(config)
+  run = take(ds.batches(0), 50)  # crosses two epoch boundaries (22 steps per epoch)
+  assert_batches_equal(run, take(data.get_train_data(config).batches(0), 50))
+  assert_batches_equal(run[30:], take(ds.batches(30), 20))  # resume at step 30
   other = digits_config(batch_size=64)
   other.train.seed = 1
-  other_first = next(input_pipeline.get_train_data(other).batches(0))
+  other_first = next(data.get_train_data(other).batches(0))
   assert not np.array_equal(run[0]['label'], other_first['label'])
   # each epoch visits distinct examples
   epoch = np.concatenate([b['inputs'].reshape(64, -1) for b in run[:22]])
@@ -67,14 +67,14 @@ def test_digits_order_is_a_function_of_seed_and_step():
 
 def test_digits_processes_read_disjoint_slices_of_the_global_batch():
   config = digits_config(batch_size=64, eval_batch_size=100)
-  whole = take(input_pipeline.get_train_data(config).batches(5), 3)
-  parts = [take(input_pipeline.get_train_data(config, process_index=p, process_count=2).batches(5), 3)
+  whole = take(data.get_train_data(config).batches(5), 3)
+  parts = [take(data.get_train_data(config, process_index=p, process_count=2).batches(5), 3)
            for p in range(2)]
   for i in range(3):
     for k in whole[i]:
       np.testing.assert_array_equal(whole[i][k], np.concatenate([parts[0][i][k], parts[1][i][k]]))
   # evaluation: every test example exactly once over the processes
-  evals = [input_pipeline.get_eval_data(config, process_index=p, process_count=2) for p in range(2)]
+  evals = [data.get_eval_data(config, process_index=p, process_count=2) for p in range(2)]
   assert evals[0].num_batches == evals[1].num_batches
   labels = np.concatenate([b['label'][b['mask'] > 0] for e in evals for b in e.batches()])
   np.testing.assert_array_equal(np.sort(labels), np.sort(arrays.load_digits()['test'].labels))
@@ -82,11 +82,11 @@ def test_digits_processes_read_disjoint_slices_of_the_global_batch():
 
 def test_eval_batches_are_padded_with_zero_mask():
   config = digits_config(eval_batch_size=100)
-  data = input_pipeline.get_eval_data(config)
-  batches = list(data.batches())
-  assert data.num_batches == 4 and all(b['inputs'].shape == (100, 8, 8, 1) for b in batches)
+  ds = data.get_eval_data(config)
+  batches = list(ds.batches())
+  assert ds.num_batches == 4 and all(b['inputs'].shape == (100, 8, 8, 1) for b in batches)
   assert [b['mask'].sum() for b in batches] == [100, 100, 100, 60]
-  batch = input_pipeline.get_eval_batch(config)
+  batch = data.get_eval_batch(config)
   assert batch['inputs'].shape == (100, 8, 8, 1)
 
 
@@ -108,13 +108,13 @@ def tfds_config(name):
 def test_tfds_pipeline_on_mock_data(name):
   tfds = pytest.importorskip('tensorflow_datasets')
   config = tfds_config(name)
-  spec = input_pipeline.get_spec(name)
+  spec = data.get_spec(name)
   with tfds.testing.mock_data(num_examples=10):
-    data = input_pipeline.get_train_data(config)
-    assert data.num_examples == 10 and data.steps_per_epoch == 2
-    run = take(data.batches(0), 5)
-    resumed = take(data.batches(3), 2)
-    eval_data = input_pipeline.get_eval_data(config)
+    ds = data.get_train_data(config)
+    assert ds.num_examples == 10 and ds.steps_per_epoch == 2
+    run = take(ds.batches(0), 5)
+    resumed = take(ds.batches(3), 2)
+    eval_data = data.get_eval_data(config)
     eval_batches = list(eval_data.batches())
   assert_batches_equal(run[3:], resumed)
   batch = run[0]
@@ -142,17 +142,17 @@ def test_tfds_training_order_depends_on_the_seed():
   tfds = pytest.importorskip('tensorflow_datasets')
   config = tfds_config('cifar10')
   with tfds.testing.mock_data(num_examples=16):
-    a = take(input_pipeline.get_train_data(config).batches(0), 4)
-    b = take(input_pipeline.get_train_data(config).batches(0), 4)
+    a = take(data.get_train_data(config).batches(0), 4)
+    b = take(data.get_train_data(config).batches(0), 4)
     config.train.seed = 7
-    c = take(input_pipeline.get_train_data(config).batches(0), 4)
+    c = take(data.get_train_data(config).batches(0), 4)
   assert_batches_equal(a, b)
   assert not all(np.array_equal(x['inputs'], y['inputs']) for x, y in zip(a, c))
 
 
 def test_byte_tokens():
   tf = pytest.importorskip('tensorflow')
-  from train.input_pipeline import preprocess  # pylint: disable=g-import-not-at-top
+  from data import preprocess  # pylint: disable=g-import-not-at-top
   ids = preprocess.byte_tokens(tf.constant('hé!'), 6).numpy()
   np.testing.assert_array_equal(ids, [ord('h') + 1, 0xC3 + 1, 0xA9 + 1, ord('!') + 1, 0, 0])
   assert preprocess.byte_tokens(tf.constant('abcdef'), 3).numpy().tolist() == [98, 99, 100]
@@ -163,18 +163,18 @@ def test_byte_tokens():
 def test_image_folder(image_folder_root):
   config = common.image_folder(common.base(), root=image_folder_root, image_size=16)
   config.dataset.update(dict(batch_size=4, eval_batch_size=4, channels=3))
-  input_pipeline.prepare(config)
-  assert input_pipeline.num_classes(config) == 2
-  data = input_pipeline.get_train_data(config)
-  assert data.num_examples == 12 and data.steps_per_epoch == 3
-  run = take(data.batches(0), 4)
-  assert_batches_equal(run[2:], take(data.batches(2), 2))
+  data.prepare(config)
+  assert data.num_classes(config) == 2
+  ds = data.get_train_data(config)
+  assert ds.num_examples == 12 and ds.steps_per_epoch == 3
+  run = take(ds.batches(0), 4)
+  assert_batches_equal(run[2:], take(ds.batches(2), 2))
   assert run[0]['inputs'].shape == (4, 16, 16, 3) and run[0]['inputs'].dtype == np.float32
   assert set(np.concatenate([b['label'] for b in run[:3]])) == {0, 1}
-  evals = [input_pipeline.get_eval_data(config, process_index=p, process_count=2) for p in range(2)]
+  evals = [data.get_eval_data(config, process_index=p, process_count=2) for p in range(2)]
   masks = [b['mask'].sum() for e in evals for b in e.batches()]
   assert sum(masks) == 6
-  parts = [next(input_pipeline.get_train_data(config, process_index=p, process_count=2).batches(0))
+  parts = [next(data.get_train_data(config, process_index=p, process_count=2).batches(0))
            for p in range(2)]
   assert all(p['inputs'].shape == (2, 16, 16, 3) for p in parts)
 
@@ -182,12 +182,12 @@ def test_image_folder(image_folder_root):
 def test_prepare_names_the_missing_field(tmp_path):
   config = common.image_folder(common.base(), root=str(tmp_path / 'nope'))
   with pytest.raises(ValueError, match=r'config\.dataset\.data_dir=.*nope'):
-    input_pipeline.prepare(config)
+    data.prepare(config)
   config = common.cifar10(common.base())
   config.dataset.update(dict(data_dir=str(tmp_path), download=False))
   with pytest.raises(ValueError, match=r"'cifar10' is not prepared.*config\.dataset\.download"):
-    input_pipeline.prepare(config)
+    data.prepare(config)
   config = common.imagenet(common.base())
   config.dataset.data_dir = str(tmp_path)
   with pytest.raises(ValueError, match=r'config\.dataset\.manual_dir'):
-    input_pipeline.prepare(config)
+    data.prepare(config)

@@ -16,7 +16,7 @@ import pytest
 import main
 import main_runner
 from configs import mnist
-from train import input_pipeline
+import data
 from train import trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -61,7 +61,7 @@ def test_tfds_download_without_network_is_one_line(no_network, tmp_path):
   config = mnist.get_config()
   config.dataset.data_dir = str(tmp_path / 'tfds')
   workdir = tmp_path / 'run'
-  with pytest.raises(input_pipeline.DownloadError) as e:
+  with pytest.raises(data.DownloadError) as e:
     trainer.train_and_evaluate(config, str(workdir))
   assert str(e.value) == NO_NETWORK
   assert no_network, 'TFDS never reached the socket layer'
@@ -177,17 +177,17 @@ def test_failed_tfds_preparation_is_one_line(error, message):
   """No network, a server's refusal and a disk error each give one line naming the
   dataset; only the first two point to offline use."""
   import requests  # pylint: disable=g-import-not-at-top
-  from train.input_pipeline import stream  # pylint: disable=g-import-not-at-top
+  from data import stream  # pylint: disable=g-import-not-at-top
   if error == 'http_404':
     error = requests.exceptions.HTTPError(
         '404 Client Error: Not Found for url: https://example.org/mnist.gz')
-  with pytest.raises(input_pipeline.DownloadError) as e:
+  with pytest.raises(data.DownloadError) as e:
     stream._download_and_prepare(_FailingBuilder(error), None)  # pylint: disable=protected-access
   assert str(e.value) == message
 
 
 def test_other_tfds_errors_pass_through():
-  from train.input_pipeline import stream  # pylint: disable=g-import-not-at-top
+  from data import stream  # pylint: disable=g-import-not-at-top
   builder = _FailingBuilder(ValueError('not a DownloadError'))
   with pytest.raises(ValueError, match='not a DownloadError'):
     stream._download_and_prepare(builder, None)  # pylint: disable=protected-access

@@ -1,33 +1,38 @@
 """The tools use only the trainer's public face (read from the import graph with `ast`).
 
 `benchmarks/`, `examples/`, `studies/` and `sweeps/` may import `train.api` (the
-trainer's public face) and `train.input_pipeline` (the data package's public
-functions), and nothing else of `train/`: a change inside the trainer cannot
-then break a tool, and a reader sees in one file what the trainer offers.
+trainer's public face) and `data` (the data package's public functions), and
+nothing else of `train/` or `data/`: a change inside the trainer or the data
+package cannot then break a tool, and a reader sees in one file what each offers.
 """
 import ast
 import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TOOLS = ('benchmarks', 'examples', 'studies', 'sweeps')
-PUBLIC = ('train.api', 'train.input_pipeline')
+PACKAGES = ('train', 'data')
+PUBLIC = ('train.api', 'data')
+
+
+def _ours(module: str) -> bool:
+  return module.split('.')[0] in PACKAGES
 
 
 def trainer_imports(source: str):
-  """[(line, module, name)] of every import of `train` in `source`, at any depth.
+  """[(line, module, name)] of every import of `train` or `data` in `source`, at any depth.
 
   `from train import x` gives module 'train.x' (x is a submodule of the package);
-  `from train.m import y` gives ('train.m', 'y'); `import train.m` gives ('train.m', '').
+  `from train.m import y` gives ('train.m', 'y'); `import train.m` gives ('train.m', '');
+  `from data import f` gives ('data', 'f') (the package's public face holds functions).
   """
   found = []
   for node in ast.walk(ast.parse(source)):
     if isinstance(node, ast.Import):
-      found += [(node.lineno, a.name, '') for a in node.names
-                if a.name == 'train' or a.name.startswith('train.')]
+      found += [(node.lineno, a.name, '') for a in node.names if _ours(a.name)]
     elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
       if node.module == 'train':
         found += [(node.lineno, f'train.{a.name}', '') for a in node.names]
-      elif node.module.startswith('train.'):
+      elif _ours(node.module):
         found += [(node.lineno, node.module, a.name) for a in node.names]
   return found
 
@@ -39,7 +44,7 @@ def _submodule(module: str, name: str) -> bool:
 
 def violations(source: str):
   """The imports of `source` that reach past the public face: a module other than
-  PUBLIC (or one inside it, `from train.input_pipeline import specs` included), or
+  PUBLIC (or one inside it, `from data import specs` included), or
   a private name (`_x`, `*`) of a public one."""
   return [f'line {line}: {module}' + (f'.{name}' if name else '')
           for line, module, name in trainer_imports(source)
@@ -59,18 +64,20 @@ def test_tools_import_only_the_trainers_public_face():
 
 def test_the_rule_sees_every_form_of_import():
   source = '\n'.join([
-      'from train import api, input_pipeline',
+      'from train import api',
+      'import data',
       'from train.api import build',
       'import train.api',
       'def f():',
       '  from train import steps as steps_lib',   # deferred, aliased
       '  import train.checkpoint',
-      '  from train.input_pipeline import get_eval_batch, specs',  # a function; a submodule
-      '  from train.input_pipeline.specs import DATASETS',
+      '  from data import get_eval_batch, specs',  # a function; a submodule
+      '  from data.specs import DATASETS',
+      '  import data.stream',
       '  from train.api import _private',
       '  from train import *',
   ])
   assert violations(source) == [
-      'line 5: train.steps', 'line 6: train.checkpoint', 'line 7: train.input_pipeline.specs',
-      'line 8: train.input_pipeline.specs.DATASETS', 'line 9: train.api._private',
-      'line 10: train.*']
+      'line 6: train.steps', 'line 7: train.checkpoint', 'line 8: data.specs',
+      'line 9: data.specs.DATASETS', 'line 10: data.stream', 'line 11: train.api._private',
+      'line 12: train.*']

@@ -1,4 +1,4 @@
-"""LoRA adapters (`efficient_attn.lora`) and the transformed data (`train.input_pipeline.transforms`)."""
+"""LoRA adapters (`efficient_attn.lora`) and the transformed data (`data.transforms`)."""
 import functools
 
 import flax.linen as nn
@@ -11,7 +11,7 @@ from flax import traverse_util
 
 from efficient_attn import lora
 from efficient_attn.models import CausalTransformer, TransformerConfig
-from train.input_pipeline import transforms
+from data import transforms
 
 CFG = lora.LoraConfig(rank=2, alpha=4.0)
 

@@ -12,9 +12,9 @@ from configs import lora_base
 from configs import lora_finetune
 from configs import lora_scratch
 from efficient_attn import lora
+import data
+from data import transforms
 from train import checkpoint
-from train import input_pipeline
-from train.input_pipeline import transforms
 from train import models
 from train import trainer
 from train import inference
@@ -67,7 +67,7 @@ def test_checkpoint_reloads_as_adapted_model(finetune):
   workdir, results = finetune
   config, model, params = inference.load(workdir)
   assert isinstance(model, lora.Adapted) and config.dataset.transform == 'rotated'
-  batch = input_pipeline.get_eval_batch(config)
+  batch = data.get_eval_batch(config)
   correct = (np.argmax(model.apply({'params': params}, batch['inputs']), -1) == batch['label'])
   assert (correct * batch['mask']).sum() / batch['mask'].sum() == pytest.approx(
       results['eval_accuracy'])
@@ -84,10 +84,10 @@ def test_init_from_a_base_of_another_model_fails_loudly(base, tmp_path):
 def test_transform_applies_to_train_and_eval_before_normalisation(variant):
   plain = lora_base.get_config('digits')
   config = lora_base.get_config(f'digits,variant={variant}')
-  spec = input_pipeline.get_spec('digits')
+  spec = data.get_spec('digits')
   transform = transforms.get_transform(variant)
-  for get in (lambda c: next(input_pipeline.get_train_data(c).batches(3)),
-              input_pipeline.get_eval_batch):
+  for get in (lambda c: next(data.get_train_data(c).batches(3)),
+              data.get_eval_batch):
     x, y = get(plain), get(config)
     np.testing.assert_array_equal(x['label'], y['label'])
     raw = x['inputs'] * spec.std[0] + spec.mean[0]  # pixel values in [0, 1]

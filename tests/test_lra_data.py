@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from scipy import ndimage
 
-from train.input_pipeline import aan
-from train.input_pipeline import listops
-from train.input_pipeline import pathfinder
+from data import aan
+from data import listops
+from data import pathfinder
 
 # ----------------------------------------------------------------------------- ListOps
 
@@ -342,15 +342,15 @@ def test_generated_source_writes_once_and_batches_like_arrays(path, tmp_path, ca
   used plain open() and os calls, so a gs:// data_dir failed)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import test_configs  # pylint: disable=g-import-not-at-top  (tests/ is on sys.path)
-  from train import input_pipeline  # pylint: disable=g-import-not-at-top
-  from train.input_pipeline import arrays  # pylint: disable=g-import-not-at-top
-  from train.input_pipeline import generated  # pylint: disable=g-import-not-at-top
-  from train.input_pipeline import npz_cache  # pylint: disable=g-import-not-at-top
+  import data  # pylint: disable=g-import-not-at-top
+  from data import arrays  # pylint: disable=g-import-not-at-top
+  from data import generated  # pylint: disable=g-import-not-at-top
+  from data import npz_cache  # pylint: disable=g-import-not-at-top
   folder = f'ram://{tmp_path.name}/lra'
   config = test_configs.load(path, 'size=small')
   config.dataset.update(dict(data_dir=folder, batch_size=4, eval_batch_size=3))
   config.dataset.sizes.update(dict(train=8, validation=3, test=3))
-  batch = next(input_pipeline.get_train_data(config).batches(0))
+  batch = next(data.get_train_data(config).batches(0))
   files = sorted(tf.io.gfile.listdir(folder))
   assert len(files) == 3 and all(f.endswith('.npz') for f in files), files
   pattern = generated.pattern(config)
@@ -362,7 +362,7 @@ def test_generated_source_writes_once_and_batches_like_arrays(path, tmp_path, ca
   assert batch['inputs'].shape == (4, n) and batch['label'].shape == (4,)
   assert set(np.unique(batch['label'])) <= set(range(config.dataset.num_classes))
   assert len(stored) == 8
-  ev = input_pipeline.get_eval_batch(config)
+  ev = data.get_eval_batch(config)
   assert ev['inputs'].shape[0] == 3
   contents = {f: npz_cache.read_bytes(f'{folder}/{f}') for f in files}
   arrays.clear_cache()
@@ -378,7 +378,7 @@ def test_generated_source_writes_once_and_batches_like_arrays(path, tmp_path, ca
 def test_released_pathfinder_and_aan_files_in_a_bucket(tmp_path):
   """read_released and tsv_to_npz on ram:// (standing for gs://) as on a local disk."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from train.input_pipeline import arrays  # pylint: disable=g-import-not-at-top
+  from data import arrays  # pylint: disable=g-import-not-at-top
   expected, labels = _write_released(str(tmp_path / 'local'), 'curv_baseline', [(3, 1)])
   bucket = f'ram://{tmp_path.name}'
   for base, _, names in os.walk(tmp_path / 'local'):
@@ -435,11 +435,11 @@ def test_retrieval_source_batches_byte_pairs(tmp_path):
   """The 'tsv' source: LRA's three files as train / validation / test, each example the
   byte ids of its two documents `[2, max_length]`, in the files' order for evaluation."""
   from conftest import write_aan_folder  # pylint: disable=g-import-not-at-top
-  from train import input_pipeline  # pylint: disable=g-import-not-at-top
+  import data  # pylint: disable=g-import-not-at-top
   folder = write_aan_folder(str(tmp_path / 'tsv'))
   config = _retrieval_config(folder)
   text1, text2, labels = aan.read_tsv(os.path.join(folder, 'new_aan_pairs.eval.tsv'))
-  batches = list(input_pipeline.get_eval_data(config).batches())
+  batches = list(data.get_eval_data(config).batches())
   inputs = np.concatenate([b['inputs'] for b in batches])[:len(labels)]
   assert inputs.shape == (4, 2, 24) and inputs.dtype == np.int32
   for i in range(4):
@@ -447,11 +447,11 @@ def test_retrieval_source_batches_byte_pairs(tmp_path):
       ids = np.frombuffer(text[:24], np.uint8).astype(np.int32) + 1
       np.testing.assert_array_equal(inputs[i, k], np.pad(ids, (0, 24 - len(ids))))
   np.testing.assert_array_equal(np.concatenate([b['label'] for b in batches])[:4], labels)
-  assert input_pipeline.num_examples(config, 'train') == 6
-  assert next(input_pipeline.get_train_data(config).batches(0))['inputs'].shape == (2, 2, 24)
+  assert data.num_examples(config, 'train') == 6
+  assert next(data.get_train_data(config).batches(0))['inputs'].shape == (2, 2, 24)
   config.dataset.data_dir = str(tmp_path / 'missing')
   with pytest.raises(ValueError, match='missing.*no such folder'):
-    input_pipeline.num_examples(config, 'train')
+    data.num_examples(config, 'train')
 
 
 def test_text_matcher_is_a_shared_dual_encoder():

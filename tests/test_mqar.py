@@ -18,9 +18,9 @@ from ml_collections import config_flags
 from efficient_attn import registry
 from train import trainer
 from train import validate
-from train.input_pipeline import arrays
-from train.input_pipeline import mqar
-from train.input_pipeline import sequences
+from data import arrays
+from data import mqar
+from data import sequences
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 V, L, P = 64, 32, 4  # the tiny task of these tests: vocabulary, length, key-value pairs

@@ -11,9 +11,9 @@ from benchmarks import generation
 from configs import digits_pixels
 from configs import mnist_pixels
 from efficient_attn.models.causal import shift_right
-from train import input_pipeline
-from train.input_pipeline import transforms
-from train.input_pipeline import arrays
+import data
+from data import transforms
+from data import arrays
 from train import trainer
 from train import inference
 from train import samples
@@ -43,16 +43,16 @@ def run(run_once):
 
 def test_digits_pixel_tokens():
   config = tiny_config()
-  batch = next(input_pipeline.get_train_data(config).batches(0))
+  batch = next(data.get_train_data(config).batches(0))
   tokens = batch['inputs']
   assert tokens.shape == (32, 64) and tokens.dtype == np.int32
   levels = np.round(np.arange(17) * 255 / 16)
   assert set(np.unique(tokens)) <= set(levels) and tokens.max() == 255
-  eval_tokens = input_pipeline.get_eval_batch(config)['inputs']
+  eval_tokens = data.get_eval_batch(config)['inputs']
   images = arrays.load_digits()['test'].inputs[:120, ..., 0]
   np.testing.assert_array_equal(eval_tokens, np.round(images).reshape(120, 64))
   config.dataset.transform = 'rotated'  # on the 8x8 image, not the token row
-  rotated = input_pipeline.get_eval_batch(config)['inputs']
+  rotated = data.get_eval_batch(config)['inputs']
   want = np.asarray(transforms.rotate(eval_tokens.reshape(-1, 8, 8))).reshape(-1, 64)
   np.testing.assert_array_equal(rotated, want)
 
@@ -62,8 +62,8 @@ def test_mnist_pixel_tokens_from_tfds():
   config = mnist_pixels.get_config('linear')
   config.dataset.update(dict(batch_size=4, eval_batch_size=4, shuffle_buffer=8))
   with tfds.testing.mock_data(num_examples=8):
-    tokens = next(input_pipeline.get_train_data(config).batches(0))['inputs']
-    eval_tokens = input_pipeline.get_eval_batch(config)['inputs']
+    tokens = next(data.get_train_data(config).batches(0))['inputs']
+    eval_tokens = data.get_eval_batch(config)['inputs']
   for t in (tokens, eval_tokens):
     assert t.shape == (4, 784) and t.dtype == np.int32
     assert t.min() >= 0 and t.max() <= 255
@@ -98,7 +98,7 @@ def test_eval_mode_writes_samples(run, tmp_path):
 def test_no_unconditional_samples_writes_only_completions(run, tmp_path):
   workdir, _ = run
   config, model, params = inference.load(workdir)
-  images = np.asarray(input_pipeline.get_eval_batch(config)['inputs'][:2]).reshape(2, 8, 8)
+  images = np.asarray(data.get_eval_batch(config)['inputs'][:2]).reshape(2, 8, 8)
   paths = samples.write_samples(model, jax.device_get(params), jax.random.key(0),
                                 str(tmp_path), image_shape=(8, 8), num_samples=0,
                                 images=images)
@@ -109,7 +109,7 @@ def test_no_unconditional_samples_writes_only_completions(run, tmp_path):
 def test_recurrent_decoding_of_the_checkpoint_equals_parallel(run):
   workdir, _ = run
   config, model, params = inference.load(workdir)
-  pixels = input_pipeline.get_eval_batch(config)['inputs'][:2]
+  pixels = data.get_eval_batch(config)['inputs'][:2]
   test_decode.assert_decode_matches_parallel(
       model, jax.device_get(params), shift_right(pixels, model.start_token))
 

@@ -76,7 +76,7 @@ def test_sample_png_in_a_bucket(bucket):
 def test_retrieval_files_in_a_bucket(bucket):
   """LRA's AAN files read straight from gs:// (sweeps/lra.py's aan_dir)."""
   from conftest import write_aan_folder  # pylint: disable=g-import-not-at-top
-  from train.input_pipeline import aan  # pylint: disable=g-import-not-at-top
+  from data import aan  # pylint: disable=g-import-not-at-top
   write_aan_folder(str(bucket('gs://bucket/lra/tsv_data')))
   splits = aan.read_splits('gs://bucket/lra/tsv_data')
   assert {k: len(v[2]) for k, v in splits.items()} == {'train': 6, 'validation': 4, 'test': 4}

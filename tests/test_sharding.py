@@ -14,7 +14,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = r'''
 import jax, numpy as np
 from configs import default
-from train import input_pipeline, models, optim, sharding, steps, tasks
+import data
+from train import models, optim, sharding, steps, tasks
 assert jax.device_count() == 8, jax.devices()
 config = default.get_config()
 config.model.update(dict(depth=1, dropout_rate=0.1))  # dropout: masks must not depend on devices
@@ -26,8 +27,8 @@ except ValueError as e:
 task = tasks.get_task(config.task)
 model = models.create_model(config)
 tx = optim.create_optimizer(config, num_steps=100)
-batch = next(input_pipeline.get_train_data(config).batches(7))
-eval_batch = input_pipeline.get_eval_batch(config)
+batch = next(data.get_train_data(config).batches(7))
+eval_batch = data.get_eval_batch(config)
 params = steps.init_params(model, config, jax.random.key(0))
 results = {}
 for n in (1, 8):

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from configs import default as default_config
+import data
 from train import checkpoint
-from train import input_pipeline
 from train import trainer
 from train import workdir as workdir_lib
 from train import inference
@@ -147,7 +147,7 @@ def test_evaluate_and_load_model_and_params(default_run):
   values = trainer.evaluate(default_config.get_config(), workdir)
   assert values['accuracy'] == pytest.approx(results['eval_accuracy'])
   config, model, params = inference.load(workdir)
-  batch = input_pipeline.get_eval_batch(config)
+  batch = data.get_eval_batch(config)
   logits = model.apply({'params': params}, batch['inputs'], train=False)
   correct = (np.argmax(logits, -1) == batch['label']) * batch['mask']
   assert correct.sum() / batch['mask'].sum() == pytest.approx(results['eval_accuracy'])

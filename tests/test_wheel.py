@@ -23,8 +23,8 @@ LAYER = r'''
 import importlib.util
 import jax, jax.numpy as jnp
 import efficient_attn as ea
-for name in ('tensorflow', 'tensorflow_datasets', 'ml_collections', 'train', 'configs',
-             'benchmarks'):
+for name in ('tensorflow', 'tensorflow_datasets', 'ml_collections', 'data', 'train',
+             'configs', 'benchmarks'):
   assert importlib.util.find_spec(name) is None, f'{name} is importable'
 layer = ea.MultiHeadAttention(num_heads=2, mechanism='linear', projection='efficient')
 x = jnp.ones((1, 8, 16))

@@ -12,10 +12,10 @@
     results = api.train_and_evaluate(config, workdir)   # what main.py runs
     metrics = api.evaluate(config, workdir)
 
-The data comes from `train.input_pipeline`'s public functions (get_train_data,
+The data comes from `data`'s public functions (get_train_data,
 get_eval_data, get_eval_batch, ...). Everything else in `train/` is the
 trainer's own and may change; `tests/test_layering.py` holds the tools to this
-module. Batches are dicts of arrays (see `train/input_pipeline/__init__.py`):
+module. Batches are dicts of arrays (see `data/__init__.py`):
 'inputs' `[batch, ...]`, 'label' `[batch]`, 'mask' `[batch]`.
 """
 import functools
@@ -23,10 +23,10 @@ from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple
 
 import jax
 
+import data
 from train import adapters
 from train import checkpoint
 from train import inference
-from train import input_pipeline
 from train import models
 from train import optim
 from train import pyfile
@@ -97,7 +97,7 @@ class Built:
 
   def train_batches(self, start: int = 0) -> Iterator[Dict[str, Any]]:
     """The config's training batches from step `start`, as global arrays on the mesh."""
-    return sharding.prefetch(input_pipeline.get_train_data(self.config).batches(start),
+    return sharding.prefetch(data.get_train_data(self.config).batches(start),
                              self.mesh)
 
   def to_devices(self, batch: Dict[str, Any]) -> Dict[str, Any]:
@@ -110,7 +110,7 @@ class Built:
 
   def evaluate(self, params) -> Dict[str, float]:
     """Mean metrics of `params` over every example of the config's eval split."""
-    return self._session.evaluate(params, input_pipeline.get_eval_data(self.config))
+    return self._session.evaluate(params, data.get_eval_data(self.config))
 
 
 def build(config, num_steps: int = 1, *, devices: Optional[Sequence[Any]] = None,

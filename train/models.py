@@ -16,12 +16,12 @@ import jax
 import jax.numpy as jnp
 
 from efficient_attn import models as ea
+import data
 from train import adapters
-from train import input_pipeline
 
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 KINDS = ('vit', 'text', 'causal', 'mlp')
-# What each kind reads (`input_pipeline.input_kind`) and the tasks it serves.
+# What each kind reads (`data.input_kind`) and the tasks it serves.
 READS = {'vit': ('image',), 'text': ('text', 'text_pair', 'tokens', 'pixels'),
          'causal': ('pixels', 'sequence'),
          'mlp': ('image',)}
@@ -48,7 +48,7 @@ def sequence_length(config) -> Tuple[int, int]:
     n = token_length(config)
     return n + cls, (m.max_length or n) + cls
   if m.kind == 'causal':
-    n = (d.max_length if input_pipeline.input_kind(config) == 'sequence' else
+    n = (d.max_length if data.input_kind(config) == 'sequence' else
          d.image_size ** 2 * d.channels)
     return n, n
   return 0, 0
@@ -57,7 +57,7 @@ def sequence_length(config) -> Tuple[int, int]:
 def token_length(config) -> int:
   """The token sequence a 'text' model reads: dataset.max_length, or every pixel."""
   d = config.dataset
-  if input_pipeline.input_kind(config) == 'pixels':
+  if data.input_kind(config) == 'pixels':
     return d.image_size ** 2 * d.channels
   return d.max_length
 
@@ -76,14 +76,14 @@ def transformer_config(config, **changes) -> ea.TransformerConfig:
 def create_model(config) -> nn.Module:
   """The model of `config.model.kind` (LoRA-adapted if `config.lora.rank > 0`)."""
   m = config.model
-  num_classes = input_pipeline.num_classes(config)
+  num_classes = data.num_classes(config)
   if m.kind == 'vit':
     model = ea.ViT(transformer_config(config), num_classes=num_classes,
                    patch_size=m.patch_size, pool=m.pool)
   elif m.kind == 'text':
-    inputs = input_pipeline.input_kind(config)
-    vocab = {'text': input_pipeline.TEXT_VOCAB_SIZE, 'text_pair': input_pipeline.TEXT_VOCAB_SIZE,
-             'pixels': PIXEL_LEVELS}.get(inputs) or input_pipeline.vocab_size(config)
+    inputs = data.input_kind(config)
+    vocab = {'text': data.TEXT_VOCAB_SIZE, 'text_pair': data.TEXT_VOCAB_SIZE,
+             'pixels': PIXEL_LEVELS}.get(inputs) or data.vocab_size(config)
     encoder = transformer_config(config, max_length=m.max_length or token_length(config))
     positions = m.get('positions', 'learned')
     if inputs == 'text_pair':
@@ -93,10 +93,10 @@ def create_model(config) -> nn.Module:
       model = ea.TextClassifier(encoder, num_classes=num_classes, vocab_size=vocab,
                                 pool=m.pool, padding=inputs != 'pixels', positions=positions)
   elif m.kind == 'causal':
-    sequence = input_pipeline.input_kind(config) == 'sequence'
+    sequence = data.input_kind(config) == 'sequence'
     model = ea.CausalTransformer(
         transformer_config(config, max_length=sequence_length(config)[1]),
-        vocab_size=input_pipeline.vocab_size(config) if sequence else PIXEL_LEVELS)
+        vocab_size=data.vocab_size(config) if sequence else PIXEL_LEVELS)
   elif m.kind == 'mlp':
     model = ea.MLP(num_classes, depth=m.depth, width=m.mlp_dim,
                    dtype=DTYPES[config.train.dtype])
@@ -112,7 +112,7 @@ def dummy_inputs(config, batch_size: int = 1):
   if kind in ('vit', 'mlp'):
     return jnp.zeros((batch_size, d.image_size, d.image_size, d.channels), jnp.float32)
   if kind == 'text':
-    pair = (2,) if input_pipeline.input_kind(config) == 'text_pair' else ()
+    pair = (2,) if data.input_kind(config) == 'text_pair' else ()
     return jnp.ones((batch_size,) + pair + (token_length(config),), jnp.int32)
   return jnp.zeros((batch_size, sequence_length(config)[0]), jnp.int32)
 

@@ -25,9 +25,9 @@ from absl import logging
 import jax
 import numpy as np
 
+import data
 from train import adapters
 from train import checkpoint
-from train import input_pipeline
 from train import metrics as metrics_lib
 from train import models
 from train import optim
@@ -94,7 +94,7 @@ def train_and_evaluate(config, workdir: str, restart: bool = False) -> Optional[
   """
   wall_start = time.time()
   s = Session(config)
-  train_data = input_pipeline.get_train_data(s.config)
+  train_data = data.get_train_data(s.config)
   num_steps = workdir_lib.total_steps(s.config.train, train_data.steps_per_epoch)
   run = workdir_lib.open_run(workdir, s.config, writer=sharding.is_writer(), restart=restart,
                              num_steps=num_steps)
@@ -158,7 +158,7 @@ def _train(s: Session, run, train_data, num_steps: int,
           stalls.append(time.monotonic() - t0)
       if (t.eval_every > 0 and step % t.eval_every == 0) or step == num_steps:
         with report.timed('eval'), clock.paused():
-          eval_values = s.evaluate(state.params, input_pipeline.get_eval_data(c))
+          eval_values = s.evaluate(state.params, data.get_eval_data(c))
         writer.write_scalars(step, {f'eval/{k}': v for k, v in eval_values.items()})
         if run.writer:
           print(f'eval {step}/{num_steps} | {metrics_lib.format_values(eval_values)}',
@@ -171,7 +171,7 @@ def _train(s: Session, run, train_data, num_steps: int,
                         num_steps, ckpt.directory)
         return None
   if not eval_values:  # resumed at the end: evaluate the final state
-    eval_values = s.evaluate(state.params, input_pipeline.get_eval_data(c))
+    eval_values = s.evaluate(state.params, data.get_eval_data(c))
   ckpt.close()
   writer.close()
   results = _results(s, state, num_steps, start, recent, eval_values, clock, wall_start,
@@ -322,7 +322,7 @@ def evaluate(config, workdir: str) -> Dict[str, float]:
     step, params = checkpoint.restore_params(workdir, s.mesh, s.abstract_params())
   except checkpoint.CheckpointMismatch as e:
     raise workdir_lib.WorkdirError(str(e)) from None
-  values = s.evaluate(params, input_pipeline.get_eval_data(s.config))
+  values = s.evaluate(params, data.get_eval_data(s.config))
   logging.info('eval at step %d on %s: %s', step, s.config.dataset.eval_split,
                ', '.join(f'{k} {v:.4g}' for k, v in values.items()))
   print(f'eval {step} | {metrics_lib.format_values(values)}', flush=True)

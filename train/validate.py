@@ -16,15 +16,15 @@ import ml_collections
 from efficient_attn import layer
 from efficient_attn import registry
 from efficient_attn.models import text as ea_text
+import data
 from train import adapters
-from train import input_pipeline
 from train import models
 from train import optim
 from train import tasks
 from train import workdir
-from train.input_pipeline import arrays
-from train.input_pipeline import specs
-from train.input_pipeline import transforms
+from data import arrays
+from data import specs
+from data import transforms
 
 DTYPES = tuple(models.DTYPES)
 REVERSIBLE_KINDS = ('vit', 'text')  # encoders; the causal model decodes
@@ -166,7 +166,7 @@ def _sequence(config, src: str) -> None:
                       f'dataset {d.name!r} (holdout splits by class); valid: 0, with a '
                       f"'{{split}}' file per split")
   if src == 'generated' and d.name == 'mqar':
-    from train.input_pipeline import mqar  # pylint: disable=g-import-not-at-top
+    from data import mqar  # pylint: disable=g-import-not-at-top
     try:
       mqar.check_settings(d.vocab_size, d.max_length, d.get('num_kv_pairs', mqar.NUM_KV_PAIRS),
                           d.get('power_a', mqar.POWER_A))
@@ -279,9 +279,9 @@ def resolved(config, read_data: bool = True,
     return config
   d = config.dataset
   try:
-    input_pipeline.prepare(config)
+    data.prepare(config)
     _check_splits(config)  # fills in num_classes
-    train_examples = input_pipeline.num_examples(config, d.train_split)
+    train_examples = data.num_examples(config, d.train_split)
   except ValueError as e:
     raise ConfigError(str(e)) from None
   if training and d.batch_size > train_examples:
@@ -299,29 +299,29 @@ def _check_splits(config) -> None:
   splits = {d.train_split: 'train_split', d.eval_split: 'eval_split'}
   if not specs.in_memory(config):  # streamed: counted (an empty train split fails below)
     if specs.source(config) == 'folder' and d.num_classes > 0:  # a label per folder
-      from train.input_pipeline import stream  # pylint: disable=g-import-not-at-top
+      from data import stream  # pylint: disable=g-import-not-at-top
       found = stream.folder_num_classes(config)
       if found > d.num_classes:
         raise ValueError(f'config.dataset.num_classes={d.num_classes} is not valid for '
                          f'{d.data_dir}, which has {found} label folders; valid: '
                          f'>= {found}, or 0 (one class per folder)')
     if d.num_classes == 0:
-      d.num_classes = input_pipeline.num_classes(config)
-    if input_pipeline.num_examples(config, d.eval_split) == 0:
+      d.num_classes = data.num_classes(config)
+    if data.num_examples(config, d.eval_split) == 0:
       raise ValueError(f'config.dataset.eval_split={d.eval_split!r} of dataset {d.name!r} '
                        f'holds no examples; a run needs at least one')
     return
   for split, field in splits.items():
     arrays.check_split(arrays.get_split(config, split), f'config.dataset.{field}={split!r}')
   if specs.input_kind(config) == 'sequence':  # labels: tokens of the vocabulary, or -100
-    from train.input_pipeline import sequences  # pylint: disable=g-import-not-at-top
+    from data import sequences  # pylint: disable=g-import-not-at-top
     d.num_classes = d.vocab_size
     for split in splits:
       sequences.check(arrays.get_split(config, split), d.vocab_size, d.max_length)
     return
   classes = 'config.dataset.num_classes'
   if d.num_classes == 0:
-    d.num_classes = input_pipeline.num_classes(config)
+    d.num_classes = data.num_classes(config)
     classes = 'num_classes read from the training labels'
   for split in splits:
     arrays.check_labels(arrays.get_split(config, split), d.num_classes,

@@ -1,6 +1,6 @@
 """Long Range Arena ListOps (Tay et al. 2021): the value of a nested MIN/MAX/MED/SUM_MOD expression.
 
-Generated here (`train/input_pipeline/listops.py`, LRA's algorithm), written
+Generated here (`data/listops.py`, LRA's algorithm), written
 once to ~/.cache/efficient_attn/lra/listops. The argument picks the mechanism,
 projection and size:
 

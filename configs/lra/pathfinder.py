@@ -1,7 +1,7 @@
 """Long Range Arena Pathfinder (Linsley et al. 2018, as LRA uses it): are the two discs joined?
 
 32x32 images as 1,024 pixel tokens (values 0..255, no patches), generated
-here (`train/input_pipeline/pathfinder.py`) and written once to
+here (`data/pathfinder.py`) and written once to
 ~/.cache/efficient_attn/lra/pathfinder. The argument picks the mechanism,
 projection and size:
 

@@ -23,7 +23,7 @@ class Task:
     write_outputs: optional `write_outputs(config, model, params, workdir) ->
       {name: path}`, called on process 0 after training and in evaluation
       (pixel_lm: sample PNGs).
-    reads: the inputs it scores (`train.input_pipeline.input_kind`).
+    reads: the inputs it scores (`data.input_kind`).
   """
   name: str
   loss_and_metrics: Callable[..., Tuple[Any, Metrics]]

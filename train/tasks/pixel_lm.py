@@ -18,8 +18,8 @@ import numpy as np
 import optax
 
 from efficient_attn.models.causal import shift_right
+import data
 from train import adapters
-from train import input_pipeline
 from train import models
 from train import samples
 from train.tasks import base
@@ -60,7 +60,7 @@ def write_outputs(config, model, params, workdir: str) -> Dict[str, str]:
   side = config.dataset.image_size
   images = None
   if s['num_completions'] > 0:
-    tokens = input_pipeline.get_eval_batch(config)['inputs'][:s['num_completions']]
+    tokens = data.get_eval_batch(config)['inputs'][:s['num_completions']]
     images = np.asarray(tokens).reshape((-1, side, side))
   return samples.write_samples(
       model, params, jax.random.key(s['seed']), workdir, image_shape=(side, side),

@@ -2,7 +2,7 @@
 
 Batches hold 'inputs' `[b, n]` int tokens and 'label' `[b, k, 2]` int: the
 (position, token) of each scored position, padded with (0, -100)
-(`train/input_pipeline/sequences.py`: files hold labels `[n, length]`, -100 where
+(`data/sequences.py`: files hold labels `[n, length]`, -100 where
 a position is not scored; `sequences.scored` gathers them). The causal model
 reads the inputs as they are (a label is what the position must predict, so
 a language model's labels are its inputs shifted left); its vocabulary head
@@ -13,7 +13,7 @@ Metrics, per scored position: 'loss' (cross-entropy, nats) and 'accuracy'
 import jax.numpy as jnp
 import optax
 
-from train.input_pipeline import sequences
+from data import sequences
 from train.tasks import base
 
 

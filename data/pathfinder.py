@@ -68,7 +68,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from train.input_pipeline import npz_cache
+from data import npz_cache
 
 IMAGE_SIZE = 32
 RELEASED_FOLDERS = types.MappingProxyType(

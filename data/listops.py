@@ -43,7 +43,7 @@ from typing import Iterable, List, NamedTuple, Optional, Sequence, Set, Tuple, U
 
 import numpy as np
 
-from train.input_pipeline import npz_cache
+from data import npz_cache
 
 PAD = '<pad>'
 MIN = '[MIN'

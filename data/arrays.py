@@ -40,7 +40,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
-from train.input_pipeline import specs
+from data import specs
 
 LABEL_KEYS = ('y', 'label', 'labels')
 IMAGE_KEYS = ('x', 'image', 'images')
@@ -296,13 +296,13 @@ def _load(source: str, name: str, data_dir: str, holdout: float,
                        ".npz file (a '{split}' in it names one file per split)")
     parse = None
     if specs.get_spec(name).kind == 'sequence':  # inputs and labels [n, length]
-      from train.input_pipeline import sequences  # pylint: disable=g-import-not-at-top
+      from data import sequences  # pylint: disable=g-import-not-at-top
       parse = sequences.parse
     return _carve(_npz_splits(data_dir, parse), holdout, data_dir)
   if source == 'sklearn':
     return _carve(load_digits(), holdout, 'the digits')
   if source == 'tsv':
-    from train.input_pipeline import aan  # pylint: disable=g-import-not-at-top
+    from data import aan  # pylint: disable=g-import-not-at-top
     return _carve({split: Examples(list(zip(a, b)), np.asarray(y, np.int32),
                                    os.path.join(data_dir, aan.SPLIT_FILES[split]))
                    for split, (a, b, y) in aan.read_splits(data_dir).items()}, holdout, data_dir)
@@ -310,7 +310,7 @@ def _load(source: str, name: str, data_dir: str, holdout: float,
     spec = specs.get_spec(name)
     return _carve(_tfds_splits(name, data_dir, spec.feature, tfds_splits), holdout,
                   f'TFDS {name!r}')
-  raise ValueError(f'source {source!r} is not read by train.input_pipeline.arrays')
+  raise ValueError(f'source {source!r} is not read by data.arrays')
 
 
 def clear_cache() -> None:
@@ -323,7 +323,7 @@ def load(config) -> Dict[str, Examples]:
   d = config.dataset
   src = specs.source(config)
   if src == 'generated':  # written once into data_dir, then read as .npz files
-    from train.input_pipeline import generated  # pylint: disable=g-import-not-at-top
+    from data import generated  # pylint: disable=g-import-not-at-top
     return _load('arrays', d.name, generated.ensure(config), float(d.get('holdout', 0.0)), ())
   wanted = ()
   if src == 'tfds':  # TFDS reads only the splits the run uses

@@ -17,9 +17,9 @@ from typing import Tuple
 
 import numpy as np
 
-from train.input_pipeline import arrays
-from train.input_pipeline import specs
-from train.input_pipeline import transforms
+from data import arrays
+from data import specs
+from data import transforms
 
 _GRAY = np.asarray([0.2989, 0.5870, 0.1140], np.float32)  # tf.image.rgb_to_grayscale
 
@@ -81,7 +81,7 @@ def prepare(config, examples: arrays.Examples) -> Tuple[np.ndarray, np.ndarray]:
     return np.stack([byte_ids(first, d.max_length), byte_ids(second, d.max_length)],
                     1), examples.labels
   if kind == 'sequence':  # checked by `sequences.check`; labels as (position, token) pairs
-    from train.input_pipeline import sequences  # pylint: disable=g-import-not-at-top
+    from data import sequences  # pylint: disable=g-import-not-at-top
     x, y = sequences.pad(examples, d.max_length)
     return x, sequences.scored(y)
   if kind == 'tokens':

@@ -21,10 +21,10 @@ Settings, all optional in `config.dataset`:
 """
 from typing import Any, Dict
 
-from train.input_pipeline import listops
-from train.input_pipeline import mqar
-from train.input_pipeline import npz_cache
-from train.input_pipeline import pathfinder
+from data import listops
+from data import mqar
+from data import npz_cache
+from data import pathfinder
 
 NAMES = ('listops', 'pathfinder', 'mqar')
 

@@ -37,7 +37,7 @@ from typing import Dict, List, Optional, Set, Tuple
 
 import numpy as np
 
-from train.input_pipeline import npz_cache
+from data import npz_cache
 
 DEFAULT_SIZES = {'train': 20_000, 'validation': 1000, 'test': 1000}  # Zoology's (128, 8)
 NUM_KV_PAIRS, POWER_A = 8, 0.01  # Zoology's defaults

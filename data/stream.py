@@ -26,9 +26,9 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from train.input_pipeline import DownloadError
-from train.input_pipeline import preprocess
-from train.input_pipeline import specs
+from data import DownloadError
+from data import preprocess
+from data import specs
 
 tf.config.set_visible_devices([], 'GPU')  # tf.data only; keep the accelerators for JAX
 

@@ -28,7 +28,7 @@ from typing import Dict, Iterator, List, Tuple
 from etils import epath
 import numpy as np
 
-from train.input_pipeline import npz_cache
+from data import npz_cache
 
 COLUMNS = ('label', 'id1', 'id2', 'text1', 'text2')
 SPLIT_FILES = types.MappingProxyType({'train': 'new_aan_pairs.train.tsv',

@@ -31,7 +31,7 @@ KEYS = ('inputs', 'labels')
 
 def parse(npz, path: str):
   """Examples of an open `.npz` archive (`np.load`) in this format; ValueError naming `path`."""
-  from train.input_pipeline import arrays  # pylint: disable=g-import-not-at-top
+  from data import arrays  # pylint: disable=g-import-not-at-top
   missing = [k for k in KEYS if k not in npz.files]
   if missing:
     raise ValueError(f'{path} has no {missing[0]!r} array; a sequence-labelling file needs '

@@ -8,7 +8,7 @@ so a model config (e.g. the MNIST ViT) runs on MNIST from TFDS, from an
 
   * 'tfds': `tfds.builder(name, data_dir=dataset.data_dir)`;
   * 'arrays': `.npz` files, `dataset.data_dir` is the file (a '{split}' in the
-    path names one file per split); see `train/input_pipeline/arrays.py` for the keys;
+    path names one file per split); see `data/arrays.py` for the keys;
   * 'folder': `dataset.data_dir/<split>/<label>/<image>` (`tfds.ImageFolder`);
   * 'sklearn': scikit-learn's bundled 8x8 digits (no download);
   * 'generated': a task the project generates (Long Range Arena ListOps and

@@ -1,8 +1,8 @@
-"""The input pipeline's one entry point.
+"""The data package's public face: the input pipeline's one entry point.
 
-    train_data = input_pipeline.get_train_data(config)   # .num_examples, .steps_per_epoch, .batches(start_step)
-    eval_data = input_pipeline.get_eval_data(config)     # .num_examples, .num_batches, .batches()
-    batch = input_pipeline.get_eval_batch(config)        # one local eval batch, for analysis
+    train_data = data.get_train_data(config)   # .num_examples, .steps_per_epoch, .batches(start_step)
+    eval_data = data.get_eval_data(config)     # .num_examples, .num_batches, .batches()
+    batch = data.get_eval_batch(config)        # one local eval batch, for analysis
 
 Batches are dicts of numpy arrays for this process (its slice of the global
 batch): 'inputs' (images `[b, h, w, c]` float32 normalised; text `[b,
@@ -16,7 +16,7 @@ k the most in one sequence of the split, padded with (0, -100); see
 complete the last eval batch).
 
 Where the examples come from (`dataset.source`) and what the dataset is
-(`dataset.name`) are independent; see `train/input_pipeline/specs.py`. Small datasets
+(`dataset.name`) are independent; see `data/specs.py`. Small datasets
 are decoded once into memory (`memory.py`), large ones stream (`stream.py`).
 In both, the training batch of step s is a pure function of (seed, s, process
 count), so a run resumed at step s sees exactly what an uninterrupted run sees.
@@ -25,9 +25,9 @@ from typing import Optional
 
 import jax
 
-from train.input_pipeline import memory
-from train.input_pipeline import specs
-from train.input_pipeline.specs import get_spec, input_kind, source, TEXT_VOCAB_SIZE  # pylint: disable=unused-import
+from data import memory
+from data import specs
+from data.specs import get_spec, input_kind, source, TEXT_VOCAB_SIZE  # pylint: disable=unused-import
 
 
 class DownloadError(RuntimeError):
@@ -45,7 +45,7 @@ def get_train_data(config, *, process_index: Optional[int] = None,
   pid, count = _processes(process_index, process_count)
   if specs.in_memory(config):
     return memory.TrainData(config, pid, count)
-  from train.input_pipeline import stream  # pylint: disable=g-import-not-at-top
+  from data import stream  # pylint: disable=g-import-not-at-top
   return stream.TrainData(config, pid, count)
 
 
@@ -57,7 +57,7 @@ def get_eval_data(config, split: str = '', *, process_index: Optional[int] = Non
   pid, count = _processes(process_index, process_count)
   if specs.in_memory(config):
     return memory.EvalData(config, split, pid, count)
-  from train.input_pipeline import stream  # pylint: disable=g-import-not-at-top
+  from data import stream  # pylint: disable=g-import-not-at-top
   return stream.EvalData(config, split, pid, count)
 
 
@@ -76,18 +76,18 @@ def num_classes(config) -> int:
   if spec.num_classes:
     return spec.num_classes
   if specs.in_memory(config):
-    from train.input_pipeline import arrays  # pylint: disable=g-import-not-at-top
+    from data import arrays  # pylint: disable=g-import-not-at-top
     return int(arrays.get_split(config, config.dataset.train_split).labels.max()) + 1
-  from train.input_pipeline import stream  # pylint: disable=g-import-not-at-top
+  from data import stream  # pylint: disable=g-import-not-at-top
   return stream.folder_num_classes(config)
 
 
 def num_examples(config, split: str) -> int:
   """The number of examples of `split` (all processes together)."""
   if specs.in_memory(config):
-    from train.input_pipeline import arrays  # pylint: disable=g-import-not-at-top
+    from data import arrays  # pylint: disable=g-import-not-at-top
     return len(arrays.get_split(config, split))
-  from train.input_pipeline import stream  # pylint: disable=g-import-not-at-top
+  from data import stream  # pylint: disable=g-import-not-at-top
   return stream.Source(config, split, 0, 1, drop_remainder=False).num_examples
 
 
@@ -109,9 +109,9 @@ def prepare(config) -> None:
   """
   src = source(config)
   if src == 'tfds' or src == 'folder':
-    from train.input_pipeline import stream  # pylint: disable=g-import-not-at-top
+    from data import stream  # pylint: disable=g-import-not-at-top
     stream.prepare(config)
   if specs.in_memory(config):
-    from train.input_pipeline import arrays  # pylint: disable=g-import-not-at-top
+    from data import arrays  # pylint: disable=g-import-not-at-top
     for split in (config.dataset.train_split, config.dataset.eval_split):
       arrays.get_split(config, split)
