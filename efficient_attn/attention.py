@@ -17,7 +17,8 @@ The mechanism itself runs in `Mechanism`, a Linen module that creates the
 parameters its declaration (`efficient_attn.registry`) asks for and calls the
 declared `attend`; nothing here names a particular mechanism.
 """
-from typing import Any, Callable, Mapping, Optional
+import functools
+from typing import Any, Callable, Mapping, Optional, Union
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -55,7 +56,8 @@ class Mechanism(nn.Module):
   as `inputs=[batch, q_length, features]` (`MultiHeadAttention` passes its query input).
 
   Attributes:
-    mechanism: a name from `efficient_attn.list_mechanisms()`.
+    mechanism: a name from `efficient_attn.list_mechanisms()`, or its declaration
+      (`registry.declaration`: a model that resolved it passes it down).
     options: the mechanism's options (checked; unknown names are an error).
     causal: query i attends only to keys j <= i.
     max_length: the longest sequence (fixed-length mechanisms need it).
@@ -67,7 +69,7 @@ class Mechanism(nn.Module):
     rotary: rotary positions (Su et al. 2021) on q and k, or on the numerator's
       kernel features (the declaration's `rotary` form).
   """
-  mechanism: str = 'softmax'
+  mechanism: Union[str, registry.Mechanism] = 'softmax'
   options: Optional[Mapping[str, Any]] = None
   causal: bool = False
   max_length: Optional[int] = None
@@ -78,10 +80,20 @@ class Mechanism(nn.Module):
   shared_params: Optional[Mapping[str, Any]] = None
   rotary: bool = False
 
-  def configured(self, length: Optional[int] = None):
-    """(declaration, resolved options), checked against this module's settings."""
+  @functools.cached_property
+  def _configured(self):
+    """(declaration, resolved options): configured once per module construction."""
     return registry.configure(self.mechanism, self.options, causal=self.causal,
-                              max_length=self.max_length, length=length, rotary=self.rotary)
+                              max_length=self.max_length, rotary=self.rotary)
+
+  def configured(self, length: Optional[int] = None):
+    """(declaration, resolved options), checked against this module's settings (and
+    `length`, the keys' length, when given)."""
+    decl, o = self._configured
+    if length is not None:
+      registry.check_length(decl, o, length=length, max_length=self.max_length,
+                            causal=self.causal)
+    return decl, o
 
   @nn.compact
   def __call__(self, q, k, v, mask=None, deterministic: bool = True, *, state=None,
@@ -132,7 +144,8 @@ class MultiHeadAttention(nn.Module):
 
   Attributes:
     num_heads: number of heads h; must divide qkv_features.
-    mechanism: a name from `efficient_attn.list_mechanisms()`.
+    mechanism: a name from `efficient_attn.list_mechanisms()` (or its declaration,
+      `registry.declaration`, as the models pass it).
     projection: 'standard', 'optimised', 'efficient' or 'super'.
     options: mechanism options, e.g. {'num_landmarks': 32}
       (`efficient_attn.get_mechanism(name).options` lists them); unknown keys
@@ -179,7 +192,7 @@ class MultiHeadAttention(nn.Module):
     does (mechanisms that form the weights; see `layer.attention_weights`).
   """
   num_heads: int
-  mechanism: str = 'softmax'
+  mechanism: Union[str, registry.Mechanism] = 'softmax'
   projection: str = 'standard'
   options: Optional[Mapping[str, Any]] = None
   causal: bool = False
@@ -219,7 +232,13 @@ class MultiHeadAttention(nn.Module):
               sow_weights, batch_shape):
     features = self.out_features or inputs_q.shape[-1]
     head_dim = layer.head_dim(self.num_heads, self.qkv_features or inputs_q.shape[-1])
-    decl = registry.get_mechanism(self.mechanism)
+    # The mechanism is resolved once, by its module, and read from there below.
+    mech = Mechanism(mechanism=self.mechanism, options=dict(self.options or {}),
+                     causal=self.causal, max_length=self.max_length, dtype=self.dtype,
+                     param_dtype=self.param_dtype, dropout_rate=self.dropout_rate,
+                     broadcast_dropout=self.broadcast_dropout,
+                     shared_params=self.shared_params, rotary=self.rotary, name='mechanism')
+    decl, _ = mech.configured()
     layer.check_dropout(decl, self.dropout_rate)
     kv_heads = layer.kv_heads(decl, self.projection, self.num_heads, self.num_kv_heads)
     if self.dropout_rate > 0.0:  # as flax: only dropout needs to know
@@ -248,11 +267,6 @@ class MultiHeadAttention(nn.Module):
     if not self.is_initializing():
       self.sow('attention_qkv', 'qkv', (q, k, v))
 
-    mech = Mechanism(mechanism=self.mechanism, options=dict(self.options or {}),
-                     causal=self.causal, max_length=self.max_length, dtype=self.dtype,
-                     param_dtype=self.param_dtype, dropout_rate=self.dropout_rate,
-                     broadcast_dropout=self.broadcast_dropout,
-                     shared_params=self.shared_params, rotary=self.rotary, name='mechanism')
     if stepping:
       x = self._decode_step(mech, q, k, v, align, inputs_q)
     else:

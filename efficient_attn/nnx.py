@@ -29,7 +29,7 @@ draw of a top-level Linen layer; give each layer of a model its own tag.
 """
 import functools
 import math
-from typing import Any, Callable, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Mapping, Optional, Sequence, Tuple, Union
 
 import jax.numpy as jnp
 from flax import nnx
@@ -73,7 +73,8 @@ class Mechanism(nnx.Module):
   the call's `inputs` `[batch, q_length, in_features]`.
   """
 
-  def __init__(self, mechanism: str = 'softmax', *, num_heads: int, head_dim: int,
+  def __init__(self, mechanism: Union[str, registry.Mechanism] = 'softmax', *,
+               num_heads: int, head_dim: int,
                options: Optional[Mapping[str, Any]] = None, causal: bool = False,
                max_length: Optional[int] = None, dtype: Any = None,
                param_dtype: Any = jnp.float32, dropout_rate: float = 0.0,
@@ -81,9 +82,10 @@ class Mechanism(nnx.Module):
                shared_params: Optional[Mapping[str, Any]] = None,
                tag: Sequence[str] = ('mechanism',), in_features: Optional[int] = None,
                rngs: nnx.Rngs):
+    # Configured once, here; the calls read self.decl and self.o.
     self.decl, self.o = registry.configure(mechanism, options, causal=causal,
                                            max_length=max_length, rotary=rotary)
-    self.name, self.options = mechanism, dict(options or {})
+    self.name, self.options = self.decl.name, dict(options or {})
     self.causal, self.max_length, self.rotary = causal, max_length, rotary
     self.dtype, self.dropout_rate, self.broadcast_dropout = dtype, dropout_rate, broadcast_dropout
     self.tag = tuple(tag)
@@ -105,8 +107,8 @@ class Mechanism(nnx.Module):
                state=None, position=None, sow_weights: bool = False,
                force_fp32_for_softmax: bool = False, inputs=None):
     if state is None:
-      registry.configure(self.name, self.options, causal=self.causal,
-                         max_length=self.max_length, length=k.shape[1], rotary=self.rotary)
+      registry.check_length(self.decl, self.o, length=k.shape[1], max_length=self.max_length,
+                            causal=self.causal)
     return layer.run_mechanism(self.decl, self.o, self.params(), q, k, v, mask=mask,
                                causal=self.causal, ctx=_Context(self, deterministic, rngs),
                                use_rotary=self.rotary, dtype=self.dtype, state=state,
@@ -168,7 +170,7 @@ class MultiHeadAttention(nnx.Module):
                shared_params: Optional[Mapping[str, Any]] = None,
                tag: Sequence[str] = ('mechanism',), rngs: nnx.Rngs, keep_rngs: bool = True):
     registry.check_projection(projection)
-    decl = registry.get_mechanism(mechanism)
+    decl = registry.declaration(mechanism)  # looked up once; `Mechanism` configures it
     self.num_kv_heads = layer.kv_heads(decl, projection, num_heads, num_kv_heads)
     layer.check_weights_args(decl, force_fp32_for_softmax=force_fp32_for_softmax)
     self.force_fp32_for_softmax = force_fp32_for_softmax
@@ -198,7 +200,7 @@ class MultiHeadAttention(nnx.Module):
     self.alignment = (Alignment(max_length, causal, dtype, param_dtype, rngs=rngs)
                       if projection == 'super' else nnx.data(None))
     self.mechanism = Mechanism(
-        mechanism, num_heads=num_heads, head_dim=self.head_dim, options=options,
+        decl, num_heads=num_heads, head_dim=self.head_dim, options=options,
         causal=causal, max_length=max_length, dtype=dtype, param_dtype=param_dtype,
         dropout_rate=dropout_rate, broadcast_dropout=broadcast_dropout, rotary=rotary,
         shared_params=shared_params, tag=tag, in_features=in_features, rngs=rngs)

@@ -25,7 +25,7 @@ import dataclasses
 import functools
 import importlib
 import pkgutil
-from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Tuple, Union
 
 from efficient_attn import softmax
 
@@ -389,6 +389,15 @@ def get_mechanism(name: str) -> Mechanism:
   return _MECHANISMS[name]
 
 
+def declaration(mechanism: Union[str, Mechanism]) -> Mechanism:
+  """The declaration of `mechanism`, a registered name (looked up) or a declaration (itself).
+
+  So a caller that resolved the mechanism once passes the declaration down, and
+  nothing below it looks the name up again.
+  """
+  return mechanism if isinstance(mechanism, Mechanism) else get_mechanism(mechanism)
+
+
 def check_arguments(mechanism: str, function: str, **values) -> None:
   """Checks a pure function's keyword `values` against `mechanism`'s declared Options.
 
@@ -415,10 +424,13 @@ def names_where(predicate: Callable[[Mechanism], bool]) -> Tuple[str, ...]:
   return tuple(m.name for m in mechanisms() if predicate(m))
 
 
-def configure(mechanism: str, options: Optional[Mapping[str, Any]] = None, *,
-              causal: bool = False, max_length: Optional[int] = None,
+def configure(mechanism: Union[str, Mechanism], options: Optional[Mapping[str, Any]] = None,
+              *, causal: bool = False, max_length: Optional[int] = None,
               length: Optional[int] = None, rotary: bool = False) -> Tuple[Mechanism, Options]:
   """(declaration, resolved options) after every check that needs no data.
+
+  `mechanism` is a registered name or its declaration (`declaration`): a layer
+  that receives the declaration does not look the name up again.
 
   Raises ValueError, naming the value and what is valid, for an unknown
   mechanism or option, an option value out of range, `causal` for a
@@ -426,7 +438,8 @@ def configure(mechanism: str, options: Optional[Mapping[str, Any]] = None, *,
   `max_length`, a `length` over `max_length`, `rotary` for a mechanism without
   q . k scores, and the mechanism's own checks.
   """
-  decl = get_mechanism(mechanism)
+  decl = declaration(mechanism)
+  mechanism = decl.name
   o = decl.resolve(options)
   if causal and not decl.causal:
     raise ValueError(
@@ -446,13 +459,20 @@ def configure(mechanism: str, options: Optional[Mapping[str, Any]] = None, *,
   if decl.fixed_length and max_length is None:
     raise ValueError(f'mechanism {mechanism!r} has length-shaped parameters and needs '
                      f'max_length (the longest sequence it will see)')
-  if length is not None and max_length is not None and decl.fixed_length and (
-      length > max_length):
-    raise ValueError(f'sequence length {length} exceeds max_length={max_length} that '
-                     f'mechanism {mechanism!r} is built for')
   if length is not None:
-    decl.check(o, length=length, max_length=max_length, causal=causal)
+    check_length(decl, o, length=length, max_length=max_length, causal=causal)
   return decl, o
+
+
+def check_length(decl: Mechanism, o: Options, *, length: int, max_length: Optional[int],
+                 causal: bool) -> None:
+  """The checks of `configure` that need the sequence length, on a configured (decl, o):
+  a fixed-length mechanism's `length` over `max_length`, and the mechanism's own
+  `check`. ValueError naming the length and the limit."""
+  if max_length is not None and decl.fixed_length and length > max_length:
+    raise ValueError(f'sequence length {length} exceeds max_length={max_length} that '
+                     f'mechanism {decl.name!r} is built for')
+  decl.check(o, length=length, max_length=max_length, causal=causal)
 
 
 def list_projections() -> Tuple[str, ...]:

@@ -6,7 +6,7 @@
 (`efficient_attn.models.reversible`), which both import this module.
 """
 import dataclasses
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Union
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -25,7 +25,9 @@ class TransformerConfig:
     num_heads, mlp_dim: attention heads and MLP hidden width.
     num_kv_heads: key/value heads (grouped-query attention; None: num_heads).
     mechanism, projection, options: the attention layer (see
-      `efficient_attn.MultiHeadAttention`).
+      `efficient_attn.MultiHeadAttention`); mechanism is a name or its declaration.
+      The `Encoder` resolves the mechanism once (`registry.configure`) and hands its
+      blocks the declaration and the resolved options.
     causal: autoregressive attention (a causal-only mechanism, e.g. 'gla', is causal
       whatever this says: `attention_causal`).
     max_length: the context length (the super projection and fixed-length
@@ -43,7 +45,7 @@ class TransformerConfig:
   num_heads: int = 4
   mlp_dim: int = 128
   num_kv_heads: Optional[int] = None
-  mechanism: str = 'softmax'
+  mechanism: Union[str, registry.Mechanism] = 'softmax'
   projection: str = 'standard'
   options: Optional[Mapping[str, Any]] = None
   causal: bool = False
@@ -62,7 +64,7 @@ class TransformerConfig:
   @property
   def attention_causal(self) -> bool:
     """causal, or a causal-only mechanism (an encoder then reads left to right, as an RNN)."""
-    return self.causal or registry.get_mechanism(self.mechanism).causal_only
+    return self.causal or registry.declaration(self.mechanism).causal_only
 
 
 def attention_layer(c: TransformerConfig, shared_params=None) -> MultiHeadAttention:

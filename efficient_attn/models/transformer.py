@@ -55,8 +55,11 @@ class Encoder(nn.Module):
   def __call__(self, x, mask=None, deterministic: bool = True):
     """x `[batch, length, d_model]`; mask flax-style, key padding or None -> same shape."""
     c = self.config
-    decl, o = registry.configure(c.mechanism, c.options, causal=c.attention_causal,
+    # Resolved once for the whole stack: the blocks get the declaration and options.
+    decl = registry.declaration(c.mechanism)
+    decl, o = registry.configure(decl, c.options, causal=c.causal or decl.causal_only,
                                  max_length=c.max_length)
+    c = c.replace(mechanism=decl, options=o)
     head_dim = x.shape[-1] // c.num_heads
     specs = decl.shared_params(o, heads=c.num_heads, head_dim=head_dim,
                                max_length=c.max_length)
