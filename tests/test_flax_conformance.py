@@ -10,6 +10,7 @@ import pytest
 import flax_conformance
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('suite', sorted(flax_conformance.SUITES))
 def test_flax_attention_tests_pass_with_our_layer(suite):
   done = flax_conformance.run(suite, ['-x', '--tb=short', '-W', 'ignore::DeprecationWarning'])
