@@ -13,12 +13,15 @@ Targets are matched (`re.search`) against each Dense layer's module path, e.g.
 only must adapt its zero-initialised classifier 'head' (include 'head'), or
 its output stays zero.
 """
+import re
 from typing import Optional, Tuple
 
+from etils import epath
 import jax
 import optax
 
 from efficient_attn import lora
+from train import fields
 
 PRESETS = {
     'default': lora.DEFAULT_TARGETS,      # attention projections + Transformer MLP
@@ -27,6 +30,32 @@ PRESETS = {
     'head': (r'(^|/)(head|logits)$',),    # classifier head / causal model's logits
     'all': lora.ALL_DENSE,                # every Dense / DenseGeneral
 }
+
+
+RANK = fields.Field('lora.rank', minimum=0, note='(0 = off)', default=0)
+ALPHA = fields.Field('lora.alpha', minimum=0, note='(0: scale 1)', default=0.0)
+
+
+def check(config) -> None:
+  """ConfigError for the first invalid field of `config.init_from` and `config.lora`:
+  init_from must be an earlier run's workdir; lora.rank >= 0; with rank > 0, every
+  target a preset or a regular expression, and alpha >= 0."""
+  if config.get('init_from') and not epath.Path(config.init_from).is_dir():
+    raise fields.ConfigError(f'config.init_from={config.init_from!r} is not a directory; it '
+                             f'must be the workdir of an earlier run (or empty)')
+  if config.get('lora') is None:
+    return
+  RANK.check(config)
+  if RANK.value(config) == 0:
+    return
+  for target in targets(config.lora.get('targets', 'default')):
+    try:
+      re.compile(target)
+    except re.error as e:
+      raise fields.ConfigError(
+          f'config.lora.targets={config.lora.targets!r}: {target!r} is neither a preset '
+          f'({", ".join(PRESETS)}) nor a valid regular expression ({e})') from None
+  ALPHA.check(config)
 
 
 def targets(spec: str) -> Tuple[str, ...]:

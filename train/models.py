@@ -15,9 +15,12 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from efficient_attn import layer
 from efficient_attn import models as ea
+from efficient_attn import registry
 import data
 from train import adapters
+from train import fields
 
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 KINDS = ('vit', 'text', 'causal', 'mlp')
@@ -28,6 +31,104 @@ READS = {'vit': ('image',), 'text': ('text', 'text_pair', 'tokens', 'pixels'),
 TASKS = {'vit': ('classification',), 'text': ('classification',),
          'causal': ('pixel_lm', 'sequence_labelling'), 'mlp': ('classification',)}
 PIXEL_LEVELS = 256  # causal pixel model: tokens 0..255, start token 256
+REVERSIBLE_KINDS = ('vit', 'text')  # encoders; the causal model decodes
+
+# What `config.model` accepts (the rules between fields are in `check`).
+KIND = fields.Field('model.kind', choices=KINDS)
+SIZES = tuple(fields.Field(f'model.{name}', above=0)
+              for name in ('d_model', 'depth', 'num_heads', 'mlp_dim'))
+POOL = fields.Field('model.pool', choices=ea.text.POOLS)
+INTERACTION = fields.Field('model.interaction', choices=ea.text.INTERACTIONS)
+POSITIONS = fields.Field('model.positions', choices=ea.text.POSITIONS, default='learned')
+PATCH_SIZE = fields.Field('model.patch_size', above=0)
+DROPOUT = tuple(fields.Field(f'model.{name}', minimum=0.0, below=1.0)
+                for name in ('dropout_rate', 'attention_dropout_rate'))
+
+
+def check(config) -> None:
+  """ConfigError for the first invalid field of `config.model`, alone or with the data
+  (`data.input_kind`) and the task it must serve."""
+  m, d = config.model, config.dataset
+  KIND.check(config)
+  inputs = data.input_kind(config)
+  if inputs not in READS[m.kind]:
+    valid = [k for k in KINDS if inputs in READS[k]]
+    what = 'pixel-token (dataset.pixels_as_tokens)' if inputs == 'pixels' else inputs
+    raise fields.ConfigError(f'config.model.kind={m.kind!r} is not valid for the {what} '
+                             f'dataset {d.name!r}; valid choices: {", ".join(valid)}')
+  if config.task not in TASKS[m.kind]:
+    valid = [k for k in KINDS if config.task in TASKS[k]]
+    raise fields.ConfigError(f'config.model.kind={m.kind!r} is not valid for config.task='
+                             f'{config.task!r}; valid choices: {", ".join(valid)}')
+  fields.check(config, SIZES)
+  if m.d_model % m.num_heads:
+    divisors = [h for h in range(1, min(m.d_model, 64) + 1) if m.d_model % h == 0]
+    raise fields.ConfigError(f'config.model.num_heads={m.num_heads} does not divide '
+                             f'config.model.d_model={m.d_model}; valid choices: '
+                             f'{", ".join(map(str, divisors))}')
+  POOL.check(config)
+  if m.get('interaction') is not None:
+    INTERACTION.check(config)
+  POSITIONS.check(config)
+  positions = POSITIONS.value(config)
+  if positions != 'learned' and m.kind != 'text':
+    raise fields.ConfigError(f'config.model.positions={positions!r} is not valid for '
+                             f"config.model.kind={m.kind!r}, which only has learned "
+                             f'positions; valid choices: learned')
+  if m.kind == 'vit':
+    PATCH_SIZE.check(config)
+    if d.image_size % m.patch_size:
+      divisors = [p for p in range(1, d.image_size + 1) if d.image_size % p == 0]
+      raise fields.ConfigError(f'config.model.patch_size={m.patch_size} does not divide '
+                               f'config.dataset.image_size={d.image_size}; valid choices: '
+                               f'{", ".join(map(str, divisors))}')
+  if m.get('reversible', False) and m.kind not in REVERSIBLE_KINDS:
+    raise fields.ConfigError(f'config.model.reversible=True is not valid for config.model.'
+                             f'kind={m.kind!r} (it samples by decoding, which needs the '
+                             f'ordinary stack); valid kinds: {", ".join(REVERSIBLE_KINDS)}')
+  fields.check(config, DROPOUT)
+
+
+def check_attention(config) -> Tuple[registry.Mechanism, registry.Options]:
+  """The mechanism of `config.attention`, looked up once and configured for this model
+  (the registry's own checks: options, causal form, lengths, rotary): (declaration,
+  resolved options). ConfigError naming the field, value and valid choices."""
+  a = config.attention
+  fields.Field('attention.mechanism', choices=registry.list_mechanisms()).check(config)
+  fields.Field('attention.projection', choices=registry.list_projections()).check(config)
+  decl = registry.get_mechanism(a.mechanism)
+  if config.model.kind == 'mlp':  # no attention layer: only the options are resolved
+    return decl, decl.resolve(attention_options(config))
+  num_kv_heads = a.get('num_kv_heads', 0)
+  if num_kv_heads:  # 0: one key/value head per head
+    try:
+      layer.kv_heads(decl, a.projection, config.model.num_heads, num_kv_heads)
+    except ValueError as e:
+      raise fields.ConfigError(f'config.attention.num_kv_heads={num_kv_heads}: {e}') from None
+  length, context = sequence_length(config)
+  if (decl.fixed_length or a.projection == 'super') and length > context:
+    what = f'mechanism {a.mechanism!r}' if decl.fixed_length else "projection 'super'"
+    raise fields.ConfigError(
+        f'sequence length {length} (config.dataset.max_length={config.dataset.max_length}) '
+        f'exceeds the fixed context length {context} that {what} is built for '
+        f'(config.model.max_length={config.model.max_length}); valid: lengths <= {context}')
+  causal = config.model.kind == 'causal'
+  if decl.causal_only and config.model.get('pool') == 'cls' and (
+      not causal):  # the causal model does not pool
+    raise fields.ConfigError(f'config.model.pool=\'cls\' with mechanism {a.mechanism!r}: a '
+                             f'causal-only mechanism lets the class token (the first) see '
+                             f'only itself; valid: pool=\'mean\'')
+  try:
+    return registry.configure(decl, attention_options(config),
+                              causal=causal or decl.causal_only, max_length=context,
+                              length=length, rotary=a.get('rotary', False))
+  except ValueError as e:
+    if causal and not decl.causal:
+      valid = registry.names_where(lambda m: m.causal)
+      raise fields.ConfigError(f'config.attention.mechanism={a.mechanism!r} is not valid for '
+                               f'the causal model kind {config.model.kind!r} (it has no '
+                               f'causal form); valid choices: {", ".join(valid)}') from None
+    raise fields.ConfigError(f'config.attention: {e}') from None
 
 
 def attention_options(config) -> Dict[str, Any]:

@@ -7,8 +7,23 @@ import jax
 import optax
 
 from train import adapters
+from train import fields
 
 OPTIMIZERS = ('adamw', 'sgd')
+FIELDS = (  # what `config.optim` accepts
+    fields.Field('optim.name', choices=OPTIMIZERS),
+    fields.Field('optim.learning_rate', above=0),
+    fields.Field('optim.warmup_steps', minimum=0),
+    fields.Field('optim.weight_decay', minimum=0),
+    fields.Field('optim.grad_clip', minimum=0),
+    fields.Field('optim.b1', minimum=0.0, below=1.0),
+    fields.Field('optim.b2', minimum=0.0, below=1.0),
+)
+
+
+def check(config) -> None:
+  """ConfigError (`fields.ConfigError`) for the first invalid field of `config.optim`."""
+  fields.check(config, FIELDS)
 
 
 def warmup_steps(config, num_steps: int) -> int:

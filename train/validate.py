@@ -3,21 +3,22 @@
     validate.validate_config(config)   # raises ConfigError
     config = validate.resolved(config) # a checked copy: options and num_classes filled in
 
-Each message names the field, the bad value and the valid choices, e.g.
+Each concern owns its fields and checks them (`models.check`,
+`models.check_attention`, `optim.check`, `adapters.check`, declared as
+`train.fields.Field` tables); this module runs them in turn. Each message
+names the field, the bad value and the valid choices, e.g.
 "config.attention.mechanism='nystrm' is not valid; valid choices: softmax, ...".
 Valid mechanism and projection names come from `efficient_attn.registry`.
 """
 import os
-import re
+from typing import Tuple
 
-from etils import epath
 import ml_collections
 
-from efficient_attn import layer
 from efficient_attn import registry
-from efficient_attn.models import text as ea_text
 import data
 from train import adapters
+from train import fields
 from train import models
 from train import optim
 from train import tasks
@@ -27,11 +28,7 @@ from data import specs
 from data import transforms
 
 DTYPES = tuple(models.DTYPES)
-REVERSIBLE_KINDS = ('vit', 'text')  # encoders; the causal model decodes
-
-
-class ConfigError(ValueError):
-  """A config field holds a value the experiment cannot run with."""
+ConfigError = fields.ConfigError  # a config field holds a value the experiment cannot run with
 
 
 def _choice(field: str, value, choices) -> None:
@@ -49,8 +46,15 @@ def _positive(config, *fields) -> None:
       raise ConfigError(f'config.{field}={value!r} is not valid; it must be > 0')
 
 
-def validate_config(config) -> None:
-  """Raises ConfigError for the first invalid field of `config`."""
+def validate_config(config) -> Tuple[registry.Mechanism, registry.Options]:
+  """Raises ConfigError for the first invalid field of `config`.
+
+  Each concern checks its own fields, in turn: the task, the data, the model
+  (`models.check`), the attention (`models.check_attention`: the registry's own
+  checks), the optimiser (`optim.check`), the training loop (`TRAIN`) and the
+  adapters (`adapters.check`). Returns the mechanism, resolved once: (declaration,
+  options).
+  """
   for group in ('dataset', 'model', 'attention', 'optim', 'train'):
     if group not in config:
       raise ConfigError(f'config has no {group!r} group; see configs/common.py')
@@ -59,23 +63,17 @@ def validate_config(config) -> None:
   except ValueError as e:
     raise ConfigError(str(e)) from None
   _dataset(config)
-  _model(config)
+  models.check(config)
   inputs = specs.input_kind(config)
   if inputs not in task.reads:
     valid = [t for t, v in tasks.TASKS.items() if inputs in v.reads]
     raise ConfigError(f'config.task={config.task!r} is not valid for the {inputs} dataset '
                       f'{config.dataset.name!r}; valid choices: {", ".join(valid)}')
-  _attention(config)
-  _optim(config)
-  _train(config)
-  if config.get('init_from') and not epath.Path(config.init_from).is_dir():
-    raise ConfigError(f'config.init_from={config.init_from!r} is not a directory; it must '
-                      f'be the workdir of an earlier run (or empty)')
-  if config.get('lora') is not None and config.lora.get('rank', 0) < 0:
-    raise ConfigError(f'config.lora.rank={config.lora.rank!r} is not valid; it must be '
-                      f'>= 0 (0 = off)')
-  if config.get('lora') is not None and config.lora.get('rank', 0) > 0:
-    _lora(config)
+  decl, options = models.check_attention(config)
+  optim.check(config)
+  _train(config, decl)
+  adapters.check(config)
+  return decl, options
 
 
 def _dataset(config) -> None:
@@ -174,91 +172,6 @@ def _sequence(config, src: str) -> None:
       raise ConfigError(f'config.dataset: {e}') from None
 
 
-def _model(config) -> None:
-  m, d = config.model, config.dataset
-  _choice('model.kind', m.kind, models.KINDS)
-  inputs = specs.input_kind(config)
-  if inputs not in models.READS[m.kind]:
-    valid = [k for k in models.KINDS if inputs in models.READS[k]]
-    what = 'pixel-token (dataset.pixels_as_tokens)' if inputs == 'pixels' else inputs
-    raise ConfigError(f'config.model.kind={m.kind!r} is not valid for the {what} '
-                      f'dataset {d.name!r}; valid choices: {", ".join(valid)}')
-  if config.task not in models.TASKS[m.kind]:
-    valid = [k for k in models.KINDS if config.task in models.TASKS[k]]
-    raise ConfigError(f'config.model.kind={m.kind!r} is not valid for config.task='
-                      f'{config.task!r}; valid choices: {", ".join(valid)}')
-  _positive(config, 'model.d_model', 'model.depth', 'model.num_heads', 'model.mlp_dim')
-  if m.d_model % m.num_heads:
-    divisors = [h for h in range(1, min(m.d_model, 64) + 1) if m.d_model % h == 0]
-    raise ConfigError(f'config.model.num_heads={m.num_heads} does not divide '
-                      f'config.model.d_model={m.d_model}; valid choices: '
-                      f'{", ".join(map(str, divisors))}')
-  _choice('model.pool', m.pool, ea_text.POOLS)
-  if m.get('interaction') is not None:
-    _choice('model.interaction', m.interaction, ea_text.INTERACTIONS)
-  positions = m.get('positions', 'learned')
-  _choice('model.positions', positions, ea_text.POSITIONS)
-  if positions != 'learned' and m.kind != 'text':
-    raise ConfigError(f'config.model.positions={positions!r} is not valid for config.model.'
-                      f"kind={m.kind!r}, which only has learned positions; valid choices: "
-                      f'learned')
-  if m.kind == 'vit':
-    _positive(config, 'model.patch_size')
-    if d.image_size % m.patch_size:
-      divisors = [p for p in range(1, d.image_size + 1) if d.image_size % p == 0]
-      raise ConfigError(f'config.model.patch_size={m.patch_size} does not divide '
-                        f'config.dataset.image_size={d.image_size}; valid choices: '
-                        f'{", ".join(map(str, divisors))}')
-  if m.get('reversible', False) and m.kind not in REVERSIBLE_KINDS:
-    raise ConfigError(f'config.model.reversible=True is not valid for config.model.kind='
-                      f'{m.kind!r} (it samples by decoding, which needs the ordinary '
-                      f'stack); valid kinds: {", ".join(REVERSIBLE_KINDS)}')
-  for field in ('dropout_rate', 'attention_dropout_rate'):
-    if not 0.0 <= m[field] < 1.0:
-      raise ConfigError(f'config.model.{field}={m[field]!r} is not valid; it must be in '
-                        f'[0, 1)')
-
-
-def _attention(config) -> None:
-  a = config.attention
-  _choice('attention.mechanism', a.mechanism, registry.list_mechanisms())
-  _choice('attention.projection', a.projection, registry.list_projections())
-  if config.model.kind == 'mlp':
-    return
-  num_kv_heads = a.get('num_kv_heads', 0)
-  if num_kv_heads:  # 0: one key/value head per head
-    try:
-      layer.kv_heads(registry.get_mechanism(a.mechanism), a.projection, config.model.num_heads,
-                     num_kv_heads)
-    except ValueError as e:
-      raise ConfigError(f'config.attention.num_kv_heads={num_kv_heads}: {e}') from None
-  length, context = models.sequence_length(config)
-  fixed = registry.get_mechanism(a.mechanism).fixed_length
-  if (fixed or a.projection == 'super') and length > context:
-    what = f'mechanism {a.mechanism!r}' if fixed else "projection 'super'"
-    raise ConfigError(f'sequence length {length} (config.dataset.max_length='
-                      f'{config.dataset.max_length}) exceeds the fixed context length '
-                      f'{context} that {what} is built for (config.model.max_length='
-                      f'{config.model.max_length}); valid: lengths <= {context}')
-  causal = config.model.kind == 'causal'
-  if registry.get_mechanism(a.mechanism).causal_only and config.model.get('pool') == 'cls' and (
-      not causal):  # the causal model does not pool
-    raise ConfigError(f'config.model.pool=\'cls\' with mechanism {a.mechanism!r}: a causal-only '
-                      f'mechanism lets the class token (the first) see only itself; valid: '
-                      f'pool=\'mean\'')
-  try:
-    registry.configure(a.mechanism, models.attention_options(config),
-                       causal=causal or registry.get_mechanism(a.mechanism).causal_only,
-                       max_length=context, length=length, rotary=a.get('rotary', False))
-  except ValueError as e:
-    if causal and not registry.get_mechanism(a.mechanism).causal:
-      valid = registry.names_where(lambda m: m.causal)
-      raise ConfigError(f'config.attention.mechanism={a.mechanism!r} is not valid for the '
-                        f'causal model kind {config.model.kind!r} (it has no causal form); '
-                        f'valid choices: {", ".join(valid)}') from None
-    raise ConfigError(f'config.attention: {e}') from None
-
-
 def resolved(config, read_data: bool = True,
              training: bool = True) -> ml_collections.ConfigDict:
   """A validated copy of `config` with what the data and the registry fill in.
@@ -270,11 +183,9 @@ def resolved(config, read_data: bool = True,
   `training=False` skips the check of the batch against the training split (an
   evaluation may read a file smaller than one training batch).
   """
-  validate_config(config)
+  _, options = validate_config(config)
   config = ml_collections.ConfigDict(config.to_dict())
-  a = config.attention
-  options = registry.get_mechanism(a.mechanism).resolve(models.attention_options(config))
-  a.options = ml_collections.ConfigDict(dict(options))
+  config.attention.options = ml_collections.ConfigDict(dict(options))
   if not read_data:
     return config
   d = config.dataset
@@ -328,53 +239,32 @@ def _check_splits(config) -> None:
                         f'{classes}={d.num_classes}')
 
 
-def _lora(config) -> None:
-  for target in adapters.targets(config.lora.get('targets', 'default')):
-    try:
-      re.compile(target)
-    except re.error as e:
-      raise ConfigError(f'config.lora.targets={config.lora.targets!r}: {target!r} is '
-                        f'neither a preset ({", ".join(adapters.PRESETS)}) nor a valid '
-                        f'regular expression ({e})') from None
-  if config.lora.get('alpha', 0.0) < 0:
-    raise ConfigError(f'config.lora.alpha={config.lora.alpha!r} is not valid; it must be '
-                      f'>= 0 (0: scale 1)')
+TRAIN = (  # what `config.train` and `config.sample` accept (the step rule is in _train)
+    fields.Field('train.log_every', above=0),
+    fields.Field('train.checkpoint_every', above=0),
+    fields.Field('train.keep_checkpoints', above=0),
+)
+SAMPLES = tuple(fields.Field(f'sample.{name}', minimum=0, note='(0 = none)', default=0)
+                for name in ('num_samples', 'num_completions'))
 
 
-def _optim(config) -> None:
-  o = config.optim
-  _choice('optim.name', o.name, optim.OPTIMIZERS)
-  _positive(config, 'optim.learning_rate')
-  for field in ('warmup_steps', 'weight_decay', 'grad_clip'):
-    if o[field] < 0:
-      raise ConfigError(f'config.optim.{field}={o[field]!r} is not valid; it must be >= 0')
-  for field in ('b1', 'b2'):
-    if not 0.0 <= o[field] < 1.0:
-      raise ConfigError(f'config.optim.{field}={o[field]!r} is not valid; it must be in '
-                        f'[0, 1)')
-
-
-def _train(config) -> None:
+def _train(config, decl: registry.Mechanism) -> None:
+  """The training loop's fields; `decl`, the configured mechanism, for the samples."""
   t = config.train
   if t.num_steps <= 0 and t.num_epochs <= 0:  # num_steps > 0 wins over num_epochs
     raise ConfigError(f'config.train.num_steps={t.num_steps} and config.train.num_epochs='
                       f'{t.num_epochs}: set one of them > 0 (num_steps takes precedence)')
-  _positive(config, 'train.log_every', 'train.checkpoint_every', 'train.keep_checkpoints')
+  fields.check(config, TRAIN)
   if t.eval_every == 0 or t.eval_every < -1:
     raise ConfigError(f'config.train.eval_every={t.eval_every} is not valid; it must be '
                       f'> 0, or -1 for only at the end')
-  _choice('train.dtype', t.dtype, DTYPES)
-  for field in ('num_samples', 'num_completions'):
-    value = (config.get('sample') or {}).get(field, 0)
-    if value < 0:
-      raise ConfigError(f'config.sample.{field}={value!r} is not valid; it must be >= 0 '
-                        f'(0 = none)')
+  fields.Field('train.dtype', choices=DTYPES).check(config)
+  fields.check(config, SAMPLES)
   sample = {**tasks.pixel_lm.SAMPLE_DEFAULTS, **(config.get('sample') or {})}
-  mechanism = config.attention.mechanism
   if config.task == 'pixel_lm' and (sample['num_samples'] or sample['num_completions']) and (
-      not registry.get_mechanism(mechanism).decode):
+      not decl.decode):
     valid = registry.names_where(lambda m: bool(m.decode))
-    raise ConfigError(f'config.attention.mechanism={mechanism!r} has no decoding form, which '
+    raise ConfigError(f'config.attention.mechanism={decl.name!r} has no decoding form, which '
                       f"the samples written after training need (config.sample.num_samples="
                       f"{sample['num_samples']}, num_completions={sample['num_completions']}); "
                       f'valid choices: {", ".join(valid)}; or set both to 0')

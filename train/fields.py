@@ -1,0 +1,89 @@
+"""Config fields declared once, as the mechanisms declare their options.
+
+Each part of the trainer owns the fields it reads and checks them in its own
+`check(config)`, from a small table of `Field`s (choices, bounds) plus the few
+rules a table cannot say; `train.validate` runs those checks in turn.
+
+    FIELDS = (fields.Field('optim.name', choices=OPTIMIZERS),
+              fields.Field('optim.learning_rate', above=0),
+              fields.Field('optim.b1', minimum=0.0, below=1.0))
+    fields.check(config, FIELDS)
+
+Every error is one line naming the field, the bad value and what is valid, e.g.
+"config.optim.b1=1.5 is not valid; it must be in [0, 1)".
+"""
+import dataclasses
+from typing import Any, Iterable, Optional, Tuple
+
+
+class ConfigError(ValueError):
+  """A config field holds a value the experiment cannot run with."""
+
+
+class _Missing:
+  def __repr__(self):
+    return 'MISSING'
+
+
+MISSING = _Missing()  # a Field's default: the field is required
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+  """One config field and what it accepts.
+
+  Attributes:
+    path: the field under `config`, e.g. 'optim.learning_rate'.
+    choices: the allowed values.
+    above: exclusive lower bound (a number is required), e.g. 0 for "> 0".
+    minimum: inclusive lower bound.
+    below: exclusive upper bound (with `minimum`: "in [minimum, below)").
+    note: said after the rule, e.g. '(0 = none)'.
+    default: the value of a field the config may leave out (MISSING: required).
+  """
+  path: str
+  choices: Tuple[Any, ...] = ()
+  above: Optional[float] = None
+  minimum: Optional[float] = None
+  below: Optional[float] = None
+  note: str = ''
+  default: Any = MISSING
+
+  def value(self, config) -> Any:
+    value = config
+    for part in self.path.split('.'):
+      if self.default is not MISSING and (value is None or part not in value):
+        return self.default
+      value = value[part]
+    return value
+
+  def describe(self) -> str:
+    """What the field accepts: 'it must be > 0', 'it must be in [0, 1)', ..."""
+    if self.minimum is not None and self.below is not None:
+      rule = f'in [{self.minimum:g}, {self.below:g})'
+    elif self.above is not None:
+      rule = f'> {self.above:g}'
+    else:
+      rule = f'>= {self.minimum:g}'
+    return f'it must be {rule}' + (f' {self.note}' if self.note else '')
+
+  def check(self, config) -> None:
+    """ConfigError naming the field, its value and what is valid."""
+    value = self.value(config)
+    if self.choices:
+      if value not in self.choices:
+        raise ConfigError(f'config.{self.path}={value!r} is not valid; valid choices: '
+                          f'{", ".join(map(str, self.choices))}')
+      return
+    bad = ((self.above is not None and (not isinstance(value, (int, float))
+                                        or value <= self.above))
+           or (self.minimum is not None and value < self.minimum)
+           or (self.below is not None and value >= self.below))
+    if bad:
+      raise ConfigError(f'config.{self.path}={value!r} is not valid; {self.describe()}')
+
+
+def check(config, table: Iterable[Field]) -> None:
+  """Checks each field of `table` in order; the first bad one raises ConfigError."""
+  for field in table:
+    field.check(config)
