@@ -37,6 +37,7 @@ from typing import Any, Dict, Optional
 
 import ml_collections
 
+from data import specs
 from efficient_attn import registry
 
 
@@ -74,10 +75,10 @@ def base() -> ml_collections.ConfigDict:
                             # (fixed, class-stratified; in-memory datasets)
       batch_size=64,        # global, over all devices and hosts
       eval_batch_size=256,  # global
-      image_size=8,         # square side the images are resized to (image datasets)
-      channels=1,
+      image_size=0,         # square side the images are resized to (image datasets)
+      channels=0,
       max_length=0,         # token length (text datasets)
-      num_classes=10,       # 0: from the dataset (ImageFolder: number of label folders)
+      num_classes=0,        # 0: from the dataset (ImageFolder: number of label folders)
       shuffle_buffer=10_000,
       augment='none',       # 'none' | 'crop' | 'crop_flip' | 'inception_crop' (streamed only)
       mean=(),              # per-channel image normalisation in [0, 1] units; () = the
@@ -132,7 +133,7 @@ def base() -> ml_collections.ConfigDict:
       alpha=0.0,            # adapter scale alpha / r; 0: scale 1
       targets='default',    # ','-joined presets (default, attention, mlp, head, all) / regexes
   ))
-  return config
+  return digits(config)  # the default dataset
 
 
 def set_attention(config, mechanism: str = 'softmax', projection: str = 'standard',
@@ -213,7 +214,20 @@ def _convert(where: str, key: str, value: str, kind: type) -> Any:
     raise ValueError(f'config {where}{key}={value!r} is not a valid {kind.__name__}') from None
 
 
-# Dataset presets: shapes and the input pipeline of each dataset.
+# Dataset presets: shapes and the input pipeline of each dataset. What a dataset is
+# (classes, channels, stored size, source) is its `DatasetSpec` in `data/specs.py`,
+# written there only: the presets read it and set the rest (resizing, augmentation, ...).
+
+def dataset(config, name: str, *, own_source: bool = False, **choices):
+  """Sets `config.dataset` to dataset `name`: its facts from its `DatasetSpec`
+  (num_classes, channels; with `own_source`, its source), then `choices`."""
+  spec = specs.get_spec(name)
+  facts = dict(name=name, num_classes=spec.num_classes, channels=spec.channels)
+  if own_source:
+    facts['source'] = spec.default_source
+  config.dataset.update(dict(facts, **choices))
+  return config
+
 
 def size_preset(path: str, sizes: Dict[str, Dict[str, Any]], size: str) -> Dict[str, Any]:
   """A copy of `sizes[size]`; a one-line error naming the valid sizes otherwise."""
@@ -260,44 +274,33 @@ BLOCK_OPTIONS = ('block_size', 'chunk_size')
 
 def digits(config):
   """scikit-learn's bundled 8x8 handwritten digits: 1437 train / 360 test, no download."""
-  config.dataset.update(dict(name='digits', image_size=8, channels=1, num_classes=10,
-                             augment='none', train_split='train', eval_split='test'))
-  return config
+  return dataset(config, 'digits', image_size=specs.get_spec('digits').stored_size,
+                 augment='none', train_split='train', eval_split='test')
 
 
 def mnist(config):
   """MNIST 28x28 resized to 32x32, so patch 4 gives the paper's 64 tokens."""
-  config.dataset.update(dict(name='mnist', image_size=32, channels=1, num_classes=10,
-                             augment='none', shuffle_buffer=60_000))
-  return config
+  return dataset(config, 'mnist', image_size=32, augment='none', shuffle_buffer=60_000)
 
 
 def cifar10(config):
-  config.dataset.update(dict(name='cifar10', image_size=32, channels=3, num_classes=10,
-                             augment='crop_flip', shuffle_buffer=50_000))
-  return config
+  return dataset(config, 'cifar10', image_size=32, augment='crop_flip', shuffle_buffer=50_000)
 
 
 def cifar100(config):
-  config.dataset.update(dict(name='cifar100', image_size=32, channels=3, num_classes=100,
-                             augment='crop_flip', shuffle_buffer=50_000))
-  return config
+  return dataset(config, 'cifar100', image_size=32, augment='crop_flip', shuffle_buffer=50_000)
 
 
 def imagenet(config, manual_dir: str = ''):
   """imagenet2012; TFDS needs the downloaded tars in `manual_dir` to prepare it once."""
-  config.dataset.update(dict(name='imagenet2012', image_size=224, channels=3,
-                             num_classes=1000, augment='inception_crop',
-                             eval_split='validation', manual_dir=manual_dir,
-                             shuffle_buffer=10_000))
-  return config
+  return dataset(config, 'imagenet2012', image_size=224, augment='inception_crop',
+                 eval_split='validation', manual_dir=manual_dir, shuffle_buffer=10_000)
 
 
 def imdb(config, max_length: int = 1024):
   """IMDB reviews as UTF-8 bytes (LRA text task): ids 1..256, 0 = padding."""
-  config.dataset.update(dict(name='imdb_reviews', max_length=max_length, num_classes=2,
-                             augment='none', image_size=0, channels=0,
-                             shuffle_buffer=25_000))
+  dataset(config, 'imdb_reviews', max_length=max_length, augment='none', image_size=0,
+          shuffle_buffer=25_000)
   config.model.kind = 'text'
   return config
 
@@ -307,10 +310,8 @@ def aan(config, data_dir: str = '', max_length: int = 4000):
 
   Read from LRA's released `new_aan_pairs.{train,eval,test}.tsv` in `data_dir`
   (no download here); each document cut or padded to `max_length` bytes."""
-  config.dataset.update(dict(name='aan', source='tsv', data_dir=data_dir,
-                             max_length=max_length, num_classes=2, augment='none',
-                             image_size=0, channels=0, eval_split='validation',
-                             shuffle_buffer=150_000))
+  dataset(config, 'aan', own_source=True, data_dir=data_dir, max_length=max_length,
+          augment='none', image_size=0, eval_split='validation', shuffle_buffer=150_000)
   config.model.kind = 'text'
   return config
 
@@ -320,10 +321,10 @@ def lra_cache(task: str) -> str:
   return os.path.join(os.path.expanduser('~'), '.cache', 'efficient_attn', 'lra', task)
 
 
-def _generated(config, name: str, sizes: Dict[str, int], **dataset):
+def _generated(config, name: str, sizes: Dict[str, int], **choices):
   """A generated LRA task: written once to `lra_cache(name)`, `sizes` examples per split."""
-  config.dataset.update(dict(name=name, source='generated', data_dir=lra_cache(name),
-                             eval_split='validation', **dataset))
+  dataset(config, name, own_source=True, data_dir=lra_cache(name), eval_split='validation',
+          **choices)
   config.dataset.sizes = ml_collections.ConfigDict(sizes)
   config.dataset.generator_seed = 0
   config.model.kind = 'text'
@@ -335,8 +336,7 @@ def listops(config, sizes: Optional[Dict[str, int]] = None, min_length: int = 50
   """LRA ListOps (generated here): tokens of an expression, its value 0..9 as the label."""
   config = _generated(config, 'listops',
                       sizes or {'train': 96_000, 'validation': 2000, 'test': 2000},  # LRA's
-                      max_length=max_length, num_classes=10, image_size=0, channels=0,
-                      shuffle_buffer=100_000)
+                      max_length=max_length, image_size=0, shuffle_buffer=100_000)
   config.dataset.min_length = min_length
   return config
 
@@ -349,8 +349,8 @@ def pathfinder(config, sizes: Optional[Dict[str, int]] = None, contour_length: i
   the images; LRA's task is 32x32."""
   config = _generated(config, 'pathfinder',
                       sizes or {'train': 160_000, 'validation': 20_000, 'test': 20_000},
-                      image_size=image_size, channels=1, num_classes=2, pixels_as_tokens=True,
-                      augment='none', shuffle_buffer=200_000)
+                      image_size=image_size, pixels_as_tokens=True, augment='none',
+                      shuffle_buffer=200_000)
   config.dataset.contour_length = contour_length
   config.dataset.num_distractors = ml_collections.config_dict.placeholder(int)
   config.dataset.num_distractors = num_distractors
@@ -363,9 +363,8 @@ def mqar(config, sizes: Optional[Dict[str, int]] = None, vocab_size: int = 8192,
   (`data/mqar.py`) into `cache_dir('mqar')`: `seq_len` tokens, the
   `num_kv_pairs` key-value pairs first, each key queried once later; only the queries
   are scored. The labels are tokens: the model is `sequence_labelling`'s."""
-  config.dataset.update(dict(name='mqar', source='generated', data_dir=cache_dir('mqar'),
-                             max_length=seq_len, num_classes=0, image_size=0, channels=0,
-                             augment='none', eval_split='test'))
+  dataset(config, 'mqar', own_source=True, data_dir=cache_dir('mqar'), max_length=seq_len,
+          image_size=0, augment='none', eval_split='test')
   config.dataset.sizes = ml_collections.ConfigDict(
       sizes or {'train': 100_000, 'validation': 1000, 'test': 1000})
   config.dataset.generator_seed = 0
@@ -379,9 +378,8 @@ def sequences(config, data_dir: str = '', vocab_size: int = 0, max_length: int =
   """Any sequence-labelling `.npz` (`inputs`, `labels` int `[n, length]`, label -100 = not
   scored; `data/sequences.py`), tokens 0..vocab_size-1; `data_dir` is the
   file, a '{split}' in it naming one file per split."""
-  config.dataset.update(dict(name='sequences', source='arrays', data_dir=data_dir,
-                             max_length=max_length, num_classes=0, image_size=0, channels=0,
-                             augment='none'))
+  dataset(config, 'sequences', own_source=True, data_dir=data_dir, max_length=max_length,
+          image_size=0, augment='none')
   config.dataset.vocab_size = vocab_size
   return sequence_labelling(config)
 
@@ -398,10 +396,8 @@ def image_folder(config, root: str = '', image_size: int = 64):
   'crop' or 'crop_flip' where they fit); normalisation is measured on the
   training images unless dataset.mean / dataset.std are set.
   """
-  config.dataset.update(dict(name='image_folder', source='folder', data_dir=root,
-                             image_size=image_size, channels=3, num_classes=0,
-                             augment='none', shuffle_buffer=10_000, download=False))
-  return config
+  return dataset(config, 'image_folder', own_source=True, data_dir=root,
+                 image_size=image_size, augment='none', shuffle_buffer=10_000, download=False)
 
 
 # Task presets.
@@ -426,8 +422,9 @@ def pixel_lm(config):
   config.task = 'pixel_lm'
   config.model.kind = 'causal'
   config.dataset.update(dict(pixels_as_tokens=True, augment='none', channels=1))
-  if config.dataset.name == 'mnist':
-    config.dataset.image_size = 28  # the stored size
+  stored = specs.get_spec(config.dataset.name).stored_size
+  if stored:
+    config.dataset.image_size = stored
   config.sample = ml_collections.ConfigDict(dict(
       num_samples=16,       # unconditional samples in samples.png
       num_completions=8,    # test images completed in samples_completion.png

@@ -39,6 +39,8 @@ class DatasetSpec:
       'tokens' (a generated token task) or 'sequence' (tokens with a label at each
       position, `sequences.py`).
     num_classes: label count; 0: read it from the data (image folders).
+    channels: the channels of the stored images (0: not images); `mean` and `std`
+      hold one value per channel.
     mean, std: per-channel normalisation of images scaled to [0, 1]; empty:
       computed from the training images (or set `dataset.mean` / `dataset.std`).
     default_source: the source used when `config.dataset.source` is ''.
@@ -47,10 +49,14 @@ class DatasetSpec:
     feature: the TFDS feature holding the input.
     manual: TFDS prepares it only from manually downloaded files.
     vocab_size: token tasks: ids 0..vocab_size-1 (0 = padding).
+
+  These facts are written here only: the config presets (`configs/common.py`)
+  read them.
   """
   name: str
   kind: str
   num_classes: int
+  channels: int = 0
   mean: Tuple[float, ...] = ()
   std: Tuple[float, ...] = ()
   default_source: str = 'tfds'
@@ -59,6 +65,13 @@ class DatasetSpec:
   feature: str = 'image'
   manual: bool = False
   vocab_size: int = 0
+
+  def __post_init__(self):
+    for what in ('mean', 'std'):
+      values = getattr(self, what)
+      if values and len(values) != self.channels:
+        raise ValueError(f'DatasetSpec {self.name!r}: {what}={values} has {len(values)} '
+                         f'values; channels={self.channels} needs {self.channels}')
 
   def sources(self) -> Tuple[str, ...]:
     """The sources that can serve this dataset."""
@@ -74,19 +87,19 @@ class DatasetSpec:
 
 
 DATASETS = {spec.name: spec for spec in (
-    DatasetSpec('digits', 'image', 10, (0.3053,), (0.3760,), 'sklearn', stored_size=8),
-    DatasetSpec('mnist', 'image', 10, (0.1307,), (0.3081,), stored_size=28),
-    DatasetSpec('cifar10', 'image', 10, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616),
+    DatasetSpec('digits', 'image', 10, 1, (0.3053,), (0.3760,), 'sklearn', stored_size=8),
+    DatasetSpec('mnist', 'image', 10, 1, (0.1307,), (0.3081,), stored_size=28),
+    DatasetSpec('cifar10', 'image', 10, 3, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616),
                 stored_size=32),
-    DatasetSpec('cifar100', 'image', 100, (0.5071, 0.4865, 0.4409),
+    DatasetSpec('cifar100', 'image', 100, 3, (0.5071, 0.4865, 0.4409),
                 (0.2673, 0.2564, 0.2762), stored_size=32),
-    DatasetSpec('imagenet2012', 'image', 1000, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225),
-                small=False, manual=True),
+    DatasetSpec('imagenet2012', 'image', 1000, 3, (0.485, 0.456, 0.406),
+                (0.229, 0.224, 0.225), small=False, manual=True),
     DatasetSpec('imdb_reviews', 'text', 2, feature='text'),
-    DatasetSpec('image_folder', 'image', 0, default_source='folder', small=False),
+    DatasetSpec('image_folder', 'image', 0, 3, default_source='folder', small=False),
     # The Long Range Arena's generated tasks (Tay et al. 2021; `generated.py`).
     DatasetSpec('listops', 'tokens', 10, default_source='generated', vocab_size=16),
-    DatasetSpec('pathfinder', 'image', 2, default_source='generated', stored_size=32),
+    DatasetSpec('pathfinder', 'image', 2, 1, default_source='generated', stored_size=32),
     # Retrieval: LRA's released ACL Anthology Network pairs (`aan.py`).
     DatasetSpec('aan', 'text_pair', 2, default_source='tsv', feature='text'),
     # Sequence labelling (`sequences.py`): Zoology's multi-query associative recall
