@@ -32,8 +32,11 @@ PRESETS = {
 }
 
 
-RANK = fields.Field('lora.rank', minimum=0, note='(0 = off)', default=0)
-ALPHA = fields.Field('lora.alpha', minimum=0, note='(0: scale 1)', default=0.0)
+FIELDS = (  # what `config.lora` accepts (its targets are checked in `check`)
+    fields.Field('lora.rank', minimum=0, note='(0 = off)', default=0),
+    fields.Field('lora.alpha', minimum=0, note='(0: scale 1)', default=0.0,
+                 when=lambda config: config.lora.get('rank', 0) > 0),
+)
 
 
 def check(config) -> None:
@@ -45,8 +48,8 @@ def check(config) -> None:
                              f'must be the workdir of an earlier run (or empty)')
   if config.get('lora') is None:
     return
-  RANK.check(config)
-  if RANK.value(config) == 0:
+  fields.check(config, FIELDS)
+  if config.lora.get('rank', 0) == 0:
     return
   for target in targets(config.lora.get('targets', 'default')):
     try:
@@ -55,7 +58,6 @@ def check(config) -> None:
       raise fields.ConfigError(
           f'config.lora.targets={config.lora.targets!r}: {target!r} is neither a preset '
           f'({", ".join(PRESETS)}) nor a valid regular expression ({e})') from None
-  ALPHA.check(config)
 
 
 def targets(spec: str) -> Tuple[str, ...]:

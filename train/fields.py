@@ -13,7 +13,7 @@ Every error is one line naming the field, the bad value and what is valid, e.g.
 "config.optim.b1=1.5 is not valid; it must be in [0, 1)".
 """
 import dataclasses
-from typing import Any, Iterable, Optional, Tuple
+from typing import Any, Callable, Iterable, Optional, Tuple
 
 
 class ConfigError(ValueError):
@@ -40,6 +40,7 @@ class Field:
     below: exclusive upper bound (with `minimum`: "in [minimum, below)").
     note: said after the rule, e.g. '(0 = none)'.
     default: the value of a field the config may leave out (MISSING: required).
+    when: the field is checked only when `when(config)` holds (e.g. a ViT's patch size).
   """
   path: str
   choices: Tuple[Any, ...] = ()
@@ -48,6 +49,7 @@ class Field:
   below: Optional[float] = None
   note: str = ''
   default: Any = MISSING
+  when: Optional[Callable[[Any], bool]] = None
 
   def value(self, config) -> Any:
     value = config
@@ -84,6 +86,8 @@ class Field:
 
 
 def check(config, table: Iterable[Field]) -> None:
-  """Checks each field of `table` in order; the first bad one raises ConfigError."""
+  """Checks each field of `table` in order (those whose `when` holds); the first bad one
+  raises ConfigError."""
   for field in table:
-    field.check(config)
+    if field.when is None or field.when(config):
+      field.check(config)

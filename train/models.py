@@ -33,23 +33,26 @@ TASKS = {'vit': ('classification',), 'text': ('classification',),
 PIXEL_LEVELS = 256  # causal pixel model: tokens 0..255, start token 256
 REVERSIBLE_KINDS = ('vit', 'text')  # encoders; the causal model decodes
 
-# What `config.model` accepts (the rules between fields are in `check`).
-KIND = fields.Field('model.kind', choices=KINDS)
-SIZES = tuple(fields.Field(f'model.{name}', above=0)
-              for name in ('d_model', 'depth', 'num_heads', 'mlp_dim'))
-POOL = fields.Field('model.pool', choices=ea.text.POOLS)
-INTERACTION = fields.Field('model.interaction', choices=ea.text.INTERACTIONS)
-POSITIONS = fields.Field('model.positions', choices=ea.text.POSITIONS, default='learned')
-PATCH_SIZE = fields.Field('model.patch_size', above=0)
-DROPOUT = tuple(fields.Field(f'model.{name}', minimum=0.0, below=1.0)
-                for name in ('dropout_rate', 'attention_dropout_rate'))
+# What `config.model` accepts, field by field (the rules between fields are in `check`).
+FIELDS = (
+    fields.Field('model.kind', choices=KINDS),
+    *(fields.Field(f'model.{name}', above=0)
+      for name in ('d_model', 'depth', 'num_heads', 'mlp_dim')),
+    fields.Field('model.pool', choices=ea.text.POOLS),
+    fields.Field('model.interaction', choices=ea.text.INTERACTIONS,
+                 when=lambda config: config.model.get('interaction') is not None),
+    fields.Field('model.positions', choices=ea.text.POSITIONS, default='learned'),
+    fields.Field('model.patch_size', above=0, when=lambda config: config.model.kind == 'vit'),
+    *(fields.Field(f'model.{name}', minimum=0.0, below=1.0)
+      for name in ('dropout_rate', 'attention_dropout_rate')),
+)
 
 
 def check(config) -> None:
   """ConfigError for the first invalid field of `config.model`, alone or with the data
   (`data.input_kind`) and the task it must serve."""
   m, d = config.model, config.dataset
-  KIND.check(config)
+  fields.check(config, FIELDS)
   inputs = data.input_kind(config)
   if inputs not in READS[m.kind]:
     valid = [k for k in KINDS if inputs in READS[k]]
@@ -60,23 +63,17 @@ def check(config) -> None:
     valid = [k for k in KINDS if config.task in TASKS[k]]
     raise fields.ConfigError(f'config.model.kind={m.kind!r} is not valid for config.task='
                              f'{config.task!r}; valid choices: {", ".join(valid)}')
-  fields.check(config, SIZES)
   if m.d_model % m.num_heads:
     divisors = [h for h in range(1, min(m.d_model, 64) + 1) if m.d_model % h == 0]
     raise fields.ConfigError(f'config.model.num_heads={m.num_heads} does not divide '
                              f'config.model.d_model={m.d_model}; valid choices: '
                              f'{", ".join(map(str, divisors))}')
-  POOL.check(config)
-  if m.get('interaction') is not None:
-    INTERACTION.check(config)
-  POSITIONS.check(config)
-  positions = POSITIONS.value(config)
+  positions = m.get('positions', 'learned')
   if positions != 'learned' and m.kind != 'text':
     raise fields.ConfigError(f'config.model.positions={positions!r} is not valid for '
                              f"config.model.kind={m.kind!r}, which only has learned "
                              f'positions; valid choices: learned')
   if m.kind == 'vit':
-    PATCH_SIZE.check(config)
     if d.image_size % m.patch_size:
       divisors = [p for p in range(1, d.image_size + 1) if d.image_size % p == 0]
       raise fields.ConfigError(f'config.model.patch_size={m.patch_size} does not divide '
@@ -86,7 +83,6 @@ def check(config) -> None:
     raise fields.ConfigError(f'config.model.reversible=True is not valid for config.model.'
                              f'kind={m.kind!r} (it samples by decoding, which needs the '
                              f'ordinary stack); valid kinds: {", ".join(REVERSIBLE_KINDS)}')
-  fields.check(config, DROPOUT)
 
 
 def check_attention(config) -> Tuple[registry.Mechanism, registry.Options]:
@@ -94,8 +90,9 @@ def check_attention(config) -> Tuple[registry.Mechanism, registry.Options]:
   (the registry's own checks: options, causal form, lengths, rotary): (declaration,
   resolved options). ConfigError naming the field, value and valid choices."""
   a = config.attention
-  fields.Field('attention.mechanism', choices=registry.list_mechanisms()).check(config)
-  fields.Field('attention.projection', choices=registry.list_projections()).check(config)
+  fields.check(config, (fields.Field('attention.mechanism', choices=registry.list_mechanisms()),
+                        fields.Field('attention.projection',
+                                     choices=registry.list_projections())))
   decl = registry.get_mechanism(a.mechanism)
   if config.model.kind == 'mlp':  # no attention layer: only the options are resolved
     return decl, decl.resolve(attention_options(config))

@@ -239,13 +239,13 @@ def _check_splits(config) -> None:
                         f'{classes}={d.num_classes}')
 
 
-TRAIN = (  # what `config.train` and `config.sample` accept (the step rule is in _train)
-    fields.Field('train.log_every', above=0),
-    fields.Field('train.checkpoint_every', above=0),
-    fields.Field('train.keep_checkpoints', above=0),
+TRAIN = (  # what `config.train` and `config.sample` accept (the rules between fields: _train)
+    *(fields.Field(f'train.{name}', above=0)
+      for name in ('log_every', 'checkpoint_every', 'keep_checkpoints')),
+    fields.Field('train.dtype', choices=DTYPES),
+    *(fields.Field(f'sample.{name}', minimum=0, note='(0 = none)', default=0)
+      for name in ('num_samples', 'num_completions')),
 )
-SAMPLES = tuple(fields.Field(f'sample.{name}', minimum=0, note='(0 = none)', default=0)
-                for name in ('num_samples', 'num_completions'))
 
 
 def _train(config, decl: registry.Mechanism) -> None:
@@ -254,12 +254,10 @@ def _train(config, decl: registry.Mechanism) -> None:
   if t.num_steps <= 0 and t.num_epochs <= 0:  # num_steps > 0 wins over num_epochs
     raise ConfigError(f'config.train.num_steps={t.num_steps} and config.train.num_epochs='
                       f'{t.num_epochs}: set one of them > 0 (num_steps takes precedence)')
-  fields.check(config, TRAIN)
   if t.eval_every == 0 or t.eval_every < -1:
     raise ConfigError(f'config.train.eval_every={t.eval_every} is not valid; it must be '
                       f'> 0, or -1 for only at the end')
-  fields.Field('train.dtype', choices=DTYPES).check(config)
-  fields.check(config, SAMPLES)
+  fields.check(config, TRAIN)
   sample = {**tasks.pixel_lm.SAMPLE_DEFAULTS, **(config.get('sample') or {})}
   if config.task == 'pixel_lm' and (sample['num_samples'] or sample['num_completions']) and (
       not decl.decode):
