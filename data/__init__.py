@@ -3,6 +3,8 @@
     train_data = data.get_train_data(config)   # .num_examples, .steps_per_epoch, .batches(start_step)
     eval_data = data.get_eval_data(config)     # .num_examples, .num_batches, .batches()
     batch = data.get_eval_batch(config)        # one local eval batch, for analysis
+    data.check(config)                         # config.dataset's fields (reads nothing)
+    data.check_splits(config)                  # the data: every split read, labels checked
 
 Batches are dicts of numpy arrays for this process (its slice of the global
 batch): 'inputs' (images `[b, h, w, c]` float32 normalised; text `[b,
@@ -27,6 +29,7 @@ import jax
 
 from data import memory
 from data import specs
+from data.checks import check, check_splits  # pylint: disable=unused-import
 from data.specs import get_spec, input_kind, source, TEXT_VOCAB_SIZE  # pylint: disable=unused-import
 
 

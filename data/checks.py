@@ -1,0 +1,180 @@
+"""The data's own config checks: `config.dataset` and the files it names.
+
+    data.check(config)          # the fields alone: nothing is read
+    data.check_splits(config)   # the data itself: prepared, every split read, labels checked
+
+Both raise a one-line ValueError naming the field, the bad value and what is
+valid; `train.validate` runs them with the other concerns' checks (as its
+ConfigError, the same message).
+"""
+import os
+
+from data import arrays
+from data import specs
+from data import transforms
+
+
+def _choice(field: str, value, choices) -> None:
+  if value not in choices:
+    raise ValueError(f'config.{field}={value!r} is not valid; valid choices: '
+                     f'{", ".join(map(str, choices))}')
+
+
+def _positive(config, *fields) -> None:
+  for field in fields:
+    value = config
+    for part in field.split('.'):
+      value = value[part]
+    if not isinstance(value, (int, float)) or value <= 0:
+      raise ValueError(f'config.{field}={value!r} is not valid; it must be > 0')
+
+
+def _local(path) -> bool:
+  """Whether `path` is on this machine's filesystem (not gs://, s3://, ...)."""
+  return '://' not in str(path)
+
+
+def check(config) -> None:
+  """ValueError for the first invalid field of `config.dataset` (reads no data)."""
+  d = config.dataset
+  _choice('dataset.name', d.name, tuple(specs.DATASETS))
+  spec = specs.get_spec(d.name)
+  src = specs.source(config)
+  _positive(config, 'dataset.batch_size', 'dataset.eval_batch_size')
+  if spec.kind == 'image':
+    _positive(config, 'dataset.image_size', 'dataset.channels')
+    _choice('dataset.augment', d.augment, specs.AUGMENTATIONS)
+    if d.augment == 'inception_crop' and specs.in_memory(config):
+      raise ValueError(f"config.dataset.augment='inception_crop' is not valid for the "
+                       f'in-memory dataset {d.name!r} from {src!r}; valid choices: none, '
+                       f'crop, crop_flip')
+    if not d.get('pixels_as_tokens'):  # pixel tokens are not normalised
+      specs.normalization(config, spec)
+  elif spec.kind in ('text', 'text_pair', 'tokens', 'sequence'):
+    _positive(config, 'dataset.max_length')
+  if spec.kind == 'sequence':
+    _sequence(config, src)
+  if d.num_classes < 0 or (d.num_classes == 0 and spec.num_classes == 0
+                           and src not in ('folder', 'arrays') and spec.kind != 'sequence'):
+    raise ValueError(f'config.dataset.num_classes={d.num_classes!r} is not valid; it '
+                     f'must be > 0')
+  if spec.num_classes and d.num_classes not in (0, spec.num_classes):
+    raise ValueError(f'config.dataset.num_classes={d.num_classes!r} is not valid for '
+                     f'{d.name!r}; valid choices: {spec.num_classes}')
+  holdout = d.get('holdout', 0.0)
+  if not 0.0 <= holdout < 1.0:
+    raise ValueError(f'config.dataset.holdout={holdout!r} is not valid; it must be in '
+                     f'[0, 1) (the fraction of the training split held out as validation)')
+  if holdout > 0 and not specs.in_memory(config):
+    raise ValueError(f'config.dataset.holdout={holdout} needs an in-memory dataset; '
+                     f'{d.name!r} from {src!r} streams (hold out files instead)')
+  if src in ('folder', 'arrays', 'generated', 'tsv') and not d.data_dir:
+    what = {'folder': 'the image folder root (root/<split>/<label>/<image>)',
+            'arrays': "the .npz file (a '{split}' in it names one file per split)",
+            'generated': 'the folder the generated splits are written into',
+            'tsv': "the folder of LRA's new_aan_pairs.{train,eval,test}.tsv"}[src]
+    raise ValueError(f"config.dataset.data_dir='' is not valid for dataset {d.name!r} from "
+                     f'source {src!r}; it must be {what}')
+  if src == 'tfds' and d.data_dir and not d.download and not os.path.isdir(
+      d.data_dir) and _local(d.data_dir):
+    raise ValueError(f'config.dataset.data_dir={d.data_dir!r} does not exist (and '
+                     f'config.dataset.download=False)')
+  if spec.manual and d.manual_dir and not os.path.isdir(d.manual_dir) and (
+      _local(d.manual_dir)):
+    raise ValueError(f'config.dataset.manual_dir={d.manual_dir!r} does not exist')
+  if d.get('pixels_as_tokens'):
+    if spec.kind != 'image':
+      raise ValueError(f'config.dataset.pixels_as_tokens=True is not valid for the '
+                       f'{spec.kind} dataset {d.name!r}; it needs an image dataset')
+    _choice('dataset.channels', d.channels, (1,))
+  if d.get('transform', '') not in ('', 'none'):
+    if spec.kind != 'image':
+      raise ValueError(f'config.dataset.transform={d.transform!r} is not valid for the '
+                       f'{spec.kind} dataset {d.name!r}; it needs an image dataset')
+    if not specs.in_memory(config):
+      raise ValueError(f'config.dataset.transform={d.transform!r} needs an in-memory '
+                       f'dataset; {d.name!r} from {src!r} streams')
+    try:
+      transforms.get_transform(d.transform)
+    except ValueError as e:
+      raise ValueError(f'config.dataset.transform={d.transform!r} is not valid: {e}') from None
+
+
+def _sequence(config, src: str) -> None:
+  """A sequence-labelling dataset: its vocabulary (the labels are tokens of it) and, for
+  generated MQAR, the generator's settings."""
+  d = config.dataset
+  vocab = d.get('vocab_size', 0)
+  if not isinstance(vocab, int) or vocab <= 0:
+    raise ValueError(f'config.dataset.vocab_size={vocab!r} is not valid for the sequence '
+                     f'dataset {d.name!r}; it must be > 0 (token ids 0..vocab_size-1)')
+  if d.num_classes not in (0, d.vocab_size):
+    raise ValueError(f'config.dataset.num_classes={d.num_classes} is not valid for the '
+                     f'sequence dataset {d.name!r}, whose labels are tokens; valid choices: '
+                     f'0, {d.vocab_size} (config.dataset.vocab_size)')
+  if d.get('holdout', 0.0) > 0:
+    raise ValueError(f'config.dataset.holdout={d.holdout} is not valid for the sequence '
+                     f'dataset {d.name!r} (holdout splits by class); valid: 0, with a '
+                     f"'{{split}}' file per split")
+  if src == 'generated' and d.name == 'mqar':
+    from data import mqar  # pylint: disable=g-import-not-at-top
+    try:
+      mqar.check_settings(d.vocab_size, d.max_length, d.get('num_kv_pairs', mqar.NUM_KV_PAIRS),
+                          d.get('power_a', mqar.POWER_A))
+    except ValueError as e:
+      raise ValueError(f'config.dataset: {e}') from None
+
+
+def check_splits(config, training: bool = True) -> None:
+  """Prepares the data and checks what it holds, filling in `config.dataset.num_classes`
+  when it is 0 (`config` is changed: pass a copy).
+
+  Every split the run reads has examples, and in-memory labels lie in
+  0..num_classes-1: an empty test split would otherwise fail only at the final
+  evaluation, and an out-of-range label give a NaN loss. With `training`, the
+  batch fits in the training split (an evaluation may read a file smaller than
+  one training batch). ValueError naming the field, file or dataset.
+  """
+  import data  # pylint: disable=g-import-not-at-top
+  d = config.dataset
+  data.prepare(config)
+  _check_splits(config)  # fills in num_classes
+  train_examples = data.num_examples(config, d.train_split)
+  if training and d.batch_size > train_examples:
+    raise ValueError(f'config.dataset.batch_size={d.batch_size} exceeds the {train_examples} '
+                     f'examples of split {d.train_split!r}; valid: <= {train_examples}')
+
+
+def _check_splits(config) -> None:
+  import data  # pylint: disable=g-import-not-at-top
+  d = config.dataset
+  splits = {d.train_split: 'train_split', d.eval_split: 'eval_split'}
+  if not specs.in_memory(config):  # streamed: counted (an empty train split fails below)
+    if specs.source(config) == 'folder' and d.num_classes > 0:  # a label per folder
+      from data import stream  # pylint: disable=g-import-not-at-top
+      found = stream.folder_num_classes(config)
+      if found > d.num_classes:
+        raise ValueError(f'config.dataset.num_classes={d.num_classes} is not valid for '
+                         f'{d.data_dir}, which has {found} label folders; valid: '
+                         f'>= {found}, or 0 (one class per folder)')
+    if d.num_classes == 0:
+      d.num_classes = data.num_classes(config)
+    if data.num_examples(config, d.eval_split) == 0:
+      raise ValueError(f'config.dataset.eval_split={d.eval_split!r} of dataset {d.name!r} '
+                       f'holds no examples; a run needs at least one')
+    return
+  for split, field in splits.items():
+    arrays.check_split(arrays.get_split(config, split), f'config.dataset.{field}={split!r}')
+  if specs.input_kind(config) == 'sequence':  # labels: tokens of the vocabulary, or -100
+    from data import sequences  # pylint: disable=g-import-not-at-top
+    d.num_classes = d.vocab_size
+    for split in splits:
+      sequences.check(arrays.get_split(config, split), d.vocab_size, d.max_length)
+    return
+  classes = 'config.dataset.num_classes'
+  if d.num_classes == 0:
+    d.num_classes = data.num_classes(config)
+    classes = 'num_classes read from the training labels'
+  for split in splits:
+    arrays.check_labels(arrays.get_split(config, split), d.num_classes,
+                        f'{classes}={d.num_classes}')
