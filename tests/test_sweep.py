@@ -115,7 +115,7 @@ def test_pod_commands_start_every_worker():
   assert '--workdir=/mnt/shared/sweep/num_heads=4' in cmds[0]
 
 
-@pytest.mark.parametrize('path', sorted(glob.glob('sweeps/*.py')))  # studies/: test_studies.py
+@pytest.mark.parametrize('path', sorted(glob.glob('sweeps/*.py') + glob.glob('studies/*/sweep.py')))
 def test_shipped_sweeps_expand_to_existing_configs(path):
   runs = sweep.expand(sweep.load_sweep(path))
   assert runs
