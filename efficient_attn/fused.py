@@ -6,22 +6,35 @@
            dtype, mask, dropout; it forms the n x n weights.
   'cudnn'  cuDNN flash attention through `jax.nn.dot_product_attention` (GPU,
            float16 / bfloat16, head_dim a multiple of 8 and at most 128).
-  'pallas' Pallas splash attention (`jax.experimental.pallas.ops.tpu`) on TPU;
-           lengths a multiple of 128, self-attention.
+  'pallas' Pallas kernels: splash attention (`jax.experimental.pallas.ops.tpu`)
+           on TPU, lengths a multiple of 128, self-attention; on GPU the
+           Triton flash attention kernel shipped with JAX
+           (`jax.experimental.pallas.ops.gpu.attention.mha`, forward and
+           backward), self-attention, no mask, lengths a multiple of
+           `GPU_MIN_BLOCK`, head dim 16-256, float32, bfloat16 or float16.
 
 `choose` returns the implementation for a call, or with `requested='auto'` the
-fastest one that can honour it exactly: the einsum whenever attention dropout
-is on or the weights are asked for (the fused kernels never form them), and for
-masks or shapes a kernel cannot take. An explicit request the call cannot
-honour raises a one-line error that names the reason. Every implementation
-returns 0 for a query that sees no key (a fully masked row, or under causal
-masking a query whose earlier keys are all padded), as the einsum does.
+fastest one that can honour it exactly (`AUTO`, per platform, in order): the
+einsum whenever attention dropout is on or the weights are asked for (the fused
+kernels never form them), and for masks or shapes a kernel cannot take. An
+explicit request the call cannot honour raises a one-line error that names the
+reason. Every implementation returns 0 for a query that sees no key (a fully
+masked row, or under causal masking a query whose earlier keys are all padded),
+as the einsum does.
+
+Precision: the GPU kernel's float32 dots take jax's default matmul precision at
+trace time, as the einsum's do (`jax.default_matmul_precision('highest')` makes
+both full float32; by default NVIDIA GPUs may run either in TF32). The GPU
+kernel is not in `AUTO` for GPU: 'auto' uses it only once it is measured at or
+under the dense einsum's error and time there (`benchmarks/gpu_suite.sh`).
 
 q `[batch, q_length, heads, head_dim]`, k `[batch, kv_length, heads,
 head_dim]`, v `[batch, kv_length, heads, head_dim]`; masks follow
 `efficient_attn.masking` (True = attend).
 """
+import math
 from typing import Optional
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -29,7 +42,10 @@ import jax.numpy as jnp
 from efficient_attn import masking
 
 IMPLEMENTATIONS = ('auto', 'xla', 'cudnn', 'pallas')
+AUTO = {'gpu': ('cudnn',), 'tpu': ('pallas',)}  # 'auto' tries these kernels in order
+RUNS_ON = {'cudnn': ('gpu',), 'pallas': ('tpu', 'gpu')}
 PALLAS_BLOCK = 128  # splash attention's default block: lengths must be multiples of it
+GPU_MIN_BLOCK = 16  # the GPU kernel's smallest block (Triton's smallest dot tile)
 _HALF = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
@@ -53,9 +69,8 @@ def why_not(impl: str, q, k, v, mask, causal: bool, on: str) -> Optional[str]:
   """Why `impl` cannot compute this call exactly on platform `on`, or None if it can."""
   if impl == 'xla':
     return None
-  want = {'cudnn': 'gpu', 'pallas': 'tpu'}[impl]
-  if on != want:
-    return f'it runs on {want}, and this backend is {on!r}'
+  if on not in RUNS_ON[impl]:
+    return f'it runs on {" or ".join(RUNS_ON[impl])}, and this backend is {on!r}'
   if not q.dtype == k.dtype == v.dtype:
     return f'q, k, v dtypes differ ({q.dtype}, {k.dtype}, {v.dtype})'
   lq, lk, d = q.shape[1], k.shape[1], q.shape[-1]
@@ -74,11 +89,31 @@ def why_not(impl: str, q, k, v, mask, causal: bool, on: str) -> Optional[str]:
       return f'cuDNN takes a head dim that is a multiple of 8 and <= 128, not {d}'
     if mask is not None and (lq % 2 or lk % 2):
       return f'cuDNN with a mask takes even lengths, not {lq} and {lk}'
+  elif on == 'gpu':
+    return _why_not_gpu_kernel(q.dtype, mask, lq, lk, d)
   else:
     if lq != lk:
       return f'splash attention is self-attention; q_length {lq} != kv_length {lk}'
     if lq % PALLAS_BLOCK:
       return f'splash attention takes lengths that are multiples of {PALLAS_BLOCK}, not {lq}'
+  return None
+
+
+def _why_not_gpu_kernel(dtype, mask, lq: int, lk: int, d: int) -> Optional[str]:
+  """Why the Pallas GPU kernel cannot take this call (None if it can)."""
+  if jnp.dtype(dtype) not in _HALF + (jnp.dtype(jnp.float32),):
+    return f'the GPU kernel takes float32, bfloat16 or float16, not {dtype}'
+  if mask is not None:
+    # Its segment ids are one array for queries and keys alike, so a padded key's
+    # query would see the padded keys only, where the einsum lets it see the rest.
+    return ('the GPU kernel takes no mask (its segment ids mask queries and keys alike, '
+            'so key padding cannot be expressed exactly)')
+  if lq != lk:
+    return f'the GPU kernel is self-attention; q_length {lq} != kv_length {lk}'
+  if lq % GPU_MIN_BLOCK:
+    return f'the GPU kernel takes lengths that are multiples of {GPU_MIN_BLOCK}, not {lq}'
+  if not 16 <= d <= 256:
+    return f'the GPU kernel takes a head dim from 16 to 256, not {d}'
   return None
 
 
@@ -102,10 +137,10 @@ def choose(requested: str, q, k, v, mask=None, causal: bool = False, *,
   if weights or requested == 'xla':
     return 'xla'
   if requested == 'auto':
-    fused = {'gpu': 'cudnn', 'tpu': 'pallas'}.get(on)
-    if fused is None or dropout or why_not(fused, q, k, v, mask, causal, on):
+    if dropout:
       return 'xla'
-    return fused
+    return next((kernel for kernel in AUTO.get(on, ())
+                 if not why_not(kernel, q, k, v, mask, causal, on)), 'xla')
   if dropout:
     raise ValueError(f'implementation={requested!r} cannot apply attention dropout; '
                      "use 'xla' or 'auto'")
@@ -165,14 +200,58 @@ def pallas_attention(q, k, v, mask=None, causal: bool = False, scale: float = 1.
   return _zero_blind_rows(heads_first(out), keys, causal)
 
 
+def _gpu_kernel():
+  """JAX's `pallas.ops.gpu.attention` module.
+
+  Its `mha` keywords and `BlockSizes` fields are the same in jax 0.10.2 and
+  0.11; 0.11 warns on import that the module is deprecated (in favour of
+  tokamax), which is not the caller's to act on, so the warning is silenced.
+  """
+  with warnings.catch_warnings():
+    warnings.simplefilter('ignore', DeprecationWarning)
+    from jax.experimental.pallas.ops.gpu import attention  # pylint: disable=g-import-not-at-top
+  return attention
+
+
+def gpu_block_sizes(length: int):
+  """JAX's default `BlockSizes` of the GPU kernel, each cut to a power of two dividing `length`."""
+  gpu = _gpu_kernel()
+  default = gpu.BlockSizes.get_default()
+  fit = lambda block: math.gcd(block, length)  # blocks are powers of two
+  return gpu.BlockSizes(
+      block_q=fit(default.block_q), block_k=fit(default.block_k),
+      block_q_dkv=fit(default.block_q_dkv), block_kv_dkv=fit(default.block_kv_dkv),
+      block_q_dq=fit(default.block_q_dq), block_kv_dq=fit(default.block_kv_dq))
+
+
+def pallas_gpu_attention(q, k, v, mask=None, causal: bool = False, scale: float = 1.0,
+                         interpret: bool = False, block_sizes=None):
+  """FlashAttention-2 in Triton through Pallas (JAX's `pallas.ops.gpu.attention.mha`).
+
+  Forward and backward are the kernel's own (a `jax.custom_vjp`); `interpret=True`
+  runs it on any platform. Raises ValueError (one line, as `why_not`) for a call
+  the kernel cannot take: a mask, unequal lengths, a length not a multiple of
+  `GPU_MIN_BLOCK`, a head dim outside 16-256. No query is blind without a mask,
+  so no row needs zeroing. `block_sizes`: a `BlockSizes` of the kernel (default
+  `gpu_block_sizes(length)`).
+  """
+  reason = why_not('pallas', q, k, v, mask, causal, 'gpu')
+  if reason:
+    raise ValueError(f"implementation='pallas' cannot run this call: {reason}")
+  return _gpu_kernel().mha(q, k, v, segment_ids=None, sm_scale=float(scale), causal=bool(causal),
+                 block_sizes=block_sizes or gpu_block_sizes(q.shape[1]),
+                 interpret=interpret)
+
+
 def attention(impl: str, q, k, v, mask=None, causal: bool = False, scale: float = 1.0):
   """Runs the fused implementation `impl` ('cudnn' or 'pallas') chosen by `choose`."""
   if impl == 'cudnn':
     return cudnn_attention(q, k, v, mask, causal, scale)
   if impl == 'pallas':
-    return pallas_attention(q, k, v, mask, causal, scale)
+    kernel = pallas_gpu_attention if platform() == 'gpu' else pallas_attention
+    return kernel(q, k, v, mask, causal, scale)
   raise ValueError(f'no fused implementation {impl!r}; valid: cudnn, pallas')
 
 
 __all__ = ['IMPLEMENTATIONS', 'choose', 'why_not', 'attention', 'cudnn_attention',
-           'pallas_attention', 'platform']
+           'pallas_attention', 'pallas_gpu_attention', 'gpu_block_sizes', 'platform']
