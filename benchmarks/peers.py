@@ -12,6 +12,27 @@ peers get the library's settings: the same number of random features (FAVOR+),
 landmarks (Nystromformer) and projected length (Linformer). A point whose
 compiled program needs more memory than --memory_budget_gb (XLA's analysis) is
 skipped, with the reason. Writes <out>/<name>.json, .md and _ratio.png.
+
+Two kinds of peer, named in the table's "peer code" column:
+
+  published  the peer's own code, run unchanged (`benchmarks.published`):
+             `flax_softmax` is `flax.linen.dot_product_attention`; `favor_published`
+             and `favor_causal_published` are google-research's
+             `performer/fast_attention/jax/fast_attention.py` (its file, checked by
+             sha256; a pair whose file is absent is skipped, saying where to put it).
+  recipe     our copy of a published algorithm in `benchmarks.peer_algorithms`,
+             kept where no runnable original exists (LRA's modules use the removed
+             `flax.nn`) and beside the published FAVOR+ as the recipe it follows.
+
+Flags (stable; the GPU script calls them):
+  --lengths=1024,4096,8192  --pairs=<mechanism or peer names>  --dtype=float32|bfloat16
+  --batch=1 --heads=8 --head_dim=64 --features=256 --landmarks=64 --k_proj=64
+  --repeats=5 --memory_budget_gb=<GiB> --out=<folder> --name=<stem> --quiet
+
+--dtype casts q, k, v (and so every side's compute) to float32 or bfloat16; each
+side then runs in its own precision policy (the library's kernel mechanisms
+accumulate in float32; the published FAVOR+ promotes to float32 itself).
+Runs without ml_collections, clu or tensorflow.
 """
 import statistics
 import sys
@@ -24,17 +45,28 @@ import jax.numpy as jnp
 from benchmarks import common
 from benchmarks import output
 from benchmarks import peer_algorithms as peers
+from benchmarks import published
 from benchmarks import xla_stats
 from efficient_attn import feature_maps
 
 # (library mechanism, causal, peer name)
 PAIRS = (
-    ('softmax', False, 'exact'), ('softmax', True, 'exact'),
-    ('softmax_chunked', False, 'exact'), ('softmax_chunked', True, 'exact'),
+    ('softmax', False, 'exact'), ('softmax', False, 'flax_softmax'),
+    ('softmax', True, 'exact'), ('softmax', True, 'flax_softmax'),
+    ('softmax_chunked', False, 'exact'), ('softmax_chunked', False, 'flax_softmax'),
+    ('softmax_chunked', True, 'exact'), ('softmax_chunked', True, 'flax_softmax'),
     ('linear', False, 'linear'), ('linear', True, 'linear_causal'),
-    ('performer', False, 'favor'), ('performer', True, 'favor_causal'),
+    ('performer', False, 'favor_published'), ('performer', False, 'favor'),
+    ('performer', True, 'favor_causal_published'), ('performer', True, 'favor_causal'),
     ('linformer', False, 'linformer'), ('nystrom', False, 'nystromformer'),
 )
+# Peers whose own published code runs (the others are recipes in peer_algorithms).
+PUBLISHED = {
+    'flax_softmax': '`flax.linen.dot_product_attention`',
+    'favor_published': "google-research's `fast_attention.py`",
+    'favor_causal_published': "google-research's `fast_attention.py`, unidirectional",
+}
+DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 
 
 def define_flags(fv):
@@ -50,6 +82,7 @@ def define_flags(fv):
   flags.DEFINE_integer('landmarks', 64, 'landmarks (nystrom and Nystromformer)',
                        flag_values=fv)
   flags.DEFINE_integer('k_proj', 64, 'projected length (linformer)', flag_values=fv)
+  flags.DEFINE_enum('dtype', 'float32', list(DTYPES), 'q, k, v dtype', flag_values=fv)
   flags.DEFINE_integer('repeats', 5, 'timed calls of each side (alternating)', flag_values=fv)
   flags.DEFINE_float('memory_budget_gb', None,
                      "per program, by XLA's memory analysis (default 60% of RAM)",
@@ -67,12 +100,18 @@ def _options(fv) -> Dict[str, Dict[str, Any]]:
 def peer_fn(name: str, n: int, causal: bool, fv):
   """(params, f(params, q, k, v)): the peer and its own random draws (a dict, maybe empty)."""
   key = jax.random.PRNGKey(1)
+  if name in ('favor_published', 'favor_causal_published'):
+    fn = published.favor(fv.head_dim, fv.features, causal=name == 'favor_causal_published')
+    return {}, lambda p, q, k, v: fn(q, k, v)
+  if name == 'flax_softmax':
+    fn = published.flax_softmax(causal)
+    return {}, lambda p, q, k, v: fn(q, k, v)
   if name in ('favor', 'favor_causal'):
     proj = feature_maps.gaussian_projection(key, fv.features, fv.head_dim, orthogonal=True)
     fn = peers.favor if name == 'favor' else peers.favor_causal
     return {}, lambda p, q, k, v: fn(q, k, v, proj)
   if name == 'linformer':
-    e, f = jax.random.normal(key, (2, n, fv.k_proj)) / fv.k_proj ** 0.5
+    e, f = (jax.random.normal(key, (2, n, fv.k_proj)) / fv.k_proj ** 0.5).astype(DTYPES[fv.dtype])
     return {'e': e, 'f': f}, lambda p, q, k, v: peers.linformer(q, k, v, p['e'], p['f'])
   if name == 'nystromformer':
     return {}, lambda p, q, k, v: peers.nystromformer(q, k, v, fv.landmarks)
@@ -92,18 +131,24 @@ def _compile(fn, args, budget: float):
 
 def measure_length(n: int, pairs: Sequence[tuple], fv, budget: float) -> List[Dict[str, Any]]:
   """Times every pair at length n, its two sides alternating. One record per pair."""
-  q, k, v = common.random_qkv(0, fv.batch, n, fv.heads, fv.head_dim)
+  q, k, v = common.random_qkv(0, fv.batch, n, fv.heads, fv.head_dim, DTYPES[fv.dtype])
   options = _options(fv)
   sides, rows = {}, []
   for mechanism, causal, peer in pairs:
-    row = dict(mechanism=mechanism, causal=causal, peer=peer, length=n)
+    row = dict(mechanism=mechanism, causal=causal, peer=peer, length=n,
+               peer_kind='published' if peer in PUBLISHED else 'recipe')
     bench = common.mechanism_bench(mechanism, q, k, v, options=options.get(mechanism),
                                    causal=causal)
     ours_fn, ours_args = bench.forward_backward()
     ours, reason = _compile(ours_fn, ours_args, budget)
-    params, fn = peer_fn(peer, n, causal, fv)
-    grad = jax.grad(lambda p, q, k, v: jnp.sum(fn(p, q, k, v)), argnums=(0, 1, 2, 3))
-    theirs, peer_reason = _compile(grad, (params, q, k, v), budget)
+    try:
+      params, fn = peer_fn(peer, n, causal, fv)
+    except (FileNotFoundError, ValueError) as e:  # the published file absent or altered
+      theirs, peer_reason = None, str(e)
+    else:
+      grad = jax.grad(lambda p, q, k, v: jnp.sum(fn(p, q, k, v).astype(jnp.float32)),
+                      argnums=(0, 1, 2, 3))
+      theirs, peer_reason = _compile(grad, (params, q, k, v), budget)
     row['skipped'] = reason and f'library: {reason}' or peer_reason and f'peer: {peer_reason}'
     if not row['skipped']:
       sides[len(rows)] = ((ours, ours_args), (theirs, (params, q, k, v)))
@@ -155,15 +200,20 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
       return 'skipped'
     return (f"{r['ratio']:.2f}x ({output.fmt_time(r['library_s'])} / "
             f"{output.fmt_time(r['peer_s'])})")
-  table = output.table(['library vs peer'] + [f'n={n}' for n in lengths],
-                       [[lab] + [cell(lab, n) for n in lengths] for lab in labels])
+  def kind(label):
+    peer = next(r['peer'] for r in rows if _label(r) == label)
+    return f'published: {PUBLISHED[peer]}' if peer in PUBLISHED else 'recipe: `peer_algorithms`'
+  table = output.table(['library vs peer', 'peer code'] + [f'n={n}' for n in lengths],
+                       [[lab, kind(lab)] + [cell(lab, n) for n in lengths] for lab in labels])
   notes = [f'forward + backward, batch {fv.batch}, {fv.heads} heads, head_dim {fv.head_dim}, '
-           f'float32; performer and FAVOR+ {fv.features} features, nystrom and Nystromformer '
+           f'{fv.dtype}; performer and FAVOR+ {fv.features} features, nystrom and Nystromformer '
            f'{fv.landmarks} landmarks, linformer k = {fv.k_proj}.',
            f'cell: library time / peer time (below 1: the library is faster), medians of '
            f'{fv.repeats} alternating calls each after one warm-up, pair by pair.',
-           'peers: `benchmarks/peer_algorithms.py` (exact = `jax.nn.dot_product_attention`, '
-           "XLA).",
+           'peer code: "published" runs the peer\'s own code unchanged (`benchmarks/published`; '
+           "google-research's FAVOR+ with redraw_features=False, its own projection of the "
+           'same size); "recipe" is our copy of the algorithm in '
+           '`benchmarks/peer_algorithms.py` (exact = `jax.nn.dot_product_attention`, XLA).',
            'command: python -m benchmarks.peers '
            + ' '.join(sys.argv[1:] if argv is None else argv)]
   skipped = [f"- {_label(r)}, n={r['length']}: {r['skipped']}" for r in rows if r['skipped']]

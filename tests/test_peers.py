@@ -8,6 +8,7 @@ import pytest
 
 from benchmarks import peer_algorithms as peers
 from benchmarks import peers as peers_tool
+from benchmarks import published
 from efficient_attn import feature_maps
 from efficient_attn.mechanisms.linear import linear_attention
 from efficient_attn.mechanisms.random_features import performer_attention
@@ -71,9 +72,18 @@ def test_a_tiny_run_writes_the_ratio_table_and_skips_over_budget(tmp_path):
   data = peers_tool.main(small)
   rows = data['rows']
   assert len(rows) == len(peers_tool.PAIRS)
-  assert all(r['ratio'] > 0 and not r['skipped'] for r in rows)
+  fetched = os.path.isfile(published.fast_attention_path())
+  for r in rows:  # the published FAVOR+ runs where its file is present, else says so
+    if r['peer'] in ('favor_published', 'favor_causal_published') and not fetched:
+      assert "peer: google-research's fast_attention.py is not at" in r['skipped']
+    else:
+      assert r['ratio'] > 0 and not r['skipped'], r
+  assert {r['peer_kind'] for r in rows} == {'published', 'recipe'}
   for f in ('peers.json', 'peers.md', 'peers_ratio.png'):
     assert os.path.getsize(tmp_path / f) > 0
   assert 'performer causal vs favor_causal' in (tmp_path / 'peers.md').read_text()
+  data = peers_tool.main(small + ['--pairs=performer', '--dtype=bfloat16', '--name=bf16'])
+  assert 'bfloat16' in (tmp_path / 'bf16.md').read_text()
+  assert all(r['ratio'] > 0 for r in data['rows'] if not r['skipped'])
   data = peers_tool.main(small + ['--pairs=linear', '--memory_budget_gb=1e-7', '--name=tight'])
   assert [r['skipped'].split(':')[0] for r in data['rows']] == ['library', 'library']
