@@ -9,41 +9,31 @@ ConfigError, the same message).
 """
 import os
 
+import fields
 from data import arrays
 from data import specs
 from data import transforms
 
 
-def _choice(field: str, value, choices) -> None:
-  if value not in choices:
-    raise ValueError(f'config.{field}={value!r} is not valid; valid choices: '
-                     f'{", ".join(map(str, choices))}')
-
-
-def _positive(config, *fields) -> None:
-  for field in fields:
-    value = config
-    for part in field.split('.'):
-      value = value[part]
-    if not isinstance(value, (int, float)) or value <= 0:
-      raise ValueError(f'config.{field}={value!r} is not valid; it must be > 0')
-
-
-def _local(path) -> bool:
-  """Whether `path` is on this machine's filesystem (not gs://, s3://, ...)."""
-  return '://' not in str(path)
+# What `config.dataset` accepts, field by field (the rules between fields: `check`).
+NAME = fields.Field('dataset.name', choices=tuple(specs.DATASETS))
+FIELDS = (fields.Field('dataset.batch_size', above=0),
+          fields.Field('dataset.eval_batch_size', above=0))
+IMAGE_FIELDS = (fields.Field('dataset.image_size', above=0),
+                fields.Field('dataset.channels', above=0),
+                fields.Field('dataset.augment', choices=specs.AUGMENTATIONS))
+TOKEN_FIELDS = (fields.Field('dataset.max_length', above=0),)
 
 
 def check(config) -> None:
   """ValueError for the first invalid field of `config.dataset` (reads no data)."""
   d = config.dataset
-  _choice('dataset.name', d.name, tuple(specs.DATASETS))
+  NAME.check(config)
   spec = specs.get_spec(d.name)
   src = specs.source(config)
-  _positive(config, 'dataset.batch_size', 'dataset.eval_batch_size')
+  fields.check(config, FIELDS)
   if spec.kind == 'image':
-    _positive(config, 'dataset.image_size', 'dataset.channels')
-    _choice('dataset.augment', d.augment, specs.AUGMENTATIONS)
+    fields.check(config, IMAGE_FIELDS)
     if d.augment == 'inception_crop' and specs.in_memory(config):
       raise ValueError(f"config.dataset.augment='inception_crop' is not valid for the "
                        f'in-memory dataset {d.name!r} from {src!r}; valid choices: none, '
@@ -51,7 +41,7 @@ def check(config) -> None:
     if not d.get('pixels_as_tokens'):  # pixel tokens are not normalised
       specs.normalization(config, spec)
   elif spec.kind in ('text', 'text_pair', 'tokens', 'sequence'):
-    _positive(config, 'dataset.max_length')
+    fields.check(config, TOKEN_FIELDS)
   if spec.kind == 'sequence':
     _sequence(config, src)
   if d.num_classes < 0 or (d.num_classes == 0 and spec.num_classes == 0
@@ -76,17 +66,17 @@ def check(config) -> None:
     raise ValueError(f"config.dataset.data_dir='' is not valid for dataset {d.name!r} from "
                      f'source {src!r}; it must be {what}')
   if src == 'tfds' and d.data_dir and not d.download and not os.path.isdir(
-      d.data_dir) and _local(d.data_dir):
+      d.data_dir) and fields.is_local(d.data_dir):
     raise ValueError(f'config.dataset.data_dir={d.data_dir!r} does not exist (and '
                      f'config.dataset.download=False)')
   if spec.manual and d.manual_dir and not os.path.isdir(d.manual_dir) and (
-      _local(d.manual_dir)):
+      fields.is_local(d.manual_dir)):
     raise ValueError(f'config.dataset.manual_dir={d.manual_dir!r} does not exist')
   if d.get('pixels_as_tokens'):
     if spec.kind != 'image':
       raise ValueError(f'config.dataset.pixels_as_tokens=True is not valid for the '
                        f'{spec.kind} dataset {d.name!r}; it needs an image dataset')
-    _choice('dataset.channels', d.channels, (1,))
+    fields.check(config, (fields.Field('dataset.channels', choices=(1,)),))
   if d.get('transform', '') not in ('', 'none'):
     if spec.kind != 'image':
       raise ValueError(f'config.dataset.transform={d.transform!r} is not valid for the '

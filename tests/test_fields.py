@@ -1,9 +1,9 @@
-"""Each concern checks its own config fields (`train.fields`), alone, with one-line errors."""
+"""Each concern checks its own config fields (`fields`), alone, with one-line errors."""
 import pytest
 
 from configs import default as default_config
+import fields
 from train import adapters
-from train import fields
 from train import models
 from train import optim
 

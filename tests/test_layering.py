@@ -81,3 +81,31 @@ def test_the_rule_sees_every_form_of_import():
       'line 6: train.steps', 'line 7: train.checkpoint', 'line 8: data.specs',
       'line 9: data.specs.DATASETS', 'line 10: data.stream', 'line 11: train.api._private',
       'line 12: train.*']
+
+
+def _imported_packages(path: pathlib.Path):
+  """The top-level names `path` imports (at any depth), e.g. {'jax', 'data', 'fields'}."""
+  found = set()
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.Import):
+      found |= {a.name.split('.')[0] for a in node.names}
+    elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+      found.add(node.module.split('.')[0])
+  return found
+
+
+def test_the_layers_import_only_downwards():
+  """`fields` (config fields, shared) imports none of the project; `data` none of the
+  trainer, configs or tools; the library none of the rest. The trainer may import all three."""
+  project = {'efficient_attn', 'fields', 'data', 'train', 'configs', 'benchmarks', 'studies',
+             'sweeps', 'examples', 'main'}
+  below = {'fields': set(), 'data': {'fields', 'data', 'efficient_attn'},
+           'efficient_attn': {'efficient_attn'}}
+  bad = {}
+  for layer, allowed in below.items():
+    paths = [ROOT / 'fields.py'] if layer == 'fields' else sorted((ROOT / layer).rglob('*.py'))
+    for path in paths:
+      found = sorted((_imported_packages(path) & project) - allowed)
+      if found:
+        bad[str(path.relative_to(ROOT))] = found
+  assert not bad, f'imports of a higher layer: {bad}'

@@ -20,8 +20,8 @@ from etils import epath
 import jax
 import optax
 
+import fields
 from efficient_attn import lora
-from train import fields
 
 PRESETS = {
     'default': lora.DEFAULT_TARGETS,      # attention projections + Transformer MLP
@@ -35,7 +35,7 @@ PRESETS = {
 FIELDS = (  # what `config.lora` accepts (its targets are checked in `check`)
     fields.Field('lora.rank', minimum=0, note='(0 = off)', default=0),
     fields.Field('lora.alpha', minimum=0, note='(0: scale 1)', default=0.0,
-                 when=lambda config: config.lora.get('rank', 0) > 0),
+                 when=('lora.rank', lambda rank: (rank or 0) > 0)),
 )
 
 

@@ -24,6 +24,7 @@ from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple
 import jax
 
 import data
+import fields
 from train import adapters
 from train import checkpoint
 from train import inference
@@ -42,7 +43,7 @@ TrainState = steps_lib.TrainState       # step (int32 scalar), params, opt_state
 train_and_evaluate = trainer.train_and_evaluate
 evaluate = trainer.evaluate
 dummy_inputs = models.dummy_inputs      # (config, batch_size) -> zero inputs [batch, ...]
-is_local = workdir_lib.is_local         # a path on this machine (not gs://, s3://, ...)
+is_local = fields.is_local             # a path on this machine (not gs://, s3://, ...)
 
 
 def config_function(path: str) -> Callable[..., Any]:

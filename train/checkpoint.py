@@ -31,8 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+import fields
 from train import sharding
-from train import workdir as workdir_lib
 
 ITEMS = ('params', 'opt_state')
 
@@ -60,7 +60,7 @@ def _quiet_orbax_logging() -> None:
 
 def checkpoint_dir(workdir) -> epath.Path:
   """`<workdir>/checkpoints`; a local workdir made absolute (Orbax refuses relative paths)."""
-  if workdir_lib.is_local(workdir):
+  if fields.is_local(workdir):
     workdir = os.path.abspath(os.fspath(workdir))
   return epath.Path(workdir) / 'checkpoints'
 

@@ -15,12 +15,12 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+import fields
 from efficient_attn import layer
 from efficient_attn import models as ea
 from efficient_attn import registry
 import data
 from train import adapters
-from train import fields
 
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 KINDS = ('vit', 'text', 'causal', 'mlp')
@@ -40,9 +40,9 @@ FIELDS = (
       for name in ('d_model', 'depth', 'num_heads', 'mlp_dim')),
     fields.Field('model.pool', choices=ea.text.POOLS),
     fields.Field('model.interaction', choices=ea.text.INTERACTIONS,
-                 when=lambda config: config.model.get('interaction') is not None),
+                 when=('model.interaction', lambda interaction: interaction is not None)),
     fields.Field('model.positions', choices=ea.text.POSITIONS, default='learned'),
-    fields.Field('model.patch_size', above=0, when=lambda config: config.model.kind == 'vit'),
+    fields.Field('model.patch_size', above=0, when=('model.kind', lambda kind: kind == 'vit')),
     *(fields.Field(f'model.{name}', minimum=0.0, below=1.0)
       for name in ('dropout_rate', 'attention_dropout_rate')),
 )

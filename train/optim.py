@@ -6,8 +6,8 @@
 import jax
 import optax
 
+import fields
 from train import adapters
-from train import fields
 
 OPTIMIZERS = ('adamw', 'sgd')
 FIELDS = (  # what `config.optim` accepts

@@ -5,7 +5,7 @@
 
 Each concern owns its fields and checks them (`data.check`, `models.check`,
 `models.check_attention`, `optim.check`, `adapters.check`, declared as
-`train.fields.Field` tables); this module runs them in turn. Each message
+`fields.Field` tables); this module runs them in turn. Each message
 names the field, the bad value and the valid choices, e.g.
 "config.attention.mechanism='nystrm' is not valid; valid choices: softmax, ...".
 Valid mechanism and projection names come from `efficient_attn.registry`.
@@ -14,10 +14,10 @@ from typing import Tuple
 
 import ml_collections
 
+import fields
 from efficient_attn import registry
 import data
 from train import adapters
-from train import fields
 from train import models
 from train import optim
 from train import tasks

@@ -30,6 +30,8 @@ from absl import logging
 from etils import epath
 import ml_collections
 
+import fields
+
 CONFIG = 'config.json'
 RESULTS = 'results.json'
 LOCK = 'trainer.lock'
@@ -49,11 +51,6 @@ MAY_CHANGE = (
 # the behaviour those runs had: a stored config without the field reads as
 # having it, so older workdirs can still be resumed and evaluated.
 ADDED_DEFAULTS = {'model.positions': 'learned', 'dataset.num_distractors': None}
-
-
-def is_local(path) -> bool:
-  """Whether `path` is on this machine's filesystem (not gs://, s3://, ...)."""
-  return '://' not in str(path)
 
 
 class WorkdirError(ValueError):
@@ -190,7 +187,7 @@ class _Lock:
     """Writes the lock file unless it exists. Atomic on a local disk; on an object
     store (gs://) it is check-then-write, which keeps out a trainer started later
     but not one started in the same instant."""
-    if is_local(self.file):
+    if fields.is_local(self.file):
       try:
         fd = os.open(os.fspath(self.file), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
       except FileExistsError:

@@ -1,8 +1,11 @@
 """Config fields declared once, as the mechanisms declare their options.
 
-Each part of the trainer owns the fields it reads and checks them in its own
+Each concern (the data package, and the trainer's model, attention, optimiser,
+adapters and training loop) owns the fields it reads and checks them in its own
 `check(config)`, from a small table of `Field`s (choices, bounds) plus the few
-rules a table cannot say; `train.validate` runs those checks in turn.
+rules a table cannot say; `train.validate` runs those checks in turn. This
+module sits below `data/` and `train/` (it imports neither), so both declare
+their fields the same way.
 
     FIELDS = (fields.Field('optim.name', choices=OPTIMIZERS),
               fields.Field('optim.learning_rate', above=0),
@@ -40,7 +43,9 @@ class Field:
     below: exclusive upper bound (with `minimum`: "in [minimum, below)").
     note: said after the rule, e.g. '(0 = none)'.
     default: the value of a field the config may leave out (MISSING: required).
-    when: the field is checked only when `when(config)` holds (e.g. a ViT's patch size).
+    when: (path, test): the field is checked only when `test` holds for the value of the
+      field at `path` (None if the config leaves it out), e.g. a ViT's patch size:
+      `when=('model.kind', lambda kind: kind == 'vit')`.
   """
   path: str
   choices: Tuple[Any, ...] = ()
@@ -49,7 +54,7 @@ class Field:
   below: Optional[float] = None
   note: str = ''
   default: Any = MISSING
-  when: Optional[Callable[[Any], bool]] = None
+  when: Optional[Tuple[str, Callable[[Any], bool]]] = None
 
   def value(self, config) -> Any:
     value = config
@@ -85,9 +90,22 @@ class Field:
       raise ConfigError(f'config.{self.path}={value!r} is not valid; {self.describe()}')
 
 
+  def applies(self, config) -> bool:
+    """Whether `config` asks for this field to be checked (see `when`)."""
+    if self.when is None:
+      return True
+    path, test = self.when
+    return test(Field(path, default=None).value(config))
+
+
 def check(config, table: Iterable[Field]) -> None:
-  """Checks each field of `table` in order (those whose `when` holds); the first bad one
-  raises ConfigError."""
+  """Checks each field of `table` in order (those that apply); the first bad one raises
+  ConfigError."""
   for field in table:
-    if field.when is None or field.when(config):
+    if field.applies(config):
       field.check(config)
+
+
+def is_local(path) -> bool:
+  """Whether the path a field names is on this machine's filesystem (not gs://, s3://, ...)."""
+  return '://' not in str(path)
