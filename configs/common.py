@@ -26,9 +26,10 @@ Groups (the contract other tools rely on):
   optim      name, learning_rate, warmup_steps, weight_decay, grad_clip, b1, b2.
   train      num_steps or num_epochs (num_steps > 0 takes precedence), eval_every, log_every,
              checkpoint_every, keep_checkpoints, async_checkpoints, seed, dtype.
-  task ('classification' | 'pixel_lm' | 'sequence_labelling'), init_from, lora (rank=0:
-             off; alpha, targets: see `train/adapters.py`), sample (pixel_lm only: the
-             sample / completion PNGs, see `pixel_lm()` below).
+  task ('classification' | 'pixel_lm' | 'sequence_labelling' | 'byte_lm'), init_from, lora
+             (rank=0: off; alpha, targets: see `train/adapters.py`), sample (pixel_lm: the
+             sample / completion PNGs, see `pixel_lm()` below; byte_lm: the held-out
+             continuations, see `text_bytes()`).
 Fields a sweep varies are plain values, so `--config.attention.mechanism=linear`
 works. No field defaults to None: overrides from the command line need a type.
 """
@@ -382,6 +383,32 @@ def sequences(config, data_dir: str = '', vocab_size: int = 0, max_length: int =
           image_size=0, augment='none')
   config.dataset.vocab_size = vocab_size
   return sequence_labelling(config)
+
+
+def text_bytes(config, corpus: str = '', seq_len: int = 256, validation_docs: int = 500,
+               train_docs: int = 0):
+  """Byte-level language modelling on a text corpus (`data/text_bytes.py`): `corpus` an
+  .npz of documents (text_utf8, offsets) or a folder of .txt files; `validation_docs`
+  documents held out, the rest (the first `train_docs`; 0 = all) trained on, each cut into
+  windows of `seq_len` bytes written once to `cache_dir('text_bytes')`. Every byte is
+  scored: the task is `byte_lm` (bits per byte; held-out continuations after training)."""
+  dataset(config, 'text_bytes', own_source=True, data_dir=cache_dir('text_bytes'),
+          max_length=seq_len, image_size=0, augment='none', eval_split='validation',
+          vocab_size=specs.get_spec('text_bytes').vocab_size)
+  config.dataset.corpus = corpus
+  config.dataset.validation_docs = validation_docs
+  config.dataset.train_docs = train_docs
+  config.dataset.generator_seed = 0
+  sequence_labelling(config)
+  config.task = 'byte_lm'
+  config.sample = ml_collections.ConfigDict(dict(
+      num_samples=2,      # held-out documents continued (samples.json, samples.txt)
+      prompt_bytes=64,    # their first bytes, given
+      new_bytes=128,      # bytes sampled after them
+      temperature=0.8,
+      seed=0,
+  ))
+  return config
 
 
 def cache_dir(name: str) -> str:

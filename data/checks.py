@@ -113,6 +113,20 @@ def _sequence(config, src: str) -> None:
                           d.get('power_a', mqar.POWER_A))
     except ValueError as e:
       raise ValueError(f'config.dataset: {e}') from None
+  if d.name == 'text_bytes':
+    from data import text_bytes  # pylint: disable=g-import-not-at-top
+    if d.vocab_size != text_bytes.VOCAB_SIZE:
+      raise ValueError(f'config.dataset.vocab_size={d.vocab_size!r} is not valid for the byte '
+                       f'dataset {d.name!r}; valid choices: {text_bytes.VOCAB_SIZE}')
+    if not d.get('corpus'):
+      raise ValueError(f"config.dataset.corpus={d.get('corpus', '')!r} is not valid for "
+                       f'dataset {d.name!r}; it must be an .npz (text_utf8, offsets) or a '
+                       f'folder of .txt files')
+    try:
+      text_bytes.check_settings(d.max_length, d.get('validation_docs', 0),
+                                d.get('train_docs', 0))
+    except ValueError as e:
+      raise ValueError(f'config.dataset: {e}') from None
 
 
 def check_splits(config, training: bool = True) -> None:

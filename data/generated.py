@@ -17,7 +17,10 @@ Settings, all optional in `config.dataset`:
     hard; default 14), image_size (default 32, LRA's) and num_distractors
     (default the generator's, LRA's 20 // distractor length, which fits 32x32);
   * MQAR: vocab_size, max_length (the sequence length), num_kv_pairs and
-    power_a (see `mqar.py`).
+    power_a (see `mqar.py`);
+  * text_bytes: corpus (an .npz of documents or a folder of .txt files),
+    max_length (the window, in bytes), validation_docs and train_docs (see
+    `text_bytes.py`).
 """
 from typing import Any, Dict
 
@@ -25,8 +28,9 @@ from data import listops
 from data import mqar
 from data import npz_cache
 from data import pathfinder
+from data import text_bytes
 
-NAMES = ('listops', 'pathfinder', 'mqar')
+NAMES = ('listops', 'pathfinder', 'mqar', 'text_bytes')
 
 
 def _sizes(d) -> Dict[str, int]:
@@ -50,6 +54,10 @@ def settings(config) -> Dict[str, Any]:
     out.update(vocab_size=int(d.vocab_size), seq_len=int(d.max_length),
                num_kv_pairs=int(d.get('num_kv_pairs', mqar.NUM_KV_PAIRS)),
                power_a=float(d.get('power_a', mqar.POWER_A)))
+  elif d.name == 'text_bytes':
+    return dict(corpus=str(d.get('corpus', '')), seq_len=int(d.max_length),
+                validation_docs=int(d.get('validation_docs', 0)),
+                train_docs=int(d.get('train_docs', 0)), seed=out['seed'])
   else:
     out.update(contour_length=int(d.get('contour_length', 0) or 14),
                image_size=int(d.get('image_size', 0) or pathfinder.IMAGE_SIZE))
@@ -66,6 +74,8 @@ def pattern(config) -> str:
   if d.name == 'mqar':
     return mqar.split_path(d.data_dir, '{split}', s['vocab_size'], s['seq_len'],
                            s['num_kv_pairs'], s['power_a'])
+  if d.name == 'text_bytes':
+    return text_bytes.split_path(d.data_dir, '{split}', **s)
   return pathfinder.split_path(d.data_dir, '{split}', s['contour_length'], s['image_size'])
 
 
@@ -82,6 +92,8 @@ def ensure(config, verbose: bool = True) -> str:
                          verbose=verbose)
   elif d.name == 'mqar':
     mqar.write_splits(d.data_dir, verbose=verbose, **s)
+  elif d.name == 'text_bytes':
+    text_bytes.write_splits(d.data_dir, verbose=verbose, **s)
   else:
     options = {k: v for k, v in s.items() if k not in ('seed', 'sizes')}
     pathfinder.write_splits(d.data_dir, seed=s['seed'], sizes=s['sizes'], verbose=verbose,

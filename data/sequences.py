@@ -5,7 +5,9 @@
 
 A file holds two arrays (Hugging Face's and Zoology's convention):
 
-  * `inputs`: integer `[n, length]`, token ids in 0..vocab_size-1;
+  * `inputs`: integer `[n, length]`, token ids in 0..vocab_size-1, or vocab_size, the
+    causal model's start token (`CausalTransformer.start_token`; a byte language model's
+    document starts with it, `text_bytes.py`);
   * `labels`: integer `[n, length]`, the token id each position must predict
     (0..vocab_size-1), or -100 where the position is not scored.
 
@@ -56,17 +58,18 @@ def parse(npz, path: str):
 
 def check(examples, vocab_size: int, max_length: int, vocab: str = 'config.dataset.vocab_size'
           ) -> None:
-  """ValueError naming `examples.origin`: tokens or labels outside 0..vocab_size-1 (labels
-  may also be -100), or sequences longer than `max_length` (config.dataset.max_length)."""
+  """ValueError naming `examples.origin`: tokens or labels outside 0..vocab_size-1 (inputs
+  may also be vocab_size, the start token; labels -100), or sequences longer than `max_length` (config.dataset.max_length)."""
   x, y = examples.inputs, examples.labels
   where = examples.origin
   if x.shape[1] > max_length:
     raise ValueError(f'{where}: sequences of {x.shape[1]} tokens exceed config.dataset.'
                      f'max_length={max_length}; valid: files of length <= {max_length}')
-  bad = (x < 0) | (x >= vocab_size)
+  bad = (x < 0) | (x > vocab_size)
   if bad.any():
     raise ValueError(f'{where}: inputs must be token ids in 0..{vocab_size - 1} ({vocab}='
-                     f'{vocab_size}), got {x[bad][0]} ({int(bad.sum())} of {x.size} tokens)')
+                     f'{vocab_size}) or {vocab_size} (the start token), got {x[bad][0]} '
+                     f'({int(bad.sum())} of {x.size} tokens)')
   bad = ((y < 0) & (y != IGNORE)) | (y >= vocab_size)
   if bad.any():
     raise ValueError(f'{where}: labels must be token ids in 0..{vocab_size - 1} ({vocab}='

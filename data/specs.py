@@ -107,6 +107,9 @@ DATASETS = {spec.name: spec for spec in (
     # is `dataset.vocab_size`; the labels are tokens of it.
     DatasetSpec('mqar', 'sequence', 0, default_source='generated'),
     DatasetSpec('sequences', 'sequence', 0, default_source='arrays'),
+    # Byte-level language modelling on a text corpus (`text_bytes.py`): windows of bytes,
+    # each byte scored with its own value.
+    DatasetSpec('text_bytes', 'sequence', 0, default_source='generated', vocab_size=256),
 )}
 
 

@@ -29,7 +29,7 @@ READS = {'vit': ('image',), 'text': ('text', 'text_pair', 'tokens', 'pixels'),
          'causal': ('pixels', 'sequence'),
          'mlp': ('image',)}
 TASKS = {'vit': ('classification',), 'text': ('classification',),
-         'causal': ('pixel_lm', 'sequence_labelling'), 'mlp': ('classification',)}
+         'causal': ('pixel_lm', 'sequence_labelling', 'byte_lm'), 'mlp': ('classification',)}
 PIXEL_LEVELS = 256  # causal pixel model: tokens 0..255, start token 256
 REVERSIBLE_KINDS = ('vit', 'text')  # encoders; the causal model decodes
 

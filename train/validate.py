@@ -110,3 +110,26 @@ def _train(config, decl: registry.Mechanism) -> None:
                       f"the samples written after training need (config.sample.num_samples="
                       f"{sample['num_samples']}, num_completions={sample['num_completions']}); "
                       f'valid choices: {", ".join(valid)}; or set both to 0')
+  if config.task == 'byte_lm':
+    _byte_samples(config, decl)
+
+
+def _byte_samples(config, decl: registry.Mechanism) -> None:
+  """The held-out continuations a byte LM writes after training (`tasks.byte_lm`)."""
+  s = {**tasks.byte_lm.SAMPLE_DEFAULTS, **(config.get('sample') or {})}
+  if s['num_samples'] <= 0:
+    return
+  if not decl.decode:
+    valid = registry.names_where(lambda m: bool(m.decode))
+    raise ConfigError(f'config.attention.mechanism={decl.name!r} has no decoding form, which '
+                      f"the continuations written after training need (config.sample."
+                      f"num_samples={s['num_samples']}); valid choices: {', '.join(valid)}; "
+                      f'or set it to 0')
+  for key in ('prompt_bytes', 'new_bytes'):
+    if not isinstance(s[key], int) or s[key] < 1:
+      raise ConfigError(f'config.sample.{key}={s[key]!r} is not valid; it must be >= 1')
+  if s['prompt_bytes'] + s['new_bytes'] > config.dataset.max_length:
+    raise ConfigError(f"config.sample.prompt_bytes={s['prompt_bytes']} + new_bytes="
+                      f"{s['new_bytes']} exceed the model's context, config.dataset.max_length="
+                      f'{config.dataset.max_length}; valid: a sum <= '
+                      f'{config.dataset.max_length}')

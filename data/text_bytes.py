@@ -1,0 +1,203 @@
+"""Byte-level language modelling on a text corpus: documents cut into windows, cached.
+
+    docs = text_bytes.read_corpus('../shared/data/imdb_train.npz')   # list of bytes
+    paths = text_bytes.write_splits(folder, corpus, seq_len=256, validation_docs=500)
+
+A corpus is one of
+  * an `.npz` with `text_utf8` (uint8, every document's bytes concatenated) and
+    `offsets` (integer `[n + 1]`, document i is `text_utf8[offsets[i]:offsets[i+1]]`),
+    the layout of `imdb_train.npz`; other keys are ignored;
+  * a folder of `.txt` files, one document each (sorted by name; other files ignored).
+Each problem is a one-line ValueError naming the file: a missing path, key or
+`.txt` file, a wrong dtype or shape, offsets that do not cut the text, a
+corpus without a non-empty document or with too few for the held-out set.
+
+Documents are split, not windows: a seeded permutation of the non-empty
+documents puts the first `validation_docs` in 'validation' and the rest in
+'train' (the first `train_docs` of them, 0 = all); a training document whose
+bytes equal a held-out one is dropped, so no text is in both splits.
+
+Each document becomes windows of `seq_len` bytes in the sequence-labelling
+format (`sequences.py`): the window of bytes d[s:s+L] is scored on every
+byte (`labels` = those bytes) and reads the byte before each one (`inputs`
+= d[s-1:s+L-1]), the first window of a document reading START (256, the
+causal model's start token, `CausalTransformer.start_token`) before its first
+byte. So every byte of every document is predicted exactly once, a window's
+context is the window itself, and a document's first window is what the
+sampler (`efficient_attn.sampling`) sees when it continues a prompt. The last
+window of a document is padded (input 0, label -100). Mean cross-entropy per
+scored position / ln 2 is bits per byte.
+
+`write_splits` writes `text_bytes_<key>_{split}.npz` (int16 `inputs` and
+`labels`, and `settings_json`), `<key>` a hash of the settings and of the
+corpus's size and modification time, and keeps a file whose settings match.
+"""
+import hashlib
+import json
+import os
+from typing import Dict, List, Sequence, Tuple
+
+import numpy as np
+
+from data import npz_cache
+
+VOCAB_SIZE = 256  # byte values; the inputs also hold START
+START = VOCAB_SIZE  # the causal model's start token: before a document's first byte
+SPLITS = ('train', 'validation')
+_FORMAT = 1  # bump when the written content changes for the same settings
+
+
+def _corpus_files(corpus: str) -> List[str]:
+  """The `.txt` files of a folder corpus, sorted; ValueError when there are none."""
+  names = sorted(n for n in os.listdir(corpus) if n.endswith('.txt')
+                 and os.path.isfile(os.path.join(corpus, n)))
+  if not names:
+    raise ValueError(f'{corpus}: the folder holds no .txt file; a text corpus is a folder '
+                     f'of .txt files (one document each) or an .npz with text_utf8 and '
+                     f'offsets')
+  return [os.path.join(corpus, n) for n in names]
+
+
+def _check_exists(corpus: str) -> None:
+  if not corpus:
+    raise ValueError("text corpus '' is not valid; it must be an .npz (text_utf8, offsets) "
+                     "or a folder of .txt files")
+  if not os.path.exists(corpus):
+    raise ValueError(f'{corpus} does not exist; a text corpus is an .npz (text_utf8, '
+                     f'offsets) or a folder of .txt files')
+
+
+def read_corpus(corpus: str) -> List[bytes]:
+  """Every document of `corpus` (an `.npz` or a folder of `.txt` files), in order."""
+  _check_exists(corpus)
+  if os.path.isdir(corpus):
+    docs = []
+    for path in _corpus_files(corpus):
+      with open(path, 'rb') as f:
+        docs.append(f.read())
+    return docs
+  try:
+    npz = np.load(corpus, allow_pickle=False)
+  except Exception as e:  # pylint: disable=broad-except
+    raise ValueError(f'{corpus}: not a readable .npz ({type(e).__name__}: {e}); a text corpus '
+                     f'is an .npz with text_utf8 and offsets, or a folder of .txt files'
+                     ) from None
+  with npz:
+    for key in ('text_utf8', 'offsets'):
+      if key not in npz.files:
+        raise ValueError(f'{corpus} has no {key!r} array; a text corpus .npz needs text_utf8 '
+                         f'(uint8, the documents concatenated) and offsets (int [n + 1]) '
+                         f'(it has {", ".join(npz.files) or "no arrays"})')
+    text, offsets = np.asarray(npz['text_utf8']), np.asarray(npz['offsets'])
+  if text.dtype != np.uint8 or text.ndim != 1:
+    raise ValueError(f"{corpus}: 'text_utf8' must be uint8 [total bytes], got {text.dtype} "
+                     f'shape {list(text.shape)}')
+  if not np.issubdtype(offsets.dtype, np.integer) or offsets.ndim != 1 or len(offsets) < 1:
+    raise ValueError(f"{corpus}: 'offsets' must be integers [n + 1], got {offsets.dtype} "
+                     f'shape {list(offsets.shape)}')
+  if offsets[0] != 0 or offsets[-1] != len(text) or (np.diff(offsets) < 0).any():
+    raise ValueError(f"{corpus}: 'offsets' must rise from 0 to len(text_utf8)={len(text)}, "
+                     f'got {offsets[0]}..{offsets[-1]}' + (
+                         ' and a decrease' if (np.diff(offsets) < 0).any() else ''))
+  raw = text.tobytes()
+  return [raw[a:b] for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
+
+
+def split_documents(docs: Sequence[bytes], validation_docs: int, train_docs: int = 0,
+                    seed: int = 0, where: str = 'corpus') -> Dict[str, List[int]]:
+  """{'train': indices, 'validation': indices} of the non-empty `docs` (sorted; see the
+  module docstring); ValueError naming `where` when too few documents are left."""
+  nonempty = np.asarray([i for i, d in enumerate(docs) if d], np.int64)
+  if not len(nonempty):
+    raise ValueError(f'{where}: the corpus is empty ({len(docs)} documents, none with a '
+                     f'byte); it needs documents to train and validate on')
+  if validation_docs < 1 or len(nonempty) <= validation_docs:
+    raise ValueError(f'{where}: {len(nonempty)} non-empty documents cannot hold out '
+                     f'validation_docs={validation_docs} and train on the rest; valid: '
+                     f'1..{len(nonempty) - 1}')
+  order = nonempty[np.random.default_rng(seed).permutation(len(nonempty))]
+  validation = np.sort(order[:validation_docs])
+  held = {docs[i] for i in validation}
+  train = [i for i in order[validation_docs:] if docs[i] not in held]
+  if train_docs > 0:
+    train = train[:train_docs]
+  if not train:
+    raise ValueError(f'{where}: no training document is left: every document outside the '
+                     f'{validation_docs} held out repeats one of them')
+  return {'train': sorted(int(i) for i in train), 'validation': validation.tolist()}
+
+
+def windows(docs: Sequence[bytes], seq_len: int) -> Tuple[np.ndarray, np.ndarray]:
+  """(inputs, labels) int16 `[windows, seq_len]` of `docs` (see the module docstring)."""
+  inputs, labels = [], []
+  for doc in docs:
+    d = np.frombuffer(doc, np.uint8).astype(np.int16)
+    if not len(d):
+      continue
+    rows = -(-len(d) // seq_len)
+    y = np.full(rows * seq_len, -100, np.int16)
+    y[:len(d)] = d
+    x = np.zeros(rows * seq_len, np.int16)
+    x[0], x[1:len(d)] = START, d[:-1]
+    inputs.append(x.reshape(rows, seq_len))
+    labels.append(y.reshape(rows, seq_len))
+  if not inputs:
+    return (np.zeros((0, seq_len), np.int16),) * 2
+  return np.concatenate(inputs), np.concatenate(labels)
+
+
+def _stamp(corpus: str) -> List:
+  """What changes when the corpus does: its files' names, sizes and modification times."""
+  files = _corpus_files(corpus) if os.path.isdir(corpus) else [corpus]
+  return [[os.path.basename(f), os.path.getsize(f), os.stat(f).st_mtime_ns] for f in files]
+
+
+def settings(corpus: str, seq_len: int, validation_docs: int, train_docs: int = 0,
+             seed: int = 0) -> Dict:
+  """The settings a split file is written from (ValueError if the corpus is missing)."""
+  _check_exists(corpus)
+  return dict(format=_FORMAT, corpus=os.path.abspath(corpus), stamp=_stamp(corpus),
+              seq_len=int(seq_len), validation_docs=int(validation_docs),
+              train_docs=int(train_docs), seed=int(seed))
+
+
+def split_path(folder: str, split: str, **task) -> str:
+  """`folder/text_bytes_<hash of the settings>_{split}.npz`."""
+  key = hashlib.sha256(json.dumps(settings(**task), sort_keys=True).encode()).hexdigest()[:12]
+  return os.path.join(folder, f'text_bytes_{key}_{split}.npz')
+
+
+def check_settings(seq_len: int, validation_docs: int, train_docs: int) -> None:
+  """A one-line ValueError naming the first setting the task cannot be built with."""
+  if seq_len < 1:
+    raise ValueError(f'text_bytes seq_len={seq_len} is not valid; it must be >= 1')
+  if validation_docs < 1:
+    raise ValueError(f'text_bytes validation_docs={validation_docs} is not valid; it must be '
+                     f'>= 1 (documents held out for validation)')
+  if train_docs < 0:
+    raise ValueError(f'text_bytes train_docs={train_docs} is not valid; it must be >= 0 '
+                     f'(0 = every document not held out)')
+
+
+def write_splits(folder: str, corpus: str, seq_len: int, validation_docs: int,
+                 train_docs: int = 0, seed: int = 0, verbose: bool = True) -> List[str]:
+  """Writes the 'train' and 'validation' window files of `corpus` into `folder` (skipping
+  files already up to date); returns their paths."""
+  check_settings(seq_len, validation_docs, train_docs)
+  task = dict(corpus=corpus, seq_len=seq_len, validation_docs=validation_docs,
+              train_docs=train_docs, seed=seed)
+  base = settings(**task)
+  paths = {s: split_path(folder, s, **task) for s in SPLITS}
+  if all(npz_cache.read_settings(paths[s]) == dict(base, split=s) for s in SPLITS):
+    return [paths[s] for s in SPLITS]
+  docs = read_corpus(corpus)
+  chosen = split_documents(docs, validation_docs, train_docs, seed, where=corpus)
+  npz_cache.makedirs(folder)
+  for split in SPLITS:
+    inputs, labels = windows([docs[i] for i in chosen[split]], seq_len)
+    npz_cache.save_npz(paths[split], inputs=inputs, labels=labels, settings_json=np.frombuffer(
+        json.dumps(dict(base, split=split), sort_keys=True).encode('utf-8'), np.uint8))
+    if verbose:
+      print(f'{paths[split]}: {len(chosen[split])} documents, {int((labels >= 0).sum())} bytes '
+            f'in {len(inputs)} windows of {seq_len}', flush=True)
+  return [paths[s] for s in SPLITS]

@@ -1,0 +1,91 @@
+"""The 'byte_lm' task: a byte-level language model (`data/text_bytes.py` windows).
+
+Sequence labelling with every byte scored (`sequence_labelling.py`: the causal
+model, its vocabulary head at the scored positions, cross-entropy), plus
+'bits_per_byte' (cross-entropy in nats / ln 2, per scored byte). After
+training, and in `--mode=eval`, `write_outputs` continues the first
+`sample.num_samples` held-out documents of the evaluation split: their first
+`sample.prompt_bytes` bytes are the prompt, fed through the decoding steps
+(`efficient_attn.sampling`, teacher forcing), and `sample.new_bytes` are
+sampled after it. It writes `samples.json` (prompt, continuation and the
+settings) and `samples.txt` (the same, readable).
+"""
+import json
+import math
+import os
+from typing import Dict
+
+import jax
+import numpy as np
+
+from efficient_attn import sampling
+from data import arrays
+from data import text_bytes
+from train import adapters
+from train.tasks import base
+from train.tasks import sequence_labelling
+
+SAMPLE_DEFAULTS = dict(num_samples=2, prompt_bytes=64, new_bytes=128, temperature=0.8,
+                       seed=0)
+
+
+def loss_and_metrics(model, params, batch, *, train: bool, rngs=None):
+  """`sequence_labelling.loss_and_metrics` with 'bits_per_byte' (sum of bits; / 'count')."""
+  loss, metrics = sequence_labelling.loss_and_metrics(model, params, batch, train=train,
+                                                      rngs=rngs)
+  return loss, dict(metrics, bits_per_byte=metrics['loss'] / math.log(2.0))
+
+
+def prompts(config, num: int, length: int) -> np.ndarray:
+  """uint8-valued int32 `[num, length]`: the first `length` bytes of the first `num`
+  documents of the evaluation split at least that long (fewer rows if there are fewer)."""
+  split = arrays.get_split(config, config.dataset.eval_split)
+  starts = split.inputs[:, 0] == text_bytes.START
+  labels = split.labels[starts]
+  if length <= labels.shape[1]:  # a document's first window holds the prompt
+    labels = labels[(labels[:, :length] >= 0).all(1)]
+  else:
+    labels = labels[:0]
+  return labels[:num, :length].astype(np.int32)
+
+
+def continue_bytes(model, params, rng, prompt: np.ndarray, new_bytes: int,
+                   temperature: float) -> np.ndarray:
+  """int32 `[b, new_bytes]`: bytes sampled after `prompt` `[b, p]` (byte values)."""
+  length = prompt.shape[1] + new_bytes
+  sampler = sampling.make_sampler(model, prompt.shape[0], length)
+  tokens = sampler(params, rng, temperature=temperature, prefix=prompt,
+                   prefix_length=prompt.shape[1])
+  return np.asarray(tokens)[:, prompt.shape[1]:]
+
+
+def text(values) -> str:
+  """Bytes as text (UTF-8, invalid sequences replaced)."""
+  return bytes(np.asarray(values, np.uint8).tolist()).decode('utf-8', errors='replace')
+
+
+def write_outputs(config, model, params, workdir: str) -> Dict[str, str]:
+  """`samples.json` and `samples.txt` in `workdir`: continued held-out prompts."""
+  s = {**SAMPLE_DEFAULTS, **(config.get('sample') or {})}
+  if s['num_samples'] <= 0:
+    return {}
+  model, params = adapters.unwrap(config, model, jax.device_get(params))
+  prompt = prompts(config, s['num_samples'], s['prompt_bytes'])
+  if not len(prompt):
+    return {}
+  out = continue_bytes(model, params, jax.random.key(s['seed']), prompt, s['new_bytes'],
+                       s['temperature'])
+  samples = [dict(prompt=text(p), continuation=text(c)) for p, c in zip(prompt, out)]
+  paths = {'samples': os.path.join(workdir, 'samples.json'),
+           'samples_text': os.path.join(workdir, 'samples.txt')}
+  with open(paths['samples'], 'w') as f:
+    json.dump(dict(settings=s, samples=samples), f, indent=1)
+  with open(paths['samples_text'], 'w') as f:
+    for i, x in enumerate(samples):
+      f.write(f'--- sample {i} (temperature {s["temperature"]}) ---\n{x["prompt"]}'
+              f'[[{x["continuation"]}]]\n')
+  return paths
+
+
+TASK = base.Task(name='byte_lm', loss_and_metrics=loss_and_metrics,
+                 write_outputs=write_outputs, reads=('sequence',))
