@@ -1,0 +1,57 @@
+"""Multi-query associative recall (MQAR; Arora et al. 2023, "Zoology"), cut to one CPU core.
+
+configs/mqar.py (2 layers, 2 heads, MLP twice the width, learned positions,
+100,000 training sequences, batch 64, AdamW with weight decay 0.1, 100 warm-up
+steps and cosine decay) for each mechanism, width and cell
+(seq_len x num_kv_pairs), at the study's budget: vocabulary `vocab_size`
+(default 1,024; Zoology's is 8,192), peak learning rate `learning_rate`
+(default 1e-2, inside Zoology's sweep of 1e-3..10^-1.5) and `num_steps` steps
+(default 1,000). Accuracy is per query on the 1,000 generated test sequences.
+
+Settings (key=value after ':'): seed (default 0; it sets `train.seed` only:
+the generated data is the same for every seed), mechanisms (default softmax,
+linear, mamba2, gla, deltanet, gated_deltanet), widths (default 64), cells
+(default 128x8: seq_len x num_kv_pairs), vocab_size, learning_rate, num_steps.
+
+    python -m train.sweep --sweep=studies/recall/sweep.py:seed=1,mechanisms=softmax,linear \
+        --root=/work/runs/recall/seed1 run
+
+Workdirs are named `<mechanism>-d<width>-l<seq_len>-kv<pairs>`, so a run's
+name says its cell; the seed is the root folder's.
+"""
+from configs import common
+
+
+def parse_cell(cell: str):
+  """'128x8' -> (128, 8); a one-line ValueError for anything else."""
+  length, sep, pairs = cell.partition('x')
+  if not (sep and length.isdigit() and pairs.isdigit()):
+    raise ValueError(f'recall sweep: cell {cell!r} is not valid; write seq_len x '
+                     f'num_kv_pairs, e.g. 128x8 or 256x16')
+  return int(length), int(pairs)
+
+
+def get_sweep(arg=None):
+  args = common.parse_arg(
+      arg, seed=0,
+      mechanisms=('softmax', 'linear', 'mamba2', 'gla', 'deltanet', 'gated_deltanet'),
+      widths=(64,), cells=('128x8',), vocab_size=1024, learning_rate=1e-2, num_steps=1000)
+  common.at_least(0, seed=args['seed'])
+  common.at_least(1, widths=args['widths'], num_steps=args['num_steps'])
+  if not args['learning_rate'] > 0:
+    raise ValueError(f'recall sweep: learning_rate={args["learning_rate"]} is not valid; '
+                     f'it must be > 0')
+  runs = []
+  for cell in args['cells']:
+    length, pairs = parse_cell(cell)
+    for width in args['widths']:
+      for m in args['mechanisms']:
+        runs.append({
+            'name': f'{m}-d{width}-l{length}-kv{pairs}',
+            'config': (f'configs/mqar.py:{m},d_model={width},seq_len={length},'
+                       f'num_kv_pairs={pairs},vocab_size={args["vocab_size"]},'
+                       f'num_steps={args["num_steps"]}')})
+  return dict(
+      runs=runs,
+      fixed={'train.seed': args['seed'], 'optim.learning_rate': args['learning_rate'],
+             'train.log_every': 50, 'train.eval_every': 500, 'train.checkpoint_every': 250})
