@@ -37,8 +37,8 @@ def load(path: str, arg: str = None) -> ml_collections.ConfigDict:
 
 def runnable(config, image_folder_root, generated_root=None):
   """Points an ImageFolder config at the test folder, a generated task at a few
-  examples in `generated_root` and LRA Retrieval at a few written pairs there; drops
-  init_from (no earlier run here)."""
+  examples in `generated_root` (the byte LM at a 5-document corpus) and LRA Retrieval at a
+  few written pairs there; drops init_from (no earlier run here)."""
   if config.dataset.name == 'image_folder':
     config.dataset.data_dir = str(image_folder_root)
   if config.dataset.get('source') == 'tsv' and generated_root is not None:
@@ -47,6 +47,13 @@ def runnable(config, image_folder_root, generated_root=None):
   if config.dataset.get('source') == 'generated' and generated_root is not None:
     config.dataset.data_dir = os.path.join(str(generated_root), config.dataset.name)
     config.dataset.sizes = ml_collections.ConfigDict({'train': 4, 'validation': 2, 'test': 2})
+  if config.dataset.name == 'text_bytes' and generated_root is not None:  # a 5-review corpus
+    corpus = os.path.join(str(generated_root), 'text_bytes_corpus')
+    os.makedirs(corpus, exist_ok=True)
+    for i in range(5):
+      with open(os.path.join(corpus, f'{i}.txt'), 'w') as f:
+        f.write(f'Review {i}: a quiet film. ' * 20)
+    config.dataset.update(dict(corpus=corpus, validation_docs=1))
   config.init_from = ''
   return config
 
@@ -204,7 +211,7 @@ def test_train_steps_on_mock_data(path, image_folder_root, generated_root):
   before = jax.device_get(state.params)
   train_step = steps.make_train_step(task, model, tx, jax.random.key(1), mesh)
   count = 2 * (models.sequence_length(config)[0] if config.task == 'pixel_lm' else 1)
-  if config.task == 'sequence_labelling':
+  if config.task in ('sequence_labelling', 'byte_lm'):
     count = int((np.asarray(batch['label'])[..., 1] != -100).sum())
   for _ in range(2):
     state, metrics = train_step(state, batch)
