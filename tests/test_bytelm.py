@@ -191,3 +191,17 @@ def test_tiny_run_reports_bits_per_byte_and_continues_a_held_out_prompt(run_once
   assert len(prompt) == 6 and any(d.startswith(prompt) for d in DOCS)  # a held-out start
   assert samples[0]['continuation']  # new_bytes sampled after it
   assert os.path.exists(os.path.join(workdir, 'samples.txt'))
+
+
+def test_the_docs_quote_the_message_a_folder_without_txt_gets(tmp_path):
+  """docs/sequence_labelling.md's example: a corpus folder holding no .txt file."""
+  with open(os.path.join(ROOT, 'docs', 'sequence_labelling.md')) as f:
+    quoted = next(line.strip() for line in f if 'holds no .txt file;' in line)
+  folder = tmp_path / 'notes'
+  folder.mkdir()
+  (folder / 'README.md').write_text('# notes')
+  config = load_config(str(folder), tmp_path / 'cache')
+  arrays.clear_cache()
+  with pytest.raises(validate.ConfigError) as e:
+    validate.resolved(config)
+  assert f'Invalid config: {e.value}' == quoted.replace('/tmp/h_doc/notes', str(folder))
