@@ -13,8 +13,9 @@ REAL_DATA_FIELDS = {'dataset.source', 'dataset.data_dir', 'dataset.holdout', 'da
 
 def test_every_study_has_its_sweep_and_readme():
   assert [os.path.dirname(p) for p in STUDIES] == [
-      'studies/cifar10_mechanisms', 'studies/imdb_bytes', 'studies/lora_mnist',
-      'studies/mnist_pixels', 'studies/mnist_projections']
+      'studies/bytelm', 'studies/cifar10_mechanisms', 'studies/imdb_bytes',
+      'studies/lora_mnist', 'studies/mnist_pixels', 'studies/mnist_projections',
+      'studies/recall']
   for path in STUDIES:
     assert os.path.exists(os.path.join(os.path.dirname(path), 'README.md')), path
 

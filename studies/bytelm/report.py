@@ -1,0 +1,153 @@
+"""The byte-level LM study's report: bits per byte, speed, decoding state, a continuation.
+
+    python studies/bytelm/report.py --root=/work/runs/bytelm --out=studies/bytelm --name=bytelm
+
+Reads every `<root>/bytelm-<mechanism>-seed<seed>` workdir of the sweep
+(`sweep.py`): `results.json` (validation bits per byte, steady examples/s,
+wall time), `samples.json` (the continuations written after training) and the
+newest checkpoint, whose model gives the decoding state: the bytes of the cache
+`efficient_attn.sampling.init_cache` allocates for one sequence at the
+model's context (`benchmarks.generation.cache_bytes`: every layer's keys and
+values, or recurrent state, and the position). Writes `<name>.json`,
+`<name>.md` and `<name>.png` (bits per byte against decoding state) into
+`--out`. A run without results.json is listed as not finished.
+"""
+import argparse
+import glob
+import json
+import os
+import re
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
+sys.path.insert(0, HERE)
+
+from benchmarks.generation import cache_bytes  # noqa: E402  pylint: disable=g-import-not-at-top
+from train import inference  # noqa: E402  pylint: disable=g-import-not-at-top
+import sweep as study  # noqa: E402  pylint: disable=g-import-not-at-top
+
+NAME = re.compile(r'bytelm-(?P<mechanism>.+)-seed(?P<seed>\d+)$')
+
+
+def collect(root: str):
+  """One row per workdir: mechanism, seed, and what it recorded (None until finished)."""
+  rows = []
+  for workdir in sorted(glob.glob(os.path.join(root, 'bytelm-*'))):
+    match = NAME.match(os.path.basename(workdir))
+    if not match:
+      continue
+    row = dict(mechanism=match['mechanism'], seed=int(match['seed']), workdir=workdir,
+               finished=False)
+    path = os.path.join(workdir, 'results.json')
+    if os.path.exists(path):
+      with open(path) as f:
+        r = json.load(f)
+      row.update(finished=True, bits_per_byte=r['eval_bits_per_byte'],
+                 accuracy=r['eval_accuracy'], loss=r['eval_loss'], steps=r['steps'],
+                 examples_per_sec=r['steady_examples_per_sec'],
+                 wall_time_s=r['wall_time_s'], params=r['params_total'])
+      config, model, params = inference.load(workdir)
+      row.update(decode_state_bytes=cache_bytes(model, params), context=model.max_length,
+                 batch_size=config.dataset.batch_size)
+      with open(os.path.join(workdir, 'samples.json')) as f:
+        row['samples'] = json.load(f)
+    rows.append(row)
+  order = {m: i for i, m in enumerate(study.MECHANISMS)}
+  return sorted(rows, key=lambda r: (order.get(r['mechanism'], len(order)), r['mechanism'],
+                                     r['seed']))
+
+
+def summary(rows):
+  """Per mechanism over its finished seeds: mean and half range of bits per byte, mean
+  examples/s, the decoding state."""
+  out = {}
+  for m in dict.fromkeys(r['mechanism'] for r in rows):
+    done = [r for r in rows if r['mechanism'] == m and r['finished']]
+    if not done:
+      out[m] = dict(seeds=[])
+      continue
+    bpb = [r['bits_per_byte'] for r in done]
+    out[m] = dict(seeds=[r['seed'] for r in done], bits_per_byte=sum(bpb) / len(bpb),
+                  spread=(max(bpb) - min(bpb)) / 2,
+                  examples_per_sec=sum(r['examples_per_sec'] for r in done) / len(done),
+                  decode_state_bytes=done[0]['decode_state_bytes'], params=done[0]['params'])
+  return out
+
+
+def markdown(rows, means, command: str) -> str:
+  lines = [f'command: `{command}`', '',
+           '| mechanism | seeds | validation bits/byte (mean ± half range) | next-byte accuracy '
+           '| steady examples/s | decoding state (bytes / sequence) | parameters |',
+           '|:---|:---|---:|---:|---:|---:|---:|']
+  for m, s in means.items():
+    if not s['seeds']:
+      lines.append(f'| {m} | not finished | | | | | |')
+      continue
+    acc = [r['accuracy'] for r in rows if r['mechanism'] == m and r['finished']]
+    lines.append(f'| {m} | {",".join(map(str, s["seeds"]))} | {s["bits_per_byte"]:.3f} ± '
+                 f'{s["spread"]:.3f} | {100 * sum(acc) / len(acc):.1f}% | '
+                 f'{s["examples_per_sec"]:.1f} | {s["decode_state_bytes"]:,} | '
+                 f'{s["params"]:,} |')
+  lines += ['', '| run | bits/byte | accuracy | steady examples/s | wall time |',
+            '|:---|---:|---:|---:|---:|']
+  for r in rows:
+    name = os.path.basename(r['workdir'])
+    if r['finished']:
+      lines.append(f'| {name} | {r["bits_per_byte"]:.3f} | {100 * r["accuracy"]:.1f}% | '
+                   f'{r["examples_per_sec"]:.1f} | {r["wall_time_s"]:.0f} s |')
+    else:
+      lines.append(f'| {name} | not finished | | | |')
+  lines += ['', 'Continuations (the first seed of each mechanism, first held-out prompt; the '
+                'prompt, then the sampled bytes in [[ ]]):', '']
+  for m in means:
+    done = [r for r in rows if r['mechanism'] == m and r['finished']]
+    if done:
+      sample = done[0]['samples']['samples'][0]
+      settings = done[0]['samples']['settings']
+      text = (sample['prompt'] + '[[' + sample['continuation'] + ']]').replace('\n', ' ')
+      lines += [f'- **{m}** (seed {done[0]["seed"]}, temperature {settings["temperature"]}): '
+                f'`{text.replace("`", chr(39))}`']
+  return '\n'.join(lines) + '\n'
+
+
+def plot(means, path: str) -> None:
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for m, s in means.items():
+    if s['seeds']:
+      ax.errorbar(s['decode_state_bytes'], s['bits_per_byte'], yerr=s['spread'], fmt='o',
+                  capsize=3, label=m)
+  ax.set_xscale('log')
+  ax.set_xlabel('decoding state, bytes per sequence (log)')
+  ax.set_ylabel('validation bits per byte')
+  ax.set_title('Byte-level LM on IMDB reviews (same budget)')
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--root', required=True)
+  parser.add_argument('--out', required=True)
+  parser.add_argument('--name', default='bytelm')
+  args = parser.parse_args()
+  rows = collect(args.root)
+  if not rows:
+    raise SystemExit(f'{args.root}: no bytelm-<mechanism>-seed<seed> workdir')
+  means = summary(rows)
+  command = 'python studies/bytelm/report.py ' + ' '.join(sys.argv[1:])
+  with open(os.path.join(args.out, f'{args.name}.json'), 'w') as f:
+    json.dump(dict(command=command, summary=means, runs=rows), f, indent=1)
+  with open(os.path.join(args.out, f'{args.name}.md'), 'w') as f:
+    f.write(markdown(rows, means, command))
+  if any(s['seeds'] for s in means.values()):
+    plot(means, os.path.join(args.out, f'{args.name}.png'))
+  print(markdown(rows, means, command))
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,45 @@
+"""Byte-level language modelling on real IMDB reviews: six causal mechanisms, one budget.
+
+configs/bytelm.py for softmax, linear attention (Katharopoulos et al. 2020),
+Performer (Choromanski et al. 2021), GLA (Yang et al. 2024), Mamba-2 (Dao & Gu
+2024) and Gated DeltaNet (Yang, Kautz & Hatamizadeh 2025), each at width 64, 2 layers, 4
+heads, MLP 256, windows of 128 bytes, batch 16, 250 steps (512,000 bytes
+seen, under one pass over the training documents), learning rate 2e-3. The
+corpus is ../shared/data/imdb_train.npz: 200 reviews held out for validation
+(a seeded draw of documents), the first 2,000 of the others trained on. The
+runs are ordered seed by seed, so a cut-short sweep has one whole seed first.
+
+Settings (key=value after ':'): seeds (default 0,1), mechanisms (default the six),
+d_model, seq_len, batch_size, num_steps, validation_docs, train_docs, data_dir
+(the folder holding imdb_train.npz, default ../shared/data).
+
+    taskset -c 1 python -m train.sweep --sweep=studies/bytelm/sweep.py \
+        --root=/work/runs/bytelm run
+"""
+import os
+
+from configs import common
+
+MECHANISMS = ('softmax', 'linear', 'performer', 'gla', 'mamba2', 'gated_deltanet')
+
+
+def get_sweep(arg=None):
+  args = common.parse_arg(arg, seeds=(0, 1), mechanisms=MECHANISMS, d_model=64, seq_len=128,
+                          batch_size=16, num_steps=250, validation_docs=200, train_docs=2000,
+                          data_dir='../shared/data')
+  common.at_least(0, seeds=args['seeds'], train_docs=args['train_docs'])
+  common.at_least(1, d_model=args['d_model'], seq_len=args['seq_len'],
+                  batch_size=args['batch_size'], num_steps=args['num_steps'],
+                  validation_docs=args['validation_docs'])
+  corpus = os.path.join(args['data_dir'], 'imdb_train.npz')
+  settings = (f'd_model={args["d_model"]},seq_len={args["seq_len"]},'
+              f'batch_size={args["batch_size"]},num_steps={args["num_steps"]},'
+              f'validation_docs={args["validation_docs"]},train_docs={args["train_docs"]},'
+              f'data_dir={corpus}')
+  return dict(
+      runs=[{'config': f'configs/bytelm.py:{m},{settings}', 'train.seed': seed,
+             'name': f'bytelm-{m}-seed{seed}'}
+            for seed in args['seeds'] for m in args['mechanisms']],
+      fixed={'train.eval_every': args['num_steps'], 'train.log_every': 25,
+             'train.checkpoint_every': 50},
+  )
