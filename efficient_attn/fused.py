@@ -33,7 +33,7 @@ head_dim]`, v `[batch, kv_length, heads, head_dim]`; masks follow
 `efficient_attn.masking` (True = attend).
 """
 import math
-from typing import Optional
+from typing import Optional, Sequence
 import warnings
 
 import jax
@@ -213,15 +213,18 @@ def _gpu_kernel():
   return attention
 
 
-def gpu_block_sizes(length: int):
-  """JAX's default `BlockSizes` of the GPU kernel, each cut to a power of two dividing `length`."""
+def gpu_block_sizes(length: int, blocks: Optional[Sequence[int]] = None):
+  """The GPU kernel's `BlockSizes` for `length`, each block cut to a power of two dividing it.
+
+  blocks: (block_q, block_k, block_q_dkv, block_kv_dkv, block_q_dq, block_kv_dq),
+    powers of two; default JAX's (128, 128, 32, 32, 32, 32).
+  """
   gpu = _gpu_kernel()
-  default = gpu.BlockSizes.get_default()
-  fit = lambda block: math.gcd(block, length)  # blocks are powers of two
-  return gpu.BlockSizes(
-      block_q=fit(default.block_q), block_k=fit(default.block_k),
-      block_q_dkv=fit(default.block_q_dkv), block_kv_dkv=fit(default.block_kv_dkv),
-      block_q_dq=fit(default.block_q_dq), block_kv_dq=fit(default.block_kv_dq))
+  if blocks is None:
+    default = gpu.BlockSizes.get_default()
+    blocks = (default.block_q, default.block_k, default.block_q_dkv, default.block_kv_dkv,
+              default.block_q_dq, default.block_kv_dq)
+  return gpu.BlockSizes(*(math.gcd(block, length) for block in blocks))
 
 
 def pallas_gpu_attention(q, k, v, mask=None, causal: bool = False, scale: float = 1.0,
