@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# The whole GPU table of issues 33 and 34 in one call: about 6.5 minutes on an H100, compiles
+# included. Each part runs under its own `timeout`, in priority order, inside one wall budget
+# (BUDGET_S, default 390 s): a hang costs that part only, and the last parts are the ones cut.
+#
+#   OUT=/some/folder bash benchmarks/gpu_suite.sh            # on the GPU
+#   OUT=/tmp/gpu_smoke bash benchmarks/gpu_suite.sh --smoke  # every part at tiny sizes, on CPU
+#
+# Parts, in order:
+#   nvidia_smi, env     the device, jax, and that no ml_collections/clu/tensorflow is imported;
+#   flash_float32       dense `jax.nn.dot_product_attention` (XLA) vs softmax_chunked with
+#                       implementation=xla and =pallas, forward + backward, batch 4, 8 heads of
+#                       64, 1K/4K/16K, as docs/results/flash_gpu.md;
+#   flash_precision     each exact implementation's error against float64 (default and 'highest'
+#                       matmul precision), the 'highest' times and two other kernel block sizes;
+#   peers_float32       benchmarks.peers at 4K and 8K, as docs/results/peers_gpu.md (the
+#                       published FAVOR+ pairs need benchmarks/published/third_party carried);
+#   gated               docs/results/gated_linear_speed.md's targets and comparisons at 4K, 16K;
+#   peers_bfloat16, flash_bfloat16 (exact = cuDNN), flash_causal (float32, 4K, 16K).
+# Results: one folder, packed after every part into $OUT/gpu_results.tgz (each part's output in
+# <part>.log, each tool's .md/.json/.png); the timestamped progress, with every part's output,
+# in $OUT/log.txt.
+set -u
+cd "$(dirname "$0")/.." || exit 1
+
+SMOKE=0
+if [[ "${1:-}" == "--smoke" ]]; then SMOKE=1; elif [[ $# -gt 0 ]]; then
+  echo "usage: OUT=folder bash benchmarks/gpu_suite.sh [--smoke]" >&2; exit 2; fi
+: "${OUT:?set OUT to the folder the results go to}"
+mkdir -p "$OUT"
+RES=$(mktemp -d)/gpu_results   # outside $OUT: only the tarball and the log come back
+mkdir -p "$RES"
+LOG=$OUT/log.txt
+: > "$LOG"
+export PYTHONUNBUFFERED=1
+if [[ -n "${PYTHON:-}" ]]; then PY=$PYTHON
+elif [[ -x .venv/bin/python ]]; then PY=.venv/bin/python
+else PY=$(command -v python || command -v python3); fi
+START=$(date +%s)
+BUDGET=${BUDGET_S:-390}
+
+log() { echo "[$(date -u +%H:%M:%S) +$(( $(date +%s) - START ))s] $*" | tee -a "$LOG"; }
+
+# part NAME LIMIT_S CMD...: CMD under `timeout` of min(LIMIT_S, what the budget has left - 15 s),
+# its output in $RES/NAME.log and the log; a part with under 20 s left is skipped.
+part() {
+  local name=$1 limit=$2; shift 2
+  local left=$(( BUDGET - ($(date +%s) - START) - 15 ))
+  (( left < limit )) && limit=$left
+  if (( limit < 20 )); then log "SKIP $name: ${left} s of the budget left"; return; fi
+  log "START $name (timeout ${limit} s): $*"
+  timeout -k 5 "$limit" "$@" 2>&1 | tee "$RES/$name.log" >> "$LOG"
+  local rc=${PIPESTATUS[0]}
+  log "END $name: exit $rc$( ((rc == 124 || rc == 137)) && echo ' (timed out)')"
+  tar czf "$OUT/gpu_results.tgz" -C "$RES" .
+}
+
+if (( SMOKE )); then
+  FLASH_LENGTHS=64,128; CAUSAL_LENGTHS=64; PEER_LENGTHS=64; GATED_LENGTHS=32
+  GATED_MECHANISMS=(retention); GATED_FIT=32,64
+  REPEATS=2; BATCH=1; HEADS=2; HEAD_DIM=16; EXACT16=xla
+  PRECISION=(--length=32 --heads=2 --head_dim=16 --dtypes=float32
+             --implementations=dense,pallas --time_length=32 --time_batch=1 --repeats=2
+             --pallas_blocks=16,16,16,16,16,16)
+  PEER_EXTRA=(--heads=2 --head_dim=16 --features=16 --landmarks=8 --k_proj=8
+              --pairs=softmax_chunked,linear)
+  HEAD_FLAGS=(--heads=2 --head_dim=16)
+  LIMIT=120
+else
+  FLASH_LENGTHS=1024,4096,16384; CAUSAL_LENGTHS=4096,16384; PEER_LENGTHS=4096,8192
+  GATED_LENGTHS=4096,16384; GATED_MECHANISMS=(retention gla mamba2 deltanet gated_deltanet)
+  GATED_FIT=4096,16384
+  REPEATS=10; BATCH=4; HEADS=8; HEAD_DIM=64; EXACT16=cudnn
+  PRECISION=(--length=2048 --causal=false --time_length=4096 --time_batch=4
+             --time_precisions=highest --repeats=10
+             --pallas_blocks=64,64,32,32,32,32 --pallas_blocks=128,128,64,64,64,64)
+  PEER_EXTRA=()
+  HEAD_FLAGS=()
+  LIMIT=0  # 0: each part's own limit below
+fi
+lim() { if (( LIMIT )); then echo "$LIMIT"; else echo "$1"; fi; }
+HAS_PEER_DTYPE=0
+grep -q "DEFINE_enum('dtype'" benchmarks/peers.py && HAS_PEER_DTYPE=1
+
+log "gpu_suite: smoke=$SMOKE python=$PY budget=${BUDGET} s results=$RES"
+
+# 1. The machine.
+part nvidia_smi 20 nvidia-smi
+part env "$(lim 40)" "$PY" -c "
+import os, sys
+import jax
+print('jax', jax.__version__, 'backend', jax.default_backend(), 'devices', jax.devices())
+import benchmarks.flash_precision, benchmarks.peers, benchmarks.published, benchmarks.speed
+heavy = [m for m in ('ml_collections', 'clu', 'tensorflow', 'tensorflow_datasets')
+         if m in sys.modules]
+print('of ml_collections, clu, tensorflow, tensorflow_datasets imported:', heavy or 'none')
+path = benchmarks.published.fast_attention_path()
+print('published FAVOR+ file', path, 'present' if os.path.exists(path) else 'ABSENT')
+sys.exit(1 if heavy else 0)"
+
+flash_cmd() {  # flash_cmd DTYPE EXACT_IMPLEMENTATION NAME LENGTHS [more flags]: sets CMD
+  local pallas=softmax_chunked@implementation=pallas xla=softmax_chunked@implementation=xla
+  CMD=("$PY" -m benchmarks.speed --targets=exact,$xla,$pallas --layers= --lengths="$4"
+       --modes=fwd_bwd --dtype="$1" --batch=$BATCH --heads=$HEADS --head_dim=$HEAD_DIM
+       --repeats=$REPEATS --order=length --exact_implementation="$2"
+       --compare=$pallas:exact --compare=$xla:exact --compare=$pallas:$xla
+       --time_budget_s=4 --max_time_s=3 --memory_budget_gb=40 --fit_range=1024,16384
+       --out="$RES" --name="$3" "${@:5}")
+}
+peers_cmd() {  # peers_cmd DTYPE: sets CMD (float32 only where benchmarks.peers has no --dtype)
+  local dtype=()
+  (( HAS_PEER_DTYPE )) && dtype=(--dtype="$1")
+  CMD=("$PY" -m benchmarks.peers --lengths=$PEER_LENGTHS --repeats=5 --memory_budget_gb=30
+       "${dtype[@]}" "${PEER_EXTRA[@]}" --out="$RES" --name="peers_gpu_$1")
+}
+
+# 2. softmax_chunked in float32: dense vs the XLA flash loops vs the Pallas kernel; errors.
+flash_cmd float32 xla flash_gpu_float32 "$FLASH_LENGTHS"
+part flash_float32 "$(lim 100)" "${CMD[@]}"
+part flash_precision "$(lim 70)" "$PY" -m benchmarks.flash_precision "${PRECISION[@]}" \
+  --out="$RES" --name=flash_precision_gpu
+
+# 3. Every mechanism against its peers, float32.
+peers_cmd float32
+part peers_float32 "$(lim 90)" "${CMD[@]}"
+
+# 4. The gated / delta-rule table of docs/results/gated_linear_speed.md (its targets and
+#    comparisons), capped per call.
+GATED=linear; COMPARE=()
+for m in "${GATED_MECHANISMS[@]}"; do
+  GATED+=",$m,$m@form=naive"
+  COMPARE+=(--compare="$m@form=naive:$m" --compare="$m:linear")
+done
+part gated "$(lim 120)" "$PY" -m benchmarks.speed --targets="$GATED" --layers= \
+  --lengths=$GATED_LENGTHS --modes=fwd_bwd --causal --order=length --repeats=3 \
+  --time_budget_s=3 --max_time_s=1.5 --fit_range=$GATED_FIT "${COMPARE[@]}" \
+  "${HEAD_FLAGS[@]}" --out="$RES" --name=gated_linear_speed_gpu
+
+# 5. Peers in bfloat16, the flash table in bfloat16 (exact = cuDNN) and causal float32.
+if (( HAS_PEER_DTYPE )); then
+  peers_cmd bfloat16
+  part peers_bfloat16 "$(lim 80)" "${CMD[@]}"
+else
+  log "SKIP peers_bfloat16: benchmarks.peers has no --dtype flag"
+fi
+flash_cmd bfloat16 $EXACT16 flash_gpu_bfloat16 "$FLASH_LENGTHS"
+part flash_bfloat16 "$(lim 60)" "${CMD[@]}"
+flash_cmd float32 xla flash_gpu_float32_causal "$CAUSAL_LENGTHS" --causal
+part flash_causal "$(lim 50)" "${CMD[@]}"
+
+log "done: $(ls "$RES" | wc -l) files in $OUT/gpu_results.tgz"
+tar czf "$OUT/gpu_results.tgz" -C "$RES" .
+ls -l "$OUT" | tee -a "$LOG"
