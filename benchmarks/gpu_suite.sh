@@ -5,6 +5,8 @@
 #
 #   OUT=/some/folder bash benchmarks/gpu_suite.sh            # on the GPU
 #   OUT=/tmp/gpu_smoke bash benchmarks/gpu_suite.sh --smoke  # every part at tiny sizes, on CPU
+#   PARTS="peers_bfloat16 flash_bfloat16 flash_causal" OUT=... bash benchmarks/gpu_suite.sh
+#                                                      # only these parts (a second call)
 #
 # Parts, in order:
 #   nvidia_smi, env     the device, jax, and that no ml_collections/clu/tensorflow is imported;
@@ -42,9 +44,11 @@ BUDGET=${BUDGET_S:-390}
 log() { echo "[$(date -u +%H:%M:%S) +$(( $(date +%s) - START ))s] $*" | tee -a "$LOG"; }
 
 # part NAME LIMIT_S CMD...: CMD under `timeout` of min(LIMIT_S, what the budget has left - 15 s),
-# its output in $RES/NAME.log and the log; a part with under 20 s left is skipped.
+# its output in $RES/NAME.log and the log; a part with under 20 s left is skipped, and so is
+# one not named in $PARTS when that is set (e.g. PARTS="peers_bfloat16 flash_bfloat16").
 part() {
   local name=$1 limit=$2; shift 2
+  if [[ -n "${PARTS:-}" && " $PARTS " != *" $name "* ]]; then return; fi
   local left=$(( BUDGET - ($(date +%s) - START) - 15 ))
   (( left < limit )) && limit=$left
   if (( limit < 20 )); then log "SKIP $name: ${left} s of the budget left"; return; fi
