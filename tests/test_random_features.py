@@ -11,6 +11,7 @@ import pytest
 import efficient_attn as ea
 
 from efficient_attn import feature_maps
+from efficient_attn import kernel_attention as kernel_core
 from efficient_attn.mechanisms import linear
 from efficient_attn.mechanisms import random_features as rf
 from helpers import PAD, assert_no_lookahead, np_kernel_ref, np_safe, value_and_grads
@@ -134,6 +135,23 @@ def test_performer_matches_reference(x64, causal):
   ref = np_kernel_ref(np_favor_phi(q, w), np_favor_phi(k, w), np.asarray(v), PAD, causal,
                       eps=rf.performer_eps(jnp.float64))
   np.testing.assert_allclose(out, ref, rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize('causal', [False, True])
+def test_performer_rows_one_at_a_time_equal_all_at_once(x64, causal, monkeypatch):
+  """The CPU's row loop (kernel_attention.LOOP_ROWS) changes the schedule, not the values,
+  gradients or prefill state, padding included."""
+  del x64
+  q, k, v, _ = inputs(dtype=jnp.float64)
+  w = projection(dtype=jnp.float64)
+  results = {}
+  for loop in (False, True):
+    monkeypatch.setitem(kernel_core.LOOP_ROWS, jax.default_backend(), loop)
+    fn = functools.partial(rf.performer_attention, causal=causal, chunk_size=3, mask=PAD)
+    results[loop] = (value_and_grads(lambda q, k, v: fn(q, k, v, w))(q, k, v),
+                     fn(q, k, v, w, return_state=True)[1])
+  for a, b in zip(jax.tree.leaves(results[False]), jax.tree.leaves(results[True])):
+    np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
 
 
 def test_performer_steps_equal_parallel(x64):

@@ -36,6 +36,7 @@ from efficient_attn.kernel_attention import KernelState
 from efficient_attn.kernel_attention import heads_as_batch
 from efficient_attn.kernel_attention import kernel_attention
 from efficient_attn.kernel_attention import kernel_attention_step
+from efficient_attn.kernel_attention import loop_rows_here
 
 Sigma = Union[float, jnp.ndarray]
 
@@ -189,10 +190,12 @@ def performer_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
     positions: optional rotary (query, key) positions (see `linear_attention`).
   """
   k, v, kp = masking.checked_keys_values(q, k, v, mask, name='Performer attention', causal=causal)
-  if q.shape[2] > 1:
+  loop_rows = loop_rows_here() and q.shape[0] * q.shape[2] > 1
+  if q.shape[2] > 1 or loop_rows:  # rows one at a time on CPU (see heads_as_batch)
     return heads_as_batch(
-        performer_attention, q, k, v, kp, return_state, projection=projection, causal=causal,
-        eps=eps, chunk_size=chunk_size, positions=positions)
+        performer_attention, q, k, v, kp, return_state, loop_rows=loop_rows,
+        projection=projection, causal=causal, eps=eps, chunk_size=chunk_size,
+        positions=positions)
   qs, ks = _performer_scale(q, k)
   eps = performer_eps(qs.dtype) if eps is None else eps
   phi_q = feature_maps.positive_features(qs, projection, is_query=True)
