@@ -120,13 +120,13 @@ peers_cmd() {  # peers_cmd DTYPE: sets CMD (float32 only where benchmarks.peers 
 
 # 2. softmax_chunked in float32: dense vs the XLA flash loops vs the Pallas kernel; errors.
 flash_cmd float32 xla flash_gpu_float32 "$FLASH_LENGTHS"
-part flash_float32 "$(lim 100)" "${CMD[@]}"
-part flash_precision "$(lim 70)" "$PY" -m benchmarks.flash_precision "${PRECISION[@]}" \
+part flash_float32 "$(lim 80)" "${CMD[@]}"
+part flash_precision "$(lim 80)" "$PY" -m benchmarks.flash_precision "${PRECISION[@]}" \
   --out="$RES" --name=flash_precision_gpu
 
 # 3. Every mechanism against its peers, float32.
 peers_cmd float32
-part peers_float32 "$(lim 90)" "${CMD[@]}"
+part peers_float32 "$(lim 100)" "${CMD[@]}"
 
 # 4. The gated / delta-rule table of docs/results/gated_linear_speed.md (its targets and
 #    comparisons), capped per call.
@@ -135,7 +135,7 @@ for m in "${GATED_MECHANISMS[@]}"; do
   GATED+=",$m,$m@form=naive"
   COMPARE+=(--compare="$m@form=naive:$m" --compare="$m:linear")
 done
-part gated "$(lim 120)" "$PY" -m benchmarks.speed --targets="$GATED" --layers= \
+part gated "$(lim 100)" "$PY" -m benchmarks.speed --targets="$GATED" --layers= \
   --lengths=$GATED_LENGTHS --modes=fwd_bwd --causal --order=length --repeats=3 \
   --time_budget_s=3 --max_time_s=1.5 --fit_range=$GATED_FIT "${COMPARE[@]}" \
   "${HEAD_FLAGS[@]}" --out="$RES" --name=gated_linear_speed_gpu
@@ -143,14 +143,14 @@ part gated "$(lim 120)" "$PY" -m benchmarks.speed --targets="$GATED" --layers= \
 # 5. Peers in bfloat16, the flash table in bfloat16 (exact = cuDNN) and causal float32.
 if (( HAS_PEER_DTYPE )); then
   peers_cmd bfloat16
-  part peers_bfloat16 "$(lim 80)" "${CMD[@]}"
+  part peers_bfloat16 "$(lim 90)" "${CMD[@]}"
 else
   log "SKIP peers_bfloat16: benchmarks.peers has no --dtype flag"
 fi
 flash_cmd bfloat16 $EXACT16 flash_gpu_bfloat16 "$FLASH_LENGTHS"
-part flash_bfloat16 "$(lim 60)" "${CMD[@]}"
+part flash_bfloat16 "$(lim 50)" "${CMD[@]}"
 flash_cmd float32 xla flash_gpu_float32_causal "$CAUSAL_LENGTHS" --causal
-part flash_causal "$(lim 50)" "${CMD[@]}"
+part flash_causal "$(lim 40)" "${CMD[@]}"
 
 log "done: $(ls "$RES" | wc -l) files in $OUT/gpu_results.tgz"
 tar czf "$OUT/gpu_results.tgz" -C "$RES" .
