@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# The whole GPU table of issues 33 and 34 in one call: about 6.5 minutes on an H100, compiles
-# included. Each part runs under its own `timeout`, in priority order, inside one wall budget
-# (BUDGET_S, default 390 s): a hang costs that part only, and the last parts are the ones cut.
+# The GPU table of issues 33 and 34 from one script: its parts in priority order inside one
+# wall budget (BUDGET_S, default 390 s: 6.5 minutes on an H100, compiles included), each under
+# its own `timeout`, so a hang costs that part only and the last parts are the ones cut; what
+# the budget leaves out runs in a second call with PARTS (below).
 #
 #   OUT=/some/folder bash benchmarks/gpu_suite.sh            # on the GPU
 #   OUT=/tmp/gpu_smoke bash benchmarks/gpu_suite.sh --smoke  # every part at tiny sizes, on CPU
-#   PARTS="peers_bfloat16 flash_bfloat16 flash_causal" OUT=... bash benchmarks/gpu_suite.sh
+#   PARTS="peers_bfloat16_4096 peers_bfloat16_8192 flash_bfloat16 flash_causal" \
+#     OUT=... bash benchmarks/gpu_suite.sh
 #                                                      # only these parts (a second call)
 #
 # Parts, in order:
@@ -15,10 +17,14 @@
 #                       64, 1K/4K/16K, as docs/results/flash_gpu.md;
 #   flash_precision     each exact implementation's error against float64 (default and 'highest'
 #                       matmul precision), the 'highest' times and two other kernel block sizes;
-#   peers_float32       benchmarks.peers at 4K and 8K, as docs/results/peers_gpu.md (the
+#   peers_float32_4096, peers_float32_8192
+#                       benchmarks.peers, as docs/results/peers_gpu.md, one length per part (the
 #                       published FAVOR+ pairs need benchmarks/published/third_party carried);
 #   gated               docs/results/gated_linear_speed.md's targets and comparisons at 4K, 16K;
-#   peers_bfloat16, flash_bfloat16 (exact = cuDNN), flash_causal (float32, 4K, 16K).
+#   peers_bfloat16_4096, peers_bfloat16_8192, flash_bfloat16 (exact = cuDNN),
+#   flash_causal (float32, 4K, 16K).
+# From the compile times of earlier H100 runs (0.2-8 s a program), the first five parts fill
+# the budget; the rest are for a second call (PARTS=..., below).
 # Results: one folder, packed after every part into $OUT/gpu_results.tgz (each part's output in
 # <part>.log, each tool's .md/.json/.png); the timestamped progress, with every part's output,
 # in $OUT/log.txt.
@@ -39,13 +45,13 @@ if [[ -n "${PYTHON:-}" ]]; then PY=$PYTHON
 elif [[ -x .venv/bin/python ]]; then PY=.venv/bin/python
 else PY=$(command -v python || command -v python3); fi
 START=$(date +%s)
-BUDGET=${BUDGET_S:-390}
+BUDGET=${BUDGET_S:-$(( SMOKE ? 900 : 390 ))}  # the smoke run on a loaded CPU needs more
 
 log() { echo "[$(date -u +%H:%M:%S) +$(( $(date +%s) - START ))s] $*" | tee -a "$LOG"; }
 
 # part NAME LIMIT_S CMD...: CMD under `timeout` of min(LIMIT_S, what the budget has left - 15 s),
 # its output in $RES/NAME.log and the log; a part with under 20 s left is skipped, and so is
-# one not named in $PARTS when that is set (e.g. PARTS="peers_bfloat16 flash_bfloat16").
+# one not named in $PARTS when that is set (e.g. PARTS="flash_bfloat16 flash_causal").
 part() {
   local name=$1 limit=$2; shift 2
   if [[ -n "${PARTS:-}" && " $PARTS " != *" $name "* ]]; then return; fi
@@ -111,11 +117,14 @@ flash_cmd() {  # flash_cmd DTYPE EXACT_IMPLEMENTATION NAME LENGTHS [more flags]:
        --time_budget_s=4 --max_time_s=3 --memory_budget_gb=40 --fit_range=1024,16384
        --out="$RES" --name="$3" "${@:5}")
 }
-peers_cmd() {  # peers_cmd DTYPE: sets CMD (float32 only where benchmarks.peers has no --dtype)
-  local dtype=()
+peers() {  # peers DTYPE LIMIT_S: one part per length (a part's tables are written at its end)
+  local dtype=() n
   (( HAS_PEER_DTYPE )) && dtype=(--dtype="$1")
-  CMD=("$PY" -m benchmarks.peers --lengths=$PEER_LENGTHS --repeats=5 --memory_budget_gb=30
-       "${dtype[@]}" "${PEER_EXTRA[@]}" --out="$RES" --name="peers_gpu_$1")
+  for n in ${PEER_LENGTHS//,/ }; do
+    part "peers_$1_$n" "$(lim "$2")" "$PY" -m benchmarks.peers --lengths="$n" --repeats=5 \
+      --memory_budget_gb=30 "${dtype[@]}" "${PEER_EXTRA[@]}" --out="$RES" \
+      --name="peers_gpu_$1_$n"
+  done
 }
 
 # 2. softmax_chunked in float32: dense vs the XLA flash loops vs the Pallas kernel; errors.
@@ -125,8 +134,7 @@ part flash_precision "$(lim 80)" "$PY" -m benchmarks.flash_precision "${PRECISIO
   --out="$RES" --name=flash_precision_gpu
 
 # 3. Every mechanism against its peers, float32.
-peers_cmd float32
-part peers_float32 "$(lim 100)" "${CMD[@]}"
+peers float32 75
 
 # 4. The gated / delta-rule table of docs/results/gated_linear_speed.md (its targets and
 #    comparisons), capped per call.
@@ -142,8 +150,7 @@ part gated "$(lim 100)" "$PY" -m benchmarks.speed --targets="$GATED" --layers= \
 
 # 5. Peers in bfloat16, the flash table in bfloat16 (exact = cuDNN) and causal float32.
 if (( HAS_PEER_DTYPE )); then
-  peers_cmd bfloat16
-  part peers_bfloat16 "$(lim 90)" "${CMD[@]}"
+  peers bfloat16 75
 else
   log "SKIP peers_bfloat16: benchmarks.peers has no --dtype flag"
 fi
