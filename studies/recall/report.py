@@ -1,0 +1,170 @@
+r"""The recall study's report: accuracy per mechanism, width and cell over seeds, with the decode state.
+
+    python -m studies.recall.report '/work/runs/recall/seed*' --out=studies/recall --name=recall
+
+Each argument is a folder (or a glob of folders) holding one workdir per run
+(`python -m train.sweep --sweep=studies/recall/sweep.py --root=...`); a
+workdir counts when its results.json holds the steps its config asked for.
+Runs are grouped by (mechanism, width, seq_len, num_kv_pairs) and budget
+(vocabulary, learning rate, steps); a group gives
+the mean test accuracy over its seeds and the spread (half the range).
+
+The decode state is the bytes of one sequence's decoding cache at the cell's
+length, every layer (`benchmarks.generation.cache_bytes`: the key/value cache of
+softmax and local attention, the recurrent state of the others, plus the
+position counters), built from the run's stored config without its weights.
+
+Writes <out>/<name>.json, <out>/<name>.md and <out>/<name>.png (accuracy
+against width per mechanism, one panel per cell, when a cell has more than one
+width; else accuracy per mechanism).
+"""
+import glob
+import json
+import os
+import sys
+from typing import Any, Dict, List, Optional
+
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks.generation import cache_bytes
+from efficient_attn import registry
+from train import api
+from train import models
+
+_OUT = flags.DEFINE_string('out', 'studies/recall', 'Folder for the report files.')
+_NAME = flags.DEFINE_string('name', 'recall', 'Report file name (no extension).')
+
+
+def read_run(workdir: str) -> Dict[str, Any]:
+  """One finished run's facts, or {} when it is not finished."""
+  results_path = os.path.join(workdir, 'results.json')
+  config = api.stored_config(workdir)
+  if config is None or not os.path.exists(results_path):
+    return {}
+  with open(results_path) as f:
+    results = json.load(f)
+  if results['steps'] < config.train.num_steps:
+    return {}
+  return dict(workdir=workdir, mechanism=config.attention.mechanism,
+              width=config.model.d_model, seq_len=config.dataset.max_length,
+              num_kv_pairs=config.dataset.num_kv_pairs, vocab_size=config.dataset.vocab_size,
+              seed=config.train.seed, steps=results['steps'],
+              learning_rate=config.optim.learning_rate,
+              accuracy=results['eval_accuracy'], loss=results['eval_loss'],
+              train_accuracy=results['train_accuracy'],
+              examples_per_sec=results['steady_examples_per_sec'],
+              params=results['params_total'], config=config)
+
+
+def state_bytes(config) -> Optional[int]:
+  """Bytes of one sequence's decode cache for the model of `config` (no weights read), or
+  None for a mechanism without a decoding form."""
+  if not registry.get_mechanism(config.attention.mechanism).decode:
+    return None
+  model = models.create_model(config)
+  params = jax.eval_shape(
+      lambda: model.init(jax.random.PRNGKey(0),
+                         jnp.zeros((1, config.dataset.max_length), jnp.int32))['params'])
+  return cache_bytes(model, params)
+
+
+def group(runs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+  """Runs grouped by (mechanism, width, seq_len, num_kv_pairs) and budget (vocabulary,
+  learning rate, steps): mean and spread over seeds."""
+  groups: Dict[tuple, List[Dict[str, Any]]] = {}
+  for r in runs:
+    groups.setdefault((r['mechanism'], r['width'], r['seq_len'], r['num_kv_pairs'],
+                       r['vocab_size'], r['learning_rate'], r['steps']), []).append(r)
+  rows = []
+  for (mechanism, width, seq_len, pairs, _, _, _), members in groups.items():
+    members.sort(key=lambda r: r['seed'])
+    acc = np.array([r['accuracy'] for r in members])
+    rows.append(dict(
+        mechanism=mechanism, width=width, seq_len=seq_len, num_kv_pairs=pairs,
+        seeds=[r['seed'] for r in members], accuracy=[float(a) for a in acc],
+        mean=float(acc.mean()), spread=float((acc.max() - acc.min()) / 2),
+        train_accuracy=[float(r['train_accuracy']) for r in members],
+        examples_per_sec=float(np.mean([r['examples_per_sec'] for r in members])),
+        params=members[0]['params'], steps=members[0]['steps'],
+        vocab_size=members[0]['vocab_size'], learning_rate=members[0]['learning_rate'],
+        state_bytes=state_bytes(members[0]['config']),
+        workdirs=[r['workdir'] for r in members]))
+  rows.sort(key=lambda r: (r['seq_len'], r['num_kv_pairs'], r['width'], -r['mean']))
+  return rows
+
+
+def _bytes(n: Optional[int]) -> str:
+  return 'no decoding form' if n is None else f'{n:,}'
+
+
+def markdown(rows: List[Dict[str, Any]], command: str) -> str:
+  lines = [f'command: `{command}`', '',
+           '| cell (seq_len, pairs) | width | mechanism | test accuracy, mean ± spread | seeds '
+           '| decode state (bytes / sequence) | params | examples/s (one core) |',
+           '|:---|---:|:---|---:|:---|---:|---:|---:|']
+  for r in rows:
+    seeds = ', '.join(f'{s}: {100 * a:.2f}%' for s, a in zip(r['seeds'], r['accuracy']))
+    lines.append(f"| ({r['seq_len']}, {r['num_kv_pairs']}) | {r['width']} | {r['mechanism']} "
+                 f"| {100 * r['mean']:.2f} ± {100 * r['spread']:.2f}% | {seeds} "
+                 f"| {_bytes(r['state_bytes'])} | {r['params']:,} | {r['examples_per_sec']:.0f} |")
+  return '\n'.join(lines) + '\n'
+
+
+def plot(rows: List[Dict[str, Any]], path: str) -> None:
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  cells = sorted({(r['seq_len'], r['num_kv_pairs']) for r in rows})
+  fig, axes = plt.subplots(1, len(cells), figsize=(5 * len(cells), 4), squeeze=False)
+  for ax, (seq_len, pairs) in zip(axes[0], cells):
+    mine = [r for r in rows if (r['seq_len'], r['num_kv_pairs']) == (seq_len, pairs)]
+    widths = sorted({r['width'] for r in mine})
+    mechanisms = sorted({r['mechanism'] for r in mine})
+    if len(widths) > 1:
+      for m in mechanisms:
+        pts = sorted((r['width'], r['mean'], r['spread']) for r in mine if r['mechanism'] == m)
+        w, mean, spread = (np.array(x) for x in zip(*pts))
+        ax.errorbar(w, 100 * mean, yerr=100 * spread, marker='o', capsize=3, label=m)
+      ax.set_xscale('log', base=2)
+      ax.set_xticks(widths, [str(w) for w in widths])
+      ax.set_xlabel('width (d_model)')
+      ax.legend(fontsize=8)
+    else:
+      mine.sort(key=lambda r: -r['mean'])
+      ax.bar(range(len(mine)), [100 * r['mean'] for r in mine],
+             yerr=[100 * r['spread'] for r in mine], capsize=3)
+      ax.set_xticks(range(len(mine)), [r['mechanism'] for r in mine], rotation=45, ha='right')
+      ax.set_xlabel(f'mechanism (width {widths[0]})')
+    ax.set_ylim(0, 100)
+    ax.set_ylabel('MQAR test accuracy (%)')
+    ax.set_title(f'seq_len {seq_len}, {pairs} key-value pairs')
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+
+
+def main(argv):
+  folders = sorted({d for pattern in argv[1:] for d in glob.glob(pattern)})
+  workdirs = sorted({os.path.join(f, d) for f in folders for d in os.listdir(f)
+                     if os.path.isdir(os.path.join(f, d))})
+  runs = [r for r in (read_run(w) for w in workdirs) if r]
+  if not runs:
+    sys.exit(f'no finished runs under {argv[1:]}')
+  rows = group(runs)
+  command = 'python -m studies.recall.report ' + ' '.join(
+      [f"'{a}'" for a in argv[1:]] + [f'--out={_OUT.value}', f'--name={_NAME.value}'])
+  os.makedirs(_OUT.value, exist_ok=True)
+  base = os.path.join(_OUT.value, _NAME.value)
+  with open(base + '.json', 'w') as f:
+    json.dump(dict(command=command, rows=rows), f, indent=1)
+  with open(base + '.md', 'w') as f:
+    f.write(markdown(rows, command))
+  plot(rows, base + '.png')
+  print(markdown(rows, command))
+
+
+if __name__ == '__main__':
+  app.run(main)

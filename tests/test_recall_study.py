@@ -1,0 +1,54 @@
+"""The MQAR recall study (studies/recall): its runs, its settings and its decode-state column."""
+import pytest
+
+from studies.recall import report
+from train import pyfile
+from train import sweep
+
+SWEEP = 'studies/recall/sweep.py'
+
+
+def test_runs_are_named_by_mechanism_width_and_cell():
+  runs = sweep.expand(sweep.load_sweep(f'{SWEEP}:mechanisms=softmax,deltanet,widths=64,128,'
+                                       f'cells=256x16,seed=1,num_steps=10'))
+  assert [r.name for r in runs] == ['softmax-d64-l256-kv16', 'deltanet-d64-l256-kv16',
+                                    'softmax-d128-l256-kv16', 'deltanet-d128-l256-kv16']
+  assert runs[3].config == ('configs/mqar.py:deltanet,d_model=128,seq_len=256,'
+                            'num_kv_pairs=16,vocab_size=1024,num_steps=10')
+  assert runs[0].overrides['train.seed'] == 1
+  assert runs[0].overrides['optim.learning_rate'] == 1e-2
+
+
+@pytest.mark.parametrize('arg,message', [('cells=128-8', "cell '128-8' is not valid"),
+                                         ('learning_rate=0', 'learning_rate=0.0 is not valid'),
+                                         ('widths=0', 'widths=0 is not valid')])
+def test_bad_settings_fail_in_one_line(arg, message):
+  with pytest.raises(sweep.SweepError, match=message) as e:
+    sweep.load_sweep(f'{SWEEP}:{arg}')
+  assert '\n' not in str(e.value)
+
+
+def _config(mechanism, seq_len):
+  return pyfile.call(f'configs/mqar.py:{mechanism},d_model=8,seq_len={seq_len},'
+                     f'num_kv_pairs=2,vocab_size=16,num_heads=2', 'get_config')
+
+
+def test_decode_state_is_a_kv_cache_for_softmax_and_constant_for_linear():
+  counters = 3 * 4  # each layer's int32 cache index and the model's position
+  for seq_len in (16, 32):  # 2 layers x (keys, values) x seq_len x width x float32
+    assert report.state_bytes(_config('softmax', seq_len)) == 2 * 2 * seq_len * 8 * 4 + counters
+  # 2 layers x 2 heads x (S [4, 4] + z [4] + a log-scale) float32, whatever the length
+  assert report.state_bytes(_config('linear', 16)) == 2 * 2 * (4 * 4 + 4 + 1) * 4 + counters
+  assert report.state_bytes(_config('linear', 32)) == report.state_bytes(_config('linear', 16))
+  assert report.state_bytes(_config('reformer', 16)) is None  # no decoding form
+
+
+def test_seeds_give_the_mean_and_half_the_range():
+  config = _config('linear', 16)
+  runs = [dict(mechanism='linear', width=8, seq_len=16, num_kv_pairs=2, vocab_size=16,
+               learning_rate=1e-2, steps=10, seed=s, accuracy=a, train_accuracy=a,
+               examples_per_sec=1.0, params=1, config=config, workdir=f'w{s}')
+          for s, a in ((1, 0.5), (0, 0.25))]
+  [row] = report.group(runs)
+  assert row['seeds'] == [0, 1] and row['accuracy'] == [0.25, 0.5]
+  assert row['mean'] == pytest.approx(0.375) and row['spread'] == pytest.approx(0.125)
