@@ -17,8 +17,9 @@ from pattern_reference import np_masked_attention
 SCALE = 0.3
 
 
-def _qkv(b=2, n=48, h=2, d=16, dtype=np.float32, nk=None, seed=0):
-  """n=48: not a multiple of JAX's default blocks, so `gpu_block_sizes` cuts them to 16."""
+def _qkv(b=2, n=48, h=2, d=24, dtype=np.float32, nk=None, seed=0):
+  """n=48: not a multiple of JAX's default blocks, so `gpu_block_sizes` cuts them to 16;
+  d=24: the kernel pads the head dim to a power of two (32) and masks the padding."""
   rng = np.random.default_rng(seed)
   shapes = [(b, n, h, d), (b, nk or n, h, d), (b, nk or n, h, d)]
   return tuple(rng.normal(size=s).astype(dtype) for s in shapes)
