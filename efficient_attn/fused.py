@@ -33,8 +33,8 @@ head_dim]`, v `[batch, kv_length, heads, head_dim]`; masks follow
 `efficient_attn.masking` (True = attend).
 """
 import math
-from typing import Optional, Sequence
 import warnings
+from typing import Optional, Sequence
 
 import jax
 import jax.numpy as jnp
