@@ -20,7 +20,9 @@
 #   peers_float32_4096, peers_float32_8192
 #                       benchmarks.peers, as docs/results/peers_gpu.md, one length per part (the
 #                       published FAVOR+ pairs need benchmarks/published/third_party carried);
-#   gated               docs/results/gated_linear_speed.md's targets and comparisons at 4K, 16K;
+#   gated               docs/results/gated_linear_speed.md's targets and comparisons at 1K, 4K,
+#                       16K (exponent over 4K-16K; a scan predicted over 1.5 s a call skipped;
+#                       interleaved by length, every point's line in the log if it is cut);
 #   peers_bfloat16_4096, peers_bfloat16_8192, flash_bfloat16 (exact = cuDNN),
 #   flash_causal (float32, 4K, 16K).
 # From the compile times of earlier H100 runs (0.2-8 s a program), the first five parts fill
@@ -78,7 +80,7 @@ if (( SMOKE )); then
   LIMIT=120
 else
   FLASH_LENGTHS=1024,4096,16384; CAUSAL_LENGTHS=4096,16384; PEER_LENGTHS=4096,8192
-  GATED_LENGTHS=4096,16384; GATED_MECHANISMS=(retention gla mamba2 deltanet gated_deltanet)
+  GATED_LENGTHS=1024,4096,16384; GATED_MECHANISMS=(retention gla mamba2 deltanet gated_deltanet)
   GATED_FIT=4096,16384
   REPEATS=10; BATCH=4; HEADS=8; HEAD_DIM=64; EXACT16=cudnn
   PRECISION=(--length=2048 --causal=false --time_length=4096 --time_batch=4
@@ -143,7 +145,7 @@ for m in "${GATED_MECHANISMS[@]}"; do
   GATED+=",$m,$m@form=naive"
   COMPARE+=(--compare="$m@form=naive:$m" --compare="$m:linear")
 done
-part gated "$(lim 100)" "$PY" -m benchmarks.speed --targets="$GATED" --layers= \
+part gated "$(lim 110)" "$PY" -m benchmarks.speed --targets="$GATED" --layers= \
   --lengths=$GATED_LENGTHS --modes=fwd_bwd --causal --order=length --repeats=3 \
   --time_budget_s=3 --max_time_s=1.5 --fit_range=$GATED_FIT "${COMPARE[@]}" \
   "${HEAD_FLAGS[@]}" --out="$RES" --name=gated_linear_speed_gpu
