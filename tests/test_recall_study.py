@@ -52,3 +52,10 @@ def test_seeds_give_the_mean_and_half_the_range():
   [row] = report.group(runs)
   assert row['seeds'] == [0, 1] and row['accuracy'] == [0.25, 0.5]
   assert row['mean'] == pytest.approx(0.375) and row['spread'] == pytest.approx(0.125)
+
+
+def test_a_run_with_an_option_off_its_default_is_its_own_row():
+  config = _config('deltanet', 16)
+  assert report.label(config) == 'deltanet'
+  config.attention.options.conv_size = 0
+  assert report.label(config) == 'deltanet conv_size=0'

@@ -31,12 +31,26 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.generation import cache_bytes
+from configs import common
 from efficient_attn import registry
 from train import api
 from train import models
 
 _OUT = flags.DEFINE_string('out', 'studies/recall', 'Folder for the report files.')
 _NAME = flags.DEFINE_string('name', 'recall', 'Report file name (no extension).')
+
+
+def label(config) -> str:
+  """The mechanism's name, with each attention option set away from its declared default
+  ('deltanet conv_size=0'); block and chunk sizes, which the config fits to the length
+  (`common.fit_blocks`), and unset options (None) are not named."""
+  decl = registry.get_mechanism(config.attention.mechanism)
+  defaults = {o.name: o.default for o in decl.options}
+  changed = [f'{k}={v}' for k, v in sorted(config.attention.options.items())
+             if k in defaults and k not in common.BLOCK_OPTIONS and v is not None
+             and v != defaults[k]]
+  changed += ['rotary'] if config.attention.get('rotary') else []
+  return ' '.join([decl.name] + changed)
 
 
 def read_run(workdir: str) -> Dict[str, Any]:
@@ -49,7 +63,7 @@ def read_run(workdir: str) -> Dict[str, Any]:
     results = json.load(f)
   if results['steps'] < config.train.num_steps:
     return {}
-  return dict(workdir=workdir, mechanism=config.attention.mechanism,
+  return dict(workdir=workdir, mechanism=label(config),
               width=config.model.d_model, seq_len=config.dataset.max_length,
               num_kv_pairs=config.dataset.num_kv_pairs, vocab_size=config.dataset.vocab_size,
               seed=config.train.seed, steps=results['steps'],
