@@ -59,3 +59,11 @@ def test_a_run_with_an_option_off_its_default_is_its_own_row():
   assert report.label(config) == 'deltanet'
   config.attention.options.conv_size = 0
   assert report.label(config) == 'deltanet conv_size=0'
+
+
+def test_conv_size_turns_the_short_convolution_off_in_named_runs():
+  [run] = sweep.expand(sweep.load_sweep(f'{SWEEP}:mechanisms=deltanet,conv_size=0'))
+  assert run.name == 'deltanet-d64-l128-kv8-conv0'
+  assert run.overrides['attention.options.conv_size'] == 0
+  [run] = sweep.expand(sweep.load_sweep(f'{SWEEP}:mechanisms=deltanet'))
+  assert 'attention.options.conv_size' not in run.overrides

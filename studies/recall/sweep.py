@@ -11,7 +11,9 @@ steps and cosine decay) for each mechanism, width and cell
 Settings (key=value after ':'): seed (default 0; it sets `train.seed` only:
 the generated data is the same for every seed), mechanisms (default softmax,
 linear, mamba2, gla, deltanet, gated_deltanet), widths (default 64), cells
-(default 128x8: seq_len x num_kv_pairs), vocab_size, learning_rate, num_steps.
+(default 128x8: seq_len x num_kv_pairs), vocab_size, learning_rate, num_steps,
+conv_size (default -1: each mechanism's own; 0 turns the short convolution of Mamba-2,
+DeltaNet and Gated DeltaNet off, and the run's name ends in '-conv0').
 
     python -m train.sweep --sweep=studies/recall/sweep.py:seed=1,mechanisms=softmax,linear \
         --root=/work/runs/recall/seed1 run
@@ -35,23 +37,27 @@ def get_sweep(arg=None):
   args = common.parse_arg(
       arg, seed=0,
       mechanisms=('softmax', 'linear', 'mamba2', 'gla', 'deltanet', 'gated_deltanet'),
-      widths=(64,), cells=('128x8',), vocab_size=1024, learning_rate=1e-2, num_steps=1000)
+      widths=(64,), cells=('128x8',), vocab_size=1024, learning_rate=1e-2, num_steps=1000,
+      conv_size=-1)
   common.at_least(0, seed=args['seed'])
   common.at_least(1, widths=args['widths'], num_steps=args['num_steps'])
   if not args['learning_rate'] > 0:
     raise ValueError(f'recall sweep: learning_rate={args["learning_rate"]} is not valid; '
                      f'it must be > 0')
+  conv = args['conv_size']
+  common.at_least(-1, conv_size=conv)
   runs = []
   for cell in args['cells']:
     length, pairs = parse_cell(cell)
     for width in args['widths']:
       for m in args['mechanisms']:
         runs.append({
-            'name': f'{m}-d{width}-l{length}-kv{pairs}',
+            'name': f'{m}-d{width}-l{length}-kv{pairs}' + (f'-conv{conv}' if conv >= 0 else ''),
             'config': (f'configs/mqar.py:{m},d_model={width},seq_len={length},'
                        f'num_kv_pairs={pairs},vocab_size={args["vocab_size"]},'
                        f'num_steps={args["num_steps"]}')})
-  return dict(
-      runs=runs,
-      fixed={'train.seed': args['seed'], 'optim.learning_rate': args['learning_rate'],
-             'train.log_every': 50, 'train.eval_every': 500, 'train.checkpoint_every': 250})
+  fixed = {'train.seed': args['seed'], 'optim.learning_rate': args['learning_rate'],
+           'train.log_every': 50, 'train.eval_every': 500, 'train.checkpoint_every': 250}
+  if conv >= 0:
+    fixed['attention.options.conv_size'] = conv
+  return dict(runs=runs, fixed=fixed)
