@@ -1,6 +1,7 @@
 r"""The recall study's report: accuracy per mechanism, width and cell over seeds, with the decode state.
 
     python -m studies.recall.report '/work/runs/recall/seed*' --out=studies/recall --name=recall
+    python -m studies.recall.report --states --out=studies/recall --name=recall
 
 Each argument is a folder (or a glob of folders) holding one workdir per run
 (`python -m train.sweep --sweep=studies/recall/sweep.py --root=...`); a
@@ -14,9 +15,10 @@ length, every layer (`benchmarks.generation.cache_bytes`: the key/value cache of
 softmax and local attention, the recurrent state of the others, plus the
 position counters), built from the run's stored config without its weights.
 
-Writes <out>/<name>.json, <out>/<name>.md and <out>/<name>.png (accuracy
+Writes <out>/<name>.json, <out>/<name>.md, <out>/<name>.png (accuracy
 against width per mechanism, one panel per cell, when a cell has more than one
-width; else accuracy per mechanism).
+width; else accuracy per mechanism) and <out>/<name>_state.png (accuracy against
+the decode state, log scale).
 """
 import glob
 import json
@@ -34,10 +36,15 @@ from benchmarks.generation import cache_bytes
 from configs import common
 from efficient_attn import registry
 from train import api
+from train import pyfile
 from train import models
 
 _OUT = flags.DEFINE_string('out', 'studies/recall', 'Folder for the report files.')
 _NAME = flags.DEFINE_string('name', 'recall', 'Report file name (no extension).')
+_STATES = flags.DEFINE_bool('states', False, 'Instead: the decode state of every causal '
+                            'mechanism at widths 64 and 128 and cells (128, 8) and (256, 16), '
+                            'written to <out>/<name>_states.md.')
+GRID = ((64, 128, 8), (64, 256, 16), (128, 128, 8), (128, 256, 16))  # width, seq_len, pairs
 
 
 def label(config) -> str:
@@ -160,8 +167,47 @@ def plot(rows: List[Dict[str, Any]], path: str) -> None:
   fig.savefig(path, dpi=120)
 
 
+def plot_state(rows: List[Dict[str, Any]], path: str) -> None:
+  """Accuracy against decode state per sequence (log scale), as Zoology's recall-memory plot."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for r in rows:
+    if r['state_bytes'] is None:
+      continue
+    ax.errorbar(r['state_bytes'], 100 * r['mean'], yerr=100 * r['spread'], marker='o',
+                capsize=3, linestyle='none',
+                label=f"{r['mechanism']} (d{r['width']}, {r['seq_len']}/{r['num_kv_pairs']})")
+  ax.set_xscale('log')
+  ax.set_ylim(-2, 102)
+  ax.set_xlabel('decode state per sequence (bytes, log scale)')
+  ax.set_ylabel('MQAR test accuracy (%)')
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+
+
+def state_table() -> str:
+  """Markdown: bytes per sequence of every causal mechanism's decode state over `GRID`."""
+  lines = ['| mechanism | ' + ' | '.join(f'width {w}, ({n}, {k})' for w, n, k in GRID) + ' |',
+           '|:---|' + '---:|' * len(GRID)]
+  for m in registry.names_where(lambda d: d.causal):
+    cells = [state_bytes(pyfile.call(f'configs/mqar.py:{m},d_model={w},seq_len={n},'
+                                     f'num_kv_pairs={k}', 'get_config')) for w, n, k in GRID]
+    lines.append(f'| `{m}` | ' + ' | '.join(_bytes(c) for c in cells) + ' |')
+  return '\n'.join(lines) + '\n'
+
+
 def main(argv):
-  folders = sorted({d for pattern in argv[1:] for d in glob.glob(pattern)})
+  if _STATES.value:
+    table = (f'command: `python -m studies.recall.report --states --out={_OUT.value} '
+             f'--name={_NAME.value}`\n\n' + state_table())
+    with open(os.path.join(_OUT.value, _NAME.value + '_states.md'), 'w') as f:
+      f.write(table)
+    print(table)
+    return
+  folders = sorted({d for pattern in argv[1:] for d in glob.glob(pattern) if os.path.isdir(d)})
   workdirs = sorted({os.path.join(f, d) for f in folders for d in os.listdir(f)
                      if os.path.isdir(os.path.join(f, d))})
   runs = [r for r in (read_run(w) for w in workdirs) if r]
@@ -177,6 +223,7 @@ def main(argv):
   with open(base + '.md', 'w') as f:
     f.write(markdown(rows, command))
   plot(rows, base + '.png')
+  plot_state(rows, base + '_state.png')
   print(markdown(rows, command))
 
 
