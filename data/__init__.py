@@ -3,8 +3,12 @@
     train_data = data.get_train_data(config)   # .num_examples, .steps_per_epoch, .batches(start_step)
     eval_data = data.get_eval_data(config)     # .num_examples, .num_batches, .batches()
     batch = data.get_eval_batch(config)        # one local eval batch, for analysis
-    data.check(config)                         # config.dataset's fields (reads nothing)
-    data.check_splits(config)                  # the data: every split read, labels checked
+    dataset = data.check(config)               # config.dataset's fields (reads nothing)
+    data.check_splits(dataset)                 # the data: every split read, labels checked
+
+Each function takes a config or its dataset resolved once (`data.resolve(config)`, a
+`Dataset`: the spec, source and input kind worked out, with `config.dataset`), which is
+what the trainer hands the pipeline instead of the whole config.
 
 Batches are dicts of numpy arrays for this process (its slice of the global
 batch): 'inputs' (images `[b, h, w, c]` float32 normalised; text `[b,
@@ -30,7 +34,7 @@ import jax
 from data import memory
 from data import specs
 from data.checks import check, check_splits  # pylint: disable=unused-import
-from data.specs import get_spec, input_kind, source, TEXT_VOCAB_SIZE  # pylint: disable=unused-import
+from data.specs import Dataset, get_spec, input_kind, resolve, source, TEXT_VOCAB_SIZE  # pylint: disable=unused-import
 
 
 class DownloadError(RuntimeError):
@@ -45,23 +49,25 @@ def _processes(process_index: Optional[int], process_count: Optional[int]):
 def get_train_data(config, *, process_index: Optional[int] = None,
                    process_count: Optional[int] = None):
   """The endless training stream of this process (defaults: jax.process_index/count)."""
+  dataset = resolve(config)
   pid, count = _processes(process_index, process_count)
-  if specs.in_memory(config):
-    return memory.TrainData(config, pid, count)
+  if dataset.in_memory:
+    return memory.TrainData(dataset, pid, count)
   from data import stream  # pylint: disable=g-import-not-at-top
-  return stream.TrainData(config, pid, count)
+  return stream.TrainData(dataset, pid, count)
 
 
 def get_eval_data(config, split: str = '', *, process_index: Optional[int] = None,
                   process_count: Optional[int] = None):
   """Evaluation batches of `split` (default `config.dataset.eval_split`): every
   example once over the processes, padding rows with mask 0."""
-  split = split or config.dataset.eval_split
+  dataset = resolve(config)
+  split = split or dataset.fields.eval_split
   pid, count = _processes(process_index, process_count)
-  if specs.in_memory(config):
-    return memory.EvalData(config, split, pid, count)
+  if dataset.in_memory:
+    return memory.EvalData(dataset, split, pid, count)
   from data import stream  # pylint: disable=g-import-not-at-top
-  return stream.EvalData(config, split, pid, count)
+  return stream.EvalData(dataset, split, pid, count)
 
 
 def get_eval_batch(config, split: str = ''):
@@ -71,35 +77,38 @@ def get_eval_batch(config, split: str = ''):
 
 def num_classes(config) -> int:
   """`config.dataset.num_classes`, or the count read from the data when it is 0."""
-  if config.dataset.num_classes > 0:
-    return config.dataset.num_classes
-  spec = get_spec(config.dataset.name)
+  dataset = resolve(config)
+  d, spec = dataset.fields, dataset.spec
+  if d.num_classes > 0:
+    return d.num_classes
   if spec.kind == 'sequence':  # the labels are tokens
-    return vocab_size(config)
+    return vocab_size(dataset)
   if spec.num_classes:
     return spec.num_classes
-  if specs.in_memory(config):
+  if dataset.in_memory:
     from data import arrays  # pylint: disable=g-import-not-at-top
-    return int(arrays.get_split(config, config.dataset.train_split).labels.max()) + 1
+    return int(arrays.get_split(dataset, d.train_split).labels.max()) + 1
   from data import stream  # pylint: disable=g-import-not-at-top
-  return stream.folder_num_classes(config)
+  return stream.folder_num_classes(d.data_dir)
 
 
 def num_examples(config, split: str) -> int:
   """The number of examples of `split` (all processes together)."""
-  if specs.in_memory(config):
+  dataset = resolve(config)
+  if dataset.in_memory:
     from data import arrays  # pylint: disable=g-import-not-at-top
-    return len(arrays.get_split(config, split))
+    return len(arrays.get_split(dataset, split))
   from data import stream  # pylint: disable=g-import-not-at-top
-  return stream.Source(config, split, 0, 1, drop_remainder=False).num_examples
+  return stream.Source(dataset, split, 0, 1, drop_remainder=False).num_examples
 
 
 def vocab_size(config) -> int:
   """Token ids of a token task are 0..vocab_size-1 (0 = padding; sequence labelling:
   `dataset.vocab_size`, no padding id)."""
-  size = get_spec(config.dataset.name).vocab_size or config.dataset.get('vocab_size', 0)
+  dataset = resolve(config)
+  size = dataset.spec.vocab_size or dataset.fields.get('vocab_size', 0)
   if not size:
-    raise ValueError(f'dataset {config.dataset.name!r} is not a token task')
+    raise ValueError(f'dataset {dataset.fields.name!r} is not a token task')
   return size
 
 
@@ -110,11 +119,11 @@ def prepare(config) -> None:
   split) when the data is missing or cannot be prepared, and DownloadError when
   TFDS cannot download it. Call before any training work.
   """
-  src = source(config)
-  if src == 'tfds' or src == 'folder':
+  dataset = resolve(config)
+  if dataset.source in ('tfds', 'folder'):
     from data import stream  # pylint: disable=g-import-not-at-top
-    stream.prepare(config)
-  if specs.in_memory(config):
+    stream.prepare(dataset)
+  if dataset.in_memory:
     from data import arrays  # pylint: disable=g-import-not-at-top
-    for split in (config.dataset.train_split, config.dataset.eval_split):
-      arrays.get_split(config, split)
+    for split in (dataset.fields.train_split, dataset.fields.eval_split):
+      arrays.get_split(dataset, split)

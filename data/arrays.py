@@ -319,12 +319,14 @@ def clear_cache() -> None:
 
 
 def load(config) -> Dict[str, Examples]:
-  """{split: Examples} of an in-memory dataset (decoded once per process)."""
-  d = config.dataset
-  src = specs.source(config)
+  """{split: Examples} of an in-memory dataset (decoded once per process); `config` or its
+  resolved `specs.Dataset`."""
+  dataset = specs.resolve(config)
+  d, src = dataset.fields, dataset.source
   if src == 'generated':  # written once into data_dir, then read as .npz files
     from data import generated  # pylint: disable=g-import-not-at-top
-    return _load('arrays', d.name, generated.ensure(config), float(d.get('holdout', 0.0)), ())
+    return _load('arrays', d.name, generated.ensure(dataset), float(d.get('holdout', 0.0)),
+                 ())
   wanted = ()
   if src == 'tfds':  # TFDS reads only the splits the run uses
     base = ('train',) if d.get('holdout', 0.0) > 0 else ()
@@ -334,10 +336,12 @@ def load(config) -> Dict[str, Examples]:
 
 
 def get_split(config, split: str) -> Examples:
-  splits = load(config)
+  """The examples of `split` (`config`: a config or its resolved `specs.Dataset`)."""
+  dataset = specs.resolve(config)
+  splits = load(dataset)
   if split not in splits:
     raise ValueError(f'config.dataset split {split!r} is not valid for dataset '
-                     f'{config.dataset.name!r} from {specs.source(config)!r}; valid '
+                     f'{dataset.fields.name!r} from {dataset.source!r}; valid '
                      f'choices: {", ".join(sorted(splits))}'
                      + ('' if 'validation' in splits else
                         ' (config.dataset.holdout > 0 adds a validation split)'))

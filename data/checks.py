@@ -1,7 +1,7 @@
 """The data's own config checks: `config.dataset` and the files it names.
 
-    data.check(config)          # the fields alone: nothing is read
-    data.check_splits(config)   # the data itself: prepared, every split read, labels checked
+    dataset = data.check(config)   # the fields alone, nothing read: the resolved Dataset
+    data.check_splits(dataset)     # the data itself: prepared, every split read, labels checked
 
 Both raise a one-line ValueError naming the field, the bad value and what is
 valid; `train.validate` runs them with the other concerns' checks (as its
@@ -25,23 +25,23 @@ IMAGE_FIELDS = (fields.Field('dataset.image_size', above=0),
 TOKEN_FIELDS = (fields.Field('dataset.max_length', above=0),)
 
 
-def check(config) -> None:
-  """ValueError for the first invalid field of `config.dataset` (reads no data)."""
+def check(config) -> specs.Dataset:
+  """ValueError for the first invalid field of `config.dataset` (reads no data); else the
+  dataset, resolved (`specs.resolve`)."""
   d = config.dataset
   NAME.check(config)
-  spec = specs.get_spec(d.name)
-  src = specs.source(config)
-  fields.check(config, FIELDS)
+  dataset = specs.resolve(config)
+  spec, src = dataset.spec, dataset.source
+  fields.check(config, FIELDS + {'image': IMAGE_FIELDS, 'text': TOKEN_FIELDS,
+                                 'text_pair': TOKEN_FIELDS, 'tokens': TOKEN_FIELDS,
+                                 'sequence': TOKEN_FIELDS}.get(spec.kind, ()))
   if spec.kind == 'image':
-    fields.check(config, IMAGE_FIELDS)
-    if d.augment == 'inception_crop' and specs.in_memory(config):
+    if d.augment == 'inception_crop' and dataset.in_memory:
       raise ValueError(f"config.dataset.augment='inception_crop' is not valid for the "
                        f'in-memory dataset {d.name!r} from {src!r}; valid choices: none, '
                        f'crop, crop_flip')
     if not d.get('pixels_as_tokens'):  # pixel tokens are not normalised
-      specs.normalization(config, spec)
-  elif spec.kind in ('text', 'text_pair', 'tokens', 'sequence'):
-    fields.check(config, TOKEN_FIELDS)
+      specs.normalization(dataset)
   if spec.kind == 'sequence':
     _sequence(config, src)
   if d.num_classes < 0 or (d.num_classes == 0 and spec.num_classes == 0
@@ -55,7 +55,7 @@ def check(config) -> None:
   if not 0.0 <= holdout < 1.0:
     raise ValueError(f'config.dataset.holdout={holdout!r} is not valid; it must be in '
                      f'[0, 1) (the fraction of the training split held out as validation)')
-  if holdout > 0 and not specs.in_memory(config):
+  if holdout > 0 and not dataset.in_memory:
     raise ValueError(f'config.dataset.holdout={holdout} needs an in-memory dataset; '
                      f'{d.name!r} from {src!r} streams (hold out files instead)')
   if src in ('folder', 'arrays', 'generated', 'tsv') and not d.data_dir:
@@ -81,13 +81,14 @@ def check(config) -> None:
     if spec.kind != 'image':
       raise ValueError(f'config.dataset.transform={d.transform!r} is not valid for the '
                        f'{spec.kind} dataset {d.name!r}; it needs an image dataset')
-    if not specs.in_memory(config):
+    if not dataset.in_memory:
       raise ValueError(f'config.dataset.transform={d.transform!r} needs an in-memory '
                        f'dataset; {d.name!r} from {src!r} streams')
     try:
       transforms.get_transform(d.transform)
     except ValueError as e:
       raise ValueError(f'config.dataset.transform={d.transform!r} is not valid: {e}') from None
+  return dataset
 
 
 def _sequence(config, src: str) -> None:
@@ -131,7 +132,7 @@ def _sequence(config, src: str) -> None:
 
 def check_splits(config, training: bool = True) -> None:
   """Prepares the data and checks what it holds, filling in `config.dataset.num_classes`
-  when it is 0 (`config` is changed: pass a copy).
+  when it is 0 (`config`, a config or its resolved `specs.Dataset`, is changed: pass a copy).
 
   Every split the run reads has examples, and in-memory labels lie in
   0..num_classes-1: an empty test split would otherwise fail only at the final
@@ -140,45 +141,46 @@ def check_splits(config, training: bool = True) -> None:
   one training batch). ValueError naming the field, file or dataset.
   """
   import data  # pylint: disable=g-import-not-at-top
-  d = config.dataset
-  data.prepare(config)
-  _check_splits(config)  # fills in num_classes
-  train_examples = data.num_examples(config, d.train_split)
+  dataset = specs.resolve(config)
+  d = dataset.fields
+  data.prepare(dataset)
+  _check_splits(dataset)  # fills in num_classes
+  train_examples = data.num_examples(dataset, d.train_split)
   if training and d.batch_size > train_examples:
     raise ValueError(f'config.dataset.batch_size={d.batch_size} exceeds the {train_examples} '
                      f'examples of split {d.train_split!r}; valid: <= {train_examples}')
 
 
-def _check_splits(config) -> None:
+def _check_splits(dataset: specs.Dataset) -> None:
   import data  # pylint: disable=g-import-not-at-top
-  d = config.dataset
+  d = dataset.fields
   splits = {d.train_split: 'train_split', d.eval_split: 'eval_split'}
-  if not specs.in_memory(config):  # streamed: counted (an empty train split fails below)
-    if specs.source(config) == 'folder' and d.num_classes > 0:  # a label per folder
+  if not dataset.in_memory:  # streamed: counted (an empty train split fails below)
+    if dataset.source == 'folder' and d.num_classes > 0:  # a label per folder
       from data import stream  # pylint: disable=g-import-not-at-top
-      found = stream.folder_num_classes(config)
+      found = stream.folder_num_classes(d.data_dir)
       if found > d.num_classes:
         raise ValueError(f'config.dataset.num_classes={d.num_classes} is not valid for '
                          f'{d.data_dir}, which has {found} label folders; valid: '
                          f'>= {found}, or 0 (one class per folder)')
     if d.num_classes == 0:
-      d.num_classes = data.num_classes(config)
-    if data.num_examples(config, d.eval_split) == 0:
+      d.num_classes = data.num_classes(dataset)
+    if data.num_examples(dataset, d.eval_split) == 0:
       raise ValueError(f'config.dataset.eval_split={d.eval_split!r} of dataset {d.name!r} '
                        f'holds no examples; a run needs at least one')
     return
   for split, field in splits.items():
-    arrays.check_split(arrays.get_split(config, split), f'config.dataset.{field}={split!r}')
-  if specs.input_kind(config) == 'sequence':  # labels: tokens of the vocabulary, or -100
+    arrays.check_split(arrays.get_split(dataset, split), f'config.dataset.{field}={split!r}')
+  if dataset.input_kind == 'sequence':  # labels: tokens of the vocabulary, or -100
     from data import sequences  # pylint: disable=g-import-not-at-top
     d.num_classes = d.vocab_size
     for split in splits:
-      sequences.check(arrays.get_split(config, split), d.vocab_size, d.max_length)
+      sequences.check(arrays.get_split(dataset, split), d.vocab_size, d.max_length)
     return
   classes = 'config.dataset.num_classes'
   if d.num_classes == 0:
-    d.num_classes = data.num_classes(config)
+    d.num_classes = data.num_classes(dataset)
     classes = 'num_classes read from the training labels'
   for split in splits:
-    arrays.check_labels(arrays.get_split(config, split), d.num_classes,
+    arrays.check_labels(arrays.get_split(dataset, split), d.num_classes,
                         f'{classes}={d.num_classes}')

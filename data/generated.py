@@ -28,6 +28,7 @@ from data import listops
 from data import mqar
 from data import npz_cache
 from data import pathfinder
+from data import specs
 from data import text_bytes
 
 NAMES = ('listops', 'pathfinder', 'mqar', 'text_bytes')
@@ -42,8 +43,9 @@ def _sizes(d) -> Dict[str, int]:
 
 
 def settings(config) -> Dict[str, Any]:
-  """What the generator of `config.dataset.name` is asked for (sizes and task settings)."""
-  d = config.dataset
+  """What the generator of `config.dataset.name` is asked for (sizes and task settings);
+  `config` may be its resolved `specs.Dataset`."""
+  d = specs.resolve(config).fields
   if d.name not in NAMES:
     raise ValueError(f'dataset {d.name!r} is not generated; valid choices: {", ".join(NAMES)}')
   out: Dict[str, Any] = dict(seed=int(d.get('generator_seed', 0)), sizes=_sizes(d) or None)
@@ -68,7 +70,7 @@ def settings(config) -> Dict[str, Any]:
 
 def pattern(config) -> str:
   """The `.npz` path pattern ('{split}' in it) of the dataset's split files."""
-  d, s = config.dataset, settings(config)
+  d, s = specs.resolve(config).fields, settings(config)
   if d.name == 'listops':
     return listops.split_path(d.data_dir, '{split}', s['min_length'], s['max_length'])
   if d.name == 'mqar':
@@ -81,7 +83,7 @@ def pattern(config) -> str:
 
 def ensure(config, verbose: bool = True) -> str:
   """Writes any missing or outdated split file into `dataset.data_dir`; returns `pattern`."""
-  d, s = config.dataset, settings(config)
+  d, s = specs.resolve(config).fields, settings(config)
   if not d.data_dir:
     raise ValueError(f"config.dataset.data_dir='' is not valid for the generated dataset "
                      f'{d.name!r}; it must be the folder to write its splits into')

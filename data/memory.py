@@ -66,10 +66,10 @@ def byte_ids(texts, max_length: int) -> np.ndarray:
   return out
 
 
-def prepare(config, examples: arrays.Examples) -> Tuple[np.ndarray, np.ndarray]:
+def prepare(dataset: specs.Dataset, examples: arrays.Examples
+            ) -> Tuple[np.ndarray, np.ndarray]:
   """(inputs as stored for batching, labels) of one split; see the module docstring."""
-  d = config.dataset
-  kind = specs.input_kind(config)
+  d, kind = dataset.fields, dataset.input_kind
   x = examples.inputs
   if kind == 'text':
     if not isinstance(x, list):
@@ -126,14 +126,13 @@ def crop_flip(images: np.ndarray, rng: np.random.Generator, flip: bool) -> np.nd
 class _Split:
   """A prepared split and how its batches' inputs are finished (normalised)."""
 
-  def __init__(self, config, split: str):
-    self.config = config
-    self.kind = specs.input_kind(config)
-    self.inputs, self.labels = prepare(config, arrays.get_split(config, split))
+  def __init__(self, dataset: specs.Dataset, split: str):
+    self.kind = dataset.input_kind
+    self.inputs, self.labels = prepare(dataset, arrays.get_split(dataset, split))
     self.num_examples = len(self.labels)
     self.norm = None
     if self.kind == 'image':
-      self.norm = specs.normalization(config) or _measured(config)
+      self.norm = specs.normalization(dataset) or _measured(dataset)
 
   def finish(self, x: np.ndarray) -> np.ndarray:
     if self.kind == 'image':
@@ -142,9 +141,9 @@ class _Split:
     return x.astype(np.int32)
 
 
-def _measured(config) -> Tuple[np.ndarray, np.ndarray]:
+def _measured(dataset: specs.Dataset) -> Tuple[np.ndarray, np.ndarray]:
   """Per-channel mean and std of the training images (for datasets without presets)."""
-  x, _ = prepare(config, arrays.get_split(config, config.dataset.train_split))
+  x, _ = prepare(dataset, arrays.get_split(dataset, dataset.fields.train_split))
   x = x.reshape(-1, x.shape[-1]).astype(np.float64) / 255.0
   return x.mean(0).astype(np.float32), np.maximum(x.std(0), 1e-3).astype(np.float32)
 
@@ -152,17 +151,17 @@ def _measured(config) -> Tuple[np.ndarray, np.ndarray]:
 class TrainData(_Split):
   """Endless shuffled training batches; see the module docstring for the order."""
 
-  def __init__(self, config, process_index: int, process_count: int):
-    super().__init__(config, config.dataset.train_split)
-    self.global_batch = config.dataset.batch_size
+  def __init__(self, dataset: specs.Dataset, process_index: int, process_count: int):
+    super().__init__(dataset, dataset.fields.train_split)
+    self.global_batch = dataset.fields.batch_size
     self.local_batch = specs.local_batch_size(self.global_batch, process_count, 'batch_size')
     if self.global_batch > self.num_examples:
       raise ValueError(f'config.dataset.batch_size={self.global_batch} exceeds the '
                        f'{self.num_examples} training examples')
     self.steps_per_epoch = self.num_examples // self.global_batch
-    self.seed = config.train.seed
+    self.seed = dataset.seed
     self.process_index = process_index
-    self.augment = config.dataset.augment if self.kind == 'image' else 'none'
+    self.augment = dataset.fields.augment if self.kind == 'image' else 'none'
 
   def permutation(self, epoch: int) -> np.ndarray:
     return np.random.default_rng([self.seed, epoch]).permutation(self.num_examples)
@@ -187,9 +186,10 @@ class TrainData(_Split):
 class EvalData(_Split):
   """Every example of the split once; process p reads the p-th contiguous shard."""
 
-  def __init__(self, config, split: str, process_index: int, process_count: int):
-    super().__init__(config, split)
-    self.local_batch = specs.local_batch_size(config.dataset.eval_batch_size, process_count,
+  def __init__(self, dataset: specs.Dataset, split: str, process_index: int,
+               process_count: int):
+    super().__init__(dataset, split)
+    self.local_batch = specs.local_batch_size(dataset.fields.eval_batch_size, process_count,
                                               'eval_batch_size')
     per_process = -(-self.num_examples // process_count)
     self.num_batches = -(-per_process // self.local_batch)

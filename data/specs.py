@@ -20,7 +20,7 @@ Small datasets are read once, decoded and kept in memory (`memory.py`); large
 ones (ImageNet, image folders) stream through tf.data (`stream.py`).
 """
 import dataclasses
-from typing import Optional, Tuple
+from typing import Any, Tuple, Union
 
 import numpy as np
 
@@ -144,10 +144,41 @@ def input_kind(config) -> str:
   return 'pixels' if kind == 'image' and config.dataset.get('pixels_as_tokens') else kind
 
 
-def normalization(config, spec: Optional[DatasetSpec] = None):
+@dataclasses.dataclass(frozen=True)
+class Dataset:
+  """A config's dataset, resolved once (`resolve`): what the pipeline is handed instead
+  of the config.
+
+  Attributes:
+    fields: `config.dataset`, the data's own group of the config.
+    seed: `config.train.seed`, which orders the training examples.
+    spec: the dataset's identity (`DATASETS`).
+    source: where the examples come from (`source`).
+    in_memory: read once into memory, else streamed (`in_memory`).
+    input_kind: what the pipeline yields (`input_kind`).
+  """
+  fields: Any
+  seed: int
+  spec: DatasetSpec
+  source: str
+  in_memory: bool
+  input_kind: str
+
+
+def resolve(config: Union[Any, Dataset]) -> Dataset:
+  """The `Dataset` of `config` (a `Dataset` is returned as it is). ValueError for an
+  unknown dataset name or a source that cannot serve it."""
+  if isinstance(config, Dataset):
+    return config
+  train = config.get('train')
+  return Dataset(config.dataset, train.get('seed', 0) if train else 0,
+                 get_spec(config.dataset.name), source(config), in_memory(config),
+                 input_kind(config))
+
+
+def normalization(dataset: Dataset):
   """(mean, std) float32 arrays `[channels]` from the config, else the spec; None if unknown."""
-  d = config.dataset
-  spec = spec or get_spec(d.name)
+  d, spec = dataset.fields, dataset.spec
   channels = d.channels
   values = []
   for what, preset in (('mean', spec.mean), ('std', spec.std)):

@@ -45,13 +45,14 @@ def _read_config(shuffle_seed: Optional[int]) -> tfds.ReadConfig:
                          try_autocache=False, options=options)
 
 
-def folder_num_classes(config) -> int:
-  return tfds.ImageFolder(config.dataset.data_dir).info.features['label'].num_classes
+def folder_num_classes(data_dir: str) -> int:
+  """The label folders of the image folder `data_dir` (`config.dataset.data_dir`)."""
+  return tfds.ImageFolder(data_dir).info.features['label'].num_classes
 
 
-def _folder_normalization(config):
+def _folder_normalization(dataset: specs.Dataset):
   """Per-channel mean and std of (at most 512) training images of a folder."""
-  d = config.dataset
+  d = dataset.fields
   ds = tfds.ImageFolder(d.data_dir).as_dataset(
       split=d.train_split, shuffle_files=False, decoders={'image': tfds.decode.SkipDecoding()})
   fn = lambda ex: preprocess.resize(preprocess.decode_image(ex['image'], d.channels),
@@ -67,18 +68,18 @@ class Source:
   encoded (images are decoded later, after any skipping).
   """
 
-  def __init__(self, config, split: str, process_index: int, process_count: int,
-               drop_remainder: bool):
-    spec = specs.get_spec(config.dataset.name)
+  def __init__(self, dataset: specs.Dataset, split: str, process_index: int,
+               process_count: int, drop_remainder: bool):
+    spec = dataset.spec
     self.spec = spec
-    self.folder = specs.source(config) == 'folder'
+    self.folder = dataset.source == 'folder'
     self.split = split
     self.process_index, self.process_count = process_index, process_count
     self.drop_remainder = drop_remainder
     if self.folder:
-      self.builder = tfds.ImageFolder(config.dataset.data_dir)
+      self.builder = tfds.ImageFolder(dataset.fields.data_dir)
     else:
-      self.builder = tfds.builder(spec.name, data_dir=config.dataset.data_dir or None)
+      self.builder = tfds.builder(spec.name, data_dir=dataset.fields.data_dir or None)
     self.feature = 'image' if self.folder else spec.feature
     self.decoders = ({self.feature: tfds.decode.SkipDecoding()}
                      if spec.kind == 'image' else None)
@@ -112,13 +113,12 @@ class Source:
     return self._read(shuffle_seed)
 
 
-def _example_fn(config, source: Source, train: bool):
+def _example_fn(dataset: specs.Dataset, source: Source, train: bool):
   """(seed `[2]`, raw example) -> {'inputs', 'label'} for the model."""
-  d = config.dataset
-  kind = specs.input_kind(config)
+  d, kind = dataset.fields, dataset.input_kind
   norm = None
   if kind == 'image':
-    norm = specs.normalization(config) or _folder_normalization(config)
+    norm = specs.normalization(dataset) or _folder_normalization(dataset)
   feature = source.feature
 
   def fn(seed, example):
@@ -139,12 +139,12 @@ def _example_fn(config, source: Source, train: bool):
 class TrainData:
   """Endless shuffled, augmented training batches of this process."""
 
-  def __init__(self, config, process_index: int, process_count: int):
-    self.config = config
-    self.source = Source(config, config.dataset.train_split, process_index,
+  def __init__(self, dataset: specs.Dataset, process_index: int, process_count: int):
+    self.shuffle_buffer = dataset.fields.shuffle_buffer
+    self.source = Source(dataset, dataset.fields.train_split, process_index,
                          process_count, drop_remainder=True)
     self.num_examples = self.source.num_examples
-    self.global_batch = config.dataset.batch_size
+    self.global_batch = dataset.fields.batch_size
     self.local_batch = specs.local_batch_size(self.global_batch, process_count,
                                               'batch_size')
     self.local_examples = self.num_examples // process_count
@@ -152,15 +152,15 @@ class TrainData:
     if self.steps_per_epoch == 0:
       raise ValueError(f'config.dataset.batch_size={self.global_batch} exceeds the '
                        f'{self.num_examples} examples of split {self.source.split!r}')
-    self.seed, self.process_index = config.train.seed, process_index
-    self._fn = _example_fn(config, self.source, train=True)
+    self.seed, self.process_index = dataset.seed, process_index
+    self._fn = _example_fn(dataset, self.source, train=True)
 
   def epoch_dataset(self, epoch: int, skip_batches: int = 0) -> tf.data.Dataset:
     """Batches of one epoch, starting after its first `skip_batches` batches."""
     seed = epoch_seed(self.seed, epoch, self.process_index)
     ds = self.source.dataset(shuffle_seed=seed)
     ds = ds.take(self.steps_per_epoch * self.local_batch)
-    ds = ds.shuffle(self.config.dataset.shuffle_buffer, seed=seed,
+    ds = ds.shuffle(self.shuffle_buffer, seed=seed,
                     reshuffle_each_iteration=False)
     ds = ds.enumerate()
     ds = ds.skip(skip_batches * self.local_batch)
@@ -182,15 +182,16 @@ class TrainData:
 class EvalData:
   """Every example of a split once over all processes, in order, padded batches."""
 
-  def __init__(self, config, split: str, process_index: int, process_count: int):
-    self.source = Source(config, split, process_index, process_count,
+  def __init__(self, dataset: specs.Dataset, split: str, process_index: int,
+               process_count: int):
+    self.source = Source(dataset, split, process_index, process_count,
                          drop_remainder=False)
     self.num_examples = self.source.num_examples
-    self.local_batch = specs.local_batch_size(config.dataset.eval_batch_size,
+    self.local_batch = specs.local_batch_size(dataset.fields.eval_batch_size,
                                               process_count, 'eval_batch_size')
     per_process = -(-self.num_examples // process_count)
     self.num_batches = -(-per_process // self.local_batch)
-    fn = _example_fn(config, self.source, train=False)
+    fn = _example_fn(dataset, self.source, train=False)
     ds = self.source.dataset()
     ds = ds.map(lambda ex: fn(None, ex), num_parallel_calls=tf.data.AUTOTUNE,
                 deterministic=True)
@@ -207,16 +208,15 @@ class EvalData:
       yield {k: specs.pad_rows(v, self.local_batch) for k, v in batch.items()}
 
 
-def prepare(config) -> None:
+def prepare(dataset: specs.Dataset) -> None:
   """Checks the data exists, downloading/preparing it through TFDS when allowed."""
-  d = config.dataset
-  spec = specs.get_spec(d.name)
-  if specs.source(config) == 'folder':
+  d, spec = dataset.fields, dataset.spec
+  if dataset.source == 'folder':
     if not d.data_dir or not tf.io.gfile.isdir(d.data_dir):
       raise ValueError(f'config.dataset.data_dir={d.data_dir!r} is not a directory; '
                        f"source 'folder' needs the image folder root "
                        f'(root/<split>/<label>/<image>)')
-    classes = folder_num_classes(config)
+    classes = folder_num_classes(d.data_dir)
     if spec.num_classes and classes > spec.num_classes:
       raise ValueError(f'config.dataset.data_dir={d.data_dir!r} has {classes} label folders, '
                        f'more than the {spec.num_classes} classes of dataset {d.name!r}')
