@@ -220,9 +220,40 @@ def causal_conv(x, w):
 
   x `[b, n, h, d]`, w `[K, h, d]` -> `[b, n, h, d]` (float32).
   """
+  return _causal_conv(x.astype(F32), w.astype(F32))
+
+
+def _shifted_sum(x, w, reverse: bool = False):
+  """sum_i w[i] x_{t - K + 1 + i} (reverse: sum_i w[i] x_{t + K - 1 - i}), zero outside."""
   size, n = w.shape[0], x.shape[1]
-  xp = jnp.pad(x.astype(F32), [(0, 0), (size - 1, 0), (0, 0), (0, 0)])
-  return sum(w[i].astype(F32) * xp[:, i:i + n] for i in range(size))
+  pad = (0, size - 1) if reverse else (size - 1, 0)
+  xp = jnp.pad(x, [(0, 0), pad, (0, 0), (0, 0)])
+  at = lambda i: size - 1 - i if reverse else i
+  return sum(w[i] * xp[:, at(i):at(i) + n] for i in range(size))
+
+
+@jax.custom_vjp
+def _causal_conv(x, w):
+  return _shifted_sum(x, w)
+
+
+def _causal_conv_fwd(x, w):
+  return _shifted_sum(x, w), (x, w)
+
+
+def _causal_conv_bwd(res, d_out):
+  # The kernel's gradient as one matrix product per tap: XLA on CPU runs the
+  # multiply-and-sum over [b, n] that autodiff writes about 8x slower.
+  x, w = res
+  size, (b, n, h, d) = w.shape[0], x.shape
+  xp = jnp.pad(x, [(0, 0), (size - 1, 0), (0, 0), (0, 0)])
+  ones = jnp.ones((1, b * n), F32)
+  d_w = jnp.concatenate([ones @ (d_out * xp[:, i:i + n]).reshape(b * n, h * d)
+                         for i in range(size)]).reshape(w.shape)
+  return _shifted_sum(d_out, w, reverse=True), d_w
+
+
+_causal_conv.defvjp(_causal_conv_fwd, _causal_conv_bwd)
 
 
 def conv_step(history, x_t, w):
