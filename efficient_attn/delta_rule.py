@@ -96,32 +96,40 @@ def delta_chunked(q, k, v, g, beta, state=None, chunk_size: int = 64):
   """
   b, n, h, dk = q.shape
   dv = v.shape[-1]
-  if g is None:
-    g = jnp.zeros(beta.shape + (1,), F32)
-  xs = tuple(gated_linear.heads_first(x) for x in (q, k, v, g[..., 0], beta))
+  gated = g is not None
+  xs = tuple(None if x is None else gated_linear.heads_first(x)
+             for x in (q, k, v, g[..., 0] if gated else None, beta))
   (qc, kc, vc, gc, bc), c = gated_linear.chunked(xs, chunk_size)
   s0 = gated_linear.init_gated_state(b, h, dk, dv) if state is None else state
   # The UT transform of every chunk at once (it does not depend on the carried state):
-  # [T (beta V), T (beta exp(b) K)] with T = (I + A)^-1.
-  cum = jnp.cumsum(gc, axis=-1)                        # [nc, b, h, c]
-  decay = gated_linear.decay_within(cum)               # G_ts, s <= t
+  # [T (beta V), T (beta exp(b) K)] with T = (I + A)^-1. Without a decay (DeltaNet) every
+  # factor exp(.) is 1 and none is computed.
+  causal = jnp.tril(jnp.ones((c, c), F32))
+  cum = jnp.cumsum(gc, axis=-1) if gated else None     # [nc, b, h, c]
+  decay = gated_linear.decay_within(cum) if gated else causal   # G_ts, s <= t
   a = jnp.tril(bc[..., :, None] * jnp.einsum('...td,...sd->...ts', kc, kc) * decay, -1)
-  rhs = jnp.concatenate([bc[..., None] * vc, (bc * jnp.exp(cum))[..., None] * kc], -1)
+  write = bc * jnp.exp(cum) if gated else bc
+  rhs = jnp.concatenate([bc[..., None] * vc, write[..., None] * kc], -1)
   solved = jnp.einsum('...ts,...sd->...td', unit_lower_inverse(a), rhs)
 
   def body(s, x):
     qx, kx, cx, sx = x                                 # [b, h, c, ...]; cx [b, h, c]
-    dx = gated_linear.decay_within(cx)
     u = sx[..., :dv] - jnp.einsum('bhtk,bhkv->bhtv', sx[..., dv:], s)
-    qk = jnp.einsum('bhtd,bhsd->bhts', qx, kx) * dx
-    out = jnp.einsum('bhtk,bhkv->bhtv', qx * jnp.exp(cx)[..., None], s) + jnp.einsum(
-        'bhts,bhsv->bhtv', qk, u)
-    last = cx[..., -1:]
-    s = jnp.exp(last)[..., None] * s + jnp.einsum('bhtk,bhtv->bhkv',
-                                                   kx * jnp.exp(last - cx)[..., None], u)
-    return s, out
+    qk = jnp.einsum('bhtd,bhsd->bhts', qx, kx)
+    if gated:
+      last = cx[..., -1:]
+      qk = qk * gated_linear.decay_within(cx)
+      qx = qx * jnp.exp(cx)[..., None]
+      kx = kx * jnp.exp(last - cx)[..., None]
+    else:
+      qk = qk * causal
+    out = jnp.einsum('bhtk,bhkv->bhtv', qx, s) + jnp.einsum('bhts,bhsv->bhtv', qk, u)
+    if gated:
+      s = jnp.exp(last)[..., None] * s
+    return s + jnp.einsum('bhtk,bhtv->bhkv', kx, u), out
 
-  s, out = lax.scan(jax.checkpoint(body, prevent_cse=False), s0, (qc, kc, cum, solved))
+  s, out = lax.scan(jax.checkpoint(body, prevent_cse=False), s0,
+                    (qc, kc, cum, solved))
   return gated_linear.unchunked(out, n), s
 
 
