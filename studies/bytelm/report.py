@@ -10,7 +10,8 @@ newest checkpoint, whose model gives the decoding state: the bytes of the cache
 model's context (`benchmarks.generation.cache_bytes`: every layer's keys and
 values, or recurrent state, and the position). Writes `<name>.json`,
 `<name>.md` and `<name>.png` (bits per byte against decoding state) into
-`--out`. A run without results.json is listed as not finished.
+`--out`, with the bits per byte of unigram and bigram byte counts on the same data beside
+them. A run without results.json is listed as not finished.
 """
 import argparse
 import glob
@@ -24,6 +25,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 sys.path.insert(0, HERE)
 
 from benchmarks.generation import cache_bytes  # noqa: E402  pylint: disable=g-import-not-at-top
+import numpy as np  # noqa: E402  pylint: disable=g-import-not-at-top
+
+from data import generated  # noqa: E402  pylint: disable=g-import-not-at-top
 from train import inference  # noqa: E402  pylint: disable=g-import-not-at-top
 import sweep as study  # noqa: E402  pylint: disable=g-import-not-at-top
 
@@ -58,6 +62,25 @@ def collect(root: str):
                                      r['seed']))
 
 
+def count_baselines(config):
+  """Bits per byte of byte-count models on the same validation bytes, fitted to the
+  training windows of `config`'s data: unigram (add-one) and bigram (the byte before, or
+  the start token; add-half)."""
+  pattern = generated.pattern(config)
+
+  def pairs(split):
+    with np.load(pattern.format(split=split)) as f:
+      x, y = f['inputs'].astype(np.int64), f['labels'].astype(np.int64)
+    return x[y >= 0], y[y >= 0]
+  (xt, yt), (xv, yv) = pairs('train'), pairs('validation')
+  unigram = np.bincount(yt, minlength=256) + 1.0
+  bigram = np.full((257, 256), 0.5)
+  np.add.at(bigram, (xt, yt), 1.0)
+  return dict(unigram=float(-np.log2((unigram / unigram.sum())[yv]).mean()),
+              bigram=float(-np.log2((bigram / bigram.sum(1, keepdims=True))[xv, yv]).mean()),
+              train_bytes=int(len(yt)), validation_bytes=int(len(yv)))
+
+
 def summary(rows):
   """Per mechanism over its finished seeds: mean and half range of bits per byte, mean
   examples/s, the decoding state."""
@@ -75,7 +98,7 @@ def summary(rows):
   return out
 
 
-def markdown(rows, means, command: str) -> str:
+def markdown(rows, means, command: str, baselines=None) -> str:
   lines = [f'command: `{command}`', '',
            '| mechanism | seeds | validation bits/byte (mean ± half range) | next-byte accuracy '
            '| steady examples/s | decoding state (bytes / sequence) | parameters |',
@@ -89,6 +112,11 @@ def markdown(rows, means, command: str) -> str:
                  f'{s["spread"]:.3f} | {100 * sum(acc) / len(acc):.1f}% | '
                  f'{s["examples_per_sec"]:.1f} | {s["decode_state_bytes"]:,} | '
                  f'{s["params"]:,} |')
+  if baselines:
+    lines += ['', f'Byte-count models on the same {baselines["validation_bytes"]:,} validation '
+                  f'bytes, fitted to the {baselines["train_bytes"]:,} training bytes: unigram '
+                  f'{baselines["unigram"]:.3f} bits/byte, bigram (the byte before) '
+                  f'{baselines["bigram"]:.3f}.']
   lines += ['', '| run | bits/byte | accuracy | steady examples/s | wall time |',
             '|:---|---:|---:|---:|---:|']
   for r in rows:
@@ -139,14 +167,17 @@ def main():
   if not rows:
     raise SystemExit(f'{args.root}: no bytelm-<mechanism>-seed<seed> workdir')
   means = summary(rows)
+  done = [r for r in rows if r['finished']]
+  baselines = count_baselines(inference.load(done[0]['workdir'])[0]) if done else None
   command = 'python studies/bytelm/report.py ' + ' '.join(sys.argv[1:])
   with open(os.path.join(args.out, f'{args.name}.json'), 'w') as f:
-    json.dump(dict(command=command, summary=means, runs=rows), f, indent=1)
+    json.dump(dict(command=command, summary=means, count_baselines=baselines, runs=rows), f,
+              indent=1)
   with open(os.path.join(args.out, f'{args.name}.md'), 'w') as f:
-    f.write(markdown(rows, means, command))
+    f.write(markdown(rows, means, command, baselines))
   if any(s['seeds'] for s in means.values()):
     plot(means, os.path.join(args.out, f'{args.name}.png'))
-  print(markdown(rows, means, command))
+  print(markdown(rows, means, command, baselines))
 
 
 if __name__ == '__main__':
