@@ -139,7 +139,7 @@ def markdown(rows, means, command: str, baselines=None) -> str:
   return '\n'.join(lines) + '\n'
 
 
-def plot(means, path: str) -> None:
+def plot(rows, means, path: str, baselines=None) -> None:
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
@@ -148,10 +148,14 @@ def plot(means, path: str) -> None:
     if s['seeds']:
       ax.errorbar(s['decode_state_bytes'], s['bits_per_byte'], yerr=s['spread'], fmt='o',
                   capsize=3, label=m)
+  if baselines:
+    ax.axhline(baselines['bigram'], color='gray', linestyle='--', linewidth=1,
+               label='bigram byte counts')
   ax.set_xscale('log')
   ax.set_xlabel('decoding state, bytes per sequence (log)')
   ax.set_ylabel('validation bits per byte')
-  ax.set_title('Byte-level LM on IMDB reviews (same budget)')
+  steps = {r['steps'] for r in rows if r['finished']}
+  ax.set_title(f'Byte-level LM on IMDB reviews, {"/".join(map(str, sorted(steps)))} steps each')
   ax.legend(fontsize=8)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
@@ -176,7 +180,7 @@ def main():
   with open(os.path.join(args.out, f'{args.name}.md'), 'w') as f:
     f.write(markdown(rows, means, command, baselines))
   if any(s['seeds'] for s in means.values()):
-    plot(means, os.path.join(args.out, f'{args.name}.png'))
+    plot(rows, means, os.path.join(args.out, f'{args.name}.png'), baselines)
   print(markdown(rows, means, command, baselines))
 
 
