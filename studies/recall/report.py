@@ -18,7 +18,8 @@ position counters), built from the run's stored config without its weights.
 Writes <out>/<name>.json, <out>/<name>.md, <out>/<name>.png (accuracy
 against width per mechanism, one panel per cell, when a cell has more than one
 width; else accuracy per mechanism) and <out>/<name>_state.png (accuracy against
-the decode state, log scale).
+the decode state, log scale) and <out>/<name>_curves.png (training accuracy
+against step, every run).
 """
 import glob
 import json
@@ -167,6 +168,41 @@ def plot(rows: List[Dict[str, Any]], path: str) -> None:
   fig.savefig(path, dpi=120)
 
 
+def train_curve(workdir: str):
+  """(steps, train accuracy) logged in the run's metrics.jsonl."""
+  points = []
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    for line in f:
+      m = json.loads(line)
+      if m.get('split') == 'train' and 'accuracy' in m:
+        points.append((m['step'], m['accuracy']))
+  return tuple(zip(*sorted(points))) if points else ((), ())
+
+
+def plot_curves(runs: List[Dict[str, Any]], path: str) -> None:
+  """Training accuracy (the logged running mean) against step, one line per run."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, ax = plt.subplots(figsize=(7, 4))
+  colours = {}
+  for r in sorted(runs, key=lambda r: (r['mechanism'], r['seed'])):
+    steps, acc = train_curve(r['workdir'])
+    key = (r['mechanism'], r['width'], r['seq_len'])
+    first = key not in colours
+    colours.setdefault(key, f'C{len(colours) % 10}')
+    ax.plot(steps, [100 * a for a in acc], color=colours[key],
+            linestyle='-' if r['seed'] == 0 else '--',
+            label=f"{r['mechanism']} (d{r['width']}, {r['seq_len']}/{r['num_kv_pairs']})"
+            if first else None)
+  ax.set_xlabel('step')
+  ax.set_ylabel('MQAR training accuracy (%)')
+  ax.set_title('solid: seed 0, dashed: other seeds')
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+
+
 def plot_state(rows: List[Dict[str, Any]], path: str) -> None:
   """Accuracy against decode state per sequence (log scale), as Zoology's recall-memory plot."""
   import matplotlib  # pylint: disable=g-import-not-at-top
@@ -224,6 +260,7 @@ def main(argv):
     f.write(markdown(rows, command))
   plot(rows, base + '.png')
   plot_state(rows, base + '_state.png')
+  plot_curves(runs, base + '_curves.png')
   print(markdown(rows, command))
 
 
