@@ -74,8 +74,8 @@ class Built:
   @functools.cached_property
   def state(self) -> steps_lib.TrainState:
     """The initial TrainState (step 0, fresh params), replicated over the mesh."""
-    return steps_lib.create_train_state(self.model, self.tx, self.config, self.mesh,
-                                        self._key)
+    return steps_lib.create_train_state(self.model, self.tx, self._session.inputs,
+                                        self.mesh, self._key)
 
   @functools.cached_property
   def train_step(self) -> Callable[[Any, Any], Tuple[Any, Dict[str, Any]]]:
@@ -98,7 +98,7 @@ class Built:
 
   def train_batches(self, start: int = 0) -> Iterator[Dict[str, Any]]:
     """The config's training batches from step `start`, as global arrays on the mesh."""
-    return sharding.prefetch(data.get_train_data(self.config).batches(start),
+    return sharding.prefetch(data.get_train_data(self._session.dataset).batches(start),
                              self.mesh)
 
   def to_devices(self, batch: Dict[str, Any]) -> Dict[str, Any]:
@@ -111,7 +111,7 @@ class Built:
 
   def evaluate(self, params) -> Dict[str, float]:
     """Mean metrics of `params` over every example of the config's eval split."""
-    return self._session.evaluate(params, data.get_eval_data(self.config))
+    return self._session.evaluate(params, data.get_eval_data(self._session.dataset))
 
 
 def build(config, num_steps: int = 1, *, devices: Optional[Sequence[Any]] = None,

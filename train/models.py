@@ -3,13 +3,17 @@
     model = models.create_model(config)            # ViT, TextClassifier, CausalTransformer, MLP
     x = models.dummy_inputs(config, batch_size=2)   # what model(x, train=...) takes
 
+The trainer, which has resolved the config once (`validate.resolve`), also hands
+these its `data.Dataset` and the mechanism's declaration, so that nothing here
+looks them up again.
+
 Kinds: 'vit' (images), 'text' (byte or token sequences; a dual encoder for
 pairs of documents), 'causal' (pixel tokens, the autoregressive pixel model;
 token sequences labelled at each position, e.g. MQAR) and 'mlp' (images, the
 LoRA study's base). With `config.lora.rank > 0` the model comes wrapped in
 `lora.Adapted` (see `train/adapters.py`).
 """
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import flax.linen as nn
 import jax
@@ -48,12 +52,12 @@ FIELDS = (
 )
 
 
-def check(config) -> None:
+def check(config, dataset: Optional[data.Dataset] = None) -> None:
   """ConfigError for the first invalid field of `config.model`, alone or with the data
-  (`data.input_kind`) and the task it must serve."""
+  (`dataset`, default `data.resolve(config)`) and the task it must serve."""
   m, d = config.model, config.dataset
   fields.check(config, FIELDS)
-  inputs = data.input_kind(config)
+  inputs = data.resolve(dataset or config).input_kind
   if inputs not in READS[m.kind]:
     valid = [k for k in KINDS if inputs in READS[k]]
     what = 'pixel-token (dataset.pixels_as_tokens)' if inputs == 'pixels' else inputs
@@ -85,7 +89,8 @@ def check(config) -> None:
                              f'ordinary stack); valid kinds: {", ".join(REVERSIBLE_KINDS)}')
 
 
-def check_attention(config) -> Tuple[registry.Mechanism, registry.Options]:
+def check_attention(config, dataset: Optional[data.Dataset] = None
+                    ) -> Tuple[registry.Mechanism, registry.Options]:
   """The mechanism of `config.attention`, looked up once and configured for this model
   (the registry's own checks: options, causal form, lengths, rotary): (declaration,
   resolved options). ConfigError naming the field, value and valid choices."""
@@ -102,7 +107,7 @@ def check_attention(config) -> Tuple[registry.Mechanism, registry.Options]:
       layer.kv_heads(decl, a.projection, config.model.num_heads, num_kv_heads)
     except ValueError as e:
       raise fields.ConfigError(f'config.attention.num_kv_heads={num_kv_heads}: {e}') from None
-  length, context = sequence_length(config)
+  length, context = sequence_length(config, dataset)
   if (decl.fixed_length or a.projection == 'super') and length > context:
     what = f'mechanism {a.mechanism!r}' if decl.fixed_length else "projection 'super'"
     raise fields.ConfigError(
@@ -135,7 +140,7 @@ def attention_options(config) -> Dict[str, Any]:
   return {k: v for k, v in options.items() if v is not None}
 
 
-def sequence_length(config) -> Tuple[int, int]:
+def sequence_length(config, dataset: Optional[data.Dataset] = None) -> Tuple[int, int]:
   """(tokens the attention sees, context length the model is built for)."""
   m, d = config.model, config.dataset
   if m.kind == 'vit':
@@ -143,46 +148,58 @@ def sequence_length(config) -> Tuple[int, int]:
     return n, n
   if m.kind == 'text':
     cls = m.pool == 'cls'
-    n = token_length(config)
+    n = token_length(config, dataset)
     return n + cls, (m.max_length or n) + cls
   if m.kind == 'causal':
-    n = (d.max_length if data.input_kind(config) == 'sequence' else
+    n = (d.max_length if data.resolve(dataset or config).input_kind == 'sequence' else
          d.image_size ** 2 * d.channels)
     return n, n
   return 0, 0
 
 
-def token_length(config) -> int:
+def token_length(config, dataset: Optional[data.Dataset] = None) -> int:
   """The token sequence a 'text' model reads: dataset.max_length, or every pixel."""
   d = config.dataset
-  if data.input_kind(config) == 'pixels':
+  if data.resolve(dataset or config).input_kind == 'pixels':
     return d.image_size ** 2 * d.channels
   return d.max_length
 
 
 def transformer_config(config, **changes) -> ea.TransformerConfig:
-  """The encoder settings of `config.model` and `config.attention`."""
+  """The encoder settings of `config.model` and `config.attention` (`changes`: fields set
+  otherwise, e.g. `mechanism`, the declaration the config was resolved to)."""
   m, a = config.model, config.attention
-  return ea.TransformerConfig(
-      d_model=m.d_model, depth=m.depth, num_heads=m.num_heads, mlp_dim=m.mlp_dim,
-      mechanism=a.mechanism, projection=a.projection, options=attention_options(config),
-      dropout_rate=m.dropout_rate, attention_dropout_rate=m.attention_dropout_rate,
-      reversible=m.reversible, rotary=a.rotary, num_kv_heads=a.get('num_kv_heads') or None,
-      dtype=DTYPES[config.train.dtype], **changes)
+  return ea.TransformerConfig(**{
+      **dict(d_model=m.d_model, depth=m.depth, num_heads=m.num_heads, mlp_dim=m.mlp_dim,
+             mechanism=a.mechanism, projection=a.projection,
+             options=attention_options(config), dropout_rate=m.dropout_rate,
+             attention_dropout_rate=m.attention_dropout_rate, reversible=m.reversible,
+             rotary=a.rotary, num_kv_heads=a.get('num_kv_heads') or None,
+             dtype=DTYPES[config.train.dtype]),
+      **changes})
 
 
-def create_model(config) -> nn.Module:
-  """The model of `config.model.kind` (LoRA-adapted if `config.lora.rank > 0`)."""
+def create_model(config, dataset: Optional[data.Dataset] = None,
+                 mechanism: Optional[registry.Mechanism] = None) -> nn.Module:
+  """The model of `config.model.kind` (LoRA-adapted if `config.lora.rank > 0`).
+
+  `dataset` (default `data.resolve(config)`) and `mechanism` (the declaration of
+  `config.attention.mechanism`, default: looked up by the model) are what
+  `validate.resolve` resolved.
+  """
   m = config.model
-  num_classes = data.num_classes(config)
+  dataset = data.resolve(dataset or config)
+  changes = {'mechanism': mechanism} if mechanism is not None else {}
+  num_classes = data.num_classes(dataset)
   if m.kind == 'vit':
-    model = ea.ViT(transformer_config(config), num_classes=num_classes,
+    model = ea.ViT(transformer_config(config, **changes), num_classes=num_classes,
                    patch_size=m.patch_size, pool=m.pool)
   elif m.kind == 'text':
-    inputs = data.input_kind(config)
+    inputs = dataset.input_kind
     vocab = {'text': data.TEXT_VOCAB_SIZE, 'text_pair': data.TEXT_VOCAB_SIZE,
-             'pixels': PIXEL_LEVELS}.get(inputs) or data.vocab_size(config)
-    encoder = transformer_config(config, max_length=m.max_length or token_length(config))
+             'pixels': PIXEL_LEVELS}.get(inputs) or data.vocab_size(dataset)
+    encoder = transformer_config(config, max_length=m.max_length or token_length(
+        config, dataset), **changes)
     positions = m.get('positions', 'learned')
     if inputs == 'text_pair':
       model = ea.TextMatcher(encoder, num_classes=num_classes, vocab_size=vocab, pool=m.pool,
@@ -191,10 +208,10 @@ def create_model(config) -> nn.Module:
       model = ea.TextClassifier(encoder, num_classes=num_classes, vocab_size=vocab,
                                 pool=m.pool, padding=inputs != 'pixels', positions=positions)
   elif m.kind == 'causal':
-    sequence = data.input_kind(config) == 'sequence'
+    sequence = dataset.input_kind == 'sequence'
     model = ea.CausalTransformer(
-        transformer_config(config, max_length=sequence_length(config)[1]),
-        vocab_size=data.vocab_size(config) if sequence else PIXEL_LEVELS)
+        transformer_config(config, max_length=sequence_length(config, dataset)[1], **changes),
+        vocab_size=data.vocab_size(dataset) if sequence else PIXEL_LEVELS)
   elif m.kind == 'mlp':
     model = ea.MLP(num_classes, depth=m.depth, width=m.mlp_dim,
                    dtype=DTYPES[config.train.dtype])
@@ -204,15 +221,15 @@ def create_model(config) -> nn.Module:
   return adapters.wrap(config, model)
 
 
-def dummy_inputs(config, batch_size: int = 1):
+def dummy_inputs(config, batch_size: int = 1, dataset: Optional[data.Dataset] = None):
   """Zero inputs of the shape `create_model(config)` takes."""
   d, kind = config.dataset, config.model.kind
   if kind in ('vit', 'mlp'):
     return jnp.zeros((batch_size, d.image_size, d.image_size, d.channels), jnp.float32)
   if kind == 'text':
-    pair = (2,) if data.input_kind(config) == 'text_pair' else ()
-    return jnp.ones((batch_size,) + pair + (token_length(config),), jnp.int32)
-  return jnp.zeros((batch_size, sequence_length(config)[0]), jnp.int32)
+    pair = (2,) if data.resolve(dataset or config).input_kind == 'text_pair' else ()
+    return jnp.ones((batch_size,) + pair + (token_length(config, dataset),), jnp.int32)
+  return jnp.zeros((batch_size, sequence_length(config, dataset)[0]), jnp.int32)
 
 
 def count_params(params) -> int:

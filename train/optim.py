@@ -2,7 +2,10 @@
 
     tx = optim.create_optimizer(config, num_steps)
     lr = optim.learning_rate_schedule(config, num_steps)(step)
+    tx, lr, warmup = optim.create(config, num_steps)   # the three at once (the trainer)
 """
+from typing import Tuple
+
 import jax
 import optax
 
@@ -48,6 +51,13 @@ def learning_rate_schedule(config, num_steps: int) -> optax.Schedule:
 def _decay_mask(params):
   """Weight decay on matrices (kernels, embeddings), not on biases or norms."""
   return jax.tree.map(lambda x: x.ndim > 1, params)
+
+
+def create(config, num_steps: int
+           ) -> Tuple[optax.GradientTransformation, optax.Schedule, int]:
+  """(`create_optimizer`, `learning_rate_schedule`, `warmup_steps`) of `config`."""
+  return (create_optimizer(config, num_steps), learning_rate_schedule(config, num_steps),
+          warmup_steps(config, num_steps))
 
 
 def create_optimizer(config, num_steps: int) -> optax.GradientTransformation:

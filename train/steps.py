@@ -1,6 +1,6 @@
 """The jit-compiled pieces of training: state creation, train step, eval step.
 
-    state = steps.create_train_state(model, tx, config, mesh, key)
+    state = steps.create_train_state(model, tx, inputs, mesh, key)  # inputs: example inputs
     train_step = steps.make_train_step(task, model, tx, base_key, mesh)
     state, metrics = train_step(state, global_batch)     # metric sums of the step
     eval_step = steps.make_eval_step(task, model, mesh)
@@ -16,6 +16,7 @@ from typing import Any, Callable
 import flax
 import jax
 import jax.numpy as jnp
+import ml_collections
 import optax
 
 from train import models
@@ -30,9 +31,12 @@ class TrainState:
   opt_state: Any
 
 
-def init_params(model, config, key):
-  """Fresh parameters of `model` (float32), initialised on `models.dummy_inputs(config)`."""
-  variables = model.init({'params': key}, models.dummy_inputs(config), train=False)
+def init_params(model, inputs, key):
+  """Fresh parameters of `model` (float32), initialised on `inputs`: example inputs
+  `[1, ...]` (`models.dummy_inputs`), or the config whose dummy inputs they are."""
+  if isinstance(inputs, ml_collections.ConfigDict):
+    inputs = models.dummy_inputs(inputs)
+  variables = model.init({'params': key}, inputs, train=False)
   return variables['params']
 
 
@@ -41,28 +45,30 @@ def _with_sharding(shapes, mesh):
   return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=repl), shapes)
 
 
-def abstract_params(model, config, mesh):
-  """The params as ShapeDtypeStructs with replicated shardings (no compute)."""
+def abstract_params(model, inputs, mesh):
+  """The params as ShapeDtypeStructs with replicated shardings (no compute); `inputs` as
+  for `init_params`."""
   return _with_sharding(jax.eval_shape(
-      lambda: init_params(model, config, jax.random.key(0))), mesh)
+      lambda: init_params(model, inputs, jax.random.key(0))), mesh)
 
 
-def abstract_state(model, tx, config, mesh) -> TrainState:
+def abstract_state(model, tx, inputs, mesh) -> TrainState:
   """The TrainState as ShapeDtypeStructs with replicated shardings (no compute)."""
   def build():
-    params = init_params(model, config, jax.random.key(0))
+    params = init_params(model, inputs, jax.random.key(0))
     return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
   return _with_sharding(jax.eval_shape(build), mesh)
 
 
-def create_train_state(model, tx, config, mesh, key, params=None) -> TrainState:
-  """A replicated TrainState at step 0, params from `key` unless `params` are given."""
+def create_train_state(model, tx, inputs, mesh, key, params=None) -> TrainState:
+  """A replicated TrainState at step 0, params from `key` (on `inputs`, as for
+  `init_params`) unless `params` are given."""
   repl = sharding.replicated(mesh)
 
   def from_params(p):
     return TrainState(jnp.zeros((), jnp.int32), p, tx.init(p))
   if params is None:
-    return jax.jit(lambda k: from_params(init_params(model, config, k)),
+    return jax.jit(lambda k: from_params(init_params(model, inputs, k)),
                    out_shardings=repl)(key)
   return jax.jit(from_params, out_shardings=repl)(jax.device_put(params, repl))
 

@@ -40,15 +40,19 @@ from train import workdir as workdir_lib
 
 
 class Session:
-  """What one training or evaluation run needs, built from a validated config.
+  """What one training or evaluation run needs, built from the config resolved once.
 
-  `read_data=False` skips the data's checks and facts (`validate.resolved`), for a
-  model fed synthetic batches; `training=False` skips those of the training split
-  alone (evaluation reads only the eval split).
+  `config` (the resolved copy a run records), `dataset` (what the data pipeline is
+  handed), `loop` (the training loop's settings), `task`, `model` (built with the
+  mechanism's resolved declaration), `inputs` (example inputs, for initialising) and
+  `mesh`. `read_data=False` skips the data's checks and facts (`validate.resolve`),
+  for a model fed synthetic batches; `training=False` skips those of the training
+  split alone (evaluation reads only the eval split).
   """
 
   def __init__(self, config, mesh=None, read_data: bool = True, training: bool = True):
-    self.config = validate.resolved(config, read_data, training)  # every check, before any work
+    r = validate.resolve(config, read_data, training)  # every check, before any work
+    self.config, self.dataset, self.loop = r.config, r.dataset, r.loop
     self.mesh = sharding.create_mesh() if mesh is None else mesh
     try:
       sharding.check_batch_size(self.config.dataset.batch_size, self.mesh)
@@ -57,10 +61,11 @@ class Session:
     except ValueError as e:
       raise validate.ConfigError(str(e)) from None
     self.task = tasks.get_task(self.config.task)
-    self.model = models.create_model(self.config)
+    self.model = models.create_model(self.config, self.dataset, r.mechanism)
+    self.inputs = models.dummy_inputs(self.config, dataset=self.dataset)
 
   def abstract_params(self):
-    return steps_lib.abstract_params(self.model, self.config, self.mesh)
+    return steps_lib.abstract_params(self.model, self.inputs, self.mesh)
 
   def evaluate(self, params, eval_data) -> Dict[str, float]:
     """Mean metrics of `params` over every example of `eval_data`."""
@@ -94,8 +99,8 @@ def train_and_evaluate(config, workdir: str, restart: bool = False) -> Optional[
   """
   wall_start = time.time()
   s = Session(config)
-  train_data = data.get_train_data(s.config)
-  num_steps = workdir_lib.total_steps(s.config.train, train_data.steps_per_epoch)
+  train_data = data.get_train_data(s.dataset)
+  num_steps = workdir_lib.total_steps(s.loop, train_data.steps_per_epoch)
   run = workdir_lib.open_run(workdir, s.config, writer=sharding.is_writer(), restart=restart,
                              num_steps=num_steps)
   try:
@@ -114,13 +119,13 @@ def train_and_evaluate(config, workdir: str, restart: bool = False) -> Optional[
 
 def _train(s: Session, run, train_data, num_steps: int,
            wall_start: float) -> Optional[Dict[str, Any]]:
-  c, t = s.config, s.config.train
-  tx, lr = optim.create_optimizer(c, num_steps), optim.learning_rate_schedule(c, num_steps)
+  c, t = s.config, s.loop
+  tx, lr, warmup = optim.create(c, num_steps)
   ckpt = checkpoint.Checkpointer(run.path, every=t.checkpoint_every, keep=t.keep_checkpoints,
-                                 async_save=t.get('async_checkpoints', True))
+                                 async_save=t.async_checkpoints)
   state = _restore_or_init(s, tx, ckpt)
   start = int(jax.device_get(state.step))
-  _log_start(s, state, num_steps, train_data, optim.warmup_steps(c, num_steps))
+  _log_start(s, state, num_steps, train_data, warmup)
   writer = metrics_lib.create_writer(run.path, enabled=run.writer, resume_step=start)
   from clu import periodic_actions  # pylint: disable=g-import-not-at-top  (TensorFlow)
   report = periodic_actions.ReportProgress(num_train_steps=num_steps, writer=writer,
@@ -158,7 +163,7 @@ def _train(s: Session, run, train_data, num_steps: int,
           stalls.append(time.monotonic() - t0)
       if (t.eval_every > 0 and step % t.eval_every == 0) or step == num_steps:
         with report.timed('eval'), clock.paused():
-          eval_values = s.evaluate(state.params, data.get_eval_data(c))
+          eval_values = s.evaluate(state.params, data.get_eval_data(s.dataset))
         writer.write_scalars(step, {f'eval/{k}': v for k, v in eval_values.items()})
         if run.writer:
           print(f'eval {step}/{num_steps} | {metrics_lib.format_values(eval_values)}',
@@ -171,7 +176,7 @@ def _train(s: Session, run, train_data, num_steps: int,
                         num_steps, ckpt.directory)
         return None
   if not eval_values:  # resumed at the end: evaluate the final state
-    eval_values = s.evaluate(state.params, data.get_eval_data(c))
+    eval_values = s.evaluate(state.params, data.get_eval_data(s.dataset))
   ckpt.close()
   writer.close()
   results = _results(s, state, num_steps, start, recent, eval_values, clock, wall_start,
@@ -229,7 +234,7 @@ class _Clock:
 
 def _restore_or_init(s: Session, tx, ckpt):
   """The newest sound checkpoint's state, else a fresh one (from init_from if set)."""
-  abstract = steps_lib.abstract_state(s.model, tx, s.config, s.mesh)
+  abstract = steps_lib.abstract_state(s.model, tx, s.inputs, s.mesh)
   try:
     restored = ckpt.restore(abstract.params, abstract.opt_state)
   except checkpoint.CheckpointMismatch as e:
@@ -239,16 +244,16 @@ def _restore_or_init(s: Session, tx, ckpt):
     _say(f'Resumed from the checkpoint at step {step} of {ckpt.directory}')
     return steps_lib.TrainState(jax.device_put(np.int32(step), sharding.replicated(s.mesh)),
                                 params, opt_state)
-  key = jax.random.key(s.config.train.seed)
+  key = jax.random.key(s.loop.seed)
   params = None
   if s.config.get('init_from'):
-    fresh = jax.jit(lambda k: steps_lib.init_params(s.model, s.config, k))(key)
+    fresh = jax.jit(lambda k: steps_lib.init_params(s.model, s.inputs, k))(key)
     step, loaded = checkpoint.restore_params(s.config.init_from, s.mesh)
     params, report = adapters.init_from(s.config, fresh, loaded)
     logging.info('init_from %s (step %d): %d arrays copied, %d kept fresh (%s), %d unused',
                  s.config.init_from, step, len(report['copied']), len(report['fresh']),
                  ', '.join(report['fresh'][:8]), len(report['unused']))
-  return steps_lib.create_train_state(s.model, tx, s.config, s.mesh, key, params)
+  return steps_lib.create_train_state(s.model, tx, s.inputs, s.mesh, key, params)
 
 
 def _say(message: str) -> None:
@@ -322,7 +327,7 @@ def evaluate(config, workdir: str) -> Dict[str, float]:
     step, params = checkpoint.restore_params(workdir, s.mesh, s.abstract_params())
   except checkpoint.CheckpointMismatch as e:
     raise workdir_lib.WorkdirError(str(e)) from None
-  values = s.evaluate(params, data.get_eval_data(s.config))
+  values = s.evaluate(params, data.get_eval_data(s.dataset))
   logging.info('eval at step %d on %s: %s', step, s.config.dataset.eval_split,
                ', '.join(f'{k} {v:.4g}' for k, v in values.items()))
   print(f'eval {step} | {metrics_lib.format_values(values)}', flush=True)

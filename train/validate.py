@@ -1,15 +1,19 @@
 """Config validation: every check runs before any data is read or model built.
 
     validate.validate_config(config)   # raises ConfigError
-    config = validate.resolved(config) # a checked copy: options and num_classes filled in
+    r = validate.resolve(config)       # the config resolved once: what a run is built from
+    config = validate.resolved(config) # r.config: a checked copy, options and num_classes filled in
 
 Each concern owns its fields and checks them (`data.check`, `models.check`,
-`models.check_attention`, `optim.check`, `adapters.check`, declared as
-`fields.Field` tables); this module runs them in turn. Each message
+`models.check_attention`, `optim.check`, `loop.check`, `adapters.check`, declared as
+`fields.Field` tables); this module runs them in turn, and keeps what they resolve
+(the dataset, the mechanism's declaration and options, the loop's settings) so
+that nothing below looks them up again. Each message
 names the field, the bad value and the valid choices, e.g.
 "config.attention.mechanism='nystrm' is not valid; valid choices: softmax, ...".
 Valid mechanism and projection names come from `efficient_attn.registry`.
 """
+import dataclasses
 from typing import Tuple
 
 import ml_collections
@@ -18,13 +22,30 @@ import fields
 from efficient_attn import registry
 import data
 from train import adapters
+from train import loop as loop_lib
 from train import models
 from train import optim
 from train import tasks
-from data import specs
 
-DTYPES = tuple(models.DTYPES)
 ConfigError = fields.ConfigError  # a config field holds a value the experiment cannot run with
+
+
+@dataclasses.dataclass(frozen=True)
+class Resolved:
+  """A config resolved once (`resolve`): what a run is built from.
+
+  Attributes:
+    config: the checked copy a run records in config.json (`resolved`).
+    dataset: `data.Dataset`, what the data pipeline is handed.
+    mechanism: the attention mechanism's declaration, passed down the model.
+    options: its complete options (declared defaults plus what the config set).
+    loop: `loop.Loop`, the training loop's settings.
+  """
+  config: ml_collections.ConfigDict
+  dataset: data.Dataset
+  mechanism: registry.Mechanism
+  options: registry.Options
+  loop: loop_lib.Loop
 
 
 def validate_config(config) -> Tuple[registry.Mechanism, registry.Options]:
@@ -32,10 +53,16 @@ def validate_config(config) -> Tuple[registry.Mechanism, registry.Options]:
 
   Each concern checks its own fields, in turn: the task, the data (`data.check`), the model
   (`models.check`), the attention (`models.check_attention`: the registry's own
-  checks), the optimiser (`optim.check`), the training loop (`TRAIN`) and the
-  adapters (`adapters.check`). Returns the mechanism, resolved once: (declaration,
-  options).
+  checks), the optimiser (`optim.check`), the training loop (`loop.check`), the
+  samples a task writes, and the adapters (`adapters.check`). Returns the mechanism,
+  resolved once: (declaration, options).
   """
+  _, decl, options, _ = _check(config)
+  return decl, options
+
+
+def _check(config):
+  """validate_config's checks; (dataset, declaration, options, loop)."""
   for group in ('dataset', 'model', 'attention', 'optim', 'train'):
     if group not in config:
       raise ConfigError(f'config has no {group!r} group; see configs/common.py')
@@ -44,64 +71,61 @@ def validate_config(config) -> Tuple[registry.Mechanism, registry.Options]:
   except ValueError as e:
     raise ConfigError(str(e)) from None
   try:
-    data.check(config)
+    dataset = data.check(config)
   except ValueError as e:
     raise ConfigError(str(e)) from None
-  models.check(config)
-  inputs = specs.input_kind(config)
+  models.check(config, dataset)
+  inputs = dataset.input_kind
   if inputs not in task.reads:
     valid = [t for t, v in tasks.TASKS.items() if inputs in v.reads]
     raise ConfigError(f'config.task={config.task!r} is not valid for the {inputs} dataset '
                       f'{config.dataset.name!r}; valid choices: {", ".join(valid)}')
-  decl, options = models.check_attention(config)
+  decl, options = models.check_attention(config, dataset)
   optim.check(config)
-  _train(config, decl)
+  loop = loop_lib.check(config)
+  _samples(config, decl)
   adapters.check(config)
-  return decl, options
+  return dataset, decl, options, loop
+
+
+def resolve(config, read_data: bool = True, training: bool = True) -> Resolved:
+  """`config` checked and resolved once: a copy with what the data and the registry fill
+  in, and the pieces a run is built from (`Resolved`).
+
+  `attention.options` becomes the chosen mechanism's complete options (its
+  declared defaults plus what the config set), and `dataset.num_classes` the
+  count read from the data when it is 0. `read_data=False` skips the data (a stored
+  config, for inference); `training=False` skips the check of the batch against the
+  training split (an evaluation may read a file smaller than one training batch).
+  """
+  config = ml_collections.ConfigDict(config.to_dict())
+  dataset, decl, options, loop = _check(config)
+  config.attention.options = ml_collections.ConfigDict(dict(options))
+  if read_data:
+    try:
+      data.check_splits(dataset, training)  # fills in num_classes
+    except ValueError as e:
+      raise ConfigError(str(e)) from None
+  return Resolved(config, dataset, decl, options, loop)
 
 
 def resolved(config, read_data: bool = True,
              training: bool = True) -> ml_collections.ConfigDict:
-  """A validated copy of `config` with what the data and the registry fill in.
-
-  `attention.options` becomes the chosen mechanism's complete options (its
-  declared defaults plus what the config set), and `dataset.num_classes` the
-  count read from the data when it is 0. This is what a run records in
-  config.json. `read_data=False` skips the data (a stored config, for inference);
-  `training=False` skips the check of the batch against the training split (an
-  evaluation may read a file smaller than one training batch).
-  """
-  _, options = validate_config(config)
-  config = ml_collections.ConfigDict(config.to_dict())
-  config.attention.options = ml_collections.ConfigDict(dict(options))
-  if not read_data:
-    return config
-  try:
-    data.check_splits(config, training)  # fills in num_classes
-  except ValueError as e:
-    raise ConfigError(str(e)) from None
-  return config
+  """A validated copy of `config` with what the data and the registry fill in (see
+  `resolve`): what a run records in config.json."""
+  return resolve(config, read_data, training).config
 
 
-TRAIN = (  # what `config.train` and `config.sample` accept (the rules between fields: _train)
-    *(fields.Field(f'train.{name}', above=0)
-      for name in ('log_every', 'checkpoint_every', 'keep_checkpoints')),
-    fields.Field('train.dtype', choices=DTYPES),
+SAMPLES = (  # what `config.sample` accepts (the samples a task writes after training)
     *(fields.Field(f'sample.{name}', minimum=0, note='(0 = none)', default=0)
       for name in ('num_samples', 'num_completions')),
 )
 
 
-def _train(config, decl: registry.Mechanism) -> None:
-  """The training loop's fields; `decl`, the configured mechanism, for the samples."""
-  t = config.train
-  if t.num_steps <= 0 and t.num_epochs <= 0:  # num_steps > 0 wins over num_epochs
-    raise ConfigError(f'config.train.num_steps={t.num_steps} and config.train.num_epochs='
-                      f'{t.num_epochs}: set one of them > 0 (num_steps takes precedence)')
-  if t.eval_every == 0 or t.eval_every < -1:
-    raise ConfigError(f'config.train.eval_every={t.eval_every} is not valid; it must be '
-                      f'> 0, or -1 for only at the end')
-  fields.check(config, TRAIN)
+def _samples(config, decl: registry.Mechanism) -> None:
+  """The samples a task writes after training; `decl`, the configured mechanism, decodes
+  them."""
+  fields.check(config, SAMPLES)
   sample = {**tasks.pixel_lm.SAMPLE_DEFAULTS, **(config.get('sample') or {})}
   if config.task == 'pixel_lm' and (sample['num_samples'] or sample['num_completions']) and (
       not decl.decode):

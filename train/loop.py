@@ -1,0 +1,54 @@
+"""The training loop's settings: what `config.train` accepts, resolved once.
+
+    loop = loop.check(config)   # ConfigError for the first bad field; else the Loop
+    loop.log_every, loop.eval_every, loop.seed, ...
+
+The trainer (`train/trainer.py`) runs the loop these settings describe; `check`
+is the loop's part of `train.validate`, declared as a `fields.Field` table
+like the other concerns' checks.
+"""
+import dataclasses
+
+import fields
+from train import models
+
+FIELDS = (  # what `config.train` accepts, field by field (the rules between fields: check)
+    *(fields.Field(f'train.{name}', above=0)
+      for name in ('log_every', 'checkpoint_every', 'keep_checkpoints')),
+    fields.Field('train.dtype', choices=tuple(models.DTYPES)),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Loop:
+  """`config.train`, checked: how long the loop runs, how often it reports, evaluates and
+  saves, and its seed. `num_steps > 0` takes precedence over `num_epochs`; `eval_every`
+  -1: only at the end."""
+  num_steps: int
+  num_epochs: int
+  eval_every: int
+  log_every: int
+  checkpoint_every: int
+  keep_checkpoints: int
+  async_checkpoints: bool
+  seed: int
+  dtype: str
+
+
+def check(config) -> Loop:
+  """ConfigError (`fields.ConfigError`) for the first invalid field of `config.train`; else
+  its `Loop`."""
+  t = config.train
+  if t.num_steps <= 0 and t.num_epochs <= 0:  # num_steps > 0 wins over num_epochs
+    raise fields.ConfigError(f'config.train.num_steps={t.num_steps} and config.train.'
+                             f'num_epochs={t.num_epochs}: set one of them > 0 (num_steps '
+                             f'takes precedence)')
+  if t.eval_every == 0 or t.eval_every < -1:
+    raise fields.ConfigError(f'config.train.eval_every={t.eval_every} is not valid; it must '
+                             f'be > 0, or -1 for only at the end')
+  fields.check(config, FIELDS)
+  return Loop(num_steps=t.num_steps, num_epochs=t.num_epochs, eval_every=t.eval_every,
+              log_every=t.log_every, checkpoint_every=t.checkpoint_every,
+              keep_checkpoints=t.keep_checkpoints,
+              async_checkpoints=t.get('async_checkpoints', True), seed=t.seed,
+              dtype=t.dtype)
