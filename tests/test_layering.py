@@ -7,6 +7,10 @@ package cannot then break a tool, and a reader sees in one file what each offers
 """
 import ast
 import pathlib
+import re
+import subprocess
+
+import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TOOLS = ('benchmarks', 'examples', 'studies', 'sweeps')
@@ -109,3 +113,33 @@ def test_the_layers_import_only_downwards():
       if found:
         bad[str(path.relative_to(ROOT))] = found
   assert not bad, f'imports of a higher layer: {bad}'
+
+
+def _layout_block() -> str:
+  readme = (ROOT / 'README.md').read_text()
+  section = readme.split('\n## Layout\n', 1)[1].split('\n## ', 1)[0]
+  return section.split('```\n', 2)[1]
+
+
+def test_the_readme_layout_matches_the_tree():
+  """Every tracked top-level folder and file has its row in README's Layout, and every
+  row names a path that exists (a folder's indented rows are inside it)."""
+  listed = subprocess.run(['git', 'ls-files'], cwd=ROOT, capture_output=True, text=True)
+  if listed.returncode:
+    pytest.skip('not a git checkout')
+  tree = {p.split('/')[0] + ('/' if '/' in p else '') for p in listed.stdout.split()}
+  rows, named, folder = set(), set(), ''
+  for line in _layout_block().splitlines():
+    head = re.split(r'\s{2,}', line.strip())[0]  # the name column ends at a run of spaces
+    if not head or line.startswith(' ' * 25):
+      continue
+    for name in (n.strip() for n in head.split(',') if n.strip()):
+      path = folder + name if line.startswith(' ') else name
+      if not line.startswith(' '):
+        folder = name if name.endswith('/') else ''
+        rows.add(name.split('/')[0] + ('/' if '/' in name else ''))
+      named.add(path)
+  assert tree - rows == set(), 'top-level parts without a Layout row'
+  assert rows - tree == set(), 'Layout rows of top-level parts that are not tracked'
+  missing = sorted(p for p in named if not (ROOT / p).exists())
+  assert not missing, f'Layout rows naming no file: {missing}'
