@@ -107,9 +107,10 @@ def delta_chunked(q, k, v, g, beta, state=None, chunk_size: int = 64):
   causal = jnp.tril(jnp.ones((c, c), F32))
   cum = jnp.cumsum(gc, axis=-1) if gated else None     # [nc, b, h, c]
   decay = gated_linear.decay_within(cum) if gated else causal   # G_ts, s <= t
-  a = jnp.tril(bc[..., :, None] * jnp.einsum('...td,...sd->...ts', kc, kc) * decay, -1)
+  rows = lambda x, f: gated_linear.rows(x, f[..., None])
+  a = jnp.tril(rows(jnp.einsum('...td,...sd->...ts', kc, kc) * decay, bc), -1)
   write = bc * jnp.exp(cum) if gated else bc
-  rhs = jnp.concatenate([bc[..., None] * vc, write[..., None] * kc], -1)
+  rhs = jnp.concatenate([rows(vc, bc), rows(kc, write)], -1)
   solved = jnp.einsum('...ts,...sd->...td', unit_lower_inverse(a), rhs)
 
   def body(s, x):
@@ -119,13 +120,13 @@ def delta_chunked(q, k, v, g, beta, state=None, chunk_size: int = 64):
     if gated:
       last = cx[..., -1:]
       qk = qk * gated_linear.decay_within(cx)
-      qx = qx * jnp.exp(cx)[..., None]
-      kx = kx * jnp.exp(last - cx)[..., None]
+      qx = rows(qx, jnp.exp(cx))
+      kx = rows(kx, jnp.exp(last - cx))
     else:
       qk = qk * causal
     out = jnp.einsum('bhtk,bhkv->bhtv', qx, s) + jnp.einsum('bhts,bhsv->bhtv', qk, u)
     if gated:
-      s = jnp.exp(last)[..., None] * s
+      s = rows(s, jnp.broadcast_to(jnp.exp(last), s.shape[:-1]))
     return s + jnp.einsum('bhtk,bhtv->bhkv', kx, u), out
 
   s, out = lax.scan(jax.checkpoint(body, prevent_cse=False), s0,
