@@ -43,7 +43,8 @@ def _key_mask(b, n, left=False):
     (dict(dtype=BF16), 'gpu', 'cudnn'),
     (dict(dtype=BF16, causal=True), 'gpu', 'cudnn'),
     (dict(dtype=BF16, mask='keys'), 'gpu', 'cudnn'),
-    (dict(), 'gpu', 'xla'),                                   # float32
+    (dict(), 'gpu', 'pallas'),                                # float32: the Pallas kernel
+    (dict(mask='keys'), 'gpu', 'xla'),                        # ... which takes no mask
     (dict(dtype=BF16, dropout=True), 'gpu', 'xla'),
     (dict(dtype=BF16, weights=True), 'gpu', 'xla'),
     (dict(dtype=BF16, d=12), 'gpu', 'xla'),                   # head dim not a multiple of 8

@@ -21,8 +21,9 @@ from efficient_attn.softmax import softmax_weights  # noqa: F401  (re-exported)
 SCALE = registry.Option('scale', None, float, 'score scale; None: 1/sqrt(head_dim)',
                         above=0.0, allow_none=True)
 IMPLEMENTATION = registry.Option(
-    'implementation', 'auto', str, "'auto': the platform's fused kernel (cuDNN on GPU, "
-    "Pallas splash on TPU) when it can honour the call, else the einsum ('xla')",
+    'implementation', 'auto', str, "'auto': the platform's fused kernel (GPU: cuDNN for "
+    "16-bit, else the Pallas flash kernel; TPU: Pallas splash) when it can honour the call "
+    "and was measured faster, else the einsum ('xla')",
     choices=fused.IMPLEMENTATIONS)
 
 
@@ -69,10 +70,13 @@ def _dropout(ctx):
   return rate, (ctx.rng('dropout') if rate > 0 else None)
 
 
-def _fused(o, q, k, v, mask, causal, ctx, dropout: bool = False):
-  """The fused kernel's output if `o.implementation` picks one for this call, else None."""
+def _fused(o, q, k, v, mask, causal, ctx, dropout: bool = False, dense_first: bool = False):
+  """The fused kernel's output if `o.implementation` picks one for this call, else None.
+
+  dense_first: the alternative is the dense einsum (see `fused.choose`).
+  """
   impl = fused.choose(o.implementation, q, k, v, mask, causal, dropout=dropout,
-                      weights=ctx.forming_weights)
+                      weights=ctx.forming_weights, dense_first=dense_first)
   if impl == 'xla':
     return None
   return fused.attention(impl, q, k, v, mask, causal, default_scale(q.shape[-1], o.scale))
@@ -93,7 +97,7 @@ class Softmax(registry.Mechanism):
 
   def attend(self, o, params, q, k, v, *, mask, causal, ctx):
     rate, rng = _dropout(ctx)
-    out = _fused(o, q, k, v, mask, causal, ctx, dropout=rng is not None)
+    out = _fused(o, q, k, v, mask, causal, ctx, dropout=rng is not None, dense_first=True)
     if out is not None:
       return out
     return softmax_attention(q, k, v, mask=mask, causal=causal, scale=o.scale,
