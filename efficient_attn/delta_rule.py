@@ -140,4 +140,4 @@ DELTA = gated_linear.Cores(delta_scan, delta_chunked, delta_step, gated_linear.i
 def l2_normalize(x, eps: float = 1e-6):
   """x / sqrt(||x||^2 + eps) over the last axis (float32), as fla's l2norm."""
   x = x.astype(F32)
-  return x * lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + eps)
+  return gated_linear.rows(x, lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + eps))

@@ -276,7 +276,11 @@ def conv_step(history, x_t, w):
 def rms_norm(x, scale=None, axes=(-1,), eps: float = NORM_EPS):
   """x / sqrt(mean(x^2 over axes) + eps) (* scale): the output norm (float32)."""
   x = x.astype(F32)
-  x = x * lax.rsqrt(jnp.mean(jnp.square(x), axis=axes, keepdims=True) + eps)
+  inv = lax.rsqrt(jnp.mean(jnp.square(x), axis=axes, keepdims=True) + eps)
+  if axes in ((-1,), -1):
+    x = rows(x, inv)
+  else:
+    x = x * inv
   return x if scale is None else x * scale.astype(F32)
 
 

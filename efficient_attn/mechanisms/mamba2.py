@@ -52,7 +52,7 @@ class Mamba2(gated_linear.GatedRecurrence):
   def recurrence_inputs(self, o, params, q, k, v, gates):
     dt = gates['dt'][..., None]                                    # [b, n, h, 1]
     log_decay = -jnp.exp(params['A_log'].astype(jnp.float32))[:, None] * dt
-    return q, k * dt, v, log_decay, None
+    return q, gated_linear.rows(k, dt), v, log_decay, None
 
   def finish(self, o, params, out, v, gates):
     y = out + params['D'].astype(jnp.float32)[:, None] * v
