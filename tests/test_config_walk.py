@@ -27,6 +27,7 @@ import os
 import sys
 
 import ml_collections
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = tuple(os.path.join(ROOT, p) + os.sep for p in ('efficient_attn', 'train', 'data',
@@ -121,11 +122,14 @@ def walk_of_a_tiny_run(workdir: str) -> Walk:
   config = default.get_config()
   config.model.update(dict(d_model=16, depth=1, num_heads=2, mlp_dim=16))
   config.train.num_steps = 2
+  from clu import metric_writers, periodic_actions  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+  # (imported first: TensorFlow's import, slow under a profiler, carries no config)
   with contextlib.redirect_stdout(io.StringIO()), Walk().recording() as walk:
     trainer.train_and_evaluate(config, workdir)
   return walk
 
 
+@pytest.mark.slow  # a training run (about 7 s of CPU)
 def test_the_config_walk_makes_at_most_half_the_return_visits_of_issue_32(tmp_path):
   walk = walk_of_a_tiny_run(str(tmp_path))
   assert walk.entries[0] == ('train/trainer.py', 'train_and_evaluate'), walk.report()
