@@ -16,7 +16,9 @@ So `checks.check(config)` calling `specs.source(config)`, then, back in
 checks.py, `specs.in_memory(config)` enters specs.py twice (one return visit), while
 `specs.in_memory` calling `specs.source` inside specs.py enters nothing. A generator
 resumed is not a new call. Issue 32 counted 39 return visits through 16 files; a
-config resolved once and handed down as its resolved pieces needs at most half.
+config resolved once and handed down as its resolved pieces needs at most half. (By
+this definition the code of e0deae2, before `validate.resolve`, made 58 return visits
+through 13 files and looked the mechanism up 5 times; since then, 14 through 10, and once.)
 
     python tests/test_config_walk.py   # prints the walk: every entry, and the visits per file
 """
