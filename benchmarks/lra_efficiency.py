@@ -32,6 +32,7 @@ from benchmarks import common
 from benchmarks import output
 from benchmarks import train_speed
 from benchmarks import xla_stats
+import efficient_attn as ea
 
 LENGTHS = (1024, 2048, 3072, 4096)
 # LRA's Table 2 (Tay et al. 2021): steps/s at 1K, 2K, 3K, 4K with the speed relative to the
@@ -205,6 +206,11 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
            'mechanism at its declared defaults.',
            "memory: XLA's compiled memory analysis of the train step.",
            'command: python -m benchmarks.lra_efficiency ' + ' '.join(argv)]
+  causal = [m for m in mechanisms if ea.get_mechanism(m).causal_only]
+  if causal:  # the trainer builds a causal-only mechanism causal, whatever the model
+    notes.insert(1, f'{", ".join(causal)}: causal only, so run in their causal form (a token '
+                 'sees itself and earlier tokens) inside the bidirectional encoder, mean '
+                 'pooled: the same task and model, a different attention pattern.')
   meta = dict(device=info, device_line=common.describe_device(info), notes=notes,
               batch_size=fv.batch_size, size=fv.size, steps=fv.steps)
   series = {m: (lengths, [points[m][n].get('steps_per_s') for n in lengths])

@@ -50,3 +50,18 @@ def test_an_interrupted_run_resumes(tmp_path):
                                      points={'softmax': {'32': kept}})))
   data = lra_efficiency.main(args)
   assert data['points']['softmax'][32]['steps_per_s'] != 123.0  # another setting: measured
+
+
+@pytest.mark.slow
+def test_a_causal_only_mechanism_runs_causal_and_the_notes_say_so(tmp_path):
+  """The gated recurrences are causal only: the trainer builds them causal inside LRA's
+  bidirectional encoder, and the table's notes name them (no silent change of pattern)."""
+  args = ['--mechanisms=gla', '--lengths=32', '--batch_size=2', '--steps=1', '--size=small',
+          f'--out={tmp_path}', '--quiet']
+  data = lra_efficiency.main(args)
+  assert data['points']['gla'][32]['steps_per_s'] > 0
+  notes = [n for n in data['meta']['notes'] if 'causal only' in n]
+  assert notes and notes[0].startswith('gla: causal only, so run in their causal form')
+  assert notes[0] in (tmp_path / 'lra_efficiency.md').read_text()
+  data = lra_efficiency.main(['--mechanisms=linear'] + args[1:])
+  assert not [n for n in data['meta']['notes'] if 'causal only' in n]
