@@ -1,9 +1,7 @@
 """Mamba-2's state space duality layer (Dao & Gu 2024, "Transformers are SSMs"): a scalar
 data-dependent decay per head.
 
-With the layer's queries as C, keys as B and values as X (each head has its own B
-and C, the layer's per-head projections; the paper's default shares one B and C
-across the heads),
+With the layer's queries as C, keys as B and values as X,
 
     dt_t = softplus(x_t W_dt + dt_bias),   a_t = exp(-exp(A_log) dt_t)     (per head),
     S_t = a_t S_{t-1} + dt_t B_t X_t^T,    y_t = S_t^T C_t + D X_t,
@@ -12,6 +10,15 @@ after the short causal convolution (kernel 4) and SiLU on C, B and X, as Mamba-2
 The output is the gated RMSNorm over the full width, norm(y * silu(z_t)) with
 z_t = x_t W_z, before the layer's out projection. Initialisation as Mamba-2:
 A uniform in [1, 16], dt log-uniform in [0.001, 0.1] through dt_bias, D = 1.
+
+Deviation from the paper's layout: here every head has its own B and C (the
+layer's per-head query and key projections, state size d_state = head_dim). The
+paper's default (mamba_ssm's Mamba2, ngroups=1) projects one B and one C of
+d_state (128) features that every head shares, the multi-value head pattern the
+paper argues for (only X, dt and the decay are per head). Per-head B and C is its
+ngroups = heads setting: more parameters in the q and k projections, the same recurrence and
+state shape per head. The layer's `num_kv_heads` shares keys and values, not
+queries and keys, so it does not give the paper's layout.
 """
 import flax.linen as nn
 import jax

@@ -11,6 +11,13 @@ and k (its xPos-style relative positions) is the layer's rotary=True.
 
 The recurrence and its chunkwise form are `efficient_attn.gated_linear`'s
 (a scalar log-decay per head); decoding keeps the constant-size state S.
+
+Deviations from the paper's layer, kept because the library's layer gives every
+mechanism values of the queries' head width: RetNet's values and gate are twice
+as wide as its queries and keys (W_V, W_G `[d, 2d]`, W_O `[2d, d]`; per head
+d_v = 2 d_k), here d_v = d_k (state `[d_k, d_k]`, half the paper's at the same
+d_k); the norm is RetNet's (no learned scale; flash-linear-attention's
+MultiScaleRetention doubles the values too but learns a scale).
 """
 import math
 
