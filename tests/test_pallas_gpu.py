@@ -72,8 +72,8 @@ def test_kernel_equals_the_float64_reference_forward_and_gradients(kernel_run, c
 def test_block_sizes_are_cut_to_divide_the_length():
   assert fused.gpu_block_sizes(48).block_q == 16
   assert fused.gpu_block_sizes(48).block_kv_dq == 16
-  assert fused.gpu_block_sizes(4096).block_q == 128   # JAX's defaults, unchanged
-  assert fused.gpu_block_sizes(4096).block_q_dq == 32
+  assert fused.gpu_block_sizes(4096) == fused._gpu_kernel().BlockSizes(*fused.GPU_BLOCKS)
+  assert fused.gpu_block_sizes(4096, (32,) * 6).block_q_dq == 32
 
 
 def test_the_rule_takes_the_gpu_kernel_where_it_was_measured_faster():
