@@ -27,8 +27,8 @@ sys.path.insert(0, HERE)
 from benchmarks.generation import cache_bytes  # noqa: E402  pylint: disable=g-import-not-at-top
 import numpy as np  # noqa: E402  pylint: disable=g-import-not-at-top
 
-from data import generated  # noqa: E402  pylint: disable=g-import-not-at-top
-from train import inference  # noqa: E402  pylint: disable=g-import-not-at-top
+import data  # noqa: E402  pylint: disable=g-import-not-at-top
+from train import api  # noqa: E402  pylint: disable=g-import-not-at-top
 import sweep as study  # noqa: E402  pylint: disable=g-import-not-at-top
 
 NAME = re.compile(r'bytelm-(?P<mechanism>.+)-seed(?P<seed>\d+)$')
@@ -51,7 +51,7 @@ def collect(root: str):
                  accuracy=r['eval_accuracy'], loss=r['eval_loss'], steps=r['steps'],
                  examples_per_sec=r['steady_examples_per_sec'],
                  wall_time_s=r['wall_time_s'], params=r['params_total'])
-      config, model, params = inference.load(workdir)
+      config, model, params = api.load(workdir)
       row.update(decode_state_bytes=cache_bytes(model, params), context=model.max_length,
                  batch_size=config.dataset.batch_size)
       with open(os.path.join(workdir, 'samples.json')) as f:
@@ -66,12 +66,14 @@ def count_baselines(config):
   """Bits per byte of byte-count models on the same validation bytes, fitted to the
   training windows of `config`'s data: unigram (add-one) and bigram (the byte before, or
   the start token; add-half)."""
-  pattern = generated.pattern(config)
-
-  def pairs(split):
-    with np.load(pattern.format(split=split)) as f:
-      x, y = f['inputs'].astype(np.int64), f['labels'].astype(np.int64)
-    return x[y >= 0], y[y >= 0]
+  def pairs(split):  # (byte before, byte) of every scored byte of the split
+    before, after = [], []
+    for batch in data.get_eval_data(config, split).batches():
+      position, label = batch['label'][..., 0], batch['label'][..., 1]
+      real = (label >= 0) & (batch['mask'][:, None] > 0)
+      before.append(np.take_along_axis(batch['inputs'], position, axis=1)[real])
+      after.append(label[real])
+    return np.concatenate(before).astype(np.int64), np.concatenate(after).astype(np.int64)
   (xt, yt), (xv, yv) = pairs('train'), pairs('validation')
   unigram = np.bincount(yt, minlength=256) + 1.0
   bigram = np.full((257, 256), 0.5)
@@ -172,7 +174,7 @@ def main():
     raise SystemExit(f'{args.root}: no bytelm-<mechanism>-seed<seed> workdir')
   means = summary(rows)
   done = [r for r in rows if r['finished']]
-  baselines = count_baselines(inference.load(done[0]['workdir'])[0]) if done else None
+  baselines = count_baselines(api.load(done[0]['workdir'])[0]) if done else None
   command = 'python studies/bytelm/report.py ' + ' '.join(sys.argv[1:])
   with open(os.path.join(args.out, f'{args.name}.json'), 'w') as f:
     json.dump(dict(command=command, summary=means, count_baselines=baselines, runs=rows), f,
