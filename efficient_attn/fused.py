@@ -25,14 +25,12 @@ as the einsum does.
 Precision: the GPU kernel's float32 dots take jax's default matmul precision at
 trace time, as the einsum's do (`jax.default_matmul_precision('highest')` makes
 both full float32; by default NVIDIA GPUs run either in TF32). On an H100
-(`benchmarks/gpu_suite.sh`, docs/results/flash_gpu.md) the kernel's error
-against float64 equals the einsum's at both precisions (7.5e-4 vs 8.5e-4 at the
-default, 1.7e-6 vs 2.0e-6 at 'highest', 2K tokens), so 'auto' on a GPU takes it
-after cuDNN, with one measured exception (`dense_first`): the plain `softmax`
-mechanism keeps the einsum for non-causal calls, which there ran 1.14x faster
-than the kernel in float32 (8.7 vs 9.9 ms, forward + backward, 4K tokens, batch
-4); causal, the kernel ran 1.6x faster than the einsum (5.7 vs 9.3 ms), and
-against `softmax_chunked`'s XLA loops it is 1.7x-2.9x faster everywhere.
+(`benchmarks/gpu_suite.sh`, docs/results/gpu.md) the kernel's error against
+float64 equals the einsum's at both precisions (7.5e-4 vs 8.5e-4 at the
+default, 1.7e-6 vs 2.0e-6 at 'highest', 2K tokens), and with `GPU_BLOCKS` it
+ran faster than the dense einsum in float32 (forward + backward, batch 4, 8
+heads of 64: 0.65 vs 0.77 ms at 1K, 6.8 vs 8.7 ms at 4K; causal 3.9 vs 9.2 ms;
+batch 1 at 4K: 1.76 vs 2.02 ms), so 'auto' on a GPU takes it after cuDNN.
 
 q `[batch, q_length, heads, head_dim]`, k `[batch, kv_length, heads,
 head_dim]`, v `[batch, kv_length, heads, head_dim]`; masks follow
@@ -49,9 +47,6 @@ from efficient_attn import masking
 
 IMPLEMENTATIONS = ('auto', 'xla', 'cudnn', 'pallas')
 AUTO = {'gpu': ('cudnn', 'pallas'), 'tpu': ('pallas',)}  # 'auto' tries these in order
-# (platform, kernel) pairs that 'auto' passes over for a non-causal call when the caller
-# can form the dense weights (`choose(dense_first=True)`): measured slower there.
-DENSE_FIRST = (('gpu', 'pallas'),)
 RUNS_ON = {'cudnn': ('gpu',), 'pallas': ('tpu', 'gpu')}
 PALLAS_BLOCK = 128  # splash attention's default block: lengths must be multiples of it
 GPU_MIN_BLOCK = 16  # the GPU kernel's smallest block (Triton's smallest dot tile)
@@ -132,8 +127,7 @@ def _why_not_gpu_kernel(dtype, mask, lq: int, lk: int, d: int) -> Optional[str]:
 
 
 def choose(requested: str, q, k, v, mask=None, causal: bool = False, *,
-           dropout: bool = False, weights: bool = False, on: Optional[str] = None,
-           dense_first: bool = False) -> str:
+           dropout: bool = False, weights: bool = False, on: Optional[str] = None) -> str:
   """The implementation ('xla', 'cudnn' or 'pallas') that runs this call.
 
   Args:
@@ -145,9 +139,6 @@ def choose(requested: str, q, k, v, mask=None, causal: bool = False, *,
       `layer.attention_weights`): always 'xla', whatever was requested, since
       the fused kernels never form them.
     on: the platform; default `platform()` (tests pass it to fake one).
-    dense_first: the caller's alternative is the dense einsum (the `softmax`
-      mechanism), not a memory-bounded loop: 'auto' then skips the kernels in
-      `DENSE_FIRST` for non-causal calls, where the einsum was measured faster.
   """
   if requested not in IMPLEMENTATIONS:
     raise ValueError(f'implementation={requested!r}; valid: {", ".join(IMPLEMENTATIONS)}')
@@ -157,10 +148,8 @@ def choose(requested: str, q, k, v, mask=None, causal: bool = False, *,
   if requested == 'auto':
     if dropout:
       return 'xla'
-    skip = (lambda kernel: dense_first and not causal and (on, kernel) in DENSE_FIRST)
     return next((kernel for kernel in AUTO.get(on, ())
-                 if not skip(kernel) and not why_not(kernel, q, k, v, mask, causal, on)),
-                'xla')
+                 if not why_not(kernel, q, k, v, mask, causal, on)), 'xla')
   if dropout:
     raise ValueError(f'implementation={requested!r} cannot apply attention dropout; '
                      "use 'xla' or 'auto'")

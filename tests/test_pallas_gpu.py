@@ -76,15 +76,13 @@ def test_block_sizes_are_cut_to_divide_the_length():
   assert fused.gpu_block_sizes(4096, (32,) * 6).block_q_dq == 32
 
 
-def test_the_rule_takes_the_gpu_kernel_where_it_was_measured_faster():
-  """'auto' on a GPU: float32 goes to the kernel, except a non-causal call whose
-  alternative is the dense einsum (dense_first; measured faster on an H100); bfloat16
-  goes to cuDNN; a mask the kernel cannot take goes to the einsum."""
+def test_the_rule_takes_the_gpu_kernel_after_cudnn():
+  """'auto' on a GPU: float32 goes to the kernel (measured faster than the einsum on an
+  H100), bfloat16 to cuDNN, a mask the kernel cannot take to the einsum."""
   q, k, v = _qkv()
   assert fused.choose('pallas', q, k, v, causal=True, on='gpu') == 'pallas'
   assert fused.choose('auto', q, k, v, on='gpu') == 'pallas'
-  assert fused.choose('auto', q, k, v, causal=True, on='gpu', dense_first=True) == 'pallas'
-  assert fused.choose('auto', q, k, v, on='gpu', dense_first=True) == 'xla'
+  assert fused.choose('auto', q, k, v, causal=True, on='gpu') == 'pallas'
   mask = np.ones((q.shape[0], k.shape[1]), bool)
   assert fused.choose('auto', q, k, v, mask, on='gpu') == 'xla'
   h = tuple(x.astype(jnp.bfloat16) for x in (q, k, v))

@@ -22,8 +22,8 @@ SCALE = registry.Option('scale', None, float, 'score scale; None: 1/sqrt(head_di
                         above=0.0, allow_none=True)
 IMPLEMENTATION = registry.Option(
     'implementation', 'auto', str, "'auto': the platform's fused kernel (GPU: cuDNN for "
-    "16-bit, else the Pallas flash kernel; TPU: Pallas splash) when it can honour the call "
-    "and was measured faster, else the einsum ('xla')",
+    "16-bit, else the Pallas flash kernel; TPU: Pallas splash) when it can honour the call, "
+    "else the einsum ('xla')",
     choices=fused.IMPLEMENTATIONS)
 
 
@@ -70,13 +70,10 @@ def _dropout(ctx):
   return rate, (ctx.rng('dropout') if rate > 0 else None)
 
 
-def _fused(o, q, k, v, mask, causal, ctx, dropout: bool = False, dense_first: bool = False):
-  """The fused kernel's output if `o.implementation` picks one for this call, else None.
-
-  dense_first: the alternative is the dense einsum (see `fused.choose`).
-  """
+def _fused(o, q, k, v, mask, causal, ctx, dropout: bool = False):
+  """The fused kernel's output if `o.implementation` picks one for this call, else None."""
   impl = fused.choose(o.implementation, q, k, v, mask, causal, dropout=dropout,
-                      weights=ctx.forming_weights, dense_first=dense_first)
+                      weights=ctx.forming_weights)
   if impl == 'xla':
     return None
   return fused.attention(impl, q, k, v, mask, causal, default_scale(q.shape[-1], o.scale))
@@ -97,7 +94,7 @@ class Softmax(registry.Mechanism):
 
   def attend(self, o, params, q, k, v, *, mask, causal, ctx):
     rate, rng = _dropout(ctx)
-    out = _fused(o, q, k, v, mask, causal, ctx, dropout=rng is not None, dense_first=True)
+    out = _fused(o, q, k, v, mask, causal, ctx, dropout=rng is not None)
     if out is not None:
       return out
     return softmax_attention(q, k, v, mask=mask, causal=causal, scale=o.scale,
