@@ -55,15 +55,25 @@ def load_config(spec: str):
   return get_config(arg) if arg else get_config()
 
 
+SEQUENCE_TASKS = ('sequence_labelling', 'byte_lm')  # labels: (position, token) pairs
+
+
 def synthetic_batch(config, batch_size: int, seed: int = 0) -> Dict[str, np.ndarray]:
   """{'inputs', 'label', 'mask'} of `config`'s input shape: normal floats for float inputs,
-  the model's dummy tokens for integer ones, label 0, every example real."""
+  the model's dummy tokens for integer ones, label 0, every example real. For the sequence
+  tasks the label is `[batch, k, 2]` (position, token 0) pairs as `data.sequences.scored`
+  gives them: k = the dataset's `num_kv_pairs` (MQAR's queries) or every position."""
   from train import api  # pylint: disable=g-import-not-at-top
   dummy = np.asarray(api.dummy_inputs(config, batch_size))
   if np.issubdtype(dummy.dtype, np.floating):
     dummy = np.random.default_rng(seed).standard_normal(dummy.shape).astype(dummy.dtype)
-  return dict(inputs=dummy, label=np.zeros((batch_size,), np.int32),
-              mask=np.ones((batch_size,), np.float32))
+  label = np.zeros((batch_size,), np.int32)
+  if config.get('task') in SEQUENCE_TASKS:
+    length = dummy.shape[1]
+    k = min(config.dataset.get('num_kv_pairs', None) or length, length)
+    positions = np.broadcast_to(np.arange(length - k, length, dtype=np.int32), (batch_size, k))
+    label = np.stack([positions, np.zeros_like(positions)], axis=-1)
+  return dict(inputs=dummy, label=label, mask=np.ones((batch_size,), np.float32))
 
 
 def compiled_train_step(config, batch: Dict[str, np.ndarray], num_steps: int = 1000):

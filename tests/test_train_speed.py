@@ -62,3 +62,18 @@ def test_round_axis_has_whole_number_ticks(tmp_path, monkeypatch):
     plt.close(f)
   assert any(t != int(t) for t in ticks[0])  # matplotlib's default puts ticks at 1.2, 1.4, ...
   assert ticks[1] and all(t == int(t) for t in ticks[1])
+
+
+@pytest.mark.parametrize('spec, k', [
+    ('configs/mqar.py:linear,vocab_size=64,seq_len=16,num_kv_pairs=2,d_model=16,num_heads=1', 2),
+])
+def test_a_sequence_task_gets_scored_position_labels(spec, k):
+  """MQAR's synthetic batch carries (position, token) label pairs, one per query, and the
+  trainer's step compiles and runs on it (it failed on a [batch] label before)."""
+  config = train_speed.load_config(spec)
+  batch = train_speed.synthetic_batch(config, 2)
+  assert batch['label'].shape == (2, k, 2)
+  assert batch['label'][0, :, 0].tolist() == [14, 15]
+  compiled, state, device_batch, _ = train_speed.compiled_train_step(config, batch)
+  _, metrics = compiled(state, device_batch)
+  assert float(metrics['count']) > 0
