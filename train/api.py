@@ -43,6 +43,7 @@ TrainState = steps_lib.TrainState       # step (int32 scalar), params, opt_state
 train_and_evaluate = trainer.train_and_evaluate
 evaluate = trainer.evaluate
 dummy_inputs = models.dummy_inputs      # (config, batch_size) -> zero inputs [batch, ...]
+create_model = models.create_model      # (config) -> the trainer's Flax model, unbuilt
 is_local = fields.is_local             # a path on this machine (not gs://, s3://, ...)
 
 

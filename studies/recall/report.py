@@ -37,8 +37,6 @@ from benchmarks.generation import cache_bytes
 from configs import common
 from efficient_attn import registry
 from train import api
-from train import pyfile
-from train import models
 
 _OUT = flags.DEFINE_string('out', 'studies/recall', 'Folder for the report files.')
 _NAME = flags.DEFINE_string('name', 'recall', 'Report file name (no extension).')
@@ -82,12 +80,17 @@ def read_run(workdir: str) -> Dict[str, Any]:
               params=results['params_total'], config=config)
 
 
+def mqar_config(arg: str):
+  """configs/mqar.py's config for `arg` ('mechanism,key=value,...')."""
+  return api.config_function('configs/mqar.py')(arg)
+
+
 def state_bytes(config) -> Optional[int]:
   """Bytes of one sequence's decode cache for the model of `config` (no weights read), or
   None for a mechanism without a decoding form."""
   if not registry.get_mechanism(config.attention.mechanism).decode:
     return None
-  model = models.create_model(config)
+  model = api.create_model(config)
   params = jax.eval_shape(
       lambda: model.init(jax.random.PRNGKey(0),
                          jnp.zeros((1, config.dataset.max_length), jnp.int32))['params'])
@@ -229,8 +232,8 @@ def state_table() -> str:
   lines = ['| mechanism | ' + ' | '.join(f'width {w}, ({n}, {k})' for w, n, k in GRID) + ' |',
            '|:---|' + '---:|' * len(GRID)]
   for m in registry.names_where(lambda d: d.causal):
-    cells = [state_bytes(pyfile.call(f'configs/mqar.py:{m},d_model={w},seq_len={n},'
-                                     f'num_kv_pairs={k}', 'get_config')) for w, n, k in GRID]
+    cells = [state_bytes(mqar_config(f'{m},d_model={w},seq_len={n},num_kv_pairs={k}'))
+             for w, n, k in GRID]
     lines.append(f'| `{m}` | ' + ' | '.join(_bytes(c) for c in cells) + ' |')
   return '\n'.join(lines) + '\n'
 
