@@ -16,7 +16,7 @@ PRESETS = {'digits': common.digits, 'mnist': common.mnist, 'cifar10': common.cif
            'cifar100': common.cifar100, 'imagenet2012': common.imagenet, 'imdb_reviews': common.imdb,
            'aan': common.aan, 'listops': common.listops, 'pathfinder': common.pathfinder,
            'mqar': common.mqar, 'sequences': common.sequences,
-           'image_folder': common.image_folder}
+           'image_folder': common.image_folder, 'text_bytes': common.text_bytes}
 
 
 def test_every_dataset_has_a_preset():
