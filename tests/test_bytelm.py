@@ -9,10 +9,10 @@ import json
 import math
 import os
 
-from absl import flags
 import numpy as np
 import pytest
-from ml_collections import config_flags
+
+import main_runner
 
 from data import arrays
 from data import sequences
@@ -83,12 +83,7 @@ def test_held_out_documents_are_never_trained_on():
 
 def parse(*args, arg='softmax'):
   """The config main.py builds from `--config=configs/bytelm.py:<arg> *args`."""
-  import main  # pylint: disable=g-import-not-at-top
-  argv = ['main.py', f'--config={ROOT}/configs/bytelm.py:{arg}', *args]
-  fv = flags.FlagValues()
-  config_flags.DEFINE_config_file('config', flag_values=fv, sys_argv=argv)
-  main.parse_flags(argv, fv)
-  return fv.config
+  return main_runner.parsed_config(f'configs/bytelm.py:{arg}', *args)
 
 
 def load_config(corpus, cache, mechanism='softmax', *args):

@@ -10,10 +10,10 @@ main.py does, and evaluated on another file of the task.
 import json
 import os
 
-from absl import flags
 import numpy as np
 import pytest
-from ml_collections import config_flags
+
+import main_runner
 
 from efficient_attn import registry
 from train import trainer
@@ -121,13 +121,8 @@ def test_settings_the_task_cannot_have_are_one_line(settings, message):
 # configs/mqar.py
 
 def parse(*args, arg='softmax'):
-  """The config main.py builds from `--config=configs/mqar.py:<arg> *args` (main.parse_flags)."""
-  import main  # pylint: disable=g-import-not-at-top
-  argv = ['main.py', f'--config={ROOT}/configs/mqar.py:{arg}', *args]
-  fv = flags.FlagValues()
-  config_flags.DEFINE_config_file('config', flag_values=fv, sys_argv=argv)
-  main.parse_flags(argv, fv)
-  return fv.config
+  """The config main.py builds from `--config=configs/mqar.py:<arg> *args`."""
+  return main_runner.parsed_config(f'configs/mqar.py:{arg}', *args)
 
 
 def load_config(mechanism):
