@@ -7,18 +7,23 @@
   * 'recurrent' (linear, rfa, performer): the mechanism's `init_state` / `step`,
     e.g. the (S, Z) state of "Transformers are RNNs": constant size, O(1) per
     token;
-  * 'kv_cache' (softmax, softmax_chunked, local): keys and values `[batch,
-    capacity, heads, dim]` written at the current index; `kv_cache_attention`
-    visits only the cache blocks that hold visible keys, so a step at position
-    t costs O(t) (O(window) for local attention).
+  * 'kv_cache' (softmax, softmax_chunked): keys and values `[batch, capacity,
+    heads, dim]` written at the current index; `kv_cache_attention` visits
+    only the cache blocks that hold visible keys, so a step at position t
+    costs O(t);
+  * 'kv_cache' with a window (`registry.Mechanism.kv_window`; local): a ring
+    buffer of the last `window` keys and values (`window_kv_cache`): constant
+    size, O(window) per token.
 
 Both are wrapped as `DecodeForm(init, step)` with one signature, so the layer
 handles every mechanism with the same few lines.
 
-Capacity: the cache holds as many tokens as the call that created it; a step
-past that capacity stops with a ValueError (see `efficient_attn.checks`)
-instead of overwriting the last slot. Create the cache with a dummy input as
-long as the longest sequence you will decode.
+Capacity: a full key/value cache holds as many tokens as the call that
+created it; a step past that capacity stops with a ValueError (see
+`efficient_attn.checks`) instead of overwriting the last slot. Create the
+cache with a dummy input as long as the longest sequence you will decode. A
+ring buffer of the whole window has no such limit (what else the layer caches,
+e.g. the super projection's raw values, keeps its own).
 
 Grouped-query attention (Ainslie et al. 2023): keys and values may have fewer
 heads than the queries (`heads` a multiple of `kv_heads`; query head i reads
@@ -42,7 +47,7 @@ KV_BLOCK = 64  # keys per block visited by `kv_cache_attention`
 
 class KVCache(NamedTuple):
   """Keys `[batch, L, kv_heads, dk]` and values `[batch, L, kv_heads, dv]`; L is
-  the capacity."""
+  the capacity, or the slots of a ring buffer (`window_kv_cache`)."""
   keys: jnp.ndarray
   values: jnp.ndarray
 
@@ -72,18 +77,14 @@ def decode_form(decl: registry.Mechanism, o: registry.Options,
   """
   if decl.decode == 'kv_cache':
     scale, window = o.get('scale'), decl.kv_window(o)
+    if window is not None:
+      return window_kv_cache(window, scale=scale)
 
     def kv_step(cache, q_t, k_t, v_t, index):
-      capacity = cache.keys.shape[1]
-      checks.runtime_check(index < capacity, 'decoding step at position {} is past the '
-                           'cache capacity of {} tokens; create the cache with an input as '
-                           'long as the longest sequence', index, capacity)
-      keys = lax.dynamic_update_slice_in_dim(cache.keys, k_t.astype(cache.keys.dtype),
-                                             index, axis=1)
-      values = lax.dynamic_update_slice_in_dim(
-          cache.values, v_t.astype(cache.values.dtype), index, axis=1)
-      out = kv_cache_attention(q_t[:, 0], keys, values, index, scale=scale, window=window)
-      return KVCache(keys, values), out[:, None]
+      _check_capacity(index, cache.keys.shape[1])
+      cache = _write(cache, k_t, v_t, index)
+      out = kv_cache_attention(q_t[:, 0], cache.keys, cache.values, index, scale=scale)
+      return cache, out[:, None]
 
     return DecodeForm(init_kv_cache, kv_step)
   if decl.decode == 'recurrent':
@@ -104,6 +105,52 @@ def init_kv_cache(batch: int, capacity: int, heads: int, head_dim: int, v_dim: i
   """An empty cache with room for `capacity` tokens of `heads` (kv) heads."""
   return KVCache(jnp.zeros((batch, capacity, heads, head_dim), dtype),
                  jnp.zeros((batch, capacity, heads, v_dim), dtype))
+
+
+def window_kv_cache(window: int, *, scale: Optional[float] = None) -> DecodeForm:
+  """Causal local attention's decoding form: a ring buffer of the last `window` tokens.
+
+  The step at position t attends to keys t - window < j <= t (the causal band of
+  `mechanisms.local.local_attention`, the current token included), so the cache
+  needs only `slots` = min(capacity, window) slots: the token at position t is
+  written at slot t mod slots, over the token t - slots, which has left the
+  window. Softmax does not depend on the order of its keys, so a step attends to
+  the filled slots 0..min(t, slots - 1) as they lie. Keys are cached as the layer
+  gives them (rotated at their own position when rotary applies), so wrapping
+  around changes nothing. Cache `[batch, slots, kv_heads, dim]`; constant size
+  and O(window) per token, with no limit on the position, except for a cache
+  created by a call shorter than the window (slots < window): it never wraps and
+  refuses a step past its capacity, as the full cache does.
+
+  Args:
+    window: the window w >= 1 (`registry.Mechanism.kv_window`).
+    scale: score scale, default 1/sqrt(dk).
+  """
+  def init(batch, capacity, heads, head_dim, v_dim, dtype=jnp.float32):
+    return init_kv_cache(batch, min(capacity, window), heads, head_dim, v_dim, dtype)
+
+  def step(cache, q_t, k_t, v_t, index):
+    slots = cache.keys.shape[1]
+    if slots < window:  # wrapping would overwrite a key still in the window
+      _check_capacity(index, slots)
+    cache = _write(cache, k_t, v_t, index % slots)
+    out = kv_cache_attention(q_t[:, 0], cache.keys, cache.values,
+                             jnp.minimum(index, slots - 1), scale=scale)
+    return cache, out[:, None]
+
+  return DecodeForm(init, step)
+
+
+def _check_capacity(index, capacity: int) -> None:
+  checks.runtime_check(index < capacity, 'decoding step at position {} is past the '
+                       'cache capacity of {} tokens; create the cache with an input as '
+                       'long as the longest sequence', index, capacity)
+
+
+def _write(cache: KVCache, k_t, v_t, slot) -> KVCache:
+  """`cache` with one token's key and value `[batch, 1, kv_heads, dim]` at `slot`."""
+  return KVCache(*(lax.dynamic_update_slice_in_dim(c, x.astype(c.dtype), slot, axis=1)
+                   for c, x in ((cache.keys, k_t), (cache.values, v_t))))
 
 
 def kv_cache_attention(q: jnp.ndarray, keys: jnp.ndarray, values: jnp.ndarray, index,

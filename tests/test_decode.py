@@ -6,6 +6,7 @@ import pytest
 
 import efficient_attn as ea
 from efficient_attn import decoding
+from efficient_attn import rotary
 from efficient_attn.models import CausalTransformer, TransformerConfig
 from efficient_attn.models.causal import shift_right
 from efficient_attn import sampling
@@ -129,6 +130,63 @@ def test_decoding_past_the_cache_capacity_stops_with_a_message():
   assert cache['cached_key'].shape == (1, 3, H, D // H)  # flax's cache layout and names
   with pytest.raises(Exception, match='position 3 is past the cache capacity of 3'):
     jax.block_until_ready(step(cache, token))
+
+
+WINDOW, N = 4, 13  # local attention over several windows: its ring buffer wraps three times
+
+
+@pytest.mark.parametrize('kw', [{}, {'rotary': True}, {'num_kv_heads': 1}],
+                         ids=['plain', 'rotary', 'gqa'])
+def test_local_attention_decodes_through_a_ring_buffer_of_its_window(kw):
+  """Local attention (window 4) caches 4 slots, not the sequence: created by a 6-token call
+  and stepped 13 times (past that call's length: the state is constant size), every step
+  equals the parallel causal forward over the 13 tokens, and slot s holds the key and value
+  of the last position p with p mod 4 = s (a key cached rotated at p where rotary applies;
+  one key/value head for the two query heads with num_kv_heads=1)."""
+  x = jax.random.normal(jax.random.PRNGKey(0), (B, N, D))
+  layer = ea.MultiHeadAttention(num_heads=H, mechanism='local', causal=True,
+                                options={'window': WINDOW}, **kw)
+  variables = layer.init(jax.random.PRNGKey(1), x)
+  parallel, qkv = layer.apply(variables, x, mutable=['attention_qkv'])
+  dec = layer.clone(decode=True)
+  _, cache = dec.apply(variables, x[:, :6], mutable=['cache'])
+  kv_heads = kw.get('num_kv_heads', H)
+  assert cache['cache']['cached_key'].shape == (B, WINDOW, kv_heads, D // H)
+  step = jax.jit(lambda c, xt: dec.apply({**variables, **c}, xt, mutable=['cache']))
+  outs = []
+  for t in range(N):
+    y, cache = step(cache, x[:, t:t + 1])
+    outs.append(y)
+  np.testing.assert_allclose(jnp.concatenate(outs, axis=1), parallel, atol=2e-5, rtol=2e-5)
+  (_, k, v), = qkv['attention_qkv']['qkv']
+  last = np.array([N - 1 - (N - 1 - s) % WINDOW for s in range(WINDOW)])  # [12, 9, 10, 11]
+  keys = rotary.rotate(k[:, last], last) if kw.get('rotary') else k[:, last]
+  np.testing.assert_allclose(cache['cache']['cached_key'], keys, atol=1e-6)
+  np.testing.assert_allclose(cache['cache']['cached_value'], v[:, last], atol=1e-6)
+
+
+@pytest.mark.parametrize('projection', ['standard', 'super'])
+def test_local_attention_keeps_the_capacity_limit_where_its_cache_cannot_wrap(projection):
+  """'standard': a cache created by 3 tokens, shorter than the window of 4, has 3 slots; token
+  3 would overwrite token 0, still in its window, so step 3 stops with the capacity message
+  (as softmax's does). 'super': the ring buffer has no limit, but the super projection's raw
+  values hold the creating call's 6 tokens, so step 6 stops with its own message."""
+  length, message = {'standard': (3, 'position 3 is past the cache capacity of 3'),
+                     'super': (6, "position 6 is past the super projection's context of 6")
+                     }[projection]
+  x = jax.random.normal(jax.random.PRNGKey(0), (1, length, D))
+  layer = ea.MultiHeadAttention(num_heads=H, mechanism='local', causal=True, decode=True,
+                                options={'window': WINDOW}, projection=projection,
+                                max_length=8)
+  variables = layer.init(jax.random.PRNGKey(1), x)
+  params, cache = {'params': variables['params']}, variables['cache']
+  assert cache['cached_key'].shape[1] == min(length, WINDOW)
+  step = jax.jit(lambda c, xt: layer.apply({**params, 'cache': c}, xt, mutable=['cache']))
+  for t in range(length):
+    _, state = step(cache, x[:, t:t + 1])
+    cache = state['cache']
+  with pytest.raises(Exception, match=message):
+    jax.block_until_ready(step(cache, x[:, :1]))
 
 
 def test_decoding_from_the_cache_index_alone_with_two_batch_axes():

@@ -119,7 +119,9 @@ def test_nnx_decoding_equals_linen_decoding_and_the_parallel_pass(mechanism, pro
   heads = kw.get('num_kv_heads', H) if (decl.decode == 'kv_cache' or decl.grouped_state(
       decl.resolve(decl.example))) else H
   state = cache['cache'].get('cached_key', cache['cache'].get('cached_state'))
-  assert jax.tree.leaves(state)[0].shape[:2] in ((B, heads), (B, L))
+  window = decl.kv_window(decl.resolve(decl.example)) if decl.decode == 'kv_cache' else None
+  slots = L if window is None else min(L, window)  # local attention: a ring buffer
+  assert jax.tree.leaves(state)[0].shape[:2] in ((B, heads), (B, slots))
   assert jax.tree.leaves(state)[0].shape[2 if decl.decode == 'kv_cache' else 1] == heads
 
 
