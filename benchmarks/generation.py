@@ -172,7 +172,7 @@ def markdown(result: Dict[str, Any]) -> str:
            f"images of {cfg['image_size']}x{cfg['image_size']} = {result['length']} pixels "
            f"(steps), temperature {cfg['temperature']}",
            'linear: recurrent state per layer; softmax: key/value cache, each step '
-           'visits only the filled cache blocks',
+           'visits only the filled cache blocks; local: a ring buffer of its window',
            'times exclude compilation (reported in the JSON)']
   text = output.header('Image generation: linear (RNN) vs softmax (KV cache)',
                        common.describe_device(result['device']), notes)
@@ -195,9 +195,9 @@ def markdown(result: Dict[str, Any]) -> str:
               if m.split(' ')[0] in result['cache_bytes'] else '']
              for m in mechs]
   text += ('\n## Decoding state per image (every layer)\n\n'
-           'Key/value cache (softmax, local) or recurrent state (linear, rfa, performer) '
-           'of one sequence at full length; with grouped-query attention keys and values '
-           'have fewer heads, and so does a state that depends on them alone.\n\n'
+           'Key/value cache (softmax; local: its window only) or recurrent state (linear, '
+           'rfa, performer) of one sequence at full length; with grouped-query attention keys '
+           'and values have fewer heads, and so does a state that depends on them alone.\n\n'
            + output.table(['model', 'params', 'state KiB', 'vs. one kv head per head'],
                           kv_rows) + '\n')
   text += (f"\n## Per-step latency (batch {result['latency_batch']}), median over the "
