@@ -39,7 +39,7 @@ def test_an_interrupted_run_resumes(tmp_path):
   partial = tmp_path / 'lra_efficiency.partial.json'
   args = ['--mechanisms=linear', '--lengths=32', '--batch_size=2', '--steps=1', '--size=small',
           f'--out={tmp_path}', '--quiet', '--memory_budget_gb=8']
-  setting = dict(size='small', batch_size=2, steps=1, budget=8 * 2**30)
+  setting = dict(size='small', batch_size=2, steps=1, budget=8 * 2**30, clock='wall')
   kept = {'steps_per_s': 123.0, 'step_s': 1 / 123.0, 'memory_bytes': 1000, 'params': 1}
   partial.write_text(json.dumps(dict(setting=setting, points={'softmax': {'32': kept}})))
   data = lra_efficiency.main(args)
@@ -58,10 +58,12 @@ def test_a_causal_only_mechanism_runs_causal_and_the_notes_say_so(tmp_path):
   bidirectional encoder, and the table's notes name them (no silent change of pattern)."""
   args = ['--mechanisms=gla', '--lengths=32', '--batch_size=2', '--steps=1', '--size=small',
           f'--out={tmp_path}', '--quiet']
-  data = lra_efficiency.main(args)
+  data = lra_efficiency.main(args + ['--clock=process'])
   assert data['points']['gla'][32]['steps_per_s'] > 0
+  assert "time: the process's CPU time" in (tmp_path / 'lra_efficiency.md').read_text()
   notes = [n for n in data['meta']['notes'] if 'causal only' in n]
   assert notes and notes[0].startswith('gla: causal only, so run in their causal form')
   assert notes[0] in (tmp_path / 'lra_efficiency.md').read_text()
   data = lra_efficiency.main(['--mechanisms=linear'] + args[1:])
   assert not [n for n in data['meta']['notes'] if 'causal only' in n]
+  assert 'time: elapsed (wall) time.' in data['meta']['notes']
