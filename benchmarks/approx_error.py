@@ -46,8 +46,7 @@ from benchmarks import runs
 import efficient_attn as ea
 
 def define_flags(fv: flags.FlagValues) -> None:
-  flags.DEFINE_string('out', 'benchmark_results/approx_error', 'output directory', flag_values=fv)
-  flags.DEFINE_string('name', 'approx_error', 'file name stem of the outputs', flag_values=fv)
+  common.define_output_flags(fv, out='benchmark_results/approx_error', name='approx_error')
   flags.DEFINE_string('mechanisms', None,
                       'comma list (default: every registered mechanism except softmax)',
                       flag_values=fv)
@@ -74,7 +73,6 @@ def define_flags(fv: flags.FlagValues) -> None:
                             'mechanism.option=value applied to every point (repeatable)',
                             flag_values=fv)
   flags.DEFINE_bool('no_identities', False, 'skip the identity checks', flag_values=fv)
-  flags.DEFINE_bool('quiet', False, 'no progress messages', flag_values=fv)
 
 
 # ----------------------------------------------------------------------------

@@ -45,9 +45,7 @@ def define_flags(fv, argv: Sequence[str] = ()):
   flags.DEFINE_integer('steps_between', 20, 'train steps before each save', flag_values=fv)
   flags.DEFINE_string('workdir', '', 'where to write (default: a temporary folder)',
                       flag_values=fv)
-  flags.DEFINE_string('out', 'benchmark_results', 'output folder', flag_values=fv)
-  flags.DEFINE_string('name', 'checkpoint_stall', 'output file stem', flag_values=fv)
-  flags.DEFINE_bool('quiet', False, 'no printed table', flag_values=fv)
+  common.define_output_flags(fv, out='benchmark_results', name='checkpoint_stall')
 
 
 def measure(config, saves: int, steps_between: int, root: str) -> Dict[str, Any]:

@@ -67,6 +67,17 @@ def parse_flags(define_flags: Callable[[Any], None], argv: Optional[Sequence[str
   return fv, rest
 
 
+
+def define_output_flags(fv, *, out: str, name: str, quiet: bool = True) -> None:
+  """The flags every tool that writes a table shares: --out (folder), --name (file name
+  stem of the .json / .md / .png it writes) and, with `quiet`, --quiet (no progress
+  lines or printed table)."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  flags.DEFINE_string('out', out, 'output folder', flag_values=fv)
+  flags.DEFINE_string('name', name, 'file name stem of the outputs', flag_values=fv)
+  if quiet:
+    flags.DEFINE_bool('quiet', False, 'no progress lines or printed table', flag_values=fv)
+
 @contextlib.contextmanager
 def flag_errors():
   """Around a tool's reading of its flag values, before anything is written: a ValueError

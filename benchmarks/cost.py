@@ -54,8 +54,7 @@ ROUNDED = ('ImageNet (Table 1)',)
 
 
 def define_flags(fv: flags.FlagValues) -> None:
-  flags.DEFINE_string('out', 'benchmark_results/cost', 'output directory', flag_values=fv)
-  flags.DEFINE_string('name', 'cost', 'file name stem of the outputs', flag_values=fv)
+  common.define_output_flags(fv, out='benchmark_results/cost', name='cost')
   flags.DEFINE_string('mechanisms', None, 'comma list (default: all registered)', flag_values=fv)
   flags.DEFINE_string('projections', 'standard,optimised,efficient,super',
                       'comma list of projection schemes', flag_values=fv)
@@ -70,7 +69,6 @@ def define_flags(fv: flags.FlagValues) -> None:
   flags.DEFINE_string('scaling_projection', 'standard',
                       'projection scheme of the layers in the complexity table', flag_values=fv)
   flags.DEFINE_multi_string('option', [], 'mechanism.option=value (repeatable)', flag_values=fv)
-  flags.DEFINE_bool('quiet', False, 'no progress messages', flag_values=fv)
 
 
 def param_formula(projection: str, d: int, l: int) -> int:

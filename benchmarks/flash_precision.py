@@ -63,9 +63,7 @@ def define_flags(fv):
                             'block_kv_dq (repeatable; JAX\'s defaults are 128,128,32,32,32,32)',
                             flag_values=fv)
   flags.DEFINE_integer('repeats', 10, 'timed calls per variant', flag_values=fv)
-  flags.DEFINE_string('out', 'benchmark_results', 'output folder', flag_values=fv)
-  flags.DEFINE_string('name', 'flash_precision', 'output file stem', flag_values=fv)
-  flags.DEFINE_bool('quiet', False, 'no progress lines', flag_values=fv)
+  common.define_output_flags(fv, out='benchmark_results', name='flash_precision')
 
 
 def attention_fn(impl: str, causal: bool, scale: float, platform: str,

@@ -48,8 +48,7 @@ from efficient_attn.models import TransformerConfig
 
 
 def define_flags(fv: flags.FlagValues) -> None:
-  flags.DEFINE_string('out', 'benchmark_results/generation', 'output directory', flag_values=fv)
-  flags.DEFINE_string('name', 'generation', 'file name stem of the outputs', flag_values=fv)
+  common.define_output_flags(fv, out='benchmark_results/generation', name='generation')
   flags.DEFINE_string('mechanisms', 'linear,softmax', 'comma list (decodable)', flag_values=fv)
   flags.DEFINE_string('num_images', '100,200,300', 'comma list of batch sizes', flag_values=fv)
   flags.DEFINE_integer('image_size', 28, 'side; length = side^2', flag_values=fv)
@@ -72,7 +71,6 @@ def define_flags(fv: flags.FlagValues) -> None:
                       'and architecture from its checkpoint (overrides the architecture flags)',
                       flag_values=fv)
   flags.DEFINE_integer('seed', 0, 'random seed', flag_values=fv)
-  flags.DEFINE_bool('quiet', False, 'no progress messages', flag_values=fv)
 
 
 def build_model(args, mechanism: str, options: Dict[str, Any],

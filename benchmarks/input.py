@@ -33,9 +33,7 @@ def define_flags(fv, argv: Sequence[str] = ()):
                                   sys_argv=['tool'] + list(argv))
   flags.DEFINE_integer('steps', 50, 'train steps per timed block', flag_values=fv)
   flags.DEFINE_integer('rounds', 3, 'timed blocks of each kind (interleaved)', flag_values=fv)
-  flags.DEFINE_string('out', 'benchmark_results', 'output folder', flag_values=fv)
-  flags.DEFINE_string('name', 'input', 'output file stem', flag_values=fv)
-  flags.DEFINE_bool('quiet', False, 'no printed table', flag_values=fv)
+  common.define_output_flags(fv, out='benchmark_results', name='input')
 
 
 def measure(config, steps: int, rounds: int) -> Dict[str, Any]:

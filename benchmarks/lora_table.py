@@ -39,9 +39,7 @@ _RUN = re.compile(r'^(full|finetune|scratch)_([a-z]+?)(?:_r(\d+))?$')
 def define_flags(fv: flags.FlagValues) -> None:
   flags.DEFINE_list('root', None, 'the sweep root holding base/, full_<v>/, ...; several '
                     '(comma-separated), one per seed, give means and spreads', flag_values=fv)
-  flags.DEFINE_string('out', 'benchmark_results/lora', 'output directory', flag_values=fv)
-  flags.DEFINE_string('name', 'lora', 'file name stem of the outputs', flag_values=fv)
-  flags.DEFINE_bool('quiet', False, 'do not print the table', flag_values=fv)
+  common.define_output_flags(fv, out='benchmark_results/lora', name='lora')
   flags.mark_flag_as_required('root', flag_values=fv)
 
 

@@ -99,9 +99,7 @@ def define_flags(fv):
                     'CPU time (all threads), which other processes on a loaded machine do '
                     'not inflate; on one pinned core the two agree when the core is quiet',
                     flag_values=fv)
-  flags.DEFINE_string('out', 'benchmark_results', 'output folder', flag_values=fv)
-  flags.DEFINE_string('name', 'lra_efficiency', 'output file stem', flag_values=fv)
-  flags.DEFINE_bool('quiet', False, 'no printed table', flag_values=fv)
+  common.define_output_flags(fv, out='benchmark_results', name='lra_efficiency')
 
 
 def text_config(mechanism: str, length: int, size: str, batch_size: int):

@@ -46,9 +46,7 @@ def define_flags(fv):
   flags.DEFINE_integer('batch_size', 2, 'batch', flag_values=fv)
   flags.DEFINE_string('size', 'base', "configs/lra/text.py size ('base' = LRA's model)",
                       flag_values=fv)
-  flags.DEFINE_string('out', 'benchmark_results', 'output folder', flag_values=fv)
-  flags.DEFINE_string('name', 'lra_memory', 'output file stem', flag_values=fv)
-  flags.DEFINE_bool('quiet', False, 'no progress lines', flag_values=fv)
+  common.define_output_flags(fv, out='benchmark_results', name='lra_memory')
 
 
 def step_memory(mechanism: str, length: int, size: str, batch_size: int,

@@ -56,9 +56,7 @@ PUBLISHED_SOURCE = ('Tay et al. (2021), Long Range Arena, Table 1 (arXiv:2011.04
 
 
 def define_flags(fv: flags.FlagValues) -> None:
-  flags.DEFINE_string('out', 'benchmark_results/lra', 'output directory', flag_values=fv)
-  flags.DEFINE_string('name', 'lra', 'file name stem of the outputs', flag_values=fv)
-  flags.DEFINE_bool('quiet', False, 'no progress messages', flag_values=fv)
+  common.define_output_flags(fv, out='benchmark_results/lra', name='lra')
 
 
 def task_of(config: Dict[str, Any]) -> Optional[str]:

@@ -35,8 +35,7 @@ def define_flags(fv):
   flags.DEFINE_integer('d_model', 256, 'model width', flag_values=fv)
   flags.DEFINE_integer('heads', 8, 'heads', flag_values=fv)
   flags.DEFINE_integer('repeats', 15, 'timed calls of each layer (interleaved)', flag_values=fv)
-  flags.DEFINE_string('out', 'benchmark_results', 'output folder', flag_values=fv)
-  flags.DEFINE_string('name', 'nnx_overhead', 'output file name', flag_values=fv)
+  common.define_output_flags(fv, out='benchmark_results', name='nnx_overhead', quiet=False)
 
 
 def measure(mechanism: str, *, projection: str, batch: int, length: int, d_model: int,

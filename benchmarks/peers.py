@@ -87,9 +87,7 @@ def define_flags(fv):
   flags.DEFINE_float('memory_budget_gb', None,
                      "per program, by XLA's memory analysis (default 60% of RAM)",
                      flag_values=fv)
-  flags.DEFINE_string('out', 'benchmark_results', 'output folder', flag_values=fv)
-  flags.DEFINE_string('name', 'peers', 'output file stem', flag_values=fv)
-  flags.DEFINE_bool('quiet', False, 'no progress lines', flag_values=fv)
+  common.define_output_flags(fv, out='benchmark_results', name='peers')
 
 
 def _options(fv) -> Dict[str, Dict[str, Any]]:

@@ -67,11 +67,9 @@ COLUMNS = (  # (key, header, formatter)
 
 
 def define_flags(fv: flags.FlagValues) -> None:
-  flags.DEFINE_string('out', 'benchmark_results/report', 'output directory', flag_values=fv)
-  flags.DEFINE_string('name', 'report', 'file name stem of the outputs', flag_values=fv)
+  common.define_output_flags(fv, out='benchmark_results/report', name='report')
   flags.DEFINE_string('sort', '', 'column key to sort by (descending for accuracy)',
                       flag_values=fv)
-  flags.DEFINE_bool('quiet', False, 'no progress messages', flag_values=fv)
 
 
 # What every report row records of its config: the seed groups' key for rows read from a

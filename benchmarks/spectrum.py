@@ -35,8 +35,7 @@ from efficient_attn.mechanisms.softmax import softmax_weights
 
 
 def define_flags(fv: flags.FlagValues) -> None:
-  flags.DEFINE_string('out', 'benchmark_results/spectrum', 'output directory', flag_values=fv)
-  flags.DEFINE_string('name', 'spectrum', 'file name stem of the outputs', flag_values=fv)
+  common.define_output_flags(fv, out='benchmark_results/spectrum', name='spectrum')
   flags.DEFINE_multi_string('source', [],
                             "workdir or 'random:<mechanism>' (repeatable; default random:softmax)",
                             flag_values=fv)
@@ -46,7 +45,6 @@ def define_flags(fv: flags.FlagValues) -> None:
                     'energy of a singular value: sigma or sigma^2', flag_values=fv)
   flags.DEFINE_string('ks', '8,16,32,64', 'report the energy captured by top-k', flag_values=fv)
   flags.DEFINE_integer('seed', 0, 'random seed', flag_values=fv)
-  flags.DEFINE_bool('quiet', False, 'no progress messages', flag_values=fv)
 
 
 # ----------------------------------------------------------------------------

@@ -49,8 +49,7 @@ DEFAULT_LAYERS = ('linear/standard', 'linear/optimised', 'linear/efficient', 'li
 
 
 def define_flags(fv: flags.FlagValues) -> None:
-  flags.DEFINE_string('out', 'benchmark_results/speed', 'output directory', flag_values=fv)
-  flags.DEFINE_string('name', 'speed', 'file name stem of the outputs', flag_values=fv)
+  common.define_output_flags(fv, out='benchmark_results/speed', name='speed')
   flags.DEFINE_string('targets', None,
                       "comma list: 'exact', mechanisms, 'mechanism/projection' layers, each "
                       "optionally with its own options 'mechanism@option=value[@...]', e.g. "
@@ -105,7 +104,6 @@ def define_flags(fv: flags.FlagValues) -> None:
                       "jax.nn.dot_product_attention implementation (default: jax's choice, "
                       "'xla' on CPU)", flag_values=fv)
   flags.DEFINE_integer('seed', 0, 'random seed', flag_values=fv)
-  flags.DEFINE_bool('quiet', False, 'no progress messages', flag_values=fv)
   flags.DEFINE_string('point_spec', None,
                       'internal: one point as JSON, measured by an --isolate subprocess',
                       flag_values=fv)

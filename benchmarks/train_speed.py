@@ -39,9 +39,7 @@ def define_flags(fv):
   flags.DEFINE_integer('steps', 10, 'timed train steps per config per round', flag_values=fv)
   flags.DEFINE_integer('examples_per_epoch', None,
                        'training examples per epoch, for seconds per epoch', flag_values=fv)
-  flags.DEFINE_string('out', 'benchmark_results', 'output folder', flag_values=fv)
-  flags.DEFINE_string('name', 'train_speed', 'output file stem', flag_values=fv)
-  flags.DEFINE_bool('quiet', False, 'no printed table', flag_values=fv)
+  common.define_output_flags(fv, out='benchmark_results', name='train_speed')
 
 
 def load_config(spec: str):
