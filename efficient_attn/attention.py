@@ -68,6 +68,10 @@ class Mechanism(nn.Module):
       declaration's `shared_params`, created by the model).
     rotary: rotary positions (Su et al. 2021) on q and k, or on the numerator's
       kernel features (the declaration's `rotary` form).
+    head_dim: the layer's head_dim (qkv_features / heads) for a mechanism whose
+      declared head shapes differ from it (`registry.Mechanism.head_shapes`, e.g.
+      Mamba-2's d_state): q and k are then `[..., qk_heads, qk_dim]` and v
+      `[..., heads, v_dim]`. None: q's head_dim.
   """
   mechanism: Union[str, registry.Mechanism] = 'softmax'
   options: Optional[Mapping[str, Any]] = None
@@ -79,6 +83,7 @@ class Mechanism(nn.Module):
   broadcast_dropout: bool = True
   shared_params: Optional[Mapping[str, Any]] = None
   rotary: bool = False
+  head_dim: Optional[int] = None
 
   @functools.cached_property
   def _configured(self):
@@ -102,8 +107,9 @@ class Mechanism(nn.Module):
     """See the class docstring; `position`: a decoding step's position (rotary);
     sow_weights / force_fp32_for_softmax / inputs: see `layer.run_mechanism`."""
     decl, o = self.configured(k.shape[1] if state is None else None)
-    layer.check_inputs(decl, q, k, v, mask, stepping=state is not None)  # before shapes are read
-    specs = layer.declared_params(decl, o, heads=q.shape[2], head_dim=q.shape[3],
+    heads, head_dim = layer.check_inputs(decl, q, k, v, mask, stepping=state is not None, o=o,
+                                         head_dim=self.head_dim)  # before shapes are read
+    specs = layer.declared_params(decl, o, heads=heads, head_dim=head_dim,
                                   max_length=self.max_length, causal=self.causal,
                                   features=None if inputs is None else inputs.shape[-1])
     params = {name: self.param(name, init, shape, self.param_dtype)
@@ -113,7 +119,8 @@ class Mechanism(nn.Module):
                                ctx=_LinenContext(self, deterministic, dropout_rng),
                                use_rotary=self.rotary, dtype=self.dtype, state=state,
                                position=position, sow_weights=sow_weights,
-                               force_fp32_for_softmax=force_fp32_for_softmax, inputs=inputs)
+                               force_fp32_for_softmax=force_fp32_for_softmax, inputs=inputs,
+                               head_dim=head_dim)
 
 
 def mechanism_module(mechanism: str, *, causal: bool = False,
@@ -149,7 +156,11 @@ class MultiHeadAttention(nn.Module):
     projection: 'standard', 'optimised', 'efficient' or 'super'.
     options: mechanism options, e.g. {'num_landmarks': 32}
       (`efficient_attn.get_mechanism(name).options` lists them); unknown keys
-      and out-of-range values are errors.
+      and out-of-range values are errors. Some set the mechanism's head shapes
+      (`registry.Mechanism.head_shapes`, e.g. Mamba-2's ngroups and d_state,
+      RetNet's value_factor): the projections, the output projection and the
+      cache follow them, and a scheme that cannot build them is refused
+      (`layer.head_layout`).
     causal: autoregressive masking (mechanisms and the super kernel).
     max_length: context length for 'super' and fixed-length mechanisms.
     dtype, param_dtype: computation and parameter dtypes.
@@ -237,10 +248,13 @@ class MultiHeadAttention(nn.Module):
                      causal=self.causal, max_length=self.max_length, dtype=self.dtype,
                      param_dtype=self.param_dtype, dropout_rate=self.dropout_rate,
                      broadcast_dropout=self.broadcast_dropout,
-                     shared_params=self.shared_params, rotary=self.rotary, name='mechanism')
-    decl, _ = mech.configured()
+                     shared_params=self.shared_params, rotary=self.rotary, head_dim=head_dim,
+                     name='mechanism')
+    decl, o = mech.configured()
     layer.check_dropout(decl, self.dropout_rate)
     kv_heads = layer.kv_heads(decl, self.projection, self.num_heads, self.num_kv_heads)
+    shapes = layer.head_layout(decl, o, projection=self.projection, heads=self.num_heads,
+                               head_dim=head_dim, kv_heads=kv_heads)
     if self.dropout_rate > 0.0:  # as flax: only dropout needs to know
       deterministic = nn.merge_param('deterministic', self.deterministic, deterministic)
       if not deterministic and dropout_rng is None:  # drawn here, as flax draws it
@@ -252,7 +266,7 @@ class MultiHeadAttention(nn.Module):
       layer.check_decode(mask, inputs_q, inputs_k, inputs_v, stepping, sow_weights)
 
     dense = lambda name: nn.DenseGeneral(
-        features=(self.num_heads if name == 'query' else kv_heads, head_dim), axis=-1,
+        features=shapes.features(name), axis=-1,
         kernel_init=self.kernel_init, bias_init=self.bias_init,
         use_bias=self.use_bias, dtype=self.dtype, param_dtype=self.param_dtype,
         precision=self.precision, name=name)
@@ -260,7 +274,8 @@ class MultiHeadAttention(nn.Module):
     q, k, v = projections.project_qkv(
         self.projection, inputs_q, inputs_k, inputs_v, num_heads=self.num_heads,
         dense=dense, align=None if stepping else align,
-        dtype=self.dtype, shared_qk=decl.shared_qk, normalize=self._qk_norm(), mask=mask)
+        dtype=self.dtype, shared_qk=decl.shared_qk, normalize=self._qk_norm(), mask=mask,
+        qkv_features=self.num_heads * head_dim)
     # Captured with `apply(..., mutable=['attention_qkv'])` by the analysis tools; a
     # collection of its own, so flax's 'intermediates' hold only what flax puts there
     # (and not at init, which would put it among the variables).
@@ -271,7 +286,7 @@ class MultiHeadAttention(nn.Module):
       x = self._decode_step(mech, q, k, v, align, inputs_q)
     else:
       if self.decode:
-        self._init_cache(mech, q, k, inputs_q.shape[1], align)
+        self._init_cache(mech, q, v, inputs_q.shape[1], align)
       x = mech(q, k, v, mask=mask, deterministic=deterministic, dropout_rng=dropout_rng,
                sow_weights=sow_weights, force_fp32_for_softmax=self.force_fp32_for_softmax,
                inputs=inputs_q)
@@ -301,13 +316,13 @@ class MultiHeadAttention(nn.Module):
         decl, o, lambda state, q_t, k_t, v_t, i: mech(q_t, k_t, v_t, deterministic=True,
                                                       state=state, position=i, inputs=inputs))
 
-  def _init_cache(self, mech, q, k, length, align):
+  def _init_cache(self, mech, q, v, length, align):
     """Creates the cache (the call that does so is the ordinary parallel forward)."""
     decl, o = mech.configured()
-    b, _, h, dk = q.shape
-    heads = layer.state_heads(decl, o, h, k.shape[2])
+    b, _, _, dk = q.shape
+    heads = layer.state_heads(decl, o, self.num_heads, v.shape[2])  # v: the kv heads
     for name, value in layer.init_cache(self._form(mech), batch=b, length=length, heads=heads,
-                                        head_dim=dk, dtype=q.dtype,
+                                        head_dim=dk, v_dim=v.shape[3], dtype=q.dtype,
                                         super_values=align is not None).items():
       self.put_variable('cache', name, value)
 
@@ -364,6 +379,11 @@ def make_attention_fn(mechanism: str = 'softmax', **options) -> Callable[..., An
       refuse(f'attention dropout (dropout_rate={dropout_rate}) in training')
     if is_causal:
       registry.configure(mechanism, options, causal=True)  # refuses a non-causal mechanism
+    heads, head_dim = query.shape[-2:]
+    shapes = decl.head_shapes(o, heads=heads, head_dim=head_dim)
+    if shapes != (heads, head_dim, head_dim):  # flax's projections make (heads, head_dim)
+      refuse(f'head shapes (qk_heads, qk_dim, v_dim) = {shapes}, not (heads, head_dim, '
+             f'head_dim) = {(heads, head_dim, head_dim)},')
     if dtype is not None:
       query, key, value = (x.astype(dtype) for x in (query, key, value))
     out = layer.run_mechanism(decl, o, {}, query, key, value, mask=mask,

@@ -336,8 +336,9 @@ def common_options(conv_size: int) -> Tuple[registry.Option, ...]:
 
 class RecurrentState(NamedTuple):
   """A gated recurrence's decoding state: S `[batch, heads, dk, dv]` and the short
-  convolution's last K - 1 inputs (q, k, v), each `[batch, K - 1, heads, d]` (empty
-  without it). Constant size."""
+  convolution's last K - 1 inputs (q, k, v), each `[batch, K - 1, heads, d]` (q and k
+  `[batch, K - 1, qk_heads, dk]` where heads share query/key groups; empty without
+  it). Constant size."""
   s: jnp.ndarray
   conv: Tuple[jnp.ndarray, ...]
 
@@ -353,6 +354,10 @@ class GatedRecurrence(registry.Mechanism):
     finish(o, params, out, v, gates) -> the output `[b, n, h, dv]` from the
       recurrence's (norm, output gate);
     own_params(o, heads, head_dim), and `input_params` / `gates` as the registry says.
+  A subclass may declare other head shapes (`head_shapes`; `qk_heads` for query/key
+  groups shared by several heads): the short convolution then runs on q and k as
+  projected (`[K, qk_heads, qk_dim]` kernels), and q and k are repeated to the value
+  heads after it, before the recurrence.
   """
   causal = True
   causal_only = True
@@ -366,8 +371,15 @@ class GatedRecurrence(registry.Mechanism):
     del o, heads, head_dim
     return {}
 
+  def qk_heads(self, o, heads: int) -> int:
+    """Query/key heads for `heads` heads (default: one each; a divisor: shared groups)."""
+    del o
+    return heads
+
   def params(self, o, *, heads, head_dim, max_length, causal):
-    specs = {f'{name}_conv': registry.ParamSpec((o.conv_size, heads, head_dim), conv_init)
+    qk_heads, qk_dim, v_dim = self.head_shapes(o, heads=heads, head_dim=head_dim)
+    shapes = {'q': (qk_heads, qk_dim), 'k': (qk_heads, qk_dim), 'v': (heads, v_dim)}
+    specs = {f'{name}_conv': registry.ParamSpec((o.conv_size,) + shapes[name], conv_init)
              for name in ('q', 'k', 'v')} if o.conv_size else {}
     specs.update(self.own_params(o, heads=heads, head_dim=head_dim))
     return specs
@@ -387,14 +399,22 @@ class GatedRecurrence(registry.Mechanism):
     xs = tuple(x.astype(F32) for x in xs)
     return tuple(jax.nn.silu(x) for x in xs) if self.activation == 'silu' else xs
 
+  @staticmethod
+  def _to_heads(q, k, heads: int):
+    """q, k `[b, n, qk_heads, dk]` repeated to `heads` (head i reads group i // (heads /
+    qk_heads), as Mamba-2's ngroups)."""
+    return tuple(jnp.repeat(x, heads // x.shape[2], axis=2) for x in (q, k))
+
   def attend(self, o, params, q, k, v, *, mask, causal, ctx):
     if not causal:
       raise ValueError(f'mechanism {self.name!r} is causal only: call it with causal=True')
     dtype = v.dtype
-    k, v, kp = masking.checked_keys_values(q, k, v, mask, name=f'mechanism {self.name!r}',
-                                           causal=True)
+    k, v, kp = masking.checked_keys_values(
+        q, k, v, mask, name=f'mechanism {self.name!r}', causal=True,
+        qk_groups=self.qk_heads(o, v.shape[2]) != v.shape[2])
     q = masking.zero_padded(q, kp)  # a padded token feeds no convolution either
     q, k, v = self._features(o, params, q, k, v)
+    q, k = self._to_heads(q, k, v.shape[2])
     q, k, v, g, beta = self.recurrence_inputs(o, params, q, k, v, ctx.gates)
     if kp is not None:  # a padded token neither writes to the state nor decays it
       k, v = masking.zero_padded(k, kp), masking.zero_padded(v, kp)
@@ -404,8 +424,10 @@ class GatedRecurrence(registry.Mechanism):
     return self.finish(o, params, out, v, ctx.gates).astype(dtype)
 
   def init_state(self, o, *, batch, heads, head_dim, v_dim):
-    conv = tuple(jnp.zeros((batch, o.conv_size - 1, heads, d), F32)
-                 for d in (head_dim, head_dim, v_dim)) if o.conv_size else ()
+    qk_heads = self.qk_heads(o, heads)
+    conv = tuple(jnp.zeros((batch, o.conv_size - 1, h, d), F32)
+                 for h, d in ((qk_heads, head_dim), (qk_heads, head_dim), (heads, v_dim))
+                 ) if o.conv_size else ()
     return RecurrentState(self.cores.init(batch, heads, head_dim, v_dim), conv)
 
   def step(self, o, params, state, q_t, k_t, v_t, *, ctx):
@@ -417,6 +439,7 @@ class GatedRecurrence(registry.Mechanism):
       conv = tuple(h for h, _ in steps)
       q_t, k_t, v_t = (y for _, y in steps)
     q_t, k_t, v_t = self._activate(q_t, k_t, v_t)
+    q_t, k_t = self._to_heads(q_t, k_t, v_t.shape[2])
     q_t, k_t, v_t, g, beta = self.recurrence_inputs(o, params, q_t, k_t, v_t, ctx.gates)
     s, out = self.cores.step(state.s, q_t[:, 0], k_t[:, 0], v_t[:, 0],
                              *(None if x is None else x[:, 0] for x in (g, beta)))

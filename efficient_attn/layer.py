@@ -8,7 +8,7 @@ apart, and a mechanism is never written twice.
 """
 import copy
 import warnings
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -97,9 +97,79 @@ def kv_heads(decl: registry.Mechanism, projection: str, num_heads: int,
   return num_kv_heads
 
 
+class HeadLayout(NamedTuple):
+  """The per-head shapes of one layer: `heads` heads of `head_dim` (qkv_features / heads),
+  `kv_heads` key/value heads (grouped-query attention), and the mechanism's declared
+  `qk_heads` x `qk_dim` queries and keys and `v_dim` values (`Mechanism.head_shapes`)."""
+  heads: int
+  head_dim: int
+  kv_heads: int
+  qk_heads: int
+  qk_dim: int
+  v_dim: int
+
+  def features(self, name: str) -> Tuple[int, int]:
+    """The `(heads, dim)` that the projection `name` ('query', 'key', 'value') maps to."""
+    if name == 'query':
+      return self.qk_heads, self.qk_dim
+    if name == 'key':
+      return (self.kv_heads if self.qk_heads == self.heads else self.qk_heads), self.qk_dim
+    return self.kv_heads, self.v_dim
+
+
+def _shape_options(decl: registry.Mechanism, o: registry.Options, heads: int,
+                   head_dim: int) -> str:
+  """'mechanism 'x' with a=1, b=2': the options that set its head shapes (those whose
+  default gives other shapes)."""
+  shapes = decl.head_shapes(o, heads=heads, head_dim=head_dim)
+  named = [f'{opt.name}={o[opt.name]!r}' for opt in decl.options
+           if o[opt.name] != opt.default and decl.head_shapes(
+               registry.Options({**o, opt.name: opt.default}), heads=heads,
+               head_dim=head_dim) != shapes]
+  return f'mechanism {decl.name!r}' + (f' with {", ".join(named)}' if named else '')
+
+
+def head_layout(decl: registry.Mechanism, o: registry.Options, *, projection: str,
+                heads: int, head_dim: int, kv_heads: int) -> HeadLayout:
+  """The layer's `HeadLayout`: the mechanism's `head_shapes`, checked against the
+  projection scheme and grouped-query attention (`kv_heads`, from `kv_heads`).
+
+  Raises a one-line ValueError naming the options, the scheme and the valid ones:
+  query/key groups that do not divide `heads`; queries and keys other than `heads` x
+  `head_dim` without a key projection ('efficient' and 'super' slice the keys into
+  heads); values other than `head_dim` wide without a value projection (only
+  'standard' has one); shared query/key groups together with fewer key/value heads.
+  """
+  qk_heads, qk_dim, v_dim = decl.head_shapes(o, heads=heads, head_dim=head_dim)
+  layout = HeadLayout(heads, head_dim, kv_heads, qk_heads, qk_dim, v_dim)
+  if (qk_heads, qk_dim, v_dim) == (heads, head_dim, head_dim):
+    return layout
+  which = _shape_options(decl, o, heads, head_dim)
+  if qk_heads < 1 or heads % qk_heads:
+    divisors = ', '.join(str(i) for i in range(1, heads + 1) if heads % i == 0)
+    raise ValueError(f'{which}: {qk_heads} query/key groups do not divide num_heads={heads}; '
+                     f'valid: {divisors}')
+  with_keys = ('standard', 'optimised')
+  if (qk_heads, qk_dim) != (heads, head_dim) and projection not in with_keys:
+    raise ValueError(f'{which} projects queries and keys to (qk_heads, qk_dim) = '
+                     f'{(qk_heads, qk_dim)}, not (num_heads, head_dim) = {(heads, head_dim)}, '
+                     f'which needs a key projection: projection {projection!r} slices keys '
+                     f'into heads; valid: {", ".join(map(repr, with_keys))}')
+  if v_dim != head_dim and projection != 'standard':
+    raise ValueError(f'{which} has values of {v_dim} per head (not head_dim={head_dim}), '
+                     f'which needs a value projection: projection {projection!r} slices '
+                     f"values into heads; valid: 'standard'")
+  if qk_heads != heads and kv_heads != heads:
+    raise ValueError(f'{which} shares {qk_heads} query/key group(s) among {heads} heads, '
+                     f'which grouped-query attention (num_kv_heads={kv_heads}) cannot '
+                     f'combine with; valid: num_kv_heads=None (or {heads})')
+  return layout
+
+
 def repeat_kv(q, k, v):
   """k, v `[batch, length, kv_heads, d]` repeated to q's heads (grouped-query attention:
-  query head i reads key/value head i // (heads / kv_heads))."""
+  query head i reads key/value head i // (heads / kv_heads)). q and k with the same
+  heads pass unchanged (groups of queries and keys shared by v's heads)."""
   h, hk = q.shape[-2], k.shape[-2]
   if hk == h:
     return k, v
@@ -230,15 +300,41 @@ def with_one_batch_axis(call: Callable[..., Any], inputs_q, inputs_k, inputs_v, 
   return out.reshape(batch_shape + out.shape[-2:])
 
 
-def check_inputs(decl: registry.Mechanism, q, k, v, mask, *, stepping: bool = False) -> None:
+def check_inputs(decl: registry.Mechanism, q, k, v, mask, *, stepping: bool = False,
+                 o: Optional[registry.Options] = None,
+                 head_dim: Optional[int] = None) -> Tuple[int, int]:
   """One-line errors for inconsistent q, k, v and mask shapes (see `masking.check_inputs`);
-  k and v may have fewer heads than q, a divisor (grouped-query attention)."""
-  if q.ndim == k.ndim == v.ndim == 4 and k.shape[2] == v.shape[2] and k.shape[2] and (
-      q.shape[2] % k.shape[2] == 0):
+  k and v may have fewer heads than q, a divisor (grouped-query attention).
+
+  With the options `o`, q, k and v must also have the shapes the mechanism declares
+  (`Mechanism.head_shapes`) for the layer's `head_dim` (None: q's) where those differ
+  from the default, e.g. q and k with fewer heads than v (shared groups).
+
+  Returns (heads, head_dim): the layer's heads (q's, or v's where q and k are shared
+  groups) and head_dim.
+  """
+  if not q.ndim == k.ndim == v.ndim == 4:
+    masking.check_inputs(q, k, v, mask, name=f'mechanism {decl.name!r}')  # raises
+  heads, head_dim = max(q.shape[2], v.shape[2]), head_dim or q.shape[3]
+  grouped = False
+  if o is not None:
+    qk_heads, qk_dim, v_dim = decl.head_shapes(o, heads=heads, head_dim=head_dim)
+    grouped = qk_heads < heads
+    if (qk_heads, qk_dim, v_dim) != (heads, head_dim, head_dim) and (
+        q.shape[2:] != (qk_heads, qk_dim) or k.shape[2:] != (qk_heads, qk_dim) or
+        v.shape[2:] != (heads, v_dim)):
+      raise ValueError(
+          f'{_shape_options(decl, o, heads, head_dim)} takes q and k [batch, length, '
+          f'{qk_heads}, {qk_dim}] and v [batch, length, {heads}, {v_dim}] for {heads} heads '
+          f'of head_dim={head_dim}, got q {tuple(q.shape)}, k {tuple(k.shape)}, '
+          f'v {tuple(v.shape)} (a layer whose head_dim is not q\'s passes head_dim)')
+  if k.shape[2] == v.shape[2] and k.shape[2] and q.shape[2] % k.shape[2] == 0:
     k, v = (jax.ShapeDtypeStruct(x.shape[:2] + q.shape[2:3] + x.shape[3:], x.dtype)
             for x in (k, v))
   masking.check_inputs(q, k, v, mask, name=f'mechanism {decl.name!r}',
-                       same_length=decl.self_attention_only and not stepping)
+                       same_length=decl.self_attention_only and not stepping,
+                       qk_groups=grouped)
+  return heads, head_dim
 
 
 def declared_params(decl: registry.Mechanism, o: registry.Options, *, heads: int,
@@ -264,14 +360,18 @@ def input_needed(decl: registry.Mechanism) -> ValueError:
 def run_mechanism(decl: registry.Mechanism, o: registry.Options, params: Dict[str, Any],
                   q, k, v, *, mask, causal: bool, ctx: registry.Context, use_rotary: bool,
                   dtype: Any = None, state=None, position=None, sow_weights: bool = False,
-                  force_fp32_for_softmax: bool = False, inputs=None):
+                  force_fp32_for_softmax: bool = False, inputs=None,
+                  head_dim: Optional[int] = None):
   """The declared mechanism on projected heads: `attend`, or one decoding `step`.
 
   q `[batch, q_length, heads, head_dim]`, k `[batch, kv_length, kv_heads,
   head_dim]`, v `[batch, kv_length, kv_heads, v_dim]` -> `[batch, q_length,
-  heads, v_dim]`; kv_heads divides heads (grouped-query attention). With
-  `state`, one token and `(new_state, out_t)`. `params` are the declared ones
-  (and any shared ones), however the wrapper stores them.
+  heads, v_dim]`; kv_heads divides heads (grouped-query attention). A mechanism
+  that declares other head shapes (`Mechanism.head_shapes`) takes exactly those
+  (q and k `[..., qk_heads, qk_dim]`, v `[..., heads, v_dim]`); `head_dim` is then
+  the layer's (qkv_features / heads; None: q's). With `state`, one token and
+  `(new_state, out_t)`. `params` are the declared ones (and any shared ones),
+  however the wrapper stores them.
 
   sow_weights: return `(out, weights)`, weights `[batch, heads, q_length,
   kv_length]` (see `attention_weights`). force_fp32_for_softmax: the weights
@@ -282,9 +382,9 @@ def run_mechanism(decl: registry.Mechanism, o: registry.Options, params: Dict[st
   """
   check_weights_args(decl, sow_weights=sow_weights,
                      force_fp32_for_softmax=force_fp32_for_softmax)
+  check_inputs(decl, q, k, v, mask, stepping=state is not None, o=o, head_dim=head_dim)
   if state is None or not decl.grouped_state(o):
     k, v = repeat_kv(q, k, v)
-  check_inputs(decl, q, k, v, mask, stepping=state is not None)
   if decl.reads_input:
     if inputs is None:
       raise input_needed(decl)
@@ -321,22 +421,25 @@ CACHE_NAMES = ('cache_index', 'cached_key', 'cached_value', 'cached_state',
 
 
 def init_cache(form: decoding.DecodeForm, *, batch: int, length: int, heads: int,
-               head_dim: int, dtype: Any, super_values: bool) -> Dict[str, Any]:
-  """An empty decoding cache for `length` tokens of `heads` (`state_heads`) heads.
+               head_dim: int, dtype: Any, super_values: bool,
+               v_dim: Optional[int] = None) -> Dict[str, Any]:
+  """An empty decoding cache for `length` tokens of `heads` (`state_heads`) heads, keys of
+  `head_dim` and values of `v_dim` (None: head_dim) features (`HeadLayout`'s qk_dim, v_dim).
 
   'cache_index' (the next position); the mechanism's state: 'cached_key' and
   'cached_value' `[batch, length, heads, head_dim]` for a key/value cache (as
   flax), 'cached_state' for a recurrent state; and, for the super projection,
   'cached_raw_values' (the raw values its lower-triangular W_A mixes).
   """
+  v_dim = v_dim or head_dim
   cache = {'cache_index': jnp.zeros((), jnp.int32)}
-  state = form.init(batch, length, heads, head_dim, head_dim, dtype)
+  state = form.init(batch, length, heads, head_dim, v_dim, dtype)
   if isinstance(state, decoding.KVCache):
     cache['cached_key'], cache['cached_value'] = state
   else:
     cache['cached_state'] = state
   if super_values:
-    cache['cached_raw_values'] = jnp.zeros((batch, length, heads, head_dim), dtype)
+    cache['cached_raw_values'] = jnp.zeros((batch, length, heads, v_dim), dtype)
   return cache
 
 

@@ -11,6 +11,7 @@ causality is requested with `causal=True`, never through the mask.
 """
 from typing import Optional
 
+import jax
 import jax.numpy as jnp
 
 
@@ -65,19 +66,24 @@ def combine_masks(mask: Optional[jnp.ndarray], causal: bool, q_length: int,
 
 
 def check_inputs(q, k, v, mask=None, *, name: str = 'attention',
-                 same_length: bool = False) -> None:
+                 same_length: bool = False, qk_groups: bool = False) -> None:
   """Raises one-line ValueErrors for inconsistent attention inputs.
 
   q `[batch, q_length, heads, head_dim]`, k `[batch, kv_length, heads,
   head_dim]`, v `[batch, kv_length, heads, v_dim]`; mask None, a key padding
   mask `[batch|1, kv_length]` or bool broadcastable to `[batch, heads,
   q_length, kv_length]` (each axis its size or 1). `same_length`: the
-  mechanism needs q_length == kv_length.
+  mechanism needs q_length == kv_length. `qk_groups`: q and k may have a
+  divisor of v's heads (groups each shared by several heads, e.g. Mamba-2's
+  ngroups); heads are then v's.
   """
   shapes = f'q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}'
   if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
     raise ValueError(f'{name} takes q, k, v of rank 4 [batch, length, heads, head_dim], got '
                      f'{shapes}')
+  if qk_groups and q.shape[2] == k.shape[2] and q.shape[2] and v.shape[2] % q.shape[2] == 0:
+    q, k = (jax.ShapeDtypeStruct(x.shape[:2] + v.shape[2:3] + x.shape[3:], x.dtype)
+            for x in (q, k))
   b, lq, h, d = q.shape
   if k.shape[0] != b or v.shape[0] != b or k.shape[2] != h or v.shape[2] != h:
     raise ValueError(f'{name}: batch and heads of q, k, v differ: {shapes}')
@@ -106,13 +112,13 @@ def zero_padded(x: jnp.ndarray, key_padding: Optional[jnp.ndarray]) -> jnp.ndarr
   return jnp.where(key_padding.reshape(shape), x, jnp.zeros((), x.dtype))
 
 
-def checked_keys_values(q, k, v, mask, *, name: str, causal: bool):
+def checked_keys_values(q, k, v, mask, *, name: str, causal: bool, qk_groups: bool = False):
   """The common start of the mechanisms that honour only key padding: check the
   inputs (`check_inputs`; causal needs q_length == kv_length), reduce `mask` to
   key padding `[batch, kv_length]` (or None) and zero the padded keys and values.
 
   Returns (k, v, key_padding).
   """
-  check_inputs(q, k, v, mask, name=name, same_length=causal)
+  check_inputs(q, k, v, mask, name=name, same_length=causal, qk_groups=qk_groups)
   key_padding = key_padding_from_mask(mask, k.shape[0], k.shape[1])
   return zero_padded(k, key_padding), zero_padded(v, key_padding), key_padding

@@ -70,7 +70,9 @@ class Mechanism(nnx.Module):
   `state=...` it is one recurrent decoding step. The Linen `Mechanism` with
   the same arguments has the same parameters under the same names. A mechanism
   whose gates read the layer input (`reads_input`) needs `in_features` here and
-  the call's `inputs` `[batch, q_length, in_features]`.
+  the call's `inputs` `[batch, q_length, in_features]`. One that declares other head
+  shapes (`registry.Mechanism.head_shapes`) takes q and k `[..., qk_heads, qk_dim]` and
+  v `[..., num_heads, v_dim]` for `num_heads` heads of `head_dim`.
   """
 
   def __init__(self, mechanism: Union[str, registry.Mechanism] = 'softmax', *,
@@ -88,7 +90,7 @@ class Mechanism(nnx.Module):
     self.name, self.options = self.decl.name, dict(options or {})
     self.causal, self.max_length, self.rotary = causal, max_length, rotary
     self.dtype, self.dropout_rate, self.broadcast_dropout = dtype, dropout_rate, broadcast_dropout
-    self.tag = tuple(tag)
+    self.tag, self.head_dim = tuple(tag), head_dim
     specs = layer.declared_params(self.decl, self.o, heads=num_heads, head_dim=head_dim,
                                   max_length=max_length, causal=causal, features=in_features)
     for name, (shape, init) in specs.items():
@@ -113,7 +115,8 @@ class Mechanism(nnx.Module):
                                causal=self.causal, ctx=_Context(self, deterministic, rngs),
                                use_rotary=self.rotary, dtype=self.dtype, state=state,
                                position=position, sow_weights=sow_weights,
-                               force_fp32_for_softmax=force_fp32_for_softmax, inputs=inputs)
+                               force_fp32_for_softmax=force_fp32_for_softmax, inputs=inputs,
+                               head_dim=self.head_dim)
 
 
 class Alignment(nnx.Module):
@@ -149,8 +152,9 @@ class MultiHeadAttention(nnx.Module):
   names the layer's fixed random draw (see the module docstring).
   `normalize_qk` is QK layer norm and `num_kv_heads` grouped-query attention,
   as flax's (see `efficient_attn.MultiHeadAttention` for both, and for
-  `force_fp32_for_softmax`). The call's `sow_weights=True` sows the attention
-  weights as `nnx.Intermediate` 'attention_weights', as flax does.
+  `force_fp32_for_softmax`, and for options that set the head shapes). The call's
+  `sow_weights=True` sows the attention weights as `nnx.Intermediate`
+  'attention_weights', as flax does.
   """
 
   def __init__(self, num_heads: int, in_features: int, qkv_features: Optional[int] = None,
@@ -179,6 +183,10 @@ class MultiHeadAttention(nnx.Module):
     self.out_features = out_features or in_features
     self.in_kv_features = in_kv_features or in_features
     self.head_dim = layer.head_dim(num_heads, self.qkv_features)
+    shapes = layer.head_layout(decl, decl.resolve(options), projection=projection,
+                               heads=num_heads, head_dim=self.head_dim,
+                               kv_heads=self.num_kv_heads)
+    self.qk_dim, self.v_dim = shapes.qk_dim, shapes.v_dim
     self.projection, self.causal, self.max_length = projection, causal, max_length
     self.dtype, self.dropout_rate, self.deterministic = dtype, dropout_rate, deterministic
     self.decode, self.rotary = decode, rotary
@@ -191,9 +199,9 @@ class MultiHeadAttention(nnx.Module):
     for name in projections.dense_names(projection, decl.shared_qk):
       query = name == 'query'
       setattr(self, name, linear(in_features if query else self.in_kv_features,
-                                 (num_heads if query else self.num_kv_heads, self.head_dim)))
+                                 shapes.features(name)))
     for name in ('query_ln',) + (() if decl.shared_qk else ('key_ln',)):
-      setattr(self, name, nnx.LayerNorm(self.head_dim, use_bias=False, dtype=dtype,
+      setattr(self, name, nnx.LayerNorm(self.qk_dim, use_bias=False, dtype=dtype,
                                         param_dtype=param_dtype, rngs=rngs)
               if normalize_qk else nnx.data(None))
     self.normalize_qk = normalize_qk
@@ -205,7 +213,7 @@ class MultiHeadAttention(nnx.Module):
         dropout_rate=dropout_rate, broadcast_dropout=broadcast_dropout, rotary=rotary,
         shared_params=shared_params, tag=tag, in_features=in_features, rngs=rngs)
     self.out = nnx.LinearGeneral(
-        in_features=(num_heads, self.head_dim), out_features=self.out_features, axis=(-2, -1),
+        in_features=(num_heads, self.v_dim), out_features=self.out_features, axis=(-2, -1),
         kernel_init=out_kernel_init or kernel_init, bias_init=out_bias_init or bias_init,
         use_bias=use_bias, dtype=dtype, param_dtype=param_dtype, precision=precision,
         rngs=rngs)
@@ -231,7 +239,7 @@ class MultiHeadAttention(nnx.Module):
     mech = self.mechanism
     heads = layer.state_heads(mech.decl, mech.o, self.num_heads, self.num_kv_heads)
     cache = layer.init_cache(self._form(), batch=batch, length=input_shape[-2], heads=heads,
-                             head_dim=self.head_dim, dtype=dtype,
+                             head_dim=self.qk_dim, v_dim=self.v_dim, dtype=dtype,
                              super_values=self.projection == 'super')
     for name in layer.CACHE_NAMES:
       setattr(self, name, nnx.Cache(cache[name]) if name in cache else nnx.data(None))
@@ -278,7 +286,8 @@ class MultiHeadAttention(nnx.Module):
         self.projection, inputs_q, inputs_k, inputs_v, num_heads=self.num_heads,
         dense=self._projections(), align=None if decode else align, dtype=self.dtype,
         shared_qk=self.shared_qk,
-        normalize=self._projections() if self.normalize_qk else None, mask=mask)
+        normalize=self._projections() if self.normalize_qk else None, mask=mask,
+        qkv_features=self.num_heads * self.head_dim)
     if decode:
       cache, x = layer.decode_step(
           self._form(inputs_q), self._cache(), q, k, v, align_at=align,

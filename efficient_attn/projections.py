@@ -121,7 +121,7 @@ def project_qkv(scheme: str, inputs_q, inputs_k, inputs_v, *, num_heads: int,
                 align: Optional[Callable[..., Any]] = None, dtype: Any = None,
                 shared_qk: bool = False,
                 normalize: Optional[Callable[[str], Callable[..., Any]]] = None,
-                mask=None):
+                mask=None, qkv_features: Optional[int] = None):
   """Per-head q, k, v for a projection scheme; call inside a compact method.
 
   Args:
@@ -129,7 +129,8 @@ def project_qkv(scheme: str, inputs_q, inputs_k, inputs_v, *, num_heads: int,
     inputs_q, inputs_k, inputs_v: `[batch, length, features]`.
     num_heads: h.
     dense: `dense(name)` is the `[features] -> [heads, head_dim]` projection
-      named `name` (a Linen DenseGeneral or an NNX LinearGeneral of the caller).
+      named `name` (a Linen DenseGeneral or an NNX LinearGeneral of the caller),
+      or to the mechanism's declared shapes (`layer.HeadLayout.features`).
     align: the super scheme's `align(v)` (its W_A); None returns the raw sliced
       values (a decoding layer aligns its cache instead).
     shared_qk: keys are the queries (Reformer): no key projection or slice.
@@ -139,6 +140,8 @@ def project_qkv(scheme: str, inputs_q, inputs_k, inputs_v, *, num_heads: int,
       or key padding `[batch, kv_length]`). The super scheme zeroes the raw
       values of the keys no query may attend to (padding) before W_A mixes them
       along the sequence, so a padded token reaches no other token's value.
+    qkv_features: the attention width heads x head_dim that sliced keys and values
+      must have (None: the queries' width).
   Returns:
     q `[b, lq, h, dk]`, k `[b, lk, h, dk]`, v `[b, lk, h, dk]`.
   """
@@ -146,7 +149,7 @@ def project_qkv(scheme: str, inputs_q, inputs_k, inputs_v, *, num_heads: int,
   q = dense('query')(inputs_q)
   k = q if shared_qk else dense('key')(inputs_k) if 'key' in names else None
   v = dense('value')(inputs_v) if 'value' in names else None
-  qkv_features = q.shape[-2] * q.shape[-1]
+  qkv_features = qkv_features or q.shape[-2] * q.shape[-1]
   for name, x in (('inputs_k', inputs_k), ('inputs_v', inputs_v)):
     if (name == 'inputs_k' and k is None) or (name == 'inputs_v' and v is None):
       if x.shape[-1] != qkv_features:

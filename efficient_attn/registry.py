@@ -164,6 +164,8 @@ class Mechanism:
     example: small options for smoke runs at length 16 (tests, quick benchmarks).
 
   Methods take the resolved `Options` o; `attend` is the mechanism itself.
+  `head_shapes` declares the per-head widths the layers project to (default:
+  q, k and v of `heads` heads of `head_dim`, head_dim = qkv_features / heads).
   """
   name: str = ''
   description: str = ''
@@ -227,6 +229,21 @@ class Mechanism:
     del o, heads, head_dim, max_length, causal
     return {}
 
+  def head_shapes(self, o: Options, *, heads: int, head_dim: int) -> Tuple[int, int, int]:
+    """(qk_heads, qk_dim, v_dim): the shapes the layers project to for `heads` heads of
+    `head_dim` (qkv_features / heads).
+
+    Queries and keys get qk_heads heads (a divisor of heads: one query and key per
+    group, shared by heads / qk_heads heads, e.g. Mamba-2's ngroups) of qk_dim features;
+    values get heads heads of v_dim (e.g. RetNet's values, twice the key width); the
+    output projection reads `[heads, v_dim]`, and `attend` returns it. `params`,
+    `input_params` and `init_state` read the same layout. Default: (heads, head_dim,
+    head_dim). The layers refuse a layout their projection scheme cannot build (see
+    `layer.head_layout`).
+    """
+    del o
+    return heads, head_dim, head_dim
+
   def input_params(self, o: Options, *, features: int, heads: int,
                    head_dim: int) -> Dict[str, ParamSpec]:
     """Parameters that read the layer input `[batch, length, features]` (reads_input:
@@ -249,7 +266,8 @@ class Mechanism:
 
   def attend(self, o: Options, params: Mapping[str, Any], q, k, v, *, mask, causal: bool,
              ctx: 'Context'):
-    """q `[b, lq, h, d]`, k `[b, lk, h, d]`, v `[b, lk, h, dv]` -> `[b, lq, h, dv]`."""
+    """q `[b, lq, h, d]`, k `[b, lk, h, d]`, v `[b, lk, h, dv]` -> `[b, lq, h, dv]` (q and k
+    with qk_heads heads of `head_shapes` where it declares fewer)."""
     raise NotImplementedError
 
   # What it approximates (the approximation-error benchmark and identity tests).
@@ -265,7 +283,8 @@ class Mechanism:
 
   # Recurrent decoding (decode == 'recurrent').
   def init_state(self, o: Options, *, batch: int, heads: int, head_dim: int, v_dim: int):
-    """The empty decoding state (a pytree of constant size, float32)."""
+    """The empty decoding state (a pytree of constant size, float32) for `heads` heads,
+    queries and keys of head_dim features (qk_dim of `head_shapes`) and values of v_dim."""
     raise NotImplementedError
 
   def step(self, o: Options, params, state, q_t, k_t, v_t, *, ctx: 'Context'):
