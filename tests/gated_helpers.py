@@ -76,23 +76,23 @@ def random_params(mechanism, options, heads, head_dim, features, seed=0):
   return out
 
 
-def _forms(mechanism, options, params, q, k, v, x):
+def _forms(mechanism, options, params, q, k, v, x, head_dim):
   """(chunk output, naive output, step-by-step output) in the inputs' dtype."""
   decl = ea.get_mechanism(mechanism)
   run = lambda form, *a: layer_lib.run_mechanism(
       decl, decl.resolve({**options, 'form': form}), a[0], *a[1:4], mask=None, causal=True,
-      ctx=registry.Context(), use_rotary=False, inputs=a[4])
+      ctx=registry.Context(), use_rotary=False, inputs=a[4], head_dim=head_dim)
   chunk = run('chunk', params, q, k, v, x)
   naive = run('naive', params, q, k, v, x)
   o = decl.resolve(options)
-  state = decl.init_state(o, batch=q.shape[0], heads=q.shape[2], head_dim=q.shape[3],
+  state = decl.init_state(o, batch=q.shape[0], heads=v.shape[2], head_dim=q.shape[3],
                           v_dim=v.shape[3])
 
   @jax.jit
   def step(state, q_t, k_t, v_t, x_t):
     return layer_lib.run_mechanism(decl, o, params, q_t, k_t, v_t, mask=None, causal=True,
                                    ctx=registry.Context(), use_rotary=False, state=state,
-                                   inputs=x_t)
+                                   inputs=x_t, head_dim=head_dim)
   outs = []
   for t in range(q.shape[1]):
     state, y = step(state, *(a[:, t:t + 1] for a in (q, k, v, x)))
@@ -104,25 +104,30 @@ def check_three_forms(mechanism, reference, options, *, length, heads=2, head_di
                       features=6, seed=0, atol=2e-5):
   """Naive, chunkwise and step forms of `mechanism` (float32) equal `reference(params, q, k,
   v, x)` (float64 NumPy) at `length`; gradients of the chunkwise form (float32) equal the
-  naive form's in float64, for q, k, v, the layer input and every parameter."""
+  naive form's in float64, for q, k, v, the layer input and every parameter. q, k and v
+  have the head shapes the options declare (`Mechanism.head_shapes`) for `heads` heads of
+  `head_dim`."""
   rng = np.random.default_rng(seed)
   b = 2
-  q, k, v = (rng.standard_normal((b, length, heads, head_dim)) for _ in range(3))
+  decl = ea.get_mechanism(mechanism)
+  qk_heads, qk_dim, v_dim = decl.head_shapes(decl.resolve(options), heads=heads,
+                                             head_dim=head_dim)
+  q, k = (rng.standard_normal((b, length, qk_heads, qk_dim)) for _ in range(2))
+  v = rng.standard_normal((b, length, heads, v_dim))
   x = rng.standard_normal((b, length, features))
   params = random_params(mechanism, options, heads, head_dim, features, seed)
   want = reference(params, q, k, v, x)
   f32 = lambda a: jax.tree.map(lambda t: jnp.asarray(t, jnp.float32), a)
-  got = _forms(mechanism, options, f32(params), *f32((q, k, v, x)))
+  got = _forms(mechanism, options, f32(params), *f32((q, k, v, x)), head_dim)
   for name, out in zip(('chunk', 'naive', 'step'), got):
     np.testing.assert_allclose(out, want, atol=atol, rtol=1e-4, err_msg=f'{mechanism} {name}')
 
-  decl = ea.get_mechanism(mechanism)
   cotangent = rng.standard_normal(want.shape)
 
   def loss(form, params, q, k, v, x):
     out = layer_lib.run_mechanism(decl, decl.resolve({**options, 'form': form}), params, q, k,
                                   v, mask=None, causal=True, ctx=registry.Context(),
-                                  use_rotary=False, inputs=x)
+                                  use_rotary=False, inputs=x, head_dim=head_dim)
     return jnp.sum(out * cotangent.astype(out.dtype))
   grad = functools.partial(jax.grad(loss, argnums=(1, 2, 3, 4, 5)), 'chunk')
   got = jax.jit(grad)(*f32((params, q, k, v, x)))

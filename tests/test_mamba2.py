@@ -8,8 +8,10 @@ import gated_helpers as gh
 
 
 def reference(p, q, k, v, x):
-  """Short conv + SiLU on C, B, X; dt, A per head; D skip; gated RMSNorm (float64)."""
+  """Short conv + SiLU on C, B, X (B and C on their groups, then repeated to the heads);
+  dt, A per head; D skip; gated RMSNorm (float64)."""
   q, k, v = (gh.silu(gh.causal_conv(a, p[f'{n}_conv'])) for a, n in zip((q, k, v), 'qkv'))
+  q, k = (np.repeat(a, v.shape[2] // a.shape[2], axis=2) for a in (q, k))  # shared groups
   dt = np.logaddexp(0.0, x @ p['dt_kernel'] + p['dt_bias'])               # [b, n, h]
   g = (-np.exp(p['A_log']) * dt)[..., None]
   y = gh.per_head(gh.decay_recurrence, q, k * dt[..., None], v, g) + p['D'][:, None] * v
@@ -20,6 +22,16 @@ def reference(p, q, k, v, x):
 @pytest.mark.parametrize('length', [12, 13])
 def test_three_forms_equal_the_definition(length):
   gh.check_three_forms('mamba2', reference, {'chunk_size': 4}, length=length)
+
+
+@pytest.mark.parametrize('ngroups,heads', [(1, 2), (2, 4)])
+def test_shared_b_and_c_of_d_state_equal_the_definition(ngroups, heads):
+  """The paper's layout, ngroups=1 (one B and C for every head; mamba_ssm's Mamba2 default,
+  with d_state 128), and ngroups=2 of 4 heads (head i reads group i // 2, as mamba_ssm's
+  repeat), with d_state 6 != head_dim 4, at 13 tokens (not a multiple of the chunk)."""
+  gh.check_three_forms('mamba2', reference,
+                       {'chunk_size': 4, 'ngroups': ngroups, 'd_state': 6}, length=13,
+                       heads=heads)
 
 
 def test_initialisation_is_mamba2s():

@@ -20,6 +20,13 @@ def test_three_forms_equal_the_definition(length):
   gh.check_three_forms('retention', reference, {'chunk_size': 4}, length=length)
 
 
+def test_retnets_values_twice_as_wide_equal_the_definition():
+  """value_factor=2 (RetNet's layer: values, gate and norm 2 x head_dim wide), at 13 tokens
+  (not a multiple of the chunk)."""
+  gh.check_three_forms('retention', reference, {'chunk_size': 4, 'value_factor': 2},
+                       length=13)
+
+
 def test_decays_are_retnets():
   np.testing.assert_allclose(np.exp(retention.retention_log_decay(4)),
                              1 - 2.0 ** -np.arange(5, 9), rtol=1e-6)

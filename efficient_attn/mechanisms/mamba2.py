@@ -11,14 +11,21 @@ The output is the gated RMSNorm over the full width, norm(y * silu(z_t)) with
 z_t = x_t W_z, before the layer's out projection. Initialisation as Mamba-2:
 A uniform in [1, 16], dt log-uniform in [0.001, 0.1] through dt_bias, D = 1.
 
-Deviation from the paper's layout: here every head has its own B and C (the
-layer's per-head query and key projections, state size d_state = head_dim). The
-paper's default (mamba_ssm's Mamba2, ngroups=1) projects one B and one C of
-d_state (128) features that every head shares, the multi-value head pattern the
-paper argues for (only X, dt and the decay are per head). Per-head B and C is its
-ngroups = heads setting: more parameters in the q and k projections, the same recurrence and
-state shape per head. The layer's `num_kv_heads` shares keys and values, not
-queries and keys, so it does not give the paper's layout.
+Head layout. The paper's default (mamba_ssm's Mamba2: ngroups=1, d_state=128,
+headdim=64) projects one B and one C of d_state features that every head shares,
+the multi-value head pattern the paper argues for (only X, dt and the decay are
+per head). `ngroups=1, d_state=128` builds it exactly: the 'query' (C) and 'key'
+(B) projections are `[features, 1, d_state]`, the short convolution runs on the
+one group (kernels `[4, 1, d_state]`, as Mamba-2's conv1d over x, B and C), and
+after SiLU B and C are repeated to the heads (state `[d_state, head_dim]` per
+head); `ngroups=g` shares each of g groups among heads / g heads (g divides the
+heads). The default (ngroups=None, d_state=None) gives every head its own B and
+C of head_dim (Mamba-2's ngroups = heads setting: more parameters in the q and k
+projections, the same recurrence) because it is the layout every projection
+scheme builds: 'efficient' and 'super' slice keys into heads without a matrix,
+so shared groups or another d_state need projection 'standard' or 'optimised',
+and the layers refuse the others. The layer's `num_kv_heads` shares keys and
+values, not queries and keys; the layers refuse it together with shared groups.
 """
 import flax.linen as nn
 import jax
@@ -35,10 +42,22 @@ class Mamba2(gated_linear.GatedRecurrence):
   name = 'mamba2'
   description = "Mamba-2's SSD: a data-dependent scalar decay per head (A, dt)"
   citation = 'Dao & Gu 2024'
-  options = gated_linear.common_options(conv_size=4)
+  options = gated_linear.common_options(conv_size=4) + (
+      registry.Option('ngroups', None, int, 'B and C (keys and queries) groups shared by '
+                      'heads / ngroups heads (the paper: 1; None: one per head)', minimum=1,
+                      allow_none=True),
+      registry.Option('d_state', None, int, 'width of B and C, the state size per head '
+                      '(the paper: 128; None: head_dim)', minimum=1, allow_none=True),
+  )
   activation = 'silu'
   complexity = ('O(n c d + n d^2)', 'O(n d + d^2)')
   example = {'chunk_size': 4}
+
+  def qk_heads(self, o, heads):
+    return o.ngroups or heads
+
+  def head_shapes(self, o, *, heads, head_dim):
+    return self.qk_heads(o, heads), o.d_state or head_dim, head_dim
 
   def own_params(self, o, *, heads, head_dim):
     return {

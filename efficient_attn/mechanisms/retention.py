@@ -12,11 +12,14 @@ and k (its xPos-style relative positions) is the layer's rotary=True.
 The recurrence and its chunkwise form are `efficient_attn.gated_linear`'s
 (a scalar log-decay per head); decoding keeps the constant-size state S.
 
-Deviations from the paper's layer, kept because the library's layer gives every
-mechanism values of the queries' head width: RetNet's values and gate are twice
-as wide as its queries and keys (W_V, W_G `[d, 2d]`, W_O `[2d, d]`; per head
-d_v = 2 d_k), here d_v = d_k (state `[d_k, d_k]`, half the paper's at the same
-d_k); the norm is RetNet's (no learned scale; flash-linear-attention's
+Value width. RetNet's values and gate are twice as wide as its queries and keys
+(W_V, W_G `[d, 2d]`, W_O `[2d, d]`; per head d_v = 2 d_k): `value_factor=2` builds
+that layer (value projection and gate `[d, heads, 2 head_dim]`, out projection
+`[heads, 2 head_dim, d]`, state `[d_k, 2 d_k]`), with projection 'standard' (the
+other schemes slice values into heads of head_dim, so the layers refuse them).
+The default, value_factor=1 (d_v = d_k: a state half the paper's at the same
+d_k), keeps the width every mechanism has, which every projection scheme
+builds. The norm is RetNet's (no learned scale; flash-linear-attention's
 MultiScaleRetention doubles the values too but learns a scale).
 """
 import math
@@ -38,13 +41,19 @@ class Retention(gated_linear.GatedRecurrence):
   name = 'retention'
   description = 'retention: a fixed decay per head, group norm and a swish gate'
   citation = 'Sun et al. 2023'
-  options = gated_linear.common_options(conv_size=0)
+  options = gated_linear.common_options(conv_size=0) + (
+      registry.Option('value_factor', 1, int, 'values, swish gate and norm are value_factor '
+                      'x head_dim wide (RetNet: 2)', minimum=1),
+  )
   rotary = 'scores'
   complexity = ('O(n c d + n d^2)', 'O(n d + d^2)')
   example = {'chunk_size': 4}
 
+  def head_shapes(self, o, *, heads, head_dim):
+    return heads, head_dim, o.value_factor * head_dim
+
   def input_params(self, o, *, features, heads, head_dim):
-    return {'gate_kernel': registry.ParamSpec((features, heads, head_dim),
+    return {'gate_kernel': registry.ParamSpec((features, heads, o.value_factor * head_dim),
                                               nn.initializers.lecun_normal())}
 
   def gates(self, o, params, inputs):
