@@ -121,9 +121,15 @@ def check_attention(config, dataset: Optional[data.Dataset] = None
                              f'causal-only mechanism lets the class token (the first) see '
                              f'only itself; valid: pool=\'mean\'')
   try:
-    return registry.configure(decl, attention_options(config),
-                              causal=causal or decl.causal_only, max_length=context,
-                              length=length, rotary=a.get('rotary', False))
+    decl, o = registry.configure(decl, attention_options(config),
+                                 causal=causal or decl.causal_only, max_length=context,
+                                 length=length, rotary=a.get('rotary', False))
+    m = config.model  # the head shapes the mechanism's options declare, for this scheme
+    layer.head_layout(decl, o, projection=a.projection, heads=m.num_heads,
+                      head_dim=m.d_model // m.num_heads,
+                      kv_heads=layer.kv_heads(decl, a.projection, m.num_heads,
+                                              num_kv_heads or None))
+    return decl, o
   except ValueError as e:
     if causal and not decl.causal:
       valid = registry.names_where(lambda m: m.causal)
