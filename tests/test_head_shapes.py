@@ -175,7 +175,8 @@ def test_what_a_layer_cannot_build_is_refused_in_one_line_by_both(mechanism, opt
 
 def test_the_defaults_build_under_every_scheme_and_ngroups_heads_is_the_default():
   """ngroups=None and d_state=None (today's layout) work under 'efficient'; ngroups=heads
-  with d_state=head_dim is the same layout, so it does too."""
+  with d_state=head_dim has the same head shapes (its norm is per head, as mamba_ssm's),
+  so it does too."""
   for options in ({}, {'ngroups': H, 'd_state': D // H}):
     params = jax.eval_shape(_linen(('mamba2', options), projection='efficient').init,
                             jax.random.PRNGKey(0), _x())['params']

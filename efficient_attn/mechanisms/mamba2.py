@@ -7,8 +7,9 @@ With the layer's queries as C, keys as B and values as X,
     S_t = a_t S_{t-1} + dt_t B_t X_t^T,    y_t = S_t^T C_t + D X_t,
 
 after the short causal convolution (kernel 4) and SiLU on C, B and X, as Mamba-2.
-The output is the gated RMSNorm over the full width, norm(y * silu(z_t)) with
-z_t = x_t W_z, before the layer's out projection. Initialisation as Mamba-2:
+The output is the gated RMSNorm, norm(y * silu(z_t)) with z_t = x_t W_z, over the
+full width (over each group's heads with `ngroups`, as mamba_ssm's RMSNormGated),
+before the layer's out projection. Initialisation as Mamba-2:
 A uniform in [1, 16], dt log-uniform in [0.001, 0.1] through dt_bias, D = 1.
 
 Head layout. The paper's default (mamba_ssm's Mamba2: ngroups=1, d_state=128,
@@ -19,9 +20,10 @@ per head). `ngroups=1, d_state=128` builds it exactly: the 'query' (C) and 'key'
 one group (kernels `[4, 1, d_state]`, as Mamba-2's conv1d over x, B and C), and
 after SiLU B and C are repeated to the heads (state `[d_state, head_dim]` per
 head); `ngroups=g` shares each of g groups among heads / g heads (g divides the
-heads). The default (ngroups=None, d_state=None) gives every head its own B and
-C of head_dim (Mamba-2's ngroups = heads setting: more parameters in the q and k
-projections, the same recurrence) because it is the layout every projection
+heads; the gated norm then runs per group, as mamba_ssm's). The default
+(ngroups=None, d_state=None) gives every head its own B and C of head_dim (Mamba-2's
+ngroups = heads setting, with the norm over the full width: more parameters in the
+q and k projections, the same recurrence) because it is the layout every projection
 scheme builds: 'efficient' and 'super' slice keys into heads without a matrix,
 so shared groups or another d_state need projection 'standard' or 'optimised',
 and the layers refuse the others. The layer's `num_kv_heads` shares keys and
@@ -81,6 +83,9 @@ class Mamba2(gated_linear.GatedRecurrence):
     return q, gated_linear.rows(k, dt), v, log_decay, None
 
   def finish(self, o, params, out, v, gates):
-    y = out + params['D'].astype(jnp.float32)[:, None] * v
-    return gated_linear.rms_norm(y * nn.swish(gates['output']), params['norm_scale'],
-                                 axes=(-2, -1))
+    y = (out + params['D'].astype(jnp.float32)[:, None] * v) * nn.swish(gates['output'])
+    if not o.ngroups:  # the norm over the full width
+      return gated_linear.rms_norm(y, params['norm_scale'], axes=(-2, -1))
+    b, n, h, d = y.shape  # one norm per group of heads / ngroups heads, as mamba_ssm's
+    y = gated_linear.rms_norm(y.reshape(b, n, o.ngroups, h // o.ngroups * d))
+    return y.reshape(b, n, h, d) * params['norm_scale'].astype(jnp.float32)
