@@ -191,7 +191,8 @@ class MultiHeadAttention(nn.Module):
       (rotated features in the numerator only); positions come from the token
       index, in decoding from the cache index. Mechanisms without q . k scores
       (synthesizer, fnet) refuse it.
-      The cache is created, with room for as many tokens as the input has, by
+      The cache is created, with room for as many tokens as the input has (a
+      sliding window's ring buffer: min(that, window) slots, no limit), by
       the first call that finds none (`init` with a full-length dummy input,
       or `apply(..., mutable=['cache'])` with trained params); that call runs
       the ordinary parallel forward. Later calls take `[batch, 1, features]`.

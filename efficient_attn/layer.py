@@ -427,8 +427,9 @@ def init_cache(form: decoding.DecodeForm, *, batch: int, length: int, heads: int
   `head_dim` and values of `v_dim` (None: head_dim) features (`HeadLayout`'s qk_dim, v_dim).
 
   'cache_index' (the next position); the mechanism's state: 'cached_key' and
-  'cached_value' `[batch, length, heads, head_dim]` for a key/value cache (as
-  flax), 'cached_state' for a recurrent state; and, for the super projection,
+  'cached_value' `[batch, slots, heads, head_dim]` for a key/value cache (as
+  flax; slots = length, or min(length, window) for a sliding window's ring buffer,
+  `decoding.window_kv_cache`), 'cached_state' for a recurrent state; and, for the super projection,
   'cached_raw_values' (the raw values its lower-triangular W_A mixes).
   """
   v_dim = v_dim or head_dim

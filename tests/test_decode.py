@@ -93,6 +93,23 @@ def test_linear_decode_state_is_constant_size():
   assert jax.tree.map(jnp.shape, short) == jax.tree.map(jnp.shape, long)
 
 
+def test_model_decoding_past_max_length_stops_with_a_message():
+  """A recurrent state has no capacity to run out of, so the learned positions table is what
+  ends: a step past max_length must stop, not read a NaN position (jnp.take's fill)."""
+  n = 3
+  model = CausalTransformer(TransformerConfig(max_length=n, d_model=8, depth=1, num_heads=2,
+                                              mlp_dim=16, mechanism='linear'))
+  params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, n), jnp.int32))['params']
+  step = jax.jit(sampling.make_step(model))
+  cache = sampling.init_cache(model.clone(decode=True), params, 1, n)
+  token = jnp.zeros((1,), jnp.int32)
+  for _ in range(n):
+    logits, cache = step(params, cache, token)
+  assert np.all(np.isfinite(logits))
+  with pytest.raises(Exception, match='position 3 is past max_length=3'):
+    jax.block_until_ready(step(params, cache, token))
+
+
 def test_decode_errors_name_valid_choices():
   x = jnp.zeros((1, 8, D))
   with pytest.raises(ValueError, match="'nystrom' has no causal form"):

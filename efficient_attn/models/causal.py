@@ -10,6 +10,7 @@
 import flax.linen as nn
 import jax.numpy as jnp
 
+from efficient_attn import checks
 from efficient_attn.models.transformer import Encoder
 from efficient_attn.models.transformer import TransformerConfig
 
@@ -63,6 +64,10 @@ class CausalTransformer(nn.Module):
                      (1, c.max_length, c.d_model), c.param_dtype)
     if self.decode and self.has_variable('cache', 'position'):
       position = self.variable('cache', 'position', jnp.zeros, (), jnp.int32)
+      checks.runtime_check(position.value + n <= c.max_length,
+                           'decoding step at position {} is past max_length={} (the learned '
+                           'positions table); build the model with a longer max_length',
+                           position.value, c.max_length)
       x = x + jnp.take(pos, position.value + jnp.arange(n), axis=1)
       position.value = position.value + n
     else:
