@@ -11,6 +11,8 @@ import pytest
 
 from efficient_attn.mechanisms.softmax import chunked_softmax_attention
 from efficient_attn.mechanisms.softmax import softmax_attention
+from efficient_attn.softmax import masked_softmax
+from efficient_attn.softmax import softmax_last
 from pattern_reference import np_masked_attention
 
 
@@ -76,6 +78,30 @@ def test_values_and_gradients_equal_dense_attention(lq, lk, causal, mask, cq, ck
   for a, b in zip(flash, dense):
     np.testing.assert_allclose(a, b, atol=1e-10)
 
+
+
+def test_softmax_last_and_masked_softmax_derivatives_equal_the_plain_forms(x64):
+  """The einsum-written derivatives (softmax_last's jvp, masked_softmax's e / z) against
+  jax.nn.softmax and the broadcast division, forward and reverse, with a fully masked row."""
+  del x64
+  rng = np.random.default_rng(3)
+  x, dx, ct = (jnp.asarray(rng.normal(size=(2, 3, 5))) for _ in range(3))
+  valid = np.ones((2, 3, 5), bool)
+  valid[0, 1, 2:] = False
+  valid[1, 2] = False                  # a row with no valid entry
+
+  def plain_masked(s):
+    e = jnp.where(valid, jnp.exp(s - jax.lax.stop_gradient(s.max(-1, keepdims=True))), 0.0)
+    z = e.sum(-1, keepdims=True)
+    return e / jnp.where(z > 0, z, 1.0)
+  pairs = [(softmax_last, lambda s: jax.nn.softmax(s, axis=-1)),
+           (lambda s: masked_softmax(s, valid)[0], plain_masked)]
+  for new, plain in pairs:
+    for got, want in zip(jax.jvp(new, (x,), (dx,)), jax.jvp(plain, (x,), (dx,))):
+      np.testing.assert_allclose(got, want, atol=1e-12)
+    got, want = (jax.vjp(f, x)[1](ct)[0] for f in (new, plain))
+    np.testing.assert_allclose(got, want, atol=1e-12)
+  np.testing.assert_array_equal(jax.grad(lambda s: masked_softmax(s, valid)[0].sum())(x)[1, 2], 0)
 
 def test_bfloat16_inputs_give_finite_close_values_and_gradients():
   q, k, v = (jnp.asarray(x * 8, jnp.bfloat16) for x in _inputs(32, 32))  # large scores
