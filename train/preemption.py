@@ -1,12 +1,14 @@
-"""SIGTERM -> "save a checkpoint at the current step and exit cleanly".
+"""SIGTERM or Ctrl-C (SIGINT) -> "save a checkpoint at the current step and exit cleanly".
 
     with preemption.StopOnSignal() as stop:
       for step in ...:
         ...
         if stop.requested: save(step); break
 
-The handler only sets a flag (the loop acts on it between steps). Outside the
-main thread signal handlers cannot be installed and the flag stays False.
+The handler only sets a flag (the loop acts on it between steps). A second
+Ctrl-C is not waited for: it gets the handler that was there before (Python's
+KeyboardInterrupt). Outside the main thread signal handlers cannot be installed
+and the flag stays False.
 """
 import signal
 import threading
@@ -17,7 +19,7 @@ from absl import logging
 class StopOnSignal:
   """Context manager that turns the given signals into `self.requested = True`."""
 
-  def __init__(self, signals=(signal.SIGTERM,), enabled: bool = True):
+  def __init__(self, signals=(signal.SIGTERM, signal.SIGINT), enabled: bool = True):
     self.signals = tuple(signals) if enabled else ()
     self.requested = False
     self.signal_name = ''
@@ -27,8 +29,11 @@ class StopOnSignal:
     del frame
     self.requested = True
     self.signal_name = signal.Signals(signum).name
-    logging.warning('Received %s: will save a checkpoint after the current step and exit',
-                    self.signal_name)
+    if signum == signal.SIGINT:  # a second Ctrl-C interrupts at once
+      signal.signal(signum, self._previous.get(signum, signal.default_int_handler))
+    logging.warning('Received %s: will save a checkpoint after the current step and exit%s',
+                    self.signal_name,
+                    ' (Ctrl-C again: stop now)' if signum == signal.SIGINT else '')
 
   def __enter__(self):
     if threading.current_thread() is threading.main_thread():
