@@ -327,7 +327,7 @@ def write_splits(folder: str, seed: int = 0, sizes=None, max_length: int = 2000,
     sizes: {split name: number of examples}; default `DEFAULT_SIZES` (LRA's
       96,000 / 2,000 / 2,000).
     max_length: see `generate`.
-    verbose: print progress and what is skipped.
+    verbose: print the progress of what is generated.
     **kw: `min_length`, `max_depth`, `max_args` of `generate`.
 
   Returns:
@@ -360,9 +360,7 @@ def write_splits(folder: str, seed: int = 0, sizes=None, max_length: int = 2000,
       npz_cache.save_npz(path, tokens=examples.tokens, y=examples.labels, lengths=examples.lengths,
                 settings_json=_json_bytes(settings[split]))
       rows = examples.tokens
-    else:
-      if verbose:
-        print(f'{path}: up to date, skipped', flush=True)
+    else:  # up to date (read whenever the data is opened: no message)
       rows = _load_tokens(path) if feeds_later else ()
     if feeds_later:
       exclude.update(fingerprint(row) for row in rows)

@@ -400,7 +400,7 @@ def write_splits(folder: str, seed: int = 0, sizes=None, contour_length: int = 1
     sizes: {split name: number of images}; default `DEFAULT_SIZES` (LRA's
       160,000 / 20,000 / 20,000, an 80/10/10 split of 200,000).
     contour_length: see `generate`.
-    verbose: print progress and what is skipped.
+    verbose: print the progress of what is generated.
     **kw: other arguments of `generate` (not `with_discs` or `progress`).
 
   Returns:
@@ -426,9 +426,7 @@ def write_splits(folder: str, seed: int = 0, sizes=None, contour_length: int = 1
     paths.append(path)
     split_seed = (int(seed), zlib.crc32(split.encode('utf-8')))
     settings = {'format': _FORMAT, 'seed': int(seed), 'split': split, 'num_examples': int(n), **cfg}
-    if npz_cache.read_settings(path) == settings:
-      if verbose:
-        print(f'{path}: up to date, skipped', flush=True)
+    if npz_cache.read_settings(path) == settings:  # up to date: no message (read at every open)
       continue
     images, labels = generate(n, split_seed, progress=f'pathfinder {os.path.basename(path)}'
                               if verbose else None, **cfg)
