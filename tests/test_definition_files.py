@@ -1,4 +1,6 @@
 """train.pyfile (configs and sweeps loaded by path) and their settings after ':'."""
+import os
+
 import pytest
 
 from configs import common
@@ -63,3 +65,28 @@ def test_parse_arg_reads_settings_and_names_bad_ones():
     common.at_least(1, epochs=0)
   with pytest.raises(ValueError, match=r'^seeds=-2 is not valid; it must be >= 0$'):
     common.at_least(0, seeds=(1, -2))
+
+
+def _override_error(*overrides):
+  """main.py's one line for `--config=configs/default.py` with `overrides`."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+  config = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'configs', 'default.py')
+  argv = ['main.py', f'--config={config}', *overrides]
+  values = flags.FlagValues()
+  config_flags.DEFINE_config_file('config', flag_values=values, sys_argv=argv)
+  with pytest.raises(Exception) as e:
+    values(argv)
+  return pyfile.config_flag_error(e.value, argv)
+
+
+def test_an_unknown_override_names_the_valid_fields_of_its_group():
+  assert _override_error('--config.model.num_head=4') == (
+      "Invalid config override --config.model.num_head: no field 'num_head'; did you mean "
+      '"num_heads" instead of "num_head"?')  # a close name: ml_collections' hint
+  message = _override_error('--config.attention.options.nope=3')  # none: the group's fields
+  assert message.startswith("Invalid config override --config.attention.options.nope: no "
+                            "field 'nope'; valid: "), message
+  assert 'num_landmarks' in message and 'value_factor' in message and '\n' not in message
+  assert _override_error('--config.optim.zzz=1').endswith(
+      f'valid: {", ".join(sorted(common.base().optim.keys()))}')

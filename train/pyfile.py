@@ -62,7 +62,8 @@ def config_flag_error(error: Exception, argv: Sequence[str]) -> str:
   the traceback ml_collections wraps around it; a value a field's type refuses) or
   an override of a field that does not exist, e.g. "Invalid config override
   --config.model.num_head: no field 'num_head'; did you mean "num_heads"" (ConfigDict
-  raises it as a KeyError, whose text would be an escaped repr).
+  raises it as a KeyError, whose text would be an escaped repr); without a close name, the
+  valid fields of the group, read from the config file.
   """
   from absl import flags  # pylint: disable=g-import-not-at-top
   if isinstance(error, flags.Error):
@@ -81,4 +82,21 @@ def config_flag_error(error: Exception, argv: Sequence[str]) -> str:
   hint = ('; ' + lines[1][0].lower() + lines[1][1:]) if len(lines) > 1 and lines[1] else ''
   flag = next((a.split('=')[0] for a in argv[1:] if a.split('=')[0].endswith(f'.{name}')),
               '')
+  if not hint and flag:
+    valid = _fields_beside(flag, argv)
+    hint = f'; valid: {", ".join(valid)}' if valid else ''
   return f'Invalid config override {flag}: no field {name!r}{hint}'.replace(' :', ':')
+
+
+def _fields_beside(flag: str, argv: Sequence[str]) -> Sequence[str]:
+  """The fields of the group that `flag` ('--config.model.num_head') overrides, read from
+  the config file its '--config=path.py[:arg]' names; () when that cannot be done."""
+  prefix, *group = flag.split('.')[:-1]
+  spec = next((a.split('=', 1)[1] for a in argv[1:] if a.startswith(f'{prefix}=')), '')
+  try:
+    node = call(spec, 'get_config')
+    for key in group:
+      node = node[key]
+    return sorted(node.keys())
+  except Exception:  # pylint: disable=broad-except  (only a better message is lost)
+    return ()
