@@ -12,10 +12,12 @@ held-out prompts into samples.txt / samples.json (the `sample` group).
 
 The argument: the mechanism (one with a causal form), then key=value for
 d_model, seq_len, depth, num_heads, mlp_dim (0: 4 x d_model), data_dir (the
-corpus: an .npz or a folder of .txt files), validation_docs, train_docs (0:
-every document not held out), batch_size, num_steps, learning_rate:
+corpus: an .npz or a folder of .txt files; the default is this project's IMDB
+copy beside the checkout, so a fresh clone names its own), validation_docs,
+train_docs (0: every document not held out), batch_size, num_steps,
+learning_rate:
 
-    --config=configs/bytelm.py:gla
+    --config=configs/bytelm.py:gla,data_dir=my_texts/
     --config=configs/bytelm.py:softmax,d_model=128,seq_len=256,data_dir=my_texts/
 """
 from configs import common

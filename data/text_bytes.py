@@ -63,8 +63,8 @@ def _check_exists(corpus: str) -> None:
     raise ValueError("text corpus '' is not valid; it must be an .npz (text_utf8, offsets) "
                      "or a folder of .txt files")
   if not os.path.exists(corpus):
-    raise ValueError(f'{corpus} does not exist; a text corpus is an .npz (text_utf8, '
-                     f'offsets) or a folder of .txt files')
+    raise ValueError(f'{corpus} (config.dataset.corpus) does not exist; a text corpus is an '
+                     f'.npz (text_utf8, offsets) or a folder of .txt files')
 
 
 def read_corpus(corpus: str) -> List[bytes]:

@@ -148,7 +148,7 @@ def bad_corpora(tmp_path):
       (write_npz(tmp_path / 'one_doc.npz', docs=DOCS[:1]), '1 non-empty documents cannot '
                                                            'hold out validation_docs=1'),
       (str(empty_dir), 'the folder holds no .txt file'),
-      (str(tmp_path / 'missing.npz'), 'does not exist'),
+      (str(tmp_path / 'missing.npz'), '(config.dataset.corpus) does not exist'),
   ]
 
 
