@@ -60,14 +60,18 @@ flags.mark_flags_as_required(['config'])
 RUNS = 'runs'
 
 
-def default_workdir(config_arg: str, overrides=None) -> str:
+def default_workdir(config_arg: str, overrides=None, evaluating: bool = False) -> str:
   """The workdir of a config named on the command line, when --workdir is not given.
 
   'configs/cifar10_nystrom.py' -> 'runs/cifar10_nystrom'; 'configs/cifar10.py:linear'
   -> 'runs/cifar10-linear'; 'configs/lra/listops.py:performer' ->
   'runs/lra/listops-performer'; any --config.* overrides (a {field: value} dict) add a
   short hash of their sorted values, so another config never shares the folder.
+  `evaluating` (--mode=eval): overrides of what an evaluation may change
+  (`workdir.MAY_CHANGE`: the eval split, batch size, data location) name the same run.
   """
+  if evaluating and overrides:
+    overrides = {k: v for k, v in overrides.items() if not workdir.may_change(k)}
   path, _, arg = config_arg.partition(':')
   path = os.path.normpath(path)
   parts = path.split(os.sep)
@@ -120,7 +124,8 @@ def main(argv):
   quiet_logs(flags.FLAGS['verbosity'].present)
   config_flag = flags.FLAGS['config']
   path = _WORKDIR.value or default_workdir(config_flags.get_config_filename(config_flag),
-                                          config_flags.get_override_values(config_flag))
+                                          config_flags.get_override_values(config_flag),
+                                          evaluating=_MODE.value == 'eval')
   print(f'workdir {path}', flush=True)
   try:
     sharding.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value,

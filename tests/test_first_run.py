@@ -124,6 +124,32 @@ def test_default_workdir_separates_overrides():
   assert heads8.startswith(base + '-')
 
 
+def test_default_workdir_of_an_evaluation_ignores_what_it_may_change():
+  """`--mode=eval --config.dataset.eval_split=train` evaluates the run the same command
+  without the override trained (runs/default), not a folder of its own that holds no run."""
+  def eval_dir(overrides):
+    return main.default_workdir('configs/default.py', overrides, evaluating=True)
+  assert eval_dir({'dataset.eval_split': 'train', 'dataset.eval_batch_size': 7}) == (
+      'runs/default')
+  assert eval_dir({'model.depth': 3}) == main.default_workdir('configs/default.py',
+                                                              {'model.depth': 3})
+  assert eval_dir({'model.depth': 3, 'dataset.eval_split': 'train'}) == eval_dir(
+      {'model.depth': 3})
+  assert main.default_workdir('configs/default.py', {'dataset.eval_split': 'train'}) != (
+      'runs/default')  # training: another config's folder
+
+
+def test_eval_without_checkpoints_fails_before_opening_the_data(no_network, tmp_path):
+  """--mode=eval of a workdir that holds no run says so at once (it first tried to download
+  the dataset: minutes of TFDS retries, then a download error)."""
+  config = mnist.get_config()
+  config.dataset.data_dir = str(tmp_path / 'tfds')
+  with pytest.raises(FileNotFoundError, match=r'^no checkpoints directory .*run/checkpoints; '
+                                              r'--mode=eval reads a trained run'):
+    trainer.evaluate(config, str(tmp_path / 'run'))
+  assert not no_network and not (tmp_path / 'run').exists()
+
+
 def test_missing_tpu_notice_is_dropped_and_nothing_else(monkeypatch, caplog):
   """Without libtpu, JAX's "Unable to initialize backend 'tpu'" notice is dropped; the
   logger's other records (a GPU's, say) pass."""

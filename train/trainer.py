@@ -321,6 +321,10 @@ def evaluate(config, workdir: str) -> Dict[str, float]:
   data location may differ). Prints the metrics and writes them, with the
   step, to `eval_results.json`.
   """
+  folder = checkpoint.checkpoint_dir(workdir)
+  if not folder.is_dir():  # before the data is opened (a TFDS download, say)
+    raise FileNotFoundError(f'no checkpoints directory {folder}; --mode=eval reads a trained '
+                            f'run: train it first, or name its --workdir')
   s = Session(config, training=False)
   workdir_lib.check_identity(workdir, s.config, evaluating=True)
   try:

@@ -68,7 +68,8 @@ def _flat(tree: Dict[str, Any], prefix: str = '') -> Dict[str, Any]:
   return out
 
 
-def _may_change(path: str) -> bool:
+def may_change(path: str) -> bool:
+  """Whether the config field `path` ('train.num_steps') is one of MAY_CHANGE (or in one)."""
   return any(path == f or path.startswith(f + '.') for f in MAY_CHANGE)
 
 
@@ -77,7 +78,7 @@ def differences(stored: Dict[str, Any], config: Dict[str, Any]) -> List[str]:
   ADDED_DEFAULTS missing from the stored config counts as its default."""
   a, b = _flat(stored), _flat(json.loads(json.dumps(config)))
   a.update({k: v for k, v in ADDED_DEFAULTS.items() if k not in a and k in b})
-  keys = sorted(k for k in set(a) | set(b) if not _may_change(k))
+  keys = sorted(k for k in set(a) | set(b) if not may_change(k))
   return [f'{k}: {a.get(k, "(absent)")!r} -> {b.get(k, "(absent)")!r}' for k in keys
           if a.get(k, '(absent)') != b.get(k, '(absent)')]
 
