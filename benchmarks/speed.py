@@ -382,10 +382,11 @@ def markdown(meta, points, summary, targets, modes, ratios=None) -> str:
                       + [exponent_cell(s['memory_exponent'], s['fit_lengths'], fit_lo, fit_hi)])
     heads = ['target'] + [str(n) for n in all_ns]
     parts += [f'## {title}: time per call', '',
-              output.table(heads + [f'exponent {fit_lo}-{fit_hi}'], rows), '',
-              f'## {title}: speedup vs exact (time of exact / time)', '',
-              output.table(heads, sp_rows), '',
-              f'## {title}: peak memory ({meta["memory_source"]})', '',
+              output.table(heads + [f'exponent {fit_lo}-{fit_hi}'], rows), '']
+    if 'exact' in targets:  # else every cell would be '-'
+      parts += [f'## {title}: speedup vs exact (time of exact / time)', '',
+                output.table(heads, sp_rows), '']
+    parts += [f'## {title}: peak memory ({meta["memory_source"]})', '',
               output.table(heads + [f'exponent {fit_lo}-{fit_hi}'], mem_rows), '']
   if ratios:
     all_ns = sorted({p['length'] for p in points})

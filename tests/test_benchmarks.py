@@ -177,6 +177,7 @@ def test_speed_targets_with_options_interleaved_and_compared(tmp_path):
   text = open(os.path.join(out, 'speed.md')).read()
   assert 'non-causal, except the causal-only retention@form=naive (causal)' in text
   assert '| retention@form=naive / linear |' in text
+  assert 'speedup vs exact' not in text  # no 'exact' target: no table of empty cells
 
 
 def test_speed_records_skipped_and_failed_points(tmp_path):
