@@ -111,11 +111,18 @@ def parse_flags(argv, flag_values=flags.FLAGS):
   """absl's flag parsing, with a bad --config (its argument, or an override) reported in
   one line."""
   try:
-    return flag_values(argv)
+    rest = flag_values(argv)
+    if 'config' in flag_values:  # ml_collections defers a file it could not read to its use
+      getattr(flag_values['config'].value, 'to_dict', None)
   except flags.Error as e:
     sys.exit(f'Error: {pyfile.config_flag_error(e, argv)} (--helpfull lists the flags)')
   except (AttributeError, KeyError, TypeError, ValueError) as e:  # a --config.x override
     sys.exit(pyfile.config_flag_error(e, argv))
+  except OSError as e:  # the --config file cannot be read ('[Errno 2] No such file ...')
+    reason = str(e).strip().splitlines()[-1].strip()
+    path = next((a.split('=', 1)[1] for a in argv[1:] if a.startswith('--config=')), '')
+    sys.exit(f'Error: flag --config={path}: {reason} (--helpfull lists the flags)')
+  return rest
 
 
 def main(argv):

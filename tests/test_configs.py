@@ -134,6 +134,21 @@ def test_a_config_argument_get_config_refuses_is_one_line(arg, message):
   assert message in str(e.value)
 
 
+@pytest.mark.parametrize('overrides', [(), ('--config.model.depth=3',)])
+def test_a_config_file_that_does_not_exist_is_one_line(overrides):
+  """`--config=configs/nope.py` (a typo): ml_collections defers the error to the config's
+  first use, which printed two tracebacks after the workdir line (with an override: one)."""
+  import main  # pylint: disable=g-import-not-at-top
+  argv = ['main.py', f'--config={ROOT}/configs/nope.py:x', *overrides]
+  fv = flags.FlagValues()
+  config_flags.DEFINE_config_file('config', flag_values=fv, sys_argv=argv)
+  with pytest.raises(SystemExit) as e:
+    main.parse_flags(argv, fv)
+  assert str(e.value) == (f'Error: flag --config={ROOT}/configs/nope.py:x: [Errno 2] No such '
+                          f"file or directory: '{ROOT}/configs/nope.py' (--helpfull lists the "
+                          'flags)'), e.value
+
+
 @pytest.mark.parametrize('mechanism', ['sparse', 'reformer'])
 def test_a_pixel_model_that_cannot_sample_is_refused_before_training(mechanism):
   """configs/digits_pixels.py:sparse and :reformer have causal forms but no decoding form:
