@@ -129,6 +129,10 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   quiet_logs(flags.FLAGS['verbosity'].present)
+  try:  # a bad field (a misspelt mechanism, say) is one line before the workdir line
+    validate.validate_config(_CONFIG.value)
+  except validate.ConfigError as e:
+    sys.exit(f'Invalid config: {e}')
   config_flag = flags.FLAGS['config']
   path = _WORKDIR.value or default_workdir(config_flags.get_config_filename(config_flag),
                                           config_flags.get_override_values(config_flag),

@@ -148,6 +148,20 @@ def test_main_exits_nonzero_with_the_message_and_no_traceback(flags, message, tm
   assert not workdir.exists()
 
 
+@pytest.mark.slow
+def test_main_says_a_bad_field_before_the_workdir_line():
+  """A misspelt mechanism is refused before `workdir runs/...` is printed (which read as if
+  the folder had been made)."""
+  proc = subprocess.run([sys.executable, 'main.py', '--config=configs/default.py',
+                         '--config.attention.mechanism=nystrm'],
+                        cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS='cpu'),
+                        capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 1
+  assert proc.stdout == ''
+  assert proc.stderr.strip().splitlines()[-1].startswith(
+      "Invalid config: config.attention.mechanism='nystrm' is not valid"), proc.stderr[-2000:]
+
+
 def test_retrieval_without_its_files(tmp_path):
   """LRA Retrieval cannot be generated: no folder, a missing folder, a bad interaction are
   one-line errors before the workdir is written."""
