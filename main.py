@@ -14,20 +14,18 @@ Multi-host: pass --coordinator_address/--num_processes/--process_id, or run
 on a pod/cluster whose environment JAX recognises (--distributed=auto).
 """
 import hashlib
-import importlib.util
 import json
-import logging as std_logging
 import os
 import re
 import sys
 
 from absl import app
 from absl import flags
-from absl import logging
 from ml_collections import config_flags
 
 import data
 from train import checkpoint
+from train import logs
 from train import pyfile
 from train import sharding
 from train import trainer
@@ -89,24 +87,6 @@ def default_workdir(config_arg: str, overrides=None, evaluating: bool = False) -
   return os.path.join(RUNS, name)
 
 
-class _NoMissingTpuNotice(std_logging.Filter):
-  """Drops JAX's "Unable to initialize backend 'tpu'" notice (libtpu is not installed, so
-  there is no TPU to miss); every other record, and the notice on a machine with libtpu,
-  passes."""
-
-  def filter(self, record):
-    return not record.getMessage().startswith("Unable to initialize backend 'tpu'")
-
-
-def quiet_logs(verbosity_given: bool) -> None:
-  """absl logs warnings and errors only (the progress lines go to stdout), unless the
-  user chose a --verbosity; JAX's notice about a missing TPU backend goes without libtpu."""
-  if not verbosity_given:
-    logging.set_verbosity(logging.WARNING)
-  if importlib.util.find_spec('libtpu') is None:
-    std_logging.getLogger('jax._src.xla_bridge').addFilter(_NoMissingTpuNotice())
-
-
 def parse_flags(argv, flag_values=flags.FLAGS):
   """absl's flag parsing, with a bad --config (its argument, or an override) reported in
   one line."""
@@ -128,7 +108,7 @@ def parse_flags(argv, flag_values=flags.FLAGS):
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  quiet_logs(flags.FLAGS['verbosity'].present)
+  logs.quiet_logs(flags.FLAGS['verbosity'].present)
   try:  # a bad field (a misspelt mechanism, say) is one line before the workdir line
     validate.validate_config(_CONFIG.value)
   except validate.ConfigError as e:

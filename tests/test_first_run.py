@@ -17,6 +17,7 @@ import main
 import main_runner
 from configs import mnist
 import data
+from train import logs
 from train import trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -155,18 +156,37 @@ def test_missing_tpu_notice_is_dropped_and_nothing_else(monkeypatch, caplog):
   logger's other records (a GPU's, say) pass."""
   jax_logger = logging.getLogger('jax._src.xla_bridge')
   monkeypatch.setattr(jax_logger, 'filters', list(jax_logger.filters))
-  monkeypatch.setattr(main.importlib.util, 'find_spec',
+  monkeypatch.setattr(logs.importlib.util, 'find_spec',
                       lambda name, *a: None if name == 'libtpu' else object())
-  verbosity = main.logging.get_verbosity()
+  verbosity = logs.logging.get_verbosity()
   try:
-    main.quiet_logs(verbosity_given=True)
+    logs.quiet_logs(verbosity_given=True)
   finally:
-    main.logging.set_verbosity(verbosity)
+    logs.logging.set_verbosity(verbosity)
   with caplog.at_level(logging.INFO, logger='jax._src.xla_bridge'):
     jax_logger.info("Unable to initialize backend 'tpu': INTERNAL: Failed to open libtpu.so")
     jax_logger.info("Unable to initialize backend 'cuda': no GPU")
   assert [r.getMessage() for r in caplog.records] == [
       "Unable to initialize backend 'cuda': no GPU"]
+
+
+@pytest.mark.parametrize('name', sorted(
+    f[:-3] for f in os.listdir(os.path.join(ROOT, 'examples')) if f.endswith('.py')
+    and f != '__init__.py'))
+def test_examples_quiet_the_logs_like_main(name, monkeypatch):
+  """Each examples/ script's main calls `logs.quiet_logs` first (as main.py does), so it
+  prints no "Unable to initialize backend 'tpu'" notice either."""
+  import importlib  # pylint: disable=g-import-not-at-top
+  example = importlib.import_module(f'examples.{name}')
+
+  class Called(Exception):
+    pass
+
+  def called(verbosity_given):
+    raise Called(verbosity_given)
+  monkeypatch.setattr(logs, 'quiet_logs', called)
+  with pytest.raises(Called):
+    example.main([f'examples/{name}.py'])
 
 
 def test_decoding_steps_are_exported_like_the_other_pure_functions():
