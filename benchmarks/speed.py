@@ -335,6 +335,26 @@ def exponent_cell(exponent, fit_lengths, lo, hi) -> str:
   return text
 
 
+def exponent_column(entries, kind: str):
+  """('exponent lo-hi', cells) of the `kind` ('time' or 'memory') exponents of `entries`
+  (`summarise`'s, one per row), lo-hi the lengths actually fitted; None when no row was
+  fitted (fewer than two of its lengths inside --fit_range), so the table leaves it out."""
+  fitted = [s for s in entries if s[f'{kind}_exponent'] is not None]
+  if not fitted:
+    return None
+  lengths = [n for s in fitted for n in s['fit_lengths']]
+  lo, hi = min(lengths), max(lengths)
+  return f'exponent {lo}-{hi}', [
+      exponent_cell(s[f'{kind}_exponent'], s['fit_lengths'], lo, hi) for s in entries]
+
+
+def with_column(heads, rows, column):
+  """`heads` and `rows` with `column` (a header and a cell per row) appended, if any."""
+  if column is None:
+    return heads, rows
+  return heads + [column[0]], [row + [cell] for row, cell in zip(rows, column[1])]
+
+
 def causality(meta) -> str:
   """'causal', 'non-causal', or which targets ran causal because they are causal only."""
   if meta['causal']:
@@ -372,22 +392,21 @@ def markdown(meta, points, summary, targets, modes, ratios=None) -> str:
   for mode in modes:
     title = MODE_TITLES[mode]
     rows, sp_rows, mem_rows = [], [], []
-    for t in targets:
-      s = summary[f'{t}:{mode}']
-      rows.append([t] + [output.fmt_time(lookup(points, t, mode, n)) for n in all_ns]
-                  + [exponent_cell(s['time_exponent'], s['fit_lengths'], fit_lo, fit_hi)])
+    entries = [summary[f'{t}:{mode}'] for t in targets]
+    for t, s in zip(targets, entries):
+      rows.append([t] + [output.fmt_time(lookup(points, t, mode, n)) for n in all_ns])
       sp_rows.append([t] + [output.fmt_num(s['speedup_vs_exact'].get(n), 3) for n in all_ns])
       mem_rows.append([t] + [output.fmt_bytes(lookup(points, t, mode, n, 'memory_bytes'))
-                             for n in all_ns]
-                      + [exponent_cell(s['memory_exponent'], s['fit_lengths'], fit_lo, fit_hi)])
+                             for n in all_ns])
     heads = ['target'] + [str(n) for n in all_ns]
     parts += [f'## {title}: time per call', '',
-              output.table(heads + [f'exponent {fit_lo}-{fit_hi}'], rows), '']
+              output.table(*with_column(heads, rows, exponent_column(entries, 'time'))), '']
     if 'exact' in targets:  # else every cell would be '-'
       parts += [f'## {title}: speedup vs exact (time of exact / time)', '',
                 output.table(heads, sp_rows), '']
     parts += [f'## {title}: peak memory ({meta["memory_source"]})', '',
-              output.table(heads + [f'exponent {fit_lo}-{fit_hi}'], mem_rows), '']
+              output.table(*with_column(heads, mem_rows, exponent_column(entries, 'memory'))),
+              '']
   if ratios:
     all_ns = sorted({p['length'] for p in points})
     for mode in modes:

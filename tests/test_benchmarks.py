@@ -178,6 +178,17 @@ def test_speed_targets_with_options_interleaved_and_compared(tmp_path):
   assert 'non-causal, except the causal-only retention@form=naive (causal)' in text
   assert '| retention@form=naive / linear |' in text
   assert 'speedup vs exact' not in text  # no 'exact' target: no table of empty cells
+  assert '| exponent' not in text  # lengths 8, 16 lie outside --fit_range: nothing fitted
+
+
+def test_speed_exponent_column_names_the_lengths_fitted():
+  """The header says the range fitted (it said --fit_range's, 1024-16384, whatever ran); a
+  row fitted over fewer lengths says its own."""
+  full = dict(time_exponent=2.0, memory_exponent=None, fit_lengths=[1024, 2048, 4096])
+  part = dict(time_exponent=1.0, memory_exponent=None, fit_lengths=[1024, 2048])
+  assert speed.exponent_column([full, part], 'time') == (
+      'exponent 1024-4096', ['2', '1 (1024-2048)'])
+  assert speed.exponent_column([full, part], 'memory') is None
 
 
 def test_speed_records_skipped_and_failed_points(tmp_path):
