@@ -248,3 +248,19 @@ def test_a_failing_final_eval_loses_no_steps(tmp_path, monkeypatch):
   monkeypatch.setattr(trainer.Session, 'evaluate', evaluate)
   results = trainer.train_and_evaluate(config, workdir)
   assert results['resumed_from_step'] == 6 and 'eval_accuracy' in results
+
+
+def test_a_capped_warmup_is_not_a_warning(monkeypatch):
+  """A short run caps optim.warmup_steps at optim.max_warmup_fraction by design (lra/listops
+  :small does every time): absl INFO, not a warning printed on every such run."""
+  import types  # pylint: disable=g-import-not-at-top
+  config = default_config.get_config()
+  monkeypatch.setattr(trainer.models, 'parameter_counts', lambda params: (10, 2))
+  warnings, infos = [], []
+  monkeypatch.setattr(trainer.logging, 'warning', lambda *a: warnings.append(a))
+  monkeypatch.setattr(trainer.logging, 'info', lambda *a: infos.append(a))
+  trainer._log_start(types.SimpleNamespace(config=config), types.SimpleNamespace(params=None),
+                     num_steps=100, train_data=types.SimpleNamespace(steps_per_epoch=10),
+                     warmup=20)  # pylint: disable=protected-access
+  assert not warnings
+  assert any('is capped at' in a[0] for a in infos)

@@ -270,10 +270,10 @@ def _log_start(s: Session, state, num_steps: int, train_data, warmup: int) -> No
        f'{total:,} parameters ({attention:,} per attention layer); {jax.device_count()} '
        f'devices, {jax.process_count()} processes; {num_steps} steps of '
        f'{c.dataset.batch_size} examples ({train_data.steps_per_epoch} steps per epoch)')
-  if warmup < c.optim.warmup_steps:
-    logging.warning('optim.warmup_steps=%d is capped at %d (optim.max_warmup_fraction=%s of '
-                    '%d steps)', c.optim.warmup_steps, warmup, c.optim.max_warmup_fraction,
-                    num_steps)
+  if warmup < c.optim.warmup_steps:  # by design in a short run (optim.warmup_steps): info
+    logging.info('optim.warmup_steps=%d is capped at %d (optim.max_warmup_fraction=%s of '
+                 '%d steps)', c.optim.warmup_steps, warmup, c.optim.max_warmup_fraction,
+                 num_steps)
 
 
 def _results(s: Session, state, num_steps, start, recent, eval_values, clock, wall_start,
