@@ -5,6 +5,7 @@ same; held-out documents never trained on; windows that score every byte once;
 each bad corpus stopped in one line naming the file before any workdir is
 written; a tiny run end to end with bits per byte and a held-out continuation.
 """
+import contextlib
 import json
 import math
 import os
@@ -168,7 +169,8 @@ def test_a_bad_corpus_is_one_line_naming_it_before_any_workdir(tmp_path):
 
 def _train(workdir):
   corpus = write_folder(f'{workdir}_corpus')
-  trainer.train_and_evaluate(load_config(corpus, f'{workdir}_cache', 'linear'), workdir)
+  with open(f'{workdir}_stdout.txt', 'w') as out, contextlib.redirect_stdout(out):
+    trainer.train_and_evaluate(load_config(corpus, f'{workdir}_cache', 'linear'), workdir)
 
 
 @pytest.mark.slow
@@ -186,6 +188,10 @@ def test_tiny_run_reports_bits_per_byte_and_continues_a_held_out_prompt(run_once
   assert len(prompt) == 6 and any(d.startswith(prompt) for d in DOCS)  # a held-out start
   assert samples[0]['continuation']  # new_bytes sampled after it
   assert os.path.exists(os.path.join(workdir, 'samples.txt'))
+  with open(f'{workdir}_stdout.txt') as f:  # the last line says where the samples are
+    final, last = f.read().splitlines()[-2:]
+  assert final.endswith(f'results in {workdir}/results.json'), final
+  assert last == f'outputs in {workdir}/samples.json, {workdir}/samples.txt', last
 
 
 def test_the_docs_quote_the_message_a_folder_without_txt_gets(tmp_path):

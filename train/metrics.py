@@ -98,6 +98,12 @@ def final_line(split: str, values: Mapping[str, float], results_path) -> str:
   return f'{split} {shown} | results in {results_path}'
 
 
+def outputs_line(paths: Mapping[str, Any]) -> str:
+  """'outputs in runs/bytelm/samples.json, runs/bytelm/samples.txt': the files a task wrote
+  (`Task.write_outputs`), said on the line after `final_line`."""
+  return 'outputs in ' + ', '.join(str(p) for p in paths.values())
+
+
 def _finite_or_none(value) -> Optional[float]:
   value = float(value)
   return value if math.isfinite(value) else None

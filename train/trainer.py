@@ -179,14 +179,17 @@ def _train(s: Session, run, train_data, num_steps: int,
     eval_values = s.evaluate(state.params, data.get_eval_data(s.dataset))
   ckpt.close()
   writer.close()
+  outputs = s.write_outputs(state.params, run.path)
   results = _results(s, state, num_steps, start, recent, eval_values, clock, wall_start,
-                     train_data.steps_per_epoch, s.write_outputs(state.params, run.path))
+                     train_data.steps_per_epoch, outputs)
   results.update(checkpoints_saved=len(stalls),
                  checkpoint_stall_s=float(np.median(stalls)) if stalls else None)
   if run.writer:
     workdir_lib.write_json(run.path, workdir_lib.RESULTS, results)
   _say(metrics_lib.final_line(c.dataset.eval_split, eval_values,
                               run.path / workdir_lib.RESULTS))
+  if outputs:
+    _say(metrics_lib.outputs_line(outputs))
   return results
 
 
@@ -336,7 +339,9 @@ def evaluate(config, workdir: str) -> Dict[str, float]:
                ', '.join(f'{k} {v:.4g}' for k, v in values.items()))
   print(f'eval {step} | {metrics_lib.format_values(values)}', flush=True)
   if sharding.is_writer():
-    s.write_outputs(params, workdir)
+    outputs = s.write_outputs(params, workdir)
+    if outputs:
+      print(metrics_lib.outputs_line(outputs), flush=True)
     workdir_lib.write_json(workdir, 'eval_results.json',
                            {'step': step, 'split': s.config.dataset.eval_split, **values})
   return values
