@@ -19,7 +19,7 @@ from absl import flags
 from flax import nnx
 
 import efficient_attn.nnx as ean
-from train import logs
+from train import api
 
 
 class Block(nnx.Module):
@@ -119,7 +119,7 @@ _STEPS = flags.DEFINE_integer('steps', 400, 'training steps')
 
 def main(argv):
   del argv
-  logs.quiet_logs(flags.FLAGS['verbosity'].present)
+  api.quiet_logs(flags.FLAGS['verbosity'].present)
   (x, y), (xv, yv) = digits()
   model = ViT(mechanism=_MECHANISM.value, projection=_PROJECTION.value, rngs=nnx.Rngs(0))
   losses = train(model, x, y, steps=_STEPS.value)

@@ -174,8 +174,9 @@ def test_missing_tpu_notice_is_dropped_and_nothing_else(monkeypatch, caplog):
     f[:-3] for f in os.listdir(os.path.join(ROOT, 'examples')) if f.endswith('.py')
     and f != '__init__.py'))
 def test_examples_quiet_the_logs_like_main(name, monkeypatch):
-  """Each examples/ script's main calls `logs.quiet_logs` first (as main.py does), so it
-  prints no "Unable to initialize backend 'tpu'" notice either."""
+  """Each examples/ script's main calls `api.quiet_logs` (main.py's `logs.quiet_logs`, on the
+  trainer's public face) first, so it prints no "Unable to initialize backend 'tpu'" notice
+  either."""
   import importlib  # pylint: disable=g-import-not-at-top
   example = importlib.import_module(f'examples.{name}')
 
@@ -184,7 +185,9 @@ def test_examples_quiet_the_logs_like_main(name, monkeypatch):
 
   def called(verbosity_given):
     raise Called(verbosity_given)
-  monkeypatch.setattr(logs, 'quiet_logs', called)
+  from train import api  # pylint: disable=g-import-not-at-top
+  assert api.quiet_logs is logs.quiet_logs
+  monkeypatch.setattr(api, 'quiet_logs', called)
   with pytest.raises(Called):
     example.main([f'examples/{name}.py'])
 

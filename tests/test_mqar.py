@@ -226,18 +226,23 @@ def bad_files():
 @pytest.mark.parametrize('name,content,message', bad_files(), ids=[b[0] for b in bad_files()])
 def test_a_bad_file_is_one_line_naming_it_before_any_workdir(name, content, message, tmp_path):
   """Training on the file, and evaluating a run on it, stop with one line naming the file
-  and the problem; neither writes the workdir."""
+  and the problem; training writes no workdir, and evaluation (of a run, here one whose
+  checkpoints folder exists: a missing one is refused first) writes nothing into it."""
   path = write(tmp_path / f'{name}.npz', **content)
   config = load_config('softmax')
   config.dataset.update(dict(source='arrays', data_dir=path, eval_split='train'))
-  workdir = tmp_path / 'run'
   arrays.clear_cache()
-  for run in (trainer.train_and_evaluate, trainer.evaluate):
+  workdir = tmp_path / 'run'
+  evaluated = tmp_path / 'trained'
+  (evaluated / 'checkpoints').mkdir(parents=True)
+  for run, folder in ((trainer.train_and_evaluate, workdir), (trainer.evaluate, evaluated)):
     with pytest.raises(validate.ConfigError) as e:
-      run(config, str(workdir))
+      run(config, str(folder))
     assert str(e.value).startswith(path) and message in str(e.value), e.value
     assert '\n' not in str(e.value)
-    assert not workdir.exists()
+  assert not workdir.exists()
+  assert [p.relative_to(evaluated) for p in evaluated.rglob('*')] == [
+      evaluated.joinpath('checkpoints').relative_to(evaluated)]
 
 
 def test_a_shorter_file_is_padded_unscored(tmp_path):

@@ -28,6 +28,7 @@ import fields
 from train import adapters
 from train import checkpoint
 from train import inference
+from train import logs
 from train import models
 from train import optim
 from train import pyfile
@@ -45,6 +46,7 @@ evaluate = trainer.evaluate
 dummy_inputs = models.dummy_inputs      # (config, batch_size) -> zero inputs [batch, ...]
 create_model = models.create_model      # (config) -> the trainer's Flax model, unbuilt
 is_local = fields.is_local             # a path on this machine (not gs://, s3://, ...)
+quiet_logs = logs.quiet_logs           # (verbose) absl warnings only, no missing-TPU notice
 
 
 def config_function(path: str) -> Callable[..., Any]:
