@@ -144,6 +144,10 @@ def plot(rows: List[Dict[str, Any]], path: str) -> None:
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   cells = sorted({(r['seq_len'], r['num_kv_pairs']) for r in rows})
+  # One colour per mechanism in every panel, so the panels read side by side.
+  palette = plt.rcParams['axes.prop_cycle'].by_key()['color']
+  colour = {m: palette[i % len(palette)]
+            for i, m in enumerate(sorted({r['mechanism'] for r in rows}))}
   fig, axes = plt.subplots(1, len(cells), figsize=(5 * len(cells), 4), squeeze=False)
   for ax, (seq_len, pairs) in zip(axes[0], cells):
     mine = [r for r in rows if (r['seq_len'], r['num_kv_pairs']) == (seq_len, pairs)]
@@ -153,7 +157,8 @@ def plot(rows: List[Dict[str, Any]], path: str) -> None:
       for m in mechanisms:
         pts = sorted((r['width'], r['mean'], r['spread']) for r in mine if r['mechanism'] == m)
         w, mean, spread = (np.array(x) for x in zip(*pts))
-        ax.errorbar(w, 100 * mean, yerr=100 * spread, marker='o', capsize=3, label=m)
+        ax.errorbar(w, 100 * mean, yerr=100 * spread, marker='o', capsize=3, label=m,
+                    color=colour[m])
       ax.set_xscale('log', base=2)
       ax.set_xticks(widths, [str(w) for w in widths])
       ax.set_xlabel('width (d_model)')
