@@ -33,6 +33,14 @@ def test_sigterm_sets_the_flag_every_time():
   assert signal.getsignal(signal.SIGTERM) is before
 
 
+def test_the_first_signal_names_the_stop():
+  # train.sweep answers Ctrl-C by sending its run SIGTERM too: the run still says Ctrl-C.
+  with preemption.StopOnSignal() as stop:
+    send(signal.SIGINT)
+    send(signal.SIGTERM)
+    assert stop.requested and stop.signal_name == 'SIGINT'
+
+
 def test_disabled_installs_nothing():
   before = signal.getsignal(signal.SIGINT)
   with preemption.StopOnSignal(enabled=False):

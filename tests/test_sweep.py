@@ -2,6 +2,7 @@
 import glob
 import json
 import os
+import signal
 import sys
 
 import pytest
@@ -150,3 +151,39 @@ def test_the_lra_sweep_takes_its_settings():
   with pytest.raises(sweep.SweepError, match=r"unknown key 'SIZE'; valid keys: size, tasks, "
                                              r"mechanisms, aan_dir$"):
     sweep.load_sweep('sweeps/lra.py:SIZE=small')
+
+
+def test_ctrl_c_lets_the_running_run_save_and_starts_no_other(tmp_path, monkeypatch, capsys):
+  """Ctrl-C while a run trains: the run gets SIGTERM (save and exit) and is waited for;
+  it used to be killed 0.25 s later by subprocess.call, cutting its save short."""
+  runs = sweep.expand(dict(config='configs/default.py', grid={'train.seed': [0, 1]}))
+  configs = sweep.check(runs)
+  started = []
+
+  class Run:  # the first wait is interrupted by Ctrl-C; the run then exits cleanly
+    def __init__(self, cmd):
+      started.append(cmd)
+      self.waits, self.signals = 0, []
+
+    def wait(self):
+      self.waits += 1
+      if self.waits == 1:
+        raise KeyboardInterrupt
+      return 0
+
+    def send_signal(self, sig):
+      self.signals.append(sig)
+
+    def kill(self):
+      raise AssertionError('a run that is saving must not be killed')
+
+  processes = []
+  monkeypatch.setattr(sweep.subprocess, 'Popen',
+                      lambda cmd: processes.append(Run(cmd)) or processes[-1])
+  os.makedirs(tmp_path / 'seed=0')  # stopped with a checkpoint, no results: resumable
+  (tmp_path / 'seed=0' / 'config.json').write_text(configs['seed=0'].to_json())
+  out = sweep.run_local(runs, str(tmp_path), configs)
+  assert out == {'seed=0': sweep.STOPPED, 'seed=1': sweep.NOT_STARTED}
+  assert len(started) == 1 and processes[0].signals == [signal.SIGTERM]
+  assert processes[0].waits == 2
+  assert 'Ctrl-C: the run saves a checkpoint' in capsys.readouterr().out

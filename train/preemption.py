@@ -27,12 +27,13 @@ class StopOnSignal:
 
   def _handle(self, signum, frame):
     del frame
+    if not self.requested:  # the first signal names the stop (a sweep adds SIGTERM to Ctrl-C)
+      self.signal_name = signal.Signals(signum).name
     self.requested = True
-    self.signal_name = signal.Signals(signum).name
     if signum == signal.SIGINT:  # a second Ctrl-C interrupts at once
       signal.signal(signum, self._previous.get(signum, signal.default_int_handler))
     logging.warning('Received %s: will save a checkpoint after the current step and exit%s',
-                    self.signal_name,
+                    signal.Signals(signum).name,
                     ' (Ctrl-C again: stop now)' if signum == signal.SIGINT else '')
 
   def __enter__(self):

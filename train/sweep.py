@@ -33,6 +33,7 @@ import itertools
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -55,6 +56,7 @@ _ZONE = flags.DEFINE_string('zone', 'ZONE', 'pod: the TPU VM zone.')
 _REPO = flags.DEFINE_string('repo_dir', '~/efficient-attn', 'pod: the repository on the VM.')
 ACTIONS = ('list', 'run', 'pod')
 STOPPED = 'stopped (resumable)'
+NOT_STARTED = 'not started (Ctrl-C)'
 
 
 class SweepError(ValueError):
@@ -226,15 +228,38 @@ def status(run: Run, root: str, config=None) -> str:
   return 'done' if beyond == 0 else 'partial' if beyond > 0 else 'changed'
 
 
+def _wait(process: subprocess.Popen, label: str) -> int:
+  """The run's exit code. On Ctrl-C the run is asked to save and exit (SIGTERM, which
+  its trainer turns into a checkpoint; a terminal's Ctrl-C reached it too) and is waited
+  for, so the save is not cut short; a second Ctrl-C kills it. Re-raises the Ctrl-C."""
+  try:
+    return process.wait()
+  except KeyboardInterrupt:
+    print(f'{label}: Ctrl-C: the run saves a checkpoint and stops (Ctrl-C again: kill it)',
+          flush=True)
+    process.send_signal(signal.SIGTERM)
+    try:
+      process.wait()
+    except KeyboardInterrupt:
+      process.kill()
+      process.wait()
+    raise
+
+
 def run_local(runs: Sequence[Run], root: str, configs: Mapping[str, Any],
               python: str = sys.executable) -> Dict[str, str]:
   """Run each unfinished run in turn; returns {name: 'done'|'skipped'|STOPPED|'failed ...'}.
 
   A run that exits cleanly without results (SIGTERM: a checkpoint was saved) is
-  STOPPED, not failed: running the sweep again resumes it.
+  STOPPED, not failed: running the sweep again resumes it. Ctrl-C stops the sweep
+  after the running run has saved its checkpoint; the runs after it are NOT_STARTED.
   """
   outcome = {}
+  interrupted = False
   for i, run in enumerate(runs, 1):
+    if interrupted:
+      outcome[run.name] = NOT_STARTED
+      continue
     state = status(run, root, configs.get(run.name))
     if state in ('done', 'changed'):
       why = ('finished before, skipped' if state == 'done' else
@@ -246,10 +271,12 @@ def run_local(runs: Sequence[Run], root: str, configs: Mapping[str, Any],
     print(f'[{i}/{len(runs)}] {run.name}: {verb}', flush=True)
     t0 = time.time()
     try:
-      rc = subprocess.call(command(run, root, python))
+      rc = _wait(subprocess.Popen(command(run, root, python)), f'[{i}/{len(runs)}] {run.name}')
     except OSError as e:  # the interpreter could not be started
       print(f'[{i}/{len(runs)}] {run.name}: could not start: {e}', flush=True)
       rc = -1
+    except KeyboardInterrupt:
+      interrupted, rc = True, 0
     took = time.time() - t0
     after = status(run, root)
     if rc == 0 and after == 'done':
@@ -295,11 +322,14 @@ def main(argv) -> int:
   outcome = run_local(runs, root, configs)
   failed = [n for n, o in outcome.items() if o.startswith('failed')]
   stopped = [n for n, o in outcome.items() if o == STOPPED]
-  print(f'{len(outcome) - len(failed) - len(stopped)}/{len(outcome)} runs finished; results '
-        f'in {root}' + (f'; stopped (run the sweep again to resume): {", ".join(stopped)}'
-                        if stopped else '')
+  waiting = [n for n, o in outcome.items() if o == NOT_STARTED]
+  print(f'{len(outcome) - len(failed) - len(stopped) - len(waiting)}/{len(outcome)} runs '
+        f'finished; results in {root}'
+        + (f'; stopped (run the sweep again to resume): {", ".join(stopped)}'
+           if stopped else '')
+        + (f'; not started: {", ".join(waiting)}' if waiting else '')
         + (f'; failed: {", ".join(failed)}' if failed else ''))
-  return 1 if failed else 0
+  return 1 if failed else 130 if waiting else 0
 
 
 if __name__ == '__main__':
