@@ -39,7 +39,8 @@ def parse_flags(define_flags: Callable[[Any], None], argv: Optional[Sequence[str
   Each tool defines its flags in `define_flags(flag_values)`, so several tools
   (and the tests) can parse their own command lines in one process. `--help`
   prints the tool's docstring and flags; a bad flag exits with a one-line
-  'Error: ...'. Returns the FlagValues; non-flag arguments are an error unless
+  'Error: ...'. JAX's missing-TPU notice is dropped (`train.api.quiet_logs`, as in
+  main.py). Returns the FlagValues; non-flag arguments are an error unless
   `positional` names them (e.g. 'workdirs'): then at least one is required and
   the result is `(flag_values, [arguments])`.
   """
@@ -58,6 +59,8 @@ def parse_flags(define_flags: Callable[[Any], None], argv: Optional[Sequence[str
     rest = fv(['tool'] + argv)[1:]
   except flags.Error as e:
     sys.exit(f'Error: {e}')
+  from train import api  # pylint: disable=g-import-not-at-top
+  api.quiet_logs(verbosity_given=True)  # no missing-TPU notice, as main.py
   if not positional:
     if rest:
       sys.exit(f'Error: unexpected arguments {rest}')

@@ -170,6 +170,18 @@ def test_missing_tpu_notice_is_dropped_and_nothing_else(monkeypatch, caplog):
       "Unable to initialize backend 'cuda': no GPU"]
 
 
+def test_benchmark_tools_drop_the_missing_tpu_notice(monkeypatch):
+  """Every benchmarks/ tool parses its flags with `common.parse_flags`, which installs the
+  same filter as main.py (`train.api.quiet_logs`)."""
+  from benchmarks import common  # pylint: disable=g-import-not-at-top
+  jax_logger = logging.getLogger('jax._src.xla_bridge')
+  monkeypatch.setattr(jax_logger, 'filters', [])
+  monkeypatch.setattr(logs.importlib.util, 'find_spec',
+                      lambda name, *a: None if name == 'libtpu' else object())
+  common.parse_flags(lambda fv: None, [])
+  assert [type(f) for f in jax_logger.filters] == [logs.NoMissingTpuNotice]
+
+
 @pytest.mark.parametrize('name', sorted(
     f[:-3] for f in os.listdir(os.path.join(ROOT, 'examples')) if f.endswith('.py')
     and f != '__init__.py'))
