@@ -67,3 +67,17 @@ def test_conv_size_turns_the_short_convolution_off_in_named_runs():
   assert run.overrides['attention.options.conv_size'] == 0
   [run] = sweep.expand(sweep.load_sweep(f'{SWEEP}:mechanisms=deltanet'))
   assert 'attention.options.conv_size' not in run.overrides
+
+
+def test_runs_at_two_budgets_are_two_rows_and_the_table_names_the_budget():
+  config = _config('softmax', 16)
+  runs = [dict(mechanism='softmax', width=8, seq_len=16, num_kv_pairs=2, vocab_size=16,
+               learning_rate=lr, steps=steps, seed=0, accuracy=a, train_accuracy=a,
+               examples_per_sec=1.0, params=1, config=config, workdir=f'w{steps}')
+          for lr, steps, a in ((1e-2, 10, 0.25), (3e-3, 50, 0.75))]
+  rows = report.group(runs)
+  assert [r['mean'] for r in rows] == [0.75, 0.25]
+  table = report.markdown(rows, 'cmd').splitlines()
+  assert '| budget |' in table[2]
+  assert '| 50 steps, lr 0.003, vocab 16 | 75.00 ± 0.00% |' in table[4]
+  assert '| budget |' not in report.markdown(rows[:1], 'cmd')  # one budget: no column

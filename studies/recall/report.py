@@ -126,15 +126,30 @@ def _bytes(n: Optional[int]) -> str:
   return 'no decoding form' if n is None else f'{n:,}'
 
 
+def budget(r: Dict[str, Any]) -> str:
+  """A run's or row's budget: '1000 steps, lr 0.01, vocab 1024'."""
+  return f"{r['steps']} steps, lr {r['learning_rate']:g}, vocab {r['vocab_size']}"
+
+
+def name(r: Dict[str, Any], budgets: int) -> str:
+  """The mechanism, with its budget when the report holds more than one."""
+  return r['mechanism'] + (f' ({budget(r)})' if budgets > 1 else '')
+
+
 def markdown(rows: List[Dict[str, Any]], command: str) -> str:
+  """The table; a 'budget' column when the rows hold more than one budget."""
+  several = len({budget(r) for r in rows}) > 1
+  extra = (' budget |', '---|') if several else ('', '')
   lines = [f'command: `{command}`', '',
-           '| cell (seq_len, pairs) | width | mechanism | test accuracy, mean ± spread | seeds '
-           '| decode state (bytes / sequence) | params | examples/s (one core) |',
-           '|:---|---:|:---|---:|:---|---:|---:|---:|']
+           '| cell (seq_len, pairs) | width | mechanism |' + extra[0] + ' test accuracy, mean '
+           '± spread | seeds | decode state (bytes / sequence) | params | examples/s (one '
+           'core) |',
+           '|:---|---:|:---|' + extra[1] + '---:|:---|---:|---:|---:|']
   for r in rows:
     seeds = ', '.join(f'{s}: {100 * a:.2f}%' for s, a in zip(r['seeds'], r['accuracy']))
     lines.append(f"| ({r['seq_len']}, {r['num_kv_pairs']}) | {r['width']} | {r['mechanism']} "
-                 f"| {100 * r['mean']:.2f} ± {100 * r['spread']:.2f}% | {seeds} "
+                 + (f'| {budget(r)} ' if several else '')
+                 + f"| {100 * r['mean']:.2f} ± {100 * r['spread']:.2f}% | {seeds} "
                  f"| {_bytes(r['state_bytes'])} | {r['params']:,} | {r['examples_per_sec']:.0f} |")
   return '\n'.join(lines) + '\n'
 
@@ -144,6 +159,8 @@ def plot(rows: List[Dict[str, Any]], path: str) -> None:
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   cells = sorted({(r['seq_len'], r['num_kv_pairs']) for r in rows})
+  budgets = len({budget(r) for r in rows})
+  rows = [dict(r, mechanism=name(r, budgets)) for r in rows]  # one line per budget
   # One colour per mechanism in every panel, so the panels read side by side.
   palette = plt.rcParams['axes.prop_cycle'].by_key()['color']
   colour = {m: palette[i % len(palette)]
@@ -194,14 +211,15 @@ def plot_curves(runs: List[Dict[str, Any]], path: str) -> None:
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   fig, ax = plt.subplots(figsize=(7, 4))
   colours = {}
+  budgets = len({budget(r) for r in runs})
   for r in sorted(runs, key=lambda r: (r['mechanism'], r['seed'])):
     steps, acc = train_curve(r['workdir'])
-    key = (r['mechanism'], r['width'], r['seq_len'])
+    key = (name(r, budgets), r['width'], r['seq_len'])
     first = key not in colours
     colours.setdefault(key, f'C{len(colours) % 10}')
     ax.plot(steps, [100 * a for a in acc], color=colours[key],
             linestyle='-' if r['seed'] == 0 else '--',
-            label=f"{r['mechanism']} (d{r['width']}, {r['seq_len']}/{r['num_kv_pairs']})"
+            label=f"{key[0]} (d{r['width']}, {r['seq_len']}/{r['num_kv_pairs']})"
             if first else None)
   ax.set_xlabel('step')
   ax.set_ylabel('MQAR training accuracy (%)')
@@ -217,12 +235,13 @@ def plot_state(rows: List[Dict[str, Any]], path: str) -> None:
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   fig, ax = plt.subplots(figsize=(6, 4))
+  budgets = len({budget(r) for r in rows})
   for r in rows:
     if r['state_bytes'] is None:
       continue
     ax.errorbar(r['state_bytes'], 100 * r['mean'], yerr=100 * r['spread'], marker='o',
                 capsize=3, linestyle='none',
-                label=f"{r['mechanism']} (d{r['width']}, {r['seq_len']}/{r['num_kv_pairs']})")
+                label=f"{name(r, budgets)} (d{r['width']}, {r['seq_len']}/{r['num_kv_pairs']})")
   ax.set_xscale('log')
   ax.set_ylim(-2, 102)
   ax.set_xlabel('decode state per sequence (bytes, log scale)')
