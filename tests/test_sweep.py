@@ -187,3 +187,23 @@ def test_ctrl_c_lets_the_running_run_save_and_starts_no_other(tmp_path, monkeypa
   assert len(started) == 1 and processes[0].signals == [signal.SIGTERM]
   assert processes[0].waits == 2
   assert 'Ctrl-C: the run saves a checkpoint' in capsys.readouterr().out
+
+
+def test_a_run_whose_classes_are_read_from_the_data_resumes_and_is_done(tmp_path):
+  """MQAR's num_classes is 0 in the sweep's config (read from the data when the run starts)
+  and the vocabulary in the config.json the run stored: the same run, not another config."""
+  runs = sweep.expand(dict(runs=[dict(config='configs/mqar.py:linear,d_model=16,seq_len=32,'
+                                       'num_kv_pairs=2,vocab_size=64,num_steps=4',
+                                name='mqar')]))
+  configs = sweep.check(runs)
+  assert configs['mqar'].dataset.num_classes == 0
+  stored = configs['mqar'].copy_and_resolve_references()
+  stored.dataset.num_classes = 64
+  os.makedirs(tmp_path / 'mqar')
+  (tmp_path / 'mqar' / 'config.json').write_text(stored.to_json())
+  assert sweep.status(runs[0], str(tmp_path), configs['mqar']) == 'partial'
+  (tmp_path / 'mqar' / 'results.json').write_text(json.dumps({'steps': 4}))
+  assert sweep.status(runs[0], str(tmp_path), configs['mqar']) == 'done'
+  stored.model.d_model = 32  # another model is still another config
+  (tmp_path / 'mqar' / 'config.json').write_text(stored.to_json())
+  assert sweep.status(runs[0], str(tmp_path), configs['mqar']) == 'changed'

@@ -217,8 +217,15 @@ def status(run: Run, root: str, config=None) -> str:
   stored = workdir_lib.load_config(workdir)
   if stored is None:
     return 'partial' if workdir.is_dir() else 'new'
-  if config is not None and workdir_lib.differences(stored.to_dict(), config.to_dict()):
-    return 'changed'
+  if config is not None:
+    wanted = config.to_dict()
+    if not wanted.get('dataset', {}).get('num_classes') and stored.get('dataset', {}).get(
+        'num_classes'):
+      # 0: read from the data when the run starts (the stored config holds what was read;
+      # the trainer compares the two then).
+      wanted['dataset']['num_classes'] = stored.dataset.num_classes
+    if workdir_lib.differences(stored.to_dict(), wanted):
+      return 'changed'
   if not (workdir / workdir_lib.RESULTS).exists():
     return 'partial'
   if config is None:
