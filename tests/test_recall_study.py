@@ -81,3 +81,13 @@ def test_runs_at_two_budgets_are_two_rows_and_the_table_names_the_budget():
   assert '| budget |' in table[2]
   assert '| 50 steps, lr 0.003, vocab 16 | 75.00 ± 0.00% |' in table[4]
   assert '| budget |' not in report.markdown(rows[:1], 'cmd')  # one budget: no column
+
+
+def test_select_keeps_the_named_mechanisms_and_widths():
+  runs = [dict(mechanism=m, width=w) for m in ('softmax', 'deltanet conv_size=0', 'linear')
+          for w in (64, 128)]
+  assert report.select(runs) == runs
+  assert report.select(runs, ['deltanet'], [64]) == [dict(mechanism='deltanet conv_size=0',
+                                                          width=64)]
+  assert [r['mechanism'] for r in report.select(runs, ['softmax', 'linear'], [128])] == [
+      'softmax', 'linear']

@@ -25,7 +25,7 @@ import glob
 import json
 import os
 import sys
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 from absl import app
 from absl import flags
@@ -43,6 +43,10 @@ _NAME = flags.DEFINE_string('name', 'recall', 'Report file name (no extension).'
 _STATES = flags.DEFINE_bool('states', False, 'Instead: the decode state of every causal '
                             'mechanism at widths 64 and 128 and cells (128, 8) and (256, 16), '
                             'written to <out>/<name>_states.md.')
+_MECHANISMS = flags.DEFINE_list('mechanisms', [], 'Only these mechanisms (default: every one '
+                                'found); a row with an option off its default counts as its '
+                                'mechanism.')
+_WIDTHS = flags.DEFINE_list('widths', [], 'Only these widths (default: every one).')
 GRID = ((64, 128, 8), (64, 256, 16), (128, 128, 8), (128, 256, 16))  # width, seq_len, pairs
 
 
@@ -95,6 +99,14 @@ def state_bytes(config) -> Optional[int]:
       lambda: model.init(jax.random.PRNGKey(0),
                          jnp.zeros((1, config.dataset.max_length), jnp.int32))['params'])
   return cache_bytes(model, params)
+
+
+def select(runs: List[Dict[str, Any]], mechanisms: Sequence[str] = (),
+           widths: Sequence[int] = ()) -> List[Dict[str, Any]]:
+  """The runs of these mechanisms (by name, whatever their options) and widths; an empty
+  list keeps every one."""
+  return [r for r in runs if (not mechanisms or r['mechanism'].split()[0] in mechanisms)
+          and (not widths or r['width'] in widths)]
 
 
 def group(runs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
@@ -273,12 +285,15 @@ def main(argv):
   folders = sorted({d for pattern in argv[1:] for d in glob.glob(pattern) if os.path.isdir(d)})
   workdirs = sorted({os.path.join(f, d) for f in folders for d in os.listdir(f)
                      if os.path.isdir(os.path.join(f, d))})
-  runs = [r for r in (read_run(w) for w in workdirs) if r]
+  runs = select([r for r in (read_run(w) for w in workdirs) if r], _MECHANISMS.value,
+                [int(w) for w in _WIDTHS.value])
   if not runs:
     sys.exit(f'no finished runs under {argv[1:]}')
   rows = group(runs)
   command = 'python -m studies.recall.report ' + ' '.join(
-      [f"'{a}'" for a in argv[1:]] + [f'--out={_OUT.value}', f'--name={_NAME.value}'])
+      [f"'{a}'" for a in argv[1:]]
+      + [f'--{f.name}={",".join(map(str, f.value))}' for f in (_MECHANISMS, _WIDTHS) if f.value]
+      + [f'--out={_OUT.value}', f'--name={_NAME.value}'])
   os.makedirs(_OUT.value, exist_ok=True)
   base = os.path.join(_OUT.value, _NAME.value)
   with open(base + '.json', 'w') as f:
