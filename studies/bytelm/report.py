@@ -176,6 +176,7 @@ def main():
   done = [r for r in rows if r['finished']]
   baselines = count_baselines(api.load(done[0]['workdir'])[0]) if done else None
   command = 'python studies/bytelm/report.py ' + ' '.join(sys.argv[1:])
+  os.makedirs(args.out, exist_ok=True)
   with open(os.path.join(args.out, f'{args.name}.json'), 'w') as f:
     json.dump(dict(command=command, summary=means, count_baselines=baselines, runs=rows), f,
               indent=1)

@@ -2,19 +2,21 @@
 
 configs/bytelm.py for softmax, linear attention (Katharopoulos et al. 2020),
 Performer (Choromanski et al. 2021), GLA (Yang et al. 2024), Mamba-2 (Dao & Gu
-2024) and Gated DeltaNet (Yang, Kautz & Hatamizadeh 2025), each at width 64, 2 layers, 4
-heads, MLP 256, windows of 128 bytes, batch 16, 250 steps (512,000 bytes
-seen, under one pass over the training documents), learning rate 2e-3. The
-corpus is ../shared/data/imdb_train.npz: 200 reviews held out for validation
-(a seeded draw of documents), the first 2,000 of the others trained on. The
-runs are ordered seed by seed, so a cut-short sweep has one whole seed first.
+2024) and Gated DeltaNet (Yang, Kautz & Hatamizadeh 2025), each at width 128, 2 layers,
+4 heads, MLP 512, windows of 256 bytes, batch 32, 2,000 steps (16.4 million bytes, about
+half a pass over the training documents; about 30 minutes of one CPU core per model),
+learning rate 2e-3. The corpus is ../shared/data/imdb_train.npz: 500 reviews held out
+for validation (a seeded draw of documents), every other review trained on. The runs
+are ordered seed by seed, so a cut-short sweep has one whole seed first.
 
 Settings (key=value after ':'): seeds (default 0,1), mechanisms (default the six),
-d_model, seq_len, batch_size, num_steps, validation_docs, train_docs, data_dir
-(the folder holding imdb_train.npz, default ../shared/data).
+d_model, seq_len, batch_size, num_steps, validation_docs, train_docs (0: every review
+not held out), data_dir (the folder holding imdb_train.npz, default ../shared/data).
+The first, shorter budget of studies/bytelm/README.md is
+`:d_model=64,seq_len=128,batch_size=16,num_steps=250,validation_docs=200,train_docs=2000`.
 
     taskset -c 1 python -m train.sweep --sweep=studies/bytelm/sweep.py \
-        --root=/work/runs/bytelm run
+        --root=/work/runs/bytelm2000 run
 """
 import os
 
@@ -24,8 +26,8 @@ MECHANISMS = ('softmax', 'linear', 'performer', 'gla', 'mamba2', 'gated_deltanet
 
 
 def get_sweep(arg=None):
-  args = common.parse_arg(arg, seeds=(0, 1), mechanisms=MECHANISMS, d_model=64, seq_len=128,
-                          batch_size=16, num_steps=250, validation_docs=200, train_docs=2000,
+  args = common.parse_arg(arg, seeds=(0, 1), mechanisms=MECHANISMS, d_model=128, seq_len=256,
+                          batch_size=32, num_steps=2000, validation_docs=500, train_docs=0,
                           data_dir='../shared/data')
   common.at_least(0, seeds=args['seeds'], train_docs=args['train_docs'])
   common.at_least(1, d_model=args['d_model'], seq_len=args['seq_len'],

@@ -18,6 +18,14 @@ DeltaNet and Gated DeltaNet off, and the run's name ends in '-conv0').
     python -m train.sweep --sweep=studies/recall/sweep.py:seed=1,mechanisms=softmax,linear \
         --root=/work/runs/recall/seed1 run
 
+The defaults are the grid's budget (A in studies/recall/README.md), at which softmax and
+linear attention stay on a plateau at 1/num_kv_pairs. Budget B, Zoology's vocabulary
+with a longer schedule, is where softmax solves (128, 8) at width 64 (a separate root:
+a workdir's name does not say its budget):
+
+    python -m train.sweep --sweep=studies/recall/sweep.py:vocab_size=8192,learning_rate=3e-3,num_steps=4000 \
+        --root=/work/runs/recall/c4000/seed0 run
+
 Workdirs are named `<mechanism>-d<width>-l<seq_len>-kv<pairs>`, so a run's
 name says its cell; the seed is the root folder's.
 """
