@@ -91,3 +91,15 @@ def test_select_keeps_the_named_mechanisms_and_widths():
                                                           width=64)]
   assert [r['mechanism'] for r in report.select(runs, ['softmax', 'linear'], [128])] == [
       'softmax', 'linear']
+
+
+@pytest.mark.parametrize('mechanisms,widths,message', [
+    (['softmax', 'deltanett'], [], "--mechanisms: deltanett not registered; valid choices: "),
+    ([], ['64', 'wide'], '--widths: wide is not a positive integer'),
+    ([], ['0'], '--widths: 0 is not a positive integer'),
+])
+def test_a_bad_selection_is_one_line_naming_it(mechanisms, widths, message):
+  with pytest.raises(SystemExit) as e:
+    report.selection(mechanisms, widths)
+  assert str(e.value).startswith(message) and '\n' not in str(e.value)
+  assert report.selection(['softmax'], ['64']) == (['softmax'], [64])

@@ -143,6 +143,11 @@ def budget(r: Dict[str, Any]) -> str:
   return f"{r['steps']} steps, lr {r['learning_rate']:g}, vocab {r['vocab_size']}"
 
 
+def count_budgets(rows: List[Dict[str, Any]]) -> int:
+  """How many budgets the runs or rows hold."""
+  return len({budget(r) for r in rows})
+
+
 def name(r: Dict[str, Any], budgets: int) -> str:
   """The mechanism, with its budget when the report holds more than one."""
   return r['mechanism'] + (f' ({budget(r)})' if budgets > 1 else '')
@@ -150,7 +155,7 @@ def name(r: Dict[str, Any], budgets: int) -> str:
 
 def markdown(rows: List[Dict[str, Any]], command: str) -> str:
   """The table; a 'budget' column when the rows hold more than one budget."""
-  several = len({budget(r) for r in rows}) > 1
+  several = count_budgets(rows) > 1
   extra = (' budget |', '---|') if several else ('', '')
   lines = [f'command: `{command}`', '',
            '| cell (seq_len, pairs) | width | mechanism |' + extra[0] + ' test accuracy, mean '
@@ -171,7 +176,7 @@ def plot(rows: List[Dict[str, Any]], path: str) -> None:
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   cells = sorted({(r['seq_len'], r['num_kv_pairs']) for r in rows})
-  budgets = len({budget(r) for r in rows})
+  budgets = count_budgets(rows)
   rows = [dict(r, mechanism=name(r, budgets)) for r in rows]  # one line per budget
   # One colour per mechanism in every panel, so the panels read side by side.
   palette = plt.rcParams['axes.prop_cycle'].by_key()['color']
@@ -223,7 +228,7 @@ def plot_curves(runs: List[Dict[str, Any]], path: str) -> None:
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   fig, ax = plt.subplots(figsize=(7, 4))
   colours = {}
-  budgets = len({budget(r) for r in runs})
+  budgets = count_budgets(runs)
   for r in sorted(runs, key=lambda r: (r['mechanism'], r['seed'])):
     steps, acc = train_curve(r['workdir'])
     key = (name(r, budgets), r['width'], r['seq_len'])
@@ -247,7 +252,7 @@ def plot_state(rows: List[Dict[str, Any]], path: str) -> None:
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   fig, ax = plt.subplots(figsize=(6, 4))
-  budgets = len({budget(r) for r in rows})
+  budgets = count_budgets(rows)
   for r in rows:
     if r['state_bytes'] is None:
       continue
@@ -274,6 +279,18 @@ def state_table() -> str:
   return '\n'.join(lines) + '\n'
 
 
+def selection(mechanisms: Sequence[str], widths: Sequence[str]):
+  """(mechanisms, widths) from --mechanisms and --widths; a one-line exit naming a bad value."""
+  unknown = [m for m in mechanisms if m not in registry.list_mechanisms()]
+  if unknown:
+    sys.exit(f'--mechanisms: {", ".join(unknown)} not registered; valid choices: '
+             f'{", ".join(registry.list_mechanisms())}')
+  bad = [w for w in widths if not w.isdigit() or int(w) < 1]
+  if bad:
+    sys.exit(f'--widths: {", ".join(bad)} is not a positive integer')
+  return list(mechanisms), [int(w) for w in widths]
+
+
 def main(argv):
   if _STATES.value:
     table = (f'command: `python -m studies.recall.report --states --out={_OUT.value} '
@@ -282,11 +299,11 @@ def main(argv):
       f.write(table)
     print(table)
     return
+  mechanisms, widths = selection(_MECHANISMS.value, _WIDTHS.value)  # before any work
   folders = sorted({d for pattern in argv[1:] for d in glob.glob(pattern) if os.path.isdir(d)})
   workdirs = sorted({os.path.join(f, d) for f in folders for d in os.listdir(f)
                      if os.path.isdir(os.path.join(f, d))})
-  runs = select([r for r in (read_run(w) for w in workdirs) if r], _MECHANISMS.value,
-                [int(w) for w in _WIDTHS.value])
+  runs = select([r for r in (read_run(w) for w in workdirs) if r], mechanisms, widths)
   if not runs:
     sys.exit(f'no finished runs under {argv[1:]}')
   rows = group(runs)
