@@ -5,8 +5,8 @@ configs/mqar.py (2 layers, 2 heads, MLP twice the width, learned positions,
 steps and cosine decay) for each mechanism, width and cell
 (seq_len x num_kv_pairs), at the study's budget: vocabulary `vocab_size`
 (default 1,024; Zoology's is 8,192), peak learning rate `learning_rate`
-(default 1e-2, inside Zoology's sweep of 1e-3..10^-1.5) and `num_steps` steps
-(default 1,000). Accuracy is per query on the 1,000 generated test sequences.
+(default 3e-3, inside Zoology's sweep of 1e-3..10^-1.5) and `num_steps` steps
+(default 2,000). Accuracy is per query on the 1,000 generated test sequences.
 
 Settings (key=value after ':'): seed (default 0; it sets `train.seed` only:
 the generated data is the same for every seed), mechanisms (default softmax,
@@ -16,14 +16,17 @@ conv_size (default -1: each mechanism's own; 0 turns the short convolution of Ma
 DeltaNet and Gated DeltaNet off, and the run's name ends in '-conv0').
 
     python -m train.sweep --sweep=studies/recall/sweep.py:seed=1,mechanisms=softmax,linear \
-        --root=/work/runs/recall/seed1 run
+        --root=/work/runs/recall/lr3e-3_s2000/seed1 run
 
-The defaults are the grid's budget (A in studies/recall/README.md), at which softmax and
-linear attention stay on a plateau at 1/num_kv_pairs. Budget B, Zoology's vocabulary
-with a longer schedule, is where softmax solves (128, 8) at width 64 (a separate root:
-a workdir's name does not say its budget):
+The defaults are the grid's budget (C in studies/recall/README.md), at which softmax
+solves (128, 8) at width 64. The first grid ran at budget A, `learning_rate=1e-2,
+num_steps=1000`, at which softmax and linear attention stay on a plateau at
+1/num_kv_pairs; budget B is Zoology's vocabulary with a longer schedule (each budget
+in its own root: a workdir's name does not say its budget):
 
-    python -m train.sweep --sweep=studies/recall/sweep.py:vocab_size=8192,learning_rate=3e-3,num_steps=4000 \
+    python -m train.sweep --sweep=studies/recall/sweep.py:learning_rate=1e-2,num_steps=1000 \
+        --root=/work/runs/recall/seed0 run
+    python -m train.sweep --sweep=studies/recall/sweep.py:vocab_size=8192,num_steps=4000 \
         --root=/work/runs/recall/c4000/seed0 run
 
 Workdirs are named `<mechanism>-d<width>-l<seq_len>-kv<pairs>`, so a run's
@@ -45,7 +48,7 @@ def get_sweep(arg=None):
   args = common.parse_arg(
       arg, seed=0,
       mechanisms=('softmax', 'linear', 'mamba2', 'gla', 'deltanet', 'gated_deltanet'),
-      widths=(64,), cells=('128x8',), vocab_size=1024, learning_rate=1e-2, num_steps=1000,
+      widths=(64,), cells=('128x8',), vocab_size=1024, learning_rate=3e-3, num_steps=2000,
       conv_size=-1)
   common.at_least(0, seed=args['seed'])
   common.at_least(1, widths=args['widths'], num_steps=args['num_steps'])
