@@ -315,3 +315,14 @@ def test_fields_added_later_keep_older_runs_resumable():
   config.model.positions = 'sinusoidal'
   assert workdir_lib.differences(stored, config.to_dict()) == [
       "model.positions: 'learned' -> 'sinusoidal'"]
+
+
+def test_mamba2_layout_options_added_later_keep_older_runs_resumable():
+  """A Mamba-2 run stored before `ngroups` and `d_state` existed is the layout their None
+  defaults give; one that differs from a later run's setting is still refused."""
+  stored = {'attention': {'mechanism': 'mamba2', 'options': {'chunk_size': 64}}}
+  new = {'attention': {'mechanism': 'mamba2',
+                       'options': {'chunk_size': 64, 'ngroups': None, 'd_state': None}}}
+  assert workdir_lib.differences(stored, new) == []
+  new['attention']['options']['ngroups'] = 1
+  assert workdir_lib.differences(stored, new) == ["attention.options.ngroups: None -> 1"]

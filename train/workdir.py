@@ -50,7 +50,10 @@ MAY_CHANGE = (
 # Fields added to the configs after runs were made, with the value that gives
 # the behaviour those runs had: a stored config without the field reads as
 # having it, so older workdirs can still be resumed and evaluated.
-ADDED_DEFAULTS = {'model.positions': 'learned', 'dataset.num_distractors': None}
+ADDED_DEFAULTS = {'model.positions': 'learned', 'dataset.num_distractors': None,
+                  # mamba2's head layout options (None: each head its own B and C, of
+                  # head_dim, and the norm over the full width, as before they existed)
+                  'attention.options.ngroups': None, 'attention.options.d_state': None}
 
 
 class WorkdirError(ValueError):
