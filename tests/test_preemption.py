@@ -14,7 +14,17 @@ def send(sig):
   signal.raise_signal(sig)  # in this thread: the Python handler runs before it returns
 
 
-def test_ctrl_c_sets_the_flag_and_a_second_one_interrupts():
+@pytest.fixture
+def default_sigint():
+  """Python's own Ctrl-C handler, whatever this process started with: a background job
+  of a non-interactive shell starts with SIGINT ignored, which the context manager
+  restores for the second Ctrl-C (so the test failed when pytest ran in the background)."""
+  started_with = signal.signal(signal.SIGINT, signal.default_int_handler)
+  yield
+  signal.signal(signal.SIGINT, started_with)
+
+
+def test_ctrl_c_sets_the_flag_and_a_second_one_interrupts(default_sigint):
   before = signal.getsignal(signal.SIGINT)
   with preemption.StopOnSignal() as stop:
     send(signal.SIGINT)  # without the handler: KeyboardInterrupt here

@@ -186,7 +186,65 @@ def test_ctrl_c_lets_the_running_run_save_and_starts_no_other(tmp_path, monkeypa
   assert out == {'seed=0': sweep.STOPPED, 'seed=1': sweep.NOT_STARTED}
   assert len(started) == 1 and processes[0].signals == [signal.SIGTERM]
   assert processes[0].waits == 2
-  assert 'Ctrl-C: the run saves a checkpoint' in capsys.readouterr().out
+  assert 'stop asked (Ctrl-C or SIGTERM): the run saves a checkpoint' in capsys.readouterr().out
+
+
+def test_sigterm_to_the_sweep_lets_the_running_run_save_and_starts_no_other(
+    tmp_path, monkeypatch):
+  """A preemption signals the sweep too: it used to die at once (or, when only the run was
+  signalled, start the next run); now the running run is asked to save and waited for, a
+  repeated SIGTERM is ignored, and no other run starts."""
+  runs = sweep.expand(dict(config='configs/default.py', grid={'train.seed': [0, 1]}))
+  configs = sweep.check(runs)
+  processes = []
+
+  class Run:
+    def __init__(self, cmd):
+      self.waits, self.signals = 0, []
+      processes.append(self)
+
+    def wait(self):
+      self.waits += 1
+      if self.waits == 1:
+        signal.raise_signal(signal.SIGTERM)  # the sweep's own SIGTERM, while its run trains
+      elif self.waits == 2:
+        signal.raise_signal(signal.SIGTERM)  # a second one must not cut the save short
+      return 0
+
+    def send_signal(self, sig):
+      self.signals.append(sig)
+
+    def kill(self):
+      raise AssertionError('a run that is saving must not be killed')
+
+  monkeypatch.setattr(sweep.subprocess, 'Popen', Run)
+  os.makedirs(tmp_path / 'seed=0')
+  (tmp_path / 'seed=0' / 'config.json').write_text(configs['seed=0'].to_json())
+  def unhandled(signum, frame):  # not pytest's death, should the sweep not handle it
+    raise AssertionError('SIGTERM reached the handler outside the sweep')
+
+  before = signal.signal(signal.SIGTERM, unhandled)
+  try:
+    out = sweep.run_local(runs, str(tmp_path), configs)
+    assert signal.getsignal(signal.SIGTERM) is unhandled
+  finally:
+    signal.signal(signal.SIGTERM, before)
+  assert out == {'seed=0': sweep.STOPPED, 'seed=1': sweep.NOT_STARTED}
+  assert len(processes) == 1 and processes[0].signals == [signal.SIGTERM]
+  assert processes[0].waits == 2
+
+
+def test_a_run_stopped_by_its_own_sigterm_stops_the_sweep(tmp_path):
+  """Only the run was preempted (it saved and exited 0 without results): the sweep used
+  to start the next run; it stops, and running it again resumes the stopped one."""
+  runs = sweep.expand(dict(config='configs/default.py', grid={'train.seed': [0, 1, 2]}))
+  configs = sweep.check(runs)
+  for run in runs[:2]:  # seed=0 finished; seed=1 has a checkpoint and no results
+    os.makedirs(tmp_path / run.name)
+    (tmp_path / run.name / 'config.json').write_text(configs[run.name].to_json())
+  (tmp_path / 'seed=0' / 'results.json').write_text(json.dumps({}))
+  out = sweep.run_local(runs, str(tmp_path), configs, python='true')  # exits 0, saves nothing
+  assert out == {'seed=0': 'skipped', 'seed=1': sweep.STOPPED, 'seed=2': sweep.NOT_STARTED}
 
 
 def test_a_run_whose_classes_are_read_from_the_data_resumes_and_is_done(tmp_path):

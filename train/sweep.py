@@ -25,7 +25,8 @@ would, and stops with one line per bad run. `list` shows each run's status:
 'changed' (the workdir holds a run of another config: `run` will not touch it).
 `run` skips finished runs and resumes unfinished ones (re-running the same
 command restores the newest checkpoint); a failing run is reported and the
-sweep goes on. `pod` prints, for each run, the one command that starts it on
+sweep goes on; a stop (Ctrl-C or SIGTERM to the sweep, or the run's own SIGTERM)
+lets the running run save its checkpoint and starts no other. `pod` prints, for each run, the one command that starts it on
 every worker of a TPU VM pod.
 """
 import dataclasses
@@ -36,6 +37,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import Any, Dict, List, Mapping, Sequence
 
@@ -56,7 +58,7 @@ _ZONE = flags.DEFINE_string('zone', 'ZONE', 'pod: the TPU VM zone.')
 _REPO = flags.DEFINE_string('repo_dir', '~/efficient-attn', 'pod: the repository on the VM.')
 ACTIONS = ('list', 'run', 'pod')
 STOPPED = 'stopped (resumable)'
-NOT_STARTED = 'not started (Ctrl-C)'
+NOT_STARTED = 'not started (sweep stopped)'
 
 
 class SweepError(ValueError):
@@ -236,14 +238,15 @@ def status(run: Run, root: str, config=None) -> str:
 
 
 def _wait(process: subprocess.Popen, label: str) -> int:
-  """The run's exit code. On Ctrl-C the run is asked to save and exit (SIGTERM, which
-  its trainer turns into a checkpoint; a terminal's Ctrl-C reached it too) and is waited
-  for, so the save is not cut short; a second Ctrl-C kills it. Re-raises the Ctrl-C."""
+  """The run's exit code. On Ctrl-C (or SIGTERM to the sweep, which `_stop_on_sigterm`
+  turns into a KeyboardInterrupt) the run is asked to save and exit (SIGTERM, which its
+  trainer turns into a checkpoint) and is waited for, so the save is not cut short; a
+  second Ctrl-C kills it. Re-raises the KeyboardInterrupt."""
   try:
     return process.wait()
   except KeyboardInterrupt:
-    print(f'{label}: Ctrl-C: the run saves a checkpoint and stops (Ctrl-C again: kill it)',
-          flush=True)
+    print(f'{label}: stop asked (Ctrl-C or SIGTERM): the run saves a checkpoint and stops '
+          f'(Ctrl-C again: kill it)', flush=True)
     process.send_signal(signal.SIGTERM)
     try:
       process.wait()
@@ -253,46 +256,73 @@ def _wait(process: subprocess.Popen, label: str) -> int:
     raise
 
 
+class _stop_on_sigterm:
+  """Inside: the first SIGTERM to the sweep raises KeyboardInterrupt (Ctrl-C's path: the
+  running run saves, no other starts); later ones are ignored, so a preemption that
+  signals twice does not cut the save short. Outside the main thread: does nothing."""
+
+  def __enter__(self):
+    self._previous = None
+    if threading.current_thread() is threading.main_thread():
+      self._previous = signal.signal(signal.SIGTERM, self._handle)
+    return self
+
+  def _handle(self, signum, frame):
+    del frame
+    signal.signal(signum, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+  def __exit__(self, *exc):
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
+    return False
+
+
 def run_local(runs: Sequence[Run], root: str, configs: Mapping[str, Any],
               python: str = sys.executable) -> Dict[str, str]:
   """Run each unfinished run in turn; returns {name: 'done'|'skipped'|STOPPED|'failed ...'}.
 
   A run that exits cleanly without results (SIGTERM: a checkpoint was saved) is
-  STOPPED, not failed: running the sweep again resumes it. Ctrl-C stops the sweep
-  after the running run has saved its checkpoint; the runs after it are NOT_STARTED.
+  STOPPED, not failed: running the sweep again resumes it. A stop ends the sweep:
+  Ctrl-C or SIGTERM to the sweep (the running run saves its checkpoint first), or the
+  running run stopped by a SIGTERM of its own (a preemption); the runs after it are
+  NOT_STARTED.
   """
   outcome = {}
-  interrupted = False
-  for i, run in enumerate(runs, 1):
-    if interrupted:
-      outcome[run.name] = NOT_STARTED
-      continue
-    state = status(run, root, configs.get(run.name))
-    if state in ('done', 'changed'):
-      why = ('finished before, skipped' if state == 'done' else
-             f'{workdir_of(run, root)} holds a run of another config; skipped')
-      print(f'[{i}/{len(runs)}] {run.name}: {why}', flush=True)
-      outcome[run.name] = 'skipped' if state == 'done' else 'failed (changed config)'
-      continue
-    verb = 'resuming' if state == 'partial' else 'starting'
-    print(f'[{i}/{len(runs)}] {run.name}: {verb}', flush=True)
-    t0 = time.time()
-    try:
-      rc = _wait(subprocess.Popen(command(run, root, python)), f'[{i}/{len(runs)}] {run.name}')
-    except OSError as e:  # the interpreter could not be started
-      print(f'[{i}/{len(runs)}] {run.name}: could not start: {e}', flush=True)
-      rc = -1
-    except KeyboardInterrupt:
-      interrupted, rc = True, 0
-    took = time.time() - t0
-    after = status(run, root)
-    if rc == 0 and after == 'done':
-      outcome[run.name] = 'done'
-    elif rc == 0 and after == 'partial':  # stopped by SIGTERM after saving a checkpoint
-      outcome[run.name] = STOPPED
-    else:
-      outcome[run.name] = f'failed (rc={rc})'
-    print(f'[{i}/{len(runs)}] {run.name}: {outcome[run.name]} in {took:.0f}s', flush=True)
+  stopped = False
+  with _stop_on_sigterm():
+    for i, run in enumerate(runs, 1):
+      if stopped:
+        outcome[run.name] = NOT_STARTED
+        continue
+      state = status(run, root, configs.get(run.name))
+      if state in ('done', 'changed'):
+        why = ('finished before, skipped' if state == 'done' else
+               f'{workdir_of(run, root)} holds a run of another config; skipped')
+        print(f'[{i}/{len(runs)}] {run.name}: {why}', flush=True)
+        outcome[run.name] = 'skipped' if state == 'done' else 'failed (changed config)'
+        continue
+      verb = 'resuming' if state == 'partial' else 'starting'
+      label = f'[{i}/{len(runs)}] {run.name}'
+      print(f'{label}: {verb}', flush=True)
+      t0 = time.time()
+      try:
+        rc = _wait(subprocess.Popen(command(run, root, python)), label)
+      except OSError as e:  # the interpreter could not be started
+        print(f'{label}: could not start: {e}', flush=True)
+        rc = -1
+      except KeyboardInterrupt:
+        stopped, rc = True, 0
+      took = time.time() - t0
+      after = status(run, root)
+      if rc == 0 and after == 'done':
+        outcome[run.name] = 'done'
+      elif rc == 0 and after == 'partial':  # stopped by SIGTERM after saving a checkpoint
+        outcome[run.name] = STOPPED
+        stopped = True  # preempted: the sweep stops too (running it again resumes here)
+      else:
+        outcome[run.name] = f'failed (rc={rc})'
+      print(f'{label}: {outcome[run.name]} in {took:.0f}s', flush=True)
   return outcome
 
 
