@@ -69,6 +69,18 @@ def test_conv_size_turns_the_short_convolution_off_in_named_runs():
   assert 'attention.options.conv_size' not in run.overrides
 
 
+def test_num_heads_names_the_run_and_its_row():
+  [run] = sweep.expand(sweep.load_sweep(f'{SWEEP}:mechanisms=softmax,widths=128,num_heads=4'))
+  assert run.name == 'softmax-d128-l128-kv8-h4'
+  config = sweep.build_config(run)
+  assert config.model.num_heads == 4 and report.label(config) == 'softmax heads=4'
+  [run] = sweep.expand(sweep.load_sweep(f'{SWEEP}:mechanisms=softmax'))
+  assert run.name == 'softmax-d64-l128-kv8' and sweep.build_config(run).model.num_heads == 2
+  assert report.label(sweep.build_config(run)) == 'softmax'
+  with pytest.raises(sweep.SweepError, match='num_heads=3 does not divide width 64'):
+    sweep.load_sweep(f'{SWEEP}:num_heads=3')
+
+
 def test_runs_at_two_budgets_are_two_rows_and_the_table_names_the_budget():
   config = _config('softmax', 16)
   runs = [dict(mechanism='softmax', width=8, seq_len=16, num_kv_pairs=2, vocab_size=16,

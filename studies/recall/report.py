@@ -52,7 +52,7 @@ GRID = ((64, 128, 8), (64, 256, 16), (128, 128, 8), (128, 256, 16))  # width, se
 
 def label(config) -> str:
   """The mechanism's name, with each attention option set away from its declared default
-  ('deltanet conv_size=0'); block and chunk sizes, which the config fits to the length
+  ('deltanet conv_size=0') and a head count off configs/mqar.py's ('softmax heads=4'); block and chunk sizes, which the config fits to the length
   (`common.fit_blocks`), and unset options (None) are not named."""
   decl = registry.get_mechanism(config.attention.mechanism)
   defaults = {o.name: o.default for o in decl.options}
@@ -60,6 +60,8 @@ def label(config) -> str:
              if k in defaults and k not in common.BLOCK_OPTIONS and v is not None
              and v != defaults[k]]
   changed += ['rotary'] if config.attention.get('rotary') else []
+  heads = mqar_config(decl.name).model.num_heads  # configs/mqar.py's default
+  changed += [f'heads={config.model.num_heads}'] if config.model.num_heads != heads else []
   return ' '.join([decl.name] + changed)
 
 

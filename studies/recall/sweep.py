@@ -13,7 +13,8 @@ the generated data is the same for every seed), mechanisms (default softmax,
 linear, mamba2, gla, deltanet, gated_deltanet), widths (default 64), cells
 (default 128x8: seq_len x num_kv_pairs), vocab_size, learning_rate, num_steps,
 conv_size (default -1: each mechanism's own; 0 turns the short convolution of Mamba-2,
-DeltaNet and Gated DeltaNet off, and the run's name ends in '-conv0').
+DeltaNet and Gated DeltaNet off, and the run's name ends in '-conv0'), num_heads
+(default 2, configs/mqar.py's; another count ends the run's name in '-h<count>').
 
     python -m train.sweep --sweep=studies/recall/sweep.py:seed=1,mechanisms=softmax,linear \
         --root=/work/runs/recall/lr3e-3_s2000/seed1 run
@@ -49,7 +50,7 @@ def get_sweep(arg=None):
       arg, seed=0,
       mechanisms=('softmax', 'linear', 'mamba2', 'gla', 'deltanet', 'gated_deltanet'),
       widths=(64,), cells=('128x8',), vocab_size=1024, learning_rate=3e-3, num_steps=2000,
-      conv_size=-1)
+      conv_size=-1, num_heads=2)
   common.at_least(0, seed=args['seed'])
   common.at_least(1, widths=args['widths'], num_steps=args['num_steps'])
   if not args['learning_rate'] > 0:
@@ -57,16 +58,23 @@ def get_sweep(arg=None):
                      f'it must be > 0')
   conv = args['conv_size']
   common.at_least(-1, conv_size=conv)
+  heads = args['num_heads']
+  common.at_least(1, num_heads=heads)
+  for width in args['widths']:
+    if width % heads:
+      raise ValueError(f'recall sweep: num_heads={heads} does not divide width {width}')
   runs = []
   for cell in args['cells']:
     length, pairs = parse_cell(cell)
     for width in args['widths']:
       for m in args['mechanisms']:
         runs.append({
-            'name': f'{m}-d{width}-l{length}-kv{pairs}' + (f'-conv{conv}' if conv >= 0 else ''),
+            'name': (f'{m}-d{width}-l{length}-kv{pairs}' + (f'-conv{conv}' if conv >= 0 else '')
+                     + (f'-h{heads}' if heads != 2 else '')),
             'config': (f'configs/mqar.py:{m},d_model={width},seq_len={length},'
                        f'num_kv_pairs={pairs},vocab_size={args["vocab_size"]},'
-                       f'num_steps={args["num_steps"]}')})
+                       f'num_steps={args["num_steps"]}'
+                       + (f',num_heads={heads}' if heads != 2 else ''))})
   fixed = {'train.seed': args['seed'], 'optim.learning_rate': args['learning_rate'],
            'train.log_every': 50, 'train.eval_every': 500, 'train.checkpoint_every': 250}
   if conv >= 0:
