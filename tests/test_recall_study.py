@@ -16,7 +16,9 @@ def test_runs_are_named_by_mechanism_width_and_cell():
   assert runs[3].config == ('configs/mqar.py:deltanet,d_model=128,seq_len=256,'
                             'num_kv_pairs=16,vocab_size=1024,num_steps=10')
   assert runs[0].overrides['train.seed'] == 1
-  assert runs[0].overrides['optim.learning_rate'] == 3e-3
+  assert runs[0].overrides['optim.learning_rate'] == 1e-3  # budget D, the grid's
+  [run] = sweep.expand(sweep.load_sweep(f'{SWEEP}:mechanisms=softmax'))
+  assert run.config.endswith('vocab_size=1024,num_steps=4000')
 
 
 @pytest.mark.parametrize('arg,message', [('cells=128-8', "cell '128-8' is not valid"),

@@ -5,8 +5,8 @@ configs/mqar.py (2 layers, 2 heads, MLP twice the width, learned positions,
 steps and cosine decay) for each mechanism, width and cell
 (seq_len x num_kv_pairs), at the study's budget: vocabulary `vocab_size`
 (default 1,024; Zoology's is 8,192), peak learning rate `learning_rate`
-(default 3e-3, inside Zoology's sweep of 1e-3..10^-1.5) and `num_steps` steps
-(default 2,000). Accuracy is per query on the 1,000 generated test sequences.
+(default 1e-3, inside Zoology's sweep of 1e-3..10^-1.5) and `num_steps` steps
+(default 4,000). Accuracy is per query on the 1,000 generated test sequences.
 
 Settings (key=value after ':'): seed (default 0; it sets `train.seed` only:
 the generated data is the same for every seed), mechanisms (default softmax,
@@ -17,14 +17,18 @@ DeltaNet and Gated DeltaNet off, and the run's name ends in '-conv0'), num_heads
 (default 2, configs/mqar.py's; another count ends the run's name in '-h<count>').
 
     python -m train.sweep --sweep=studies/recall/sweep.py:seed=1,mechanisms=softmax,linear \
-        --root=/work/runs/recall/lr3e-3_s2000/seed1 run
+        --root=/work/runs/recall/lr1e-3_s4000/seed1 run
 
-The defaults are the grid's budget (C in studies/recall/README.md), at which softmax
-solves (128, 8) at width 64. The first grid ran at budget A, `learning_rate=1e-2,
-num_steps=1000`, at which softmax and linear attention stay on a plateau at
-1/num_kv_pairs; budget B is Zoology's vocabulary with a longer schedule (each budget
-in its own root: a workdir's name does not say its budget):
+The defaults are the grid's budget (D in studies/recall/README.md), at which softmax
+solves (128, 8) at widths 64 and 128. Budget C, `learning_rate=3e-3,num_steps=2000`,
+half the steps, solves it at width 64 only (softmax stays on the 1/num_kv_pairs
+plateau at width 128). The first grid ran at budget A, `learning_rate=1e-2,
+num_steps=1000`, at which softmax and linear attention stay on that plateau at both
+widths; budget B is Zoology's vocabulary with a longer schedule (each budget in its
+own root: a workdir's name does not say its budget):
 
+    python -m train.sweep --sweep=studies/recall/sweep.py:learning_rate=3e-3,num_steps=2000 \
+        --root=/work/runs/recall/lr3e-3_s2000/seed0 run
     python -m train.sweep --sweep=studies/recall/sweep.py:learning_rate=1e-2,num_steps=1000 \
         --root=/work/runs/recall/seed0 run
     python -m train.sweep --sweep=studies/recall/sweep.py:vocab_size=8192,num_steps=4000 \
@@ -49,7 +53,7 @@ def get_sweep(arg=None):
   args = common.parse_arg(
       arg, seed=0,
       mechanisms=('softmax', 'linear', 'mamba2', 'gla', 'deltanet', 'gated_deltanet'),
-      widths=(64,), cells=('128x8',), vocab_size=1024, learning_rate=3e-3, num_steps=2000,
+      widths=(64,), cells=('128x8',), vocab_size=1024, learning_rate=1e-3, num_steps=4000,
       conv_size=-1, num_heads=2)
   common.at_least(0, seed=args['seed'])
   common.at_least(1, widths=args['widths'], num_steps=args['num_steps'])
