@@ -37,10 +37,14 @@ from efficient_attn import registry
 from data import mqar
 
 
+# The argument's keys and defaults (studies/recall reads them: a run off a default is named).
+DEFAULTS = dict(mechanism='softmax', d_model=64, seq_len=128, num_kv_pairs=8, vocab_size=8192,
+                power_a=0.01, num_heads=2, depth=2, mlp_dim=0, num_train=100_000,
+                num_steps=4000)
+
+
 def get_config(arg=None):
-  args = common.parse_arg(arg, mechanism='softmax', d_model=64, seq_len=128, num_kv_pairs=8,
-                          vocab_size=8192, power_a=0.01, num_heads=2, depth=2, mlp_dim=0,
-                          num_train=100_000, num_steps=4000)
+  args = common.parse_arg(arg, **DEFAULTS)
   mechanism = args['mechanism']
   if mechanism in registry.list_mechanisms() and not registry.get_mechanism(mechanism).causal:
     raise ValueError(f'configs/mqar.py: mechanism {mechanism!r} has no causal form, which '

@@ -35,6 +35,7 @@ import numpy as np
 
 from benchmarks.generation import cache_bytes
 from configs import common
+from configs import mqar
 from efficient_attn import registry
 from train import api
 
@@ -52,16 +53,17 @@ GRID = ((64, 128, 8), (64, 256, 16), (128, 128, 8), (128, 256, 16))  # width, se
 
 def label(config) -> str:
   """The mechanism's name, with each attention option set away from its declared default
-  ('deltanet conv_size=0') and a head count off configs/mqar.py's ('softmax heads=4'); block and chunk sizes, which the config fits to the length
-  (`common.fit_blocks`), and unset options (None) are not named."""
+  ('deltanet conv_size=0') and a head count off configs/mqar.py's ('softmax heads=4');
+  block and chunk sizes, which the config fits to the length (`common.fit_blocks`), and
+  unset options (None) are not named."""
   decl = registry.get_mechanism(config.attention.mechanism)
   defaults = {o.name: o.default for o in decl.options}
   changed = [f'{k}={v}' for k, v in sorted(config.attention.options.items())
              if k in defaults and k not in common.BLOCK_OPTIONS and v is not None
              and v != defaults[k]]
   changed += ['rotary'] if config.attention.get('rotary') else []
-  heads = mqar_config(decl.name).model.num_heads  # configs/mqar.py's default
-  changed += [f'heads={config.model.num_heads}'] if config.model.num_heads != heads else []
+  heads = config.model.num_heads
+  changed += [f'heads={heads}'] if heads != mqar.DEFAULTS['num_heads'] else []
   return ' '.join([decl.name] + changed)
 
 

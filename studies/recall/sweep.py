@@ -38,6 +38,7 @@ Workdirs are named `<mechanism>-d<width>-l<seq_len>-kv<pairs>`, so a run's
 name says its cell; the seed is the root folder's.
 """
 from configs import common
+from configs import mqar
 
 
 def parse_cell(cell: str):
@@ -54,7 +55,7 @@ def get_sweep(arg=None):
       arg, seed=0,
       mechanisms=('softmax', 'linear', 'mamba2', 'gla', 'deltanet', 'gated_deltanet'),
       widths=(64,), cells=('128x8',), vocab_size=1024, learning_rate=1e-3, num_steps=4000,
-      conv_size=-1, num_heads=2)
+      conv_size=-1, num_heads=mqar.DEFAULTS['num_heads'])
   common.at_least(0, seed=args['seed'])
   common.at_least(1, widths=args['widths'], num_steps=args['num_steps'])
   if not args['learning_rate'] > 0:
@@ -62,11 +63,8 @@ def get_sweep(arg=None):
                      f'it must be > 0')
   conv = args['conv_size']
   common.at_least(-1, conv_size=conv)
-  heads = args['num_heads']
-  common.at_least(1, num_heads=heads)
-  for width in args['widths']:
-    if width % heads:
-      raise ValueError(f'recall sweep: num_heads={heads} does not divide width {width}')
+  heads = args['num_heads']  # the config checks it against each width
+  own_heads = heads != mqar.DEFAULTS['num_heads']
   runs = []
   for cell in args['cells']:
     length, pairs = parse_cell(cell)
@@ -74,11 +72,11 @@ def get_sweep(arg=None):
       for m in args['mechanisms']:
         runs.append({
             'name': (f'{m}-d{width}-l{length}-kv{pairs}' + (f'-conv{conv}' if conv >= 0 else '')
-                     + (f'-h{heads}' if heads != 2 else '')),
+                     + (f'-h{heads}' if own_heads else '')),
             'config': (f'configs/mqar.py:{m},d_model={width},seq_len={length},'
                        f'num_kv_pairs={pairs},vocab_size={args["vocab_size"]},'
                        f'num_steps={args["num_steps"]}'
-                       + (f',num_heads={heads}' if heads != 2 else ''))})
+                       + (f',num_heads={heads}' if own_heads else ''))})
   fixed = {'train.seed': args['seed'], 'optim.learning_rate': args['learning_rate'],
            'train.log_every': 50, 'train.eval_every': 500, 'train.checkpoint_every': 250}
   if conv >= 0:
