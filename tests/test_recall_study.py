@@ -1,6 +1,11 @@
-"""The MQAR recall study (studies/recall): its runs, its settings and its decode-state column."""
+"""The MQAR recall study (studies/recall): its runs, its settings, its decode-state column
+and its gradient probe."""
+import jax.numpy as jnp
 import pytest
 
+import test_mqar
+
+from studies.recall import gradients
 from studies.recall import report
 from train import pyfile
 from train import sweep
@@ -117,3 +122,23 @@ def test_a_bad_selection_is_one_line_naming_it(mechanisms, widths, message):
     report.selection(mechanisms, widths)
   assert str(e.value).startswith(message) and '\n' not in str(e.value)
   assert report.selection(['softmax'], ['64']) == (['softmax'], [64])
+
+
+def test_gradient_norms_name_each_parameter_and_measure_it():
+  params = {'decoder': {'block_0': {'w': jnp.ones((2, 3))}}, 'b': jnp.ones(4)}
+  norms = gradients.gradient_norms(
+      lambda p: 3.0 * jnp.sum(p['decoder']['block_0']['w']) + 0.0 * jnp.sum(p['b']), params)
+  assert norms == {'b': 0.0, 'block_0/w': pytest.approx(3 * 6 ** 0.5)}
+  runs = [dict(name='r1', init=norms, final=norms),
+          dict(name='r2', init={'b': 1.0}, final={'b': 2.0})]
+  table = gradients.markdown(runs, 'block_0/', 'cmd')
+  assert '| block_0/w | 7.35e+00 | 7.35e+00 | - | - |' in table and '| b |' not in table
+
+
+@pytest.mark.slow
+def test_gradient_probe_reads_a_run_at_its_start_and_its_end(run_once):
+  workdir = run_once('mqar', test_mqar._train)  # the tiny MQAR run of test_mqar
+  run = gradients.run_norms(workdir)
+  key = 'block_0/attention/key/kernel'
+  assert run['name'] == 'shared_mqar' and set(run['init']) == set(run['final'])
+  assert run['init'][key] > 0 and run['final'][key] > 0 and run['init'][key] != run['final'][key]

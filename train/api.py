@@ -64,13 +64,15 @@ class Built:
 
   Attributes: `config` (validated and resolved: the mechanism's complete options,
   and with `read_data` the data's facts), `model` (a Flax module), `mesh` (a
-  'data' axis over the devices), `tx` (the optimiser). `state`, `train_step` and
+  'data' axis over the devices), `tx` (the optimiser), `task` (the config's task: its
+  `loss_and_metrics(model, params, batch, train=...)` is the trainer's loss). `state`, `train_step` and
   `eval_step` are built (and jitted) when first used.
   """
 
   def __init__(self, session: trainer.Session, num_steps: int, seed: Optional[int]):
     self._session = session
     self.config, self.model, self.mesh = session.config, session.model, session.mesh
+    self.task = session.task
     self.tx = optim.create_optimizer(self.config, num_steps)
     self._key = jax.random.key(self.config.train.seed if seed is None else seed)
 

@@ -1,0 +1,97 @@
+r"""Where a recall run's gradient goes: gradient norms per parameter, at initialisation and
+at the run's last checkpoint, on its first training batch.
+
+    python -m studies.recall.gradients /work/runs/recall/seed0/mamba2-d128-l128-kv8 \
+        /work/runs/recall/seed0/gated_deltanet-d128-l128-kv8 --out=studies/recall --name=gradients
+
+A model that never leaves chance on MQAR may have a memory path (keys, queries, the decay)
+that gets too little of the gradient to be learnt within the budget. The key projection's
+gradient against the value projection's says how much: the value reaches the output by
+other paths too (Mamba-2's D x skip), the key only through the state. The initial
+parameters are the run's own (its config's seed), rebuilt without training.
+
+Writes <out>/<name>.md (one column per run and moment) and <out>/<name>.json.
+"""
+import json
+import os
+import re
+from typing import Any, Dict, Sequence
+
+from absl import app
+from absl import flags
+import jax
+import numpy as np
+
+from train import api
+
+FLAGS = flags.FLAGS
+
+
+def define_flags():
+  """The command's flags, defined when it runs (studies.recall.report has its own --out)."""
+  flags.DEFINE_string('out', 'studies/recall', 'Folder for the report files.')
+  flags.DEFINE_string('name', 'gradients', 'Report file name (no extension).')
+  flags.DEFINE_string('match', 'block_0/attention/', 'Regular expression: report the '
+                      "parameters whose path ('block_0/attention/key/kernel') matches.")
+
+
+def gradient_norms(loss_fn, params) -> Dict[str, float]:
+  """{parameter path: L2 norm of d loss_fn / d parameter} for every leaf of `params`."""
+  grads = jax.device_get(jax.grad(loss_fn)(params))
+  return {_name(path): float(np.linalg.norm(np.asarray(g, np.float64)))
+          for path, g in jax.tree_util.tree_flatten_with_path(grads)[0]}
+
+
+def _name(path) -> str:
+  """"['decoder']['block_0']['attention']['key']['kernel']" -> 'block_0/attention/key/kernel'."""
+  return '/'.join(k for k in re.findall(r"\['([^']*)'\]", jax.tree_util.keystr(path))
+                  if k != 'decoder')
+
+
+def run_norms(workdir: str) -> Dict[str, Any]:
+  """A run's gradient norms at its initial parameters and at its last checkpoint."""
+  config, _, trained = api.load(workdir)
+  built = api.build(config)
+  batch = next(iter(built.train_batches()))
+
+  def loss(params):  # the trainer's loss, without dropout
+    return built.task.loss_and_metrics(built.model, params, batch, train=False)[0]
+  return dict(workdir=workdir, name=os.path.basename(os.path.normpath(workdir)),
+              init=gradient_norms(loss, built.state.params), final=gradient_norms(loss, trained))
+
+
+def markdown(runs: Sequence[Dict[str, Any]], match: str, command: str) -> str:
+  """One row per matched parameter of any run ('-' where a run has none), columns init and
+  final per run."""
+  names = list(dict.fromkeys(n for r in runs for n in r['init'] if re.search(match, n)))
+  head = ['parameter'] + [f'{r["name"]} {when}' for r in runs
+                          for when in ('init', 'final')]
+  lines = [f'command: `{command}`', '', '| ' + ' | '.join(head) + ' |',
+           '|' + '---|' * len(head)]
+  for n in names:
+    cells = [f'{r[when][n]:.2e}' if n in r[when] else '-' for r in runs
+             for when in ('init', 'final')]
+    lines.append(f'| {n} | ' + ' | '.join(cells) + ' |')
+  return '\n'.join(lines) + '\n'
+
+
+def main(argv):
+  if len(argv) < 2:
+    raise app.UsageError('give one or more run workdirs')
+  re.compile(FLAGS.match)  # a bad expression fails before any work
+  runs = [run_norms(w) for w in argv[1:]]
+  command = ('python -m studies.recall.gradients ' + ' '.join(argv[1:])
+             + f' --out={FLAGS.out} --name={FLAGS.name}')
+  table = markdown(runs, FLAGS.match, command)
+  os.makedirs(FLAGS.out, exist_ok=True)
+  base = os.path.join(FLAGS.out, FLAGS.name)
+  with open(base + '.json', 'w') as f:
+    json.dump(dict(command=command, runs=runs), f, indent=1)
+  with open(base + '.md', 'w') as f:
+    f.write(table)
+  print(table)
+
+
+if __name__ == '__main__':
+  define_flags()
+  app.run(main)
