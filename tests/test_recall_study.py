@@ -130,9 +130,12 @@ def test_gradient_norms_name_each_parameter_and_measure_it():
       lambda p: 3.0 * jnp.sum(p['decoder']['block_0']['w']) + 0.0 * jnp.sum(p['b']), params)
   assert norms == {'b': 0.0, 'block_0/w': pytest.approx(3 * 6 ** 0.5)}
   runs = [dict(name='r1', init=norms, final=norms),
-          dict(name='r2', init={'b': 1.0}, final={'b': 2.0})]
-  table = gradients.markdown(runs, 'block_0/', 'cmd')
-  assert '| block_0/w | 7.35e+00 | 7.35e+00 | - | - |' in table and '| b |' not in table
+          dict(name='r2', init={'b': 1.0, gradients.KEY: 1.0, gradients.VALUE: 4.0},
+               final={'b': 2.0})]
+  table = gradients.markdown(runs, 'block_0/w|key', 'cmd')
+  assert f'| run | moment | block_0/w | {gradients.KEY} | {gradients.KEY} / ' in table
+  assert '| r1 | init | 7.35e+00 | - | - |' in table and '| r2 | init | - | 1.00e+00 | 0.250 |' in table
+  assert '| r2 | final | - | - | - |' in table
 
 
 @pytest.mark.slow

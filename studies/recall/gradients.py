@@ -10,7 +10,8 @@ gradient against the value projection's says how much: the value reaches the out
 other paths too (Mamba-2's D x skip), the key only through the state. The initial
 parameters are the run's own (its config's seed), rebuilt without training.
 
-Writes <out>/<name>.md (one column per run and moment) and <out>/<name>.json.
+Writes <out>/<name>.md (a row per run and moment, a column per parameter that --match
+selects) and <out>/<name>.json (every parameter).
 """
 import json
 import os
@@ -25,13 +26,15 @@ import numpy as np
 from train import api
 
 FLAGS = flags.FLAGS
+KEY, VALUE = 'block_0/attention/key/kernel', 'block_0/attention/value/kernel'
 
 
 def define_flags():
   """The command's flags, defined when it runs (studies.recall.report has its own --out)."""
   flags.DEFINE_string('out', 'studies/recall', 'Folder for the report files.')
   flags.DEFINE_string('name', 'gradients', 'Report file name (no extension).')
-  flags.DEFINE_string('match', 'block_0/attention/', 'Regular expression: report the '
+  flags.DEFINE_string('match', r'block_0/attention/((key|query|value)/kernel|mechanism/'
+                      r'(A_log|dt_bias))$', 'Regular expression: report the '
                       "parameters whose path ('block_0/attention/key/kernel') matches.")
 
 
@@ -61,17 +64,19 @@ def run_norms(workdir: str) -> Dict[str, Any]:
 
 
 def markdown(runs: Sequence[Dict[str, Any]], match: str, command: str) -> str:
-  """One row per matched parameter of any run ('-' where a run has none), columns init and
-  final per run."""
+  """One row per run and moment (init, final), one column per matched parameter of any run
+  ('-' where a run has none), and the ratio of the first layer's key-kernel gradient to its
+  value-kernel gradient."""
   names = list(dict.fromkeys(n for r in runs for n in r['init'] if re.search(match, n)))
-  head = ['parameter'] + [f'{r["name"]} {when}' for r in runs
-                          for when in ('init', 'final')]
+  head = ['run', 'moment'] + names + [f'{KEY} / {VALUE}']
   lines = [f'command: `{command}`', '', '| ' + ' | '.join(head) + ' |',
            '|' + '---|' * len(head)]
-  for n in names:
-    cells = [f'{r[when][n]:.2e}' if n in r[when] else '-' for r in runs
-             for when in ('init', 'final')]
-    lines.append(f'| {n} | ' + ' | '.join(cells) + ' |')
+  for r in runs:
+    for when in ('init', 'final'):
+      norms = r[when]
+      cells = [f'{norms[n]:.2e}' if n in norms else '-' for n in names]
+      ratio = (f'{norms[KEY] / norms[VALUE]:.3f}' if norms.get(VALUE) else '-')
+      lines.append(f'| {r["name"]} | {when} | ' + ' | '.join(cells) + f' | {ratio} |')
   return '\n'.join(lines) + '\n'
 
 
