@@ -181,12 +181,18 @@ def plot(rows: List[Dict[str, Any]], path: str) -> None:
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   cells = sorted({(r['seq_len'], r['num_kv_pairs']) for r in rows})
   budgets = count_budgets(rows)
-  rows = [dict(r, mechanism=name(r, budgets)) for r in rows]  # one line per budget
-  # One colour per mechanism in every panel, so the panels read side by side.
+  # One line per mechanism and budget: a colour per mechanism in every panel, so the panels
+  # read side by side, and a line style per budget.
   palette = plt.rcParams['axes.prop_cycle'].by_key()['color']
   colour = {m: palette[i % len(palette)]
             for i, m in enumerate(sorted({r['mechanism'] for r in rows}))}
-  fig, axes = plt.subplots(1, len(cells), figsize=(5 * len(cells), 4), squeeze=False)
+  styles = {b: ('-', '--', ':', '-.')[i % 4]
+            for i, b in enumerate(sorted({budget(r) for r in rows}))}
+  colour = {name(r, budgets): colour[r['mechanism']] for r in rows}
+  style = {name(r, budgets): styles[budget(r)] for r in rows}
+  rows = [dict(r, mechanism=name(r, budgets)) for r in rows]
+  fig, axes = plt.subplots(1, len(cells), figsize=(5 * len(cells) + 3 * (budgets > 1), 4),
+                           squeeze=False)
   for ax, (seq_len, pairs) in zip(axes[0], cells):
     mine = [r for r in rows if (r['seq_len'], r['num_kv_pairs']) == (seq_len, pairs)]
     widths = sorted({r['width'] for r in mine})
@@ -196,11 +202,11 @@ def plot(rows: List[Dict[str, Any]], path: str) -> None:
         pts = sorted((r['width'], r['mean'], r['spread']) for r in mine if r['mechanism'] == m)
         w, mean, spread = (np.array(x) for x in zip(*pts))
         ax.errorbar(w, 100 * mean, yerr=100 * spread, marker='o', capsize=3, label=m,
-                    color=colour[m])
+                    color=colour[m], linestyle=style[m])
       ax.set_xscale('log', base=2)
       ax.set_xticks(widths, [str(w) for w in widths])
       ax.set_xlabel('width (d_model)')
-      ax.legend(fontsize=8)
+      ax.legend(fontsize=7, loc='upper left', bbox_to_anchor=(1.0, 1.0))
     else:
       mine.sort(key=lambda r: -r['mean'])
       ax.bar(range(len(mine)), [100 * r['mean'] for r in mine],
