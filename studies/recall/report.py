@@ -184,12 +184,12 @@ def plot(rows: List[Dict[str, Any]], path: str) -> None:
   # One line per mechanism and budget: a colour per mechanism in every panel, so the panels
   # read side by side, and a line style per budget.
   palette = plt.rcParams['axes.prop_cycle'].by_key()['color']
-  colour = {m: palette[i % len(palette)]
-            for i, m in enumerate(sorted({r['mechanism'] for r in rows}))}
-  styles = {b: ('-', '--', ':', '-.')[i % 4]
-            for i, b in enumerate(sorted({budget(r) for r in rows}))}
-  colour = {name(r, budgets): colour[r['mechanism']] for r in rows}
-  style = {name(r, budgets): styles[budget(r)] for r in rows}
+  mechanism_colour = {m: palette[i % len(palette)]
+                      for i, m in enumerate(sorted({r['mechanism'] for r in rows}))}
+  budget_style = {b: ('-', '--', ':', '-.')[i % 4]
+                  for i, b in enumerate(sorted({budget(r) for r in rows}))}
+  colour = {name(r, budgets): mechanism_colour[r['mechanism']] for r in rows}
+  style = {name(r, budgets): budget_style[budget(r)] for r in rows}
   rows = [dict(r, mechanism=name(r, budgets)) for r in rows]
   fig, axes = plt.subplots(1, len(cells), figsize=(5 * len(cells) + 3 * (budgets > 1), 4),
                            squeeze=False)
