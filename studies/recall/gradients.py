@@ -53,8 +53,11 @@ def _name(path) -> str:
 
 def run_norms(workdir: str) -> Dict[str, Any]:
   """A run's gradient norms at its initial parameters and at its last checkpoint."""
-  config, _, trained = api.load(workdir)
+  config = api.stored_config(workdir)
+  if config is None:
+    raise FileNotFoundError(f'{workdir} has no stored config: not a run directory')
   built = api.build(config)
+  _, trained = built.restore_params(workdir)
   batch = next(iter(built.train_batches()))
 
   def loss(params):  # the trainer's loss, without dropout
