@@ -102,6 +102,30 @@ def test_runs_at_two_budgets_are_two_rows_and_the_table_names_the_budget():
   assert '| budget |' not in report.markdown(rows[:1], 'cmd')  # one budget: no column
 
 
+def test_plot_gives_each_mechanism_one_colour_in_lines_and_bars(tmp_path, monkeypatch):
+  import matplotlib.colors  # pylint: disable=g-import-not-at-top
+  import matplotlib.figure  # pylint: disable=g-import-not-at-top
+  runs = [dict(mechanism=m, width=w, seq_len=n, num_kv_pairs=2, vocab_size=16,
+               learning_rate=lr, steps=10, seed=0, accuracy=0.5, train_accuracy=0.5,
+               examples_per_sec=1.0, params=1, config=None, workdir='w')
+          for m in ('softmax', 'linear') for lr in (1e-2, 3e-3)
+          for w, n in ((8, 16), (16, 16), (8, 32))]   # (32, 2) at one width: bars
+  figures = []
+  monkeypatch.setattr(report, 'state_bytes', lambda config: None)  # not drawn here
+  monkeypatch.setattr(matplotlib.figure.Figure, 'savefig',
+                      lambda fig, path, **kw: figures.append(fig))
+  report.plot(report.group(runs), str(tmp_path / 'p.png'))
+  lines_ax, bars_ax = figures[0].axes
+  line_colour = {label: matplotlib.colors.to_hex(bars.lines[0].get_color())
+                 for bars, label in zip(*lines_ax.get_legend_handles_labels())}
+  names = [t.get_text() for t in bars_ax.get_xticklabels()]
+  bar_colour = [matplotlib.colors.to_hex(b.get_facecolor(), keep_alpha=False)
+                for b in bars_ax.patches]
+  assert sorted(names) == sorted(line_colour) and len(names) == 4
+  assert [line_colour[n] for n in names] == bar_colour
+  assert len({c.split()[0] for c in line_colour}) == 2 and len(set(bar_colour)) == 2
+
+
 def test_select_keeps_the_named_mechanisms_and_widths():
   runs = [dict(mechanism=m, width=w) for m in ('softmax', 'deltanet conv_size=0', 'linear')
           for w in (64, 128)]

@@ -191,7 +191,11 @@ def plot(rows: List[Dict[str, Any]], path: str) -> None:
   colour = {name(r, budgets): mechanism_colour[r['mechanism']] for r in rows}
   style = {name(r, budgets): budget_style[budget(r)] for r in rows}
   rows = [dict(r, mechanism=name(r, budgets)) for r in rows]
-  fig, axes = plt.subplots(1, len(cells), figsize=(5 * len(cells) + 3 * (budgets > 1), 4),
+  # A cell run at one width is drawn as bars named below the panel: room for their names.
+  one_width = any(len({r['width'] for r in rows if (r['seq_len'], r['num_kv_pairs']) == c}) == 1
+                  for c in cells)
+  fig, axes = plt.subplots(1, len(cells), figsize=(5 * len(cells) + 3 * (budgets > 1),
+                                                   4 + 2 * (one_width and budgets > 1)),
                            squeeze=False)
   for ax, (seq_len, pairs) in zip(axes[0], cells):
     mine = [r for r in rows if (r['seq_len'], r['num_kv_pairs']) == (seq_len, pairs)]
@@ -210,8 +214,10 @@ def plot(rows: List[Dict[str, Any]], path: str) -> None:
     else:
       mine.sort(key=lambda r: -r['mean'])
       ax.bar(range(len(mine)), [100 * r['mean'] for r in mine],
-             yerr=[100 * r['spread'] for r in mine], capsize=3)
-      ax.set_xticks(range(len(mine)), [r['mechanism'] for r in mine], rotation=45, ha='right')
+             yerr=[100 * r['spread'] for r in mine], capsize=3,
+             color=[colour[r['mechanism']] for r in mine])
+      ax.set_xticks(range(len(mine)), [r['mechanism'] for r in mine], rotation=45, ha='right',
+                    fontsize=7)
       ax.set_xlabel(f'mechanism (width {widths[0]})')
     ax.set_ylim(0, 100)
     ax.set_ylabel('MQAR test accuracy (%)')
