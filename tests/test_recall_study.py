@@ -1,5 +1,8 @@
 """The MQAR recall study (studies/recall): its runs, its settings, its decode-state column
 and its gradient probe."""
+import json
+import shutil
+
 import jax.numpy as jnp
 import pytest
 
@@ -51,13 +54,12 @@ def test_decode_state_is_a_kv_cache_for_softmax_and_constant_for_linear():
 
 
 def test_seeds_give_the_mean_and_half_the_range():
-  config = _config('linear', 16)
   runs = [dict(mechanism='linear', width=8, seq_len=16, num_kv_pairs=2, vocab_size=16,
                learning_rate=1e-2, steps=10, seed=s, accuracy=a, train_accuracy=a,
-               examples_per_sec=1.0, params=1, config=config, workdir=f'w{s}')
+               examples_per_sec=1.0, params=1, state_bytes=7, workdir=f'w{s}')
           for s, a in ((1, 0.5), (0, 0.25))]
   [row] = report.group(runs)
-  assert row['seeds'] == [0, 1] and row['accuracy'] == [0.25, 0.5]
+  assert row['seeds'] == [0, 1] and row['accuracy'] == [0.25, 0.5] and row['state_bytes'] == 7
   assert row['mean'] == pytest.approx(0.375) and row['spread'] == pytest.approx(0.125)
 
 
@@ -89,10 +91,9 @@ def test_num_heads_names_the_run_and_its_row():
 
 
 def test_runs_at_two_budgets_are_two_rows_and_the_table_names_the_budget():
-  config = _config('softmax', 16)
   runs = [dict(mechanism='softmax', width=8, seq_len=16, num_kv_pairs=2, vocab_size=16,
                learning_rate=lr, steps=steps, seed=0, accuracy=a, train_accuracy=a,
-               examples_per_sec=1.0, params=1, config=config, workdir=f'w{steps}')
+               examples_per_sec=1.0, params=1, state_bytes=None, workdir=f'w{steps}')
           for lr, steps, a in ((1e-2, 10, 0.25), (3e-3, 50, 0.75))]
   rows = report.group(runs)
   assert [r['mean'] for r in rows] == [0.75, 0.25]
@@ -107,11 +108,10 @@ def test_plot_gives_each_mechanism_one_colour_in_lines_and_bars(tmp_path, monkey
   import matplotlib.figure  # pylint: disable=g-import-not-at-top
   runs = [dict(mechanism=m, width=w, seq_len=n, num_kv_pairs=2, vocab_size=16,
                learning_rate=lr, steps=10, seed=0, accuracy=0.5, train_accuracy=0.5,
-               examples_per_sec=1.0, params=1, config=None, workdir='w')
+               examples_per_sec=1.0, params=1, state_bytes=None, workdir='w')
           for m in ('softmax', 'linear') for lr in (1e-2, 3e-3)
           for w, n in ((8, 16), (16, 16), (8, 32))]   # (32, 2) at one width: bars
   figures = []
-  monkeypatch.setattr(report, 'state_bytes', lambda config: None)  # not drawn here
   monkeypatch.setattr(matplotlib.figure.Figure, 'savefig',
                       lambda fig, path, **kw: figures.append(fig))
   report.plot(report.group(runs), str(tmp_path / 'p.png'))
@@ -124,6 +124,70 @@ def test_plot_gives_each_mechanism_one_colour_in_lines_and_bars(tmp_path, monkey
   assert sorted(names) == sorted(line_colour) and len(names) == 4
   assert [line_colour[n] for n in names] == bar_colour
   assert len({c.split()[0] for c in line_colour}) == 2 and len(set(bar_colour)) == 2
+
+
+def _run(mechanism, seed, accuracy, curve=None, **kw):
+  """One run as `read_run` gives it, less its config: a (16, 2) cell at width 8."""
+  return dict(dict(workdir=f'runs/s{seed}/{mechanism}', mechanism=mechanism, width=8,
+                   seq_len=16, num_kv_pairs=2, vocab_size=16, seed=seed, steps=10,
+                   learning_rate=1e-3, accuracy=accuracy, loss=1.0, train_accuracy=accuracy,
+                   examples_per_sec=2.0, params=3, state_bytes=4, curve=curve), **kw)
+
+
+def test_a_report_gives_back_its_runs_and_a_new_workdir_replaces_its_own(tmp_path):
+  """A report's .json stands in for workdirs that are gone: its `runs` come back as they were
+  written, a report with only `rows` (written before `runs` existed) comes back seed by
+  seed, and a run read again from its workdir replaces the stored one."""
+  stored = [_run('softmax', 0, 0.5, curve=[[50, 100], [0.25, 0.5]]), _run('linear', 0, 0.25)]
+  path = tmp_path / 'r.json'
+  path.write_text(json.dumps(dict(command='c', rows=report.group(stored), runs=stored)))
+  assert report.read_report(str(path)) == stored
+  path.write_text(json.dumps(dict(command='c', rows=report.group(stored))))  # an older report
+  assert report.read_report(str(path)) == [dict(r, curve=None, loss=None) for r in
+                                           sorted(stored, key=lambda r: -r['accuracy'])]
+  again = _run('softmax', 0, 0.75, workdir='new/softmax')
+  merged = report.merge(stored + [_run('softmax', 1, 1.0)], [again])
+  assert sorted((r['mechanism'], r['seed'], r['accuracy']) for r in merged) == [
+      ('linear', 0, 0.25), ('softmax', 0, 0.75), ('softmax', 1, 1.0)]
+  [softmax, _] = report.group(merged)  # best first
+  assert softmax['workdirs'] == ['new/softmax', 'runs/s1/softmax']
+  assert softmax['mean'] == pytest.approx(0.875)
+
+
+@pytest.mark.parametrize('text,problem', [
+    (None, 'no such file'), ('{"runs": [', 'it does not parse'),
+    ('[1, 2]', 'it has neither'), ('{"runs": [{"mechanism": "softmax"}]}', 'it has neither'),
+    ('{"rows": [{"mechanism": "softmax"}]}', 'it has neither')])
+def test_a_file_that_is_no_report_is_one_line_naming_it(tmp_path, text, problem):
+  path = tmp_path / 'bad.json'
+  if text is not None:
+    path.write_text(text)
+  with pytest.raises(SystemExit) as e:
+    report.read_report(str(path))
+  assert str(e.value).startswith(f'{path}: not a report JSON ({problem}')
+  assert '\n' not in str(e.value)
+
+
+def test_state_is_computed_once_per_model_and_kept_where_known(monkeypatch):
+  calls = []
+  monkeypatch.setattr(report, 'state_bytes', lambda config: calls.append(config) or 99)
+  runs = [dict(_run('softmax', s, 0.5), config=f'c{s}') for s in (0, 1)]
+  del runs[0]['state_bytes'], runs[1]['state_bytes']
+  known = _run('linear', 0, 0.5)
+  assert [r['state_bytes'] for r in report.with_state(runs + [known])] == [99, 99, 4]
+  assert calls == ['c0']
+
+
+def test_curves_draw_the_runs_that_have_one_and_count_the_rest(tmp_path, monkeypatch):
+  import matplotlib.figure  # pylint: disable=g-import-not-at-top
+  figures = []
+  monkeypatch.setattr(matplotlib.figure.Figure, 'savefig',
+                      lambda fig, path, **kw: figures.append(fig))
+  runs = [_run('softmax', 0, 0.5, curve=[[50, 100], [0.25, 0.5]]), _run('linear', 0, 0.25)]
+  report.plot_curves(runs, str(tmp_path / 'c.png'))
+  [ax] = figures[0].axes
+  assert [list(line.get_ydata()) for line in ax.lines] == [[25.0, 50.0]]
+  assert '1 of 2 runs have no stored curve' in ax.get_title()
 
 
 def test_select_keeps_the_named_mechanisms_and_widths():
@@ -169,3 +233,17 @@ def test_gradient_probe_reads_a_run_at_its_start_and_its_end(run_once):
   key = 'block_0/attention/key/kernel'
   assert run['name'] == 'shared_mqar' and set(run['init']) == set(run['final'])
   assert run['init'][key] > 0 and run['final'][key] > 0 and run['init'][key] != run['final'][key]
+
+
+@pytest.mark.slow
+def test_a_report_of_a_trained_run_reads_back_the_same(run_once, tmp_path):
+  """The report of the tiny MQAR run keeps the run, curve and state in its .json, and a
+  report made from that .json alone (the workdir gone) has the same rows and runs."""
+  workdir = run_once('mqar', test_mqar._train)
+  shutil.copytree(workdir, tmp_path / 'runs' / 'tiny')
+  first = report.write_report([str(tmp_path / 'runs')], str(tmp_path / 'a'), 'cmd')
+  [run] = first['runs']
+  assert run['seq_len'] == 32 and run['state_bytes'] > 0 and len(run['curve'][0]) == 2
+  assert all((tmp_path / f'a{s}').exists() for s in ('.md', '.png', '_state.png', '_curves.png'))
+  again = report.write_report([str(tmp_path / 'a.json')], str(tmp_path / 'b'), 'cmd')
+  assert again == json.loads((tmp_path / 'a.json').read_text())

@@ -4,9 +4,18 @@ r"""The recall study's report: accuracy per mechanism, width and cell over seeds
     python -m studies.recall.report --states --out=studies/recall --name=recall
 
 Each argument is a folder (or a glob of folders) holding one workdir per run
-(`python -m train.sweep --sweep=studies/recall/sweep.py --root=...`); a
-workdir counts when its results.json holds the steps its config asked for.
-Runs are grouped by (mechanism, width, seq_len, num_kv_pairs) and budget
+(`python -m train.sweep --sweep=studies/recall/sweep.py --root=...`), or an
+earlier report's .json: a workdir counts when its results.json holds the steps
+its config asked for, and a report gives back the runs it was made of, so a
+report outlives its workdirs and grows run by run:
+
+    python -m studies.recall.report studies/recall/recall_d.json '/work/runs/new/seed*' ...
+
+(a run read from a workdir replaces the report's run of the same mechanism,
+width, cell, budget and seed). The .json keeps every run (`runs`: its accuracy,
+loss, throughput, decode state and training curve) beside the grouped `rows`; a
+report written before `runs` existed gives its rows back seed by seed, without
+loss or curve. Runs are grouped by (mechanism, width, seq_len, num_kv_pairs) and budget
 (vocabulary, learning rate, steps); a group gives
 the mean test accuracy over its seeds and the spread (half the range).
 
@@ -33,6 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks import runs as runs_io
 from benchmarks.generation import cache_bytes
 from configs import common
 from configs import mqar
@@ -85,7 +95,69 @@ def read_run(workdir: str) -> Dict[str, Any]:
               accuracy=results['eval_accuracy'], loss=results['eval_loss'],
               train_accuracy=results['train_accuracy'],
               examples_per_sec=results['steady_examples_per_sec'],
-              params=results['params_total'], config=config)
+              params=results['params_total'], curve=train_curve(workdir), config=config)
+
+
+# What a report's .json keeps of each run (`read_run` less its config, plus its state).
+RUN_FIELDS = ('workdir', 'mechanism', 'width', 'seq_len', 'num_kv_pairs', 'vocab_size', 'seed',
+              'steps', 'learning_rate', 'accuracy', 'loss', 'train_accuracy',
+              'examples_per_sec', 'params', 'state_bytes', 'curve')
+
+
+def run_key(r: Dict[str, Any]) -> tuple:
+  """What makes two runs the same run: mechanism, width, cell, budget and seed."""
+  return (r['mechanism'], r['width'], r['seq_len'], r['num_kv_pairs'], r['vocab_size'],
+          r['learning_rate'], r['steps'], r['seed'])
+
+
+def read_report(path: str) -> List[Dict[str, Any]]:
+  """The runs an earlier report was made of: its `runs`, or, from a report that has only
+  `rows`, one run per row and seed (the row's throughput, no loss, no curve). A file that is
+  not such a report is a one-line exit naming it."""
+  try:
+    data = runs_io.read_json(path)
+  except json.JSONDecodeError as e:
+    raise SystemExit(f'{path}: not a report JSON (it does not parse: {e})') from None
+  if data is None:
+    raise SystemExit(f'{path}: not a report JSON (no such file)')
+  runs, rows = (data.get('runs'), data.get('rows')) if isinstance(data, dict) else (None, None)
+  if isinstance(runs, list) and all(isinstance(r, dict) and set(RUN_FIELDS) <= set(r)
+                                    for r in runs):
+    return [dict(r) for r in runs]
+  per_row = ('mechanism', 'width', 'seq_len', 'num_kv_pairs', 'vocab_size', 'steps',
+             'learning_rate', 'examples_per_sec', 'params', 'state_bytes')
+  per_seed = ('seeds', 'accuracy', 'train_accuracy', 'workdirs')
+  if runs is not None or not isinstance(rows, list) or not all(
+      isinstance(r, dict) and set(per_row + per_seed) <= set(r) for r in rows):
+    raise SystemExit(f'{path}: not a report JSON (it has neither a "runs" list with '
+                     f'{", ".join(RUN_FIELDS)} nor a "rows" list of seed groups)')
+  return [dict({k: row[k] for k in per_row}, workdir=workdir, seed=seed, accuracy=acc,
+               train_accuracy=train, loss=None, curve=None)
+          for row in rows
+          for seed, acc, train, workdir in zip(*(row[k] for k in per_seed))]
+
+
+def merge(stored: List[Dict[str, Any]], read: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+  """`stored` runs (from reports) with `read` runs (from workdirs) added; a read run replaces
+  a stored run with the same `run_key`."""
+  runs = {run_key(r): r for r in stored}
+  runs.update((run_key(r), r) for r in read)
+  return [runs[k] for k in sorted(runs)]
+
+
+def with_state(runs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+  """Each run with its `state_bytes`, computed from its config once per mechanism, width and
+  cell where it has none yet."""
+  cache: Dict[tuple, Optional[int]] = {}
+  out = []
+  for r in runs:
+    if 'state_bytes' not in r:
+      key = (r['mechanism'], r['width'], r['seq_len'], r['num_kv_pairs'])
+      if key not in cache:
+        cache[key] = state_bytes(r['config'])
+      r = dict(r, state_bytes=cache[key])
+    out.append(r)
+  return out
 
 
 def mqar_config(arg: str):
@@ -114,8 +186,8 @@ def select(runs: List[Dict[str, Any]], mechanisms: Sequence[str] = (),
 
 
 def group(runs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-  """Runs grouped by (mechanism, width, seq_len, num_kv_pairs) and budget (vocabulary,
-  learning rate, steps): mean and spread over seeds."""
+  """Runs (with their `state_bytes`) grouped by (mechanism, width, seq_len, num_kv_pairs) and
+  budget (vocabulary, learning rate, steps): mean and spread over seeds."""
   groups: Dict[tuple, List[Dict[str, Any]]] = {}
   for r in runs:
     groups.setdefault((r['mechanism'], r['width'], r['seq_len'], r['num_kv_pairs'],
@@ -132,7 +204,7 @@ def group(runs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         examples_per_sec=float(np.mean([r['examples_per_sec'] for r in members])),
         params=members[0]['params'], steps=members[0]['steps'],
         vocab_size=members[0]['vocab_size'], learning_rate=members[0]['learning_rate'],
-        state_bytes=state_bytes(members[0]['config']),
+        state_bytes=members[0]['state_bytes'],
         workdirs=[r['workdir'] for r in members]))
   rows.sort(key=lambda r: (r['seq_len'], r['num_kv_pairs'], r['width'], -r['mean']))
   return rows
@@ -179,7 +251,6 @@ def plot(rows: List[Dict[str, Any]], path: str) -> None:
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  cells = sorted({(r['seq_len'], r['num_kv_pairs']) for r in rows})
   budgets = count_budgets(rows)
   # One line per mechanism and budget: a colour per mechanism in every panel, so the panels
   # read side by side, and a line style per budget.
@@ -190,15 +261,18 @@ def plot(rows: List[Dict[str, Any]], path: str) -> None:
                   for i, b in enumerate(sorted({budget(r) for r in rows}))}
   colour = {name(r, budgets): mechanism_colour[r['mechanism']] for r in rows}
   style = {name(r, budgets): budget_style[budget(r)] for r in rows}
-  rows = [dict(r, mechanism=name(r, budgets)) for r in rows]
+  by_cell: Dict[tuple, List[Dict[str, Any]]] = {}
+  for r in rows:
+    by_cell.setdefault((r['seq_len'], r['num_kv_pairs']), []).append(
+        dict(r, mechanism=name(r, budgets)))
   # A cell run at one width is drawn as bars named below the panel: room for their names.
-  one_width = any(len({r['width'] for r in rows if (r['seq_len'], r['num_kv_pairs']) == c}) == 1
-                  for c in cells)
+  one_width = any(len({r['width'] for r in mine}) == 1 for mine in by_cell.values())
+  cells = sorted(by_cell)
   fig, axes = plt.subplots(1, len(cells), figsize=(5 * len(cells) + 3 * (budgets > 1),
                                                    4 + 2 * (one_width and budgets > 1)),
                            squeeze=False)
   for ax, (seq_len, pairs) in zip(axes[0], cells):
-    mine = [r for r in rows if (r['seq_len'], r['num_kv_pairs']) == (seq_len, pairs)]
+    mine = by_cell[seq_len, pairs]
     widths = sorted({r['width'] for r in mine})
     mechanisms = sorted({r['mechanism'] for r in mine})
     if len(widths) > 1:
@@ -227,26 +301,25 @@ def plot(rows: List[Dict[str, Any]], path: str) -> None:
 
 
 def train_curve(workdir: str):
-  """(steps, train accuracy) logged in the run's metrics.jsonl."""
-  points = []
-  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
-    for line in f:
-      m = json.loads(line)
-      if m.get('split') == 'train' and 'accuracy' in m:
-        points.append((m['step'], m['accuracy']))
-  return tuple(zip(*sorted(points))) if points else ((), ())
+  """[steps, train accuracy] logged in the run's metrics.jsonl."""
+  points = [(m['step'], m['accuracy'])
+            for m in runs_io.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
+            if m.get('split') == 'train' and 'accuracy' in m]
+  return [list(x) for x in zip(*sorted(points))] if points else [[], []]
 
 
 def plot_curves(runs: List[Dict[str, Any]], path: str) -> None:
-  """Training accuracy (the logged running mean) against step, one line per run."""
+  """Training accuracy (the logged running mean) against step, one line per run that has a
+  curve (a run given back by a report written before curves were kept has none)."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   fig, ax = plt.subplots(figsize=(7, 4))
   colours = {}
   budgets = count_budgets(runs)
-  for r in sorted(runs, key=lambda r: (r['mechanism'], r['seed'])):
-    steps, acc = train_curve(r['workdir'])
+  drawn = [r for r in runs if r.get('curve')]
+  for r in sorted(drawn, key=lambda r: (r['mechanism'], r['seed'])):
+    steps, acc = r['curve']
     key = (name(r, budgets), r['width'], r['seq_len'])
     first = key not in colours
     colours.setdefault(key, f'C{len(colours) % 10}')
@@ -256,8 +329,12 @@ def plot_curves(runs: List[Dict[str, Any]], path: str) -> None:
             if first else None)
   ax.set_xlabel('step')
   ax.set_ylabel('MQAR training accuracy (%)')
-  ax.set_title('solid: seed 0, dashed: other seeds')
-  ax.legend(fontsize=7)
+  missing = len(runs) - len(drawn)
+  ax.set_title('solid: seed 0, dashed: other seeds'
+               + (f'; {missing} of {len(runs)} runs have no stored curve' if missing else ''),
+               fontsize=9)
+  if drawn:
+    ax.legend(fontsize=7)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
 
@@ -316,28 +393,39 @@ def main(argv):
     print(table)
     return
   mechanisms, widths = selection(_MECHANISMS.value, _WIDTHS.value)  # before any work
-  folders = sorted({d for pattern in argv[1:] for d in glob.glob(pattern) if os.path.isdir(d)})
-  workdirs = sorted({os.path.join(f, d) for f in folders for d in os.listdir(f)
-                     if os.path.isdir(os.path.join(f, d))})
-  runs = select([r for r in (read_run(w) for w in workdirs) if r], mechanisms, widths)
-  if not runs:
-    sys.exit(f'no finished runs under {argv[1:]}')
-  rows = group(runs)
   command = 'python -m studies.recall.report ' + ' '.join(
       [f"'{a}'" for a in argv[1:]]
       + [f'--{f.name}={",".join(map(str, f.value))}' for f in (_MECHANISMS, _WIDTHS) if f.value]
       + [f'--out={_OUT.value}', f'--name={_NAME.value}'])
-  os.makedirs(_OUT.value, exist_ok=True)
-  base = os.path.join(_OUT.value, _NAME.value)
-  with open(base + '.json', 'w') as f:
-    json.dump(dict(command=command, rows=rows), f, indent=1)
-  with open(base + '.md', 'w') as f:
-    f.write(markdown(rows, command))
-  plot(rows, base + '.png')
-  plot_state(rows, base + '_state.png')
-  plot_curves(runs, base + '_curves.png')
+  rows = write_report(argv[1:], os.path.join(_OUT.value, _NAME.value), command, mechanisms,
+                      widths)['rows']
   print(markdown(rows, command))
 
+
+def write_report(sources: Sequence[str], base: str, command: str,
+                 mechanisms: Sequence[str] = (), widths: Sequence[int] = ()) -> Dict[str, Any]:
+  """Reads the runs of `sources` (earlier reports' .json, and folder globs of workdirs) and
+  writes <base>.json, .md, .png, _state.png and _curves.png; returns the .json's content."""
+  stored = [r for path in sources if path.endswith('.json') for r in read_report(path)]
+  folders = sorted({d for pattern in sources if not pattern.endswith('.json')
+                    for d in glob.glob(pattern) if os.path.isdir(d)})
+  workdirs = sorted({os.path.join(f, d) for f in folders for d in os.listdir(f)
+                     if os.path.isdir(os.path.join(f, d))})
+  read = with_state([r for r in (read_run(w) for w in workdirs) if r])
+  runs = select(merge(stored, [{k: r[k] for k in RUN_FIELDS} for r in read]),
+                mechanisms, widths)
+  if not runs:
+    sys.exit(f'no finished runs under {list(sources)}')
+  data = dict(command=command, rows=group(runs), runs=runs)
+  os.makedirs(os.path.dirname(base) or '.', exist_ok=True)
+  with open(base + '.json', 'w') as f:
+    json.dump(data, f, indent=1)
+  with open(base + '.md', 'w') as f:
+    f.write(markdown(data['rows'], command))
+  plot(data['rows'], base + '.png')
+  plot_state(data['rows'], base + '_state.png')
+  plot_curves(runs, base + '_curves.png')
+  return data
 
 if __name__ == '__main__':
   app.run(main)
