@@ -327,6 +327,7 @@ def plot_curves(runs: List[Dict[str, Any]], path: str) -> None:
             linestyle='-' if r['seed'] == 0 else '--',
             label=f"{key[0]} (d{r['width']}, {r['seq_len']}/{r['num_kv_pairs']})"
             if first else None)
+  ax.set_ylim(-2, 102)  # as the other plots: a run at chance reads as one
   ax.set_xlabel('step')
   ax.set_ylabel('MQAR training accuracy (%)')
   missing = len(runs) - len(drawn)
