@@ -168,14 +168,12 @@ def test_a_file_that_is_no_report_is_one_line_naming_it(tmp_path, text, problem)
   assert '\n' not in str(e.value)
 
 
-def test_state_is_computed_once_per_model_and_kept_where_known(monkeypatch):
+def test_state_is_computed_once_per_model(monkeypatch):
   calls = []
-  monkeypatch.setattr(report, 'state_bytes', lambda config: calls.append(config) or 99)
-  runs = [dict(_run('softmax', s, 0.5), config=f'c{s}') for s in (0, 1)]
-  del runs[0]['state_bytes'], runs[1]['state_bytes']
-  known = _run('linear', 0, 0.5)
-  assert [r['state_bytes'] for r in report.with_state(runs + [known])] == [99, 99, 4]
-  assert calls == ['c0']
+  monkeypatch.setattr(report, 'state_bytes', lambda config: calls.append(config) or len(calls))
+  runs = [dict(_run(m, s, 0.5), config=f'{m}{s}') for m in ('softmax', 'linear') for s in (0, 1)]
+  assert [r['state_bytes'] for r in report.with_state(runs)] == [1, 1, 2, 2]
+  assert calls == ['softmax0', 'linear0']
 
 
 def test_curves_draw_the_runs_that_have_one_and_count_the_rest(tmp_path, monkeypatch):

@@ -146,18 +146,15 @@ def merge(stored: List[Dict[str, Any]], read: List[Dict[str, Any]]) -> List[Dict
 
 
 def with_state(runs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-  """Each run with its `state_bytes`, computed from its config once per mechanism, width and
-  cell where it has none yet."""
+  """Each run read from a workdir with its `state_bytes`, computed from its config once per
+  mechanism, width and cell."""
   cache: Dict[tuple, Optional[int]] = {}
-  out = []
   for r in runs:
-    if 'state_bytes' not in r:
-      key = (r['mechanism'], r['width'], r['seq_len'], r['num_kv_pairs'])
-      if key not in cache:
-        cache[key] = state_bytes(r['config'])
-      r = dict(r, state_bytes=cache[key])
-    out.append(r)
-  return out
+    key = (r['mechanism'], r['width'], r['seq_len'], r['num_kv_pairs'])
+    if key not in cache:
+      cache[key] = state_bytes(r['config'])
+  return [dict(r, state_bytes=cache[r['mechanism'], r['width'], r['seq_len'],
+                                   r['num_kv_pairs']]) for r in runs]
 
 
 def mqar_config(arg: str):
@@ -427,6 +424,7 @@ def write_report(sources: Sequence[str], base: str, command: str,
   plot_state(data['rows'], base + '_state.png')
   plot_curves(runs, base + '_curves.png')
   return data
+
 
 if __name__ == '__main__':
   app.run(main)
