@@ -155,12 +155,14 @@ def test_a_report_gives_back_its_runs_and_a_new_workdir_replaces_its_own(tmp_pat
 
 
 @pytest.mark.parametrize('text,problem', [
-    (None, 'no such file'), ('{"runs": [', 'it does not parse'),
+    (None, 'no such file'), ('{"runs": [', 'it does not parse'), ('', 'it cannot be read'),
     ('[1, 2]', 'it has neither'), ('{"runs": [{"mechanism": "softmax"}]}', 'it has neither'),
     ('{"rows": [{"mechanism": "softmax"}]}', 'it has neither')])
 def test_a_file_that_is_no_report_is_one_line_naming_it(tmp_path, text, problem):
   path = tmp_path / 'bad.json'
-  if text is not None:
+  if text == '':
+    path.mkdir()  # a folder named .json
+  elif text is not None:
     path.write_text(text)
   with pytest.raises(SystemExit) as e:
     report.read_report(str(path))

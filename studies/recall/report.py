@@ -118,6 +118,8 @@ def read_report(path: str) -> List[Dict[str, Any]]:
     data = runs_io.read_json(path)
   except json.JSONDecodeError as e:
     raise SystemExit(f'{path}: not a report JSON (it does not parse: {e})') from None
+  except OSError as e:  # a folder named .json, a file it may not read
+    raise SystemExit(f'{path}: not a report JSON (it cannot be read: {e.strerror})') from None
   if data is None:
     raise SystemExit(f'{path}: not a report JSON (no such file)')
   runs, rows = (data.get('runs'), data.get('rows')) if isinstance(data, dict) else (None, None)
