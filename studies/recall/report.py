@@ -151,12 +151,13 @@ def with_state(runs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
   """Each run read from a workdir with its `state_bytes`, computed from its config once per
   mechanism, width and cell."""
   cache: Dict[tuple, Optional[int]] = {}
-  for r in runs:
+
+  def state(r):
     key = (r['mechanism'], r['width'], r['seq_len'], r['num_kv_pairs'])
     if key not in cache:
       cache[key] = state_bytes(r['config'])
-  return [dict(r, state_bytes=cache[r['mechanism'], r['width'], r['seq_len'],
-                                   r['num_kv_pairs']]) for r in runs]
+    return cache[key]
+  return [dict(r, state_bytes=state(r)) for r in runs]
 
 
 def mqar_config(arg: str):
