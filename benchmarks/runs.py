@@ -119,6 +119,20 @@ def read_json(path) -> Optional[Any]:
   return json.loads(path.read_text()) if path.exists() else None
 
 
+def read_report(path) -> Any:
+  """An earlier report's .json, parsed; a file that is missing, unreadable or not JSON is a
+  one-line exit naming it (the caller checks the shape)."""
+  try:
+    data = read_json(path)
+  except json.JSONDecodeError as e:
+    raise SystemExit(f'{path}: not a report JSON (it does not parse: {e})') from None
+  except OSError as e:  # a folder named .json, a file it may not read
+    raise SystemExit(f'{path}: not a report JSON (it cannot be read: {e.strerror})') from None
+  if data is None:
+    raise SystemExit(f'{path}: not a report JSON (no such file)')
+  return data
+
+
 def read_jsonl(path) -> List[Dict[str, Any]]:
   """One JSON object per line; a torn last line (a run still writing) is skipped."""
   path = epath.Path(path)

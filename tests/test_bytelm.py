@@ -9,6 +9,7 @@ import contextlib
 import json
 import math
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -206,3 +207,69 @@ def test_the_docs_quote_the_message_a_folder_without_txt_gets(tmp_path):
   with pytest.raises(validate.ConfigError) as e:
     validate.resolved(config)
   assert f'Invalid config: {e.value}' == quoted.replace('/tmp/h_doc/notes', str(folder))
+
+
+def _stored_run(mechanism, seed, bits_per_byte):
+  return dict(mechanism=mechanism, seed=seed, workdir=f'/gone/bytelm-{mechanism}-seed{seed}',
+              finished=True, bits_per_byte=bits_per_byte, accuracy=0.5, loss=1.0, steps=10,
+              examples_per_sec=20.0, wall_time_s=30.0, params=1000, decode_state_bytes=64,
+              context=16, batch_size=4,
+              samples=dict(settings=dict(temperature=1.0),
+                           samples=[dict(prompt='The', continuation=' end')]))
+
+
+def test_a_report_gives_back_its_runs_and_a_later_one_replaces_its_own(tmp_path):
+  """studies/bytelm/report.py: a report .json is a source (its workdirs gone): the same
+  table again; a later source's run of the same mechanism and seed wins; the seeds give
+  the mean and half the range."""
+  from studies.bytelm import report  # pylint: disable=g-import-not-at-top
+  baselines = dict(unigram=4.5, bigram=3.5, train_bytes=100, validation_bytes=50)
+  runs = [_stored_run('softmax', 0, 2.0), _stored_run('softmax', 1, 3.0),
+          dict(mechanism='linear', seed=0, workdir='/gone/bytelm-linear-seed0', finished=False)]
+  (tmp_path / 'a.json').write_text(json.dumps(dict(runs=runs, count_baselines=baselines)))
+  first = report.write_report([str(tmp_path / 'a.json')], str(tmp_path / 'out'), 'a', 'cmd')
+  assert first['runs'] == runs and first['count_baselines'] == baselines
+  assert first['summary']['softmax']['bits_per_byte'] == 2.5
+  assert first['summary']['softmax']['spread'] == 0.5
+  assert first['summary']['linear'] == dict(seeds=[])
+  assert '| softmax | 0,1 | 2.500 ± 0.500 |' in (tmp_path / 'out' / 'a.md').read_text()
+  assert (tmp_path / 'out' / 'a.png').exists()
+  (tmp_path / 'b.json').write_text(json.dumps(dict(runs=[_stored_run('softmax', 1, 2.0)])))
+  again = report.write_report([str(tmp_path / 'out' / 'a.json'), str(tmp_path / 'b.json')],
+                              str(tmp_path / 'out'), 'b', 'cmd')
+  assert [r['bits_per_byte'] for r in again['runs'] if r['finished']] == [2.0, 2.0]
+  assert again['count_baselines'] == baselines  # the earlier report's, none since
+
+
+@pytest.mark.parametrize('text,problem', [
+    (None, 'no such file'), ('{"runs": [', 'it does not parse'), ('folder', 'cannot be read'),
+    ('[1, 2]', 'it has no "runs" list'), ('{"runs": [{"mechanism": "softmax"}]}', 'no "runs"')])
+def test_a_file_that_is_no_byte_lm_report_is_one_line_naming_it(tmp_path, text, problem):
+  from studies.bytelm import report  # pylint: disable=g-import-not-at-top
+  path = tmp_path / 'r.json'
+  if text == 'folder':
+    path.mkdir()
+  elif text is not None:
+    path.write_text(text)
+  with pytest.raises(SystemExit) as e:
+    report.gather([str(path)])
+  assert str(e.value).startswith(f'{path}: not a report JSON (') and problem in str(e.value)
+  assert '\n' not in str(e.value)
+
+
+@pytest.mark.slow
+def test_the_report_of_a_trained_run_reads_back_the_same(run_once, tmp_path):
+  """The report of the tiny run (bits per byte, decoding state, continuation, count
+  baselines), then a report of its .json alone, the workdir gone: the same content."""
+  from studies.bytelm import report  # pylint: disable=g-import-not-at-top
+  workdir = run_once('bytelm', _train)
+  shutil.copytree(workdir, tmp_path / 'runs' / 'bytelm-linear-seed0')
+  first = report.write_report([str(tmp_path / 'runs')], str(tmp_path / 'a'), 'r', 'cmd')
+  [run] = first['runs']
+  assert run['finished'] and run['steps'] == 4 and run['decode_state_bytes'] > 0
+  assert run['samples']['samples'][0]['continuation']
+  assert first['count_baselines']['bigram'] > 0 and first['count_baselines']['unigram'] > 0
+  shutil.rmtree(tmp_path / 'runs')
+  again = report.write_report([str(tmp_path / 'a' / 'r.json')], str(tmp_path / 'b'), 'r', 'cmd')
+  assert again == json.loads((tmp_path / 'a' / 'r.json').read_text())
+  assert (tmp_path / 'b' / 'r.md').read_text() == (tmp_path / 'a' / 'r.md').read_text()

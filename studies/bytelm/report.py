@@ -12,6 +12,13 @@ values, or recurrent state, and the position). Writes `<name>.json`,
 `<name>.md` and `<name>.png` (bits per byte against decoding state) into
 `--out`, with the bits per byte of unigram and bigram byte counts on the same data beside
 them. A run without results.json is listed as not finished.
+
+`--root` may also name an earlier report's .json: its runs and count baselines
+come back from it, so the report can be written again after its workdirs are
+gone; a workdir of a later `--root` replaces the stored run of the same
+mechanism and seed:
+
+    python studies/bytelm/report.py --root=studies/bytelm/bytelm.json --out=/tmp/bytelm
 """
 import argparse
 import glob
@@ -20,22 +27,22 @@ import os
 import re
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
-sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+from benchmarks import runs  # noqa: E402  pylint: disable=g-import-not-at-top
 from benchmarks.generation import cache_bytes  # noqa: E402  pylint: disable=g-import-not-at-top
 import numpy as np  # noqa: E402  pylint: disable=g-import-not-at-top
 
 import data  # noqa: E402  pylint: disable=g-import-not-at-top
 from train import api  # noqa: E402  pylint: disable=g-import-not-at-top
-import sweep as study  # noqa: E402  pylint: disable=g-import-not-at-top
+from studies.bytelm import sweep as study  # noqa: E402  pylint: disable=g-import-not-at-top
 
 NAME = re.compile(r'bytelm-(?P<mechanism>.+)-seed(?P<seed>\d+)$')
 
 
 def collect(root: str):
-  """One row per workdir: mechanism, seed, and what it recorded (None until finished)."""
+  """One row per workdir of `root`: mechanism, seed, and what it recorded (None until
+  finished)."""
   rows = []
   for workdir in sorted(glob.glob(os.path.join(root, 'bytelm-*'))):
     match = NAME.match(os.path.basename(workdir))
@@ -57,9 +64,38 @@ def collect(root: str):
       with open(os.path.join(workdir, 'samples.json')) as f:
         row['samples'] = json.load(f)
     rows.append(row)
+  return rows
+
+
+RUN_FIELDS = ('mechanism', 'seed', 'workdir', 'finished')
+
+
+def read_report(path: str):
+  """(runs, count baselines) of an earlier report's .json; a file that is not one is
+  one line naming it."""
+  report = runs.read_report(path)
+  stored = report.get('runs') if isinstance(report, dict) else None
+  if not isinstance(stored, list) or not all(
+      isinstance(r, dict) and set(RUN_FIELDS) <= set(r) for r in stored):
+    raise SystemExit(f'{path}: not a report JSON (it has no "runs" list with '
+                     f'{", ".join(RUN_FIELDS)})')
+  return stored, report.get('count_baselines')
+
+
+def gather(roots):
+  """(rows, stored count baselines or None) of `roots`, in order: each a folder of
+  workdirs or a report .json; a later run of the same (mechanism, seed) replaces an earlier."""
+  by_key, baselines = {}, None
+  for root in roots:
+    if root.endswith('.json'):
+      rows, stored = read_report(root)
+      baselines = stored or baselines
+    else:
+      rows = collect(root)
+    by_key.update({(r['mechanism'], r['seed']): r for r in rows})
   order = {m: i for i, m in enumerate(study.MECHANISMS)}
-  return sorted(rows, key=lambda r: (order.get(r['mechanism'], len(order)), r['mechanism'],
-                                     r['seed']))
+  return sorted(by_key.values(), key=lambda r: (order.get(r['mechanism'], len(order)),
+                                              r['mechanism'], r['seed'])), baselines
 
 
 def count_baselines(config):
@@ -92,9 +128,8 @@ def summary(rows):
     if not done:
       out[m] = dict(seeds=[])
       continue
-    bpb = [r['bits_per_byte'] for r in done]
-    out[m] = dict(seeds=[r['seed'] for r in done], bits_per_byte=sum(bpb) / len(bpb),
-                  spread=(max(bpb) - min(bpb)) / 2,
+    bpb, spread = runs.mean_spread([r['bits_per_byte'] for r in done])
+    out[m] = dict(seeds=[r['seed'] for r in done], bits_per_byte=bpb, spread=spread,
                   examples_per_sec=sum(r['examples_per_sec'] for r in done) / len(done),
                   decode_state_bytes=done[0]['decode_state_bytes'], params=done[0]['params'])
   return out
@@ -163,28 +198,40 @@ def plot(rows, means, path: str, baselines=None) -> None:
   fig.savefig(path, dpi=120)
 
 
+def write_report(roots, out: str, name: str, command: str):
+  """Reads `roots` (`gather`), writes `<out>/<name>.{json,md,png}` and returns the .json's
+  content. The count baselines are computed again from a run whose workdir is still
+  there, else taken from the report .json they came with."""
+  rows, baselines = gather(roots)
+  if not rows:
+    raise SystemExit(f'{", ".join(roots)}: no bytelm-<mechanism>-seed<seed> workdir')
+  means = summary(rows)
+  fresh = [r for r in rows if r['finished'] and os.path.isdir(r['workdir'])]
+  if fresh:
+    baselines = count_baselines(api.load(fresh[0]['workdir'])[0])
+  report = dict(command=command, summary=means, count_baselines=baselines, runs=rows)
+  os.makedirs(out, exist_ok=True)
+  with open(os.path.join(out, f'{name}.json'), 'w') as f:
+    json.dump(report, f, indent=1)
+  with open(os.path.join(out, f'{name}.md'), 'w') as f:
+    f.write(markdown(rows, means, command, baselines))
+  if any(s['seeds'] for s in means.values()):
+    plot(rows, means, os.path.join(out, f'{name}.png'), baselines)
+  return report
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument('--root', required=True)
+  parser.add_argument('--root', required=True, action='append',
+                      help='A folder of bytelm-<mechanism>-seed<seed> workdirs, or an earlier '
+                      "report's .json; repeat to merge (later ones win).")
   parser.add_argument('--out', required=True)
   parser.add_argument('--name', default='bytelm')
   args = parser.parse_args()
-  rows = collect(args.root)
-  if not rows:
-    raise SystemExit(f'{args.root}: no bytelm-<mechanism>-seed<seed> workdir')
-  means = summary(rows)
-  done = [r for r in rows if r['finished']]
-  baselines = count_baselines(api.load(done[0]['workdir'])[0]) if done else None
   command = 'python studies/bytelm/report.py ' + ' '.join(sys.argv[1:])
-  os.makedirs(args.out, exist_ok=True)
-  with open(os.path.join(args.out, f'{args.name}.json'), 'w') as f:
-    json.dump(dict(command=command, summary=means, count_baselines=baselines, runs=rows), f,
-              indent=1)
-  with open(os.path.join(args.out, f'{args.name}.md'), 'w') as f:
-    f.write(markdown(rows, means, command, baselines))
-  if any(s['seeds'] for s in means.values()):
-    plot(rows, means, os.path.join(args.out, f'{args.name}.png'), baselines)
-  print(markdown(rows, means, command, baselines))
+  write_report(args.root, args.out, args.name, command)
+  with open(os.path.join(args.out, f'{args.name}.md')) as f:
+    print(f.read(), end='')
 
 
 if __name__ == '__main__':

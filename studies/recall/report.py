@@ -114,14 +114,7 @@ def read_report(path: str) -> List[Dict[str, Any]]:
   """The runs an earlier report was made of: its `runs`, or, from a report that has only
   `rows`, one run per row and seed (the row's throughput, no loss, no curve). A file that is
   not such a report is a one-line exit naming it."""
-  try:
-    data = runs_io.read_json(path)
-  except json.JSONDecodeError as e:
-    raise SystemExit(f'{path}: not a report JSON (it does not parse: {e})') from None
-  except OSError as e:  # a folder named .json, a file it may not read
-    raise SystemExit(f'{path}: not a report JSON (it cannot be read: {e.strerror})') from None
-  if data is None:
-    raise SystemExit(f'{path}: not a report JSON (no such file)')
+  data = runs_io.read_report(path)
   runs, rows = (data.get('runs'), data.get('rows')) if isinstance(data, dict) else (None, None)
   if isinstance(runs, list) and all(isinstance(r, dict) and set(RUN_FIELDS) <= set(r)
                                     for r in runs):
@@ -195,11 +188,11 @@ def group(runs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
   rows = []
   for (mechanism, width, seq_len, pairs, _, _, _), members in groups.items():
     members.sort(key=lambda r: r['seed'])
-    acc = np.array([r['accuracy'] for r in members])
+    acc = [float(r['accuracy']) for r in members]
+    mean, spread = runs_io.mean_spread(acc)
     rows.append(dict(
         mechanism=mechanism, width=width, seq_len=seq_len, num_kv_pairs=pairs,
-        seeds=[r['seed'] for r in members], accuracy=[float(a) for a in acc],
-        mean=float(acc.mean()), spread=float((acc.max() - acc.min()) / 2),
+        seeds=[r['seed'] for r in members], accuracy=acc, mean=mean, spread=spread,
         train_accuracy=[float(r['train_accuracy']) for r in members],
         examples_per_sec=float(np.mean([r['examples_per_sec'] for r in members])),
         params=members[0]['params'], steps=members[0]['steps'],
