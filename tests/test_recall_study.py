@@ -179,15 +179,29 @@ def test_state_is_computed_once_per_model(monkeypatch):
 
 
 def test_curves_draw_the_runs_that_have_one_and_count_the_rest(tmp_path, monkeypatch):
+  import matplotlib.colors  # pylint: disable=g-import-not-at-top
   import matplotlib.figure  # pylint: disable=g-import-not-at-top
   figures = []
   monkeypatch.setattr(matplotlib.figure.Figure, 'savefig',
                       lambda fig, path, **kw: figures.append(fig))
-  runs = [_run('softmax', 0, 0.5, curve=[[50, 100], [0.25, 0.5]]), _run('linear', 0, 0.25)]
+  curve = [[50, 100], [0.25, 0.5]]
+  runs = [_run('softmax', 0, 0.5, curve=curve), _run('linear', 0, 0.25),
+          _run('softmax', 1, 0.5, curve=curve, width=16),
+          _run('linear', 0, 0.5, curve=[[50, 100], [0.1, 0.2]], width=16)]
   report.plot_curves(runs, str(tmp_path / 'c.png'))
-  [ax] = figures[0].axes
-  assert [list(line.get_ydata()) for line in ax.lines] == [[25.0, 50.0]]
-  assert '1 of 2 runs have no stored curve' in ax.get_title()
+  narrow, wide = [ax for ax in figures[0].axes if ax.get_visible()]
+  assert 'width 8,' in narrow.get_title() and 'width 16,' in wide.get_title()
+  assert [list(line.get_ydata()) for line in narrow.lines] == [[25.0, 50.0]]
+  assert [list(line.get_ydata()) for line in wide.lines] == [[10.0, 20.0], [25.0, 50.0]]
+  # a colour per mechanism, the same in every panel and in the bar and line plot; a style per seed
+  hexes = {m: matplotlib.colors.to_hex(c) for m, c in report.colours(runs).items()}
+  softmax_lines = [narrow.lines[0], wide.lines[1]]
+  assert {matplotlib.colors.to_hex(line.get_color()) for line in softmax_lines} == {
+      hexes['softmax']} != {matplotlib.colors.to_hex(wide.lines[0].get_color())}
+  assert [line.get_linestyle() for line in softmax_lines] == ['-', '--']
+  [legend] = figures[0].legends
+  assert [t.get_text() for t in legend.get_texts()] == ['linear', 'softmax', 'seed 0', 'seed 1']
+  assert '1 of 4 runs have no stored curve' in figures[0]._suptitle.get_text()
 
 
 def test_select_keeps_the_named_mechanisms_and_widths():

@@ -28,7 +28,8 @@ Writes <out>/<name>.json, <out>/<name>.md, <out>/<name>.png (accuracy
 against width per mechanism, one panel per cell, when a cell has more than one
 width; else accuracy per mechanism) and <out>/<name>_state.png (accuracy against
 the decode state, log scale) and <out>/<name>_curves.png (training accuracy
-against step, every run).
+against step, every run that has a curve: a panel per width and cell, a colour per
+mechanism, a line style per seed).
 """
 import glob
 import json
@@ -240,6 +241,14 @@ def markdown(rows: List[Dict[str, Any]], command: str) -> str:
   return '\n'.join(lines) + '\n'
 
 
+def colours(runs: List[Dict[str, Any]]) -> Dict[str, str]:
+  """A colour per mechanism of `runs` (or rows), the same in every plot of one report."""
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  palette = plt.rcParams['axes.prop_cycle'].by_key()['color']
+  return {m: palette[i % len(palette)]
+          for i, m in enumerate(sorted({r['mechanism'] for r in runs}))}
+
+
 def plot(rows: List[Dict[str, Any]], path: str) -> None:
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
@@ -247,9 +256,7 @@ def plot(rows: List[Dict[str, Any]], path: str) -> None:
   budgets = count_budgets(rows)
   # One line per mechanism and budget: a colour per mechanism in every panel, so the panels
   # read side by side, and a line style per budget.
-  palette = plt.rcParams['axes.prop_cycle'].by_key()['color']
-  mechanism_colour = {m: palette[i % len(palette)]
-                      for i, m in enumerate(sorted({r['mechanism'] for r in rows}))}
+  mechanism_colour = colours(rows)
   budget_style = {b: ('-', '--', ':', '-.')[i % 4]
                   for i, b in enumerate(sorted({budget(r) for r in rows}))}
   colour = {name(r, budgets): mechanism_colour[r['mechanism']] for r in rows}
@@ -302,35 +309,56 @@ def train_curve(workdir: str):
 
 
 def plot_curves(runs: List[Dict[str, Any]], path: str) -> None:
-  """Training accuracy (the logged running mean) against step, one line per run that has a
-  curve (a run given back by a report written before curves were kept has none)."""
+  """Training accuracy (the logged running mean) against step for every run that has a curve
+  (a run given back by a report written before curves were kept has none; the title counts
+  them): a panel per width and cell (and budget, when the drawn runs have several), a colour
+  per mechanism (as in `plot`), a line style per seed, one legend for the figure."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
+  from matplotlib import lines as mlines  # pylint: disable=g-import-not-at-top
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  fig, ax = plt.subplots(figsize=(7, 4))
-  colours = {}
-  budgets = count_budgets(runs)
-  drawn = [r for r in runs if r.get('curve')]
-  for r in sorted(drawn, key=lambda r: (r['mechanism'], r['seed'])):
-    steps, acc = r['curve']
-    key = (name(r, budgets), r['width'], r['seq_len'])
-    first = key not in colours
-    colours.setdefault(key, f'C{len(colours) % 10}')
-    ax.plot(steps, [100 * a for a in acc], color=colours[key],
-            linestyle='-' if r['seed'] == 0 else '--',
-            label=f"{key[0]} (d{r['width']}, {r['seq_len']}/{r['num_kv_pairs']})"
-            if first else None)
-  ax.set_ylim(-2, 102)  # as the other plots: a run at chance reads as one
-  ax.set_xlabel('step')
-  ax.set_ylabel('MQAR training accuracy (%)')
+  drawn = [r for r in runs if r.get('curve') and r['curve'][0]]
+  budgets = count_budgets(drawn)
+  colour = colours(runs)
+
+  def panel(r):
+    return (r['width'], r['seq_len'], r['num_kv_pairs']) + ((budget(r),) if budgets > 1 else ())
+  panels = sorted({panel(r) for r in drawn}) or [(0, 0, 0)]
+  seeds = sorted({r['seed'] for r in drawn})
+  seed_style = {s: ('-', '--', ':', '-.')[i % 4] for i, s in enumerate(seeds)}
+  cols = min(2, len(panels))
+  grid_rows = -(-len(panels) // cols)
+  fig, axes = plt.subplots(grid_rows, cols, figsize=(4.5 * cols, 3 * grid_rows + 0.6),
+                           squeeze=False, sharex=True, sharey=True)
+  for ax, key in zip(axes.flat, panels):
+    for r in sorted((r for r in drawn if panel(r) == key),
+                    key=lambda r: (r['mechanism'], r['seed'])):
+      steps, acc = r['curve']
+      ax.plot(steps, [100 * a for a in acc], color=colour[r['mechanism']],
+              linestyle=seed_style[r['seed']], linewidth=1.2)
+    ax.set_ylim(-2, 102)  # as the other plots: a run at chance reads as one
+    ax.set_title(f'width {key[0]}, seq_len {key[1]}, {key[2]} pairs'
+                 + (f'\n{key[3]}' if len(key) > 3 else ''), fontsize=9)
+  for ax in axes.flat[len(panels):]:
+    ax.set_visible(False)
+  for i, ax in enumerate(axes.flat[:len(panels)]):  # steps under each column's lowest panel
+    if i + cols >= len(panels):
+      ax.xaxis.set_tick_params(labelbottom=True)
+      ax.set_xlabel('step')
+  for ax in axes[:, 0]:
+    ax.set_ylabel('MQAR training accuracy (%)')
+  mechanisms = sorted({r['mechanism'] for r in drawn})
+  handles = ([mlines.Line2D([], [], color=colour[m], label=m) for m in mechanisms]
+             + [mlines.Line2D([], [], color='black', linestyle=seed_style[s], label=f'seed {s}')
+                for s in seeds])
+  if handles:
+    fig.legend(handles=handles, loc='center left', bbox_to_anchor=(1.0, 0.5), fontsize=8)
   missing = len(runs) - len(drawn)
-  ax.set_title('solid: seed 0, dashed: other seeds'
+  fig.suptitle((budget(drawn[0]) if budgets == 1 else 'training accuracy')
                + (f'; {missing} of {len(runs)} runs have no stored curve' if missing else ''),
                fontsize=9)
-  if drawn:
-    ax.legend(fontsize=7)
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  fig.savefig(path, dpi=120, bbox_inches='tight')
 
 
 def plot_state(rows: List[Dict[str, Any]], path: str) -> None:
