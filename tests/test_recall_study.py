@@ -202,6 +202,10 @@ def test_curves_draw_the_runs_that_have_one_and_count_the_rest(tmp_path, monkeyp
   [legend] = figures[0].legends
   assert [t.get_text() for t in legend.get_texts()] == ['linear', 'softmax', 'seed 0', 'seed 1']
   assert '1 of 4 runs have no stored curve' in figures[0]._suptitle.get_text()
+  report.plot_curves(runs[1:2], str(tmp_path / 'none.png'))  # no curve: no made-up panel title
+  [empty] = figures[1].axes
+  assert not empty.lines and empty.get_title() == ''
+  assert '1 of 1 runs have no stored curve' in figures[1]._suptitle.get_text()
 
 
 def test_select_keeps_the_named_mechanisms_and_widths():

@@ -323,7 +323,7 @@ def plot_curves(runs: List[Dict[str, Any]], path: str) -> None:
 
   def panel(r):
     return (r['width'], r['seq_len'], r['num_kv_pairs']) + ((budget(r),) if budgets > 1 else ())
-  panels = sorted({panel(r) for r in drawn}) or [(0, 0, 0)]
+  panels = sorted({panel(r) for r in drawn}) or [()]  # no curve at all: one empty panel
   seeds = sorted({r['seed'] for r in drawn})
   seed_style = {s: ('-', '--', ':', '-.')[i % 4] for i, s in enumerate(seeds)}
   cols = min(2, len(panels))
@@ -337,8 +337,9 @@ def plot_curves(runs: List[Dict[str, Any]], path: str) -> None:
       ax.plot(steps, [100 * a for a in acc], color=colour[r['mechanism']],
               linestyle=seed_style[r['seed']], linewidth=1.2)
     ax.set_ylim(-2, 102)  # as the other plots: a run at chance reads as one
-    ax.set_title(f'width {key[0]}, seq_len {key[1]}, {key[2]} pairs'
-                 + (f'\n{key[3]}' if len(key) > 3 else ''), fontsize=9)
+    if key:
+      ax.set_title(f'width {key[0]}, seq_len {key[1]}, {key[2]} pairs'
+                   + (f'\n{key[3]}' if len(key) > 3 else ''), fontsize=9)
   for ax in axes.flat[len(panels):]:
     ax.set_visible(False)
   for i, ax in enumerate(axes.flat[:len(panels)]):  # steps under each column's lowest panel
