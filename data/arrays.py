@@ -17,8 +17,8 @@
 
 `dataset.data_dir` is the file, e.g. `mnist_train.npz`; a '{split}' in it
 names one file per split (`mnist_{split}.npz`), otherwise the file is the
-'train' split. Files are read through `tf.io.gfile`, so a `gs://` path works
-as a local one does. `dataset.holdout` > 0 carves a fixed, class-stratified
+'train' split. Files are read through `files.gfile` (`tf.io.gfile` for a URL), so
+a `gs://` path works as a local one does. `dataset.holdout` > 0 carves a fixed, class-stratified
 validation split out of 'train' ('train' keeps the rest), the same for every
 seed and process.
 
@@ -40,6 +40,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
+from data import files
 from data import specs
 
 LABEL_KEYS = ('y', 'label', 'labels')
@@ -124,19 +125,13 @@ def decode_images(files, channels: int = 0) -> np.ndarray:
   return np.stack(images) if images else np.zeros((0, 1, 1, max(channels, 1)), np.uint8)
 
 
-def _gfile():
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  return tf.io.gfile
-
-
 def read_npz(path: str, parse=None) -> Examples:
   """One split from an `.npz` file (see the module docstring for the keys); `parse(npz,
   path)` reads another format from the open archive (`sequences.parse`)."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  gfile = tf.io.gfile
+  gfile = files.gfile(path)
   if not gfile.exists(path) or gfile.isdir(path):
     raise ValueError(f'config.dataset.data_dir={path!r}: no such file')
-  damaged = (EOFError, OSError, zipfile.BadZipFile, zlib.error, tf.errors.OpError)
+  damaged = (EOFError, zipfile.BadZipFile, zlib.error) + files.read_errors(path)
   with gfile.GFile(path, 'rb') as f:
     head = f.read(2)
     f.seek(0)
@@ -242,7 +237,7 @@ def _npz_splits(pattern: str, parse=None) -> Dict[str, Examples]:
     return {'train': read_npz(pattern, parse)}
   head, tail = pattern.split('{split}', 1)
   folder = os.path.dirname(head) or '.'
-  gfile = _gfile()
+  gfile = files.gfile(folder)
   if not gfile.isdir(folder):
     raise ValueError(f'config.dataset.data_dir={pattern!r}: no folder {folder!r}')
   splits = {}

@@ -4,7 +4,7 @@
     # -> '<data_dir>/listops_{split}.npz', then read as the 'arrays' source reads it
 
 `config.dataset.data_dir` is the cache folder (local, or a bucket: every file goes
-through `tf.io.gfile`, see `npz_cache.py`). The splits are written once
+through `files.gfile`, see `npz_cache.py`). The splits are written once
 (each generator skips a file whose settings match, so an interrupted
 generation resumes) and then read into memory like any `.npz` dataset.
 Settings, all optional in `config.dataset`:

@@ -313,6 +313,7 @@ def _results(s: Session, state, num_steps, start, recent, eval_values, clock, wa
       'd_model': c.model.d_model,
       'depth': c.model.depth,
       'devices': jax.device_count(),
+      'device': jax.devices()[0].device_kind,  # 'cpu', 'NVIDIA H100 80GB HBM3', 'TPU v4'
       **({'outputs': outputs} if outputs else {}),
   }
 

@@ -1,0 +1,179 @@
+#!/usr/bin/env bash
+# The recall grid (studies/recall/sweep.py) on one GPU: many runs at once, each its own
+# `train.sweep` process, so that the GPU, idle between one small model's kernels, runs the
+# others'. Runs the same configs as the CPU grid, at the same budget; only the device differs
+# (results.json's 'device' names it).
+#
+#   OUT=folder bash studies/recall/gpu/run.sh RUN...     RUN = seed:mechanism:width:cell
+#   OUT=folder bash studies/recall/gpu/run.sh 0:softmax:128:256x16 1:gla:128:256x16
+#
+# Settings (environment): ROOT (workdirs, default /tmp/recall: $ROOT/seed<s>/<name>, as the
+# CPU grid's roots), WORKERS (runs at once, default 12), BUDGET_S (seconds this call waits,
+# default 540: runs still going then are left running, detached, and the same command
+# called again on the same machine waits for them instead of starting them again; a run
+# stopped early resumes from its last checkpoint), PRECISION (jax_default_matmul_precision,
+# default 'highest': float32 matmuls in float32, as on a CPU, not in TF32), SWEEP_ARGS
+# (more sweep settings, e.g. ',learning_rate=3e-3').
+#
+# Where the machine's image lacks a package: wheels in .whl/ (the versions of
+# requirements.txt) are installed into /tmp/site; where TensorFlow is missing,
+# studies/recall/gpu/sitecustomize.py lets clu import (TensorBoard events through PyTorch).
+# Results: $OUT/recall_gpu.tgz (each finished run's config.json, results.json and
+# metrics.jsonl under seed<s>/<name>/, unfinished runs' under partial/, every run's log
+# under logs/) and $OUT/log.txt, packed every 30 s and at the end. Unpack into a folder and
+# pass its 'seed*' to studies.recall.report beside the CPU roots.
+set -u
+cd "$(dirname "$0")/../../.." || exit 1
+: "${OUT:?set OUT to the folder the results go to}"
+if (( $# == 0 )); then
+  echo "usage: OUT=folder bash studies/recall/gpu/run.sh seed:mechanism:width:cell ..." >&2
+  exit 2
+fi
+ROOT=${ROOT:-/tmp/recall}
+WORKERS=${WORKERS:-12}
+BUDGET=${BUDGET_S:-540}
+PY=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+export JAX_DEFAULT_MATMUL_PRECISION=${PRECISION:-highest}
+mkdir -p "$OUT" "$ROOT/logs" "$ROOT/pids"
+LOG=$OUT/log.txt
+START=$(date +%s)
+log() { echo "[$(date -u +%H:%M:%S) +$(( $(date +%s) - START ))s] $*" | tee -a "$LOG"; }
+
+for run in "$@"; do  # seed:mechanism:width:cell, checked before anything starts
+  IFS=: read -r s m w c <<< "$run"
+  if ! [[ "$s" =~ ^[0-9]+$ && "$m" =~ ^[a-z0-9_]+$ && "$w" =~ ^[0-9]+$ && "$c" =~ ^[0-9]+x[0-9]+$ ]]; then
+    echo "run.sh: run '$run' is not valid; write seed:mechanism:width:cell, e.g." \
+         "0:softmax:128:256x16" >&2
+    exit 2
+  fi
+done
+
+# 1. Packages: the pinned wheels, else the image's own flax/optax/orbax with the carried rest.
+check() {
+  "$PY" -c "
+import jax, flax, optax, orbax.checkpoint, ml_collections, clu
+from clu import metric_writers, periodic_actions
+from train import trainer
+print('jax', jax.__version__, jax.default_backend(), jax.devices(), 'precision',
+      jax.config.jax_default_matmul_precision, '| flax', flax.__version__, '| optax',
+      optax.__version__, '| orbax', orbax.checkpoint.__version__)" 2>&1 | tail -3 | tee -a "$LOG"
+  return "${PIPESTATUS[0]}"
+}
+install() {  # install WHEEL...: into a fresh /tmp/site
+  rm -rf /tmp/site
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$@"
+}
+export PYTHONPATH=studies/recall/gpu
+if compgen -G ".whl/*.whl" > /dev/null; then
+  install .whl/*.whl
+  export PYTHONPATH=studies/recall/gpu:/tmp/site
+fi
+if ! check; then
+  log "the pinned wheels do not import; trying the image's flax, optax and orbax"
+  install .whl/ml_collections-*.whl .whl/clu-*.whl
+  check || { log "no working set of packages: stopping"; exit 1; }
+fi
+command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version \
+  --format=csv,noheader | tee -a "$LOG"
+
+# 2. The data of each cell, written once before the runs start (they would race), and a
+#    fingerprint of its test split to compare with the CPU machine's.
+for c in $(printf '%s\n' "$@" | cut -d: -f4 | sort -u); do
+  "$PY" -c "
+import hashlib, sys
+import numpy as np
+from configs import mqar
+from data import generated
+length, pairs = sys.argv[1].split('x')
+config = mqar.get_config(f'softmax,seq_len={length},num_kv_pairs={pairs},vocab_size=1024')
+path = generated.ensure(config).format(split='test')
+with np.load(path) as d:
+  print(sys.argv[1], 'test split sha256 of inputs+labels',
+        hashlib.sha256(d['inputs'].tobytes() + d['labels'].tobytes()).hexdigest())
+" "$c" 2>&1 | tail -2 | tee -a "$LOG"
+done
+
+# 3. A smoke run: four steps of a tiny model, the whole path (data, trainer, writers,
+#    checkpoints) on this device.
+rm -rf /tmp/recall_smoke
+if ! timeout 300 "$PY" main.py --workdir=/tmp/recall_smoke --config=configs/mqar.py:softmax,d_model=16,seq_len=32,num_kv_pairs=2,vocab_size=64,num_train=256,num_steps=4 \
+    > "$ROOT/logs/smoke.log" 2>&1; then
+  tail -20 "$ROOT/logs/smoke.log" | tee -a "$LOG"
+  log "the smoke run failed: stopping"
+  exit 1
+fi
+log "smoke run: $(grep 'test accuracy' "$ROOT/logs/smoke.log")"
+
+# 4. The runs, WORKERS at a time, in the order given.
+key() { IFS=: read -r s m w c <<< "$1"; echo "seed$s/$m-d$w-l${c%x*}-kv${c#*x}"; }
+alive() { local f="$ROOT/pids/${1//\//_}"; [[ -f $f ]] && kill -0 "$(cat "$f")" 2> /dev/null; }
+done_() { [[ -f "$ROOT/$1/results.json" ]]; }
+pack() {
+  local pk=/tmp/recall_pack
+  rm -rf "$pk"; mkdir -p "$pk/logs"
+  for wd in "$ROOT"/seed*/*/; do
+    local k=${wd%/}; k=${k#"$ROOT"/}
+    local dest=$pk/$k
+    [[ -f "$wd/results.json" ]] || dest=$pk/partial/${k//\//_}
+    mkdir -p "$dest"
+    cp "$wd"/config.json "$wd"/results.json "$wd"/metrics.jsonl "$dest"/ 2> /dev/null
+  done
+  cp "$ROOT"/logs/*.log "$pk/logs/" 2> /dev/null
+  tar czf "$OUT/recall_gpu.tgz" -C "$pk" .
+}
+declare -A tried
+last_pack=0
+while true; do
+  running=0 left=0
+  for run in "$@"; do
+    k=$(key "$run")
+    if done_ "$k"; then continue; fi
+    if alive "$k"; then running=$((running + 1)); continue; fi
+    if [[ -n "${tried[$k]:-}" ]]; then
+      if [[ "${tried[$k]}" == launched ]]; then
+        log "FAILED $k (no results.json): $(tail -3 "$ROOT/logs/${k//\//_}.log" | tr '\n' ' ')"
+        tried[$k]=failed
+      fi
+      continue
+    fi
+    left=$((left + 1))
+  done
+  for run in "$@"; do
+    (( running < WORKERS )) || break
+    k=$(key "$run")
+    if done_ "$k" || alive "$k" || [[ -n "${tried[$k]:-}" ]]; then continue; fi
+    IFS=: read -r s m w c <<< "$run"
+    setsid "$PY" -m train.sweep \
+      --sweep="studies/recall/sweep.py:seed=$s,mechanisms=$m,widths=$w,cells=$c${SWEEP_ARGS:-}" \
+      --root="$ROOT/seed$s" run >> "$ROOT/logs/${k//\//_}.log" 2>&1 < /dev/null &
+    echo $! > "$ROOT/pids/${k//\//_}"
+    tried[$k]=launched
+    running=$((running + 1)); left=$((left - 1))
+    log "START $k"
+  done
+  now=$(date +%s)
+  if (( now - last_pack >= 30 )); then
+    n=0; for run in "$@"; do done_ "$(key "$run")" && n=$((n + 1)); done
+    log "$n of $# done, $running running$(command -v nvidia-smi > /dev/null && nvidia-smi \
+      --query-gpu=utilization.gpu,memory.used --format=csv,noheader | sed 's/^/; GPU /')"
+    pack; last_pack=$now
+  fi
+  if (( running == 0 && left == 0 )); then log "nothing left to run"; break; fi
+  if (( now - START >= BUDGET )); then
+    log "budget of $BUDGET s spent: $running runs left running (call again to wait for them)"
+    break
+  fi
+  sleep 5
+done
+pack
+for run in "$@"; do
+  k=$(key "$run")
+  if done_ "$k"; then
+    log "DONE $k: $("$PY" -c "import json,sys; r=json.load(open(sys.argv[1])); print(
+      f\"test {100 * r['eval_accuracy']:.2f}%, {r['steady_examples_per_sec']:.0f} ex/s, \"
+      f\"{r['wall_time_s']:.0f} s, {r.get('device')}\")" "$ROOT/$k/results.json")"
+  else
+    log "NOT DONE $k: $(grep -o 'step [0-9]*/[0-9]*' "$ROOT/logs/${k//\//_}.log" | tail -1)"
+  fi
+done
