@@ -134,6 +134,25 @@ def _run(mechanism, seed, accuracy, curve=None, **kw):
                    examples_per_sec=2.0, params=3, state_bytes=4, curve=curve), **kw)
 
 
+def test_throughput_names_the_device_unless_a_cpu_and_each_seed_when_they_differ():
+  """Examples/s are comparable within a device only: a row run on a GPU says so, a row whose
+  seeds ran on different devices gives each seed's, and a run from before results.json named
+  its device ('') counts as a CPU's."""
+  cpu = [_run('linear', s, 0.5, examples_per_sec=e, device=d)
+         for s, e, d in ((0, 50.0, 'cpu'), (1, 70.0, ''))]
+  gpu = [_run('softmax', s, 1.0, examples_per_sec=e, device='NVIDIA H100 80GB HBM3')
+         for s, e in ((0, 4000.0), (1, 5000.0))]
+  mixed = [_run('gla', 0, 0.1, examples_per_sec=57.0),
+           _run('gla', 1, 0.1, examples_per_sec=4321.0, device='NVIDIA H100 80GB HBM3')]
+  rows = {r['mechanism']: r for r in report.group(cpu + gpu + mixed)}
+  assert report.throughput(rows['linear']) == '60'
+  assert report.throughput(rows['softmax']) == '4,500 (H100)'
+  assert report.throughput(rows['gla']) == '57 (cpu), 4,321 (H100)'
+  table = report.markdown(list(rows.values()), 'cmd')
+  assert 'examples/s (one CPU core, or the device named)' in table
+  assert '| 4,500 (H100) |' in table and '| 57 (cpu), 4,321 (H100) |' in table
+
+
 def test_a_report_gives_back_its_runs_and_a_new_workdir_replaces_its_own(tmp_path):
   """A report's .json stands in for workdirs that are gone: its `runs` come back as they were
   written, a report with only `rows` (written before `runs` existed) comes back seed by

@@ -96,6 +96,7 @@ def read_run(workdir: str) -> Dict[str, Any]:
               accuracy=results['eval_accuracy'], loss=results['eval_loss'],
               train_accuracy=results['train_accuracy'],
               examples_per_sec=results['steady_examples_per_sec'],
+              device=results.get('device', ''),  # '' before results.json named it
               params=results['params_total'], curve=train_curve(workdir), config=config)
 
 
@@ -103,6 +104,7 @@ def read_run(workdir: str) -> Dict[str, Any]:
 RUN_FIELDS = ('workdir', 'mechanism', 'width', 'seq_len', 'num_kv_pairs', 'vocab_size', 'seed',
               'steps', 'learning_rate', 'accuracy', 'loss', 'train_accuracy',
               'examples_per_sec', 'params', 'state_bytes', 'curve')
+OPTIONAL_FIELDS = ('device',)  # kept when known: reports written before it have none
 
 
 def run_key(r: Dict[str, Any]) -> tuple:
@@ -196,6 +198,8 @@ def group(runs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         seeds=[r['seed'] for r in members], accuracy=acc, mean=mean, spread=spread,
         train_accuracy=[float(r['train_accuracy']) for r in members],
         examples_per_sec=float(np.mean([r['examples_per_sec'] for r in members])),
+        examples_per_sec_each=[float(r['examples_per_sec']) for r in members],
+        devices=[r.get('device') or '' for r in members],
         params=members[0]['params'], steps=members[0]['steps'],
         vocab_size=members[0]['vocab_size'], learning_rate=members[0]['learning_rate'],
         state_bytes=members[0]['state_bytes'],
@@ -206,6 +210,23 @@ def group(runs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
 
 def _bytes(n: Optional[int]) -> str:
   return 'no decoding form' if n is None else f'{n:,}'
+
+
+def _device(name: str) -> str:
+  """'NVIDIA H100 80GB HBM3' -> 'H100'; '' (not recorded) and 'cpu' -> 'cpu'."""
+  if name.startswith('NVIDIA '):
+    return name.split()[1]
+  return name or 'cpu'
+
+
+def throughput(r: Dict[str, Any]) -> str:
+  """A row's examples/s: the seeds' mean, its device named unless a CPU ('' = a run from
+  before results.json named its device: in this study, one CPU core); each seed's with
+  its device when they ran on different devices."""
+  devices = [_device(d) for d in r.get('devices') or [''] * len(r['seeds'])]
+  if len(set(devices)) == 1:
+    return f"{r['examples_per_sec']:,.0f}" + ('' if devices[0] == 'cpu' else f' ({devices[0]})')
+  return ', '.join(f'{e:,.0f} ({d})' for e, d in zip(r['examples_per_sec_each'], devices))
 
 
 def budget(r: Dict[str, Any]) -> str:
@@ -230,14 +251,14 @@ def markdown(rows: List[Dict[str, Any]], command: str) -> str:
   lines = [f'command: `{command}`', '',
            '| cell (seq_len, pairs) | width | mechanism |' + extra[0] + ' test accuracy, mean '
            '± spread | seeds | decode state (bytes / sequence) | params | examples/s (one '
-           'core) |',
+           'CPU core, or the device named) |',
            '|:---|---:|:---|' + extra[1] + '---:|:---|---:|---:|---:|']
   for r in rows:
     seeds = ', '.join(f'{s}: {100 * a:.2f}%' for s, a in zip(r['seeds'], r['accuracy']))
     lines.append(f"| ({r['seq_len']}, {r['num_kv_pairs']}) | {r['width']} | {r['mechanism']} "
                  + (f'| {budget(r)} ' if several else '')
                  + f"| {100 * r['mean']:.2f} ± {100 * r['spread']:.2f}% | {seeds} "
-                 f"| {_bytes(r['state_bytes'])} | {r['params']:,} | {r['examples_per_sec']:.0f} |")
+                 f"| {_bytes(r['state_bytes'])} | {r['params']:,} | {throughput(r)} |")
   return '\n'.join(lines) + '\n'
 
 
@@ -435,7 +456,8 @@ def write_report(sources: Sequence[str], base: str, command: str,
   workdirs = sorted({os.path.join(f, d) for f in folders for d in os.listdir(f)
                      if os.path.isdir(os.path.join(f, d))})
   read = with_state([r for r in (read_run(w) for w in workdirs) if r])
-  runs = select(merge(stored, [{k: r[k] for k in RUN_FIELDS} for r in read]),
+  runs = select(merge(stored, [{k: r[k] for k in RUN_FIELDS + OPTIONAL_FIELDS if k in r}
+                              for r in read]),
                 mechanisms, widths)
   if not runs:
     sys.exit(f'no finished runs under {list(sources)}')
