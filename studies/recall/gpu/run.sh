@@ -8,12 +8,16 @@
 #   OUT=folder bash studies/recall/gpu/run.sh 0:softmax:128:256x16 1:gla:128:256x16
 #
 # Settings (environment): ROOT (workdirs, default /tmp/recall: $ROOT/seed<s>/<name>, as the
-# CPU grid's roots), WORKERS (runs at once, default 12), BUDGET_S (seconds this call waits,
+# CPU grid's roots), WORKERS (runs at once, default 4: on an H100 with 16 cores, 14 at once
+# spent 7-8 minutes compiling, XLA's GEMM autotuning at a load average near 200, before
+# their first steps), BUDGET_S (seconds this call waits,
 # default 540: runs still going then are left running, detached, and the same command
 # called again on the same machine waits for them instead of starting them again; a run
 # stopped early resumes from its last checkpoint), PRECISION (jax_default_matmul_precision,
 # default 'highest': float32 matmuls in float32, as on a CPU, not in TF32), SWEEP_ARGS
-# (more sweep settings, e.g. ',learning_rate=3e-3').
+# (more sweep settings, e.g. ',learning_rate=3e-3'). JAX's persistent compilation cache
+# ($ROOT/jax_cache unless JAX_COMPILATION_CACHE_DIR is set) lets a run reuse what another
+# run of the same program (another seed) compiled.
 #
 # Where the machine's image lacks a package: wheels in .whl/ (the versions of
 # requirements.txt) are installed into /tmp/site; where TensorFlow is missing,
@@ -30,11 +34,12 @@ if (( $# == 0 )); then
   exit 2
 fi
 ROOT=${ROOT:-/tmp/recall}
-WORKERS=${WORKERS:-12}
+WORKERS=${WORKERS:-4}
 BUDGET=${BUDGET_S:-540}
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 export JAX_DEFAULT_MATMUL_PRECISION=${PRECISION:-highest}
+export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$ROOT/jax_cache}
 mkdir -p "$OUT" "$ROOT/logs" "$ROOT/pids"
 LOG=$OUT/log.txt
 START=$(date +%s)
