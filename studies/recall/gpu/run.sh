@@ -40,11 +40,6 @@ PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 export JAX_DEFAULT_MATMUL_PRECISION=${PRECISION:-highest}
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$ROOT/jax_cache}
-mkdir -p "$OUT" "$ROOT/logs" "$ROOT/pids"
-LOG=$OUT/log.txt
-START=$(date +%s)
-log() { echo "[$(date -u +%H:%M:%S) +$(( $(date +%s) - START ))s] $*" | tee -a "$LOG"; }
-
 for run in "$@"; do  # seed:mechanism:width:cell, checked before anything starts
   IFS=: read -r s m w c <<< "$run"
   if ! [[ "$s" =~ ^[0-9]+$ && "$m" =~ ^[a-z0-9_]+$ && "$w" =~ ^[0-9]+$ && "$c" =~ ^[0-9]+x[0-9]+$ ]]; then
@@ -53,6 +48,12 @@ for run in "$@"; do  # seed:mechanism:width:cell, checked before anything starts
     exit 2
   fi
 done
+
+mkdir -p "$OUT" "$ROOT/logs" "$ROOT/pids"
+LOG=$OUT/log.txt
+: > "$LOG"
+START=$(date +%s)
+log() { echo "[$(date -u +%H:%M:%S) +$(( $(date +%s) - START ))s] $*" | tee -a "$LOG"; }
 
 # 1. Packages: the pinned wheels, else the image's own flax/optax/orbax with the carried rest.
 check() {
@@ -82,28 +83,37 @@ fi
 command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version \
   --format=csv,noheader | tee -a "$LOG"
 
-# 2. The data of each cell, written once before the runs start (they would race), and a
-#    fingerprint of its test split to compare with the CPU machine's.
-for c in $(printf '%s\n' "$@" | cut -d: -f4 | sort -u); do
-  "$PY" -c "
+# 2. The data of each run, written once before the runs start (they would race), from the
+#    runs' own configs, and a fingerprint of each test split to compare with another machine's.
+spec() { IFS=: read -r s m w c <<< "$1"
+  echo "studies/recall/sweep.py:seed=$s,mechanisms=$m,widths=$w,cells=$c${SWEEP_ARGS:-}"; }
+specs=(); for run in "$@"; do specs+=("$(spec "$run")"); done
+"$PY" -c "
 import hashlib, sys
 import numpy as np
-from configs import mqar
 from data import generated
-length, pairs = sys.argv[1].split('x')
-config = mqar.get_config(f'softmax,seq_len={length},num_kv_pairs={pairs},vocab_size=1024')
-path = generated.ensure(config).format(split='test')
-with np.load(path) as d:
-  print(sys.argv[1], 'test split sha256 of inputs+labels',
-        hashlib.sha256(d['inputs'].tobytes() + d['labels'].tobytes()).hexdigest())
-" "$c" 2>&1 | tail -2 | tee -a "$LOG"
-done
+from train import sweep
+seen = set()
+for spec in sys.argv[1:]:
+  try:
+    configs = [sweep.build_config(run) for run in sweep.expand(sweep.load_sweep(spec))]
+  except ValueError as e:  # a bad run fails again, with this message, when it is started
+    print(f'{spec}: {e}')
+    continue
+  for config in configs:
+    pattern = generated.ensure(config, verbose=False)
+    if pattern not in seen:
+      seen.add(pattern)
+      with np.load(pattern.format(split='test')) as d:
+        digest = hashlib.sha256(d['inputs'].tobytes() + d['labels'].tobytes()).hexdigest()
+      print(pattern.format(split='test'), 'sha256 of inputs+labels', digest)
+" "${specs[@]}" 2>&1 | grep -v '^[IW]0000\|^WARNING: All log' | tee -a "$LOG"
 
 # 3. A smoke run: four steps of a tiny model, the whole path (data, trainer, writers,
-#    checkpoints) on this device; once per machine (a later call finds its results).
-if [[ -f /tmp/recall_smoke/results.json ]]; then
+#    checkpoints) on this device; once per ROOT (a later call finds its results).
+if [[ -f $ROOT/smoke/results.json ]]; then
   log "smoke run: passed earlier on this machine"
-elif ! rm -rf /tmp/recall_smoke || ! timeout 300 "$PY" main.py --workdir=/tmp/recall_smoke --config=configs/mqar.py:softmax,d_model=16,seq_len=32,num_kv_pairs=2,vocab_size=64,num_train=256,num_steps=4 \
+elif ! rm -rf "$ROOT/smoke" || ! timeout 300 "$PY" main.py --workdir="$ROOT/smoke" --config=configs/mqar.py:softmax,d_model=16,seq_len=32,num_kv_pairs=2,vocab_size=64,num_train=256,num_steps=4 \
     > "$ROOT/logs/smoke.log" 2>&1; then
   tail -20 "$ROOT/logs/smoke.log" | tee -a "$LOG"
   log "the smoke run failed: stopping"
@@ -150,9 +160,9 @@ while true; do
     (( running < WORKERS )) || break
     k=$(key "$run")
     if done_ "$k" || alive "$k" || [[ -n "${tried[$k]:-}" ]]; then continue; fi
-    IFS=: read -r s m w c <<< "$run"
+    IFS=: read -r s _ _ _ <<< "$run"
     setsid "$PY" -m train.sweep \
-      --sweep="studies/recall/sweep.py:seed=$s,mechanisms=$m,widths=$w,cells=$c${SWEEP_ARGS:-}" \
+      --sweep="$(spec "$run")" \
       --root="$ROOT/seed$s" run >> "$ROOT/logs/${k//\//_}.log" 2>&1 < /dev/null &
     echo $! > "$ROOT/pids/${k//\//_}"
     tried[$k]=launched

@@ -1,0 +1,55 @@
+"""studies/recall/gpu/run.sh: the recall grid's runner for one GPU (here on the CPU)."""
+import os
+import subprocess
+import sys
+import tarfile
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, 'studies', 'recall', 'gpu', 'run.sh')
+
+
+def _run(tmp_path, *runs, **env):
+  env = dict(os.environ, ROOT=str(tmp_path / 'root'), OUT=str(tmp_path / 'out'),
+             CUDA_VISIBLE_DEVICES='', **env)
+  return subprocess.run(['bash', SCRIPT, *runs], capture_output=True, text=True, env=env,
+                        check=False, timeout=600)
+
+
+@pytest.mark.parametrize('run', ['0:softmax:128', 'a:softmax:128:256x16',
+                                 '0:softmax:128:256', '0:Soft-max:128:256x16'])
+def test_a_bad_run_is_one_line_naming_it_before_anything_starts(tmp_path, run):
+  out = _run(tmp_path, '0:linear:64:128x8', run)
+  assert out.returncode == 2
+  assert f"run '{run}' is not valid; write seed:mechanism:width:cell" in out.stderr
+  assert not (tmp_path / 'root').exists()
+
+
+def test_no_runs_or_no_out_is_a_usage_line(tmp_path):
+  assert 'usage:' in _run(tmp_path).stderr
+  env = {k: v for k, v in os.environ.items() if k != 'OUT'}
+  out = subprocess.run(['bash', SCRIPT, '0:linear:64:128x8'], capture_output=True, text=True,
+                       env=env, check=False)
+  assert out.returncode != 0 and 'set OUT to the folder the results go to' in out.stderr
+
+
+@pytest.mark.slow
+def test_runs_finish_pack_and_a_second_call_finds_them_done(tmp_path):
+  """Two tiny runs (4 steps) end to end: the data written first with its fingerprint, the
+  smoke run, both runs done and packed; a second call skips the smoke run and starts nothing."""
+  settings = dict(PYTHON=sys.executable, SWEEP_ARGS=',num_steps=4', WORKERS='2')
+  runs = ('0:softmax:16:16x1', '1:linear:16:16x1')
+  first = _run(tmp_path, *runs, **settings)
+  log = (tmp_path / 'out' / 'log.txt').read_text()
+  assert first.returncode == 0, first.stderr[-2000:] + log[-2000:]
+  assert 'sha256 of inputs+labels' in log and 'smoke run: test accuracy' in log
+  assert 'DONE seed0/softmax-d16-l16-kv1' in log and 'DONE seed1/linear-d16-l16-kv1' in log
+  with tarfile.open(tmp_path / 'out' / 'recall_gpu.tgz') as tar:
+    names = set(tar.getnames())
+  for run in ('seed0/softmax-d16-l16-kv1', 'seed1/linear-d16-l16-kv1'):
+    assert {f'./{run}/{f}' for f in ('config.json', 'results.json', 'metrics.jsonl')} <= names
+  second = _run(tmp_path, *runs, **settings)
+  log = (tmp_path / 'out' / 'log.txt').read_text()
+  assert second.returncode == 0 and 'smoke run: passed earlier' in log
+  assert '2 of 2 done, 0 running' in log and 'START' not in log
