@@ -10,6 +10,7 @@ main.py does, and evaluated on another file of the task.
 import json
 import os
 
+import jax
 import numpy as np
 import pytest
 
@@ -343,6 +344,7 @@ def test_tiny_run_trains_and_evaluates(mqar_run):
   workdir, results = mqar_run
   assert results['task'] == 'sequence_labelling' and results['dataset'] == 'mqar'
   assert results['steps'] == 24 and results['eval_split'] == 'test'
+  assert results['device'] == jax.devices()[0].device_kind  # 'cpu' here
   assert results['eval_loss'] < np.log(V) and 0.0 <= results['eval_accuracy'] <= 1.0
   assert os.path.exists(mqar.split_path(f'{workdir}_data', 'test', V, L, P, 0.01))
 
