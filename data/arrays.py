@@ -180,8 +180,8 @@ def _read_npz(npz, path: str) -> Examples:
   elif encoded is not None or text is not None:
     if 'offsets' not in npz.files:
       raise ValueError(f'{path}: {encoded or text!r} needs an offsets array [n + 1]')
-    files = _ragged(npz[encoded or text], npz['offsets'], path)
-    inputs = decode_images(files) if encoded is not None else files
+    blobs = _ragged(npz[encoded or text], npz['offsets'], path)
+    inputs = decode_images(blobs) if encoded is not None else blobs
   elif 'tokens' in npz.files:
     inputs = np.asarray(npz['tokens'])
   else:

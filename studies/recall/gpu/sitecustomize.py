@@ -22,8 +22,7 @@ class _DroppedWriter:
   def __init__(self, logdir, **kwargs):
     del logdir, kwargs
     print('sitecustomize: no TensorFlow and no PyTorch writer: TensorBoard events are not '
-          'written',
-          file=sys.stderr)
+          'written', file=sys.stderr)
 
   def __getattr__(self, name):
     return lambda *args, **kwargs: None
