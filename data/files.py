@@ -2,7 +2,9 @@
 (gs://..., s3://...) with TensorFlow's `tf.io.gfile`.
 
 A run on local files (the generated datasets, `.npz` arrays) so never imports
-TensorFlow for its data; a bucket path imports it when first read.
+TensorFlow for its data; a bucket path imports it when first read. Not `etils.epath`
+(the workdir's): it has no TensorFlow-only file systems, such as the `ram://` the
+data tests use or those of TensorFlow's I/O plug-ins.
 """
 import os
 
