@@ -84,7 +84,8 @@ command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,memory.total,dr
   --format=csv,noheader | tee -a "$LOG"
 
 # 2. The data of each run, written once before the runs start (they would race), from the
-#    runs' own configs, and a fingerprint of each test split to compare with another machine's.
+#    runs' own configs, and a fingerprint of each test split to compare with another machine's;
+#    each run's workdir name as the sweep gives it (SWEEP_ARGS may add to it) into names.tsv.
 spec() { IFS=: read -r s m w c <<< "$1"
   echo "studies/recall/sweep.py:seed=$s,mechanisms=$m,widths=$w,cells=$c${SWEEP_ARGS:-}"; }
 specs=(); for run in "$@"; do specs+=("$(spec "$run")"); done
@@ -94,9 +95,12 @@ import numpy as np
 from data import generated
 from train import sweep
 seen = set()
-for spec in sys.argv[1:]:
+names = open(sys.argv[1], 'w')
+for spec in sys.argv[2:]:
   try:
-    configs = [sweep.build_config(run) for run in sweep.expand(sweep.load_sweep(spec))]
+    runs = sweep.expand(sweep.load_sweep(spec))
+    names.write(f'{spec}\t{runs[0].name}\n')
+    configs = [sweep.build_config(run) for run in runs]
   except ValueError as e:  # a bad run fails again, with this message, when it is started
     print(f'{spec}: {e}')
     continue
@@ -107,7 +111,7 @@ for spec in sys.argv[1:]:
       with np.load(pattern.format(split='test')) as d:
         digest = hashlib.sha256(d['inputs'].tobytes() + d['labels'].tobytes()).hexdigest()
       print(pattern.format(split='test'), 'sha256 of inputs+labels', digest)
-" "${specs[@]}" 2>&1 | grep -v '^[IW]0000\|^WARNING: All log' | tee -a "$LOG"
+" "$ROOT/names.tsv" "${specs[@]}" 2>&1 | grep -v '^[IW]0000\|^WARNING: All log' | tee -a "$LOG"
 
 # 3. A smoke run: four steps of a tiny model, the whole path (data, trainer, writers,
 #    checkpoints) on this device; once per ROOT (a later call finds its results).
@@ -123,7 +127,11 @@ else
 fi
 
 # 4. The runs, WORKERS at a time, in the order given.
-key() { IFS=: read -r s m w c <<< "$1"; echo "seed$s/$m-d$w-l${c%x*}-kv${c#*x}"; }
+key() {  # seed<s>/<the sweep's name of the run>; a run the sweep refused: the grid's naming
+  local sp name; sp=$(spec "$1"); IFS=: read -r s m w c <<< "$1"
+  name=$(awk -F'\t' -v sp="$sp" '$1 == sp {print $2}' "$ROOT/names.tsv" 2> /dev/null)
+  echo "seed$s/${name:-$m-d$w-l${c%x*}-kv${c#*x}}"
+}
 alive() { local f="$ROOT/pids/${1//\//_}"; [[ -f $f ]] && kill -0 "$(cat "$f")" 2> /dev/null; }
 done_() { [[ -f "$ROOT/$1/results.json" ]]; }
 pack() {
