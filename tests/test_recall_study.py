@@ -1,6 +1,7 @@
 """The MQAR recall study (studies/recall): its runs, its settings, its decode-state column
 and its gradient probe."""
 import json
+import re
 import shutil
 
 import jax.numpy as jnp
@@ -8,6 +9,7 @@ import pytest
 
 import test_mqar
 
+from efficient_attn import registry
 from studies.recall import gradients
 from studies.recall import report
 from train import pyfile
@@ -225,6 +227,28 @@ def test_curves_draw_the_runs_that_have_one_and_count_the_rest(tmp_path, monkeyp
   [empty] = figures[1].axes
   assert not empty.lines and empty.get_title() == ''
   assert '1 of 1 runs have no stored curve' in figures[1]._suptitle.get_text()
+
+
+def test_missing_lists_the_plans_runs_that_the_sources_lack_as_run_sh_takes_them():
+  """The plan: the sweep's six at every grid width and cell, the other causal mechanisms at
+  width 128, (256, 16), two seeds each, at the sweep's budget; a run at another budget or
+  with an option off its default is not the plan's run."""
+  causal = registry.names_where(lambda m: m.causal)
+  plan = report.plan()
+  assert len(plan) == 2 * (6 * 4 + len(causal) - 6) == len({report.run_key(r) for r in plan})
+  assert {(r['vocab_size'], r['learning_rate'], r['steps']) for r in plan} == {(1024, 1e-3, 4000)}
+  budget = dict(width=64, seq_len=128, num_kv_pairs=8, vocab_size=1024, learning_rate=1e-3,
+                steps=4000)
+  done = [_run('softmax', s, 1.0, **budget) for s in (0, 1)]
+  elsewhere = [_run('linear', 0, 0.5, **dict(budget, steps=1000)),
+               _run('deltanet conv_size=0', 0, 0.5, **budget)]
+  lost = report.missing(done + elsewhere)
+  assert len(lost) == len(plan) - 2 and len(set(lost)) == len(lost)
+  assert '0:softmax:64:128x8' not in lost and '1:softmax:64:128x8' not in lost
+  assert '0:linear:64:128x8' in lost and '0:deltanet:64:128x8' in lost
+  assert '1:performer:128:256x16' in lost and not any(':performer:64:' in r for r in lost)
+  assert all(re.fullmatch(r'[01]:[a-z0-9_]+:(64|128):(128x8|256x16)', r) for r in lost)
+  assert report.missing(done, ['softmax'], [64]) == ['0:softmax:64:256x16', '1:softmax:64:256x16']
 
 
 def test_select_keeps_the_named_mechanisms_and_widths():

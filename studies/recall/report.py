@@ -2,6 +2,7 @@ r"""The recall study's report: accuracy per mechanism, width and cell over seeds
 
     python -m studies.recall.report '/work/runs/recall/seed*' --out=studies/recall --name=recall
     python -m studies.recall.report --states --out=studies/recall --name=recall
+    python -m studies.recall.report --missing studies/recall/recall_d.json '/work/runs/new/seed*'
 
 Each argument is a folder (or a glob of folders) holding one workdir per run
 (`python -m train.sweep --sweep=studies/recall/sweep.py --root=...`), or an
@@ -30,6 +31,15 @@ width; else accuracy per mechanism) and <out>/<name>_state.png (accuracy against
 the decode state, log scale) and <out>/<name>_curves.png (training accuracy
 against step, every run that has a curve: a panel per width and cell, a colour per
 mechanism, a line style per seed).
+
+With --missing it writes nothing: it prints the runs of the study's plan (`plan`: the
+sweep's six mechanisms at every width and cell of GRID, every other causal mechanism at
+width 128, (256, 16), two seeds each, at the sweep's default budget) that the sources do
+not hold, one `seed:mechanism:width:cell` per line, as studies/recall/gpu/run.sh takes
+them (what they are, and the commands that run them, go to stderr):
+
+    OUT=/tmp/out bash studies/recall/gpu/run.sh $(python -m studies.recall.report \
+        --missing studies/recall/recall_d.json)
 """
 import glob
 import json
@@ -48,6 +58,7 @@ from benchmarks.generation import cache_bytes
 from configs import common
 from configs import mqar
 from efficient_attn import registry
+from studies.recall import sweep
 from train import api
 
 _OUT = flags.DEFINE_string('out', 'studies/recall', 'Folder for the report files.')
@@ -59,7 +70,12 @@ _MECHANISMS = flags.DEFINE_list('mechanisms', [], 'Only these mechanisms (defaul
                                 'found); a row with an option off its default counts as its '
                                 'mechanism.')
 _WIDTHS = flags.DEFINE_list('widths', [], 'Only these widths (default: every one).')
+_MISSING = flags.DEFINE_bool('missing', False, 'Instead: print the runs of the study\'s plan '
+                             'that the sources do not hold (seed:mechanism:width:cell, one '
+                             'per line, as studies/recall/gpu/run.sh takes them); writes nothing.')
 GRID = ((64, 128, 8), (64, 256, 16), (128, 128, 8), (128, 256, 16))  # width, seq_len, pairs
+ONE_CELL = (128, 256, 16)  # where every other causal mechanism runs once per seed
+SEEDS = (0, 1)
 
 
 def label(config) -> str:
@@ -171,6 +187,30 @@ def state_bytes(config) -> Optional[int]:
       lambda: model.init(jax.random.PRNGKey(0),
                          jnp.zeros((1, config.dataset.max_length), jnp.int32))['params'])
   return cache_bytes(model, params)
+
+
+def plan() -> List[Dict[str, Any]]:
+  """The study's runs, as `run_key` reads them: the sweep's mechanisms (softmax, linear
+  attention and the gated and delta-rule four) at every width and cell of GRID, and every
+  other mechanism with a causal form at ONE_CELL, each for every seed of SEEDS, at the
+  sweep's default budget (vocabulary, learning rate, steps). Ordered by width, cell and
+  mechanism, a mechanism's seeds together."""
+  d = sweep.DEFAULTS
+  core = d['mechanisms']
+  others = [m for m in registry.names_where(lambda m: m.causal) if m not in core]
+  cells = [(m, w, l, p) for w, l, p in GRID for m in core] + [(m,) + ONE_CELL for m in others]
+  return [dict(mechanism=m, width=w, seq_len=l, num_kv_pairs=p, vocab_size=d['vocab_size'],
+               learning_rate=d['learning_rate'], steps=d['num_steps'], seed=s)
+          for m, w, l, p in cells for s in SEEDS]
+
+
+def missing(runs: List[Dict[str, Any]], mechanisms: Sequence[str] = (),
+            widths: Sequence[int] = ()) -> List[str]:
+  """The runs of `plan()` (of these mechanisms and widths, if named) that `runs` lack, as
+  'seed:mechanism:width:cell' (studies/recall/gpu/run.sh's form)."""
+  have = {run_key(r) for r in runs}
+  return [f'{r["seed"]}:{r["mechanism"]}:{r["width"]}:{r["seq_len"]}x{r["num_kv_pairs"]}'
+          for r in select(plan(), mechanisms, widths) if run_key(r) not in have]
 
 
 def select(runs: List[Dict[str, Any]], mechanisms: Sequence[str] = (),
@@ -437,6 +477,19 @@ def main(argv):
     print(table)
     return
   mechanisms, widths = selection(_MECHANISMS.value, _WIDTHS.value)  # before any work
+  if _MISSING.value:
+    lost = missing(read_runs(argv[1:]), mechanisms, widths)
+    d = sweep.DEFAULTS
+    print(f'{len(lost)} of the plan\'s {len(select(plan(), mechanisms, widths))} runs '
+          f'(vocabulary {d["vocab_size"]:,}, learning rate {d["learning_rate"]:g}, '
+          f'{d["num_steps"]:,} steps; seeds {", ".join(map(str, SEEDS))}) are not in '
+          f'{" ".join(argv[1:]) or "(no sources)"}'
+          + (': run them on a GPU with `OUT=<folder> bash studies/recall/gpu/run.sh '
+             '<these>`, or one on a CPU with `python -m train.sweep '
+             '--sweep=studies/recall/sweep.py:seed=<s>,mechanisms=<m>,widths=<w>,'
+             'cells=<cell> --root=<root>/seed<s> run`' if lost else ''), file=sys.stderr)
+    print('\n'.join(lost))
+    return
   command = 'python -m studies.recall.report ' + ' '.join(
       [f"'{a}'" for a in argv[1:]]
       + [f'--{f.name}={",".join(map(str, f.value))}' for f in (_MECHANISMS, _WIDTHS) if f.value]
@@ -446,19 +499,24 @@ def main(argv):
   print(markdown(rows, command))
 
 
-def write_report(sources: Sequence[str], base: str, command: str,
-                 mechanisms: Sequence[str] = (), widths: Sequence[int] = ()) -> Dict[str, Any]:
-  """Reads the runs of `sources` (earlier reports' .json, and folder globs of workdirs) and
-  writes <base>.json, .md, .png, _state.png and _curves.png; returns the .json's content."""
+def read_runs(sources: Sequence[str]) -> List[Dict[str, Any]]:
+  """The finished runs of `sources` (earlier reports' .json, and folder globs of workdirs),
+  a workdir's replacing a report's of the same `run_key`."""
   stored = [r for path in sources if path.endswith('.json') for r in read_report(path)]
   folders = sorted({d for pattern in sources if not pattern.endswith('.json')
                     for d in glob.glob(pattern) if os.path.isdir(d)})
   workdirs = sorted({os.path.join(f, d) for f in folders for d in os.listdir(f)
                      if os.path.isdir(os.path.join(f, d))})
   read = with_state([r for r in (read_run(w) for w in workdirs) if r])
-  runs = select(merge(stored, [{k: r[k] for k in RUN_FIELDS + OPTIONAL_FIELDS if k in r}
-                              for r in read]),
-                mechanisms, widths)
+  return merge(stored, [{k: r[k] for k in RUN_FIELDS + OPTIONAL_FIELDS if k in r}
+                        for r in read])
+
+
+def write_report(sources: Sequence[str], base: str, command: str,
+                 mechanisms: Sequence[str] = (), widths: Sequence[int] = ()) -> Dict[str, Any]:
+  """Reads the runs of `sources` (earlier reports' .json, and folder globs of workdirs) and
+  writes <base>.json, .md, .png, _state.png and _curves.png; returns the .json's content."""
+  runs = select(read_runs(sources), mechanisms, widths)
   if not runs:
     sys.exit(f'no finished runs under {list(sources)}')
   data = dict(command=command, rows=group(runs), runs=runs)

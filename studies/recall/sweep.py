@@ -50,12 +50,15 @@ def parse_cell(cell: str):
   return int(length), int(pairs)
 
 
+# The sweep's settings and their defaults (the grid's budget, D); the report's plan reads them.
+DEFAULTS = dict(
+    seed=0, mechanisms=('softmax', 'linear', 'mamba2', 'gla', 'deltanet', 'gated_deltanet'),
+    widths=(64,), cells=('128x8',), vocab_size=1024, learning_rate=1e-3, num_steps=4000,
+    conv_size=-1, num_heads=mqar.DEFAULTS['num_heads'])
+
+
 def get_sweep(arg=None):
-  args = common.parse_arg(
-      arg, seed=0,
-      mechanisms=('softmax', 'linear', 'mamba2', 'gla', 'deltanet', 'gated_deltanet'),
-      widths=(64,), cells=('128x8',), vocab_size=1024, learning_rate=1e-3, num_steps=4000,
-      conv_size=-1, num_heads=mqar.DEFAULTS['num_heads'])
+  args = common.parse_arg(arg, **DEFAULTS)
   common.at_least(0, seed=args['seed'])
   common.at_least(1, widths=args['widths'], num_steps=args['num_steps'])
   if not args['learning_rate'] > 0:
