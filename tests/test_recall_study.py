@@ -128,6 +128,49 @@ def test_plot_gives_each_mechanism_one_colour_in_lines_and_bars(tmp_path, monkey
   assert len({c.split()[0] for c in line_colour}) == 2 and len(set(bar_colour)) == 2
 
 
+def test_state_plot_draws_a_line_per_mechanism_cell_and_budget_in_the_mechanisms_colour(
+    tmp_path, monkeypatch):
+  """Zoology's recall-memory plot: a mechanism's widths in one cell are one line, in the
+  colour `plot` gives it; a marker per cell; a row without a decode state is left out."""
+  import matplotlib.colors  # pylint: disable=g-import-not-at-top
+  import matplotlib.figure  # pylint: disable=g-import-not-at-top
+  runs = [dict(mechanism=m, width=w, seq_len=n, num_kv_pairs=2, vocab_size=16,
+               learning_rate=lr, steps=10, seed=0, accuracy=0.5, train_accuracy=0.5,
+               examples_per_sec=1.0, params=1, state_bytes=w * n * (1 + (m == 'linear')),
+               workdir='w')
+          for m in ('softmax', 'linear') for lr in (1e-2, 3e-3)
+          for w, n in ((8, 16), (16, 16), (8, 32))]
+  runs.append(dict(runs[0], mechanism='gmlp', state_bytes=None))
+  figures = []
+  monkeypatch.setattr(matplotlib.figure.Figure, 'savefig',
+                      lambda fig, path, **kw: figures.append(fig))
+  rows = report.group(runs)
+  report.plot_state(rows, str(tmp_path / 's.png'))
+  [ax] = figures[0].axes
+  drawn = [bars.lines[0] for bars in ax.containers]  # each errorbar's data line
+  # 2 mechanisms x 2 cells x 2 budgets; (16 tokens) joins widths 8 and 16.
+  assert sorted(len(line.get_xdata()) for line in drawn) == [1] * 4 + [2] * 4
+  assert {matplotlib.colors.to_hex(line.get_color()) for line in drawn} == {
+      matplotlib.colors.to_hex(report.colours(rows)[m]) for m in ('softmax', 'linear')}
+  assert len({line.get_marker() for line in drawn}) == 2
+  assert len({line.get_linestyle() for line in drawn}) == 2
+  labels = [t.get_text() for t in ax.get_legend().get_texts()]
+  assert labels[:2] == ['linear', 'softmax'] and 'gmlp' not in labels
+  assert 'seq_len 16, 2 pairs' in labels and '10 steps, lr 0.003, vocab 16' in labels
+
+
+def test_budget_keeps_the_runs_of_one_budget_and_a_bad_one_is_one_line():
+  runs = [_run('softmax', 0, 1.0, steps=s) for s in (10, 20)]
+  assert report.select(runs, budget=(20, 1e-3, 16)) == runs[1:]
+  assert report.select(runs, budget=(20, 1e-2, 16)) == []
+  assert report.selection([], [], '20,1e-3,16')[2] == (20, 1e-3, 16)
+  assert report.selection([], [])[2] is None
+  for bad in ('20,1e-3', '20,1e-3,16,1', 'x,1e-3,16', '20,0,16', '0,1e-3,16'):
+    with pytest.raises(SystemExit) as e:
+      report.selection([], [], bad)
+    assert str(e.value).startswith(f'--budget: {bad!r} is not steps,learning_rate,vocab_size')
+
+
 def _run(mechanism, seed, accuracy, curve=None, **kw):
   """One run as `read_run` gives it, less its config: a (16, 2) cell at width 8."""
   return dict(dict(workdir=f'runs/s{seed}/{mechanism}', mechanism=mechanism, width=8,
@@ -270,7 +313,7 @@ def test_a_bad_selection_is_one_line_naming_it(mechanisms, widths, message):
   with pytest.raises(SystemExit) as e:
     report.selection(mechanisms, widths)
   assert str(e.value).startswith(message) and '\n' not in str(e.value)
-  assert report.selection(['softmax'], ['64']) == (['softmax'], [64])
+  assert report.selection(['softmax'], ['64']) == (['softmax'], [64], None)
 
 
 def test_gradient_norms_name_each_parameter_and_measure_it():

@@ -28,9 +28,10 @@ position counters), built from the run's stored config without its weights.
 Writes <out>/<name>.json, <out>/<name>.md, <out>/<name>.png (accuracy
 against width per mechanism, one panel per cell, when a cell has more than one
 width; else accuracy per mechanism) and <out>/<name>_state.png (accuracy against
-the decode state, log scale) and <out>/<name>_curves.png (training accuracy
+the decode state, log scale, a line through a mechanism's widths in one cell) and <out>/<name>_curves.png (training accuracy
 against step, every run that has a curve: a panel per width and cell, a colour per
-mechanism, a line style per seed).
+mechanism, a line style per seed). --mechanisms, --widths and --budget keep some of the
+runs (the grid's figures: `--budget=4000,1e-3,1024 --name=recall_grid`).
 
 With --missing it writes nothing: it prints the runs of the study's plan (`plan`: the
 sweep's six mechanisms at every width and cell of GRID, every other causal mechanism at
@@ -70,6 +71,9 @@ _MECHANISMS = flags.DEFINE_list('mechanisms', [], 'Only these mechanisms (defaul
                                 'found); a row with an option off its default counts as its '
                                 'mechanism.')
 _WIDTHS = flags.DEFINE_list('widths', [], 'Only these widths (default: every one).')
+_BUDGET = flags.DEFINE_string('budget', '', 'Only the runs of this budget, '
+                              '"steps,learning_rate,vocab_size" (e.g. 4000,1e-3,1024; '
+                              'default: every one).')
 _MISSING = flags.DEFINE_bool('missing', False, 'Instead: print the runs of the study\'s plan '
                              'that the sources do not hold (seed:mechanism:width:cell, one '
                              'per line, as studies/recall/gpu/run.sh takes them); writes nothing.')
@@ -214,11 +218,12 @@ def missing(runs: List[Dict[str, Any]], mechanisms: Sequence[str] = (),
 
 
 def select(runs: List[Dict[str, Any]], mechanisms: Sequence[str] = (),
-           widths: Sequence[int] = ()) -> List[Dict[str, Any]]:
-  """The runs of these mechanisms (by name, whatever their options) and widths; an empty
-  list keeps every one."""
+           widths: Sequence[int] = (), budget: Optional[tuple] = None) -> List[Dict[str, Any]]:
+  """The runs of these mechanisms (by name, whatever their options), widths and budget
+  ((steps, learning_rate, vocab_size)); an empty list or None keeps every one."""
   return [r for r in runs if (not mechanisms or r['mechanism'].split()[0] in mechanisms)
-          and (not widths or r['width'] in widths)]
+          and (not widths or r['width'] in widths)
+          and (budget is None or (r['steps'], r['learning_rate'], r['vocab_size']) == budget)]
 
 
 def group(runs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
@@ -424,25 +429,47 @@ def plot_curves(runs: List[Dict[str, Any]], path: str) -> None:
 
 
 def plot_state(rows: List[Dict[str, Any]], path: str) -> None:
-  """Accuracy against decode state per sequence (log scale), as Zoology's recall-memory plot."""
+  """Accuracy against decode state per sequence (log scale), as Zoology's recall-memory plot:
+  a colour per mechanism (as in `plot`), a marker per cell, a line through one mechanism's
+  widths in one cell (and budget: a line style per budget when the rows hold several)."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
+  from matplotlib import lines as mlines  # pylint: disable=g-import-not-at-top
+  from matplotlib import ticker  # pylint: disable=g-import-not-at-top
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  fig, ax = plt.subplots(figsize=(6, 4))
-  budgets = count_budgets(rows)
-  for r in rows:
-    if r['state_bytes'] is None:
-      continue
-    ax.errorbar(r['state_bytes'], 100 * r['mean'], yerr=100 * r['spread'], marker='o',
-                capsize=3, linestyle='none',
-                label=f"{name(r, budgets)} (d{r['width']}, {r['seq_len']}/{r['num_kv_pairs']})")
-  ax.set_xscale('log')
+  drawn = [r for r in rows if r['state_bytes'] is not None]
+  colour = colours(rows)
+  cells = sorted({(r['seq_len'], r['num_kv_pairs']) for r in drawn})
+  cell_marker = {c: 'osD^vP*X'[i % 8] for i, c in enumerate(cells)}
+  budgets = sorted({budget(r) for r in drawn})
+  budget_style = {b: ('-', '--', ':', '-.')[i % 4] for i, b in enumerate(budgets)}
+  fig, ax = plt.subplots(figsize=(7, 4.5))
+  lines: Dict[tuple, List[Dict[str, Any]]] = {}
+  for r in drawn:
+    lines.setdefault((r['mechanism'], r['seq_len'], r['num_kv_pairs'], budget(r)), []).append(r)
+  for (m, seq_len, pairs, b), mine in sorted(lines.items()):
+    mine.sort(key=lambda r: r['state_bytes'])
+    ax.errorbar([r['state_bytes'] for r in mine], [100 * r['mean'] for r in mine],
+                yerr=[100 * r['spread'] for r in mine], color=colour[m],
+                marker=cell_marker[seq_len, pairs], linestyle=budget_style[b], capsize=3,
+                markersize=6, linewidth=1)
+  ax.set_xscale('log', base=2)  # ticks at powers of two, in KiB: no crowded minor labels
+  ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda x, _: f'{x / 1024:g} KiB'))
+  ax.xaxis.set_minor_formatter(ticker.NullFormatter())
   ax.set_ylim(-2, 102)
-  ax.set_xlabel('decode state per sequence (bytes, log scale)')
+  ax.set_xlabel('decode state per sequence (log scale)')
   ax.set_ylabel('MQAR test accuracy (%)')
-  ax.legend(fontsize=7)
+  ax.set_title('a line joins one mechanism\'s widths in one cell', fontsize=9)
+  mechanisms = sorted({r['mechanism'] for r in drawn})
+  handles = ([mlines.Line2D([], [], color=colour[m], label=m) for m in mechanisms]
+             + [mlines.Line2D([], [], color='black', marker=cell_marker[c], linestyle='none',
+                              label=f'seq_len {c[0]}, {c[1]} pairs') for c in cells]
+             + ([mlines.Line2D([], [], color='black', linestyle=budget_style[b], label=b)
+                 for b in budgets] if len(budgets) > 1 else []))
+  if handles:
+    ax.legend(handles=handles, fontsize=7, loc='upper left', bbox_to_anchor=(1.0, 1.0))
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  fig.savefig(path, dpi=120, bbox_inches='tight')
 
 
 def state_table() -> str:
@@ -456,8 +483,9 @@ def state_table() -> str:
   return '\n'.join(lines) + '\n'
 
 
-def selection(mechanisms: Sequence[str], widths: Sequence[str]):
-  """(mechanisms, widths) from --mechanisms and --widths; a one-line exit naming a bad value."""
+def selection(mechanisms: Sequence[str], widths: Sequence[str], budget: str = ''):
+  """(mechanisms, widths, budget) from --mechanisms, --widths and --budget (None when not
+  given); a one-line exit naming a bad value."""
   unknown = [m for m in mechanisms if m not in registry.list_mechanisms()]
   if unknown:
     sys.exit(f'--mechanisms: {", ".join(unknown)} not registered; valid choices: '
@@ -465,7 +493,20 @@ def selection(mechanisms: Sequence[str], widths: Sequence[str]):
   bad = [w for w in widths if not w.isdigit() or int(w) < 1]
   if bad:
     sys.exit(f'--widths: {", ".join(bad)} is not a positive integer')
-  return list(mechanisms), [int(w) for w in widths]
+  return list(mechanisms), [int(w) for w in widths], parse_budget(budget) if budget else None
+
+
+def parse_budget(text: str) -> tuple:
+  """'4000,1e-3,1024' -> (4000, 0.001, 1024); a one-line exit for anything else."""
+  parts = text.split(',')
+  try:
+    steps, learning_rate, vocab_size = int(parts[0]), float(parts[1]), int(parts[2])
+    if len(parts) != 3 or min(steps, vocab_size) < 1 or not learning_rate > 0:
+      raise ValueError
+  except (ValueError, IndexError):
+    sys.exit(f'--budget: {text!r} is not steps,learning_rate,vocab_size (positive numbers, '
+             f'e.g. 4000,1e-3,1024)')
+  return steps, learning_rate, vocab_size
 
 
 def main(argv):
@@ -476,7 +517,8 @@ def main(argv):
       f.write(table)
     print(table)
     return
-  mechanisms, widths = selection(_MECHANISMS.value, _WIDTHS.value)  # before any work
+  mechanisms, widths, budget = selection(_MECHANISMS.value, _WIDTHS.value,  # before any work
+                                         _BUDGET.value)
   if _MISSING.value:
     lost = missing(read_runs(argv[1:]), mechanisms, widths)
     d = sweep.DEFAULTS
@@ -493,9 +535,10 @@ def main(argv):
   command = 'python -m studies.recall.report ' + ' '.join(
       [f"'{a}'" for a in argv[1:]]
       + [f'--{f.name}={",".join(map(str, f.value))}' for f in (_MECHANISMS, _WIDTHS) if f.value]
+      + ([f'--budget={_BUDGET.value}'] if _BUDGET.value else [])
       + [f'--out={_OUT.value}', f'--name={_NAME.value}'])
   rows = write_report(argv[1:], os.path.join(_OUT.value, _NAME.value), command, mechanisms,
-                      widths)['rows']
+                      widths, budget)['rows']
   print(markdown(rows, command))
 
 
@@ -513,10 +556,11 @@ def read_runs(sources: Sequence[str]) -> List[Dict[str, Any]]:
 
 
 def write_report(sources: Sequence[str], base: str, command: str,
-                 mechanisms: Sequence[str] = (), widths: Sequence[int] = ()) -> Dict[str, Any]:
+                 mechanisms: Sequence[str] = (), widths: Sequence[int] = (),
+                 budget: Optional[tuple] = None) -> Dict[str, Any]:
   """Reads the runs of `sources` (earlier reports' .json, and folder globs of workdirs) and
   writes <base>.json, .md, .png, _state.png and _curves.png; returns the .json's content."""
-  runs = select(read_runs(sources), mechanisms, widths)
+  runs = select(read_runs(sources), mechanisms, widths, budget)
   if not runs:
     sys.exit(f'no finished runs under {list(sources)}')
   data = dict(command=command, rows=group(runs), runs=runs)
