@@ -80,6 +80,8 @@ _MISSING = flags.DEFINE_bool('missing', False, 'Instead: print the runs of the s
 GRID = ((64, 128, 8), (64, 256, 16), (128, 128, 8), (128, 256, 16))  # width, seq_len, pairs
 ONE_CELL = (128, 256, 16)  # where every other causal mechanism runs once per seed
 SEEDS = (0, 1)
+# Line styles, one per budget or seed: seven that matplotlib draws apart.
+STYLES = ('-', '--', ':', '-.', (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)), (0, (8, 2)))
 
 
 def label(config) -> str:
@@ -323,7 +325,7 @@ def plot(rows: List[Dict[str, Any]], path: str) -> None:
   # One line per mechanism and budget: a colour per mechanism in every panel, so the panels
   # read side by side, and a line style per budget.
   mechanism_colour = colours(rows)
-  budget_style = {b: ('-', '--', ':', '-.')[i % 4]
+  budget_style = {b: STYLES[i % len(STYLES)]
                   for i, b in enumerate(sorted({budget(r) for r in rows}))}
   colour = {name(r, budgets): mechanism_colour[r['mechanism']] for r in rows}
   style = {name(r, budgets): budget_style[budget(r)] for r in rows}
@@ -391,7 +393,7 @@ def plot_curves(runs: List[Dict[str, Any]], path: str) -> None:
     return (r['width'], r['seq_len'], r['num_kv_pairs']) + ((budget(r),) if budgets > 1 else ())
   panels = sorted({panel(r) for r in drawn}) or [()]  # no curve at all: one empty panel
   seeds = sorted({r['seed'] for r in drawn})
-  seed_style = {s: ('-', '--', ':', '-.')[i % 4] for i, s in enumerate(seeds)}
+  seed_style = {s: STYLES[i % len(STYLES)] for i, s in enumerate(seeds)}
   cols = min(2, len(panels))
   grid_rows = -(-len(panels) // cols)
   fig, axes = plt.subplots(grid_rows, cols, figsize=(4.5 * cols, 3 * grid_rows + 0.6),
@@ -442,7 +444,7 @@ def plot_state(rows: List[Dict[str, Any]], path: str) -> None:
   cells = sorted({(r['seq_len'], r['num_kv_pairs']) for r in drawn})
   cell_marker = {c: 'osD^vP*X'[i % 8] for i, c in enumerate(cells)}
   budgets = sorted({budget(r) for r in drawn})
-  budget_style = {b: ('-', '--', ':', '-.')[i % 4] for i, b in enumerate(budgets)}
+  budget_style = {b: STYLES[i % len(STYLES)] for i, b in enumerate(budgets)}
   fig, ax = plt.subplots(figsize=(7, 4.5))
   lines: Dict[tuple, List[Dict[str, Any]]] = {}
   for r in drawn:
