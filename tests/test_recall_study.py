@@ -321,13 +321,18 @@ def test_gradient_norms_name_each_parameter_and_measure_it():
   norms = gradients.gradient_norms(
       lambda p: 3.0 * jnp.sum(p['decoder']['block_0']['w']) + 0.0 * jnp.sum(p['b']), params)
   assert norms == {'b': 0.0, 'block_0/w': pytest.approx(3 * 6 ** 0.5)}
+  key, value = 'block_{}/attention/key/kernel', 'block_{}/attention/value/kernel'
   runs = [dict(name='r1', init=norms, final=norms),
-          dict(name='r2', init={'b': 1.0, gradients.KEY: 1.0, gradients.VALUE: 4.0},
-               final={'b': 2.0})]
-  table = gradients.markdown(runs, 'block_0/w|key', 'cmd')
-  assert f'| run | moment | block_0/w | {gradients.KEY} | {gradients.KEY} / ' in table
-  assert '| r1 | init | 7.35e+00 | - | - |' in table and '| r2 | init | - | 1.00e+00 | 0.250 |' in table
-  assert '| r2 | final | - | - | - |' in table
+          dict(name='r2', init={'b': 1.0, key.format(0): 1.0, value.format(0): 4.0,
+                                key.format(10): 3.0, value.format(10): 2.0,
+                                key.format(2): 1.0, value.format(2): 0.0},
+               final={'b': 2.0, key.format(10): 1.0})]
+  table = gradients.markdown(runs, 'block_0/w|block_0.*key', 'cmd')
+  assert (f'| run | moment | block_0/w | {key.format(0)} | block_0 key / value | '
+          'block_2 key / value | block_10 key / value |') in table  # every layer, in order
+  assert '| r1 | init | 7.35e+00 | - | - | - | - |' in table
+  assert '| r2 | init | - | 1.00e+00 | 0.250 | - | 1.500 |' in table  # value 0: no ratio
+  assert '| r2 | final | - | - | - | - | - |' in table
 
 
 @pytest.mark.slow

@@ -11,12 +11,12 @@ other paths too (Mamba-2's D x skip), the key only through the state. The initia
 parameters are the run's own (its config's seed), rebuilt without training.
 
 Writes <out>/<name>.md (a row per run and moment, a column per parameter that --match
-selects) and <out>/<name>.json (every parameter).
+selects, and each layer's key / value ratio) and <out>/<name>.json (every parameter).
 """
 import json
 import os
 import re
-from typing import Any, Dict, Sequence
+from typing import Any, Dict, List, Sequence
 
 from absl import app
 from absl import flags
@@ -26,16 +26,15 @@ import numpy as np
 from train import api
 
 FLAGS = flags.FLAGS
-KEY, VALUE = 'block_0/attention/key/kernel', 'block_0/attention/value/kernel'
+MATCH = r'block_0/attention/((key|query|value)/kernel|mechanism/(A_log|dt_bias))$'
 
 
 def define_flags():
   """The command's flags, defined when it runs (studies.recall.report has its own --out)."""
   flags.DEFINE_string('out', 'studies/recall', 'Folder for the report files.')
   flags.DEFINE_string('name', 'gradients', 'Report file name (no extension).')
-  flags.DEFINE_string('match', r'block_0/attention/((key|query|value)/kernel|mechanism/'
-                      r'(A_log|dt_bias))$', 'Regular expression: report the '
-                      "parameters whose path ('block_0/attention/key/kernel') matches.")
+  flags.DEFINE_string('match', MATCH, 'Regular expression: report the parameters whose '
+                      "path ('block_0/attention/key/kernel') matches.")
 
 
 def gradient_norms(loss_fn, params) -> Dict[str, float]:
@@ -66,20 +65,30 @@ def run_norms(workdir: str) -> Dict[str, Any]:
               init=gradient_norms(loss, built.state.params), final=gradient_norms(loss, trained))
 
 
+def layers(names: Sequence[str]) -> List[str]:
+  """The layers ('block_0', 'block_1', ...) that have an attention key kernel, in order."""
+  found = {m.group(1): int(m.group(2)) for n in names
+           for m in [re.fullmatch(r'(block_(\d+))/attention/key/kernel', n)] if m}
+  return sorted(found, key=found.get)
+
+
 def markdown(runs: Sequence[Dict[str, Any]], match: str, command: str) -> str:
   """One row per run and moment (init, final), one column per matched parameter of any run
-  ('-' where a run has none), and the ratio of the first layer's key-kernel gradient to its
+  ('-' where a run has none), and per layer the ratio of its key-kernel gradient to its
   value-kernel gradient."""
   names = list(dict.fromkeys(n for r in runs for n in r['init'] if re.search(match, n)))
-  head = ['run', 'moment'] + names + [f'{KEY} / {VALUE}']
+  blocks = layers([n for r in runs for n in r['init']])
+  head = ['run', 'moment'] + names + [f'{b} key / value' for b in blocks]
   lines = [f'command: `{command}`', '', '| ' + ' | '.join(head) + ' |',
            '|' + '---|' * len(head)]
   for r in runs:
     for when in ('init', 'final'):
       norms = r[when]
       cells = [f'{norms[n]:.2e}' if n in norms else '-' for n in names]
-      ratio = (f'{norms[KEY] / norms[VALUE]:.3f}' if norms.get(VALUE) else '-')
-      lines.append(f'| {r["name"]} | {when} | ' + ' | '.join(cells) + f' | {ratio} |')
+      for b in blocks:
+        key, value = norms.get(f'{b}/attention/key/kernel'), norms.get(f'{b}/attention/value/kernel')
+        cells.append(f'{key / value:.3f}' if key is not None and value else '-')
+      lines.append(f'| {r["name"]} | {when} | ' + ' | '.join(cells) + ' |')
   return '\n'.join(lines) + '\n'
 
 
@@ -89,6 +98,7 @@ def main(argv):
   re.compile(FLAGS.match)  # a bad expression fails before any work
   runs = [run_norms(w) for w in argv[1:]]
   command = ('python -m studies.recall.gradients ' + ' '.join(argv[1:])
+             + (f" --match='{FLAGS.match}'" if FLAGS.match != MATCH else '')
              + f' --out={FLAGS.out} --name={FLAGS.name}')
   table = markdown(runs, FLAGS.match, command)
   os.makedirs(FLAGS.out, exist_ok=True)
