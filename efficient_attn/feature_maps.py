@@ -5,9 +5,17 @@ element-wise and keep the last dimension:
 
   * `elu_plus_one`: elu(x) + 1 (positive, the linear transformer's default);
   * `relu`: max(x, 0) (non-negative; a row may be all zero);
-  * `identity`: x (sign-indefinite; the seeds' softmax-free "linear attention").
+  * `identity`: x (sign-indefinite; the softmax-free "linear attention");
 
-`get_feature_map(name)` looks them up by the names 'elu', 'relu', 'identity'.
+and one widens it:
+
+  * `taylor`: the second-order Taylor expansion of exp (Zhang et al. 2024,
+    "Hedgehog"; Arora et al. 2024, "Based"): [1, x / d^(1/4), vec(x x^T) /
+    sqrt(2 d)], `[..., d] -> [..., 1 + d + d^2]`, whose dot product is
+    1 + s + s^2 / 2 for s = q . k / sqrt(d) (never below 1/2).
+
+`get_feature_map(name)` looks them up by the names 'elu', 'relu', 'identity',
+'taylor'; `feature_dim(name, d)` is the width of their features.
 
 Random features approximate the exponential kernel exp(q . k) and therefore
 softmax attention:
@@ -59,15 +67,40 @@ def identity(x: jnp.ndarray) -> jnp.ndarray:
   return x.astype(_compute_dtype(x))
 
 
+def taylor(x: jnp.ndarray) -> jnp.ndarray:
+  """Second-order Taylor features of exp(q . k / sqrt(d)): `[..., d] -> [..., 1 + d + d^2]`.
+
+  [1, x / d^(1/4), vec(x x^T) / sqrt(2 d)] (Zhang et al. 2024; Arora et al. 2024's Based),
+  so phi(q) . phi(k) = 1 + s + s^2 / 2 with s = q . k / sqrt(d): a positive kernel (its
+  minimum is 1/2, at s = -1), so a normalised attention row never divides by ~0. The
+  width grows as d^2: Based keeps d at 16 (273 features).
+  """
+  x = jnp.asarray(x)
+  x = x.astype(_compute_dtype(x))
+  d = x.shape[-1]
+  outer = (x[..., :, None] * x[..., None, :]).reshape(x.shape[:-1] + (d * d,))
+  return jnp.concatenate([jnp.ones(x.shape[:-1] + (1,), x.dtype), x * d ** -0.25,
+                          outer * (2.0 * d) ** -0.5], axis=-1)
+
+
 FEATURE_MAPS: Dict[str, FeatureMap] = {
     'elu': elu_plus_one,
     'relu': relu,
     'identity': identity,
+    'taylor': taylor,
 }
+# The width of each map's features from the width d of its input (default: d).
+_FEATURE_DIMS: Dict[str, Callable[[int], int]] = {'taylor': lambda d: 1 + d + d * d}
+
+
+def feature_dim(name: str, dim: int) -> int:
+  """The width of the features of the map called `name` for inputs of width `dim`."""
+  get_feature_map(name)  # an unknown name: the ValueError listing the valid ones
+  return _FEATURE_DIMS.get(name, lambda d: d)(dim)
 
 
 def get_feature_map(name: str) -> FeatureMap:
-  """The deterministic feature map called `name` ('elu', 'relu' or 'identity').
+  """The deterministic feature map called `name` ('elu', 'relu', 'identity', 'taylor').
 
   Raises:
     ValueError: for an unknown name, listing the valid ones.

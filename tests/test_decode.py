@@ -37,6 +37,41 @@ def test_layer_decode_matches_parallel(mechanism):
                              atol=2e-5, rtol=2e-5)
 
 
+def test_taylor_linear_attention_decodes_from_a_state_of_its_feature_width():
+  """The Taylor map widens head_dim d to 1 + d + d^2 features: the decoding state is
+  built that wide (`Mechanism.feature_dim`) and decoding equals the parallel form."""
+  x = jax.random.normal(jax.random.PRNGKey(0), (B, 12, D))
+  layer = ea.MultiHeadAttention(num_heads=H, mechanism='linear', causal=True,
+                                options={'feature_map': 'taylor', 'chunk_size': 5})
+  variables = layer.init(jax.random.PRNGKey(1), x)
+  np.testing.assert_allclose(_decode_layer(layer, variables, x), layer.apply(variables, x),
+                             atol=2e-5, rtol=2e-5)
+  _, cache = layer.clone(decode=True).apply(variables, x, mutable=['cache'])
+  d = D // H
+  assert (B, H, 1 + d + d * d, d) in [leaf.shape for leaf in jax.tree.leaves(cache)]
+
+
+def test_based_linear_attention_projects_queries_and_keys_to_qk_dim():
+  """Based's layout: queries and keys of qk_dim features per head (values keep head_dim),
+  Taylor features of them in the state; decoding equals the parallel form; a projection
+  scheme without a key projection is refused in one line."""
+  x = jax.random.normal(jax.random.PRNGKey(0), (B, 12, D))
+  options = {'feature_map': 'taylor', 'qk_dim': 3, 'chunk_size': 5}
+  layer = ea.MultiHeadAttention(num_heads=H, mechanism='linear', causal=True, options=options)
+  variables = layer.init(jax.random.PRNGKey(1), x)
+  kernels = variables['params']
+  assert kernels['query']['kernel'].shape == kernels['key']['kernel'].shape == (D, H, 3)
+  assert kernels['value']['kernel'].shape == (D, H, D // H)
+  np.testing.assert_allclose(_decode_layer(layer, variables, x), layer.apply(variables, x),
+                             atol=2e-5, rtol=2e-5)
+  _, cache = layer.clone(decode=True).apply(variables, x, mutable=['cache'])
+  assert (B, H, 1 + 3 + 9, D // H) in [leaf.shape for leaf in jax.tree.leaves(cache)]
+  with pytest.raises(ValueError, match="needs a key projection: projection 'efficient'") as e:
+    ea.MultiHeadAttention(num_heads=H, mechanism='linear', causal=True, options=options,
+                          projection='efficient').init(jax.random.PRNGKey(1), x)
+  assert '\n' not in str(e.value)
+
+
 @pytest.mark.parametrize('mechanism', ['linear', 'softmax'])
 def test_super_projection_decode_matches_parallel(mechanism):
   x = jax.random.normal(jax.random.PRNGKey(0), (B, 20, D))

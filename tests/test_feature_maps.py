@@ -21,6 +21,20 @@ def test_deterministic_maps_values():
     assert f(x.astype(jnp.bfloat16)).dtype == jnp.float32
 
 
+def test_taylor_features_give_the_second_order_expansion_of_exp():
+  rng = np.random.default_rng(0)
+  q, k = rng.normal(size=(2, 3, 5))
+  phi_q, phi_k = fm.taylor(jnp.asarray(q)), fm.taylor(jnp.asarray(k))
+  assert phi_q.shape == (3, 1 + 5 + 25) == (3, fm.feature_dim('taylor', 5))
+  s = np.sum(q * k, axis=-1) / math.sqrt(5)
+  np.testing.assert_allclose(np.sum(np.asarray(phi_q, np.float64) * np.asarray(phi_k), -1),
+                             1 + s + s * s / 2, rtol=1e-5)
+  assert fm.taylor(jnp.asarray(q, jnp.bfloat16)).dtype == jnp.float32
+  assert [fm.feature_dim(n, 5) for n in ('elu', 'relu', 'identity')] == [5, 5, 5]
+  with pytest.raises(ValueError, match='valid feature maps: elu, relu, identity, taylor'):
+    fm.feature_dim('cosine', 5)
+
+
 def test_get_feature_map():
   assert fm.get_feature_map('elu') is fm.elu_plus_one
   assert fm.get_feature_map('relu') is fm.relu

@@ -12,7 +12,7 @@ from efficient_attn.mechanisms import linear
 from helpers import PAD, assert_no_lookahead, np_kernel_ref, value_and_grads
 import pattern_reference
 
-FEATURE_MAPS = ('elu', 'relu', 'identity')
+FEATURE_MAPS = ('elu', 'relu', 'identity', 'taylor')
 EPS = 1e-6
 
 
@@ -27,7 +27,24 @@ def np_phi(x, name):
     return np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0.0)))
   if name == 'relu':
     return np.maximum(x, 0.0)
+  if name == 'taylor':  # weights 1 + s + s^2 / 2, s = q . k / sqrt(d), from the features
+    d = x.shape[-1]
+    outer = np.einsum('...i,...j->...ij', x, x).reshape(x.shape[:-1] + (d * d,))
+    return np.concatenate([np.ones(x.shape[:-1] + (1,)), x / d ** 0.25,
+                           outer / np.sqrt(2.0 * d)], axis=-1)
   return x
+
+
+def test_taylor_weights_are_the_second_order_expansion_of_exp(x64):
+  """Linear attention with the Taylor map weights key j by 1 + s + s^2 / 2 (s = q . k /
+  sqrt(d)): the explicit quadratic form, in float64."""
+  q, k, v = (np.asarray(x, np.float64) for x in inputs(dtype=jnp.float64))
+  s = np.einsum('blhd,bmhd->bhlm', q, k) / np.sqrt(q.shape[-1])
+  w = (1 + s + s * s / 2) * np.asarray(PAD)[:, None, None, :]
+  ref = np.einsum('bhlm,bmhe->blhe', w, v) / w.sum(-1).transpose(0, 2, 1)[..., None]
+  out = linear.linear_attention(*(jnp.asarray(x) for x in (q, k, v)), jnp.asarray(PAD),
+                                feature_map='taylor')
+  np.testing.assert_allclose(out, ref, rtol=1e-10)
 
 
 def np_linear_ref(q, k, v, feature_map, key_padding=None, causal=False):
@@ -89,13 +106,14 @@ def run_steps(step_fn, state, q, k, v):
 
 
 @pytest.mark.parametrize('feature_map,chunks', [('elu', (1, 3, 7, 16)), ('relu', (4,)),
-                                                ('identity', (3, 16))])
+                                                ('identity', (3, 16)), ('taylor', (3,))])
 def test_chunked_causal_equals_recurrent(x64, feature_map, chunks):
   q, k, v = inputs(dtype=jnp.float64)
   b, l, h, d = q.shape
   ref = np_linear_ref(q, k, v, feature_map, causal=True)
   step = jax.jit(functools.partial(linear.linear_attention_step, feature_map=feature_map))
-  state0 = linear.init_kernel_state(b, h, d, v.shape[-1], jnp.float64)
+  f = ea.feature_maps.feature_dim(feature_map, d)  # taylor: 1 + d + d^2
+  state0 = linear.init_kernel_state(b, h, f, v.shape[-1], jnp.float64)
   final, rec = run_steps(step, state0, q, k, v)
   np.testing.assert_allclose(rec, ref, rtol=1e-10, atol=1e-12)
   for chunk in chunks:   # 3, 4 and 7 do not divide 10; 16 > length

@@ -11,6 +11,12 @@ Shapes: q `[batch, q_length, heads, d]`, k `[batch, kv_length, heads, d]`,
 v `[batch, kv_length, heads, dv]` -> `[batch, q_length, heads, dv]`. Only the
 key-padding part of a mask can be honoured (no q x k matrix is formed);
 causality is requested with `causal=True`.
+
+Based's linear attention (Arora et al. 2024) is `feature_map='taylor'` with
+`qk_dim=16`: queries and keys projected to 16 features per head, widened to the
+1 + 16 + 256 = 273 Taylor features (the state: 273 x dv per head). Its other
+half, sliding-window attention in other layers, is the `local` mechanism; a stack
+mixing the two is not buildable here (one mechanism per model).
 """
 from typing import Callable, Optional, Union
 
@@ -34,7 +40,8 @@ FeatureMapArg = Union[str, Callable[[jnp.ndarray], jnp.ndarray]]
 def linear_features(q: jnp.ndarray, k: jnp.ndarray, feature_map: FeatureMapArg = 'elu'):
   """(phi_q, phi_k, normalize) for linear attention.
 
-  'elu' (elu + 1) and 'relu' are normalised kernels. 'identity' is the
+  'elu' (elu + 1), 'relu' and 'taylor' (1 + s + s^2 / 2 for s = q . k / sqrt(d),
+  with 1 + d + d^2 features) are normalised kernels. 'identity' is the
   softmax-free linear attention (Q / sqrt(d_k)) (K^T / sqrt(d_k) V) =
   (1/d_k) Q (K^T V): phi_q = q / d_k, phi_k = k and no denominator. A callable
   is used as phi for both q and k with normalisation.
@@ -57,6 +64,8 @@ def linear_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask=None,
   feature_map:
     * 'elu': phi = elu + 1 (Katharopoulos et al.), normalised;
     * 'relu': phi = relu, normalised (an all-zero row gives output 0);
+    * 'taylor': phi(q) . phi(k) = 1 + s + s^2 / 2, s = q . k / sqrt(d), normalised
+      (Based's map; 1 + d + d^2 features, so the state is (1 + d + d^2) x dv per head);
     * 'identity': softmax-free (1/d_k) Q (K^T V), without a denominator
       (normalize=False);
     * a callable phi, normalised.
@@ -111,13 +120,17 @@ def linear_attention_step(state: KernelState, q_t: jnp.ndarray, k_t: jnp.ndarray
 @registry.register
 class Linear(KernelMechanism):
   name = 'linear'
-  description = 'kernelised linear attention (elu+1 / relu / identity)'
+  description = 'kernelised linear attention (elu+1 / relu / identity / Taylor)'
   citation = 'Katharopoulos et al. 2020'
   options = (
-      registry.Option('feature_map', 'elu', str, 'phi: elu (+1), relu or identity',
+      registry.Option('feature_map', 'elu', str, 'phi: elu (+1), relu, identity or taylor '
+                      '(second-order Taylor of exp, 1 + d + d^2 features)',
                       choices=tuple(feature_maps.FEATURE_MAPS)),
       registry.Option('eps', 1e-6, float, 'denominator clamp', above=0.0),
       CHUNK_SIZE,
+      registry.Option('qk_dim', None, int, 'width of queries and keys per head (None: '
+                      'head_dim; Based: 16 with feature_map=taylor, 273 features)', minimum=1,
+                      allow_none=True),
   )
   complexity = ('O(n d^2)', 'O(n d + d^2)')
   knob = ('feature_map', ('elu', 'relu', 'identity'))
@@ -125,6 +138,12 @@ class Linear(KernelMechanism):
   def attend(self, o, params, q, k, v, *, mask, causal, ctx):
     return linear_attention(q, k, v, mask=mask, causal=causal, feature_map=o.feature_map,
                             eps=o.eps, chunk_size=o.chunk_size, positions=ctx.positions)
+
+  def head_shapes(self, o, *, heads, head_dim):
+    return heads, o.qk_dim or head_dim, head_dim
+
+  def feature_dim(self, o, head_dim):
+    return feature_maps.feature_dim(o.feature_map, head_dim)
 
   def grouped_state(self, o):
     return True
