@@ -80,6 +80,19 @@ def test_conv_size_turns_the_short_convolution_off_in_named_runs():
   assert 'attention.options.conv_size' not in run.overrides
 
 
+def test_based_linear_attention_is_named_by_its_options_and_refused_where_they_are_not():
+  [run] = sweep.expand(sweep.load_sweep(f'{SWEEP}:mechanisms=linear,feature_map=taylor,'
+                                        'qk_dim=16'))
+  assert run.name == 'linear-d64-l128-kv8-taylor-qk16'
+  config = sweep.build_config(run)
+  assert report.label(config) == 'linear feature_map=taylor qk_dim=16'
+  [run] = sweep.expand(sweep.load_sweep(f'{SWEEP}:mechanisms=linear'))
+  assert not any('feature_map' in k or 'qk_dim' in k for k in run.overrides)
+  with pytest.raises(sweep.SweepError, match="softmax-d64-l128-kv8-taylor: .*unknown "
+                     r"option\(s\) \['feature_map'\]"):
+    sweep.check(sweep.expand(sweep.load_sweep(f'{SWEEP}:mechanisms=softmax,feature_map=taylor')))
+
+
 def test_num_heads_names_the_run_and_its_row():
   [run] = sweep.expand(sweep.load_sweep(f'{SWEEP}:mechanisms=softmax,widths=128,num_heads=4'))
   assert run.name == 'softmax-d128-l128-kv8-h4'

@@ -14,7 +14,10 @@ linear, mamba2, gla, deltanet, gated_deltanet), widths (default 64), cells
 (default 128x8: seq_len x num_kv_pairs), vocab_size, learning_rate, num_steps,
 conv_size (default -1: each mechanism's own; 0 turns the short convolution of Mamba-2,
 DeltaNet and Gated DeltaNet off, and the run's name ends in '-conv0'), num_heads
-(default 2, configs/mqar.py's; another count ends the run's name in '-h<count>').
+(default 2, configs/mqar.py's; another count ends the run's name in '-h<count>'),
+feature_map and qk_dim (linear attention's options; default: its own; Based's linear
+attention is `mechanisms=linear,feature_map=taylor,qk_dim=16`, named
+'...-taylor-qk16'; a mechanism without the option refuses it in one line).
 
     python -m train.sweep --sweep=studies/recall/sweep.py:seed=1,mechanisms=softmax,linear \
         --root=/work/runs/recall/lr1e-3_s4000/seed1 run
@@ -54,7 +57,7 @@ def parse_cell(cell: str):
 DEFAULTS = dict(
     seed=0, mechanisms=('softmax', 'linear', 'mamba2', 'gla', 'deltanet', 'gated_deltanet'),
     widths=(64,), cells=('128x8',), vocab_size=1024, learning_rate=1e-3, num_steps=4000,
-    conv_size=-1, num_heads=mqar.DEFAULTS['num_heads'])
+    conv_size=-1, num_heads=mqar.DEFAULTS['num_heads'], feature_map='', qk_dim=0)
 
 
 def get_sweep(arg=None):
@@ -68,6 +71,8 @@ def get_sweep(arg=None):
   common.at_least(-1, conv_size=conv)
   heads = args['num_heads']  # the config checks it against each width
   own_heads = heads != mqar.DEFAULTS['num_heads']
+  common.at_least(0, qk_dim=args['qk_dim'])
+  options = {k: args[k] for k in ('feature_map', 'qk_dim') if args[k]}  # set: off its default
   runs = []
   for cell in args['cells']:
     length, pairs = parse_cell(cell)
@@ -75,7 +80,9 @@ def get_sweep(arg=None):
       for m in args['mechanisms']:
         runs.append({
             'name': (f'{m}-d{width}-l{length}-kv{pairs}' + (f'-conv{conv}' if conv >= 0 else '')
-                     + (f'-h{heads}' if own_heads else '')),
+                     + (f'-h{heads}' if own_heads else '')
+                     + (f'-{options["feature_map"]}' if 'feature_map' in options else '')
+                     + (f'-qk{options["qk_dim"]}' if 'qk_dim' in options else '')),
             'config': (f'configs/mqar.py:{m},d_model={width},seq_len={length},'
                        f'num_kv_pairs={pairs},vocab_size={args["vocab_size"]},'
                        f'num_steps={args["num_steps"]}'
@@ -84,4 +91,5 @@ def get_sweep(arg=None):
            'train.log_every': 50, 'train.eval_every': 500, 'train.checkpoint_every': 250}
   if conv >= 0:
     fixed['attention.options.conv_size'] = conv
+  fixed.update({f'attention.options.{k}': v for k, v in options.items()})
   return dict(runs=runs, fixed=fixed)
