@@ -49,6 +49,9 @@ def test_taylor_linear_attention_decodes_from_a_state_of_its_feature_width():
   _, cache = layer.clone(decode=True).apply(variables, x, mutable=['cache'])
   d = D // H
   assert (B, H, 1 + d + d * d, d) in [leaf.shape for leaf in jax.tree.leaves(cache)]
+  with pytest.raises(ValueError, match="rotary positions cannot rotate the 'taylor' feature "
+                     "map's 1 \\+ d \\+ d\\^2 features .*valid: rotary=False"):
+    layer.clone(rotary=True).init(jax.random.PRNGKey(1), x)
 
 
 def test_based_linear_attention_projects_queries_and_keys_to_qk_dim():

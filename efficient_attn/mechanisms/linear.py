@@ -55,6 +55,14 @@ def linear_features(q: jnp.ndarray, k: jnp.ndarray, feature_map: FeatureMapArg =
   return phi_q, phi_k, True
 
 
+def _check_rotary(feature_map: FeatureMapArg, positions) -> None:
+  """Rotary positions rotate pairs of features; the Taylor map's 1 + d + d^2 are odd."""
+  if positions is not None and feature_map == 'taylor':
+    raise ValueError("rotary positions cannot rotate the 'taylor' feature map's 1 + d + d^2 "
+                     'features (an odd count); valid: rotary=False, or feature_map elu, relu '
+                     'or identity')
+
+
 def linear_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask=None,
                      causal: bool = False, feature_map: FeatureMapArg = 'elu',
                      eps: float = 1e-6, chunk_size: Optional[int] = None,
@@ -88,6 +96,7 @@ def linear_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask=None,
   Returns:
     `[batch, q_length, heads, dv]` in v's dtype (and the state if requested).
   """
+  _check_rotary(feature_map, positions)
   k, v, kp = masking.checked_keys_values(q, k, v, mask, name='linear attention', causal=causal)
   if q.shape[2] > 1:
     return heads_as_batch(
@@ -111,6 +120,7 @@ def linear_attention_step(state: KernelState, q_t: jnp.ndarray, k_t: jnp.ndarray
   `kernel_attention_step`. O(d dv) per (batch, head) and token. `position`: the
   token's rotary position (with `positions` in the parallel form).
   """
+  _check_rotary(feature_map, rotary.at(position))
   phi_q, phi_k, normalize = linear_features(q_t, k_t, feature_map)
   return kernel_attention_step(state, phi_q, phi_k, v_t, eps=eps, normalize=normalize,
                                key_valid=key_valid,

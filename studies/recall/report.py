@@ -28,9 +28,9 @@ position counters), built from the run's stored config without its weights.
 Writes <out>/<name>.json, <out>/<name>.md, <out>/<name>.png (accuracy
 against width per mechanism, one panel per cell, when a cell has more than one
 width; else accuracy per mechanism) and <out>/<name>_state.png (accuracy against
-the decode state, log scale, a line through a mechanism's widths in one cell) and <out>/<name>_curves.png (training accuracy
-against step, every run that has a curve: a panel per width and cell, a colour per
-mechanism, a line style per seed). --mechanisms, --widths and --budget keep some of the
+the decode state, log scale, a line through a mechanism's widths in one cell) and
+<out>/<name>_curves.png (training accuracy against step, every run that has a curve: a
+panel per width and cell, a colour per mechanism, a line style per seed). --mechanisms, --widths and --budget keep some of the
 runs (the grid's figures: `--budget=4000,1e-3,1024 --name=recall_grid`).
 
 With --missing it writes nothing: it prints the runs of the study's plan (`plan`: the
