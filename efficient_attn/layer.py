@@ -320,9 +320,14 @@ def check_inputs(decl: registry.Mechanism, q, k, v, mask, *, stepping: bool = Fa
   if o is not None:
     qk_heads, qk_dim, v_dim = decl.head_shapes(o, heads=heads, head_dim=head_dim)
     grouped = qk_heads < heads
+    # Grouped-query attention (heads per query/key, not shared groups): k and v may have
+    # fewer heads, the same divisor of heads for both.
+    kv = k.shape[2] if (not grouped and k.shape[2] == v.shape[2] and k.shape[2]
+                        and heads % k.shape[2] == 0) else None
     if (qk_heads, qk_dim, v_dim) != (heads, head_dim, head_dim) and (
-        q.shape[2:] != (qk_heads, qk_dim) or k.shape[2:] != (qk_heads, qk_dim) or
-        v.shape[2:] != (heads, v_dim)):
+        q.shape[2:] != (qk_heads, qk_dim) or k.shape[2:] not in ((qk_heads, qk_dim),
+                                                                 (kv, qk_dim)) or
+        v.shape[2:] not in ((heads, v_dim), (kv, v_dim))):
       raise ValueError(
           f'{_shape_options(decl, o, heads, head_dim)} takes q and k [batch, length, '
           f'{qk_heads}, {qk_dim}] and v [batch, length, {heads}, {v_dim}] for {heads} heads '

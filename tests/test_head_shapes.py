@@ -1,8 +1,9 @@
 """Per-mechanism head shapes (`registry.Mechanism.head_shapes`) through both layers.
 
-The two papers' layouts the hook exists for: Mamba-2's shared B and C (Dao & Gu
-2024; `ngroups=1`, `d_state` != head_dim) and RetNet's values twice as wide as its
-queries and keys (Sun et al. 2023; `value_factor=2`). Their parameter shapes in
+The papers' layouts the hook exists for: Mamba-2's shared B and C (Dao & Gu
+2024; `ngroups=1`, `d_state` != head_dim), RetNet's values twice as wide as its
+queries and keys (Sun et al. 2023; `value_factor=2`) and Based's narrow queries and
+keys under the Taylor feature map (Arora et al. 2024; linear's `qk_dim`). Their parameter shapes in
 Linen and NNX, Linen == NNX, decoding == the parallel pass, causality and key
 padding, every refusal in one line, and the config path. Their three forms against
 the float64 recurrences are in test_mamba2.py and test_retention.py.
@@ -25,9 +26,11 @@ import main_runner
 B, L, D, H = 2, 9, 16, 4  # head_dim 4; 9 tokens: two chunks of 4 and one of 1
 MAMBA2 = ('mamba2', {'chunk_size': 4, 'ngroups': 1, 'd_state': 6})
 RETNET = ('retention', {'chunk_size': 4, 'value_factor': 2})
+BASED = ('linear', {'chunk_size': 4, 'feature_map': 'taylor', 'qk_dim': 3})
 LAYOUTS = {'mamba2 ngroups=1': MAMBA2,
            'mamba2 ngroups=2': ('mamba2', {'chunk_size': 4, 'ngroups': 2, 'd_state': 6}),
-           'retnet value_factor=2': RETNET}
+           'retnet value_factor=2': RETNET,
+           'based qk_dim=3': BASED}
 
 
 def _linen(layout, **kw):
@@ -72,6 +75,9 @@ def test_the_papers_parameter_shapes_in_linen_and_nnx():
       'retnet value_factor=2': {
           'query/kernel': (D, H, 4), 'key/kernel': (D, H, 4), 'value/kernel': (D, H, 8),
           'value/bias': (H, 8), 'out/kernel': (H, 8, D), 'mechanism/gate_kernel': (D, H, 8)},
+      'based qk_dim=3': {
+          'query/kernel': (D, H, 3), 'key/kernel': (D, H, 3), 'value/kernel': (D, H, 4),
+          'out/kernel': (H, 4, D)},
   }
   for layout, expected in want.items():
     linen = _shapes(jax.eval_shape(_linen(layout).init, jax.random.PRNGKey(0), _x())['params'])
@@ -87,15 +93,18 @@ def test_the_papers_parameter_shapes_in_linen_and_nnx():
 def test_nnx_equals_linen_and_decoding_equals_the_parallel_pass():
   """Shared groups (with QK layer norm on their shapes) and wide values: the NNX layer with
   the Linen params gives the Linen outputs (plain and key padding), and token by token
-  decoding in both layers gives the parallel pass."""
+  decoding in both layers gives the parallel pass; RetNet's wide values and Based's narrow
+  queries and keys with grouped-query attention (2 key/value heads for 4)."""
   valid = jnp.arange(L)[None, :] < jnp.array([[L], [L - 3]])
   x = _x()
-  for layout, normalize_qk in (('mamba2 ngroups=2', True), ('retnet value_factor=2', False)):
-    linen = _linen(layout, normalize_qk=normalize_qk)
+  for layout, normalize_qk, kv_heads in (('mamba2 ngroups=2', True, None),
+                                         ('retnet value_factor=2', False, 2),
+                                         ('based qk_dim=3', False, 2)):
+    linen = _linen(layout, normalize_qk=normalize_qk, num_kv_heads=kv_heads)
     params = _random_params(linen)
-    ours = _nnx(layout, normalize_qk=normalize_qk)
+    ours = _nnx(layout, normalize_qk=normalize_qk, num_kv_heads=kv_heads)
     ean.load_linen_params(ours, params)
-    what = f'{layout}, normalize_qk={normalize_qk}'
+    what = f'{layout}, normalize_qk={normalize_qk}, num_kv_heads={kv_heads}'
     both = nnx.jit(lambda layer, x, mask, linen=linen, params=params: (
         layer(x, mask=mask), linen.apply({'params': params}, x, mask=mask)))
     for mask in (None, valid):
