@@ -6,7 +6,8 @@ approximates (`registry.Mechanism.reference`): softmax(q k^T / sqrt(d)) v on the
 same q, k, v for most; softmax over cosine similarities for RFA (what its
 features estimate); shared-query-key softmax for Reformer. Linear attention
 (elu+1, relu, identity) is not an estimator of softmax; its numbers say how far
-the kernel is from it.
+the kernel is from it. (Its 'taylor' map, a second-order expansion of softmax's exp,
+is not in the knob sweep.)
 
 Four sweeps:
   * knob: each mechanism's knob (random features, landmarks, projected length

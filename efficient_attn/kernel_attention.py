@@ -52,8 +52,9 @@ def init_kernel_state(batch: int, heads: int, feat_dim: int, v_dim: int,
 
   Args:
     batch, heads: as in the attention inputs.
-    feat_dim: f, the feature dimension of phi (head_dim for 'elu' / 'relu' /
-      'identity', 2 * num_features for RFA, num_features for Performer).
+    feat_dim: f, the feature dimension of phi (the query/key width d for 'elu' /
+      'relu' / 'identity', 1 + d + d^2 for 'taylor', 2 * num_features for RFA,
+      num_features for Performer; `Mechanism.feature_dim`).
     v_dim: dv, the value head dimension.
     dtype: accumulation dtype; keep float32 (or wider) even for bf16 models.
 

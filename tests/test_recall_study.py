@@ -88,6 +88,8 @@ def test_based_linear_attention_is_named_by_its_options_and_refused_where_they_a
   assert report.label(config) == 'linear feature_map=taylor qk_dim=16'
   [run] = sweep.expand(sweep.load_sweep(f'{SWEEP}:mechanisms=linear'))
   assert not any('feature_map' in k or 'qk_dim' in k for k in run.overrides)
+  [run] = sweep.expand(sweep.load_sweep(f'{SWEEP}:mechanisms=linear,feature_map=elu'))
+  assert run.name == 'linear-d64-l128-kv8'  # its default: the same run as without it
   with pytest.raises(sweep.SweepError, match="softmax-d64-l128-kv8-taylor: .*unknown "
                      r"option\(s\) \['feature_map'\]"):
     sweep.check(sweep.expand(sweep.load_sweep(f'{SWEEP}:mechanisms=softmax,feature_map=taylor')))
@@ -182,6 +184,7 @@ def test_budget_keeps_the_runs_of_one_budget_and_a_bad_one_is_one_line():
     with pytest.raises(SystemExit) as e:
       report.selection([], [], bad)
     assert str(e.value).startswith(f'--budget: {bad!r} is not steps,learning_rate,vocab_size')
+    assert '\n' not in str(e.value)
 
 
 def _run(mechanism, seed, accuracy, curve=None, **kw):
@@ -293,6 +296,9 @@ def test_missing_lists_the_plans_runs_that_the_sources_lack_as_run_sh_takes_them
   plan = report.plan()
   assert len(plan) == 2 * (6 * 4 + len(causal) - 6) == len({report.run_key(r) for r in plan})
   assert {(r['vocab_size'], r['learning_rate'], r['steps']) for r in plan} == {(1024, 1e-3, 4000)}
+  one_cell = {r['mechanism'] for r in plan if r['width'] == 128 and r['seq_len'] == 256}
+  assert {'performer', 'rfa', 'local', 'retention', 'linear', 'deltanet'} <= one_cell
+  assert not {'nystrom', 'linformer', 'fnet', 'mixer'} & {r['mechanism'] for r in plan}
   budget = dict(width=64, seq_len=128, num_kv_pairs=8, vocab_size=1024, learning_rate=1e-3,
                 steps=4000)
   done = [_run('softmax', s, 1.0, **budget) for s in (0, 1)]
@@ -305,6 +311,28 @@ def test_missing_lists_the_plans_runs_that_the_sources_lack_as_run_sh_takes_them
   assert '1:performer:128:256x16' in lost and not any(':performer:64:' in r for r in lost)
   assert all(re.fullmatch(r'[01]:[a-z0-9_]+:(64|128):(128x8|256x16)', r) for r in lost)
   assert report.missing(done, ['softmax'], [64]) == ['0:softmax:64:256x16', '1:softmax:64:256x16']
+
+
+def test_missing_reads_its_sources_and_refuses_another_budget_or_a_source_of_nothing(
+    tmp_path):
+  budget = dict(width=64, seq_len=128, num_kv_pairs=8, vocab_size=1024, learning_rate=1e-3,
+                steps=4000)
+  path = tmp_path / 'r.json'
+  path.write_text(json.dumps({'runs': [_run('softmax', s, 1.0, **budget) for s in (0, 1)]}))
+  header, lost = report.missing_report([str(path)], ['softmax'], [64])
+  assert lost == ['0:softmax:64:256x16', '1:softmax:64:256x16']
+  assert header.startswith("2 of the plan's 4 runs (vocabulary 1,024, learning rate 0.001, "
+                           '4,000 steps; seeds 0, 1) are not in ') and 'run.sh' in header
+  assert report.missing_report([str(path)], ['softmax'], [64], (4000, 1e-3, 1024))[1] == lost
+  for args, says in (
+      (([str(path)], [], [], (2000, 3e-3, 1024)),
+       "--budget=2000,0.003,1024 with --missing: the plan is at the sweep's budget; valid: "
+       '--budget=4000,0.001,1024 or none'),
+      (([str(path), str(tmp_path / 'nothing*')],),
+       f"--missing: {tmp_path / 'nothing*'} names no folder; valid sources: ")):
+    with pytest.raises(SystemExit) as e:
+      report.missing_report(*args)
+    assert str(e.value).startswith(says) and '\n' not in str(e.value)
 
 
 def test_select_keeps_the_named_mechanisms_and_widths():

@@ -58,9 +58,10 @@ def linear_features(q: jnp.ndarray, k: jnp.ndarray, feature_map: FeatureMapArg =
 def _check_rotary(feature_map: FeatureMapArg, positions) -> None:
   """Rotary positions rotate pairs of features; the Taylor map's 1 + d + d^2 are odd."""
   if positions is not None and feature_map == 'taylor':
+    even = [name for name in feature_maps.FEATURE_MAPS if name != 'taylor']
     raise ValueError("rotary positions cannot rotate the 'taylor' feature map's 1 + d + d^2 "
-                     'features (an odd count); valid: rotary=False, or feature_map elu, relu '
-                     'or identity')
+                     'features (an odd count); valid: rotary=False, or feature_map '
+                     f'{", ".join(even)}')
 
 
 def linear_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask=None,
@@ -73,7 +74,8 @@ def linear_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask=None,
     * 'elu': phi = elu + 1 (Katharopoulos et al.), normalised;
     * 'relu': phi = relu, normalised (an all-zero row gives output 0);
     * 'taylor': phi(q) . phi(k) = 1 + s + s^2 / 2, s = q . k / sqrt(d), normalised
-      (Based's map; 1 + d + d^2 features, so the state is (1 + d + d^2) x dv per head);
+      (Based's map; 1 + d + d^2 features, so the state is (1 + d + d^2) x dv per head:
+      4,161 x dv at d = 64; Based projects queries and keys to d = 16, `qk_dim`);
     * 'identity': softmax-free (1/d_k) Q (K^T V), without a denominator
       (normalize=False);
     * a callable phi, normalised.
@@ -116,8 +118,9 @@ def linear_attention_step(state: KernelState, q_t: jnp.ndarray, k_t: jnp.ndarray
   """One decoding step of causal `linear_attention`.
 
   Tokens are `[batch, heads, d]` (or `[batch, 1, heads, d]`); the state comes from
-  `init_kernel_state(batch, heads, d, dv)`. Returns (new_state, out_t), see
-  `kernel_attention_step`. O(d dv) per (batch, head) and token. `position`: the
+  `init_kernel_state(batch, heads, f, dv)` with f = `feature_maps.feature_dim(feature_map,
+  d)` (d, or 1 + d + d^2 for 'taylor'). Returns (new_state, out_t), see
+  `kernel_attention_step`. O(f dv) per (batch, head) and token. `position`: the
   token's rotary position (with `positions` in the parallel form).
   """
   _check_rotary(feature_map, rotary.at(position))

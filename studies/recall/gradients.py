@@ -86,7 +86,8 @@ def markdown(runs: Sequence[Dict[str, Any]], match: str, command: str) -> str:
       norms = r[when]
       cells = [f'{norms[n]:.2e}' if n in norms else '-' for n in names]
       for b in blocks:
-        key, value = norms.get(f'{b}/attention/key/kernel'), norms.get(f'{b}/attention/value/kernel')
+        key = norms.get(f'{b}/attention/key/kernel')
+        value = norms.get(f'{b}/attention/value/kernel')
         cells.append(f'{key / value:.3f}' if key is not None and value else '-')
       lines.append(f'| {r["name"]} | {when} | ' + ' | '.join(cells) + ' |')
   return '\n'.join(lines) + '\n'

@@ -30,14 +30,17 @@ against width per mechanism, one panel per cell, when a cell has more than one
 width; else accuracy per mechanism) and <out>/<name>_state.png (accuracy against
 the decode state, log scale, a line through a mechanism's widths in one cell) and
 <out>/<name>_curves.png (training accuracy against step, every run that has a curve: a
-panel per width and cell, a colour per mechanism, a line style per seed). --mechanisms, --widths and --budget keep some of the
-runs (the grid's figures: `--budget=4000,1e-3,1024 --name=recall_grid`).
+panel per width and cell, a colour per mechanism, a line style per seed). --mechanisms,
+--widths and --budget keep some of the runs (the grid's figures: `--budget=4000,1e-3,1024
+--name=recall_grid`).
 
 With --missing it writes nothing: it prints the runs of the study's plan (`plan`: the
 sweep's six mechanisms at every width and cell of GRID, every other causal mechanism at
 width 128, (256, 16), two seeds each, at the sweep's default budget) that the sources do
 not hold, one `seed:mechanism:width:cell` per line, as studies/recall/gpu/run.sh takes
-them (what they are, and the commands that run them, go to stderr):
+them (what they are, and the commands that run them, go to stderr). --mechanisms and
+--widths narrow the plan; its budget is the sweep's (--budget, another one, is refused),
+and a source that names no report and no folder is refused:
 
     OUT=/tmp/out bash studies/recall/gpu/run.sh $(python -m studies.recall.report \
         --missing studies/recall/recall_d.json)
@@ -511,6 +514,33 @@ def parse_budget(text: str) -> tuple:
   return steps, learning_rate, vocab_size
 
 
+def missing_report(sources: Sequence[str], mechanisms: Sequence[str] = (),
+                   widths: Sequence[int] = (), budget: Optional[tuple] = None):
+  """--missing: (what the list is, with the commands that run it; the runs of `plan()` that
+  `sources` lack, as `missing` gives them). A budget other than the sweep's, or a source
+  that is no .json and matches no folder, is a one-line exit naming it."""
+  d = sweep.DEFAULTS
+  if budget not in (None, (d['num_steps'], d['learning_rate'], d['vocab_size'])):
+    sys.exit(f'--budget={",".join(f"{x:g}" for x in budget)} with --missing: the plan is at '
+             f'the sweep\'s budget; valid: --budget={d["num_steps"]},{d["learning_rate"]:g},'
+             f'{d["vocab_size"]} or none')
+  empty = [a for a in sources if not a.endswith('.json')
+           and not any(os.path.isdir(f) for f in glob.glob(a))]
+  if empty:
+    sys.exit(f'--missing: {", ".join(empty)} names no folder; valid sources: a report\'s '
+             f'.json or folders of workdirs')
+  lost = missing(read_runs(sources, state=False), mechanisms, widths)
+  header = (f'{len(lost)} of the plan\'s {len(select(plan(), mechanisms, widths))} runs '
+            f'(vocabulary {d["vocab_size"]:,}, learning rate {d["learning_rate"]:g}, '
+            f'{d["num_steps"]:,} steps; seeds {", ".join(map(str, SEEDS))}) are not in '
+            f'{" ".join(sources) or "(no sources)"}'
+            + (': run them on a GPU with `OUT=<folder> bash studies/recall/gpu/run.sh '
+               '<these>`, or one on a CPU with `python -m train.sweep '
+               '--sweep=studies/recall/sweep.py:seed=<s>,mechanisms=<m>,widths=<w>,'
+               'cells=<cell> --root=<root>/seed<s> run`' if lost else ''))
+  return header, lost
+
+
 def main(argv):
   if _STATES.value:
     table = (f'command: `python -m studies.recall.report --states --out={_OUT.value} '
@@ -522,16 +552,8 @@ def main(argv):
   mechanisms, widths, budget = selection(_MECHANISMS.value, _WIDTHS.value,  # before any work
                                          _BUDGET.value)
   if _MISSING.value:
-    lost = missing(read_runs(argv[1:]), mechanisms, widths)
-    d = sweep.DEFAULTS
-    print(f'{len(lost)} of the plan\'s {len(select(plan(), mechanisms, widths))} runs '
-          f'(vocabulary {d["vocab_size"]:,}, learning rate {d["learning_rate"]:g}, '
-          f'{d["num_steps"]:,} steps; seeds {", ".join(map(str, SEEDS))}) are not in '
-          f'{" ".join(argv[1:]) or "(no sources)"}'
-          + (': run them on a GPU with `OUT=<folder> bash studies/recall/gpu/run.sh '
-             '<these>`, or one on a CPU with `python -m train.sweep '
-             '--sweep=studies/recall/sweep.py:seed=<s>,mechanisms=<m>,widths=<w>,'
-             'cells=<cell> --root=<root>/seed<s> run`' if lost else ''), file=sys.stderr)
+    header, lost = missing_report(argv[1:], mechanisms, widths, budget)
+    print(header, file=sys.stderr)
     print('\n'.join(lost))
     return
   command = 'python -m studies.recall.report ' + ' '.join(
@@ -544,15 +566,17 @@ def main(argv):
   print(markdown(rows, command))
 
 
-def read_runs(sources: Sequence[str]) -> List[Dict[str, Any]]:
+def read_runs(sources: Sequence[str], state: bool = True) -> List[Dict[str, Any]]:
   """The finished runs of `sources` (earlier reports' .json, and folder globs of workdirs),
-  a workdir's replacing a report's of the same `run_key`."""
+  a workdir's replacing a report's of the same `run_key`; `state`: a workdir's run gets its
+  decode state (its model built from its config: seconds per mechanism, width and cell)."""
   stored = [r for path in sources if path.endswith('.json') for r in read_report(path)]
   folders = sorted({d for pattern in sources if not pattern.endswith('.json')
                     for d in glob.glob(pattern) if os.path.isdir(d)})
   workdirs = sorted({os.path.join(f, d) for f in folders for d in os.listdir(f)
                      if os.path.isdir(os.path.join(f, d))})
-  read = with_state([r for r in (read_run(w) for w in workdirs) if r])
+  read = [r for r in (read_run(w) for w in workdirs) if r]
+  read = with_state(read) if state else [dict(r, state_bytes=None) for r in read]
   return merge(stored, [{k: r[k] for k in RUN_FIELDS + OPTIONAL_FIELDS if k in r}
                         for r in read])
 

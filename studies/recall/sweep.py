@@ -42,6 +42,7 @@ name says its cell; the seed is the root folder's.
 """
 from configs import common
 from configs import mqar
+from efficient_attn import registry
 
 
 def parse_cell(cell: str):
@@ -58,6 +59,15 @@ DEFAULTS = dict(
     seed=0, mechanisms=('softmax', 'linear', 'mamba2', 'gla', 'deltanet', 'gated_deltanet'),
     widths=(64,), cells=('128x8',), vocab_size=1024, learning_rate=1e-3, num_steps=4000,
     conv_size=-1, num_heads=mqar.DEFAULTS['num_heads'], feature_map='', qk_dim=0)
+
+
+def own_options(mechanism: str, options):
+  """The `options` that name a run: those off the mechanism's defaults, or not its options
+  (the config refuses those in one line), so a run named alike is the same model."""
+  if mechanism not in registry.list_mechanisms():
+    return dict(options)  # the config names the unknown mechanism
+  defaults = {o.name: o.default for o in registry.get_mechanism(mechanism).options}
+  return {k: v for k, v in options.items() if k not in defaults or defaults[k] != v}
 
 
 def get_sweep(arg=None):
@@ -78,11 +88,12 @@ def get_sweep(arg=None):
     length, pairs = parse_cell(cell)
     for width in args['widths']:
       for m in args['mechanisms']:
+        named = own_options(m, options)
         runs.append({
             'name': (f'{m}-d{width}-l{length}-kv{pairs}' + (f'-conv{conv}' if conv >= 0 else '')
                      + (f'-h{heads}' if own_heads else '')
-                     + (f'-{options["feature_map"]}' if 'feature_map' in options else '')
-                     + (f'-qk{options["qk_dim"]}' if 'qk_dim' in options else '')),
+                     + (f'-{named["feature_map"]}' if 'feature_map' in named else '')
+                     + (f'-qk{named["qk_dim"]}' if 'qk_dim' in named else '')),
             'config': (f'configs/mqar.py:{m},d_model={width},seq_len={length},'
                        f'num_kv_pairs={pairs},vocab_size={args["vocab_size"]},'
                        f'num_steps={args["num_steps"]}'
