@@ -45,6 +45,14 @@ def test_taylor_weights_are_the_second_order_expansion_of_exp(x64):
   out = linear.linear_attention(*(jnp.asarray(x) for x in (q, k, v)), jnp.asarray(PAD),
                                 feature_map='taylor')
   np.testing.assert_allclose(out, ref, rtol=1e-10)
+  state = linear.init_kernel_state(2, 2, 1 + 4 + 16, 3, jnp.float64)
+  for call in (lambda: linear.linear_attention(q, k, v, feature_map='taylor', causal=True,
+                                               positions=(jnp.arange(10), jnp.arange(10))),
+               lambda: linear.linear_attention_step(state, q[:, 0], k[:, 0], v[:, 0],
+                                                    feature_map='taylor', position=3)):
+    with pytest.raises(ValueError, match="cannot rotate the 'taylor' .*valid: rotary=False, "
+                       'or feature_map elu, relu, identity$'):
+      call()
 
 
 def np_linear_ref(q, k, v, feature_map, key_padding=None, causal=False):
