@@ -42,8 +42,8 @@ them (what they are, and the commands that run them, go to stderr). --mechanisms
 --widths narrow the plan; its budget is the sweep's (--budget, another one, is refused),
 and a source that names no report and no folder is refused:
 
-    OUT=/tmp/out bash studies/recall/gpu/run.sh $(python -m studies.recall.report \
-        --missing studies/recall/recall_d.json)
+    python -m studies.recall.report --missing studies/recall/recall_d.json > runs.txt
+    OUT=/tmp/out bash studies/recall/gpu/run.sh $(cat runs.txt)
 """
 import glob
 import json
