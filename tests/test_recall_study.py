@@ -5,6 +5,7 @@ import re
 import shutil
 
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import test_mqar
@@ -172,6 +173,16 @@ def test_state_plot_draws_a_line_per_mechanism_cell_and_budget_in_the_mechanisms
   labels = [t.get_text() for t in ax.get_legend().get_texts()]
   assert labels[:2] == ['linear', 'softmax'] and 'gmlp' not in labels
   assert 'seq_len 16, 2 pairs' in labels and '10 steps, lr 0.003, vocab 16' in labels
+
+
+def test_error_bars_span_the_seeds_and_never_pass_the_lowest():
+  """Three seeds 0.3, 0.0 and 0.9: mean 0.4 ± 0.45 would reach -5%; the bars reach from the
+  lowest seed (0%) to the highest (90%)."""
+  rows = report.group([_run('mamba2', s, a) for s, a in ((0, 0.3), (1, 0.0), (2, 0.9))]
+                      + [_run('softmax', s, a) for s, a in ((0, 0.5), (1, 0.7))])
+  bars = {r['mechanism']: report.seed_range([r])[:, 0] for r in rows}
+  np.testing.assert_allclose(bars['mamba2'], [40.0, 50.0])
+  np.testing.assert_allclose(bars['softmax'], [10.0, 10.0])  # two seeds: half the range
 
 
 def test_budget_keeps_the_runs_of_one_budget_and_a_bad_one_is_one_line():

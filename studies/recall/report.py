@@ -18,7 +18,8 @@ loss, throughput, decode state and training curve) beside the grouped `rows`; a
 report written before `runs` existed gives its rows back seed by seed, without
 loss or curve. Runs are grouped by (mechanism, width, seq_len, num_kv_pairs) and budget
 (vocabulary, learning rate, steps); a group gives
-the mean test accuracy over its seeds and the spread (half the range).
+the mean test accuracy over its seeds and the spread (half the range); the plots' error
+bars reach from the lowest seed to the highest.
 
 The decode state is the bytes of one sequence's decoding cache at the cell's
 length, every layer (`benchmarks.generation.cache_bytes`: the key/value cache of
@@ -312,6 +313,14 @@ def markdown(rows: List[Dict[str, Any]], command: str) -> str:
   return '\n'.join(lines) + '\n'
 
 
+def seed_range(rows: Sequence[Dict[str, Any]]) -> np.ndarray:
+  """Error bars `[2, len(rows)]` in percent from each row's mean down to its lowest seed and
+  up to its highest: the seeds' range (half the range each way for two seeds; for three, not
+  below the lowest seed, as mean ± half the range can be)."""
+  return 100 * np.array([[r['mean'] - min(r['accuracy']) for r in rows],
+                         [max(r['accuracy']) - r['mean'] for r in rows]]).reshape(2, len(rows))
+
+
 def colours(runs: List[Dict[str, Any]]) -> Dict[str, str]:
   """A colour per mechanism of `runs` (or rows), the same in every plot of one report."""
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
@@ -347,10 +356,13 @@ def plot(rows: List[Dict[str, Any]], path: str) -> None:
     widths = sorted({r['width'] for r in mine})
     mechanisms = sorted({r['mechanism'] for r in mine})
     if len(widths) > 1:
-      for m in mechanisms:
-        pts = sorted((r['width'], r['mean'], r['spread']) for r in mine if r['mechanism'] == m)
-        w, mean, spread = (np.array(x) for x in zip(*pts))
-        ax.errorbar(w, 100 * mean, yerr=100 * spread, marker='o', capsize=3, label=m,
+      for i, m in enumerate(mechanisms):
+        line = sorted((r for r in mine if r['mechanism'] == m), key=lambda r: r['width'])
+        w, mean = (np.array([r[k] for r in line]) for k in ('width', 'mean'))
+        # Each line a little to the side (4% of a doubling apart), so that mechanisms at the
+        # same accuracy (softmax and DeltaNet at 100%) do not hide one another.
+        dodge = 2.0 ** (0.04 * (i - (len(mechanisms) - 1) / 2))
+        ax.errorbar(w * dodge, 100 * mean, yerr=seed_range(line), marker='o', capsize=3, label=m,
                     color=colour[m], linestyle=style[m])
       ax.set_xscale('log', base=2)
       ax.set_xticks(widths, [str(w) for w in widths])
@@ -359,12 +371,12 @@ def plot(rows: List[Dict[str, Any]], path: str) -> None:
     else:
       mine.sort(key=lambda r: -r['mean'])
       ax.bar(range(len(mine)), [100 * r['mean'] for r in mine],
-             yerr=[100 * r['spread'] for r in mine], capsize=3,
+             yerr=seed_range(mine), capsize=3,
              color=[colour[r['mechanism']] for r in mine])
       ax.set_xticks(range(len(mine)), [r['mechanism'] for r in mine], rotation=45, ha='right',
                     fontsize=7)
       ax.set_xlabel(f'mechanism (width {widths[0]})')
-    ax.set_ylim(0, 100)
+    ax.set_ylim(-2, 102)  # a line at 100% or at chance stays in view
     ax.set_ylabel('MQAR test accuracy (%)')
     ax.set_title(f'seq_len {seq_len}, {pairs} key-value pairs')
   fig.tight_layout()
@@ -455,7 +467,7 @@ def plot_state(rows: List[Dict[str, Any]], path: str) -> None:
   for (m, seq_len, pairs, b), mine in sorted(lines.items()):
     mine.sort(key=lambda r: r['state_bytes'])
     ax.errorbar([r['state_bytes'] for r in mine], [100 * r['mean'] for r in mine],
-                yerr=[100 * r['spread'] for r in mine], color=colour[m],
+                yerr=seed_range(mine), color=colour[m],
                 marker=cell_marker[seq_len, pairs], linestyle=budget_style[b], capsize=3,
                 markersize=6, linewidth=1)
   ax.set_xscale('log', base=2)  # ticks at powers of two, in KiB: no crowded minor labels
