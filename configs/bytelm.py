@@ -21,7 +21,6 @@ learning_rate:
     --config=configs/bytelm.py:softmax,d_model=128,seq_len=256,data_dir=my_texts/
 """
 from configs import common
-from efficient_attn import registry
 
 
 def get_config(arg=None):
@@ -30,10 +29,7 @@ def get_config(arg=None):
                           validation_docs=500, train_docs=0, batch_size=32, num_steps=2000,
                           learning_rate=2e-3)
   mechanism = args['mechanism']
-  if mechanism in registry.list_mechanisms() and not registry.get_mechanism(mechanism).causal:
-    raise ValueError(f'configs/bytelm.py: mechanism {mechanism!r} has no causal form, which '
-                     f'the causal model needs; valid choices: '
-                     f'{", ".join(registry.names_where(lambda m: m.causal))}')
+  common.check_causal('configs/bytelm.py', mechanism)
   common.at_least(1, d_model=args['d_model'], seq_len=args['seq_len'], depth=args['depth'],
                   num_heads=args['num_heads'], validation_docs=args['validation_docs'],
                   batch_size=args['batch_size'], num_steps=args['num_steps'])

@@ -34,11 +34,12 @@ Fields a sweep varies are plain values, so `--config.attention.mechanism=linear`
 works. No field defaults to None: overrides from the command line need a type.
 """
 import os
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import ml_collections
 
 from data import specs
+from efficient_attn import hybrid
 from efficient_attn import registry
 
 
@@ -147,6 +148,24 @@ def set_attention(config, mechanism: str = 'softmax', projection: str = 'standar
   return config
 
 
+def registered(mechanism: str) -> Tuple[registry.Mechanism, ...]:
+  """The registered declarations among `mechanism`'s names (a pattern 'linear+local' names
+  several, see `efficient_attn.hybrid`); the config's validation names any other."""
+  return tuple(registry.get_mechanism(name) for name in mechanism.split(hybrid.SEPARATOR)
+               if name in registry.list_mechanisms())
+
+
+def check_causal(path: str, mechanism: str) -> None:
+  """One line for a mechanism (or one of a pattern's) without the causal form that a causal
+  model needs, before anything is built."""
+  for decl in registered(mechanism):
+    if not decl.causal:
+      what = '' if decl.name == mechanism else f' (of {mechanism!r})'
+      raise ValueError(f'{path}: mechanism {decl.name!r}{what} has no causal form, which the '
+                       f'causal model needs; valid choices: '
+                       f'{", ".join(registry.names_where(lambda m: m.causal))}')
+
+
 def parse_arg(arg: Optional[str], **defaults) -> Dict[str, Any]:
   """Parses a config (or sweep) argument string as big_vision does.
 
@@ -248,8 +267,7 @@ def lra_model(config, mechanism: str, projection: str, *, d_model: int, depth: i
                            mlp_dim=mlp_dim, pool=pool, dropout_rate=dropout_rate,
                            positions=positions))
   set_attention(config, mechanism, projection)
-  forms_weights = mechanism in registry.list_mechanisms() and registry.get_mechanism(
-      mechanism).forms_weights
+  forms_weights = any(d.forms_weights for d in registered(mechanism))
   config.model.attention_dropout_rate = attention_dropout_rate if forms_weights else 0.0
   return config
 
@@ -258,10 +276,7 @@ def fit_blocks(config, length: int):
   """Block and chunk sizes that tile `length` tokens: the largest divisor of `length` up to
   the mechanism's default (64 -> 50 at 2,000 tokens), for block mechanisms (BigBird,
   Reformer, Sinkhorn) that need the length to be a multiple of their block."""
-  mechanism = config.attention.mechanism
-  if mechanism not in registry.list_mechanisms():
-    return config
-  for option in registry.get_mechanism(mechanism).options:
+  for option in (o for d in registered(config.attention.mechanism) for o in d.options):
     if option.name in BLOCK_OPTIONS and isinstance(option.default, int):
       current = config.attention.options.get(option.name) or option.default
       if length % current:

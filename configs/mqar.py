@@ -33,7 +33,6 @@ Any other file of the task in the sequence-labelling format
 --config.dataset.eval_split=train (a file without '{split}' is split 'train').
 """
 from configs import common
-from efficient_attn import registry
 from data import mqar
 
 
@@ -46,10 +45,7 @@ DEFAULTS = dict(mechanism='softmax', d_model=64, seq_len=128, num_kv_pairs=8, vo
 def get_config(arg=None):
   args = common.parse_arg(arg, **DEFAULTS)
   mechanism = args['mechanism']
-  if mechanism in registry.list_mechanisms() and not registry.get_mechanism(mechanism).causal:
-    raise ValueError(f'configs/mqar.py: mechanism {mechanism!r} has no causal form, which '
-                     f'the causal model needs; valid choices: '
-                     f'{", ".join(registry.names_where(lambda m: m.causal))}')
+  common.check_causal('configs/mqar.py', mechanism)
   common.at_least(1, d_model=args['d_model'], num_heads=args['num_heads'],
                   depth=args['depth'], num_train=args['num_train'],
                   num_steps=args['num_steps'])

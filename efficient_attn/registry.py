@@ -403,7 +403,10 @@ def get_mechanism(name: str) -> Mechanism:
   """The declaration registered as `name`; ValueError lists the valid names."""
   _load_all()
   if name not in _MECHANISMS:
-    raise ValueError(f'Unknown attention mechanism {name!r}; valid mechanisms: '
+    stack = (" (a pattern 'a+b' names the mechanisms a stack's blocks take in turn: "
+             "TransformerConfig, efficient_attn.hybrid; a layer takes one)"
+             if '+' in str(name) else '')
+    raise ValueError(f'Unknown attention mechanism {name!r}{stack}; valid mechanisms: '
                      f'{", ".join(_MECHANISMS)}')
   return _MECHANISMS[name]
 

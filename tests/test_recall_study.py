@@ -96,6 +96,19 @@ def test_based_linear_attention_is_named_by_its_options_and_refused_where_they_a
     sweep.check(sweep.expand(sweep.load_sweep(f'{SWEEP}:mechanisms=softmax,feature_map=taylor')))
 
 
+def test_based_hybrid_is_a_pattern_named_by_its_mechanisms_and_options():
+  [run] = sweep.expand(sweep.load_sweep(f'{SWEEP}:mechanisms=linear+local,feature_map=taylor,'
+                                        'qk_dim=16,window=64'))
+  assert run.name == 'linear+local-d64-l128-kv8-taylor-qk16-w64'
+  config = sweep.build_config(run)
+  assert report.label(config) == 'linear+local feature_map=taylor qk_dim=16 window=64'
+  [run] = sweep.expand(sweep.load_sweep(f'{SWEEP}:mechanisms=local,window=32'))
+  assert run.name == 'local-d64-l128-kv8'  # local's default window: the plain run
+  with pytest.raises(sweep.SweepError, match=r"linear\+softmax-d64-l128-kv8-w64: .*'window' "
+                     r"is not an option of any mechanism of 'linear\+softmax'"):
+    sweep.check(sweep.expand(sweep.load_sweep(f'{SWEEP}:mechanisms=linear+softmax,window=64')))
+
+
 def test_num_heads_names_the_run_and_its_row():
   [run] = sweep.expand(sweep.load_sweep(f'{SWEEP}:mechanisms=softmax,widths=128,num_heads=4'))
   assert run.name == 'softmax-d128-l128-kv8-h4'

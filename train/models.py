@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 import fields
+from efficient_attn import hybrid
 from efficient_attn import layer
 from efficient_attn import models as ea
 from efficient_attn import registry
@@ -90,17 +91,63 @@ def check(config, dataset: Optional[data.Dataset] = None) -> None:
 
 
 def check_attention(config, dataset: Optional[data.Dataset] = None
-                    ) -> Tuple[registry.Mechanism, registry.Options]:
+                    ) -> Tuple[hybrid.Mechanisms, registry.Options]:
   """The mechanism of `config.attention`, looked up once and configured for this model
   (the registry's own checks: options, causal form, lengths, rotary): (declaration,
-  resolved options). ConfigError naming the field, value and valid choices."""
+  resolved options). A pattern ('linear+local', blocks taking mechanisms in turn; see
+  `efficient_attn.hybrid`) gives (its declarations, a tuple, and the options they share
+  out, `hybrid.merged_options`), each mechanism checked as a single one is.
+  ConfigError naming the field, value and valid choices."""
   a = config.attention
-  fields.check(config, (fields.Field('attention.mechanism', choices=registry.list_mechanisms()),
-                        fields.Field('attention.projection',
-                                     choices=registry.list_projections())))
-  decl = registry.get_mechanism(a.mechanism)
-  if config.model.kind == 'mlp':  # no attention layer: only the options are resolved
-    return decl, decl.resolve(attention_options(config))
+  decls = _declarations(a.mechanism)
+  fields.check(config, (fields.Field('attention.projection', choices=registry.list_projections()),))
+  mechanism = decls[0] if len(decls) == 1 else decls
+  try:
+    own = hybrid.split_options(decls, attention_options(config))
+    if config.model.kind == 'mlp':  # no attention layer: only the options are resolved
+      return mechanism, hybrid.merged_options(hybrid.resolve(decls, attention_options(config)))
+  except ValueError as e:
+    raise fields.ConfigError(f'config.attention: {e}') from None
+  if len(decls) > 1:
+    _check_pattern(config, decls)
+  return mechanism, hybrid.merged_options(
+      [(d, _check_layer(config, dataset, d, o)) for d, o in zip(decls, own)])
+
+
+def _declarations(mechanism) -> Tuple[registry.Mechanism, ...]:
+  """config.attention.mechanism's declarations: one name, or a pattern 'a+b'."""
+  try:
+    return hybrid.declarations(mechanism)
+  except ValueError:
+    bad = ([p for p in mechanism.split(hybrid.SEPARATOR)
+            if p not in registry.list_mechanisms()] if isinstance(mechanism, str) else [])
+    what = (f' ({bad[0]!r} is not a mechanism)' if bad and bad != [mechanism] else '')
+    raise fields.ConfigError(
+        f'config.attention.mechanism={mechanism!r} is not valid{what}; valid choices: '
+        f'{", ".join(registry.list_mechanisms())}, or several joined by '
+        f"{hybrid.SEPARATOR!r}, taken by the blocks in turn (e.g. "
+        f"'linear{hybrid.SEPARATOR}local')") from None
+
+
+def _check_pattern(config, decls) -> None:
+  """The rules of a pattern: its length divides the depth; not reversible."""
+  a, m = config.attention, config.model
+  try:
+    hybrid.check_depth(decls, m.depth)
+  except ValueError as e:
+    raise fields.ConfigError(f'config.model.depth={m.depth}: {e}') from None
+  if m.get('reversible', False):
+    raise fields.ConfigError(f'config.model.reversible=True with config.attention.mechanism='
+                             f'{a.mechanism!r}: the reversible stack takes one mechanism; '
+                             f'valid: reversible=False')
+
+
+def _check_layer(config, dataset, decl: registry.Mechanism,
+                 own: Dict[str, Any]) -> registry.Options:
+  """`decl`, a mechanism of config.attention, configured for this model with the options
+  `own` that config.attention.options sets for it: its resolved options."""
+  a = config.attention
+  name = decl.name  # the block's mechanism (the whole pattern is config.attention.mechanism)
   num_kv_heads = a.get('num_kv_heads', 0)
   if num_kv_heads:  # 0: one key/value head per head
     try:
@@ -109,7 +156,7 @@ def check_attention(config, dataset: Optional[data.Dataset] = None
       raise fields.ConfigError(f'config.attention.num_kv_heads={num_kv_heads}: {e}') from None
   length, context = sequence_length(config, dataset)
   if (decl.fixed_length or a.projection == 'super') and length > context:
-    what = f'mechanism {a.mechanism!r}' if decl.fixed_length else "projection 'super'"
+    what = f'mechanism {name!r}' if decl.fixed_length else "projection 'super'"
     raise fields.ConfigError(
         f'sequence length {length} (config.dataset.max_length={config.dataset.max_length}) '
         f'exceeds the fixed context length {context} that {what} is built for '
@@ -117,24 +164,25 @@ def check_attention(config, dataset: Optional[data.Dataset] = None
   causal = config.model.kind == 'causal'
   if decl.causal_only and config.model.get('pool') == 'cls' and (
       not causal):  # the causal model does not pool
-    raise fields.ConfigError(f'config.model.pool=\'cls\' with mechanism {a.mechanism!r}: a '
+    raise fields.ConfigError(f'config.model.pool=\'cls\' with mechanism {name!r}: a '
                              f'causal-only mechanism lets the class token (the first) see '
                              f'only itself; valid: pool=\'mean\'')
   try:
-    decl, o = registry.configure(decl, attention_options(config),
-                                 causal=causal or decl.causal_only, max_length=context,
-                                 length=length, rotary=a.get('rotary', False))
+    decl, o = registry.configure(decl, own, causal=causal or decl.causal_only,
+                                 max_length=context, length=length,
+                                 rotary=a.get('rotary', False))
     m = config.model  # the head shapes the mechanism's options declare, for this scheme
     layer.head_layout(decl, o, projection=a.projection, heads=m.num_heads,
                       head_dim=m.d_model // m.num_heads,
                       kv_heads=layer.kv_heads(decl, a.projection, m.num_heads,
                                               num_kv_heads or None))
-    return decl, o
+    return o
   except ValueError as e:
     if causal and not decl.causal:
       valid = registry.names_where(lambda m: m.causal)
+      what = '' if name == a.mechanism else f' (its mechanism {name!r})'
       raise fields.ConfigError(f'config.attention.mechanism={a.mechanism!r} is not valid for '
-                               f'the causal model kind {config.model.kind!r} (it has no '
+                               f'the causal model kind {config.model.kind!r}{what} (it has no '
                                f'causal form); valid choices: {", ".join(valid)}') from None
     raise fields.ConfigError(f'config.attention: {e}') from None
 
@@ -186,7 +234,7 @@ def transformer_config(config, **changes) -> ea.TransformerConfig:
 
 
 def create_model(config, dataset: Optional[data.Dataset] = None,
-                 mechanism: Optional[registry.Mechanism] = None) -> nn.Module:
+                 mechanism: Optional[hybrid.Mechanisms] = None) -> nn.Module:
   """The model of `config.model.kind` (LoRA-adapted if `config.lora.rank > 0`).
 
   `dataset` (default `data.resolve(config)`) and `mechanism` (the declaration of

@@ -19,6 +19,7 @@ from typing import Tuple
 import ml_collections
 
 import fields
+from efficient_attn import hybrid
 from efficient_attn import registry
 import data
 from train import adapters
@@ -37,18 +38,20 @@ class Resolved:
   Attributes:
     config: the checked copy a run records in config.json (`resolved`).
     dataset: `data.Dataset`, what the data pipeline is handed.
-    mechanism: the attention mechanism's declaration, passed down the model.
-    options: its complete options (declared defaults plus what the config set).
+    mechanism: the attention mechanism's declaration, passed down the model (a tuple of
+      them for a pattern, 'linear+local': `efficient_attn.hybrid`).
+    options: its complete options (declared defaults plus what the config set; for a
+      pattern, `hybrid.merged_options`).
     loop: `loop.Loop`, the training loop's settings.
   """
   config: ml_collections.ConfigDict
   dataset: data.Dataset
-  mechanism: registry.Mechanism
+  mechanism: hybrid.Mechanisms
   options: registry.Options
   loop: loop_lib.Loop
 
 
-def validate_config(config) -> Tuple[registry.Mechanism, registry.Options]:
+def validate_config(config) -> Tuple[hybrid.Mechanisms, registry.Options]:
   """Raises ConfigError for the first invalid field of `config`.
 
   Each concern checks its own fields, in turn: the task, the data (`data.check`), the model
@@ -122,15 +125,24 @@ SAMPLES = (  # what `config.sample` accepts (the samples a task writes after tra
 )
 
 
-def _samples(config, decl: registry.Mechanism) -> None:
-  """The samples a task writes after training; `decl`, the configured mechanism, decodes
-  them."""
+def _no_decoding(decl: hybrid.Mechanisms) -> str:
+  """'' when every mechanism of `decl` decodes; else 'mechanism=... has no decoding form'."""
+  missing = [d.name for d in hybrid.declarations(decl) if not d.decode]
+  if not missing:
+    return ''
+  what = '' if [hybrid.name(decl)] == missing else f' (its mechanism {missing[0]!r})'
+  return f'config.attention.mechanism={hybrid.name(decl)!r}{what} has no decoding form'
+
+
+def _samples(config, decl: hybrid.Mechanisms) -> None:
+  """The samples a task writes after training; `decl`, the configured mechanism (or a
+  pattern's), decodes them."""
   fields.check(config, SAMPLES)
   sample = {**tasks.pixel_lm.SAMPLE_DEFAULTS, **(config.get('sample') or {})}
   if config.task == 'pixel_lm' and (sample['num_samples'] or sample['num_completions']) and (
-      not decl.decode):
+      _no_decoding(decl)):
     valid = registry.names_where(lambda m: bool(m.decode))
-    raise ConfigError(f'config.attention.mechanism={decl.name!r} has no decoding form, which '
+    raise ConfigError(f'{_no_decoding(decl)}, which '
                       f"the samples written after training need (config.sample.num_samples="
                       f"{sample['num_samples']}, num_completions={sample['num_completions']}); "
                       f'valid choices: {", ".join(valid)}; or set both to 0')
@@ -138,14 +150,14 @@ def _samples(config, decl: registry.Mechanism) -> None:
     _byte_samples(config, decl)
 
 
-def _byte_samples(config, decl: registry.Mechanism) -> None:
+def _byte_samples(config, decl: hybrid.Mechanisms) -> None:
   """The held-out continuations a byte LM writes after training (`tasks.byte_lm`)."""
   s = {**tasks.byte_lm.SAMPLE_DEFAULTS, **(config.get('sample') or {})}
   if s['num_samples'] <= 0:
     return
-  if not decl.decode:
+  if _no_decoding(decl):
     valid = registry.names_where(lambda m: bool(m.decode))
-    raise ConfigError(f'config.attention.mechanism={decl.name!r} has no decoding form, which '
+    raise ConfigError(f'{_no_decoding(decl)}, which '
                       f"the continuations written after training need (config.sample."
                       f"num_samples={s['num_samples']}); valid choices: {', '.join(valid)}; "
                       f'or set it to 0')

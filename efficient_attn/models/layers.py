@@ -6,12 +6,12 @@
 (`efficient_attn.models.reversible`), which both import this module.
 """
 import dataclasses
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Mapping, Optional
 
 import flax.linen as nn
 import jax.numpy as jnp
 
-from efficient_attn import registry
+from efficient_attn import hybrid
 from efficient_attn.attention import MultiHeadAttention
 
 
@@ -25,11 +25,13 @@ class TransformerConfig:
     num_heads, mlp_dim: attention heads and MLP hidden width.
     num_kv_heads: key/value heads (grouped-query attention; None: num_heads).
     mechanism, projection, options: the attention layer (see
-      `efficient_attn.MultiHeadAttention`); mechanism is a name or its declaration.
-      The `Encoder` resolves the mechanism once (`registry.configure`) and hands its
+      `efficient_attn.MultiHeadAttention`); mechanism is a name or its declaration, or
+      a pattern the blocks take in turn ('linear+local', or a tuple of declarations;
+      see `efficient_attn.hybrid`), whose options are shared out by mechanism.
+      The `Encoder` resolves the mechanism once (`hybrid.configure`) and hands its
       blocks the declaration and the resolved options.
     causal: autoregressive attention (a causal-only mechanism, e.g. 'gla', is causal
-      whatever this says: `attention_causal`).
+      whatever this says: `attention_causal`; in a pattern, that block only).
     max_length: the context length (the super projection and fixed-length
       mechanisms are built for it); models set it from their input size.
     dropout_rate: residual and MLP dropout; attention_dropout_rate: on the
@@ -45,7 +47,7 @@ class TransformerConfig:
   num_heads: int = 4
   mlp_dim: int = 128
   num_kv_heads: Optional[int] = None
-  mechanism: Union[str, registry.Mechanism] = 'softmax'
+  mechanism: hybrid.Mechanisms = 'softmax'
   projection: str = 'standard'
   options: Optional[Mapping[str, Any]] = None
   causal: bool = False
@@ -63,8 +65,9 @@ class TransformerConfig:
 
   @property
   def attention_causal(self) -> bool:
-    """causal, or a causal-only mechanism (an encoder then reads left to right, as an RNN)."""
-    return self.causal or registry.declaration(self.mechanism).causal_only
+    """causal, or a causal-only mechanism in some block (an encoder then reads left to
+    right, as an RNN, there)."""
+    return self.causal or any(d.causal_only for d in hybrid.declarations(self.mechanism))
 
 
 def attention_layer(c: TransformerConfig, shared_params=None) -> MultiHeadAttention:

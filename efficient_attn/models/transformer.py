@@ -13,7 +13,7 @@ from typing import Any, Mapping, Optional
 
 import flax.linen as nn
 
-from efficient_attn import registry
+from efficient_attn import hybrid
 from efficient_attn.models import reversible
 from efficient_attn.models.layers import MlpBlock
 from efficient_attn.models.layers import TransformerConfig
@@ -46,8 +46,10 @@ class EncoderBlock(nn.Module):
 class Encoder(nn.Module):
   """`depth` EncoderBlocks and a final LayerNorm.
 
-  Parameters the mechanism shares across layers (e.g. Linformer's layerwise
-  E = F) are created here once, under 'shared_attention', and passed to every block.
+  The blocks take the mechanisms of a pattern ('linear+local') in turn (see
+  `efficient_attn.hybrid`). Parameters a mechanism shares across layers (e.g.
+  Linformer's layerwise E = F) are created here once, under 'shared_attention_<name>'
+  ('shared_attention_<mechanism>_<name>' in a pattern), and passed to its blocks.
   """
   config: TransformerConfig
 
@@ -55,20 +57,30 @@ class Encoder(nn.Module):
   def __call__(self, x, mask=None, deterministic: bool = True):
     """x `[batch, length, d_model]`; mask flax-style, key padding or None -> same shape."""
     c = self.config
-    # Resolved once for the whole stack: the blocks get the declaration and options.
-    decl = registry.declaration(c.mechanism)
-    decl, o = registry.configure(decl, c.options, causal=c.causal or decl.causal_only,
-                                 max_length=c.max_length)
-    c = c.replace(mechanism=decl, options=o)
+    # Resolved once for the whole stack: the blocks get their declaration and options.
+    layers = hybrid.configure(c.mechanism, c.options, causal=c.causal,
+                              max_length=c.max_length)
+    if len(layers) > 1:
+      hybrid.check_depth(c.mechanism, c.depth)
+      if c.reversible:
+        raise ValueError(f'mechanism {hybrid.name(c.mechanism)!r} (blocks taking mechanisms '
+                         f'in turn) with reversible=True: the reversible stack takes one '
+                         f'mechanism; valid: reversible=False, or one mechanism')
     head_dim = x.shape[-1] // c.num_heads
-    specs = decl.shared_params(o, heads=c.num_heads, head_dim=head_dim,
-                               max_length=c.max_length)
-    shared = {name: self.param(f'shared_attention_{name}', init, shape, c.param_dtype)
-              for name, (shape, init) in specs.items()} or None
+    shared = {}  # per mechanism: its shared parameters (one name: as before hybrids)
+    for decl, o in layers:
+      prefix = 'shared_attention_' + (f'{decl.name}_' if len(layers) > 1 else '')
+      specs = decl.shared_params(o, heads=c.num_heads, head_dim=head_dim,
+                                 max_length=c.max_length)
+      shared.setdefault(decl.name, {name: self.param(prefix + name, init, shape, c.param_dtype)
+                                    for name, (shape, init) in specs.items()} or None)
     if c.reversible:
-      x = reversible.ReversibleStack(c, shared, name='reversible')(x, mask, deterministic)
+      decl, o = layers[0]
+      x = reversible.ReversibleStack(c.replace(mechanism=decl, options=o), shared[decl.name],
+                                     name='reversible')(x, mask, deterministic)
     else:
       for i in range(c.depth):
-        x = EncoderBlock(c, shared, name=f'block_{i}')(x, mask=mask,
-                                                       deterministic=deterministic)
+        decl, o = layers[i % len(layers)]
+        x = EncoderBlock(c.replace(mechanism=decl, options=o), shared[decl.name],
+                         name=f'block_{i}')(x, mask=mask, deterministic=deterministic)
     return nn.LayerNorm(dtype=c.dtype, param_dtype=c.param_dtype, name='final_norm')(x)

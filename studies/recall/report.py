@@ -62,6 +62,7 @@ from benchmarks import runs as runs_io
 from benchmarks.generation import cache_bytes
 from configs import common
 from configs import mqar
+from efficient_attn import hybrid
 from efficient_attn import registry
 from studies.recall import sweep
 from train import api
@@ -93,15 +94,14 @@ def label(config) -> str:
   ('deltanet conv_size=0') and a head count off configs/mqar.py's ('softmax heads=4');
   block and chunk sizes, which the config fits to the length (`common.fit_blocks`), and
   unset options (None) are not named."""
-  decl = registry.get_mechanism(config.attention.mechanism)
-  defaults = {o.name: o.default for o in decl.options}
+  defaults = hybrid.option_defaults(config.attention.mechanism)
   changed = [f'{k}={v}' for k, v in sorted(config.attention.options.items())
              if k in defaults and k not in common.BLOCK_OPTIONS and v is not None
              and v != defaults[k]]
   changed += ['rotary'] if config.attention.get('rotary') else []
   heads = config.model.num_heads
   changed += [f'heads={heads}'] if heads != mqar.DEFAULTS['num_heads'] else []
-  return ' '.join([decl.name] + changed)
+  return ' '.join([config.attention.mechanism] + changed)
 
 
 def read_run(workdir: str) -> Dict[str, Any]:
@@ -190,7 +190,7 @@ def mqar_config(arg: str):
 def state_bytes(config) -> Optional[int]:
   """Bytes of one sequence's decode cache for the model of `config` (no weights read), or
   None for a mechanism without a decoding form."""
-  if not registry.get_mechanism(config.attention.mechanism).decode:
+  if not all(d.decode for d in hybrid.declarations(config.attention.mechanism)):
     return None
   model = api.create_model(config)
   params = jax.eval_shape(
@@ -500,13 +500,22 @@ def state_table() -> str:
   return '\n'.join(lines) + '\n'
 
 
+def _registered(mechanism: str) -> bool:
+  """Whether `mechanism` is registered, or a pattern of registered names ('linear+local')."""
+  try:
+    return bool(hybrid.declarations(mechanism))
+  except ValueError:
+    return False
+
+
 def selection(mechanisms: Sequence[str], widths: Sequence[str], budget: str = ''):
   """(mechanisms, widths, budget) from --mechanisms, --widths and --budget (None when not
   given); a one-line exit naming a bad value."""
-  unknown = [m for m in mechanisms if m not in registry.list_mechanisms()]
+  unknown = [m for m in mechanisms if not _registered(m)]
   if unknown:
     sys.exit(f'--mechanisms: {", ".join(unknown)} not registered; valid choices: '
-             f'{", ".join(registry.list_mechanisms())}')
+             f'{", ".join(registry.list_mechanisms())}, or several joined by '
+             f'{hybrid.SEPARATOR!r}')
   bad = [w for w in widths if not w.isdigit() or int(w) < 1]
   if bad:
     sys.exit(f'--widths: {", ".join(bad)} is not a positive integer')

@@ -17,7 +17,11 @@ DeltaNet and Gated DeltaNet off, and the run's name ends in '-conv0'), num_heads
 (default 2, configs/mqar.py's; another count ends the run's name in '-h<count>'),
 feature_map and qk_dim (linear attention's options; default: its own; Based's linear
 attention is `mechanisms=linear,feature_map=taylor,qk_dim=16`, named
-'...-taylor-qk16'; a mechanism without the option refuses it in one line).
+'...-taylor-qk16'; a mechanism without the option refuses it in one line), window
+(local attention's; default: its own; named '-w<window>'). A mechanism may be a
+pattern the blocks take in turn: Based's hybrid of Taylor linear attention and
+sliding-window attention is `mechanisms=linear+local,feature_map=taylor,qk_dim=16,
+window=64`, named 'linear+local-...-taylor-qk16-w64' (`efficient_attn.hybrid`).
 
     python -m train.sweep --sweep=studies/recall/sweep.py:seed=1,mechanisms=softmax,linear \
         --root=/work/runs/recall/lr1e-3_s4000/seed1 run
@@ -42,7 +46,7 @@ name says its cell; the seed is the root folder's.
 """
 from configs import common
 from configs import mqar
-from efficient_attn import registry
+from efficient_attn import hybrid
 
 
 def parse_cell(cell: str):
@@ -58,15 +62,16 @@ def parse_cell(cell: str):
 DEFAULTS = dict(
     seed=0, mechanisms=('softmax', 'linear', 'mamba2', 'gla', 'deltanet', 'gated_deltanet'),
     widths=(64,), cells=('128x8',), vocab_size=1024, learning_rate=1e-3, num_steps=4000,
-    conv_size=-1, num_heads=mqar.DEFAULTS['num_heads'], feature_map='', qk_dim=0)
+    conv_size=-1, num_heads=mqar.DEFAULTS['num_heads'], feature_map='', qk_dim=0, window=0)
 
 
 def own_options(mechanism: str, options):
   """The `options` that name a run: those off the mechanism's defaults, or not its options
   (the config refuses those in one line), so a run named alike is the same model."""
-  if mechanism not in registry.list_mechanisms():
+  try:
+    defaults = hybrid.option_defaults(mechanism)  # a pattern 'a+b': its mechanisms' options
+  except ValueError:
     return dict(options)  # the config names the unknown mechanism
-  defaults = {o.name: o.default for o in registry.get_mechanism(mechanism).options}
   return {k: v for k, v in options.items() if k not in defaults or defaults[k] != v}
 
 
@@ -81,8 +86,9 @@ def get_sweep(arg=None):
   common.at_least(-1, conv_size=conv)
   heads = args['num_heads']  # the config checks it against each width
   own_heads = heads != mqar.DEFAULTS['num_heads']
-  common.at_least(0, qk_dim=args['qk_dim'])
-  options = {k: args[k] for k in ('feature_map', 'qk_dim') if args[k]}  # set: off its default
+  common.at_least(0, qk_dim=args['qk_dim'], window=args['window'])
+  options = {k: args[k] for k in ('feature_map', 'qk_dim', 'window')
+             if args[k]}  # set: off its default
   runs = []
   for cell in args['cells']:
     length, pairs = parse_cell(cell)
@@ -93,7 +99,8 @@ def get_sweep(arg=None):
             'name': (f'{m}-d{width}-l{length}-kv{pairs}' + (f'-conv{conv}' if conv >= 0 else '')
                      + (f'-h{heads}' if own_heads else '')
                      + (f'-{named["feature_map"]}' if 'feature_map' in named else '')
-                     + (f'-qk{named["qk_dim"]}' if 'qk_dim' in named else '')),
+                     + (f'-qk{named["qk_dim"]}' if 'qk_dim' in named else '')
+                     + (f'-w{named["window"]}' if 'window' in named else '')),
             'config': (f'configs/mqar.py:{m},d_model={width},seq_len={length},'
                        f'num_kv_pairs={pairs},vocab_size={args["vocab_size"]},'
                        f'num_steps={args["num_steps"]}'

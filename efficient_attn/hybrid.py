@@ -1,0 +1,125 @@
+"""Stacks whose blocks take mechanisms in turn: 'linear+local'.
+
+A stack's mechanism may be a pattern, registered names joined by '+': the blocks
+take them in turn, repeated over the depth ('linear+local' at depth 4: linear,
+local, linear, local). So the hybrids of recent models compose from the
+registry: Based (Arora et al. 2024: Taylor linear attention with sliding-window
+attention), Griffin (De et al. 2024: recurrences with local attention) or
+Jamba's attention-in-a-few-layers (Lieber et al. 2024, 'mamba2+softmax' and
+the like). The stack's options are one mapping: each block gets the options its
+mechanism declares; an option that no block's mechanism declares is refused.
+
+    hybrid.names('linear+local')          # ('linear', 'local')
+    layers = hybrid.configure('linear+local', {'feature_map': 'taylor', 'window': 64},
+                              causal=True, max_length=256)
+    # ((linear's declaration, its options), (local's, its options)): one per
+    # entry of the pattern; block i takes layers[i % len(layers)]
+
+A single mechanism is the pattern of one name, and everything here reduces to
+`registry.configure` for it.
+"""
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
+
+from efficient_attn import registry
+
+SEPARATOR = '+'
+Mechanisms = Union[str, registry.Mechanism, Sequence[Union[str, registry.Mechanism]]]
+
+
+def declarations(mechanism: Mechanisms) -> Tuple[registry.Mechanism, ...]:
+  """The declarations of a pattern ('linear+local'), a name, a declaration, or a sequence of
+  names or declarations, in block order. ValueError names a part that is not registered."""
+  if isinstance(mechanism, registry.Mechanism):
+    return (mechanism,)
+  parts = mechanism.split(SEPARATOR) if isinstance(mechanism, str) else list(mechanism)
+  if not parts or any(p == '' for p in parts):
+    raise ValueError(f'mechanism {mechanism!r} is not valid: a pattern names registered '
+                     f"mechanisms joined by {SEPARATOR!r}, e.g. 'linear{SEPARATOR}local'")
+  return tuple(registry.declaration(p) for p in parts)
+
+
+def names(mechanism: Mechanisms) -> Tuple[str, ...]:
+  """The mechanism names of the pattern, in block order."""
+  return tuple(d.name for d in declarations(mechanism))
+
+
+def name(mechanism: Mechanisms) -> str:
+  """The pattern as one string: 'linear+local' (a single mechanism: its name)."""
+  return SEPARATOR.join(names(mechanism))
+
+
+def option_defaults(mechanism: Mechanisms) -> Dict[str, Any]:
+  """{option: declared default} over the pattern's mechanisms (a name two of them declare
+  takes the first one's default)."""
+  defaults = {}
+  for decl in declarations(mechanism):
+    for option in decl.options:
+      defaults.setdefault(option.name, option.default)
+  return defaults
+
+
+def split_options(mechanism: Mechanisms, options: Optional[Mapping[str, Any]]
+                  ) -> Tuple[Dict[str, Any], ...]:
+  """`options` shared out: per entry of the pattern, the ones its mechanism declares.
+
+  A single mechanism gets `options` whole (its own checks name an unknown one). ValueError
+  names an option that no mechanism of a pattern declares, and the ones they do."""
+  decls = declarations(mechanism)
+  options = dict(options or {})
+  if len(decls) == 1:
+    return (options,)
+  declared = [{o.name for o in d.options} for d in decls]
+  unknown = sorted(set(options) - set().union(*declared))
+  if unknown:
+    valid = sorted(set().union(*declared))
+    raise ValueError(f'option {unknown[0]!r} is not an option of any mechanism of '
+                     f'{name(decls)!r}; their options: {", ".join(valid) or "none"}')
+  return tuple({k: v for k, v in options.items() if k in own} for own in declared)
+
+
+def resolve(mechanism: Mechanisms, options: Optional[Mapping[str, Any]] = None
+            ) -> Tuple[Tuple[registry.Mechanism, registry.Options], ...]:
+  """Per entry of the pattern, (declaration, its options resolved: declared defaults plus
+  what `options` set), without the checks that need the model (see `configure`)."""
+  decls = declarations(mechanism)
+  return tuple((d, d.resolve(o)) for d, o in zip(decls, split_options(decls, options)))
+
+
+def configure(mechanism: Mechanisms, options: Optional[Mapping[str, Any]] = None, *,
+              causal: bool = False, max_length: Optional[int] = None,
+              length: Optional[int] = None, rotary: bool = False
+              ) -> Tuple[Tuple[registry.Mechanism, registry.Options], ...]:
+  """`registry.configure` for each entry of the pattern: ((declaration, options), ...).
+
+  `causal` is the stack's: a causal-only mechanism (e.g. 'gla') is causal whatever it
+  says, as in a single-mechanism stack. Raises ValueError as `registry.configure` does
+  (for a pattern, naming the mechanism), or for an option no mechanism declares."""
+  decls = declarations(mechanism)
+  return tuple(registry.configure(d, o, causal=causal or d.causal_only, max_length=max_length,
+                                  length=length, rotary=rotary)
+               for d, o in zip(decls, split_options(decls, options)))
+
+
+def merged_options(layers: Sequence[Tuple[registry.Mechanism, Mapping[str, Any]]]
+                   ) -> registry.Options:
+  """One options mapping for `layers` ((declaration, options) per entry, as `configure`
+  gives): each option at the value every entry that has it agrees on. An option on which
+  they differ (two mechanisms' own defaults) is left out, so that reading the mapping back
+  (`split_options`) gives each entry its own value again."""
+  merged, differ = {}, set()
+  for _, o in layers:
+    for k, v in o.items():
+      if k in merged and merged[k] != v:
+        differ.add(k)
+      merged.setdefault(k, v)
+  return registry.Options({k: v for k, v in merged.items() if k not in differ})
+
+
+def check_depth(mechanism: Mechanisms, depth: int) -> None:
+  """ValueError unless the pattern's length divides `depth` (every entry repeats alike)."""
+  n = len(declarations(mechanism))
+  if depth % n:
+    valid = [d for d in range(n, 4 * n + 1, n)]
+    raise ValueError(f'mechanism {name(mechanism)!r} gives blocks {n} mechanisms in turn, '
+                     f'which does not divide depth={depth}; valid depths: multiples of {n} '
+                     f'({", ".join(map(str, valid))}, ...)')
