@@ -18,7 +18,8 @@ def _run(tmp_path, *runs, **env):
 
 
 @pytest.mark.parametrize('run', ['0:softmax:128', 'a:softmax:128:256x16',
-                                 '0:softmax:128:256', '0:Soft-max:128:256x16'])
+                                 '0:softmax:128:256', '0:Soft-max:128:256x16',
+                                 '0:linear+:64:128x8', '0:linear:64:128x8:window'])
 def test_a_bad_run_is_one_line_naming_it_before_anything_starts(tmp_path, run):
   out = _run(tmp_path, '0:linear:64:128x8', run)
   assert out.returncode == 2

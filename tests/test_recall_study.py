@@ -313,12 +313,12 @@ def test_curves_draw_the_runs_that_have_one_and_count_the_rest(tmp_path, monkeyp
 
 
 def test_missing_lists_the_plans_runs_that_the_sources_lack_as_run_sh_takes_them():
-  """The plan: the sweep's six at every grid width and cell, the other causal mechanisms at
-  width 128, (256, 16), two seeds each, at the sweep's budget; a run at another budget or
-  with an option off its default is not the plan's run."""
+  """The plan: the sweep's six and Based's hybrid at every grid width and cell, the other
+  causal mechanisms at width 128, (256, 16), two seeds each, at the sweep's budget; a run at
+  another budget or with an option off its default is not the plan's run."""
   causal = registry.names_where(lambda m: m.causal)
   plan = report.plan()
-  assert len(plan) == 2 * (6 * 4 + len(causal) - 6) == len({report.run_key(r) for r in plan})
+  assert len(plan) == 2 * (7 * 4 + len(causal) - 6) == len({report.run_key(r) for r in plan})
   assert {(r['vocab_size'], r['learning_rate'], r['steps']) for r in plan} == {(1024, 1e-3, 4000)}
   one_cell = {r['mechanism'] for r in plan if r['width'] == 128 and r['seq_len'] == 256}
   assert {'performer', 'rfa', 'local', 'retention', 'linear', 'deltanet'} <= one_cell
@@ -333,7 +333,16 @@ def test_missing_lists_the_plans_runs_that_the_sources_lack_as_run_sh_takes_them
   assert '0:softmax:64:128x8' not in lost and '1:softmax:64:128x8' not in lost
   assert '0:linear:64:128x8' in lost and '0:deltanet:64:128x8' in lost
   assert '1:performer:128:256x16' in lost and not any(':performer:64:' in r for r in lost)
-  assert all(re.fullmatch(r'[01]:[a-z0-9_]+:(64|128):(128x8|256x16)', r) for r in lost)
+  assert all(re.fullmatch(r'[01]:[a-z0-9_]+:(64|128):(128x8|256x16)', r) for r in lost
+             if 'local:' not in r)
+  based = [r for r in lost if r.split(':')[1] == 'linear+local']
+  assert len(based) == 8 and '0:linear+local:64:128x8:feature_map=taylor;qk_dim=16;window=64' in (
+      based)
+  [run] = sweep.expand(sweep.load_sweep(  # as run.sh reads the line: the plan's run again
+      f'{SWEEP}:seed=0,mechanisms=linear+local,widths=64,cells=128x8,feature_map=taylor,'
+      'qk_dim=16,window=64'))
+  done_based = dict(_run(report.label(sweep.build_config(run)), 0, 0.5, **budget))
+  assert len(report.missing(done + [done_based])) == len(lost) - 1
   assert report.missing(done, ['softmax'], [64]) == ['0:softmax:64:256x16', '1:softmax:64:256x16']
 
 

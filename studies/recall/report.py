@@ -36,9 +36,10 @@ panel per width and cell, a colour per mechanism, a line style per seed). --mech
 --name=recall_grid`).
 
 With --missing it writes nothing: it prints the runs of the study's plan (`plan`: the
-sweep's six mechanisms at every width and cell of GRID, every other causal mechanism at
-width 128, (256, 16), two seeds each, at the sweep's default budget) that the sources do
-not hold, one `seed:mechanism:width:cell` per line, as studies/recall/gpu/run.sh takes
+sweep's six mechanisms and Based's hybrid, `linear+local` with its options, at every
+width and cell of GRID, every other causal mechanism at width 128, (256, 16), two seeds
+each, at the sweep's default budget) that the sources do not hold, one
+`seed:mechanism:width:cell[:settings]` per line, as studies/recall/gpu/run.sh takes
 them (what they are, and the commands that run them, go to stderr). --mechanisms and
 --widths narrow the plan; its budget is the sweep's (--budget, another one, is refused),
 and a source that names no report and no folder is refused:
@@ -80,10 +81,14 @@ _BUDGET = flags.DEFINE_string('budget', '', 'Only the runs of this budget, '
                               '"steps,learning_rate,vocab_size" (e.g. 4000,1e-3,1024; '
                               'default: every one).')
 _MISSING = flags.DEFINE_bool('missing', False, 'Instead: print the runs of the study\'s plan '
-                             'that the sources do not hold (seed:mechanism:width:cell, one '
+                             'that the sources do not hold (seed:mechanism:width:cell'
+                             '[:settings], one '
                              'per line, as studies/recall/gpu/run.sh takes them); writes nothing.')
 GRID = ((64, 128, 8), (64, 256, 16), (128, 128, 8), (128, 256, 16))  # width, seq_len, pairs
 ONE_CELL = (128, 256, 16)  # where every other causal mechanism runs once per seed
+# Based's hybrid (Arora et al. 2024) as the grid runs it: its Taylor linear attention
+# (feature width 16) in the first block, sliding-window attention (64 tokens) in the second.
+BASED = ('linear+local', (('feature_map', 'taylor'), ('qk_dim', 16), ('window', 64)))
 SEEDS = (0, 1)
 # Line styles, one per budget or seed: seven that matplotlib draws apart.
 STYLES = ('-', '--', ':', '-.', (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)), (0, (8, 2)))
@@ -201,25 +206,32 @@ def state_bytes(config) -> Optional[int]:
 
 def plan() -> List[Dict[str, Any]]:
   """The study's runs, as `run_key` reads them: the sweep's mechanisms (softmax, linear
-  attention and the gated and delta-rule four) at every width and cell of GRID, and every
-  other mechanism with a causal form at ONE_CELL, each for every seed of SEEDS, at the
-  sweep's default budget (vocabulary, learning rate, steps). Ordered by width, cell and
-  mechanism, a mechanism's seeds together."""
+  attention and the gated and delta-rule four) and Based's hybrid (BASED) at every width and
+  cell of GRID, and every other mechanism with a causal form at ONE_CELL, each for every
+  seed of SEEDS, at the sweep's default budget (vocabulary, learning rate, steps). Ordered
+  by width, cell and mechanism, a mechanism's seeds together. A run with sweep settings
+  beyond its mechanism (BASED's options) has them in 'settings' ('key=value;...')."""
   d = sweep.DEFAULTS
-  core = d['mechanisms']
-  others = [m for m in registry.names_where(lambda m: m.causal) if m not in core]
-  cells = [(m, w, l, p) for w, l, p in GRID for m in core] + [(m,) + ONE_CELL for m in others]
-  return [dict(mechanism=m, width=w, seq_len=l, num_kv_pairs=p, vocab_size=d['vocab_size'],
+  core = [(m, ()) for m in d['mechanisms']] + [BASED]
+  others = [(m, ()) for m in registry.names_where(lambda m: m.causal)
+            if m not in d['mechanisms']]
+  cells = ([(m, w, l, p) for w, l, p in GRID for m in core]
+           + [(m,) + ONE_CELL for m in others])
+  return [dict(mechanism=' '.join([m] + [f'{k}={v}' for k, v in options]),
+               settings=';'.join(f'{k}={v}' for k, v in options),
+               width=w, seq_len=l, num_kv_pairs=p, vocab_size=d['vocab_size'],
                learning_rate=d['learning_rate'], steps=d['num_steps'], seed=s)
-          for m, w, l, p in cells for s in SEEDS]
+          for (m, options), w, l, p in cells for s in SEEDS]
 
 
 def missing(runs: List[Dict[str, Any]], mechanisms: Sequence[str] = (),
             widths: Sequence[int] = ()) -> List[str]:
   """The runs of `plan()` (of these mechanisms and widths, if named) that `runs` lack, as
-  'seed:mechanism:width:cell' (studies/recall/gpu/run.sh's form)."""
+  'seed:mechanism:width:cell[:settings]' (studies/recall/gpu/run.sh's form; settings
+  'key=value;...', the sweep's, for a run that has them: BASED)."""
   have = {run_key(r) for r in runs}
-  return [f'{r["seed"]}:{r["mechanism"]}:{r["width"]}:{r["seq_len"]}x{r["num_kv_pairs"]}'
+  return [f'{r["seed"]}:{r["mechanism"].split()[0]}:{r["width"]}:'
+          f'{r["seq_len"]}x{r["num_kv_pairs"]}' + (f':{r["settings"]}' if r['settings'] else '')
           for r in select(plan(), mechanisms, widths) if run_key(r) not in have]
 
 
@@ -558,7 +570,8 @@ def missing_report(sources: Sequence[str], mechanisms: Sequence[str] = (),
             + (': run them on a GPU with `OUT=<folder> bash studies/recall/gpu/run.sh '
                '<these>`, or one on a CPU with `python -m train.sweep '
                '--sweep=studies/recall/sweep.py:seed=<s>,mechanisms=<m>,widths=<w>,'
-               'cells=<cell> --root=<root>/seed<s> run`' if lost else ''))
+               'cells=<cell>[,<settings, ";" as ",">] --root=<root>/seed<s> run`'
+               if lost else ''))
   return header, lost
 
 

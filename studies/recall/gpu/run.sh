@@ -4,8 +4,12 @@
 # others'. Runs the same configs as the CPU grid, at the same budget; only the device differs
 # (results.json's 'device' names it).
 #
-#   OUT=folder bash studies/recall/gpu/run.sh RUN...     RUN = seed:mechanism:width:cell
+#   OUT=folder bash studies/recall/gpu/run.sh RUN...  RUN = seed:mechanism:width:cell[:settings]
 #   OUT=folder bash studies/recall/gpu/run.sh 0:softmax:128:256x16 1:gla:128:256x16
+#   OUT=folder bash studies/recall/gpu/run.sh 0:linear+local:64:128x8:feature_map=taylor;window=64
+#
+# settings: more sweep settings of that run, key=value joined by ';' (quote the run in a
+# shell). `python -m studies.recall.report --missing` prints the runs the study lacks so.
 #
 # Settings (environment): ROOT (workdirs, default /tmp/recall: $ROOT/seed<s>/<name>, as the
 # CPU grid's roots), WORKERS (runs at once, default 4: on an H100 with 16 cores, 14 at once
@@ -40,11 +44,13 @@ PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 export JAX_DEFAULT_MATMUL_PRECISION=${PRECISION:-highest}
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$ROOT/jax_cache}
-for run in "$@"; do  # seed:mechanism:width:cell, checked before anything starts
-  IFS=: read -r s m w c <<< "$run"
-  if ! [[ "$s" =~ ^[0-9]+$ && "$m" =~ ^[a-z0-9_]+$ && "$w" =~ ^[0-9]+$ && "$c" =~ ^[0-9]+x[0-9]+$ ]]; then
-    echo "run.sh: run '$run' is not valid; write seed:mechanism:width:cell, e.g." \
-         "0:softmax:128:256x16" >&2
+SETTING='[a-z_]+=[a-z0-9._-]+'
+for run in "$@"; do  # seed:mechanism:width:cell[:settings], checked before anything starts
+  IFS=: read -r s m w c o <<< "$run"
+  if ! [[ "$s" =~ ^[0-9]+$ && "$m" =~ ^[a-z0-9_]+(\+[a-z0-9_]+)*$ && "$w" =~ ^[0-9]+$
+          && "$c" =~ ^[0-9]+x[0-9]+$ && ( -z "$o" || "$o" =~ ^$SETTING(\;$SETTING)*$ ) ]]; then
+    echo "run.sh: run '$run' is not valid; write seed:mechanism:width:cell[:settings], e.g." \
+         "0:softmax:128:256x16 or 0:linear+local:64:128x8:feature_map=taylor;window=64" >&2
     exit 2
   fi
 done
@@ -86,8 +92,8 @@ command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,memory.total,dr
 # 2. The data of each run, written once before the runs start (they would race), from the
 #    runs' own configs, and a fingerprint of each test split to compare with another machine's;
 #    each run's workdir name as the sweep gives it (SWEEP_ARGS may add to it) into names.tsv.
-spec() { IFS=: read -r s m w c <<< "$1"
-  echo "studies/recall/sweep.py:seed=$s,mechanisms=$m,widths=$w,cells=$c${SWEEP_ARGS:-}"; }
+spec() { IFS=: read -r s m w c o <<< "$1"
+  echo "studies/recall/sweep.py:seed=$s,mechanisms=$m,widths=$w,cells=$c${o:+,${o//;/,}}${SWEEP_ARGS:-}"; }
 specs=(); for run in "$@"; do specs+=("$(spec "$run")"); done
 "$PY" -c "
 import hashlib, sys
@@ -128,7 +134,7 @@ fi
 
 # 4. The runs, WORKERS at a time, in the order given.
 key() {  # seed<s>/<the sweep's name of the run>; a run the sweep refused: the grid's naming
-  local sp name; sp=$(spec "$1"); IFS=: read -r s m w c <<< "$1"
+  local sp name; sp=$(spec "$1"); IFS=: read -r s m w c o <<< "$1"
   name=$(awk -F'\t' -v sp="$sp" '$1 == sp {print $2}' "$ROOT/names.tsv" 2> /dev/null)
   echo "seed$s/${name:-$m-d$w-l${c%x*}-kv${c#*x}}"
 }
