@@ -21,8 +21,9 @@ Groups (the contract other tools rely on):
              mlp_dim, patch_size, pool, dropout_rate, attention_dropout_rate,
              max_length, reversible, positions (text: 'learned' | 'sinusoidal'),
              interaction (text pairs: 'concat' | 'nli').
-  attention  mechanism, projection, options (a ConfigDict of mechanism options), rotary,
-             num_kv_heads.
+  attention  mechanism (a name, or names joined by '+' that the blocks take in turn:
+             'linear+local', see efficient_attn.hybrid), projection, options (a ConfigDict of
+             mechanism options), rotary, num_kv_heads.
   optim      name, learning_rate, warmup_steps, weight_decay, grad_clip, b1, b2.
   train      num_steps or num_epochs (num_steps > 0 takes precedence), eval_every, log_every,
              checkpoint_every, keep_checkpoints, async_checkpoints, seed, dtype.
