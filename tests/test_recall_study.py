@@ -81,32 +81,32 @@ def test_conv_size_turns_the_short_convolution_off_in_named_runs():
   assert 'attention.options.conv_size' not in run.overrides
 
 
-def test_based_linear_attention_is_named_by_its_options_and_refused_where_they_are_not():
-  [run] = sweep.expand(sweep.load_sweep(f'{SWEEP}:mechanisms=linear,feature_map=taylor,'
-                                        'qk_dim=16'))
-  assert run.name == 'linear-d64-l128-kv8-taylor-qk16'
-  config = sweep.build_config(run)
-  assert report.label(config) == 'linear feature_map=taylor qk_dim=16'
-  [run] = sweep.expand(sweep.load_sweep(f'{SWEEP}:mechanisms=linear'))
-  assert not any('feature_map' in k or 'qk_dim' in k for k in run.overrides)
-  [run] = sweep.expand(sweep.load_sweep(f'{SWEEP}:mechanisms=linear,feature_map=elu'))
-  assert run.name == 'linear-d64-l128-kv8'  # its default: the same run as without it
-  with pytest.raises(sweep.SweepError, match="softmax-d64-l128-kv8-taylor: .*unknown "
-                     r"option\(s\) \['feature_map'\]"):
-    sweep.check(sweep.expand(sweep.load_sweep(f'{SWEEP}:mechanisms=softmax,feature_map=taylor')))
-
-
-def test_based_hybrid_is_a_pattern_named_by_its_mechanisms_and_options():
-  [run] = sweep.expand(sweep.load_sweep(f'{SWEEP}:mechanisms=linear+local,feature_map=taylor,'
-                                        'qk_dim=16,window=64'))
-  assert run.name == 'linear+local-d64-l128-kv8-taylor-qk16-w64'
-  config = sweep.build_config(run)
-  assert report.label(config) == 'linear+local feature_map=taylor qk_dim=16 window=64'
-  [run] = sweep.expand(sweep.load_sweep(f'{SWEEP}:mechanisms=local,window=32'))
-  assert run.name == 'local-d64-l128-kv8'  # local's default window: the plain run
-  with pytest.raises(sweep.SweepError, match=r"linear\+softmax-d64-l128-kv8-w64: .*'window' "
-                     r"is not an option of any mechanism of 'linear\+softmax'"):
-    sweep.check(sweep.expand(sweep.load_sweep(f'{SWEEP}:mechanisms=linear+softmax,window=64')))
+@pytest.mark.parametrize('arg, name, label, default, bad, message', [
+    # Based's linear attention alone: linear's options
+    ('mechanisms=linear,feature_map=taylor,qk_dim=16', 'linear-d64-l128-kv8-taylor-qk16',
+     'linear feature_map=taylor qk_dim=16', 'mechanisms=linear,feature_map=elu',
+     'mechanisms=softmax,feature_map=taylor',
+     r"softmax-d64-l128-kv8-taylor: .*unknown option\(s\) \['feature_map'\]"),
+    # Based's hybrid: a pattern, its options shared out by mechanism
+    ('mechanisms=linear+local,feature_map=taylor,qk_dim=16,window=64',
+     'linear+local-d64-l128-kv8-taylor-qk16-w64',
+     'linear+local feature_map=taylor qk_dim=16 window=64', 'mechanisms=linear+local,window=32',
+     'mechanisms=linear+softmax,window=64',
+     r"linear\+softmax-d64-l128-kv8-w64: .*'window' is not an option of any mechanism of "
+     r"'linear\+softmax'"),
+])
+def test_based_runs_are_named_by_their_options_and_refused_where_they_are_not(
+    arg, name, label, default, bad, message):
+  [run] = sweep.expand(sweep.load_sweep(f'{SWEEP}:{arg}'))
+  assert run.name == name
+  assert report.label(sweep.build_config(run)) == label
+  mechanism = arg.split(',')[0].split('=')[1]
+  [run] = sweep.expand(sweep.load_sweep(f'{SWEEP}:mechanisms={mechanism}'))
+  assert not any(k.startswith('attention.options.') for k in run.overrides)
+  [run] = sweep.expand(sweep.load_sweep(f'{SWEEP}:{default}'))
+  assert run.name == f'{mechanism}-d64-l128-kv8'  # its defaults: the same run as without
+  with pytest.raises(sweep.SweepError, match=message):
+    sweep.check(sweep.expand(sweep.load_sweep(f'{SWEEP}:{bad}')))
 
 
 def test_num_heads_names_the_run_and_its_row():
