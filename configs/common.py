@@ -35,7 +35,7 @@ Fields a sweep varies are plain values, so `--config.attention.mechanism=linear`
 works. No field defaults to None: overrides from the command line need a type.
 """
 import os
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional
 
 import ml_collections
 
@@ -149,17 +149,10 @@ def set_attention(config, mechanism: str = 'softmax', projection: str = 'standar
   return config
 
 
-def registered(mechanism: str) -> Tuple[registry.Mechanism, ...]:
-  """The registered declarations among `mechanism`'s names (a pattern 'linear+local' names
-  several, see `efficient_attn.hybrid`); the config's validation names any other."""
-  return tuple(registry.get_mechanism(name) for name in mechanism.split(hybrid.SEPARATOR)
-               if name in registry.list_mechanisms())
-
-
 def check_causal(path: str, mechanism: str) -> None:
   """One line for a mechanism (or one of a pattern's) without the causal form that a causal
   model needs, before anything is built."""
-  for decl in registered(mechanism):
+  for decl in hybrid.registered(mechanism):  # the config's validation names any other
     if not decl.causal:
       what = '' if decl.name == mechanism else f' (of {mechanism!r})'
       raise ValueError(f'{path}: mechanism {decl.name!r}{what} has no causal form, which the '
@@ -268,7 +261,7 @@ def lra_model(config, mechanism: str, projection: str, *, d_model: int, depth: i
                            mlp_dim=mlp_dim, pool=pool, dropout_rate=dropout_rate,
                            positions=positions))
   set_attention(config, mechanism, projection)
-  forms_weights = any(d.forms_weights for d in registered(mechanism))
+  forms_weights = any(d.forms_weights for d in hybrid.registered(mechanism))
   config.model.attention_dropout_rate = attention_dropout_rate if forms_weights else 0.0
   return config
 
@@ -276,8 +269,10 @@ def lra_model(config, mechanism: str, projection: str, *, d_model: int, depth: i
 def fit_blocks(config, length: int):
   """Block and chunk sizes that tile `length` tokens: the largest divisor of `length` up to
   the mechanism's default (64 -> 50 at 2,000 tokens), for block mechanisms (BigBird,
-  Reformer, Sinkhorn) that need the length to be a multiple of their block."""
-  for option in (o for d in registered(config.attention.mechanism) for o in d.options):
+  Reformer, Sinkhorn) that need the length to be a multiple of their block. In a pattern
+  ('bigbird+local', see `efficient_attn.hybrid`) the options are one mapping: a fitted size
+  goes to every mechanism of the pattern that has the option."""
+  for option in (o for d in hybrid.registered(config.attention.mechanism) for o in d.options):
     if option.name in BLOCK_OPTIONS and isinstance(option.default, int):
       current = config.attention.options.get(option.name) or option.default
       if length % current:

@@ -38,6 +38,19 @@ def declarations(mechanism: Mechanisms) -> Tuple[registry.Mechanism, ...]:
   return tuple(registry.declaration(p) for p in parts)
 
 
+def unregistered(mechanism: str) -> Tuple[str, ...]:
+  """The names of the pattern `mechanism` that are not registered ('' for an empty one)."""
+  known = registry.list_mechanisms()
+  return tuple(p for p in mechanism.split(SEPARATOR) if p not in known)
+
+
+def registered(mechanism: str) -> Tuple[registry.Mechanism, ...]:
+  """The declarations of the pattern's registered names (the others left to a check that
+  names them, `unregistered`)."""
+  known = registry.list_mechanisms()
+  return tuple(registry.get_mechanism(p) for p in mechanism.split(SEPARATOR) if p in known)
+
+
 def names(mechanism: Mechanisms) -> Tuple[str, ...]:
   """The mechanism names of the pattern, in block order."""
   return tuple(d.name for d in declarations(mechanism))
@@ -48,14 +61,24 @@ def name(mechanism: Mechanisms) -> str:
   return SEPARATOR.join(names(mechanism))
 
 
-def option_defaults(mechanism: Mechanisms) -> Dict[str, Any]:
-  """{option: declared default} over the pattern's mechanisms (a name two of them declare
-  takes the first one's default)."""
-  defaults = {}
-  for decl in declarations(mechanism):
+def option_defaults(mechanism: Mechanisms) -> Dict[str, Tuple[Any, ...]]:
+  """{option: the declared defaults of the pattern's mechanisms that have it}: one default
+  for an option one mechanism declares, more where two declare it with their own."""
+  defaults: Dict[str, Tuple[Any, ...]] = {}
+  for decl in dict.fromkeys(declarations(mechanism)):
     for option in decl.options:
-      defaults.setdefault(option.name, option.default)
+      defaults[option.name] = defaults.get(option.name, ()) + (option.default,)
   return defaults
+
+
+def off_defaults(mechanism: Mechanisms, options: Mapping[str, Any]) -> Dict[str, Any]:
+  """The `options` that change the model of `mechanism`'s stack: those not at the default
+  of every mechanism of the pattern that declares them, and those none declares. So two
+  stacks named by these (a run's name, a report's row) are the same model: 'gla+deltanet'
+  with conv_size=0 is named, since DeltaNet's default is 4, and GLA's 0."""
+  defaults = option_defaults(mechanism)
+  return {k: v for k, v in options.items()
+          if k not in defaults or any(d != v for d in defaults[k])}
 
 
 def split_options(mechanism: Mechanisms, options: Optional[Mapping[str, Any]]
@@ -72,8 +95,10 @@ def split_options(mechanism: Mechanisms, options: Optional[Mapping[str, Any]]
   unknown = sorted(set(options) - set().union(*declared))
   if unknown:
     valid = sorted(set().union(*declared))
-    raise ValueError(f'option {unknown[0]!r} is not an option of any mechanism of '
-                     f'{name(decls)!r}; their options: {", ".join(valid) or "none"}')
+    raise ValueError(f'option{"s" if len(unknown) > 1 else ""} '
+                     f'{", ".join(map(repr, unknown))} {"are" if len(unknown) > 1 else "is"} '
+                     f'not an option of any mechanism of {name(decls)!r}; their options: '
+                     f'{", ".join(valid) or "none"}')
   return tuple({k: v for k, v in options.items() if k in own} for own in declared)
 
 
@@ -104,8 +129,9 @@ def merged_options(layers: Sequence[Tuple[registry.Mechanism, Mapping[str, Any]]
                    ) -> registry.Options:
   """One options mapping for `layers` ((declaration, options) per entry, as `configure`
   gives): each option at the value every entry that has it agrees on. An option on which
-  they differ (two mechanisms' own defaults) is left out, so that reading the mapping back
-  (`split_options`) gives each entry its own value again."""
+  they differ (two mechanisms' own defaults) is left out, so that resolving the mapping
+  again (`resolve`, `configure`: declared defaults for what it lacks) gives each entry its
+  own value back. A reader of the mapping (a config.json) finds no such option in it."""
   merged, differ = {}, set()
   for _, o in layers:
     for k, v in o.items():

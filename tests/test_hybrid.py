@@ -18,8 +18,9 @@ import main_runner
 
 from efficient_attn import hybrid
 from efficient_attn import registry
-from efficient_attn.models.causal import CausalTransformer
-from efficient_attn.models.layers import TransformerConfig
+from efficient_attn.models import CausalTransformer
+from efficient_attn.models import Encoder
+from efficient_attn.models import TransformerConfig
 from studies.recall import report
 from train import trainer
 from train import validate
@@ -45,6 +46,9 @@ def test_names_and_options_are_shared_out_by_mechanism():
   with pytest.raises(ValueError, match=r"^option 'num_landmarks' is not an option of any "
                      r"mechanism of 'linear\+local'; their options: .*window"):
     hybrid.split_options('linear+local', {'num_landmarks': 8})
+  with pytest.raises(ValueError, match=r"^options 'k_proj', 'num_landmarks' are not"):
+    hybrid.split_options('linear+local', {'num_landmarks': 8, 'k_proj': 4})
+  assert hybrid.unregistered('linear++lcoal') == ('', 'lcoal')
   with pytest.raises(ValueError, match="'linear\\+' is not valid: a pattern names"):
     hybrid.declarations('linear+')
   with pytest.raises(ValueError, match=r"Unknown attention mechanism 'linear\+local' \(a "
@@ -63,13 +67,22 @@ def test_options_two_mechanisms_declare_with_their_own_defaults_come_back_their_
 
 
 def test_a_pattern_of_one_mechanism_twice_is_the_plain_stack():
-  x = tokens()
-  plain = model('softmax')
+  """Linformer with E = F shared by every layer: the one shared projection, named as in
+  the plain stack, and the same output on the same weights."""
+  x = jax.random.normal(jax.random.PRNGKey(0), (2, 8, 16))
+  options = {'sharing': 'layerwise', 'k_proj': 4}
+  plain, twice = (Encoder(TransformerConfig(d_model=16, depth=2, num_heads=2, mlp_dim=32,
+                                            mechanism=m, options=options, max_length=8))
+                  for m in ('linformer', 'linformer+linformer'))
   params = plain.init(jax.random.PRNGKey(1), x)
-  twice = model('softmax+softmax')
+  assert 'shared_attention_kv_proj' in params['params']
   assert (jax.tree.structure(twice.init(jax.random.PRNGKey(1), x))
           == jax.tree.structure(params))
   np.testing.assert_array_equal(twice.apply(params, x), plain.apply(params, x))
+  mixed = Encoder(TransformerConfig(d_model=16, depth=2, num_heads=2, mlp_dim=32,
+                                    mechanism='linformer+softmax', options=options,
+                                    max_length=8)).init(jax.random.PRNGKey(1), x)
+  assert 'shared_attention_linformer_kv_proj' in mixed['params']  # two mechanisms: by name
 
 
 def test_each_block_takes_its_mechanism_and_options_in_turn():
@@ -116,6 +129,11 @@ def test_depth_the_pattern_does_not_divide_and_reversible_are_refused_by_the_sta
   with pytest.raises(ValueError, match=r"gives blocks 2 mechanisms in turn, which does not "
                      r'divide depth=3; valid depths: multiples of 2'):
     model('linear+local', depth=3).init(jax.random.PRNGKey(1), x)
+  reversible = Encoder(TransformerConfig(d_model=16, depth=2, num_heads=2, mlp_dim=32,
+                                         mechanism='softmax+linear', reversible=True))
+  with pytest.raises(ValueError, match=r"^reversible=True with mechanism 'softmax\+linear': "
+                     r'the reversible stack takes one mechanism; valid: reversible=False'):
+    reversible.init(jax.random.PRNGKey(1), jax.numpy.ones((1, 8, 16)))
 
 
 # The config (configs/mqar.py as main.py builds it)
@@ -140,9 +158,23 @@ def test_the_config_resolves_a_pattern_and_reads_its_record_back():
   assert dict(again.options) == dict(r.options)
 
 
+def test_options_two_mechanisms_declare_name_the_model_where_it_is_not_both_defaults():
+  """GLA's conv_size defaults to 0, DeltaNet's to 4: conv_size=0 changes the model (its
+  label says so) and reads back from config.json as it was set; the defaults name none."""
+  labels = {}
+  for args in ((), ('--config.attention.options.conv_size=0',)):
+    r = validate.resolve(parse('gla+deltanet', *args), read_data=False)
+    again = validate.resolve(r.config, read_data=False)
+    assert dict(again.options) == dict(r.options)
+    labels[args] = report.label(r.config)
+  assert list(labels.values()) == ['gla+deltanet', 'gla+deltanet conv_size=0']
+
+
 @pytest.mark.parametrize('arg, args, message', [
     ('linear+lcoal', (), r"^config.attention.mechanism='linear\+lcoal' is not valid \('lcoal' "
      r"is not a mechanism\); valid choices: softmax, .*, or several joined by '\+'"),
+    ('linear++local', (), r"^config.attention.mechanism='linear\+\+local' is not valid \(an "
+     r'empty name\)'),
     ('linear+local', ('--config.model.depth=3',),
      r"^config.model.depth=3: mechanism 'linear\+local' gives blocks 2 mechanisms in turn"),
     ('linear+local', ('--config.attention.options.num_landmarks=8',),
@@ -167,8 +199,8 @@ def test_a_mechanism_without_a_causal_form_in_a_pattern_is_named():
 def test_reversible_and_samples_a_block_cannot_decode_are_refused():
   config = main_runner.parsed_config('configs/default.py', '--config.model.reversible=True',
                                      '--config.attention.mechanism=softmax+linear')
-  with pytest.raises(validate.ConfigError, match=r"^config.model.reversible=True with config."
-                     r"attention.mechanism='softmax\+linear': the reversible stack takes one"):
+  with pytest.raises(validate.ConfigError, match=r"^config.model.reversible=True with "
+                     r"mechanism 'softmax\+linear': the reversible stack takes one"):
     validate.resolve(config, read_data=False)
   config = main_runner.parsed_config(
       'configs/bytelm.py:linear+sparse,d_model=16,seq_len=32,data_dir=x.npz')

@@ -39,17 +39,18 @@ def test_no_runs_or_no_out_is_a_usage_line(tmp_path):
 def test_runs_finish_pack_and_a_second_call_finds_them_done(tmp_path):
   """A tiny run (4 steps) end to end: the data written first with its fingerprint, the smoke
   run, the run done and packed under the sweep's own name for it (num_heads off its default
-  adds '-h1'); a second call skips the smoke run and starts nothing."""
+  adds '-h1', the run's own setting feature_map=relu '-relu'); a second call skips the smoke
+  run and starts nothing."""
   settings = dict(PYTHON=sys.executable, SWEEP_ARGS=',num_steps=4,num_heads=1')
-  runs = ('1:linear:16:16x1',)
+  runs = ('1:linear:16:16x1:feature_map=relu',)
   first = _run(tmp_path, *runs, **settings)
   log = (tmp_path / 'out' / 'log.txt').read_text()
   assert first.returncode == 0, first.stderr[-2000:] + log[-2000:]
   assert 'sha256 of inputs+labels' in log and 'smoke run: test accuracy' in log
-  assert 'START seed1/linear-d16-l16-kv1-h1' in log and 'DONE seed1/linear-d16-l16-kv1-h1' in log
+  run = 'seed1/linear-d16-l16-kv1-h1-relu'
+  assert f'START {run}' in log and f'DONE {run}' in log
   with tarfile.open(tmp_path / 'out' / 'recall_gpu.tgz') as tar:
     names = set(tar.getnames())
-  run = 'seed1/linear-d16-l16-kv1-h1'
   assert {f'./{run}/{f}' for f in ('config.json', 'results.json', 'metrics.jsonl')} <= names
   second = _run(tmp_path, *runs, **settings)
   log = (tmp_path / 'out' / 'log.txt').read_text()

@@ -116,17 +116,16 @@ def check_attention(config, dataset: Optional[data.Dataset] = None
 
 def _declarations(mechanism) -> Tuple[registry.Mechanism, ...]:
   """config.attention.mechanism's declarations: one name, or a pattern 'a+b'."""
-  try:
-    return hybrid.declarations(mechanism)
-  except ValueError:
-    bad = ([p for p in mechanism.split(hybrid.SEPARATOR)
-            if p not in registry.list_mechanisms()] if isinstance(mechanism, str) else [])
-    what = (f' ({bad[0]!r} is not a mechanism)' if bad and bad != [mechanism] else '')
+  bad = hybrid.unregistered(mechanism) if isinstance(mechanism, str) else (mechanism,)
+  if bad:
+    what = ('' if list(bad) == [mechanism] else ' (an empty name)' if bad[0] == '' else
+            f' ({bad[0]!r} is not a mechanism)')
     raise fields.ConfigError(
         f'config.attention.mechanism={mechanism!r} is not valid{what}; valid choices: '
         f'{", ".join(registry.list_mechanisms())}, or several joined by '
         f"{hybrid.SEPARATOR!r}, taken by the blocks in turn (e.g. "
-        f"'linear{hybrid.SEPARATOR}local')") from None
+        f"'linear{hybrid.SEPARATOR}local')")
+  return hybrid.declarations(mechanism)
 
 
 def _check_pattern(config, decls) -> None:
@@ -137,9 +136,9 @@ def _check_pattern(config, decls) -> None:
   except ValueError as e:
     raise fields.ConfigError(f'config.model.depth={m.depth}: {e}') from None
   if m.get('reversible', False):
-    raise fields.ConfigError(f'config.model.reversible=True with config.attention.mechanism='
-                             f'{a.mechanism!r}: the reversible stack takes one mechanism; '
-                             f'valid: reversible=False')
+    raise fields.ConfigError(f'config.model.reversible=True with mechanism {a.mechanism!r}: '
+                             f'the reversible stack takes one mechanism; valid: '
+                             f'reversible=False')
 
 
 def _check_layer(config, dataset, decl: registry.Mechanism,
@@ -180,10 +179,10 @@ def _check_layer(config, dataset, decl: registry.Mechanism,
   except ValueError as e:
     if causal and not decl.causal:
       valid = registry.names_where(lambda m: m.causal)
-      what = '' if name == a.mechanism else f' (its mechanism {name!r})'
+      what = 'it has' if name == a.mechanism else f'its mechanism {name!r} has'
       raise fields.ConfigError(f'config.attention.mechanism={a.mechanism!r} is not valid for '
-                               f'the causal model kind {config.model.kind!r}{what} (it has no '
-                               f'causal form); valid choices: {", ".join(valid)}') from None
+                               f'the causal model kind {config.model.kind!r}: {what} no '
+                               f'causal form; valid choices: {", ".join(valid)}') from None
     raise fields.ConfigError(f'config.attention: {e}') from None
 
 
@@ -296,10 +295,11 @@ def path_str(path) -> str:
 
 
 def parameter_counts(params) -> Tuple[int, int]:
-  """(total parameters, parameters of one attention layer).
+  """(total parameters, parameters of an attention layer).
 
-  The attention layer is the first module named 'attention' (all blocks are
-  alike), projections, W_A and mechanism parameters included.
+  An attention layer is a module named 'attention', projections, W_A and mechanism
+  parameters included; all blocks' are alike, but in a hybrid stack (blocks taking
+  mechanisms in turn, `efficient_attn.hybrid`) this is their mean, rounded.
   """
   layers = {}
   for path, x in jax.tree_util.tree_flatten_with_path(params)[0]:
@@ -307,5 +307,4 @@ def parameter_counts(params) -> Tuple[int, int]:
     if 'attention' in names:
       layer = '/'.join(names[:names.index('attention') + 1])
       layers[layer] = layers.get(layer, 0) + x.size
-  first = min(layers, key=lambda k: (len(k), k)) if layers else None
-  return count_params(params), int(layers[first]) if first else 0
+  return count_params(params), round(sum(layers.values()) / len(layers)) if layers else 0

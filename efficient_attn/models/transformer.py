@@ -63,17 +63,17 @@ class Encoder(nn.Module):
     if len(layers) > 1:
       hybrid.check_depth(c.mechanism, c.depth)
       if c.reversible:
-        raise ValueError(f'mechanism {hybrid.name(c.mechanism)!r} (blocks taking mechanisms '
-                         f'in turn) with reversible=True: the reversible stack takes one '
-                         f'mechanism; valid: reversible=False, or one mechanism')
+        raise ValueError(f'reversible=True with mechanism {hybrid.name(c.mechanism)!r}: the '
+                         f'reversible stack takes one mechanism; valid: reversible=False')
     head_dim = x.shape[-1] // c.num_heads
-    shared = {}  # per mechanism: its shared parameters (one name: as before hybrids)
-    for decl, o in layers:
-      prefix = 'shared_attention_' + (f'{decl.name}_' if len(layers) > 1 else '')
+    distinct = dict(layers)  # {declaration: its options}, one entry per mechanism
+    shared = {}  # per mechanism: its shared parameters (one mechanism: named as ever)
+    for decl, o in distinct.items():
+      prefix = 'shared_attention_' + (f'{decl.name}_' if len(distinct) > 1 else '')
       specs = decl.shared_params(o, heads=c.num_heads, head_dim=head_dim,
                                  max_length=c.max_length)
-      shared.setdefault(decl.name, {name: self.param(prefix + name, init, shape, c.param_dtype)
-                                    for name, (shape, init) in specs.items()} or None)
+      shared[decl.name] = {name: self.param(prefix + name, init, shape, c.param_dtype)
+                           for name, (shape, init) in specs.items()} or None
     if c.reversible:
       decl, o = layers[0]
       x = reversible.ReversibleStack(c.replace(mechanism=decl, options=o), shared[decl.name],

@@ -99,14 +99,15 @@ def label(config) -> str:
   ('deltanet conv_size=0') and a head count off configs/mqar.py's ('softmax heads=4');
   block and chunk sizes, which the config fits to the length (`common.fit_blocks`), and
   unset options (None) are not named."""
-  defaults = hybrid.option_defaults(config.attention.mechanism)
-  changed = [f'{k}={v}' for k, v in sorted(config.attention.options.items())
-             if k in defaults and k not in common.BLOCK_OPTIONS and v is not None
-             and v != defaults[k]]
+  mechanism = config.attention.mechanism
+  declared = hybrid.option_defaults(mechanism)
+  changed = [f'{k}={v}' for k, v in sorted(hybrid.off_defaults(mechanism, {
+      k: v for k, v in config.attention.options.items()
+      if k in declared and k not in common.BLOCK_OPTIONS and v is not None}).items())]
   changed += ['rotary'] if config.attention.get('rotary') else []
   heads = config.model.num_heads
   changed += [f'heads={heads}'] if heads != mqar.DEFAULTS['num_heads'] else []
-  return ' '.join([config.attention.mechanism] + changed)
+  return ' '.join([mechanism] + changed)
 
 
 def read_run(workdir: str) -> Dict[str, Any]:
@@ -512,18 +513,10 @@ def state_table() -> str:
   return '\n'.join(lines) + '\n'
 
 
-def _registered(mechanism: str) -> bool:
-  """Whether `mechanism` is registered, or a pattern of registered names ('linear+local')."""
-  try:
-    return bool(hybrid.declarations(mechanism))
-  except ValueError:
-    return False
-
-
 def selection(mechanisms: Sequence[str], widths: Sequence[str], budget: str = ''):
   """(mechanisms, widths, budget) from --mechanisms, --widths and --budget (None when not
   given); a one-line exit naming a bad value."""
-  unknown = [m for m in mechanisms if not _registered(m)]
+  unknown = [m for m in mechanisms if hybrid.unregistered(m)]
   if unknown:
     sys.exit(f'--mechanisms: {", ".join(unknown)} not registered; valid choices: '
              f'{", ".join(registry.list_mechanisms())}, or several joined by '

@@ -68,11 +68,9 @@ DEFAULTS = dict(
 def own_options(mechanism: str, options):
   """The `options` that name a run: those off the mechanism's defaults, or not its options
   (the config refuses those in one line), so a run named alike is the same model."""
-  try:
-    defaults = hybrid.option_defaults(mechanism)  # a pattern 'a+b': its mechanisms' options
-  except ValueError:
+  if hybrid.unregistered(mechanism):
     return dict(options)  # the config names the unknown mechanism
-  return {k: v for k, v in options.items() if k not in defaults or defaults[k] != v}
+  return hybrid.off_defaults(mechanism, options)  # a pattern 'a+b': by its mechanisms' options
 
 
 def get_sweep(arg=None):

@@ -93,7 +93,8 @@ command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,memory.total,dr
 #    runs' own configs, and a fingerprint of each test split to compare with another machine's;
 #    each run's workdir name as the sweep gives it (SWEEP_ARGS may add to it) into names.tsv.
 spec() { IFS=: read -r s m w c o <<< "$1"
-  echo "studies/recall/sweep.py:seed=$s,mechanisms=$m,widths=$w,cells=$c${o:+,${o//;/,}}${SWEEP_ARGS:-}"; }
+  local own=${o:+,${o//;/,}}  # the run's own settings, ';' between them
+  echo "studies/recall/sweep.py:seed=$s,mechanisms=$m,widths=$w,cells=$c$own${SWEEP_ARGS:-}"; }
 specs=(); for run in "$@"; do specs+=("$(spec "$run")"); done
 "$PY" -c "
 import hashlib, sys
