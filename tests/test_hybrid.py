@@ -134,6 +134,9 @@ def test_depth_the_pattern_does_not_divide_and_reversible_are_refused_by_the_sta
   with pytest.raises(ValueError, match=r"^reversible=True with mechanism 'softmax\+linear': "
                      r'the reversible stack takes one mechanism; valid: reversible=False'):
     reversible.init(jax.random.PRNGKey(1), jax.numpy.ones((1, 8, 16)))
+  same = Encoder(TransformerConfig(d_model=16, depth=2, num_heads=2, mlp_dim=32,
+                                   mechanism='softmax+softmax', reversible=True))
+  same.init(jax.random.PRNGKey(1), jax.numpy.ones((1, 8, 16)))  # one mechanism: reversible
 
 
 # The config (configs/mqar.py as main.py builds it)

@@ -129,13 +129,13 @@ def _declarations(mechanism) -> Tuple[registry.Mechanism, ...]:
 
 
 def _check_pattern(config, decls) -> None:
-  """The rules of a pattern: its length divides the depth; not reversible."""
+  """The rules of a pattern: its length divides the depth; reversible with one mechanism."""
   a, m = config.attention, config.model
   try:
     hybrid.check_depth(decls, m.depth)
   except ValueError as e:
     raise fields.ConfigError(f'config.model.depth={m.depth}: {e}') from None
-  if m.get('reversible', False):
+  if m.get('reversible', False) and len(set(decls)) > 1:
     raise fields.ConfigError(f'config.model.reversible=True with mechanism {a.mechanism!r}: '
                              f'the reversible stack takes one mechanism; valid: '
                              f'reversible=False')

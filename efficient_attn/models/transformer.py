@@ -60,13 +60,13 @@ class Encoder(nn.Module):
     # Resolved once for the whole stack: the blocks get their declaration and options.
     layers = hybrid.configure(c.mechanism, c.options, causal=c.causal,
                               max_length=c.max_length)
+    distinct = dict(layers)  # {declaration: its options}, one entry per mechanism
     if len(layers) > 1:
       hybrid.check_depth(c.mechanism, c.depth)
-      if c.reversible:
-        raise ValueError(f'reversible=True with mechanism {hybrid.name(c.mechanism)!r}: the '
-                         f'reversible stack takes one mechanism; valid: reversible=False')
+    if c.reversible and len(distinct) > 1:
+      raise ValueError(f'reversible=True with mechanism {hybrid.name(c.mechanism)!r}: the '
+                       f'reversible stack takes one mechanism; valid: reversible=False')
     head_dim = x.shape[-1] // c.num_heads
-    distinct = dict(layers)  # {declaration: its options}, one entry per mechanism
     shared = {}  # per mechanism: its shared parameters (one mechanism: named as ever)
     for decl, o in distinct.items():
       prefix = 'shared_attention_' + (f'{decl.name}_' if len(distinct) > 1 else '')
