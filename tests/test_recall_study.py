@@ -109,6 +109,12 @@ def test_based_runs_are_named_by_their_options_and_refused_where_they_are_not(
     sweep.check(sweep.expand(sweep.load_sweep(f'{SWEEP}:{bad}')))
 
 
+def test_a_long_label_is_wrapped_in_legends_at_its_options():
+  assert report.legend_label('softmax') == 'softmax'
+  assert report.legend_label('linear+local feature_map=taylor qk_dim=16 window=64') == (
+      'linear+local\nfeature_map=taylor\nqk_dim=16 window=64')
+
+
 def test_num_heads_names_the_run_and_its_row():
   [run] = sweep.expand(sweep.load_sweep(f'{SWEEP}:mechanisms=softmax,widths=128,num_heads=4'))
   assert run.name == 'softmax-d128-l128-kv8-h4'
@@ -147,7 +153,7 @@ def test_plot_gives_each_mechanism_one_colour_in_lines_and_bars(tmp_path, monkey
                       lambda fig, path, **kw: figures.append(fig))
   report.plot(report.group(runs), str(tmp_path / 'p.png'))
   lines_ax, bars_ax = figures[0].axes
-  line_colour = {label: matplotlib.colors.to_hex(bars.lines[0].get_color())
+  line_colour = {label.replace('\n', ' '): matplotlib.colors.to_hex(bars.lines[0].get_color())
                  for bars, label in zip(*lines_ax.get_legend_handles_labels())}
   names = [t.get_text() for t in bars_ax.get_xticklabels()]
   bar_colour = [matplotlib.colors.to_hex(b.get_facecolor(), keep_alpha=False)

@@ -51,6 +51,7 @@ import glob
 import json
 import os
 import sys
+import textwrap
 from typing import Any, Dict, List, Optional, Sequence
 
 from absl import app
@@ -245,6 +246,11 @@ def select(runs: List[Dict[str, Any]], mechanisms: Sequence[str] = (),
           and (budget is None or (r['steps'], r['learning_rate'], r['vocab_size']) == budget)]
 
 
+def legend_label(label: str) -> str:
+  """A row's label for a legend: its options below its mechanism, a few to a line."""
+  return textwrap.fill(label, width=24, break_long_words=False)
+
+
 def group(runs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
   """Runs (with their `state_bytes`) grouped by (mechanism, width, seq_len, num_kv_pairs) and
   budget (vocabulary, learning rate, steps): mean and spread over seeds."""
@@ -375,8 +381,8 @@ def plot(rows: List[Dict[str, Any]], path: str) -> None:
         # Each line a little to the side (4% of a doubling apart), so that mechanisms at the
         # same accuracy (softmax and DeltaNet at 100%) do not hide one another.
         dodge = 2.0 ** (0.04 * (i - (len(mechanisms) - 1) / 2))
-        ax.errorbar(w * dodge, 100 * mean, yerr=seed_range(line), marker='o', capsize=3, label=m,
-                    color=colour[m], linestyle=style[m])
+        ax.errorbar(w * dodge, 100 * mean, yerr=seed_range(line), marker='o', capsize=3,
+                    label=legend_label(m), color=colour[m], linestyle=style[m])
       ax.set_xscale('log', base=2)
       ax.set_xticks(widths, [str(w) for w in widths])
       ax.set_xlabel('width (d_model)')
@@ -445,7 +451,7 @@ def plot_curves(runs: List[Dict[str, Any]], path: str) -> None:
   for ax in axes[:, 0]:
     ax.set_ylabel('MQAR training accuracy (%)')
   mechanisms = sorted({r['mechanism'] for r in drawn})
-  handles = ([mlines.Line2D([], [], color=colour[m], label=m) for m in mechanisms]
+  handles = ([mlines.Line2D([], [], color=colour[m], label=legend_label(m)) for m in mechanisms]
              + [mlines.Line2D([], [], color='black', linestyle=seed_style[s], label=f'seed {s}')
                 for s in seeds])
   if handles:
@@ -491,7 +497,7 @@ def plot_state(rows: List[Dict[str, Any]], path: str) -> None:
   ax.set_ylabel('MQAR test accuracy (%)')
   ax.set_title('a line joins one mechanism\'s widths in one cell', fontsize=9)
   mechanisms = sorted({r['mechanism'] for r in drawn})
-  handles = ([mlines.Line2D([], [], color=colour[m], label=m) for m in mechanisms]
+  handles = ([mlines.Line2D([], [], color=colour[m], label=legend_label(m)) for m in mechanisms]
              + [mlines.Line2D([], [], color='black', marker=cell_marker[c], linestyle='none',
                               label=f'seq_len {c[0]}, {c[1]} pairs') for c in cells]
              + ([mlines.Line2D([], [], color='black', linestyle=budget_style[b], label=b)
