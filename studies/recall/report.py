@@ -219,7 +219,7 @@ def plan() -> List[Dict[str, Any]]:
             if m not in d['mechanisms']]
   cells = ([(m, w, l, p) for w, l, p in GRID for m in core]
            + [(m,) + ONE_CELL for m in others])
-  return [dict(mechanism=' '.join([m] + [f'{k}={v}' for k, v in options]),
+  return [dict(mechanism=' '.join([m] + [f'{k}={v}' for k, v in sorted(options)]),  # `label`
                settings=';'.join(f'{k}={v}' for k, v in options),
                width=w, seq_len=l, num_kv_pairs=p, vocab_size=d['vocab_size'],
                learning_rate=d['learning_rate'], steps=d['num_steps'], seed=s)
