@@ -119,6 +119,21 @@ def test_decoding_a_pattern_token_by_token_equals_its_parallel_form():
   np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=2e-5)
 
 
+def test_padded_tokens_move_no_other_output_of_a_bidirectional_pattern():
+  """An encoder of linear and local attention (window 4 of 12 tokens) with key padding: what
+  the padded tokens hold changes no real token's output."""
+  x = jax.random.normal(jax.random.PRNGKey(0), (2, 12, 16))
+  valid = np.arange(12)[None, :] < np.array([[8], [12]])  # the first sequence: 4 padded
+  encoder = Encoder(TransformerConfig(d_model=16, depth=2, num_heads=2, mlp_dim=32,
+                                      mechanism='linear+local', options={'window': 4}))
+  params = encoder.init(jax.random.PRNGKey(1), x, mask=valid)
+  moved = x.at[0, 8:].set(100.0)
+  y, y_moved = (encoder.apply(params, z, mask=valid) for z in (x, moved))
+  np.testing.assert_allclose(y_moved[0, :8], y[0, :8], atol=1e-5)
+  np.testing.assert_array_equal(y_moved[1], y[1])
+  assert np.abs(y_moved[0, 8:] - y[0, 8:]).max() > 1e-2  # the padded rows did change
+
+
 def test_a_causal_only_block_makes_the_stack_causal_there():
   assert TransformerConfig(mechanism='softmax+gla').attention_causal
   assert not TransformerConfig(mechanism='softmax+linear').attention_causal
