@@ -102,10 +102,11 @@ def check_attention(config, dataset: Optional[data.Dataset] = None
   decls = _declarations(a.mechanism)
   fields.check(config, (fields.Field('attention.projection', choices=registry.list_projections()),))
   mechanism = decls[0] if len(decls) == 1 else decls
+  options = attention_options(config)
   try:
-    own = hybrid.split_options(decls, attention_options(config))
+    own = hybrid.split_options(decls, options)
     if config.model.kind == 'mlp':  # no attention layer: only the options are resolved
-      return mechanism, hybrid.merged_options(hybrid.resolve(decls, attention_options(config)))
+      return mechanism, hybrid.merged_options(hybrid.resolve(decls, options))
   except ValueError as e:
     raise fields.ConfigError(f'config.attention: {e}') from None
   if len(decls) > 1:

@@ -102,13 +102,18 @@ def label(config) -> str:
   unset options (None) are not named."""
   mechanism = config.attention.mechanism
   declared = hybrid.option_defaults(mechanism)
-  changed = [f'{k}={v}' for k, v in sorted(hybrid.off_defaults(mechanism, {
+  changed = hybrid.off_defaults(mechanism, {
       k: v for k, v in config.attention.options.items()
-      if k in declared and k not in common.BLOCK_OPTIONS and v is not None}).items())]
-  changed += ['rotary'] if config.attention.get('rotary') else []
+      if k in declared and k not in common.BLOCK_OPTIONS and v is not None})
+  extra = ['rotary'] if config.attention.get('rotary') else []
   heads = config.model.num_heads
-  changed += [f'heads={heads}'] if heads != mqar.DEFAULTS['num_heads'] else []
-  return ' '.join([mechanism] + changed)
+  extra += [f'heads={heads}'] if heads != mqar.DEFAULTS['num_heads'] else []
+  return ' '.join([row_label(mechanism, changed)] + extra)
+
+
+def row_label(mechanism: str, options: Dict[str, Any]) -> str:
+  """'mechanism key=value ...', the options sorted: a row's name (`label`, `plan`)."""
+  return ' '.join([mechanism] + [f'{k}={v}' for k, v in sorted(options.items())])
 
 
 def read_run(workdir: str) -> Dict[str, Any]:
@@ -219,7 +224,7 @@ def plan() -> List[Dict[str, Any]]:
             if m not in d['mechanisms']]
   cells = ([(m, w, l, p) for w, l, p in GRID for m in core]
            + [(m,) + ONE_CELL for m in others])
-  return [dict(mechanism=' '.join([m] + [f'{k}={v}' for k, v in sorted(options)]),  # `label`
+  return [dict(mechanism=row_label(m, dict(options)),
                settings=';'.join(f'{k}={v}' for k, v in options),
                width=w, seq_len=l, num_kv_pairs=p, vocab_size=d['vocab_size'],
                learning_rate=d['learning_rate'], steps=d['num_steps'], seed=s)
