@@ -50,10 +50,7 @@ def parse_flags(define_flags: Callable[[Any], None], argv: Optional[Sequence[str
   argv = list(sys.argv[1:] if argv is None else argv)
   if '--help' in argv or '-h' in argv:
     usage = f'\n\narguments: {positional} (one or more)' if positional else ''
-    try:
-      print(doc.strip() + usage + '\n\nflags:\n' + fv.get_help(), flush=True)
-    except BrokenPipeError:  # e.g. `--help | head`
-      os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    emit(doc.strip() + usage + '\n\nflags:\n' + fv.get_help())  # e.g. `--help | head`
     sys.exit(0)
   try:
     rest = fv(['tool'] + argv)[1:]
@@ -69,6 +66,16 @@ def parse_flags(define_flags: Callable[[Any], None], argv: Optional[Sequence[str
     sys.exit(f'Error: missing argument: {positional} (one or more)')
   return fv, rest
 
+
+
+def emit(text: str, stream=None) -> None:
+  """Prints `text` to `stream` (stdout) and flushes it. A reader that stops early (`| head`)
+  is not an error: the rest is dropped, and the exit makes no BrokenPipeError traceback."""
+  stream = stream or sys.stdout
+  try:
+    print(text, file=stream, flush=True)
+  except BrokenPipeError:
+    os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())  # for the exit's own flush
 
 
 def define_output_flags(fv, *, out: str, name: str, quiet: bool = True) -> None:

@@ -60,6 +60,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks import common as tools
 from benchmarks import runs as runs_io
 from benchmarks.generation import cache_bytes
 from configs import common
@@ -592,7 +593,7 @@ def main(argv):
   if _MISSING.value:
     header, lost = missing_report(argv[1:], mechanisms, widths, budget)
     print(header, file=sys.stderr)
-    emit('\n'.join(lost))
+    tools.emit('\n'.join(lost))
     return
   command = 'python -m studies.recall.report ' + ' '.join(
       [f"'{a}'" for a in argv[1:]]
@@ -602,18 +603,6 @@ def main(argv):
   rows = write_report(argv[1:], os.path.join(_OUT.value, _NAME.value), command, mechanisms,
                       widths, budget)['rows']
   print(markdown(rows, command))
-
-
-def emit(text: str, stream=None) -> None:
-  """Prints `text` to `stream` (stdout); a reader that stops early (`| head`) ends the program
-  quietly, with status 1, rather than with a BrokenPipeError traceback."""
-  stream = stream or sys.stdout
-  try:
-    print(text, file=stream)
-    stream.flush()
-  except BrokenPipeError:
-    os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())  # for the exit's own flush
-    sys.exit(1)
 
 
 def read_runs(sources: Sequence[str], state: bool = True) -> List[Dict[str, Any]]:
