@@ -4,6 +4,7 @@ Also checks the pieces whose numbers the tools report: loop-corrected FLOPs,
 exponent fits, energy curves, identities of the error tool, the parameter counts of
 Hosseini & Hosseini (2024).
 """
+import io
 import json
 import os
 
@@ -101,6 +102,22 @@ def test_energy_curve_and_rank():
 
 UNKNOWN = "Unknown attention mechanism 'nystrm'; valid mechanisms: softmax, "
 NOT_INT = "'abc' is not valid: 'abc' is not an integer; valid: a comma list of integers"
+
+
+def test_emit_drops_the_rest_quietly_once_the_reader_closes_the_pipe(tmp_path):
+  class Closed(io.StringIO):  # `... | head -1`: head has gone
+    def write(self, text):
+      raise BrokenPipeError(32, 'Broken pipe')
+
+  with open(tmp_path / 'sink', 'w') as sink:
+    stream = Closed()
+    stream.fileno = sink.fileno
+    common.emit('0:softmax:64:256x16', stream)  # no BrokenPipeError
+    os.write(sink.fileno(), b'the exit flush')  # goes to os.devnull now
+  assert (tmp_path / 'sink').read_text() == ''
+  out = io.StringIO()
+  common.emit('0:softmax:64:256x16', out)
+  assert out.getvalue() == '0:softmax:64:256x16\n'
 
 
 @pytest.mark.parametrize('tool,flags,message', [

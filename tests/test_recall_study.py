@@ -1,8 +1,6 @@
 """The MQAR recall study (studies/recall): its runs, its settings, its decode-state column
 and its gradient probe."""
-import io
 import json
-import os
 import re
 import shutil
 
@@ -12,7 +10,6 @@ import pytest
 
 import test_mqar
 
-from benchmarks import common
 from efficient_attn import registry
 from studies.recall import gradients
 from studies.recall import report
@@ -375,22 +372,6 @@ def test_missing_reads_its_sources_and_refuses_another_budget_or_a_source_of_not
     with pytest.raises(SystemExit) as e:
       report.missing_report(*args)
     assert str(e.value).startswith(says) and '\n' not in str(e.value)
-
-
-def test_missing_list_ends_quietly_when_the_reader_closes_the_pipe(tmp_path):
-  class Closed(io.StringIO):  # `... --missing | head -1`: head has gone
-    def write(self, text):
-      raise BrokenPipeError(32, 'Broken pipe')
-
-  with open(tmp_path / 'sink', 'w') as sink:
-    stream = Closed()
-    stream.fileno = sink.fileno
-    common.emit('0:softmax:64:256x16', stream)  # no BrokenPipeError
-    os.write(sink.fileno(), b'the exit flush')  # goes to os.devnull now
-  assert (tmp_path / 'sink').read_text() == ''
-  out = io.StringIO()
-  common.emit('0:softmax:64:256x16', out)
-  assert out.getvalue() == '0:softmax:64:256x16\n'
 
 
 def test_select_keeps_the_named_mechanisms_and_widths():
