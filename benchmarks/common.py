@@ -67,7 +67,6 @@ def parse_flags(define_flags: Callable[[Any], None], argv: Optional[Sequence[str
   return fv, rest
 
 
-
 def emit(text: str, stream=None) -> None:
   """Prints `text` to `stream` (stdout) and flushes it. A reader that stops early (`| head`)
   is not an error: the rest is dropped, and the exit makes no BrokenPipeError traceback."""
