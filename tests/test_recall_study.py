@@ -150,9 +150,11 @@ def test_plot_gives_each_mechanism_one_colour_in_lines_and_bars(tmp_path, monkey
           for w, n in ((8, 16), (16, 16), (8, 32))]   # (32, 2) at one width: bars
   figures = []
   monkeypatch.setattr(matplotlib.figure.Figure, 'savefig',
-                      lambda fig, path, **kw: figures.append(fig))
+                      lambda fig, path, **kw: figures.append((fig, kw)))
   report.plot(report.group(runs), str(tmp_path / 'p.png'))
-  lines_ax, bars_ax = figures[0].axes
+  (figure, kw), = figures
+  assert kw.get('bbox_inches') == 'tight'   # legends beside the panels are not cut off
+  lines_ax, bars_ax = figure.axes
   line_colour = {label.replace('\n', ' '): matplotlib.colors.to_hex(bars.lines[0].get_color())
                  for bars, label in zip(*lines_ax.get_legend_handles_labels())}
   names = [t.get_text() for t in bars_ax.get_xticklabels()]
@@ -161,6 +163,14 @@ def test_plot_gives_each_mechanism_one_colour_in_lines_and_bars(tmp_path, monkey
   assert sorted(names) == sorted(line_colour) and len(names) == 4
   assert [line_colour[n] for n in names] == bar_colour
   assert len({c.split()[0] for c in line_colour}) == 2 and len(set(bar_colour)) == 2
+
+
+def test_colours_stay_distinct_past_the_default_cycle():
+  import matplotlib.colors  # pylint: disable=g-import-not-at-top
+  for n in (2, 12, 20):
+    runs = [dict(mechanism=f'm{i:02d}') for i in range(n)]
+    hexes = [matplotlib.colors.to_hex(c) for c in report.colours(runs).values()]
+    assert len(set(hexes)) == n, n
 
 
 def test_state_plot_draws_a_line_per_mechanism_cell_and_budget_in_the_mechanisms_colour(
