@@ -27,6 +27,14 @@ def test_a_bad_run_is_one_line_naming_it_before_anything_starts(tmp_path, run):
   assert not (tmp_path / 'root').exists()
 
 
+@pytest.mark.parametrize('level', ['5', 'off', '-1'])
+def test_a_bad_autotune_level_is_one_line_naming_it_before_anything_starts(tmp_path, level):
+  out = _run(tmp_path, '0:linear:64:128x8', AUTOTUNE=level)
+  assert out.returncode == 2
+  assert f"AUTOTUNE='{level}' is not valid; write a level 0-4" in out.stderr
+  assert not (tmp_path / 'root').exists()
+
+
 def test_no_runs_or_no_out_is_a_usage_line(tmp_path):
   assert 'usage:' in _run(tmp_path).stderr
   env = {k: v for k, v in os.environ.items() if k != 'OUT'}
@@ -47,12 +55,14 @@ def test_runs_finish_pack_and_a_second_call_finds_them_done(tmp_path):
   log = (tmp_path / 'out' / 'log.txt').read_text()
   assert first.returncode == 0, first.stderr[-2000:] + log[-2000:]
   assert 'sha256 of inputs+labels' in log and 'smoke run: test accuracy' in log
+  assert "--xla_gpu_autotune_level=0'" in log  # autotuning off by default, after any flags
   run = 'seed1/linear-d16-l16-kv1-h1-relu'
   assert f'START {run}' in log and f'DONE {run}' in log
   with tarfile.open(tmp_path / 'out' / 'recall_gpu.tgz') as tar:
     names = set(tar.getnames())
   assert {f'./{run}/{f}' for f in ('config.json', 'results.json', 'metrics.jsonl')} <= names
-  second = _run(tmp_path, *runs, **settings)
+  second = _run(tmp_path, *runs, **settings, AUTOTUNE='')  # '': XLA's default, no flag
   log = (tmp_path / 'out' / 'log.txt').read_text()
+  assert 'XLA_FLAGS=' in log and 'autotune' not in log
   assert second.returncode == 0 and 'smoke run: passed earlier' in log
   assert '1 of 1 done, 0 running' in log and 'START' not in log

@@ -12,9 +12,12 @@
 # shell). `python -m studies.recall.report --missing` prints the runs the study lacks so.
 #
 # Settings (environment): ROOT (workdirs, default /tmp/recall: $ROOT/seed<s>/<name>, as the
-# CPU grid's roots), WORKERS (runs at once, default 4: on an H100 with 16 cores, 14 at once
-# spent 7-8 minutes compiling, XLA's GEMM autotuning at a load average near 200, before
-# their first steps), BUDGET_S (seconds this call waits,
+# CPU grid's roots), WORKERS (runs at once, default the machine's CPU count: each run's host
+# loop needs a core; on an H200 with 16 cores, 13 at once kept the GPU at 100%),
+# AUTOTUNE (XLA's GPU autotuning level, 0-4, default 0: off; on an H100, 14 runs at once with
+# it on spent 7-8 minutes compiling at a load average near 200 before their first steps, and
+# with it off 13 runs on an H200 were training within about a minute; the empty string leaves
+# XLA's default; results agree with the CPU's either way), BUDGET_S (seconds this call waits,
 # default 540: runs still going then are left running, detached, and the same command
 # called again on the same machine waits for them instead of starting them again; a run
 # stopped early resumes from its last checkpoint), PRECISION (jax_default_matmul_precision,
@@ -38,7 +41,14 @@ if (( $# == 0 )); then
   exit 2
 fi
 ROOT=${ROOT:-/tmp/recall}
-WORKERS=${WORKERS:-4}
+WORKERS=${WORKERS:-$(nproc)}
+AUTOTUNE=${AUTOTUNE-0}
+if ! [[ -z "$AUTOTUNE" || "$AUTOTUNE" =~ ^[0-4]$ ]]; then
+  echo "run.sh: AUTOTUNE='$AUTOTUNE' is not valid; write a level 0-4 (0: off, the default)" \
+       "or the empty string (XLA's default)" >&2
+  exit 2
+fi
+[[ -n "$AUTOTUNE" ]] && export XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_gpu_autotune_level=$AUTOTUNE"
 BUDGET=${BUDGET_S:-540}
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
@@ -60,6 +70,7 @@ LOG=$OUT/log.txt
 : > "$LOG"
 START=$(date +%s)
 log() { echo "[$(date -u +%H:%M:%S) +$(( $(date +%s) - START ))s] $*" | tee -a "$LOG"; }
+log "WORKERS=$WORKERS, XLA_FLAGS='${XLA_FLAGS:-}'"
 
 # 1. Packages: the pinned wheels, else the image's own flax/optax/orbax with the carried rest.
 check() {
