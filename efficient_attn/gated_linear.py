@@ -32,6 +32,7 @@ Shapes: q, k `[batch, length, heads, dk]`, v `[batch, length, heads, dv]`,
 log-decays `[batch, length, heads, 1 or dk]`; outputs `[batch, length, heads,
 dv]`; states `[batch, heads, dk, dv]`.
 """
+import functools
 import math
 from typing import Any, Callable, NamedTuple, Tuple
 
@@ -225,12 +226,36 @@ def conv_init(key, shape, dtype=F32):
   return jax.random.uniform(key, shape, F32, -bound, bound).astype(dtype)
 
 
-def causal_conv(x, w):
-  """Depthwise causal convolution along the sequence: out_t = sum_i w[i] x_{t - K + 1 + i}.
+def conv_bias_init(kernel_size: int):
+  """PyTorch's Conv1d bias (mamba_ssm's): U(-1/sqrt(kernel), 1/sqrt(kernel)), any shape."""
+  def init(key, shape, dtype=F32):
+    bound = 1.0 / math.sqrt(kernel_size)
+    return jax.random.uniform(key, shape, F32, -bound, bound).astype(dtype)
+  return init
 
-  x `[b, n, h, d]`, w `[K, h, d]` -> `[b, n, h, d]` (float32).
+
+FLA_STD = 0.02  # fla's `initializer_range`
+
+
+def fla_init(key, shape, dtype=F32):
+  """flash-linear-attention's model initialisation of every linear layer and convolution
+  (`_init_weights`): N(0, 0.02). Its biases start at zero."""
+  return (FLA_STD * jax.random.normal(key, shape, F32)).astype(dtype)
+
+
+def zeros_init(key, shape, dtype=F32):
+  del key
+  return jnp.zeros(shape, dtype)
+
+
+def causal_conv(x, w, bias=None):
+  """Depthwise causal convolution along the sequence: out_t = sum_i w[i] x_{t - K + 1 + i}
+  (+ bias).
+
+  x `[b, n, h, d]`, w `[K, h, d]`, bias `[h, d]` or None -> `[b, n, h, d]` (float32).
   """
-  return _causal_conv(x.astype(F32), w.astype(F32))
+  out = _causal_conv(x.astype(F32), w.astype(F32))
+  return out if bias is None else out + bias.astype(F32)
 
 
 def _shifted_sum(x, w, reverse: bool = False):
@@ -266,11 +291,12 @@ def _causal_conv_bwd(res, d_out):
 _causal_conv.defvjp(_causal_conv_fwd, _causal_conv_bwd)
 
 
-def conv_step(history, x_t, w):
+def conv_step(history, x_t, w, bias=None):
   """One token of `causal_conv`: history `[b, K - 1, h, d]` (the previous inputs), x_t
   `[b, 1, h, d]` -> (new history, out_t `[b, 1, h, d]`)."""
   window = jnp.concatenate([history, x_t.astype(F32)], axis=1)
-  return window[:, 1:], jnp.sum(window * w.astype(F32), axis=1, keepdims=True)
+  out = jnp.sum(window * w.astype(F32), axis=1, keepdims=True)
+  return window[:, 1:], out if bias is None else out + bias.astype(F32)
 
 
 def rms_norm(x, scale=None, axes=(-1,), eps: float = NORM_EPS):
@@ -294,8 +320,12 @@ def inverse_softplus(x):
   return x + jnp.log(-jnp.expm1(-x))
 
 
-def dt_bias_init(key, shape, dtype=F32, dt_min: float = 1e-3, dt_max: float = 0.1):
-  """Mamba's dt bias: softplus(bias) = dt, dt log-uniform in [dt_min, dt_max] (Gu & Dao 2023)."""
+DT_MIN, DT_MAX = 1e-3, 0.1  # Mamba's dt range at initialisation
+
+
+def dt_bias_init(key, shape, dtype=F32, dt_min: float = DT_MIN, dt_max: float = DT_MAX):
+  """Mamba's dt bias: softplus(bias) = dt, dt log-uniform in [dt_min, dt_max] (Gu & Dao 2023),
+  floored at 1e-4 (mamba_ssm's `dt_init_floor`)."""
   u = jax.random.uniform(key, shape, F32)
   dt = jnp.maximum(jnp.exp(u * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min)), 1e-4)
   return inverse_softplus(dt).astype(dtype)
@@ -322,8 +352,14 @@ def ones_init(key, shape, dtype=F32):
   return jnp.ones(shape, dtype)
 
 
-def common_options(conv_size: int) -> Tuple[registry.Option, ...]:
-  """The options every gated recurrence has (`conv_size`: the papers' default)."""
+INITS = ('default', 'fla')
+
+
+def common_options(conv_size: int, conv_bias: bool = False,
+                   default_init: str = "PyTorch's module defaults"
+                   ) -> Tuple[registry.Option, ...]:
+  """The options every gated recurrence has (`conv_size`, `conv_bias`: the reference's
+  defaults; `default_init`: what init='default' is, for the option's doc)."""
   return (
       registry.Option('chunk_size', 64, int, 'chunk length of the chunkwise form', minimum=1),
       registry.Option('form', 'chunk', str, "chunk: chunkwise parallel (training); naive: the "
@@ -331,7 +367,33 @@ def common_options(conv_size: int) -> Tuple[registry.Option, ...]:
                       choices=('chunk', 'naive')),
       registry.Option('conv_size', conv_size, int, 'kernel of the short causal convolution on '
                       'q, k and v (0: none)', minimum=0),
+      registry.Option('conv_bias', conv_bias, bool, 'a bias in the short convolution'),
+      registry.Option('init', 'default', str, f'initialisation of the convolution and the '
+                      f'gate projections: default ({default_init}) or fla (N(0, 0.02), '
+                      f"flash-linear-attention's model initialisation)", choices=INITS),
   )
+
+
+def decay_options() -> Tuple[registry.Option, ...]:
+  """Mamba's dt range at initialisation (Mamba-2, Gated DeltaNet): the decay starts at
+  a = exp(-A dt), dt log-uniform in [dt_min, dt_max]."""
+  return (
+      registry.Option('dt_min', DT_MIN, float, 'smallest dt at initialisation (Mamba: 0.001)',
+                      above=0.0),
+      registry.Option('dt_max', DT_MAX, float, 'largest dt at initialisation (Mamba: 0.1)',
+                      above=0.0),
+  )
+
+
+def dt_init(o):
+  """The dt bias initialiser of options `o` (with `decay_options`)."""
+  return functools.partial(dt_bias_init, dt_min=o.dt_min, dt_max=o.dt_max)
+
+
+def check_dt_range(name: str, o) -> None:
+  if o.dt_min > o.dt_max:
+    raise ValueError(f'mechanism {name!r}: dt_min={o.dt_min} exceeds dt_max={o.dt_max}; '
+                     f'the initial dt range needs dt_min <= dt_max')
 
 
 class RecurrentState(NamedTuple):
@@ -376,11 +438,22 @@ class GatedRecurrence(registry.Mechanism):
     del o
     return heads
 
+  @staticmethod
+  def init_for(o, default):
+    """The initialiser of a convolution or gate projection: `default` or, with init='fla',
+    `fla_init`."""
+    return fla_init if o.init == 'fla' else default
+
   def params(self, o, *, heads, head_dim, max_length, causal):
     qk_heads, qk_dim, v_dim = self.head_shapes(o, heads=heads, head_dim=head_dim)
     shapes = {'q': (qk_heads, qk_dim), 'k': (qk_heads, qk_dim), 'v': (heads, v_dim)}
-    specs = {f'{name}_conv': registry.ParamSpec((o.conv_size,) + shapes[name], conv_init)
-             for name in ('q', 'k', 'v')} if o.conv_size else {}
+    specs = {}
+    for name in ('q', 'k', 'v') if o.conv_size else ():
+      specs[f'{name}_conv'] = registry.ParamSpec((o.conv_size,) + shapes[name],
+                                                 self.init_for(o, conv_init))
+      if o.conv_bias:
+        bias_init = zeros_init if o.init == 'fla' else conv_bias_init(o.conv_size)
+        specs[f'{name}_conv_bias'] = registry.ParamSpec(shapes[name], bias_init)
     specs.update(self.own_params(o, heads=heads, head_dim=head_dim))
     return specs
 
@@ -392,7 +465,8 @@ class GatedRecurrence(registry.Mechanism):
 
   def _features(self, o, params, q, k, v):
     if o.conv_size:
-      q, k, v = (causal_conv(x, params[f'{n}_conv']) for x, n in zip((q, k, v), 'qkv'))
+      q, k, v = (causal_conv(x, params[f'{n}_conv'], params.get(f'{n}_conv_bias'))
+                 for x, n in zip((q, k, v), 'qkv'))
     return self._activate(q, k, v)
 
   def _activate(self, *xs):
@@ -434,7 +508,7 @@ class GatedRecurrence(registry.Mechanism):
     dtype = v_t.dtype
     conv = state.conv
     if o.conv_size:
-      steps = [conv_step(hist, x, params[f'{n}_conv'])
+      steps = [conv_step(hist, x, params[f'{n}_conv'], params.get(f'{n}_conv_bias'))
                for hist, x, n in zip(state.conv, (q_t, k_t, v_t), 'qkv')]
       conv = tuple(h for h, _ in steps)
       q_t, k_t, v_t = (y for _, y in steps)

@@ -162,6 +162,17 @@ class Mechanism:
     knob: the approximation knob (option, values) the error benchmark sweeps;
       'n' stands for the sequence length and '2n' for twice it.
     example: small options for smoke runs at length 16 (tests, quick benchmarks).
+    sequence_parallel: how `attend` runs with the sequence split over a mesh axis
+      (context parallelism, `attend_sharded`): '' (it cannot: `whole_sequence`
+      says why), 'ring' (exact softmax: key/value blocks passed around the ring
+      with an online softmax), 'prefix_state' (linear, Performer, RFA: each block's
+      state summary, an exclusive scan over the devices), 'decayed_state' (retention,
+      GLA, Mamba-2: the same with each block's total decay), 'transition' (DeltaNet,
+      Gated DeltaNet: each block's state transition, composed over the devices) or
+      'halo' (local attention: the previous block's last tokens).
+    whole_sequence: why a mechanism with sequence_parallel='' needs the whole
+      sequence on one device, for the one-line refusal (e.g. "its landmarks are
+      means over the whole sequence").
 
   Methods take the resolved `Options` o; `attend` is the mechanism itself.
   `head_shapes` declares the per-head widths the layers project to (default:
@@ -185,6 +196,8 @@ class Mechanism:
   complexity: Tuple[str, str] = ('', '')
   knob: Optional[Tuple[str, Tuple[Any, ...]]] = None
   example: Mapping[str, Any] = {}
+  sequence_parallel: str = ''
+  whole_sequence: str = 'it mixes tokens across the whole sequence'
 
   @property
   def parameter_free(self) -> bool:
@@ -216,8 +229,14 @@ class Mechanism:
     if unknown:
       raise ValueError(f'unknown option(s) {unknown} for mechanism {self.name!r}; valid '
                        f'options: {", ".join(known) or "(none)"}')
-    return Options({name: opt.check(options.get(name, opt.default), self.name)
-                    for name, opt in known.items()})
+    o = Options({name: opt.check(options.get(name, opt.default), self.name)
+                 for name, opt in known.items()})
+    self.check_options(o)
+    return o
+
+  def check_options(self, o: Options) -> None:
+    """Raises ValueError for options that are each valid but not together (default: none)."""
+    del o
 
   def check(self, o: Options, *, length: int, max_length: Optional[int], causal: bool) -> None:
     """Raises ValueError when the options cannot serve this length (default: nothing to check)."""
@@ -271,6 +290,21 @@ class Mechanism:
     raise NotImplementedError
 
   # What it approximates (the approximation-error benchmark and identity tests).
+  def attend_sharded(self, o: Options, params: Mapping[str, Any], q, k, v, *, mask,
+                     causal: bool, ctx: 'Context', axis: str):
+    """`attend` on one device's block of the sequence, inside `jax.shard_map` over the
+    mesh axis `axis` (context parallelism; `efficient_attn.parallel` runs it).
+
+    q, k, v are this device's blocks `[batch, length / devices, heads, d]` (device i holds
+    tokens i * block .. (i + 1) * block - 1), `mask` the block of the key padding
+    `[batch, length / devices]` (True = a real token) or None, `ctx.gates` the block of
+    the gates. Returns this block of `attend`'s output. Declared by `sequence_parallel`;
+    a mechanism without it refuses (`efficient_attn.parallel.check`).
+    """
+    del o, params, q, k, v, mask, causal, ctx
+    raise ValueError(f'mechanism {self.name!r} cannot split the sequence over mesh axis '
+                     f'{axis!r}: {self.whole_sequence}')
+
   def reference(self, o: Options, q, k, v):
     """The exact attention this mechanism approximates (default: softmax attention)."""
     del o

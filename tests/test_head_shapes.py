@@ -64,13 +64,15 @@ def _shapes(tree):
 
 def test_the_papers_parameter_shapes_in_linen_and_nnx():
   """Mamba-2 with ngroups=1: query (C) and key (B) kernels [features, 1, d_state] and
-  their convolution [4, 1, d_state]; RetNet with value_factor=2: value and gate
+  their convolution [4, 1, d_state] with its bias [1, d_state]; RetNet with value_factor=2: value and gate
   [features, heads, 2 head_dim], out [heads, 2 head_dim, features]. NNX has the same tree."""
   want = {
       'mamba2 ngroups=1': {
           'query/kernel': (D, 1, 6), 'query/bias': (1, 6), 'key/kernel': (D, 1, 6),
           'value/kernel': (D, H, 4), 'out/kernel': (H, 4, D), 'mechanism/q_conv': (4, 1, 6),
           'mechanism/k_conv': (4, 1, 6), 'mechanism/v_conv': (4, H, 4),
+          'mechanism/q_conv_bias': (1, 6), 'mechanism/k_conv_bias': (1, 6),
+          'mechanism/v_conv_bias': (H, 4),
           'mechanism/norm_scale': (H, 4), 'mechanism/gate_kernel': (D, H, 4)},
       'retnet value_factor=2': {
           'query/kernel': (D, H, 4), 'key/kernel': (D, H, 4), 'value/kernel': (D, H, 8),
@@ -84,10 +86,11 @@ def test_the_papers_parameter_shapes_in_linen_and_nnx():
     ours = _shapes(ean.to_linen_params(nnx.eval_shape(lambda layout=layout: _nnx(layout))))
     assert ours == linen, layout
     assert {name: linen[name] for name in expected} == expected, layout
-  # The paper's layout saves the per-head B and C: 2 (D + 1 + 4) (H * 4 - 6) parameters.
+  # The paper's layout saves the per-head B and C: 2 (D + 1 + 4 + 1) (H * 4 - 6) parameters
+  # (projection kernel and bias, convolution kernel and bias).
   count = lambda options: sum(np.prod(s) for s in _shapes(jax.eval_shape(
       _linen(('mamba2', options)).init, jax.random.PRNGKey(0), _x())['params']).values())
-  assert count({}) - count(MAMBA2[1]) == 2 * (D + 1 + 4) * (H * 4 - 6)
+  assert count({}) - count(MAMBA2[1]) == 2 * (D + 1 + 4 + 1) * (H * 4 - 6)
 
 
 def test_nnx_equals_linen_and_decoding_equals_the_parallel_pass():

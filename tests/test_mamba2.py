@@ -10,9 +10,11 @@ import gated_helpers as gh
 
 
 def reference(p, q, k, v, x, ngroups=None):
-  """Short conv + SiLU on C, B, X (B and C on their groups, then repeated to the heads);
-  dt, A per head; D skip; gated RMSNorm over the full width or each group (float64)."""
-  q, k, v = (gh.silu(gh.causal_conv(a, p[f'{n}_conv'])) for a, n in zip((q, k, v), 'qkv'))
+  """Short conv (with its bias, as mamba_ssm's) + SiLU on C, B, X (B and C on their groups,
+  then repeated to the heads); dt, A per head; D skip; gated RMSNorm over the full width or
+  each group (float64)."""
+  q, k, v = (gh.silu(gh.causal_conv(a, p[f'{n}_conv']) + p.get(f'{n}_conv_bias', 0.0))
+             for a, n in zip((q, k, v), 'qkv'))
   q, k = (np.repeat(a, v.shape[2] // a.shape[2], axis=2) for a in (q, k))  # shared groups
   dt = np.logaddexp(0.0, x @ p['dt_kernel'] + p['dt_bias'])               # [b, n, h]
   g = (-np.exp(p['A_log']) * dt)[..., None]
@@ -37,6 +39,10 @@ def test_shared_b_and_c_of_d_state_equal_the_definition(ngroups, heads):
   gh.check_three_forms('mamba2', functools.partial(reference, ngroups=ngroups),
                        {'chunk_size': 4, 'ngroups': ngroups, 'd_state': 6}, length=13,
                        heads=heads)
+
+
+def test_without_its_conv_bias_equals_the_definition():
+  gh.check_three_forms('mamba2', reference, {'chunk_size': 4, 'conv_bias': False}, length=13)
 
 
 def test_initialisation_is_mamba2s():

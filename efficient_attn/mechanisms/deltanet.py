@@ -4,7 +4,11 @@
 
 with beta_t = sigmoid(x_t W_beta) per head from the token, and q, k, v through the
 short causal convolution (kernel 4) and SiLU, q and k L2-normalised, as
-flash-linear-attention's DeltaNet; the output is the per-head RMSNorm of o. The
+flash-linear-attention's DeltaNet; the output is the per-head RMSNorm of o.
+Initialisation: PyTorch's module defaults (convolution U(+-1/sqrt(4)), beta projection
+U with variance 1/(3 fan_in)); `init='fla'` gives fla's model initialisation, N(0, 0.02)
+for both (its whole model is re-initialised so; the layer's q/k/v/o projections
+keep the layer's own `kernel_init`). The
 chunkwise form is `delta_rule.delta_chunked`, the WY representation (UT
 transform) of Yang et al. 2024.
 """
@@ -34,7 +38,7 @@ class DeltaNet(gated_linear.GatedRecurrence):
     return {'norm_scale': registry.ParamSpec((head_dim,), gated_linear.ones_init)}
 
   def input_params(self, o, *, features, heads, head_dim):
-    return {'beta_kernel': registry.ParamSpec((features, heads), linear_init)}
+    return {'beta_kernel': registry.ParamSpec((features, heads), self.init_for(o, linear_init))}
 
   def gates(self, o, params, inputs):
     return {'beta': jax.nn.sigmoid(gated_linear.dense(inputs, params['beta_kernel']))}

@@ -6,8 +6,10 @@
 per head from the token (Mamba-2's decay with the delta rule's write), q, k, v
 through the short causal convolution (kernel 4) and SiLU, q and k
 L2-normalised; the output is RMSNorm(o_t) * swish(x_t W_g), as
-flash-linear-attention's GatedDeltaNet, which also gives the initialisation
-(A uniform in [0, 16], dt log-uniform in [0.001, 0.1] through dt_bias).
+flash-linear-attention's GatedDeltaNet, which also gives the decay's
+initialisation (A uniform in [0, 16], dt log-uniform in [dt_min, dt_max] =
+[0.001, 0.1] through dt_bias). The convolution and gate projections start at
+PyTorch's module defaults, or at fla's N(0, 0.02) with `init='fla'` (DeltaNet's).
 """
 import flax.linen as nn
 import jax
@@ -25,15 +27,21 @@ class GatedDeltaNet(deltanet.DeltaNet):
   description = 'the gated delta rule: a decay per head, then the delta write (WY chunks)'
   citation = 'Yang, Kautz & Hatamizadeh 2025'
 
+  options = deltanet.DeltaNet.options + gated_linear.decay_options()
+
+  def check_options(self, o):
+    gated_linear.check_dt_range(self.name, o)
+
   def own_params(self, o, *, heads, head_dim):
     return {'A_log': registry.ParamSpec((heads,), gated_linear.a_log_init(0.0, 16.0)),
-            'dt_bias': registry.ParamSpec((heads,), gated_linear.dt_bias_init),
+            'dt_bias': registry.ParamSpec((heads,), gated_linear.dt_init(o)),
             **super().own_params(o, heads=heads, head_dim=head_dim)}
 
   def input_params(self, o, *, features, heads, head_dim):
+    init = self.init_for(o, deltanet.linear_init)
     return {**super().input_params(o, features=features, heads=heads, head_dim=head_dim),
-            'decay_kernel': registry.ParamSpec((features, heads), deltanet.linear_init),
-            'gate_kernel': registry.ParamSpec((features, heads, head_dim), deltanet.linear_init)}
+            'decay_kernel': registry.ParamSpec((features, heads), init),
+            'gate_kernel': registry.ParamSpec((features, heads, head_dim), init)}
 
   def gates(self, o, params, inputs):
     dt = jax.nn.softplus(gated_linear.dense(inputs, params['decay_kernel'], params['dt_bias']))

@@ -6,9 +6,11 @@ Hardware-Efficient Training"): a data-dependent decay per key feature.
 
 so log a_t = log_sigmoid(x_t W_1 W_2 + b) / tau, computed in float32. The
 output is the paper's per-head RMSNorm of o times the swish gate of the token:
-out_t = RMSNorm(o_t) * swish(x_t W_r), before the layer's W_O. Parameters are
-initialised as flash-linear-attention initialises GLA (Xavier uniform with gain
-2^-2.5, zero bias).
+out_t = RMSNorm(o_t) * swish(x_t W_r), before the layer's W_O. The gate
+projections start as the paper's release of flash-linear-attention initialised
+GLA (Xavier uniform with gain 2^-2.5, zero bias; fla's GLA layer until March
+2025, which then dropped it for its model-wide N(0, 0.02)). `init='fla'` gives
+today's fla initialisation, N(0, 0.02) for every gate projection (zero bias).
 
 The chunkwise form is `gated_linear.gated_chunked` with a per-feature decay: its
 intra-chunk factors exp(b_t - b_s) are formed per feature, masked first, so they
@@ -23,8 +25,9 @@ from efficient_attn import gated_linear
 from efficient_attn import registry
 
 
-def fla_init(key, shape, dtype=gated_linear.F32):
-  """Xavier uniform with gain 2^-2.5 over (first axis) -> (the rest), as fla's GLA."""
+def xavier_init(key, shape, dtype=gated_linear.F32):
+  """Xavier uniform with gain 2^-2.5 over (first axis) -> (the rest), as fla's GLA layer
+  until March 2025."""
   return nn.initializers.variance_scaling(2.0 ** -5, 'fan_avg', 'uniform', in_axis=0,
                                           out_axis=tuple(range(1, len(shape))))(key, shape, dtype)
 
@@ -34,7 +37,8 @@ class GLA(gated_linear.GatedRecurrence):
   name = 'gla'
   description = 'gated linear attention: a data-dependent decay per key feature'
   citation = 'Yang et al. 2024'
-  options = gated_linear.common_options(conv_size=0) + (
+  options = gated_linear.common_options(
+      conv_size=0, default_init='Xavier uniform, gain 2^-2.5: fla until March 2025') + (
       registry.Option('gate_rank', 16, int, 'rank of the decay projection W_1 W_2', minimum=1),
       registry.Option('gate_normalizer', 16.0, float, 'tau: log a = log_sigmoid(.) / tau',
                       above=0.0),
@@ -46,11 +50,12 @@ class GLA(gated_linear.GatedRecurrence):
     return {'norm_scale': registry.ParamSpec((head_dim,), gated_linear.ones_init)}
 
   def input_params(self, o, *, features, heads, head_dim):
+    init = self.init_for(o, xavier_init)
     return {
-        'decay_down': registry.ParamSpec((features, o.gate_rank), fla_init),
-        'decay_up': registry.ParamSpec((o.gate_rank, heads, head_dim), fla_init),
+        'decay_down': registry.ParamSpec((features, o.gate_rank), init),
+        'decay_up': registry.ParamSpec((o.gate_rank, heads, head_dim), init),
         'decay_bias': registry.ParamSpec((heads, head_dim), nn.initializers.zeros_init()),
-        'gate_kernel': registry.ParamSpec((features, heads, head_dim), fla_init),
+        'gate_kernel': registry.ParamSpec((features, heads, head_dim), init),
     }
 
   def gates(self, o, params, inputs):

@@ -9,8 +9,11 @@ With the layer's queries as C, keys as B and values as X,
 after the short causal convolution (kernel 4) and SiLU on C, B and X, as Mamba-2.
 The output is the gated RMSNorm, norm(y * silu(z_t)) with z_t = x_t W_z, over the
 full width (over each group's heads with `ngroups`, as mamba_ssm's RMSNormGated),
-before the layer's out projection. Initialisation as Mamba-2:
-A uniform in [1, 16], dt log-uniform in [0.001, 0.1] through dt_bias, D = 1.
+before the layer's out projection. Initialisation as mamba_ssm's Mamba2:
+A uniform in [1, 16], dt log-uniform in [dt_min, dt_max] = [0.001, 0.1] through
+dt_bias, D = 1, the convolution (with its bias, `conv_bias=True`, as mamba_ssm's
+and fla's) and the dt and gate projections at PyTorch's module defaults;
+`init='fla'` gives fla's N(0, 0.02) to the convolution and projections (zero bias).
 
 Head layout. The paper's default (mamba_ssm's Mamba2: ngroups=1, d_state=128,
 headdim=64) projects one B and one C of d_state features that every head shares,
@@ -44,16 +47,19 @@ class Mamba2(gated_linear.GatedRecurrence):
   name = 'mamba2'
   description = "Mamba-2's SSD: a data-dependent scalar decay per head (A, dt)"
   citation = 'Dao & Gu 2024'
-  options = gated_linear.common_options(conv_size=4) + (
+  options = gated_linear.common_options(conv_size=4, conv_bias=True) + (
       registry.Option('ngroups', None, int, 'B and C (keys and queries) groups shared by '
                       'heads / ngroups heads (the paper: 1; None: one per head)', minimum=1,
                       allow_none=True),
       registry.Option('d_state', None, int, 'width of B and C, the state size per head '
                       '(the paper: 128; None: head_dim)', minimum=1, allow_none=True),
-  )
+  ) + gated_linear.decay_options()
   activation = 'silu'
   complexity = ('O(n c d + n d^2)', 'O(n d + d^2)')
   example = {'chunk_size': 4}
+
+  def check_options(self, o):
+    gated_linear.check_dt_range(self.name, o)
 
   def qk_heads(self, o, heads):
     return o.ngroups or heads
@@ -64,14 +70,15 @@ class Mamba2(gated_linear.GatedRecurrence):
   def own_params(self, o, *, heads, head_dim):
     return {
         'A_log': registry.ParamSpec((heads,), gated_linear.a_log_init(1.0, 16.0)),
-        'dt_bias': registry.ParamSpec((heads,), gated_linear.dt_bias_init),
+        'dt_bias': registry.ParamSpec((heads,), gated_linear.dt_init(o)),
         'D': registry.ParamSpec((heads,), gated_linear.ones_init),
         'norm_scale': registry.ParamSpec((heads, head_dim), gated_linear.ones_init),
     }
 
   def input_params(self, o, *, features, heads, head_dim):
-    return {'dt_kernel': registry.ParamSpec((features, heads), linear_init),
-            'gate_kernel': registry.ParamSpec((features, heads, head_dim), linear_init)}
+    init = self.init_for(o, linear_init)
+    return {'dt_kernel': registry.ParamSpec((features, heads), init),
+            'gate_kernel': registry.ParamSpec((features, heads, head_dim), init)}
 
   def gates(self, o, params, inputs):
     dt = jax.nn.softplus(gated_linear.dense(inputs, params['dt_kernel'], params['dt_bias']))

@@ -41,7 +41,7 @@ class Retention(gated_linear.GatedRecurrence):
   name = 'retention'
   description = 'retention: a fixed decay per head, group norm and a swish gate'
   citation = 'Sun et al. 2023'
-  options = gated_linear.common_options(conv_size=0) + (
+  options = gated_linear.common_options(conv_size=0, default_init='LeCun normal') + (
       registry.Option('value_factor', 1, int, 'values, swish gate and norm are value_factor '
                       'x head_dim wide (RetNet: 2)', minimum=1),
   )
@@ -54,7 +54,7 @@ class Retention(gated_linear.GatedRecurrence):
 
   def input_params(self, o, *, features, heads, head_dim):
     return {'gate_kernel': registry.ParamSpec((features, heads, o.value_factor * head_dim),
-                                              nn.initializers.lecun_normal())}
+                                              self.init_for(o, nn.initializers.lecun_normal()))}
 
   def gates(self, o, params, inputs):
     return {'output': gated_linear.dense(inputs, params['gate_kernel'])}

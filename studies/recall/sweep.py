@@ -18,7 +18,10 @@ DeltaNet and Gated DeltaNet off, and the run's name ends in '-conv0'), num_heads
 feature_map and qk_dim (linear attention's options; default: its own; Based's linear
 attention is `mechanisms=linear,feature_map=taylor,qk_dim=16`, named
 '...-taylor-qk16'; a mechanism without the option refuses it in one line), window
-(local attention's; default: its own; named '-w<window>'). A mechanism may be a
+(local attention's; default: its own; named '-w<window>'), init ('fla': fla's N(0, 0.02)
+for the convolution and gate projections of the gated family; named '-init<init>'),
+dt_min and dt_max (Mamba-2's and Gated DeltaNet's dt range at initialisation; named
+'-dtmin<value>', '-dtmax<value>'). A mechanism may be a
 pattern the blocks take in turn: Based's hybrid of Taylor linear attention and
 sliding-window attention is `mechanisms=linear+local,feature_map=taylor,qk_dim=16,
 window=64`, named 'linear+local-...-taylor-qk16-w64' (`efficient_attn.hybrid`).
@@ -62,7 +65,13 @@ def parse_cell(cell: str):
 DEFAULTS = dict(
     seed=0, mechanisms=('softmax', 'linear', 'mamba2', 'gla', 'deltanet', 'gated_deltanet'),
     widths=(64,), cells=('128x8',), vocab_size=1024, learning_rate=1e-3, num_steps=4000,
-    conv_size=-1, num_heads=mqar.DEFAULTS['num_heads'], feature_map='', qk_dim=0, window=0)
+    conv_size=-1, num_heads=mqar.DEFAULTS['num_heads'], feature_map='', qk_dim=0, window=0,
+    init='', dt_min=0.0, dt_max=0.0)
+
+# The mechanism options a sweep setting may set (unset: '' or 0), and how a run's name says
+# one set off its mechanism's default.
+OPTION_NAMES = (('feature_map', '-{}'), ('qk_dim', '-qk{}'), ('window', '-w{}'),
+                ('init', '-init{}'), ('dt_min', '-dtmin{:g}'), ('dt_max', '-dtmax{:g}'))
 
 
 def own_options(mechanism: str, options):
@@ -84,9 +93,9 @@ def get_sweep(arg=None):
   common.at_least(-1, conv_size=conv)
   heads = args['num_heads']  # the config checks it against each width
   own_heads = heads != mqar.DEFAULTS['num_heads']
-  common.at_least(0, qk_dim=args['qk_dim'], window=args['window'])
-  options = {k: args[k] for k in ('feature_map', 'qk_dim', 'window')
-             if args[k]}  # set: off its default
+  common.at_least(0, qk_dim=args['qk_dim'], window=args['window'], dt_min=args['dt_min'],
+                  dt_max=args['dt_max'])
+  options = {k: args[k] for k, _ in OPTION_NAMES if args[k]}  # set: off its default
   runs = []
   for cell in args['cells']:
     length, pairs = parse_cell(cell)
@@ -96,9 +105,8 @@ def get_sweep(arg=None):
         runs.append({
             'name': (f'{m}-d{width}-l{length}-kv{pairs}' + (f'-conv{conv}' if conv >= 0 else '')
                      + (f'-h{heads}' if own_heads else '')
-                     + (f'-{named["feature_map"]}' if 'feature_map' in named else '')
-                     + (f'-qk{named["qk_dim"]}' if 'qk_dim' in named else '')
-                     + (f'-w{named["window"]}' if 'window' in named else '')),
+                     + ''.join(form.format(named[k]) for k, form in OPTION_NAMES
+                               if k in named)),
             'config': (f'configs/mqar.py:{m},d_model={width},seq_len={length},'
                        f'num_kv_pairs={pairs},vocab_size={args["vocab_size"]},'
                        f'num_steps={args["num_steps"]}'
