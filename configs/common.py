@@ -329,8 +329,8 @@ def aan(config, data_dir: str = '', max_length: int = 4000):
 
 
 def lra_cache(task: str) -> str:
-  """Where a generated Long Range Arena task is written once: ~/.cache/efficient_attn/lra/<task>."""
-  return os.path.join(os.path.expanduser('~'), '.cache', 'efficient_attn', 'lra', task)
+  """Where a generated Long Range Arena task is written once: `cache_root()`/lra/<task>."""
+  return os.path.join(cache_root(), 'lra', task)
 
 
 def _generated(config, name: str, sizes: Dict[str, int], **choices):
@@ -422,9 +422,24 @@ def text_bytes(config, corpus: str = '', seq_len: int = 256, validation_docs: in
   return config
 
 
+CACHE_VARIABLE = 'EFFICIENT_ATTN_CACHE'
+
+
+def cache_root() -> str:
+  """The folder generated datasets are written to once: $EFFICIENT_ATTN_CACHE when set
+  (a local folder or a bucket URL), else $XDG_CACHE_HOME/efficient_attn (when set to an
+  absolute path, as the XDG spec asks), else ~/.cache/efficient_attn."""
+  root = os.environ.get(CACHE_VARIABLE, '')
+  if root:
+    return os.path.expanduser(root)
+  xdg = os.environ.get('XDG_CACHE_HOME', '')
+  base = xdg if os.path.isabs(xdg) else os.path.join(os.path.expanduser('~'), '.cache')
+  return os.path.join(base, 'efficient_attn')
+
+
 def cache_dir(name: str) -> str:
-  """Where a generated dataset is written once: ~/.cache/efficient_attn/<name>."""
-  return os.path.join(os.path.expanduser('~'), '.cache', 'efficient_attn', name)
+  """Where a generated dataset is written once: `cache_root()`/<name>."""
+  return os.path.join(cache_root(), name)
 
 
 def image_folder(config, root: str = '', image_size: int = 64):
