@@ -1,17 +1,27 @@
 #!/usr/bin/env bash
-# The GPU table of issues 33 and 34 from one script: its parts in priority order inside one
-# wall budget (BUDGET_S, default 390 s: 6.5 minutes on an H100, compiles included), each under
-# its own `timeout`, so a hang costs that part only and the last parts are the ones cut; what
-# the budget leaves out runs in a second call with PARTS (below).
+# The GPU tables from one script: its parts in priority order inside one wall budget
+# (BUDGET_S, default 390 s: 6.5 minutes, compiles included), each under its own `timeout`, so
+# a hang costs that part only and the last parts are the ones cut; what the budget leaves out
+# runs in a second call with PARTS (below). By default only the parts not yet measured on a
+# GPU run (PARTS unset: "nvidia_smi env fla_peer fla_peer_long fla_peer_paper"); PARTS=all runs
+# every part.
 #
 #   OUT=/some/folder bash benchmarks/gpu_suite.sh            # on the GPU
-#   OUT=/tmp/gpu_smoke bash benchmarks/gpu_suite.sh --smoke  # every part at tiny sizes, on CPU
+#   OUT=/tmp/gpu_smoke PARTS=all bash benchmarks/gpu_suite.sh --smoke
+#                                                      # every part at tiny sizes, on CPU
 #   PARTS="peers_bfloat16_4096 peers_bfloat16_8192 flash_bfloat16 flash_causal" \
 #     OUT=... bash benchmarks/gpu_suite.sh
 #                                                      # only these parts (a second call)
 #
 # Parts, in order:
 #   nvidia_smi, env     the device, jax, and that no ml_collections/clu/tensorflow is imported;
+#   fla_peer            benchmarks.fla_peer (docs/results/gated_gpu.md): the five recurrences'
+#                       chunk forms, ours (XLA and Pallas, bfloat16 and float32) against fla's
+#                       Triton kernels (bfloat16; benchmarks/published/third_party/fla carried,
+#                       hash-checked), forward + backward, batch 4, 16 heads of 128, 4K and 16K,
+#                       and decoding latency per token;
+#   fla_peer_long       the same at 64K tokens, batch 1, bfloat16;
+#   fla_peer_paper      the papers' head layouts (Mamba-2 ngroups=1, Gated DeltaNet 256/512);
 #   flash_float32       dense `jax.nn.dot_product_attention` (XLA) vs softmax_chunked with
 #                       implementation=xla and =pallas, forward + backward, batch 4, 8 heads of
 #                       64, 1K/4K/16K, as docs/results/flash_gpu.md;
@@ -36,6 +46,8 @@ cd "$(dirname "$0")/.." || exit 1
 SMOKE=0
 if [[ "${1:-}" == "--smoke" ]]; then SMOKE=1; elif [[ $# -gt 0 ]]; then
   echo "usage: OUT=folder bash benchmarks/gpu_suite.sh [--smoke]" >&2; exit 2; fi
+PARTS=${PARTS-"nvidia_smi env fla_peer fla_peer_long fla_peer_paper"}
+[[ "$PARTS" == all ]] && PARTS=''
 : "${OUT:?set OUT to the folder the results go to}"
 mkdir -p "$OUT"
 RES=$(mktemp -d)/gpu_results   # outside $OUT: only the tarball and the log come back
@@ -78,7 +90,15 @@ if (( SMOKE )); then
               --pairs=softmax_chunked,linear)
   HEAD_FLAGS=(--heads=2 --head_dim=16)
   LIMIT=120
+  FLA_FLAGS=(--dry_run --recurrences=retention,gated_deltanet)
+  FLA_LONG=(--dry_run --recurrences=gla --dtypes=bfloat16 --nodecode)
+  FLA_PAPER=(--dry_run --layouts=paper --recurrences=gated_deltanet --nodecode)
 else
+  FLA_FLAGS=(--lengths=4096,16384 --layouts=heads --repeats=5 --budget_s=5)
+  FLA_LONG=(--lengths=65536 --layouts=heads --dtypes=bfloat16 --repeats=3 --budget_s=5
+            --nodecode)
+  FLA_PAPER=(--lengths=4096,16384 --layouts=paper --recurrences=mamba2,gated_deltanet
+             --dtypes=bfloat16 --repeats=5 --budget_s=5 --nodecode)
   FLASH_LENGTHS=1024,4096,16384; CAUSAL_LENGTHS=4096,16384; PEER_LENGTHS=4096,8192
   GATED_LENGTHS=1024,4096,16384; GATED_MECHANISMS=(retention gla mamba2 deltanet gated_deltanet)
   GATED_FIT=4096,16384
@@ -103,12 +123,22 @@ import os, sys
 import jax
 print('jax', jax.__version__, 'backend', jax.default_backend(), 'devices', jax.devices())
 import benchmarks.flash_precision, benchmarks.peers, benchmarks.published, benchmarks.speed
+import benchmarks.fla_peer, benchmarks.published.fla
+print('fla:', benchmarks.published.fla.why_missing() or 'ready')
 heavy = [m for m in ('ml_collections', 'clu', 'tensorflow', 'tensorflow_datasets')
          if m in sys.modules]
 print('of ml_collections, clu, tensorflow, tensorflow_datasets imported:', heavy or 'none')
 path = benchmarks.published.fast_attention_path()
 print('published FAVOR+ file', path, 'present' if os.path.exists(path) else 'ABSENT')
 sys.exit(1 if heavy else 0)"
+
+# 1b. The gated family against fla (issue 61): the first tables a GPU has not measured yet.
+part fla_peer "$(lim 240)" "$PY" -m benchmarks.fla_peer "${FLA_FLAGS[@]}" --out="$RES" \
+  --name=gated_gpu
+part fla_peer_long "$(lim 120)" "$PY" -m benchmarks.fla_peer "${FLA_LONG[@]}" --out="$RES" \
+  --name=gated_gpu_64k
+part fla_peer_paper "$(lim 90)" "$PY" -m benchmarks.fla_peer "${FLA_PAPER[@]}" --out="$RES" \
+  --name=gated_gpu_paper
 
 flash_cmd() {  # flash_cmd DTYPE EXACT_IMPLEMENTATION NAME LENGTHS [more flags]: sets CMD
   local pallas=softmax_chunked@implementation=pallas xla=softmax_chunked@implementation=xla
