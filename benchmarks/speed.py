@@ -18,12 +18,26 @@ Points whose XLA memory exceeds --memory_budget_gb, or whose time per call
 extrapolated from the shorter lengths exceeds --max_time_s, are recorded as
 skipped with the reason; longer lengths of that target are then skipped too.
 
+What runs: --mechanisms names mechanisms ('exact' among them), as the other
+benchmarks name them; --targets names the same and also layers
+'mechanism/projection'; give one of them (both only with the same list). Layers
+of --layers are added to either; without --targets and --mechanisms, the
+targets are exact, every registered mechanism and --layers' default layers;
+with one of them, only what it and an explicit --layers name.
+
+Sizes (--lengths, --extra_lengths, --batch, --heads, --head_dim) must be
+positive and --dtype one of DTYPES: bad input stops in one line before anything
+is compiled or written. A run in which every point failed writes its outputs
+(the reasons are in the table) and exits non-zero.
+
     python -m benchmarks.speed --out=benchmark_results/speed
-    python -m benchmarks.speed --targets=exact,softmax_chunked,linear \
+    python -m benchmarks.speed --mechanisms=exact,softmax_chunked,linear \
         --lengths=1024,4096 --modes=fwd_bwd --extra_lengths=softmax_chunked=32768
 
 Writes <out>/<name>.json, <out>/<name>.md, <out>/<name>_time.png,
-<out>/<name>_memory.png and <out>/<name>_speedup.png.
+<out>/<name>_memory.png and, when 'exact' was measured, <out>/<name>_speedup.png
+(time of exact / time of each target; without exact there is no speedup plot,
+the table says so, and an older <name>_speedup.png is removed).
 """
 import json
 import os
@@ -46,6 +60,7 @@ MODE_TITLES = {'fwd': 'forward', 'fwd_bwd': 'forward + backward'}
 CPU_LENGTHS = tuple(2**i for i in range(8, 15))    # 256 .. 16384
 ACCEL_LENGTHS = tuple(2**i for i in range(8, 18))  # 256 .. 131072
 DEFAULT_LAYERS = ('linear/standard', 'linear/optimised', 'linear/efficient', 'linear/super')
+DTYPES = ('float32', 'bfloat16', 'float16', 'float64')  # float64 needs JAX_ENABLE_X64=1
 
 
 def define_flags(fv: flags.FlagValues) -> None:
@@ -53,11 +68,16 @@ def define_flags(fv: flags.FlagValues) -> None:
   flags.DEFINE_string('targets', None,
                       "comma list: 'exact', mechanisms, 'mechanism/projection' layers, each "
                       "optionally with its own options 'mechanism@option=value[@...]', e.g. "
-                      "gla@form=naive (default: exact and every registered mechanism)",
+                      "gla@form=naive (default: exact and every registered mechanism, and "
+                      "--layers' default layers)", flag_values=fv)
+  flags.DEFINE_string('mechanisms', None,
+                      "comma list: 'exact' and mechanisms, as --targets but no layers "
+                      "(those go in --layers); give --mechanisms or --targets, not both",
                       flag_values=fv)
   flags.DEFINE_string('layers', ','.join(DEFAULT_LAYERS),
-                      "layers 'mechanism/projection' added to --targets ('' for none)",
-                      flag_values=fv)
+                      "layers 'mechanism/projection' measured besides the mechanisms; the "
+                      "default ones only when neither --targets nor --mechanisms is given "
+                      "('' for none)", flag_values=fv)
   flags.DEFINE_string('lengths', None,
                       'comma list (default 256..16384 doubling on CPU, ..131072 on GPU/TPU)',
                       flag_values=fv)
@@ -72,10 +92,11 @@ def define_flags(fv: flags.FlagValues) -> None:
                             'target=len[,len]: more lengths for one target, e.g. '
                             'softmax_chunked=32768 (repeatable)', flag_values=fv)
   flags.DEFINE_string('modes', ','.join(MODES), 'fwd, fwd_bwd', flag_values=fv)
-  flags.DEFINE_integer('batch', 1, 'batch size', flag_values=fv)
-  flags.DEFINE_integer('heads', 8, 'attention heads', flag_values=fv)
-  flags.DEFINE_integer('head_dim', 64, 'dimension per head', flag_values=fv)
-  flags.DEFINE_string('dtype', 'float32', 'dtype of q, k, v', flag_values=fv)
+  flags.DEFINE_integer('batch', 1, 'batch size', lower_bound=1, flag_values=fv)
+  flags.DEFINE_integer('heads', 8, 'attention heads', lower_bound=1, flag_values=fv)
+  flags.DEFINE_integer('head_dim', 64, 'dimension per head', lower_bound=1, flag_values=fv)
+  flags.DEFINE_enum('dtype', 'float32', DTYPES,
+                    'dtype of q, k, v (float64 needs JAX_ENABLE_X64=1)', flag_values=fv)
   flags.DEFINE_bool('causal', False, 'causal attention', flag_values=fv)
   flags.DEFINE_multi_string('option', [],
                             'mechanism.option=value, e.g. nystrom.num_landmarks=32 (repeatable)',
@@ -234,7 +255,7 @@ def sweep(args, targets: Sequence[str], lengths: Sequence[int], modes: Sequence[
   if args.order == 'length':  # interleaved: every target at one length, then the next
     plan.sort(key=lambda p: p[2])  # stable: targets keep their order within a length
   points: List[Dict[str, Any]] = []
-  over_budget = set()  # (target, mode) that already hit a budget
+  over_budget = {}  # (target, mode) that already hit a budget or failed -> that status
   for i, (target, mode, n) in enumerate(plan):
     base, own = split_target(target)
     mechanism, projection = common.parse_target(base)
@@ -248,7 +269,9 @@ def sweep(args, targets: Sequence[str], lengths: Sequence[int], modes: Sequence[
             and p['status'] == 'ok']
     predicted = common.predict_time([p['length'] for p in done], [p['time_s'] for p in done], n)
     if (target, mode) in over_budget:
-      rec.update(status='skipped', reason='a shorter length was already over budget')
+      rec.update(status='skipped', reason=(
+          'a shorter length failed' if over_budget[(target, mode)] == 'failed'
+          else 'a shorter length was already over budget'))
     elif predicted is not None and predicted > args.max_time_s:
       rec.update(status='skipped', reason=(
           f'predicted {predicted:.3g} s per call > --max_time_s={args.max_time_s:g}'))
@@ -257,7 +280,7 @@ def sweep(args, targets: Sequence[str], lengths: Sequence[int], modes: Sequence[
     else:
       rec.update(safe_measure(spec))
     if rec['status'] != 'ok':
-      over_budget.add((target, mode))
+      over_budget.setdefault((target, mode), rec['status'])
     else:
       if args.statistic == 'min':
         rec['median_s'], rec['time_s'] = rec['time_s'], rec['min_s']
@@ -387,6 +410,9 @@ def markdown(meta, points, summary, targets, modes, ratios=None) -> str:
                                                    if v is not None)
                               for k, opts in meta['options'].items() if opts),
   ]
+  why = no_speedup(summary, targets, modes)
+  if why:
+    notes.append(why)
   parts = [output.header('Attention speed and memory', meta['device_line'], notes)]
   all_ns = sorted({p['length'] for p in points})
   for mode in modes:
@@ -401,7 +427,7 @@ def markdown(meta, points, summary, targets, modes, ratios=None) -> str:
     heads = ['target'] + [str(n) for n in all_ns]
     parts += [f'## {title}: time per call', '',
               output.table(*with_column(heads, rows, exponent_column(entries, 'time'))), '']
-    if 'exact' in targets:  # else every cell would be '-'
+    if any(s['speedup_vs_exact'] for s in entries):  # else every cell would be '-'
       parts += [f'## {title}: speedup vs exact (time of exact / time)', '',
                 output.table(heads, sp_rows), '']
     parts += [f'## {title}: peak memory ({meta["memory_source"]})', '',
@@ -423,6 +449,16 @@ def markdown(meta, points, summary, targets, modes, ratios=None) -> str:
   return '\n'.join(parts)
 
 
+def no_speedup(summary, targets, modes) -> Optional[str]:
+  """One line saying why there is no speedup plot (time of exact / time), or None when
+  'exact' was measured at some length."""
+  if any(summary[f'{t}:{m}']['speedup_vs_exact'] for t in targets for m in modes):
+    return None
+  why = ("'exact' is not among the targets" if common.EXACT not in targets else
+         "'exact' was not measured at any length (see the points not measured)")
+  return f'no speedup plot or table (time of exact / time of the target): {why}.'
+
+
 def plots(out, name, meta, points, summary, targets, modes) -> List[str]:
   def series(key, values=None):
     panels = []
@@ -440,7 +476,7 @@ def plots(out, name, meta, points, summary, targets, modes) -> List[str]:
   sub = (f"batch {meta['batch']}, {meta['heads']} heads, head_dim {meta['head_dim']}, "
          f"{meta['dtype']} — {meta['device_line']}")
   mem_unit = lambda t, m, n: ((lookup(points, t, m, n, 'memory_bytes') or 0) / 2**20) or None
-  return [
+  pngs = [
       output.line_plot(os.path.join(out, f'{name}_time.png'), series('time_s'),
                        xlabel='sequence length (tokens)', ylabel='time per call (s)',
                        suptitle='Attention time vs length (log-log); ' + sub),
@@ -448,12 +484,56 @@ def plots(out, name, meta, points, summary, targets, modes) -> List[str]:
                        xlabel='sequence length (tokens)',
                        ylabel=f"peak memory (MiB, {meta['memory_source']})",
                        suptitle='Attention peak memory vs length (log-log); ' + sub),
-      output.line_plot(
-          os.path.join(out, f'{name}_speedup.png'),
-          series(None, lambda t, m, n: summary[f'{t}:{m}']['speedup_vs_exact'].get(n)),
-          xlabel='sequence length (tokens)', ylabel='speedup vs exact (×)',
-          suptitle='time of exact attention / time of target; ' + sub, hlines=[(1.0, 'exact')]),
   ]
+  speedup = os.path.join(out, f'{name}_speedup.png')
+  if no_speedup(summary, targets, modes) is None:
+    pngs.append(output.line_plot(
+        speedup,
+        series(None, lambda t, m, n: summary[f'{t}:{m}']['speedup_vs_exact'].get(n)),
+        xlabel='sequence length (tokens)', ylabel='speedup vs exact (×)',
+        suptitle='time of exact attention / time of target; ' + sub, hlines=[(1.0, 'exact')]))
+  elif os.path.exists(speedup):  # an earlier run's: it is not this run's
+    os.remove(speedup)
+  return pngs
+
+
+def select_targets(args) -> List[str]:
+  """What to measure, from --mechanisms or --targets, and --layers (see the module's
+  docstring). Raises ValueError naming the flag for a bad name, a layer in --mechanisms,
+  or --mechanisms and --targets that name different lists."""
+  mechanisms = common.csv_list(args.mechanisms) if args.mechanisms else []
+  targets = common.csv_list(args.targets) if args.targets else []
+  if mechanisms and targets and mechanisms != targets:
+    raise ValueError(f'--mechanisms={args.mechanisms!r} and --targets={args.targets!r} '
+                     'name different lists; give one (--mechanisms: exact and mechanisms; '
+                     "--targets: also layers 'mechanism/projection')")
+  flag = '--mechanisms' if mechanisms else '--targets'
+  chosen = mechanisms or targets
+  for t in chosen:
+    if '/' in t.split('@')[0] and flag == '--mechanisms':
+      raise ValueError(f"--mechanisms={args.mechanisms!r} is not valid: {t!r} is a layer "
+                       "'mechanism/projection'; valid: exact and mechanisms (layers go in "
+                       '--layers or --targets)')
+  out = chosen or [common.EXACT] + list(common.available_mechanisms())
+  layers = (common.csv_list(args.layers) if args['layers'].present or not chosen else [])
+  out = list(dict.fromkeys(out + layers))  # in order, once each
+  for t in out:
+    try:
+      split_target(t)
+    except ValueError as e:
+      raise ValueError(f'{flag} / --layers: {e}') from None
+  return out
+
+
+def positive_lengths(text: str, flag: str) -> List[int]:
+  """'256,1024' -> [256, 1024]; ValueError naming `flag` for an item that is not a
+  positive integer (a length 0 would time an empty problem)."""
+  lengths = common.csv_list(text, int, flag)
+  for n in lengths:
+    if n < 1:
+      raise ValueError(f'{flag}={text!r} is not valid: {n} is not a positive integer; '
+                       'valid: a comma list of positive integers')
+  return lengths
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
@@ -465,14 +545,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   info = common.device_info()
   platform = info['platform']
   with common.flag_errors():
-    targets = common.csv_list(args.targets) if args.targets else (
-        [common.EXACT] + list(common.available_mechanisms()))
-    targets += [t for t in common.csv_list(args.layers) if t not in targets]
-    for t in targets:
-      try:
-        split_target(t)
-      except ValueError as e:
-        raise ValueError(f'--targets / --layers: {e}') from None
+    targets = select_targets(args)
     compare = []
     for item in args.compare:
       a, sep, b = item.partition(':')
@@ -480,14 +553,17 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         raise ValueError(f'--compare={item!r} is not valid; it must be a:b, two of the '
                          f'targets ({", ".join(targets)})')
       compare.append((a, b))
-    lengths = (common.csv_list(args.lengths, int, '--lengths') if args.lengths
+    lengths = (positive_lengths(args.lengths, '--lengths') if args.lengths
                else list(CPU_LENGTHS if platform == 'cpu' else ACCEL_LENGTHS))
     for item in args.extra_lengths:
       target, _, values = item.partition('=')
       if target not in targets:
         raise ValueError(f'--extra_lengths={item!r}: {target!r} is not one of the targets '
                          f'({", ".join(targets)})')
-      common.csv_list(values, int, f'--extra_lengths of {target}')
+      positive_lengths(values, f'--extra_lengths of {target}')
+    if args.dtype == 'float64' and not jax.config.jax_enable_x64:
+      raise ValueError("--dtype='float64' is not valid without JAX_ENABLE_X64=1 (the arrays "
+                       f"would be float32); valid: {', '.join(DTYPES[:-1])}")
     modes = common.csv_list(args.modes)
     bad = sorted(set(modes) - set(MODES))
     if bad:
@@ -535,6 +611,12 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
               plots=pngs)
   output.finish(args.out, args.name, data,
                 markdown(meta, points, summary, targets, modes, ratios), quiet=args.quiet)
+  if points and not any(p['status'] == 'ok' for p in points) and any(
+      p['status'] == 'failed' for p in points):
+    failed = sum(p['status'] == 'failed' for p in points)
+    rest = '' if failed == len(points) else ', the rest skipped'
+    raise SystemExit(f'Error: no point was measured ({failed} of {len(points)} failed{rest}); '
+                     f"the reasons are in {os.path.join(args.out, args.name + '.md')}")
   return data
 
 
