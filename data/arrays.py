@@ -36,43 +36,20 @@ import functools
 import os
 import zipfile
 import zlib
-from typing import Any, Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 
 from data import files
+from data import sequences
 from data import specs
+from data.examples import Examples  # also arrays.Examples, as before
 
 LABEL_KEYS = ('y', 'label', 'labels')
 IMAGE_KEYS = ('x', 'image', 'images')
 ENCODED_KEYS = ('jpeg', 'png', 'encoded')
 TEXT_KEYS = ('text_utf8', 'text')
 HOLDOUT_SEED = 0  # the validation split is fixed, whatever the training seed
-
-
-@dataclasses.dataclass(frozen=True)
-class Examples:
-  """One split in memory.
-
-  Attributes:
-    inputs: images `[n, h, w, c]` (uint8, or float32 in 0..255), a list of n
-      `bytes` (text), a list of n `(bytes, bytes)` (text pairs) or int tokens
-      `[n, length]`.
-    labels: int32 `[n]`.
-    origin: where the split was read from (a file, or a dataset and split),
-      for messages.
-  """
-  inputs: Any
-  labels: np.ndarray
-  origin: str = ''
-
-  def __len__(self):
-    return len(self.labels)
-
-  def take(self, index: np.ndarray) -> 'Examples':
-    if isinstance(self.inputs, np.ndarray):
-      return Examples(self.inputs[index], self.labels[index], self.origin)
-    return Examples([self.inputs[i] for i in index], self.labels[index], self.origin)
 
 
 def check_split(examples: Examples, what: str) -> None:
@@ -291,7 +268,6 @@ def _load(source: str, name: str, data_dir: str, holdout: float,
                        ".npz file (a '{split}' in it names one file per split)")
     parse = None
     if specs.get_spec(name).kind == 'sequence':  # inputs and labels [n, length]
-      from data import sequences  # pylint: disable=g-import-not-at-top
       parse = sequences.parse
     return _carve(_npz_splits(data_dir, parse), holdout, data_dir)
   if source == 'sklearn':

@@ -27,13 +27,14 @@ called by `train.validate` before any workdir is written).
 """
 import numpy as np
 
+from data.examples import Examples
+
 IGNORE = -100  # the label of a position that is not scored
 KEYS = ('inputs', 'labels')
 
 
 def parse(npz, path: str):
   """Examples of an open `.npz` archive (`np.load`) in this format; ValueError naming `path`."""
-  from data import arrays  # pylint: disable=g-import-not-at-top
   missing = [k for k in KEYS if k not in npz.files]
   if missing:
     raise ValueError(f'{path} has no {missing[0]!r} array; a sequence-labelling file needs '
@@ -53,7 +54,7 @@ def parse(npz, path: str):
   if data['inputs'].shape != data['labels'].shape:
     raise ValueError(f'{path}: inputs {list(data["inputs"].shape)} and labels '
                      f'{list(data["labels"].shape)} must have the same shape [n, length]')
-  return arrays.Examples(data['inputs'], data['labels'], path)
+  return Examples(data['inputs'], data['labels'], path)
 
 
 def check(examples, vocab_size: int, max_length: int, vocab: str = 'config.dataset.vocab_size'

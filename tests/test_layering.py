@@ -143,3 +143,59 @@ def test_the_readme_layout_matches_the_tree():
   assert rows - tree == set(), 'Layout rows of top-level parts that are not tracked'
   missing = sorted(p for p in named if not (ROOT / p).exists())
   assert not missing, f'Layout rows naming no file: {missing}'
+
+
+def _data_modules_imported(path: pathlib.Path, modules) -> set:
+  """The modules of `data/` (names in `modules`) that `path` imports, at any depth."""
+  found = set()
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.Import):
+      found |= {a.name.split('.')[1] for a in node.names if a.name.startswith('data.')}
+    elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == 'data':
+      found |= {a.name for a in node.names if a.name in modules}
+    elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and (
+        node.module.startswith('data.')):
+      found.add(node.module.split('.')[1])
+  return found & modules
+
+
+def import_cycle(graph) -> list:
+  """A cycle [a, b, ..., a] of `graph` ({module: modules it imports}), or []."""
+  state, path = {}, []
+
+  def visit(node):
+    state[node] = 'open'
+    path.append(node)
+    for nxt in sorted(graph.get(node, ())):
+      if state.get(nxt) == 'open':
+        return path[path.index(nxt):] + [nxt]
+      if nxt not in state:
+        found = visit(nxt)
+        if found:
+          return found
+    state[node] = 'done'
+    path.pop()
+    return []
+
+  for node in sorted(graph):
+    if node not in state:
+      found = visit(node)
+      if found:
+        return found
+  return []
+
+
+def test_the_data_modules_import_no_cycle():
+  """No module of `data/` imports one that imports it back, at the top or inside a function
+  (a deferred import hides a cycle rather than removing it). The package's `__init__.py`,
+  its public face over the modules, is left out."""
+  paths = {p.stem: p for p in (ROOT / 'data').glob('*.py') if p.stem != '__init__'}
+  graph = {name: _data_modules_imported(path, set(paths)) for name, path in paths.items()}
+  assert graph['arrays'] and graph['checks'], 'the rule sees no import'
+  cycle = import_cycle(graph)
+  assert not cycle, f'import cycle among data/ modules: {" -> ".join(cycle)}'
+
+
+def test_the_cycle_rule_finds_a_cycle():
+  assert import_cycle({'a': {'b'}, 'b': {'c'}, 'c': {'a'}, 'd': {'a'}}) == ['a', 'b', 'c', 'a']
+  assert import_cycle({'a': {'b'}, 'b': set(), 'c': {'a', 'b'}}) == []
