@@ -2,9 +2,8 @@ r"""Experiment workdirs -> one comparison table and learning-curve plots.
 
 Reads each workdir's `results.json` (written when a run finishes),
 `metrics.jsonl` (one JSON object per log/eval: step, split, loss, accuracy,
-top5_accuracy, examples_per_sec, epoch_time_s, ...) and `config.json`. A run
-without results.json is reported from its last logged metrics, marked
-'running'. Directories that are not workdirs are skipped with a message, so a
+top5_accuracy, ...) and `config.json`. A run without results.json is reported
+from its last logged metrics, marked 'running'. Directories that are not workdirs are skipped with a message, so a
 glob over a sweep root works. Workdirs may be on gs:// (quote the glob there, the
 shell cannot expand it: 'gs://bucket/runs/*').
 
@@ -13,7 +12,18 @@ shell cannot expand it: 'gs://bucket/runs/*').
 
 Runs whose configs differ only in `train.seed` are also summarised over seeds:
 the mean eval accuracy, its spread (half the range), the lowest and highest,
-and the mean epoch time and examples/s of the finished runs of each group.
+and the mean epoch time and ex/s of the finished runs of each group.
+
+Speed, two quantities under two names:
+
+  * 'ex/s' is the number the trainer prints as 'ex/s' on its last progress line
+    (results.json `steady_examples_per_sec`): examples per second over every
+    training step after the first (which compiles), evaluation, checkpoint
+    saving and metric writing excluded;
+  * 'epoch time' is the median time of a whole epoch after the first (the first
+    when only one ran), the same excluded; results.json's `examples_per_sec` is
+    examples per epoch / that time (the steady rate in a run shorter than an
+    epoch). It is kept in the JSON rows, not shown as a column.
 
 An earlier report's JSON may stand in for workdirs that are gone: its rows are
 read as they were written (marked with their `source`), and they join the seed
@@ -60,7 +70,7 @@ COLUMNS = (  # (key, header, formatter)
     ('eval_loss', 'eval loss', lambda v: f'{v:.4f}'),
     ('eval_top5_accuracy', 'eval top-5', lambda v: f'{100 * v:.2f}%'),
     ('epoch_time_s', 'epoch time', lambda v: f'{v:.3g} s'),
-    ('examples_per_sec', 'examples/s', lambda v: f'{v:,.0f}'),
+    ('steady_examples_per_sec', 'ex/s', lambda v: f'{v:,.0f}'),  # the trainer's 'ex/s'
     ('steps', 'steps', str),
     ('status', 'status', str),
 )
@@ -152,8 +162,9 @@ def from_report(path: str) -> List[Dict[str, Any]]:
 def seed_groups(rows: List[Dict[str, Any]]) -> Tuple[List[Dict[str, Any]], str]:
   """Finished runs grouped by seedless config, for the groups of two runs or more:
   ([{runs, seeds, n, eval_accuracy mean / spread (half the range) / min / max, mean epoch
-  time and examples/s}], what grouped them: 'config' or the DESCRIPTION fields when a row
-  from an older report has no config_id)."""
+  time, mean ex/s (`steady_examples_per_sec_mean`) and mean examples/s by epoch
+  (`examples_per_sec_mean`)}], what grouped them: 'config' or the DESCRIPTION fields when a
+  row from an older report has no config_id)."""
   finished = [r for r in rows if r.get('status') == 'finished' and r.get('eval_accuracy') is not None]
   by_config = all(r.get('config_id') for r in finished)
   groups: Dict[Any, List[Dict[str, Any]]] = {}
@@ -175,7 +186,8 @@ def seed_groups(rows: List[Dict[str, Any]]) -> Tuple[List[Dict[str, Any]], str]:
                     eval_accuracy_mean=acc_mean, eval_accuracy_spread=acc_spread,
                     eval_accuracy_min=min(acc), eval_accuracy_max=max(acc),
                     epoch_time_s_mean=mean('epoch_time_s'),
-                    examples_per_sec_mean=mean('examples_per_sec')))
+                    examples_per_sec_mean=mean('examples_per_sec'),
+                    steady_examples_per_sec_mean=mean('steady_examples_per_sec')))
   return out, 'config' if by_config else ', '.join(DESCRIPTION)
 
 
@@ -195,7 +207,7 @@ def curves(metrics: List[Dict[str, Any]]) -> Dict[str, Dict[str, List[float]]]:
 def sort_rows(rows, key: str):
   if not key:
     return rows
-  descending = 'accuracy' in key or key in ('examples_per_sec',)
+  descending = 'accuracy' in key or key in ('examples_per_sec', 'steady_examples_per_sec')
   present = [r for r in rows if r.get(key) is not None]
   missing = [r for r in rows if r.get(key) is None]
   return sorted(present, key=lambda r: r[key], reverse=descending) + missing
@@ -205,8 +217,11 @@ def markdown(meta, rows, groups, grouped_by='config') -> str:
   notes = ['accuracy and loss: final train (mean over the last logging window) and eval '
            "values from results.json, on the split named in 'eval split' (a validation split "
            'carved from the training data is not a test set); runs still going show their last logged '
-           "metrics ('running'). Epoch time and examples/s are the trainer's steady-state "
-           'training rate.']
+           "metrics ('running').",
+           "ex/s: the trainer's own 'ex/s', its last progress line's (results.json "
+           'steady_examples_per_sec): examples per second over every training step after the '
+           'first (which compiles), evaluation, checkpoint saving and metric writing excluded. '
+           'epoch time: the median whole epoch after the first, the same excluded.']
   table_rows = []
   for r in rows:
     table_rows.append([None if r.get(k) is None else fmt(r[k]) for k, _, fmt in COLUMNS])
@@ -222,15 +237,15 @@ def markdown(meta, rows, groups, grouped_by='config') -> str:
     parts += [f'## Over seeds ({title})', '',
               output.table(
                   ['run', 'mechanism', 'projection', 'seeds', 'eval acc mean', 'spread',
-                   'lowest', 'highest', 'epoch time (mean)', 'examples/s (mean)'],
+                   'lowest', 'highest', 'epoch time (mean)', 'ex/s (mean)'],
                   [[', '.join(g['runs']), g['mechanism'], g['projection'],
                     ', '.join('?' if s is None else str(s) for s in g['seeds']),
                     pct(g['eval_accuracy_mean']),
                     f'±{100 * g["eval_accuracy_spread"]:.2f}', pct(g['eval_accuracy_min']),
                     pct(g['eval_accuracy_max']),
                     None if g['epoch_time_s_mean'] is None else f'{g["epoch_time_s_mean"]:.3g} s',
-                    None if g['examples_per_sec_mean'] is None
-                    else f'{g["examples_per_sec_mean"]:,.0f}'] for g in groups],
+                    None if g['steady_examples_per_sec_mean'] is None
+                    else f'{g["steady_examples_per_sec_mean"]:,.0f}'] for g in groups],
                   'lllrrrrrrr'), '']
   return '\n'.join(parts)
 
