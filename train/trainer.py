@@ -147,10 +147,13 @@ def _train(s: Session, run, train_data, num_steps: int,
         values = metrics_lib.reduce_sums(metrics_lib.sum_rows(rows))
         _check_finite(step, values)
         recent.extend(rows)
-        values['learning_rate'] = float(lr(step - 1))
-        writer.write_scalars(step, {f'train/{k}': v for k, v in values.items()})
+        with clock.paused():  # not training: the first call compiles the schedule's ops
+          values['learning_rate'] = float(lr(step - 1))
+          writer.write_scalars(step, {f'train/{k}': v for k, v in values.items()})
         ckpt.check()
       report(step)
+      if step == start + 1:  # the steady rate starts once the first step has run, not when
+        jax.block_until_ready(state)  # its compiled program was dispatched
       clock.tick(step)
       if logs and run.writer:
         print(metrics_lib.progress_line(step, num_steps, values, clock.steady_steps_per_sec(),
@@ -195,7 +198,12 @@ def _train(s: Session, run, train_data, num_steps: int,
 
 class _Clock:
   """Measured epoch times: wall time between epoch boundaries, eval and saving excluded;
-  and the steady step rate: every step after the first (which compiles), the same excluded."""
+  and the steady step rate: every step after the first (which compiles), the same excluded.
+
+  Excluded ('paused'): evaluation, checkpoint saving and writing the logged metrics (whose
+  first call compiles the learning-rate schedule's ops, ~1.5 s on a CPU). The steady rate
+  times batch size is the 'ex/s' of every progress line and results.json's
+  `steady_examples_per_sec`; the median epoch time gives its `examples_per_sec`."""
 
   def __init__(self, steps_per_epoch: int):
     self.steps_per_epoch = steps_per_epoch
@@ -225,7 +233,8 @@ class _Clock:
     self._paused_total += paused
 
   def steady_steps_per_sec(self) -> Optional[float]:
-    """Steps per second after the first step, eval and saving excluded (None: one step)."""
+    """Steps per second over every step after the first (from the end of the first step to
+    the last tick), the paused time excluded (None: one step)."""
     steps, seconds = self._steady
     return steps / seconds if steps and seconds > 0 else None
 
@@ -295,9 +304,11 @@ def _results(s: Session, state, num_steps, start, recent, eval_values, clock, wa
       'params_per_attention_layer': attention,
       'epoch_time_s': epoch_time,
       'epochs_timed': len(clock.epochs),
-      # From whole measured epochs; in a run shorter than two epochs, the steady rate.
+      # Examples per epoch / the median whole epoch's time (the first, compiling, epoch left
+      # out when there are two or more); in a run shorter than one epoch, the steady rate.
       'examples_per_sec': (steps_per_epoch * c.dataset.batch_size / epoch_time
                            if epoch_time else steady),
+      # The 'ex/s' the trainer prints, its last value: every step after the first.
       'steady_examples_per_sec': steady,
       'steps': num_steps,
       'steps_per_epoch': steps_per_epoch,
