@@ -13,9 +13,14 @@ their fields the same way.
     fields.check(config, FIELDS)
 
 Every error is one line naming the field, the bad value and what is valid, e.g.
-"config.optim.b1=1.5 is not valid; it must be in [0, 1)".
+"config.optim.b1=1.5 is not valid; it must be in [0, 1)". A bounded field holds a
+finite number: NaN and infinities are refused ("config.optim.learning_rate=nan is not
+valid; it must be a finite number > 0") unless the field sets `allow_inf`; an
+`integer` field (a seed, a count) holds an int.
 """
 import dataclasses
+import math
+import numbers
 from typing import Any, Callable, Iterable, Optional, Tuple
 
 
@@ -42,6 +47,9 @@ class Field:
     minimum: inclusive lower bound.
     below: exclusive upper bound (with `minimum`: "in [minimum, below)").
     note: said after the rule, e.g. '(0 = none)'.
+    integer: the value must be an integer (a seed, a count), not a float or a bool.
+    allow_inf: a bounded field refuses NaN and infinities unless this is set (then
+      infinities within the bounds pass; NaN never does).
     default: the value of a field the config may leave out (MISSING: required).
     when: (path, test): the field is checked only when `test` holds for the value of the
       field at `path` (None if the config leaves it out), e.g. a ViT's patch size:
@@ -55,6 +63,8 @@ class Field:
   note: str = ''
   default: Any = MISSING
   when: Optional[Tuple[str, Callable[[Any], bool]]] = None
+  integer: bool = False
+  allow_inf: bool = False
 
   def value(self, config) -> Any:
     value = config
@@ -64,15 +74,30 @@ class Field:
       value = value[part]
     return value
 
-  def describe(self) -> str:
-    """What the field accepts: 'it must be > 0', 'it must be in [0, 1)', ..."""
+  def describe(self, value: Any = MISSING) -> str:
+    """What the field accepts: 'it must be > 0', 'it must be in [0, 1)', ...; 'an integer'
+    or 'a finite number' said too when `value` is not one."""
     if self.minimum is not None and self.below is not None:
-      rule = f'in [{self.minimum:g}, {self.below:g})'
+      rule = f'in [{_number_text(self.minimum)}, {_number_text(self.below)})'
     elif self.above is not None:
-      rule = f'> {self.above:g}'
+      rule = f'> {_number_text(self.above)}'
+    elif self.minimum is not None:
+      rule = f'>= {_number_text(self.minimum)}'
     else:
-      rule = f'>= {self.minimum:g}'
-    return f'it must be {rule}' + (f' {self.note}' if self.note else '')
+      rule = ''
+    kind = ('an integer' if self.integer else '' if value is MISSING or self._number(value)
+            else 'a number (not NaN)' if self.allow_inf else 'a finite number')
+    return (f'it must be {" ".join(filter(None, (kind, rule)))}'
+            + (f' {self.note}' if self.note else ''))
+
+  def _number(self, value: Any) -> bool:
+    """Whether `value` is a number this field may hold, bounds aside: finite (unless
+    `allow_inf`; NaN never), and an integer if `integer`."""
+    if self.integer:
+      return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    if not isinstance(value, numbers.Real) or math.isnan(value):
+      return False
+    return self.allow_inf or math.isfinite(value)
 
   def check(self, config) -> None:
     """ConfigError naming the field, its value and what is valid."""
@@ -82,12 +107,14 @@ class Field:
         raise ConfigError(f'config.{self.path}={value!r} is not valid; valid choices: '
                           f'{", ".join(map(str, self.choices))}')
       return
-    bad = ((self.above is not None and (not isinstance(value, (int, float))
-                                        or value <= self.above))
-           or (self.minimum is not None and value < self.minimum)
-           or (self.below is not None and value >= self.below))
+    bounded = (self.above, self.minimum, self.below) != (None, None, None)
+    bad = ((bounded or self.integer) and not self._number(value)) or (
+        (self.above is not None and value <= self.above)
+        or (self.minimum is not None and value < self.minimum)
+        or (self.below is not None and value >= self.below))
     if bad:
-      raise ConfigError(f'config.{self.path}={value!r} is not valid; {self.describe()}')
+      raise ConfigError(f'config.{self.path}={value!r} is not valid; '
+                        f'{self.describe(value)}')
 
 
   def applies(self, config) -> bool:
@@ -96,6 +123,11 @@ class Field:
       return True
     path, test = self.when
     return test(Field(path, default=None).value(config))
+
+
+def _number_text(bound: float) -> str:
+  """A bound as a message says it: an integer in full, a float as '%g' (0.0 as '0')."""
+  return str(bound) if isinstance(bound, numbers.Integral) else f'{bound:g}'
 
 
 def check(config, table: Iterable[Field]) -> None:

@@ -23,6 +23,8 @@ IMAGE_FIELDS = (fields.Field('dataset.image_size', above=0),
                 fields.Field('dataset.channels', above=0),
                 fields.Field('dataset.augment', choices=specs.AUGMENTATIONS))
 TOKEN_FIELDS = (fields.Field('dataset.max_length', above=0),)
+STREAM_FIELDS = (fields.Field('dataset.shuffle_buffer', above=0, integer=True),)
+GENERATED_FIELDS = (fields.Field('dataset.generator_seed', minimum=0, integer=True, default=0),)
 
 
 def check(config) -> specs.Dataset:
@@ -42,6 +44,12 @@ def check(config) -> specs.Dataset:
                        f'crop, crop_flip')
     if not d.get('pixels_as_tokens'):  # pixel tokens are not normalised
       specs.normalization(dataset)
+  if not dataset.in_memory:  # tf.data's shuffle buffer (0 and -1 fail when it is built)
+    fields.check(config, STREAM_FIELDS)
+  if src == 'generated':  # the generator's seed and its split sizes (examples per split)
+    fields.check(config, GENERATED_FIELDS + tuple(
+        fields.Field(f'dataset.sizes.{split}', minimum=0, integer=True)
+        for split in (d.get('sizes') or {})))
   if spec.kind == 'sequence':
     _sequence(config, src)
   if d.num_classes < 0 or (d.num_classes == 0 and spec.num_classes == 0

@@ -31,6 +31,7 @@ sequence is in two splits; a file whose settings match is kept, so the
 splits are generated once.
 """
 import json
+import math
 import os
 import zlib
 from typing import Dict, List, Optional, Set, Tuple
@@ -58,8 +59,9 @@ def check_settings(vocab_size: int, seq_len: int, num_kv_pairs: int, power_a: fl
     raise ValueError(f'MQAR vocab_size={vocab_size} is too small for num_kv_pairs='
                      f'{num_kv_pairs} distinct keys (ids 1..vocab_size/2-1); valid: '
                      f'vocab_size >= {2 * num_kv_pairs + 2}')
-  if not power_a > 0:
-    raise ValueError(f'MQAR power_a={power_a} is not valid; it must be > 0 (1 = uniform gaps)')
+  if not 0 < power_a < math.inf:
+    raise ValueError(f'MQAR power_a={power_a} is not valid; it must be a finite number > 0 '
+                     f'(1 = uniform gaps)')
 
 
 def gap_weights(num_slots: int, power_a: float) -> np.ndarray:

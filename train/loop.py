@@ -13,8 +13,11 @@ import fields
 from train import models
 
 FIELDS = (  # what `config.train` accepts, field by field (the rules between fields: check)
-    *(fields.Field(f'train.{name}', above=0)
+    *(fields.Field(f'train.{name}', above=0, integer=True)
       for name in ('log_every', 'checkpoint_every', 'keep_checkpoints')),
+    # the model's and the data's seed: jax.random.key takes a 64-bit signed int, the data's
+    # numpy generators a non-negative one (-1 failed after config.json was written)
+    fields.Field('train.seed', minimum=0, below=2**63, integer=True),
     fields.Field('train.dtype', choices=tuple(models.DTYPES)),
 )
 

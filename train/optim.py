@@ -21,6 +21,7 @@ FIELDS = (  # what `config.optim` accepts
     fields.Field('optim.grad_clip', minimum=0),
     fields.Field('optim.b1', minimum=0.0, below=1.0),
     fields.Field('optim.b2', minimum=0.0, below=1.0),
+    fields.Field('optim.max_warmup_fraction', minimum=0.0, note='(1 = no cap)', default=1.0),
 )
 
 
