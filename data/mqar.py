@@ -28,7 +28,9 @@ the seed (numpy's PCG64), the same on every machine.
 `write_splits` writes one `.npz` file per split, each from its own seed
 (`split_seed`) and excluding every sequence of the splits before it, so no
 sequence is in two splits; a file whose settings match is kept, so the
-splits are generated once.
+splits are generated once. A file that is damaged (truncated, or its bytes
+changed) or holds another number of rows than its settings say is written
+again, with one line saying so (`npz_cache.problem`).
 """
 import json
 import math
@@ -162,7 +164,9 @@ def write_splits(folder: str, seed: int = 0, sizes: Optional[Dict[str, int]] = N
   Each file holds `inputs` and `labels` (int32 `[n, seq_len]`, see the module
   docstring) and `settings_json` (uint8 bytes of the JSON generation settings).
   Splits are generated in the order of `sizes`, each from `split_seed(seed, split)`
-  and excluding the sequences of the splits before it, so they are disjoint.
+  and excluding the sequences of the splits before it, so they are disjoint. A damaged
+  file, or one of another shape than its settings say, is rebuilt with one line saying
+  why, whatever `verbose` says.
 
   Returns:
     The paths of the split files, in the order of `sizes`.
@@ -183,7 +187,10 @@ def write_splits(folder: str, seed: int = 0, sizes: Optional[Dict[str, int]] = N
               for i, split in enumerate(names)}
   npz_cache.makedirs(folder)
   paths = {s: split_path(folder, s, **task) for s in names}
-  todo = [s for s in names if npz_cache.read_settings(paths[s]) != settings[s]]
+  shape = lambda s: (sizes[s], seq_len)  # of both arrays
+  why = {s: npz_cache.problem(paths[s], settings[s], {'inputs': shape(s), 'labels': shape(s)})
+         for s in names}
+  todo = [s for s in names if why[s]]
   exclude: Set[bytes] = set()
   for i, split in enumerate(names):
     feeds_later = any(s in todo for s in names[i + 1:])  # a later split must avoid this one
@@ -191,7 +198,10 @@ def write_splits(folder: str, seed: int = 0, sizes: Optional[Dict[str, int]] = N
       inputs, labels = generate(sizes[split], split_seed(seed, split), exclude=exclude, **task)
       npz_cache.save_npz(paths[split], inputs=inputs, labels=labels, settings_json=np.frombuffer(
           json.dumps(settings[split], sort_keys=True).encode('utf-8'), np.uint8))
-      if verbose:
+      if why[split] not in ('missing', npz_cache.OTHER_SETTINGS):  # damaged, or short
+        print(f'{paths[split]}: {why[split]}; rebuilt: {len(inputs)} MQAR examples written',
+              flush=True)
+      elif verbose:
         print(f'{paths[split]}: {len(inputs)} MQAR examples written', flush=True)
     else:  # up to date (read whenever the data is opened: no message)
       inputs = npz_cache.read_array(paths[split], 'inputs') if feeds_later else ()

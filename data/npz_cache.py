@@ -4,6 +4,11 @@ A generator (`listops.py`, `pathfinder.py`) writes each split once into a cache
 folder with the settings that produced it (`settings_json`); a later run reads
 the file back when the settings match, and regenerates it when they do not.
 
+`problem` says why a cached split cannot be used as it is: besides other settings, a
+damaged file (truncated, or bytes changed: a zip member fails its CRC check) or one
+holding fewer rows than its settings say; its generator then writes it again, as it
+writes a missing one.
+
 Every file goes through `files.gfile` (`tf.io.gfile` for a URL), as the 'arrays'
 source reads them, so the cache folder may be a bucket (gs://...) as well as a
 local folder.
@@ -12,7 +17,8 @@ import io
 import json
 import os
 import zipfile
-from typing import Optional
+import zlib
+from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -44,6 +50,59 @@ def read_settings(path: str) -> Optional[dict]:
     return json.loads(read_array(path, 'settings_json').tobytes().decode('utf-8'))
   except (KeyError, ValueError, EOFError, zipfile.BadZipFile) + files.read_errors(path):
     return None
+
+
+OTHER_SETTINGS = 'written for other settings'  # `problem`: regenerated without a word
+_WHOLE: Dict[str, Tuple[int, int]] = {}  # path -> (size, crc32) of a copy read whole
+
+
+def problem(path: str, settings: dict,
+            shapes: Optional[Mapping[str, Sequence[int]]] = None) -> str:
+  """Why the cached split `path` cannot be used as it is ('' when it can): 'missing',
+  OTHER_SETTINGS, or (a file its generator must replace, and says so) 'damaged (...)' or
+  "its 'inputs' array is [50, 32], its settings say [200, 32]".
+
+  It can when it holds `settings`, every array reads whole (each zip member's CRC, once
+  per process for the same bytes), and each array of `shapes` ({key: shape}) has that
+  shape: a file truncated or changed after it was written, or holding fewer rows than
+  its settings say, is not used.
+  """
+  gfile = files.gfile(path)
+  damaged = (KeyError, ValueError, EOFError, zipfile.BadZipFile, zlib.error)
+  try:
+    if not gfile.exists(path):
+      return 'missing'
+    raw = read_bytes(path)
+  except files.read_errors(path) as e:
+    return f'damaged (unreadable: {_first_line(e)})'
+  try:
+    with zipfile.ZipFile(io.BytesIO(raw)) as archive:
+      with archive.open('settings_json.npy') as f:
+        stored = json.loads(np.lib.format.read_array(f, allow_pickle=False).tobytes())
+      if stored != settings:
+        return OTHER_SETTINGS
+      for key, shape in (shapes or {}).items():
+        with archive.open(f'{key}.npy') as f:
+          version = np.lib.format.read_magic(f)
+          read = (np.lib.format.read_array_header_1_0 if version == (1, 0) else
+                  np.lib.format.read_array_header_2_0)
+          have = read(f)[0]
+        if tuple(have) != tuple(shape):
+          return f'its {key!r} array is {list(have)}, its settings say {list(shape)}'
+      whole = (len(raw), zlib.crc32(raw))
+      if _WHOLE.get(path) != whole:
+        bad = archive.testzip()
+        if bad is not None:
+          return f'damaged ({bad} fails its CRC check)'
+        _WHOLE[path] = whole
+  except damaged as e:
+    return f'damaged ({_first_line(e)})'
+  return ''
+
+
+def _first_line(error: BaseException) -> str:
+  text = str(getattr(error, 'message', '') or error).strip()
+  return text.splitlines()[0] if text else type(error).__name__
 
 
 def save_npz(path: str, compressed: bool = True, **arrays) -> None:

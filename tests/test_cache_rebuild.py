@@ -1,0 +1,100 @@
+"""A damaged or short MQAR cache file is rebuilt, with one line saying so (issue 59, item 8).
+
+A file whose bytes changed after it was written kept its settings, so it was kept, and
+every run then stopped on it ("... is not a readable .npz file"); one holding fewer
+rows than its settings say was used as it was. Both are now written again, as a
+truncated file (unreadable settings) always was, and say so in one line.
+"""
+import json
+import os
+import zipfile
+
+import numpy as np
+import pytest
+
+from configs import common
+from configs import mqar as mqar_config
+from data import arrays
+from data import mqar
+from data import npz_cache
+
+TASK = dict(vocab_size=64, seq_len=32, num_kv_pairs=4)
+SIZES = {'train': 40, 'test': 10}
+
+
+def write(folder):
+  return mqar.write_splits(str(folder), seed=0, sizes=SIZES, verbose=False, **TASK)
+
+
+def flip_inside(path, member='inputs.npy'):
+  """Inverts some bytes in the middle of `member`'s compressed data: the zip's directory
+  and the settings still read."""
+  with zipfile.ZipFile(path) as z:
+    info = z.getinfo(member)
+  raw = bytearray(open(path, 'rb').read())
+  start = info.header_offset + 30 + len(info.filename) + len(info.extra)
+  for i in range(start + info.compress_size // 2, start + info.compress_size // 2 + 16):
+    raw[i] ^= 0xFF
+  open(path, 'wb').write(bytes(raw))
+
+
+def shorten(path, rows):
+  """The file with its first `rows` rows, and the settings it was written with."""
+  with np.load(path) as z:
+    kept = {k: z[k][:rows] if k != 'settings_json' else z[k] for k in z.files}
+  npz_cache.save_npz(path, **kept)
+
+
+def truncate(path):
+  raw = open(path, 'rb').read()
+  open(path, 'wb').write(raw[:len(raw) // 2])
+
+
+@pytest.mark.parametrize('damage, why', [
+    (flip_inside, 'damaged ('),
+    (truncate, 'damaged (File is not a zip file)'),
+    (lambda p: shorten(p, 25), "its 'inputs' array is [25, 32], its settings say [40, 32]"),
+])
+def test_a_damaged_or_short_file_is_rebuilt_saying_so(damage, why, tmp_path, capsys):
+  paths = write(tmp_path)
+  with np.load(paths[0]) as z:
+    before = {k: z[k] for k in ('inputs', 'labels')}
+  stamp = os.stat(paths[1]).st_mtime_ns
+  damage(paths[0])
+  capsys.readouterr()
+  assert write(tmp_path) == paths
+  lines = capsys.readouterr().out.splitlines()
+  assert len(lines) == 1 and lines[0].startswith(f'{paths[0]}: {why}'), lines
+  assert lines[0].endswith('; rebuilt: 40 MQAR examples written'), lines
+  with np.load(paths[0]) as z:  # the same draw as before
+    for key, value in before.items():
+      np.testing.assert_array_equal(z[key], value)
+  assert os.stat(paths[1]).st_mtime_ns == stamp  # the good split is kept
+  assert npz_cache.problem(paths[0], json.loads(bytes(np.load(paths[0])['settings_json'])),
+                           {'inputs': (40, 32)}) == ''
+
+
+def test_an_up_to_date_file_is_kept_silently(tmp_path, capsys):
+  paths = write(tmp_path)
+  stamps = [os.stat(p).st_mtime_ns for p in paths]
+  capsys.readouterr()
+  write(tmp_path)
+  assert capsys.readouterr().out == ''
+  assert [os.stat(p).st_mtime_ns for p in paths] == stamps
+
+
+def test_a_run_reads_the_rebuilt_file_from_the_data_cache(tmp_path, monkeypatch):
+  """Through configs/mqar.py, its cache folder under a HOME of the test's own."""
+  monkeypatch.setenv('HOME', str(tmp_path))
+  monkeypatch.setattr(common, 'cache_dir', lambda name: str(tmp_path / '.cache' / name))
+  config = mqar_config.get_config('linear,d_model=16,seq_len=32,num_kv_pairs=4,vocab_size=64')
+  config.dataset.sizes = {'train': 40, 'validation': 10, 'test': 10}
+  assert config.dataset.data_dir.startswith(str(tmp_path))
+  assert len(arrays.get_split(config, 'train')) == 40
+  path = mqar.split_path(config.dataset.data_dir, 'train', 64, 32, 4, 0.01)
+  flip_inside(path)
+  arrays.clear_cache()
+  assert len(arrays.get_split(config, 'train')) == 40  # was: "... not a readable .npz file"
+  shorten(path, 25)
+  arrays.clear_cache()
+  assert len(arrays.get_split(config, 'train')) == 40  # was: 25
