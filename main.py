@@ -7,13 +7,16 @@
 
 Without --workdir, the workdir is runs/<config>[-<argument>][-<hash of the
 --config.* overrides>] (`default_workdir`), printed on the first line.
-Re-running a train command resumes from the workdir's newest checkpoint.
+Re-running a train command resumes from the workdir's newest checkpoint; the same
+command with --mode=eval evaluates that run (`eval_workdir`), on the dataset its
+config.json names unless --config.dataset.* overrides say otherwise (`eval_config`).
 Progress goes to stdout; absl logs only warnings unless --verbosity is given
 (--verbosity=0: every INFO line, clu's metric lines included).
 Multi-host: pass --coordinator_address/--num_processes/--process_id, or run
 on a pod/cluster whose environment JAX recognises (--distributed=auto).
 """
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -87,6 +90,49 @@ def default_workdir(config_arg: str, overrides=None, evaluating: bool = False) -
   return os.path.join(RUNS, name)
 
 
+def eval_workdir(config_arg: str, overrides=None, holds_run=None) -> str:
+  """The workdir --mode=eval evaluates when --workdir is not given.
+
+  The first that holds a run (`holds_run(path)`, default: it has a config.json) of
+  the workdirs of `config_arg` with all the --config.* `overrides`, then with fewer of
+  those an evaluation may change (`workdir.MAY_CHANGE`), fewest left out first: the
+  training command plus --mode=eval evaluates the run it trained, and
+  `--config.dataset.eval_split=train` added evaluates it too. None holds a run:
+  `default_workdir(..., evaluating=True)`.
+  """
+  overrides = dict(overrides or {})
+  holds_run = holds_run or (lambda path: os.path.exists(os.path.join(path, workdir.CONFIG)))
+  changeable = sorted(k for k in overrides if workdir.may_change(k))
+  for n in range(len(changeable) + 1):
+    for left_out in itertools.combinations(changeable, n):
+      path = default_workdir(config_arg, {k: v for k, v in overrides.items()
+                                          if k not in left_out})
+      if holds_run(path):
+        return path
+  return default_workdir(config_arg, overrides, evaluating=True)
+
+
+def eval_config(config, stored, overrides=None):
+  """`config` with its `dataset` fields read from a run's stored config, for --mode=eval.
+
+  `stored`: the run's config.json (a ConfigDict, or None: `config` as it is). Each
+  field of `config.dataset` takes the stored value (source, data_dir, holdout, splits,
+  ...) unless a --config.* override (`overrides`, {'dataset.eval_split': ...}) sets
+  it, so an evaluation reads the data the run was trained on, not the config file's
+  default (a TFDS download, for a run trained from .npz files).
+  """
+  if stored is None or 'dataset' not in stored:
+    return config
+  overrides = overrides or {}
+  config = config.copy_and_resolve_references()
+  for key, value in stored.dataset.items():
+    field = f'dataset.{key}'
+    if key in config.dataset and not any(k == field or k.startswith(field + '.')
+                                         for k in overrides):
+      config.dataset[key] = value
+  return config
+
+
 def parse_flags(argv, flag_values=flags.FLAGS):
   """absl's flag parsing, with a bad --config (its argument, or an override) reported in
   one line."""
@@ -114,10 +160,15 @@ def main(argv):
   except validate.ConfigError as e:
     sys.exit(f'Invalid config: {e}')
   config_flag = flags.FLAGS['config']
-  path = _WORKDIR.value or default_workdir(config_flags.get_config_filename(config_flag),
-                                          config_flags.get_override_values(config_flag),
-                                          evaluating=_MODE.value == 'eval')
+  config_arg = config_flags.get_config_filename(config_flag)
+  overrides = config_flags.get_override_values(config_flag)
+  evaluating = _MODE.value == 'eval'
+  path = _WORKDIR.value or (eval_workdir(config_arg, overrides) if evaluating
+                            else default_workdir(config_arg, overrides))
   print(f'workdir {path}', flush=True)
+  config = _CONFIG.value
+  if evaluating:  # the run's own dataset, unless the command names another
+    config = eval_config(config, workdir.load_config(path), overrides)
   try:
     sharding.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value,
                                     _PROCESS_ID.value, _DISTRIBUTED.value, _TIMEOUT.value)
@@ -125,9 +176,9 @@ def main(argv):
     sys.exit(f'Error: {e}')
   try:
     if _MODE.value == 'train':
-      trainer.train_and_evaluate(_CONFIG.value, path, restart=_RESTART.value)
+      trainer.train_and_evaluate(config, path, restart=_RESTART.value)
     else:
-      trainer.evaluate(_CONFIG.value, path)
+      trainer.evaluate(config, path)
   except validate.ConfigError as e:
     sys.exit(f'Invalid config: {e}')
   except (workdir.WorkdirError, checkpoint.CheckpointSaveError) as e:
