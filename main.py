@@ -20,6 +20,7 @@ import itertools
 import json
 import os
 import re
+import shlex
 import sys
 
 from absl import app
@@ -133,6 +134,39 @@ def eval_config(config, stored, overrides=None):
   return config
 
 
+# The flags the command of an offline hint sets itself (`offline_hint`).
+DATA_FLAGS = ('--config.dataset.source', '--config.dataset.data_dir', '--config.dataset.download')
+
+
+def offline_hint(argv, config_arg: str, config) -> str:
+  """What a failed download adds to its message: the command `argv` again, reading the
+  dataset from .npz files (`data.arrays_source`), and for the CIFAR-10 ViT at its base
+  size, the size a CPU can train."""
+  arrays = data.arrays_source(config)
+  if arrays is None:
+    return ''
+  flags_to_add, files = arrays
+  args, skip = [], False
+  for arg in argv[1:]:
+    if not skip and not arg.startswith(tuple(f + '=' for f in DATA_FLAGS)):
+      if arg in DATA_FLAGS:
+        skip = True  # '--flag value': the value is the next argument
+      else:
+        args.append(arg)
+    else:
+      skip = False
+  command = shlex.join(['python', 'main.py', *args, *flags_to_add])
+  hint = f', or train from .npz files ({files}): {command}'
+  path, _, arg = config_arg.partition(':')
+  if os.path.basename(path) in ('cifar10.py', 'cifar10_nystrom.py') and 'size=small' not in arg:
+    a = config.attention
+    small = os.path.join(os.path.dirname(path), 'cifar10.py') + f':{a.mechanism}' + (
+        f',projection={a.projection}' if a.projection != 'standard' else '') + ',size=small'
+    hint += (f'; on a CPU, use --config={small}: this base size trains at about 12 '
+             f'examples/s on 2 cores, so its 100 epochs would take about 5 days')
+  return hint
+
+
 def parse_flags(argv, flag_values=flags.FLAGS):
   """absl's flag parsing, with a bad --config (its argument, or an override) reported in
   one line."""
@@ -187,8 +221,8 @@ def main(argv):
     sys.exit(f'Error: {e}')
   except FloatingPointError as e:  # a non-finite loss: the message names the step
     sys.exit(f'Error: {e}')
-  except data.DownloadError as e:  # TFDS without a network
-    sys.exit(f'Error: {e}')
+  except data.DownloadError as e:  # TFDS without a network: how to train from files
+    sys.exit(f'Error: {e}{offline_hint(sys.argv, config_arg, config)}')
 
 
 if __name__ == '__main__':

@@ -27,7 +27,7 @@ are decoded once into memory (`memory.py`), large ones stream (`stream.py`).
 In both, the training batch of step s is a pure function of (seed, s, process
 count), so a run resumed at step s sees exactly what an uninterrupted run sees.
 """
-from typing import Optional
+from typing import List, Optional, Tuple
 
 import jax
 
@@ -39,6 +39,31 @@ from data.specs import Dataset, get_spec, input_kind, resolve, source, TEXT_VOCA
 
 class DownloadError(RuntimeError):
   """TFDS could not download a dataset (no network, or the server refused)."""
+
+
+def arrays_source(config) -> Optional[Tuple[List[str], str]]:
+  """How `config`'s dataset is read from `.npz` files instead (`source='arrays'`), for
+  messages: (the --config.dataset.* flags, with a '<folder>' placeholder; the files and
+  keys they read), or None for a dataset of another kind than images or text.
+
+  cifar10: (['--config.dataset.source=arrays',
+  '--config.dataset.data_dir=<folder>/cifar10_{split}.npz'], 'cifar10_train.npz and
+  cifar10_test.npz, each with x: uint8 [n, 32, 32, 3] and y: int labels [n]').
+  """
+  d, spec = config.dataset, get_spec(config.dataset.name)
+  if spec.kind == 'image' and spec.stored_size:
+    shape = [spec.stored_size] * 2 + ([spec.channels] if spec.channels > 1 else [])
+    keys = f'x: uint8 [n, {", ".join(map(str, shape))}]'
+  elif spec.kind == 'text':
+    keys = ("text_utf8: uint8 (the texts' UTF-8 bytes, one after another), "
+            'offsets: int [n + 1] (where each text starts)')
+  else:
+    return None
+  splits = ' and '.join(f'{spec.name}_{s}.npz' for s in dict.fromkeys(
+      (d.train_split, d.eval_split)))
+  return (['--config.dataset.source=arrays',
+           f'--config.dataset.data_dir=<folder>/{spec.name}_{{split}}.npz'],
+          f'{splits}, each with {keys} and y: int labels [n]')
 
 
 def _processes(process_index: Optional[int], process_count: Optional[int]):
