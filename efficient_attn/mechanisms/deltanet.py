@@ -15,12 +15,48 @@ transform) of Yang et al. 2024.
 import math
 
 import jax
+import jax.numpy as jnp
 
 from efficient_attn import delta_rule
 from efficient_attn import gated_linear
 from efficient_attn import registry
 
 linear_init = gated_linear.torch_linear_init
+
+
+def delta_rule_attention(q, k, v, beta, log_decay=None, mask=None, *, form: str = 'chunk',
+                         chunk_size: int = 64):
+  """The (gated) delta rule of DeltaNet and Gated DeltaNet:
+  S_t = a_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T, o_t = S_t^T q_t / sqrt(dk),
+  with q and k L2-normalised and a_t = exp(log_decay_t) (1 without log_decay: DeltaNet).
+
+  The mechanisms' recurrence alone (causal), on q, k, v as they read them (after the
+  layer's short convolution and SiLU); beta (and Gated DeltaNet's decay) come from the
+  layer's projections, and the output norm (and gate) are not applied.
+
+  Args:
+    q, k: `[batch, length, heads, dk]`; v: `[batch, length, heads, dv]`.
+    beta: write strengths in (0, 1), `[batch, length, heads]`.
+    log_decay: optional log a_t <= 0, `[batch, length, heads]` (Gated DeltaNet).
+    mask: optional key padding `[batch, length]` (or a flax-style mask, reduced to
+      one): a padded token neither writes to the state nor decays it (its output is 0).
+    form: 'chunk' (chunkwise parallel, the WY form) or 'naive' (token by token, the
+      definition).
+    chunk_size: tokens per chunk of the chunkwise form.
+
+  Returns:
+    `[batch, length, heads, dv]` in v's dtype (computed in float32).
+  """
+  b, n, h, dk = q.shape
+  kp = gated_linear.pure_inputs(
+      'deltanet', 'delta_rule_attention', q, k, v, mask,
+      {'beta': (beta, ((b, n, h),)), 'log_decay': (log_decay, ((b, n, h),))}, form=form,
+      chunk_size=chunk_size)
+  g = None if log_decay is None else jnp.asarray(log_decay, jnp.float32)[..., None]
+  q = delta_rule.l2_normalize(q) / math.sqrt(dk)
+  return gated_linear.pure_recurrence(delta_rule.DELTA, q, delta_rule.l2_normalize(k), v, g,
+                                      jnp.asarray(beta, jnp.float32), kp, form=form,
+                                      chunk_size=chunk_size).astype(v.dtype)
 
 
 @registry.register
@@ -31,6 +67,8 @@ class DeltaNet(gated_linear.GatedRecurrence):
   options = gated_linear.common_options(conv_size=4)
   activation = 'silu'
   cores = delta_rule.DELTA
+  sequence_parallel = 'transition'
+  sharded_recurrence = staticmethod(delta_rule.transition_sharded)
   complexity = ('O(n c d + n d^2)', 'O(n d + c^2 + d^2)')
   example = {'chunk_size': 4}
 

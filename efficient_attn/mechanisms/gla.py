@@ -32,6 +32,36 @@ def xavier_init(key, shape, dtype=gated_linear.F32):
                                           out_axis=tuple(range(1, len(shape))))(key, shape, dtype)
 
 
+def gla_attention(q, k, v, log_decay, mask=None, *, form: str = 'chunk',
+                  chunk_size: int = 64):
+  """GLA's recurrence: S_t = diag(exp(log_decay_t)) S_{t-1} + k_t v_t^T, o_t = S_t^T q_t / sqrt(dk).
+
+  The mechanism's recurrence alone (causal); its gates come from the layer's projections
+  (log_decay = log_sigmoid(x W_1 W_2 + b) / 16), and its output norm and swish gate
+  are not applied.
+
+  Args:
+    q, k: `[batch, length, heads, dk]`; v: `[batch, length, heads, dv]`.
+    log_decay: log a_t <= 0, `[batch, length, heads, dk]` (one per key feature, GLA's) or
+      `[batch, length, heads, 1]` (one per head).
+    mask: optional key padding `[batch, length]` (or a flax-style mask, reduced to
+      one): a padded token neither writes to the state nor decays it (its output is 0).
+    form: 'chunk' (chunkwise parallel) or 'naive' (token by token, the definition).
+    chunk_size: tokens per chunk of the chunkwise form.
+
+  Returns:
+    `[batch, length, heads, dv]` in v's dtype (computed in float32).
+  """
+  b, n, h, dk = q.shape
+  kp = gated_linear.pure_inputs(
+      'gla', 'gla_attention', q, k, v, mask,
+      {'log_decay': (log_decay, ((b, n, h, dk), (b, n, h, 1)))}, form=form,
+      chunk_size=chunk_size)
+  return gated_linear.pure_recurrence(gated_linear.DECAY, q / math.sqrt(dk), k, v, log_decay,
+                                      None, kp, form=form, chunk_size=chunk_size
+                                      ).astype(v.dtype)
+
+
 @registry.register
 class GLA(gated_linear.GatedRecurrence):
   name = 'gla'

@@ -37,9 +37,47 @@ import jax
 import jax.numpy as jnp
 
 from efficient_attn import gated_linear
+from efficient_attn import masking
 from efficient_attn import registry
 
 linear_init = gated_linear.torch_linear_init
+
+
+def mamba2_attention(q, k, v, dt, A_log, D=None, mask=None, *, form: str = 'chunk',  # pylint: disable=invalid-name
+                     chunk_size: int = 64):
+  """Mamba-2's SSD recurrence: S_t = a_t S_{t-1} + dt_t k_t v_t^T, y_t = S_t^T q_t + D v_t,
+  a_t = exp(-exp(A_log) dt_t) per head (q is Mamba-2's C, k its B, v its X).
+
+  The mechanism's recurrence alone (causal), on q, k, v as it reads them (after the
+  layer's short convolution and SiLU); dt comes from the layer's projection
+  (softplus(x W_dt + dt_bias)), and the gated output norm is not applied.
+
+  Args:
+    q, k: `[batch, length, heads, d_state]` (shared groups repeated to the heads);
+      v: `[batch, length, heads, head_dim]`.
+    dt: step sizes > 0, `[batch, length, heads]`.
+    A_log: `[heads]`, the decay rate's log.
+    D: optional skip weights `[heads]` (None: no skip term).
+    mask: optional key padding `[batch, length]` (or a flax-style mask, reduced to
+      one): a padded token neither writes to the state nor decays it (its output is 0).
+    form: 'chunk' (chunkwise parallel) or 'naive' (token by token, the definition).
+    chunk_size: tokens per chunk of the chunkwise form.
+
+  Returns:
+    `[batch, length, heads, head_dim]` in v's dtype (computed in float32).
+  """
+  b, n, h, _ = q.shape
+  kp = gated_linear.pure_inputs(
+      'mamba2', 'mamba2_attention', q, k, v, mask,
+      {'dt': (dt, ((b, n, h),)), 'A_log': (A_log, ((h,),)),
+       'D': (D, ((h,),))}, form=form, chunk_size=chunk_size)
+  dt = jnp.asarray(dt, jnp.float32)[..., None]                       # [b, n, h, 1]
+  log_decay = -jnp.exp(jnp.asarray(A_log, jnp.float32))[:, None] * dt
+  y = gated_linear.pure_recurrence(gated_linear.DECAY, q, gated_linear.rows(k, dt), v,
+                                   log_decay, None, kp, form=form, chunk_size=chunk_size)
+  if D is not None:
+    y = y + masking.zero_padded(jnp.asarray(D, jnp.float32)[:, None] * v, kp)
+  return y.astype(v.dtype)
 
 
 @registry.register

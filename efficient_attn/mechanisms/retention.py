@@ -36,6 +36,30 @@ def retention_log_decay(heads: int):
   return jnp.log1p(-jnp.exp2(-5.0 - jnp.arange(heads, dtype=jnp.float32)))
 
 
+def retention_attention(q, k, v, mask=None, *, form: str = 'chunk', chunk_size: int = 64):
+  """Retention's recurrence: S_t = gamma_h S_{t-1} + (k_t / sqrt(dk)) v_t^T, o_t = S_t^T q_t.
+
+  The mechanism's recurrence alone (causal), gamma_h = 1 - 2^(-5 - h) for head h
+  (`retention_log_decay`); the layer's output norm and swish gate are not applied.
+
+  Args:
+    q, k: `[batch, length, heads, dk]`; v: `[batch, length, heads, dv]`.
+    mask: optional key padding `[batch, length]` (or a flax-style mask, reduced to
+      one): a padded token neither writes to the state nor decays it (its output is 0).
+    form: 'chunk' (chunkwise parallel) or 'naive' (token by token, the definition).
+    chunk_size: tokens per chunk of the chunkwise form.
+
+  Returns:
+    `[batch, length, heads, dv]` in v's dtype (computed in float32).
+  """
+  kp = gated_linear.pure_inputs('retention', 'retention_attention', q, k, v, mask, {},
+                                form=form, chunk_size=chunk_size)
+  b, n, h, dk = k.shape
+  g = jnp.broadcast_to(retention_log_decay(h)[:, None], (b, n, h, 1))
+  return gated_linear.pure_recurrence(gated_linear.DECAY, q, k / math.sqrt(dk), v, g, None, kp,
+                                      form=form, chunk_size=chunk_size).astype(v.dtype)
+
+
 @registry.register
 class Retention(gated_linear.GatedRecurrence):
   name = 'retention'
