@@ -28,6 +28,15 @@ command restores the newest checkpoint); a failing run is reported and the
 sweep goes on; a stop (Ctrl-C or SIGTERM to the sweep, or the run's own SIGTERM)
 lets the running run save its checkpoint and starts no other. `pod` prints, for each run, the one command that starts it on
 every worker of a TPU VM pod.
+
+Several `run`s may share a root (on one machine, or several over a shared folder):
+a run whose workdir another trainer holds (its trainer.lock names a live process)
+is not started but reported 'running elsewhere', as is one whose trainer was
+refused that lock; they do not count as failed.
+
+A usage error (no action, a flag missing or unknown) is one line on stderr, e.g.
+"train.sweep: usage: python -m train.sweep --sweep=FILE[:key=value,...] --root=DIR
+list|run|pod; no action given (--help for more)".
 """
 import dataclasses
 import itertools
@@ -35,11 +44,12 @@ import json
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Mapping, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from absl import app
 from absl import flags
@@ -59,6 +69,8 @@ _REPO = flags.DEFINE_string('repo_dir', '~/efficient-attn', 'pod: the repository
 ACTIONS = ('list', 'run', 'pod')
 STOPPED = 'stopped (resumable)'
 NOT_STARTED = 'not started (sweep stopped)'
+ELSEWHERE = 'running elsewhere'  # another trainer holds the run's workdir (not a failure)
+USAGE = 'python -m train.sweep --sweep=FILE[:key=value,...] --root=DIR list|run|pod'
 
 
 class SweepError(ValueError):
@@ -237,6 +249,31 @@ def status(run: Run, root: str, config=None) -> str:
   return 'done' if beyond == 0 else 'partial' if beyond > 0 else 'changed'
 
 
+def holder(run: Run, root: str) -> Optional[str]:
+  """'pid <pid> on <host>' of the live trainer whose lock (workdir.LOCK) holds the run's
+  workdir, else None (no lock, or one left by a process of this host that is gone). A
+  lock that cannot be read, or names another host, counts as held (as the trainer
+  counts it)."""
+  file = epath.Path(workdir_of(run, root)) / workdir_lib.LOCK
+  try:
+    if not file.exists():
+      return None
+    other = json.loads(file.read_text())
+    pid, host = int(other['pid']), str(other['host'])
+  except FileNotFoundError:
+    return None  # released as it was read
+  except (OSError, ValueError, KeyError, TypeError):
+    return 'a trainer its lock does not name'
+  if host == socket.gethostname():
+    try:
+      os.kill(pid, 0)
+    except ProcessLookupError:
+      return None
+    except PermissionError:
+      pass
+  return f'pid {pid} on {host}'
+
+
 def _wait(process: subprocess.Popen, label: str) -> int:
   """The run's exit code. On Ctrl-C (or SIGTERM to the sweep, which `_stop_on_sigterm`
   turns into a KeyboardInterrupt) the run is asked to save and exit (SIGTERM, which its
@@ -280,13 +317,15 @@ class _stop_on_sigterm:
 
 def run_local(runs: Sequence[Run], root: str, configs: Mapping[str, Any],
               python: str = sys.executable) -> Dict[str, str]:
-  """Run each unfinished run in turn; returns {name: 'done'|'skipped'|STOPPED|'failed ...'}.
+  """Run each unfinished run in turn; returns {name: 'done'|'skipped'|STOPPED|ELSEWHERE|
+  'failed ...'}.
 
   A run that exits cleanly without results (SIGTERM: a checkpoint was saved) is
   STOPPED, not failed: running the sweep again resumes it. A stop ends the sweep:
   Ctrl-C or SIGTERM to the sweep (the running run saves its checkpoint first), or the
   running run stopped by a SIGTERM of its own (a preemption); the runs after it are
-  NOT_STARTED.
+  NOT_STARTED. A run another trainer holds (`holder`) is ELSEWHERE: not started, or, when
+  its trainer was refused the workdir, not failed.
   """
   outcome = {}
   stopped = False
@@ -304,6 +343,11 @@ def run_local(runs: Sequence[Run], root: str, configs: Mapping[str, Any],
         continue
       verb = 'resuming' if state == 'partial' else 'starting'
       label = f'[{i}/{len(runs)}] {run.name}'
+      other = holder(run, root)
+      if other:
+        outcome[run.name] = ELSEWHERE
+        print(f'{label}: {ELSEWHERE} ({other} trains it); skipped', flush=True)
+        continue
       print(f'{label}: {verb}', flush=True)
       t0 = time.time()
       try:
@@ -320,6 +364,10 @@ def run_local(runs: Sequence[Run], root: str, configs: Mapping[str, Any],
       elif rc == 0 and after == 'partial':  # stopped by SIGTERM after saving a checkpoint
         outcome[run.name] = STOPPED
         stopped = True  # preempted: the sweep stops too (running it again resumes here)
+      elif rc != 0 and holder(run, root):  # another trainer took the workdir's lock first
+        outcome[run.name] = ELSEWHERE
+      elif rc != 0 and after == 'done' and status(run, root, configs.get(run.name)) == 'done':
+        outcome[run.name] = 'done'  # (refused, and the other trainer has finished it since)
       else:
         outcome[run.name] = f'failed (rc={rc})'
       print(f'{label}: {outcome[run.name]} in {took:.0f}s', flush=True)
@@ -339,9 +387,38 @@ def pod_commands(runs: Sequence[Run], root: str, tpu_name: str, zone: str,
   return out
 
 
+def usage(problem: str) -> str:
+  """The one line a usage error prints: the usage, then what was wrong."""
+  return f'train.sweep: usage: {USAGE}; {problem} (--help for more)'
+
+
+def parse_flags(argv: Sequence[str]) -> List[str]:
+  """absl's flag parsing, a bad flag in one line (absl's error, then where to find help)."""
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    sys.exit(usage(str(e).strip().splitlines()[0]))
+
+
+def _usage_problems(argv: Sequence[str]) -> List[str]:
+  """What is wrong with the command line, if anything: the action and the flags needed."""
+  problems = []
+  if len(argv) < 2:
+    problems.append('no action given')
+  elif len(argv) > 2:
+    problems.append(f'one action only, got {" ".join(argv[1:])}')
+  elif argv[1] not in ACTIONS:
+    problems.append(f'{argv[1]!r} is not an action')
+  missing = [f'--{flag.name}' for flag in (_SWEEP, _ROOT) if not flag.value]
+  if missing:
+    problems.append(f'{" and ".join(missing)} missing')
+  return problems
+
+
 def main(argv) -> int:
-  if len(argv) != 2 or argv[1] not in ACTIONS:
-    raise app.UsageError(f'give one action: {", ".join(ACTIONS)} (got {argv[1:]})')
+  problems = _usage_problems(argv)
+  if problems:
+    sys.exit(usage('; '.join(problems)))
   action, root = argv[1], _ROOT.value
   try:
     runs = expand(load_sweep(_SWEEP.value), root)
@@ -360,8 +437,11 @@ def main(argv) -> int:
   failed = [n for n, o in outcome.items() if o.startswith('failed')]
   stopped = [n for n, o in outcome.items() if o == STOPPED]
   waiting = [n for n, o in outcome.items() if o == NOT_STARTED]
-  print(f'{len(outcome) - len(failed) - len(stopped) - len(waiting)}/{len(outcome)} runs '
-        f'finished; results in {root}'
+  elsewhere = [n for n, o in outcome.items() if o == ELSEWHERE]
+  print(f'{len(outcome) - len(failed) - len(stopped) - len(waiting) - len(elsewhere)}/'
+        f'{len(outcome)} runs finished; results in {root}'
+        + (f'; {ELSEWHERE} (another trainer has them): {", ".join(elsewhere)}'
+           if elsewhere else '')
         + (f'; stopped (run the sweep again to resume): {", ".join(stopped)}'
            if stopped else '')
         + (f'; not started: {", ".join(waiting)}' if waiting else '')
@@ -370,5 +450,4 @@ def main(argv) -> int:
 
 
 if __name__ == '__main__':
-  flags.mark_flags_as_required(['sweep', 'root'])
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)
