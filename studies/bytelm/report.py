@@ -1,6 +1,6 @@
 """The byte-level LM study's report: bits per byte, speed, decoding state, a continuation.
 
-    python studies/bytelm/report.py --root=/work/runs/bytelm --out=studies/bytelm --name=bytelm
+    python studies/bytelm/report.py --root=runs/bytelm --out=studies/bytelm --name=bytelm
 
 Reads every `<root>/bytelm-<mechanism>-seed<seed>` workdir of the sweep
 (`sweep.py`): `results.json` (validation bits per byte, steady examples/s,
@@ -18,7 +18,7 @@ come back from it, so the report can be written again after its workdirs are
 gone; a workdir of a later `--root` replaces the stored run of the same
 mechanism and seed:
 
-    python studies/bytelm/report.py --root=studies/bytelm/bytelm.json --out=/tmp/bytelm
+    python studies/bytelm/report.py --root=studies/bytelm/bytelm.json --out=runs/bytelm_report
 """
 import argparse
 import glob
@@ -35,6 +35,7 @@ import numpy as np  # noqa: E402  pylint: disable=g-import-not-at-top
 
 import data  # noqa: E402  pylint: disable=g-import-not-at-top
 from train import api  # noqa: E402  pylint: disable=g-import-not-at-top
+from studies import hygiene  # noqa: E402  pylint: disable=g-import-not-at-top
 from studies.bytelm import sweep as study  # noqa: E402  pylint: disable=g-import-not-at-top
 
 NAME = re.compile(r'bytelm-(?P<mechanism>.+)-seed(?P<seed>\d+)$')
@@ -228,7 +229,7 @@ def main():
   parser.add_argument('--out', required=True)
   parser.add_argument('--name', default='bytelm')
   args = parser.parse_args()
-  command = 'python studies/bytelm/report.py ' + ' '.join(sys.argv[1:])
+  command = 'python studies/bytelm/report.py ' + ' '.join(map(hygiene.portable, sys.argv[1:]))
   write_report(args.root, args.out, args.name, command)
   with open(os.path.join(args.out, f'{args.name}.md')) as f:
     print(f.read(), end='')

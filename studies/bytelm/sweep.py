@@ -16,7 +16,7 @@ The first, shorter budget of studies/bytelm/README.md is
 `:d_model=64,seq_len=128,batch_size=16,num_steps=250,validation_docs=200,train_docs=2000`.
 
     taskset -c 1 python -m train.sweep --sweep=studies/bytelm/sweep.py \
-        --root=/work/runs/bytelm2000 run
+        --root=runs/bytelm2000 run
 """
 import os
 

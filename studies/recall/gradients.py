@@ -1,8 +1,8 @@
 r"""Where a recall run's gradient goes: gradient norms per parameter, at initialisation and
 at the run's last checkpoint, on its first training batch.
 
-    python -m studies.recall.gradients /work/runs/recall/seed0/mamba2-d128-l128-kv8 \
-        /work/runs/recall/seed0/gated_deltanet-d128-l128-kv8 --out=studies/recall --name=gradients
+    python -m studies.recall.gradients runs/recall/seed0/mamba2-d128-l128-kv8 \
+        runs/recall/seed0/gated_deltanet-d128-l128-kv8 --out=studies/recall --name=gradients
 
 A model that never leaves chance on MQAR may have a memory path (keys, queries, the decay)
 that gets too little of the gradient to be learnt within the budget. The key projection's
@@ -11,7 +11,9 @@ other paths too (Mamba-2's D x skip), the key only through the state. The initia
 parameters are the run's own (its config's seed), rebuilt without training.
 
 Writes <out>/<name>.md (a row per run and moment, a column per parameter that --match
-selects, and each layer's key / value ratio) and <out>/<name>.json (every parameter).
+selects, and each layer's key / value ratio) and <out>/<name>.json (every parameter); the
+command they record names a workdir outside the checkout relative to it
+(`studies.hygiene.portable`).
 """
 import json
 import os
@@ -23,6 +25,7 @@ from absl import flags
 import jax
 import numpy as np
 
+from studies import hygiene
 from train import api
 
 FLAGS = flags.FLAGS
@@ -98,7 +101,7 @@ def main(argv):
     raise app.UsageError('give one or more run workdirs')
   re.compile(FLAGS.match)  # a bad expression fails before any work
   runs = [run_norms(w) for w in argv[1:]]
-  command = ('python -m studies.recall.gradients ' + ' '.join(argv[1:])
+  command = ('python -m studies.recall.gradients ' + ' '.join(map(hygiene.portable, argv[1:]))
              + (f" --match='{FLAGS.match}'" if FLAGS.match != MATCH else '')
              + f' --out={FLAGS.out} --name={FLAGS.name}')
   table = markdown(runs, FLAGS.match, command)

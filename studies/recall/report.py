@@ -1,8 +1,8 @@
 r"""The recall study's report: accuracy per mechanism, width and cell over seeds, with the decode state.
 
-    python -m studies.recall.report '/work/runs/recall/seed*' --out=studies/recall --name=recall
+    python -m studies.recall.report 'runs/recall/seed*' --out=studies/recall --name=recall
     python -m studies.recall.report --states --out=studies/recall --name=recall
-    python -m studies.recall.report --missing studies/recall/recall_d.json '/work/runs/new/seed*'
+    python -m studies.recall.report --missing studies/recall/recall_d.json 'runs/recall/new/seed*'
 
 Each argument is a folder (or a glob of folders) holding one workdir per run
 (`python -m train.sweep --sweep=studies/recall/sweep.py --root=...`), or an
@@ -10,7 +10,7 @@ earlier report's .json: a workdir counts when its results.json holds the steps
 its config asked for, and a report gives back the runs it was made of, so a
 report outlives its workdirs and grows run by run:
 
-    python -m studies.recall.report studies/recall/recall_d.json '/work/runs/new/seed*' ...
+    python -m studies.recall.report studies/recall/recall_d.json 'runs/recall/new/seed*' ...
 
 (a run read from a workdir replaces the report's run of the same mechanism,
 width, cell, budget and seed). The .json keeps every run (`runs`: its accuracy,
@@ -45,7 +45,7 @@ them (what they are, and the commands that run them, go to stderr). --mechanisms
 and a source that names no report and no folder is refused:
 
     python -m studies.recall.report --missing studies/recall/recall_d.json > runs.txt
-    OUT=/tmp/out bash studies/recall/gpu/run.sh $(cat runs.txt)
+    OUT=<folder> bash studies/recall/gpu/run.sh $(cat runs.txt)
 """
 import glob
 import json
@@ -67,6 +67,7 @@ from configs import common
 from configs import mqar
 from efficient_attn import hybrid
 from efficient_attn import registry
+from studies import hygiene
 from studies.recall import sweep
 from train import api
 
@@ -600,8 +601,9 @@ def main(argv):
     print(header, file=sys.stderr)
     tools.emit('\n'.join(lost))
     return
+  # The command as a record names it: a workdir outside the checkout relative to it.
   command = 'python -m studies.recall.report ' + ' '.join(
-      [f"'{a}'" for a in argv[1:]]
+      [f"'{hygiene.portable(a)}'" for a in argv[1:]]
       + [f'--{f.name}={",".join(map(str, f.value))}' for f in (_MECHANISMS, _WIDTHS) if f.value]
       + ([f'--budget={_BUDGET.value}'] if _BUDGET.value else [])
       + [f'--out={_OUT.value}', f'--name={_NAME.value}'])

@@ -27,7 +27,7 @@ sliding-window attention is `mechanisms=linear+local,feature_map=taylor,qk_dim=1
 window=64`, named 'linear+local-...-taylor-qk16-w64' (`efficient_attn.hybrid`).
 
     python -m train.sweep --sweep=studies/recall/sweep.py:seed=1,mechanisms=softmax,linear \
-        --root=/work/runs/recall/lr1e-3_s4000/seed1 run
+        --root=runs/recall/lr1e-3_s4000/seed1 run
 
 The defaults are the grid's budget (D in studies/recall/README.md), at which softmax
 solves (128, 8) at widths 64 and 128. Budget C, `learning_rate=3e-3,num_steps=2000`,
@@ -38,11 +38,11 @@ widths; budget B is Zoology's vocabulary with a longer schedule (each budget in 
 own root: a workdir's name does not say its budget):
 
     python -m train.sweep --sweep=studies/recall/sweep.py:learning_rate=3e-3,num_steps=2000 \
-        --root=/work/runs/recall/lr3e-3_s2000/seed0 run
+        --root=runs/recall/lr3e-3_s2000/seed0 run
     python -m train.sweep --sweep=studies/recall/sweep.py:learning_rate=1e-2,num_steps=1000 \
-        --root=/work/runs/recall/seed0 run
+        --root=runs/recall/seed0 run
     python -m train.sweep --sweep=studies/recall/sweep.py:vocab_size=8192,num_steps=4000 \
-        --root=/work/runs/recall/c4000/seed0 run
+        --root=runs/recall/c4000/seed0 run
 
 Workdirs are named `<mechanism>-d<width>-l<seq_len>-kv<pairs>`, so a run's
 name says its cell; the seed is the root folder's.
