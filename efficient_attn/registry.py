@@ -24,6 +24,7 @@ file in `efficient_attn/mechanisms/` (imported automatically) plus its test.
 import dataclasses
 import functools
 import importlib
+import math
 import pkgutil
 from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Tuple, Union
 
@@ -33,6 +34,7 @@ PROJECTIONS: Tuple[str, ...] = ('standard', 'optimised', 'efficient', 'super')
 MASKS = ('any', 'key_padding')
 DECODE_FORMS = ('', 'kv_cache', 'recurrent')
 ROTARY_FORMS = ('', 'scores', 'features')
+SEQUENCE_FORMS = ('', 'ring', 'prefix_state', 'decayed_state', 'transition', 'halo')
 _TYPE_NAMES = {int: 'an int', float: 'a float', bool: 'a bool', str: 'a string'}
 
 
@@ -72,6 +74,7 @@ class Option:
       text = 'an array'
     else:
       text = _TYPE_NAMES.get(self.type, self.type.__name__)
+      text = 'a finite ' + text[2:] if self.type is float and text.startswith('a ') else text
       bounds = []
       if self.above is not None:
         bounds.append(f'> {self.above}')
@@ -98,7 +101,7 @@ class Option:
       value = float(value)
     if not isinstance(value, self.type) or (self.type is not bool and isinstance(value, bool)):
       raise bad()
-    if self.out_of_range(value):
+    if self.out_of_range(value) or (self.type is float and not math.isfinite(value)):
       raise bad()
     return value
 
@@ -390,9 +393,10 @@ def register(cls):
   if not decl.name or decl.name in _MECHANISMS:
     raise ValueError(f'mechanism name {decl.name!r} is empty or registered twice')
   if (decl.masks not in MASKS or decl.decode not in DECODE_FORMS or
-      decl.rotary not in ROTARY_FORMS):
+      decl.rotary not in ROTARY_FORMS or decl.sequence_parallel not in SEQUENCE_FORMS):
     raise ValueError(f'mechanism {decl.name!r}: masks must be one of {MASKS}, decode one of '
-                     f'{DECODE_FORMS}, rotary one of {ROTARY_FORMS}')
+                     f'{DECODE_FORMS}, rotary one of {ROTARY_FORMS}, sequence_parallel one '
+                     f'of {SEQUENCE_FORMS}')
   if decl.causal_only and not decl.causal:
     raise ValueError(f'mechanism {decl.name!r} is causal_only, so it must declare causal')
   decl.resolve()  # the defaults themselves must be valid

@@ -68,3 +68,12 @@ def test_options_outside_the_chosen_branch_are_not_checked():
   specs = synthesizer.param_specs(heads=1, head_dim=2, max_length=8, kind='dense',
                                   factor_rank=0, factor_a=0)
   assert 'dense_w1' in specs
+
+
+@pytest.mark.parametrize('value', [float('nan'), float('inf'), float('-inf')])
+def test_a_float_option_refuses_a_value_that_is_not_finite(value):
+  """NaN passes every comparison with a bound, so it needs its own check (it would train
+  until the first non-finite loss)."""
+  with pytest.raises(ValueError, match=r"option dt_max=.* of mechanism 'mamba2' is not valid; "
+                     r'it must be a finite float > 0'):
+    registry.get_mechanism('mamba2').resolve({'dt_max': value})

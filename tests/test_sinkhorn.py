@@ -250,7 +250,7 @@ def test_errors():
     run(block_size=4, sortcut_k=1, causal=True)
   with pytest.raises(ValueError, match=r'sortcut_k must be in \[0, num_blocks=4\], got 5'):
     run(block_size=4, sortcut_k=5)
-  with pytest.raises(ValueError, match=r'sinkhorn_attention: temperature=0.0 is not valid; it must be a float > 0.0$'):
+  with pytest.raises(ValueError, match=r'sinkhorn_attention: temperature=0.0 is not valid; it must be a finite float > 0.0$'):
     run(block_size=4, temperature=0.0)
   with pytest.raises(ValueError, match=r'sinkhorn_iterations=0 is not valid; it must be an int >= 1$'):
     run(block_size=4, sinkhorn_iterations=0)
