@@ -468,7 +468,7 @@ def check_arguments(mechanism: str, function: str, **values) -> None:
 
   Raises:
     ValueError: one line naming the function, the value and what is allowed, e.g.
-      "sinkhorn_attention: temperature=0.0 is not valid; it must be a float > 0.0".
+      "sinkhorn_attention: temperature=0.0 is not valid; it must be a finite float > 0.0".
   """
   decl = _MECHANISMS.get(mechanism) or get_mechanism(mechanism)  # registered on import
   declared = {option.name: option for option in decl.options}
