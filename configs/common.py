@@ -26,7 +26,8 @@ Groups (the contract other tools rely on):
              mechanism options), rotary, num_kv_heads.
   optim      name, learning_rate, warmup_steps, weight_decay, grad_clip, b1, b2.
   train      num_steps or num_epochs (num_steps > 0 takes precedence), eval_every, log_every,
-             checkpoint_every, keep_checkpoints, async_checkpoints, seed, dtype.
+             checkpoint_every, keep_checkpoints, async_checkpoints, seed, dtype, mesh
+             ({'data': -1, 'fsdp': 1, 'sequence': 1}: see train/mesh.py), fsdp_min_size.
   task ('classification' | 'pixel_lm' | 'sequence_labelling' | 'byte_lm'), init_from, lora
              (rank=0: off; alpha, targets: see `train/adapters.py`), sample (pixel_lm: the
              sample / completion PNGs, see `pixel_lm()` below; byte_lm: the held-out
@@ -130,6 +131,10 @@ def base() -> ml_collections.ConfigDict:
       async_checkpoints=True,  # Orbax writes in the background; False: the loop waits
       seed=0,
       dtype='float32',      # compute dtype: 'float32' | 'bfloat16' (params stay float32)
+      # Device mesh (train/mesh.py): batch rows over data x fsdp, parameters and optimiser
+      # state sharded over fsdp, the sequence over 'sequence'; -1: the remaining devices.
+      mesh=ml_collections.ConfigDict(dict(data=-1, fsdp=1, sequence=1)),
+      fsdp_min_size=2 ** 14,  # leaves with fewer elements stay replicated under fsdp
   ))
   config.lora = ml_collections.ConfigDict(dict(
       rank=0,               # 0: off; r >= 1: adapters on `targets`, the base frozen

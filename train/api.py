@@ -23,7 +23,6 @@ from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple
 
 import jax
 
-import data
 import fields
 from train import adapters
 from train import checkpoint
@@ -63,8 +62,8 @@ class Built:
   """A config built as the trainer builds it; see `build`.
 
   Attributes: `config` (validated and resolved: the mechanism's complete options,
-  and with `read_data` the data's facts), `model` (a Flax module), `mesh` (a
-  'data' axis over the devices), `tx` (the optimiser), `task` (the config's task: its
+  and with `read_data` the data's facts), `model` (a Flax module), `mesh` (the
+  `config.train.mesh` axes 'data', 'fsdp', 'sequence' over the devices), `tx` (the optimiser), `task` (the config's task: its
   `loss_and_metrics(model, params, batch, train=...)` is the trainer's loss). `state`,
   `train_step` and `eval_step` are built (and jitted) when first used.
   """
@@ -78,23 +77,27 @@ class Built:
 
   @functools.cached_property
   def state(self) -> steps_lib.TrainState:
-    """The initial TrainState (step 0, fresh params), replicated over the mesh."""
+    """The initial TrainState (step 0, fresh params), placed on the mesh (replicated, or
+    sharded over 'fsdp')."""
     return steps_lib.create_train_state(self.model, self.tx, self._session.inputs,
-                                        self.mesh, self._key)
+                                        self.mesh, self._key,
+                                        fsdp_min_size=self._session.fsdp_min_size)
 
   @functools.cached_property
   def train_step(self) -> Callable[[Any, Any], Tuple[Any, Dict[str, Any]]]:
     """jit (state, global batch) -> (state, metric sums incl. 'grad_norm' * 'count').
 
     The trainer's own step; it donates the state passed in (keep the returned one).
+    `.lower(state, batch)` lowers it (in the mesh) for XLA's analyses.
     """
     return steps_lib.make_train_step(self._session.task, self.model, self.tx, self._key,
-                                     self.mesh)
+                                     self.mesh, self._session.fsdp_min_size)
 
   @functools.cached_property
   def eval_step(self) -> Callable[[Any, Any], Dict[str, Any]]:
     """jit (params, global batch) -> the task's metric sums over the batch."""
-    return steps_lib.make_eval_step(self._session.task, self.model, self.mesh)
+    return steps_lib.make_eval_step(self._session.task, self.model, self.mesh,
+                                    self._session.fsdp_min_size)
 
   @property
   def num_params(self) -> int:
@@ -103,8 +106,7 @@ class Built:
 
   def train_batches(self, start: int = 0) -> Iterator[Dict[str, Any]]:
     """The config's training batches from step `start`, as global arrays on the mesh."""
-    return sharding.prefetch(data.get_train_data(self._session.dataset).batches(start),
-                             self.mesh)
+    return sharding.prefetch(self._session.train_data().batches(start), self.mesh)
 
   def to_devices(self, batch: Dict[str, Any]) -> Dict[str, Any]:
     """This process's batch (numpy, `[batch, ...]`) as a global batch on the mesh."""
@@ -116,7 +118,7 @@ class Built:
 
   def evaluate(self, params) -> Dict[str, float]:
     """Mean metrics of `params` over every example of the config's eval split."""
-    return self._session.evaluate(params, data.get_eval_data(self._session.dataset))
+    return self._session.evaluate(params, self._session.eval_data())
 
 
 def build(config, num_steps: int = 1, *, devices: Optional[Sequence[Any]] = None,
@@ -126,12 +128,11 @@ def build(config, num_steps: int = 1, *, devices: Optional[Sequence[Any]] = None
   Args:
     config: an experiment config (configs/*.py); checked first (ConfigError).
     num_steps: the steps the optimiser's learning-rate schedule spans.
-    devices: the mesh's devices (default: all).
+    devices: the mesh's devices (default: all); `config.train.mesh` is laid over them.
     read_data: False skips the data (its checks and facts), for synthetic batches.
     seed: of the initial params and the steps' rngs (default `config.train.seed`).
   """
-  mesh = None if devices is None else sharding.create_mesh(devices)
-  return Built(trainer.Session(config, mesh, read_data), num_steps, seed)
+  return Built(trainer.Session(config, read_data=read_data, devices=devices), num_steps, seed)
 
 
 def load(workdir: str, *, merged: bool = False) -> Tuple[Any, Any, Any]:

@@ -32,6 +32,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 import fields
+from train import mesh as mesh_lib
 from train import sharding
 
 ITEMS = ('params', 'opt_state')
@@ -77,9 +78,10 @@ def all_finite(tree) -> bool:
 
 
 def manifest(tree) -> Dict[str, list]:
-  """{path: [shape, dtype, crc32]} of every array of `tree` (fetched to the host)."""
+  """{path: [shape, dtype, crc32]} of every array of `tree` (fetched to the host; arrays
+  sharded across processes are gathered, so every process must call it)."""
   out = {}
-  for path, x in jax.tree_util.tree_flatten_with_path(jax.device_get(tree))[0]:
+  for path, x in jax.tree_util.tree_flatten_with_path(mesh_lib.gathered(tree))[0]:
     x = np.ascontiguousarray(x)
     out[jax.tree_util.keystr(path)] = [list(x.shape), str(x.dtype), zlib.crc32(x.tobytes())]
   return out

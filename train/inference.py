@@ -20,14 +20,15 @@ def load(workdir: str, mesh=None) -> Tuple[Any, Any, Any]:
   """(config, model, params) of the newest sound checkpoint of `workdir`.
 
   Params are replicated over `mesh` (default: all devices); LoRA adapters stay
-  separate (see `train.adapters.unwrap` to merge them).
+  separate (see `train.adapters.unwrap` to merge them). The model does not split the
+  sequence, whatever mesh the run trained on: it runs outside any mesh.
   """
   stored = workdir_lib.load_config(workdir)
   if stored is None:
     raise FileNotFoundError(f'{workdir} has no {workdir_lib.CONFIG}: not a run directory')
   config = validate.resolved(stored, read_data=False)
   mesh = sharding.create_mesh() if mesh is None else mesh
-  model = models.create_model(config)
+  model = models.create_model(config, split_sequence=False)
   _, params = checkpoint.restore_params(workdir, mesh,
                                         steps.abstract_params(model, config, mesh))
   return config, model, params

@@ -8,8 +8,10 @@ is the loop's part of `train.validate`, declared as a `fields.Field` table
 like the other concerns' checks.
 """
 import dataclasses
+from typing import Dict
 
 import fields
+from train import mesh as mesh_lib
 from train import models
 
 FIELDS = (  # what `config.train` accepts, field by field (the rules between fields: check)
@@ -19,14 +21,18 @@ FIELDS = (  # what `config.train` accepts, field by field (the rules between fie
     # numpy generators a non-negative one (-1 failed after config.json was written)
     fields.Field('train.seed', minimum=0, below=2**63, integer=True),
     fields.Field('train.dtype', choices=tuple(models.DTYPES)),
+    fields.Field('train.fsdp_min_size', minimum=0, integer=True,
+                 default=mesh_lib.FSDP_MIN_SIZE, note='(elements; smaller leaves stay '
+                 'replicated)'),
 )
 
 
 @dataclasses.dataclass(frozen=True)
 class Loop:
   """`config.train`, checked: how long the loop runs, how often it reports, evaluates and
-  saves, and its seed. `num_steps > 0` takes precedence over `num_epochs`; `eval_every`
-  -1: only at the end."""
+  saves, its seed, and the device mesh it runs on (`mesh`: `config.train.mesh` with every
+  axis named, -1 unresolved; see `train/mesh.py`). `num_steps > 0` takes precedence over
+  `num_epochs`; `eval_every` -1: only at the end."""
   num_steps: int
   num_epochs: int
   eval_every: int
@@ -36,6 +42,8 @@ class Loop:
   async_checkpoints: bool
   seed: int
   dtype: str
+  mesh: Dict[str, int] = dataclasses.field(default_factory=lambda: dict(mesh_lib.DEFAULTS))
+  fsdp_min_size: int = mesh_lib.FSDP_MIN_SIZE
 
 
 def check(config) -> Loop:
@@ -50,8 +58,13 @@ def check(config) -> Loop:
     raise fields.ConfigError(f'config.train.eval_every={t.eval_every} is not valid; it must '
                              f'be > 0, or -1 for only at the end')
   fields.check(config, FIELDS)
+  try:
+    mesh = mesh_lib.check_spec(t.get('mesh'))
+  except ValueError as e:
+    raise fields.ConfigError(str(e)) from None
   return Loop(num_steps=t.num_steps, num_epochs=t.num_epochs, eval_every=t.eval_every,
               log_every=t.log_every, checkpoint_every=t.checkpoint_every,
               keep_checkpoints=t.keep_checkpoints,
               async_checkpoints=t.get('async_checkpoints', True), seed=t.seed,
-              dtype=t.dtype)
+              dtype=t.dtype, mesh=mesh,
+              fsdp_min_size=t.get('fsdp_min_size', mesh_lib.FSDP_MIN_SIZE))

@@ -219,10 +219,19 @@ def token_length(config, dataset: Optional[data.Dataset] = None) -> int:
   return d.max_length
 
 
+def sequence_axis(config) -> Optional[str]:
+  """'sequence' when `config.train.mesh` splits the sequence (its 'sequence' size is not
+  1: the attention layers then run on their block of it, `train/mesh.py`), else None."""
+  size = (config.train.get('mesh') or {}).get('sequence', 1)
+  return 'sequence' if size != 1 else None
+
+
 def transformer_config(config, **changes) -> ea.TransformerConfig:
   """The encoder settings of `config.model` and `config.attention` (`changes`: fields set
-  otherwise, e.g. `mechanism`, the declaration the config was resolved to)."""
+  otherwise, e.g. `mechanism`, the declaration the config was resolved to, or
+  `sequence_axis`)."""
   m, a = config.model, config.attention
+  axis = sequence_axis(config)
   return ea.TransformerConfig(**{
       **dict(d_model=m.d_model, depth=m.depth, num_heads=m.num_heads, mlp_dim=m.mlp_dim,
              mechanism=a.mechanism, projection=a.projection,
@@ -230,20 +239,27 @@ def transformer_config(config, **changes) -> ea.TransformerConfig:
              attention_dropout_rate=m.attention_dropout_rate, reversible=m.reversible,
              rotary=a.rotary, num_kv_heads=a.get('num_kv_heads') or None,
              dtype=DTYPES[config.train.dtype]),
+      **({'sequence_axis': axis} if axis else {}),
       **changes})
 
 
 def create_model(config, dataset: Optional[data.Dataset] = None,
-                 mechanism: Optional[hybrid.Mechanisms] = None) -> nn.Module:
+                 mechanism: Optional[hybrid.Mechanisms] = None,
+                 split_sequence: bool = True) -> nn.Module:
   """The model of `config.model.kind` (LoRA-adapted if `config.lora.rank > 0`).
 
   `dataset` (default `data.resolve(config)`) and `mechanism` (the declaration of
   `config.attention.mechanism`, default: looked up by the model) are what
-  `validate.resolve` resolved.
+  `validate.resolve` resolved. The attention layers split the sequence over the
+  ambient mesh's 'sequence' axis when `config.train.mesh` asks for it, unless
+  `split_sequence=False` (a trained model loaded for use outside a mesh: the same
+  parameters).
   """
   m = config.model
   dataset = data.resolve(dataset or config)
   changes = {'mechanism': mechanism} if mechanism is not None else {}
+  if not split_sequence and sequence_axis(config):
+    changes['sequence_axis'] = None
   num_classes = data.num_classes(dataset)
   if m.kind == 'vit':
     model = ea.ViT(transformer_config(config, **changes), num_classes=num_classes,

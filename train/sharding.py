@@ -1,10 +1,13 @@
-"""Multi-host setup and data parallelism over one `jax.sharding.Mesh`.
+"""Multi-host setup and host data feeding onto a `jax.sharding.Mesh`.
 
-One mesh axis, 'data', spans every device of every process. Parameters and
-optimiser state are replicated; each batch is split along its first axis. A
-process feeds only its own slice of the global batch (its rows, in process
-order) and `jax.make_array_from_process_local_data` assembles the global
-array, so the jit-compiled step is the same program on 1 or 1000 devices.
+The mesh itself, its axes ('data', 'fsdp', 'sequence') and the shardings of
+batches, parameters and optimiser state are `train/mesh.py`'s; `create_mesh`
+here is the plain 1-D 'data' mesh (replicated parameters) that loading a run for
+analysis uses. A process feeds only its own slice of the global batch (its rows,
+in process order; processes that hold the same rows, the sequence split across
+them, feed the same ones) and `jax.make_array_from_process_local_data`
+assembles the global array, so the jit-compiled step is the same program on 1 or
+1000 devices.
 """
 import collections
 import os
@@ -16,6 +19,8 @@ from absl import logging
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import numpy as np
+
+from train import mesh as mesh_lib
 
 DATA_AXIS = 'data'
 # Environment variables that mean "this process is one of several" (JAX's own
@@ -137,11 +142,14 @@ def check_batch_size(global_batch: int, mesh: Mesh, field: str = 'batch_size') -
 
 
 def to_global(local_batch, mesh: Mesh):
-  """This process's rows (numpy dict) -> global arrays sharded along 'data'."""
-  sharding = batch_sharding(mesh)
+  """This process's rows (numpy dict) -> global arrays, rows over the mesh's data x fsdp
+  and tokens over 'sequence' (`mesh_lib.batch_shardings`)."""
+  _, parts = mesh_lib.data_processes(mesh)  # distinct slices of the batch over processes
+  local_batch = jax.tree.map(np.asarray, local_batch)
   return jax.tree.map(
-      lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)),
-      local_batch)
+      lambda s, x: jax.make_array_from_process_local_data(
+          s, x, (x.shape[0] * parts,) + x.shape[1:]),
+      mesh_lib.batch_shardings(mesh, local_batch), local_batch)
 
 
 def prefetch(local_batches: Iterator, mesh: Mesh, size: int = 2) -> Iterator:

@@ -6,10 +6,14 @@
     eval_step = steps.make_eval_step(task, model, mesh)
     sums = eval_step(state.params, global_batch)
 
-Data parallelism: the state is replicated over the mesh and the batch split
-along 'data'; XLA inserts the gradient all-reduce. The step's randomness is
-`fold_in(base_key, step)`, split into the 'dropout' and 'features' rngs, so it
-depends only on (seed, step), never on the device count or a resume.
+The mesh (`train/mesh.py`) places everything: the batch's rows over data x fsdp
+(and its tokens over 'sequence'), the state by the FSDP rule (leaves of at least
+`fsdp_min_size` elements split over 'fsdp', the rest replicated; on a mesh without
+an 'fsdp' axis, or of fsdp size 1, all replicated); XLA inserts the gathers and the
+gradient reductions. The steps run inside `jax.set_mesh(mesh)`, where the library's
+sequence-parallel layers find it. The step's randomness is `fold_in(base_key, step)`,
+split into the 'dropout' and 'features' rngs, so it depends only on (seed, step),
+never on the device count, the mesh or a resume.
 """
 from typing import Any, Callable
 
@@ -19,8 +23,10 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
+from train import mesh as mesh_lib
 from train import models
-from train import sharding
+
+MIN_SIZE = mesh_lib.FSDP_MIN_SIZE
 
 
 @flax.struct.dataclass
@@ -40,48 +46,85 @@ def init_params(model, inputs, key):
   return variables['params']
 
 
-def _with_sharding(shapes, mesh):
-  repl = sharding.replicated(mesh)
-  return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=repl), shapes)
+def abstract_params(model, inputs, mesh, fsdp_min_size: int = MIN_SIZE):
+  """The params as ShapeDtypeStructs with their shardings on `mesh` (the FSDP rule; no
+  compute); `inputs` as for `init_params`."""
+  with jax.set_mesh(mesh):
+    shapes = jax.eval_shape(lambda: init_params(model, inputs, jax.random.key(0)))
+  return mesh_lib.with_shardings(shapes, mesh, fsdp_min_size)
 
 
-def abstract_params(model, inputs, mesh):
-  """The params as ShapeDtypeStructs with replicated shardings (no compute); `inputs` as
-  for `init_params`."""
-  return _with_sharding(jax.eval_shape(
-      lambda: init_params(model, inputs, jax.random.key(0))), mesh)
-
-
-def abstract_state(model, tx, inputs, mesh) -> TrainState:
-  """The TrainState as ShapeDtypeStructs with replicated shardings (no compute)."""
+def abstract_state(model, tx, inputs, mesh, fsdp_min_size: int = MIN_SIZE) -> TrainState:
+  """The TrainState as ShapeDtypeStructs with their shardings on `mesh` (no compute)."""
   def build():
     params = init_params(model, inputs, jax.random.key(0))
     return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
-  return _with_sharding(jax.eval_shape(build), mesh)
+  with jax.set_mesh(mesh):
+    shapes = jax.eval_shape(build)
+  return mesh_lib.with_shardings(shapes, mesh, fsdp_min_size)
 
 
-def create_train_state(model, tx, inputs, mesh, key, params=None) -> TrainState:
-  """A replicated TrainState at step 0, params from `key` (on `inputs`, as for
-  `init_params`) unless `params` are given."""
-  repl = sharding.replicated(mesh)
+def create_train_state(model, tx, inputs, mesh, key, params=None,
+                       fsdp_min_size: int = MIN_SIZE) -> TrainState:
+  """A TrainState at step 0 placed on `mesh` (the FSDP rule), params from `key` (on
+  `inputs`, as for `init_params`) unless `params` are given."""
+  shardings = jax.tree.map(lambda s: s.sharding,
+                           abstract_state(model, tx, inputs, mesh, fsdp_min_size))
 
   def from_params(p):
     return TrainState(jnp.zeros((), jnp.int32), p, tx.init(p))
-  if params is None:
-    return jax.jit(lambda k: from_params(init_params(model, inputs, k)),
-                   out_shardings=repl)(key)
-  return jax.jit(from_params, out_shardings=repl)(jax.device_put(params, repl))
+  with jax.set_mesh(mesh):
+    if params is None:
+      return jax.jit(lambda k: from_params(init_params(model, inputs, k)),
+                     out_shardings=shardings)(key)
+    return jax.jit(from_params, out_shardings=shardings)(
+        jax.device_put(params, shardings.params))
 
 
-def make_train_step(task, model, tx: optax.GradientTransformation, base_key, mesh
-                    ) -> Callable[[TrainState, Any], Any]:
-  """jit(train_step)(state, batch) -> (state, metrics).
+class MeshStep:
+  """A step jit-compiled with the shardings of its arguments' shapes, run in the mesh.
+
+  `shardings(*args)` gives (in_shardings, out_shardings) from the arguments (arrays or
+  ShapeDtypeStructs); one compilation per tree and shapes. Calling it, or `lower`
+  (`.lower(*args).compile()`, for XLA's analyses), enters `jax.set_mesh(mesh)`.
+  """
+
+  def __init__(self, fn, mesh, shardings, **jit_kwargs):
+    self.fn, self.mesh, self._shardings, self._jit_kwargs = fn, mesh, shardings, jit_kwargs
+    self._compiled = {}
+
+  def jitted(self, *args):
+    """The `jax.jit` of `fn` for arguments of these shapes."""
+    leaves, treedef = jax.tree.flatten(args)
+    key = (treedef, tuple((tuple(x.shape), str(x.dtype)) for x in leaves))
+    if key not in self._compiled:
+      in_shardings, out_shardings = self._shardings(*args)
+      self._compiled[key] = jax.jit(self.fn, in_shardings=in_shardings,
+                                    out_shardings=out_shardings, **self._jit_kwargs)
+    return self._compiled[key]
+
+  def __call__(self, *args):
+    with jax.set_mesh(self.mesh):
+      return self.jitted(*args)(*args)
+
+  def lower(self, *args):
+    with jax.set_mesh(self.mesh):
+      return self.jitted(*args).lower(*args)
+
+
+def make_train_step(task, model, tx: optax.GradientTransformation, base_key, mesh,
+                    fsdp_min_size: int = MIN_SIZE) -> Callable[[TrainState, Any], Any]:
+  """jit(train_step)(state, batch) -> (state, metrics), a `MeshStep` on `mesh`.
 
   metrics: the task's metric sums over the global batch, plus 'grad_norm'
   multiplied by 'count' (so that, like the others, sum / count averages it).
-  The state argument is donated.
+  The state argument is donated; it keeps its shardings (the FSDP rule).
   """
-  repl, data = sharding.replicated(mesh), sharding.batch_sharding(mesh)
+  repl = mesh_lib.replicated(mesh)
+
+  def shardings(state, batch):
+    placed = mesh_lib.state_shardings(mesh, state, fsdp_min_size)
+    return (placed, mesh_lib.batch_shardings(mesh, batch)), (placed, repl)
 
   def train_step(state: TrainState, batch):
     rng = jax.random.fold_in(base_key, state.step)
@@ -96,15 +139,20 @@ def make_train_step(task, model, tx: optax.GradientTransformation, base_key, mes
     metrics = dict(metrics, grad_norm=optax.tree.norm(grads) * metrics['count'])
     return TrainState(state.step + 1, params, opt_state), metrics
 
-  return jax.jit(train_step, in_shardings=(repl, data), out_shardings=(repl, repl),
-                 donate_argnums=0)
+  return MeshStep(train_step, mesh, shardings, donate_argnums=0)
 
 
-def make_eval_step(task, model, mesh) -> Callable[[Any, Any], Any]:
-  """jit(eval_step)(params, batch) -> the task's metric sums over the global batch."""
-  repl, data = sharding.replicated(mesh), sharding.batch_sharding(mesh)
+def make_eval_step(task, model, mesh, fsdp_min_size: int = MIN_SIZE
+                   ) -> Callable[[Any, Any], Any]:
+  """jit(eval_step)(params, batch) -> the task's metric sums over the global batch (a
+  `MeshStep` on `mesh`)."""
+  repl = mesh_lib.replicated(mesh)
+
+  def shardings(params, batch):
+    return ((mesh_lib.state_shardings(mesh, params, fsdp_min_size),
+             mesh_lib.batch_shardings(mesh, batch)), repl)
 
   def eval_step(params, batch):
     return task.loss_and_metrics(model, params, batch, train=False, rngs=None)[1]
 
-  return jax.jit(eval_step, in_shardings=(repl, data), out_shardings=repl)
+  return MeshStep(eval_step, mesh, shardings)

@@ -27,7 +27,10 @@ import numpy as np
 
 import data
 from train import adapters
+from efficient_attn import hybrid
+from efficient_attn import registry
 from train import checkpoint
+from train import mesh as mesh_lib
 from train import metrics as metrics_lib
 from train import models
 from train import optim
@@ -45,31 +48,77 @@ class Session:
   `config` (the resolved copy a run records), `dataset` (what the data pipeline is
   handed), `loop` (the training loop's settings), `task`, `model` (built with the
   mechanism's resolved declaration), `inputs` (example inputs, for initialising) and
-  `mesh`. `read_data=False` skips the data's checks and facts (`validate.resolve`),
-  for a model fed synthetic batches; `training=False` skips those of the training
-  split alone (evaluation reads only the eval split).
+  `mesh` (`train/mesh.py`: `config.train.mesh` over `devices`, default all, unless a
+  `mesh` is given). `read_data=False` skips the data's checks and facts
+  (`validate.resolve`), for a model fed synthetic batches; `training=False` skips those
+  of the training split alone (evaluation reads only the eval split). A mesh the devices,
+  the batch sizes or the sequence cannot take is a ConfigError here, before any work.
   """
 
-  def __init__(self, config, mesh=None, read_data: bool = True, training: bool = True):
+  def __init__(self, config, mesh=None, read_data: bool = True, training: bool = True,
+               devices=None):
     r = validate.resolve(config, read_data, training)  # every check, before any work
     self.config, self.dataset, self.loop = r.config, r.dataset, r.loop
-    self.mesh = sharding.create_mesh() if mesh is None else mesh
+    self.fsdp_min_size = r.loop.fsdp_min_size
     try:
-      sharding.check_batch_size(self.config.dataset.batch_size, self.mesh)
-      sharding.check_batch_size(self.config.dataset.eval_batch_size, self.mesh,
-                                'eval_batch_size')
+      self.mesh = mesh_lib.create(r.loop.mesh, devices) if mesh is None else mesh
+      mesh_lib.check_batch(self.mesh, self.config.dataset.batch_size)
+      mesh_lib.check_batch(self.mesh, self.config.dataset.eval_batch_size, 'eval_batch_size')
+      self.data_processes = mesh_lib.data_processes(self.mesh)
     except ValueError as e:
       raise validate.ConfigError(str(e)) from None
     self.task = tasks.get_task(self.config.task)
     self.model = models.create_model(self.config, self.dataset, r.mechanism)
     self.inputs = models.dummy_inputs(self.config, dataset=self.dataset)
+    if mesh_lib.size(self.mesh, mesh_lib.SEQUENCE_AXIS) > 1:
+      self._check_sequence(r.mechanism)
+
+  def _check_sequence(self, mechanism) -> None:
+    """ConfigError unless the model can split its sequence over the mesh's 'sequence' axis:
+    a length it divides, a mechanism with a sequence-parallel form, and whatever else the
+    library refuses when the model is traced on the mesh."""
+    n = mesh_lib.size(self.mesh, mesh_lib.SEQUENCE_AXIS)
+    length = models.sequence_length(self.config, self.dataset)[0]
+    try:
+      if not length:
+        raise ValueError(f"config.train.mesh['sequence']={n} needs a model with a sequence; "
+                         f'config.model.kind={self.config.model.kind!r} has none; valid: '
+                         f"config.train.mesh['sequence']=1")
+      mesh_lib.check_length(self.mesh, length, f'config.model.kind={self.config.model.kind!r} '
+                            f'on {self.config.dataset.name!r}')
+      whole = [d for d in hybrid.declarations(mechanism) if not d.sequence_parallel]
+      if whole:
+        valid = registry.names_where(lambda m: bool(m.sequence_parallel))
+        raise ValueError(f"config.train.mesh['sequence']={n} splits the sequence, but "
+                         f'mechanism {whole[0].name!r} cannot: {whole[0].whole_sequence}; '
+                         f"valid choices: {', '.join(valid)}; or config.train.mesh"
+                         f"['sequence']=1")
+      rate = self.config.model.attention_dropout_rate
+      if rate > 0:  # the library refuses it in training only: here, before any work
+        raise ValueError(f'config.model.attention_dropout_rate={rate} with config.train.mesh'
+                         f"['sequence']={n}: attention-weight dropout is not split over "
+                         f'devices; valid: attention_dropout_rate=0, or config.train.mesh'
+                         f"['sequence']=1")
+      self.abstract_params()  # the library's own refusals, raised when it is traced
+    except ValueError as e:
+      raise validate.ConfigError(str(e).strip().splitlines()[0]) from None
 
   def abstract_params(self):
-    return steps_lib.abstract_params(self.model, self.inputs, self.mesh)
+    return steps_lib.abstract_params(self.model, self.inputs, self.mesh, self.fsdp_min_size)
+
+  def train_data(self):
+    """This process's training stream: its slice of each global batch (`data_processes`)."""
+    index, count = self.data_processes
+    return data.get_train_data(self.dataset, process_index=index, process_count=count)
+
+  def eval_data(self):
+    """This process's evaluation batches of the eval split."""
+    index, count = self.data_processes
+    return data.get_eval_data(self.dataset, process_index=index, process_count=count)
 
   def evaluate(self, params, eval_data) -> Dict[str, float]:
     """Mean metrics of `params` over every example of `eval_data`."""
-    eval_step = steps_lib.make_eval_step(self.task, self.model, self.mesh)
+    eval_step = steps_lib.make_eval_step(self.task, self.model, self.mesh, self.fsdp_min_size)
     total = None
     for batch in sharding.prefetch(eval_data.batches(), self.mesh):
       sums = eval_step(params, batch)
@@ -77,10 +126,16 @@ class Session:
     return metrics_lib.reduce_sums(jax.device_get(total))
 
   def write_outputs(self, params, workdir) -> Dict[str, str]:
-    """The task's extra files (pixel_lm: sample PNGs), on the writing process."""
-    if self.task.write_outputs is None or not sharding.is_writer():
+    """The task's extra files (pixel_lm: sample PNGs), on the writing process (every
+    process gathers the parameters first: FSDP may have split them across processes)."""
+    if self.task.write_outputs is None:
       return {}
-    return self.task.write_outputs(self.config, self.model, params, str(workdir))
+    if jax.process_count() > 1:
+      params = mesh_lib.gathered(params)
+    if not sharding.is_writer():
+      return {}
+    with jax.set_mesh(self.mesh):
+      return self.task.write_outputs(self.config, self.model, params, str(workdir))
 
 
 def _check_finite(step: int, values: Dict[str, float]) -> None:
@@ -99,7 +154,7 @@ def train_and_evaluate(config, workdir: str, restart: bool = False) -> Optional[
   """
   wall_start = time.time()
   s = Session(config)
-  train_data = data.get_train_data(s.dataset)
+  train_data = s.train_data()
   num_steps = workdir_lib.total_steps(s.loop, train_data.steps_per_epoch)
   run = workdir_lib.open_run(workdir, s.config, writer=sharding.is_writer(), restart=restart,
                              num_steps=num_steps)
@@ -126,11 +181,15 @@ def _train(s: Session, run, train_data, num_steps: int,
   state = _restore_or_init(s, tx, ckpt)
   start = int(jax.device_get(state.step))
   _log_start(s, state, num_steps, train_data, warmup)
+  logging.info('mesh: %s (%s)', mesh_lib.describe(s.mesh),
+               'parameters and optimiser state sharded over fsdp' if
+               mesh_lib.size(s.mesh, 'fsdp') > 1 else 'parameters replicated')
   writer = metrics_lib.create_writer(run.path, enabled=run.writer, resume_step=start)
   from clu import periodic_actions  # pylint: disable=g-import-not-at-top  (TensorFlow)
   report = periodic_actions.ReportProgress(num_train_steps=num_steps, writer=writer,
                                            every_steps=t.log_every)
-  train_step = steps_lib.make_train_step(s.task, s.model, tx, jax.random.key(t.seed), s.mesh)
+  train_step = steps_lib.make_train_step(s.task, s.model, tx, jax.random.key(t.seed), s.mesh,
+                                         s.fsdp_min_size)
   batches = sharding.prefetch(train_data.batches(start), s.mesh)
   clock = _Clock(train_data.steps_per_epoch)
   window, recent, eval_values = [], collections.deque(maxlen=train_data.steps_per_epoch), {}
@@ -166,7 +225,7 @@ def _train(s: Session, run, train_data, num_steps: int,
           stalls.append(time.monotonic() - t0)
       if (t.eval_every > 0 and step % t.eval_every == 0) or step == num_steps:
         with report.timed('eval'), clock.paused():
-          eval_values = s.evaluate(state.params, data.get_eval_data(s.dataset))
+          eval_values = s.evaluate(state.params, s.eval_data())
         writer.write_scalars(step, {f'eval/{k}': v for k, v in eval_values.items()})
         if run.writer:
           print(f'eval {step}/{num_steps} | {metrics_lib.format_values(eval_values)}',
@@ -179,7 +238,7 @@ def _train(s: Session, run, train_data, num_steps: int,
                         num_steps, ckpt.directory)
         return None
   if not eval_values:  # resumed at the end: evaluate the final state
-    eval_values = s.evaluate(state.params, data.get_eval_data(s.dataset))
+    eval_values = s.evaluate(state.params, s.eval_data())
   ckpt.close()
   writer.close()
   outputs = s.write_outputs(state.params, run.path)
@@ -246,7 +305,7 @@ class _Clock:
 
 def _restore_or_init(s: Session, tx, ckpt):
   """The newest sound checkpoint's state, else a fresh one (from init_from if set)."""
-  abstract = steps_lib.abstract_state(s.model, tx, s.inputs, s.mesh)
+  abstract = steps_lib.abstract_state(s.model, tx, s.inputs, s.mesh, s.fsdp_min_size)
   try:
     restored = ckpt.restore(abstract.params, abstract.opt_state)
   except checkpoint.CheckpointMismatch as e:
@@ -259,13 +318,15 @@ def _restore_or_init(s: Session, tx, ckpt):
   key = jax.random.key(s.loop.seed)
   params = None
   if s.config.get('init_from'):
-    fresh = jax.jit(lambda k: steps_lib.init_params(s.model, s.inputs, k))(key)
+    with jax.set_mesh(s.mesh):
+      fresh = jax.jit(lambda k: steps_lib.init_params(s.model, s.inputs, k))(key)
     step, loaded = checkpoint.restore_params(s.config.init_from, s.mesh)
     params, report = adapters.init_from(s.config, fresh, loaded)
     logging.info('init_from %s (step %d): %d arrays copied, %d kept fresh (%s), %d unused',
                  s.config.init_from, step, len(report['copied']), len(report['fresh']),
                  ', '.join(report['fresh'][:8]), len(report['unused']))
-  return steps_lib.create_train_state(s.model, tx, s.inputs, s.mesh, key, params)
+  return steps_lib.create_train_state(s.model, tx, s.inputs, s.mesh, key, params,
+                                      s.fsdp_min_size)
 
 
 def _say(message: str) -> None:
@@ -324,6 +385,7 @@ def _results(s: Session, state, num_steps, start, recent, eval_values, clock, wa
       'd_model': c.model.d_model,
       'depth': c.model.depth,
       'devices': jax.device_count(),
+      'mesh': {name: mesh_lib.size(s.mesh, name) for name in s.mesh.axis_names},
       'device': jax.devices()[0].device_kind,  # 'cpu', 'NVIDIA H100 80GB HBM3', 'TPU v4'
       **({'outputs': outputs} if outputs else {}),
   }
@@ -346,7 +408,7 @@ def evaluate(config, workdir: str) -> Dict[str, float]:
     step, params = checkpoint.restore_params(workdir, s.mesh, s.abstract_params())
   except checkpoint.CheckpointMismatch as e:
     raise workdir_lib.WorkdirError(str(e)) from None
-  values = s.evaluate(params, data.get_eval_data(s.dataset))
+  values = s.evaluate(params, s.eval_data())
   logging.info('eval at step %d on %s: %s', step, s.config.dataset.eval_split,
                ', '.join(f'{k} {v:.4g}' for k, v in values.items()))
   print(f'eval {step} | {metrics_lib.format_values(values)}', flush=True)

@@ -37,11 +37,13 @@ RESULTS = 'results.json'
 LOCK = 'trainer.lock'
 
 # Fields that may change when a run is resumed or evaluated: they change how
-# long it runs, how often it reports and where data or outputs are, not what
+# long it runs, how often it reports, where data or outputs are and how it is
+# laid out over the devices (a checkpoint restores onto any mesh), not what
 # model it trains.
 MAY_CHANGE = (
     'train.num_steps', 'train.num_epochs', 'train.eval_every', 'train.log_every',
     'train.checkpoint_every', 'train.keep_checkpoints', 'train.async_checkpoints',
+    'train.mesh', 'train.fsdp_min_size',
     'dataset.eval_batch_size', 'dataset.eval_split', 'dataset.data_dir', 'dataset.source',
     'dataset.manual_dir', 'dataset.download', 'sample',
 )
