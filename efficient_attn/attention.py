@@ -72,6 +72,8 @@ class Mechanism(nn.Module):
       declared head shapes differ from it (`registry.Mechanism.head_shapes`, e.g.
       Mamba-2's d_state): q and k are then `[..., qk_heads, qk_dim]` and v
       `[..., heads, v_dim]`. None: q's head_dim.
+    sequence_axis: split the sequence over this axis of the ambient mesh (context
+      parallelism; see `MultiHeadAttention`). None: no split.
   """
   mechanism: Union[str, registry.Mechanism] = 'softmax'
   options: Optional[Mapping[str, Any]] = None
@@ -84,6 +86,7 @@ class Mechanism(nn.Module):
   shared_params: Optional[Mapping[str, Any]] = None
   rotary: bool = False
   head_dim: Optional[int] = None
+  sequence_axis: Optional[str] = None
 
   @functools.cached_property
   def _configured(self):
@@ -120,7 +123,7 @@ class Mechanism(nn.Module):
                                use_rotary=self.rotary, dtype=self.dtype, state=state,
                                position=position, sow_weights=sow_weights,
                                force_fp32_for_softmax=force_fp32_for_softmax, inputs=inputs,
-                               head_dim=head_dim)
+                               head_dim=head_dim, sequence_axis=self.sequence_axis)
 
 
 def mechanism_module(mechanism: str, *, causal: bool = False,
@@ -199,6 +202,13 @@ class MultiHeadAttention(nn.Module):
       Cache (`layer.init_cache`): 'cache_index' (next position); 'cached_key'
       and 'cached_value' (as flax) or 'cached_state' (recurrent mechanisms);
       for 'super', 'cached_raw_values' (the raw values W_A mixes).
+    sequence_axis: context parallelism: the name of an axis of the ambient mesh
+      (`with jax.set_mesh(mesh):`, read when the layer is called) to split the
+      sequence over; the mechanism runs on one block of length / devices tokens per
+      device (`efficient_attn.parallel`), the batch split over the mesh's other axes.
+      Mechanisms with a `sequence_parallel` form only; key padding only; no sown
+      weights or attention dropout in training; a decoding step is not split. None
+      (default): no split.
     The call's `sow_weights=True` sows the attention weights `[..., heads,
     q_length, kv_length]` into 'intermediates' as 'attention_weights', as flax
     does (mechanisms that form the weights; see `layer.attention_weights`).
@@ -228,6 +238,7 @@ class MultiHeadAttention(nn.Module):
   shared_params: Optional[Mapping[str, Any]] = None
   decode: bool = False
   rotary: bool = False
+  sequence_axis: Optional[str] = None
 
   @nn.compact
   def __call__(self, inputs_q, inputs_k=None, inputs_v=None, *, inputs_kv=None,
@@ -250,7 +261,7 @@ class MultiHeadAttention(nn.Module):
                      param_dtype=self.param_dtype, dropout_rate=self.dropout_rate,
                      broadcast_dropout=self.broadcast_dropout,
                      shared_params=self.shared_params, rotary=self.rotary, head_dim=head_dim,
-                     name='mechanism')
+                     sequence_axis=self.sequence_axis, name='mechanism')
     decl, o = mech.configured()
     layer.check_dropout(decl, self.dropout_rate)
     kv_heads = layer.kv_heads(decl, self.projection, self.num_heads, self.num_kv_heads)

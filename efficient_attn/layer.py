@@ -17,6 +17,7 @@ from jax import lax
 from efficient_attn import checks
 from efficient_attn import decoding
 from efficient_attn import masking
+from efficient_attn import parallel
 from efficient_attn import registry
 from efficient_attn import rotary
 
@@ -366,7 +367,7 @@ def run_mechanism(decl: registry.Mechanism, o: registry.Options, params: Dict[st
                   q, k, v, *, mask, causal: bool, ctx: registry.Context, use_rotary: bool,
                   dtype: Any = None, state=None, position=None, sow_weights: bool = False,
                   force_fp32_for_softmax: bool = False, inputs=None,
-                  head_dim: Optional[int] = None):
+                  head_dim: Optional[int] = None, sequence_axis: Optional[str] = None):
   """The declared mechanism on projected heads: `attend`, or one decoding `step`.
 
   q `[batch, q_length, heads, head_dim]`, k `[batch, kv_length, kv_heads,
@@ -384,10 +385,21 @@ def run_mechanism(decl: registry.Mechanism, o: registry.Options, params: Dict[st
   and softmax are float32 in every mechanism anyway. inputs: the layer's query
   input `[batch, q_length, features]` (one token in a step), which a `reads_input`
   mechanism's gates read (`ctx.gates`).
+
+  sequence_axis: a mesh axis of the ambient mesh (`jax.set_mesh`) to split the
+  sequence over (context parallelism, `efficient_attn.parallel`): the mechanism's
+  `attend_sharded` runs in `jax.shard_map`, on one block of the sequence per device.
+  `parallel.check` refuses what it cannot split, in one line. A decoding step (one
+  token) is not split.
   """
   check_weights_args(decl, sow_weights=sow_weights,
                      force_fp32_for_softmax=force_fp32_for_softmax)
   check_inputs(decl, q, k, v, mask, stepping=state is not None, o=o, head_dim=head_dim)
+  if sequence_axis is not None and state is None:
+    parallel.check(decl, axis=sequence_axis, mesh=jax.sharding.get_abstract_mesh(),
+                   q_length=q.shape[1], kv_length=k.shape[1], mask=mask,
+                   sow_weights=sow_weights, dropout_rate=ctx.dropout_rate,
+                   deterministic=ctx.deterministic)
   if state is None or not decl.grouped_state(o):
     k, v = repeat_kv(q, k, v)
   if decl.reads_input:
@@ -412,6 +424,9 @@ def run_mechanism(decl: registry.Mechanism, o: registry.Options, params: Dict[st
   if state is not None:  # a decoding step (the layer refuses sow_weights there)
     return decl.step(o, params, state, q, k, v, ctx=ctx)
   check_mask(decl, mask, q.shape[1])
+  if sequence_axis is not None:
+    return parallel.attend(decl, o, params, q, k, v, mask=mask, causal=causal, ctx=ctx,
+                           axis=sequence_axis)
   out = decl.attend(o, params, q, k, v, mask=mask, causal=causal, ctx=ctx)
   if not sow_weights:
     return out

@@ -70,7 +70,8 @@ class Mechanism(nnx.Module):
   `state=...` it is one recurrent decoding step. The Linen `Mechanism` with
   the same arguments has the same parameters under the same names. A mechanism
   whose gates read the layer input (`reads_input`) needs `in_features` here and
-  the call's `inputs` `[batch, q_length, in_features]`. One that declares other head
+  the call's `inputs` `[batch, q_length, in_features]`. `sequence_axis` splits the
+  sequence over that axis of the ambient mesh (see `efficient_attn.MultiHeadAttention`). One that declares other head
   shapes (`registry.Mechanism.head_shapes`) takes q and k `[..., qk_heads, qk_dim]` and
   v `[..., num_heads, v_dim]` for `num_heads` heads of `head_dim`.
   """
@@ -83,14 +84,14 @@ class Mechanism(nnx.Module):
                broadcast_dropout: bool = True, rotary: bool = False,
                shared_params: Optional[Mapping[str, Any]] = None,
                tag: Sequence[str] = ('mechanism',), in_features: Optional[int] = None,
-               rngs: nnx.Rngs):
+               sequence_axis: Optional[str] = None, rngs: nnx.Rngs):
     # Configured once, here; the calls read self.decl and self.o.
     self.decl, self.o = registry.configure(mechanism, options, causal=causal,
                                            max_length=max_length, rotary=rotary)
     self.name, self.options = self.decl.name, dict(options or {})
     self.causal, self.max_length, self.rotary = causal, max_length, rotary
     self.dtype, self.dropout_rate, self.broadcast_dropout = dtype, dropout_rate, broadcast_dropout
-    self.tag, self.head_dim = tuple(tag), head_dim
+    self.tag, self.head_dim, self.sequence_axis = tuple(tag), head_dim, sequence_axis
     specs = layer.declared_params(self.decl, self.o, heads=num_heads, head_dim=head_dim,
                                   max_length=max_length, causal=causal, features=in_features)
     for name, (shape, init) in specs.items():
@@ -116,7 +117,7 @@ class Mechanism(nnx.Module):
                                use_rotary=self.rotary, dtype=self.dtype, state=state,
                                position=position, sow_weights=sow_weights,
                                force_fp32_for_softmax=force_fp32_for_softmax, inputs=inputs,
-                               head_dim=self.head_dim)
+                               head_dim=self.head_dim, sequence_axis=self.sequence_axis)
 
 
 class Alignment(nnx.Module):
@@ -152,7 +153,8 @@ class MultiHeadAttention(nnx.Module):
   names the layer's fixed random draw (see the module docstring).
   `normalize_qk` is QK layer norm and `num_kv_heads` grouped-query attention,
   as flax's (see `efficient_attn.MultiHeadAttention` for both, and for
-  `force_fp32_for_softmax`, and for options that set the head shapes). The call's
+  `force_fp32_for_softmax`, for options that set the head shapes, and for
+  `sequence_axis`, context parallelism over an axis of the ambient mesh). The call's
   `sow_weights=True` sows the attention weights as `nnx.Intermediate`
   'attention_weights', as flax does.
   """
@@ -172,7 +174,8 @@ class MultiHeadAttention(nnx.Module):
                decode: Optional[bool] = None, normalize_qk: bool = False,
                force_fp32_for_softmax: bool = False,
                shared_params: Optional[Mapping[str, Any]] = None,
-               tag: Sequence[str] = ('mechanism',), rngs: nnx.Rngs, keep_rngs: bool = True):
+               tag: Sequence[str] = ('mechanism',), sequence_axis: Optional[str] = None,
+               rngs: nnx.Rngs, keep_rngs: bool = True):
     registry.check_projection(projection)
     decl = registry.declaration(mechanism)  # looked up once; `Mechanism` configures it
     self.num_kv_heads = layer.kv_heads(decl, projection, num_heads, num_kv_heads)
@@ -211,7 +214,8 @@ class MultiHeadAttention(nnx.Module):
         decl, num_heads=num_heads, head_dim=self.head_dim, options=options,
         causal=causal, max_length=max_length, dtype=dtype, param_dtype=param_dtype,
         dropout_rate=dropout_rate, broadcast_dropout=broadcast_dropout, rotary=rotary,
-        shared_params=shared_params, tag=tag, in_features=in_features, rngs=rngs)
+        shared_params=shared_params, tag=tag, in_features=in_features,
+        sequence_axis=sequence_axis, rngs=rngs)
     self.out = nnx.LinearGeneral(
         in_features=(num_heads, self.v_dim), out_features=self.out_features, axis=(-2, -1),
         kernel_init=out_kernel_init or kernel_init, bias_init=out_bias_init or bias_init,

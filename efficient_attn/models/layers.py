@@ -41,6 +41,8 @@ class TransformerConfig:
     rotary: rotary positions in every attention layer (see `MultiHeadAttention`).
     reversible: reversible residual blocks (`efficient_attn.models.reversible`):
       activation memory that does not grow with depth, for one more forward.
+    sequence_axis: context parallelism in every attention layer: the axis of the
+      ambient mesh to split the sequence over (see `MultiHeadAttention`); None: no split.
   """
   d_model: int = 64
   depth: int = 2
@@ -59,6 +61,7 @@ class TransformerConfig:
   decode: bool = False
   rotary: bool = False
   reversible: bool = False
+  sequence_axis: Optional[str] = None
 
   def replace(self, **changes) -> 'TransformerConfig':
     return dataclasses.replace(self, **changes)
@@ -77,7 +80,8 @@ def attention_layer(c: TransformerConfig, shared_params=None) -> MultiHeadAttent
       projection=c.projection,
       options=c.options, causal=c.attention_causal, max_length=c.max_length,
       dropout_rate=c.attention_dropout_rate, dtype=c.dtype, param_dtype=c.param_dtype,
-      shared_params=shared_params, decode=c.decode, rotary=c.rotary, name='attention')
+      shared_params=shared_params, decode=c.decode, rotary=c.rotary,
+      sequence_axis=c.sequence_axis, name='attention')
 
 
 class MlpBlock(nn.Module):
