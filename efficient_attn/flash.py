@@ -105,11 +105,13 @@ def _attend_fwd(cfg, q, k, v, mask):
   return out, (q, k, v, mask, out, lse)
 
 
-def _attend_bwd(cfg, res, g):
+def _attend_bwd(cfg, res, g, g_lse=None):
   q, k, v, mask, out, lse = res
   num_q, num_k = q.shape[1] // cfg.cq, k.shape[1] // cfg.ck
   g = g.astype(q.dtype)
   delta = jnp.einsum('bqhd,bqhd->bhq', g, out)  # rowsum(dO * O), FlashAttention-2's D
+  if g_lse is not None:  # d lse / d s = p: the row's p (dp - delta) gains p g_lse
+    delta = delta - jnp.where(jnp.isfinite(lse), g_lse.astype(q.dtype), 0.0)
 
   def key_block(j, dq):
     k0 = j * cfg.ck
@@ -144,3 +146,23 @@ def _attend_bwd(cfg, res, g):
 
 attend.defvjp(_attend_fwd, _attend_bwd)
 
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def attend_lse(cfg: Blocks, q, k, v, mask):
+  """`attend` and the log-sum-exp of each query's scores `[b, h, lq]` (+inf for a row with
+  no key), both differentiable: for merging attentions over disjoint key sets (ring
+  attention, `efficient_attn.parallel.ring_attention`)."""
+  return _forward(cfg, q, k, v, mask)
+
+
+def _attend_lse_fwd(cfg, q, k, v, mask):
+  out, lse = _forward(cfg, q, k, v, mask)
+  return (out, lse), (q, k, v, mask, out, lse)
+
+
+def _attend_lse_bwd(cfg, res, g):
+  return _attend_bwd(cfg, res, *g)
+
+
+attend_lse.defvjp(_attend_lse_fwd, _attend_lse_bwd)

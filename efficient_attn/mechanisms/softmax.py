@@ -13,7 +13,9 @@ import jax.numpy as jnp
 from efficient_attn import flash
 from efficient_attn import fused
 from efficient_attn import masking
+from efficient_attn import parallel
 from efficient_attn import registry
+from efficient_attn import softmax as softmax_lib
 from efficient_attn.softmax import default_scale
 from efficient_attn.softmax import softmax_attention
 from efficient_attn.softmax import softmax_weights  # noqa: F401  (re-exported)
@@ -64,6 +66,44 @@ def chunked_softmax_attention(q, k, v, mask=None, causal: bool = False,
   return out[:, :lq].astype(v.dtype)
 
 
+def dense_block(q, k, v, key_padding, causal: bool):
+  """Softmax attention of pre-scaled q `[b, m, h, d]` over one block of keys k `[b, m', h, d]`,
+  v `[b, m', h, dv]` with key padding `[b, m']` (causal: the diagonal block, key j <= query
+  i): (out `[b, m, h, dv]`, log-sum-exp `[b, h, m]`), a ring step of
+  `parallel.ring_attention`. Forms the block's `[m, m']` scores."""
+  s = jnp.einsum('bqhd,bkhd->bhqk', q, k)
+  valid = key_padding[:, None, None, :]
+  if causal:
+    valid = valid & masking.causal_mask(q.shape[1], k.shape[1])[None, None]
+  w, lse = softmax_lib.masked_softmax(s, valid)
+  return jnp.einsum('bhqk,bkhd->bqhd', w, v), lse
+
+
+def chunked_block(q_chunk: int, k_chunk: int):
+  """`dense_block` in `q_chunk` x `k_chunk` blocks (`flash.attend_lse`): O(m d) memory."""
+  def block(q, k, v, key_padding, causal: bool):
+    lq, lk = q.shape[1], k.shape[1]
+    cq, ck = min(q_chunk, lq), min(k_chunk, lk)
+    pq, pk = -lq % cq, -lk % ck
+    pad = lambda x, p: jnp.pad(x, ((0, 0), (0, p), (0, 0), (0, 0)))
+    mask = jnp.pad(key_padding, ((0, 0), (0, pk)))[:, None, None, :]
+    out, lse = flash.attend_lse(flash.Blocks(cq, ck, lk, bool(causal), lk - lq), pad(q, pq),
+                                pad(k, pk), pad(v, pk), mask)
+    lse = lse[..., :lq]
+    return out[:, :lq], jnp.where(jnp.isfinite(lse), lse, masking.big_neg(lse.dtype))
+  return block
+
+
+def ring_softmax(o, q, k, v, mask, causal: bool, axis: str, block):
+  """Ring attention (`parallel.ring_attention`) of this device's block with the options'
+  scale, in float32 (or wider), returned in v's dtype."""
+  compute = jnp.promote_types(q.dtype, jnp.float32)
+  qs = q.astype(compute) * default_scale(q.shape[-1], o.scale)
+  out = parallel.ring_attention(qs, k.astype(compute), v.astype(compute), mask,
+                                causal=causal, axis=axis, block=block)
+  return out.astype(v.dtype)
+
+
 def _dropout(ctx):
   """(rate, rng) of attention-weight dropout in this call (0, None when off)."""
   rate = 0.0 if ctx.deterministic else ctx.dropout_rate
@@ -91,6 +131,10 @@ class Softmax(registry.Mechanism):
   decode = 'kv_cache'
   forms_weights = True
   complexity = ('O(n^2 d)', 'O(n^2)')
+  sequence_parallel = 'ring'
+
+  def attend_sharded(self, o, params, q, k, v, *, mask, causal, ctx, axis):
+    return ring_softmax(o, q, k, v, mask, causal, axis, dense_block)
 
   def attend(self, o, params, q, k, v, *, mask, causal, ctx):
     rate, rng = _dropout(ctx)
@@ -121,8 +165,13 @@ class ChunkedSoftmax(registry.Mechanism):
   knob = ('k_chunk', (16, 64, 256))
   example = {'q_chunk': 8, 'k_chunk': 4}
 
+  sequence_parallel = 'ring'
+
   def exact_options(self, length):
     return {'q_chunk': 16, 'k_chunk': 16}
+
+  def attend_sharded(self, o, params, q, k, v, *, mask, causal, ctx, axis):
+    return ring_softmax(o, q, k, v, mask, causal, axis, chunked_block(o.q_chunk, o.k_chunk))
 
   def attend(self, o, params, q, k, v, *, mask, causal, ctx):
     out = _fused(o, q, k, v, mask, causal, ctx)
