@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from efficient_attn import masking
+from efficient_attn import parallel
 from efficient_attn import registry
 
 
@@ -120,7 +121,8 @@ def kernel_attention(phi_q: jnp.ndarray, phi_k: jnp.ndarray, v: jnp.ndarray,
                      eps: float = 1e-6, normalize: bool = True,
                      chunk_size: Optional[int] = None,
                      gate: Optional[jnp.ndarray] = None, return_state: bool = False,
-                     num_q: Optional[jnp.ndarray] = None, num_k: Optional[jnp.ndarray] = None):
+                     num_q: Optional[jnp.ndarray] = None, num_k: Optional[jnp.ndarray] = None,
+                     sequence_axis: Optional[str] = None):
   """The shared core: out_i = phi_q_i^T S / safe(phi_q_i . Z) over the visible keys.
 
   Non-causal: S, Z are summed over all keys once: time O(n f dv), memory
@@ -158,6 +160,13 @@ def kernel_attention(phi_q: jnp.ndarray, phi_k: jnp.ndarray, v: jnp.ndarray,
       numerator is num_q^T sum_j num_k_j v_j^T while the denominator stays
       phi_q . sum_j phi_k_j (RoFormer's rotary linear attention, Su et al. 2021:
       rotated features above, unrotated below). Default: phi_q, phi_k.
+    sequence_axis: the inputs are this device's block of a sequence split over the
+      mesh axis of that name, inside `jax.shard_map` (context parallelism,
+      `efficient_attn.parallel`): non-causal, S and Z are summed over the devices
+      (`lax.psum`); causal, each device's block summary (S, Z, and the gate's total
+      decay) is combined over the devices before it (`parallel.exclusive_scan`) and
+      starts its chunked scan. Self-attention only; return_state gives the block's
+      final state (the whole prefix's, causal).
 
   Returns:
     `[batch, q_length, heads, dv]` in v's dtype (computed in float32 or wider),
@@ -193,6 +202,8 @@ def kernel_attention(phi_q: jnp.ndarray, phi_k: jnp.ndarray, v: jnp.ndarray,
   if not causal:
     s = jnp.einsum('bkhf,bkhd->bhfd', num_k, v)
     z = jnp.sum(phi_k, axis=1)
+    if sequence_axis is not None:
+      s, z = lax.psum((s, z), sequence_axis)
     out = jnp.einsum('bqhf,bhfd->bqhd', num_q, s)
     if normalize:
       out = normalize_by(out, jnp.einsum('bqhf,bhf->bqh', phi_q, z), eps)
@@ -200,8 +211,10 @@ def kernel_attention(phi_q: jnp.ndarray, phi_k: jnp.ndarray, v: jnp.ndarray,
     if lq != lk:
       raise ValueError(f'causal kernel attention needs q_length == kv_length, got '
                        f'{lq} and {lk}; decode with kernel_attention_step')
+    state = None if sequence_axis is None else _incoming_state(phi_k, num_k, v, log_g,
+                                                               sequence_axis)
     out, (s, z) = _causal_chunked(phi_q, phi_k, v, log_g, eps, normalize, chunk_size,
-                                  (num_q, num_k) if split else None)
+                                  (num_q, num_k) if split else None, state)
   out = out.astype(out_dtype)
   if return_state:
     state = KernelState(s, z, jnp.full((b, h), masking.big_neg(compute), compute))
@@ -261,11 +274,40 @@ def heads_as_batch(fn, q, k, v, key_padding, return_state: bool = False,
   return out, jax.tree.map(lambda s: s.reshape((b, h) + s.shape[2:]), state)
 
 
-def _causal_chunked(phi_q, phi_k, v, log_g, eps, normalize, chunk_size, numerator=None):
+def _incoming_state(phi_k, num_k, v, log_g, axis: str):
+  """The causal state (S, Z) `[b, h, f, dv]`, `[b, h, f]` of the keys on the devices before
+  this one on `axis`: each block's summary (its keys' S and Z, decayed to the block's end
+  by a gate, and the gate's total decay), combined by `parallel.exclusive_scan`."""
+  if log_g is None:
+    decay, weights = None, None
+  else:
+    cum = jnp.cumsum(log_g, axis=1)                    # [b, n, h]
+    decay = jnp.exp(cum[:, -1])                        # [b, h]: the block's total decay
+    weights = jnp.exp(cum[:, -1:] - cum)[..., None]    # each key decayed to the block's end
+  scaled = lambda x: x if weights is None else x * weights
+  summary = (decay, jnp.einsum('bkhf,bkhd->bhfd', scaled(num_k), v),
+             jnp.sum(scaled(phi_k), axis=1))
+
+  def combine(earlier, later):
+    a1, s1, z1 = earlier
+    a2, s2, z2 = later
+    if a2 is None:
+      return None, s1 + s2, z1 + z2
+    return a1 * a2, a2[..., None, None] * s1 + s2, a2[..., None] * z1 + z2
+
+  identity = jax.tree.map(lambda x: jnp.ones_like(x) if x.ndim == 2 else jnp.zeros_like(x),
+                          summary)
+  _, s, z = parallel.exclusive_scan(combine, summary, identity, axis)
+  return s, z
+
+
+def _causal_chunked(phi_q, phi_k, v, log_g, eps, normalize, chunk_size, numerator=None,
+                    state=None):
   """Chunked causal scan; inputs already in the compute dtype and masked.
 
   `numerator`: optional (num_q, num_k) features of the numerator (see
-  `kernel_attention`); the denominator then uses phi_q, phi_k.
+  `kernel_attention`); the denominator then uses phi_q, phi_k. `state`: the initial
+  (S, Z) (None: zeros).
   """
   b, n, h, f = phi_q.shape
   dv = v.shape[-1]
@@ -324,6 +366,8 @@ def _causal_chunked(phi_q, phi_k, v, log_g, eps, normalize, chunk_size, numerato
     return (s, z), out
 
   init = (jnp.zeros((b, h, f, dv), phi_q.dtype), jnp.zeros((b, h, f), phi_q.dtype))
+  if state is not None:
+    init = tuple(x.astype(phi_q.dtype) for x in state)
   (s, z), out = lax.scan(jax.checkpoint(body, prevent_cse=False), init, xs)
   out = jnp.moveaxis(out, 0, 1).reshape(b, nc * c, h, dv)[:, :n]
   return out, (s, z)
@@ -428,6 +472,7 @@ class KernelMechanism(registry.Mechanism):
   causal = True
   decode = 'recurrent'
   rotary = 'features'
+  sequence_parallel = 'prefix_state'
 
   def feature_dim(self, o: registry.Options, head_dim: int) -> int:
     """f, the width of the query and key features."""

@@ -67,7 +67,8 @@ def _check_rotary(feature_map: FeatureMapArg, positions) -> None:
 def linear_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask=None,
                      causal: bool = False, feature_map: FeatureMapArg = 'elu',
                      eps: float = 1e-6, chunk_size: Optional[int] = None,
-                     return_state: bool = False, positions=None):
+                     return_state: bool = False, positions=None,
+                     sequence_axis: Optional[str] = None):
   """Linear attention phi(q) (phi(k)^T v) / (phi(q) . sum_j phi(k_j)).
 
   feature_map:
@@ -94,20 +95,23 @@ def linear_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask=None,
     positions: optional (query positions `[q_length]`, key positions
       `[kv_length]`): rotary positions in RoFormer's linear form (Su et al.
       2021; `efficient_attn.rotary.numerator`).
+    sequence_axis: the inputs are one device's block of a sequence split over this
+      mesh axis (inside `jax.shard_map`; see `kernel_attention`); positions are then
+      the block's.
 
   Returns:
     `[batch, q_length, heads, dv]` in v's dtype (and the state if requested).
   """
   _check_rotary(feature_map, positions)
   k, v, kp = masking.checked_keys_values(q, k, v, mask, name='linear attention', causal=causal)
-  if q.shape[2] > 1:
+  if q.shape[2] > 1 and sequence_axis is None:
     return heads_as_batch(
         linear_attention, q, k, v, kp, return_state, causal=causal, feature_map=feature_map,
         eps=eps, chunk_size=chunk_size, positions=positions)
   phi_q, phi_k, normalize = linear_features(q, k, feature_map)
   return kernel_attention(phi_q, phi_k, v, key_padding=kp, causal=causal, eps=eps,
                           normalize=normalize, chunk_size=chunk_size,
-                          return_state=return_state,
+                          return_state=return_state, sequence_axis=sequence_axis,
                           **rotary.numerator(phi_q, phi_k, positions))
 
 
@@ -151,6 +155,11 @@ class Linear(KernelMechanism):
   def attend(self, o, params, q, k, v, *, mask, causal, ctx):
     return linear_attention(q, k, v, mask=mask, causal=causal, feature_map=o.feature_map,
                             eps=o.eps, chunk_size=o.chunk_size, positions=ctx.positions)
+
+  def attend_sharded(self, o, params, q, k, v, *, mask, causal, ctx, axis):
+    return linear_attention(q, k, v, mask=mask, causal=causal, feature_map=o.feature_map,
+                            eps=o.eps, chunk_size=o.chunk_size, positions=ctx.positions,
+                            sequence_axis=axis)
 
   def head_shapes(self, o, *, heads, head_dim):
     return heads, o.qk_dim or head_dim, head_dim

@@ -74,7 +74,8 @@ def rfa_features(x: jnp.ndarray, projection: jnp.ndarray, sigma: Sigma = 1.0) ->
 def rfa_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, projection: jnp.ndarray,
                   mask=None, causal: bool = False, eps: float = 1e-6,
                   gate: Optional[jnp.ndarray] = None, sigma: Sigma = 1.0,
-                  chunk_size: Optional[int] = None, return_state: bool = False, positions=None):
+                  chunk_size: Optional[int] = None, return_state: bool = False, positions=None,
+                  sequence_axis: Optional[str] = None):
   """Random feature attention (Peng et al. 2021).
 
       out_i = phi(q_i)^T sum_j phi(k_j) v_j^T / safe(phi(q_i) . sum_j phi(k_j))
@@ -103,13 +104,15 @@ def rfa_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, projection: jn
     chunk_size: causal chunk length (None: 64 on CPU, 256 on GPU and TPU).
     return_state: also return the final `KernelState` (prefill for decoding).
     positions: optional rotary (query, key) positions (see `linear_attention`).
+    sequence_axis: one device's block of a sequence split over this mesh axis (see
+      `kernel_attention`).
   """
   k, v, kp = masking.checked_keys_values(q, k, v, mask, name='RFA attention', causal=causal)
   phi_q = rfa_features(q, projection, sigma)
   phi_k = rfa_features(k, projection, sigma)
   return kernel_attention(phi_q, phi_k, v, key_padding=kp, causal=causal, eps=eps,
                           normalize=True, chunk_size=chunk_size, gate=gate,
-                          return_state=return_state,
+                          return_state=return_state, sequence_axis=sequence_axis,
                           **rotary.numerator(phi_q, phi_k, positions))
 
 
@@ -160,7 +163,8 @@ def _performer_scale(q, k):
 def performer_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
                         projection: jnp.ndarray, mask=None, causal: bool = False,
                         eps: Optional[float] = None, chunk_size: Optional[int] = None,
-                        return_state: bool = False, positions=None):
+                        return_state: bool = False, positions=None,
+                        sequence_axis: Optional[str] = None):
   """Performer FAVOR+ attention (Choromanski et al. 2021).
 
   q and k are scaled by d^-1/4, so phi(q) . phi(k) with the positive features
@@ -188,10 +192,13 @@ def performer_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
     return_state: also return the final `KernelState`, whose log_scale is the
       key stabiliser (prefill for `performer_attention_step`).
     positions: optional rotary (query, key) positions (see `linear_attention`).
+    sequence_axis: one device's block of a sequence split over this mesh axis (see
+      `kernel_attention`); the key stabiliser is then the maximum over every device's
+      keys (`lax.pmax`), so the features are the unsplit sequence's.
   """
   k, v, kp = masking.checked_keys_values(q, k, v, mask, name='Performer attention', causal=causal)
-  loop_rows = loop_rows_here() and q.shape[0] * q.shape[2] > 1
-  if q.shape[2] > 1 or loop_rows:  # rows one at a time on CPU (see heads_as_batch)
+  loop_rows = loop_rows_here() and q.shape[0] * q.shape[2] > 1 and sequence_axis is None
+  if (q.shape[2] > 1 and sequence_axis is None) or loop_rows:  # rows one at a time on CPU
     return heads_as_batch(
         performer_attention, q, k, v, kp, return_state, loop_rows=loop_rows,
         projection=projection, causal=causal, eps=eps, chunk_size=chunk_size,
@@ -199,11 +206,13 @@ def performer_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
   qs, ks = _performer_scale(q, k)
   eps = performer_eps(qs.dtype) if eps is None else eps
   phi_q = feature_maps.positive_features(qs, projection, is_query=True)
-  phi_k, stab = feature_maps.positive_features(ks, projection, is_query=False,
-                                               key_padding=kp, return_stabilizer=True)
+  phi_k, stab = feature_maps.positive_features(
+      ks, projection, is_query=False, key_padding=kp, return_stabilizer=True,
+      stabilizer=None if sequence_axis is None else _key_stabilizer(ks, projection, kp,
+                                                                    sequence_axis))
   res = kernel_attention(phi_q, phi_k, v, key_padding=kp, causal=causal, eps=eps,
                          normalize=True, chunk_size=chunk_size,
-                         return_state=return_state,
+                         return_state=return_state, sequence_axis=sequence_axis,
                          **rotary.numerator(phi_q, phi_k, positions))
   if not return_state:
     return res
@@ -213,6 +222,16 @@ def performer_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
     log_scale = jnp.where(jnp.any(kp, axis=1)[:, None], log_scale,
                           masking.big_neg(state.s.dtype))
   return out, state._replace(log_scale=log_scale)
+
+
+def _key_stabilizer(ks, projection, key_padding, axis: str):
+  """`feature_maps.positive_features`' key stabiliser `[b, 1, h, 1]` over the keys of every
+  device on mesh axis `axis` (0 where all are padded), under stop_gradient."""
+  a = feature_maps.positive_log_features(ks, projection)
+  if key_padding is not None:
+    a = jnp.where(key_padding[:, :, None, None], a, -jnp.inf)
+  stab = lax.pmax(lax.stop_gradient(jnp.max(a, axis=(1, 3), keepdims=True)), axis)
+  return jnp.where(jnp.isfinite(stab), stab, 0.0)
 
 
 def performer_attention_step(state: KernelState, q_t: jnp.ndarray, k_t: jnp.ndarray,
@@ -346,6 +365,12 @@ class RFA(KernelMechanism):
                          causal=causal, eps=o.eps, gate=gate, sigma=sigma,
                          chunk_size=o.chunk_size, positions=ctx.positions)
 
+  def attend_sharded(self, o, params, q, k, v, *, mask, causal, ctx, axis):
+    gate, sigma = self._gate_sigma(o, params, k)
+    return rfa_attention(q, k, v, _projection(o, q.shape[-1], ctx), mask=mask,
+                         causal=causal, eps=o.eps, gate=gate, sigma=sigma,
+                         chunk_size=o.chunk_size, positions=ctx.positions, sequence_axis=axis)
+
   def feature_dim(self, o, head_dim):
     return 2 * o.num_features  # cos and sin of D projections
 
@@ -378,6 +403,11 @@ class Performer(KernelMechanism):
     return performer_attention(q, k, v, _projection(o, q.shape[-1], ctx), mask=mask,
                                causal=causal, eps=o.eps, chunk_size=o.chunk_size,
                                positions=ctx.positions)
+
+  def attend_sharded(self, o, params, q, k, v, *, mask, causal, ctx, axis):
+    return performer_attention(q, k, v, _projection(o, q.shape[-1], ctx), mask=mask,
+                               causal=causal, eps=o.eps, chunk_size=o.chunk_size,
+                               positions=ctx.positions, sequence_axis=axis)
 
   def feature_dim(self, o, head_dim):
     return o.num_features
