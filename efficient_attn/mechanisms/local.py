@@ -21,6 +21,7 @@ from typing import NamedTuple, Optional
 
 import jax.numpy as jnp
 
+from efficient_attn import parallel
 from efficient_attn import registry
 from efficient_attn.mechanisms import blocksparse
 from efficient_attn.mechanisms.softmax import SCALE
@@ -169,6 +170,7 @@ class Local(registry.Mechanism):
   causal = True
   decode = 'kv_cache'
   self_attention_only = True
+  sequence_parallel = 'halo'
   complexity = ('O(n w d)', 'O(n w)')
   knob = ('window', (16, 32, 64, 128, 256, 512, '2n'))
   example = {'window': 4}
@@ -182,3 +184,17 @@ class Local(registry.Mechanism):
 
   def kv_window(self, o):
     return o.window
+
+  def attend_sharded(self, o, params, q, k, v, *, mask, causal, ctx, axis):
+    """Local attention on one device's block: its keys and values with the halo the band
+    reaches, the previous devices' last window - 1 (causal) or window // 2 tokens and,
+    bidirectional, the next devices' first window // 2 (`parallel.with_halo`; keys past
+    the sequence's ends are padding)."""
+    b, m = q.shape[:2]
+    before, after = (o.window - 1, 0) if causal else (o.window // 2, o.window // 2)
+    padding = jnp.ones((b, m), bool) if mask is None else mask
+    k, v, padding = (parallel.with_halo(x, before, after, axis) for x in (k, v, padding))
+    q = jnp.pad(q, ((0, 0), (before, after), (0, 0), (0, 0)))
+    out = local_attention(q, k, v, o.window, mask=padding, causal=causal, scale=o.scale,
+                          block_size=o.block_size)
+    return out[:, before:before + m]
