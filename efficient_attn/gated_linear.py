@@ -41,6 +41,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from efficient_attn import masking
+from efficient_attn import parallel
 from efficient_attn import registry
 
 F32 = jnp.float32
@@ -427,6 +428,32 @@ def check_dt_range(name: str, o) -> None:
                      f'the initial dt range needs dt_min <= dt_max')
 
 
+# Context parallelism (`efficient_attn.parallel`): the recurrence on one device's block.
+
+def decayed_sharded(core, q, k, v, g, beta=None, *, chunk_size: int, axis: str):
+  """The decay recurrence on this device's block of a sequence split over mesh axis `axis`
+  (inside `jax.shard_map`): `core` (a `Cores` chunked or scan form) from the zero state
+  gives the block's output and final state S; each block's (total decay A, S) is combined
+  over the devices before it, (A1, S1) then (A2, S2) = (A1 A2, diag(A2) S1 + S2)
+  (`parallel.exclusive_scan`), and the incoming state S_in adds
+  (q_t * exp(b_t))^T S_in to each token's output (b_t: the cumulative log-decay from the
+  block's start), a linear correction in place of a second pass.
+
+  Shapes as `gated_scan` (this block's); returns out `[b, m, h, dv]` (float32).
+  """
+  out, s = core(q, k, v, g, beta, chunk_size=chunk_size)
+  g = g.astype(F32)
+  decay = jnp.exp(jnp.sum(g, axis=1))                  # [b, h, 1 or dk]
+
+  def combine(earlier, later):
+    (a1, s1), (a2, s2) = earlier, later
+    return a1 * a2, a2[..., None] * s1 + s2
+  identity = (jnp.ones_like(decay), jnp.zeros_like(s))
+  _, s_in = parallel.exclusive_scan(combine, (decay, s), identity, axis)
+  q_decayed = rows(q.astype(F32), jnp.exp(jnp.cumsum(g, axis=1)))
+  return out + jnp.einsum('bnhk,bhkv->bnhv', q_decayed, s_in)
+
+
 class RecurrentState(NamedTuple):
   """A gated recurrence's decoding state: S `[batch, heads, dk, dv]` and the short
   convolution's last K - 1 inputs (q, k, v), each `[batch, K - 1, heads, d]` (q and k
@@ -459,6 +486,10 @@ class GatedRecurrence(registry.Mechanism):
   decode = 'recurrent'
   cores: Cores = DECAY
   activation: str = ''  # '' or 'silu'
+  sequence_parallel = 'decayed_state'
+  # (core, q, k, v, g, beta, *, chunk_size, axis) -> out: the recurrence on one device's
+  # block (`attend_sharded`), `decayed_sharded` or `delta_rule.transition_sharded`.
+  sharded_recurrence = staticmethod(decayed_sharded)
 
   def own_params(self, o, *, heads, head_dim):
     del o, heads, head_dim
@@ -526,6 +557,32 @@ class GatedRecurrence(registry.Mechanism):
       g, beta = (None if x is None else masking.zero_padded(x, kp) for x in (g, beta))
     core = self.cores.chunked if o.form == 'chunk' else self.cores.scan
     out, _ = core(q, k, v, g, beta, chunk_size=o.chunk_size)
+    return self.finish(o, params, out, v, ctx.gates).astype(dtype)
+
+  def attend_sharded(self, o, params, q, k, v, *, mask, causal, ctx, axis):
+    """`attend` on one device's block (`efficient_attn.parallel`): the short convolution
+    reads the previous device's last conv_size - 1 tokens (`parallel.halo_before`), and
+    `sharded_recurrence` brings in the state of the blocks before."""
+    if not causal:
+      raise ValueError(f'mechanism {self.name!r} is causal only: call it with causal=True')
+    dtype = v.dtype
+    k, v, kp = masking.checked_keys_values(
+        q, k, v, mask, name=f'mechanism {self.name!r}', causal=True,
+        qk_groups=self.qk_heads(o, v.shape[2]) != v.shape[2])
+    q = masking.zero_padded(q, kp)
+    if o.conv_size:
+      halo = o.conv_size - 1
+      q, k, v = (causal_conv(jnp.concatenate([parallel.halo_before(x, halo, axis), x], 1),
+                             params[f'{n}_conv'], params.get(f'{n}_conv_bias'))[:, halo:]
+                 for x, n in zip((q, k, v), 'qkv'))
+    q, k, v = self._activate(q, k, v)
+    q, k = self._to_heads(q, k, v.shape[2])
+    q, k, v, g, beta = self.recurrence_inputs(o, params, q, k, v, ctx.gates)
+    if kp is not None:
+      k, v = masking.zero_padded(k, kp), masking.zero_padded(v, kp)
+      g, beta = (None if x is None else masking.zero_padded(x, kp) for x in (g, beta))
+    core = self.cores.chunked if o.form == 'chunk' else self.cores.scan
+    out = self.sharded_recurrence(core, q, k, v, g, beta, chunk_size=o.chunk_size, axis=axis)
     return self.finish(o, params, out, v, ctx.gates).astype(dtype)
 
   def init_state(self, o, *, batch, heads, head_dim, v_dim):

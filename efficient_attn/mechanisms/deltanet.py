@@ -67,6 +67,8 @@ class DeltaNet(gated_linear.GatedRecurrence):
   options = gated_linear.common_options(conv_size=4)
   activation = 'silu'
   cores = delta_rule.DELTA
+  sequence_parallel = 'transition'
+  sharded_recurrence = staticmethod(delta_rule.transition_sharded)
   complexity = ('O(n c d + n d^2)', 'O(n d + c^2 + d^2)')
   example = {'chunk_size': 4}
 
