@@ -61,6 +61,7 @@ class FNet(registry.Mechanism):
   citation = 'Lee-Thorp et al. 2021'
   self_attention_only = True
   complexity = ('O(n d log(n d))', 'O(n d)')
+  whole_sequence = 'its Fourier transform runs over the whole sequence'
 
   def attend(self, o, params, q, k, v, *, mask, causal, ctx):
     return fnet_mixing(q, k, v, mask=mask, causal=causal)

@@ -100,6 +100,7 @@ class GMLP(registry.Mechanism):
   fixed_length = True
   self_attention_only = True
   complexity = ('O(n^2 d)', 'O(n^2)')
+  whole_sequence = 'its spatial weights W [max_length, max_length] mix every position'
 
   def params(self, o, *, heads, head_dim, max_length, causal):
     return {'spatial_kernel': registry.ParamSpec((max_length, max_length),

@@ -139,6 +139,7 @@ class Linformer(registry.Mechanism):
   )
   fixed_length = True
   complexity = ('O(n k d)', 'O(n k)')
+  whole_sequence = 'its projections E and F compress keys and values along the whole sequence'
   knob = ('k_proj', (16, 32, 64, 128, 256, 'n'))
   example = {'k_proj': 8}
 

@@ -90,6 +90,7 @@ class Longformer(registry.Mechanism):
   causal = True
   self_attention_only = True
   complexity = ('O(n (w + g) d)', 'O(n (w + g))')
+  whole_sequence = 'its global tokens attend to, and are attended by, the whole sequence'
   knob = ('window', (16, 32, 64, 128, 256, '2n'))
   example = {'window': 4, 'global_tokens': 1}
 

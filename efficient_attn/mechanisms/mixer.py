@@ -80,6 +80,7 @@ class Mixer(registry.Mechanism):
   fixed_length = True
   self_attention_only = True
   complexity = ('O(n D_S d)', 'O(n D_S)')
+  whole_sequence = "its token-mixing MLP's weights are shaped by the whole sequence (max_length)"
   example = {'token_hidden': 8}
 
   def params(self, o, *, heads, head_dim, max_length, causal):

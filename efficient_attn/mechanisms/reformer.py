@@ -228,6 +228,7 @@ class Reformer(registry.Mechanism):
   shared_qk = True
   self_attention_only = True
   complexity = ('O(r n c d)', 'O(r n c)')
+  whole_sequence = 'it hashes and sorts the whole sequence into buckets'
   knob = ('n_hashes', (1, 2, 4, 8))
   example = {'n_buckets': 4, 'chunk_size': 4}
 

@@ -136,6 +136,7 @@ class Sparse(registry.Mechanism):
   causal = True
   self_attention_only = True
   complexity = ('O(n (s + n / s) d)', 'O(n (s + n / s))')
+  whole_sequence = 'its strided or summary keys reach across the whole sequence'
   knob = ('stride', (4, 8, 16, 32, 64))
   example = {'stride': 4}
 

@@ -283,6 +283,7 @@ class Synthesizer(registry.Mechanism):
   causal = True
   fixed_length = True
   complexity = ('O(n^2 d)', 'O(n^2)')
+  whole_sequence = 'its synthesised logits are shaped by the whole sequence (max_length)'
   knob = ('kind', KINDS)
   example = {'kind': 'dense'}
 
