@@ -58,7 +58,7 @@ def table(speed_json: str = '', length: int = 4096) -> str:
   """The markdown table (and a note on the measured columns)."""
   measured = _measured(speed_json, length)
   header = ['mechanism', 'paper', 'time', 'memory', 'causal', 'decode', 'masks', 'rotary',
-            'fixed length', 'options (defaults)']
+            'sequence split', 'fixed length', 'options (defaults)']
   if measured:
     header += [f'fwd+bwd s at n={length}', f'memory at n={length}']
   rows: List[List[Any]] = []
@@ -66,7 +66,8 @@ def table(speed_json: str = '', length: int = 4096) -> str:
     row = [f'`{decl.name}`', decl.citation, decl.complexity[0], decl.complexity[1],
            'only' if decl.causal_only else 'yes' if decl.causal else 'no', decl.decode or '-',
            'any' if decl.masks == 'any' else 'key padding', decl.rotary or '-',
-           'yes' if decl.fixed_length else 'no', _options(decl)]
+           decl.sequence_parallel or '-', 'yes' if decl.fixed_length else 'no',
+           _options(decl)]
     if measured:
       point = measured.get(decl.name, {}).get('fwd_bwd', {})
       row += [output.fmt_num(point.get('time_s'), 3) if point else 'n/a',
@@ -75,6 +76,12 @@ def table(speed_json: str = '', length: int = 4096) -> str:
   text = output.table(header, rows, 'l' * len(header))
   text += ('\n\nCausal "only": a recurrence along the sequence with no bidirectional form '
            '(built with causal=True; a model\'s encoder runs it left to right).')
+  text += ('\n\nSequence split: how the layer\'s `sequence_axis` splits one sequence over the '
+           'devices of a mesh axis (context parallelism, `efficient_attn.parallel`): ring '
+           '(key/value blocks passed around, online softmax), prefix_state (the kernel states '
+           'of the other devices, summed), decayed_state (decayed states), transition (state '
+           'transitions composed), halo (the neighbours\' window of tokens); "-": it needs '
+           'the whole sequence on one device.')
   if measured:
     text += (f'\n\nMeasured columns: forward + backward of the mechanism alone (batch 1, 8 heads, '
              f'head_dim 64, float32), from `{speed_json}`; "n/a": not measured at n={length} '
