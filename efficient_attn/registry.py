@@ -536,6 +536,7 @@ def check_length(decl: Mechanism, o: Options, *, length: int, max_length: Option
 
 
 def list_projections() -> Tuple[str, ...]:
+  """The projection schemes' names: ('standard', 'optimised', 'efficient', 'super')."""
   return PROJECTIONS
 
 

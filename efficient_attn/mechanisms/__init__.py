@@ -15,8 +15,8 @@ Each registered family has one: `<family>_attention`, or the name in `FUNCTIONS`
 import importlib
 import pkgutil
 
-# The pure function of each mechanism family not named `<family>_attention` (and
-# softmax's, which lives in `efficient_attn.softmax` and is re-exported here).
+#: The pure function of each mechanism family not named `<family>_attention` (and
+#: softmax's, which lives in `efficient_attn.softmax` and is re-exported here).
 FUNCTIONS = {
     'softmax': 'softmax_attention',
     'softmax_chunked': 'chunked_softmax_attention',

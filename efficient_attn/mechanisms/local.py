@@ -114,7 +114,7 @@ def local_attention(q, k, v, window: int, mask=None, causal: bool = False,
                     scale: Optional[float] = None, block_size: Optional[int] = None):
   """Exact softmax attention within a sliding window, blocked.
 
-  Query i attends key j iff |i - j| <= window // 2 (non-causal) or
+  Query i attends key j iff `|i - j| <= window // 2` (non-causal) or
   i - window < j <= i (causal), and key j is not padded. Queries with no
   attendable key return 0. Scores and softmax run in float32 (or wider); the
   result has the dtype of `v`.

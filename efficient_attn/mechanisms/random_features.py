@@ -83,7 +83,7 @@ def rfa_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, projection: jn
   with phi = `rfa_features` (l2-normalised inputs, width sigma, sin/cos
   features). It approximates softmax attention over the cosine similarities
   q^ . k^ / sigma^2. The trig features are sign-indefinite, so the estimated
-  denominator may be ~0 or negative: it is clamped to |den| >= eps keeping its
+  denominator may be ~0 or negative: it is clamped to `|den| >= eps` keeping its
   sign (`linear.safe_denominator`), which keeps outputs and gradients finite.
 
   Recency gate (causal only, RFA-Gate): with g_t in (0, 1) per token and head,

@@ -43,8 +43,8 @@ def chunked_softmax_attention(q, k, v, mask=None, causal: bool = False,
   float rounding.
 
   Args: as `softmax_attention`; `mask` may be a key padding mask `[batch,
-    kv_length]` or any mask broadcastable to `[batch, heads, q_length,
-    kv_length]` (only its current chunk is read).
+  kv_length]` or any mask broadcastable to `[batch, heads, q_length,
+  kv_length]` (only its current chunk is read).
   """
   masking.check_inputs(q, k, v, mask, name='chunked softmax attention')
   registry.check_arguments('softmax_chunked', 'chunked_softmax_attention', q_chunk=q_chunk,
