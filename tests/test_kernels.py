@@ -198,6 +198,26 @@ def test_the_registry_properties_hold_with_the_kernels(mechanism):
   _assert_close_where(jnp.concatenate(outs, axis=1), y[:1], valid[:1], 'decode == parallel')
 
 
+@pytest.mark.parametrize('mechanism', ['gla', 'gated_deltanet'])
+def test_a_layers_gradients_through_the_kernels_equal_the_xla_forms(mechanism):
+  """The gradients of a whole layer (its parameters, among them the gate projections that
+  make the log-decays and beta, and its input) with implementation='pallas' equal those with
+  'xla', for the per-feature decay and the gated delta rule (24 tokens, chunks of 8)."""
+  x = jax.random.normal(jax.random.PRNGKey(0), (2, 24, 8))
+  grads = {}
+  for impl in ('pallas', 'xla'):
+    layer = ea.MultiHeadAttention(num_heads=2, mechanism=mechanism, causal=True,
+                                  options={'chunk_size': 8, 'implementation': impl})
+    variables = _random_variables(layer, x)
+    loss = lambda v, z, layer=layer: jnp.sum(jnp.sin(layer.apply(v, z)))
+    grads[impl] = jax.jit(jax.grad(loss, argnums=(0, 1)))(variables, x)
+  for (path, got), want in zip(jax.tree_util.tree_flatten_with_path(grads['pallas'])[0],
+                               jax.tree.leaves(grads['xla'])):
+    scale = max(1.0, float(np.abs(want).max()))
+    np.testing.assert_allclose(got, want, atol=2e-5 * scale, rtol=1e-4,
+                               err_msg=jax.tree_util.keystr(path))
+
+
 def test_choose_resolves_once_and_refuses_in_one_line():
   """'auto' is 'xla' on every platform until a measurement fills `kernels.AUTO`; 'pallas' is
   honoured on CPU (interpreted), GPU and TPU; what the kernels cannot take is refused in one
