@@ -13,8 +13,9 @@ settings) and `samples.txt` (the same, readable).
 import json
 import math
 import os
-from typing import Dict
+from typing import Dict, List
 
+from etils import epath
 import jax
 import numpy as np
 
@@ -76,15 +77,22 @@ def write_outputs(config, model, params, workdir: str) -> Dict[str, str]:
   out = continue_bytes(model, params, jax.random.key(s['seed']), prompt, s['new_bytes'],
                        s['temperature'])
   samples = [dict(prompt=text(p), continuation=text(c)) for p, c in zip(prompt, out)]
-  paths = {'samples': os.path.join(workdir, 'samples.json'),
-           'samples_text': os.path.join(workdir, 'samples.txt')}
-  with open(paths['samples'], 'w') as f:
-    json.dump(dict(settings=s, samples=samples), f, indent=1)
-  with open(paths['samples_text'], 'w') as f:
-    for i, x in enumerate(samples):
-      f.write(f'--- sample {i} (temperature {s["temperature"]}) ---\n{x["prompt"]}'
-              f'[[{x["continuation"]}]]\n')
-  return paths
+  return write_samples(workdir, s, samples)
+
+
+def write_samples(workdir: str, settings: Dict, samples: List[Dict[str, str]]
+                  ) -> Dict[str, str]:
+  """`samples.json` ({settings, samples}) and `samples.txt` (readable) in `workdir`, a
+  local folder or a bucket (through `etils.epath`, as the workdir's other files); returns
+  their paths. `samples`: [{prompt, continuation}]."""
+  folder = epath.Path(workdir)
+  folder.mkdir(parents=True, exist_ok=True)
+  paths = {'samples': folder / 'samples.json', 'samples_text': folder / 'samples.txt'}
+  paths['samples'].write_text(json.dumps(dict(settings=settings, samples=samples), indent=1))
+  paths['samples_text'].write_text(''.join(
+      f'--- sample {i} (temperature {settings["temperature"]}) ---\n{x["prompt"]}'
+      f'[[{x["continuation"]}]]\n' for i, x in enumerate(samples)))
+  return {k: os.fspath(v) for k, v in paths.items()}
 
 
 TASK = base.Task(name='byte_lm', loss_and_metrics=loss_and_metrics,
