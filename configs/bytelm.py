@@ -1,31 +1,37 @@
 """Byte-level language modelling on real text, for a causal mechanism (bits per byte).
 
 A causal model over bytes (256 symbols, `data/text_bytes.py`): documents of a
-corpus, an `.npz` (`text_utf8` uint8 concatenated, `offsets` [n + 1], as
-../shared/data/imdb_train.npz) or a folder of `.txt` files, cut into windows
-of `seq_len` bytes, every byte predicted from the ones before it in its
-window. `validation_docs` documents (a seeded draw) are held out and never
-trained on; the windows are written once to ~/.cache/efficient_attn/text_bytes.
-Metrics: 'bits_per_byte' (and 'loss' in nats, 'accuracy' of the next byte) on
-the held-out documents. After training (and in --mode=eval) the run continues
-held-out prompts into samples.txt / samples.json (the `sample` group).
+corpus cut into windows of `seq_len` bytes, every byte predicted from the ones
+before it in its window. The corpus (`config.dataset.corpus`) is any text
+file (its paragraphs are the documents), a folder (every text file in it, in
+sorted order, one document each), an `.npz` of documents (`text_utf8`,
+`offsets`) or, by default, 'builtin:python_docs': Python's own reference
+documentation as the running Python ships it (pydoc_data, PSF licence), so
+`python main.py --config=configs/bytelm.py` runs from a fresh clone with no
+download. `validation_docs` documents (a seeded draw) are held out and never
+trained on; the windows are written once to `common.cache_dir('text_bytes')`
+(~/.cache/efficient_attn/text_bytes; $EFFICIENT_ATTN_CACHE or $XDG_CACHE_HOME
+move it). The corpus's sha256 is stored with the run (`dataset.corpus_sha256`
+in config.json): a resume on edited text is refused. Metrics: 'bits_per_byte'
+(and 'loss' in nats, 'accuracy' of the next byte) on the held-out documents.
+After training (and in --mode=eval) the run continues held-out prompts into
+samples.txt / samples.json (the `sample` group).
 
 The argument: the mechanism (one with a causal form), then key=value for
 d_model, seq_len, depth, num_heads, mlp_dim (0: 4 x d_model), data_dir (the
-corpus: an .npz or a folder of .txt files; the default is this project's IMDB
-copy beside the checkout, so a fresh clone names its own), validation_docs,
-train_docs (0: every document not held out), batch_size, num_steps,
-learning_rate:
+corpus, the same as --config.dataset.corpus), validation_docs, train_docs (0:
+every document not held out), batch_size, num_steps, learning_rate:
 
-    --config=configs/bytelm.py:gla,data_dir=my_texts/
-    --config=configs/bytelm.py:softmax,d_model=128,seq_len=256,data_dir=my_texts/
+    --config=configs/bytelm.py:gla --config.dataset.corpus=my_texts/
+    --config=configs/bytelm.py:softmax,d_model=128,seq_len=256,data_dir=novel.txt
 """
 from configs import common
+from data import text_bytes
 
 
 def get_config(arg=None):
   args = common.parse_arg(arg, mechanism='softmax', d_model=128, seq_len=256, depth=2,
-                          num_heads=4, mlp_dim=0, data_dir='../shared/data/imdb_train.npz',
+                          num_heads=4, mlp_dim=0, data_dir=text_bytes.BUILTIN,
                           validation_docs=500, train_docs=0, batch_size=32, num_steps=2000,
                           learning_rate=2e-3)
   mechanism = args['mechanism']
@@ -35,8 +41,9 @@ def get_config(arg=None):
                   batch_size=args['batch_size'], num_steps=args['num_steps'])
   common.at_least(0, train_docs=args['train_docs'], mlp_dim=args['mlp_dim'])
   if not args['data_dir']:
-    raise ValueError("configs/bytelm.py: data_dir='' is not valid; it must be the corpus, an "
-                     ".npz (text_utf8, offsets) or a folder of .txt files")
+    raise ValueError(f"configs/bytelm.py: data_dir='' is not valid; it must be the corpus: a "
+                     f"text file, a folder of text files, an .npz (text_utf8, offsets) or "
+                     f"{text_bytes.BUILTIN!r}")
   config = common.text_bytes(common.base(), corpus=args['data_dir'], seq_len=args['seq_len'],
                              validation_docs=args['validation_docs'],
                              train_docs=args['train_docs'])

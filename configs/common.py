@@ -403,8 +403,9 @@ def sequences(config, data_dir: str = '', vocab_size: int = 0, max_length: int =
 
 def text_bytes(config, corpus: str = '', seq_len: int = 256, validation_docs: int = 500,
                train_docs: int = 0):
-  """Byte-level language modelling on a text corpus (`data/text_bytes.py`): `corpus` an
-  .npz of documents (text_utf8, offsets) or a folder of .txt files; `validation_docs`
+  """Byte-level language modelling on a text corpus (`data/text_bytes.py`): `corpus` a
+  text file (its paragraphs the documents), a folder of text files, an .npz of documents
+  (text_utf8, offsets) or 'builtin:python_docs' (Python's reference docs); `validation_docs`
   documents held out, the rest (the first `train_docs`; 0 = all) trained on, each cut into
   windows of `seq_len` bytes written once to `cache_dir('text_bytes')`. Every byte is
   scored: the task is `byte_lm` (bits per byte; held-out continuations after training)."""

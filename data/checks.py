@@ -140,7 +140,9 @@ def _sequence(config, src: str) -> None:
 
 def check_splits(config, training: bool = True) -> None:
   """Prepares the data and checks what it holds, filling in `config.dataset.num_classes`
-  when it is 0 (`config`, a config or its resolved `specs.Dataset`, is changed: pass a copy).
+  when it is 0, and a byte corpus's sha256 as `dataset.corpus_sha256` (what the run
+  trains on, stored with it: `train/workdir.py` refuses a resume on other text) (`config`,
+  a config or its resolved `specs.Dataset`, is changed: pass a copy).
 
   Every split the run reads has examples, and in-memory labels lie in
   0..num_classes-1: an empty test split would otherwise fail only at the final
@@ -153,6 +155,9 @@ def check_splits(config, training: bool = True) -> None:
   d = dataset.fields
   data.prepare(dataset)
   _check_splits(dataset)  # fills in num_classes
+  if d.name == 'text_bytes':
+    from data import text_bytes  # pylint: disable=g-import-not-at-top
+    d.corpus_sha256 = text_bytes.fingerprint(d.corpus)
   train_examples = data.num_examples(dataset, d.train_split)
   if training and d.batch_size > train_examples:
     raise ValueError(f'config.dataset.batch_size={d.batch_size} exceeds the {train_examples} '

@@ -7,6 +7,15 @@ TensorFlow for its data; a bucket path imports it when first read. Not `etils.ep
 data tests use or those of TensorFlow's I/O plug-ins.
 """
 import os
+from typing import NamedTuple
+
+
+class FileStatistics(NamedTuple):
+  """What `stat` gives, as `tf.io.gfile.stat` does: size in bytes, modification time in
+  nanoseconds (0 where the file system keeps none), whether it is a folder."""
+  length: int
+  mtime_nsec: int
+  is_directory: bool
 
 
 def is_url(path) -> bool:
@@ -20,6 +29,11 @@ class _Local:
   exists = staticmethod(os.path.exists)
   isdir = staticmethod(os.path.isdir)
   listdir = staticmethod(os.listdir)
+
+  @staticmethod
+  def stat(path) -> 'FileStatistics':
+    s = os.stat(path)
+    return FileStatistics(s.st_size, s.st_mtime_ns, os.path.isdir(path))
 
   @staticmethod
   def makedirs(path) -> None:

@@ -1,16 +1,32 @@
 """Byte-level language modelling on a text corpus: documents cut into windows, cached.
 
-    docs = text_bytes.read_corpus('../shared/data/imdb_train.npz')   # list of bytes
+    docs = text_bytes.read_corpus('my_texts/')                 # list of bytes
     paths = text_bytes.write_splits(folder, corpus, seq_len=256, validation_docs=500)
+    text_bytes.fingerprint('my_texts/')                        # sha256 of what was read
 
-A corpus is one of
+A corpus (`config.dataset.corpus`) is one of
+  * a folder: every text file in it and in its subfolders (hidden ones left out),
+    one document each, in the sorted order of their paths inside the folder; a text
+    file is one with no NUL byte in its first 8 KiB (git's rule), so images, `.npz`
+    and other binary files beside the texts are skipped;
+  * a text file (any name but `.npz`): its paragraphs (text between blank lines),
+    one document each;
   * an `.npz` with `text_utf8` (uint8, every document's bytes concatenated) and
     `offsets` (integer `[n + 1]`, document i is `text_utf8[offsets[i]:offsets[i+1]]`),
-    the layout of `imdb_train.npz`; other keys are ignored;
-  * a folder of `.txt` files, one document each (sorted by name; other files ignored).
+    the layout of the project's IMDB copy; other keys are ignored;
+  * `builtin:python_docs` (`BUILTIN`, the config's default): Python's own reference
+    documentation as this Python ships it (the `pydoc_data` topics that `help()` shows,
+    under the PSF licence; 79 topics, 466 KB in Python 3.11), its paragraphs one
+    document each. Nothing to download, and the same text for every run on one Python.
+Local paths and URLs (gs://...) are read alike, through `files.gfile`.
 Each problem is a one-line ValueError naming the file: a missing path, key or
-`.txt` file, a wrong dtype or shape, offsets that do not cut the text, a
+text file, a wrong dtype or shape, offsets that do not cut the text, a
 corpus without a non-empty document or with too few for the held-out set.
+
+`fingerprint` is the sha256 of the corpus's bytes (of a single file: `sha256sum`'s;
+of a folder: of `sha256sum`'s lines for its text files, in order): the trainer stores
+it with the run's config (`dataset.corpus_sha256`) and refuses to resume the run on
+other text.
 
 Documents are split, not windows: a seeded permutation of the non-empty
 documents puts the first `validation_docs` in 'validation' and the rest in
@@ -30,58 +46,133 @@ scored position / ln 2 is bits per byte.
 
 `write_splits` writes `text_bytes_<key>_{split}.npz` (int16 `inputs` and
 `labels`, and `settings_json`), `<key>` a hash of the settings and of the
-corpus's size and modification time, and keeps a file whose settings match.
+corpus's files (names, sizes and modification times), and keeps a file whose
+settings match.
 """
 import hashlib
+import io
 import json
 import os
+import re
 from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
+from data import files
 from data import npz_cache
 
 VOCAB_SIZE = 256  # byte values; the inputs also hold START
 START = VOCAB_SIZE  # the causal model's start token: before a document's first byte
 SPLITS = ('train', 'validation')
+BUILTIN = 'builtin:python_docs'  # Python's reference documentation (pydoc_data)
 _FORMAT = 1  # bump when the written content changes for the same settings
+_KINDS = (f'a text file, a folder of text files, an .npz (text_utf8, offsets) or '
+          f'{BUILTIN!r}')
+_SNIFF = 8192  # bytes read to tell a text file from a binary one (git's rule)
+_TEXT: Dict[Tuple[str, int, int], bool] = {}  # (path, size, mtime) -> text file
 
 
-def _corpus_files(corpus: str) -> List[str]:
-  """The `.txt` files of a folder corpus, sorted; ValueError when there are none."""
-  names = sorted(n for n in os.listdir(corpus) if n.endswith('.txt')
-                 and os.path.isfile(os.path.join(corpus, n)))
-  if not names:
-    raise ValueError(f'{corpus}: the folder holds no .txt file; a text corpus is a folder '
-                     f'of .txt files (one document each) or an .npz with text_utf8 and '
-                     f'offsets')
-  return [os.path.join(corpus, n) for n in names]
+def _join(folder: str, name: str) -> str:
+  return f'{folder.rstrip("/")}/{name}' if files.is_url(folder) else os.path.join(folder, name)
+
+
+def _read(path: str) -> bytes:
+  with files.gfile(path).GFile(path, 'rb') as f:
+    return f.read()
+
+
+def _is_text(path: str, stat) -> bool:
+  """No NUL byte in the file's first 8 KiB (remembered per size and modification time)."""
+  key = (path, stat.length, stat.mtime_nsec)
+  if key not in _TEXT:
+    with files.gfile(path).GFile(path, 'rb') as f:
+      _TEXT[key] = b'\0' not in f.read(_SNIFF)
+  return _TEXT[key]
+
+
+def _folder_files(folder: str, prefix: str = '') -> List[Tuple[str, object]]:
+  """(path inside `folder`, stat) of every file under `folder`, hidden ones left out,
+  sorted by that path."""
+  gfile = files.gfile(folder)
+  out = []
+  for entry in gfile.listdir(folder):
+    name = entry.rstrip('/')
+    if name.startswith('.'):
+      continue
+    path = _join(folder, name)
+    if gfile.isdir(path):
+      out += _folder_files(path, f'{prefix}{name}/')
+    else:
+      out.append((f'{prefix}{name}', gfile.stat(path)))
+  return sorted(out, key=lambda x: x[0])
+
+
+def text_files(corpus: str) -> List[Tuple[str, object]]:
+  """(path inside the folder `corpus`, stat) of its text files, in order; ValueError when
+  there are none."""
+  found = [(name, stat) for name, stat in _folder_files(corpus)
+           if _is_text(_join(corpus, name), stat)]
+  if not found:
+    raise ValueError(f'{corpus}: the folder holds no text file; a text corpus is {_KINDS}')
+  return found
+
+
+def _is_npz(corpus: str) -> bool:
+  return corpus.lower().endswith('.npz')
 
 
 def _check_exists(corpus: str) -> None:
   if not corpus:
-    raise ValueError("text corpus '' is not valid; it must be an .npz (text_utf8, offsets) "
-                     "or a folder of .txt files")
-  if not os.path.exists(corpus):
-    raise ValueError(f'{corpus} (config.dataset.corpus) does not exist; a text corpus is an '
-                     f'.npz (text_utf8, offsets) or a folder of .txt files')
+    raise ValueError(f"text corpus '' is not valid; it must be {_KINDS}")
+  if corpus.startswith('builtin:'):
+    if corpus != BUILTIN:
+      raise ValueError(f'text corpus {corpus!r} is not valid; valid built-in corpora: '
+                       f'{BUILTIN}')
+    return
+  if not files.gfile(corpus).exists(corpus):
+    raise ValueError(f'{corpus} (config.dataset.corpus) does not exist; a text corpus is '
+                     f'{_KINDS}')
+
+
+def python_docs() -> bytes:
+  """The text of `BUILTIN`: the `pydoc_data` topics, sorted by name, between blank lines."""
+  try:
+    from pydoc_data import topics  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise ValueError(f'{BUILTIN}: this Python has no pydoc_data (its reference '
+                     f'documentation); set config.dataset.corpus to {_KINDS}') from None
+  return '\n\n'.join(topics.topics[k] for k in sorted(topics.topics)).encode('utf-8')
+
+
+def paragraphs(text: bytes) -> List[bytes]:
+  """The paragraphs of `text` (runs of lines between blank lines), each without its line
+  breaks at either end; whitespace-only ones left out."""
+  parts = re.split(rb'\r?\n(?:[ \t]*\r?\n)+', text)
+  return [p.strip(b'\r\n') for p in parts if p.strip()]
+
+
+def _text_file(corpus: str) -> bytes:
+  raw = _read(corpus)
+  if b'\0' in raw[:_SNIFF]:
+    raise ValueError(f'{corpus}: not a text file (a NUL byte in its first 8 KiB); a text '
+                     f'corpus is {_KINDS}')
+  return raw
 
 
 def read_corpus(corpus: str) -> List[bytes]:
-  """Every document of `corpus` (an `.npz` or a folder of `.txt` files), in order."""
+  """Every document of `corpus` (see the module docstring), in order."""
   _check_exists(corpus)
-  if os.path.isdir(corpus):
-    docs = []
-    for path in _corpus_files(corpus):
-      with open(path, 'rb') as f:
-        docs.append(f.read())
-    return docs
+  if corpus == BUILTIN:
+    return paragraphs(python_docs())
+  if files.gfile(corpus).isdir(corpus):
+    return [_read(_join(corpus, name)) for name, _ in text_files(corpus)]
+  if not _is_npz(corpus):
+    return paragraphs(_text_file(corpus))
   try:
-    npz = np.load(corpus, allow_pickle=False)
+    npz = np.load(io.BytesIO(_read(corpus)), allow_pickle=False)
   except Exception as e:  # pylint: disable=broad-except
     raise ValueError(f'{corpus}: not a readable .npz ({type(e).__name__}: {e}); a text corpus '
-                     f'is an .npz with text_utf8 and offsets, or a folder of .txt files'
-                     ) from None
+                     f'is {_KINDS}') from None
   with npz:
     for key in ('text_utf8', 'offsets'):
       if key not in npz.files:
@@ -101,6 +192,20 @@ def read_corpus(corpus: str) -> List[bytes]:
                          ' and a decrease' if (np.diff(offsets) < 0).any() else ''))
   raw = text.tobytes()
   return [raw[a:b] for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
+
+
+def fingerprint(corpus: str) -> str:
+  """sha256 (hex) of the corpus's bytes: of the file (as `sha256sum` gives it), of the
+  built-in text, or of a folder's `sha256sum` lines ('<sha256>  <path>\\n' for each text
+  file, in order)."""
+  _check_exists(corpus)
+  if corpus == BUILTIN:
+    return hashlib.sha256(python_docs()).hexdigest()
+  if not files.gfile(corpus).isdir(corpus):
+    return hashlib.sha256(_read(corpus) if _is_npz(corpus) else _text_file(corpus)).hexdigest()
+  lines = ''.join(f'{hashlib.sha256(_read(_join(corpus, name))).hexdigest()}  {name}\n'
+                  for name, _ in text_files(corpus))
+  return hashlib.sha256(lines.encode('utf-8')).hexdigest()
 
 
 def split_documents(docs: Sequence[bytes], validation_docs: int, train_docs: int = 0,
@@ -147,16 +252,24 @@ def windows(docs: Sequence[bytes], seq_len: int) -> Tuple[np.ndarray, np.ndarray
 
 
 def _stamp(corpus: str) -> List:
-  """What changes when the corpus does: its files' names, sizes and modification times."""
-  files = _corpus_files(corpus) if os.path.isdir(corpus) else [corpus]
-  return [[os.path.basename(f), os.path.getsize(f), os.stat(f).st_mtime_ns] for f in files]
+  """What changes when the corpus does: its files' names, sizes and modification times
+  (the built-in text: its sha256)."""
+  if corpus == BUILTIN:
+    return [[BUILTIN, fingerprint(corpus)]]
+  gfile = files.gfile(corpus)
+  if gfile.isdir(corpus):
+    found = text_files(corpus)
+  else:
+    found = [(os.path.basename(corpus.rstrip('/')), gfile.stat(corpus))]
+  return [[name, int(stat.length), int(stat.mtime_nsec)] for name, stat in found]
 
 
 def settings(corpus: str, seq_len: int, validation_docs: int, train_docs: int = 0,
              seed: int = 0) -> Dict:
   """The settings a split file is written from (ValueError if the corpus is missing)."""
   _check_exists(corpus)
-  return dict(format=_FORMAT, corpus=os.path.abspath(corpus), stamp=_stamp(corpus),
+  where = corpus if corpus == BUILTIN or files.is_url(corpus) else os.path.abspath(corpus)
+  return dict(format=_FORMAT, corpus=where, stamp=_stamp(corpus),
               seq_len=int(seq_len), validation_docs=int(validation_docs),
               train_docs=int(train_docs), seed=int(seed))
 

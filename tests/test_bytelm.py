@@ -43,12 +43,12 @@ def write_folder(path, docs=DOCS):
   for i, doc in enumerate(docs):
     with open(os.path.join(path, f'review_{i}.txt'), 'wb') as f:
       f.write(doc)
-  with open(os.path.join(path, 'README.md'), 'w') as f:  # not a document
-    f.write('ignored')
+  with open(os.path.join(path, 'cover.png'), 'wb') as f:  # binary: not a document
+    f.write(b'\x89PNG\r\n\x1a\n\0\0\0\rIHDR')
   return str(path)
 
 
-def test_an_npz_and_a_folder_of_txt_files_read_the_same_documents(tmp_path):
+def test_an_npz_and_a_folder_of_text_files_read_the_same_documents(tmp_path):
   assert text_bytes.read_corpus(write_npz(tmp_path / 'c.npz')) == DOCS
   assert text_bytes.read_corpus(write_folder(tmp_path / 'texts')) == DOCS
 
@@ -134,9 +134,9 @@ def test_continuations_need_a_decoding_form(tmp_path):
 
 
 def bad_corpora(tmp_path):
-  empty_dir = tmp_path / 'no_txt'
+  empty_dir = tmp_path / 'no_text'
   empty_dir.mkdir()
-  (empty_dir / 'notes.md').write_text('not a document')
+  (empty_dir / 'cover.png').write_bytes(b'\x89PNG\0binary')
   return [
       (write_npz(tmp_path / 'no_offsets.npz', offsets=None), "has no 'offsets' array"),
       (write_npz(tmp_path / 'no_text.npz', text_utf8=None), "has no 'text_utf8' array"),
@@ -149,7 +149,7 @@ def bad_corpora(tmp_path):
       (write_npz(tmp_path / 'empty.npz', docs=[b'', b'']), 'the corpus is empty'),
       (write_npz(tmp_path / 'one_doc.npz', docs=DOCS[:1]), '1 non-empty documents cannot '
                                                            'hold out validation_docs=1'),
-      (str(empty_dir), 'the folder holds no .txt file'),
+      (str(empty_dir), 'the folder holds no text file'),
       (str(tmp_path / 'missing.npz'), '(config.dataset.corpus) does not exist'),
   ]
 
@@ -195,13 +195,13 @@ def test_tiny_run_reports_bits_per_byte_and_continues_a_held_out_prompt(run_once
   assert last == f'outputs in {workdir}/samples.json, {workdir}/samples.txt', last
 
 
-def test_the_docs_quote_the_message_a_folder_without_txt_gets(tmp_path):
-  """docs/sequence_labelling.md's example: a corpus folder holding no .txt file."""
+def test_the_docs_quote_the_message_a_folder_without_text_gets(tmp_path):
+  """docs/sequence_labelling.md's example: a corpus folder holding no text file."""
   with open(os.path.join(ROOT, 'docs', 'sequence_labelling.md')) as f:
-    quoted = next(line.strip() for line in f if 'holds no .txt file;' in line)
+    quoted = next(line.strip() for line in f if 'holds no text file;' in line)
   folder = tmp_path / 'notes'
   folder.mkdir()
-  (folder / 'README.md').write_text('# notes')
+  (folder / 'scan.png').write_bytes(b'\x89PNG\0')
   config = load_config(str(folder), tmp_path / 'cache')
   arrays.clear_cache()
   with pytest.raises(validate.ConfigError) as e:

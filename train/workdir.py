@@ -57,6 +57,11 @@ ADDED_DEFAULTS = {'model.positions': 'learned', 'dataset.num_distractors': None,
                   # head_dim, and the norm over the full width, as before they existed)
                   'attention.options.ngroups': None, 'attention.options.d_state': None}
 
+# Fields the data fills in when a run starts (`data.check_splits`), with what a change
+# means: compared only where both configs have them (a config resolved without reading
+# the data has none; a run stored before the field existed resumes as it did).
+FROM_DATA = {'dataset.corpus_sha256': 'the text of dataset.corpus changed'}
+
 
 class WorkdirError(ValueError):
   """The workdir holds another run, or is in use."""
@@ -80,11 +85,14 @@ def may_change(path: str) -> bool:
 
 def differences(stored: Dict[str, Any], config: Dict[str, Any]) -> List[str]:
   """'field: stored -> new' for every field (outside MAY_CHANGE) that differs; a field of
-  ADDED_DEFAULTS missing from the stored config counts as its default."""
+  ADDED_DEFAULTS missing from the stored config counts as its default, and one of
+  FROM_DATA is compared only where both have it."""
   a, b = _flat(stored), _flat(json.loads(json.dumps(config)))
   a.update({k: v for k, v in ADDED_DEFAULTS.items() if k not in a and k in b})
-  keys = sorted(k for k in set(a) | set(b) if not may_change(k))
-  return [f'{k}: {a.get(k, "(absent)")!r} -> {b.get(k, "(absent)")!r}' for k in keys
+  keys = sorted(k for k in set(a) | set(b) if not may_change(k)
+                and not (k in FROM_DATA and (k not in a or k not in b)))
+  return [f'{k}: {a.get(k, "(absent)")!r} -> {b.get(k, "(absent)")!r}'
+          + (f' ({FROM_DATA[k]})' if k in FROM_DATA else '') for k in keys
           if a.get(k, '(absent)') != b.get(k, '(absent)')]
 
 
