@@ -1,0 +1,140 @@
+"""The recall study's results tables, from its reports' JSON (`python -m studies.tables`).
+
+recall_d.json holds every run of budgets C and D and the width-128 probes (its `rows`:
+a group of seeds per mechanism, width, cell and budget); recall.json holds budget A and
+recall_budget.json budget B with the width-64 probes. Three tables: the grid at budget D
+(the six core mechanisms and Based's hybrid), every other causal mechanism at one cell,
+and the earlier budgets with the probes that chose budget D. A row is picked by its exact
+label, so runs with other options (ablations) do not enter these tables.
+"""
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from studies import tables
+
+SOURCES = ('studies/recall/recall.json', 'studies/recall/recall_budget.json',
+           'studies/recall/recall_d.json')  # a later file's row wins
+QUESTION = ('Which causal mechanisms recall key-value pairs (Zoology\'s MQAR), and how much '
+            'state do they keep?')
+BUDGET = '4,000 steps'
+CORE = ('softmax', 'deltanet', 'gated_deltanet', 'mamba2', 'gla', 'linear')
+BASED = 'linear+local feature_map=taylor qk_dim=16 window=64'
+NAMES = {'softmax': 'softmax', 'deltanet': 'DeltaNet', 'gated_deltanet': 'Gated DeltaNet',
+         'mamba2': 'Mamba-2', 'gla': 'GLA', 'linear': 'linear', BASED: "Based's hybrid",
+         'deltanet conv_size=0': 'DeltaNet, no convolution'}
+GRID = ((64, 128, 8), (64, 256, 16), (128, 128, 8), (128, 256, 16))  # width, seq_len, pairs
+ONE_CELL = (128, 256, 16)
+# Budgets: (steps, peak learning rate, vocabulary).
+BUDGETS = {'A': (1000, 1e-2, 1024), 'B': (4000, 3e-3, 8192), 'C': (2000, 3e-3, 1024),
+           'D': (4000, 1e-3, 1024)}
+
+Key = Tuple[str, int, int, int, Tuple[int, float, int]]
+
+
+def rows() -> Dict[Key, dict]:
+  """{(label, width, seq_len, pairs, budget): row} of every source."""
+  found = {}
+  for path in SOURCES:
+    for r in tables.load(path)['rows']:
+      budget = (r['steps'], r['learning_rate'], r['vocab_size'])
+      found[r['mechanism'], r['width'], r['seq_len'], r['num_kv_pairs'], budget] = r
+  return found
+
+
+def _value(row: Optional[dict], seeds: bool = False) -> str:
+  if row is None:
+    return '-'
+  text = tables.pct_spread(row['accuracy'])
+  if seeds and len(row['accuracy']) > 1:
+    text += ' (' + ', '.join(f'{100 * a:.2f}' for a in row['accuracy']) + ')'
+  return text
+
+
+def _device(names: Sequence[str]) -> str:
+  short = [n.split()[1] if n.startswith('NVIDIA ') else 'CPU core' for n in names]
+  return short[0] if len(set(short)) == 1 else ', '.join(f'{d} (seed {i})'
+                                                         for i, d in enumerate(short))
+
+
+def _state(row: Optional[dict]) -> str:
+  if row is None:
+    return '-'
+  return 'no decoding form' if row['state_bytes'] is None else f"{row['state_bytes']:,}"
+
+
+def grid_table(found: Dict[Key, dict]) -> str:
+  d = BUDGETS['D']
+  rows_ = []
+  for label in CORE + (BASED,):
+    cells = [found.get((label, w, n, k, d)) for w, n, k in GRID]
+    rows_.append([NAMES[label]] + [_value(c, seeds=True) for c in cells]
+                 + [f'{_state(cells[1])} / {_state(cells[3])}'])
+  gpu = [f'{NAMES[label]} at width {w}, ({n}, {k}) ({_device(found[key]["devices"])})'
+         for label in CORE + (BASED,) for w, n, k in GRID
+         for key in [(label, w, n, k, d)]
+         if key in found and any(x.startswith('NVIDIA') for x in found[key].get('devices', []))]
+  return ('**The grid at budget D**: test accuracy, mean ± half the range (the seeds in '
+          'brackets).\n\n'
+          + tables.md_table(['mechanism'] + [f'width {w}, ({n}, {k})' for w, n, k in GRID]
+                            + ['decode state at (256, 16), bytes: width 64 / 128'], rows_)
+          + ('\n\nOn a GPU: ' + '; '.join(gpu) + '. Every other run of this table: one CPU core.'
+             if gpu else ''))
+
+
+def one_cell_table(found: Dict[Key, dict]) -> str:
+  w, n, k = ONE_CELL
+  mine = [r for (label, *cell), r in found.items()
+          if tuple(cell) == (w, n, k, BUDGETS['D']) and label not in CORE + (BASED,)
+          and ' ' not in label]
+  mine.sort(key=lambda r: -r['mean'])
+  return (f'**Every other causal mechanism at width {w}, ({n}, {k})**, budget D, two seeds '
+          'each.\n\n'
+          + tables.md_table(['mechanism', 'test accuracy', 'seeds', 'decode state, bytes',
+                             'ran on'],
+                            [[r['mechanism'], tables.pct_spread(r['accuracy']),
+                              ', '.join(f'{100 * a:.2f}' for a in r['accuracy']), _state(r),
+                              _device(r['devices'])] for r in mine], 'lrrrl'))
+
+
+def earlier_table(found: Dict[Key, dict]) -> str:
+  columns = CORE + ('deltanet conv_size=0',)
+  named = {b: name for name, b in BUDGETS.items()}
+  lines: List[list] = []
+  for name in ('A', 'B', 'C'):
+    for w, n, k in GRID:
+      cells = [found.get((label, w, n, k, BUDGETS[name])) for label in columns]
+      if any(cells):
+        lines.append([f'{name}: {_budget(BUDGETS[name])}', w, f'({n}, {k})']
+                     + [_value(c) for c in cells])
+  probes = sorted(((w, b), r) for (label, w, n, k, b), r in found.items()
+                  if label == 'softmax' and (n, k) == (128, 8) and b not in named)
+  for (w, b), r in probes:
+    lines.append([f'probe: {_budget(b)}', w, '(128, 8)', _value(r)] + ['-'] * (len(columns) - 1))
+  return ('**Earlier budgets, and the softmax probes that led to budget D**: test accuracy, '
+          'mean ± half the range; a value without ± is one seed.\n\n'
+          + tables.md_table(['budget: steps, peak learning rate, vocabulary', 'width', 'cell']
+                            + [NAMES[c] for c in columns], lines, 'lrl' + 'r' * len(columns)))
+
+
+def _budget(b: Tuple[int, float, int]) -> str:
+  """(1000, 0.01, 1024) -> '1,000, 1e-2, 1,024'."""
+  mantissa, exponent = f'{b[1]:.0e}'.split('e')
+  return f'{b[0]:,}, {mantissa}e{int(exponent)}, {b[2]:,}'
+
+
+def table() -> str:
+  found = rows()
+  return '\n\n'.join([grid_table(found), one_cell_table(found), earlier_table(found)])
+
+
+def headline() -> str:
+  found = rows()
+  d = BUDGETS['D']
+  solved = [NAMES[m] for m in CORE + (BASED,) if all(
+      (m, w, n, k, d) in found and found[m, w, n, k, d]['mean'] > 0.99 for w, n, k in GRID)]
+  cell = [r for (m, *c), r in found.items() if tuple(c) == ONE_CELL + (d,) and ' ' not in m]
+  high = sorted((r for r in cell if r['mean'] > 0.5), key=lambda r: -r['mean'])
+  rest = max(r['mean'] for r in cell if r['mean'] <= 0.5)
+  return (f"test accuracy at budget D: {' and '.join(solved)} over 99% in every grid cell; at "
+          'width 128, (256, 16): '
+          + ', '.join(f"{r['mechanism']} {tables.pct(r['mean'])}" for r in high)
+          + f', every other mechanism {tables.pct(rest)} or less')
