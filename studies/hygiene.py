@@ -60,7 +60,7 @@ def machine_patterns(root: str = ROOT, home: Optional[str] = None) -> List[re.Pa
   where `~` expands)."""
   parent = os.path.dirname(os.path.abspath(root))
   home = os.path.expanduser('~') if home is None else home
-  prefixes = ['/root/', '/home/[^/\\s<>]+/']
+  prefixes = [home_dir + '/' for home_dir in ('/root', '/home/' + r'[^/\s<>]+')]
   for folder in (parent, home):
     if folder and folder.rstrip('/'):
       prefixes.append(re.escape(folder.rstrip('/')) + '/')
