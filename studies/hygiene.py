@@ -19,7 +19,7 @@ Three rules, over the files git tracks:
    (`Measured on: ...`, `Report written on: ...`) is allowed. README.md and the guides
    under docs/ are not checked yet: they still hold dated lines that their owners move.
 3. No file over 500 KB (LIMIT_BYTES) under docs/ or studies/. The largest committed
-   figure or report is about a quarter of that. A bigger file is a checkpoint, a log or an
+   figure or report is under half of that. A bigger file is a checkpoint, a log or an
    unshrunk figure: save figures at a lower dpi, and keep logs with the runs.
 """
 import os
