@@ -209,9 +209,10 @@ class MultiHeadAttention(nn.Module):
       Mechanisms with a `sequence_parallel` form only; key padding only; no sown
       weights or attention dropout in training; a decoding step is not split. None
       (default): no split.
-    The call's `sow_weights=True` sows the attention weights `[..., heads,
-    q_length, kv_length]` into 'intermediates' as 'attention_weights', as flax
-    does (mechanisms that form the weights; see `layer.attention_weights`).
+
+  The call's `sow_weights=True` sows the attention weights `[..., heads,
+  q_length, kv_length]` into 'intermediates' as 'attention_weights', as flax
+  does (mechanisms that form the weights; see `layer.attention_weights`).
   """
   num_heads: int
   mechanism: Union[str, registry.Mechanism] = 'softmax'

@@ -126,7 +126,7 @@ def build(config, num_steps: int = 1, *, devices: Optional[Sequence[Any]] = None
   """The trainer's model, optimiser, initial state and jitted steps for `config`.
 
   Args:
-    config: an experiment config (configs/*.py); checked first (ConfigError).
+    config: an experiment config (`configs/*.py`); checked first (ConfigError).
     num_steps: the steps the optimiser's learning-rate schedule spans.
     devices: the mesh's devices (default: all); `config.train.mesh` is laid over them.
     read_data: False skips the data (its checks and facts), for synthetic batches.
