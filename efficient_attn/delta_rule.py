@@ -30,6 +30,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from efficient_attn import gated_linear
+from efficient_attn import kernels
 from efficient_attn import parallel
 
 F32 = jnp.float32
@@ -93,13 +94,19 @@ def delta_chunked(q, k, v, g, beta, state=None, chunk_size: int = 64):
   Time O(n c (dk + dv) + n dk dv + n c^2) per head: the c x c triangular solves of
   all chunks at once (they do not depend on the state), then a scan of matrix products
   over the chunks. Any length works (the last chunk is padded with
-  beta = 0 tokens, which change nothing). Returns (out `[b, n, h, dv]`, final S).
+  beta = 0 tokens, which change nothing). Where q, k, v are all bfloat16 the matmuls take
+  bfloat16 operands accumulated in float32 (`gated_linear.matmul_dtype`); the state, decays,
+  beta and the triangular inverse are float32 whatever the inputs. Returns (out
+  `[b, n, h, dv]`, final S).
   """
   b, n, h, dk = q.shape
   dv = v.shape[-1]
   gated = g is not None
-  xs = tuple(None if x is None else gated_linear.heads_first(x)
-             for x in (q, k, v, g[..., 0] if gated else None, beta))
+  dtype = gated_linear.matmul_dtype(q, k, v)
+  mm = lambda spec, x, y: gated_linear.mm(spec, x, y, dtype)
+  xs = tuple(None if x is None else gated_linear.heads_first(x, t)
+             for x, t in ((q, dtype), (k, dtype), (v, dtype),
+                          (g[..., 0] if gated else None, F32), (beta, F32)))
   (qc, kc, vc, gc, bc), c = gated_linear.chunked(xs, chunk_size)
   s0 = gated_linear.init_gated_state(b, h, dk, dv) if state is None else state
   # The UT transform of every chunk at once (it does not depend on the carried state):
@@ -109,26 +116,26 @@ def delta_chunked(q, k, v, g, beta, state=None, chunk_size: int = 64):
   cum = jnp.cumsum(gc, axis=-1) if gated else None     # [nc, b, h, c]
   decay = gated_linear.decay_within(cum) if gated else causal   # G_ts, s <= t
   rows = lambda x, f: gated_linear.rows(x, f[..., None])
-  a = jnp.tril(rows(jnp.einsum('...td,...sd->...ts', kc, kc) * decay, bc), -1)
+  a = jnp.tril(rows(mm('...td,...sd->...ts', kc, kc) * decay, bc), -1)
   write = bc * jnp.exp(cum) if gated else bc
-  rhs = jnp.concatenate([rows(vc, bc), rows(kc, write)], -1)
-  solved = jnp.einsum('...ts,...sd->...td', unit_lower_inverse(a), rhs)
+  rhs = jnp.concatenate([rows(vc.astype(F32), bc), rows(kc.astype(F32), write)], -1)
+  solved = mm('...ts,...sd->...td', unit_lower_inverse(a), rhs)
 
   def body(s, x):
     qx, kx, cx, sx = x                                 # [b, h, c, ...]; cx [b, h, c]
-    u = sx[..., :dv] - jnp.einsum('bhtk,bhkv->bhtv', sx[..., dv:], s)
-    qk = jnp.einsum('bhtd,bhsd->bhts', qx, kx)
+    u = sx[..., :dv] - mm('bhtk,bhkv->bhtv', sx[..., dv:], s)
+    qk = mm('bhtd,bhsd->bhts', qx, kx)
     if gated:
       last = cx[..., -1:]
       qk = qk * gated_linear.decay_within(cx)
-      qx = rows(qx, jnp.exp(cx))
-      kx = rows(kx, jnp.exp(last - cx))
+      qx = rows(qx.astype(F32), jnp.exp(cx))
+      kx = rows(kx.astype(F32), jnp.exp(last - cx))
     else:
       qk = qk * causal
-    out = jnp.einsum('bhtk,bhkv->bhtv', qx, s) + jnp.einsum('bhts,bhsv->bhtv', qk, u)
+    out = mm('bhtk,bhkv->bhtv', qx, s) + mm('bhts,bhsv->bhtv', qk, u)
     if gated:
       s = rows(s, jnp.broadcast_to(jnp.exp(last), s.shape[:-1]))
-    return s + jnp.einsum('bhtk,bhtv->bhkv', kx, u), out
+    return s + mm('bhtk,bhtv->bhkv', kx, u), out
 
   s, out = lax.scan(jax.checkpoint(body, prevent_cse=False), s0,
                     (qc, kc, cum, solved))
@@ -165,7 +172,8 @@ def transition_sharded(core, q, k, v, g, beta, *, chunk_size: int, axis: str):
   return out[..., dk:] + jnp.einsum('bnhk,bhkv->bnhv', out[..., :dk], s_in)
 
 
-DELTA = gated_linear.Cores(delta_scan, delta_chunked, delta_step, gated_linear.init_gated_state)
+DELTA = gated_linear.Cores(delta_scan, delta_chunked, delta_step, gated_linear.init_gated_state,
+                           kernels.delta_chunked)
 
 
 def l2_normalize(x, eps: float = 1e-6):

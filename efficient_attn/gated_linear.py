@@ -34,12 +34,13 @@ dv]`; states `[batch, heads, dk, dv]`.
 """
 import functools
 import math
-from typing import Any, Callable, NamedTuple, Tuple
+from typing import Any, Callable, NamedTuple, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
+from efficient_attn import kernels
 from efficient_attn import masking
 from efficient_attn import parallel
 from efficient_attn import registry
@@ -48,9 +49,21 @@ F32 = jnp.float32
 NORM_EPS = 1e-5  # the output RMSNorm's epsilon (fla's and Mamba-2's default)
 
 
-def heads_first(x):
-  """`[b, n, h, ...]` -> `[b, h, n, ...]` in float32."""
-  return jnp.swapaxes(x.astype(F32), 1, 2)
+def heads_first(x, dtype=F32):
+  """`[b, n, h, ...]` -> `[b, h, n, ...]` in `dtype` (float32)."""
+  return jnp.swapaxes(x.astype(dtype), 1, 2)
+
+
+def matmul_dtype(*xs):
+  """The chunk forms' matmul operand dtype for inputs xs (q, k, v): bfloat16 where all are
+  bfloat16, else float32. Products accumulate in float32 either way (`mm`), and states,
+  decays, cumulative sums and the delta rule's triangular inverse stay float32."""
+  return jnp.bfloat16 if all(x.dtype == jnp.bfloat16 for x in xs) else F32
+
+
+def mm(spec: str, a, b, dtype=F32):
+  """einsum(spec, a, b) with both operands in `dtype`, accumulated in float32."""
+  return jnp.einsum(spec, a.astype(dtype), b.astype(dtype), preferred_element_type=F32)
 
 
 def chunked(xs, chunk_size: int):
@@ -148,8 +161,9 @@ def per_feature_scores(q, k, cum, sub: int = SUB_CHUNK):
   c, dk = cum.shape[-2:]
   sub = sub if c % sub == 0 else c
   ns = c // sub
+  dtype = matmul_dtype(q, k)  # the matmul's operands; the factors are formed in float32
   split = lambda x: x.reshape(x.shape[:-2] + (ns, sub, dk))
-  qs, ks, cs = split(q), split(k), split(cum)          # [..., ns, sub, dk]
+  qs, ks, cs = split(q.astype(F32)), split(k.astype(F32)), split(cum)  # [..., ns, sub, dk]
   tri = jnp.tril(jnp.ones((sub, sub), bool))[..., None]
   diff = cs[..., :, None, :] - cs[..., None, :, :]      # [..., ns, sub, sub, dk]
   w = jnp.where(tri, jnp.exp(jnp.where(tri, diff, 0.0)), 0.0)
@@ -162,7 +176,7 @@ def per_feature_scores(q, k, cum, sub: int = SUB_CHUNK):
   q_ij = qs[..., :, None, :, :] * jnp.where(later, jnp.exp(jnp.where(later, to_end, 0.0)),
                                             0.0)
   k_j = ks * jnp.exp(end[..., :, None, :] - cs)          # [..., j, sub, dk]
-  off = jnp.einsum('...ijtd,...jsd->...itjs', q_ij, k_j)  # [..., i, sub, j, sub]
+  off = mm('...ijtd,...jsd->...itjs', q_ij, k_j, dtype)  # [..., i, sub, j, sub]
   eye = jnp.eye(ns, dtype=diag.dtype)
   full = off + jnp.einsum('...its,ij->...itjs', diag, eye)
   return full.reshape(full.shape[:-4] + (c, c))
@@ -176,7 +190,9 @@ def gated_chunked(q, k, v, g, beta=None, state=None, chunk_size: int = 64,
     o_t = (q_t * exp(b_t))^T S_0 + sum_{s<=t} (q_t * exp(b_t - b_s)) . k_s v_s,
     S_c = diag(exp(b_c)) S_0 + sum_s (k_s * exp(b_c - b_s)) v_s^T.
   A per-feature decay (GLA) gets its c x c scores from `per_feature_scores` (sub-chunks
-  of `sub_chunk` tokens), every factor <= 1.
+  of `sub_chunk` tokens), every factor <= 1. Where q, k, v are all bfloat16 the matmuls
+  take bfloat16 operands (`matmul_dtype`), accumulated in float32; the state, decays and
+  cumulative sums are float32 whatever the inputs.
 
   Args: as `scan_tokens`, and chunk_size c (any length works; the last chunk is padded
   with tokens that neither write nor decay). Returns (out `[b, n, h, dv]`, final S).
@@ -184,7 +200,10 @@ def gated_chunked(q, k, v, g, beta=None, state=None, chunk_size: int = 64,
   del beta
   b, n, h, dk = q.shape
   dv = v.shape[-1]
-  (qc, kc, vc, gc), c = chunked(tuple(heads_first(x) for x in (q, k, v, g)), chunk_size)
+  dtype = matmul_dtype(q, k, v)
+  (qc, kc, vc, gc), c = chunked(tuple(heads_first(x, t) for x, t in
+                                      ((q, dtype), (k, dtype), (v, dtype), (g, F32))),
+                                chunk_size)
   s0 = init_gated_state(b, h, dk, dv) if state is None else state
   scalar = g.shape[-1] == 1
 
@@ -192,14 +211,14 @@ def gated_chunked(q, k, v, g, beta=None, state=None, chunk_size: int = 64,
     qx, kx, vx, gx = x                                # [b, h, c, dk|dv|dg]
     cum = jnp.cumsum(gx, axis=2)                      # [b, h, c, dg]
     if scalar:
-      a = jnp.einsum('bhqd,bhkd->bhqk', qx, kx) * decay_within(cum[..., 0])
+      a = mm('bhqd,bhkd->bhqk', qx, kx, dtype) * decay_within(cum[..., 0])
     else:
       a = per_feature_scores(qx, kx, cum, sub_chunk)
-    out = jnp.einsum('bhqk,bhkv->bhqv', a, vx)
-    out = out + jnp.einsum('bhqd,bhdv->bhqv', rows(qx, jnp.exp(cum)), s)
+    out = mm('bhqk,bhkv->bhqv', a, vx, dtype)
+    out = out + mm('bhqd,bhdv->bhqv', rows(qx.astype(F32), jnp.exp(cum)), s, dtype)
     last = cum[:, :, -1:]                             # [b, h, 1, dg]
-    s = rows(s, jnp.swapaxes(jnp.exp(last), 2, 3)) + jnp.einsum(
-        'bhkd,bhkv->bhdv', rows(kx, jnp.exp(last - cum)), vx)
+    s = rows(s, jnp.swapaxes(jnp.exp(last), 2, 3)) + mm(
+        'bhkd,bhkv->bhdv', rows(kx.astype(F32), jnp.exp(last - cum)), vx, dtype)
     return s, out
 
   s, out = lax.scan(jax.checkpoint(body, prevent_cse=False), s0, (qc, kc, vc, gc))
@@ -209,14 +228,16 @@ def gated_chunked(q, k, v, g, beta=None, state=None, chunk_size: int = 64,
 class Cores(NamedTuple):
   """A recurrence's three forms, one signature: `scan` and `chunked` take (q, k, v, g, beta,
   state, chunk_size) -> (out, S); `step` takes (S, q_t, k_t, v_t, g_t, beta_t) -> (S, o_t);
-  `init(batch, heads, dk, dv)` is the empty state."""
+  `init(batch, heads, dk, dv)` is the empty state; `pallas`, the chunk form's Pallas
+  kernels (`efficient_attn.kernels`), `chunked`'s signature."""
   scan: Callable[..., Any]
   chunked: Callable[..., Any]
   step: Callable[..., Any]
   init: Callable[..., Any]
+  pallas: Optional[Callable[..., Any]] = None
 
 
-DECAY = Cores(gated_scan, gated_chunked, gated_step, init_gated_state)
+DECAY = Cores(gated_scan, gated_chunked, gated_step, init_gated_state, kernels.decay_chunked)
 
 
 # The pure functions (`retention_attention`, `gla_attention`, `mamba2_attention`,
@@ -403,6 +424,10 @@ def common_options(conv_size: int, conv_bias: bool = False,
       registry.Option('init', 'default', str, f'initialisation of the convolution and the '
                       f'gate projections: default ({default_init}) or fla (N(0, 0.02), '
                       f"flash-linear-attention's model initialisation)", choices=INITS),
+      registry.Option('implementation', 'auto', str, "the chunk form's code: xla, or pallas "
+                      '(the Pallas kernels of efficient_attn.kernels; interpreted on CPU); '
+                      'auto: xla until a measurement shows a kernel faster',
+                      choices=kernels.IMPLEMENTATIONS),
   )
 
 
@@ -555,9 +580,17 @@ class GatedRecurrence(registry.Mechanism):
     if kp is not None:  # a padded token neither writes to the state nor decays it
       k, v = masking.zero_padded(k, kp), masking.zero_padded(v, kp)
       g, beta = (None if x is None else masking.zero_padded(x, kp) for x in (g, beta))
-    core = self.cores.chunked if o.form == 'chunk' else self.cores.scan
+    core = self.core(o, q.dtype)
     out, _ = core(q, k, v, g, beta, chunk_size=o.chunk_size)
     return self.finish(o, params, out, v, ctx.gates).astype(dtype)
+
+  def core(self, o, dtype):
+    """The recurrence's form for a call with q, k, v of `dtype`: the Pallas kernels where
+    `o.implementation` resolves to 'pallas' (`kernels.choose`, once per call), else the
+    chunk form or, with form='naive', the token recurrence."""
+    if kernels.choose(o.implementation, form=o.form, dtype=dtype) == 'pallas':
+      return self.cores.pallas
+    return self.cores.chunked if o.form == 'chunk' else self.cores.scan
 
   def attend_sharded(self, o, params, q, k, v, *, mask, causal, ctx, axis):
     """`attend` on one device's block (`efficient_attn.parallel`): the short convolution
