@@ -89,10 +89,7 @@ html_theme_options = {
 html_show_sourcelink = False
 html_copy_source = False
 
-# TEMPORARY (issue 62, item 5): warnings from README.md, CHANGELOG.md and
-# studies/**/README.md, which are being rewritten by others, are not fixed here.
-# Remove this list after the rewrite: the site's final state is strict.
-suppress_warnings = []
+# No suppress_warnings: under -W every warning fails the build, from every page.
 
 
 def _root_redirect(app, exception):

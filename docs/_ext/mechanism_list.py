@@ -10,6 +10,7 @@ registry's order, a heading, a link to the family's pure function
 from the registry when the site is built, so it cannot go stale.
 """
 from docutils import nodes
+from docutils.statemachine import StringList
 from sphinx.util.docutils import SphinxDirective
 
 
@@ -23,8 +24,7 @@ def markdown() -> str:
     function = mechanisms.pure_function(name).__name__
     out += [
         f'### `{name}`', '',
-        f'{decl.description} ({decl.citation}). Pure function: '
-        f'{{py:func}}`efficient_attn.mechanisms.{function}`.', '',
+        f'Pure function: {{py:func}}`efficient_attn.mechanisms.{function}`.', '',
         '```text', decl.describe(), '```', '',
     ]
   return '\n'.join(out)
@@ -34,10 +34,11 @@ class MechanismList(SphinxDirective):
   has_content = False
 
   def run(self):
-    container = nodes.section()  # a holder; its children (the headings' sections) are returned
-    self.state.nested_parse(self.content.__class__(markdown().splitlines(), self.get_source_info()[0]),
-                            0, container, match_titles=True)
-    return container.children
+    holder = nodes.section()  # its children, the headings' sections, are returned
+    source, _ = self.get_source_info()
+    self.state.nested_parse(StringList(markdown().splitlines(), source), 0, holder,
+                            match_titles=True)
+    return holder.children
 
 
 def setup(app):

@@ -35,6 +35,7 @@ import importlib
 import inspect
 import types
 
+from docutils import nodes
 from docutils.parsers.rst import directives
 from docutils.statemachine import StringList
 from sphinx.util import logging
@@ -151,11 +152,9 @@ class AutoPublic(SphinxDirective):
         kind = 'autodata'
       lines += [f'.. {kind}:: {modname}.{name}', '']
     source, _ = self.get_source_info()
-    node = self.state.document.__class__  # placeholder, replaced below
-    from docutils import nodes  # pylint: disable=g-import-not-at-top
-    node = nodes.section()
-    nested_parse_with_titles(self.state, StringList(lines, source), node)
-    return node.children
+    holder = nodes.section()
+    nested_parse_with_titles(self.state, StringList(lines, source), holder)
+    return holder.children
 
 
 def _check(app, exception):
