@@ -30,8 +30,7 @@ Lengths of 64K and over run at batch 1.
     python -m benchmarks.fla_peer --dry_run --out=/tmp/fla_dry                # any machine
 
 --dry_run runs every part at tiny sizes (on CPU, 'pallas' in interpret mode); fla is
-skipped with one line wherever it cannot run (no source, no torch, no GPU), and so is
-'pallas' where the library has no kernel for a recurrence yet.
+skipped with one line wherever it cannot run (no source, no torch, no GPU).
 """
 import time
 from typing import Any, Callable, Dict, List, Optional
@@ -46,6 +45,7 @@ from benchmarks import output
 from benchmarks.published import fla as published_fla
 from efficient_attn import delta_rule
 from efficient_attn import gated_linear
+from efficient_attn import kernels
 
 RECURRENCES = ('retention', 'mamba2', 'gla', 'deltanet', 'gated_deltanet')
 IMPLEMENTATIONS = ('xla', 'pallas')
@@ -131,17 +131,12 @@ def inputs(recurrence: str, batch: int, length: int, s: Dict[str, int], seed: in
 
 
 def our_core(recurrence: str, implementation: str) -> Optional[Callable[..., Any]]:
-  """`core(q, k, v, g, beta, state=None, chunk_size=c) -> (out, state)` of the chunk form,
-  or None where the library has no such implementation."""
+  """`core(q, k, v, g, beta, state=None, chunk_size=c) -> (out, state)` of the chunk form:
+  the XLA form ('xla') or the Pallas kernels ('pallas', `efficient_attn.kernels`)."""
   delta = recurrence in ('deltanet', 'gated_deltanet')
   if implementation == 'xla':
     return delta_rule.delta_chunked if delta else gated_linear.gated_chunked
-  try:
-    from efficient_attn import kernels  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    return None
-  kind = 'delta' if delta else 'vector_decay' if recurrence == 'gla' else 'scalar_decay'
-  return kernels.chunk_core(kind, implementation) if hasattr(kernels, 'chunk_core') else None
+  return kernels.delta_chunked if delta else kernels.decay_chunked
 
 
 def our_step(recurrence: str) -> Callable[..., Any]:
