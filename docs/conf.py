@@ -59,7 +59,7 @@ exclude_patterns = [
 # (myst.xref_missing), an error under -W. A link to a repository file that is not a page
 # (a script, a JSON result, a report's .md) becomes a download of that file from the site.
 myst_heading_anchors = 6
-myst_enable_extensions = ['colon_fence', 'dollarmath']
+myst_enable_extensions = ['dollarmath']  # $math$, as GitHub renders it
 
 # autodoc + napoleon: Google-style docstrings; a class's members as its directive names them
 # (docs/api/), in source order; `name` in a docstring is code, as in the Markdown around it.

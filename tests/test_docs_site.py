@@ -1,10 +1,10 @@
 """The documentation site builds with warnings as errors, by CONTRIBUTING.md's one command.
 
-One build per test session (shared by the xdist workers through `run_once`), read by the
-tests below: every public name documented (docs/_ext/public_api.py), every registered
-mechanism on the Mechanisms page, the README's table included, no broken internal link
-(MyST's `myst.xref_missing` is an error under -W). The rules themselves are tested on
-small modules and docstrings, without a build.
+One build, read by one test: it passes with warnings as errors (a broken internal link
+or anchor is MyST's `myst.xref_missing`, an undocumented public name is
+docs/_ext/public_api.py's warning), every public name has its entry, every registered
+mechanism is on the Mechanisms page with the README's table. The rules themselves are
+tested on small modules and docstrings, without a build.
 """
 import html as html_lib
 import importlib
@@ -37,43 +37,36 @@ def _contributing_command():
 
 
 def _build(workdir):
-  """CONTRIBUTING.md's command, writing into `workdir` instead of docs/_build/html."""
+  """CONTRIBUTING.md's command, writing into `workdir` instead of docs/_build/html:
+  (return code, its output, the html folder)."""
   command = _contributing_command().split()
+  assert command[:8] == ['.venv/bin/python', '-m', 'sphinx', '-W', '--keep-going', '-c', 'docs',
+                         '-b'], command
   assert command[-1] == 'docs/_build/html', command
   command[0] = sys.executable  # .venv/bin/python, whichever runs the tests
-  command[-1] = os.path.join(workdir, 'html')
+  html = os.path.join(workdir, 'html')
+  command[-1] = html
   command += ['-d', os.path.join(workdir, 'doctrees'), '-q']
   result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
-  with open(os.path.join(workdir, 'log'), 'w') as f:
-    f.write(f'{result.returncode}\n{result.stdout}{result.stderr}')
+  return result.returncode, result.stdout + result.stderr, html
 
 
-def _site(run_once):
-  workdir = run_once('docs_site', _build)
-  with open(os.path.join(workdir, 'log')) as f:
-    returncode, log = f.read().split('\n', 1)
-  return int(returncode), log, os.path.join(workdir, 'html')
-
-
-def _read(html, page):
-  with open(os.path.join(html, page), encoding='utf-8') as f:
+def _read(folder, page):
+  with open(os.path.join(folder, page), encoding='utf-8') as f:
     return f.read()
 
 
-def test_the_site_builds_with_warnings_as_errors(run_once):
-  returncode, log, html = _site(run_once)
+def test_the_site_builds_with_warnings_as_errors(tmp_path):
+  """One build (about 15 s of one core), every check on it: a single test, so that no
+  other xdist worker waits for it."""
+  returncode, log, html = _build(str(tmp_path))
   assert returncode == 0, f'the documentation build failed (warnings are errors):\n{log}'
   assert os.path.exists(os.path.join(html, 'docs', 'index.html'))
   assert 'docs/index.html' in _read(html, 'index.html')  # the root sends browsers there
-  command = _contributing_command()
-  assert command.startswith('.venv/bin/python -m sphinx -W --keep-going -c docs -b html . ')
 
-
-def test_every_public_name_is_in_the_api_reference(run_once):
-  returncode, log, html = _site(run_once)
-  assert returncode == 0, log
-  pages = ''.join(_read(html, os.path.join('docs', 'api', page))
-                  for page in os.listdir(os.path.join(html, 'docs', 'api')))
+  # every public name has its entry in the API reference
+  api = os.path.join(html, 'docs', 'api')
+  pages = ''.join(_read(api, page) for page in os.listdir(api))
   for modname in MODULES:
     names = public_api.public_names(importlib.import_module(modname))
     assert names, modname
@@ -83,27 +76,20 @@ def test_every_public_name_is_in_the_api_reference(run_once):
   # the families' pure functions come from the package itself, whichever exist
   assert 'id="efficient_attn.mechanisms.linear_attention"' in pages
 
-
-def test_the_mechanisms_page_lists_every_registered_mechanism(run_once):
-  returncode, log, html = _site(run_once)
-  assert returncode == 0, log
+  # every registered mechanism: its describe() and its row of the README's table
   import efficient_attn  # pylint: disable=g-import-not-at-top
-  page = _read(html, os.path.join('docs', 'mechanisms.html'))
+  page = _read(os.path.join(html, 'docs'), 'mechanisms.html')
   text = html_lib.unescape(page)
   for name in efficient_attn.list_mechanisms():
     first_line = efficient_attn.get_mechanism(name).describe().splitlines()[0]
     assert first_line in text, first_line
-    # the README's generated table, included between its markers
     assert re.search(rf'<td[^>]*><p><code[^>]*><span class="pre">{name}</span></code>', page), name
 
-
-def test_no_page_is_left_without_a_title(run_once):
-  returncode, log, html = _site(run_once)
-  assert returncode == 0, log
+  # every page has a title (a study's report without a heading is titled by its file)
   for folder, _, files in os.walk(html):
-    for page in files:
-      if page.endswith('.html'):
-        assert '&lt;no title&gt;' not in _read(folder, page), os.path.join(folder, page)
+    for name in files:
+      if name.endswith('.html'):
+        assert '&lt;no title&gt;' not in _read(folder, name), os.path.join(folder, name)
 
 
 def _module(tmp_path, monkeypatch, name, source):
