@@ -56,6 +56,7 @@ def _read(folder, page):
     return f.read()
 
 
+@pytest.mark.slow  # a process, about 15 s of one core
 def test_the_site_builds_with_warnings_as_errors(tmp_path):
   """One build (about 15 s of one core), every check on it: a single test, so that no
   other xdist worker waits for it."""
