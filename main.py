@@ -221,6 +221,11 @@ def main(argv):
     sys.exit(f'Error: {e}')
   except FloatingPointError as e:  # a non-finite loss: the message names the step
     sys.exit(f'Error: {e}')
+  except OSError as e:  # a full disk, a read-only workdir: one line naming the path
+    message = workdir.write_failure(path, e, training=_MODE.value == 'train')
+    if message is None:
+      raise
+    sys.exit(f'Error: {message}')
   except data.DownloadError as e:  # TFDS without a network: how to train from files
     sys.exit(f'Error: {e}{offline_hint(sys.argv, config_arg, config)}')
 

@@ -9,7 +9,8 @@ stored ones, other than those in `MAY_CHANGE`, is refused before anything is
 written: the message names the fields and says how to go on (a new workdir, or
 `--restart`, which moves the old run aside, never deletes it). A lock file
 keeps a second trainer out of a workdir in use (`--restart` included); a lock
-left by a process that is gone is replaced with a warning.
+left by a process that is gone, or an empty or unreadable one (its trainer
+stopped before writing it: a full disk), is replaced with a warning.
 
 The run's length (`train.num_steps`, or `num_epochs` whole epochs) may grow on
 resume, never shrink: a finished run asked for more steps continues from its
@@ -17,13 +18,20 @@ final checkpoint (its results.json kept as `results.<steps>-steps.json`), and
 a workdir trained past the asked length is refused. config.json always
 describes the run whose results and checkpoints the workdir holds.
 
-Every JSON file written here is strict JSON: a non-finite float is null.
+Every JSON file written here is strict JSON: a non-finite float is null, and
+is written whole or not at all (`write_atomic`). A write that fails (a full
+disk, a read-only folder, a file where the workdir should be) is a WorkdirError
+in one line naming the path; a full disk says how to go on (`disk_full_message`).
 """
+import contextlib
 import datetime
+import errno
 import json
 import math
 import os
 import socket
+import time
+import uuid
 from typing import Any, Dict, List, Optional
 
 from absl import logging
@@ -64,7 +72,74 @@ FROM_DATA = {'dataset.corpus_sha256': 'the text of dataset.corpus changed'}
 
 
 class WorkdirError(ValueError):
-  """The workdir holds another run, or is in use."""
+  """The workdir holds another run, or is in use, or cannot be written."""
+
+
+_DISK_FULL = {errno.ENOSPC: 'no space left on device', errno.EDQUOT: 'disk quota exceeded'}
+
+
+def _disk_full_reason(error) -> Optional[str]:
+  if getattr(error, 'errno', None) in _DISK_FULL:
+    return _DISK_FULL[error.errno]
+  text = str(error).lower()  # Orbax's and TensorFlow's errors carry the OS's words
+  return next((reason for reason in _DISK_FULL.values() if reason in text), None)
+
+
+def is_disk_full(error) -> bool:
+  """Whether `error` (an OSError, an Orbax or TensorFlow error wrapping one, or a
+  message) says the disk (or the user's quota) is full."""
+  return _disk_full_reason(error) is not None
+
+
+def disk_full_message(error, target, workdir=None) -> str:
+  """'disk full: no space left on device writing <target>; free space and re-run the same
+  command to resume from step N': `workdir`, a training run's, gives the step of its newest
+  checkpoint (the re-run resumes from it)."""
+  then = 'free space and re-run the same command'
+  if workdir is not None:
+    steps = checkpoint_steps(workdir)
+    then += (f' to resume from step {steps[-1]}' if steps else
+             ' (no checkpoint was saved: it starts from step 0)')
+  return f'disk full: {_disk_full_reason(error) or "no space left"} writing {target}; {then}'
+
+
+def _file_above(path) -> Optional[str]:
+  """`path` or the first of its parents that is a file, not a folder (local paths)."""
+  if not fields.is_local(path):
+    return None
+  path = os.path.abspath(os.fspath(path))
+  while True:
+    if os.path.lexists(path) and not os.path.isdir(path):
+      return path
+    parent = os.path.dirname(path)
+    if parent == path:
+      return None
+    path = parent
+
+
+def unwritable(path, error: OSError) -> str:
+  """One line saying why writing in the workdir `path` failed with `error`."""
+  if is_disk_full(error):
+    return disk_full_message(error, error.filename or path, path)
+  file = _file_above(path) if error.errno in (errno.ENOTDIR, errno.EEXIST) else None
+  if file is not None:
+    return (f'cannot use {path} as the workdir: {file} is a file, not a folder; name a '
+            f'folder in --workdir')
+  where = f' ({error.filename})' if error.filename and str(error.filename) != str(path) else ''
+  return f'cannot write in the workdir {path}: {error.strerror or error}{where}'
+
+
+def write_failure(path, error: OSError, *, training: bool) -> Optional[str]:
+  """main.py's one line for `error`, raised by a run in the workdir `path`, if it is a
+  write that failed there: a full disk (`training`: with the step the re-run resumes
+  from), or a folder it may not write; None for any other error."""
+  if is_disk_full(error):
+    return disk_full_message(error, error.filename or path, path if training else None)
+  if error.errno not in (errno.EROFS, errno.EACCES, errno.EPERM) or not error.filename:
+    return None
+  folder = os.path.abspath(os.fspath(path))
+  inside = os.path.abspath(os.fspath(error.filename)).startswith(folder + os.sep)
+  return unwritable(path, error) if fields.is_local(path) and inside else None
 
 
 def _flat(tree: Dict[str, Any], prefix: str = '') -> Dict[str, Any]:
@@ -101,7 +176,13 @@ def load_config(path) -> Optional[ml_collections.ConfigDict]:
   file = epath.Path(path) / CONFIG
   if not file.exists():
     return None
-  return ml_collections.ConfigDict(json.loads(file.read_text()))
+  text = file.read_text()
+  try:
+    return ml_collections.ConfigDict(json.loads(text))
+  except ValueError as e:  # left by an older trainer's interrupted write
+    why = e if text.strip() else 'empty'
+    raise WorkdirError(f"{file}, the run's identity, is damaged ({why}); pass --restart to "
+                       f'move the run aside and start over') from None
 
 
 def check_identity(path, config, *, evaluating: bool = False) -> None:
@@ -177,25 +258,67 @@ class _Lock:
     self.held = False
     self._me = {'pid': os.getpid(), 'host': socket.gethostname()}
 
+  # A trainer writes its lock right after creating it: an empty or unreadable lock is
+  # read again this much later before it is called stale.
+  WRITE_GRACE_S = 0.5
+
   def acquire(self) -> None:
-    """Takes the lock; WorkdirError naming the holder if a live process holds it."""
-    for _ in range(2):
-      if not self._create():
-        try:
-          other = json.loads(self.file.read_text())
-        except (OSError, ValueError):
-          other = {}
-        if other.get('host') == self._me['host'] and not _pid_alive(int(other.get('pid', -1))):
-          logging.warning('Replacing a stale lock in %s (process %s is not running)',
-                          self.path, other.get('pid'))
-          self.file.unlink(missing_ok=True)
-          continue
+    """Takes the lock; WorkdirError naming the holder if a live process holds it. A stale
+    lock (its process gone, on this host; or empty or unreadable) is replaced."""
+    for _ in range(3):
+      if self._create():
+        self.held = True
+        return
+      other, text = self._read()
+      if text is None:  # released meanwhile
+        continue
+      stale = self._stale(other)
+      if stale is None:
         raise WorkdirError(
             f'{self.path} is in use by another trainer (pid {other.get("pid")} on '
             f'{other.get("host")}); wait for it, or, if that process is gone, delete '
             f'{self.file}') from None
-      self.held = True
-      return
+      logging.warning('Replacing a stale lock in %s (%s)', self.path, stale)
+      self._remove_if(text)
+    raise WorkdirError(f'{self.path}: its lock {self.file} keeps changing (several trainers '
+                       f'starting at once?); try again') from None
+
+  def _read(self):
+    """(holder, text) of the lock file: holder is {} when the text is not a lock's JSON
+    (after WRITE_GRACE_S, in case its trainer is writing it); (None, None) if it is gone."""
+    for wait in (0.0, self.WRITE_GRACE_S):
+      time.sleep(wait)
+      try:
+        text = self.file.read_text()
+      except FileNotFoundError:
+        return None, None
+      try:
+        other = json.loads(text)
+      except ValueError:
+        continue
+      if isinstance(other, dict) and 'pid' in other and 'host' in other:
+        return other, text
+    return {}, text
+
+  def _stale(self, other) -> Optional[str]:
+    """Why the lock `other` is stale, or None if its process may be running."""
+    if not other:
+      return 'it is empty or unreadable: its trainer stopped before writing it'
+    if other['host'] != self._me['host']:
+      return None
+    try:
+      pid = int(other['pid'])
+    except (TypeError, ValueError):
+      return f'its pid {other["pid"]!r} is not a process id'
+    return None if _pid_alive(pid) else f'process {pid} is not running'
+
+  def _remove_if(self, text: str) -> None:
+    """Deletes the lock file if it still holds `text` (not a lock taken meanwhile)."""
+    try:
+      if self.file.read_text() == text:
+        self.file.unlink(missing_ok=True)
+    except FileNotFoundError:
+      pass
 
   def _create(self) -> bool:
     """Writes the lock file unless it exists. Atomic on a local disk; on an object
@@ -206,8 +329,14 @@ class _Lock:
         fd = os.open(os.fspath(self.file), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
       except FileExistsError:
         return False
-      with os.fdopen(fd, 'w') as f:
-        json.dump(self._me, f)
+      try:
+        with os.fdopen(fd, 'w') as f:
+          json.dump(self._me, f)
+      except BaseException as e:
+        self.file.unlink(missing_ok=True)  # never leave an empty lock behind (a full disk)
+        if isinstance(e, OSError) and e.filename is None:
+          e.filename = os.fspath(self.file)
+        raise
       return True
     if self.file.exists():
       return False
@@ -239,13 +368,18 @@ class Run:
     self.writer = writer
     self._lock = _Lock(self.path)
     if writer:
-      self.path.mkdir(parents=True, exist_ok=True)
-      self._lock.acquire()
+      try:
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._lock.acquire()
+      except OSError as e:
+        raise WorkdirError(unwritable(self.path, e)) from None
     try:
       self.finished = self._check_length(config, num_steps)
       if writer and not self.finished:
-        (self.path / CONFIG).write_text(dumps(
-            json.loads(config.to_json_best_effort()), indent=2, sort_keys=True))
+        try:
+          write_json(self.path, CONFIG, json.loads(config.to_json_best_effort()))
+        except OSError as e:
+          raise WorkdirError(unwritable(self.path, e)) from None
     except BaseException:
       self.close()
       raise
@@ -290,12 +424,33 @@ class Run:
     self._lock.release()
 
 
+def write_atomic(path, text: str) -> None:
+  """Writes the file `path` whole or not at all: `text` goes to a temporary file beside it
+  (`<name>.tmp<pid>.<random>`), flushed to the disk (fsync, on a local disk), then renamed
+  over `path` (a local or gs:// path). If any of it fails (a full disk), the temporary
+  file is removed and the error raised: `path` keeps its old content, or stays absent."""
+  path = epath.Path(path)
+  tmp = path.parent / f'{path.name}.tmp{os.getpid()}.{uuid.uuid4().hex[:8]}'
+  try:
+    if fields.is_local(path):
+      with open(os.fspath(tmp), 'w') as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    else:
+      tmp.write_text(text)
+    tmp.replace(path)
+  except BaseException as e:
+    with contextlib.suppress(OSError):
+      tmp.unlink(missing_ok=True)
+    if isinstance(e, OSError) and e.filename in (None, os.fspath(tmp)):
+      e.filename = os.fspath(path)  # the file it was writing, not its temporary name
+    raise
+
+
 def write_json(path, name: str, obj) -> None:
-  """Writes `path/name` as strict JSON, replacing it whole: a temporary file is
-  written, then renamed over it (a local or gs:// path)."""
-  tmp = epath.Path(path) / f'{name}.tmp{os.getpid()}'
-  tmp.write_text(dumps(obj, indent=2, sort_keys=True))
-  tmp.replace(epath.Path(path) / name)
+  """Writes `path/name` as strict JSON, replacing it whole (`write_atomic`)."""
+  write_atomic(epath.Path(path) / name, dumps(obj, indent=2, sort_keys=True))
 
 
 def open_run(path, config, *, writer: bool = True, restart: bool = False,
@@ -310,11 +465,17 @@ def open_run(path, config, *, writer: bool = True, restart: bool = False,
   if restart and (path / CONFIG).exists():
     if writer:
       lock = _Lock(path)
-      lock.acquire()
+      try:
+        lock.acquire()
+      except OSError as e:
+        raise WorkdirError(unwritable(path, e)) from None
       stamp = datetime.datetime.now().strftime('%Y%m%d-%H%M%S')
       aside = path.parent / f'{path.name}.replaced-{stamp}'
       try:
         path.rename(aside)
+      except OSError as e:
+        lock.release()
+        raise WorkdirError(unwritable(path, e)) from None
       except BaseException:
         lock.release()
         raise
