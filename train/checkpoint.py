@@ -10,12 +10,18 @@ functions of it, so nothing else needs saving. Orbax writes each step in the
 background (the loop goes on) into a temporary directory and renames it when
 complete, so a run killed while saving leaves the previous step intact.
 
-Integrity: each save also records a manifest, `checkpoints/<step>.manifest.json`,
-with the shape, dtype and CRC-32 of every array. Restoring checks it (and that
-every value is finite); a damaged step is skipped with a warning naming it and
-the previous one is used. A checkpoint whose shapes differ from the model's is
-not damage: restoring it raises `CheckpointMismatch`, and nothing is deleted.
-A failed save stops the run with `CheckpointSaveError` naming the path.
+Integrity: each save also records a manifest, `checkpoints/<step>.manifest.json`
+(written whole or not at all), with the shape, dtype and CRC-32 of every array.
+Restoring checks it (and that every value is finite); a damaged step is skipped
+with a warning naming it and why, and the previous one is used. Damage includes
+the files that describe a step: a manifest that is missing (a step is never
+trusted without its check), empty or unreadable, and an Orbax
+`_CHECKPOINT_METADATA` that is missing or that Orbax cannot read. A checkpoint
+whose shapes differ from the model's is not damage: restoring it raises
+`CheckpointMismatch`, and nothing is deleted.
+A failed save stops the run with `CheckpointSaveError`, one line naming the
+path; a full disk says so and from which step the re-run resumes (Orbax's own
+tracebacks of it, from its background threads, are left out of the log).
 """
 import contextlib
 import json
@@ -31,9 +37,12 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from orbax.checkpoint._src.metadata import step_metadata_serialization
+
 import fields
 from train import mesh as mesh_lib
 from train import sharding
+from train import workdir as workdir_lib
 
 ITEMS = ('params', 'opt_state')
 
@@ -47,10 +56,17 @@ class CheckpointSaveError(RuntimeError):
 
 
 class _OrbaxInfoFilter(logging_std.Filter):
-  """Drops Orbax's INFO chatter (tens of lines per save) from the absl log."""
+  """Drops Orbax's INFO chatter (tens of lines per save) from the absl log, and its
+  reports of a full disk (a traceback from each background thread of the failed save):
+  `Checkpointer` raises that failure as one CheckpointSaveError."""
 
   def filter(self, record):
-    return record.levelno > logging_std.INFO or f'{os.sep}orbax{os.sep}' not in record.pathname
+    if f'{os.sep}orbax{os.sep}' not in record.pathname:
+      return True
+    if record.levelno <= logging_std.INFO:
+      return False
+    return not workdir_lib.is_disk_full(
+        record.exc_info[1] if record.exc_info else record.getMessage())
 
 
 def _quiet_orbax_logging() -> None:
@@ -114,12 +130,18 @@ class Checkpointer:
           item_handlers={name: ocp.StandardCheckpointHandler() for name in ITEMS},
           options=ocp.CheckpointManagerOptions(
               max_to_keep=keep, create=create, enable_async_checkpointing=async_save,
+              # Each step's _CHECKPOINT_METADATA is read by `restore` (a damaged one is
+              # skipped), not here, where a damaged one stops the manager's creation.
+              lightweight_initialize=True,
               save_decision_policy=ocp.checkpoint_managers.AnySavePolicy([
                   ocp.checkpoint_managers.FixedIntervalPolicy(every),
                   ocp.checkpoint_managers.PreemptionCheckpointingPolicy()])))
     except OSError as e:
+      if workdir_lib.is_disk_full(e):
+        raise CheckpointSaveError(self._disk_full(e, e.filename or self.directory)) from None
       raise CheckpointSaveError(f'cannot create checkpoints in {self.directory}: {e}') from None
     self.unreadable = set()  # steps `restore` skipped: `save` replaces them
+    self._manifests = {}  # step -> its manifest, read by `_check_files`
 
   def steps(self):
     return sorted(self.manager.all_steps())
@@ -150,25 +172,47 @@ class Checkpointer:
       logging.warning('Replacing the damaged checkpoint at step %d', step)
       self.manager.delete(step)
       self.unreadable.discard(step)
+    path = self._manifest_path(step)
     try:
-      self._manifest_path(step).write_text(json.dumps(
+      workdir_lib.write_atomic(path, json.dumps(
           {name: manifest(tree) for name, tree in zip(ITEMS, (params, opt_state))}))
-      self.manager.save(step, force=True, args=ocp.args.Composite(
-          params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state)))
     except OSError as e:
+      if workdir_lib.is_disk_full(e):
+        raise CheckpointSaveError(self._disk_full(e, path)) from None
       raise CheckpointSaveError(f'saving the checkpoint at step {step} in {self.directory} '
                                 f'failed: {e}') from None
+    try:
+      self.manager.save(step, force=True, args=ocp.args.Composite(
+          params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state)))
+    except Exception as e:  # pylint: disable=broad-except  (this save's, or an earlier one's)
+      path.unlink(missing_ok=True)  # the step was not written: no manifest without it
+      raise self._save_error(e, f'saving the checkpoint at step {step} in '
+                                f'{self.directory} failed') from None
     self._prune_manifests(step)
     return True
+
+  def _disk_full(self, error, target) -> str:
+    """The one line of a full disk, naming the step the re-run resumes from."""
+    return workdir_lib.disk_full_message(error, target, self.directory.parent)
+
+  def _save_error(self, error, what: str) -> CheckpointSaveError:
+    """`what` failed with `error` (Orbax's, or the OS's), in one line. The manifests of
+    steps that were not written (this failed save's) are deleted."""
+    for path in self.directory.glob('*.manifest.json'):
+      step = path.name.split('.')[0]
+      if step.isdigit() and not (self.directory / step).exists():
+        path.unlink(missing_ok=True)
+    if workdir_lib.is_disk_full(error):
+      return CheckpointSaveError(self._disk_full(error, self.directory))
+    text = str(error).strip()
+    return CheckpointSaveError(f'{what}: {text.splitlines()[-1] if text else type(error).__name__}')
 
   def check(self) -> None:
     """Raises CheckpointSaveError if a background save has failed."""
     try:
       self.manager.check_for_errors()
     except Exception as e:  # pylint: disable=broad-except
-      first = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
-      raise CheckpointSaveError(f'saving a checkpoint in {self.directory} failed: '
-                                f'{first}') from None
+      raise self._save_error(e, f'saving a checkpoint in {self.directory} failed') from None
 
   def _prune_manifests(self, current: int) -> None:
     """Deletes the manifests of steps Orbax no longer keeps."""
@@ -178,16 +222,49 @@ class Checkpointer:
       if step.isdigit() and int(step) not in keep:
         path.unlink()
 
-  def _verify(self, step: int, restored: Dict[str, Any]) -> Optional[str]:
-    """Why the restored arrays of `step` are damaged, or None if they are sound."""
+  def _check_files(self, step: int) -> Optional[str]:
+    """Why the files that describe `step` are missing or damaged, or None; read before
+    its arrays. Its manifest (kept for `_verify`) must be there and whole: a step is
+    never trusted without its check. Its `_CHECKPOINT_METADATA` must be what Orbax reads."""
     path = self._manifest_path(step)
-    if path.exists():
-      want = json.loads(path.read_text())
-      for name, tree in restored.items():
-        got = manifest(tree)
-        bad = [k for k in want.get(name, {}) if k in got and got[k] != want[name][k]]
-        if bad:
-          return f'{name}{bad[0]} does not match its recorded checksum'
+    try:
+      text = path.read_text()
+    except FileNotFoundError:
+      return f'its manifest {path.name} is missing (the save did not complete)'
+    except OSError as e:
+      return f'its manifest {path.name} cannot be read ({e.strerror or e})'
+    try:
+      want = json.loads(text) if text.strip() else None
+    except ValueError as e:
+      return f'its manifest {path.name} is not valid JSON ({e})'
+    if not isinstance(want, dict) or not all(isinstance(want.get(n), dict) for n in ITEMS):
+      return f'its manifest {path.name} is {"empty" if not text.strip() else "not a manifest"}'
+    self._manifests[step] = want
+    path = self.directory / str(step) / '_CHECKPOINT_METADATA'
+    try:
+      metadata = json.loads(path.read_text())
+      if not isinstance(metadata, dict):
+        raise ValueError(f'a JSON {type(metadata).__name__}, not an object')
+      step_metadata_serialization.deserialize(metadata)
+    except FileNotFoundError:
+      return f'its Orbax metadata {path.name} is missing'
+    except Exception as e:  # pylint: disable=broad-except  (what Orbax raises reading it)
+      text = str(e).strip().splitlines()[0] if str(e).strip() else ''
+      return f'its Orbax metadata {path.name} cannot be read ({type(e).__name__}: {text})'
+    return None
+
+  def _verify(self, step: int, restored: Dict[str, Any]) -> Optional[str]:
+    """Why the restored arrays of `step` are damaged, or None if they are sound: each
+    must be in its manifest (read by `_check_files`) with the recorded checksum."""
+    want = self._manifests[step]
+    for name, tree in restored.items():
+      got = manifest(tree)
+      missing = sorted(set(got) ^ set(want[name]))
+      if missing:
+        return f'{name}{missing[0]} is not in both the checkpoint and its manifest'
+      bad = [k for k in want[name] if got[k] != want[name][k]]
+      if bad:
+        return f'{name}{bad[0]} does not match its recorded checksum'
     if not all_finite(restored['params']):
       return 'its parameters are not finite'
     return None
@@ -206,6 +283,10 @@ class Checkpointer:
     the abstract params (another model's run): nothing is skipped or deleted.
     """
     for step in reversed(self.steps()):
+      damage = self._check_files(step)
+      if damage:
+        self._skip(step, damage)
+        continue
       try:
         saved = self.saved_params(step, mesh)
       except Exception as e:  # pylint: disable=broad-except
@@ -260,8 +341,18 @@ class Checkpointer:
       raise
 
   def close(self) -> None:
-    self.manager.wait_until_finished()
-    self.check()
+    """Waits for the save in flight and closes the manager; CheckpointSaveError if a save
+    failed (the manager is closed then too)."""
+    try:
+      try:
+        self.manager.wait_until_finished()
+      except Exception as e:  # pylint: disable=broad-except
+        raise self._save_error(e, f'saving a checkpoint in {self.directory} failed') from None
+      self.check()
+    except CheckpointSaveError:
+      with contextlib.suppress(Exception):  # the save's error is the one to report
+        self.manager.close()
+      raise
     self.manager.close()
 
 
