@@ -20,12 +20,19 @@ the end:
     step 300/660 | loss 0.1564 | accuracy 95.47% | top5_accuracy 99.92% | 1162 ex/s | eta 20s
     test accuracy 96.11% | loss 0.1802 | top5_accuracy 99.72% | results in runs/default/results.json
 """
+import contextlib
+import errno
 import json
 import math
+import os
+import sys
+import threading
 from typing import Any, Dict, Mapping, Optional
 
 from etils import epath
 import numpy as np
+
+from train import workdir as workdir_lib
 
 JSONL = 'metrics.jsonl'
 
@@ -138,7 +145,8 @@ class JsonlWriter:
     self.path = epath.Path(path)
     rows = [r for r in read_jsonl(self.path) if r.get('step', 0) <= resume_step]
     self.path.parent.mkdir(parents=True, exist_ok=True)
-    self.path.write_text(''.join(json.dumps(r) + '\n' for r in rows))
+    # Replaced whole: a full disk leaves the rows as they were, never a truncated file.
+    workdir_lib.write_atomic(self.path, ''.join(json.dumps(r) + '\n' for r in rows))
     self._file = self.path.open('a')
 
   def write_scalars(self, step: int, scalars: Mapping[str, Any]):
@@ -146,9 +154,14 @@ class JsonlWriter:
     for key, value in scalars.items():
       split, _, name = key.rpartition('/')
       rows.setdefault(split or 'progress', {})[name] = _finite_or_none(value)
-    for split, values in rows.items():
-      self._file.write(json.dumps({'step': int(step), 'split': split, **values}) + '\n')
-    self._file.flush()
+    try:
+      for split, values in rows.items():
+        self._file.write(json.dumps({'step': int(step), 'split': split, **values}) + '\n')
+      self._file.flush()
+    except OSError as e:  # a full disk: the error names the file
+      if e.filename is None:
+        e.filename = os.fspath(self.path)
+      raise
 
   def write_summaries(self, step, values, metadata=None):
     del step, values, metadata
@@ -178,6 +191,36 @@ class JsonlWriter:
     self._file.close()
 
 
+@contextlib.contextmanager
+def _stderr_held():
+  """Holds what is written to file descriptor 2 (where TensorFlow's C++ code logs) in the
+  block, and writes it out after the block, unless the block raised a full disk's error
+  (which the run then reports in one line)."""
+  sys.stderr.flush()
+  read, write = os.pipe()
+  saved = os.dup(2)
+  chunks = []
+  reader = threading.Thread(
+      target=lambda: chunks.extend(iter(lambda: os.read(read, 1 << 16), b'')), daemon=True)
+  reader.start()
+  os.dup2(write, 2)
+  os.close(write)
+  error = None
+  try:
+    yield
+  except BaseException as e:
+    error = e
+    raise
+  finally:
+    os.dup2(saved, 2)  # closes the pipe's write end: the reader reaches its end
+    os.close(saved)
+    reader.join(timeout=10)
+    if not reader.is_alive():
+      os.close(read)
+    if error is None or not workdir_lib.is_disk_full(error):
+      os.write(2, b''.join(chunks))
+
+
 def create_writer(workdir, *, enabled: bool, resume_step: int = 0):
   """A clu MetricWriter: log lines, TensorBoard events in `workdir/tensorboard` and
   `workdir/metrics.jsonl`.
@@ -188,7 +231,13 @@ def create_writer(workdir, *, enabled: bool, resume_step: int = 0):
   if not enabled:
     return metric_writers.create_default_writer(just_logging=True, asynchronous=False)
   workdir = epath.Path(workdir)
-  return metric_writers.MultiWriter([
-      metric_writers.create_default_writer(workdir / 'tensorboard', asynchronous=False),
-      JsonlWriter(workdir / JSONL, resume_step),
-  ])
+  try:
+    with _stderr_held():  # TensorFlow's C++ log of a full disk: 8 lines before its error
+      tensorboard = metric_writers.create_default_writer(workdir / 'tensorboard',
+                                                         asynchronous=False)
+  except Exception as e:  # pylint: disable=broad-except  (TensorFlow's error)
+    if not workdir_lib.is_disk_full(e):
+      raise
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC),
+                  os.fspath(workdir / 'tensorboard')) from None
+  return metric_writers.MultiWriter([tensorboard, JsonlWriter(workdir / JSONL, resume_step)])
