@@ -32,6 +32,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VARIANTS = (
     ('rfa', True, 'gate', {'use_gate': True, 'learn_sigma': True}, {}),
     ('linear', True, 'rotary', {}, {'rotary': True}),            # 'features' rotary
+    ('retention', True, 'rotary', {}, {'rotary': True}),         # 'scores' rotary
+    ('performer', True, 'redraw', {'redraw': True}, {}),         # a key drawn outside
     ('local', True, 'wide', {'window': 20}, {}),                 # a halo of 3 devices
     ('local', False, 'wide', {'window': 21}, {}),
     ('mamba2', True, 'groups', {'ngroups': 1, 'conv_bias': False}, {}),
@@ -113,9 +115,12 @@ def linen_case(mechanism, causal, options, args, mesh=MESH, n=32, dtype=jnp.floa
       max_length=n, sequence_axis=axis, param_dtype=dtype, **args)
   single, split = make(None), make('sequence')
   params = single.init(jax.random.key(1), x, mask=valid)
+  # Redrawn features: a training call with a 'features' stream, the same key for both.
+  train = dict(deterministic=False, rngs={'features': jax.random.key(2)})
+  call = train if options.get('redraw') else {}
   def loss(layer):
     def f(p, x):
-      y = layer.apply(p, x, mask=valid)
+      y = layer.apply(p, x, mask=valid, **call)
       return jnp.sum(jnp.sin(y)) / x.shape[0], y
     return jax.value_and_grad(f, argnums=(0, 1), has_aux=True)
   both = jax.jit(lambda p, x: (loss(single)(p, x), loss(split)(p, x)))
