@@ -105,13 +105,11 @@ def _attend_fwd(cfg, q, k, v, mask):
   return out, (q, k, v, mask, out, lse)
 
 
-def _attend_bwd(cfg, res, g, g_lse=None):
+def _attend_bwd(cfg, res, g):
   q, k, v, mask, out, lse = res
   num_q, num_k = q.shape[1] // cfg.cq, k.shape[1] // cfg.ck
   g = g.astype(q.dtype)
   delta = jnp.einsum('bqhd,bqhd->bhq', g, out)  # rowsum(dO * O), FlashAttention-2's D
-  if g_lse is not None:  # d lse / d s = p: the row's p (dp - delta) gains p g_lse
-    delta = delta - jnp.where(jnp.isfinite(lse), g_lse.astype(q.dtype), 0.0)
 
   def key_block(j, dq):
     k0 = j * cfg.ck
@@ -147,22 +145,16 @@ def _attend_bwd(cfg, res, g, g_lse=None):
 attend.defvjp(_attend_fwd, _attend_bwd)
 
 
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def attend_lse(cfg: Blocks, q, k, v, mask):
-  """`attend` and the log-sum-exp of each query's scores `[b, h, lq]` (+inf for a row with
-  no key), both differentiable: for merging attentions over disjoint key sets (ring
-  attention, `efficient_attn.parallel.ring_attention`)."""
+def forward(cfg: Blocks, q, k, v, mask):
+  """`attend`'s forward, not differentiated: (out `[b, lq, h, dv]`, log-sum-exp `[b, h, lq]`,
+  +inf for a row with no key)."""
   return _forward(cfg, q, k, v, mask)
 
 
-def _attend_lse_fwd(cfg, q, k, v, mask):
-  out, lse = _forward(cfg, q, k, v, mask)
-  return (out, lse), (q, k, v, mask, out, lse)
-
-
-def _attend_lse_bwd(cfg, res, g):
-  return _attend_bwd(cfg, res, *g)
-
-
-attend_lse.defvjp(_attend_lse_fwd, _attend_lse_bwd)
+def backward(cfg: Blocks, q, k, v, mask, out, lse, g):
+  """(dq, dk, dv) of these keys' share of an attention whose output `out` and log-sum-exp
+  `lse` (+inf for a row with no key) may span more keys than k (`forward`'s over a larger
+  key set, or several merged), for the output cotangent g: with the whole attention's out
+  and lse, each block's p = exp(s - lse) is its share of the whole softmax (ring
+  attention's backward, `efficient_attn.parallel.ring_attention`)."""
+  return _attend_bwd(cfg, (q, k, v, mask, out, lse), g)[:3]

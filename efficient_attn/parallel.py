@@ -27,8 +27,9 @@ axis does not divide, cross-attention, a mask other than key padding, sown atten
 weights and attention-weight dropout in training. A decoding step (one token) is not
 split: it runs as without a sequence axis.
 """
+import functools
 import math
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, NamedTuple, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -177,36 +178,96 @@ def merge_softmax(out1, lse1, out2, lse2):
   return out1 * weight(w1) + out2 * weight(w2), m + jnp.log(total)
 
 
-def ring_attention(q, k, v, key_padding, *, causal: bool, axis: str, block: Callable):
+class RingBlock(NamedTuple):
+  """How ring attention attends to one block of keys (softmax's dense or blocked form).
+
+  forward(q, k, v, key_padding, causal) -> (out `[b, m, h, dv]`, lse `[b, h, m]`): softmax
+    attention of the (scaled) queries over this block of keys, and each row's log-sum-exp
+    (`masking.big_neg` for a row with no key, output 0); causal: the diagonal block (key
+    j <= query i). Not differentiated.
+  backward(q, k, v, key_padding, causal, out, lse, g) -> (dq, dk, dv): this block's share
+    of the gradients of the whole attention, whose output is `out` and log-sum-exp `lse`
+    (+inf for a row with no key), for the output cotangent g.
+  """
+  forward: Callable[..., Any]
+  backward: Callable[..., Any]
+
+
+def ring_attention(q, k, v, key_padding, *, causal: bool, axis: str, block: RingBlock):
   """Exact softmax attention of this device's queries over every device's keys (ring
-  attention): the key/value blocks travel around the ring, and each visiting block's
-  `block(q, k, v, key_padding, causal) -> (out [b, m, h, dv], lse [b, h, m])` is merged
-  by `merge_softmax`.
+  attention, Liu et al. 2023): the key/value blocks travel around the ring (`rotate`),
+  and each visiting block's `block.forward` is merged by `merge_softmax`.
 
   q `[b, m, h, d]` (scaled), k `[b, m, h, d]`, v `[b, m, h, dv]`, key_padding bool
-  `[b, m]` (True = real key). Causal: the device's own block with the causal mask, the
-  blocks of earlier devices whole, later ones skipped (`lax.cond`). Each step is
-  rematerialised in the backward pass (`jax.checkpoint`); the received blocks are kept.
+  `[b, m]` or None (True = real key) -> `[b, m, h, dv]`. Causal: the device's own block
+  with the causal mask, the blocks of earlier devices whole, later ones skipped
+  (`lax.cond`). The backward pass is a second ring (`jax.custom_vjp`): the key/value
+  blocks travel again with their gradients, each device adding its queries' share
+  (`block.backward`), so only this device's blocks, output and log-sum-exp are kept.
   """
-  n, i = lax.axis_size(axis), lax.axis_index(axis)
   if key_padding is None:
     key_padding = jnp.ones(k.shape[:2], bool)
-  step = jax.checkpoint(block, static_argnums=(4,), prevent_cse=False)
-  out, lse = step(q, k, v, key_padding, causal)
+  return _ring(q, k, v, key_padding, causal, axis, block)
+
+
+def _visit(step, i, s: int, causal: bool, q, kv, empty):
+  """`step(q, *kv)` for the block that visits at ring step s >= 1: skipped (`empty()`) where
+  causal and the block comes from a later device (i < s)."""
+  if not causal:
+    return step(q, *kv)
+  return lax.cond(i >= s, step, lambda q, *kv: empty(q), q, *kv)
+
+
+def _ring_forward(q, k, v, key_padding, causal, axis, block):
+  n, i = lax.axis_size(axis), lax.axis_index(axis)
+  out, lse = block.forward(q, k, v, key_padding, causal)
+
+  def empty(q):
+    zero = jnp.zeros(q.shape[:3] + v.shape[3:], out.dtype) * q[..., :1]  # q's placement
+    return zero, jnp.swapaxes(zero[..., 0], 1, 2) + masking.big_neg(lse.dtype)
   kv = (k, v, key_padding)
   for s in range(1, n):
     kv = rotate(kv, axis)
-    if causal:
-      def empty(q, k, v, kp):
-        del k, kp
-        zero = jnp.zeros(q.shape[:3] + v.shape[3:], out.dtype) * q[..., :1]
-        return zero, jnp.swapaxes(zero[..., 0], 1, 2) + masking.big_neg(lse.dtype)
-      o_s, l_s = lax.cond(i >= s, lambda q, k, v, kp: step(q, k, v, kp, False), empty,
-                          q, *kv)
-    else:
-      o_s, l_s = step(q, *kv, False)
+    o_s, l_s = _visit(lambda q, k, v, kp: block.forward(q, k, v, kp, False), i, s, causal,
+                      q, kv, empty)
     out, lse = merge_softmax(out, lse, o_s, l_s)
-  return out
+  return out, lse
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _ring(q, k, v, key_padding, causal, axis, block):
+  return _ring_forward(q, k, v, key_padding, causal, axis, block)[0]
+
+
+def _ring_fwd(q, k, v, key_padding, causal, axis, block):
+  out, lse = _ring_forward(q, k, v, key_padding, causal, axis, block)
+  return out, (q, k, v, key_padding, out, lse)
+
+
+def _ring_bwd(causal, axis, block, res, g):
+  q, k, v, key_padding, out, lse = res
+  n, i = lax.axis_size(axis), lax.axis_index(axis)
+  lse = jnp.where(lse > masking.big_neg(lse.dtype) / 2, lse, jnp.inf)  # no key: p = 0
+  g = g.astype(out.dtype)
+  dq, dk, dv = block.backward(q, k, v, key_padding, causal, out, lse, g)
+
+  def step(q, k, v, kp):
+    return block.backward(q, k, v, kp, False, out, lse, g)
+
+  def empty(q):
+    return jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v)
+  ring = (k, v, key_padding, dk, dv)   # a block travels with its gradients
+  for s in range(1, n):
+    ring = rotate(ring, axis)
+    k_s, v_s, kp_s, dk_s, dv_s = ring
+    dq_s, dk_b, dv_b = _visit(step, i, s, causal, q, (k_s, v_s, kp_s), empty)
+    dq = dq + dq_s
+    ring = (k_s, v_s, kp_s, dk_s + dk_b, dv_s + dv_b)
+  dk, dv = rotate(ring[3:], axis)      # each block's gradients back to its device
+  return dq, dk, dv, None
+
+
+_ring.defvjp(_ring_fwd, _ring_bwd)
 
 
 # The shard_map wrapper.

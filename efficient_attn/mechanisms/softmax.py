@@ -66,32 +66,57 @@ def chunked_softmax_attention(q, k, v, mask=None, causal: bool = False,
   return out[:, :lq].astype(v.dtype)
 
 
-def dense_block(q, k, v, key_padding, causal: bool):
-  """Softmax attention of pre-scaled q `[b, m, h, d]` over one block of keys k `[b, m', h, d]`,
-  v `[b, m', h, dv]` with key padding `[b, m']` (causal: the diagonal block, key j <= query
-  i): (out `[b, m, h, dv]`, log-sum-exp `[b, h, m]`), a ring step of
-  `parallel.ring_attention`. Forms the block's `[m, m']` scores."""
+def _dense_forward(q, k, v, key_padding, causal: bool):
   s = jnp.einsum('bqhd,bkhd->bhqk', q, k)
-  valid = key_padding[:, None, None, :]
-  if causal:
-    valid = valid & masking.causal_mask(q.shape[1], k.shape[1])[None, None]
-  w, lse = softmax_lib.masked_softmax(s, valid)
+  w, lse = softmax_lib.masked_softmax(s, _block_valid(q, k, key_padding, causal))
   return jnp.einsum('bhqk,bkhd->bqhd', w, v), lse
 
 
-def chunked_block(q_chunk: int, k_chunk: int):
-  """`dense_block` in `q_chunk` x `k_chunk` blocks (`flash.attend_lse`): O(m d) memory."""
-  def block(q, k, v, key_padding, causal: bool):
+def _dense_backward(q, k, v, key_padding, causal: bool, out, lse, g):
+  s = jnp.einsum('bqhd,bkhd->bhqk', q, k)
+  p = jnp.where(_block_valid(q, k, key_padding, causal), jnp.exp(s - lse[..., None]), 0.0)
+  delta = jnp.einsum('bqhd,bqhd->bhq', g, out)
+  ds = p * (jnp.einsum('bqhd,bkhd->bhqk', g, v) - delta[..., None])
+  return (jnp.einsum('bhqk,bkhd->bqhd', ds, k), jnp.einsum('bhqk,bqhd->bkhd', ds, q),
+          jnp.einsum('bhqk,bqhd->bkhd', p, g))
+
+
+def _block_valid(q, k, key_padding, causal: bool):
+  valid = key_padding[:, None, None, :]
+  if causal:
+    valid = valid & masking.causal_mask(q.shape[1], k.shape[1])[None, None]
+  return valid
+
+
+# Softmax's ring step (`parallel.RingBlock`): the block's [m, m] scores formed at once.
+DENSE_BLOCK = parallel.RingBlock(_dense_forward, _dense_backward)
+
+
+def chunked_block(q_chunk: int, k_chunk: int) -> parallel.RingBlock:
+  """softmax_chunked's ring step: the block in `q_chunk` x `k_chunk` blocks
+  (`flash.forward`, `flash.backward`), O(m d) memory."""
+  def layout(q, k, key_padding, causal):
     lq, lk = q.shape[1], k.shape[1]
     cq, ck = min(q_chunk, lq), min(k_chunk, lk)
-    pq, pk = -lq % cq, -lk % ck
-    pad = lambda x, p: jnp.pad(x, ((0, 0), (0, p), (0, 0), (0, 0)))
-    mask = jnp.pad(key_padding, ((0, 0), (0, pk)))[:, None, None, :]
-    out, lse = flash.attend_lse(flash.Blocks(cq, ck, lk, bool(causal), lk - lq), pad(q, pq),
-                                pad(k, pk), pad(v, pk), mask)
-    lse = lse[..., :lq]
-    return out[:, :lq], jnp.where(jnp.isfinite(lse), lse, masking.big_neg(lse.dtype))
-  return block
+    mask = jnp.pad(key_padding, ((0, 0), (0, -lk % ck)))[:, None, None, :]
+    return flash.Blocks(cq, ck, lk, bool(causal), lk - lq), -lq % cq, -lk % ck, mask
+
+  pad = lambda x, p: jnp.pad(x, ((0, 0), (0, p)) + ((0, 0),) * (x.ndim - 2))
+
+  def forward(q, k, v, key_padding, causal):
+    cfg, pq, pk, mask = layout(q, k, key_padding, causal)
+    out, lse = flash.forward(cfg, pad(q, pq), pad(k, pk), pad(v, pk), mask)
+    lse = lse[..., :q.shape[1]]
+    return out[:, :q.shape[1]], jnp.where(jnp.isfinite(lse), lse, masking.big_neg(lse.dtype))
+
+  def backward(q, k, v, key_padding, causal, out, lse, g):
+    cfg, pq, pk, mask = layout(q, k, key_padding, causal)
+    lse = jnp.pad(lse, ((0, 0), (0, 0), (0, pq)), constant_values=jnp.inf)
+    dq, dk, dv = flash.backward(cfg, pad(q, pq), pad(k, pk), pad(v, pk), mask, pad(out, pq),
+                                lse, pad(g, pq))
+    lq, lk = q.shape[1], k.shape[1]
+    return dq[:, :lq], dk[:, :lk], dv[:, :lk]
+  return parallel.RingBlock(forward, backward)
 
 
 def ring_softmax(o, q, k, v, mask, causal: bool, axis: str, block):
@@ -134,7 +159,7 @@ class Softmax(registry.Mechanism):
   sequence_parallel = 'ring'
 
   def attend_sharded(self, o, params, q, k, v, *, mask, causal, ctx, axis):
-    return ring_softmax(o, q, k, v, mask, causal, axis, dense_block)
+    return ring_softmax(o, q, k, v, mask, causal, axis, DENSE_BLOCK)
 
   def attend(self, o, params, q, k, v, *, mask, causal, ctx):
     rate, rng = _dropout(ctx)
