@@ -11,6 +11,9 @@ what the JSON gives.
     python -m studies.tables --update=studies/recall/README.md  # rewrite one table in place
     python -m studies.tables --update=all                       # rewrite every one
 
+The repository's README.md holds a shorter table between the same markers: a row per
+study with its budget and headline (`front`).
+
 The helpers below format numbers the same way in every study.
 """
 import argparse
@@ -24,6 +27,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 START, END = '<!-- results:start -->', '<!-- results:end -->'
 INDEX = 'studies/README.md'
+FRONT = 'README.md'  # the repository's front page: one row per study, linking to it
 
 
 def load(path: str) -> Any:
@@ -80,10 +84,19 @@ def index() -> str:
                    'seeds)'], rows, 'llll')
 
 
+def front() -> str:
+  """README.md's results table: a row per study (its budget and headline), linking to it."""
+  rows = [[f'[{s}](studies/{s}/README.md)', module(s).BUDGET, module(s).headline()]
+          for s in studies()]
+  return md_table(['study', 'budget', 'headline (validation or test, mean of the seeds)'],
+                  rows, 'lll')
+
+
 def readmes() -> Dict[str, str]:
   """{README path relative to the root: the function that gives its table}."""
   found = {f'studies/{s}/README.md': module(s).table for s in studies()}
   found[INDEX] = index
+  found[FRONT] = front
   return found
 
 

@@ -98,6 +98,16 @@ def test_the_index_is_what_the_studies_give():
       f'run python -m studies.tables --update={tables.INDEX}')
 
 
+def test_the_front_page_quotes_the_studies_from_their_json():
+  """README.md's results table is generated (a row per study, linking to it), and no other
+  percentage in README.md repeats a study's number by hand."""
+  readme = _read(tables.FRONT)
+  assert tables.current(readme) == tables.front(), (
+      f'run python -m studies.tables --update={tables.FRONT}')
+  outside = re.sub(r'```.*?```', '', readme.replace(tables.current(readme), ''), flags=re.S)
+  assert not re.findall(r'\d+\.\d+ ?%', outside), 'a percentage copied by hand into README.md (outside its code blocks)'
+
+
 @pytest.mark.parametrize('study', STUDIES)
 def test_the_readme_follows_the_template(study):
   text = _read(f'studies/{study}/README.md')
