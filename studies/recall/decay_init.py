@@ -25,7 +25,6 @@ import numpy as np
 
 from configs import mqar
 from train import api
-from train import steps
 
 _OUT = flags.DEFINE_string('out', 'studies/recall', 'Output folder.')
 _NAME = flags.DEFINE_string('name', 'decay_init', 'Output file name (no extension).')
@@ -43,7 +42,7 @@ def decays(mechanism: str, width: int, seed: int, seq_len: int,
   config = mqar.get_config(f'{mechanism},d_model={width},seq_len={seq_len},vocab_size=1024')
   config.attention.options.update(options)
   config.train.seed = seed
-  params = steps.init_params(api.create_model(config), config, jax.random.key(seed))
+  params = api.build(config, read_data=False).state.params  # the trainer's own start
   found: Dict[str, Dict[str, np.ndarray]] = {}
   for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
     names = [str(getattr(k, 'key', k)) for k in path]
