@@ -4,6 +4,7 @@ behind that a later run trusts or that blocks it (issue 59, item 6).
 The disk is filled by `full_disk` (injected ENOSPC on the writes Python makes); the
 run in a process (`test_a_full_disk_mid_run_...`) fills it while training.
 """
+import asyncio
 import errno
 import json
 import logging
@@ -12,6 +13,7 @@ import socket
 import subprocess
 import sys
 import threading
+import types
 
 import jax.numpy as jnp
 import pytest
@@ -141,6 +143,50 @@ def test_a_full_disk_in_a_background_save_is_one_error_without_orbax_tracebacks(
   assert main_runner.committed_steps(str(tmp_path)) == [4]
   assert sorted(os.listdir(tmp_path / 'checkpoints'))[:2] == ['4', '4.manifest.json']
   assert not (tmp_path / 'checkpoints' / '8.manifest.json').exists()
+
+
+def test_tensorstores_late_callbacks_after_a_failed_save_are_not_printed(tmp_path,
+                                                                           monkeypatch):
+  """After a failed save, TensorStore's writes still in flight finish on the event loop
+  Orbax has closed: on a real full disk, tens of 'RuntimeError: Event loop is closed'
+  tracebacks (sys.unraisablehook) after the run's one line. Those are dropped; any other
+  unraisable exception still goes to the hook."""
+  seen = []
+  monkeypatch.setattr(sys, 'unraisablehook', seen.append)
+  checkpoint.Checkpointer(str(tmp_path)).close()
+
+  def unraisable(call):
+    try:
+      call()
+    except RuntimeError as e:
+      return types.SimpleNamespace(exc_type=RuntimeError, exc_value=e,
+                                   exc_traceback=e.__traceback__, err_msg=None, object=None)
+  loop = asyncio.new_event_loop()
+  loop.close()
+  late = unraisable(lambda: loop.call_soon_threadsafe(print))
+  other = unraisable(lambda: (_ for _ in ()).throw(RuntimeError('Event loop is closed')))
+  sys.unraisablehook(late)
+  sys.unraisablehook(other)
+  assert seen == [other]
+
+
+def test_no_manifest_is_left_without_its_step(tmp_path):
+  """Step 8's background writes fail, then step 12's manifest cannot be written: neither
+  manifest stays behind (a real full disk left 12.manifest.json, or an empty one)."""
+  ckpt = checkpoint.Checkpointer(str(tmp_path))
+  params, opt_state = {'w': jnp.arange(3.0)}, {'m': jnp.zeros(3)}
+  assert ckpt.save(4, params, opt_state, force=True)
+  ckpt.manager.wait_until_finished()
+  full = lambda path: '.manifest.json' not in path or '12.manifest.json' in path
+  with full_disk.installed(tmp_path / 'checkpoints', when=full):
+    with pytest.raises(checkpoint.CheckpointSaveError, match=f'^{DISK_FULL}'):
+      try:
+        ckpt.save(8, params, opt_state, force=True)
+        ckpt.save(12, params, opt_state, force=True)
+      finally:
+        ckpt.close()
+  assert [f for f in sorted(os.listdir(tmp_path / 'checkpoints')) if 'manifest' in f] == [
+      '4.manifest.json']
 
 
 def test_a_workdir_under_a_file_is_one_line(tmp_path, config):

@@ -27,6 +27,7 @@ import contextlib
 import json
 import logging as logging_std
 import os
+import sys
 import zlib
 from typing import Any, Dict, Optional, Tuple
 
@@ -69,10 +70,31 @@ class _OrbaxInfoFilter(logging_std.Filter):
         record.exc_info[1] if record.exc_info else record.getMessage())
 
 
+def _late_callback(unraisable) -> bool:
+  """Whether `unraisable` (sys.unraisablehook's argument) is a TensorStore write finishing
+  after Orbax closed the event loop of a save that had already failed (a full disk: tens
+  of tracebacks, 'RuntimeError: Event loop is closed'; the save's error is reported)."""
+  tb = unraisable.exc_traceback
+  while tb is not None and tb.tb_next is not None:
+    if tb.tb_frame.f_code.co_name == 'call_soon_threadsafe':
+      break
+    tb = tb.tb_next
+  return (isinstance(unraisable.exc_value, RuntimeError) and tb is not None and
+          str(unraisable.exc_value) == 'Event loop is closed' and
+          tb.tb_frame.f_code.co_name == 'call_soon_threadsafe')
+
+
 def _quiet_orbax_logging() -> None:
   logger = logging_std.getLogger('absl')
   if not any(isinstance(f, _OrbaxInfoFilter) for f in logger.filters):
     logger.addFilter(_OrbaxInfoFilter())
+  hook = sys.unraisablehook
+  if not getattr(hook, 'drops_late_callbacks', False):
+    def quiet_hook(unraisable):
+      if not _late_callback(unraisable):
+        hook(unraisable)
+    quiet_hook.drops_late_callbacks = True
+    sys.unraisablehook = quiet_hook
 
 
 def checkpoint_dir(workdir) -> epath.Path:
@@ -177,6 +199,9 @@ class Checkpointer:
       workdir_lib.write_atomic(path, json.dumps(
           {name: manifest(tree) for name, tree in zip(ITEMS, (params, opt_state))}))
     except OSError as e:
+      with contextlib.suppress(Exception):  # the save in flight, if any, ends first
+        self.manager.wait_until_finished()
+      self._drop_unwritten_manifests()  # this step's, and that save's if it failed too
       if workdir_lib.is_disk_full(e):
         raise CheckpointSaveError(self._disk_full(e, path)) from None
       raise CheckpointSaveError(f'saving the checkpoint at step {step} in {self.directory} '
@@ -198,10 +223,7 @@ class Checkpointer:
   def _save_error(self, error, what: str) -> CheckpointSaveError:
     """`what` failed with `error` (Orbax's, or the OS's), in one line. The manifests of
     steps that were not written (this failed save's) are deleted."""
-    for path in self.directory.glob('*.manifest.json'):
-      step = path.name.split('.')[0]
-      if step.isdigit() and not (self.directory / step).exists():
-        path.unlink(missing_ok=True)
+    self._drop_unwritten_manifests()
     if workdir_lib.is_disk_full(error):
       return CheckpointSaveError(self._disk_full(error, self.directory))
     text = str(error).strip()
@@ -213,6 +235,14 @@ class Checkpointer:
       self.manager.check_for_errors()
     except Exception as e:  # pylint: disable=broad-except
       raise self._save_error(e, f'saving a checkpoint in {self.directory} failed') from None
+
+  def _drop_unwritten_manifests(self) -> None:
+    """Deletes the manifests of steps without a checkpoint, after a failed save (no save
+    is in flight then); any that remain are never trusted."""
+    for path in self.directory.glob('*.manifest.json'):
+      step = path.name.split('.')[0]
+      if step.isdigit() and not (self.directory / step).exists():
+        path.unlink(missing_ok=True)
 
   def _prune_manifests(self, current: int) -> None:
     """Deletes the manifests of steps Orbax no longer keeps."""
@@ -337,7 +367,7 @@ class Checkpointer:
       try:
         self.manager.wait_until_finished()
       except Exception:  # pylint: disable=broad-except  (the first error wins)
-        pass
+        self._drop_unwritten_manifests()
       raise
 
   def close(self) -> None:
@@ -349,11 +379,14 @@ class Checkpointer:
       except Exception as e:  # pylint: disable=broad-except
         raise self._save_error(e, f'saving a checkpoint in {self.directory} failed') from None
       self.check()
+      try:
+        self.manager.close()  # waits for Orbax's checkpointer: an error may surface here
+      except Exception as e:  # pylint: disable=broad-except
+        raise self._save_error(e, f'saving a checkpoint in {self.directory} failed') from None
     except CheckpointSaveError:
       with contextlib.suppress(Exception):  # the save's error is the one to report
         self.manager.close()
       raise
-    self.manager.close()
 
 
 def restore_params(workdir, mesh=None, abstract_params=None) -> Tuple[int, Any]:
