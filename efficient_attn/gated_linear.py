@@ -614,7 +614,7 @@ class GatedRecurrence(registry.Mechanism):
     if kp is not None:
       k, v = masking.zero_padded(k, kp), masking.zero_padded(v, kp)
       g, beta = (None if x is None else masking.zero_padded(x, kp) for x in (g, beta))
-    core = self.cores.chunked if o.form == 'chunk' else self.cores.scan
+    core = self.core(o, q.dtype)   # attend's: the Pallas kernels run on the block too
     out = self.sharded_recurrence(core, q, k, v, g, beta, chunk_size=o.chunk_size, axis=axis)
     return self.finish(o, params, out, v, ctx.gates).astype(dtype)
 

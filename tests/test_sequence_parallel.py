@@ -178,13 +178,17 @@ for name, (mechanism, causal, options, args) in json.loads(sys.argv[1]).items():
 '''
 
 # Cases beside the Linen ones: the NNX layer, the encoder (TransformerConfig.sequence_axis,
-# a pattern of two mechanisms), 48 tokens over 6 devices of an automatic mesh,
+# a pattern of two mechanisms), 48 tokens over 6 devices of an automatic mesh (with the
+# gated recurrences' Pallas kernels on each block, in interpret mode; an automatic mesh
+# because the unsplit reference's kernel, under a mesh of explicit axes, trips Pallas's
+# interpreter over the inputs' sharding types),
 # and float64 identities (to 1e-10) where the mechanism computes in the inputs' precision
 # (the gated recurrences compute in float32 whatever their inputs).
 EXTRA = {
     'nnx:linear-bidirectional': ('linear', False, {}, {}),
     'encoder:linear+local-causal': ('linear+local', True, {}, {}),
-    'gated_deltanet-causal-6': ('gated_deltanet', True, {}, {}),
+    'gated_deltanet-causal-pallas-6': ('gated_deltanet', True, {'implementation': 'pallas'}, {}),
+    'gla-causal-pallas-6': ('gla', True, {'implementation': 'pallas'}, {}),
     'softmax-causal-6': ('softmax', True, {}, {}),
     'softmax-causal-x64': ('softmax', True, {}, {}),
     'rfa-causal-x64': ('rfa', True, {'use_gate': True}, {}),
