@@ -19,4 +19,4 @@ __all__ = [
     'Mechanism', 'MultiHeadAttention', 'make_attention_fn', 'mechanism_module', 'mechanisms',
     'get_mechanism', 'list_mechanisms', 'list_projections',
 ]
-__version__ = '0.1.0'
+__version__ = '0.2.0'
