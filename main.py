@@ -202,7 +202,10 @@ def main(argv):
   print(f'workdir {path}', flush=True)
   config = _CONFIG.value
   if evaluating:  # the run's own dataset, unless the command names another
-    config = eval_config(config, workdir.load_config(path), overrides)
+    try:
+      config = eval_config(config, workdir.load_config(path), overrides)
+    except workdir.WorkdirError as e:  # a damaged config.json: one line
+      sys.exit(f'Error: {e}')
   try:
     sharding.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value,
                                     _PROCESS_ID.value, _DISTRIBUTED.value, _TIMEOUT.value)

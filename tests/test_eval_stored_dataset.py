@@ -121,3 +121,19 @@ def test_eval_workdir_finds_the_run_of_the_training_command():
   assert main.eval_workdir('configs/cifar10_nystrom.py', overrides, lambda p: False) == (
       main.default_workdir('configs/cifar10_nystrom.py', overrides, evaluating=True))
   assert main.eval_workdir('configs/default.py', None, lambda p: False) == 'runs/default'
+
+
+@pytest.mark.slow
+def test_mode_eval_on_a_damaged_config_json_is_one_line(tmp_path):
+  """An evaluation reads the run's config.json before anything else: an empty one (left by
+  an interrupted write) is one line pointing to --restart, not a traceback."""
+  run = tmp_path / 'run'
+  run.mkdir()
+  (run / 'config.json').write_text('')
+  proc = subprocess.run([sys.executable, os.path.join(ROOT, 'main.py'),
+                         '--config=configs/default.py', f'--workdir={run}', '--mode=eval'],
+                        timeout=300, **main_runner.popen_kwargs())
+  assert proc.returncode == 1, proc.stderr[-2000:]
+  last = proc.stderr.strip().splitlines()[-1]
+  assert last.startswith('Error: ') and 'is damaged (empty)' in last and '--restart' in last
+  assert 'Traceback' not in proc.stderr
