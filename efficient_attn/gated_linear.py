@@ -550,10 +550,20 @@ class GatedRecurrence(registry.Mechanism):
   def finish(self, o, params, out, v, gates):
     raise NotImplementedError
 
-  def _features(self, o, params, q, k, v):
+  def _features(self, o, params, q, k, v, axis=None):
+    """The short convolution (with the sequence split over `axis`, each block reads the
+    previous device's last conv_size - 1 tokens: `parallel.halo_before`), then the
+    activation; float32."""
     if o.conv_size:
-      q, k, v = (causal_conv(x, params[f'{n}_conv'], params.get(f'{n}_conv_bias'))
-                 for x, n in zip((q, k, v), 'qkv'))
+      halo = o.conv_size - 1
+
+      def conv(x, n):
+        w, b = params[f'{n}_conv'], params.get(f'{n}_conv_bias')
+        if axis is None:
+          return causal_conv(x, w, b)
+        return causal_conv(jnp.concatenate([parallel.halo_before(x, halo, axis), x], 1),
+                           w, b)[:, halo:]
+      q, k, v = (conv(x, n) for x, n in zip((q, k, v), 'qkv'))
     return self._activate(q, k, v)
 
   def _activate(self, *xs):
@@ -566,7 +576,12 @@ class GatedRecurrence(registry.Mechanism):
     qk_heads), as Mamba-2's ngroups)."""
     return tuple(jnp.repeat(x, heads // x.shape[2], axis=2) for x in (q, k))
 
-  def attend(self, o, params, q, k, v, *, mask, causal, ctx):
+  def _inputs(self, o, params, q, k, v, *, mask, causal, ctx, axis=None):
+    """(q, k, v, log-decay, beta) of the recurrence from the projected heads: key padding
+    checked, the short convolution and activation (`_features`), groups repeated to the
+    heads, the mechanism's gates (`recurrence_inputs`); a padded token neither writes to the
+    state nor decays it. In a bfloat16 layer q, k and v go back to bfloat16, so the chunk
+    form's matrix products run in bfloat16 with float32 accumulation and state."""
     if not causal:
       raise ValueError(f'mechanism {self.name!r} is causal only: call it with causal=True')
     dtype = v.dtype
@@ -574,14 +589,20 @@ class GatedRecurrence(registry.Mechanism):
         q, k, v, mask, name=f'mechanism {self.name!r}', causal=True,
         qk_groups=self.qk_heads(o, v.shape[2]) != v.shape[2])
     q = masking.zero_padded(q, kp)  # a padded token feeds no convolution either
-    q, k, v = self._features(o, params, q, k, v)
+    q, k, v = self._features(o, params, q, k, v, axis)
     q, k = self._to_heads(q, k, v.shape[2])
     q, k, v, g, beta = self.recurrence_inputs(o, params, q, k, v, ctx.gates)
-    if kp is not None:  # a padded token neither writes to the state nor decays it
+    if kp is not None:
       k, v = masking.zero_padded(k, kp), masking.zero_padded(v, kp)
       g, beta = (None if x is None else masking.zero_padded(x, kp) for x in (g, beta))
-    core = self.core(o, q.dtype)
-    out, _ = core(q, k, v, g, beta, chunk_size=o.chunk_size)
+    if jnp.dtype(dtype) == jnp.bfloat16:
+      q, k, v = (x.astype(dtype) for x in (q, k, v))
+    return q, k, v, g, beta
+
+  def attend(self, o, params, q, k, v, *, mask, causal, ctx):
+    dtype = v.dtype
+    q, k, v, g, beta = self._inputs(o, params, q, k, v, mask=mask, causal=causal, ctx=ctx)
+    out, _ = self.core(o, q.dtype)(q, k, v, g, beta, chunk_size=o.chunk_size)
     return self.finish(o, params, out, v, ctx.gates).astype(dtype)
 
   def core(self, o, dtype):
@@ -594,28 +615,14 @@ class GatedRecurrence(registry.Mechanism):
 
   def attend_sharded(self, o, params, q, k, v, *, mask, causal, ctx, axis):
     """`attend` on one device's block (`efficient_attn.parallel`): the short convolution
-    reads the previous device's last conv_size - 1 tokens (`parallel.halo_before`), and
-    `sharded_recurrence` brings in the state of the blocks before."""
-    if not causal:
-      raise ValueError(f'mechanism {self.name!r} is causal only: call it with causal=True')
+    reads the previous device's last conv_size - 1 tokens, and `sharded_recurrence` brings
+    in the state of the blocks before; the core is attend's (the Pallas kernels where
+    `implementation` resolves to 'pallas')."""
     dtype = v.dtype
-    k, v, kp = masking.checked_keys_values(
-        q, k, v, mask, name=f'mechanism {self.name!r}', causal=True,
-        qk_groups=self.qk_heads(o, v.shape[2]) != v.shape[2])
-    q = masking.zero_padded(q, kp)
-    if o.conv_size:
-      halo = o.conv_size - 1
-      q, k, v = (causal_conv(jnp.concatenate([parallel.halo_before(x, halo, axis), x], 1),
-                             params[f'{n}_conv'], params.get(f'{n}_conv_bias'))[:, halo:]
-                 for x, n in zip((q, k, v), 'qkv'))
-    q, k, v = self._activate(q, k, v)
-    q, k = self._to_heads(q, k, v.shape[2])
-    q, k, v, g, beta = self.recurrence_inputs(o, params, q, k, v, ctx.gates)
-    if kp is not None:
-      k, v = masking.zero_padded(k, kp), masking.zero_padded(v, kp)
-      g, beta = (None if x is None else masking.zero_padded(x, kp) for x in (g, beta))
-    core = self.core(o, q.dtype)   # attend's: the Pallas kernels run on the block too
-    out = self.sharded_recurrence(core, q, k, v, g, beta, chunk_size=o.chunk_size, axis=axis)
+    q, k, v, g, beta = self._inputs(o, params, q, k, v, mask=mask, causal=causal, ctx=ctx,
+                                    axis=axis)
+    out = self.sharded_recurrence(self.core(o, q.dtype), q, k, v, g, beta,
+                                  chunk_size=o.chunk_size, axis=axis)
     return self.finish(o, params, out, v, ctx.gates).astype(dtype)
 
   def init_state(self, o, *, batch, heads, head_dim, v_dim):

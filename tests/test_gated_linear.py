@@ -194,3 +194,28 @@ def test_configs_run_the_family_causally_and_refuse_a_class_token():
   config.model.pool = 'cls'
   with pytest.raises(validate.ConfigError, match="pool='cls' with mechanism 'gla'.*'mean'"):
     validate.validate_config(config)
+
+
+@pytest.mark.parametrize('mechanism', ['retention', 'gla', 'mamba2', 'deltanet',
+                                       'gated_deltanet'])
+def test_a_bfloat16_layer_runs_its_chunk_form_in_bfloat16(mechanism, monkeypatch):
+  """A bfloat16 layer hands the chunk form bfloat16 q, k, v (its matrix products then run in
+  bfloat16 with float32 accumulation; it upcast everything before), and its output stays
+  within 3e-2 of the float32 layer's, relative to the output's scale."""
+  seen = []
+  core = gated_linear.GatedRecurrence.core
+
+  def spy(self, o, dtype):
+    seen.append(jnp.dtype(dtype))
+    return core(self, o, dtype)
+  monkeypatch.setattr(gated_linear.GatedRecurrence, 'core', spy)
+  layer = ea.MultiHeadAttention(num_heads=2, mechanism=mechanism, causal=True,
+                                options={'chunk_size': 8})
+  x = jax.random.normal(jax.random.PRNGKey(0), (2, 24, 16))
+  variables = layer.init(jax.random.PRNGKey(1), x)
+  want = layer.apply(variables, x)
+  got = layer.clone(dtype=jnp.bfloat16).apply(variables, x.astype(jnp.bfloat16))
+  assert seen == [jnp.dtype(jnp.float32)] * 2 + [jnp.dtype(jnp.bfloat16)], seen
+  assert got.dtype == jnp.bfloat16
+  error = float(jnp.max(jnp.abs(got.astype(jnp.float32) - want)) / jnp.max(jnp.abs(want)))
+  assert error < 3e-2, error
