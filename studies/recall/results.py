@@ -7,12 +7,27 @@ recall_budget.json budget B with the width-64 probes. Three tables: the grid at 
 and the earlier budgets with the probes that chose budget D. A row is picked by its exact
 label, so runs with other options (ablations) do not enter these tables.
 """
+import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from studies import tables
 
 SOURCES = ('studies/recall/recall.json', 'studies/recall/recall_budget.json',
-           'studies/recall/recall_d.json')  # a later file's row wins
+           'studies/recall/recall_d.json', 'studies/recall/ablation.json')  # a later file's
+# row wins; ablation.json: Gated DeltaNet's ablations (their own labels or budget)
+DECAY_INIT = 'studies/recall/decay_init.json'
+# Gated DeltaNet's ablations at width 64, (128, 8): (what changes, label, budget).
+ABLATIONS = (
+    ('as in the grid: A in [0, 16], dt in [0.001, 0.1], PyTorch init, 2 heads, lr 1e-3',
+     'gated_deltanet', (4000, 1e-3, 1024)),
+    ('dt in [0.0001, 0.001]: every head starts near no decay', 'gated_deltanet dt_max=0.001 '
+     'dt_min=0.0001', (4000, 1e-3, 1024)),
+    ("fla's initialisation: N(0, 0.02) for convolution and gates", 'gated_deltanet init=fla',
+     (4000, 1e-3, 1024)),
+    ('4 heads of 16 (2 of 32 in the grid)', 'gated_deltanet heads=4', (4000, 1e-3, 1024)),
+    ('peak learning rate 3e-3', 'gated_deltanet', (4000, 3e-3, 1024)),
+    ('DeltaNet: no decay, no output gate (reference)', 'deltanet', (4000, 1e-3, 1024)),
+)
 QUESTION = ('Which causal mechanisms recall key-value pairs (Zoology\'s MQAR), and how much '
             'state do they keep?')
 BUDGET = '4,000 steps'
@@ -31,9 +46,11 @@ Key = Tuple[str, int, int, int, Tuple[int, float, int]]
 
 
 def rows() -> Dict[Key, dict]:
-  """{(label, width, seq_len, pairs, budget): row} of every source."""
+  """{(label, width, seq_len, pairs, budget): row} of every source (that exists)."""
   found = {}
   for path in SOURCES:
+    if not os.path.exists(os.path.join(tables.ROOT, path)):
+      continue
     for r in tables.load(path)['rows']:
       budget = (r['steps'], r['learning_rate'], r['vocab_size'])
       found[r['mechanism'], r['width'], r['seq_len'], r['num_kv_pairs'], budget] = r
@@ -121,9 +138,38 @@ def _budget(b: Tuple[int, float, int]) -> str:
   return f'{b[0]:,}, {mantissa}e{int(exponent)}, {b[2]:,}'
 
 
+def ablation_table(found: Dict[Key, dict]) -> str:
+  lines = []
+  for what, label, budget in ABLATIONS:
+    r = found.get((label, 64, 128, 8, budget))
+    seeds = {s: a for s, a in zip(r['seeds'], r['accuracy'])} if r else {}
+    lines.append([what] + [tables.pct(seeds.get(s)) for s in (0, 1)] + [_value(r)])
+  return ('**Gated DeltaNet\'s ablations at width 64, (128, 8)**, budget D unless the row '
+          'changes it: test accuracy per seed, and mean ± half the range ("-": not run or not '
+          'finished).\n\n'
+          + tables.md_table(['what changes', 'seed 0', 'seed 1', 'mean'], lines, 'lrrr'))
+
+
+def decay_table() -> str:
+  """What each Gated DeltaNet head keeps over 128 tokens at initialisation, widths 64, 128."""
+  data = tables.load(DECAY_INIT)['rows']
+  lines = []
+  for width in (64, 128):
+    for seed in (0, 1):
+      mine = [r for r in data if r['mechanism'] == 'gated_deltanet' and r['width'] == width
+              and r['seed'] == seed and not r['options']]
+      lines.append([width, seed] + [', '.join(f"{r['kept']:.2f}" for r in mine
+                                              if r['block'] == b) for b in (0, 1)])
+  return ('**What each Gated DeltaNet head keeps of a token 128 tokens later, at '
+          'initialisation** (exp(-128 A dt); `python -m studies.recall.decay_init`).\n\n'
+          + tables.md_table(['width', 'seed', 'block 0, heads 0 and 1',
+                             'block 1, heads 0 and 1'], lines))
+
+
 def table() -> str:
   found = rows()
-  return '\n\n'.join([grid_table(found), one_cell_table(found), earlier_table(found)])
+  return '\n\n'.join([grid_table(found), one_cell_table(found), earlier_table(found),
+                       ablation_table(found), decay_table()])
 
 
 def headline() -> str:
