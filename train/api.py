@@ -84,6 +84,14 @@ class Built:
                                         fsdp_min_size=self._session.fsdp_min_size)
 
   @functools.cached_property
+  def abstract_state(self) -> steps_lib.TrainState:
+    """The initial TrainState's shapes and dtypes as `jax.ShapeDtypeStruct`s with their
+    shardings on the mesh, computing nothing: `train_step.lower(run.abstract_state,
+    batch).compile()` gives XLA's analyses of a step no device has memory for."""
+    return steps_lib.abstract_state(self.model, self.tx, self._session.inputs, self.mesh,
+                                    self._session.fsdp_min_size)
+
+  @functools.cached_property
   def train_step(self) -> Callable[[Any, Any], Tuple[Any, Dict[str, Any]]]:
     """jit (state, global batch) -> (state, metric sums incl. 'grad_norm' * 'count').
 
