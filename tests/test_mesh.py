@@ -11,6 +11,7 @@ gradient, so the parameters agree as closely as the losses do.
 """
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -299,3 +300,37 @@ def test_two_processes_split_the_sequence_across_both_like_one_device(tmp_path):
   for x, y in zip(jax.tree.leaves(inference.load(multi)[2]),
                   jax.tree.leaves(inference.load(single)[2])):
     np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------
+# docs/scaling.md says what the registry and the measurement say.
+# ----------------------------------------------------------------------------
+
+
+def _scaling_doc():
+  with open(os.path.join(ROOT, 'docs', 'scaling.md')) as f:
+    text = f.read()
+  return text[text.index('### Which mechanisms split the sequence'):
+              text.index('## Checkpoints do not stall training')]
+
+
+def test_the_scaling_guide_lists_each_mechanisms_sequence_parallel_form_and_why_not():
+  from efficient_attn import registry  # pylint: disable=g-import-not-at-top
+  section = _scaling_doc()
+  forms = {}
+  for form, names in re.findall(r'^\| (ring|prefix_state|decayed_state|transition|halo) \| '
+                                r'([^|]+) \|', section, re.M):
+    for name in names.split(','):
+      forms[name.strip()] = form
+  whole = dict(re.findall(r'^\| (\w+) \| (it[s ][^|]+) \|$', section, re.M))
+  declared = {m.name: m.sequence_parallel for m in registry.mechanisms()}
+  assert forms == {name: form for name, form in declared.items() if form}
+  assert whole == {m.name: m.whole_sequence for m in registry.mechanisms()
+                   if not m.sequence_parallel}
+
+
+def test_the_scaling_guide_shows_the_measured_table_as_written():
+  with open(os.path.join(ROOT, 'docs', 'results', 'scale.md')) as f:
+    measured = f.read()
+  table = measured[measured.index('| mechanism | devices |'):].strip()
+  assert table in _scaling_doc()
