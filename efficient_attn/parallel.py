@@ -221,16 +221,20 @@ def _visit(step, i, s: int, causal: bool, q, kv, empty):
 def _ring_forward(q, k, v, key_padding, causal, axis, block):
   n, i = lax.axis_size(axis), lax.axis_index(axis)
   out, lse = block.forward(q, k, v, key_padding, causal)
+  out = out.astype(jnp.promote_types(out.dtype, lse.dtype))  # the merges' dtype
 
   def empty(q):
     zero = jnp.zeros(q.shape[:3] + v.shape[3:], out.dtype) * q[..., :1]  # q's placement
     return zero, jnp.swapaxes(zero[..., 0], 1, 2) + masking.big_neg(lse.dtype)
-  kv = (k, v, key_padding)
-  for s in range(1, n):
+
+  def visit(s, carry):  # a loop, not unrolled: one visiting block's scores live at a time
+    kv, out, lse = carry
     kv = rotate(kv, axis)
     o_s, l_s = _visit(lambda q, k, v, kp: block.forward(q, k, v, kp, False), i, s, causal,
                       q, kv, empty)
-    out, lse = merge_softmax(out, lse, o_s, l_s)
+    out, lse = merge_softmax(out, lse, o_s.astype(out.dtype), l_s)
+    return kv, out, lse
+  _, out, lse = lax.fori_loop(1, n, visit, ((k, v, key_padding), out, lse))
   return out, lse
 
 
@@ -256,13 +260,16 @@ def _ring_bwd(causal, axis, block, res, g):
 
   def empty(q):
     return jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v)
-  ring = (k, v, key_padding, dk, dv)   # a block travels with its gradients
-  for s in range(1, n):
-    ring = rotate(ring, axis)
-    k_s, v_s, kp_s, dk_s, dv_s = ring
+
+  def visit(s, carry):  # a loop, not unrolled: one visiting block at a time
+    ring, dq = carry
+    k_s, v_s, kp_s, dk_s, dv_s = rotate(ring, axis)
     dq_s, dk_b, dv_b = _visit(step, i, s, causal, q, (k_s, v_s, kp_s), empty)
-    dq = dq + dq_s
-    ring = (k_s, v_s, kp_s, dk_s + dk_b, dv_s + dv_b)
+    ring = (k_s, v_s, kp_s, dk_s + dk_b.astype(dk_s.dtype), dv_s + dv_b.astype(dv_s.dtype))
+    return ring, dq + dq_s.astype(dq.dtype)
+
+  ring = (k, v, key_padding, dk, dv)   # a block travels with its gradients
+  ring, dq = lax.fori_loop(1, n, visit, (ring, dq))
   dk, dv = rotate(ring[3:], axis)      # each block's gradients back to its device
   return dq, dk, dv, None
 
