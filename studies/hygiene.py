@@ -26,11 +26,13 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from typing import Iterable, List, Optional, Sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LIMIT_BYTES = 500 * 1024
 TEXT_SUFFIXES = ('.md', '.py', '.sh')
+SHARED_FOLDERS = ('', '/tmp', '/var/tmp', tempfile.gettempdir().rstrip('/'))
 RECORDS = ('docs/results/', 'studies/')  # where a /tmp folder is a run of the writer's machine
 DATED = ('studies/',)                   # where a dated line is a run log
 SIZED = ('docs/', 'studies/')
@@ -56,9 +58,13 @@ def tracked(root: str = ROOT) -> List[str]:
 
 def machine_patterns(root: str = ROOT, home: Optional[str] = None) -> List[re.Pattern]:
   """The absolute paths of this machine that no tracked text names: the checkout's parent
-  folder (unless it is /), the home directories (/root, /home/<user> and `home`, by default
-  where `~` expands)."""
+  folder (unless it is a folder every machine has, / or a temporary folder: a clone in
+  /tmp/x must not make every /tmp example a machine path; /tmp folders in records have
+  their own rule), the home directories (/root, /home/<user> and `home`, by default where
+  `~` expands)."""
   parent = os.path.dirname(os.path.abspath(root))
+  if parent.rstrip('/') in SHARED_FOLDERS:
+    parent = ''
   home = os.path.expanduser('~') if home is None else home
   prefixes = [home_dir + '/' for home_dir in ('/root', '/home/' + r'[^/\s<>]+')]
   for folder in (parent, home):

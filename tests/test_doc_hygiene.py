@@ -58,6 +58,14 @@ def test_a_parent_that_is_the_filesystem_root_forbids_nothing(tmp_path):
   assert not any(p.search('/usr/lib/x') for p in patterns)
 
 
+def test_a_clone_in_a_temporary_folder_keeps_tmp_examples_legal():
+  """CI clones into a folder such as /tmp/fresh: its parent, /tmp, is every machine's, so
+  '/tmp/x' examples in code and guides stay legal (records keep their own /tmp rule)."""
+  patterns = hygiene.machine_patterns('/tmp/fresh', home='')
+  assert not any(p.search('--workdir=/tmp/run') for p in patterns)
+  assert hygiene.path_problems('docs/results/r.md', '--out=/tmp/D\n', patterns)
+
+
 def test_dated_lines_are_named_in_a_study_but_not_in_its_runlog_or_a_report_header(tmp_path):
   paths = _tree(tmp_path, {
       'studies/s/README.md': 'ran on 2026-11-28\nfrom 14:05 UTC on\nsteps 1,500-2,000\n',
