@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from configs import default as default_config
+from efficient_attn import registry
 import main_runner
 from train import checkpoint
 from train import metrics as metrics_lib
@@ -326,3 +327,27 @@ def test_mamba2_layout_options_added_later_keep_older_runs_resumable():
   assert workdir_lib.differences(stored, new) == []
   new['attention']['options']['ngroups'] = 1
   assert workdir_lib.differences(stored, new) == ["attention.options.ngroups: None -> 1"]
+
+
+def test_gated_options_added_later_rebuild_and_resume_older_runs(tmp_path):
+  """A Gated DeltaNet or Mamba-2 run stored before `init`, `conv_bias`, `dt_min`, `dt_max`
+  and `implementation` existed resumes under today's config of the same model, and its
+  stored config rebuilds the model it trained: Mamba-2 without the convolution bias that is
+  its default now (else its checkpoint would not fit); linear attention gets none of them."""
+  for mechanism in ('mamba2', 'gated_deltanet'):
+    options = dict(registry.get_mechanism(mechanism).resolve({'conv_bias': False}))
+    new = {'attention': {'mechanism': mechanism, 'options': dict(options)}}
+    stored = {'attention': {'mechanism': mechanism, 'options': {
+        k: v for k, v in options.items()
+        if k not in ('init', 'conv_bias', 'dt_min', 'dt_max', 'implementation')}}}
+    assert workdir_lib.differences(stored, new) == [], mechanism
+    (tmp_path / mechanism).mkdir()
+    (tmp_path / mechanism / 'config.json').write_text(json.dumps(stored))
+    loaded = workdir_lib.load_config(str(tmp_path / mechanism)).attention.options
+    assert (loaded.conv_bias, loaded.init, loaded.dt_max) == (False, 'default', 0.1)
+  new['attention']['options']['init'] = 'fla'
+  assert workdir_lib.differences(stored, new) == ["attention.options.init: 'default' -> 'fla'"]
+  (tmp_path / 'linear').mkdir()
+  (tmp_path / 'linear' / 'config.json').write_text(json.dumps(
+      {'attention': {'mechanism': 'linear', 'options': {}}}))
+  assert dict(workdir_lib.load_config(str(tmp_path / 'linear')).attention.options) == {}

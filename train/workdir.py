@@ -39,6 +39,7 @@ from etils import epath
 import ml_collections
 
 import fields
+from efficient_attn import hybrid
 
 CONFIG = 'config.json'
 RESULTS = 'results.json'
@@ -63,7 +64,13 @@ MAY_CHANGE = (
 ADDED_DEFAULTS = {'model.positions': 'learned', 'dataset.num_distractors': None,
                   # mamba2's head layout options (None: each head its own B and C, of
                   # head_dim, and the norm over the full width, as before they existed)
-                  'attention.options.ngroups': None, 'attention.options.d_state': None}
+                  'attention.options.ngroups': None, 'attention.options.d_state': None,
+                  # the gated family's initialisation, convolution bias, dt range and
+                  # kernels (0.2.0): PyTorch's initialisation, no bias (Mamba-2's default
+                  # is a bias now), Mamba's dt range, the XLA chunk form
+                  'attention.options.init': 'default', 'attention.options.conv_bias': False,
+                  'attention.options.dt_min': 0.001, 'attention.options.dt_max': 0.1,
+                  'attention.options.implementation': 'auto'}
 
 # Fields the data fills in when a run starts (`data.check_splits`), with what a change
 # means: compared only where both configs have them (a config resolved without reading
@@ -171,14 +178,34 @@ def differences(stored: Dict[str, Any], config: Dict[str, Any]) -> List[str]:
           if a.get(k, '(absent)') != b.get(k, '(absent)')]
 
 
+def with_added_options(stored: Dict[str, Any]) -> Dict[str, Any]:
+  """A stored config with each mechanism option of ADDED_DEFAULTS that it lacks and its
+  mechanism declares, at the value the run had: so an older run is rebuilt as it trained
+  (a Mamba-2 run from before `conv_bias` has no convolution bias)."""
+  attention = stored.get('attention')
+  if not isinstance(attention, dict) or 'options' not in attention:
+    return stored
+  try:
+    declared = hybrid.option_defaults(attention['mechanism'])
+  except (KeyError, ValueError):  # an unknown mechanism: the config's checks name it
+    return stored
+  prefix = 'attention.options.'
+  for key, value in ADDED_DEFAULTS.items():
+    name = key[len(prefix):]
+    if key.startswith(prefix) and name in declared and name not in attention['options']:
+      attention['options'][name] = value
+  return stored
+
+
 def load_config(path) -> Optional[ml_collections.ConfigDict]:
-  """The config stored in a workdir, or None."""
+  """The config stored in a workdir (options added since it was stored at the values the
+  run had: `with_added_options`), or None."""
   file = epath.Path(path) / CONFIG
   if not file.exists():
     return None
   text = file.read_text()
   try:
-    return ml_collections.ConfigDict(json.loads(text))
+    return ml_collections.ConfigDict(with_added_options(json.loads(text)))
   except ValueError as e:  # left by an older trainer's interrupted write
     why = e if text.strip() else 'empty'
     raise WorkdirError(f"{file}, the run's identity, is damaged ({why}); pass --restart to "
