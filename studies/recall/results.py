@@ -15,25 +15,30 @@ from studies import tables
 SOURCES = ('studies/recall/recall.json', 'studies/recall/recall_budget.json',
            'studies/recall/recall_d.json', 'studies/recall/ablation.json')  # a later file's
 # row wins; ablation.json: Gated DeltaNet's ablations (their own labels or budget)
+# Gated DeltaNet's default initialisation is fla's since 0.2.0 (the ablations below); every
+# grid run before used PyTorch's, now `init=default`.
+GDN_TORCH = 'gated_deltanet init=default'
 DECAY_INIT = 'studies/recall/decay_init.json'
 # Gated DeltaNet's ablations at width 64, (128, 8): (what changes, label, budget).
 ABLATIONS = (
     ('as in the grid: A in [0, 16], dt in [0.001, 0.1], PyTorch init, 2 heads, lr 1e-3',
-     'gated_deltanet', (4000, 1e-3, 1024)),
+     GDN_TORCH, (4000, 1e-3, 1024)),
     ('dt in [0.0001, 0.001]: every head starts near no decay', 'gated_deltanet dt_max=0.001 '
-     'dt_min=0.0001', (4000, 1e-3, 1024)),
-    ("fla's initialisation: N(0, 0.02) for convolution and gates", 'gated_deltanet init=fla',
+     'dt_min=0.0001 init=default', (4000, 1e-3, 1024)),
+    ("fla's initialisation: N(0, 0.02) for convolution and gates", 'gated_deltanet',
      (4000, 1e-3, 1024)),
-    ('4 heads of 16 (2 of 32 in the grid)', 'gated_deltanet heads=4', (4000, 1e-3, 1024)),
-    ('peak learning rate 3e-3', 'gated_deltanet', (4000, 3e-3, 1024)),
+    ('4 heads of 16 (2 of 32 in the grid)', 'gated_deltanet init=default heads=4',
+     (4000, 1e-3, 1024)),
+    ('peak learning rate 3e-3', GDN_TORCH, (4000, 3e-3, 1024)),
     ('DeltaNet: no decay, no output gate (reference)', 'deltanet', (4000, 1e-3, 1024)),
 )
 QUESTION = ('Which causal mechanisms recall key-value pairs (Zoology\'s MQAR), and how much '
             'state do they keep?')
 BUDGET = '4,000 steps'
-CORE = ('softmax', 'deltanet', 'gated_deltanet', 'mamba2', 'gla', 'linear')
+CORE = ('softmax', 'deltanet', GDN_TORCH, 'gated_deltanet', 'mamba2', 'gla', 'linear')
 BASED = 'linear+local feature_map=taylor qk_dim=16 window=64'
-NAMES = {'softmax': 'softmax', 'deltanet': 'DeltaNet', 'gated_deltanet': 'Gated DeltaNet',
+NAMES = {'softmax': 'softmax', 'deltanet': 'DeltaNet', GDN_TORCH: 'Gated DeltaNet, PyTorch init',
+         'gated_deltanet': "Gated DeltaNet, fla's init (the default)",
          'mamba2': 'Mamba-2', 'gla': 'GLA', 'linear': 'linear', BASED: "Based's hybrid",
          'deltanet conv_size=0': 'DeltaNet, no convolution'}
 GRID = ((64, 128, 8), (64, 256, 16), (128, 128, 8), (128, 256, 16))  # width, seq_len, pairs
@@ -113,7 +118,7 @@ def one_cell_table(found: Dict[Key, dict]) -> str:
 
 
 def earlier_table(found: Dict[Key, dict]) -> str:
-  columns = CORE + ('deltanet conv_size=0',)
+  columns = tuple(c for c in CORE if c != 'gated_deltanet') + ('deltanet conv_size=0',)
   named = {b: name for name, b in BUDGETS.items()}
   lines: List[list] = []
   for name in ('A', 'B', 'C'):
