@@ -116,30 +116,33 @@ def rotate(x, axis: str):
 
 def halo_before(x, size: int, axis: str):
   """The `size` tokens before this device's block `x` `[b, m, ...]` (axis 1), from the
-  devices before it: `[b, size, ...]`, zeros before the sequence's start."""
+  devices before it: `[b, size, ...]`, zeros before the sequence's start. Each device
+  sends only the tokens that fall in the halo (the nearest neighbour its last ones)."""
   if not size:
     return x[:, :0]
   m = x.shape[1]
   hops = min(-(-size // m), lax.axis_size(axis) - 1)
-  parts = [shift(x, h, axis) for h in range(hops, 0, -1)]
+  parts = [shift(x[:, m - min(m, size - (h - 1) * m):], h, axis)
+           for h in range(hops, 0, -1)]
   pad = max(0, size - hops * m)
   if pad:
     parts.insert(0, jnp.zeros((x.shape[0], pad) + x.shape[2:], x.dtype))
-  return jnp.concatenate(parts, axis=1)[:, -size:]
+  return jnp.concatenate(parts, axis=1)
 
 
 def halo_after(x, size: int, axis: str):
   """The `size` tokens after this device's block `x` `[b, m, ...]`, from the devices after
-  it: `[b, size, ...]`, zeros past the sequence's end."""
+  it: `[b, size, ...]`, zeros past the sequence's end. Each device sends only the tokens
+  that fall in the halo."""
   if not size:
     return x[:, :0]
   m = x.shape[1]
   hops = min(-(-size // m), lax.axis_size(axis) - 1)
-  parts = [shift(x, -h, axis) for h in range(1, hops + 1)]
+  parts = [shift(x[:, :min(m, size - (h - 1) * m)], -h, axis) for h in range(1, hops + 1)]
   pad = max(0, size - hops * m)
   if pad:
     parts.append(jnp.zeros((x.shape[0], pad) + x.shape[2:], x.dtype))
-  return jnp.concatenate(parts, axis=1)[:, :size]
+  return jnp.concatenate(parts, axis=1)
 
 
 def with_halo(x, before: int, after: int, axis: str):
