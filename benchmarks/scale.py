@@ -119,13 +119,9 @@ def compiled_step(mechanism: str, length: int, devices: int, fv):
 
 _BYTES = {'pred': 1, 's8': 1, 'u8': 1, 's16': 2, 'u16': 2, 'f16': 2, 'bf16': 2, 's32': 4,
           'u32': 4, 'f32': 4, 's64': 8, 'u64': 8, 'f64': 8, 'c64': 8, 'c128': 16}
-_COMPUTATION = re.compile(r'^(?:ENTRY\s+)?%?([\w.\-]+)\s*\((.*)\)\s*->.*\{\s*$')
 _SHAPE = re.compile(r'\b([a-z]+\d*)\[([\d,]*)\]')
 _COLLECTIVE = re.compile(r'=\s*(.*?)\s(all-reduce|all-gather|reduce-scatter|all-to-all|'
                          r'collective-permute)(-start)?\(')
-_CALLEE = re.compile(r'\b(calls|body|branch_computations|true_computation|'
-                     r'false_computation)=\{?%?([\w.\-]+(?:,\s*%?[\w.\-]+)*)\}?')
-_TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
 _GROUPS = re.compile(r'replica_groups=(\{\{[\d,]*\}|\[(\d+),(\d+)\]<=)')
 _PAIRS = re.compile(r'source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}')
 KINDS = {'collective-permute': 'permute', 'all-reduce': 'all_reduce'}
@@ -141,22 +137,13 @@ def communication(hlo: str, devices: int) -> Dict[str, float]:
   HLO's collectives: 'permute' (collective-permutes: only the sequence-parallel forms
   send point to point), 'all_reduce' (the parameter gradients' sums over the devices
   holding copies, which XLA combines with any sum of the form), 'other', and 'total'."""
-  comps: Dict[str, List[Any]] = {}
-  entry, name = None, None
-  for line in hlo.splitlines():
-    m = _COMPUTATION.match(line)
-    if m:
-      name = m.group(1)
-      entry = name if line.startswith('ENTRY') else entry
-      comps[name] = [{}, []]
-      continue
-    if name is None:
-      continue
-    if line.strip() == '}':
-      name = None
-      continue
-    c = _COLLECTIVE.search(line)
-    if c:
+  comps, entry = xla_stats.computations(hlo)
+  own: Dict[str, Dict[str, float]] = {name: {} for name in comps}
+  for name, (_, lines) in comps.items():
+    for line in lines:
+      c = _COLLECTIVE.search(line)
+      if not c:
+        continue
       op, size = c.group(2), _bytes(c.group(1))
       if c.group(3) and op == 'collective-permute':  # (operand, result, contexts)
         size = _bytes(_SHAPE.search(c.group(1)).group(0))
@@ -175,25 +162,13 @@ def communication(hlo: str, devices: int) -> Dict[str, float]:
       else:  # all-gather (size: the gathered result), all-to-all
         sent = (group - 1) / group * size
       kind = KINDS.get(op, 'other')
-      comps[name][0][kind] = comps[name][0].get(kind, 0.0) + (sent if group > 1 else 0.0)
-    trip = _TRIP.search(line)
-    for key, callees in _CALLEE.findall(line):
-      for callee in re.split(r',\s*', callees):
-        mult = (int(trip.group(1)) if trip else 1) if key == 'body' else 1
-        comps[name][1].append((callee.lstrip('%'), mult))
-
-  def total(comp, seen=()):
-    if comp not in comps or comp in seen:
-      return {}
-    own, callees = comps[comp]
-    out = dict(own)
-    for callee, mult in callees:
-      for kind, value in total(callee, seen + (comp,)).items():
-        out[kind] = out.get(kind, 0.0) + mult * value
-    return out
-
+      own[name][kind] = own[name].get(kind, 0.0) + (sent if group > 1 else 0.0)
+  graph = {name: [c for line in lines for c in xla_stats.calls(line)]
+           for name, (_, lines) in comps.items()}
   result = {kind: 0.0 for kind in ('permute', 'all_reduce', 'other')}
-  result.update(total(entry) if entry else {})
+  for name, times in (xla_stats.call_counts(graph, entry) if entry else {}).items():
+    for kind, value in own[name].items():
+      result[kind] = result.get(kind, 0.0) + times * value
   result['total'] = sum(result.values())
   return result
 

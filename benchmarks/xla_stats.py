@@ -15,7 +15,7 @@
 """
 import math
 import re
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 
 def memory(compiled) -> Optional[Dict[str, int]]:
@@ -68,68 +68,99 @@ def flops(compiled) -> Dict[str, Any]:
 # ----------------------------------------------------------------------------
 
 _COMPUTATION = re.compile(r'^(?:ENTRY\s+)?%?([\w.\-]+)\s*\((.*)\)\s*->.*\{\s*$')
+_CALLEE = re.compile(r'\b(calls|body|to_apply|branch_computations|true_computation|'
+                     r'false_computation)=(?:\{([^}]*)\}|%?([\w.\-]+))')
+_TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
 _INSTRUCTION = re.compile(r'^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(\w+)\[([\d,]*)\]')
 _PARAM = re.compile(r'%?([\w.\-]+):\s*\w+\[([\d,]*)\]')
 _DOT = re.compile(r'\sdot\(\s*%?([\w.\-]+)[^,]*,.*lhs_contracting_dims=\{([\d,]*)\}')
-_CALLEE = re.compile(r'\b(calls|body|to_apply)=%?([\w.\-]+)')
-_TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+
+Call = Tuple[str, str, Optional[int]]  # (kind, callee, times: None for a loop of unknown count)
+
+
+def computations(hlo: str) -> Tuple[Dict[str, Tuple[str, List[str]]], Optional[str]]:
+  """An HLO module's text split by computation: ({name: (its parameters' text, its body's
+  lines)}, the entry computation's name or None)."""
+  comps: Dict[str, Tuple[str, List[str]]] = {}
+  entry, name = None, None
+  for line in hlo.splitlines():
+    m = _COMPUTATION.match(line)
+    if m:
+      name = m.group(1)
+      entry = name if line.startswith('ENTRY') else entry
+      comps[name] = (m.group(2), [])
+    elif name is not None and line.strip() == '}':
+      name = None
+    elif name is not None:
+      comps[name][1].append(line)
+  return comps, entry
+
+
+def calls(line: str, kinds: Sequence[str] = ('calls', 'body', 'branch_computations',
+                                              'true_computation', 'false_computation')
+          ) -> List[Call]:
+  """The computations one instruction calls, of the given kinds: (kind, callee, times),
+  times being a `while` body's known trip count (None when unknown) and 1 otherwise.
+  `to_apply` (scalar reducers) is left out unless asked for."""
+  trip = _TRIP.search(line)
+  out = []
+  for kind, listed, one in _CALLEE.findall(line):  # kind={%a, %b} or kind=%a
+    if kind not in kinds:
+      continue
+    times = (int(trip.group(1)) if trip else None) if kind == 'body' else 1
+    out.extend((kind, c.strip().lstrip('%'), times) for c in (listed or one).split(','))
+  return out
+
+
+def call_counts(graph: Dict[str, List[Call]], entry: str, loops: bool = True
+                ) -> Dict[str, float]:
+  """How often each computation runs per run of `entry`: summed over the call paths, the
+  product of the loop trip counts along each (a loop of unknown count, or every loop when
+  `loops` is False, counts once). A recursive path is cut where it repeats."""
+  counts: Dict[str, float] = {}
+
+  def visit(name, times, seen):
+    if name not in graph or name in seen:
+      return
+    counts[name] = counts.get(name, 0.0) + times
+    for _, callee, n in graph[name]:
+      visit(callee, times * ((n or 1) if loops else 1), seen + (name,))
+
+  visit(entry, 1.0, ())
+  return counts
 
 
 def _dims(text: str) -> Tuple[int, ...]:
   return tuple(int(d) for d in text.split(',') if d)
 
 
-def _parse(hlo: str):
-  """{computation: (own dot flops, [(callee, multiplier or None)])} and the entry name."""
-  comps: Dict[str, Any] = {}
-  entry = None
-  name = None
-  shapes: Dict[str, Tuple[int, ...]] = {}
-  for line in hlo.splitlines():
-    m = _COMPUTATION.match(line)
-    if m:
-      name = m.group(1)
-      if line.startswith('ENTRY'):
-        entry = name
-      shapes = {p: _dims(d) for p, d in _PARAM.findall(m.group(2))}
-      comps[name] = [0.0, []]
-      continue
-    if name is None:
-      continue
-    if line.strip() == '}':
-      name = None
-      continue
+def _dot_flops(params: str, lines: List[str]) -> float:
+  """The dot FLOPs of one computation's own instructions (callees not included)."""
+  shapes = {p: _dims(d) for p, d in _PARAM.findall(params)}
+  total = 0.0
+  for line in lines:
     inst = _INSTRUCTION.match(line)
-    if inst:
-      shapes[inst.group(1)] = _dims(inst.group(3))
+    if not inst:
+      continue
+    shapes[inst.group(1)] = _dims(inst.group(3))
     dot = _DOT.search(line)
-    if inst and dot and dot.group(1) in shapes:
-      lhs = shapes[dot.group(1)]
-      contract = math.prod(lhs[i] for i in _dims(dot.group(2)))
-      comps[name][0] += 2.0 * math.prod(_dims(inst.group(3))) * contract
-    trip = _TRIP.search(line)
-    for kind, callee in _CALLEE.findall(line):
-      if kind == 'to_apply':  # scalar reducers
-        continue
-      mult = (int(trip.group(1)) if trip else None) if kind == 'body' else 1
-      comps[name][1].append((callee, mult))
-  return comps, entry
+    if dot and dot.group(1) in shapes:
+      contract = math.prod(shapes[dot.group(1)][i] for i in _dims(dot.group(2)))
+      total += 2.0 * math.prod(_dims(inst.group(3))) * contract
+  return total
 
 
 def loop_flops(hlo: str) -> Tuple[float, float, int, int]:
   """(dot FLOPs counting each loop body once, dot FLOPs with trip counts,
   number of loops, loops with unknown trip count) of an HLO module's text."""
-  comps, entry = _parse(hlo)
-  loops = sum(1 for c in comps.values() for _, m in c[1] if m != 1)
-  unknown = sum(1 for c in comps.values() for _, m in c[1] if m is None)
-
-  def total(name, with_trips, seen=()):
-    if name not in comps or name in seen:
-      return 0.0
-    own, callees = comps[name]
-    return own + sum(((m or 1) if with_trips else 1) * total(c, with_trips, seen + (name,))
-                     for c, m in callees)
-
+  comps, entry = computations(hlo)
+  graph = {name: [c for line in lines for c in calls(line, ('calls', 'body'))]
+           for name, (_, lines) in comps.items()}
+  bodies = [n for cs in graph.values() for kind, _, n in cs if kind == 'body']
+  loops, unknown = len(bodies), sum(1 for n in bodies if n is None)
   if entry is None:
     return 0.0, 0.0, loops, unknown
-  return total(entry, False), total(entry, True), loops, unknown
+  own = {name: _dot_flops(params, lines) for name, (params, lines) in comps.items()}
+  total = lambda counts: sum(own[name] * times for name, times in counts.items())
+  return (total(call_counts(graph, entry, loops=False)), total(call_counts(graph, entry)),
+          loops, unknown)

@@ -72,6 +72,46 @@ def test_loop_corrected_flops_match_the_unchunked_count():
   assert mem['total'] >= mem['argument'] > 0
 
 
+CALLS_HLO = """HloModule m
+
+%inner (a: f32[4,8], b: f32[8,2]) -> f32[4,2] {
+  %a = f32[4,8]{1,0} parameter(0)
+  %b = f32[8,2]{1,0} parameter(1)
+  ROOT %d = f32[4,2]{1,0} dot(%a, %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%yes (p: f32[4,8]) -> f32[4,2] {
+  ROOT %f = f32[4,2]{1,0} fusion(%p, %w), kind=kLoop, calls=%inner
+}
+
+ENTRY %main (x: f32[4,8]) -> f32[4,2] {
+  %w = (s32[], f32[4,8]{1,0}) while(%init), condition=%cond, body=%yes, metadata={op_name="scan"}, backend_config={"known_trip_count":{"n":"3"}}
+  %c = f32[4,2]{1,0} conditional(%i, %x, %x), branch_computations={%yes, %inner}
+  ROOT %r = f32[] reduce(%c, %z), dimensions={0,1}, to_apply=%add
+}
+"""
+
+
+def test_hlo_calls_read_single_and_listed_callees_and_loop_counts():
+  comps, entry = xla_stats.computations(CALLS_HLO)
+  assert entry == 'main' and set(comps) == {'inner', 'yes', 'main'}
+  lines = comps['main'][1]
+  # A name after `body=` stops at the comma: `metadata` is not a callee.
+  assert xla_stats.calls(lines[0]) == [('body', 'yes', 3)]
+  assert xla_stats.calls(lines[1]) == [('branch_computations', 'yes', 1),
+                                       ('branch_computations', 'inner', 1)]
+  assert xla_stats.calls(lines[2]) == [] and xla_stats.calls(lines[2], ('to_apply',)) == [
+      ('to_apply', 'add', 1)]
+  graph = {n: [c for line in ls for c in xla_stats.calls(line)] for n, (_, ls) in comps.items()}
+  # inner: once per loop iteration (3) through `yes`, once per branch of the conditional
+  # through `yes` and directly (every branch counts).
+  assert xla_stats.call_counts(graph, 'main') == {'main': 1, 'yes': 4, 'inner': 5}
+  assert xla_stats.call_counts(graph, 'main', loops=False)['inner'] == 3
+  # Dot FLOPs: the loop and the fusion only (branches are not followed by loop_flops).
+  once, repeated, loops, unknown = xla_stats.loop_flops(CALLS_HLO)
+  assert (once, repeated, loops, unknown) == (2 * 4 * 2 * 8, 3 * 2 * 4 * 2 * 8, 1, 0)
+
+
 def test_exponent_fit_and_time_prediction():
   ns = [256, 512, 1024, 2048]
   assert common.fit_exponent(ns, [3 * n**1.5 for n in ns]) == pytest.approx(1.5)
