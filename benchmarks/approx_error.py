@@ -34,7 +34,6 @@ Writes <out>/<name>.json, .md, <name>_knob.png, <name>_length.png,
 """
 import functools
 import os
-import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from absl import flags
@@ -381,8 +380,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
               qk_scale=args.qk_scale,
               knob_length=args.knob_length, knobs={m: list(v) for m, v in knobs.items()},
               options=options, sources=args.source,
-              command=' '.join(['python -m benchmarks.approx_error'] +
-                               list(argv if argv is not None else sys.argv[1:])))
+              command=output.command('benchmarks.approx_error', argv))
   sub = common.describe_device(info)
   plots = [p for p in (
       knob_plot(os.path.join(args.out, f'{args.name}_knob.png'), knob_rows,

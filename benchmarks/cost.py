@@ -24,7 +24,6 @@ Writes <out>/<name>.json, .md, <name>_flops.png (FLOPs vs length) and
 <name>_params.png.
 """
 import os
-import sys
 from typing import Any, Dict, List, Optional, Sequence
 
 from absl import flags
@@ -270,8 +269,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   meta = dict(device=info, device_line=common.describe_device(info), d_model=args.d_model,
               heads=args.heads, length=args.length, batch=args.batch, lengths=lengths,
               scaling_projection=args.scaling_projection, options=options, scaling=scaling,
-              command=' '.join(['python -m benchmarks.cost'] +
-                               list(argv if argv is not None else sys.argv[1:])))
+              command=output.command('benchmarks.cost', argv))
   pngs = plots(args.out, args.name, meta, layer_rows, scaling_rows)
   data = dict(meta=meta, layers=layer_rows, scaling=scaling_rows, paper_params=paper_rows,
               plots=pngs)

@@ -25,7 +25,6 @@ at the default precision may run in TF32, in XLA and in Triton alike; this tool
 measures what they do.
 """
 import contextlib
-import sys
 from typing import Any, Dict, List, Optional, Sequence
 
 import jax
@@ -252,8 +251,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   meta = dict(device=info, device_line=common.describe_device(info), length=fv.length,
               batch=fv.batch, heads=fv.heads, head_dim=fv.head_dim,
               time_length=fv.time_length, time_batch=fv.time_batch, repeats=fv.repeats,
-              command=' '.join(['python -m benchmarks.flash_precision']
-                               + list(argv if argv is not None else sys.argv[1:])))
+              command=output.command('benchmarks.flash_precision', argv))
   data = dict(meta=meta, records=records)
   output.finish(fv.out, fv.name, data, markdown(meta, records), quiet=fv.quiet)
   return data

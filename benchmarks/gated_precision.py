@@ -21,7 +21,6 @@ Mamba-2's -A dt (A in [1, 16], dt in [0.001, 0.1]) with keys scaled by dt; Delta
 L2-normalised q and k (q by 1/sqrt(dk)) and beta = sigmoid(z); Gated DeltaNet's as
 DeltaNet's with -A dt (A in [0, 16]). Writes <out>/<name>.json and .md.
 """
-import sys
 from typing import Any, Dict, List, Optional, Sequence
 
 import jax
@@ -217,8 +216,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   records = check(fv)
   meta = dict(device=info, device_line=common.describe_device(info), length=fv.length,
               batch=fv.batch, heads=fv.heads, head_dim=fv.head_dim, chunk_size=fv.chunk_size,
-              command=' '.join(['python -m benchmarks.gated_precision']
-                               + list(argv if argv is not None else sys.argv[1:])))
+              command=output.command('benchmarks.gated_precision', argv))
   data = dict(meta=meta, records=records)
   output.finish(fv.out, fv.name, data, markdown(meta, records), quiet=fv.quiet)
   return data

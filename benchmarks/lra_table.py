@@ -18,7 +18,6 @@ the mechanisms both have, marked as published. Writes <out>/<name>.json, .md
 and <name>.png (both tables as heatmaps).
 """
 import statistics
-import sys
 from typing import Any, Dict, List, Optional, Sequence
 
 from absl import flags
@@ -200,8 +199,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     raise SystemExit('no Long Range Arena workdirs among: ' + ' '.join(workdirs))
   info = common.device_info()
   meta = dict(device=info, device_line=common.describe_device(info), workdirs=workdirs,
-              command=' '.join(['python -m benchmarks.lra_table'] +
-                               list(argv if argv is not None else sys.argv[1:])))
+              command=output.command('benchmarks.lra_table', argv))
   ours = cells(rows)
   png = plot(f'{args.out}/{args.name}.png', ours)
   data = dict(meta=meta, runs=rows, ours=ours, published=PUBLISHED, published_avg=PUBLISHED_AVG,

@@ -2,6 +2,7 @@
 import json
 import math
 import os
+import sys
 import textwrap
 from typing import Any, Dict, Iterable, Mapping, Optional, Sequence, Tuple
 
@@ -31,6 +32,12 @@ def jsonable(x: Any) -> Any:
   if hasattr(x, 'item') and callable(x.item) and getattr(x, 'shape', None) == ():
     return jsonable(x.item())
   return x
+
+
+def command(module: str, argv: Optional[Sequence[str]] = None) -> str:
+  """The command line that reproduces a run: `python -m <module>` and its arguments
+  (`argv`, or this process's when None)."""
+  return ' '.join([f'python -m {module}'] + list(argv if argv is not None else sys.argv[1:]))
 
 
 def write_json(path: str, data: Any) -> str:

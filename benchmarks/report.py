@@ -42,7 +42,6 @@ import hashlib
 import json
 import os
 import statistics
-import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from absl import flags
@@ -326,8 +325,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   rows = sort_rows(rows, args.sort)
   meta = dict(device=info, device_line=common.describe_device(info),
               workdirs=workdirs,
-              command=' '.join(['python -m benchmarks.report'] +
-                               list(argv if argv is not None else sys.argv[1:])))
+              command=output.command('benchmarks.report', argv))
   png = plot(os.path.join(args.out, f'{args.name}_curves.png'), rows)
   groups, grouped_by = seed_groups(rows)
   data = dict(meta=meta, runs=rows, seed_groups=groups, seed_groups_by=grouped_by,

@@ -21,7 +21,6 @@ heads and examples, band = range over heads) and <name>_rank.png (rank at the
 threshold, layer x head, a panel per source).
 """
 import os
-import sys
 from typing import Any, Dict, List, Optional, Sequence
 
 from absl import flags
@@ -197,8 +196,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
               f"{l['rank_mean']:.1f}", flush=True)
   meta = dict(device=info, device_line=common.describe_device(info), threshold=args.threshold,
               energy=args.energy, sources=sources, num_examples=args.num_examples,
-              command=' '.join(['python -m benchmarks.spectrum'] +
-                               list(argv if argv is not None else sys.argv[1:])))
+              command=output.command('benchmarks.spectrum', argv))
   pngs = plots(args.out, args.name, meta, results)
   data = dict(meta=meta, results=results, plots=pngs)
   output.finish(args.out, args.name, data, markdown(meta, results), quiet=args.quiet)

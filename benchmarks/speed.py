@@ -598,9 +598,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
               causal_only_targets=[t for t in targets if common.parse_target(
                   split_target(t)[0])[0] != common.EXACT and ea.get_mechanism(
                       common.parse_target(split_target(t)[0])[0]).causal_only],
-              command=' '.join(['python -m benchmarks.speed'] +
-                                                     list(argv if argv is not None
-                                                          else sys.argv[1:])))
+              command=output.command('benchmarks.speed', argv))
   start = time.time()
   points = sweep(args, targets, lengths, modes, options, memory_budget, platform)
   meta['wall_time_s'] = time.time() - start
