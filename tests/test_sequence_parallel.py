@@ -203,16 +203,24 @@ EXTRA = {
 
 
 @pytest.fixture(scope='module')
-def results():
-  """{case: its JSON line} from one subprocess that runs every case."""
+def results(run_once):
+  """{case: its JSON line} from one subprocess that runs every case (once per session:
+  under pytest-xdist the workers share it through `run_once`)."""
   todo = {**cases(), **EXTRA}
-  env = dict(os.environ, JAX_PLATFORMS='cpu',
-             XLA_FLAGS=f'{main_runner.XLA_FLAGS} --xla_force_host_platform_device_count=8')
-  proc = subprocess.run([sys.executable, '-c', SCRIPT, json.dumps(todo)], cwd=ROOT, env=env,
-                        capture_output=True, text=True, timeout=600)
-  assert proc.returncode == 0, proc.stderr[-4000:]
+
+  def run(workdir):
+    env = dict(os.environ, JAX_PLATFORMS='cpu',
+               XLA_FLAGS=f'{main_runner.XLA_FLAGS} --xla_force_host_platform_device_count=8')
+    proc = subprocess.run([sys.executable, '-c', SCRIPT, json.dumps(todo)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    with open(os.path.join(workdir, 'stdout'), 'w') as f:
+      f.write(proc.stdout)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+  with open(os.path.join(run_once('sequence_parallel', run), 'stdout')) as f:
+    lines = f.read().splitlines()
   out = {}
-  for line in proc.stdout.splitlines():
+  for line in lines:
     if line.startswith('{'):
       record = json.loads(line)
       out[record['case']] = record
