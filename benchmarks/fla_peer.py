@@ -77,7 +77,8 @@ def define_flags(fv: flags.FlagValues) -> None:
                        flag_values=fv)
   flags.DEFINE_integer('chunk_size', 64, 'chunk of every chunkwise form (fla: 64)',
                        flag_values=fv)
-  flags.DEFINE_integer('repeats', 10, 'timed calls per point (median)', flag_values=fv)
+  flags.DEFINE_integer('repeats', 10, 'timed calls per point (median)',
+                       lower_bound=1, flag_values=fv)
   flags.DEFINE_float('budget_s', 20.0, 'seconds of timed calls per point at most',
                      flag_values=fv)
   flags.DEFINE_bool('decode', True, 'also time one decoding step', flag_values=fv)

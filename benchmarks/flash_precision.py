@@ -61,7 +61,8 @@ def define_flags(fv):
                             'block sizes: block_q,block_k,block_q_dkv,block_kv_dkv,block_q_dq,'
                             'block_kv_dq (repeatable; JAX\'s defaults are 128,128,32,32,32,32)',
                             flag_values=fv)
-  flags.DEFINE_integer('repeats', 10, 'timed calls per variant', flag_values=fv)
+  flags.DEFINE_integer('repeats', 10, 'timed calls per variant',
+                       lower_bound=1, flag_values=fv)
   common.define_output_flags(fv, out='benchmark_results', name='flash_precision')
 
 

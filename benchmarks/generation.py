@@ -64,7 +64,8 @@ def define_flags(fv: flags.FlagValues) -> None:
   flags.DEFINE_integer('latency_batch', 0,
                        'batch of the per-step latency run (0: the first --num_images)',
                        flag_values=fv)
-  flags.DEFINE_integer('repeats', 1, 'timed sampler calls per point', flag_values=fv)
+  flags.DEFINE_integer('repeats', 1, 'timed sampler calls per point',
+                       lower_bound=1, flag_values=fv)
   flags.DEFINE_float('temperature', 1.0, 'sampling temperature', flag_values=fv)
   flags.DEFINE_string('params', '', 'flax msgpack file of trained params', flag_values=fv)
   flags.DEFINE_string('workdir', '', 'trainer workdir of a pixel_lm run: weights '

@@ -34,7 +34,8 @@ def define_flags(fv):
   flags.DEFINE_integer('length', 256, 'sequence length', flag_values=fv)
   flags.DEFINE_integer('d_model', 256, 'model width', flag_values=fv)
   flags.DEFINE_integer('heads', 8, 'heads', flag_values=fv)
-  flags.DEFINE_integer('repeats', 15, 'timed calls of each layer (interleaved)', flag_values=fv)
+  flags.DEFINE_integer('repeats', 15, 'timed calls of each layer (interleaved)',
+                       lower_bound=1, flag_values=fv)
   common.define_output_flags(fv, out='benchmark_results', name='nnx_overhead', quiet=False)
 
 

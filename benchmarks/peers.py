@@ -83,7 +83,8 @@ def define_flags(fv):
                        flag_values=fv)
   flags.DEFINE_integer('k_proj', 64, 'projected length (linformer)', flag_values=fv)
   flags.DEFINE_enum('dtype', 'float32', list(DTYPES), 'q, k, v dtype', flag_values=fv)
-  flags.DEFINE_integer('repeats', 5, 'timed calls of each side (alternating)', flag_values=fv)
+  flags.DEFINE_integer('repeats', 5, 'timed calls of each side (alternating)',
+                       lower_bound=1, flag_values=fv)
   flags.DEFINE_float('memory_budget_gb', None,
                      "per program, by XLA's memory analysis (default 60% of RAM)",
                      flag_values=fv)

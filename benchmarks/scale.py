@@ -69,7 +69,7 @@ def define_flags(fv):
   flags.DEFINE_integer('d_model', 0, 'width (0: the size\'s)', flag_values=fv)
   flags.DEFINE_integer('depth', 0, 'blocks (0: the size\'s)', flag_values=fv)
   flags.DEFINE_integer('repeats', 3, 'timed steps at the longest length (0: none)',
-                       flag_values=fv)
+                       lower_bound=0, flag_values=fv)
   flags.DEFINE_bool('tiny', False, 'a seconds-long run (tests): ' + ', '.join(
       f'--{k}={v}' for k, v in TINY.items()), flag_values=fv)
   common.define_output_flags(fv, out='benchmark_results', name='scale')

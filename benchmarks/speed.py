@@ -101,7 +101,8 @@ def define_flags(fv: flags.FlagValues) -> None:
   flags.DEFINE_multi_string('option', [],
                             'mechanism.option=value, e.g. nystrom.num_landmarks=32 (repeatable)',
                             flag_values=fv)
-  flags.DEFINE_integer('repeats', 5, 'timed calls per point', flag_values=fv)
+  flags.DEFINE_integer('repeats', 5, 'timed calls per point',
+                       lower_bound=1, flag_values=fv)
   flags.DEFINE_enum('statistic', 'median', ['median', 'min'],
                     'which of the timed calls is reported (min resists a busy machine)',
                     flag_values=fv)

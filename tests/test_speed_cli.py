@@ -52,6 +52,7 @@ def test_no_speedup_plot_without_exact(tmp_path):
     (['--heads=0'], 'Error: flag --heads=0: 0 is not a positive integer'),
     (['--batch=0'], 'Error: flag --batch=0: 0 is not a positive integer'),
     (['--head_dim=-4'], 'Error: flag --head_dim=-4: -4 is not a positive integer'),
+    (['--repeats=0'], 'Error: flag --repeats=0: 0 is not a positive integer'),
     (['--dtype=float8'], 'Error: flag --dtype=float8: value should be one of '
                          '<float32|bfloat16|float16|float64>'),
     (['--mechanisms=softmax'], "Error: --mechanisms='softmax' and --targets='linear' name "
