@@ -175,7 +175,9 @@ def test_the_fingerprint_is_compared_only_where_both_configs_have_it():
       'dataset': {'corpus': 'c.txt', 'corpus_sha256': 'bb'}}) == []
   assert workdir_lib.differences(stored, {'dataset': {'corpus': 'c.txt', 'corpus_sha256': 'bb'}}
                                  ) == ["dataset.corpus_sha256: 'aa' -> 'bb' (the text of "
-                                       "dataset.corpus changed)"]
+                                       "dataset.corpus changed; builtin:python_docs is the "
+                                       "running Python's documentation and changes with its "
+                                       "version)"]
 
 
 def _tiny(corpus, num_steps):

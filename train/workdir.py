@@ -75,7 +75,9 @@ ADDED_DEFAULTS = {'model.positions': 'learned', 'dataset.num_distractors': None,
 # Fields the data fills in when a run starts (`data.check_splits`), with what a change
 # means: compared only where both configs have them (a config resolved without reading
 # the data has none; a run stored before the field existed resumes as it did).
-FROM_DATA = {'dataset.corpus_sha256': 'the text of dataset.corpus changed'}
+FROM_DATA = {'dataset.corpus_sha256': 'the text of dataset.corpus changed; builtin:python_docs '
+                                      'is the running Python\'s documentation and changes '
+                                      'with its version'}
 
 
 class WorkdirError(ValueError):
