@@ -143,6 +143,30 @@ def nnx_case(mechanism, causal):
   with jax.set_mesh(MESH):
     return jax.jit(lambda x: (loss(make(None)), loss(make('sequence'))))(x)
 
+DATA2 = {kind: jax.sharding.Mesh(np.array(jax.devices()[:2]), ('data',), axis_types=(kind,))
+         for kind in (Auto, Explicit)}
+
+def rows_case(mechanism, causal, kind):
+  """The unsplit layer's Pallas kernel under a data-parallel mesh of 2 devices (its rows
+  split over 'data' in a shard_map) against the same call without a mesh."""
+  decl = registry.get_mechanism(mechanism)
+  x, valid = inputs(32, jnp.float32)
+  layer = ea.MultiHeadAttention(num_heads=2, mechanism=mechanism, causal=causal,
+                                options=small(decl, {'implementation': 'pallas'}),
+                                max_length=32)
+  params = layer.init(jax.random.key(1), x, mask=valid)
+  def f(p, x):
+    y = layer.apply(p, x, mask=valid)
+    return jnp.sum(jnp.sin(y)), y
+  g = jax.jit(jax.value_and_grad(f, argnums=(0, 1), has_aux=True))
+  alone = g(params, x)
+  mesh = DATA2[kind]
+  with jax.set_mesh(mesh):
+    xs = jax.device_put(x, jax.sharding.NamedSharding(mesh, jax.P('data')))
+    jaxpr = str(jax.make_jaxpr(g)(params, xs))
+    assert 'shard_map' in jaxpr and 'pallas_call' in jaxpr, 'the kernel call is not split'
+    return alone, g(params, xs)
+
 def encoder_case(mechanism, causal):
   x, valid = inputs(32, jnp.float32)
   config = TransformerConfig(d_model=8, depth=2, num_heads=2, mlp_dim=16, mechanism=mechanism,
@@ -161,6 +185,9 @@ for name, (mechanism, causal, options, args) in json.loads(sys.argv[1]).items():
   try:
     if name.startswith('nnx:'):
       single, sharded = nnx_case(mechanism, causal)
+    elif name.startswith('rows:'):
+      single, sharded = rows_case(mechanism, causal,
+                                  Explicit if name.endswith('-explicit') else Auto)
     elif name.startswith('encoder:'):
       single, sharded = encoder_case(mechanism, causal)
     elif name.endswith('-x64'):
@@ -185,9 +212,10 @@ for name, (mechanism, causal, options, args) in json.loads(sys.argv[1]).items():
 # a pattern of two mechanisms), 48 tokens over 6 devices of an automatic mesh, the gated
 # recurrences' Pallas kernels on each block in interpret mode over 2 devices of an
 # automatic mesh (the interpreter runs Python on every device thread: with 6 of them on a
-# busy 2-core machine one thread missed XLA's 40-s collective deadline; the unsplit
-# reference's kernel, under a mesh of explicit axes, trips the interpreter over the inputs'
-# sharding types),
+# busy 2-core machine one thread missed XLA's 40-s collective deadline),
+# the unsplit layer's kernel on a data-parallel mesh of 2 devices, automatic or explicit
+# (`kernels.common.call` splits its rows in a shard_map: XLA would gather them all to every
+# device),
 # and float64 identities (to 1e-10) where the mechanism computes in the inputs' precision
 # (the gated recurrences compute in float32 whatever their inputs).
 EXTRA = {
@@ -195,6 +223,8 @@ EXTRA = {
     'encoder:linear+local-causal': ('linear+local', True, {}, {}),
     'gated_deltanet-causal-pallas-2': ('gated_deltanet', True, {'implementation': 'pallas'}, {}),
     'gla-causal-pallas-2': ('gla', True, {'implementation': 'pallas'}, {}),
+    'rows:gated_deltanet-causal': ('gated_deltanet', True, {}, {}),
+    'rows:gla-causal-explicit': ('gla', True, {}, {}),
     'softmax-causal-6': ('softmax', True, {}, {}),
     'softmax-causal-x64': ('softmax', True, {}, {}),
     'rfa-causal-x64': ('rfa', True, {'use_gate': True}, {}),

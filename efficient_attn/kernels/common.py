@@ -19,12 +19,15 @@ on GPU they are lowered by Triton, on TPU by Mosaic. Neither lowering has been r
 on hardware yet (no accelerator was available when they were written): the kernels
 keep to what the two lowerings document (see each kernel's notes).
 """
+import functools
+import math
 from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.sharding import PartitionSpec as P
 
 F32 = jnp.float32
 MIN_TILE = 16   # Triton's smallest dot tile
@@ -131,6 +134,53 @@ def _compiler_params(on: str):
     from jax.experimental.pallas import tpu as pltpu  # pylint: disable=g-import-not-at-top
     return pltpu.CompilerParams(dimension_semantics=('parallel',))
   return None
+
+
+def batch_axes(batch: int):
+  """The ambient mesh's axes a kernel call's batch is split over: its automatic or explicit
+  axes of more than one device, the longest prefix whose size divides `batch`; None off a
+  mesh or inside a `shard_map` over every axis."""
+  mesh = jax.sharding.get_abstract_mesh()
+  names = tuple(a for a, t in zip(mesh.axis_names, mesh.axis_types)
+                if t != jax.sharding.AxisType.Manual and mesh.shape[a] > 1)
+  while names and batch % math.prod(mesh.shape[a] for a in names):
+    names = names[:-1]
+  return names or None
+
+
+def per_device(recurrence):
+  """`recurrence(q, k, v, g, beta, state, chunk_size, on=...)` (a kernel entry point, its
+  arrays batch first) run in `jax.shard_map` under a mesh, each device on its part of the
+  batch (`batch_axes`): XLA does not partition a custom call, and would otherwise gather the
+  whole batch to every device and run all of it there. The batch's examples are
+  independent, so the result is the same. On a mesh of explicit axes every explicit axis is
+  made manual (Pallas's interpreter refuses explicitly sharded values), the inputs are
+  resharded to the split, and the outputs back to q's sharding."""
+
+  @functools.wraps(recurrence)
+  def run(q, k, v, g, beta=None, state=None, chunk_size: int = 64, *, on=None):
+    mesh = jax.sharding.get_abstract_mesh()
+    axes = batch_axes(q.shape[0])
+    explicit = {a for a, t in zip(mesh.axis_names, mesh.axis_types)
+                if t == jax.sharding.AxisType.Explicit}
+    if axes is None and not explicit:
+      return recurrence(q, k, v, g, beta, state, chunk_size, on=on)
+    given = {i: x for i, x in enumerate((q, k, v, g, beta, state)) if x is not None}
+    split = P(axes)
+    if explicit:
+      before = tuple(jax.typeof(q).sharding.spec) + (None,) * 3
+      given = {i: jax.sharding.reshard(x, split) for i, x in given.items()}
+
+    def body(given):
+      arrays = [given.get(i) for i in range(6)]
+      return recurrence(*arrays, chunk_size, on=on)
+    out, st = jax.shard_map(body, in_specs=({i: split for i in given},), out_specs=(split, split),
+                            axis_names=set(axes or ()) | explicit, check_vma=False)(given)
+    if explicit:
+      out = jax.sharding.reshard(out, P(*before[:3]))
+      st = jax.sharding.reshard(st, P(before[0], before[2]))
+    return out, st
+  return run
 
 
 def call(kernel, *, rows: int, ins, outs, name: str, on: Optional[str] = None):

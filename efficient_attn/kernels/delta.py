@@ -212,6 +212,7 @@ def _core_bwd(cfg: Config, res, cotangents):
 _core.defvjp(_core_fwd, _core_bwd)
 
 
+@common.per_device
 def delta_chunked(q, k, v, g, beta, state=None, chunk_size: int = 64, *, on=None):
   """The (gated) delta rule by the Pallas kernels; equals `delta_rule.delta_chunked` at the
   same chunk size.

@@ -178,6 +178,7 @@ def decay_kernel(q, k, v, g, state, chunk_size: int, *, per_feature: bool, score
   return common.from_blocks(o, lay, lay.dv), common.state_from_blocks(st, lay)
 
 
+@common.per_device
 def scalar_decay_chunked(q, k, v, g, beta=None, state=None, chunk_size: int = 64, *, on=None):
   """The decay recurrence with one log-decay per head, by the Pallas kernels; equals
   `gated_linear.gated_chunked` at the same chunk size.

@@ -64,6 +64,7 @@ def scores_grad(da, q, k, b, dtype):
   return lax.fori_loop(0, q.shape[0], key, (zeros, zeros))
 
 
+@common.per_device
 def vector_decay_chunked(q, k, v, g, beta=None, state=None, chunk_size: int = 64, *, on=None):
   """The decay recurrence with one log-decay per key feature, by the Pallas kernels; equals
   `gated_linear.gated_chunked` at the same chunk size.
