@@ -2,7 +2,8 @@
 
 Process p feeds rows [8p, 8p + 8) of each global batch of 16; the losses, the
 final parameters and a resume across both processes must match a
-single-process run of the same global batch. The resumed pair is set up from
+single-process run of the same global batch. The resume shards the state over the two
+processes (FSDP), so the checkpoint is restored onto another mesh and saved in parts. The resumed pair is set up from
 the environment (JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID)
 instead of flags. CPU collectives need no setting: jax 0.10's default
 `jax_cpu_collectives_implementation` is 'gloo'.
@@ -24,8 +25,9 @@ from train import inference
 TIMEOUT_S = 240  # per run, on 2 busy cores; an idle machine needs about 30 s
 
 
-def start_pair(workdir, via_env=False):
-  """Starts processes 0 and 1 of one run (jax.distributed settings in flags or env)."""
+def start_pair(workdir, *extra, via_env=False):
+  """Starts processes 0 and 1 of one run (jax.distributed settings in flags or env), with
+  `extra` flags."""
   address = f'127.0.0.1:{main_runner.free_port()}'
   procs = []
   for i in range(2):
@@ -33,10 +35,10 @@ def start_pair(workdir, via_env=False):
     if via_env:
       kwargs['env'].update(JAX_COORDINATOR_ADDRESS=address, JAX_NUM_PROCESSES='2',
                            JAX_PROCESS_ID=str(i))
-      cmd = main_runner.command(workdir)
+      cmd = main_runner.command(workdir, *extra)
     else:
       cmd = main_runner.command(workdir, f'--coordinator_address={address}',
-                                '--num_processes=2', f'--process_id={i}')
+                                '--num_processes=2', f'--process_id={i}', *extra)
     procs.append(subprocess.Popen(cmd, **kwargs))
   return procs
 
@@ -105,19 +107,36 @@ def check_only_process_0_writes(multi, outputs):
   assert '[8] eval/accuracy=' in stderr1  # every process logs; only process 0 writes files
 
 
-def check_resume_from_the_environment(multi, resumed):
+# The resumed pair shards the state over both processes (FSDP; every leaf of 64 elements
+# or more split): the data-parallel checkpoint is restored onto another mesh, and the new
+# step-8 checkpoint is written split over them.
+FSDP = ('--config.train.mesh.data=1', '--config.train.mesh.fsdp=-1',
+        '--config.train.fsdp_min_size=64')
+
+
+def split_leaves(workdir) -> int:
+  """How many parameter leaves the step-8 checkpoint stored split over the 'fsdp' axis."""
+  with open(os.path.join(workdir, 'checkpoints', '8', 'params', '_sharding')) as f:
+    leaves = [json.loads(v) for v in json.load(f).values()]
+  return sum('fsdp' in json.dumps(leaf['partition_spec']) for leaf in leaves)
+
+
+def check_resume_from_the_environment_under_fsdp(multi, resumed):
   shutil.copytree(multi, resumed)  # as if both processes had stopped after step 4
   shutil.rmtree(os.path.join(resumed, 'checkpoints', '8'))
   os.remove(os.path.join(resumed, 'results.json'))
-  outputs = finish(start_pair(resumed, via_env=True))
+  outputs = finish(start_pair(resumed, *FSDP, via_env=True))
   assert 'Resumed from the checkpoint at step 4' in outputs[0][1]
   assert 'Resumed from the checkpoint at step 4' in outputs[1][1]
   rows = main_runner.metric_rows(resumed)
   assert [r['step'] for r in rows] == [2, 4, 6, 8]  # rows past the resumed step rewritten
-  for row, ref in zip(rows[4:], rows[2:4]):
-    assert row['loss'] == pytest.approx(ref['loss'], rel=1e-6), row['step']
+  for row, ref in zip(rows[2:], main_runner.metric_rows(multi)[2:]):
+    assert row['loss'] == pytest.approx(ref['loss'], rel=1e-5), row['step']
   with open(os.path.join(resumed, 'results.json')) as f:
     assert json.load(f)['resumed_from_step'] == 4
+  # Orbax records each saved leaf's sharding: split over 'fsdp' now, replicated before.
+  assert split_leaves(resumed) > 0 and split_leaves(multi) == 0
+  check_restores_in_one_process(resumed, multi)  # the sharded checkpoint, in one process
 
 
 @pytest.mark.slow
@@ -127,4 +146,4 @@ def test_two_processes_train_like_one_and_resume(tmp_path):
   check_same_losses(multi, single)
   check_restores_in_one_process(multi, single)
   check_only_process_0_writes(multi, outputs)
-  check_resume_from_the_environment(multi, str(tmp_path / 'resumed'))
+  check_resume_from_the_environment_under_fsdp(multi, str(tmp_path / 'resumed'))
