@@ -167,17 +167,19 @@ def rows_case(mechanism, causal, kind):
     assert 'shard_map' in jaxpr and 'pallas_call' in jaxpr, 'the kernel call is not split'
     return alone, g(params, xs)
 
-def encoder_case(mechanism, causal):
+def encoder_case(mechanism, causal, reversible=False):
   x, valid = inputs(32, jnp.float32)
   config = TransformerConfig(d_model=8, depth=2, num_heads=2, mlp_dim=16, mechanism=mechanism,
-                             causal=causal, max_length=32,
-                             options={'window': 6, 'chunk_size': 4})
+                             causal=causal, max_length=32, reversible=reversible,
+                             options={'window': 6, 'chunk_size': 4} if '+' in mechanism
+                             else small(registry.get_mechanism(mechanism), {}))
   single, split = Encoder(config), Encoder(config.replace(sequence_axis='sequence'))
   params = single.init(jax.random.key(1), x, mask=valid)
   def loss(model):
     f = lambda p, x: (jnp.sum(jnp.sin(model.apply(p, x, mask=valid))),) * 2
     return jax.value_and_grad(f, argnums=(0, 1), has_aux=True)
   with jax.set_mesh(MESH):
+    assert 'shard_map' in str(jax.make_jaxpr(loss(split))(params, x)), 'not split'
     return jax.jit(lambda p, x: (loss(single)(p, x), loss(split)(p, x)))(params, x)
 
 for name, (mechanism, causal, options, args) in json.loads(sys.argv[1]).items():
@@ -189,7 +191,7 @@ for name, (mechanism, causal, options, args) in json.loads(sys.argv[1]).items():
       single, sharded = rows_case(mechanism, causal,
                                   Explicit if name.endswith('-explicit') else Auto)
     elif name.startswith('encoder:'):
-      single, sharded = encoder_case(mechanism, causal)
+      single, sharded = encoder_case(mechanism, causal, name.endswith('-reversible'))
     elif name.endswith('-x64'):
       with jax.enable_x64(True):
         single, sharded = linen_case(mechanism, causal, options, args, dtype=jnp.float64)
@@ -209,7 +211,7 @@ for name, (mechanism, causal, options, args) in json.loads(sys.argv[1]).items():
 '''
 
 # Cases beside the Linen ones: the NNX layer, the encoder (TransformerConfig.sequence_axis,
-# a pattern of two mechanisms), 48 tokens over 6 devices of an automatic mesh, the gated
+# a pattern of two mechanisms; reversible blocks, whose backward recomputes each block), 48 tokens over 6 devices of an automatic mesh, the gated
 # recurrences' Pallas kernels on each block in interpret mode over 2 devices of an
 # automatic mesh (the interpreter runs Python on every device thread: with 6 of them on a
 # busy 2-core machine one thread missed XLA's 40-s collective deadline),
@@ -221,6 +223,7 @@ for name, (mechanism, causal, options, args) in json.loads(sys.argv[1]).items():
 EXTRA = {
     'nnx:linear-bidirectional': ('linear', False, {}, {}),
     'encoder:linear+local-causal': ('linear+local', True, {}, {}),
+    'encoder:gated_deltanet-causal-reversible': ('gated_deltanet', True, {}, {}),
     'gated_deltanet-causal-pallas-2': ('gated_deltanet', True, {'implementation': 'pallas'}, {}),
     'gla-causal-pallas-2': ('gla', True, {'implementation': 'pallas'}, {}),
     'rows:gated_deltanet-causal': ('gated_deltanet', True, {}, {}),
