@@ -34,11 +34,8 @@ import jax
 from data import memory
 from data import specs
 from data.checks import check, check_splits  # pylint: disable=unused-import
-from data.specs import Dataset, get_spec, input_kind, resolve, source, TEXT_VOCAB_SIZE  # pylint: disable=unused-import
-
-
-class DownloadError(RuntimeError):
-  """TFDS could not download a dataset (no network, or the server refused)."""
+from data.splits import num_classes, num_examples, prepare, vocab_size  # pylint: disable=unused-import
+from data.specs import Dataset, DownloadError, get_spec, input_kind, resolve, source, TEXT_VOCAB_SIZE  # pylint: disable=unused-import
 
 
 def arrays_source(config) -> Optional[Tuple[List[str], str]]:
@@ -100,55 +97,3 @@ def get_eval_batch(config, split: str = ''):
   return next(iter(get_eval_data(config, split).batches()))
 
 
-def num_classes(config) -> int:
-  """`config.dataset.num_classes`, or the count read from the data when it is 0."""
-  dataset = resolve(config)
-  d, spec = dataset.fields, dataset.spec
-  if d.num_classes > 0:
-    return d.num_classes
-  if spec.kind == 'sequence':  # the labels are tokens
-    return vocab_size(dataset)
-  if spec.num_classes:
-    return spec.num_classes
-  if dataset.in_memory:
-    from data import arrays  # pylint: disable=g-import-not-at-top
-    return int(arrays.get_split(dataset, d.train_split).labels.max()) + 1
-  from data import stream  # pylint: disable=g-import-not-at-top
-  return stream.folder_num_classes(d.data_dir)
-
-
-def num_examples(config, split: str) -> int:
-  """The number of examples of `split` (all processes together)."""
-  dataset = resolve(config)
-  if dataset.in_memory:
-    from data import arrays  # pylint: disable=g-import-not-at-top
-    return len(arrays.get_split(dataset, split))
-  from data import stream  # pylint: disable=g-import-not-at-top
-  return stream.Source(dataset, split, 0, 1, drop_remainder=False).num_examples
-
-
-def vocab_size(config) -> int:
-  """Token ids of a token task are 0..vocab_size-1 (0 = padding; sequence labelling:
-  `dataset.vocab_size`, no padding id)."""
-  dataset = resolve(config)
-  size = dataset.spec.vocab_size or dataset.fields.get('vocab_size', 0)
-  if not size:
-    raise ValueError(f'dataset {dataset.fields.name!r} is not a token task')
-  return size
-
-
-def prepare(config) -> None:
-  """Makes sure the data can be read (TFDS download_and_prepare when allowed).
-
-  Raises ValueError naming the field (data_dir, manual_dir, download, source,
-  split) when the data is missing or cannot be prepared, and DownloadError when
-  TFDS cannot download it. Call before any training work.
-  """
-  dataset = resolve(config)
-  if dataset.source in ('tfds', 'folder'):
-    from data import stream  # pylint: disable=g-import-not-at-top
-    stream.prepare(dataset)
-  if dataset.in_memory:
-    from data import arrays  # pylint: disable=g-import-not-at-top
-    for split in (dataset.fields.train_split, dataset.fields.eval_split):
-      arrays.get_split(dataset, split)

@@ -12,6 +12,7 @@ import os
 import fields
 from data import arrays
 from data import specs
+from data import splits
 from data import transforms
 
 
@@ -150,24 +151,22 @@ def check_splits(config, training: bool = True) -> None:
   batch fits in the training split (an evaluation may read a file smaller than
   one training batch). ValueError naming the field, file or dataset.
   """
-  import data  # pylint: disable=g-import-not-at-top
   dataset = specs.resolve(config)
   d = dataset.fields
-  data.prepare(dataset)
+  splits.prepare(dataset)
   _check_splits(dataset)  # fills in num_classes
   if d.name == 'text_bytes':
     from data import text_bytes  # pylint: disable=g-import-not-at-top
     d.corpus_sha256 = text_bytes.fingerprint(d.corpus)
-  train_examples = data.num_examples(dataset, d.train_split)
+  train_examples = splits.num_examples(dataset, d.train_split)
   if training and d.batch_size > train_examples:
     raise ValueError(f'config.dataset.batch_size={d.batch_size} exceeds the {train_examples} '
                      f'examples of split {d.train_split!r}; valid: <= {train_examples}')
 
 
 def _check_splits(dataset: specs.Dataset) -> None:
-  import data  # pylint: disable=g-import-not-at-top
   d = dataset.fields
-  splits = {d.train_split: 'train_split', d.eval_split: 'eval_split'}
+  read = {d.train_split: 'train_split', d.eval_split: 'eval_split'}
   if not dataset.in_memory:  # streamed: counted (an empty train split fails below)
     if dataset.source == 'folder' and d.num_classes > 0:  # a label per folder
       from data import stream  # pylint: disable=g-import-not-at-top
@@ -177,23 +176,23 @@ def _check_splits(dataset: specs.Dataset) -> None:
                          f'{d.data_dir}, which has {found} label folders; valid: '
                          f'>= {found}, or 0 (one class per folder)')
     if d.num_classes == 0:
-      d.num_classes = data.num_classes(dataset)
-    if data.num_examples(dataset, d.eval_split) == 0:
+      d.num_classes = splits.num_classes(dataset)
+    if splits.num_examples(dataset, d.eval_split) == 0:
       raise ValueError(f'config.dataset.eval_split={d.eval_split!r} of dataset {d.name!r} '
                        f'holds no examples; a run needs at least one')
     return
-  for split, field in splits.items():
+  for split, field in read.items():
     arrays.check_split(arrays.get_split(dataset, split), f'config.dataset.{field}={split!r}')
   if dataset.input_kind == 'sequence':  # labels: tokens of the vocabulary, or -100
     from data import sequences  # pylint: disable=g-import-not-at-top
     d.num_classes = d.vocab_size
-    for split in splits:
+    for split in read:
       sequences.check(arrays.get_split(dataset, split), d.vocab_size, d.max_length)
     return
   classes = 'config.dataset.num_classes'
   if d.num_classes == 0:
-    d.num_classes = data.num_classes(dataset)
+    d.num_classes = splits.num_classes(dataset)
     classes = 'num_classes read from the training labels'
-  for split in splits:
+  for split in read:
     arrays.check_labels(arrays.get_split(dataset, split), d.num_classes,
                         f'{classes}={d.num_classes}')

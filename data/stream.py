@@ -30,9 +30,9 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from data import DownloadError
 from data import preprocess
 from data import specs
+from data.specs import DownloadError
 
 tf.config.set_visible_devices([], 'GPU')  # tf.data only; keep the accelerators for JAX
 

@@ -18,6 +18,7 @@ from configs import default as default_config
 from configs import imdb as imdb_config
 from efficient_attn import models as ea_models
 import data
+from data import splits
 from train import trainer
 from train import validate
 
@@ -31,6 +32,7 @@ def no_data(monkeypatch):
     raise AssertionError('the dataset was touched before the config was rejected')
   for name in ('prepare', 'get_train_data', 'get_eval_data'):
     monkeypatch.setattr(data, name, touched)
+  monkeypatch.setattr(splits, 'prepare', touched)  # what data.check_splits calls
 
 
 def with_overrides(config, overrides):

@@ -196,6 +196,27 @@ def test_the_data_modules_import_no_cycle():
   assert not cycle, f'import cycle among data/ modules: {" -> ".join(cycle)}'
 
 
+def _imports_the_package(path: pathlib.Path, modules) -> bool:
+  """Whether `path` imports the `data` package itself (`import data`, or a name from
+  `from data import ...` that is not one of its modules), at any depth."""
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.Import) and any(a.name == 'data' for a in node.names):
+      return True
+    if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == 'data' and any(
+        a.name not in modules for a in node.names):
+      return True
+  return False
+
+
+def test_no_data_module_imports_the_package():
+  """The package's `__init__.py` imports its modules, so a module that imports the package
+  (even inside a function) closes a cycle through it."""
+  paths = {p.stem: p for p in (ROOT / 'data').glob('*.py') if p.stem != '__init__'}
+  assert _imports_the_package(ROOT / 'train' / 'tasks' / 'pixel_lm.py', set(paths))
+  found = sorted(name for name, path in paths.items() if _imports_the_package(path, set(paths)))
+  assert not found, f'data/ modules that import the package: {found}'
+
+
 def test_the_cycle_rule_finds_a_cycle():
   assert import_cycle({'a': {'b'}, 'b': {'c'}, 'c': {'a'}, 'd': {'a'}}) == ['a', 'b', 'c', 'a']
   assert import_cycle({'a': {'b'}, 'b': set(), 'c': {'a', 'b'}}) == []
