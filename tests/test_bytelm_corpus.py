@@ -209,7 +209,7 @@ def test_a_resume_on_edited_text_is_refused_in_one_line(tmp_path, cache):
     with pytest.raises(workdir_lib.WorkdirError) as e:
       _quiet(action)
     assert 'dataset.corpus_sha256: ' in str(e.value) and '(the text of dataset.corpus ' \
-        'changed)' in str(e.value) and '\n' not in str(e.value), e.value
+        'changed; ' in str(e.value) and '\n' not in str(e.value), e.value
   assert sorted(os.listdir(workdir)) == before
   stored = workdir_lib.load_config(workdir)
   assert stored.dataset.corpus_sha256 != text_bytes.fingerprint(str(corpus))
