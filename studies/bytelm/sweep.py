@@ -23,6 +23,10 @@ import os
 from configs import common
 
 MECHANISMS = ('softmax', 'linear', 'performer', 'gla', 'mamba2', 'gated_deltanet')
+# The starts the study's runs had, before 0.2.0 changed the defaults (fla's initialisation
+# for Gated DeltaNet, a convolution bias for Mamba-2): a rerun reproduces the study.
+STARTS = {'gated_deltanet': {'attention.options.init': 'default'},
+          'mamba2': {'attention.options.conv_bias': False}}
 
 
 def get_sweep(arg=None):
@@ -40,7 +44,7 @@ def get_sweep(arg=None):
               f'data_dir={corpus}')
   return dict(
       runs=[{'config': f'configs/bytelm.py:{m},{settings}', 'train.seed': seed,
-             'name': f'bytelm-{m}-seed{seed}'}
+             'name': f'bytelm-{m}-seed{seed}', **STARTS.get(m, {})}
             for seed in args['seeds'] for m in args['mechanisms']],
       fixed={'train.eval_every': args['num_steps'], 'train.log_every': 25,
              'train.checkpoint_every': 50},

@@ -14,12 +14,15 @@ from studies import tables
 
 SOURCES = ('studies/recall/recall.json', 'studies/recall/recall_budget.json',
            'studies/recall/recall_d.json', 'studies/recall/ablation.json')  # a later file's
-# row wins; ablation.json: Gated DeltaNet's ablations (their own labels or budget)
+# row wins; ablation.json: the ablations of Gated DeltaNet and Mamba-2 (their own labels)
 # Gated DeltaNet's default initialisation is fla's since 0.2.0 (the ablations below); every
 # grid run before used PyTorch's, now `init=default`.
 GDN_TORCH = 'gated_deltanet init=default'
+# Mamba-2's convolution has a bias by default since 0.2.0 (as mamba_ssm's and fla's); every
+# Mamba-2 run of the grid had none.
+MAMBA2_GRID = 'mamba2 conv_bias=False'
 DECAY_INIT = 'studies/recall/decay_init.json'
-# Gated DeltaNet's ablations at width 64, (128, 8): (what changes, label, budget).
+# The ablations at width 64, (128, 8): (what changes, label, budget).
 ABLATIONS = (
     ('as in the grid: A in [0, 16], dt in [0.001, 0.1], PyTorch init, 2 heads, lr 1e-3',
      GDN_TORCH, (4000, 1e-3, 1024)),
@@ -31,16 +34,20 @@ ABLATIONS = (
      (4000, 1e-3, 1024)),
     ('peak learning rate 3e-3', GDN_TORCH, (4000, 3e-3, 1024)),
     ('DeltaNet: no decay, no output gate (reference)', 'deltanet', (4000, 1e-3, 1024)),
+    ('Mamba-2 as in the grid: PyTorch init, no conv bias (mean of 3 seeds)', MAMBA2_GRID,
+     (4000, 1e-3, 1024)),
+    ("Mamba-2 as mamba_ssm and fla start it: fla's init, a conv bias", 'mamba2 init=fla',
+     (4000, 1e-3, 1024)),
 )
 QUESTION = ('Which causal mechanisms recall key-value pairs (Zoology\'s MQAR), and how much '
             'state do they keep?')
 BUDGET = '4,000 steps'
-CORE = ('softmax', 'deltanet', GDN_TORCH, 'gated_deltanet', 'mamba2', 'gla', 'linear')
+CORE = ('softmax', 'deltanet', GDN_TORCH, 'gated_deltanet', MAMBA2_GRID, 'gla', 'linear')
 BASED = 'linear+local feature_map=taylor qk_dim=16 window=64'
 NAMES = {'softmax': 'softmax', 'deltanet': 'DeltaNet', GDN_TORCH: 'Gated DeltaNet, PyTorch init',
          'gated_deltanet': "Gated DeltaNet, fla's init (the default)",
-         'mamba2': 'Mamba-2', 'gla': 'GLA', 'linear': 'linear', BASED: "Based's hybrid",
-         'deltanet conv_size=0': 'DeltaNet, no convolution'}
+         MAMBA2_GRID: 'Mamba-2, no conv bias', 'gla': 'GLA', 'linear': 'linear',
+         BASED: "Based's hybrid", 'deltanet conv_size=0': 'DeltaNet, no convolution'}
 GRID = ((64, 128, 8), (64, 256, 16), (128, 128, 8), (128, 256, 16))  # width, seq_len, pairs
 ONE_CELL = (128, 256, 16)
 # Budgets: (steps, peak learning rate, vocabulary).
@@ -149,9 +156,9 @@ def ablation_table(found: Dict[Key, dict]) -> str:
     r = found.get((label, 64, 128, 8, budget))
     seeds = {s: a for s, a in zip(r['seeds'], r['accuracy'])} if r else {}
     lines.append([what] + [tables.pct(seeds.get(s)) for s in (0, 1)] + [_value(r)])
-  return ('**Gated DeltaNet\'s ablations at width 64, (128, 8)**, budget D unless the row '
-          'changes it: test accuracy per seed, and mean ± half the range ("-": not run or not '
-          'finished).\n\n'
+  return ('**Ablations at width 64, (128, 8)**: Gated DeltaNet, then Mamba-2; budget D unless '
+          'the row changes it: test accuracy per seed, and mean ± half the range ("-": not run '
+          'or not finished).\n\n'
           + tables.md_table(['what changes', 'seed 0', 'seed 1', 'mean'], lines, 'lrrr'))
 
 
