@@ -132,6 +132,9 @@ def summarise_run(workdir: str) -> Dict[str, Any]:
       value = last(metrics, 'train', key)
       if value is not None:
         row[key] = value
+    value = last(metrics, 'progress', 'steady_examples_per_sec')  # the last printed ex/s
+    if value is not None:
+      row['steady_examples_per_sec'] = value
     steps = [m['step'] for m in metrics if 'step' in m]
     if steps:
       row['steps'] = max(steps)

@@ -5,6 +5,7 @@ the second as 'examples/s', so the trainer's 2,149 ex/s of a run read 3,141 ther
 import json
 import os
 import re
+import shutil
 
 import pytest
 from test_train import _train_default  # the default run, shared with test_train.py
@@ -54,4 +55,11 @@ def test_report_shows_the_number_the_trainer_printed_last(run_once, tmp_path):
   printed = re.search(r'\| (\d+) ex/s \|', last).group(1)
   report.main([workdir, f'--out={tmp_path}', '--quiet'])
   cells = table_cells((tmp_path / 'report.md').read_text())
+  assert cells['ex/s'].replace(',', '') == printed, (cells, last)
+  # A run still going (no results.json yet) shows the same number, from its metrics.
+  running = tmp_path / 'running'
+  shutil.copytree(workdir, running)
+  os.remove(running / 'results.json')
+  report.main([str(running), f'--out={tmp_path / "out"}', '--quiet'])
+  cells = table_cells((tmp_path / 'out' / 'report.md').read_text())
   assert cells['ex/s'].replace(',', '') == printed, (cells, last)

@@ -119,8 +119,11 @@ def test_workdir_layout(default_run):
   assert train_rows and eval_rows and train_rows[-1]['step'] == results['steps']
   for key in ('step', 'loss', 'accuracy', 'top5_accuracy', 'grad_norm', 'learning_rate'):
     assert key in train_rows[-1], key
-  progress = [r for r in rows if r['split'] == 'progress']  # clu's ReportProgress
-  assert progress and all('steps_per_sec' in r or 'uptime' in r for r in progress)
+  progress = [r for r in rows if r['split'] == 'progress']  # clu's ReportProgress, and the
+  assert progress and all(  # printed 'ex/s' (the last equals results.json's)
+      {'steps_per_sec', 'uptime', 'steady_examples_per_sec'} & set(r) for r in progress)
+  printed = [r['steady_examples_per_sec'] for r in progress if 'steady_examples_per_sec' in r]
+  assert printed[-1] == pytest.approx(results['steady_examples_per_sec'])
   assert results['epochs_timed'] == 30 and results['epoch_time_s'] > 0
   # the steady rate (every step after the first) agrees with the measured epochs
   assert 0.5 < results['steady_examples_per_sec'] / results['examples_per_sec'] < 2
