@@ -114,6 +114,48 @@ def rotate(x, axis: str):
   return jax.tree.map(lambda a: _as(lax.ppermute(_int(a), axis, perm), a), x)
 
 
+def _zigzag_perms(n: int):
+  """Where the halves of each device's block go in the zigzag layout: chunk c of the 2n
+  chunks (device c // 2's half c % 2) goes to device c if c < n, else to 2n - 1 - c.
+  Returns the permutations of the first halves (even chunks) and of the second (odd)."""
+  home = lambda c: c if c < n else 2 * n - 1 - c
+  return ([(j, home(2 * j)) for j in range(n)], [(j, home(2 * j + 1)) for j in range(n)])
+
+
+def to_zigzag(x, axis: str):
+  """Each device's contiguous block `[b, m, ...]` (m even) rearranged so that device i holds
+  chunks i and 2n - 1 - i of the 2n chunks of m / 2 tokens (a pytree of arrays): the
+  causal ring's work is then the same on every device (Brandon et al. 2023's striped and
+  zigzag layouts). Two collective permutes of half a block each."""
+  n, i = lax.axis_size(axis), lax.axis_index(axis)
+  first, second = _zigzag_perms(n)
+  even = i % 2 == 0
+
+  def one(a):
+    h = a.shape[1] // 2
+    got_even = _as(lax.ppermute(_int(a[:, :h]), axis, first), a)   # chunk i or 2n - 1 - i
+    got_odd = _as(lax.ppermute(_int(a[:, h:]), axis, second), a)
+    return jnp.where(even, jnp.concatenate([got_even, got_odd], 1),
+                     jnp.concatenate([got_odd, got_even], 1))
+  return jax.tree.map(one, x)
+
+
+def from_zigzag(x, axis: str):
+  """The inverse of `to_zigzag`: each device's contiguous block again."""
+  n, i = lax.axis_size(axis), lax.axis_index(axis)
+  first, second = _zigzag_perms(n)
+  back = lambda perm: [(d, j) for j, d in perm]
+  even = i % 2 == 0
+
+  def one(a):
+    h = a.shape[1] // 2
+    came_even = jnp.where(even, a[:, :h], a[:, h:])   # what `first` brought
+    came_odd = jnp.where(even, a[:, h:], a[:, :h])
+    return jnp.concatenate([_as(lax.ppermute(_int(came_even), axis, back(first)), a),
+                            _as(lax.ppermute(_int(came_odd), axis, back(second)), a)], 1)
+  return jax.tree.map(one, x)
+
+
 def halo_before(x, size: int, axis: str):
   """The `size` tokens before this device's block `x` `[b, m, ...]` (axis 1), from the
   devices before it: `[b, size, ...]`, zeros before the sequence's start. Each device
@@ -202,23 +244,51 @@ def ring_attention(q, k, v, key_padding, *, causal: bool, axis: str, block: Ring
   and each visiting block's `block.forward` is merged by `merge_softmax`.
 
   q `[b, m, h, d]` (scaled), k `[b, m, h, d]`, v `[b, m, h, dv]`, key_padding bool
-  `[b, m]` or None (True = real key) -> `[b, m, h, dv]`. Causal: the device's own block
-  with the causal mask, the blocks of earlier devices whole, later ones skipped
-  (`lax.cond`). The backward pass is a second ring (`jax.custom_vjp`): the key/value
+  `[b, m]` or None (True = real key) -> `[b, m, h, dv]`. Causal: the blocks are first
+  rearranged in the zigzag layout (`to_zigzag`, where m is even), so that every visiting
+  block costs each device m x m / 2 scores: all its queries against the visitor's first
+  half (a block from an earlier device), or its second half of queries against the whole
+  visitor (a later one); the device's own block takes the causal mask. With m odd, the
+  blocks stay contiguous: earlier devices' blocks whole, later ones skipped (`lax.cond`),
+  so the last device does n times the first's work. The backward pass is a second ring (`jax.custom_vjp`): the key/value
   blocks travel again with their gradients, each device adding its queries' share
   (`block.backward`), so only this device's blocks, output and log-sum-exp are kept.
   """
   if key_padding is None:
     key_padding = jnp.ones(k.shape[:2], bool)
+  if causal and lax.axis_size(axis) > 1 and q.shape[1] % 2 == 0:
+    q, k, v, key_padding = to_zigzag((q, k, v, key_padding), axis)
+    return from_zigzag(_ring(q, k, v, key_padding, 'zigzag', axis, block), axis)
   return _ring(q, k, v, key_padding, causal, axis, block)
 
 
-def _visit(step, i, s: int, causal: bool, q, kv, empty):
-  """`step(q, *kv)` for the block that visits at ring step s >= 1: skipped (`empty()`) where
-  causal and the block comes from a later device (i < s)."""
+def _visit(step, i, s: int, causal, q, kv, empty, halves=None):
+  """`step(q, *kv)` for the block that visits at ring step s >= 1: skipped (`empty(q)`) where
+  causal and the block comes from a later device (i < s). Zigzag (`causal == 'zigzag'`):
+  `step(q, *first half of kv)` for a block from an earlier device, `step(second half of q,
+  *kv)` for one from a later device, `empty` giving the first half's result; q may be a
+  pytree of the query side's arrays, `halves(q)` its (first, second) halves."""
   if not causal:
     return step(q, *kv)
-  return lax.cond(i >= s, step, lambda q, *kv: empty(q), q, *kv)
+  if causal != 'zigzag':
+    return lax.cond(i >= s, step, lambda q, *kv: empty(q), q, *kv)
+  h = kv[0].shape[1] // 2
+
+  def earlier(q, *kv):
+    result = step(q, *(a[:, :h] for a in kv))
+    if len(result) == 2:   # forward: (out, lse) of every query
+      return result
+    dq, dk, dv = result    # backward: the keys' gradients, zeros for their second half
+    pad = lambda d: jnp.concatenate([d, jnp.zeros_like(d)], 1)
+    return dq, pad(dk), pad(dv)
+
+  def later(q, *kv):
+    first, second = halves(q)
+    result, zero = step(second, *kv), empty(first)
+    if len(result) == 2:   # forward: (out [b, m/2, h, dv], lse [b, h, m/2]) of the second half
+      return jnp.concatenate([zero[0], result[0]], 1), jnp.concatenate([zero[1], result[1]], 2)
+    return (jnp.concatenate([zero[0], result[0]], 1),) + tuple(result[1:])
+  return lax.cond(i >= s, earlier, later, q, *kv)
 
 
 def _ring_forward(q, k, v, key_padding, causal, axis, block):
@@ -233,8 +303,9 @@ def _ring_forward(q, k, v, key_padding, causal, axis, block):
   def visit(s, carry):  # a loop, not unrolled: one visiting block's scores live at a time
     kv, out, lse = carry
     kv = rotate(kv, axis)
+    h = q.shape[1] // 2
     o_s, l_s = _visit(lambda q, k, v, kp: block.forward(q, k, v, kp, False), i, s, causal,
-                      q, kv, empty)
+                      q, kv, empty, lambda q: (q[:, :h], q[:, h:]))
     out, lse = merge_softmax(out, lse, o_s.astype(out.dtype), l_s)
     return kv, out, lse
   _, out, lse = lax.fori_loop(1, n, visit, ((k, v, key_padding), out, lse))
@@ -258,16 +329,21 @@ def _ring_bwd(causal, axis, block, res, g):
   g = g.astype(out.dtype)
   dq, dk, dv = block.backward(q, k, v, key_padding, causal, out, lse, g)
 
-  def step(q, k, v, kp):
-    return block.backward(q, k, v, kp, False, out, lse, g)
+  def step(queries, k, v, kp):   # queries: (q, out, lse, g) of some rows
+    return block.backward(queries[0], k, v, kp, False, *queries[1:])
 
-  def empty(q):
-    return jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v)
+  def empty(queries):
+    return jnp.zeros_like(queries[0]), jnp.zeros_like(k), jnp.zeros_like(v)
+
+  h = q.shape[1] // 2
+  halves = lambda qs: tuple(zip(*[(x[..., :h], x[..., h:]) if x.ndim == 3 else
+                                  (x[:, :h], x[:, h:]) for x in qs]))  # lse: [b, h, m]
 
   def visit(s, carry):  # a loop, not unrolled: one visiting block at a time
     ring, dq = carry
     k_s, v_s, kp_s, dk_s, dv_s = rotate(ring, axis)
-    dq_s, dk_b, dv_b = _visit(step, i, s, causal, q, (k_s, v_s, kp_s), empty)
+    dq_s, dk_b, dv_b = _visit(step, i, s, causal, (q, out, lse, g), (k_s, v_s, kp_s), empty,
+                              halves)
     ring = (k_s, v_s, kp_s, dk_s + dk_b.astype(dk_s.dtype), dv_s + dv_b.astype(dv_s.dtype))
     return ring, dq + dq_s.astype(dq.dtype)
 

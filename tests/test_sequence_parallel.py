@@ -167,6 +167,39 @@ def rows_case(mechanism, causal, kind):
     assert 'shard_map' in jaxpr and 'pallas_call' in jaxpr, 'the kernel call is not split'
     return alone, g(params, xs)
 
+def zigzag_case():
+  """to_zigzag puts chunks i and 2n - 1 - i on device i and from_zigzag undoes it; in the
+  causal ring (forward and backward) no visiting block costs more than m x m / 2 scores."""
+  from efficient_attn import parallel
+  from efficient_attn.mechanisms import softmax as softmax_mechanism
+  n, m = 4, 6
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:n]), ('s',), axis_types=(Auto,))
+  x = jnp.arange(n * m, dtype=jnp.float32)[None]
+  there = jax.shard_map(lambda a: parallel.to_zigzag(a, 's'), mesh=mesh,
+                        in_specs=jax.P(None, 's'), out_specs=jax.P(None, 's'))(x)
+  back = jax.shard_map(lambda a: parallel.from_zigzag(a, 's'), mesh=mesh,
+                       in_specs=jax.P(None, 's'), out_specs=jax.P(None, 's'))(there)
+  h = m // 2
+  expected = [np.arange(c * h, (c + 1) * h) for i in range(n) for c in (i, 2 * n - 1 - i)]
+  assert np.array_equal(np.asarray(there).reshape(-1), np.concatenate(expected)), there
+  seen = []
+  dense = softmax_mechanism.DENSE_BLOCK
+  def forward(q, k, v, kp, causal):
+    seen.append((q.shape[1], k.shape[1], bool(causal)))
+    return dense.forward(q, k, v, kp, causal)
+  def backward(q, k, v, kp, causal, *rest):
+    seen.append((q.shape[1], k.shape[1], bool(causal)))
+    return dense.backward(q, k, v, kp, causal, *rest)
+  block = parallel.RingBlock(forward, backward)
+  q = jax.random.normal(jax.random.key(0), (1, n * m, 1, 4))
+  ring = jax.shard_map(
+      lambda q: parallel.ring_attention(q, q, q, None, causal=True, axis='s', block=block),
+      mesh=mesh, in_specs=jax.P(None, 's'), out_specs=jax.P(None, 's'), check_vma=False)
+  jax.grad(lambda q: jnp.sum(ring(q)))(q)
+  visits = {(a, b) for a, b, causal in seen if not causal}
+  assert visits == {(m, h), (h, m)}, seen
+  return (x,), (back,)
+
 def encoder_case(mechanism, causal, reversible=False):
   x, valid = inputs(32, jnp.float32)
   config = TransformerConfig(d_model=8, depth=2, num_heads=2, mlp_dim=16, mechanism=mechanism,
@@ -187,6 +220,8 @@ for name, (mechanism, causal, options, args) in json.loads(sys.argv[1]).items():
   try:
     if name.startswith('nnx:'):
       single, sharded = nnx_case(mechanism, causal)
+    elif name == 'zigzag:layout':
+      single, sharded = zigzag_case()
     elif name.startswith('rows:'):
       single, sharded = rows_case(mechanism, causal,
                                   Explicit if name.endswith('-explicit') else Auto)
@@ -195,6 +230,8 @@ for name, (mechanism, causal, options, args) in json.loads(sys.argv[1]).items():
     elif name.endswith('-x64'):
       with jax.enable_x64(True):
         single, sharded = linen_case(mechanism, causal, options, args, dtype=jnp.float64)
+    elif name.endswith('-odd'):   # 7 tokens a device: the causal ring stays contiguous
+      single, sharded = linen_case(mechanism, causal, options, args, n=28)
     elif name.endswith('-6'):
       single, sharded = linen_case(mechanism, causal, options, args, mesh=SIX, n=48)
     elif name.endswith('-2'):
@@ -215,6 +252,8 @@ for name, (mechanism, causal, options, args) in json.loads(sys.argv[1]).items():
 # recurrences' Pallas kernels on each block in interpret mode over 2 devices of an
 # automatic mesh (the interpreter runs Python on every device thread: with 6 of them on a
 # busy 2-core machine one thread missed XLA's 40-s collective deadline),
+# the causal ring's zigzag layout and the size of every visit it computes, and the
+# contiguous ring it keeps for an odd number of tokens a device,
 # the unsplit layer's kernel on a data-parallel mesh of 2 devices, automatic or explicit
 # (`kernels.common.call` splits its rows in a shard_map: XLA would gather them all to every
 # device),
@@ -226,9 +265,11 @@ EXTRA = {
     'encoder:gated_deltanet-causal-reversible': ('gated_deltanet', True, {}, {}),
     'gated_deltanet-causal-pallas-2': ('gated_deltanet', True, {'implementation': 'pallas'}, {}),
     'gla-causal-pallas-2': ('gla', True, {'implementation': 'pallas'}, {}),
+    'zigzag:layout': ('softmax', True, {}, {}),
     'rows:gated_deltanet-causal': ('gated_deltanet', True, {}, {}),
     'rows:gla-causal-explicit': ('gla', True, {}, {}),
     'softmax-causal-6': ('softmax', True, {}, {}),
+    'softmax-causal-odd': ('softmax', True, {}, {}),
     'softmax-causal-x64': ('softmax', True, {}, {}),
     'rfa-causal-x64': ('rfa', True, {'use_gate': True}, {}),
     'local-bidirectional-x64': ('local', False, {'window': 21}, {}),
