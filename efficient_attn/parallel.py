@@ -125,8 +125,8 @@ def _zigzag_perms(n: int):
 def to_zigzag(x, axis: str):
   """Each device's contiguous block `[b, m, ...]` (m even) rearranged so that device i holds
   chunks i and 2n - 1 - i of the 2n chunks of m / 2 tokens (a pytree of arrays): the
-  causal ring's work is then the same on every device (Brandon et al. 2023's striped and
-  zigzag layouts). Two collective permutes of half a block each."""
+  causal ring's work is then the same on every device (the balance that Brandon et al.
+  2023 get by striping tokens instead). Two collective permutes of half a block each."""
   n, i = lax.axis_size(axis), lax.axis_index(axis)
   first, second = _zigzag_perms(n)
   even = i % 2 == 0
