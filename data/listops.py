@@ -348,7 +348,10 @@ def write_splits(folder: str, seed: int = 0, sizes=None, max_length: int = 2000,
               for i, split in enumerate(names)}
   npz_cache.makedirs(folder)
   paths = {s: split_path(folder, s, gen_kw['min_length'], max_length) for s in names}
-  todo = [s for s in names if npz_cache.read_settings(paths[s]) != settings[s]]
+  shapes = lambda s: {'tokens': (sizes[s], max_length), 'y': (sizes[s],),
+                      'lengths': (sizes[s],)}
+  why = {s: npz_cache.problem(paths[s], settings[s], shapes(s)) for s in names}
+  todo = [s for s in names if why[s]]  # missing, other settings, damaged or short
   exclude: Set[bytes] = set()
   for i, split in enumerate(names):
     path = paths[split]
@@ -359,6 +362,7 @@ def write_splits(folder: str, seed: int = 0, sizes=None, max_length: int = 2000,
                           **gen_kw)
       npz_cache.save_npz(path, tokens=examples.tokens, y=examples.labels, lengths=examples.lengths,
                 settings_json=_json_bytes(settings[split]))
+      npz_cache.report_written(path, why[split], f'{sizes[split]} ListOps examples written')
       rows = examples.tokens
     else:  # up to date (read whenever the data is opened: no message)
       rows = _load_tokens(path) if feeds_later else ()

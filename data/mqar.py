@@ -198,11 +198,8 @@ def write_splits(folder: str, seed: int = 0, sizes: Optional[Dict[str, int]] = N
       inputs, labels = generate(sizes[split], split_seed(seed, split), exclude=exclude, **task)
       npz_cache.save_npz(paths[split], inputs=inputs, labels=labels, settings_json=np.frombuffer(
           json.dumps(settings[split], sort_keys=True).encode('utf-8'), np.uint8))
-      if why[split] not in ('missing', npz_cache.OTHER_SETTINGS):  # damaged, or short
-        print(f'{paths[split]}: {why[split]}; rebuilt: {len(inputs)} MQAR examples written',
-              flush=True)
-      elif verbose:
-        print(f'{paths[split]}: {len(inputs)} MQAR examples written', flush=True)
+      npz_cache.report_written(paths[split], why[split], f'{len(inputs)} MQAR examples written',
+                               verbose)
     else:  # up to date (read whenever the data is opened: no message)
       inputs = npz_cache.read_array(paths[split], 'inputs') if feeds_later else ()
     if feeds_later:

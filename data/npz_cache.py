@@ -100,6 +100,16 @@ def problem(path: str, settings: dict,
   return ''
 
 
+def report_written(path: str, why: str, written: str, verbose: bool = False) -> None:
+  """Says what a generator wrote to `path` (`why`: `problem`'s answer before): always for a
+  file replaced because it was damaged or short ('<path>: <why>; rebuilt: <written>'),
+  otherwise only when `verbose` ('<path>: <written>')."""
+  if why not in ('', 'missing', OTHER_SETTINGS):
+    print(f'{path}: {why}; rebuilt: {written}', flush=True)
+  elif verbose:
+    print(f'{path}: {written}', flush=True)
+
+
 def _first_line(error: BaseException) -> str:
   text = str(getattr(error, 'message', '') or error).strip()
   return text.splitlines()[0] if text else type(error).__name__

@@ -426,12 +426,15 @@ def write_splits(folder: str, seed: int = 0, sizes=None, contour_length: int = 1
     paths.append(path)
     split_seed = (int(seed), zlib.crc32(split.encode('utf-8')))
     settings = {'format': _FORMAT, 'seed': int(seed), 'split': split, 'num_examples': int(n), **cfg}
-    if npz_cache.read_settings(path) == settings:  # up to date: no message (read at every open)
+    side = cfg['image_size']
+    why = npz_cache.problem(path, settings, {'x': (n, side, side), 'y': (n,)})
+    if not why:  # up to date: no message (read at every open)
       continue
     images, labels = generate(n, split_seed, progress=f'pathfinder {os.path.basename(path)}'
                               if verbose else None, **cfg)
     npz_cache.save_npz(path, x=images, y=labels, settings_json=np.frombuffer(
         json.dumps(settings, sort_keys=True).encode('utf-8'), np.uint8))
+    npz_cache.report_written(path, why, f'{n} Pathfinder images written')
   return paths
 
 

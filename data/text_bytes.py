@@ -301,7 +301,8 @@ def write_splits(folder: str, corpus: str, seq_len: int, validation_docs: int,
               train_docs=train_docs, seed=seed)
   base = settings(**task)
   paths = {s: split_path(folder, s, **task) for s in SPLITS}
-  if all(npz_cache.read_settings(paths[s]) == dict(base, split=s) for s in SPLITS):
+  why = {s: npz_cache.problem(paths[s], dict(base, split=s)) for s in SPLITS}
+  if not any(why.values()):  # both up to date and whole (their sizes follow from the corpus)
     return [paths[s] for s in SPLITS]
   docs = read_corpus(corpus)
   chosen = split_documents(docs, validation_docs, train_docs, seed, where=corpus)
@@ -310,7 +311,7 @@ def write_splits(folder: str, corpus: str, seq_len: int, validation_docs: int,
     inputs, labels = windows([docs[i] for i in chosen[split]], seq_len)
     npz_cache.save_npz(paths[split], inputs=inputs, labels=labels, settings_json=np.frombuffer(
         json.dumps(dict(base, split=split), sort_keys=True).encode('utf-8'), np.uint8))
-    if verbose:
-      print(f'{paths[split]}: {len(chosen[split])} documents, {int((labels >= 0).sum())} bytes '
-            f'in {len(inputs)} windows of {seq_len}', flush=True)
+    npz_cache.report_written(
+        paths[split], why[split], f'{len(chosen[split])} documents, '
+        f'{int((labels >= 0).sum())} bytes in {len(inputs)} windows of {seq_len}', verbose)
   return [paths[s] for s in SPLITS]

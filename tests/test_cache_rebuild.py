@@ -1,4 +1,5 @@
-"""A damaged or short MQAR cache file is rebuilt, with one line saying so (issue 59, item 8).
+"""A damaged or short cache file of a generated dataset (MQAR, ListOps, Pathfinder, byte-LM
+windows) is rebuilt, with one line saying so (issue 59, item 8).
 
 A file whose bytes changed after it was written kept its settings, so it was kept, and
 every run then stopped on it ("... is not a readable .npz file"); one holding fewer
@@ -15,8 +16,11 @@ import pytest
 from configs import common
 from configs import mqar as mqar_config
 from data import arrays
+from data import listops
 from data import mqar
 from data import npz_cache
+from data import pathfinder
+from data import text_bytes
 
 TASK = dict(vocab_size=64, seq_len=32, num_kv_pairs=4)
 SIZES = {'train': 40, 'test': 10}
@@ -98,3 +102,56 @@ def test_a_run_reads_the_rebuilt_file_from_the_data_cache(tmp_path, monkeypatch)
   shorten(path, 25)
   arrays.clear_cache()
   assert len(arrays.get_split(config, 'train')) == 40  # was: 25
+
+
+# The other generated datasets: (write the splits into a folder, how many of what they hold).
+def _corpus(folder):
+  path = folder / 'corpus.txt'
+  if not path.exists():
+    path.write_bytes(b'\n\n'.join(b'Paragraph %d: some words, then more words.' % i
+                                    for i in range(12)))
+  return str(path)
+
+
+OTHERS = {
+    'listops': (lambda f: listops.write_splits(str(f), seed=0, sizes={'train': 6, 'test': 3},
+                                               max_length=60, min_length=10, verbose=False),
+                '6 ListOps examples written', 'tokens.npy'),
+    'pathfinder': (lambda f: pathfinder.write_splits(str(f), seed=0, sizes={'train': 4, 'test': 2},
+                                                     contour_length=6, verbose=False),
+                   '4 Pathfinder images written', 'x.npy'),
+    'text_bytes': (lambda f: text_bytes.write_splits(str(f / 'cache'), _corpus(f), seq_len=16,
+                                                     validation_docs=2, verbose=False),
+                   ' windows of 16', 'inputs.npy'),
+}
+
+
+@pytest.mark.parametrize('name', list(OTHERS))
+def test_the_other_generators_rebuild_a_damaged_file_saying_so(name, tmp_path, capsys):
+  write_all, written, member = OTHERS[name]
+  paths = write_all(tmp_path)
+  with np.load(paths[0]) as z:
+    before = {k: z[k] for k in z.files}
+  flip_inside(paths[0], member)
+  capsys.readouterr()
+  assert write_all(tmp_path) == paths
+  lines = capsys.readouterr().out.splitlines()
+  assert len(lines) == 1 and lines[0].startswith(f'{paths[0]}: damaged ('), lines
+  assert '; rebuilt: ' in lines[0] and (lines[0].endswith(written) or written in lines[0]), lines
+  with np.load(paths[0]) as z:  # the same draw as before
+    for key, value in before.items():
+      np.testing.assert_array_equal(z[key], value)
+  capsys.readouterr()
+  write_all(tmp_path)  # whole again: silent
+  assert capsys.readouterr().out == ''
+
+
+def test_a_short_listops_file_is_rebuilt(tmp_path, capsys):
+  write_all, _, _ = OTHERS['listops']
+  paths = write_all(tmp_path)
+  shorten(paths[0], 4)
+  capsys.readouterr()
+  write_all(tmp_path)
+  line, = capsys.readouterr().out.splitlines()
+  assert line == (f"{paths[0]}: its 'tokens' array is [4, 60], its settings say [6, 60]; "
+                  'rebuilt: 6 ListOps examples written')
