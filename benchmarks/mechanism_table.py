@@ -78,7 +78,8 @@ def table(speed_json: str = '', length: int = 4096) -> str:
            '(built with causal=True; a model\'s encoder runs it left to right).')
   text += ('\n\nSequence split: how the layer\'s `sequence_axis` splits one sequence over the '
            'devices of a mesh axis (context parallelism, `efficient_attn.parallel`): ring '
-           '(key/value blocks passed around, online softmax), prefix_state (the kernel states '
+           '(key/value blocks passed around, online softmax; causal in the zigzag layout), '
+           'prefix_state (the kernel states '
            'of the other devices, summed), decayed_state (decayed states), transition (state '
            'transitions composed), halo (the neighbours\' window of tokens); "-": it needs '
            'the whole sequence on one device.')

@@ -14,7 +14,8 @@ against `jax.lax` and the axis name:
 
   * `ring_attention`: exact softmax, the key/value blocks passed around the ring
     (`lax.ppermute`), each block's (output, log-sum-exp) merged as an online
-    softmax (Liu et al. 2023, "Ring Attention with Blockwise Transformers");
+    softmax (Liu et al. 2023, "Ring Attention with Blockwise Transformers"); causal, in
+    the zigzag layout (`to_zigzag`), so every device does the same work;
   * `exclusive_scan`: each device's incoming state from the summaries of the blocks
     before it, for any associative combination (a prefix sum of kernel states, a
     decayed state, a composed state transition), in log2(devices) rounds;
