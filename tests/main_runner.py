@@ -99,6 +99,22 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
+def finish(procs, timeout: float):
+  """Waits for every process (killing the rest past `timeout` seconds each); fails with the
+  stderr of the ones that failed. Returns each one's (stdout, stderr)."""
+  outputs = []
+  try:
+    for proc in procs:
+      outputs.append(proc.communicate(timeout=timeout))
+  finally:
+    for proc in procs:
+      if proc.poll() is None:
+        proc.kill()
+  for proc, (_, stderr) in zip(procs, outputs):
+    assert proc.returncode == 0, stderr[-4000:]
+  return outputs
+
+
 def metric_rows(workdir, split='train'):
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
     rows = [json.loads(line) for line in f if line.endswith('\n')]  # complete lines

@@ -279,16 +279,7 @@ def test_two_processes_split_the_sequence_across_both_like_one_device(tmp_path):
                 '--config.train.mesh.sequence=4', f'--coordinator_address={address}',
                 '--num_processes=2', f'--process_id={i}'], **kwargs))
   procs.append(subprocess.Popen(base + [f'--workdir={single}'], **main_runner.popen_kwargs()))
-  outputs = []
-  try:
-    for proc in procs:
-      outputs.append(proc.communicate(timeout=300))
-  finally:
-    for proc in procs:
-      if proc.poll() is None:
-        proc.kill()
-  for proc, (_, stderr) in zip(procs, outputs):
-    assert proc.returncode == 0, stderr[-4000:]
+  main_runner.finish(procs, 300)
   with open(os.path.join(multi, 'results.json')) as f:
     results = json.load(f)
   assert results['devices'] == 4 and results['mesh'] == {'data': 1, 'fsdp': 1, 'sequence': 4}

@@ -44,18 +44,7 @@ def start_pair(workdir, *extra, via_env=False):
 
 
 def finish(procs):
-  """Waits for every process; fails with the stderr of the ones that failed."""
-  outputs = []
-  try:
-    for proc in procs:
-      outputs.append(proc.communicate(timeout=TIMEOUT_S))
-  finally:
-    for proc in procs:
-      if proc.poll() is None:
-        proc.kill()
-  for proc, (_, stderr) in zip(procs, outputs):
-    assert proc.returncode == 0, stderr[-4000:]
-  return outputs
+  return main_runner.finish(procs, TIMEOUT_S)
 
 
 def run_pair_and_single(root):
