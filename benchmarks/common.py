@@ -99,6 +99,14 @@ def flag_errors():
     raise SystemExit(f'Error: {lines[0] if lines else type(e).__name__}') from None
 
 
+def check_choices(flag: str, given: Sequence[str], valid: Sequence[str]) -> None:
+  """ValueError '--<flag>: unknown [...]; valid: a, b' when `given` holds a value outside
+  `valid` (for `flag_errors`)."""
+  bad = sorted(set(given) - set(valid))
+  if bad:
+    raise ValueError(f'--{flag}: unknown {bad}; valid: {", ".join(valid)}')
+
+
 # ----------------------------------------------------------------------------
 # Building a benchmark from a name.
 # ----------------------------------------------------------------------------

@@ -223,12 +223,8 @@ def markdown(meta, records) -> str:
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   fv = common.parse_flags(define_flags, argv, __doc__)
   with common.flag_errors():
-    bad = sorted(set(fv.implementations) - set(IMPLEMENTATIONS))
-    if bad:
-      raise ValueError(f'--implementations: unknown {bad}; valid: {", ".join(IMPLEMENTATIONS)}')
-    bad = sorted(set(fv.dtypes) - set(DTYPES))
-    if bad:
-      raise ValueError(f'--dtypes: unknown {bad}; valid: {", ".join(DTYPES)}')
+    common.check_choices('implementations', fv.implementations, IMPLEMENTATIONS)
+    common.check_choices('dtypes', fv.dtypes, DTYPES)
     try:
       fv.pallas_blocks = [[int(b) for b in item.split(',')] for item in fv.pallas_blocks]
     except ValueError:
@@ -236,12 +232,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     if any(len(blocks) != 6 for blocks in fv.pallas_blocks):
       raise ValueError('--pallas_blocks: six integers, block_q,block_k,block_q_dkv,'
                        'block_kv_dkv,block_q_dq,block_kv_dq')
-    bad = sorted(set(fv.time_precisions) - {'default', 'highest'})
-    if bad:
-      raise ValueError(f'--time_precisions: unknown {bad}; valid: default, highest')
-    bad = sorted(set(fv.causal) - {'true', 'false'})
-    if bad:
-      raise ValueError(f'--causal: unknown {bad}; valid: true, false')
+    common.check_choices('time_precisions', fv.time_precisions, ('default', 'highest'))
+    common.check_choices('causal', fv.causal, ('true', 'false'))
   info = common.device_info()
   records = check(fv, info['platform'])
   if fv.time_length:

@@ -206,12 +206,9 @@ def markdown(meta, records) -> str:
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   fv = common.parse_flags(define_flags, argv, __doc__)
   with common.flag_errors():
-    for flag, given, valid in (('recurrences', fv.recurrences, RECURRENCES),
-                               ('dtypes', fv.dtypes, DTYPES),
-                               ('implementations', fv.implementations, IMPLEMENTATIONS)):
-      bad = sorted(set(given) - set(valid))
-      if bad:
-        raise ValueError(f'--{flag}: unknown {bad}; valid: {", ".join(valid)}')
+    common.check_choices('recurrences', fv.recurrences, RECURRENCES)
+    common.check_choices('dtypes', fv.dtypes, DTYPES)
+    common.check_choices('implementations', fv.implementations, IMPLEMENTATIONS)
   info = common.device_info()
   records = check(fv)
   meta = dict(device=info, device_line=common.describe_device(info), length=fv.length,
