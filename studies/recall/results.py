@@ -38,6 +38,7 @@ ABLATIONS = (
      (4000, 1e-3, 1024)),
     ("Mamba-2 as mamba_ssm and fla start it: fla's init, a conv bias", 'mamba2 init=fla',
      (4000, 1e-3, 1024)),
+    ('Mamba-2 as in the grid, peak learning rate 3e-3', MAMBA2_GRID, (4000, 3e-3, 1024)),
 )
 QUESTION = ('Which causal mechanisms recall key-value pairs (Zoology\'s MQAR), and how much '
             'state do they keep?')

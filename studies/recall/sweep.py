@@ -21,7 +21,9 @@ attention is `mechanisms=linear,feature_map=taylor,qk_dim=16`, named
 (local attention's; default: its own; named '-w<window>'), init ('fla': fla's N(0, 0.02)
 for the convolution and gate projections of the gated family; named '-init<init>'),
 dt_min and dt_max (Mamba-2's and Gated DeltaNet's dt range at initialisation; named
-'-dtmin<value>', '-dtmax<value>'). A mechanism may be a
+'-dtmin<value>', '-dtmax<value>'), conv_bias (true or false: the short convolution's bias,
+on by default for Mamba-2 only; named '-convbias<0 or 1>' where off its default). A
+mechanism may be a
 pattern the blocks take in turn: Based's hybrid of Taylor linear attention and
 sliding-window attention is `mechanisms=linear+local,feature_map=taylor,qk_dim=16,
 window=64`, named 'linear+local-...-taylor-qk16-w64' (`efficient_attn.hybrid`).
@@ -66,12 +68,13 @@ DEFAULTS = dict(
     seed=0, mechanisms=('softmax', 'linear', 'mamba2', 'gla', 'deltanet', 'gated_deltanet'),
     widths=(64,), cells=('128x8',), vocab_size=1024, learning_rate=1e-3, num_steps=4000,
     conv_size=-1, num_heads=mqar.DEFAULTS['num_heads'], feature_map='', qk_dim=0, window=0,
-    init='', dt_min=0.0, dt_max=0.0)
+    init='', dt_min=0.0, dt_max=0.0, conv_bias='')
 
 # The mechanism options a sweep setting may set (unset: '' or 0), and how a run's name says
 # one set off its mechanism's default.
 OPTION_NAMES = (('feature_map', '-{}'), ('qk_dim', '-qk{}'), ('window', '-w{}'),
-                ('init', '-init{}'), ('dt_min', '-dtmin{:g}'), ('dt_max', '-dtmax{:g}'))
+                ('init', '-init{}'), ('dt_min', '-dtmin{:g}'), ('dt_max', '-dtmax{:g}'),
+                ('conv_bias', '-convbias{:d}'))
 
 
 def own_options(mechanism: str, options):
@@ -95,7 +98,13 @@ def get_sweep(arg=None):
   own_heads = heads != mqar.DEFAULTS['num_heads']
   common.at_least(0, qk_dim=args['qk_dim'], window=args['window'], dt_min=args['dt_min'],
                   dt_max=args['dt_max'])
-  options = {k: args[k] for k, _ in OPTION_NAMES if args[k]}  # set: off its default
+  bias = args['conv_bias']
+  if bias not in ('', 'true', 'false'):
+    raise ValueError(f"recall sweep: conv_bias={bias!r} is not valid; valid: true, false, or "
+                     f"unset (each mechanism's own)")
+  options = {k: args[k] for k, _ in OPTION_NAMES if k != 'conv_bias' and args[k]}  # set
+  if bias:
+    options['conv_bias'] = bias == 'true'
   runs = []
   for cell in args['cells']:
     length, pairs = parse_cell(cell)
