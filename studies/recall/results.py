@@ -164,19 +164,20 @@ def ablation_table(found: Dict[Key, dict]) -> str:
 
 
 def decay_table() -> str:
-  """What each Gated DeltaNet head keeps over 128 tokens at initialisation, widths 64, 128."""
+  """What each Gated DeltaNet head keeps over 128 tokens at initialisation, per seed, at
+  widths 64 and 128 side by side."""
   data = tables.load(DECAY_INIT)['rows']
-  lines = []
-  for width in (64, 128):
-    for seed in (0, 1):
-      mine = [r for r in data if r['mechanism'] == 'gated_deltanet' and r['width'] == width
-              and r['seed'] == seed and not r['options']]
-      lines.append([width, seed] + [', '.join(f"{r['kept']:.2f}" for r in mine
-                                              if r['block'] == b) for b in (0, 1)])
+
+  def kept(width, seed, block):
+    return ', '.join(f"{r['kept']:.2f}" for r in data
+                     if r['mechanism'] == 'gated_deltanet' and r['width'] == width
+                     and r['seed'] == seed and not r['options'] and r['block'] == block)
+  lines = [[seed] + [kept(w, seed, b) for w in (64, 128) for b in (0, 1)] for seed in (0, 1)]
   return ('**What each Gated DeltaNet head keeps of a token 128 tokens later, at '
-          'initialisation** (exp(-128 A dt); `python -m studies.recall.decay_init`).\n\n'
-          + tables.md_table(['width', 'seed', 'block 0, heads 0 and 1',
-                             'block 1, heads 0 and 1'], lines))
+          'initialisation** (exp(-128 A dt), heads 0 and 1 of each block; `python -m '
+          'studies.recall.decay_init`).\n\n'
+          + tables.md_table(['seed', 'width 64: block 0', 'block 1', 'width 128: block 0',
+                             'block 1'], lines))
 
 
 def table() -> str:
