@@ -87,6 +87,21 @@ def test_an_up_to_date_file_is_kept_silently(tmp_path, capsys):
   assert [os.stat(p).st_mtime_ns for p in paths] == stamps
 
 
+def test_a_file_found_whole_is_not_read_again_in_the_process(tmp_path, monkeypatch, capsys):
+  """Every open of the data checks its cache: a file already checked whole is not read
+  again while its size and modification time stay, and a change to it is still seen."""
+  paths = write(tmp_path)
+  write(tmp_path)  # checked whole once
+  read = []
+  real = npz_cache.read_bytes
+  monkeypatch.setattr(npz_cache, 'read_bytes', lambda p: read.append(p) or real(p))
+  assert write(tmp_path) == paths and read == []
+  flip_inside(paths[0])
+  capsys.readouterr()
+  write(tmp_path)
+  assert read and capsys.readouterr().out.startswith(f'{paths[0]}: damaged (')
+
+
 def test_a_run_reads_the_rebuilt_file_from_the_data_cache(tmp_path, monkeypatch):
   """Through configs/mqar.py, its cache folder under a HOME of the test's own."""
   monkeypatch.setenv('HOME', str(tmp_path))
