@@ -95,5 +95,3 @@ def get_eval_data(config, split: str = '', *, process_index: Optional[int] = Non
 def get_eval_batch(config, split: str = ''):
   """The first local evaluation batch of `config`'s dataset (numpy dict)."""
   return next(iter(get_eval_data(config, split).batches()))
-
-

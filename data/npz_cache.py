@@ -42,16 +42,6 @@ def read_array(path: str, key: str) -> np.ndarray:
     return data[key]
 
 
-def read_settings(path: str) -> Optional[dict]:
-  """The settings stored in a cached split, or None (missing or unreadable file)."""
-  try:
-    if not files.gfile(path).exists(path):
-      return None
-    return json.loads(read_array(path, 'settings_json').tobytes().decode('utf-8'))
-  except (KeyError, ValueError, EOFError, zipfile.BadZipFile) + files.read_errors(path):
-    return None
-
-
 OTHER_SETTINGS = 'written for other settings'  # `problem`: regenerated without a word
 # path -> (size, modification time, settings, shapes) of a file `problem` found usable in
 # this process: the same file asked the same again is not read again.

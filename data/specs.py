@@ -28,6 +28,7 @@ import numpy as np
 class DownloadError(RuntimeError):
   """TFDS could not download a dataset (no network, or the server refused)."""
 
+
 SOURCES = ('tfds', 'arrays', 'folder', 'sklearn', 'generated', 'tsv')
 AUGMENTATIONS = ('none', 'crop', 'crop_flip', 'inception_crop')
 TEXT_VOCAB_SIZE = 257  # bytes 0..255 as ids 1..256; 0 is padding

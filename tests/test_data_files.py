@@ -23,8 +23,9 @@ path = {path!r}
 settings = np.frombuffer(json.dumps({{'a': 1}}).encode(), np.uint8)
 npz_cache.save_npz(path, x=np.zeros((2, 3, 3, 1), np.uint8), y=np.array([0, 1]),
                    settings_json=settings)
-assert npz_cache.read_settings(path) == {{'a': 1}}
-assert npz_cache.read_settings(path + '.missing') is None
+assert npz_cache.problem(path, {{'a': 1}}) == ''
+assert npz_cache.problem(path, {{'a': 2}}) == npz_cache.OTHER_SETTINGS
+assert npz_cache.problem(path + '.missing', {{'a': 1}}) == 'missing'
 split = arrays.read_npz(path)
 assert split.labels.tolist() == [0, 1] and split.inputs.shape == (2, 3, 3, 1)
 print('tensorflow' in sys.modules)
