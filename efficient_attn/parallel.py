@@ -251,9 +251,10 @@ def ring_attention(q, k, v, key_padding, *, causal: bool, axis: str, block: Ring
   half (a block from an earlier device), or its second half of queries against the whole
   visitor (a later one); the device's own block takes the causal mask. With m odd, the
   blocks stay contiguous: earlier devices' blocks whole, later ones skipped (`lax.cond`),
-  so the last device does n times the first's work. The backward pass is a second ring (`jax.custom_vjp`): the key/value
-  blocks travel again with their gradients, each device adding its queries' share
-  (`block.backward`), so only this device's blocks, output and log-sum-exp are kept.
+  so the last device does n times the first's work. The backward pass is a second ring
+  (`jax.custom_vjp`): the key/value blocks travel again with their gradients, each device
+  adding its queries' share (`block.backward`), so only this device's blocks, output and
+  log-sum-exp are kept.
   """
   if key_padding is None:
     key_padding = jnp.ones(k.shape[:2], bool)
@@ -301,12 +302,14 @@ def _ring_forward(q, k, v, key_padding, causal, axis, block):
     zero = jnp.zeros(q.shape[:3] + v.shape[3:], out.dtype) * q[..., :1]  # q's placement
     return zero, jnp.swapaxes(zero[..., 0], 1, 2) + masking.big_neg(lse.dtype)
 
+  h = q.shape[1] // 2
+  halves = lambda q: (q[:, :h], q[:, h:])
+
   def visit(s, carry):  # a loop, not unrolled: one visiting block's scores live at a time
     kv, out, lse = carry
     kv = rotate(kv, axis)
-    h = q.shape[1] // 2
     o_s, l_s = _visit(lambda q, k, v, kp: block.forward(q, k, v, kp, False), i, s, causal,
-                      q, kv, empty, lambda q: (q[:, :h], q[:, h:]))
+                      q, kv, empty, halves)
     out, lse = merge_softmax(out, lse, o_s.astype(out.dtype), l_s)
     return kv, out, lse
   _, out, lse = lax.fori_loop(1, n, visit, ((k, v, key_padding), out, lse))

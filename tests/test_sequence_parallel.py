@@ -247,18 +247,17 @@ for name, (mechanism, causal, options, args) in json.loads(sys.argv[1]).items():
     print(json.dumps({'case': name, 'failed': traceback.format_exc()[-3000:]}), flush=True)
 '''
 
-# Cases beside the Linen ones: the NNX layer, the encoder (TransformerConfig.sequence_axis,
-# a pattern of two mechanisms; reversible blocks, whose backward recomputes each block), 48 tokens over 6 devices of an automatic mesh, the gated
-# recurrences' Pallas kernels on each block in interpret mode over 2 devices of an
-# automatic mesh (the interpreter runs Python on every device thread: with 6 of them on a
-# busy 2-core machine one thread missed XLA's 40-s collective deadline),
-# the causal ring's zigzag layout and the size of every visit it computes, and the
-# contiguous ring it keeps for an odd number of tokens a device,
+# Cases beside the Linen ones: the NNX layer; the encoder (TransformerConfig.sequence_axis,
+# a pattern of two mechanisms; reversible blocks, whose backward recomputes each block);
+# 48 tokens over 6 devices of an automatic mesh; the gated recurrences' Pallas kernels on
+# each block in interpret mode over 2 devices of an automatic mesh (the interpreter runs
+# Python on every device thread: with 6 of them on a busy 2-core machine one thread missed
+# XLA's 40-s collective deadline); the causal ring's zigzag layout and the size of every
+# visit it computes, and the contiguous ring it keeps for an odd number of tokens a device;
 # the unsplit layer's kernel on a data-parallel mesh of 2 devices, automatic or explicit
-# (`kernels.common.call` splits its rows in a shard_map: XLA would gather them all to every
-# device),
-# and float64 identities (to 1e-10) where the mechanism computes in the inputs' precision
-# (the gated recurrences compute in float32 whatever their inputs).
+# (`kernels.common.per_device` splits the batch in a shard_map: XLA would run all of it on
+# every device); and float64 identities (to 1e-10) where the mechanism computes in the
+# inputs' precision (the gated recurrences compute in float32 whatever their inputs).
 EXTRA = {
     'nnx:linear-bidirectional': ('linear', False, {}, {}),
     'encoder:linear+local-causal': ('linear+local', True, {}, {}),

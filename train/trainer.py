@@ -214,14 +214,15 @@ def _train(s: Session, run, train_data, num_steps: int,
       if step == start + 1:  # the steady rate starts once the first step has run, not when
         jax.block_until_ready(state)  # its compiled program was dispatched
       clock.tick(step)
-      rate = clock.steady_steps_per_sec()
-      if logs and rate:  # the printed 'ex/s', in the metrics too (a running run's report)
-        with clock.paused():
-          writer.write_scalars(step, {
-              'progress/steady_examples_per_sec': rate * c.dataset.batch_size})
-      if logs and run.writer:
-        print(metrics_lib.progress_line(step, num_steps, values, rate, c.dataset.batch_size),
-              flush=True)
+      if logs:
+        rate = clock.steady_steps_per_sec()
+        if rate:  # the printed 'ex/s', in the metrics too (a running run's report)
+          with clock.paused():
+            writer.write_scalars(step, {
+                'progress/steady_examples_per_sec': rate * c.dataset.batch_size})
+        if run.writer:
+          print(metrics_lib.progress_line(step, num_steps, values, rate, c.dataset.batch_size),
+                flush=True)
       # Saved before evaluating: an evaluation that fails (a bad eval split, a crash)
       # never costs the steps trained since the last checkpoint; the re-run resumes here.
       with report.timed('checkpoint'), clock.paused():
