@@ -3,9 +3,9 @@
 Process p feeds rows [8p, 8p + 8) of each global batch of 16; the losses, the
 final parameters and a resume across both processes must match a
 single-process run of the same global batch. The resume shards the state over the two
-processes (FSDP), so the checkpoint is restored onto another mesh and saved in parts. The resumed pair is set up from
-the environment (JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID)
-instead of flags. CPU collectives need no setting: jax 0.10's default
+processes (FSDP), so the checkpoint is restored onto another mesh and saved split. The
+resumed pair is set up from the environment (JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES,
+JAX_PROCESS_ID) instead of flags. CPU collectives need no setting: jax 0.10's default
 `jax_cpu_collectives_implementation` is 'gloo'.
 """
 import glob

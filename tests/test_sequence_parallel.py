@@ -147,7 +147,7 @@ DATA2 = {kind: jax.sharding.Mesh(np.array(jax.devices()[:2]), ('data',), axis_ty
          for kind in (Auto, Explicit)}
 
 def rows_case(mechanism, causal, kind):
-  """The unsplit layer's Pallas kernel under a data-parallel mesh of 2 devices (its rows
+  """The unsplit layer's Pallas kernel under a data-parallel mesh of 2 devices (its batch
   split over 'data' in a shard_map) against the same call without a mesh."""
   decl = registry.get_mechanism(mechanism)
   x, valid = inputs(32, jnp.float32)

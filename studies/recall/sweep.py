@@ -23,10 +23,9 @@ for the convolution and gate projections of the gated family; named '-init<init>
 dt_min and dt_max (Mamba-2's and Gated DeltaNet's dt range at initialisation; named
 '-dtmin<value>', '-dtmax<value>'), conv_bias (true or false: the short convolution's bias,
 on by default for Mamba-2 only; named '-convbias<0 or 1>' where off its default). A
-mechanism may be a
-pattern the blocks take in turn: Based's hybrid of Taylor linear attention and
-sliding-window attention is `mechanisms=linear+local,feature_map=taylor,qk_dim=16,
-window=64`, named 'linear+local-...-taylor-qk16-w64' (`efficient_attn.hybrid`).
+mechanism may be a pattern the blocks take in turn: Based's hybrid of Taylor linear
+attention and sliding-window attention is `mechanisms=linear+local,feature_map=taylor,
+qk_dim=16,window=64`, named 'linear+local-...-taylor-qk16-w64' (`efficient_attn.hybrid`).
 
     python -m train.sweep --sweep=studies/recall/sweep.py:seed=1,mechanisms=softmax,linear \
         --root=runs/recall/lr1e-3_s4000/seed1 run
