@@ -274,8 +274,8 @@ def markdown(meta, knob_rows, length_rows, scale_rows, identity_rows) -> str:
       'parameterised mechanisms at initialisation (Linformer E, F learned: not an '
       'approximation at init); linear attention is a different kernel, not an estimator.',
       'default options: ' + '; '.join(
-          f'{m}: ' + ', '.join(f'{k}={v}' for k, v in o.items() if v is not None)
-          for m, o in meta['options'].items()),
+          f'{m}: ' + ', '.join(f'{k}={v}' for k, v in options.items() if v is not None)
+          for m, options in meta['options'].items()),
   ]
   parts = [output.header('Approximation error vs exact softmax attention',
                          meta['device_line'], notes)]

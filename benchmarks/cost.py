@@ -138,9 +138,9 @@ def markdown(meta, layer_rows, scaling_rows, paper_rows) -> str:
       'once, the missing matmul FLOPs are added from known trip counts); memory from '
       "XLA's compiled memory analysis.",
       'forward+backward = gradient of sum(outputs) w.r.t. parameters and input.',
-      'options: ' + '; '.join(f'{m}: ' + ', '.join(f'{k}={v}' for k, v in o.items()
+      'options: ' + '; '.join(f'{m}: ' + ', '.join(f'{k}={v}' for k, v in options.items()
                                                    if v is not None)
-                              for m, o in meta['options'].items()),
+                              for m, options in meta['options'].items()),
   ]
   parts = [output.header('Cost per attention layer', meta['device_line'], notes)]
   dag = lambda r, mode: ('†' if r.get(f'{mode}_loops') else '')

@@ -61,9 +61,9 @@ def step_memory(mechanism: str, length: int, size: str, batch_size: int,
   return dict(step=xla_stats.memory(compiled)['total'], state=state_bytes,
               depth=config.model.depth, d_model=config.model.d_model,
               heads=config.model.num_heads,
-              options={o.name: config.attention.options.get(o.name)
-                       for o in ea.get_mechanism(mechanism).options
-                       if config.attention.options.get(o.name) is not None})
+              options={option.name: config.attention.options.get(option.name)
+                       for option in ea.get_mechanism(mechanism).options
+                       if config.attention.options.get(option.name) is not None})
 
 
 def attention_memory(mechanism: str, length: int, batch_size: int, d_model: int, heads: int,

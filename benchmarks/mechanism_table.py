@@ -49,8 +49,8 @@ def _measured(path: str, length: int) -> Dict[str, Dict[str, Any]]:
 
 
 def _options(decl) -> str:
-  shown = [f'{o.name}={o.default}' for o in decl.options
-           if o.configurable and o.name not in ('scale', 'seed', 'eps')]
+  shown = [f'{option.name}={option.default}' for option in decl.options
+           if option.configurable and option.name not in ('scale', 'seed', 'eps')]
   return ', '.join(shown) or '-'
 
 

@@ -407,7 +407,7 @@ def markdown(meta, points, summary, targets, modes, ratios=None) -> str:
       f"memory: {meta['memory_description']}",
       f"exponent: slope of log(time) against log(length) over lengths {fit_lo}..{fit_hi} "
       '(only measured points).',
-      'options: ' + '; '.join(f'{k}: ' + ', '.join(f'{o}={v}' for o, v in opts.items()
+      'options: ' + '; '.join(f'{k}: ' + ', '.join(f'{option}={v}' for option, v in opts.items()
                                                    if v is not None)
                               for k, opts in meta['options'].items() if opts),
   ]

@@ -277,7 +277,7 @@ def fit_blocks(config, length: int):
   Reformer, Sinkhorn) that need the length to be a multiple of their block. In a pattern
   ('bigbird+local', see `efficient_attn.hybrid`) the options are one mapping: a fitted size
   goes to every mechanism of the pattern that has the option."""
-  for option in (o for d in hybrid.registered(config.attention.mechanism) for o in d.options):
+  for option in (option for d in hybrid.registered(config.attention.mechanism) for option in d.options):
     if option.name in BLOCK_OPTIONS and isinstance(option.default, int):
       current = config.attention.options.get(option.name) or option.default
       if length % current:

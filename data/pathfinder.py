@@ -121,15 +121,15 @@ class _Canvas:
     flat = self._flat(b, ys, xs)
     owner, stamp = self.owner.reshape(-1), self.stamp.reshape(-1)
     near = flat[..., None] + self._ring[1]
-    o = owner[near]
-    clash = (o > 0) & (o != pid)
-    clash |= (o == pid) & (stamp[near] < stamps[..., None] - _SELF_SPAN)
+    owners = owner[near]
+    clash = (owners > 0) & (owners != pid)
+    clash |= (owners == pid) & (stamp[near] < stamps[..., None] - _SELF_SPAN)
     return (owner[flat] != _WALL).all(1) & ~clash.any((1, 2))
 
   def clear(self, b, y, x, pid):
     """Whether no other path lies within 2 pixels of points y, x `[m]` (room for a disc)."""
-    o = self.owner.reshape(-1)[self._flat(b, y[:, None], x[:, None]) + self._ring[2]]
-    return ~((o > 0) & (o != pid)).any(1)
+    owners = self.owner.reshape(-1)[self._flat(b, y[:, None], x[:, None]) + self._ring[2]]
+    return ~((owners > 0) & (owners != pid)).any(1)
 
   def draw(self, b, ys, xs, pid, stamps, on):
     """Records points `[m, k]` of path `pid`; paints those where `on` `[k]`."""

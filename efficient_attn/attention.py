@@ -97,11 +97,11 @@ class Mechanism(nn.Module):
   def configured(self, length: Optional[int] = None):
     """(declaration, resolved options), checked against this module's settings (and
     `length`, the keys' length, when given)."""
-    decl, o = self._configured
+    decl, options = self._configured
     if length is not None:
-      registry.check_length(decl, o, length=length, max_length=self.max_length,
+      registry.check_length(decl, options, length=length, max_length=self.max_length,
                             causal=self.causal)
-    return decl, o
+    return decl, options
 
   @nn.compact
   def __call__(self, q, k, v, mask=None, deterministic: bool = True, *, state=None,
@@ -109,16 +109,16 @@ class Mechanism(nn.Module):
                force_fp32_for_softmax: bool = False, inputs=None):
     """See the class docstring; `position`: a decoding step's position (rotary);
     sow_weights / force_fp32_for_softmax / inputs: see `layer.run_mechanism`."""
-    decl, o = self.configured(k.shape[1] if state is None else None)
-    heads, head_dim = layer.check_inputs(decl, q, k, v, mask, stepping=state is not None, o=o,
+    decl, options = self.configured(k.shape[1] if state is None else None)
+    heads, head_dim = layer.check_inputs(decl, q, k, v, mask, stepping=state is not None, options=options,
                                          head_dim=self.head_dim)  # before shapes are read
-    specs = layer.declared_params(decl, o, heads=heads, head_dim=head_dim,
+    specs = layer.declared_params(decl, options, heads=heads, head_dim=head_dim,
                                   max_length=self.max_length, causal=self.causal,
                                   features=None if inputs is None else inputs.shape[-1])
     params = {name: self.param(name, init, shape, self.param_dtype)
               for name, (shape, init) in specs.items()}
     params.update(self.shared_params or {})
-    return layer.run_mechanism(decl, o, params, q, k, v, mask=mask, causal=self.causal,
+    return layer.run_mechanism(decl, options, params, q, k, v, mask=mask, causal=self.causal,
                                ctx=_LinenContext(self, deterministic, dropout_rng),
                                use_rotary=self.rotary, dtype=self.dtype, state=state,
                                position=position, sow_weights=sow_weights,
@@ -263,10 +263,10 @@ class MultiHeadAttention(nn.Module):
                      broadcast_dropout=self.broadcast_dropout,
                      shared_params=self.shared_params, rotary=self.rotary, head_dim=head_dim,
                      sequence_axis=self.sequence_axis, name='mechanism')
-    decl, o = mech.configured()
+    decl, options = mech.configured()
     layer.check_dropout(decl, self.dropout_rate)
     kv_heads = layer.kv_heads(decl, self.projection, self.num_heads, self.num_kv_heads)
-    shapes = layer.head_layout(decl, o, projection=self.projection, heads=self.num_heads,
+    shapes = layer.head_layout(decl, options, projection=self.projection, heads=self.num_heads,
                                head_dim=head_dim, kv_heads=kv_heads)
     if self.dropout_rate > 0.0:  # as flax: only dropout needs to know
       deterministic = nn.merge_param('deterministic', self.deterministic, deterministic)
@@ -324,16 +324,16 @@ class MultiHeadAttention(nn.Module):
                                         self.param_dtype)
 
   def _form(self, mech, inputs=None) -> decoding.DecodeForm:
-    decl, o = mech.configured()
+    decl, options = mech.configured()
     return decoding.decode_form(
-        decl, o, lambda state, q_t, k_t, v_t, i: mech(q_t, k_t, v_t, deterministic=True,
+        decl, options, lambda state, q_t, k_t, v_t, i: mech(q_t, k_t, v_t, deterministic=True,
                                                       state=state, position=i, inputs=inputs))
 
   def _init_cache(self, mech, q, v, length, align):
     """Creates the cache (the call that does so is the ordinary parallel forward)."""
-    decl, o = mech.configured()
+    decl, options = mech.configured()
     b, _, _, dk = q.shape
-    heads = layer.state_heads(decl, o, self.num_heads, v.shape[2])  # v: the kv heads
+    heads = layer.state_heads(decl, options, self.num_heads, v.shape[2])  # v: the kv heads
     for name, value in layer.init_cache(self._form(mech), batch=b, length=length, heads=heads,
                                         head_dim=dk, v_dim=v.shape[3], dtype=q.dtype,
                                         super_values=align is not None).items():
@@ -369,7 +369,7 @@ def make_attention_fn(mechanism: str = 'softmax', **options) -> Callable[..., An
   one line rather than ignoring: attention dropout during training, an
   attention bias, and the options above for other mechanisms.
   """
-  decl, o = registry.configure(mechanism, options,
+  decl, resolved = registry.configure(mechanism, options,
                                causal=registry.get_mechanism(mechanism).causal_only)
   if not decl.parameter_free:
     free = registry.names_where(lambda m: m.parameter_free)
@@ -393,13 +393,13 @@ def make_attention_fn(mechanism: str = 'softmax', **options) -> Callable[..., An
     if is_causal:
       registry.configure(mechanism, options, causal=True)  # refuses a non-causal mechanism
     heads, head_dim = query.shape[-2:]
-    shapes = decl.head_shapes(o, heads=heads, head_dim=head_dim)
+    shapes = decl.head_shapes(resolved, heads=heads, head_dim=head_dim)
     if shapes != (heads, head_dim, head_dim):  # flax's projections make (heads, head_dim)
       refuse(f'head shapes (qk_heads, qk_dim, v_dim) = {shapes}, not (heads, head_dim, '
              f'head_dim) = {(heads, head_dim, head_dim)},')
     if dtype is not None:
       query, key, value = (x.astype(dtype) for x in (query, key, value))
-    out = layer.run_mechanism(decl, o, {}, query, key, value, mask=mask,
+    out = layer.run_mechanism(decl, resolved, {}, query, key, value, mask=mask,
                               causal=bool(is_causal), ctx=registry.Context(),
                               use_rotary=False, sow_weights=module is not None,
                               force_fp32_for_softmax=force_fp32_for_softmax)

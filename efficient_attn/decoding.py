@@ -64,19 +64,19 @@ def decodable_mechanisms() -> Tuple[str, ...]:
   return registry.names_where(lambda m: bool(m.decode))
 
 
-def decode_form(decl: registry.Mechanism, o: registry.Options,
+def decode_form(decl: registry.Mechanism, options: registry.Options,
                 recurrent_step: Optional[Callable[..., Any]] = None) -> DecodeForm:
-  """The decoding form of a mechanism declaration with options `o`.
+  """The decoding form of a mechanism declaration with options `options`.
 
   Args:
-    decl, o: the declaration and its resolved options.
+    decl, options: the declaration and its resolved options.
     recurrent_step: for 'recurrent' mechanisms, `step(state, q_t, k_t, v_t, index)
       -> (state, out_t)` bound to the layer's parameters.
 
   Raises ValueError naming the mechanisms that can decode.
   """
   if decl.decode == 'kv_cache':
-    scale, window = o.get('scale'), decl.kv_window(o)
+    scale, window = options.get('scale'), decl.kv_window(options)
     if window is not None:
       return window_kv_cache(window, scale=scale)
 
@@ -90,7 +90,7 @@ def decode_form(decl: registry.Mechanism, o: registry.Options,
   if decl.decode == 'recurrent':
     def init(batch, capacity, heads, head_dim, v_dim, dtype):
       del capacity, dtype  # constant size; accumulate in float32
-      return decl.init_state(o, batch=batch, heads=heads, head_dim=head_dim, v_dim=v_dim)
+      return decl.init_state(options, batch=batch, heads=heads, head_dim=head_dim, v_dim=v_dim)
 
     def step(state, q_t, k_t, v_t, index):
       return recurrent_step(state, q_t, k_t, v_t, index)

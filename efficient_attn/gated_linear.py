@@ -442,14 +442,14 @@ def decay_options() -> Tuple[registry.Option, ...]:
   )
 
 
-def dt_init(o):
-  """The dt bias initialiser of options `o` (with `decay_options`)."""
-  return functools.partial(dt_bias_init, dt_min=o.dt_min, dt_max=o.dt_max)
+def dt_init(options):
+  """The dt bias initialiser of `options` (with `decay_options`)."""
+  return functools.partial(dt_bias_init, dt_min=options.dt_min, dt_max=options.dt_max)
 
 
-def check_dt_range(name: str, o) -> None:
-  if o.dt_min > o.dt_max:
-    raise ValueError(f'mechanism {name!r}: dt_min={o.dt_min} exceeds dt_max={o.dt_max}; '
+def check_dt_range(name: str, options) -> None:
+  if options.dt_min > options.dt_max:
+    raise ValueError(f'mechanism {name!r}: dt_min={options.dt_min} exceeds dt_max={options.dt_max}; '
                      f'the initial dt range needs dt_min <= dt_max')
 
 
@@ -493,12 +493,12 @@ class GatedRecurrence(registry.Mechanism):
 
   A subclass sets `cores` (`DECAY` or `delta_rule.DELTA`), `activation` ('silu': applied to
   q, k, v after the short convolution) and implements:
-    recurrence_inputs(o, params, q, k, v, gates) -> (q, k, v, log_decay, beta): the
+    recurrence_inputs(options, params, q, k, v, gates) -> (q, k, v, log_decay, beta): the
       recurrence's inputs from the convolved q, k, v `[b, n, h, d]` and the gates
       (log_decay `[b, n, h, 1 or dk]`, None for no decay; beta `[b, n, h]` or None);
-    finish(o, params, out, v, gates) -> the output `[b, n, h, dv]` from the
+    finish(options, params, out, v, gates) -> the output `[b, n, h, dv]` from the
       recurrence's (norm, output gate);
-    own_params(o, heads, head_dim), and `input_params` / `gates` as the registry says.
+    own_params(options, heads, head_dim), and `input_params` / `gates` as the registry says.
   A subclass may declare other head shapes (`head_shapes`; `qk_heads` for query/key
   groups shared by several heads): the short convolution then runs on q and k as
   projected (`[K, qk_heads, qk_dim]` kernels), and q and k are repeated to the value
@@ -516,46 +516,46 @@ class GatedRecurrence(registry.Mechanism):
   # block (`attend_sharded`), `decayed_sharded` or `delta_rule.transition_sharded`.
   sharded_recurrence = staticmethod(decayed_sharded)
 
-  def own_params(self, o, *, heads, head_dim):
-    del o, heads, head_dim
+  def own_params(self, options, *, heads, head_dim):
+    del options, heads, head_dim
     return {}
 
-  def qk_heads(self, o, heads: int) -> int:
+  def qk_heads(self, options, heads: int) -> int:
     """Query/key heads for `heads` heads (default: one each; a divisor: shared groups)."""
-    del o
+    del options
     return heads
 
   @staticmethod
-  def init_for(o, default):
+  def init_for(options, default):
     """The initialiser of a convolution or gate projection: `default` or, with init='fla',
     `fla_init`."""
-    return fla_init if o.init == 'fla' else default
+    return fla_init if options.init == 'fla' else default
 
-  def params(self, o, *, heads, head_dim, max_length, causal):
-    qk_heads, qk_dim, v_dim = self.head_shapes(o, heads=heads, head_dim=head_dim)
+  def params(self, options, *, heads, head_dim, max_length, causal):
+    qk_heads, qk_dim, v_dim = self.head_shapes(options, heads=heads, head_dim=head_dim)
     shapes = {'q': (qk_heads, qk_dim), 'k': (qk_heads, qk_dim), 'v': (heads, v_dim)}
     specs = {}
-    for name in ('q', 'k', 'v') if o.conv_size else ():
-      specs[f'{name}_conv'] = registry.ParamSpec((o.conv_size,) + shapes[name],
-                                                 self.init_for(o, conv_init))
-      if o.conv_bias:
-        bias_init = zeros_init if o.init == 'fla' else conv_bias_init(o.conv_size)
+    for name in ('q', 'k', 'v') if options.conv_size else ():
+      specs[f'{name}_conv'] = registry.ParamSpec((options.conv_size,) + shapes[name],
+                                                 self.init_for(options, conv_init))
+      if options.conv_bias:
+        bias_init = zeros_init if options.init == 'fla' else conv_bias_init(options.conv_size)
         specs[f'{name}_conv_bias'] = registry.ParamSpec(shapes[name], bias_init)
-    specs.update(self.own_params(o, heads=heads, head_dim=head_dim))
+    specs.update(self.own_params(options, heads=heads, head_dim=head_dim))
     return specs
 
-  def recurrence_inputs(self, o, params, q, k, v, gates):
+  def recurrence_inputs(self, options, params, q, k, v, gates):
     raise NotImplementedError
 
-  def finish(self, o, params, out, v, gates):
+  def finish(self, options, params, out, v, gates):
     raise NotImplementedError
 
-  def _features(self, o, params, q, k, v, axis=None):
+  def _features(self, options, params, q, k, v, axis=None):
     """The short convolution (with the sequence split over `axis`, each block reads the
     previous device's last conv_size - 1 tokens: `parallel.halo_before`), then the
     activation; float32."""
-    if o.conv_size:
-      halo = o.conv_size - 1
+    if options.conv_size:
+      halo = options.conv_size - 1
 
       def conv(x, n):
         w, b = params[f'{n}_conv'], params.get(f'{n}_conv_bias')
@@ -576,7 +576,7 @@ class GatedRecurrence(registry.Mechanism):
     qk_heads), as Mamba-2's ngroups)."""
     return tuple(jnp.repeat(x, heads // x.shape[2], axis=2) for x in (q, k))
 
-  def _inputs(self, o, params, q, k, v, *, mask, causal, ctx, axis=None):
+  def _inputs(self, options, params, q, k, v, *, mask, causal, ctx, axis=None):
     """(q, k, v, log-decay, beta) of the recurrence from the projected heads: key padding
     checked, the short convolution and activation (`_features`), groups repeated to the
     heads, the mechanism's gates (`recurrence_inputs`); a padded token neither writes to the
@@ -587,11 +587,11 @@ class GatedRecurrence(registry.Mechanism):
     dtype = v.dtype
     k, v, kp = masking.checked_keys_values(
         q, k, v, mask, name=f'mechanism {self.name!r}', causal=True,
-        qk_groups=self.qk_heads(o, v.shape[2]) != v.shape[2])
+        qk_groups=self.qk_heads(options, v.shape[2]) != v.shape[2])
     q = masking.zero_padded(q, kp)  # a padded token feeds no convolution either
-    q, k, v = self._features(o, params, q, k, v, axis)
+    q, k, v = self._features(options, params, q, k, v, axis)
     q, k = self._to_heads(q, k, v.shape[2])
-    q, k, v, g, beta = self.recurrence_inputs(o, params, q, k, v, ctx.gates)
+    q, k, v, g, beta = self.recurrence_inputs(options, params, q, k, v, ctx.gates)
     if kp is not None:
       k, v = masking.zero_padded(k, kp), masking.zero_padded(v, kp)
       g, beta = (None if x is None else masking.zero_padded(x, kp) for x in (g, beta))
@@ -599,51 +599,51 @@ class GatedRecurrence(registry.Mechanism):
       q, k, v = (x.astype(dtype) for x in (q, k, v))
     return q, k, v, g, beta
 
-  def attend(self, o, params, q, k, v, *, mask, causal, ctx):
+  def attend(self, options, params, q, k, v, *, mask, causal, ctx):
     dtype = v.dtype
-    q, k, v, g, beta = self._inputs(o, params, q, k, v, mask=mask, causal=causal, ctx=ctx)
-    out, _ = self.core(o, q.dtype)(q, k, v, g, beta, chunk_size=o.chunk_size)
-    return self.finish(o, params, out, v, ctx.gates).astype(dtype)
+    q, k, v, g, beta = self._inputs(options, params, q, k, v, mask=mask, causal=causal, ctx=ctx)
+    out, _ = self.core(options, q.dtype)(q, k, v, g, beta, chunk_size=options.chunk_size)
+    return self.finish(options, params, out, v, ctx.gates).astype(dtype)
 
-  def core(self, o, dtype):
+  def core(self, options, dtype):
     """The recurrence's form for a call with q, k, v of `dtype`: the Pallas kernels where
-    `o.implementation` resolves to 'pallas' (`kernels.choose`, once per call), else the
+    `options.implementation` resolves to 'pallas' (`kernels.choose`, once per call), else the
     chunk form or, with form='naive', the token recurrence."""
-    if kernels.choose(o.implementation, form=o.form, dtype=dtype) == 'pallas':
+    if kernels.choose(options.implementation, form=options.form, dtype=dtype) == 'pallas':
       return self.cores.pallas
-    return self.cores.chunked if o.form == 'chunk' else self.cores.scan
+    return self.cores.chunked if options.form == 'chunk' else self.cores.scan
 
-  def attend_sharded(self, o, params, q, k, v, *, mask, causal, ctx, axis):
+  def attend_sharded(self, options, params, q, k, v, *, mask, causal, ctx, axis):
     """`attend` on one device's block (`efficient_attn.parallel`): the short convolution
     reads the previous device's last conv_size - 1 tokens, and `sharded_recurrence` brings
     in the state of the blocks before; the core is attend's (the Pallas kernels where
     `implementation` resolves to 'pallas')."""
     dtype = v.dtype
-    q, k, v, g, beta = self._inputs(o, params, q, k, v, mask=mask, causal=causal, ctx=ctx,
+    q, k, v, g, beta = self._inputs(options, params, q, k, v, mask=mask, causal=causal, ctx=ctx,
                                     axis=axis)
-    out = self.sharded_recurrence(self.core(o, q.dtype), q, k, v, g, beta,
-                                  chunk_size=o.chunk_size, axis=axis)
-    return self.finish(o, params, out, v, ctx.gates).astype(dtype)
+    out = self.sharded_recurrence(self.core(options, q.dtype), q, k, v, g, beta,
+                                  chunk_size=options.chunk_size, axis=axis)
+    return self.finish(options, params, out, v, ctx.gates).astype(dtype)
 
-  def init_state(self, o, *, batch, heads, head_dim, v_dim):
-    qk_heads = self.qk_heads(o, heads)
-    conv = tuple(jnp.zeros((batch, o.conv_size - 1, h, d), F32)
+  def init_state(self, options, *, batch, heads, head_dim, v_dim):
+    qk_heads = self.qk_heads(options, heads)
+    conv = tuple(jnp.zeros((batch, options.conv_size - 1, h, d), F32)
                  for h, d in ((qk_heads, head_dim), (qk_heads, head_dim), (heads, v_dim))
-                 ) if o.conv_size else ()
+                 ) if options.conv_size else ()
     return RecurrentState(self.cores.init(batch, heads, head_dim, v_dim), conv)
 
-  def step(self, o, params, state, q_t, k_t, v_t, *, ctx):
+  def step(self, options, params, state, q_t, k_t, v_t, *, ctx):
     dtype = v_t.dtype
     conv = state.conv
-    if o.conv_size:
+    if options.conv_size:
       steps = [conv_step(hist, x, params[f'{n}_conv'], params.get(f'{n}_conv_bias'))
                for hist, x, n in zip(state.conv, (q_t, k_t, v_t), 'qkv')]
       conv = tuple(h for h, _ in steps)
       q_t, k_t, v_t = (y for _, y in steps)
     q_t, k_t, v_t = self._activate(q_t, k_t, v_t)
     q_t, k_t = self._to_heads(q_t, k_t, v_t.shape[2])
-    q_t, k_t, v_t, g, beta = self.recurrence_inputs(o, params, q_t, k_t, v_t, ctx.gates)
+    q_t, k_t, v_t, g, beta = self.recurrence_inputs(options, params, q_t, k_t, v_t, ctx.gates)
     s, out = self.cores.step(state.s, q_t[:, 0], k_t[:, 0], v_t[:, 0],
                              *(None if x is None else x[:, 0] for x in (g, beta)))
-    out = self.finish(o, params, out[:, None], v_t, ctx.gates).astype(dtype)
+    out = self.finish(options, params, out[:, None], v_t, ctx.gates).astype(dtype)
     return RecurrentState(s, conv), out

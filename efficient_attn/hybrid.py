@@ -91,7 +91,7 @@ def split_options(mechanism: Mechanisms, options: Optional[Mapping[str, Any]]
   options = dict(options or {})
   if len(decls) == 1:
     return (options,)
-  declared = [{o.name for o in d.options} for d in decls]
+  declared = [{option.name for option in d.options} for d in decls]
   unknown = sorted(set(options) - set().union(*declared))
   if unknown:
     valid = sorted(set().union(*declared))
@@ -107,7 +107,7 @@ def resolve(mechanism: Mechanisms, options: Optional[Mapping[str, Any]] = None
   """Per entry of the pattern, (declaration, its options resolved: declared defaults plus
   what `options` set), without the checks that need the model (see `configure`)."""
   decls = declarations(mechanism)
-  return tuple((d, d.resolve(o)) for d, o in zip(decls, split_options(decls, options)))
+  return tuple((d, d.resolve(own)) for d, own in zip(decls, split_options(decls, options)))
 
 
 def configure(mechanism: Mechanisms, options: Optional[Mapping[str, Any]] = None, *,
@@ -120,9 +120,9 @@ def configure(mechanism: Mechanisms, options: Optional[Mapping[str, Any]] = None
   says, as in a single-mechanism stack. Raises ValueError as `registry.configure` does
   (for a pattern, naming the mechanism), or for an option no mechanism declares."""
   decls = declarations(mechanism)
-  return tuple(registry.configure(d, o, causal=causal or d.causal_only, max_length=max_length,
+  return tuple(registry.configure(d, own, causal=causal or d.causal_only, max_length=max_length,
                                   length=length, rotary=rotary)
-               for d, o in zip(decls, split_options(decls, options)))
+               for d, own in zip(decls, split_options(decls, options)))
 
 
 def merged_options(layers: Sequence[Tuple[registry.Mechanism, Mapping[str, Any]]]
@@ -133,8 +133,8 @@ def merged_options(layers: Sequence[Tuple[registry.Mechanism, Mapping[str, Any]]
   again (`resolve`, `configure`: declared defaults for what it lacks) gives each entry its
   own value back. A reader of the mapping (a config.json) finds no such option in it."""
   merged, differ = {}, set()
-  for _, o in layers:
-    for k, v in o.items():
+  for _, options in layers:
+    for k, v in options.items():
       if k in merged and merged[k] != v:
         differ.add(k)
       merged.setdefault(k, v)

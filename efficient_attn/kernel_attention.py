@@ -474,10 +474,10 @@ class KernelMechanism(registry.Mechanism):
   rotary = 'features'
   sequence_parallel = 'prefix_state'
 
-  def feature_dim(self, o: registry.Options, head_dim: int) -> int:
+  def feature_dim(self, options: registry.Options, head_dim: int) -> int:
     """f, the width of the query and key features."""
-    del o
+    del options
     return head_dim
 
-  def init_state(self, o, *, batch, heads, head_dim, v_dim):
-    return init_kernel_state(batch, heads, self.feature_dim(o, head_dim), v_dim)
+  def init_state(self, options, *, batch, heads, head_dim, v_dim):
+    return init_kernel_state(batch, heads, self.feature_dim(options, head_dim), v_dim)

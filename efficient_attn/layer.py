@@ -118,19 +118,19 @@ class HeadLayout(NamedTuple):
     return self.kv_heads, self.v_dim
 
 
-def _shape_options(decl: registry.Mechanism, o: registry.Options, heads: int,
+def _shape_options(decl: registry.Mechanism, options: registry.Options, heads: int,
                    head_dim: int) -> str:
   """'mechanism 'x' with a=1, b=2': the options that set its head shapes (those whose
   default gives other shapes)."""
-  shapes = decl.head_shapes(o, heads=heads, head_dim=head_dim)
-  named = [f'{opt.name}={o[opt.name]!r}' for opt in decl.options
-           if o[opt.name] != opt.default and decl.head_shapes(
-               registry.Options({**o, opt.name: opt.default}), heads=heads,
+  shapes = decl.head_shapes(options, heads=heads, head_dim=head_dim)
+  named = [f'{opt.name}={options[opt.name]!r}' for opt in decl.options
+           if options[opt.name] != opt.default and decl.head_shapes(
+               registry.Options({**options, opt.name: opt.default}), heads=heads,
                head_dim=head_dim) != shapes]
   return f'mechanism {decl.name!r}' + (f' with {", ".join(named)}' if named else '')
 
 
-def head_layout(decl: registry.Mechanism, o: registry.Options, *, projection: str,
+def head_layout(decl: registry.Mechanism, options: registry.Options, *, projection: str,
                 heads: int, head_dim: int, kv_heads: int) -> HeadLayout:
   """The layer's `HeadLayout`: the mechanism's `head_shapes`, checked against the
   projection scheme and grouped-query attention (`kv_heads`, from `kv_heads`).
@@ -141,11 +141,11 @@ def head_layout(decl: registry.Mechanism, o: registry.Options, *, projection: st
   heads); values other than `head_dim` wide without a value projection (only
   'standard' has one); shared query/key groups together with fewer key/value heads.
   """
-  qk_heads, qk_dim, v_dim = decl.head_shapes(o, heads=heads, head_dim=head_dim)
+  qk_heads, qk_dim, v_dim = decl.head_shapes(options, heads=heads, head_dim=head_dim)
   layout = HeadLayout(heads, head_dim, kv_heads, qk_heads, qk_dim, v_dim)
   if (qk_heads, qk_dim, v_dim) == (heads, head_dim, head_dim):
     return layout
-  which = _shape_options(decl, o, heads, head_dim)
+  which = _shape_options(decl, options, heads, head_dim)
   if qk_heads < 1 or heads % qk_heads:
     divisors = ', '.join(str(i) for i in range(1, heads + 1) if heads % i == 0)
     raise ValueError(f'{which}: {qk_heads} query/key groups do not divide num_heads={heads}; '
@@ -180,11 +180,11 @@ def repeat_kv(q, k, v):
   return jnp.repeat(k, h // hk, axis=-2), jnp.repeat(v, h // hk, axis=-2)
 
 
-def state_heads(decl: registry.Mechanism, o: registry.Options, heads: int,
+def state_heads(decl: registry.Mechanism, options: registry.Options, heads: int,
                 kv_heads: int) -> int:
   """Heads of the decoding state: kv_heads for a key/value cache or a state that depends
   on keys and values alone (`grouped_state`), else one per query head."""
-  return kv_heads if decl.decode == 'kv_cache' or decl.grouped_state(o) else heads
+  return kv_heads if decl.decode == 'kv_cache' or decl.grouped_state(options) else heads
 
 
 def check_weights_args(decl: registry.Mechanism, *, sow_weights: bool = False,
@@ -199,7 +199,7 @@ def check_weights_args(decl: registry.Mechanism, *, sow_weights: bool = False,
                        f'{", ".join(registry.names_where(lambda m: m.forms_weights))}')
 
 
-def attention_weights(decl: registry.Mechanism, o: registry.Options, params, q, k, *, mask,
+def attention_weights(decl: registry.Mechanism, options: registry.Options, params, q, k, *, mask,
                       causal: bool, ctx: registry.Context, dtype: Any):
   """The attention weights `[batch, heads, q_length, kv_length]` (as flax sows them).
 
@@ -215,7 +215,7 @@ def attention_weights(decl: registry.Mechanism, o: registry.Options, params, q, 
   quiet = copy.copy(ctx)
   quiet.deterministic = True
   quiet.forming_weights = True
-  w = decl.attend(o, params, q, k, eye, mask=mask, causal=causal, ctx=quiet)
+  w = decl.attend(options, params, q, k, eye, mask=mask, causal=causal, ctx=quiet)
   return jnp.swapaxes(w, 1, 2).astype(dtype)
 
 
@@ -302,12 +302,12 @@ def with_one_batch_axis(call: Callable[..., Any], inputs_q, inputs_k, inputs_v, 
 
 
 def check_inputs(decl: registry.Mechanism, q, k, v, mask, *, stepping: bool = False,
-                 o: Optional[registry.Options] = None,
+                 options: Optional[registry.Options] = None,
                  head_dim: Optional[int] = None) -> Tuple[int, int]:
   """One-line errors for inconsistent q, k, v and mask shapes (see `masking.check_inputs`);
   k and v may have fewer heads than q, a divisor (grouped-query attention).
 
-  With the options `o`, q, k and v must also have the shapes the mechanism declares
+  With the `options`, q, k and v must also have the shapes the mechanism declares
   (`Mechanism.head_shapes`) for the layer's `head_dim` (None: q's) where those differ
   from the default, e.g. q and k with fewer heads than v (shared groups).
 
@@ -318,8 +318,8 @@ def check_inputs(decl: registry.Mechanism, q, k, v, mask, *, stepping: bool = Fa
     masking.check_inputs(q, k, v, mask, name=f'mechanism {decl.name!r}')  # raises
   heads, head_dim = max(q.shape[2], v.shape[2]), head_dim or q.shape[3]
   grouped = False
-  if o is not None:
-    qk_heads, qk_dim, v_dim = decl.head_shapes(o, heads=heads, head_dim=head_dim)
+  if options is not None:
+    qk_heads, qk_dim, v_dim = decl.head_shapes(options, heads=heads, head_dim=head_dim)
     grouped = qk_heads < heads
     # Grouped-query attention (heads per query/key, not shared groups): k and v may have
     # fewer heads, the same divisor of heads for both.
@@ -330,7 +330,7 @@ def check_inputs(decl: registry.Mechanism, q, k, v, mask, *, stepping: bool = Fa
                                                                  (kv, qk_dim)) or
         v.shape[2:] not in ((heads, v_dim), (kv, v_dim))):
       raise ValueError(
-          f'{_shape_options(decl, o, heads, head_dim)} takes q and k [batch, length, '
+          f'{_shape_options(decl, options, heads, head_dim)} takes q and k [batch, length, '
           f'{qk_heads}, {qk_dim}] and v [batch, length, {heads}, {v_dim}] for {heads} heads '
           f'of head_dim={head_dim}, got q {tuple(q.shape)}, k {tuple(k.shape)}, '
           f'v {tuple(v.shape)} (a layer whose head_dim is not q\'s passes head_dim)')
@@ -343,17 +343,17 @@ def check_inputs(decl: registry.Mechanism, q, k, v, mask, *, stepping: bool = Fa
   return heads, head_dim
 
 
-def declared_params(decl: registry.Mechanism, o: registry.Options, *, heads: int,
+def declared_params(decl: registry.Mechanism, options: registry.Options, *, heads: int,
                     head_dim: int, max_length: Optional[int], causal: bool,
                     features: Optional[int]) -> Dict[str, registry.ParamSpec]:
   """The parameters a layer creates for the mechanism: `params`, and `input_params` of a
   mechanism that reads the layer input of `features` features (then not None)."""
-  specs = dict(decl.params(o, heads=heads, head_dim=head_dim, max_length=max_length,
+  specs = dict(decl.params(options, heads=heads, head_dim=head_dim, max_length=max_length,
                            causal=causal))
   if decl.reads_input:
     if features is None:
       raise input_needed(decl)
-    specs.update(decl.input_params(o, features=features, heads=heads, head_dim=head_dim))
+    specs.update(decl.input_params(options, features=features, heads=heads, head_dim=head_dim))
   return specs
 
 
@@ -363,7 +363,7 @@ def input_needed(decl: registry.Mechanism) -> ValueError:
                     f'layers do)')
 
 
-def run_mechanism(decl: registry.Mechanism, o: registry.Options, params: Dict[str, Any],
+def run_mechanism(decl: registry.Mechanism, options: registry.Options, params: Dict[str, Any],
                   q, k, v, *, mask, causal: bool, ctx: registry.Context, use_rotary: bool,
                   dtype: Any = None, state=None, position=None, sow_weights: bool = False,
                   force_fp32_for_softmax: bool = False, inputs=None,
@@ -394,13 +394,13 @@ def run_mechanism(decl: registry.Mechanism, o: registry.Options, params: Dict[st
   """
   check_weights_args(decl, sow_weights=sow_weights,
                      force_fp32_for_softmax=force_fp32_for_softmax)
-  check_inputs(decl, q, k, v, mask, stepping=state is not None, o=o, head_dim=head_dim)
+  check_inputs(decl, q, k, v, mask, stepping=state is not None, options=options, head_dim=head_dim)
   if sequence_axis is not None and state is None:
     parallel.check(decl, axis=sequence_axis, mesh=jax.sharding.get_abstract_mesh(),
                    q_length=q.shape[1], kv_length=k.shape[1], mask=mask,
                    sow_weights=sow_weights, dropout_rate=ctx.dropout_rate,
                    deterministic=ctx.deterministic)
-  if state is None or not decl.grouped_state(o):
+  if state is None or not decl.grouped_state(options):
     k, v = repeat_kv(q, k, v)
   if decl.reads_input:
     if inputs is None:
@@ -409,7 +409,7 @@ def run_mechanism(decl: registry.Mechanism, o: registry.Options, params: Dict[st
       raise ValueError(f'mechanism {decl.name!r}: inputs of shape {inputs.shape} do not fit '
                        f'queries {q.shape}; valid: [batch, q_length, features] = '
                        f'{q.shape[:2] + (-1,)}')
-    ctx.gates = decl.gates(o, params, inputs)
+    ctx.gates = decl.gates(options, params, inputs)
   dtype = dtype or q.dtype
   q, k, v = (x.astype(dtype) for x in (q, k, v))
   if force_fp32_for_softmax:
@@ -422,16 +422,16 @@ def run_mechanism(decl: registry.Mechanism, o: registry.Options, params: Dict[st
     else:
       ctx.positions, ctx.position = positions, position
   if state is not None:  # a decoding step (the layer refuses sow_weights there)
-    return decl.step(o, params, state, q, k, v, ctx=ctx)
+    return decl.step(options, params, state, q, k, v, ctx=ctx)
   check_mask(decl, mask, q.shape[1])
   if sequence_axis is not None:
-    return parallel.attend(decl, o, params, q, k, v, mask=mask, causal=causal, ctx=ctx,
+    return parallel.attend(decl, options, params, q, k, v, mask=mask, causal=causal, ctx=ctx,
                            axis=sequence_axis)
-  out = decl.attend(o, params, q, k, v, mask=mask, causal=causal, ctx=ctx)
+  out = decl.attend(options, params, q, k, v, mask=mask, causal=causal, ctx=ctx)
   if not sow_weights:
     return out
   weights_dtype = jnp.float32 if force_fp32_for_softmax else dtype
-  return out, attention_weights(decl, o, params, q, k, mask=mask, causal=causal, ctx=ctx,
+  return out, attention_weights(decl, options, params, q, k, mask=mask, causal=causal, ctx=ctx,
                                 dtype=weights_dtype)
 
 

@@ -85,14 +85,14 @@ class Mechanism(nnx.Module):
                shared_params: Optional[Mapping[str, Any]] = None,
                tag: Sequence[str] = ('mechanism',), in_features: Optional[int] = None,
                sequence_axis: Optional[str] = None, rngs: nnx.Rngs):
-    # Configured once, here; the calls read self.decl and self.o.
-    self.decl, self.o = registry.configure(mechanism, options, causal=causal,
+    # Configured once, here; the calls read self.decl and self.resolved.
+    self.decl, self.resolved = registry.configure(mechanism, options, causal=causal,
                                            max_length=max_length, rotary=rotary)
     self.name, self.options = self.decl.name, dict(options or {})
     self.causal, self.max_length, self.rotary = causal, max_length, rotary
     self.dtype, self.dropout_rate, self.broadcast_dropout = dtype, dropout_rate, broadcast_dropout
     self.tag, self.head_dim, self.sequence_axis = tuple(tag), head_dim, sequence_axis
-    specs = layer.declared_params(self.decl, self.o, heads=num_heads, head_dim=head_dim,
+    specs = layer.declared_params(self.decl, self.resolved, heads=num_heads, head_dim=head_dim,
                                   max_length=max_length, causal=causal, features=in_features)
     for name, (shape, init) in specs.items():
       setattr(self, name, nnx.Param(init(rngs.params(), shape, param_dtype)))
@@ -110,9 +110,9 @@ class Mechanism(nnx.Module):
                state=None, position=None, sow_weights: bool = False,
                force_fp32_for_softmax: bool = False, inputs=None):
     if state is None:
-      registry.check_length(self.decl, self.o, length=k.shape[1], max_length=self.max_length,
+      registry.check_length(self.decl, self.resolved, length=k.shape[1], max_length=self.max_length,
                             causal=self.causal)
-    return layer.run_mechanism(self.decl, self.o, self.params(), q, k, v, mask=mask,
+    return layer.run_mechanism(self.decl, self.resolved, self.params(), q, k, v, mask=mask,
                                causal=self.causal, ctx=_Context(self, deterministic, rngs),
                                use_rotary=self.rotary, dtype=self.dtype, state=state,
                                position=position, sow_weights=sow_weights,
@@ -222,7 +222,7 @@ class MultiHeadAttention(nnx.Module):
         use_bias=use_bias, dtype=dtype, param_dtype=param_dtype, precision=precision,
         rngs=rngs)
     # Kept as flax keeps it: the dropout stream (a mechanism's redraws read it too).
-    needs_rng = dropout_rate > 0 or bool(self.mechanism.o.get('redraw'))
+    needs_rng = dropout_rate > 0 or bool(self.mechanism.resolved.get('redraw'))
     self.rngs = rngs.dropout.fork() if keep_rngs and needs_rng else nnx.data(None)
     for name in layer.CACHE_NAMES:
       setattr(self, name, nnx.data(None))
@@ -230,7 +230,7 @@ class MultiHeadAttention(nnx.Module):
   def _form(self, inputs=None) -> decoding.DecodeForm:
     mech = self.mechanism
     return decoding.decode_form(
-        mech.decl, mech.o, lambda state, q_t, k_t, v_t, i: mech(q_t, k_t, v_t, state=state,
+        mech.decl, mech.resolved, lambda state, q_t, k_t, v_t, i: mech(q_t, k_t, v_t, state=state,
                                                                 position=i, inputs=inputs))
 
   def init_cache(self, input_shape: Tuple[int, ...], dtype: Any = jnp.float32):
@@ -241,7 +241,7 @@ class MultiHeadAttention(nnx.Module):
                        f'got {tuple(input_shape)}')
     batch = math.prod(input_shape[:-2])
     mech = self.mechanism
-    heads = layer.state_heads(mech.decl, mech.o, self.num_heads, self.num_kv_heads)
+    heads = layer.state_heads(mech.decl, mech.resolved, self.num_heads, self.num_kv_heads)
     cache = layer.init_cache(self._form(), batch=batch, length=input_shape[-2], heads=heads,
                              head_dim=self.qk_dim, v_dim=self.v_dim, dtype=dtype,
                              super_values=self.projection == 'super')

@@ -416,7 +416,7 @@ def key_padding_of(mask, batch: int, length: int) -> Optional[jnp.ndarray]:
   return jnp.broadcast_to(mask.reshape(mask.shape[0], -1), (batch, length))
 
 
-def attend(decl: registry.Mechanism, o: registry.Options, params, q, k, v, *, mask,
+def attend(decl: registry.Mechanism, options: registry.Options, params, q, k, v, *, mask,
            causal: bool, ctx: registry.Context, axis: str):
   """`decl.attend_sharded` on every device's block of the sequence, in `jax.shard_map`
   over the ambient mesh (`check` it first): q `[batch, length, heads, d]`, k, v likewise,
@@ -427,13 +427,13 @@ def attend(decl: registry.Mechanism, o: registry.Options, params, q, k, v, *, ma
   seq = P(batch, axis)
   kp = key_padding_of(mask, b, n)
   positions = ctx.positions
-  streams = ('features',) if o.get('redraw') and not ctx.deterministic else ()
+  streams = ('features',) if options.get('redraw') and not ctx.deterministic else ()
   keys = {name: ctx.rng(name) for name in streams}
   keys = {name: key for name, key in keys.items() if key is not None}
 
   def body(params, q, k, v, kp, gates, positions, keys):
     block = _BlockContext(ctx, gates, positions, keys)
-    return decl.attend_sharded(o, params, q, k, v, mask=kp, causal=causal, ctx=block,
+    return decl.attend_sharded(options, params, q, k, v, mask=kp, causal=causal, ctx=block,
                                axis=axis)
 
   replicated = lambda tree: jax.tree.map(lambda x: _reshard(x, P(), mesh), tree)

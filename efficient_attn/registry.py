@@ -11,8 +11,8 @@
       complexity = ('O(n m d + m^3)', 'O(n m)')
       knob = ('num_landmarks', (8, 16, 32, 64, 128, 256, 'n'))
 
-      def attend(self, o, params, q, k, v, *, mask, causal, ctx):
-        return nystrom_attention(q, k, v, o.num_landmarks, mask=mask, ...)
+      def attend(self, options, params, q, k, v, *, mask, causal, ctx):
+        return nystrom_attention(q, k, v, options.num_landmarks, mask=mask, ...)
 
 Everything else reads these declarations: the Linen and NNX layers build the
 declared parameters and call `attend`; the config validator and the layers
@@ -146,7 +146,7 @@ class Mechanism:
       encoder runs it causally.
     reads_input: its gates are functions of each token's layer input, not only
       of q, k and v (e.g. GLA's decay, Mamba-2's dt, DeltaNet's beta): the
-      layers create `input_params` and pass `gates(o, params, inputs)` to
+      layers create `input_params` and pass `gates(options, params, inputs)` to
       `attend` and `step` as `ctx.gates`.
     fixed_length: has length-shaped parameters and needs `max_length`.
     masks: 'any' (any boolean mask) or 'key_padding' (only key padding; the
@@ -221,7 +221,7 @@ class Mechanism:
     lines = [f'{self.name}: {self.description} ({self.citation})',
              f'  time {self.complexity[0]}, memory {self.complexity[1]} per head; '
              + ', '.join(forms)]
-    lines += [f'  {o.name}={o.default!r}: {o.doc} ({o.describe()})' for o in self.options]
+    lines += [f'  {options.name}={options.default!r}: {options.doc} ({options.describe()})' for options in self.options]
     return '\n'.join(lines)
 
   def resolve(self, options: Optional[Mapping[str, Any]] = None) -> Options:
@@ -232,26 +232,26 @@ class Mechanism:
     if unknown:
       raise ValueError(f'unknown option(s) {unknown} for mechanism {self.name!r}; valid '
                        f'options: {", ".join(known) or "(none)"}')
-    o = Options({name: opt.check(options.get(name, opt.default), self.name)
+    resolved = Options({name: opt.check(options.get(name, opt.default), self.name)
                  for name, opt in known.items()})
-    self.check_options(o)
-    return o
+    self.check_options(resolved)
+    return resolved
 
-  def check_options(self, o: Options) -> None:
+  def check_options(self, options: Options) -> None:
     """Raises ValueError for options that are each valid but not together (default: none)."""
-    del o
+    del options
 
-  def check(self, o: Options, *, length: int, max_length: Optional[int], causal: bool) -> None:
+  def check(self, options: Options, *, length: int, max_length: Optional[int], causal: bool) -> None:
     """Raises ValueError when the options cannot serve this length (default: nothing to check)."""
-    del o, length, max_length, causal
+    del options, length, max_length, causal
 
-  def params(self, o: Options, *, heads: int, head_dim: int, max_length: Optional[int],
+  def params(self, options: Options, *, heads: int, head_dim: int, max_length: Optional[int],
              causal: bool) -> Dict[str, ParamSpec]:
     """The parameters of one layer, by name (default: none)."""
-    del o, heads, head_dim, max_length, causal
+    del options, heads, head_dim, max_length, causal
     return {}
 
-  def head_shapes(self, o: Options, *, heads: int, head_dim: int) -> Tuple[int, int, int]:
+  def head_shapes(self, options: Options, *, heads: int, head_dim: int) -> Tuple[int, int, int]:
     """(qk_heads, qk_dim, v_dim): the shapes the layers project to for `heads` heads of
     `head_dim` (qkv_features / heads).
 
@@ -263,37 +263,37 @@ class Mechanism:
     head_dim). The layers refuse a layout their projection scheme cannot build (see
     `layer.head_layout`).
     """
-    del o
+    del options
     return heads, head_dim, head_dim
 
-  def input_params(self, o: Options, *, features: int, heads: int,
+  def input_params(self, options: Options, *, features: int, heads: int,
                    head_dim: int) -> Dict[str, ParamSpec]:
     """Parameters that read the layer input `[batch, length, features]` (reads_input:
     the gate projections; default: none). They live beside `params`, under the same
     module."""
-    del o, features, heads, head_dim
+    del options, features, heads, head_dim
     return {}
 
-  def gates(self, o: Options, params: Mapping[str, Any], inputs):
+  def gates(self, options: Options, params: Mapping[str, Any], inputs):
     """reads_input: the per-token gates, a pytree of `[batch, length, ...]` arrays, from the
     layer input `[batch, length, features]` (one token `[batch, 1, features]` in a decoding
     step) and the declared parameters. The layers pass them as `ctx.gates`."""
     raise NotImplementedError
 
-  def shared_params(self, o: Options, *, heads: int, head_dim: int,
+  def shared_params(self, options: Options, *, heads: int, head_dim: int,
                     max_length: Optional[int]) -> Dict[str, ParamSpec]:
     """Parameters one model shares across all its layers (default: none)."""
-    del o, heads, head_dim, max_length
+    del options, heads, head_dim, max_length
     return {}
 
-  def attend(self, o: Options, params: Mapping[str, Any], q, k, v, *, mask, causal: bool,
+  def attend(self, options: Options, params: Mapping[str, Any], q, k, v, *, mask, causal: bool,
              ctx: 'Context'):
     """q `[b, lq, h, d]`, k `[b, lk, h, d]`, v `[b, lk, h, dv]` -> `[b, lq, h, dv]` (q and k
     with qk_heads heads of `head_shapes` where it declares fewer)."""
     raise NotImplementedError
 
   # What it approximates (the approximation-error benchmark and identity tests).
-  def attend_sharded(self, o: Options, params: Mapping[str, Any], q, k, v, *, mask,
+  def attend_sharded(self, options: Options, params: Mapping[str, Any], q, k, v, *, mask,
                      causal: bool, ctx: 'Context', axis: str):
     """`attend` on one device's block of the sequence, inside `jax.shard_map` over the
     mesh axis `axis` (context parallelism; `efficient_attn.parallel` runs it).
@@ -304,13 +304,13 @@ class Mechanism:
     the gates. Returns this block of `attend`'s output. Declared by `sequence_parallel`;
     a mechanism without it refuses (`efficient_attn.parallel.check`).
     """
-    del o, params, q, k, v, mask, causal, ctx
+    del options, params, q, k, v, mask, causal, ctx
     raise ValueError(f'mechanism {self.name!r} cannot split the sequence over mesh axis '
                      f'{axis!r}: {self.whole_sequence}')
 
-  def reference(self, o: Options, q, k, v):
+  def reference(self, options: Options, q, k, v):
     """The exact attention this mechanism approximates (default: softmax attention)."""
-    del o
+    del options
     return softmax.softmax_attention(q, k, v)
 
   def exact_options(self, length: int) -> Optional[Dict[str, Any]]:
@@ -319,29 +319,29 @@ class Mechanism:
     return None
 
   # Recurrent decoding (decode == 'recurrent').
-  def init_state(self, o: Options, *, batch: int, heads: int, head_dim: int, v_dim: int):
+  def init_state(self, options: Options, *, batch: int, heads: int, head_dim: int, v_dim: int):
     """The empty decoding state (a pytree of constant size, float32) for `heads` heads,
     queries and keys of head_dim features (qk_dim of `head_shapes`) and values of v_dim."""
     raise NotImplementedError
 
-  def step(self, o: Options, params, state, q_t, k_t, v_t, *, ctx: 'Context'):
+  def step(self, options: Options, params, state, q_t, k_t, v_t, *, ctx: 'Context'):
     """One token `[batch, 1, heads, dim]`: (new state, out_t `[batch, 1, heads, dv]`).
 
     Feeding tokens 0..n-1 reproduces the causal `attend`.
     """
     raise NotImplementedError
 
-  def grouped_state(self, o: Options) -> bool:
+  def grouped_state(self, options: Options) -> bool:
     """The state depends on keys and values alone (no per-query-head parameter touches
     them), so with grouped-query attention `step` keeps one state per key/value head and
     takes q_t `[batch, 1, heads, dk]` with k_t, v_t `[batch, 1, kv_heads, d]`."""
-    del o
+    del options
     return False
 
   # KV-cache decoding (decode == 'kv_cache').
-  def kv_window(self, o: Options) -> Optional[int]:
+  def kv_window(self, options: Options) -> Optional[int]:
     """Causal window of the key/value cache (None: every earlier key)."""
-    del o
+    del options
     return None
 
 
@@ -500,7 +500,7 @@ def configure(mechanism: Union[str, Mechanism], options: Optional[Mapping[str, A
   """
   decl = declaration(mechanism)
   mechanism = decl.name
-  o = decl.resolve(options)
+  resolved = decl.resolve(options)
   if causal and not decl.causal:
     raise ValueError(
         f'mechanism {mechanism!r} has no causal form (it mixes information along the '
@@ -520,11 +520,11 @@ def configure(mechanism: Union[str, Mechanism], options: Optional[Mapping[str, A
     raise ValueError(f'mechanism {mechanism!r} has length-shaped parameters and needs '
                      f'max_length (the longest sequence it will see)')
   if length is not None:
-    check_length(decl, o, length=length, max_length=max_length, causal=causal)
-  return decl, o
+    check_length(decl, resolved, length=length, max_length=max_length, causal=causal)
+  return decl, resolved
 
 
-def check_length(decl: Mechanism, o: Options, *, length: int, max_length: Optional[int],
+def check_length(decl: Mechanism, options: Options, *, length: int, max_length: Optional[int],
                  causal: bool) -> None:
   """The checks of `configure` that need the sequence length, on a configured (decl, o):
   a fixed-length mechanism's `length` over `max_length`, and the mechanism's own
@@ -532,7 +532,7 @@ def check_length(decl: Mechanism, o: Options, *, length: int, max_length: Option
   if max_length is not None and decl.fixed_length and length > max_length:
     raise ValueError(f'sequence length {length} exceeds max_length={max_length} that '
                      f'mechanism {decl.name!r} is built for')
-  decl.check(o, length=length, max_length=max_length, causal=causal)
+  decl.check(options, length=length, max_length=max_length, causal=causal)
 
 
 def list_projections() -> Tuple[str, ...]:

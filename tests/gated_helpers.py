@@ -65,8 +65,8 @@ def random_params(mechanism, options, heads, head_dim, features, seed=0):
   """The mechanism's declared parameters as float64 NumPy arrays: its own initialisers
   (the papers' values: decays, dt, A), plus noise so no gate sits at a special value."""
   decl = ea.get_mechanism(mechanism)
-  o = decl.resolve(options)
-  specs = layer_lib.declared_params(decl, o, heads=heads, head_dim=head_dim, max_length=None,
+  resolved = decl.resolve(options)
+  specs = layer_lib.declared_params(decl, resolved, heads=heads, head_dim=head_dim, max_length=None,
                                     causal=True, features=features)
   rng = np.random.default_rng(seed)
   out = {}
@@ -84,13 +84,13 @@ def _forms(mechanism, options, params, q, k, v, x, head_dim):
       ctx=registry.Context(), use_rotary=False, inputs=a[4], head_dim=head_dim)
   chunk = run('chunk', params, q, k, v, x)
   naive = run('naive', params, q, k, v, x)
-  o = decl.resolve(options)
-  state = decl.init_state(o, batch=q.shape[0], heads=v.shape[2], head_dim=q.shape[3],
+  resolved = decl.resolve(options)
+  state = decl.init_state(resolved, batch=q.shape[0], heads=v.shape[2], head_dim=q.shape[3],
                           v_dim=v.shape[3])
 
   @jax.jit
   def step(state, q_t, k_t, v_t, x_t):
-    return layer_lib.run_mechanism(decl, o, params, q_t, k_t, v_t, mask=None, causal=True,
+    return layer_lib.run_mechanism(decl, resolved, params, q_t, k_t, v_t, mask=None, causal=True,
                                    ctx=registry.Context(), use_rotary=False, state=state,
                                    inputs=x_t, head_dim=head_dim)
   outs = []

@@ -161,11 +161,11 @@ def test_crop_flip_keeps_shape_and_content():
   images = rng.integers(1, 256, (16, 8, 8, 1)).astype(np.uint8)
   out = memory.crop_flip(images, np.random.default_rng(1), flip=True)
   assert out.shape == images.shape and out.dtype == images.dtype
-  same = [np.array_equal(o, i) for o, i in zip(out, images)]
+  same = [np.array_equal(image_out, i) for image_out, i in zip(out, images)]
   assert not all(same)
   # a crop shifts by at most 1 pixel (8 // 8) each way: at least 7 x 7 pixels survive
-  for o in out:
-    assert np.sum(o > 0) >= 7 * 7
+  for image_out in out:
+    assert np.sum(image_out > 0) >= 7 * 7
   centred = memory.crop_flip(images, np.random.default_rng(1), flip=False)
   assert not np.array_equal(centred, out)
 

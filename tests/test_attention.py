@@ -53,7 +53,7 @@ def _long_options(mechanism):
   """The example options, with a chunk_size of 8 (chunked kernel forms) where unset."""
   decl = ea.get_mechanism(mechanism)
   options = dict(decl.example)
-  if 'chunk_size' in {o.name for o in decl.options} and options.get('chunk_size') is None:
+  if 'chunk_size' in {option.name for option in decl.options} and options.get('chunk_size') is None:
     options['chunk_size'] = 8
   return options
 
@@ -91,7 +91,7 @@ def test_declarations_are_complete():
     for opt in decl.options:
       assert opt.doc and opt.describe(), (decl.name, opt.name)
     if decl.knob is not None:
-      assert decl.knob[0] in {o.name for o in decl.options}, decl.name
+      assert decl.knob[0] in {option.name for option in decl.options}, decl.name
     if decl.decode == 'recurrent':
       assert type(decl).step is not registry.Mechanism.step, decl.name
 
@@ -241,10 +241,10 @@ def test_declared_parameters_are_created_and_parameter_free_means_none(mechanism
   decl = ea.get_mechanism(mechanism)
   layer = _layer(mechanism)
   params = jax.eval_shape(layer.init, jax.random.PRNGKey(0), _inputs())['params']
-  o = decl.resolve(decl.example)
-  specs = dict(decl.params(o, heads=H, head_dim=D // H, max_length=L, causal=False))
+  options = decl.resolve(decl.example)
+  specs = dict(decl.params(options, heads=H, head_dim=D // H, max_length=L, causal=False))
   if decl.reads_input:  # gate projections of the layer input
-    specs.update(decl.input_params(o, features=D, heads=H, head_dim=D // H))
+    specs.update(decl.input_params(options, features=D, heads=H, head_dim=D // H))
   want = {n: tuple(s) for n, (s, _) in specs.items()}
   got = jax.tree.map(lambda p: tuple(p.shape), dict(params.get('mechanism', {})))
   assert got == want

@@ -58,7 +58,7 @@ NAME_ERRORS = [  # (overrides of the default config, fragments of the message)
 
 
 @pytest.mark.parametrize('overrides,fragments', NAME_ERRORS,
-                         ids=[next(iter(o)) for o, _ in NAME_ERRORS])
+                         ids=[next(iter(overrides)) for overrides, _ in NAME_ERRORS])
 def test_trainer_rejects_before_any_work(overrides, fragments, tmp_path, no_data):
   del no_data
   workdir = tmp_path / 'run'

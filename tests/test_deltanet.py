@@ -16,17 +16,17 @@ def _features(p, q, k, v):
 def deltanet(p, q, k, v, x):
   q, k, v = _features(p, q, k, v)
   beta = 1.0 / (1.0 + np.exp(-(x @ p['beta_kernel'])))
-  o = gh.per_head(gh.delta_recurrence, q, k, v, beta)
-  return gh.rms_norm(o) * p['norm_scale']
+  out = gh.per_head(gh.delta_recurrence, q, k, v, beta)
+  return gh.rms_norm(out) * p['norm_scale']
 
 
 def gated_deltanet(p, q, k, v, x):
   q, k, v = _features(p, q, k, v)
   beta = 1.0 / (1.0 + np.exp(-(x @ p['beta_kernel'])))
   g = (-np.exp(p['A_log']) * np.logaddexp(0.0, x @ p['decay_kernel'] + p['dt_bias']))[..., None]
-  o = gh.per_head(gh.delta_recurrence, q, k, v, beta, g)
+  out = gh.per_head(gh.delta_recurrence, q, k, v, beta, g)
   gate = gh.silu(np.einsum('bnf,fhd->bnhd', x, p['gate_kernel']))
-  return gh.rms_norm(o) * p['norm_scale'] * gate
+  return gh.rms_norm(out) * p['norm_scale'] * gate
 
 
 @pytest.mark.parametrize('mechanism,reference', [('deltanet', deltanet),

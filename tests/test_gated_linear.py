@@ -40,8 +40,8 @@ def test_decay_forms_equal_the_recurrence(dg, n):
   np.testing.assert_allclose(s_chunk, s_naive, atol=1e-5, rtol=1e-5)
   s, outs = gated_linear.init_gated_state(1, 2, 3, 2), []
   for t in range(n):
-    s, o = gated_linear.gated_step(s, *(a[:, t] for a in f32))
-    outs.append(o)
+    s, out_t = gated_linear.gated_step(s, *(a[:, t] for a in f32))
+    outs.append(out_t)
   np.testing.assert_allclose(jnp.stack(outs, 1), want, atol=1e-5, rtol=1e-5)
   loss = lambda fn: lambda *a: jnp.sum(jnp.sin(fn(*a)[0]))
   grads = jax.grad(loss(lambda *a: gated_linear.gated_chunked(*a, chunk_size=4, sub_chunk=2)),
@@ -96,8 +96,8 @@ def test_delta_rule_forms_equal_the_recurrence(gated, n):
   np.testing.assert_allclose(s_chunk, s_naive, atol=1e-5, rtol=1e-5)
   s, outs = gated_linear.init_gated_state(1, 2, 3, 2), []
   for t in range(n):
-    s, o = delta_rule.delta_step(s, *(None if a is None else a[:, t] for a in args))
-    outs.append(o)
+    s, out_t = delta_rule.delta_step(s, *(None if a is None else a[:, t] for a in args))
+    outs.append(out_t)
   np.testing.assert_allclose(jnp.stack(outs, 1), want, atol=1e-5, rtol=1e-5)
   argnums = (0, 1, 2, 3, 4) if gated else (0, 1, 2, 4)
   loss = lambda fn: lambda *a: jnp.sum(jnp.sin(fn(*a)[0]))
@@ -205,9 +205,9 @@ def test_a_bfloat16_layer_runs_its_chunk_form_in_bfloat16(mechanism, monkeypatch
   seen = []
   core = gated_linear.GatedRecurrence.core
 
-  def spy(self, o, dtype):
+  def spy(self, options, dtype):
     seen.append(jnp.dtype(dtype))
-    return core(self, o, dtype)
+    return core(self, options, dtype)
   monkeypatch.setattr(gated_linear.GatedRecurrence, 'core', spy)
   layer = ea.MultiHeadAttention(num_heads=2, mechanism=mechanism, causal=True,
                                 options={'chunk_size': 8})

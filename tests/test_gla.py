@@ -9,8 +9,8 @@ def reference(p, q, k, v, x, tau=16.0):
   """Low-rank log-sigmoid decay per key feature, per-head RMSNorm and swish gate (float64)."""
   logits = np.einsum('bnr,rhd->bnhd', x @ p['decay_down'], p['decay_up']) + p['decay_bias']
   g = -np.logaddexp(0.0, -logits) / tau
-  o = gh.per_head(gh.decay_recurrence, q / np.sqrt(q.shape[-1]), k, v, g)
-  return gh.rms_norm(o) * p['norm_scale'] * gh.silu(np.einsum('bnf,fhd->bnhd', x,
+  out = gh.per_head(gh.decay_recurrence, q / np.sqrt(q.shape[-1]), k, v, g)
+  return gh.rms_norm(out) * p['norm_scale'] * gh.silu(np.einsum('bnf,fhd->bnhd', x,
                                                               p['gate_kernel']))
 
 

@@ -215,7 +215,7 @@ def test_an_attention_fn_refuses_other_head_shapes(monkeypatch):
   class Wide(linear):
     name = 'wide_values'
 
-    def head_shapes(self, o, *, heads, head_dim):
+    def head_shapes(self, options, *, heads, head_dim):
       return heads, head_dim, 2 * head_dim
 
   monkeypatch.setitem(registry._MECHANISMS, 'wide_values', Wide())  # pylint: disable=protected-access

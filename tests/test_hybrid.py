@@ -63,7 +63,7 @@ def test_options_two_mechanisms_declare_with_their_own_defaults_come_back_their_
   merged = hybrid.merged_options(layers)
   assert 'chunk_size' not in merged and merged['eps'] == 1e-5
   again = hybrid.configure('linear+gla', merged, causal=True)
-  assert [dict(o) for _, o in again] == [dict(o) for _, o in layers]
+  assert [dict(options) for _, options in again] == [dict(options) for _, options in layers]
 
 
 def test_a_pattern_of_one_mechanism_twice_is_the_plain_stack():

@@ -108,8 +108,8 @@ def test_cross_attention_lengths(x64):
 def run_steps(step_fn, state, q, k, v):
   outs = []
   for t in range(q.shape[1]):
-    state, o = step_fn(state, q[:, t], k[:, t], v[:, t])
-    outs.append(o)
+    state, out_t = step_fn(state, q[:, t], k[:, t], v[:, t])
+    outs.append(out_t)
   return state, jnp.stack(outs, axis=1)
 
 
@@ -141,9 +141,9 @@ def test_prefill_then_decode(x64):
   outs = []
   step = jax.jit(linear.linear_attention_step)
   for t in range(6, 10):   # the [batch, 1, heads, dim] token layout
-    state, o = step(state, q[:, t:t + 1], k[:, t:t + 1], v[:, t:t + 1])
-    assert o.shape == (2, 1, 2, 3)
-    outs.append(o)
+    state, out_t = step(state, q[:, t:t + 1], k[:, t:t + 1], v[:, t:t + 1])
+    assert out_t.shape == (2, 1, 2, 3)
+    outs.append(out_t)
   np.testing.assert_allclose(jnp.concatenate(outs, 1), full[:, 6:], rtol=1e-10)
 
 

@@ -124,8 +124,8 @@ def test_errors():
   rng = np.random.default_rng(5)
   q, k, v = (jnp.asarray(x, jnp.float32) for x in _qkv(rng, n=6, lq=6))
   key = jax.random.PRNGKey(0)
-  mod = lambda max_length=8, causal=False, **o: ea.mechanism_module(
-      'linformer', causal=causal, max_length=max_length, options=o)
+  mod = lambda max_length=8, causal=False, **options: ea.mechanism_module(
+      'linformer', causal=causal, max_length=max_length, options=options)
   with pytest.raises(ValueError, match="'linformer' has no causal form"):
     mod(k_proj=4, causal=True)
   with pytest.raises(ValueError, match='max_length'):

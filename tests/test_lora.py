@@ -114,7 +114,7 @@ def test_trainable_count_matches_report_formula():
     with lora.adapted(lora.LoraConfig(rank=r, targets=lora.ALL_DENSE)):
       params = jax.eval_shape(Mlp().init, jax.random.PRNGKey(0), x)['params']
     trainable = lora.count_params(params, trainable_only=True)
-    assert trainable == sum(lora.adapter_size(i, o, r) for i, o in
+    assert trainable == sum(lora.adapter_size(i, fan_out, r) for i, fan_out in
                             ((784, 64), (64, 64), (64, 10))) == 1050 * r
     assert lora.count_params(params) - trainable == 55_050
 

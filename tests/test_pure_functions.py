@@ -73,17 +73,17 @@ def test_the_gated_families_are_these():
 
 def _inputs(name):
   decl = ea.get_mechanism(name)
-  o = decl.resolve({})
+  options = decl.resolve({})
   rng = np.random.default_rng(0)
   q, k, v = (jnp.asarray(rng.standard_normal((B, N, H, D)), jnp.float32) for _ in range(3))
   params = {'A_log': jnp.log(jnp.asarray([2.0, 8.0])), 'D': jnp.asarray([0.5, -1.0])}
-  return decl, o, q, k, v, params, _gates(name, params)
+  return decl, options, q, k, v, params, _gates(name, params)
 
 
 @pytest.mark.parametrize('name', GATED)
 def test_a_gated_pure_function_is_the_mechanisms_scan(name):
-  decl, o, q, k, v, params, gates = _inputs(name)
-  want, _ = decl.cores.scan(*decl.recurrence_inputs(o, params, q, k, v, gates))
+  decl, options, q, k, v, params, gates = _inputs(name)
+  want, _ = decl.cores.scan(*decl.recurrence_inputs(options, params, q, k, v, gates))
   if name == 'mamba2':
     want = want + params['D'][:, None] * v  # y = S^T C + D X, before the gated norm
   for form in ('chunk', 'naive'):

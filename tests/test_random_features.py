@@ -117,9 +117,9 @@ def test_rfa_gated_matches_recurrence_and_steps(x64):
   state = linear.init_kernel_state(2, 2, 2 * w.shape[0], 3, jnp.float64)
   outs = []
   for t in range(10):
-    state, o = step(state, q[:, t], k[:, t], v[:, t], w, gate_t=gate[:, t],
+    state, out_t = step(state, q[:, t], k[:, t], v[:, t], w, gate_t=gate[:, t],
                     key_valid=jnp.asarray(PAD[:, t]))
-    outs.append(o)
+    outs.append(out_t)
   np.testing.assert_allclose(jnp.stack(outs, 1), ref, rtol=1e-9, atol=1e-11)
   with pytest.raises(ValueError, match='causal'):
     rf.rfa_attention(q, k, v, w, gate=gate)
@@ -166,15 +166,15 @@ def test_performer_steps_equal_parallel(x64):
   state = linear.init_kernel_state(2, 2, w.shape[0], 3, jnp.float64)
   outs = []
   for t in range(10):
-    state, o = step(state, q[:, t], k[:, t], v[:, t], w)
-    outs.append(o)
+    state, out_t = step(state, q[:, t], k[:, t], v[:, t], w)
+    outs.append(out_t)
   np.testing.assert_allclose(jnp.stack(outs, 1), par, rtol=1e-9, atol=1e-11)
   # Prefill 6 tokens in parallel, then decode the rest ([b, 1, h, d] tokens).
   _, state = jax.jit(functools.partial(rf.performer_attention, causal=True,
                                        return_state=True))(q[:, :6], k[:, :6], v[:, :6], w)
   for t in range(6, 10):
-    state, o = step(state, q[:, t:t + 1], k[:, t:t + 1], v[:, t:t + 1], w)
-    np.testing.assert_allclose(o[:, 0], par[:, t], rtol=1e-9, atol=1e-11)
+    state, out_t = step(state, q[:, t:t + 1], k[:, t:t + 1], v[:, t:t + 1], w)
+    np.testing.assert_allclose(out_t[:, 0], par[:, t], rtol=1e-9, atol=1e-11)
 
 
 def test_performer_error_shrinks_with_features():
@@ -342,8 +342,8 @@ def test_rfa_module_gate_sigma_and_step():
   state = _empty_state('rfa', **options)
   outs = []
   for t in range(10):
-    state, o = step(state, q[:, t:t + 1], k[:, t:t + 1], v[:, t:t + 1])
-    outs.append(o[:, 0])
+    state, out_t = step(state, q[:, t:t + 1], k[:, t:t + 1], v[:, t:t + 1])
+    outs.append(out_t[:, 0])
   np.testing.assert_allclose(jnp.stack(outs, 1), out, rtol=1e-4, atol=1e-5)
   # Gradients reach the gate and sigma.
   g = jax.jit(jax.grad(lambda p: jnp.sum(mod.apply({'params': p}, q, k, v) ** 2)))(
@@ -362,8 +362,8 @@ def test_performer_module_step_and_mask():
   step = _stepper(mod, variables)
   state = _empty_state('performer', **options)
   for t in range(10):
-    state, o = step(state, q[:, t:t + 1], k[:, t:t + 1], v[:, t:t + 1])
-    np.testing.assert_allclose(o[:, 0], out[:, t], rtol=1e-4, atol=1e-5)
+    state, out_t = step(state, q[:, t:t + 1], k[:, t:t + 1], v[:, t:t + 1])
+    np.testing.assert_allclose(out_t[:, 0], out[:, t], rtol=1e-4, atol=1e-5)
   masked = jax.jit(ea.mechanism_module('performer', options={'num_features': 16}).apply)(
       {}, q, k, v, mask=PAD[:, None, None, :])
   assert masked.shape == v.shape and bool(jnp.all(jnp.isfinite(masked)))

@@ -11,8 +11,8 @@ def reference(p, q, k, v, x):
   b, n, h, dk = q.shape
   g = np.log1p(-2.0 ** (-5.0 - np.arange(h)))
   g = np.broadcast_to(g[None, None, :, None], (b, n, h, 1))
-  o = gh.per_head(gh.decay_recurrence, q, k / np.sqrt(dk), v, g)
-  return gh.rms_norm(o) * gh.silu(np.einsum('bnf,fhd->bnhd', x, p['gate_kernel']))
+  out = gh.per_head(gh.decay_recurrence, q, k / np.sqrt(dk), v, g)
+  return gh.rms_norm(out) * gh.silu(np.einsum('bnf,fhd->bnhd', x, p['gate_kernel']))
 
 
 @pytest.mark.parametrize('length', [12, 13])

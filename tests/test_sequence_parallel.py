@@ -82,14 +82,14 @@ TWO = jax.sharding.Mesh(np.array(jax.devices()[:2]).reshape(1, 2), ('data', 'seq
 
 def small(decl, options):
   """The example options, with chunks small enough that each device has several."""
-  o = dict(decl.example)
+  example = dict(decl.example)
   names = {opt.name for opt in decl.options}
   if 'chunk_size' in names:
-    o['chunk_size'] = 4
+    example['chunk_size'] = 4
   if 'q_chunk' in names:
-    o.update(q_chunk=4, k_chunk=2)
-  o.update(options)
-  return o
+    example.update(q_chunk=4, k_chunk=2)
+  example.update(options)
+  return example
 
 def inputs(n, dtype):
   x = jax.random.normal(jax.random.key(0), (2, n, 8), dtype)

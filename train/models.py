@@ -112,7 +112,7 @@ def check_attention(config, dataset: Optional[data.Dataset] = None
   if len(decls) > 1:
     _check_pattern(config, decls)
   return mechanism, hybrid.merged_options(
-      [(d, _check_layer(config, dataset, d, o)) for d, o in zip(decls, own)])
+      [(d, _check_layer(config, dataset, d, options)) for d, options in zip(decls, own)])
 
 
 def _declarations(mechanism) -> Tuple[registry.Mechanism, ...]:
@@ -168,15 +168,15 @@ def _check_layer(config, dataset, decl: registry.Mechanism,
                              f'causal-only mechanism lets the class token (the first) see '
                              f'only itself; valid: pool=\'mean\'')
   try:
-    decl, o = registry.configure(decl, own, causal=causal or decl.causal_only,
+    decl, options = registry.configure(decl, own, causal=causal or decl.causal_only,
                                  max_length=context, length=length,
                                  rotary=a.get('rotary', False))
     m = config.model  # the head shapes the mechanism's options declare, for this scheme
-    layer.head_layout(decl, o, projection=a.projection, heads=m.num_heads,
+    layer.head_layout(decl, options, projection=a.projection, heads=m.num_heads,
                       head_dim=m.d_model // m.num_heads,
                       kv_heads=layer.kv_heads(decl, a.projection, m.num_heads,
                                               num_kv_heads or None))
-    return o
+    return options
   except ValueError as e:
     if causal and not decl.causal:
       valid = registry.names_where(lambda m: m.causal)

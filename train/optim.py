@@ -36,9 +36,9 @@ def warmup_steps(config, num_steps: int) -> int:
   So a short run (a smoke test, `--config.train.num_steps=200`) is not all
   warmup; the cap is logged by the trainer when it applies.
   """
-  o = config.optim
-  cap = int(o.get('max_warmup_fraction', 1.0) * num_steps)
-  return max(0, min(o.warmup_steps, cap, num_steps - 1))
+  optim = config.optim
+  cap = int(optim.get('max_warmup_fraction', 1.0) * num_steps)
+  return max(0, min(optim.warmup_steps, cap, num_steps - 1))
 
 
 def learning_rate_schedule(config, num_steps: int) -> optax.Schedule:
@@ -64,16 +64,16 @@ def create(config, num_steps: int
 def create_optimizer(config, num_steps: int) -> optax.GradientTransformation:
   """The optax transformation of `config.optim` (LoRA: only the adapters train,
   and the clipping norm is taken over them alone)."""
-  o = config.optim
+  optim = config.optim
   lr = learning_rate_schedule(config, num_steps)
-  chain = [optax.clip_by_global_norm(o.grad_clip)] if o.grad_clip > 0 else []
-  if o.name == 'adamw':
-    chain.append(optax.adamw(lr, b1=o.b1, b2=o.b2, weight_decay=o.weight_decay,
+  chain = [optax.clip_by_global_norm(optim.grad_clip)] if optim.grad_clip > 0 else []
+  if optim.name == 'adamw':
+    chain.append(optax.adamw(lr, b1=optim.b1, b2=optim.b2, weight_decay=optim.weight_decay,
                              mask=_decay_mask))
-  elif o.name == 'sgd':
-    chain += [optax.add_decayed_weights(o.weight_decay, mask=_decay_mask),
-              optax.sgd(lr, momentum=o.b1 or None)]
+  elif optim.name == 'sgd':
+    chain += [optax.add_decayed_weights(optim.weight_decay, mask=_decay_mask),
+              optax.sgd(lr, momentum=optim.b1 or None)]
   else:
-    raise ValueError(f'config.optim.name={o.name!r} is not valid; valid choices: '
+    raise ValueError(f'config.optim.name={optim.name!r} is not valid; valid choices: '
                      f'{", ".join(OPTIMIZERS)}')
   return adapters.optimizer(config, optax.chain(*chain))

@@ -434,10 +434,10 @@ def main(argv) -> int:
     print('\n'.join(pod_commands(runs, root, _TPU.value, _ZONE.value, _REPO.value)))
     return 0
   outcome = run_local(runs, root, configs)
-  failed = [n for n, o in outcome.items() if o.startswith('failed')]
-  stopped = [n for n, o in outcome.items() if o == STOPPED]
-  waiting = [n for n, o in outcome.items() if o == NOT_STARTED]
-  elsewhere = [n for n, o in outcome.items() if o == ELSEWHERE]
+  failed = [n for n, status in outcome.items() if status.startswith('failed')]
+  stopped = [n for n, status in outcome.items() if status == STOPPED]
+  waiting = [n for n, status in outcome.items() if status == NOT_STARTED]
+  elsewhere = [n for n, status in outcome.items() if status == ELSEWHERE]
   print(f'{len(outcome) - len(failed) - len(stopped) - len(waiting) - len(elsewhere)}/'
         f'{len(outcome)} runs finished; results in {root}'
         + (f'; {ELSEWHERE} (another trainer has them): {", ".join(elsewhere)}'

@@ -197,7 +197,7 @@ def call(kernel, *, rows: int, ins, outs, name: str, on: Optional[str] = None):
   return pl.pallas_call(
       kernel, grid=(rows,), name=name,
       in_specs=[spec(x.shape) for x in ins],
-      out_specs=[spec(o.shape) for o in outs],
+      out_specs=[spec(out.shape) for out in outs],
       out_shape=list(outs),
       compiler_params=_compiler_params(on),
       interpret=on == 'cpu')(*ins)

@@ -188,8 +188,8 @@ def _core(cfg: Config, q, k, v, b, beta, s0):
 
 
 def _core_fwd(cfg: Config, q, k, v, b, beta, s0):
-  o, st, hs = _forward(cfg, q, k, v, b, beta, s0, save=True)
-  return (o, st), (q, k, v, b, beta, hs)
+  out, st, hs = _forward(cfg, q, k, v, b, beta, s0, save=True)
+  return (out, st), (q, k, v, b, beta, hs)
 
 
 def _core_bwd(cfg: Config, res, cotangents):
@@ -234,6 +234,6 @@ def delta_chunked(q, k, v, g, beta, state=None, chunk_size: int = 64, *, on=None
   qb, kb = (common.to_blocks(x, lay, lay.DK, dtype) for x in (q, k))
   vb = common.to_blocks(v, lay, lay.DV, dtype)
   b = common.chunk_cumsum(g, lay) if cfg.gated else None
-  o, st = _core(cfg, qb, kb, vb, b, common.to_blocks(beta, lay, 1, F32),
+  out, st = _core(cfg, qb, kb, vb, b, common.to_blocks(beta, lay, 1, F32),
                 common.state_blocks(state, lay))
-  return common.from_blocks(o, lay, lay.dv), common.state_from_blocks(st, lay)
+  return common.from_blocks(out, lay, lay.dv), common.state_from_blocks(st, lay)

@@ -141,8 +141,8 @@ def _core(cfg: Config, q, k, v, b, s0):
 
 
 def _core_fwd(cfg: Config, q, k, v, b, s0):
-  o, st, hs = _forward(cfg, q, k, v, b, s0, save=True)
-  return (o, st), (q, k, v, b, hs)
+  out, st, hs = _forward(cfg, q, k, v, b, s0, save=True)
+  return (out, st), (q, k, v, b, hs)
 
 
 def _core_bwd(cfg: Config, res, cotangents):
@@ -174,8 +174,8 @@ def decay_kernel(q, k, v, g, state, chunk_size: int, *, per_feature: bool, score
   cfg = Config(lay, dtype, on or common.platform(), scores_fn, scores_grad_fn, name)
   qb, kb = (common.to_blocks(x, lay, lay.DK, dtype) for x in (q, k))
   vb = common.to_blocks(v, lay, lay.DV, dtype)
-  o, st = _core(cfg, qb, kb, vb, common.chunk_cumsum(g, lay), common.state_blocks(state, lay))
-  return common.from_blocks(o, lay, lay.dv), common.state_from_blocks(st, lay)
+  out, st = _core(cfg, qb, kb, vb, common.chunk_cumsum(g, lay), common.state_blocks(state, lay))
+  return common.from_blocks(out, lay, lay.dv), common.state_from_blocks(st, lay)
 
 
 @common.per_device

@@ -173,21 +173,21 @@ class BigBird(registry.Mechanism):
   knob = ('num_random_blocks', (0, 1, 2, 4, 8))
   example = {'block_size': 2}
 
-  def check(self, o, *, length, max_length, causal):
-    if length % o.block_size:
-      raise ValueError(f"option block_size={o.block_size} of mechanism 'bigbird' does not "
+  def check(self, options, *, length, max_length, causal):
+    if length % options.block_size:
+      raise ValueError(f"option block_size={options.block_size} of mechanism 'bigbird' does not "
                        f'divide the sequence length {length}; valid: a divisor of {length}')
-    if o.num_global_blocks > length // o.block_size:
-      raise ValueError(f"option num_global_blocks={o.num_global_blocks} of mechanism "
-                       f"'bigbird' exceeds the {length // o.block_size} blocks of length "
-                       f'{length} (block_size={o.block_size})')
+    if options.num_global_blocks > length // options.block_size:
+      raise ValueError(f"option num_global_blocks={options.num_global_blocks} of mechanism "
+                       f"'bigbird' exceeds the {length // options.block_size} blocks of length "
+                       f'{length} (block_size={options.block_size})')
 
   def exact_options(self, length):
     block = next(b for b in (16, 8, 4, 2, 1) if length % b == 0)
     return {'block_size': block, 'num_global_blocks': length // block}
 
-  def attend(self, o, params, q, k, v, *, mask, causal, ctx):
-    return bigbird_attention(q, k, v, mask=mask, causal=causal, block_size=o.block_size,
-                             num_global_blocks=o.num_global_blocks,
-                             num_random_blocks=o.num_random_blocks, seed=o.seed,
-                             scale=o.scale)
+  def attend(self, options, params, q, k, v, *, mask, causal, ctx):
+    return bigbird_attention(q, k, v, mask=mask, causal=causal, block_size=options.block_size,
+                             num_global_blocks=options.num_global_blocks,
+                             num_random_blocks=options.num_random_blocks, seed=options.seed,
+                             scale=options.scale)

@@ -72,18 +72,18 @@ class DeltaNet(gated_linear.GatedRecurrence):
   complexity = ('O(n c d + n d^2)', 'O(n d + c^2 + d^2)')
   example = {'chunk_size': 4}
 
-  def own_params(self, o, *, heads, head_dim):
+  def own_params(self, options, *, heads, head_dim):
     return {'norm_scale': registry.ParamSpec((head_dim,), gated_linear.ones_init)}
 
-  def input_params(self, o, *, features, heads, head_dim):
-    return {'beta_kernel': registry.ParamSpec((features, heads), self.init_for(o, linear_init))}
+  def input_params(self, options, *, features, heads, head_dim):
+    return {'beta_kernel': registry.ParamSpec((features, heads), self.init_for(options, linear_init))}
 
-  def gates(self, o, params, inputs):
+  def gates(self, options, params, inputs):
     return {'beta': jax.nn.sigmoid(gated_linear.dense(inputs, params['beta_kernel']))}
 
-  def recurrence_inputs(self, o, params, q, k, v, gates):
+  def recurrence_inputs(self, options, params, q, k, v, gates):
     q = delta_rule.l2_normalize(q) / math.sqrt(q.shape[-1])
     return q, delta_rule.l2_normalize(k), v, None, gates['beta']
 
-  def finish(self, o, params, out, v, gates):
+  def finish(self, options, params, out, v, gates):
     return gated_linear.rms_norm(out, params['norm_scale'])

@@ -63,5 +63,5 @@ class FNet(registry.Mechanism):
   complexity = ('O(n d log(n d))', 'O(n d)')
   whole_sequence = 'its Fourier transform runs over the whole sequence'
 
-  def attend(self, o, params, q, k, v, *, mask, causal, ctx):
+  def attend(self, options, params, q, k, v, *, mask, causal, ctx):
     return fnet_mixing(q, k, v, mask=mask, causal=causal)

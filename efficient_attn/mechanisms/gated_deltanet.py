@@ -32,32 +32,32 @@ class GatedDeltaNet(deltanet.DeltaNet):
   citation = 'Yang, Kautz & Hatamizadeh 2025'
 
   options = tuple(
-      dataclasses.replace(o, default='fla') if o.name == 'init' else o
-      for o in deltanet.DeltaNet.options) + gated_linear.decay_options()
+      dataclasses.replace(options, default='fla') if options.name == 'init' else options
+      for options in deltanet.DeltaNet.options) + gated_linear.decay_options()
 
-  def check_options(self, o):
-    gated_linear.check_dt_range(self.name, o)
+  def check_options(self, options):
+    gated_linear.check_dt_range(self.name, options)
 
-  def own_params(self, o, *, heads, head_dim):
+  def own_params(self, options, *, heads, head_dim):
     return {'A_log': registry.ParamSpec((heads,), gated_linear.a_log_init(0.0, 16.0)),
-            'dt_bias': registry.ParamSpec((heads,), gated_linear.dt_init(o)),
-            **super().own_params(o, heads=heads, head_dim=head_dim)}
+            'dt_bias': registry.ParamSpec((heads,), gated_linear.dt_init(options)),
+            **super().own_params(options, heads=heads, head_dim=head_dim)}
 
-  def input_params(self, o, *, features, heads, head_dim):
-    init = self.init_for(o, deltanet.linear_init)
-    return {**super().input_params(o, features=features, heads=heads, head_dim=head_dim),
+  def input_params(self, options, *, features, heads, head_dim):
+    init = self.init_for(options, deltanet.linear_init)
+    return {**super().input_params(options, features=features, heads=heads, head_dim=head_dim),
             'decay_kernel': registry.ParamSpec((features, heads), init),
             'gate_kernel': registry.ParamSpec((features, heads, head_dim), init)}
 
-  def gates(self, o, params, inputs):
+  def gates(self, options, params, inputs):
     dt = jax.nn.softplus(gated_linear.dense(inputs, params['decay_kernel'], params['dt_bias']))
-    return {**super().gates(o, params, inputs),
+    return {**super().gates(options, params, inputs),
             'log_decay': -jnp.exp(params['A_log'].astype(jnp.float32)) * dt,
             'output': gated_linear.dense(inputs, params['gate_kernel'])}
 
-  def recurrence_inputs(self, o, params, q, k, v, gates):
-    q, k, v, _, beta = super().recurrence_inputs(o, params, q, k, v, gates)
+  def recurrence_inputs(self, options, params, q, k, v, gates):
+    q, k, v, _, beta = super().recurrence_inputs(options, params, q, k, v, gates)
     return q, k, v, gates['log_decay'][..., None], beta
 
-  def finish(self, o, params, out, v, gates):
-    return super().finish(o, params, out, v, gates) * nn.swish(gates['output'])
+  def finish(self, options, params, out, v, gates):
+    return super().finish(options, params, out, v, gates) * nn.swish(gates['output'])

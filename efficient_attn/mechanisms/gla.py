@@ -76,26 +76,26 @@ class GLA(gated_linear.GatedRecurrence):
   complexity = ('O(n c d + n d^2)', 'O(n d + c^2 d + d^2)')
   example = {'chunk_size': 4, 'gate_rank': 4}
 
-  def own_params(self, o, *, heads, head_dim):
+  def own_params(self, options, *, heads, head_dim):
     return {'norm_scale': registry.ParamSpec((head_dim,), gated_linear.ones_init)}
 
-  def input_params(self, o, *, features, heads, head_dim):
-    init = self.init_for(o, xavier_init)
+  def input_params(self, options, *, features, heads, head_dim):
+    init = self.init_for(options, xavier_init)
     return {
-        'decay_down': registry.ParamSpec((features, o.gate_rank), init),
-        'decay_up': registry.ParamSpec((o.gate_rank, heads, head_dim), init),
+        'decay_down': registry.ParamSpec((features, options.gate_rank), init),
+        'decay_up': registry.ParamSpec((options.gate_rank, heads, head_dim), init),
         'decay_bias': registry.ParamSpec((heads, head_dim), nn.initializers.zeros_init()),
         'gate_kernel': registry.ParamSpec((features, heads, head_dim), init),
     }
 
-  def gates(self, o, params, inputs):
+  def gates(self, options, params, inputs):
     logits = gated_linear.dense(gated_linear.dense(inputs, params['decay_down']),
                                 params['decay_up'], params['decay_bias'])
-    return {'log_decay': jax.nn.log_sigmoid(logits) / o.gate_normalizer,
+    return {'log_decay': jax.nn.log_sigmoid(logits) / options.gate_normalizer,
             'output': gated_linear.dense(inputs, params['gate_kernel'])}
 
-  def recurrence_inputs(self, o, params, q, k, v, gates):
+  def recurrence_inputs(self, options, params, q, k, v, gates):
     return q / math.sqrt(q.shape[-1]), k, v, gates['log_decay'], None
 
-  def finish(self, o, params, out, v, gates):
+  def finish(self, options, params, out, v, gates):
     return gated_linear.rms_norm(out, params['norm_scale']) * nn.swish(gates['output'])

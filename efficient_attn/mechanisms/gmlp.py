@@ -102,11 +102,11 @@ class GMLP(registry.Mechanism):
   complexity = ('O(n^2 d)', 'O(n^2)')
   whole_sequence = 'its spatial weights W [max_length, max_length] mix every position'
 
-  def params(self, o, *, heads, head_dim, max_length, causal):
+  def params(self, options, *, heads, head_dim, max_length, causal):
     return {'spatial_kernel': registry.ParamSpec((max_length, max_length),
                                                  spatial_kernel_init),
             'spatial_bias': registry.ParamSpec((max_length,), jax.nn.initializers.ones)}
 
-  def attend(self, o, params, q, k, v, *, mask, causal, ctx):
+  def attend(self, options, params, q, k, v, *, mask, causal, ctx):
     return spatial_gating(q, k, v, params['spatial_kernel'], params['spatial_bias'],
                           mask=mask, causal=causal)

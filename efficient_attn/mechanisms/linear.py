@@ -152,24 +152,24 @@ class Linear(KernelMechanism):
   complexity = ('O(n d^2)', 'O(n d + d^2)')
   knob = ('feature_map', ('elu', 'relu', 'identity'))
 
-  def attend(self, o, params, q, k, v, *, mask, causal, ctx):
-    return linear_attention(q, k, v, mask=mask, causal=causal, feature_map=o.feature_map,
-                            eps=o.eps, chunk_size=o.chunk_size, positions=ctx.positions)
+  def attend(self, options, params, q, k, v, *, mask, causal, ctx):
+    return linear_attention(q, k, v, mask=mask, causal=causal, feature_map=options.feature_map,
+                            eps=options.eps, chunk_size=options.chunk_size, positions=ctx.positions)
 
-  def attend_sharded(self, o, params, q, k, v, *, mask, causal, ctx, axis):
-    return linear_attention(q, k, v, mask=mask, causal=causal, feature_map=o.feature_map,
-                            eps=o.eps, chunk_size=o.chunk_size, positions=ctx.positions,
+  def attend_sharded(self, options, params, q, k, v, *, mask, causal, ctx, axis):
+    return linear_attention(q, k, v, mask=mask, causal=causal, feature_map=options.feature_map,
+                            eps=options.eps, chunk_size=options.chunk_size, positions=ctx.positions,
                             sequence_axis=axis)
 
-  def head_shapes(self, o, *, heads, head_dim):
-    return heads, o.qk_dim or head_dim, head_dim
+  def head_shapes(self, options, *, heads, head_dim):
+    return heads, options.qk_dim or head_dim, head_dim
 
-  def feature_dim(self, o, head_dim):
-    return feature_maps.feature_dim(o.feature_map, head_dim)
+  def feature_dim(self, options, head_dim):
+    return feature_maps.feature_dim(options.feature_map, head_dim)
 
-  def grouped_state(self, o):
+  def grouped_state(self, options):
     return True
 
-  def step(self, o, params, state, q_t, k_t, v_t, *, ctx):
-    return linear_attention_step(state, q_t, k_t, v_t, feature_map=o.feature_map, eps=o.eps,
+  def step(self, options, params, state, q_t, k_t, v_t, *, ctx):
+    return linear_attention_step(state, q_t, k_t, v_t, feature_map=options.feature_map, eps=options.eps,
                                  position=ctx.position)

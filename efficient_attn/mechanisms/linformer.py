@@ -143,35 +143,35 @@ class Linformer(registry.Mechanism):
   knob = ('k_proj', (16, 32, 64, 128, 256, 'n'))
   example = {'k_proj': 8}
 
-  def _shape(self, o, max_length):
-    return (min(o.k_proj, max_length), max_length)
+  def _shape(self, options, max_length):
+    return (min(options.k_proj, max_length), max_length)
 
-  def params(self, o, *, heads, head_dim, max_length, causal):
-    shape = self._shape(o, max_length)
+  def params(self, options, *, heads, head_dim, max_length, causal):
+    shape = self._shape(options, max_length)
     init = linformer_projection_init
-    if o.sharing == 'none':
+    if options.sharing == 'none':
       return {'e_proj': registry.ParamSpec((heads,) + shape, init),
               'f_proj': registry.ParamSpec((heads,) + shape, init)}
-    if o.sharing == 'headwise':
+    if options.sharing == 'headwise':
       return {'e_proj': registry.ParamSpec(shape, init),
               'f_proj': registry.ParamSpec(shape, init)}
-    if o.sharing == 'kv':
+    if options.sharing == 'kv':
       return {'kv_proj': registry.ParamSpec(shape, init)}
     return {}
 
-  def shared_params(self, o, *, heads, head_dim, max_length):
-    if o.sharing != 'layerwise':
+  def shared_params(self, options, *, heads, head_dim, max_length):
+    if options.sharing != 'layerwise':
       return {}
-    return {'kv_proj': registry.ParamSpec(self._shape(o, max_length),
+    return {'kv_proj': registry.ParamSpec(self._shape(options, max_length),
                                           linformer_projection_init)}
 
-  def attend(self, o, params, q, k, v, *, mask, causal, ctx):
+  def attend(self, options, params, q, k, v, *, mask, causal, ctx):
     if 'kv_proj' in params:
       e = f = params['kv_proj']
-    elif o.sharing == 'layerwise':
+    elif options.sharing == 'layerwise':
       raise ValueError("Linformer sharing='layerwise' needs the model's shared 'kv_proj' "
                        '[k, max_length]: pass MultiHeadAttention(shared_params=...) or use '
                        'the Encoder, which creates it')
     else:
       e, f = params['e_proj'], params['f_proj']
-    return linformer_attention(q, k, v, e, f, mask=mask, scale=o.scale)
+    return linformer_attention(q, k, v, e, f, mask=mask, scale=options.scale)

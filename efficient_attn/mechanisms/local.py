@@ -178,23 +178,23 @@ class Local(registry.Mechanism):
   def exact_options(self, length):
     return {'window': 2 * length}
 
-  def attend(self, o, params, q, k, v, *, mask, causal, ctx):
-    return local_attention(q, k, v, o.window, mask=mask, causal=causal, scale=o.scale,
-                           block_size=o.block_size)
+  def attend(self, options, params, q, k, v, *, mask, causal, ctx):
+    return local_attention(q, k, v, options.window, mask=mask, causal=causal, scale=options.scale,
+                           block_size=options.block_size)
 
-  def kv_window(self, o):
-    return o.window
+  def kv_window(self, options):
+    return options.window
 
-  def attend_sharded(self, o, params, q, k, v, *, mask, causal, ctx, axis):
+  def attend_sharded(self, options, params, q, k, v, *, mask, causal, ctx, axis):
     """Local attention on one device's block: its keys and values with the halo the band
     reaches, the previous devices' last window - 1 (causal) or window // 2 tokens and,
     bidirectional, the next devices' first window // 2 (`parallel.with_halo`; keys past
     the sequence's ends are padding)."""
     b, m = q.shape[:2]
-    before, after = (o.window - 1, 0) if causal else (o.window // 2, o.window // 2)
+    before, after = (options.window - 1, 0) if causal else (options.window // 2, options.window // 2)
     padding = jnp.ones((b, m), bool) if mask is None else mask
     k, v, padding = (parallel.with_halo(x, before, after, axis) for x in (k, v, padding))
     q = jnp.pad(q, ((0, 0), (before, after), (0, 0), (0, 0)))
-    out = local_attention(q, k, v, o.window, mask=padding, causal=causal, scale=o.scale,
-                          block_size=o.block_size)
+    out = local_attention(q, k, v, options.window, mask=padding, causal=causal, scale=options.scale,
+                          block_size=options.block_size)
     return out[:, before:before + m]

@@ -97,6 +97,6 @@ class Longformer(registry.Mechanism):
   def exact_options(self, length):
     return {'global_tokens': length}
 
-  def attend(self, o, params, q, k, v, *, mask, causal, ctx):
-    return longformer_attention(q, k, v, mask=mask, causal=causal, window=o.window,
-                                global_tokens=o.global_tokens, scale=o.scale)
+  def attend(self, options, params, q, k, v, *, mask, causal, ctx):
+    return longformer_attention(q, k, v, mask=mask, causal=causal, window=options.window,
+                                global_tokens=options.global_tokens, scale=options.scale)

@@ -96,41 +96,41 @@ class Mamba2(gated_linear.GatedRecurrence):
   complexity = ('O(n c d + n d^2)', 'O(n d + d^2)')
   example = {'chunk_size': 4}
 
-  def check_options(self, o):
-    gated_linear.check_dt_range(self.name, o)
+  def check_options(self, options):
+    gated_linear.check_dt_range(self.name, options)
 
-  def qk_heads(self, o, heads):
-    return o.ngroups or heads
+  def qk_heads(self, options, heads):
+    return options.ngroups or heads
 
-  def head_shapes(self, o, *, heads, head_dim):
-    return self.qk_heads(o, heads), o.d_state or head_dim, head_dim
+  def head_shapes(self, options, *, heads, head_dim):
+    return self.qk_heads(options, heads), options.d_state or head_dim, head_dim
 
-  def own_params(self, o, *, heads, head_dim):
+  def own_params(self, options, *, heads, head_dim):
     return {
         'A_log': registry.ParamSpec((heads,), gated_linear.a_log_init(1.0, 16.0)),
-        'dt_bias': registry.ParamSpec((heads,), gated_linear.dt_init(o)),
+        'dt_bias': registry.ParamSpec((heads,), gated_linear.dt_init(options)),
         'D': registry.ParamSpec((heads,), gated_linear.ones_init),
         'norm_scale': registry.ParamSpec((heads, head_dim), gated_linear.ones_init),
     }
 
-  def input_params(self, o, *, features, heads, head_dim):
-    init = self.init_for(o, linear_init)
+  def input_params(self, options, *, features, heads, head_dim):
+    init = self.init_for(options, linear_init)
     return {'dt_kernel': registry.ParamSpec((features, heads), init),
             'gate_kernel': registry.ParamSpec((features, heads, head_dim), init)}
 
-  def gates(self, o, params, inputs):
+  def gates(self, options, params, inputs):
     dt = jax.nn.softplus(gated_linear.dense(inputs, params['dt_kernel'], params['dt_bias']))
     return {'dt': dt, 'output': gated_linear.dense(inputs, params['gate_kernel'])}
 
-  def recurrence_inputs(self, o, params, q, k, v, gates):
+  def recurrence_inputs(self, options, params, q, k, v, gates):
     dt = gates['dt'][..., None]                                    # [b, n, h, 1]
     log_decay = -jnp.exp(params['A_log'].astype(jnp.float32))[:, None] * dt
     return q, gated_linear.rows(k, dt), v, log_decay, None
 
-  def finish(self, o, params, out, v, gates):
+  def finish(self, options, params, out, v, gates):
     y = (out + params['D'].astype(jnp.float32)[:, None] * v) * nn.swish(gates['output'])
-    if not o.ngroups:  # the norm over the full width
+    if not options.ngroups:  # the norm over the full width
       return gated_linear.rms_norm(y, params['norm_scale'], axes=(-2, -1))
     b, n, h, d = y.shape  # one norm per group of heads / ngroups heads, as mamba_ssm's
-    y = gated_linear.rms_norm(y.reshape(b, n, o.ngroups, h // o.ngroups * d))
+    y = gated_linear.rms_norm(y.reshape(b, n, options.ngroups, h // options.ngroups * d))
     return y.reshape(b, n, h, d) * params['norm_scale'].astype(jnp.float32)

@@ -83,15 +83,15 @@ class Mixer(registry.Mechanism):
   whole_sequence = "its token-mixing MLP's weights are shaped by the whole sequence (max_length)"
   example = {'token_hidden': 8}
 
-  def params(self, o, *, heads, head_dim, max_length, causal):
+  def params(self, options, *, heads, head_dim, max_length, causal):
     kernel = jax.nn.initializers.lecun_normal()
     zeros = jax.nn.initializers.zeros
-    return {'token_kernel_1': registry.ParamSpec((max_length, o.token_hidden), kernel),
-            'token_bias_1': registry.ParamSpec((o.token_hidden,), zeros),
-            'token_kernel_2': registry.ParamSpec((o.token_hidden, max_length), kernel),
+    return {'token_kernel_1': registry.ParamSpec((max_length, options.token_hidden), kernel),
+            'token_bias_1': registry.ParamSpec((options.token_hidden,), zeros),
+            'token_kernel_2': registry.ParamSpec((options.token_hidden, max_length), kernel),
             'token_bias_2': registry.ParamSpec((max_length,), zeros)}
 
-  def attend(self, o, params, q, k, v, *, mask, causal, ctx):
+  def attend(self, options, params, q, k, v, *, mask, causal, ctx):
     return token_mixing(q, k, v, params['token_kernel_1'], params['token_bias_1'],
                         params['token_kernel_2'], params['token_bias_2'], mask=mask,
                         causal=causal)

@@ -225,16 +225,16 @@ class Nystrom(registry.Mechanism):
   knob = ('num_landmarks', (8, 16, 32, 64, 128, 256, 'n'))
   example = {'num_landmarks': 4}
 
-  def params(self, o, *, heads, head_dim, max_length, causal):
-    if o.conv_kernel_size is None:
+  def params(self, options, *, heads, head_dim, max_length, causal):
+    if options.conv_kernel_size is None:
       return {}
     init = jax.nn.initializers.variance_scaling(1 / 3, 'fan_in', 'uniform')
-    return {'conv_kernel': registry.ParamSpec((o.conv_kernel_size, heads), init)}
+    return {'conv_kernel': registry.ParamSpec((options.conv_kernel_size, heads), init)}
 
   def exact_options(self, length):
     return {'num_landmarks': length, 'pinv_iterations': 30}
 
-  def attend(self, o, params, q, k, v, *, mask, causal, ctx):
-    return nystrom_attention(q, k, v, o.num_landmarks, mask=mask,
-                             pinv_iterations=o.pinv_iterations, scale=o.scale,
+  def attend(self, options, params, q, k, v, *, mask, causal, ctx):
+    return nystrom_attention(q, k, v, options.num_landmarks, mask=mask,
+                             pinv_iterations=options.pinv_iterations, scale=options.scale,
                              conv_kernel=params.get('conv_kernel'))

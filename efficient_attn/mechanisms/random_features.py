@@ -292,15 +292,15 @@ _FEATURE_OPTIONS = (
 _FEATURE_KNOB = ('num_features', (16, 32, 64, 128, 256, 512, 1024))
 
 
-def _projection(o, head_dim: int, ctx):
+def _projection(options, head_dim: int, ctx):
   """The random projection `[num_features, head_dim]`: fresh (redraw) or the layer's fixed one."""
-  key = ctx.rng('features') if o.redraw and not ctx.deterministic else None
+  key = ctx.rng('features') if options.redraw and not ctx.deterministic else None
   if key is not None:
     return lax.stop_gradient(feature_maps.gaussian_projection(
-        key, o.num_features, head_dim, orthogonal=o.orthogonal))
+        key, options.num_features, head_dim, orthogonal=options.orthogonal))
   # A compile-time constant, cached per layer.
-  return feature_maps.fixed_projection(o.seed, ctx.tag, o.num_features, head_dim,
-                                       o.orthogonal)
+  return feature_maps.fixed_projection(options.seed, ctx.tag, options.num_features, head_dim,
+                                       options.orthogonal)
 
 
 @registry.register
@@ -327,60 +327,60 @@ class RFA(KernelMechanism):
   knob = _FEATURE_KNOB
   example = {'num_features': 16}
 
-  def check(self, o, *, length, max_length, causal):
-    if o.use_gate and not causal:
+  def check(self, options, *, length, max_length, causal):
+    if options.use_gate and not causal:
       raise ValueError('option use_gate=True of mechanism \'rfa\' needs causal=True (the '
                        'gate discounts earlier tokens of a prefix)')
 
-  def params(self, o, *, heads, head_dim, max_length, causal):
+  def params(self, options, *, heads, head_dim, max_length, causal):
     out = {}
-    if o.use_gate:
+    if options.use_gate:
       out['gate_kernel'] = registry.ParamSpec((head_dim, heads),
                                               jax.nn.initializers.lecun_normal())
       out['gate_bias'] = registry.ParamSpec((heads,),
-                                            jax.nn.initializers.constant(o.gate_bias_init))
-    if o.learn_sigma:
+                                            jax.nn.initializers.constant(options.gate_bias_init))
+    if options.learn_sigma:
       out['log_sigma'] = registry.ParamSpec((heads,),
-                                            jax.nn.initializers.constant(math.log(o.sigma)))
+                                            jax.nn.initializers.constant(math.log(options.sigma)))
     return out
 
-  def _gate_sigma(self, o, params, k):
+  def _gate_sigma(self, options, params, k):
     gate = None
-    if o.use_gate:
+    if options.use_gate:
       compute = jnp.promote_types(k.dtype, jnp.float32)
       logits = jnp.einsum('...hd,dh->...h', k.astype(compute),
                           params['gate_kernel'].astype(compute))
       gate = jax.nn.sigmoid(logits + params['gate_bias'].astype(compute))
-    sigma = jnp.exp(params['log_sigma'].astype(jnp.float32)) if o.learn_sigma else o.sigma
+    sigma = jnp.exp(params['log_sigma'].astype(jnp.float32)) if options.learn_sigma else options.sigma
     return gate, sigma
 
-  def reference(self, o, q, k, v):
+  def reference(self, options, q, k, v):
     """Softmax over cosine similarities q^ . k^ / sigma^2 (what the features estimate)."""
     unit = lambda x: x * lax.rsqrt(jnp.sum(x * x, -1, keepdims=True) + 1e-12)
-    return softmax_attention(unit(q), unit(k), v, scale=1.0 / o.sigma**2)
+    return softmax_attention(unit(q), unit(k), v, scale=1.0 / options.sigma**2)
 
-  def attend(self, o, params, q, k, v, *, mask, causal, ctx):
-    gate, sigma = self._gate_sigma(o, params, k)
-    return rfa_attention(q, k, v, _projection(o, q.shape[-1], ctx), mask=mask,
-                         causal=causal, eps=o.eps, gate=gate, sigma=sigma,
-                         chunk_size=o.chunk_size, positions=ctx.positions)
+  def attend(self, options, params, q, k, v, *, mask, causal, ctx):
+    gate, sigma = self._gate_sigma(options, params, k)
+    return rfa_attention(q, k, v, _projection(options, q.shape[-1], ctx), mask=mask,
+                         causal=causal, eps=options.eps, gate=gate, sigma=sigma,
+                         chunk_size=options.chunk_size, positions=ctx.positions)
 
-  def attend_sharded(self, o, params, q, k, v, *, mask, causal, ctx, axis):
-    gate, sigma = self._gate_sigma(o, params, k)
-    return rfa_attention(q, k, v, _projection(o, q.shape[-1], ctx), mask=mask,
-                         causal=causal, eps=o.eps, gate=gate, sigma=sigma,
-                         chunk_size=o.chunk_size, positions=ctx.positions, sequence_axis=axis)
+  def attend_sharded(self, options, params, q, k, v, *, mask, causal, ctx, axis):
+    gate, sigma = self._gate_sigma(options, params, k)
+    return rfa_attention(q, k, v, _projection(options, q.shape[-1], ctx), mask=mask,
+                         causal=causal, eps=options.eps, gate=gate, sigma=sigma,
+                         chunk_size=options.chunk_size, positions=ctx.positions, sequence_axis=axis)
 
-  def feature_dim(self, o, head_dim):
-    return 2 * o.num_features  # cos and sin of D projections
+  def feature_dim(self, options, head_dim):
+    return 2 * options.num_features  # cos and sin of D projections
 
-  def grouped_state(self, o):
-    return not (o.use_gate or o.learn_sigma)  # per-query-head gate or sigma
+  def grouped_state(self, options):
+    return not (options.use_gate or options.learn_sigma)  # per-query-head gate or sigma
 
-  def step(self, o, params, state, q_t, k_t, v_t, *, ctx):
-    gate, sigma = self._gate_sigma(o, params, k_t)
-    return rfa_attention_step(state, q_t, k_t, v_t, _projection(o, q_t.shape[-1], ctx),
-                              sigma=sigma, eps=o.eps, gate_t=gate, position=ctx.position)
+  def step(self, options, params, state, q_t, k_t, v_t, *, ctx):
+    gate, sigma = self._gate_sigma(options, params, k_t)
+    return rfa_attention_step(state, q_t, k_t, v_t, _projection(options, q_t.shape[-1], ctx),
+                              sigma=sigma, eps=options.eps, gate_t=gate, position=ctx.position)
 
 
 @registry.register
@@ -399,22 +399,22 @@ class Performer(KernelMechanism):
   knob = _FEATURE_KNOB
   example = {'num_features': 16}
 
-  def attend(self, o, params, q, k, v, *, mask, causal, ctx):
-    return performer_attention(q, k, v, _projection(o, q.shape[-1], ctx), mask=mask,
-                               causal=causal, eps=o.eps, chunk_size=o.chunk_size,
+  def attend(self, options, params, q, k, v, *, mask, causal, ctx):
+    return performer_attention(q, k, v, _projection(options, q.shape[-1], ctx), mask=mask,
+                               causal=causal, eps=options.eps, chunk_size=options.chunk_size,
                                positions=ctx.positions)
 
-  def attend_sharded(self, o, params, q, k, v, *, mask, causal, ctx, axis):
-    return performer_attention(q, k, v, _projection(o, q.shape[-1], ctx), mask=mask,
-                               causal=causal, eps=o.eps, chunk_size=o.chunk_size,
+  def attend_sharded(self, options, params, q, k, v, *, mask, causal, ctx, axis):
+    return performer_attention(q, k, v, _projection(options, q.shape[-1], ctx), mask=mask,
+                               causal=causal, eps=options.eps, chunk_size=options.chunk_size,
                                positions=ctx.positions, sequence_axis=axis)
 
-  def feature_dim(self, o, head_dim):
-    return o.num_features
+  def feature_dim(self, options, head_dim):
+    return options.num_features
 
-  def grouped_state(self, o):
+  def grouped_state(self, options):
     return True  # one random projection for every head
 
-  def step(self, o, params, state, q_t, k_t, v_t, *, ctx):
-    return performer_attention_step(state, q_t, k_t, v_t, _projection(o, q_t.shape[-1], ctx),
-                                    eps=o.eps, position=ctx.position)
+  def step(self, options, params, state, q_t, k_t, v_t, *, ctx):
+    return performer_attention_step(state, q_t, k_t, v_t, _projection(options, q_t.shape[-1], ctx),
+                                    eps=options.eps, position=ctx.position)

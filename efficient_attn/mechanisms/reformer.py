@@ -200,13 +200,13 @@ def reformer_attention(q, k, v, mask=None, causal: bool = False, *, n_buckets: i
   lse = lse.reshape(b, h, n_hashes, n)
 
   # Unsort and combine the rounds with their log-sum-exp weights.
-  o = jnp.take_along_axis(so, undo[..., None], axis=3)                # [b, h, r, n, dv]
+  options = jnp.take_along_axis(so, undo[..., None], axis=3)                # [b, h, r, n, dv]
   lse = jnp.take_along_axis(lse, undo, axis=3)
   if n_hashes > 1:
-    o = jnp.sum(jax.nn.softmax(lse, axis=2)[..., None] * o, axis=2)
+    options = jnp.sum(jax.nn.softmax(lse, axis=2)[..., None] * options, axis=2)
   else:
-    o = o[:, :, 0]
-  return jnp.swapaxes(o, 1, 2).astype(v.dtype)
+    options = options[:, :, 0]
+  return jnp.swapaxes(options, 1, 2).astype(v.dtype)
 
 
 @registry.register
@@ -232,24 +232,24 @@ class Reformer(registry.Mechanism):
   knob = ('n_hashes', (1, 2, 4, 8))
   example = {'n_buckets': 4, 'chunk_size': 4}
 
-  def check(self, o, *, length, max_length, causal):
-    if o.n_buckets != 1 and o.n_buckets % 2:
-      raise ValueError(f"option n_buckets={o.n_buckets} of mechanism 'reformer' is not valid; "
+  def check(self, options, *, length, max_length, causal):
+    if options.n_buckets != 1 and options.n_buckets % 2:
+      raise ValueError(f"option n_buckets={options.n_buckets} of mechanism 'reformer' is not valid; "
                        f'it must be 1 or even')
-    if length % min(o.chunk_size, length):
-      raise ValueError(f"option chunk_size={o.chunk_size} of mechanism 'reformer' does not "
+    if length % min(options.chunk_size, length):
+      raise ValueError(f"option chunk_size={options.chunk_size} of mechanism 'reformer' does not "
                        f'divide the sequence length {length}; valid: a divisor of {length}')
 
-  def reference(self, o, q, k, v):
+  def reference(self, options, q, k, v):
     """Full shared-QK softmax with the self-mask (one bucket, one round, one chunk)."""
     del k
     return reformer_attention(q, q, v, n_buckets=1, n_hashes=1, chunk_size=q.shape[1],
-                              scale=o.scale)
+                              scale=options.scale)
 
   def exact_options(self, length):
     return {'n_buckets': 1, 'n_hashes': 1, 'chunk_size': length}
 
-  def attend(self, o, params, q, k, v, *, mask, causal, ctx):
-    return reformer_attention(q, k, v, mask=mask, causal=causal, n_buckets=o.n_buckets,
-                              n_hashes=o.n_hashes, chunk_size=o.chunk_size, seed=o.seed,
-                              scale=o.scale)
+  def attend(self, options, params, q, k, v, *, mask, causal, ctx):
+    return reformer_attention(q, k, v, mask=mask, causal=causal, n_buckets=options.n_buckets,
+                              n_hashes=options.n_hashes, chunk_size=options.chunk_size, seed=options.seed,
+                              scale=options.scale)

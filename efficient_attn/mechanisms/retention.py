@@ -73,20 +73,20 @@ class Retention(gated_linear.GatedRecurrence):
   complexity = ('O(n c d + n d^2)', 'O(n d + d^2)')
   example = {'chunk_size': 4}
 
-  def head_shapes(self, o, *, heads, head_dim):
-    return heads, head_dim, o.value_factor * head_dim
+  def head_shapes(self, options, *, heads, head_dim):
+    return heads, head_dim, options.value_factor * head_dim
 
-  def input_params(self, o, *, features, heads, head_dim):
-    return {'gate_kernel': registry.ParamSpec((features, heads, o.value_factor * head_dim),
-                                              self.init_for(o, nn.initializers.lecun_normal()))}
+  def input_params(self, options, *, features, heads, head_dim):
+    return {'gate_kernel': registry.ParamSpec((features, heads, options.value_factor * head_dim),
+                                              self.init_for(options, nn.initializers.lecun_normal()))}
 
-  def gates(self, o, params, inputs):
+  def gates(self, options, params, inputs):
     return {'output': gated_linear.dense(inputs, params['gate_kernel'])}
 
-  def recurrence_inputs(self, o, params, q, k, v, gates):
+  def recurrence_inputs(self, options, params, q, k, v, gates):
     b, n, h, dk = k.shape
     g = jnp.broadcast_to(retention_log_decay(h)[:, None], (b, n, h, 1))
     return q, k / math.sqrt(dk), v, g, None
 
-  def finish(self, o, params, out, v, gates):
+  def finish(self, options, params, out, v, gates):
     return gated_linear.rms_norm(out) * nn.swish(gates['output'])

@@ -344,26 +344,26 @@ class Sinkhorn(registry.Mechanism):
   knob = ('block_size', (8, 16, 32, 64, 128))
   example = {'block_size': 4}
 
-  def check(self, o, *, length, max_length, causal):
+  def check(self, options, *, length, max_length, causal):
     for what, n in (('sequence length', length), ('max_length', max_length)):
-      if n % o.block_size:
-        raise ValueError(f"option block_size={o.block_size} of mechanism 'sinkhorn' does not "
+      if n % options.block_size:
+        raise ValueError(f"option block_size={options.block_size} of mechanism 'sinkhorn' does not "
                          f'divide the {what} {n}; valid: a divisor of {n}')
-    if o.sortcut_k > length // o.block_size:
-      raise ValueError(f"option sortcut_k={o.sortcut_k} of mechanism 'sinkhorn' exceeds "
-                       f'the {length // o.block_size} blocks')
-    if o.sortcut_k and causal:
-      raise ValueError(f"option sortcut_k={o.sortcut_k} of mechanism 'sinkhorn' has no "
+    if options.sortcut_k > length // options.block_size:
+      raise ValueError(f"option sortcut_k={options.sortcut_k} of mechanism 'sinkhorn' exceeds "
+                       f'the {length // options.block_size} blocks')
+    if options.sortcut_k and causal:
+      raise ValueError(f"option sortcut_k={options.sortcut_k} of mechanism 'sinkhorn' has no "
                        f'causal form; use sortcut_k=0 with causal=True')
 
-  def params(self, o, *, heads, head_dim, max_length, causal):
+  def params(self, options, *, heads, head_dim, max_length, causal):
     return param_specs(heads=heads, head_dim=head_dim, max_length=max_length,
-                       block_size=o.block_size, sort_hidden_dim=o.sort_hidden_dim)
+                       block_size=options.block_size, sort_hidden_dim=options.sort_hidden_dim)
 
-  def attend(self, o, params, q, k, v, *, mask, causal, ctx):
+  def attend(self, options, params, q, k, v, *, mask, causal, ctx):
     rng = None if ctx.deterministic else ctx.rng('dropout')
     return sinkhorn_attention(q, k, v, params, mask=mask, causal=causal,
-                              block_size=o.block_size,
-                              sinkhorn_iterations=o.sinkhorn_iterations,
-                              temperature=o.temperature, sortcut_k=o.sortcut_k, rng=rng,
-                              scale=o.scale)
+                              block_size=options.block_size,
+                              sinkhorn_iterations=options.sinkhorn_iterations,
+                              temperature=options.temperature, sortcut_k=options.sortcut_k, rng=rng,
+                              scale=options.scale)

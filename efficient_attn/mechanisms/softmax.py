@@ -119,11 +119,11 @@ def chunked_block(q_chunk: int, k_chunk: int) -> parallel.RingBlock:
   return parallel.RingBlock(forward, backward)
 
 
-def ring_softmax(o, q, k, v, mask, causal: bool, axis: str, block):
+def ring_softmax(options, q, k, v, mask, causal: bool, axis: str, block):
   """Ring attention (`parallel.ring_attention`) of this device's block with the options'
   scale, in float32 (or wider), returned in v's dtype."""
   compute = jnp.promote_types(q.dtype, jnp.float32)
-  qs = q.astype(compute) * default_scale(q.shape[-1], o.scale)
+  qs = q.astype(compute) * default_scale(q.shape[-1], options.scale)
   out = parallel.ring_attention(qs, k.astype(compute), v.astype(compute), mask,
                                 causal=causal, axis=axis, block=block)
   return out.astype(v.dtype)
@@ -135,13 +135,13 @@ def _dropout(ctx):
   return rate, (ctx.rng('dropout') if rate > 0 else None)
 
 
-def _fused(o, q, k, v, mask, causal, ctx, dropout: bool = False):
+def _fused(options, q, k, v, mask, causal, ctx, dropout: bool = False):
   """The fused kernel's output if `o.implementation` picks one for this call, else None."""
-  impl = fused.choose(o.implementation, q, k, v, mask, causal, dropout=dropout,
+  impl = fused.choose(options.implementation, q, k, v, mask, causal, dropout=dropout,
                       weights=ctx.forming_weights)
   if impl == 'xla':
     return None
-  return fused.attention(impl, q, k, v, mask, causal, default_scale(q.shape[-1], o.scale))
+  return fused.attention(impl, q, k, v, mask, causal, default_scale(q.shape[-1], options.scale))
 
 
 @registry.register
@@ -158,15 +158,15 @@ class Softmax(registry.Mechanism):
   complexity = ('O(n^2 d)', 'O(n^2)')
   sequence_parallel = 'ring'
 
-  def attend_sharded(self, o, params, q, k, v, *, mask, causal, ctx, axis):
-    return ring_softmax(o, q, k, v, mask, causal, axis, DENSE_BLOCK)
+  def attend_sharded(self, options, params, q, k, v, *, mask, causal, ctx, axis):
+    return ring_softmax(options, q, k, v, mask, causal, axis, DENSE_BLOCK)
 
-  def attend(self, o, params, q, k, v, *, mask, causal, ctx):
+  def attend(self, options, params, q, k, v, *, mask, causal, ctx):
     rate, rng = _dropout(ctx)
-    out = _fused(o, q, k, v, mask, causal, ctx, dropout=rng is not None)
+    out = _fused(options, q, k, v, mask, causal, ctx, dropout=rng is not None)
     if out is not None:
       return out
-    return softmax_attention(q, k, v, mask=mask, causal=causal, scale=o.scale,
+    return softmax_attention(q, k, v, mask=mask, causal=causal, scale=options.scale,
                              dropout_rate=rate, dropout_rng=rng,
                              broadcast_dropout=ctx.broadcast_dropout)
 
@@ -195,12 +195,12 @@ class ChunkedSoftmax(registry.Mechanism):
   def exact_options(self, length):
     return {'q_chunk': 16, 'k_chunk': 16}
 
-  def attend_sharded(self, o, params, q, k, v, *, mask, causal, ctx, axis):
-    return ring_softmax(o, q, k, v, mask, causal, axis, chunked_block(o.q_chunk, o.k_chunk))
+  def attend_sharded(self, options, params, q, k, v, *, mask, causal, ctx, axis):
+    return ring_softmax(options, q, k, v, mask, causal, axis, chunked_block(options.q_chunk, options.k_chunk))
 
-  def attend(self, o, params, q, k, v, *, mask, causal, ctx):
-    out = _fused(o, q, k, v, mask, causal, ctx)
+  def attend(self, options, params, q, k, v, *, mask, causal, ctx):
+    out = _fused(options, q, k, v, mask, causal, ctx)
     if out is not None:
       return out
-    return chunked_softmax_attention(q, k, v, mask=mask, causal=causal, scale=o.scale,
-                                     q_chunk=o.q_chunk, k_chunk=o.k_chunk)
+    return chunked_softmax_attention(q, k, v, mask=mask, causal=causal, scale=options.scale,
+                                     q_chunk=options.q_chunk, k_chunk=options.k_chunk)

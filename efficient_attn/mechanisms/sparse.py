@@ -143,6 +143,6 @@ class Sparse(registry.Mechanism):
   def exact_options(self, length):
     return {'stride': 1}
 
-  def attend(self, o, params, q, k, v, *, mask, causal, ctx):
-    return sparse_attention(q, k, v, mask=mask, causal=causal, pattern=o.pattern,
-                            stride=o.stride, num_summary=o.num_summary, scale=o.scale)
+  def attend(self, options, params, q, k, v, *, mask, causal, ctx):
+    return sparse_attention(q, k, v, mask=mask, causal=causal, pattern=options.pattern,
+                            stride=options.stride, num_summary=options.num_summary, scale=options.scale)

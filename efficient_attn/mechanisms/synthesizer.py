@@ -287,28 +287,28 @@ class Synthesizer(registry.Mechanism):
   knob = ('kind', KINDS)
   example = {'kind': 'dense'}
 
-  def _all_specs(self, o, heads, head_dim, max_length):
-    return param_specs(heads=heads, head_dim=head_dim, max_length=max_length, kind=o.kind,
-                       mix_with_dot=o.mix_with_dot, hidden_dim=o.hidden_dim,
-                       factor_a=o.factor_a, factor_rank=o.factor_rank)
+  def _all_specs(self, options, heads, head_dim, max_length):
+    return param_specs(heads=heads, head_dim=head_dim, max_length=max_length, kind=options.kind,
+                       mix_with_dot=options.mix_with_dot, hidden_dim=options.hidden_dim,
+                       factor_a=options.factor_a, factor_rank=options.factor_rank)
 
-  def check(self, o, *, length, max_length, causal):
-    self._all_specs(o, 1, 1, max_length)  # factor_a must divide max_length
+  def check(self, options, *, length, max_length, causal):
+    self._all_specs(options, 1, 1, max_length)  # factor_a must divide max_length
 
-  def params(self, o, *, heads, head_dim, max_length, causal):
-    specs = self._all_specs(o, heads, head_dim, max_length)
-    if not o.trainable_random:
+  def params(self, options, *, heads, head_dim, max_length, causal):
+    specs = self._all_specs(options, heads, head_dim, max_length)
+    if not options.trainable_random:
       specs = {n: s for n, s in specs.items() if n not in _RANDOM_PARAMS}
     return specs
 
-  def attend(self, o, params, q, k, v, *, mask, causal, ctx):
+  def attend(self, options, params, q, k, v, *, mask, causal, ctx):
     params = dict(params)
-    if not o.trainable_random:
-      specs = self._all_specs(o, q.shape[2], q.shape[3], ctx.max_length)
+    if not options.trainable_random:
+      specs = self._all_specs(options, q.shape[2], q.shape[3], ctx.max_length)
       for i, name in enumerate(n for n in _RANDOM_PARAMS if n in specs):
-        key = jax.random.fold_in(feature_maps.fixed_feature_rng(o.seed, ctx.tag), i)
+        key = jax.random.fold_in(feature_maps.fixed_feature_rng(options.seed, ctx.tag), i)
         shape, init = specs[name]
         params[name] = init(key, shape, jnp.float32)
-    return synthesizer_attention(q, k, v, params, mask=mask, causal=causal, kind=o.kind,
-                                 mix_with_dot=o.mix_with_dot,
-                                 trainable_random=o.trainable_random, scale=o.scale)
+    return synthesizer_attention(q, k, v, params, mask=mask, causal=causal, kind=options.kind,
+                                 mix_with_dot=options.mix_with_dot,
+                                 trainable_random=options.trainable_random, scale=options.scale)

@@ -68,19 +68,19 @@ class Encoder(nn.Module):
                        f'reversible stack takes one mechanism; valid: reversible=False')
     head_dim = x.shape[-1] // c.num_heads
     shared = {}  # per mechanism: its shared parameters (one mechanism: named as ever)
-    for decl, o in distinct.items():
+    for decl, options in distinct.items():
       prefix = 'shared_attention_' + (f'{decl.name}_' if len(distinct) > 1 else '')
-      specs = decl.shared_params(o, heads=c.num_heads, head_dim=head_dim,
+      specs = decl.shared_params(options, heads=c.num_heads, head_dim=head_dim,
                                  max_length=c.max_length)
       shared[decl.name] = {name: self.param(prefix + name, init, shape, c.param_dtype)
                            for name, (shape, init) in specs.items()} or None
     if c.reversible:
-      decl, o = layers[0]
-      x = reversible.ReversibleStack(c.replace(mechanism=decl, options=o), shared[decl.name],
+      decl, options = layers[0]
+      x = reversible.ReversibleStack(c.replace(mechanism=decl, options=options), shared[decl.name],
                                      name='reversible')(x, mask, deterministic)
     else:
       for i in range(c.depth):
-        decl, o = layers[i % len(layers)]
-        x = EncoderBlock(c.replace(mechanism=decl, options=o), shared[decl.name],
+        decl, options = layers[i % len(layers)]
+        x = EncoderBlock(c.replace(mechanism=decl, options=options), shared[decl.name],
                          name=f'block_{i}')(x, mask=mask, deterministic=deterministic)
     return nn.LayerNorm(dtype=c.dtype, param_dtype=c.param_dtype, name='final_norm')(x)
