@@ -4,7 +4,7 @@ For each recurrence, the bare chunkwise core (no projections, convolution or nor
 fla's `chunk_*` ops compute) on the same random inputs:
 
   ours   `gated_linear` / `delta_rule` chunk form with implementation 'xla' and 'pallas'
-         (`efficient_attn.kernels`), in bfloat16 and float32 inputs;
+         (`efficient_attn.ops.kernels`), in bfloat16 and float32 inputs;
   fla    `fla.ops` (PyTorch + Triton) as published (`benchmarks.published.fla`), bfloat16.
 
     recurrence       ours                                   fla
@@ -43,9 +43,9 @@ import numpy as np
 from benchmarks import common
 from benchmarks import output
 from benchmarks.published import fla as published_fla
-from efficient_attn import delta_rule
-from efficient_attn import gated_linear
-from efficient_attn import kernels
+from efficient_attn.ops import delta_rule
+from efficient_attn.ops import gated_linear
+from efficient_attn.ops import kernels
 
 RECURRENCES = ('retention', 'mamba2', 'gla', 'deltanet', 'gated_deltanet')
 IMPLEMENTATIONS = ('xla', 'pallas')
@@ -133,7 +133,7 @@ def inputs(recurrence: str, batch: int, length: int, s: Dict[str, int], seed: in
 
 def our_core(recurrence: str, implementation: str) -> Optional[Callable[..., Any]]:
   """`core(q, k, v, g, beta, state=None, chunk_size=c) -> (out, state)` of the chunk form:
-  the XLA form ('xla') or the Pallas kernels ('pallas', `efficient_attn.kernels`)."""
+  the XLA form ('xla') or the Pallas kernels ('pallas', `efficient_attn.ops.kernels`)."""
   delta = recurrence in ('deltanet', 'gated_deltanet')
   if implementation == 'xla':
     return delta_rule.delta_chunked if delta else gated_linear.gated_chunked

@@ -14,7 +14,7 @@ magnitude. The reference is the same rounded inputs in float64 on the host CPU
   cudnn        the same with implementation='cudnn' (GPU, 16-bit dtypes only);
   chunked_xla  `softmax_chunked` with implementation='xla' (the flash loops in XLA);
   pallas       `softmax_chunked` with implementation='pallas' on a GPU: JAX's
-               Triton flash kernel (`efficient_attn.fused.pallas_gpu_attention`),
+               Triton flash kernel (`efficient_attn.ops.fused_softmax.pallas_gpu_attention`),
                in Pallas interpret mode off a GPU.
 
 With --time_length > 0 each variant of --time_precisions is also timed, forward
@@ -33,7 +33,7 @@ import numpy as np
 
 from benchmarks import common
 from benchmarks import output
-from efficient_attn import fused
+from efficient_attn.ops import fused_softmax
 from efficient_attn.mechanisms.softmax import chunked_softmax_attention
 
 IMPLEMENTATIONS = ('dense', 'cudnn', 'chunked_xla', 'pallas')
@@ -78,9 +78,9 @@ def attention_fn(impl: str, causal: bool, scale: float, platform: str,
   if impl == 'chunked_xla':
     return lambda q, k, v: chunked_softmax_attention(q, k, v, causal=causal, scale=scale)
   if impl == 'pallas':
-    return lambda q, k, v: fused.pallas_gpu_attention(
+    return lambda q, k, v: fused_softmax.pallas_gpu_attention(
         q, k, v, None, causal, scale, interpret=platform != 'gpu',
-        block_sizes=blocks and fused.gpu_block_sizes(q.shape[1], blocks))
+        block_sizes=blocks and fused_softmax.gpu_block_sizes(q.shape[1], blocks))
   raise ValueError(f'implementation {impl!r}; valid: {", ".join(IMPLEMENTATIONS)}')
 
 

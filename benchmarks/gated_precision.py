@@ -12,7 +12,7 @@ the reference), so the error is the computation's own. Implementations:
 
   xla     the chunk form in XLA (`gated_linear.gated_chunked`, `delta_rule.delta_chunked`):
           with bfloat16 q, k, v its matmuls take bfloat16 operands, accumulated in float32;
-  pallas  the Pallas kernels (`efficient_attn.kernels`), interpreted off a GPU or TPU
+  pallas  the Pallas kernels (`efficient_attn.ops.kernels`), interpreted off a GPU or TPU
           (slow: off by default there).
 
 The recurrences' inputs are drawn as the mechanisms make them: retention's fixed decays
@@ -29,9 +29,9 @@ import numpy as np
 
 from benchmarks import common
 from benchmarks import output
-from efficient_attn import delta_rule
-from efficient_attn import gated_linear
-from efficient_attn import kernels
+from efficient_attn.ops import delta_rule
+from efficient_attn.ops import gated_linear
+from efficient_attn.ops import kernels
 
 RECURRENCES = ('retention', 'gla', 'mamba2', 'deltanet', 'gated_deltanet')
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}

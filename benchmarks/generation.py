@@ -42,7 +42,7 @@ import numpy as np
 
 from benchmarks import common
 from benchmarks import output
-from efficient_attn import sampling
+from efficient_attn.models import sampling
 from efficient_attn.models import CausalTransformer
 from efficient_attn.models import TransformerConfig
 

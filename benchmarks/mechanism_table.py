@@ -77,7 +77,7 @@ def table(speed_json: str = '', length: int = 4096) -> str:
   text += ('\n\nCausal "only": a recurrence along the sequence with no bidirectional form '
            '(built with causal=True; a model\'s encoder runs it left to right).')
   text += ('\n\nSequence split: how the layer\'s `sequence_axis` splits one sequence over the '
-           'devices of a mesh axis (context parallelism, `efficient_attn.parallel`): ring '
+           'devices of a mesh axis (context parallelism, `efficient_attn.layers.parallel`): ring '
            '(key/value blocks passed around, online softmax; causal in the zigzag layout), '
            'prefix_state (the kernel states '
            'of the other devices, summed), decayed_state (decayed states), transition (state '

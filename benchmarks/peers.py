@@ -47,7 +47,7 @@ from benchmarks import output
 from benchmarks import peer_algorithms as peers
 from benchmarks import published
 from benchmarks import xla_stats
-from efficient_attn import feature_maps
+from efficient_attn.ops import feature_maps
 
 # (library mechanism, causal, peer name)
 PAIRS = (

@@ -22,7 +22,7 @@ Groups (the contract other tools rely on):
              max_length, reversible, positions (text: 'learned' | 'sinusoidal'),
              interaction (text pairs: 'concat' | 'nli').
   attention  mechanism (a name, or names joined by '+' that the blocks take in turn:
-             'linear+local', see efficient_attn.hybrid), projection, options (a ConfigDict of
+             'linear+local', see efficient_attn.layers.hybrid), projection, options (a ConfigDict of
              mechanism options), rotary, num_kv_heads.
   optim      name, learning_rate, warmup_steps, weight_decay, grad_clip, b1, b2.
   train      num_steps or num_epochs (num_steps > 0 takes precedence), eval_every, log_every,
@@ -41,7 +41,7 @@ from typing import Any, Dict, Optional
 import ml_collections
 
 from data import specs
-from efficient_attn import hybrid
+from efficient_attn.layers import hybrid
 from efficient_attn import registry
 
 
@@ -275,7 +275,7 @@ def fit_blocks(config, length: int):
   """Block and chunk sizes that tile `length` tokens: the largest divisor of `length` up to
   the mechanism's default (64 -> 50 at 2,000 tokens), for block mechanisms (BigBird,
   Reformer, Sinkhorn) that need the length to be a multiple of their block. In a pattern
-  ('bigbird+local', see `efficient_attn.hybrid`) the options are one mapping: a fitted size
+  ('bigbird+local', see `efficient_attn.layers.hybrid`) the options are one mapping: a fitted size
   goes to every mechanism of the pattern that has the option."""
   for option in (option for d in hybrid.registered(config.attention.mechanism) for option in d.options):
     if option.name in BLOCK_OPTIONS and isinstance(option.default, int):

@@ -4,7 +4,7 @@ Pixels are tokens 0..255 (the digits' 17 levels rescaled), predicted in
 raster order by a small causal Transformer; at the end `samples.png` and
 `samples_completion.png` land in the workdir. The argument picks the mechanism
 (one that can decode, which the samples need: linear, softmax, rfa, performer, local,
-softmax_chunked; `efficient_attn.decoding.decodable_mechanisms()` lists them all):
+softmax_chunked; `efficient_attn.layers.decoding.decodable_mechanisms()` lists them all):
 
     --config=configs/digits_pixels.py:linear
 """

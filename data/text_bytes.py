@@ -40,7 +40,7 @@ byte (`labels` = those bytes) and reads the byte before each one (`inputs`
 causal model's start token, `CausalTransformer.start_token`) before its first
 byte. So every byte of every document is predicted exactly once, a window's
 context is the window itself, and a document's first window is what the
-sampler (`efficient_attn.sampling`) sees when it continues a prompt. The last
+sampler (`efficient_attn.models.sampling`) sees when it continues a prompt. The last
 window of a document is padded (input 0, label -100). Mean cross-entropy per
 scored position / ln 2 is bits per byte.
 

@@ -22,13 +22,10 @@ registry with each mechanism's `example` options. Adding a mechanism is one
 file in `efficient_attn/mechanisms/` (imported automatically) plus its test.
 """
 import dataclasses
-import functools
-import importlib
 import math
-import pkgutil
 from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Tuple, Union
 
-from efficient_attn import softmax
+from efficient_attn.ops import scaled_dot_product
 
 PROJECTIONS: Tuple[str, ...] = ('standard', 'optimised', 'efficient', 'super')
 MASKS = ('any', 'key_padding')
@@ -296,13 +293,13 @@ class Mechanism:
   def attend_sharded(self, options: Options, params: Mapping[str, Any], q, k, v, *, mask,
                      causal: bool, ctx: 'Context', axis: str):
     """`attend` on one device's block of the sequence, inside `jax.shard_map` over the
-    mesh axis `axis` (context parallelism; `efficient_attn.parallel` runs it).
+    mesh axis `axis` (context parallelism; `efficient_attn.layers.parallel` runs it).
 
     q, k, v are this device's blocks `[batch, length / devices, heads, d]` (device i holds
     tokens i * block .. (i + 1) * block - 1), `mask` the block of the key padding
     `[batch, length / devices]` (True = a real token) or None, `ctx.gates` the block of
     the gates. Returns this block of `attend`'s output. Declared by `sequence_parallel`;
-    a mechanism without it refuses (`efficient_attn.parallel.check`).
+    a mechanism without it refuses (`efficient_attn.layers.parallel.check`).
     """
     del options, params, q, k, v, mask, causal, ctx
     raise ValueError(f'mechanism {self.name!r} cannot split the sequence over mesh axis '
@@ -311,7 +308,7 @@ class Mechanism:
   def reference(self, options: Options, q, k, v):
     """The exact attention this mechanism approximates (default: softmax attention)."""
     del options
-    return softmax.softmax_attention(q, k, v)
+    return scaled_dot_product.softmax_attention(q, k, v)
 
   def exact_options(self, length: int) -> Optional[Dict[str, Any]]:
     """Options under which `attend` equals `reference` at this length, or None."""
@@ -404,45 +401,21 @@ def register(cls):
   return cls
 
 
-@functools.lru_cache(maxsize=None)
-def _load_all() -> None:
-  """Imports every module of `efficient_attn.mechanisms` (they register themselves).
-
-  Runs once per process, whatever was imported before: a caller that imported
-  one mechanism module directly still sees every mechanism afterwards.
-  """
-  import efficient_attn.mechanisms as package  # pylint: disable=g-import-not-at-top
-  names = sorted(m.name for m in pkgutil.iter_modules(package.__path__))
-  modules = [f'{package.__name__}.{n}' for n in ['softmax'] + [n for n in names
-                                                             if n != 'softmax']]
-  for module in modules:
-    importlib.import_module(module)
-  # The same order whatever was imported first: by module, then as registered.
-  rank = {module: i for i, module in enumerate(modules)}
-  ordered = sorted(_MECHANISMS.items(), key=lambda kv: rank.get(type(kv[1]).__module__,
-                                                                len(rank)))
-  _MECHANISMS.clear()
-  _MECHANISMS.update(ordered)
-
-
 def list_mechanisms() -> Tuple[str, ...]:
   """Every registered mechanism name ('softmax' first, then by module)."""
-  _load_all()
   return tuple(_MECHANISMS)
 
 
 def mechanisms() -> Tuple[Mechanism, ...]:
   """Every registered declaration, in `list_mechanisms` order."""
-  _load_all()
   return tuple(_MECHANISMS.values())
 
 
 def get_mechanism(name: str) -> Mechanism:
   """The declaration registered as `name`; ValueError lists the valid names."""
-  _load_all()
   if name not in _MECHANISMS:
     stack = (" (a pattern 'a+b' names the mechanisms a stack's blocks take in turn: "
-             "TransformerConfig, efficient_attn.hybrid; a layer takes one)"
+             "TransformerConfig, efficient_attn.layers.hybrid; a layer takes one)"
              if '+' in str(name) else '')
     raise ValueError(f'Unknown attention mechanism {name!r}{stack}; valid mechanisms: '
                      f'{", ".join(_MECHANISMS)}')

@@ -4,7 +4,7 @@ Each study folder has a `results.py` whose `table()` returns its results table i
 read from the study's JSON (no training, no model). The study's README holds that table
 between the markers `<!-- results:start -->` and `<!-- results:end -->`. The index,
 studies/README.md, holds a row per study from each `results.py`'s `QUESTION`, `BUDGET` and
-`headline()`. A test (tests/test_doc_numbers.py) fails when a README's table differs from
+`headline()`. A test (tests/project/test_doc_numbers.py) fails when a README's table differs from
 what the JSON gives.
 
     python -m studies.tables                                    # check: exit 1 naming the stale

@@ -1,7 +1,7 @@
 """Every registered mechanism on CIFAR-10 with the same ViT (configs/cifar10.py's base size).
 
 Each run is exactly what `--config=configs/cifar10.py:<mechanism>` runs, the
-mechanism's declared options included (`tests/test_sweep.py` checks it). The
+mechanism's declared options included (`tests/train/test_sweep.py` checks it). The
 recorded study on real CIFAR-10 (seven mechanisms, size=small, equal budget) is
 `studies/cifar10_mechanisms/`.
 """

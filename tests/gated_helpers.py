@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import efficient_attn as ea
-from efficient_attn import layer as layer_lib
+from efficient_attn.layers import multi_head as layer_lib
 from efficient_attn import registry
 
 

@@ -1,7 +1,13 @@
 """Assertions and inputs shared by several test files."""
+import importlib.util
+import os
+
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
+
+from efficient_attn.models import sampling as sampling_lib
 
 
 def assert_no_lookahead(fn, args, past_args=(1, 2)):
@@ -67,3 +73,45 @@ def np_kernel_ref(phi_q, phi_k, v, key_padding=None, causal=False, *, eps,
   if normalize:
     out = out / np_safe(np.swapaxes(a.sum(-1), 1, 2), eps)[..., None]
   return out
+
+
+def random_variables(layer, x):
+  """Variables of `layer` for `x`, drawn with NumPy (no init to compile); the super
+  scheme's W_A is then dense, not the identity, so it mixes every position."""
+  shapes = jax.eval_shape(layer.init, jax.random.PRNGKey(0), x)
+  rng = np.random.default_rng(1)
+  return jax.tree.map(lambda s: jnp.asarray(0.3 * rng.standard_normal(s.shape), s.dtype),
+                      shapes)
+
+
+def assert_close_where(a, b, where, what):
+  """a == b (to float32 round-off of their scale) at `where` [batch, length]."""
+  scale = max(1.0, float(np.abs(b).max()))  # fnet's outputs reach ~100
+  gap = np.abs(np.asarray(a) - np.asarray(b)) * np.asarray(where)[..., None]
+  assert gap.max() <= 1e-5 * scale, f'{what}: moved by {gap.max():.3g}'
+
+
+def assert_decode_matches_parallel(model, params, inputs, atol=1e-3):
+  """A `CausalTransformer`'s one-token-at-a-time logits equal its parallel forward.
+
+  inputs `[b, n]` (already shifted right); checked at every position.
+  """
+  b, n = inputs.shape
+  parallel = jax.jit(model.apply)({'params': params}, inputs)
+  step = jax.jit(sampling_lib.make_step(model))
+  cache = jax.jit(lambda p: sampling_lib.init_cache(model.clone(decode=True), p, b, n))(params)
+  for t in range(n):
+    logits, cache = step(params, cache, inputs[:, t])
+    np.testing.assert_allclose(logits, parallel[:, t], atol=atol, rtol=atol,
+                               err_msg=f'position {t}')
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load_config(path: str, arg: str = None) -> ml_collections.ConfigDict:
+  """Loads a config file as `--config=path[:arg]` does."""
+  spec = importlib.util.spec_from_file_location('cfg', os.path.join(ROOT, path))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg) if arg else module.get_config()

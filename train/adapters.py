@@ -21,7 +21,7 @@ import jax
 import optax
 
 import fields
-from efficient_attn import lora
+from efficient_attn.layers import lora
 
 PRESETS = {
     'default': lora.DEFAULT_TARGETS,      # attention projections + Transformer MLP

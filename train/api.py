@@ -14,7 +14,7 @@
 
 The data comes from `data`'s public functions (get_train_data,
 get_eval_data, get_eval_batch, ...). Everything else in `train/` is the
-trainer's own and may change; `tests/test_layering.py` holds the tools to this
+trainer's own and may change; `tests/project/test_layering.py` holds the tools to this
 module. Batches are dicts of arrays (see `data/__init__.py`):
 'inputs' `[batch, ...]`, 'label' `[batch]`, 'mask' `[batch]`.
 """
@@ -28,7 +28,7 @@ from train import adapters
 from train import checkpoint
 from train import inference
 from train import logs
-from train import models
+from train import modeling
 from train import optim
 from train import pyfile
 from train import sharding
@@ -42,8 +42,8 @@ Checkpointer = checkpoint.Checkpointer  # the trainer's checkpoint writer (manif
 TrainState = steps_lib.TrainState       # step (int32 scalar), params, opt_state
 train_and_evaluate = trainer.train_and_evaluate
 evaluate = trainer.evaluate
-dummy_inputs = models.dummy_inputs      # (config, batch_size) -> zero inputs [batch, ...]
-create_model = models.create_model      # (config) -> the trainer's Flax model, unbuilt
+dummy_inputs = modeling.dummy_inputs      # (config, batch_size) -> zero inputs [batch, ...]
+create_model = modeling.create_model      # (config) -> the trainer's Flax model, unbuilt
 is_local = fields.is_local             # a path on this machine (not gs://, s3://, ...)
 quiet_logs = logs.quiet_logs           # (verbose) absl warnings only, no missing-TPU notice
 
@@ -110,7 +110,7 @@ class Built:
   @property
   def num_params(self) -> int:
     """How many numbers the model's parameters hold."""
-    return models.count_params(self.state.params)
+    return modeling.count_params(self.state.params)
 
   def train_batches(self, start: int = 0) -> Iterator[Dict[str, Any]]:
     """The config's training batches from step `start`, as global arrays on the mesh."""

@@ -9,7 +9,7 @@ the data is not read. The benchmarks and analysis tools load runs this way.
 from typing import Any, Tuple
 
 from train import checkpoint
-from train import models
+from train import modeling
 from train import sharding
 from train import steps
 from train import validate
@@ -28,7 +28,7 @@ def load(workdir: str, mesh=None) -> Tuple[Any, Any, Any]:
     raise FileNotFoundError(f'{workdir} has no {workdir_lib.CONFIG}: not a run directory')
   config = validate.resolved(stored, read_data=False)
   mesh = sharding.create_mesh() if mesh is None else mesh
-  model = models.create_model(config, split_sequence=False)
+  model = modeling.create_model(config, split_sequence=False)
   _, params = checkpoint.restore_params(workdir, mesh,
                                         steps.abstract_params(model, config, mesh))
   return config, model, params

@@ -12,7 +12,7 @@ from typing import Dict
 
 import fields
 from train import mesh as mesh_lib
-from train import models
+from train import modeling
 
 FIELDS = (  # what `config.train` accepts, field by field (the rules between fields: check)
     *(fields.Field(f'train.{name}', above=0, integer=True)
@@ -20,7 +20,7 @@ FIELDS = (  # what `config.train` accepts, field by field (the rules between fie
     # the model's and the data's seed: jax.random.key takes a 64-bit signed int, the data's
     # numpy generators a non-negative one (-1 failed after config.json was written)
     fields.Field('train.seed', minimum=0, below=2**63, integer=True),
-    fields.Field('train.dtype', choices=tuple(models.DTYPES)),
+    fields.Field('train.dtype', choices=tuple(modeling.DTYPES)),
     fields.Field('train.fsdp_min_size', minimum=0, integer=True,
                  default=mesh_lib.FSDP_MIN_SIZE, note='(elements; smaller leaves stay '
                  'replicated)'),

@@ -16,7 +16,7 @@ matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # pylint: disable=wrong-import-position
 import numpy as np  # pylint: disable=wrong-import-position
 
-from efficient_attn.sampling import make_sampler  # pylint: disable=wrong-import-position
+from efficient_attn.models.sampling import make_sampler  # pylint: disable=wrong-import-position
 
 
 def images_to_tokens(images) -> jnp.ndarray:

@@ -24,7 +24,7 @@ import ml_collections
 import optax
 
 from train import mesh as mesh_lib
-from train import models
+from train import modeling
 
 MIN_SIZE = mesh_lib.FSDP_MIN_SIZE
 
@@ -39,9 +39,9 @@ class TrainState:
 
 def init_params(model, inputs, key):
   """Fresh parameters of `model` (float32), initialised on `inputs`: example inputs
-  `[1, ...]` (`models.dummy_inputs`), or the config whose dummy inputs they are."""
+  `[1, ...]` (`modeling.dummy_inputs`), or the config whose dummy inputs they are."""
   if isinstance(inputs, ml_collections.ConfigDict):
-    inputs = models.dummy_inputs(inputs)
+    inputs = modeling.dummy_inputs(inputs)
   variables = model.init({'params': key}, inputs, train=False)
   return variables['params']
 

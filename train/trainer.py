@@ -27,12 +27,12 @@ import numpy as np
 
 import data
 from train import adapters
-from efficient_attn import hybrid
+from efficient_attn.layers import hybrid
 from efficient_attn import registry
 from train import checkpoint
 from train import mesh as mesh_lib
 from train import metrics as metrics_lib
-from train import models
+from train import modeling
 from train import optim
 from train import preemption
 from train import sharding
@@ -68,8 +68,8 @@ class Session:
     except ValueError as e:
       raise validate.ConfigError(str(e)) from None
     self.task = tasks.get_task(self.config.task)
-    self.model = models.create_model(self.config, self.dataset, r.mechanism)
-    self.inputs = models.dummy_inputs(self.config, dataset=self.dataset)
+    self.model = modeling.create_model(self.config, self.dataset, r.mechanism)
+    self.inputs = modeling.dummy_inputs(self.config, dataset=self.dataset)
     if mesh_lib.size(self.mesh, mesh_lib.SEQUENCE_AXIS) > 1:
       self._check_sequence(r.mechanism)
 
@@ -78,7 +78,7 @@ class Session:
     a length it divides, a mechanism with a sequence-parallel form, and whatever else the
     library refuses when the model is traced on the mesh."""
     n = mesh_lib.size(self.mesh, mesh_lib.SEQUENCE_AXIS)
-    length = models.sequence_length(self.config, self.dataset)[0]
+    length = modeling.sequence_length(self.config, self.dataset)[0]
     try:
       if not length:
         raise ValueError(f"config.train.mesh['sequence']={n} needs a model with a sequence; "
@@ -344,7 +344,7 @@ def _say(message: str) -> None:
 
 def _log_start(s: Session, state, num_steps: int, train_data, warmup: int) -> None:
   c = s.config
-  total, attention = models.parameter_counts(state.params)
+  total, attention = modeling.parameter_counts(state.params)
   _say(f'{c.model.kind}: {c.attention.projection} x {c.attention.mechanism} attention, '
        f'{total:,} parameters ({attention:,} per attention layer); {jax.device_count()} '
        f'devices, {jax.process_count()} processes; {num_steps} steps of '
@@ -358,7 +358,7 @@ def _log_start(s: Session, state, num_steps: int, train_data, warmup: int) -> No
 def _results(s: Session, state, num_steps, start, recent, eval_values, clock, wall_start,
              steps_per_epoch, outputs) -> Dict[str, Any]:
   c = s.config
-  total, attention = models.parameter_counts(state.params)
+  total, attention = modeling.parameter_counts(state.params)
   train_values = metrics_lib.reduce_sums(metrics_lib.sum_rows(recent)) if recent else {}
   epoch_time = clock.epoch_time()
   steady = clock.steady_steps_per_sec()

@@ -4,8 +4,8 @@
     r = validate.resolve(config)       # the config resolved once: what a run is built from
     config = validate.resolved(config) # r.config: a checked copy, options and num_classes filled in
 
-Each concern owns its fields and checks them (`data.check`, `models.check`,
-`models.check_attention`, `optim.check`, `loop.check`, `adapters.check`, declared as
+Each concern owns its fields and checks them (`data.check`, `modeling.check`,
+`modeling.check_attention`, `optim.check`, `loop.check`, `adapters.check`, declared as
 `fields.Field` tables); this module runs them in turn, and keeps what they resolve
 (the dataset, the mechanism's declaration and options, the loop's settings) so
 that nothing below looks them up again. Each message
@@ -19,12 +19,12 @@ from typing import Tuple
 import ml_collections
 
 import fields
-from efficient_attn import hybrid
+from efficient_attn.layers import hybrid
 from efficient_attn import registry
 import data
 from train import adapters
 from train import loop as loop_lib
-from train import models
+from train import modeling
 from train import optim
 from train import tasks
 
@@ -39,7 +39,7 @@ class Resolved:
     config: the checked copy a run records in config.json (`resolved`).
     dataset: `data.Dataset`, what the data pipeline is handed.
     mechanism: the attention mechanism's declaration, passed down the model (a tuple of
-      them for a pattern, 'linear+local': `efficient_attn.hybrid`).
+      them for a pattern, 'linear+local': `efficient_attn.layers.hybrid`).
     options: its complete options (declared defaults plus what the config set; for a
       pattern, `hybrid.merged_options`).
     loop: `loop.Loop`, the training loop's settings.
@@ -55,7 +55,7 @@ def validate_config(config) -> Tuple[hybrid.Mechanisms, registry.Options]:
   """Raises ConfigError for the first invalid field of `config`.
 
   Each concern checks its own fields, in turn: the task, the data (`data.check`), the model
-  (`models.check`), the attention (`models.check_attention`: the registry's own
+  (`modeling.check`), the attention (`modeling.check_attention`: the registry's own
   checks), the optimiser (`optim.check`), the training loop (`loop.check`), the
   samples a task writes, and the adapters (`adapters.check`). Returns the mechanism,
   resolved once: (declaration, options).
@@ -77,13 +77,13 @@ def _check(config):
     dataset = data.check(config)
   except ValueError as e:
     raise ConfigError(str(e)) from None
-  models.check(config, dataset)
+  modeling.check(config, dataset)
   inputs = dataset.input_kind
   if inputs not in task.reads:
     valid = [t for t, v in tasks.TASKS.items() if inputs in v.reads]
     raise ConfigError(f'config.task={config.task!r} is not valid for the {inputs} dataset '
                       f'{config.dataset.name!r}; valid choices: {", ".join(valid)}')
-  decl, options = models.check_attention(config, dataset)
+  decl, options = modeling.check_attention(config, dataset)
   optim.check(config)
   loop = loop_lib.check(config)
   _samples(config, decl)

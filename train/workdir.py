@@ -39,7 +39,7 @@ from etils import epath
 import ml_collections
 
 import fields
-from efficient_attn import hybrid
+from efficient_attn.layers import hybrid
 
 CONFIG = 'config.json'
 RESULTS = 'results.json'

@@ -1,8 +1,9 @@
-"""Attention mechanisms: one file each, pure functions plus a registered declaration.
+"""Attention mechanisms: one file each, a pure function plus a registered declaration.
 
-Every module of this package is imported by `efficient_attn.registry` and
-registers its mechanisms there. Their pure functions are also reachable here
-by name, the decoding steps of the recurrent ones too:
+Importing this package imports every mechanism module, and each registers its
+declaration with `efficient_attn.registry` (softmax first, then by module name: the
+order of `list_mechanisms()`). The pure functions are re-exported here by name, the
+decoding steps of the recurrent ones too:
 
     from efficient_attn import mechanisms
     out = mechanisms.nystrom_attention(q, k, v, num_landmarks=16)
@@ -12,13 +13,56 @@ by name, the decoding steps of the recurrent ones too:
 
 Each registered family has one: `<family>_attention`, or the name in `FUNCTIONS`.
 """
-import importlib
-import pkgutil
+# isort: off  (softmax registers first: it heads `list_mechanisms()`)
+from efficient_attn.mechanisms import softmax
+from efficient_attn.mechanisms import bigbird
+from efficient_attn.mechanisms import deltanet
+from efficient_attn.mechanisms import fnet
+from efficient_attn.mechanisms import gated_deltanet
+from efficient_attn.mechanisms import gla
+from efficient_attn.mechanisms import gmlp
+from efficient_attn.mechanisms import linear
+from efficient_attn.mechanisms import linformer
+from efficient_attn.mechanisms import local
+from efficient_attn.mechanisms import longformer
+from efficient_attn.mechanisms import mamba2
+from efficient_attn.mechanisms import mixer
+from efficient_attn.mechanisms import nystrom
+from efficient_attn.mechanisms import random_features
+from efficient_attn.mechanisms import reformer
+from efficient_attn.mechanisms import retention
+from efficient_attn.mechanisms import sinkhorn
+from efficient_attn.mechanisms import sparse
+from efficient_attn.mechanisms import synthesizer
+# isort: on
+from efficient_attn import registry
+from efficient_attn.mechanisms.bigbird import bigbird_attention
+from efficient_attn.mechanisms.deltanet import delta_rule_attention
+from efficient_attn.mechanisms.fnet import fnet_mixing
+from efficient_attn.mechanisms.gla import gla_attention
+from efficient_attn.mechanisms.gmlp import spatial_gating
+from efficient_attn.mechanisms.linear import linear_attention
+from efficient_attn.mechanisms.linear import linear_attention_step
+from efficient_attn.mechanisms.linformer import linformer_attention
+from efficient_attn.mechanisms.local import local_attention
+from efficient_attn.mechanisms.longformer import longformer_attention
+from efficient_attn.mechanisms.mamba2 import mamba2_attention
+from efficient_attn.mechanisms.mixer import token_mixing
+from efficient_attn.mechanisms.nystrom import nystrom_attention
+from efficient_attn.mechanisms.random_features import performer_attention
+from efficient_attn.mechanisms.random_features import performer_attention_step
+from efficient_attn.mechanisms.random_features import rfa_attention
+from efficient_attn.mechanisms.random_features import rfa_attention_step
+from efficient_attn.mechanisms.reformer import reformer_attention
+from efficient_attn.mechanisms.retention import retention_attention
+from efficient_attn.mechanisms.sinkhorn import sinkhorn_attention
+from efficient_attn.mechanisms.softmax import chunked_softmax_attention
+from efficient_attn.mechanisms.softmax import softmax_attention
+from efficient_attn.mechanisms.sparse import sparse_attention
+from efficient_attn.mechanisms.synthesizer import synthesizer_attention
 
-#: The pure function of each mechanism family not named `<family>_attention` (and
-#: softmax's, which lives in `efficient_attn.softmax` and is re-exported here).
+#: The pure function of each mechanism family not named `<family>_attention`.
 FUNCTIONS = {
-    'softmax': 'softmax_attention',
     'softmax_chunked': 'chunked_softmax_attention',
     'fnet': 'fnet_mixing',
     'gmlp': 'spatial_gating',
@@ -28,45 +72,22 @@ FUNCTIONS = {
 }
 
 
-def _modules():
-  for info in pkgutil.iter_modules(__path__):
-    yield importlib.import_module(f'{__name__}.{info.name}')
-
-
-def _functions():
-  """{name: function} of every public `*_attention`, `*_attention_step` and `*_mixing`
-  function of the package."""
-  out = {}
-  named = set(FUNCTIONS.values())
-  for module in _modules():
-    for name, value in vars(module).items():
-      if not callable(value) or name.startswith('_'):
-        continue
-      if name in named or (name.endswith(('_attention', '_attention_step', '_mixing'))
-                           and getattr(value, '__module__', '') == module.__name__):
-        out[name] = value
-  return out
-
-
 def pure_function(mechanism: str):
   """The pure function of the registered mechanism family `mechanism` (e.g. 'gla' ->
   `gla_attention`); ValueError naming the valid choices."""
-  from efficient_attn import registry  # pylint: disable=g-import-not-at-top
   if mechanism not in registry.list_mechanisms():
     raise ValueError(f'mechanism {mechanism!r} is not registered; valid choices: '
                      f'{", ".join(registry.list_mechanisms())}')
-  return _functions()[FUNCTIONS.get(mechanism, f'{mechanism}_attention')]
+  return globals()[FUNCTIONS.get(mechanism, f'{mechanism}_attention')]
 
 
-def __getattr__(name):
-  if name in {info.name for info in pkgutil.iter_modules(__path__)}:  # a submodule
-    return importlib.import_module(f'{__name__}.{name}')
-  functions = _functions()
-  if name in functions:
-    return functions[name]
-  raise AttributeError(f'efficient_attn.mechanisms has no {name!r}; functions: '
-                       f'{", ".join(sorted(functions))}')
-
-
-def __dir__():
-  return sorted(_functions())
+__all__ = [
+    'FUNCTIONS', 'pure_function',
+    'bigbird_attention', 'chunked_softmax_attention', 'delta_rule_attention', 'fnet_mixing',
+    'gla_attention', 'linear_attention', 'linear_attention_step', 'linformer_attention',
+    'local_attention', 'longformer_attention', 'mamba2_attention', 'nystrom_attention',
+    'performer_attention', 'performer_attention_step', 'reformer_attention',
+    'retention_attention', 'rfa_attention', 'rfa_attention_step', 'sinkhorn_attention',
+    'softmax_attention', 'sparse_attention', 'spatial_gating', 'synthesizer_attention',
+    'token_mixing',
+]

@@ -20,7 +20,7 @@ is exact (causal) softmax attention. Key padding is honoured.
 
 The non-global query blocks gather their W <= G + 3 + R key blocks per head
 through a static index table and take one masked softmax over them
-(`blocksparse.attend`); the G global query blocks are computed densely.
+(`block_sparse.attend`); the G global query blocks are computed densely.
 Cost per head: time O(n (G + 3 + R) B d + G B n d), memory
 O(n (G + 3 + R) B + G B n); no n x n array unless G ~ nb.
 Shapes follow `efficient_attn.registry.Mechanism.attend`.
@@ -29,11 +29,11 @@ from typing import Optional
 
 import numpy as np
 
-from efficient_attn import masking
+from efficient_attn.ops import masking
 from efficient_attn import registry
-from efficient_attn.mechanisms import blocksparse
+from efficient_attn.ops import block_sparse
 from efficient_attn.mechanisms.softmax import SCALE
-from efficient_attn.softmax import default_scale
+from efficient_attn.ops.scaled_dot_product import default_scale
 
 
 def bigbird_layout(num_blocks: int, heads: int, num_global_blocks: int = 1,
@@ -130,7 +130,7 @@ def bigbird_attention(q, k, v, mask=None, causal: bool = False, *, block_size: i
     raise ValueError(f'num_global_blocks must be in [0, {nb}] (the number of blocks, '
                      f'length {n} / block_size {block_size}), got {num_global_blocks}')
   scale = default_scale(d, scale)
-  padding = blocksparse.key_padding(mask, b, n)
+  padding = block_sparse.key_padding(mask, b, n)
   g = num_global_blocks * block_size
 
   def other_rows():
@@ -141,13 +141,13 @@ def bigbird_attention(q, k, v, mask=None, causal: bool = False, *, block_size: i
       qpos = g + np.arange(n - g).reshape(-1, 1, block_size, 1)           # [c, 1, B, 1]
       valid = valid & (index[:, :, None, :] <= qpos)
     valid = valid[None] & padding[:, index][:, :, :, None, :]              # [b, c, h, B, t]
-    segment = blocksparse.Segment('block', blocksparse.gather(k, index),
-                                  blocksparse.gather(v, index), valid)
-    queries = blocksparse.to_blocks(q[:, g:], block_size)
-    out = blocksparse.attend(queries, [segment], scale)
+    segment = block_sparse.Segment('block', block_sparse.gather(k, index),
+                                  block_sparse.gather(v, index), valid)
+    queries = block_sparse.to_blocks(q[:, g:], block_size)
+    out = block_sparse.attend(queries, [segment], scale)
     return out.reshape(b, n - g, h, out.shape[-1])
 
-  return blocksparse.global_rows_first(q, k, v, padding, causal, scale, g, other_rows)
+  return block_sparse.global_rows_first(q, k, v, padding, causal, scale, g, other_rows)
 
 
 @registry.register

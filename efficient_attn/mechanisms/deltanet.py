@@ -17,8 +17,8 @@ import math
 import jax
 import jax.numpy as jnp
 
-from efficient_attn import delta_rule
-from efficient_attn import gated_linear
+from efficient_attn.ops import delta_rule
+from efficient_attn.ops import gated_linear
 from efficient_attn import registry
 
 linear_init = gated_linear.torch_linear_init

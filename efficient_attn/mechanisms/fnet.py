@@ -19,7 +19,7 @@ mixes every position.
 """
 import jax.numpy as jnp
 
-from efficient_attn import masking
+from efficient_attn.ops import masking
 from efficient_attn import registry
 
 

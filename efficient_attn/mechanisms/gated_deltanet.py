@@ -19,7 +19,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from efficient_attn import gated_linear
+from efficient_attn.ops import gated_linear
 from efficient_attn import registry
 from efficient_attn.mechanisms import deltanet
 

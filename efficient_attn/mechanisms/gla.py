@@ -21,7 +21,7 @@ import math
 import flax.linen as nn
 import jax
 
-from efficient_attn import gated_linear
+from efficient_attn.ops import gated_linear
 from efficient_attn import registry
 
 

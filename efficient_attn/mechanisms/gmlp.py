@@ -30,7 +30,7 @@ Rotary positions do not apply (no q . k scores).
 import jax
 import jax.numpy as jnp
 
-from efficient_attn import masking
+from efficient_attn.ops import masking
 from efficient_attn import registry
 
 LAYER_NORM_EPSILON = 1e-5

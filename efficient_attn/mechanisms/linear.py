@@ -3,7 +3,7 @@
 With a feature map phi, attention weights sim(q_i, k_j) = phi(q_i) . phi(k_j)
 give out_i = phi(q_i)^T S / (phi(q_i) . Z) with S = sum_j phi(k_j) v_j^T and
 Z = sum_j phi(k_j), computed right-to-left by the shared core
-`efficient_attn.kernel_attention` in O(n d dv) instead of O(n^2). The causal
+`efficient_attn.ops.kernel_attention` in O(n d dv) instead of O(n^2). The causal
 form's prefix sums are the hidden state of an RNN: decoding costs O(d dv) per
 token whatever the position.
 
@@ -22,17 +22,17 @@ from typing import Callable, Optional, Union
 
 import jax.numpy as jnp
 
-from efficient_attn import feature_maps
-from efficient_attn import masking
+from efficient_attn.ops import feature_maps
+from efficient_attn.ops import masking
 from efficient_attn import registry
-from efficient_attn import rotary
-from efficient_attn.kernel_attention import CHUNK_SIZE
-from efficient_attn.kernel_attention import KernelMechanism
-from efficient_attn.kernel_attention import KernelState
-from efficient_attn.kernel_attention import heads_as_batch
-from efficient_attn.kernel_attention import init_kernel_state  # noqa: F401  (re-exported)
-from efficient_attn.kernel_attention import kernel_attention
-from efficient_attn.kernel_attention import kernel_attention_step
+from efficient_attn.ops import rotary
+from efficient_attn.ops.kernel_attention import CHUNK_SIZE
+from efficient_attn.ops.kernel_attention import KernelMechanism
+from efficient_attn.ops.kernel_attention import KernelState
+from efficient_attn.ops.kernel_attention import heads_as_batch
+from efficient_attn.ops.kernel_attention import init_kernel_state  # noqa: F401  (re-exported)
+from efficient_attn.ops.kernel_attention import kernel_attention
+from efficient_attn.ops.kernel_attention import kernel_attention_step
 
 FeatureMapArg = Union[str, Callable[[jnp.ndarray], jnp.ndarray]]
 
@@ -86,7 +86,7 @@ def linear_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask=None,
   Args:
     q: `[batch, q_length, heads, d]`; k: `[batch, kv_length, heads, d]`;
     v: `[batch, kv_length, heads, dv]`.
-    mask: any `efficient_attn.masking` form; reduced to key padding with
+    mask: any `efficient_attn.ops.masking` form; reduced to key padding with
       `masking.key_padding_from_mask` (padded keys get zero weight).
     causal: query i sees keys j <= i (needs q_length == kv_length).
     eps: denominator clamp (see `safe_denominator`).
@@ -94,7 +94,7 @@ def linear_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask=None,
     return_state: also return the final `KernelState` (prefill for decoding).
     positions: optional (query positions `[q_length]`, key positions
       `[kv_length]`): rotary positions in RoFormer's linear form (Su et al.
-      2021; `efficient_attn.rotary.numerator`).
+      2021; `efficient_attn.ops.rotary.numerator`).
     sequence_axis: the inputs are one device's block of a sequence split over this
       mesh axis (inside `jax.shard_map`; see `kernel_attention`); positions are then
       the block's.

@@ -16,10 +16,10 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from efficient_attn import masking
+from efficient_attn.ops import masking
 from efficient_attn import registry
 from efficient_attn.mechanisms.softmax import SCALE
-from efficient_attn.softmax import softmax_attention
+from efficient_attn.ops.scaled_dot_product import softmax_attention
 
 SHARING_MODES = ('none', 'headwise', 'kv', 'layerwise')
 

@@ -15,17 +15,17 @@ Shapes follow `efficient_attn.registry.Mechanism.attend`.
 `band_blocks` builds the blocked band (queries, keys, values, band mask) once;
 `local_attention` and the mechanisms that add other keys to the band
 (Longformer's global tokens, the Sparse Transformer's strided pattern) all
-call it and take the softmax with `blocksparse.attend`.
+call it and take the softmax with `block_sparse.attend`.
 """
 from typing import NamedTuple, Optional
 
 import jax.numpy as jnp
 
-from efficient_attn import parallel
+from efficient_attn.ops import collectives
 from efficient_attn import registry
-from efficient_attn.mechanisms import blocksparse
+from efficient_attn.ops import block_sparse
 from efficient_attn.mechanisms.softmax import SCALE
-from efficient_attn.softmax import default_scale
+from efficient_attn.ops.scaled_dot_product import default_scale
 
 
 def _blocks_with_neighbours(x, block: int, left: int, right: int, num_blocks: int):
@@ -49,7 +49,7 @@ class Band(NamedTuple):
     queries: `[batch, num_blocks, block, heads, head_dim]`, zero-padded to
       num_blocks * block positions.
     segment: the band keys and values of each query block, a
-      `blocksparse.Segment` in the 'block' layout (`[batch, num_blocks, t,
+      `block_sparse.Segment` in the 'block' layout (`[batch, num_blocks, t,
       heads, dim]`, t = (left + 1 + right) * block) whose `valid`
       `[batch, num_blocks, 1, block, t]` is the band, the sequence bounds and
       the key padding.
@@ -57,7 +57,7 @@ class Band(NamedTuple):
       band key (outside [0, n) for padding), broadcastable to `segment.valid`.
   """
   queries: jnp.ndarray
-  segment: blocksparse.Segment
+  segment: block_sparse.Segment
   key_pos: jnp.ndarray
 
 
@@ -75,7 +75,7 @@ def band_blocks(q, k, v, key_padding, window: int, causal: bool = False,
     block_size: query/key block size (see `local_attention` for the default).
 
   Returns:
-    A `Band`; `blocksparse.attend(band.queries, [band.segment], scale)` is
+    A `Band`; `block_sparse.attend(band.queries, [band.segment], scale)` is
     local attention, `[batch, num_blocks, block, heads, v_dim]`. Memory
     O(n (w + block)) per head.
   """
@@ -107,7 +107,7 @@ def band_blocks(q, k, v, key_padding, window: int, causal: bool = False,
     band = jnp.abs(qpos - kpos) <= half
   band = band & (kpos >= 0) & (kpos < n)                              # [c, B, t]
   valid = band[None, :, None] & kpb[:, :, None, None, :]              # [b, c, 1, B, t]
-  return Band(qb, blocksparse.Segment('block', kb, vb, valid), kpos[None, :, None])
+  return Band(qb, block_sparse.Segment('block', kb, vb, valid), kpos[None, :, None])
 
 
 def local_attention(q, k, v, window: int, mask=None, causal: bool = False,
@@ -147,9 +147,9 @@ def local_attention(q, k, v, window: int, mask=None, causal: bool = False,
   b, n, _, d = q.shape
   if k.shape[1] != n:
     raise ValueError(f'local_attention needs q_length == kv_length, got {n} and {k.shape[1]}')
-  padding = blocksparse.key_padding(mask, b, n)
+  padding = block_sparse.key_padding(mask, b, n)
   band = band_blocks(q, k, v, padding, window, causal, block_size)
-  out = blocksparse.attend(band.queries, [band.segment], default_scale(d, scale))
+  out = block_sparse.attend(band.queries, [band.segment], default_scale(d, scale))
   out = out.reshape(b, -1, out.shape[3], out.shape[4])[:, :n]
   return out.astype(v.dtype)
 
@@ -188,12 +188,12 @@ class Local(registry.Mechanism):
   def attend_sharded(self, options, params, q, k, v, *, mask, causal, ctx, axis):
     """Local attention on one device's block: its keys and values with the halo the band
     reaches, the previous devices' last window - 1 (causal) or window // 2 tokens and,
-    bidirectional, the next devices' first window // 2 (`parallel.with_halo`; keys past
+    bidirectional, the next devices' first window // 2 (`collectives.with_halo`; keys past
     the sequence's ends are padding)."""
     b, m = q.shape[:2]
     before, after = (options.window - 1, 0) if causal else (options.window // 2, options.window // 2)
     padding = jnp.ones((b, m), bool) if mask is None else mask
-    k, v, padding = (parallel.with_halo(x, before, after, axis) for x in (k, v, padding))
+    k, v, padding = (collectives.with_halo(x, before, after, axis) for x in (k, v, padding))
     q = jnp.pad(q, ((0, 0), (before, after), (0, 0), (0, 0)))
     out = local_attention(q, k, v, options.window, mask=padding, causal=causal, scale=options.scale,
                           block_size=options.block_size)

@@ -9,7 +9,7 @@ with g = min(global_tokens, n), and, causal, always j <= i. Each query takes
 ONE softmax over all the keys it sees; a global key inside the band is counted
 once. The band is the blocked band of `local.band_blocks` (the same code as
 `local_attention`), extended by the g global keys in a joint softmax
-(`blocksparse.attend`); the g global query rows are computed densely against
+(`block_sparse.attend`); the g global query rows are computed densely against
 all keys. With g >= n every query is global and this is exact softmax attention.
 
 Cost per head: time O(n (w + g) d), memory O(n (w + g)) (w ~ window, see
@@ -18,12 +18,12 @@ g ~ n. Shapes follow `efficient_attn.registry.Mechanism.attend`.
 """
 from typing import Optional
 
-from efficient_attn import masking
+from efficient_attn.ops import masking
 from efficient_attn import registry
-from efficient_attn.mechanisms import blocksparse
+from efficient_attn.ops import block_sparse
 from efficient_attn.mechanisms import local
 from efficient_attn.mechanisms.softmax import SCALE
-from efficient_attn.softmax import default_scale
+from efficient_attn.ops.scaled_dot_product import default_scale
 
 
 def longformer_attention(q, k, v, mask=None, causal: bool = False, *, window: int = 64,
@@ -57,7 +57,7 @@ def longformer_attention(q, k, v, mask=None, causal: bool = False, *, window: in
   b, n, h, d = q.shape
   g = min(global_tokens, n)
   scale = default_scale(d, scale)
-  padding = blocksparse.key_padding(mask, b, n)
+  padding = block_sparse.key_padding(mask, b, n)
 
   def other_rows():
     band = local.band_blocks(q, k, v, padding, window, causal)
@@ -65,12 +65,12 @@ def longformer_attention(q, k, v, mask=None, causal: bool = False, *, window: in
     segments = [band.segment._replace(valid=band.segment.valid & (band.key_pos >= g))]
     if g:
       # Rows i < g are dropped below, so every kept row has i >= g > j: causal holds.
-      segments.append(blocksparse.Segment('shared', k[:, :g], v[:, :g],
+      segments.append(block_sparse.Segment('shared', k[:, :g], v[:, :g],
                                           padding[:, None, None, None, :g]))
-    out = blocksparse.attend(band.queries, segments, scale)
+    out = block_sparse.attend(band.queries, segments, scale)
     return out.reshape(b, -1, h, out.shape[-1])[:, g:n]
 
-  return blocksparse.global_rows_first(q, k, v, padding, causal, scale, g, other_rows)
+  return block_sparse.global_rows_first(q, k, v, padding, causal, scale, g, other_rows)
 
 
 @registry.register

@@ -36,8 +36,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from efficient_attn import gated_linear
-from efficient_attn import masking
+from efficient_attn.ops import gated_linear
+from efficient_attn.ops import masking
 from efficient_attn import registry
 
 linear_init = gated_linear.torch_linear_init

@@ -21,7 +21,7 @@ hidden units read every position), and rotary positions do not apply.
 import jax
 import jax.numpy as jnp
 
-from efficient_attn import masking
+from efficient_attn.ops import masking
 from efficient_attn import registry
 
 

@@ -21,10 +21,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from efficient_attn import masking
+from efficient_attn.ops import masking
 from efficient_attn import registry
 from efficient_attn.mechanisms.softmax import SCALE
-from efficient_attn.softmax import softmax_weights
+from efficient_attn.ops.scaled_dot_product import softmax_weights
 
 
 def iterative_pinv(a, iterations: int = 6):

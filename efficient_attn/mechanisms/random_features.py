@@ -1,14 +1,14 @@
 """Random-feature attention: RFA (trigonometric features) and Performer (FAVOR+).
 
 Both replace exp(q . k) by phi(q) . phi(k) with random features phi and run the
-shared kernel core `efficient_attn.kernel_attention`, so they
+shared kernel core `efficient_attn.ops.kernel_attention`, so they
 cost O(n m dv) time and O(n (m + dv) + m dv) memory per head for m features
 (causal: chunked scan, see `kernel_attention`), and decode in O(m dv) per token.
 
 Shapes: q `[batch, q_length, heads, d]`, k `[batch, kv_length, heads, d]`,
 v `[batch, kv_length, heads, dv]` -> `[batch, q_length, heads, dv]`; the random
 projection W `[num_features, d]` is shared by all heads. Masks follow
-`efficient_attn.masking`; only their key-padding part is honoured.
+`efficient_attn.ops.masking`; only their key-padding part is honoured.
 
 Redraw policy (both mechanisms): by default the projection is FIXED per
 layer, drawn from `feature_maps.fixed_feature_rng(seed, layer tag)`, i.e.
@@ -25,18 +25,18 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from efficient_attn import feature_maps
-from efficient_attn import masking
+from efficient_attn.ops import feature_maps
+from efficient_attn.ops import masking
 from efficient_attn import registry
-from efficient_attn import rotary
-from efficient_attn.softmax import softmax_attention
-from efficient_attn.kernel_attention import CHUNK_SIZE
-from efficient_attn.kernel_attention import KernelMechanism
-from efficient_attn.kernel_attention import KernelState
-from efficient_attn.kernel_attention import heads_as_batch
-from efficient_attn.kernel_attention import kernel_attention
-from efficient_attn.kernel_attention import kernel_attention_step
-from efficient_attn.kernel_attention import loop_rows_here
+from efficient_attn.ops import rotary
+from efficient_attn.ops.scaled_dot_product import softmax_attention
+from efficient_attn.ops.kernel_attention import CHUNK_SIZE
+from efficient_attn.ops.kernel_attention import KernelMechanism
+from efficient_attn.ops.kernel_attention import KernelState
+from efficient_attn.ops.kernel_attention import heads_as_batch
+from efficient_attn.ops.kernel_attention import kernel_attention
+from efficient_attn.ops.kernel_attention import kernel_attention_step
+from efficient_attn.ops.kernel_attention import loop_rows_here
 
 Sigma = Union[float, jnp.ndarray]
 
@@ -96,7 +96,7 @@ def rfa_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, projection: jn
   Args:
     q, k, v: see module docstring.
     projection: W `[D, d]` (e.g. `feature_maps.gaussian_projection`).
-    mask: any `efficient_attn.masking` form, reduced to key padding.
+    mask: any `efficient_attn.ops.masking` form, reduced to key padding.
     causal: query i sees keys j <= i (needs q_length == kv_length).
     eps: denominator clamp.
     gate: optional `[batch, kv_length, heads]` in (0, 1); requires causal.
@@ -185,7 +185,7 @@ def performer_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
   Args:
     q, k, v: see module docstring.
     projection: W `[m, d]`, e.g. `feature_maps.gaussian_projection(rng, m, d)`.
-    mask: any `efficient_attn.masking` form, reduced to key padding.
+    mask: any `efficient_attn.ops.masking` form, reduced to key padding.
     causal: query i sees keys j <= i (needs q_length == kv_length).
     eps: denominator clamp (None: `performer_eps` of the compute dtype).
     chunk_size: causal chunk length (None: 64 on CPU, 256 on GPU and TPU).

@@ -55,12 +55,12 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from efficient_attn import masking
+from efficient_attn.ops import masking
 from efficient_attn import registry
 from efficient_attn.mechanisms.softmax import SCALE
-from efficient_attn.params import ParamSpecs
-from efficient_attn.softmax import default_scale
-from efficient_attn.softmax import masked_softmax
+from efficient_attn.ops.per_head_mlp import ParamSpecs
+from efficient_attn.ops.scaled_dot_product import default_scale
+from efficient_attn.ops.scaled_dot_product import masked_softmax
 
 # Lowering of a token's score for itself (trax's `mask_self_attention`).
 SELF_SCORE_PENALTY = 1e5

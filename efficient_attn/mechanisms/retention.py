@@ -9,7 +9,7 @@ affine parameters) and the swish gate of the token: out_t = swish(x_t W_G) *
 norm(o_t), before the layer's output projection W_O. RetNet's rotation of q
 and k (its xPos-style relative positions) is the layer's rotary=True.
 
-The recurrence and its chunkwise form are `efficient_attn.gated_linear`'s
+The recurrence and its chunkwise form are `efficient_attn.ops.gated_linear`'s
 (a scalar log-decay per head); decoding keeps the constant-size state S.
 
 Value width. RetNet's values and gate are twice as wide as its queries and keys
@@ -27,7 +27,7 @@ import math
 import flax.linen as nn
 import jax.numpy as jnp
 
-from efficient_attn import gated_linear
+from efficient_attn.ops import gated_linear
 from efficient_attn import registry
 
 

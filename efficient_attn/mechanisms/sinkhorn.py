@@ -54,15 +54,15 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from efficient_attn import masking
+from efficient_attn.ops import masking
 from efficient_attn import registry
 from efficient_attn.mechanisms.softmax import SCALE
-from efficient_attn.params import ParamSpecs
-from efficient_attn.params import mlp_param_specs
-from efficient_attn.params import per_head_mlp
-from efficient_attn.params import require_params
-from efficient_attn.softmax import default_scale
-from efficient_attn.softmax import masked_softmax
+from efficient_attn.ops.per_head_mlp import ParamSpecs
+from efficient_attn.ops.per_head_mlp import mlp_param_specs
+from efficient_attn.ops.per_head_mlp import per_head_mlp
+from efficient_attn.ops.per_head_mlp import require_params
+from efficient_attn.ops.scaled_dot_product import default_scale
+from efficient_attn.ops.scaled_dot_product import masked_softmax
 
 _SORT_PARAMS = ('sort_w1', 'sort_b1', 'sort_w2', 'sort_b2')
 

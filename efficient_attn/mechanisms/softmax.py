@@ -2,23 +2,23 @@
 
 Both take q `[batch, q_length, heads, head_dim]`, k `[batch, kv_length, heads,
 head_dim]`, v `[batch, kv_length, heads, v_dim]` and return `[batch, q_length,
-heads, v_dim]`. Masks follow `efficient_attn.masking`. The plain form's math
-(`softmax_attention`, `softmax_weights`) lives in `efficient_attn.softmax`, which
+heads, v_dim]`. Masks follow `efficient_attn.ops.masking`. The plain form's math
+(`softmax_attention`, `softmax_weights`) lives in `efficient_attn.ops.scaled_dot_product`, which
 the registry imports too; it is re-exported here.
 """
 from typing import Optional
 
 import jax.numpy as jnp
 
-from efficient_attn import flash
-from efficient_attn import fused
-from efficient_attn import masking
-from efficient_attn import parallel
+from efficient_attn.ops import flash
+from efficient_attn.ops import fused_softmax
+from efficient_attn.ops import masking
+from efficient_attn.ops import collectives
 from efficient_attn import registry
-from efficient_attn import softmax as softmax_lib
-from efficient_attn.softmax import default_scale
-from efficient_attn.softmax import softmax_attention
-from efficient_attn.softmax import softmax_weights  # noqa: F401  (re-exported)
+from efficient_attn.ops import scaled_dot_product as softmax_lib
+from efficient_attn.ops.scaled_dot_product import default_scale
+from efficient_attn.ops.scaled_dot_product import softmax_attention
+from efficient_attn.ops.scaled_dot_product import softmax_weights  # noqa: F401  (re-exported)
 
 SCALE = registry.Option('scale', None, float, 'score scale; None: 1/sqrt(head_dim)',
                         above=0.0, allow_none=True)
@@ -26,7 +26,7 @@ IMPLEMENTATION = registry.Option(
     'implementation', 'auto', str, "'auto': the platform's fused kernel (GPU: cuDNN for "
     "16-bit, else the Pallas flash kernel; TPU: Pallas splash) when it can honour the call, "
     "else the einsum ('xla')",
-    choices=fused.IMPLEMENTATIONS)
+    choices=fused_softmax.IMPLEMENTATIONS)
 
 
 def chunked_softmax_attention(q, k, v, mask=None, causal: bool = False,
@@ -36,7 +36,7 @@ def chunked_softmax_attention(q, k, v, mask=None, causal: bool = False,
 
   Queries are processed `q_chunk` at a time against keys and values `k_chunk`
   at a time by online softmax (Rabe & Staats 2021); the backward pass is
-  `efficient_attn.flash`'s, which recomputes each block's probabilities from
+  `efficient_attn.ops.flash`'s, which recomputes each block's probabilities from
   the saved log-sum-exp instead of storing them. Memory O(n d + q_chunk *
   k_chunk) per head in forward and backward, time O(n^2 d); causal masking
   skips the blocks above the diagonal. Equal to `softmax_attention` up to
@@ -88,11 +88,11 @@ def _block_valid(q, k, key_padding, causal: bool):
   return valid
 
 
-# Softmax's ring step (`parallel.RingBlock`): the block's [m, m] scores formed at once.
-DENSE_BLOCK = parallel.RingBlock(_dense_forward, _dense_backward)
+# Softmax's ring step (`collectives.RingBlock`): the block's [m, m] scores formed at once.
+DENSE_BLOCK = collectives.RingBlock(_dense_forward, _dense_backward)
 
 
-def chunked_block(q_chunk: int, k_chunk: int) -> parallel.RingBlock:
+def chunked_block(q_chunk: int, k_chunk: int) -> collectives.RingBlock:
   """softmax_chunked's ring step: the block in `q_chunk` x `k_chunk` blocks
   (`flash.forward`, `flash.backward`), O(m d) memory."""
   def layout(q, k, key_padding, causal):
@@ -116,15 +116,15 @@ def chunked_block(q_chunk: int, k_chunk: int) -> parallel.RingBlock:
                                 lse, pad(g, pq))
     lq, lk = q.shape[1], k.shape[1]
     return dq[:, :lq], dk[:, :lk], dv[:, :lk]
-  return parallel.RingBlock(forward, backward)
+  return collectives.RingBlock(forward, backward)
 
 
 def ring_softmax(options, q, k, v, mask, causal: bool, axis: str, block):
-  """Ring attention (`parallel.ring_attention`) of this device's block with the options'
+  """Ring attention (`collectives.ring_attention`) of this device's block with the options'
   scale, in float32 (or wider), returned in v's dtype."""
   compute = jnp.promote_types(q.dtype, jnp.float32)
   qs = q.astype(compute) * default_scale(q.shape[-1], options.scale)
-  out = parallel.ring_attention(qs, k.astype(compute), v.astype(compute), mask,
+  out = collectives.ring_attention(qs, k.astype(compute), v.astype(compute), mask,
                                 causal=causal, axis=axis, block=block)
   return out.astype(v.dtype)
 
@@ -137,11 +137,11 @@ def _dropout(ctx):
 
 def _fused(options, q, k, v, mask, causal, ctx, dropout: bool = False):
   """The fused kernel's output if `o.implementation` picks one for this call, else None."""
-  impl = fused.choose(options.implementation, q, k, v, mask, causal, dropout=dropout,
+  impl = fused_softmax.choose(options.implementation, q, k, v, mask, causal, dropout=dropout,
                       weights=ctx.forming_weights)
   if impl == 'xla':
     return None
-  return fused.attention(impl, q, k, v, mask, causal, default_scale(q.shape[-1], options.scale))
+  return fused_softmax.attention(impl, q, k, v, mask, causal, default_scale(q.shape[-1], options.scale))
 
 
 @registry.register

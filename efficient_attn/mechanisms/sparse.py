@@ -24,7 +24,7 @@ Computation, blocked by s (n is padded up to a multiple of s with padded keys):
 `local_attention`) plus, for query offset r inside its block, the column
 {m s + r} of the sequence reshaped `[n / s, s]`; 'fixed' takes the own block
 plus the n / s * c summary positions. One joint softmax over both segments
-(`blocksparse.attend`); keys in both sub-patterns (i itself for 'strided', the
+(`block_sparse.attend`); keys in both sub-patterns (i itself for 'strided', the
 own block's summaries for 'fixed') are counted once. Cost per head: time
 O(n (s + n / s) d) and memory O(n (s + n / s)) ('fixed': n / s becomes
 c n / s); no n x n array. Shapes follow
@@ -35,12 +35,12 @@ from typing import Optional
 import jax.numpy as jnp
 import numpy as np
 
-from efficient_attn import masking
+from efficient_attn.ops import masking
 from efficient_attn import registry
-from efficient_attn.mechanisms import blocksparse
+from efficient_attn.ops import block_sparse
 from efficient_attn.mechanisms import local
 from efficient_attn.mechanisms.softmax import SCALE
-from efficient_attn.softmax import default_scale
+from efficient_attn.ops.scaled_dot_product import default_scale
 
 PATTERNS = ('strided', 'fixed')
 
@@ -88,7 +88,7 @@ def sparse_attention(q, k, v, mask=None, causal: bool = False, *, pattern: str =
   s = stride
   nb = -(-n // s)
   q, k, v = (_pad_to(x, nb * s) for x in (q, k, v))
-  padding = _pad_to(blocksparse.key_padding(mask, b, n), nb * s)     # [b, N]
+  padding = _pad_to(block_sparse.key_padding(mask, b, n), nb * s)     # [b, N]
   query_block = np.arange(nb)[:, None]                               # [c, 1]
   if pattern == 'strided':
     # A1: |i - j| <= s - 1 (causal: i - s < j <= i) is local attention's band.
@@ -97,25 +97,25 @@ def sparse_attention(q, k, v, mask=None, causal: bool = False, *, pattern: str =
     # A2: key m s + r for the query at offset r of block c; m == c is i itself (in A1).
     key_block = np.arange(nb)[None, :]                               # [1, m]
     other = key_block < query_block if causal else key_block != query_block
-    columns = blocksparse.to_blocks(padding, s).swapaxes(1, 2)       # [b, r, m]
+    columns = block_sparse.to_blocks(padding, s).swapaxes(1, 2)       # [b, r, m]
     valid = other[None, :, None, None, :] & columns[:, None, None]   # [b, c, 1, r, m]
-    strided = blocksparse.Segment('row', blocksparse.to_blocks(k, s).swapaxes(1, 2),
-                                  blocksparse.to_blocks(v, s).swapaxes(1, 2), valid)
+    strided = block_sparse.Segment('row', block_sparse.to_blocks(k, s).swapaxes(1, 2),
+                                  block_sparse.to_blocks(v, s).swapaxes(1, 2), valid)
     queries, segments = band.queries, [band.segment, strided]
   else:
     # A1: the own block (causal: lower triangle).
     inside = np.tril(np.ones((s, s), bool)) if causal else np.ones((s, s), bool)
-    own_valid = inside & blocksparse.to_blocks(padding, s)[:, :, None, None, :]
-    own = blocksparse.Segment('block', blocksparse.to_blocks(k, s),
-                              blocksparse.to_blocks(v, s), own_valid)
+    own_valid = inside & block_sparse.to_blocks(padding, s)[:, :, None, None, :]
+    own = block_sparse.Segment('block', block_sparse.to_blocks(k, s),
+                              block_sparse.to_blocks(v, s), own_valid)
     # A2: the last num_summary positions of every other block (causal: earlier ones).
     positions = (np.arange(nb)[:, None] * s + np.arange(s - num_summary, s)).reshape(-1)
     key_block = positions[None, :] // s                              # [1, nb * c]
     other = key_block < query_block if causal else key_block != query_block
     valid = other[None, :, None, None, :] & padding[:, None, None, None, positions]
-    summary = blocksparse.Segment('shared', k[:, positions], v[:, positions], valid)
-    queries, segments = blocksparse.to_blocks(q, s), [own, summary]
-  out = blocksparse.attend(queries, segments, scale)
+    summary = block_sparse.Segment('shared', k[:, positions], v[:, positions], valid)
+    queries, segments = block_sparse.to_blocks(q, s), [own, summary]
+  out = block_sparse.attend(queries, segments, scale)
   out = out.reshape(b, nb * s, h, out.shape[-1])[:, :n]
   return out.astype(v.dtype)
 

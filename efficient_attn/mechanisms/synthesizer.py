@@ -39,8 +39,8 @@ lower triangle (`masking.causal_mask`). The 'dense' and 'factorized_dense' logit
 row i depends on q_i only and the 'random' kinds on no input, so causal
 masking of the logits is enough for causality.
 
-Its per-head MLP and parameter helpers live in `efficient_attn.params`, its
-masked softmax in `efficient_attn.softmax`.
+Its per-head MLP and parameter helpers live in `efficient_attn.ops.per_head_mlp`, its
+masked softmax in `efficient_attn.ops.scaled_dot_product`.
 """
 import math
 from typing import Optional
@@ -48,16 +48,16 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from efficient_attn import masking
-from efficient_attn import feature_maps
+from efficient_attn.ops import masking
+from efficient_attn.ops import feature_maps
 from efficient_attn import registry
 from efficient_attn.mechanisms.softmax import SCALE
-from efficient_attn.params import ParamSpecs
-from efficient_attn.params import mlp_param_specs
-from efficient_attn.params import per_head_mlp
-from efficient_attn.params import require_params
-from efficient_attn.softmax import default_scale
-from efficient_attn.softmax import masked_softmax
+from efficient_attn.ops.per_head_mlp import ParamSpecs
+from efficient_attn.ops.per_head_mlp import mlp_param_specs
+from efficient_attn.ops.per_head_mlp import per_head_mlp
+from efficient_attn.ops.per_head_mlp import require_params
+from efficient_attn.ops.scaled_dot_product import default_scale
+from efficient_attn.ops.scaled_dot_product import masked_softmax
 
 KINDS = ('dense', 'random', 'factorized_dense', 'factorized_random')
 

@@ -5,12 +5,12 @@
                               vocab_size=256)
     logits = model.apply(params, shift_right(pixels, model.start_token))   # training
     # generation: model.clone(decode=True), one token `[batch, 1]` per call,
-    # state in the 'cache' collection (see `efficient_attn.sampling`).
+    # state in the 'cache' collection (see `efficient_attn.models.sampling`).
 """
 import flax.linen as nn
 import jax.numpy as jnp
 
-from efficient_attn import checks
+from efficient_attn.ops import traced_checks
 from efficient_attn.models.transformer import Encoder
 from efficient_attn.models.transformer import TransformerConfig
 
@@ -64,7 +64,7 @@ class CausalTransformer(nn.Module):
                      (1, c.max_length, c.d_model), c.param_dtype)
     if self.decode and self.has_variable('cache', 'position'):
       position = self.variable('cache', 'position', jnp.zeros, (), jnp.int32)
-      checks.runtime_check(position.value + n <= c.max_length,
+      traced_checks.runtime_check(position.value + n <= c.max_length,
                            'decoding step at position {} is past max_length={} (the learned '
                            'positions table); build the model with a longer max_length',
                            position.value, c.max_length)

@@ -25,33 +25,33 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from efficient_attn.models import layers
+from efficient_attn.models import blocks
 
 RNG_STREAMS = ('dropout', 'features')  # the streams attention and dropout draw from
 
 
 class AttentionBranch(nn.Module):
   """F: LayerNorm -> attention -> dropout."""
-  config: layers.TransformerConfig
+  config: blocks.TransformerConfig
   shared_params: Optional[Mapping[str, Any]] = None
 
   @nn.compact
   def __call__(self, x, mask=None, deterministic: bool = True):
     c = self.config
     y = nn.LayerNorm(dtype=c.dtype, param_dtype=c.param_dtype)(x)
-    y = layers.attention_layer(c, self.shared_params)(y, mask=mask, deterministic=deterministic)
+    y = blocks.attention_layer(c, self.shared_params)(y, mask=mask, deterministic=deterministic)
     return nn.Dropout(c.dropout_rate)(y, deterministic=deterministic)
 
 
 class MlpBranch(nn.Module):
   """G: LayerNorm -> MLP (with its dropout)."""
-  config: layers.TransformerConfig
+  config: blocks.TransformerConfig
 
   @nn.compact
   def __call__(self, x, deterministic: bool = True):
     c = self.config
     y = nn.LayerNorm(dtype=c.dtype, param_dtype=c.param_dtype)(x)
-    return layers.MlpBlock(c, name='mlp')(y, deterministic=deterministic)
+    return blocks.MlpBlock(c, name='mlp')(y, deterministic=deterministic)
 
 
 def _branches(config, shared, params, keys, mask, deterministic):
@@ -116,7 +116,7 @@ class ReversibleStack(nn.Module):
   `shared_params`: attention parameters every block shares (e.g. Linformer's
   layerwise projection), differentiated through the reversible backward.
   """
-  config: layers.TransformerConfig
+  config: blocks.TransformerConfig
   shared_params: Optional[Mapping[str, Any]] = None
 
   @nn.compact

@@ -7,17 +7,17 @@
 One `TransformerConfig` (the flax examples/wmt style) flows from the model to
 every block and attention layer, so no field list is repeated per module. It
 and the blocks' pieces (`attention_layer`, `MlpBlock`) live in
-`efficient_attn.models.layers`, shared with the reversible blocks.
+`efficient_attn.models.blocks`, shared with the reversible blocks.
 """
 from typing import Any, Mapping, Optional
 
 import flax.linen as nn
 
-from efficient_attn import hybrid
+from efficient_attn.layers import hybrid
 from efficient_attn.models import reversible
-from efficient_attn.models.layers import MlpBlock
-from efficient_attn.models.layers import TransformerConfig
-from efficient_attn.models.layers import attention_layer
+from efficient_attn.models.blocks import MlpBlock
+from efficient_attn.models.blocks import TransformerConfig
+from efficient_attn.models.blocks import attention_layer
 
 
 class EncoderBlock(nn.Module):
@@ -47,7 +47,7 @@ class Encoder(nn.Module):
   """`depth` EncoderBlocks and a final LayerNorm.
 
   The blocks take the mechanisms of a pattern ('linear+local') in turn (see
-  `efficient_attn.hybrid`). Parameters a mechanism shares across layers (e.g.
+  `efficient_attn.layers.hybrid`). Parameters a mechanism shares across layers (e.g.
   Linformer's layerwise E = F) are created here once, under 'shared_attention_<name>'
   ('shared_attention_<mechanism>_<name>' in a pattern), and passed to its blocks.
   """

@@ -6,7 +6,7 @@ Reads every `<root>/bytelm-<mechanism>-seed<seed>` workdir of the sweep
 (`sweep.py`): `results.json` (validation bits per byte, steady examples/s,
 wall time), `samples.json` (the continuations written after training) and the
 newest checkpoint, whose model gives the decoding state: the bytes of the cache
-`efficient_attn.sampling.init_cache` allocates for one sequence at the
+`efficient_attn.models.sampling.init_cache` allocates for one sequence at the
 model's context (`benchmarks.generation.cache_bytes`: every layer's keys and
 values, or recurrent state, and the position). Writes `<name>.json`,
 `<name>.md` and `<name>.png` (bits per byte against decoding state) into

@@ -65,7 +65,7 @@ from benchmarks import runs as runs_io
 from benchmarks.generation import cache_bytes
 from configs import common
 from configs import mqar
-from efficient_attn import hybrid
+from efficient_attn.layers import hybrid
 from efficient_attn import registry
 from studies import hygiene
 from studies.recall import sweep

@@ -25,7 +25,7 @@ dt_min and dt_max (Mamba-2's and Gated DeltaNet's dt range at initialisation; na
 on by default for Mamba-2 only; named '-convbias<0 or 1>' where off its default). A
 mechanism may be a pattern the blocks take in turn: Based's hybrid of Taylor linear
 attention and sliding-window attention is `mechanisms=linear+local,feature_map=taylor,
-qk_dim=16,window=64`, named 'linear+local-...-taylor-qk16-w64' (`efficient_attn.hybrid`).
+qk_dim=16,window=64`, named 'linear+local-...-taylor-qk16-w64' (`efficient_attn.layers.hybrid`).
 
     python -m train.sweep --sweep=studies/recall/sweep.py:seed=1,mechanisms=softmax,linear \
         --root=runs/recall/lr1e-3_s4000/seed1 run
@@ -50,7 +50,7 @@ name says its cell; the seed is the root folder's.
 """
 from configs import common
 from configs import mqar
-from efficient_attn import hybrid
+from efficient_attn.layers import hybrid
 
 
 def parse_cell(cell: str):

@@ -6,7 +6,7 @@ model, its vocabulary head at the scored positions, cross-entropy), plus
 training, and in `--mode=eval`, `write_outputs` continues the first
 `sample.num_samples` held-out documents of the evaluation split: their first
 `sample.prompt_bytes` bytes are the prompt, fed through the decoding steps
-(`efficient_attn.sampling`, teacher forcing), and `sample.new_bytes` are
+(`efficient_attn.models.sampling`, teacher forcing), and `sample.new_bytes` are
 sampled after it. It writes `samples.json` (prompt, continuation and the
 settings) and `samples.txt` (the same, readable).
 """
@@ -19,7 +19,7 @@ from etils import epath
 import jax
 import numpy as np
 
-from efficient_attn import sampling
+from efficient_attn.models import sampling
 from data import arrays
 from data import text_bytes
 from train import adapters

@@ -20,7 +20,7 @@ import optax
 from efficient_attn.models.causal import shift_right
 import data
 from train import adapters
-from train import models
+from train import modeling
 from train import samples
 from train.tasks import base
 
@@ -34,7 +34,7 @@ def loss_and_metrics(model, params, batch, *, train: bool, rngs=None):
   """
   pixels = batch['inputs']
   n = pixels.shape[1]
-  logits = model.apply({'params': params}, shift_right(pixels, models.PIXEL_LEVELS),
+  logits = model.apply({'params': params}, shift_right(pixels, modeling.PIXEL_LEVELS),
                        train=train, rngs=rngs)
   losses = optax.softmax_cross_entropy_with_integer_labels(logits, pixels)  # [b, n]
   weights = jnp.broadcast_to(batch['mask'].astype(jnp.float32)[:, None], losses.shape)

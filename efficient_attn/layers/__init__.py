@@ -1,0 +1,1 @@
+"""The Flax layers around the mechanisms: Linen and NNX modules, projections, decoding, hybrids, the sequence split."""

@@ -1,0 +1,416 @@
+"""`MultiHeadAttention`: a projection scheme combined with an attention mechanism.
+
+A drop-in replacement for `flax.linen.MultiHeadDotProductAttention`:
+
+    attn = efficient_attn.MultiHeadAttention(
+        num_heads=8, mechanism='nystrom', projection='efficient',
+        options={'num_landmarks': 32})
+    y = attn(x, mask=mask, deterministic=True)     # x [..., length, features]
+
+Autoregressive decoding (flax lm1b/wmt convention): build the layer with
+`decode=True` (and `causal=True` for a model trained causally), `init` it with
+a full-length input to create the 'cache' collection, then `apply(..., x_t,
+mutable=['cache'])` one token `[batch, 1, features]` at a time (see
+`efficient_attn.layers.decoding`).
+
+The mechanism itself runs in `Mechanism`, a Linen module that creates the
+parameters its declaration (`efficient_attn.registry`) asks for and calls the
+declared `attend`; nothing here names a particular mechanism.
+"""
+import functools
+from typing import Any, Callable, Mapping, Optional, Union
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from efficient_attn.layers import decoding
+from efficient_attn.layers import multi_head
+from efficient_attn.layers import projections
+from efficient_attn import registry
+
+
+class _LinenContext(registry.Context):
+  """`registry.Context` of a Linen module: rng streams from the module, its path as tag."""
+
+  def __init__(self, module: nn.Module, deterministic: bool, dropout_rng=None):
+    super().__init__(deterministic=deterministic, tag=tuple(module.scope.path),
+                     dropout_rate=module.dropout_rate,
+                     broadcast_dropout=module.broadcast_dropout, max_length=module.max_length)
+    self._module = module
+    self._dropout_rng = dropout_rng
+
+  def rng(self, name: str):
+    if name == 'dropout' and self._dropout_rng is not None:
+      return self._dropout_rng
+    return self._module.make_rng(name) if self._module.has_rng(name) else None
+
+
+class Mechanism(nn.Module):
+  """Runs a registered mechanism on projected heads and owns the parameters it declares.
+
+  `__call__(q, k, v, mask=None, deterministic=True)` maps q `[batch, q_length,
+  heads, head_dim]`, k `[batch, kv_length, heads, head_dim]`, v `[batch,
+  kv_length, heads, v_dim]` to `[batch, q_length, heads, v_dim]`; with
+  `state=...` it is one recurrent decoding step instead (see `decoding`). A
+  mechanism whose gates read the layer input (`reads_input`, e.g. 'gla') takes it
+  as `inputs=[batch, q_length, features]` (`MultiHeadAttention` passes its query input).
+
+  Attributes:
+    mechanism: a name from `efficient_attn.list_mechanisms()`, or its declaration
+      (`registry.declaration`: a model that resolved it passes it down).
+    options: the mechanism's options (checked; unknown names are an error).
+    causal: query i attends only to keys j <= i.
+    max_length: the longest sequence (fixed-length mechanisms need it).
+    dtype: computation dtype (None: the inputs'); param_dtype: parameters'.
+    dropout_rate, broadcast_dropout: attention-weight dropout (mechanisms
+      that form the weights).
+    shared_params: parameters shared by every layer of a model (the
+      declaration's `shared_params`, created by the model).
+    rotary: rotary positions (Su et al. 2021) on q and k, or on the numerator's
+      kernel features (the declaration's `rotary` form).
+    head_dim: the layer's head_dim (qkv_features / heads) for a mechanism whose
+      declared head shapes differ from it (`registry.Mechanism.head_shapes`, e.g.
+      Mamba-2's d_state): q and k are then `[..., qk_heads, qk_dim]` and v
+      `[..., heads, v_dim]`. None: q's head_dim.
+    sequence_axis: split the sequence over this axis of the ambient mesh (context
+      parallelism; see `MultiHeadAttention`). None: no split.
+  """
+  mechanism: Union[str, registry.Mechanism] = 'softmax'
+  options: Optional[Mapping[str, Any]] = None
+  causal: bool = False
+  max_length: Optional[int] = None
+  dtype: Any = None
+  param_dtype: Any = jnp.float32
+  dropout_rate: float = 0.0
+  broadcast_dropout: bool = True
+  shared_params: Optional[Mapping[str, Any]] = None
+  rotary: bool = False
+  head_dim: Optional[int] = None
+  sequence_axis: Optional[str] = None
+
+  @functools.cached_property
+  def _configured(self):
+    """(declaration, resolved options): configured once per module construction."""
+    return registry.configure(self.mechanism, self.options, causal=self.causal,
+                              max_length=self.max_length, rotary=self.rotary)
+
+  def configured(self, length: Optional[int] = None):
+    """(declaration, resolved options), checked against this module's settings (and
+    `length`, the keys' length, when given)."""
+    decl, options = self._configured
+    if length is not None:
+      registry.check_length(decl, options, length=length, max_length=self.max_length,
+                            causal=self.causal)
+    return decl, options
+
+  @nn.compact
+  def __call__(self, q, k, v, mask=None, deterministic: bool = True, *, state=None,
+               position=None, dropout_rng=None, sow_weights: bool = False,
+               force_fp32_for_softmax: bool = False, inputs=None):
+    """See the class docstring; `position`: a decoding step's position (rotary);
+    sow_weights / force_fp32_for_softmax / inputs: see `multi_head.run_mechanism`."""
+    decl, options = self.configured(k.shape[1] if state is None else None)
+    heads, head_dim = multi_head.check_inputs(decl, q, k, v, mask, stepping=state is not None, options=options,
+                                         head_dim=self.head_dim)  # before shapes are read
+    specs = multi_head.declared_params(decl, options, heads=heads, head_dim=head_dim,
+                                  max_length=self.max_length, causal=self.causal,
+                                  features=None if inputs is None else inputs.shape[-1])
+    params = {name: self.param(name, init, shape, self.param_dtype)
+              for name, (shape, init) in specs.items()}
+    params.update(self.shared_params or {})
+    return multi_head.run_mechanism(decl, options, params, q, k, v, mask=mask, causal=self.causal,
+                               ctx=_LinenContext(self, deterministic, dropout_rng),
+                               use_rotary=self.rotary, dtype=self.dtype, state=state,
+                               position=position, sow_weights=sow_weights,
+                               force_fp32_for_softmax=force_fp32_for_softmax, inputs=inputs,
+                               head_dim=head_dim, sequence_axis=self.sequence_axis)
+
+
+def mechanism_module(mechanism: str, *, causal: bool = False,
+                     max_length: Optional[int] = None,
+                     options: Optional[Mapping[str, Any]] = None,
+                     **module_kwargs) -> Mechanism:
+  """The Linen `Mechanism` for `mechanism`, its configuration checked at once.
+
+  Raises ValueError naming the bad value and the valid ones for an unknown
+  mechanism or option, an option out of range, a causal request to a
+  mechanism without a causal form, or a fixed-length mechanism without
+  `max_length`.
+  """
+  registry.configure(mechanism, options, causal=causal, max_length=max_length)
+  return Mechanism(mechanism=mechanism, causal=causal, max_length=max_length,
+                   options=dict(options or {}), **module_kwargs)
+
+
+class MultiHeadAttention(nn.Module):
+  """Multi-head attention = projection scheme x mechanism.
+
+  Call signature matches `nn.MultiHeadDotProductAttention`: inputs
+  `[..., length, features]` (leading axes are batch axes), an optional
+  flax-style bool mask `[..., heads, q_length, kv_length]` or a key padding
+  mask `[..., kv_length]` (True = attend), `deterministic`. Mechanisms that
+  never form the attention matrix honour only key padding and refuse other
+  masks; ask for causality with `causal=True`.
+
+  Attributes:
+    num_heads: number of heads h; must divide qkv_features.
+    mechanism: a name from `efficient_attn.list_mechanisms()` (or its declaration,
+      `registry.declaration`, as the models pass it).
+    projection: 'standard', 'optimised', 'efficient' or 'super'.
+    options: mechanism options, e.g. {'num_landmarks': 32}
+      (`efficient_attn.get_mechanism(name).options` lists them); unknown keys
+      and out-of-range values are errors. Some set the mechanism's head shapes
+      (`registry.Mechanism.head_shapes`, e.g. Mamba-2's ngroups and d_state,
+      RetNet's value_factor): the projections, the output projection and the
+      cache follow them, and a scheme that cannot build them is refused
+      (`multi_head.head_layout`).
+    causal: autoregressive masking (mechanisms and the super kernel).
+    max_length: context length for 'super' and fixed-length mechanisms.
+    dtype, param_dtype: computation and parameter dtypes.
+    qkv_features, out_features: widths (default: the input width).
+    dropout_rate, broadcast_dropout: attention-weight dropout (mechanisms that
+      form the weights).
+    num_kv_heads: grouped-query attention (Ainslie et al. 2023): keys and values
+      get this many heads (a divisor of num_heads; 'standard' projection), so
+      their projections and the decoding cache shrink by num_heads / num_kv_heads.
+      None: num_heads.
+    force_fp32_for_softmax: as flax: the attention weights stay float32 when
+      they multiply the values and when sown, whatever `dtype` (scores and
+      softmax are float32 in every mechanism regardless). Mechanisms that never
+      form the weights refuse it.
+    deterministic: default for the call argument.
+    kernel_init, bias_init, use_bias, precision: for the Dense projections;
+      out_kernel_init, out_bias_init: the output projection's (default: the same).
+    normalize_qk: QK layer norm (Dehghani et al. 2023), as flax: a LayerNorm
+      without bias on each head's queries ('query_ln') and keys ('key_ln').
+    shared_params: parameters shared by every layer of a model (e.g. Linformer's
+      layerwise E = F), as the mechanism's `shared_params` declares.
+    decode: one token per call, state in the 'cache' collection. A step attends
+      to the cached tokens up to its own position (flax's rule), so decoding is
+      causal even if the layer is not; train with causal=True to decode what you
+      trained.
+    rotary: rotary position embeddings (RoPE, Su et al. 2021) on the projected
+      queries and keys, or, for kernel mechanisms, RoFormer's linear form
+      (rotated features in the numerator only); positions come from the token
+      index, in decoding from the cache index. Mechanisms without q . k scores
+      (synthesizer, fnet) refuse it.
+      The cache is created, with room for as many tokens as the input has (a
+      sliding window's ring buffer: min(that, window) slots, no limit), by
+      the first call that finds none (`init` with a full-length dummy input,
+      or `apply(..., mutable=['cache'])` with trained params); that call runs
+      the ordinary parallel forward. Later calls take `[batch, 1, features]`.
+      Cache (`multi_head.init_cache`): 'cache_index' (next position); 'cached_key'
+      and 'cached_value' (as flax) or 'cached_state' (recurrent mechanisms);
+      for 'super', 'cached_raw_values' (the raw values W_A mixes).
+    sequence_axis: context parallelism: the name of an axis of the ambient mesh
+      (`with jax.set_mesh(mesh):`, read when the layer is called) to split the
+      sequence over; the mechanism runs on one block of length / devices tokens per
+      device (`efficient_attn.layers.parallel`), the batch split over the mesh's other axes.
+      Mechanisms with a `sequence_parallel` form only; key padding only; no sown
+      weights or attention dropout in training; a decoding step is not split. None
+      (default): no split.
+
+  The call's `sow_weights=True` sows the attention weights `[..., heads,
+  q_length, kv_length]` into 'intermediates' as 'attention_weights', as flax
+  does (mechanisms that form the weights; see `multi_head.attention_weights`).
+  """
+  num_heads: int
+  mechanism: Union[str, registry.Mechanism] = 'softmax'
+  projection: str = 'standard'
+  options: Optional[Mapping[str, Any]] = None
+  causal: bool = False
+  max_length: Optional[int] = None
+  dtype: Any = None
+  param_dtype: Any = jnp.float32
+  qkv_features: Optional[int] = None
+  out_features: Optional[int] = None
+  dropout_rate: float = 0.0
+  broadcast_dropout: bool = True
+  num_kv_heads: Optional[int] = None
+  force_fp32_for_softmax: bool = False
+  deterministic: Optional[bool] = None
+  kernel_init: Callable[..., Any] = nn.initializers.lecun_normal()
+  bias_init: Callable[..., Any] = nn.initializers.zeros_init()
+  out_kernel_init: Optional[Callable[..., Any]] = None
+  out_bias_init: Optional[Callable[..., Any]] = None
+  use_bias: bool = True
+  precision: Any = None
+  normalize_qk: bool = False
+  shared_params: Optional[Mapping[str, Any]] = None
+  decode: bool = False
+  rotary: bool = False
+  sequence_axis: Optional[str] = None
+
+  @nn.compact
+  def __call__(self, inputs_q, inputs_k=None, inputs_v=None, *, inputs_kv=None,
+               mask=None, deterministic: Optional[bool] = None, dropout_rng=None,
+               sow_weights: bool = False):
+    inputs_q, inputs_k, inputs_v = multi_head.resolve_inputs(inputs_q, inputs_k, inputs_v, inputs_kv)
+    batch_shape = inputs_q.shape[:-2]
+    return multi_head.with_one_batch_axis(
+        lambda q, k, v, m: self._attend(q, k, v, m, deterministic, dropout_rng, sow_weights,
+                                        batch_shape),
+        inputs_q, inputs_k, inputs_v, mask)
+
+  def _attend(self, inputs_q, inputs_k, inputs_v, mask, deterministic, dropout_rng,
+              sow_weights, batch_shape):
+    features = self.out_features or inputs_q.shape[-1]
+    head_dim = multi_head.head_dim(self.num_heads, self.qkv_features or inputs_q.shape[-1])
+    # The mechanism is resolved once, by its module, and read from there below.
+    mech = Mechanism(mechanism=self.mechanism, options=dict(self.options or {}),
+                     causal=self.causal, max_length=self.max_length, dtype=self.dtype,
+                     param_dtype=self.param_dtype, dropout_rate=self.dropout_rate,
+                     broadcast_dropout=self.broadcast_dropout,
+                     shared_params=self.shared_params, rotary=self.rotary, head_dim=head_dim,
+                     sequence_axis=self.sequence_axis, name='mechanism')
+    decl, options = mech.configured()
+    multi_head.check_dropout(decl, self.dropout_rate)
+    kv_heads = multi_head.kv_heads(decl, self.projection, self.num_heads, self.num_kv_heads)
+    shapes = multi_head.head_layout(decl, options, projection=self.projection, heads=self.num_heads,
+                               head_dim=head_dim, kv_heads=kv_heads)
+    if self.dropout_rate > 0.0:  # as flax: only dropout needs to know
+      deterministic = nn.merge_param('deterministic', self.deterministic, deterministic)
+      if not deterministic and dropout_rng is None:  # drawn here, as flax draws it
+        dropout_rng = self.make_rng('dropout')
+    elif deterministic is None:
+      deterministic = True if self.deterministic is None else self.deterministic
+    stepping = self.decode and self.has_variable('cache', 'cache_index')
+    if self.decode:
+      multi_head.check_decode(mask, inputs_q, inputs_k, inputs_v, stepping, sow_weights)
+
+    dense = lambda name: nn.DenseGeneral(
+        features=shapes.features(name), axis=-1,
+        kernel_init=self.kernel_init, bias_init=self.bias_init,
+        use_bias=self.use_bias, dtype=self.dtype, param_dtype=self.param_dtype,
+        precision=self.precision, name=name)
+    align = self._alignment() if self.projection == 'super' else None
+    q, k, v = projections.project_qkv(
+        self.projection, inputs_q, inputs_k, inputs_v, num_heads=self.num_heads,
+        dense=dense, align=None if stepping else align,
+        dtype=self.dtype, shared_qk=decl.shared_qk, normalize=self._qk_norm(), mask=mask,
+        qkv_features=self.num_heads * head_dim)
+    # Captured with `apply(..., mutable=['attention_qkv'])` by the analysis tools; a
+    # collection of its own, so flax's 'intermediates' hold only what flax puts there
+    # (and not at init, which would put it among the variables).
+    if not self.is_initializing():
+      self.sow('attention_qkv', 'qkv', (q, k, v))
+
+    if stepping:
+      x = self._decode_step(mech, q, k, v, align, inputs_q)
+    else:
+      if self.decode:
+        self._init_cache(mech, q, v, inputs_q.shape[1], align)
+      x = mech(q, k, v, mask=mask, deterministic=deterministic, dropout_rng=dropout_rng,
+               sow_weights=sow_weights, force_fp32_for_softmax=self.force_fp32_for_softmax,
+               inputs=inputs_q)
+      if sow_weights:
+        x, weights = x
+        self.sow('intermediates', 'attention_weights',
+                 weights.reshape(batch_shape + weights.shape[1:]))
+    return nn.DenseGeneral(
+        features=features, axis=(-2, -1), kernel_init=self.out_kernel_init or self.kernel_init,
+        bias_init=self.out_bias_init or self.bias_init, use_bias=self.use_bias,
+        dtype=self.dtype, param_dtype=self.param_dtype, precision=self.precision,
+        name='out')(x)
+
+  def _qk_norm(self):
+    if not self.normalize_qk:
+      return None
+    return lambda name: nn.LayerNorm(use_bias=False, dtype=self.dtype,
+                                     param_dtype=self.param_dtype, name=name)
+
+  def _alignment(self) -> projections.AlignmentKernel:
+    return projections.alignment_kernel(self.max_length, self.causal, self.dtype,
+                                        self.param_dtype)
+
+  def _form(self, mech, inputs=None) -> decoding.DecodeForm:
+    decl, options = mech.configured()
+    return decoding.decode_form(
+        decl, options, lambda state, q_t, k_t, v_t, i: mech(q_t, k_t, v_t, deterministic=True,
+                                                      state=state, position=i, inputs=inputs))
+
+  def _init_cache(self, mech, q, v, length, align):
+    """Creates the cache (the call that does so is the ordinary parallel forward)."""
+    decl, options = mech.configured()
+    b, _, _, dk = q.shape
+    heads = multi_head.state_heads(decl, options, self.num_heads, v.shape[2])  # v: the kv heads
+    for name, value in multi_head.init_cache(self._form(mech), batch=b, length=length, heads=heads,
+                                        head_dim=dk, v_dim=v.shape[3], dtype=q.dtype,
+                                        super_values=align is not None).items():
+      self.put_variable('cache', name, value)
+
+  def _decode_step(self, mech, q, k, v, align, inputs):
+    """The cache as Linen variables; `multi_head.decode_step` does the rest."""
+    decl, _ = mech.configured()
+    cache = {name: self.get_variable('cache', name) for name in multi_head.CACHE_NAMES
+             if self.has_variable('cache', name)}
+    cache, x = multi_head.decode_step(self._form(mech, inputs), cache, q, k, v, align_at=align,
+                                 rotate_scores=self.rotary and decl.rotary == 'scores')
+    for name, value in cache.items():
+      self.put_variable('cache', name, value)
+    return x
+
+
+def make_attention_fn(mechanism: str = 'softmax', **options) -> Callable[..., Any]:
+  """A parameter-free mechanism as the `attention_fn` of flax's own attention layers.
+
+      layer = nn.MultiHeadDotProductAttention(
+          num_heads=4, attention_fn=efficient_attn.make_attention_fn('linear'))
+      layer = nnx.MultiHeadAttention(
+          num_heads=4, in_features=64, attention_fn=efficient_attn.make_attention_fn('linear'),
+          decode=False, rngs=nnx.Rngs(0))
+
+  The returned function takes query `[batch, length, heads, head_dim]`, key and
+  value `[batch, length, kv_heads, head_dim]` (kv_heads dividing heads: flax's
+  grouped-query attention) and flax's mask; options are the mechanism's
+  (checked here). `force_fp32_for_softmax` and `sow_weights` (flax passes the
+  module) are honoured by mechanisms that form the weights, and `is_causal`
+  where the mechanism has a causal form. What it cannot honour it refuses with
+  one line rather than ignoring: attention dropout during training, an
+  attention bias, and the options above for other mechanisms.
+  """
+  decl, resolved = registry.configure(mechanism, options,
+                               causal=registry.get_mechanism(mechanism).causal_only)
+  if not decl.parameter_free:
+    free = registry.names_where(lambda m: m.parameter_free)
+    raise ValueError(f'mechanism {mechanism!r} has parameters or random features and '
+                     f'cannot be an attention_fn; use efficient_attn.MultiHeadAttention, '
+                     f'or one of: {", ".join(free)}')
+
+  def refuse(what):
+    raise ValueError(f'{what} is not supported by the attention_fn of mechanism '
+                     f'{mechanism!r}; use efficient_attn.MultiHeadAttention')
+
+  def attention_fn(query, key, value, bias=None, mask=None, dropout_rng=None,
+                   dropout_rate=0.0, broadcast_dropout=True, deterministic=True, dtype=None,
+                   precision=None, force_fp32_for_softmax=False, module=None,
+                   is_causal=False):
+    del dropout_rng, broadcast_dropout, precision
+    if bias is not None:
+      refuse('an attention bias')
+    if dropout_rate > 0.0 and not deterministic:
+      refuse(f'attention dropout (dropout_rate={dropout_rate}) in training')
+    if is_causal:
+      registry.configure(mechanism, options, causal=True)  # refuses a non-causal mechanism
+    heads, head_dim = query.shape[-2:]
+    shapes = decl.head_shapes(resolved, heads=heads, head_dim=head_dim)
+    if shapes != (heads, head_dim, head_dim):  # flax's projections make (heads, head_dim)
+      refuse(f'head shapes (qk_heads, qk_dim, v_dim) = {shapes}, not (heads, head_dim, '
+             f'head_dim) = {(heads, head_dim, head_dim)},')
+    if dtype is not None:
+      query, key, value = (x.astype(dtype) for x in (query, key, value))
+    out = multi_head.run_mechanism(decl, resolved, {}, query, key, value, mask=mask,
+                              causal=bool(is_causal), ctx=registry.Context(),
+                              use_rotary=False, sow_weights=module is not None,
+                              force_fp32_for_softmax=force_fp32_for_softmax)
+    if module is None:
+      return out
+    out, weights = out
+    if isinstance(module, nn.Module):
+      module.sow('intermediates', 'attention_weights', weights)
+    else:  # an NNX module
+      from flax import nnx  # pylint: disable=g-import-not-at-top
+      module.sow(nnx.Intermediate, 'attention_weights', weights)
+    return out
+
+  return attention_fn

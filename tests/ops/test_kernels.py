@@ -1,0 +1,273 @@
+"""The Pallas kernels of the gated recurrences (efficient_attn.ops.kernels), in Pallas's interpret
+mode on CPU: each kernel equals the float64 token recurrence and the XLA chunk form (outputs,
+final states, and gradients of q, k, v, the log-decays, beta and the initial state); bfloat16
+inputs stay within a stated tolerance; the registry's properties (no look-ahead, left and
+right padding, decode == parallel) hold with implementation='pallas'; and `kernels.choose`
+resolves and refuses in one line.
+
+Interpret mode compiles slowly, so the shapes are tiny and each check is one compiled
+program: one forward + backward per kernel and dtype, one layer call per mechanism.
+"""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import efficient_attn as ea
+from efficient_attn.ops import delta_rule
+from efficient_attn.ops import gated_linear
+from efficient_attn.ops import kernels
+from efficient_attn import registry
+from helpers import assert_close_where, random_variables
+
+ARGS = ('q', 'k', 'v', 'g', 'beta', 'state')
+DELTA = ('delta', 'gated_delta')
+KERNEL = {'scalar': kernels.scalar_decay_chunked, 'vector': kernels.vector_decay_chunked,
+          'delta': kernels.delta_chunked, 'gated_delta': kernels.delta_chunked}
+XLA = {'scalar': gated_linear.gated_chunked, 'vector': gated_linear.gated_chunked,
+       'delta': delta_rule.delta_chunked, 'gated_delta': delta_rule.delta_chunked}
+SCAN = {'scalar': gated_linear.gated_scan, 'vector': gated_linear.gated_scan,
+        'delta': delta_rule.delta_scan, 'gated_delta': delta_rule.delta_scan}
+# (length, chunk, dk, dv) per kernel: lengths that are and are not multiples of the chunk,
+# chunks of 8 (padded to the kernels' 16-token tiles) and 16, feature dims below a tile
+# (padded) and unequal key and value dims.
+SHAPES = {'scalar': (37, 8, 8, 16), 'vector': (37, 16, 6, 8), 'delta': (24, 16, 16, 8),
+          'gated_delta': (37, 8, 8, 8)}
+GATED = registry.names_where(lambda m: isinstance(m, gated_linear.GatedRecurrence))
+
+
+def _inputs(kind, n, dk, dv, b=2, h=2, seed=0):
+  """float64 NumPy inputs; head 1 decays strongly (log-decays down to -30 a token), so a
+  factor that overflowed or was not masked before exp would show."""
+  rng = np.random.default_rng(seed)
+  q, k = (rng.standard_normal((b, n, h, dk)) for _ in range(2))
+  if kind in DELTA:
+    k /= np.linalg.norm(k, axis=-1, keepdims=True)   # the mechanisms' L2-normalised keys
+  v = rng.standard_normal((b, n, h, dv))
+  strength = np.array([1.0, 30.0])[:, None]
+  g = -strength * rng.uniform(0.0, 1.0, (b, n, h, dk if kind == 'vector' else 1))
+  beta = rng.uniform(0.0, 1.0, (b, n, h))
+  state = 0.5 * rng.standard_normal((b, h, dk, dv))
+  return {'q': q, 'k': k, 'v': v, 'g': None if kind == 'delta' else g,
+          'beta': beta if kind in DELTA else None, 'state': state}
+
+
+def _cast(args, dtype, qkv_dtype=None):
+  return {n: None if a is None else jnp.asarray(
+      a, qkv_dtype if qkv_dtype is not None and n in 'qkv' else dtype) for n, a in args.items()}
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _vjp(fn, kind, c, args, cotangents):
+  """(out, final state) of `fn` and the gradients {name: array} of every given input for the
+  cotangents (one program: forward, then backward)."""
+  names = [n for n in ARGS if args[n] is not None]
+
+  def call(*xs):
+    given = {**{n: None for n in ARGS}, **dict(zip(names, xs))}
+    return fn(**given, **({} if c is None else {'chunk_size': c}))
+  out, vjp = jax.vjp(call, *(args[n] for n in names))
+  return out, dict(zip(names, vjp(cotangents)))
+
+
+def _reference(kind, args, cotangents):
+  """The float64 token recurrence's outputs and gradients (NumPy)."""
+  with jax.enable_x64(True):
+    out, grads = _vjp(SCAN[kind], kind, None, _cast(args, jnp.float64),
+                      tuple(jnp.asarray(c, jnp.float64) for c in cotangents))
+    return jax.tree.map(np.asarray, (out, grads))
+
+
+def _cotangents(kind, args):
+  rng = np.random.default_rng(7)
+  b, n, h, dv = args['v'].shape
+  return rng.standard_normal((b, n, h, dv)), rng.standard_normal(args['state'].shape)
+
+
+def _error(got, want):
+  """max |got - want| over max(1, max |want|)."""
+  want = np.asarray(want, np.float64)
+  return float(np.abs(np.asarray(got, np.float64) - want).max() / max(1.0, np.abs(want).max()))
+
+
+def _errors(got, want):
+  (out, state), grads = got
+  (w_out, w_state), w_grads = want
+  errors = {'out': _error(out, w_out), 'state': _error(state, w_state)}
+  errors.update({f'd{n}': _error(grads[n], w_grads[n]) for n in w_grads})
+  return errors
+
+
+@pytest.mark.parametrize('kind', list(KERNEL))
+def test_kernels_equal_the_float64_recurrence_and_the_xla_chunk_form(kind):
+  """float32 kernels (forward and backward) against the float64 token recurrence: outputs,
+  final states and the gradients of q, k, v, log-decays, beta and the initial state, to
+  2e-5 of their scale (float32 round-off over a few dozen tokens); the outputs also against
+  the XLA chunk form at the same chunk."""
+  n, c, dk, dv = SHAPES[kind]
+  args = _inputs(kind, n, dk, dv)
+  cotangents = _cotangents(kind, args)
+  want = _reference(kind, args, cotangents)
+  f32 = _cast(args, jnp.float32)
+  got = _vjp(KERNEL[kind], kind, c, f32, tuple(jnp.asarray(x, jnp.float32) for x in cotangents))
+  errors = _errors(got, want)
+  assert set(errors) == {'out', 'state', 'dq', 'dk', 'dv', 'dstate'} | (
+      {'dg'} if kind != 'delta' else set()) | ({'dbeta'} if kind in DELTA else set())
+  assert max(errors.values()) < 2e-5, errors
+  xla_out, xla_state = XLA[kind](**f32, chunk_size=c)
+  (out, state), _ = got
+  assert _error(out, xla_out) < 2e-6 and _error(state, xla_state) < 2e-6
+  assert bool(jnp.all(jnp.isfinite(out)))
+
+
+# bfloat16: measured at these shapes, the largest error (of outputs, states and gradients)
+# is 8e-3 of the scale (float32's: 2.5e-6).
+BF16_TOLERANCE = 2e-2
+
+
+@pytest.mark.parametrize('kind', list(KERNEL))
+def test_bfloat16_inputs_stay_within_a_stated_tolerance(kind):
+  """bfloat16 q, k, v (the log-decays, beta and the state stay float32) against the float64
+  recurrence on the same (unrounded) inputs: every output, state and gradient within
+  BF16_TOLERANCE = 2e-2 of its scale (max(1, max |reference|)), where float32 is within
+  2e-5 (the test above). Why 2e-2: bfloat16 keeps 8 significant bits, so rounding q, k, v
+  and every dot operand (the scores, the state, the pseudo-values) costs up to 2^-9 = 0.2%
+  each; an output sums a few dozen such products (the chunk's tokens and the state's
+  dk terms) and a gradient passes through two or three rounded dots, so errors of ~1% of
+  the scale are expected (measured: 3e-3 to 8e-3), and 2e-2 leaves room without admitting
+  an error of the float32 kind (a wrong factor moves results by O(1) of their scale)."""
+  n, c, dk, dv = SHAPES[kind]
+  args = _inputs(kind, n, dk, dv)
+  cotangents = _cotangents(kind, args)
+  want = _reference(kind, args, cotangents)
+  bf16 = _cast(args, jnp.float32, jnp.bfloat16)
+  got = _vjp(KERNEL[kind], kind, c, bf16, tuple(jnp.asarray(x, jnp.float32) for x in cotangents))
+  assert got[1]['q'].dtype == jnp.bfloat16 and got[0][0].dtype == jnp.float32
+  errors = _errors(got, want)
+  assert max(errors.values()) < BF16_TOLERANCE, errors
+  assert max(errors.values()) > 1e-4, errors  # bfloat16 did reach the kernel
+
+
+def _batch(n, pad, cut, width=8):
+  """Four rows of one call: x; x changed after token `cut`; x with its last `pad` tokens
+  replaced by junk and masked (right padding); `pad` masked junk tokens, then x's first
+  n - pad (left padding). Returns (inputs `[4, n, width]`, key mask `[4, n]`)."""
+  x = jax.random.normal(jax.random.PRNGKey(0), (1, n, width))
+  junk = 10.0 * jax.random.normal(jax.random.PRNGKey(9), (1, n, width))
+  t = jnp.arange(n)[None, :, None]
+  rows = [x, jnp.where(t > cut, junk, x), jnp.where(t >= n - pad, junk, x),
+          jnp.concatenate([junk[:, :pad], x[:, :n - pad]], axis=1)]
+  valid = jnp.ones((4, n), bool).at[2, n - pad:].set(False).at[3, :pad].set(False)
+  return jnp.concatenate(rows), valid
+
+
+@pytest.mark.parametrize('mechanism', GATED)
+def test_the_registry_properties_hold_with_the_kernels(mechanism):
+  """tests/layers/test_attention.py's no look-ahead and padding properties and tests/layers/test_decode.py's
+  decode == parallel, for the five recurrences with implementation='pallas' (interpreted),
+  in one compiled call of a batch of four rows (`_batch`), chunks of 8 over 40 tokens:
+  changing the tokens after `cut` moves no output at or before it and does move later ones;
+  masked junk at the end (right padding) moves no real output; masked junk in front (left
+  padding) gives the outputs of the sequence alone; decoding token by token gives the
+  parallel outputs; and the kernel's outputs equal the XLA chunk form's."""
+  n, pad, cut = 40, 11, 17
+  options = {**ea.get_mechanism(mechanism).example, 'chunk_size': 8}
+  layer = ea.MultiHeadAttention(num_heads=2, mechanism=mechanism, causal=True,
+                                options={**options, 'implementation': 'pallas'})
+  reference = layer.clone(options={**options, 'implementation': 'xla'})
+  x, valid = _batch(n, pad, cut)
+  variables = random_variables(layer, x)
+  call = lambda lay: jax.jit(lambda v, z, m: lay.apply(v, z, mask=m))
+  assert 'pallas_call' in str(jax.make_jaxpr(call(layer))(variables, x, valid))
+  y = call(layer)(variables, x, valid)
+  assert_close_where(y[1], y[0], jnp.arange(n) <= cut, 'outputs up to the cut')
+  assert not np.allclose(y[1, cut + 1:], y[0, cut + 1:])
+  assert_close_where(y[2], y[0], valid[2], 'right padding: real outputs')
+  assert_close_where(y[3, pad:], y[0, :n - pad], valid[3, pad:], 'left padding')
+  assert_close_where(y, call(reference)(variables, x, valid), valid, 'kernel vs XLA')
+
+  dec = reference.clone(decode=True)
+  _, cache = jax.jit(lambda v, z: dec.apply(v, z, mutable=['cache']))(variables, x[:1])
+  step = jax.jit(lambda c, z: dec.apply({**variables, **c}, z, mutable=['cache']))
+  outs = []
+  for t in range(n):
+    out, cache = step(cache, x[:1, t:t + 1])
+    outs.append(out)
+  assert_close_where(jnp.concatenate(outs, axis=1), y[:1], valid[:1], 'decode == parallel')
+
+
+@pytest.mark.parametrize('mechanism', ['gla', 'gated_deltanet'])
+def test_a_layers_gradients_through_the_kernels_equal_the_xla_forms(mechanism):
+  """The gradients of a whole layer (its parameters, among them the gate projections that
+  make the log-decays and beta, and its input) with implementation='pallas' equal those with
+  'xla', for the per-feature decay and the gated delta rule (24 tokens, chunks of 8)."""
+  x = jax.random.normal(jax.random.PRNGKey(0), (2, 24, 8))
+  grads = {}
+  for impl in ('pallas', 'xla'):
+    layer = ea.MultiHeadAttention(num_heads=2, mechanism=mechanism, causal=True,
+                                  options={'chunk_size': 8, 'implementation': impl})
+    variables = random_variables(layer, x)
+    loss = lambda v, z, layer=layer: jnp.sum(jnp.sin(layer.apply(v, z)))
+    grads[impl] = jax.jit(jax.grad(loss, argnums=(0, 1)))(variables, x)
+  for (path, got), want in zip(jax.tree_util.tree_flatten_with_path(grads['pallas'])[0],
+                               jax.tree.leaves(grads['xla'])):
+    scale = max(1.0, float(np.abs(want).max()))
+    np.testing.assert_allclose(got, want, atol=2e-5 * scale, rtol=1e-4,
+                               err_msg=jax.tree_util.keystr(path))
+
+
+def test_choose_resolves_once_and_refuses_in_one_line():
+  """'auto' is 'xla' on every platform until a measurement fills `kernels.AUTO`; 'pallas' is
+  honoured on CPU (interpreted), GPU and TPU; what the kernels cannot take is refused in one
+  line that names it, by `choose` and by a layer that asks for it."""
+  assert kernels.AUTO == {}
+  for on in ('cpu', 'gpu', 'tpu'):
+    assert kernels.choose('auto', on=on) == 'xla'
+    assert kernels.choose('pallas', on=on) == 'pallas'
+    assert kernels.choose('xla', form='naive', dtype=jnp.float16, on=on) == 'xla'
+    assert kernels.choose('auto', form='naive', on=on) == 'xla'
+  assert kernels.choose('pallas', dtype=jnp.bfloat16, on='cpu') == 'pallas'
+  for kwargs, message in [
+      (dict(requested='cuda'), "implementation='cuda'; valid: auto, xla, pallas"),
+      (dict(requested='pallas', form='naive'),
+       "cannot run this call: form='naive' is the token-by-token recurrence"),
+      (dict(requested='pallas', dtype=jnp.float16), 'float32 or bfloat16 q, k, v, not float16'),
+      (dict(requested='pallas', on='metal'), "this backend is 'metal'")]:
+    with pytest.raises(ValueError, match=message) as e:
+      kernels.choose(**kwargs)
+    assert '\n' not in str(e.value)
+  layer = ea.MultiHeadAttention(num_heads=2, mechanism='gla', causal=True,
+                                options={'implementation': 'pallas', 'form': 'naive'})
+  x = jnp.zeros((1, 8, 8))
+  with pytest.raises(ValueError, match="implementation='pallas' cannot run this call: form="):
+    layer.init(jax.random.PRNGKey(0), x)
+  with pytest.raises(ValueError, match="option implementation='triton' of mechanism 'gla' is not valid"):
+    ea.MultiHeadAttention(num_heads=2, mechanism='gla', causal=True,
+                          options={'implementation': 'triton'}).init(jax.random.PRNGKey(0), x)
+
+
+def test_the_xla_chunk_forms_bfloat16_path_is_stable(tmp_path):
+  """benchmarks.gated_precision at a tiny shape (2 heads of 16, 64 tokens, chunks of 16): for
+  each of the five recurrences, the XLA chunk form's outputs, final state and gradients
+  against the float64 recurrence on the same bfloat16-rounded inputs. float32 inputs stay
+  within 1e-5 of the scale (measured ~3e-7: float32 round-off); bfloat16 inputs, whose
+  matmuls take bfloat16 operands (float32 accumulation; float32 states, decays, cumulative
+  sums and triangular inverse), within 2e-2 (measured 1e-3 to 9e-3: each rounded operand
+  costs up to 2^-9 and outputs and gradients pass through two or three rounded products),
+  and above 1e-4, which float32 arithmetic on these inputs would not reach, so the bfloat16
+  operands did take effect."""
+  from benchmarks import gated_precision  # pylint: disable=g-import-not-at-top
+  data = gated_precision.main(['--length=64', '--heads=2', '--head_dim=16', '--chunk_size=16',
+                               f'--out={tmp_path}', '--quiet'])
+  records = data['records']
+  assert [(r['recurrence'], r['dtype']) for r in records] == [
+      (name, dtype) for name in gated_precision.RECURRENCES for dtype in ('float32', 'bfloat16')]
+  for r in records:
+    errors = [r['out_error'], r['state_error'], r['grad_error']]
+    if r['dtype'] == 'float32':
+      assert max(errors) < 1e-5, r
+    else:
+      assert 1e-4 < max(errors) < 2e-2, r
+  assert (tmp_path / 'gated_precision.md').exists()

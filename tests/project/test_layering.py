@@ -1,0 +1,222 @@
+"""The tools use only the trainer's public face (read from the import graph with `ast`).
+
+`benchmarks/`, `examples/`, `studies/` and `sweeps/` may import `train.api` (the
+trainer's public face) and `data` (the data package's public functions), and
+nothing else of `train/` or `data/`: a change inside the trainer or the data
+package cannot then break a tool, and a reader sees in one file what each offers.
+"""
+import ast
+import pathlib
+import re
+import subprocess
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+TOOLS = ('benchmarks', 'examples', 'studies', 'sweeps')
+PACKAGES = ('train', 'data')
+PUBLIC = ('train.api', 'data')
+
+
+def _ours(module: str) -> bool:
+  return module.split('.')[0] in PACKAGES
+
+
+def trainer_imports(source: str):
+  """[(line, module, name)] of every import of `train` or `data` in `source`, at any depth.
+
+  `from train import x` gives module 'train.x' (x is a submodule of the package);
+  `from train.m import y` gives ('train.m', 'y'); `import train.m` gives ('train.m', '');
+  `from data import f` gives ('data', 'f') (the package's public face holds functions).
+  """
+  found = []
+  for node in ast.walk(ast.parse(source)):
+    if isinstance(node, ast.Import):
+      found += [(node.lineno, a.name, '') for a in node.names if _ours(a.name)]
+    elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+      if node.module == 'train':
+        found += [(node.lineno, f'train.{a.name}', '') for a in node.names]
+      elif _ours(node.module):
+        found += [(node.lineno, node.module, a.name) for a in node.names]
+  return found
+
+
+def _submodule(module: str, name: str) -> bool:
+  folder = ROOT.joinpath(*module.split('.'))
+  return (folder / f'{name}.py').exists() or (folder / name).is_dir()
+
+
+def violations(source: str):
+  """The imports of `source` that reach past the public face: a module other than
+  PUBLIC (or one inside it, `from data import specs` included), or
+  a private name (`_x`, `*`) of a public one."""
+  return [f'line {line}: {module}' + (f'.{name}' if name else '')
+          for line, module, name in trainer_imports(source)
+          if module not in PUBLIC or name.startswith('_') or name == '*'
+          or (name and _submodule(module, name))]
+
+
+def test_tools_import_only_the_trainers_public_face():
+  bad = {}
+  for folder in TOOLS:
+    for path in sorted((ROOT / folder).rglob('*.py')):
+      found = violations(path.read_text())
+      if found:
+        bad[str(path.relative_to(ROOT))] = found
+  assert not bad, f'imports of private trainer modules (use train.api): {bad}'
+
+
+def test_the_rule_sees_every_form_of_import():
+  source = '\n'.join([
+      'from train import api',
+      'import data',
+      'from train.api import build',
+      'import train.api',
+      'def f():',
+      '  from train import steps as steps_lib',   # deferred, aliased
+      '  import train.checkpoint',
+      '  from data import get_eval_batch, specs',  # a function; a submodule
+      '  from data.specs import DATASETS',
+      '  import data.stream',
+      '  from train.api import _private',
+      '  from train import *',
+  ])
+  assert violations(source) == [
+      'line 6: train.steps', 'line 7: train.checkpoint', 'line 8: data.specs',
+      'line 9: data.specs.DATASETS', 'line 10: data.stream', 'line 11: train.api._private',
+      'line 12: train.*']
+
+
+def _imported_packages(path: pathlib.Path):
+  """The top-level names `path` imports (at any depth), e.g. {'jax', 'data', 'fields'}."""
+  found = set()
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.Import):
+      found |= {a.name.split('.')[0] for a in node.names}
+    elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+      found.add(node.module.split('.')[0])
+  return found
+
+
+def test_the_layers_import_only_downwards():
+  """`fields` (config fields, shared) imports none of the project; `data` none of the
+  trainer, configs or tools; the library none of the rest. The trainer may import all three."""
+  project = {'efficient_attn', 'fields', 'data', 'train', 'configs', 'benchmarks', 'studies',
+             'sweeps', 'examples', 'main'}
+  below = {'fields': set(), 'data': {'fields', 'data', 'efficient_attn'},
+           'efficient_attn': {'efficient_attn'}}
+  bad = {}
+  for layer, allowed in below.items():
+    paths = [ROOT / 'fields.py'] if layer == 'fields' else sorted((ROOT / layer).rglob('*.py'))
+    for path in paths:
+      found = sorted((_imported_packages(path) & project) - allowed)
+      if found:
+        bad[str(path.relative_to(ROOT))] = found
+  assert not bad, f'imports of a higher layer: {bad}'
+
+
+def _layout_block() -> str:
+  readme = (ROOT / 'README.md').read_text()
+  section = readme.split('\n## Layout\n', 1)[1].split('\n## ', 1)[0]
+  return section.split('```\n', 2)[1]
+
+
+def test_the_readme_layout_matches_the_tree():
+  """Every tracked top-level folder and file has its row in README's Layout, and every
+  row names a path that exists (a folder's indented rows are inside it)."""
+  listed = subprocess.run(['git', 'ls-files'], cwd=ROOT, capture_output=True, text=True)
+  if listed.returncode:
+    pytest.skip('not a git checkout')
+  tree = {p.split('/')[0] + ('/' if '/' in p else '') for p in listed.stdout.split()}
+  rows, named, folder = set(), set(), ''
+  for line in _layout_block().splitlines():
+    head = re.split(r'\s{2,}', line.strip())[0]  # the name column ends at a run of spaces
+    if not head or line.startswith(' ' * 25):
+      continue
+    for name in (n.strip() for n in head.split(',') if n.strip()):
+      path = folder + name if line.startswith(' ') else name
+      if not line.startswith(' '):
+        folder = name if name.endswith('/') else ''
+        rows.add(name.split('/')[0] + ('/' if '/' in name else ''))
+      named.add(path)
+  assert tree - rows == set(), 'top-level parts without a Layout row'
+  assert rows - tree == set(), 'Layout rows of top-level parts that are not tracked'
+  missing = sorted(p for p in named if not (ROOT / p).exists())
+  assert not missing, f'Layout rows naming no file: {missing}'
+
+
+def _data_modules_imported(path: pathlib.Path, modules) -> set:
+  """The modules of `data/` (names in `modules`) that `path` imports, at any depth."""
+  found = set()
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.Import):
+      found |= {a.name.split('.')[1] for a in node.names if a.name.startswith('data.')}
+    elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == 'data':
+      found |= {a.name for a in node.names if a.name in modules}
+    elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and (
+        node.module.startswith('data.')):
+      found.add(node.module.split('.')[1])
+  return found & modules
+
+
+def import_cycle(graph) -> list:
+  """A cycle [a, b, ..., a] of `graph` ({module: modules it imports}), or []."""
+  state, path = {}, []
+
+  def visit(node):
+    state[node] = 'open'
+    path.append(node)
+    for nxt in sorted(graph.get(node, ())):
+      if state.get(nxt) == 'open':
+        return path[path.index(nxt):] + [nxt]
+      if nxt not in state:
+        found = visit(nxt)
+        if found:
+          return found
+    state[node] = 'done'
+    path.pop()
+    return []
+
+  for node in sorted(graph):
+    if node not in state:
+      found = visit(node)
+      if found:
+        return found
+  return []
+
+
+def test_the_data_modules_import_no_cycle():
+  """No module of `data/` imports one that imports it back, at the top or inside a function
+  (a deferred import hides a cycle rather than removing it). The package's `__init__.py`,
+  its public face over the modules, is left out."""
+  paths = {p.stem: p for p in (ROOT / 'data').glob('*.py') if p.stem != '__init__'}
+  graph = {name: _data_modules_imported(path, set(paths)) for name, path in paths.items()}
+  assert graph['arrays'] and graph['checks'], 'the rule sees no import'
+  cycle = import_cycle(graph)
+  assert not cycle, f'import cycle among data/ modules: {" -> ".join(cycle)}'
+
+
+def _imports_the_package(path: pathlib.Path, modules) -> bool:
+  """Whether `path` imports the `data` package itself (`import data`, or a name from
+  `from data import ...` that is not one of its modules), at any depth."""
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.Import) and any(a.name == 'data' for a in node.names):
+      return True
+    if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == 'data' and any(
+        a.name not in modules for a in node.names):
+      return True
+  return False
+
+
+def test_no_data_module_imports_the_package():
+  """The package's `__init__.py` imports its modules, so a module that imports the package
+  (even inside a function) closes a cycle through it."""
+  paths = {p.stem: p for p in (ROOT / 'data').glob('*.py') if p.stem != '__init__'}
+  assert _imports_the_package(ROOT / 'train' / 'tasks' / 'pixel_lm.py', set(paths))
+  found = sorted(name for name, path in paths.items() if _imports_the_package(path, set(paths)))
+  assert not found, f'data/ modules that import the package: {found}'
+
+
+def test_the_cycle_rule_finds_a_cycle():
+  assert import_cycle({'a': {'b'}, 'b': {'c'}, 'c': {'a'}, 'd': {'a'}}) == ['a', 'b', 'c', 'a']
+  assert import_cycle({'a': {'b'}, 'b': set(), 'c': {'a', 'b'}}) == []
