@@ -18,6 +18,7 @@ finite number: NaN and infinities are refused ("config.optim.learning_rate=nan i
 valid; it must be a finite number > 0") unless the field sets `allow_inf`; an
 `integer` field (a seed, a count) holds an int.
 """
+
 import dataclasses
 import math
 import numbers
@@ -55,6 +56,7 @@ class Field:
       field at `path` (None if the config leaves it out), e.g. a ViT's patch size:
       `when=('model.kind', lambda kind: kind == 'vit')`.
   """
+
   path: str
   choices: Tuple[Any, ...] = ()
   above: Optional[float] = None
@@ -85,10 +87,18 @@ class Field:
       rule = f'>= {_number_text(self.minimum)}'
     else:
       rule = ''
-    kind = ('an integer' if self.integer else '' if value is MISSING or self._number(value)
-            else 'a number (not NaN)' if self.allow_inf else 'a finite number')
-    return (f'it must be {" ".join(filter(None, (kind, rule)))}'
-            + (f' {self.note}' if self.note else ''))
+    kind = (
+      'an integer'
+      if self.integer
+      else ''
+      if value is MISSING or self._number(value)
+      else 'a number (not NaN)'
+      if self.allow_inf
+      else 'a finite number'
+    )
+    return f'it must be {" ".join(filter(None, (kind, rule)))}' + (
+      f' {self.note}' if self.note else ''
+    )
 
   def _number(self, value: Any) -> bool:
     """Whether `value` is a number this field may hold, bounds aside: finite (unless
@@ -104,18 +114,19 @@ class Field:
     value = self.value(config)
     if self.choices:
       if value not in self.choices:
-        raise ConfigError(f'config.{self.path}={value!r} is not valid; valid choices: '
-                          f'{", ".join(map(str, self.choices))}')
+        raise ConfigError(
+          f'config.{self.path}={value!r} is not valid; valid choices: '
+          f'{", ".join(map(str, self.choices))}'
+        )
       return
     bounded = (self.above, self.minimum, self.below) != (None, None, None)
     bad = ((bounded or self.integer) and not self._number(value)) or (
-        (self.above is not None and value <= self.above)
-        or (self.minimum is not None and value < self.minimum)
-        or (self.below is not None and value >= self.below))
+      (self.above is not None and value <= self.above)
+      or (self.minimum is not None and value < self.minimum)
+      or (self.below is not None and value >= self.below)
+    )
     if bad:
-      raise ConfigError(f'config.{self.path}={value!r} is not valid; '
-                        f'{self.describe(value)}')
-
+      raise ConfigError(f'config.{self.path}={value!r} is not valid; {self.describe(value)}')
 
   def applies(self, config) -> bool:
     """Whether `config` asks for this field to be checked (see `when`)."""

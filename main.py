@@ -15,6 +15,7 @@ Progress goes to stdout; absl logs only warnings unless --verbosity is given
 Multi-host: pass --coordinator_address/--num_processes/--process_id, or run
 on a pod/cluster whose environment JAX recognises (--distributed=auto).
 """
+
 import hashlib
 import itertools
 import json
@@ -37,26 +38,42 @@ from train import validate
 from train import workdir
 
 _CONFIG = config_flags.DEFINE_config_file(
-    'config', None, 'Experiment config file, e.g. configs/default.py or configs/mnist.py:super.')
+  'config', None, 'Experiment config file, e.g. configs/default.py or configs/mnist.py:super.'
+)
 _WORKDIR = flags.DEFINE_string(
-    'workdir', None, 'Directory for checkpoints, metrics, results; default: '
-    'runs/<config>[-<argument>][-<hash of the --config.* overrides>].')
-_MODE = flags.DEFINE_enum('mode', 'train', ['train', 'eval'],
-                          'train: train and evaluate (resuming if possible); '
-                          'eval: evaluate the newest checkpoint of --workdir.')
+  'workdir',
+  None,
+  'Directory for checkpoints, metrics, results; default: '
+  'runs/<config>[-<argument>][-<hash of the --config.* overrides>].',
+)
+_MODE = flags.DEFINE_enum(
+  'mode',
+  'train',
+  ['train', 'eval'],
+  'train: train and evaluate (resuming if possible); '
+  'eval: evaluate the newest checkpoint of --workdir.',
+)
 _RESTART = flags.DEFINE_bool(
-    'restart', False, 'Start over in a --workdir that holds a run of another config: the '
-    'old run is moved aside to <workdir>.replaced-<time>, never deleted.')
-_COORDINATOR = flags.DEFINE_string('coordinator_address', '',
-                                   'host:port of process 0 for jax.distributed.')
+  'restart',
+  False,
+  'Start over in a --workdir that holds a run of another config: the '
+  'old run is moved aside to <workdir>.replaced-<time>, never deleted.',
+)
+_COORDINATOR = flags.DEFINE_string(
+  'coordinator_address', '', 'host:port of process 0 for jax.distributed.'
+)
 _NUM_PROCESSES = flags.DEFINE_integer('num_processes', 0, 'Number of processes (multi-host).')
 _PROCESS_ID = flags.DEFINE_integer('process_id', -1, 'Index of this process (multi-host).')
 _TIMEOUT = flags.DEFINE_integer(
-    'distributed_timeout_s', 300, 'Seconds to wait for every process to connect.')
+  'distributed_timeout_s', 300, 'Seconds to wait for every process to connect.'
+)
 _DISTRIBUTED = flags.DEFINE_enum(
-    'distributed', 'auto', ['auto', 'on', 'off'],
-    'auto: jax.distributed.initialize with the flags above, or without arguments '
-    'when the environment describes a cluster; on: always; off: never.')
+  'distributed',
+  'auto',
+  ['auto', 'on', 'off'],
+  'auto: jax.distributed.initialize with the flags above, or without arguments '
+  'when the environment describes a cluster; on: always; off: never.',
+)
 flags.mark_flags_as_required(['config'])
 
 RUNS = 'runs'
@@ -78,7 +95,7 @@ def default_workdir(config_arg: str, overrides=None, evaluating: bool = False) -
   path = os.path.normpath(path)
   parts = path.split(os.sep)
   if 'configs' in parts:  # relative to the (last) configs/ folder
-    parts = parts[len(parts) - parts[::-1].index('configs'):]
+    parts = parts[len(parts) - parts[::-1].index('configs') :]
   else:
     parts = parts[-1:]
   parts[-1] = os.path.splitext(parts[-1])[0]
@@ -106,8 +123,7 @@ def eval_workdir(config_arg: str, overrides=None, holds_run=None) -> str:
   changeable = sorted(k for k in overrides if workdir.may_change(k))
   for n in range(len(changeable) + 1):
     for left_out in itertools.combinations(changeable, n):
-      path = default_workdir(config_arg, {k: v for k, v in overrides.items()
-                                          if k not in left_out})
+      path = default_workdir(config_arg, {k: v for k, v in overrides.items() if k not in left_out})
       if holds_run(path):
         return path
   return default_workdir(config_arg, overrides, evaluating=True)
@@ -128,8 +144,9 @@ def eval_config(config, stored, overrides=None):
   config = config.copy_and_resolve_references()
   for key, value in stored.dataset.items():
     field = f'dataset.{key}'
-    if key in config.dataset and not any(k == field or k.startswith(field + '.')
-                                         for k in overrides):
+    if key in config.dataset and not any(
+      k == field or k.startswith(field + '.') for k in overrides
+    ):
       config.dataset[key] = value
   return config
 
@@ -160,10 +177,16 @@ def offline_hint(argv, config_arg: str, config) -> str:
   path, _, arg = config_arg.partition(':')
   if os.path.basename(path) in ('cifar10.py', 'cifar10_nystrom.py') and 'size=small' not in arg:
     a = config.attention
-    small = os.path.join(os.path.dirname(path), 'cifar10.py') + f':{a.mechanism}' + (
-        f',projection={a.projection}' if a.projection != 'standard' else '') + ',size=small'
-    hint += (f'; on a CPU, use --config={small}: this base size trains at about 12 '
-             f'examples/s on 2 cores, so its 100 epochs would take about 5 days')
+    small = (
+      os.path.join(os.path.dirname(path), 'cifar10.py')
+      + f':{a.mechanism}'
+      + (f',projection={a.projection}' if a.projection != 'standard' else '')
+      + ',size=small'
+    )
+    hint += (
+      f'; on a CPU, use --config={small}: this base size trains at about 12 '
+      f'examples/s on 2 cores, so its 100 epochs would take about 5 days'
+    )
   return hint
 
 
@@ -197,8 +220,9 @@ def main(argv):
   config_arg = config_flags.get_config_filename(config_flag)
   overrides = config_flags.get_override_values(config_flag)
   evaluating = _MODE.value == 'eval'
-  path = _WORKDIR.value or (eval_workdir(config_arg, overrides) if evaluating
-                            else default_workdir(config_arg, overrides))
+  path = _WORKDIR.value or (
+    eval_workdir(config_arg, overrides) if evaluating else default_workdir(config_arg, overrides)
+  )
   print(f'workdir {path}', flush=True)
   config = _CONFIG.value
   if evaluating:  # the run's own dataset, unless the command names another
@@ -207,8 +231,13 @@ def main(argv):
     except workdir.WorkdirError as e:  # a damaged config.json: one line
       sys.exit(f'Error: {e}')
   try:
-    sharding.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value,
-                                    _PROCESS_ID.value, _DISTRIBUTED.value, _TIMEOUT.value)
+    sharding.initialize_distributed(
+      _COORDINATOR.value,
+      _NUM_PROCESSES.value,
+      _PROCESS_ID.value,
+      _DISTRIBUTED.value,
+      _TIMEOUT.value,
+    )
   except (ValueError, ConnectionError) as e:
     sys.exit(f'Error: {e}')
   try:

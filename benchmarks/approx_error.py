@@ -32,6 +32,7 @@ are learned, so at init (Xavier-uniform) it is not meant to approximate softmax.
 Writes <out>/<name>.json, .md, <name>_knob.png, <name>_length.png,
 <name>_scale.png and, with sources, <name>_checkpoint.png.
 """
+
 import functools
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -45,33 +46,52 @@ from benchmarks import output
 from benchmarks import runs
 import efficient_attn as ea
 
+
 def define_flags(fv: flags.FlagValues) -> None:
   common.define_output_flags(fv, out='benchmark_results/approx_error', name='approx_error')
-  flags.DEFINE_string('mechanisms', None,
-                      'comma list (default: every registered mechanism except softmax)',
-                      flag_values=fv)
-  flags.DEFINE_multi_string('knob', [],
-                            "mechanism.option=v1,v2,... replaces that mechanism's sweep "
-                            "('n' = length, '2n' = twice it; repeatable)", flag_values=fv)
+  flags.DEFINE_string(
+    'mechanisms',
+    None,
+    'comma list (default: every registered mechanism except softmax)',
+    flag_values=fv,
+  )
+  flags.DEFINE_multi_string(
+    'knob',
+    [],
+    "mechanism.option=v1,v2,... replaces that mechanism's sweep "
+    "('n' = length, '2n' = twice it; repeatable)",
+    flag_values=fv,
+  )
   flags.DEFINE_integer('knob_length', 1024, 'sequence length of the knob sweep', flag_values=fv)
-  flags.DEFINE_string('lengths', '128,256,512,1024,2048,4096',
-                      'comma list of lengths of the length sweep', flag_values=fv)
+  flags.DEFINE_string(
+    'lengths',
+    '128,256,512,1024,2048,4096',
+    'comma list of lengths of the length sweep',
+    flag_values=fv,
+  )
   flags.DEFINE_integer('batch', 1, 'batch size', flag_values=fv)
   flags.DEFINE_integer('heads', 8, 'attention heads', flag_values=fv)
   flags.DEFINE_integer('head_dim', 64, 'dimension per head', flag_values=fv)
   flags.DEFINE_integer('seeds', 3, 'random draws per point', flag_values=fv)
-  flags.DEFINE_float('qk_scale', 1.0, 'std of the random q, k entries (v is N(0, 1))',
-                     flag_values=fv)
-  flags.DEFINE_string('scales', '0.25,0.5,1,2',
-                      'q, k scales of the scale sweep at --knob_length (default options)',
-                      flag_values=fv)
-  flags.DEFINE_multi_string('source', [],
-                            "workdir or 'random:<mechanism>' whose captured q, k, v to use "
-                            "(repeatable)", flag_values=fv)
+  flags.DEFINE_float(
+    'qk_scale', 1.0, 'std of the random q, k entries (v is N(0, 1))', flag_values=fv
+  )
+  flags.DEFINE_string(
+    'scales',
+    '0.25,0.5,1,2',
+    'q, k scales of the scale sweep at --knob_length (default options)',
+    flag_values=fv,
+  )
+  flags.DEFINE_multi_string(
+    'source',
+    [],
+    "workdir or 'random:<mechanism>' whose captured q, k, v to use (repeatable)",
+    flag_values=fv,
+  )
   flags.DEFINE_integer('num_examples', 8, 'eval examples per source', flag_values=fv)
-  flags.DEFINE_multi_string('option', [],
-                            'mechanism.option=value applied to every point (repeatable)',
-                            flag_values=fv)
+  flags.DEFINE_multi_string(
+    'option', [], 'mechanism.option=value applied to every point (repeatable)', flag_values=fv
+  )
   flags.DEFINE_bool('no_identities', False, 'skip the identity checks', flag_values=fv)
 
 
@@ -160,8 +180,7 @@ def knob_values(option: str, values: Sequence[Any], length: int) -> List[Any]:
   bound = LENGTH_BOUNDED.get(option)
   for v in values:
     r = resolve(v, length)
-    if (bound and isinstance(v, (int, float)) and not isinstance(v, bool)
-        and r > bound * length):
+    if bound and isinstance(v, (int, float)) and not isinstance(v, bool) and r > bound * length:
       continue
     if r in seen:
       continue
@@ -185,20 +204,32 @@ def knob_sweep(args, mechanisms, knobs, fixed, draws_by_name) -> List[Dict[str, 
       option, values = knobs[m]
       for value in knob_values(option, values, length):
         opts = dict(fixed.get(m, {}), **{option: value})
-        row = dict(inputs=inputs_name, mechanism=m, option=option, value=value,
-                   resolved=resolve(value, length), length=length)
+        row = dict(
+          inputs=inputs_name,
+          mechanism=m,
+          option=option,
+          value=value,
+          resolved=resolve(value, length),
+          length=length,
+        )
         try:
           if isinstance(draws, dict):  # checkpoint: per layer
             per_layer = {name: point_error(m, opts, d)[0] for name, d in draws.items()}
-            row.update(error=float(np.mean(list(per_layer.values()))),
-                       std=float(np.std(list(per_layer.values()))), per_layer=per_layer)
+            row.update(
+              error=float(np.mean(list(per_layer.values()))),
+              std=float(np.std(list(per_layer.values()))),
+              per_layer=per_layer,
+            )
           else:
             row['error'], row['std'] = point_error(m, opts, draws)
         except Exception as e:  # pylint: disable=broad-except  (recorded, sweep continues)
           row.update(error=None, std=None, reason=f'{type(e).__name__}: {str(e)[:160]}')
         rows.append(row)
-        progress(args, f'[knob] {inputs_name:28s} {m:16s} {option}={value!s:8s} '
-                       f'error {output.fmt_num(row["error"], 3)}')
+        progress(
+          args,
+          f'[knob] {inputs_name:28s} {m:16s} {option}={value!s:8s} '
+          f'error {output.fmt_num(row["error"], 3)}',
+        )
   return rows
 
 
@@ -229,8 +260,9 @@ def scale_sweep(args, mechanisms, fixed, scales) -> List[Dict[str, Any]]:
       except Exception as e:  # pylint: disable=broad-except
         row.update(error=None, std=None, reason=f'{type(e).__name__}: {str(e)[:160]}')
       rows.append(row)
-      progress(args, f'[scale] {m:16s} qk_scale={scale:<5g} error '
-                     f'{output.fmt_num(row["error"], 3)}')
+      progress(
+        args, f'[scale] {m:16s} qk_scale={scale:<5g} error {output.fmt_num(row["error"], 3)}'
+      )
   return rows
 
 
@@ -257,56 +289,90 @@ def identity_checks(args, mechanisms) -> List[Dict[str, Any]]:
 def sweep_table(rows, key: str) -> str:
   xs = sorted({r[key] for r in rows})
   mechs = list(dict.fromkeys(r['mechanism'] for r in rows))
-  get = lambda m, x: next((r['error'] for r in rows if r['mechanism'] == m and r[key] == x),
-                          None)
-  return output.table(['mechanism'] + [f'{x:g}' for x in xs],
-                      [[m] + [output.fmt_num(get(m, x), 3) for x in xs] for m in mechs])
+  get = lambda m, x: next((r['error'] for r in rows if r['mechanism'] == m and r[key] == x), None)
+  return output.table(
+    ['mechanism'] + [f'{x:g}' for x in xs],
+    [[m] + [output.fmt_num(get(m, x), 3) for x in xs] for m in mechs],
+  )
 
 
 def markdown(meta, knob_rows, length_rows, scale_rows, identity_rows) -> str:
   notes = [
-      'error = ||out - exact||_F / ||exact||_F; exact = softmax(q k^T / sqrt(d)) v on the same '
-      'q, k, v (RFA: softmax over cosine similarities / sigma^2, what it estimates).',
-      f"random inputs: q, k ~ N(0, {meta['qk_scale']:g}²), v ~ N(0, 1), batch {meta['batch']}, "
-      f"{meta['heads']} heads, "
-      f"head_dim {meta['head_dim']}; mean ± std over {meta['seeds']} draws of inputs and of "
-      'random features / initial parameters.',
-      'parameterised mechanisms at initialisation (Linformer E, F learned: not an '
-      'approximation at init); linear attention is a different kernel, not an estimator.',
-      'default options: ' + '; '.join(
-          f'{m}: ' + ', '.join(f'{k}={v}' for k, v in options.items() if v is not None)
-          for m, options in meta['options'].items()),
+    'error = ||out - exact||_F / ||exact||_F; exact = softmax(q k^T / sqrt(d)) v on the same '
+    'q, k, v (RFA: softmax over cosine similarities / sigma^2, what it estimates).',
+    f"random inputs: q, k ~ N(0, {meta['qk_scale']:g}²), v ~ N(0, 1), batch {meta['batch']}, "
+    f"{meta['heads']} heads, "
+    f"head_dim {meta['head_dim']}; mean ± std over {meta['seeds']} draws of inputs and of "
+    'random features / initial parameters.',
+    'parameterised mechanisms at initialisation (Linformer E, F learned: not an '
+    'approximation at init); linear attention is a different kernel, not an estimator.',
+    'default options: '
+    + '; '.join(
+      f'{m}: ' + ', '.join(f'{k}={v}' for k, v in options.items() if v is not None)
+      for m, options in meta['options'].items()
+    ),
   ]
-  parts = [output.header('Approximation error vs exact softmax attention',
-                         meta['device_line'], notes)]
+  parts = [
+    output.header('Approximation error vs exact softmax attention', meta['device_line'], notes)
+  ]
   for inputs_name in dict.fromkeys(r['inputs'] for r in knob_rows):
     rows = [r for r in knob_rows if r['inputs'] == inputs_name]
     spread = '± std over layers' if 'captured' in inputs_name else '± std over draws'
-    parts += [f'## Error vs knob: {inputs_name} (length {rows[0]["length"]})', '',
-              output.table(['mechanism', 'knob', 'value', 'relative error', spread],
-                           [[r['mechanism'], r['option'], r['resolved'],
-                             output.fmt_num(r['error'], 3), output.fmt_num(r['std'], 2)]
-                            for r in rows], 'lllrr'), '']
+    parts += [
+      f'## Error vs knob: {inputs_name} (length {rows[0]["length"]})',
+      '',
+      output.table(
+        ['mechanism', 'knob', 'value', 'relative error', spread],
+        [
+          [
+            r['mechanism'],
+            r['option'],
+            r['resolved'],
+            output.fmt_num(r['error'], 3),
+            output.fmt_num(r['std'], 2),
+          ]
+          for r in rows
+        ],
+        'lllrr',
+      ),
+      '',
+    ]
   if length_rows:
-    parts += ['## Error vs length (random inputs, default options)', '',
-              sweep_table(length_rows, 'length'), '']
+    parts += [
+      '## Error vs length (random inputs, default options)',
+      '',
+      sweep_table(length_rows, 'length'),
+      '',
+    ]
   if scale_rows:
-    parts += [f"## Error vs std of q and k entries (n={meta['knob_length']}, default options)",
-              '', 'Logits q.k / sqrt(d) have std scale²; FAVOR+ variance grows like '
-              'exp(|q|² / sqrt(d) + |k|² / sqrt(d)).', '',
-              sweep_table(scale_rows, 'qk_scale'), '']
+    parts += [
+      f"## Error vs std of q and k entries (n={meta['knob_length']}, default options)",
+      '',
+      'Logits q.k / sqrt(d) have std scale²; FAVOR+ variance grows like '
+      'exp(|q|² / sqrt(d) + |k|² / sqrt(d)).',
+      '',
+      sweep_table(scale_rows, 'qk_scale'),
+      '',
+    ]
   if identity_rows:
-    parts += ['## Identity checks (must be ~0)', '',
-              output.table(['setting', 'length', 'relative error'],
-                           [[r['check'], r['length'], f"{r['error']:.2e}"]
-                            for r in identity_rows], 'lrr'), '']
+    parts += [
+      '## Identity checks (must be ~0)',
+      '',
+      output.table(
+        ['setting', 'length', 'relative error'],
+        [[r['check'], r['length'], f"{r['error']:.2e}"] for r in identity_rows],
+        'lrr',
+      ),
+      '',
+    ]
   return '\n'.join(parts)
 
 
 def knob_plot(path: str, rows, title: str) -> Optional[str]:
   """A panel per mechanism with a numeric knob: error against the knob, a line per input set."""
-  numeric = lambda m: all(isinstance(r['resolved'], (int, float))
-                          for r in rows if r['mechanism'] == m)
+  numeric = lambda m: all(
+    isinstance(r['resolved'], (int, float)) for r in rows if r['mechanism'] == m
+  )
   panels = []
   for m in [m for m in dict.fromkeys(r['mechanism'] for r in rows) if numeric(m)]:
     mine = [r for r in rows if r['mechanism'] == m]
@@ -317,8 +383,14 @@ def knob_plot(path: str, rows, title: str) -> Optional[str]:
     panels.append((f"{m}: error vs {mine[0]['option']}", series))
   if not panels:
     return None
-  return output.line_plot(path, panels, xlabel='knob value', ylabel='relative error',
-                          suptitle=title, ncols=min(3, len(panels)))
+  return output.line_plot(
+    path,
+    panels,
+    xlabel='knob value',
+    ylabel='relative error',
+    suptitle=title,
+    ncols=min(3, len(panels)),
+  )
 
 
 def sweep_plot(path: str, rows, key: str, xlabel: str, title: str) -> Optional[str]:
@@ -329,31 +401,39 @@ def sweep_plot(path: str, rows, key: str, xlabel: str, title: str) -> Optional[s
     series[m] = ([r[key] for r in pts], [r['error'] for r in pts])
   if not series:
     return None
-  return output.line_plot(path, [(f'error vs {key}', series)], xlabel=xlabel,
-                          ylabel='relative error', suptitle=title)
+  return output.line_plot(
+    path, [(f'error vs {key}', series)], xlabel=xlabel, ylabel='relative error', suptitle=title
+  )
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   args = common.parse_flags(define_flags, argv, __doc__)
   info = common.device_info()
   with common.flag_errors():
-    mechanisms = (common.csv_list(args.mechanisms) if args.mechanisms else
-                  [m for m in common.available_mechanisms() if m != 'softmax'])
+    mechanisms = (
+      common.csv_list(args.mechanisms)
+      if args.mechanisms
+      else [m for m in common.available_mechanisms() if m != 'softmax']
+    )
     for m in mechanisms:
       try:
         ea.get_mechanism(m)
       except ValueError as e:
         raise ValueError(f'--mechanisms: {e}') from None
-    knobs = {m: (d.knob[0], list(d.knob[1])) for m, d in
-             ((m, ea.get_mechanism(m)) for m in mechanisms) if d.knob is not None}
+    knobs = {
+      m: (d.knob[0], list(d.knob[1]))
+      for m, d in ((m, ea.get_mechanism(m)) for m in mechanisms)
+      if d.knob is not None
+    }
     for item in args.knob:
       key, _, values = item.partition('=')
       m, _, option = key.partition('.')
       if not option or not values:
         raise ValueError(f'--knob {item!r} must look like mechanism.option=v1,v2')
       if m not in mechanisms:
-        raise ValueError(f'--knob {item!r}: {m!r} is not one of the mechanisms measured '
-                         f'({", ".join(mechanisms)})')
+        raise ValueError(
+          f'--knob {item!r}: {m!r} is not one of the mechanisms measured ({", ".join(mechanisms)})'
+        )
       knobs[m] = (option, [common.parse_value(v) for v in common.csv_list(values)])
     fixed = common.parse_options(args.option)
     options = {m: common.effective_options(m, fixed.get(m)) for m in mechanisms}
@@ -361,44 +441,85 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     scales = common.csv_list(args.scales, float, '--scales')
     sources = [runs.load_source(name, args.num_examples) for name in args.source]
 
-  inputs = {f'random, n={args.knob_length}': (args.knob_length,
-                                                    random_draws(args, args.knob_length))}
+  inputs = {
+    f'random, n={args.knob_length}': (args.knob_length, random_draws(args, args.knob_length))
+  }
   checkpoint_inputs = {}
   for name, source in zip(args.source, sources):
     layers = runs.capture_qkv(source)
     length = layers[0][1][1].shape[1]
     checkpoint_inputs[f'{name} (captured q,k,v)'] = (
-        length, {layer: [(0, qkv)] for layer, qkv in layers})
+      length,
+      {layer: [(0, qkv)] for layer, qkv in layers},
+    )
   knob_rows = knob_sweep(args, mechanisms, knobs, fixed, inputs)
   ckpt_rows = knob_sweep(args, mechanisms, knobs, fixed, checkpoint_inputs)
   length_rows = length_sweep(args, mechanisms, fixed, lengths)
   scale_rows = scale_sweep(args, mechanisms, fixed, scales)
   identity_rows = [] if args.no_identities else identity_checks(args, mechanisms)
 
-  meta = dict(device=info, device_line=common.describe_device(info), batch=args.batch,
-              heads=args.heads, head_dim=args.head_dim, seeds=args.seeds,
-              qk_scale=args.qk_scale,
-              knob_length=args.knob_length, knobs={m: list(v) for m, v in knobs.items()},
-              options=options, sources=args.source,
-              command=output.command('benchmarks.approx_error', argv))
+  meta = dict(
+    device=info,
+    device_line=common.describe_device(info),
+    batch=args.batch,
+    heads=args.heads,
+    head_dim=args.head_dim,
+    seeds=args.seeds,
+    qk_scale=args.qk_scale,
+    knob_length=args.knob_length,
+    knobs={m: list(v) for m, v in knobs.items()},
+    options=options,
+    sources=args.source,
+    command=output.command('benchmarks.approx_error', argv),
+  )
   sub = common.describe_device(info)
-  plots = [p for p in (
-      knob_plot(os.path.join(args.out, f'{args.name}_knob.png'), knob_rows,
-                f'Relative error vs knob, random inputs; {sub}'),
-      sweep_plot(os.path.join(args.out, f'{args.name}_length.png'), length_rows, 'length',
-                 'sequence length (tokens)',
-                 f'Relative error vs length, random inputs, default options; {sub}'),
-      sweep_plot(os.path.join(args.out, f'{args.name}_scale.png'), scale_rows, 'qk_scale',
-                 'std of q and k entries',
-                 f'Relative error vs q, k scale, n={args.knob_length}, default options; {sub}'),
-      knob_plot(os.path.join(args.out, f'{args.name}_checkpoint.png'), ckpt_rows,
-                f'Relative error vs knob on captured q, k, v (mean over layers); {sub}')
-      if ckpt_rows else None) if p]
-  data = dict(meta=meta, knob=knob_rows + ckpt_rows, length=length_rows, scale=scale_rows,
-              identity=identity_rows, plots=plots)
-  output.finish(args.out, args.name, data,
-                markdown(meta, knob_rows + ckpt_rows, length_rows, scale_rows, identity_rows),
-                quiet=args.quiet)
+  plots = [
+    p
+    for p in (
+      knob_plot(
+        os.path.join(args.out, f'{args.name}_knob.png'),
+        knob_rows,
+        f'Relative error vs knob, random inputs; {sub}',
+      ),
+      sweep_plot(
+        os.path.join(args.out, f'{args.name}_length.png'),
+        length_rows,
+        'length',
+        'sequence length (tokens)',
+        f'Relative error vs length, random inputs, default options; {sub}',
+      ),
+      sweep_plot(
+        os.path.join(args.out, f'{args.name}_scale.png'),
+        scale_rows,
+        'qk_scale',
+        'std of q and k entries',
+        f'Relative error vs q, k scale, n={args.knob_length}, default options; {sub}',
+      ),
+      knob_plot(
+        os.path.join(args.out, f'{args.name}_checkpoint.png'),
+        ckpt_rows,
+        f'Relative error vs knob on captured q, k, v (mean over layers); {sub}',
+      )
+      if ckpt_rows
+      else None,
+    )
+    if p
+  ]
+  data = dict(
+    meta=meta,
+    knob=knob_rows + ckpt_rows,
+    length=length_rows,
+    scale=scale_rows,
+    identity=identity_rows,
+    plots=plots,
+  )
+  output.finish(
+    args.out,
+    args.name,
+    data,
+    markdown(meta, knob_rows + ckpt_rows, length_rows, scale_rows, identity_rows),
+    quiet=args.quiet,
+  )
   return data
 
 

@@ -5,6 +5,7 @@ registered mechanism ('linear', 'nystrom', ...; core attention on q, k, v
 `[batch, length, heads, head_dim]`), or 'mechanism/projection' (a whole
 `efficient_attn.MultiHeadAttention` layer on x `[batch, length, heads * head_dim]`).
 """
+
 import contextlib
 import dataclasses
 import datetime
@@ -31,8 +32,13 @@ EXACT = 'exact'
 # ----------------------------------------------------------------------------
 
 
-def parse_flags(define_flags: Callable[[Any], None], argv: Optional[Sequence[str]] = None,
-                doc: str = '', *, positional: str = ''):
+def parse_flags(
+  define_flags: Callable[[Any], None],
+  argv: Optional[Sequence[str]] = None,
+  doc: str = '',
+  *,
+  positional: str = '',
+):
   """absl flags of one tool, parsed from `argv` into their own FlagValues.
 
   `argv` holds the arguments without the program name (default sys.argv[1:]).
@@ -45,6 +51,7 @@ def parse_flags(define_flags: Callable[[Any], None], argv: Optional[Sequence[str
   the result is `(flag_values, [arguments])`.
   """
   from absl import flags  # pylint: disable=g-import-not-at-top
+
   fv = flags.FlagValues()
   define_flags(fv)
   argv = list(sys.argv[1:] if argv is None else argv)
@@ -57,6 +64,7 @@ def parse_flags(define_flags: Callable[[Any], None], argv: Optional[Sequence[str
   except flags.Error as e:
     sys.exit(f'Error: {e}')
   from train import api  # pylint: disable=g-import-not-at-top
+
   api.quiet_logs(verbosity_given=True)  # no missing-TPU notice, as main.py
   if not positional:
     if rest:
@@ -82,10 +90,12 @@ def define_output_flags(fv, *, out: str, name: str, quiet: bool = True) -> None:
   stem of the .json / .md / .png it writes) and, with `quiet`, --quiet (no progress
   lines or printed table)."""
   from absl import flags  # pylint: disable=g-import-not-at-top
+
   flags.DEFINE_string('out', out, 'output folder', flag_values=fv)
   flags.DEFINE_string('name', name, 'file name stem of the outputs', flag_values=fv)
   if quiet:
     flags.DEFINE_bool('quiet', False, 'no progress lines or printed table', flag_values=fv)
+
 
 @contextlib.contextmanager
 def flag_errors():
@@ -119,6 +129,7 @@ class Bench:
   `variables` is a Flax variables dict (possibly empty); its 'params' are
   differentiated in the forward+backward pass together with all inputs.
   """
+
   label: str
   fn: Callable[..., Any]
   variables: Any
@@ -142,8 +153,7 @@ class Bench:
     return grad, (params,) + self.inputs
 
 
-def random_qkv(seed: int, batch: int, length: int, heads: int, head_dim: int,
-               dtype=jnp.float32):
+def random_qkv(seed: int, batch: int, length: int, heads: int, head_dim: int, dtype=jnp.float32):
   """q, k, v `[batch, length, heads, head_dim]`, standard normal."""
   keys = jax.random.split(jax.random.PRNGKey(seed), 3)
   return tuple(jax.random.normal(k, (batch, length, heads, head_dim), dtype) for k in keys)
@@ -154,9 +164,17 @@ def exact_attention(q, k, v, causal: bool = False, implementation: Optional[str]
   return jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation=implementation)
 
 
-def mechanism_bench(name: str, q, k, v, *, options: Optional[Mapping[str, Any]] = None,
-                    causal: bool = False, seed: int = 0,
-                    exact_implementation: Optional[str] = None) -> Bench:
+def mechanism_bench(
+  name: str,
+  q,
+  k,
+  v,
+  *,
+  options: Optional[Mapping[str, Any]] = None,
+  causal: bool = False,
+  seed: int = 0,
+  exact_implementation: Optional[str] = None,
+) -> Bench:
   """Core attention of mechanism `name` (or 'exact') on q, k, v.
 
   Fixed-length mechanisms (Linformer) are built with max_length = kv length, and
@@ -169,32 +187,43 @@ def mechanism_bench(name: str, q, k, v, *, options: Optional[Mapping[str, Any]] 
     fn = lambda variables, q, k, v: exact_attention(q, k, v, causal, exact_implementation)
     return Bench(name, fn, {}, (q, k, v), options)
   module = build_mechanism(name, k.shape[1], options, causal)
-  inputs = lambda q: ({'inputs': q.reshape(q.shape[:2] + (-1,))}
-                      if ea.get_mechanism(name).reads_input else {})
+  inputs = lambda q: (
+    {'inputs': q.reshape(q.shape[:2] + (-1,))} if ea.get_mechanism(name).reads_input else {}
+  )
   variables = jax.jit(lambda key, q, k, v: module.init(key, q, k, v, **inputs(q)))(
-      jax.random.PRNGKey(seed), q, k, v)
+    jax.random.PRNGKey(seed), q, k, v
+  )
   fn = lambda variables, q, k, v: module.apply(variables, q, k, v, **inputs(q))
   return Bench(name, fn, dict(variables), (q, k, v), options)
 
 
-def build_mechanism(name: str, length: int, options: Optional[Mapping[str, Any]] = None,
-                    causal: bool = False):
+def build_mechanism(
+  name: str, length: int, options: Optional[Mapping[str, Any]] = None, causal: bool = False
+):
   """The mechanism's Linen module; fixed-length ones are built for `length` tokens, and a
   causal-only one is causal."""
   causal = causal or ea.get_mechanism(name).causal_only
   return ea.mechanism_module(name, causal=causal, max_length=length, options=dict(options or {}))
 
 
-def layer_bench(mechanism: str, projection: str, x, *, num_heads: int,
-                options: Optional[Mapping[str, Any]] = None, causal: bool = False,
-                seed: int = 0) -> Bench:
+def layer_bench(
+  mechanism: str,
+  projection: str,
+  x,
+  *,
+  num_heads: int,
+  options: Optional[Mapping[str, Any]] = None,
+  causal: bool = False,
+  seed: int = 0,
+) -> Bench:
   """A whole `MultiHeadAttention(mechanism, projection)` layer on x `[batch, length, d_model]`.
 
   x may be a `jax.ShapeDtypeStruct`: the variables are then shapes only
   (`jax.eval_shape`), enough to lower, compile and count, without allocating.
   """
-  layer = attention_layer(mechanism, projection, num_heads=num_heads, length=x.shape[1],
-                          options=options, causal=causal)
+  layer = attention_layer(
+    mechanism, projection, num_heads=num_heads, length=x.shape[1], options=options, causal=causal
+  )
   key = jax.random.PRNGKey(seed)
   if isinstance(x, jax.ShapeDtypeStruct):
     variables = jax.eval_shape(layer.init, key, x)
@@ -204,14 +233,26 @@ def layer_bench(mechanism: str, projection: str, x, *, num_heads: int,
   return Bench(f'{mechanism}/{projection}', fn, dict(variables), (x,), dict(options or {}))
 
 
-def attention_layer(mechanism: str, projection: str, *, num_heads: int, length: int,
-                    options: Optional[Mapping[str, Any]] = None, causal: bool = False):
+def attention_layer(
+  mechanism: str,
+  projection: str,
+  *,
+  num_heads: int,
+  length: int,
+  options: Optional[Mapping[str, Any]] = None,
+  causal: bool = False,
+):
   """`ea.MultiHeadAttention` with max_length = length (for 'super' and Linformer); a
   causal-only mechanism is causal."""
   causal = causal or ea.get_mechanism(mechanism).causal_only
-  return ea.MultiHeadAttention(num_heads=num_heads, mechanism=mechanism, projection=projection,
-                               options=dict(options or {}) or None, causal=causal,
-                               max_length=length)
+  return ea.MultiHeadAttention(
+    num_heads=num_heads,
+    mechanism=mechanism,
+    projection=projection,
+    options=dict(options or {}) or None,
+    causal=causal,
+    max_length=length,
+  )
 
 
 def parse_target(target: str) -> Tuple[str, Optional[str]]:
@@ -279,8 +320,10 @@ def csv_list(text: str, cast: Callable[[str], Any] = str, flag: str = '') -> lis
     except ValueError:
       name = getattr(cast, '__name__', 'value')
       one, many = CASTS.get(cast, (f'a valid {name}', f'{name} values'))
-      raise ValueError(f'{flag or "list"}={text!r} is not valid: {item!r} is not {one}; '
-                       f'valid: a comma list of {many}') from None
+      raise ValueError(
+        f'{flag or "list"}={text!r} is not valid: {item!r} is not {one}; '
+        f'valid: a comma list of {many}'
+      ) from None
   return out
 
 
@@ -302,8 +345,9 @@ def block(x):
   return jax.tree.map(lambda a: a.block_until_ready() if hasattr(a, 'block_until_ready') else a, x)
 
 
-def time_compiled(compiled: Callable[..., Any], args: Sequence[Any], *, repeats: int,
-                  budget_s: float) -> Dict[str, Any]:
+def time_compiled(
+  compiled: Callable[..., Any], args: Sequence[Any], *, repeats: int, budget_s: float
+) -> Dict[str, Any]:
   """Median (and minimum) wall time of `compiled(*args)` after one warm-up call.
 
   Runs the warm-up, then up to `repeats` timed calls, stopping early once the
@@ -326,12 +370,19 @@ def time_compiled(compiled: Callable[..., Any], args: Sequence[Any], *, repeats:
       times.append(time.perf_counter() - start)
       if sum(times) > budget_s / 2:
         break
-  return dict(time_s=statistics.median(times), min_s=min(times), times_s=times,
-              warmup_s=warmup, runs=len(times), from_warmup=from_warmup)
+  return dict(
+    time_s=statistics.median(times),
+    min_s=min(times),
+    times_s=times,
+    warmup_s=warmup,
+    runs=len(times),
+    from_warmup=from_warmup,
+  )
 
 
-def predict_time(lengths: Sequence[int], times: Sequence[float], length: int,
-                 default_exponent: float = 2.0) -> Optional[float]:
+def predict_time(
+  lengths: Sequence[int], times: Sequence[float], length: int, default_exponent: float = 2.0
+) -> Optional[float]:
   """Extrapolates time to `length` from earlier (length, time) points.
 
   Uses the log-log slope of the last two points (clipped to [1, 2.5]), or
@@ -346,14 +397,18 @@ def predict_time(lengths: Sequence[int], times: Sequence[float], length: int,
   return times[-1] * (length / lengths[-1]) ** exponent
 
 
-def fit_exponent(xs: Sequence[float], ys: Sequence[float], lo: Optional[float] = None,
-                 hi: Optional[float] = None) -> Optional[float]:
+def fit_exponent(
+  xs: Sequence[float], ys: Sequence[float], lo: Optional[float] = None, hi: Optional[float] = None
+) -> Optional[float]:
   """Least-squares slope of log(y) against log(x) over points with lo <= x <= hi.
 
   None if fewer than two usable points (missing or non-positive values are dropped).
   """
-  pts = [(x, y) for x, y in zip(xs, ys)
-         if y is not None and y > 0 and (lo is None or x >= lo) and (hi is None or x <= hi)]
+  pts = [
+    (x, y)
+    for x, y in zip(xs, ys)
+    if y is not None and y > 0 and (lo is None or x >= lo) and (hi is None or x <= hi)
+  ]
   if len({x for x, _ in pts}) < 2:
     return None
   lx = np.log([x for x, _ in pts])
@@ -412,11 +467,17 @@ def device_info() -> Dict[str, Any]:
   dev = jax.devices()[0]
   cpus = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()
   return dict(
-      date=datetime.datetime.now().astimezone().isoformat(timespec='seconds'),
-      platform=dev.platform, device_kind=dev.device_kind, device_count=jax.device_count(),
-      cpu_model=cpu_model(), cpu_count=cpus, memory_total_bytes=total_memory_bytes(),
-      jax_version=jax.__version__, python_version=platform.python_version(),
-      hostname=platform.node())
+    date=datetime.datetime.now().astimezone().isoformat(timespec='seconds'),
+    platform=dev.platform,
+    device_kind=dev.device_kind,
+    device_count=jax.device_count(),
+    cpu_model=cpu_model(),
+    cpu_count=cpus,
+    memory_total_bytes=total_memory_bytes(),
+    jax_version=jax.__version__,
+    python_version=platform.python_version(),
+    hostname=platform.node(),
+  )
 
 
 def describe_device(info: Mapping[str, Any]) -> str:
@@ -424,14 +485,20 @@ def describe_device(info: Mapping[str, Any]) -> str:
   mem = info.get('memory_total_bytes')
   mem = f', {mem / 2**30:.1f} GiB RAM' if mem and info['platform'] == 'cpu' else ''
   kind = info['device_kind'] if info['platform'] != 'cpu' else info['cpu_model']
-  return (f"{info['platform']} ({kind}, {info['cpu_count']} CPUs{mem}), "
-          f"jax {info['jax_version']}, {info['date']}")
+  return (
+    f"{info['platform']} ({kind}, {info['cpu_count']} CPUs{mem}), "
+    f"jax {info['jax_version']}, {info['date']}"
+  )
 
 
-def effective_options(mechanism: str, overrides: Optional[Mapping[str, Any]] = None
-                      ) -> Dict[str, Any]:
+def effective_options(
+  mechanism: str, overrides: Optional[Mapping[str, Any]] = None
+) -> Dict[str, Any]:
   """The mechanism's options with their values (declared defaults + overrides)."""
   if mechanism == EXACT:
     return dict(overrides or {})
-  return dict(ea.get_mechanism(mechanism).resolve(
-      {k: v for k, v in (overrides or {}).items() if not k.startswith('_')}))
+  return dict(
+    ea.get_mechanism(mechanism).resolve(
+      {k: v for k, v in (overrides or {}).items() if not k.startswith('_')}
+    )
+  )

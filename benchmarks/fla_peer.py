@@ -32,6 +32,7 @@ Lengths of 64K and over run at batch 1.
 --dry_run runs every part at tiny sizes (on CPU, 'pallas' in interpret mode); fla is
 skipped with one line wherever it cannot run (no source, no torch, no GPU).
 """
+
 import time
 from typing import Any, Callable, Dict, List, Optional
 
@@ -52,40 +53,64 @@ IMPLEMENTATIONS = ('xla', 'pallas')
 DTYPES = ('bfloat16', 'float32')
 LAYOUTS = ('heads', 'paper')
 LONG = 65536  # from this length on, batch 1
-FLA_OPS = {'retention': 'chunk_retention', 'mamba2': 'chunk_simple_gla', 'gla': 'chunk_gla',
-           'deltanet': 'chunk_delta_rule', 'gated_deltanet': 'chunk_gated_delta_rule'}
-FLA_STEPS = {'retention': 'fused_recurrent_retention', 'mamba2': 'fused_recurrent_simple_gla',
-             'gla': 'fused_recurrent_gla', 'deltanet': 'fused_recurrent_delta_rule',
-             'gated_deltanet': 'fused_recurrent_gated_delta_rule'}
+FLA_OPS = {
+  'retention': 'chunk_retention',
+  'mamba2': 'chunk_simple_gla',
+  'gla': 'chunk_gla',
+  'deltanet': 'chunk_delta_rule',
+  'gated_deltanet': 'chunk_gated_delta_rule',
+}
+FLA_STEPS = {
+  'retention': 'fused_recurrent_retention',
+  'mamba2': 'fused_recurrent_simple_gla',
+  'gla': 'fused_recurrent_gla',
+  'deltanet': 'fused_recurrent_delta_rule',
+  'gated_deltanet': 'fused_recurrent_gated_delta_rule',
+}
 
 
 def define_flags(fv: flags.FlagValues) -> None:
   common.define_output_flags(fv, out='benchmark_results/fla_peer', name='gated_gpu')
-  flags.DEFINE_string('recurrences', ','.join(RECURRENCES), 'comma list of: '
-                      + ', '.join(RECURRENCES), flag_values=fv)
-  flags.DEFINE_string('implementations', ','.join(IMPLEMENTATIONS), 'ours, comma list of: '
-                      + ', '.join(IMPLEMENTATIONS), flag_values=fv)
-  flags.DEFINE_string('dtypes', ','.join(DTYPES), 'our input dtypes (fla: bfloat16)',
-                      flag_values=fv)
-  flags.DEFINE_string('lengths', '4096,16384,65536', f'comma list; >= {LONG} at batch 1',
-                      flag_values=fv)
-  flags.DEFINE_string('layouts', 'heads,paper', 'comma list of: ' + ', '.join(LAYOUTS),
-                      flag_values=fv)
+  flags.DEFINE_string(
+    'recurrences', ','.join(RECURRENCES), 'comma list of: ' + ', '.join(RECURRENCES), flag_values=fv
+  )
+  flags.DEFINE_string(
+    'implementations',
+    ','.join(IMPLEMENTATIONS),
+    'ours, comma list of: ' + ', '.join(IMPLEMENTATIONS),
+    flag_values=fv,
+  )
+  flags.DEFINE_string(
+    'dtypes', ','.join(DTYPES), 'our input dtypes (fla: bfloat16)', flag_values=fv
+  )
+  flags.DEFINE_string(
+    'lengths', '4096,16384,65536', f'comma list; >= {LONG} at batch 1', flag_values=fv
+  )
+  flags.DEFINE_string(
+    'layouts', 'heads,paper', 'comma list of: ' + ', '.join(LAYOUTS), flag_values=fv
+  )
   flags.DEFINE_integer('batch', 4, 'batch below 64K tokens', flag_values=fv)
   flags.DEFINE_integer('heads', 16, "heads of the 'heads' layout", flag_values=fv)
-  flags.DEFINE_integer('head_dim', 128, "q, k and v width of the 'heads' layout",
-                       flag_values=fv)
-  flags.DEFINE_integer('chunk_size', 64, 'chunk of every chunkwise form (fla: 64)',
-                       flag_values=fv)
-  flags.DEFINE_integer('repeats', 10, 'timed calls per point (median)',
-                       lower_bound=1, flag_values=fv)
-  flags.DEFINE_float('budget_s', 20.0, 'seconds of timed calls per point at most',
-                     flag_values=fv)
+  flags.DEFINE_integer('head_dim', 128, "q, k and v width of the 'heads' layout", flag_values=fv)
+  flags.DEFINE_integer('chunk_size', 64, 'chunk of every chunkwise form (fla: 64)', flag_values=fv)
+  flags.DEFINE_integer(
+    'repeats', 10, 'timed calls per point (median)', lower_bound=1, flag_values=fv
+  )
+  flags.DEFINE_float('budget_s', 20.0, 'seconds of timed calls per point at most', flag_values=fv)
   flags.DEFINE_bool('decode', True, 'also time one decoding step', flag_values=fv)
-  flags.DEFINE_bool('fla', True, "also time fla's kernels (skipped in one line where "
-                    'they cannot run)', flag_values=fv)
-  flags.DEFINE_bool('dry_run', False, 'tiny sizes (lengths 64 and 96, batch 1, 2 heads of '
-                    '16, chunk 16, 2 repeats): every part, on any machine', flag_values=fv)
+  flags.DEFINE_bool(
+    'fla',
+    True,
+    "also time fla's kernels (skipped in one line where they cannot run)",
+    flag_values=fv,
+  )
+  flags.DEFINE_bool(
+    'dry_run',
+    False,
+    'tiny sizes (lengths 64 and 96, batch 1, 2 heads of '
+    '16, chunk 16, 2 repeats): every part, on any machine',
+    flag_values=fv,
+  )
 
 
 # ----------------------------------------------------------------------------
@@ -113,8 +138,9 @@ def inputs(recurrence: str, batch: int, length: int, s: Dict[str, int], seed: in
   v = rng.standard_normal((b, n, h, dv), np.float32)
   g = beta = None
   if recurrence == 'retention':
-    g = np.broadcast_to(np.log1p(-2.0 ** (-5.0 - np.arange(h, dtype=np.float32)))[:, None],
-                        (b, n, h, 1)).copy()
+    g = np.broadcast_to(
+      np.log1p(-(2.0 ** (-5.0 - np.arange(h, dtype=np.float32))))[:, None], (b, n, h, 1)
+    ).copy()
   elif recurrence in ('mamba2', 'gated_deltanet'):
     g = -rng.uniform(0.001, 0.1, (b, n, h, 1)).astype(np.float32)
   elif recurrence == 'gla':
@@ -141,8 +167,11 @@ def our_core(recurrence: str, implementation: str) -> Optional[Callable[..., Any
 
 
 def our_step(recurrence: str) -> Callable[..., Any]:
-  return (delta_rule.delta_step if recurrence in ('deltanet', 'gated_deltanet')
-          else gated_linear.gated_step)
+  return (
+    delta_rule.delta_step
+    if recurrence in ('deltanet', 'gated_deltanet')
+    else gated_linear.gated_step
+  )
 
 
 def memory_bytes(compiled) -> Optional[int]:
@@ -154,8 +183,9 @@ def memory_bytes(compiled) -> Optional[int]:
     return None
 
 
-def time_ours(core, q, k, v, g, beta, *, dtype: str, chunk_size: int, repeats: int,
-              budget_s: float) -> Dict[str, Any]:
+def time_ours(
+  core, q, k, v, g, beta, *, dtype: str, chunk_size: int, repeats: int, budget_s: float
+) -> Dict[str, Any]:
   """Forward + backward of `core` on the inputs cast to `dtype` (gates stay float32)."""
   cast = lambda x: None if x is None else jnp.asarray(x, dtype)
   q, k, v = (cast(x) for x in (q, k, v))
@@ -166,13 +196,13 @@ def time_ours(core, q, k, v, g, beta, *, dtype: str, chunk_size: int, repeats: i
     out, _ = core(q, k, v, g, beta, chunk_size=chunk_size)
     return jnp.sum(out.astype(jnp.float32) * do)
 
-  grad = jax.jit(jax.grad(loss, argnums=tuple(i for i, x in enumerate((q, k, v, g, beta))
-                                              if x is not None)))
+  grad = jax.jit(
+    jax.grad(loss, argnums=tuple(i for i, x in enumerate((q, k, v, g, beta)) if x is not None))
+  )
   start = time.perf_counter()
   compiled = grad.lower(q, k, v, g, beta).compile()
   compile_s = time.perf_counter() - start
-  timing = common.time_compiled(compiled, (q, k, v, g, beta), repeats=repeats,
-                                budget_s=budget_s)
+  timing = common.time_compiled(compiled, (q, k, v, g, beta), repeats=repeats, budget_s=budget_s)
   return dict(time_s=timing['time_s'], compile_s=compile_s, memory_bytes=memory_bytes(compiled))
 
 
@@ -201,8 +231,12 @@ def fla_call(ops, recurrence: str, q, k, v, g, beta, *, step: bool = False, stat
   """One call of fla's chunk op (or, with `step`, its fused recurrent op) on torch tensors
   `[B, T, H, D]`: returns (out, final state)."""
   name = (FLA_STEPS if step else FLA_OPS)[recurrence]
-  module = getattr(ops, {'mamba2': 'simple_gla', 'deltanet': 'delta_rule',
-                         'gated_deltanet': 'gated_delta_rule'}.get(recurrence, recurrence))
+  module = getattr(
+    ops,
+    {'mamba2': 'simple_gla', 'deltanet': 'delta_rule', 'gated_deltanet': 'gated_delta_rule'}.get(
+      recurrence, recurrence
+    ),
+  )
   fn = getattr(module, name)
   kw = dict(scale=1.0, initial_state=state, output_final_state=True)
   if recurrence == 'retention':
@@ -220,6 +254,7 @@ def time_fla(ops, recurrence: str, q, k, v, g, beta, *, repeats: int) -> Dict[st
   """fla's forward + backward (bfloat16 q, k, v; float32 gates) with CUDA events, its peak
   memory, and one decoding step's latency."""
   import torch  # pylint: disable=g-import-not-at-top
+
   dev = 'cuda'
   bf = lambda x: torch.tensor(x, device=dev, dtype=torch.bfloat16).requires_grad_()
   f32 = lambda x: None if x is None else torch.tensor(x, device=dev).requires_grad_()
@@ -250,8 +285,10 @@ def time_fla(ops, recurrence: str, q, k, v, g, beta, *, repeats: int) -> Dict[st
 def time_fla_step(ops, recurrence: str, q, k, v, g, beta, *, repeats: int) -> float:
   """Seconds per token of fla's fused recurrent op with a state (bfloat16 inputs)."""
   import torch  # pylint: disable=g-import-not-at-top
-  one = lambda x, dt=torch.bfloat16: None if x is None else torch.tensor(
-      x[:, :1], device='cuda', dtype=dt)
+
+  one = lambda x, dt=torch.bfloat16: (
+    None if x is None else torch.tensor(x[:, :1], device='cuda', dtype=dt)
+  )
   tq, tk, tv, tg, tb = one(q), one(k), one(v), one(g, torch.float32), one(beta, torch.float32)
   state = torch.zeros(q.shape[0], q.shape[2], q.shape[3], v.shape[3], device='cuda')
   with torch.no_grad():
@@ -274,17 +311,27 @@ def time_fla_step(ops, recurrence: str, q, k, v, g, beta, *, repeats: int) -> fl
 def check_flags(fv) -> Dict[str, Any]:
   """The flags' lists, or a one-line ValueError naming a bad value and the valid ones."""
   picked = {}
-  for flag, valid in (('recurrences', RECURRENCES), ('implementations', IMPLEMENTATIONS),
-                      ('dtypes', DTYPES), ('layouts', LAYOUTS)):
+  for flag, valid in (
+    ('recurrences', RECURRENCES),
+    ('implementations', IMPLEMENTATIONS),
+    ('dtypes', DTYPES),
+    ('layouts', LAYOUTS),
+  ):
     values = common.csv_list(getattr(fv, flag), flag=flag)
     bad = [x for x in values if x not in valid]
     if bad or not values:
-      raise ValueError(f'--{flag}={getattr(fv, flag)!r} is not valid; valid values: '
-                       f'{", ".join(valid)}')
+      raise ValueError(
+        f'--{flag}={getattr(fv, flag)!r} is not valid; valid values: {", ".join(valid)}'
+      )
     picked[flag] = values
   picked['lengths'] = common.csv_list(fv.lengths, int, flag='lengths')
-  for flag, value in (('batch', fv.batch), ('heads', fv.heads), ('head_dim', fv.head_dim),
-                      ('chunk_size', fv.chunk_size), ('repeats', fv.repeats)):
+  for flag, value in (
+    ('batch', fv.batch),
+    ('heads', fv.heads),
+    ('head_dim', fv.head_dim),
+    ('chunk_size', fv.chunk_size),
+    ('repeats', fv.repeats),
+  ):
     if value < 1:
       raise ValueError(f'--{flag}={value} is not valid; it must be >= 1')
   if min(picked['lengths']) < 1:
@@ -295,8 +342,13 @@ def check_flags(fv) -> Dict[str, Any]:
 def run(fv) -> Dict[str, Any]:
   with common.flag_errors():
     picked = check_flags(fv)
-  heads, head_dim, chunk, repeats, batch = (fv.heads, fv.head_dim, fv.chunk_size, fv.repeats,
-                                            fv.batch)
+  heads, head_dim, chunk, repeats, batch = (
+    fv.heads,
+    fv.head_dim,
+    fv.chunk_size,
+    fv.repeats,
+    fv.batch,
+  )
   if fv.dry_run:
     picked['lengths'], heads, head_dim, chunk, repeats, batch = [64, 96], 2, 16, 16, 2, 1
   say = (lambda *a: None) if fv.quiet else (lambda text: common.emit(text))
@@ -327,8 +379,9 @@ def run(fv) -> Dict[str, Any]:
               row[key] = dict(skipped=f'no {impl} form of {recurrence}')
               continue
             try:
-              row[key] = time_ours(core, *data, dtype=dtype,
-                                   chunk_size=chunk, repeats=repeats, budget_s=fv.budget_s)
+              row[key] = time_ours(
+                core, *data, dtype=dtype, chunk_size=chunk, repeats=repeats, budget_s=fv.budget_s
+              )
             except Exception as e:  # pylint: disable=broad-except
               row[key] = dict(failed=f'{type(e).__name__}: {str(e).splitlines()[0][:200]}')
         if ops is not None:
@@ -341,55 +394,97 @@ def run(fv) -> Dict[str, Any]:
           if ops is not None:
             row['decode_fla_s'] = time_fla_step(ops, recurrence, *data, repeats=repeats)
         rows.append(row)
-        say(f'{recurrence} {layout} n={length}: ' + ', '.join(
-            f'{k} {v["time_s"] * 1e3:.3g} ms' for k, v in row.items()
-            if isinstance(v, dict) and 'time_s' in v))
+        say(
+          f'{recurrence} {layout} n={length}: '
+          + ', '.join(
+            f'{k} {v["time_s"] * 1e3:.3g} ms'
+            for k, v in row.items()
+            if isinstance(v, dict) and 'time_s' in v
+          )
+        )
   measured = [r for r in rows for v in r.values() if isinstance(v, dict) and 'time_s' in v]
   if not measured:
     raise SystemExit('Error: every point failed or was skipped; nothing to report')
-  return dict(rows=rows, fla=dict(published_fla.FLA, skipped=reason or ''),
-              device=common.device_info(), chunk_size=chunk, dry_run=fv.dry_run)
+  return dict(
+    rows=rows,
+    fla=dict(published_fla.FLA, skipped=reason or ''),
+    device=common.device_info(),
+    chunk_size=chunk,
+    dry_run=fv.dry_run,
+  )
 
 
 def markdown(result: Dict[str, Any]) -> str:
   """One row per recurrence, layout and length: milliseconds per forward + backward, the
   ratio of each of ours to fla's, and decoding latency per token."""
-  columns = sorted({k for r in result['rows'] for k, v in r.items()
-                    if isinstance(v, dict) and k != 'fla_bfloat16'})
+  columns = sorted(
+    {k for r in result['rows'] for k, v in r.items() if isinstance(v, dict) and k != 'fla_bfloat16'}
+  )
   has_fla = any('fla_bfloat16' in r for r in result['rows'])
-  headers = (['recurrence', 'layout', 'B x T x H x (dk, dv)'] + [f'{c} ms' for c in columns]
-             + (['fla bfloat16 ms'] + [f'{c} / fla' for c in columns] if has_fla else [])
-             + ['decode ours us', 'decode fla us'])
+  headers = (
+    ['recurrence', 'layout', 'B x T x H x (dk, dv)']
+    + [f'{c} ms' for c in columns]
+    + (['fla bfloat16 ms'] + [f'{c} / fla' for c in columns] if has_fla else [])
+    + ['decode ours us', 'decode fla us']
+  )
 
   def ms(cell):
     if not isinstance(cell, dict):
       return '-'
-    return f"{cell['time_s'] * 1e3:.3g}" if 'time_s' in cell else 'skipped' if 'skipped' in \
-        cell else 'failed'
+    return (
+      f"{cell['time_s'] * 1e3:.3g}"
+      if 'time_s' in cell
+      else 'skipped'
+      if 'skipped' in cell
+      else 'failed'
+    )
 
   body = []
   for r in result['rows']:
     fla = r.get('fla_bfloat16', {})
-    ratios = [f"{r[c]['time_s'] / fla['time_s']:.2f}" if 'time_s' in r.get(c, {}) and
-              'time_s' in fla else '-' for c in columns] if has_fla else []
+    ratios = (
+      [
+        f"{r[c]['time_s'] / fla['time_s']:.2f}"
+        if 'time_s' in r.get(c, {}) and 'time_s' in fla
+        else '-'
+        for c in columns
+      ]
+      if has_fla
+      else []
+    )
     us = lambda key: f'{r[key] * 1e6:.1f}' if key in r else '-'
-    body.append([r['recurrence'], r['layout'],
-                 f"{r['batch']} x {r['length']} x {r['heads']} x ({r['dk']}, {r['dv']})"]
-                + [ms(r.get(c)) for c in columns] + ([ms(fla)] + ratios if has_fla else [])
-                + [us('decode_ours_s'), us('decode_fla_s')])
+    body.append(
+      [
+        r['recurrence'],
+        r['layout'],
+        f"{r['batch']} x {r['length']} x {r['heads']} x ({r['dk']}, {r['dv']})",
+      ]
+      + [ms(r.get(c)) for c in columns]
+      + ([ms(fla)] + ratios if has_fla else [])
+      + [us('decode_ours_s'), us('decode_fla_s')]
+    )
   return output.table(headers, body)
 
 
 def main(argv=None) -> None:
   fv = common.parse_flags(define_flags, argv, __doc__)
   result = run(fv)
-  notes = [f"fla: {result['fla']['repo']} at {result['fla']['commit'][:12]}"
-           + (f" (skipped: {result['fla']['skipped']})" if result['fla']['skipped'] else ''),
-           f"chunk {result['chunk_size']}; forward + backward of sum(out * do) w.r.t. q, k, v "
-           f'and the gates; decoding: one step with a float32 state']
-  output.finish_table(fv.out, fv.name, 'The gated family against fla',
-                      common.describe_device(result['device']), notes, markdown(result),
-                      result, quiet=fv.quiet)
+  notes = [
+    f"fla: {result['fla']['repo']} at {result['fla']['commit'][:12]}"
+    + (f" (skipped: {result['fla']['skipped']})" if result['fla']['skipped'] else ''),
+    f"chunk {result['chunk_size']}; forward + backward of sum(out * do) w.r.t. q, k, v "
+    f'and the gates; decoding: one step with a float32 state',
+  ]
+  output.finish_table(
+    fv.out,
+    fv.name,
+    'The gated family against fla',
+    common.describe_device(result['device']),
+    notes,
+    markdown(result),
+    result,
+    quiet=fv.quiet,
+  )
 
 
 if __name__ == '__main__':

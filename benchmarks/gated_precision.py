@@ -21,6 +21,7 @@ Mamba-2's -A dt (A in [1, 16], dt in [0.001, 0.1]) with keys scaled by dt; Delta
 L2-normalised q and k (q by 1/sqrt(dk)) and beta = sigmoid(z); Gated DeltaNet's as
 DeltaNet's with -A dt (A in [0, 16]). Writes <out>/<name>.json and .md.
 """
+
 from typing import Any, Dict, List, Optional, Sequence
 
 import jax
@@ -41,6 +42,7 @@ DELTA = ('deltanet', 'gated_deltanet')
 
 def define_flags(fv):
   from absl import flags  # pylint: disable=g-import-not-at-top
+
   flags.DEFINE_integer('length', 1024, 'sequence length', flag_values=fv)
   flags.DEFINE_integer('batch', 1, 'batch', flag_values=fv)
   flags.DEFINE_integer('heads', 4, 'heads', flag_values=fv)
@@ -48,13 +50,18 @@ def define_flags(fv):
   flags.DEFINE_integer('chunk_size', 64, 'chunk of the chunk forms', flag_values=fv)
   flags.DEFINE_list('recurrences', list(RECURRENCES), 'which to check', flag_values=fv)
   flags.DEFINE_list('dtypes', list(DTYPES), 'q, k, v dtypes', flag_values=fv)
-  flags.DEFINE_list('implementations', ['xla'], "which to check: xla, pallas ('pallas' is "
-                    'interpreted off a GPU or TPU)', flag_values=fv)
+  flags.DEFINE_list(
+    'implementations',
+    ['xla'],
+    "which to check: xla, pallas ('pallas' is interpreted off a GPU or TPU)",
+    flag_values=fv,
+  )
   common.define_output_flags(fv, out='benchmark_results', name='gated_precision')
 
 
-def inputs(name: str, batch: int, length: int, heads: int, dim: int, seed: int = 0
-           ) -> Dict[str, Any]:
+def inputs(
+  name: str, batch: int, length: int, heads: int, dim: int, seed: int = 0
+) -> Dict[str, Any]:
   """The recurrence's inputs {q, k, v, g, beta} (float64 NumPy; g, beta None where unused),
   q, k, v rounded to bfloat16 values."""
   rng = np.random.default_rng(seed)
@@ -64,7 +71,7 @@ def inputs(name: str, batch: int, length: int, heads: int, dim: int, seed: int =
   dt = np.exp(rng.uniform(np.log(1e-3), np.log(0.1), (batch, length, heads, 1)))
   g = beta = None
   if name == 'retention':
-    g = np.broadcast_to(np.log1p(-2.0 ** (-5.0 - np.arange(heads)))[:, None], z.shape)
+    g = np.broadcast_to(np.log1p(-(2.0 ** (-5.0 - np.arange(heads))))[:, None], z.shape)
     k = k / np.sqrt(dim)
   elif name == 'gla':
     g = -np.logaddexp(0.0, -rng.standard_normal(shape)) / 16.0
@@ -101,6 +108,7 @@ def exact_scan(q, k, v, g=None, beta=None, state=None, chunk_size=None):
       u = beta_t[..., None] * (v_t - jnp.einsum('bhkv,bhk->bhv', s, k_t))
     s = s + k_t[..., :, None] * u[..., None, :]
     return s, jnp.einsum('bhk,bhkv->bhv', q_t, s)
+
   xs = tuple(None if x is None else jnp.moveaxis(x, 1, 0) for x in (q, k, v, g, beta))
   s, out = jax.lax.scan(step, s0, xs)
   return jnp.moveaxis(out, 0, 1), s
@@ -117,14 +125,17 @@ def core(name: str, impl: str):
 
 def out_and_grads(fn, chunk_size: int):
   """A jitted (args, cotangents) -> ((out, state), {name: gradient})."""
+
   def run(args, cotangents):
     names = [n for n in ('q', 'k', 'v', 'g', 'beta') if args[n] is not None]
 
     def call(*xs):
       given = {'g': None, 'beta': None, **dict(zip(names, xs))}
       return fn(**given, chunk_size=chunk_size)
+
     out, vjp = jax.vjp(call, *(args[n] for n in names))
     return out, dict(zip(names, vjp(cotangents)))
+
   return jax.jit(run)
 
 
@@ -138,30 +149,46 @@ def check(fv) -> List[Dict[str, Any]]:
   records = []
   for name in fv.recurrences:
     x = inputs(name, fv.batch, fv.length, fv.heads, fv.head_dim)
-    x.update({n: None if x[n] is None else np.asarray(x[n], np.float32).astype(np.float64)
-              for n in ('g', 'beta')})  # as every form reads them: float32
+    x.update(
+      {
+        n: None if x[n] is None else np.asarray(x[n], np.float32).astype(np.float64)
+        for n in ('g', 'beta')
+      }
+    )  # as every form reads them: float32
     rng = np.random.default_rng(1)
-    cotangents = (rng.standard_normal(x['v'].shape),
-                  rng.standard_normal((fv.batch, fv.heads, fv.head_dim, fv.head_dim)))
+    cotangents = (
+      rng.standard_normal(x['v'].shape),
+      rng.standard_normal((fv.batch, fv.heads, fv.head_dim, fv.head_dim)),
+    )
     with jax.enable_x64(True), jax.default_device(jax.devices('cpu')[0]):
       f64 = {n: None if a is None else jnp.asarray(a, jnp.float64) for n, a in x.items()}
       (out, state), grads = out_and_grads(core(name, 'reference'), fv.chunk_size)(
-          f64, tuple(jnp.asarray(c) for c in cotangents))
-      want = dict(out=np.asarray(out), state=np.asarray(state),
-                  **{f'd{n}': np.asarray(a) for n, a in grads.items()})
+        f64, tuple(jnp.asarray(c) for c in cotangents)
+      )
+      want = dict(
+        out=np.asarray(out),
+        state=np.asarray(state),
+        **{f'd{n}': np.asarray(a) for n, a in grads.items()},
+      )
     for dtype in fv.dtypes:
       for impl in fv.implementations:
-        args = {n: None if a is None else jnp.asarray(
-            a, DTYPES[dtype] if n in 'qkv' else jnp.float32) for n, a in x.items()}
+        args = {
+          n: None if a is None else jnp.asarray(a, DTYPES[dtype] if n in 'qkv' else jnp.float32)
+          for n, a in x.items()
+        }
         rec = dict(recurrence=name, dtype=dtype, implementation=impl)
         try:
           (out, state), grads = out_and_grads(core(name, impl), fv.chunk_size)(
-              args, tuple(jnp.asarray(c, jnp.float32) for c in cotangents))
+            args, tuple(jnp.asarray(c, jnp.float32) for c in cotangents)
+          )
           got = dict(out=out, state=state, **{f'd{n}': a for n, a in grads.items()})
           errors = {key: relative_error(got[key], want[key]) for key in want}
-          rec.update(out_error=errors['out'], state_error=errors['state'],
-                     grad_error=max(v for key, v in errors.items() if key.startswith('d')),
-                     grad_errors={key: v for key, v in errors.items() if key.startswith('d')})
+          rec.update(
+            out_error=errors['out'],
+            state_error=errors['state'],
+            grad_error=max(v for key, v in errors.items() if key.startswith('d')),
+            grad_errors={key: v for key, v in errors.items() if key.startswith('d')},
+          )
         except Exception as e:  # pylint: disable=broad-except  (recorded, run continues)
           rec['failed'] = f'{type(e).__name__}: {str(e).strip().splitlines()[0][:200]}'
         records.append(rec)
@@ -174,23 +201,24 @@ def _line(rec) -> str:
   if 'failed' in rec:
     body = rec['failed']
   else:
-    body = (f"out {rec['out_error']:.2e}, state {rec['state_error']:.2e}, "
-            f"grads {rec['grad_error']:.2e}")
+    body = (
+      f"out {rec['out_error']:.2e}, state {rec['state_error']:.2e}, grads {rec['grad_error']:.2e}"
+    )
   return f"{rec['recurrence']:15s} {rec['dtype']:8s} {rec['implementation']:6s} {body}"
 
 
 def markdown(meta, records) -> str:
   notes = [
-      f"batch {meta['batch']}, {meta['heads']} heads, dk = dv = {meta['head_dim']}, length "
-      f"{meta['length']}, chunk {meta['chunk_size']}; error: max |x - ref| / max |ref| against "
-      'the float64 token recurrence on the same rounded inputs (q, k, v rounded to bfloat16 '
-      'once, for every dtype); grads: the largest over q, k, v, log-decays and beta '
-      '(cotangents random), each in the json',
-      'bfloat16: the matmuls take bfloat16 operands accumulated in float32; states, decays, '
-      'cumulative sums and the triangular inverse are float32',
-      f"command: {meta['command']}"]
-  headers = ['recurrence', 'dtype', 'implementation', 'out error', 'state error',
-             'grad error']
+    f"batch {meta['batch']}, {meta['heads']} heads, dk = dv = {meta['head_dim']}, length "
+    f"{meta['length']}, chunk {meta['chunk_size']}; error: max |x - ref| / max |ref| against "
+    'the float64 token recurrence on the same rounded inputs (q, k, v rounded to bfloat16 '
+    'once, for every dtype); grads: the largest over q, k, v, log-decays and beta '
+    '(cotangents random), each in the json',
+    'bfloat16: the matmuls take bfloat16 operands accumulated in float32; states, decays, '
+    'cumulative sums and the triangular inverse are float32',
+    f"command: {meta['command']}",
+  ]
+  headers = ['recurrence', 'dtype', 'implementation', 'out error', 'state error', 'grad error']
   rows = []
   for r in records:
     row = [r['recurrence'], r['dtype'], r['implementation']]
@@ -199,8 +227,11 @@ def markdown(meta, records) -> str:
     else:
       row += [f"{r['out_error']:.2e}", f"{r['state_error']:.2e}", f"{r['grad_error']:.2e}"]
     rows.append(row)
-  return (output.header('Gated recurrences: error against float64, per dtype',
-                        meta['device_line'], notes) + '\n' + output.table(headers, rows))
+  return (
+    output.header('Gated recurrences: error against float64, per dtype', meta['device_line'], notes)
+    + '\n'
+    + output.table(headers, rows)
+  )
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
@@ -211,9 +242,16 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     common.check_choices('implementations', fv.implementations, IMPLEMENTATIONS)
   info = common.device_info()
   records = check(fv)
-  meta = dict(device=info, device_line=common.describe_device(info), length=fv.length,
-              batch=fv.batch, heads=fv.heads, head_dim=fv.head_dim, chunk_size=fv.chunk_size,
-              command=output.command('benchmarks.gated_precision', argv))
+  meta = dict(
+    device=info,
+    device_line=common.describe_device(info),
+    length=fv.length,
+    batch=fv.batch,
+    heads=fv.heads,
+    head_dim=fv.head_dim,
+    chunk_size=fv.chunk_size,
+    command=output.command('benchmarks.gated_precision', argv),
+  )
   data = dict(meta=meta, records=records)
   output.finish(fv.out, fv.name, data, markdown(meta, records), quiet=fv.quiet)
   return data

@@ -13,6 +13,7 @@ measures the step alone. Both are compiled and warmed up first. Reports
 examples/s of each (medians over --rounds blocks) and real / synthetic: at 1.0
 the input pipeline costs nothing. Writes <out>/<name>.json and .md.
 """
+
 import statistics
 import sys
 import time
@@ -29,8 +30,10 @@ def define_flags(fv, argv: Sequence[str] = ()):
   """The flags; `argv` lets `--config.x=y` overrides register (as in main.py)."""
   from absl import flags  # pylint: disable=g-import-not-at-top
   from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
-  config_flags.DEFINE_config_file('config', None, 'experiment config', flag_values=fv,
-                                  sys_argv=['tool'] + list(argv))
+
+  config_flags.DEFINE_config_file(
+    'config', None, 'experiment config', flag_values=fv, sys_argv=['tool'] + list(argv)
+  )
   flags.DEFINE_integer('steps', 50, 'train steps per timed block', flag_values=fv)
   flags.DEFINE_integer('rounds', 3, 'timed blocks of each kind (interleaved)', flag_values=fv)
   common.define_output_flags(fv, out='benchmark_results', name='input')
@@ -51,6 +54,7 @@ def measure(config, steps: int, rounds: int) -> Dict[str, Any]:
       state, metrics = train_step(state, next_batch())
     jax.block_until_ready((state, metrics))
     return time.perf_counter() - start
+
   sides = {'real': lambda: next(real), 'synthetic': lambda: synthetic}
   for fn in sides.values():  # compile, fill the prefetch queue, warm caches
     block(fn)
@@ -60,10 +64,17 @@ def measure(config, steps: int, rounds: int) -> Dict[str, Any]:
       times[name].append(block(fn))
   batch = c.dataset.batch_size
   rate = {name: steps * batch / statistics.median(t) for name, t in times.items()}
-  return dict(dataset=c.dataset.name, source=c.dataset.get('source', ''), batch_size=batch,
-              steps_per_block=steps, rounds=rounds, real_examples_per_s=rate['real'],
-              synthetic_examples_per_s=rate['synthetic'],
-              ratio=rate['real'] / rate['synthetic'], times_s=times)
+  return dict(
+    dataset=c.dataset.name,
+    source=c.dataset.get('source', ''),
+    batch_size=batch,
+    steps_per_block=steps,
+    rounds=rounds,
+    real_examples_per_s=rate['real'],
+    synthetic_examples_per_s=rate['synthetic'],
+    ratio=rate['real'] / rate['synthetic'],
+    times_s=times,
+  )
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
@@ -73,18 +84,34 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     raise SystemExit('Error: --config is required, e.g. --config=configs/mnist.py:standard')
   row = measure(fv.config, fv.steps, fv.rounds)
   info = common.device_info()
-  notes = [f"the config's train step, batch {row['batch_size']}; blocks of {fv.steps} steps, "
-           f'{fv.rounds} of each kind interleaved after a warm-up block of each; medians.',
-           "real: every batch from the config's input pipeline; synthetic: one batch of the "
-           'same shape, already on the devices (the step alone).',
-           'command: python -m benchmarks.input ' + ' '.join(argv)]
+  notes = [
+    f"the config's train step, batch {row['batch_size']}; blocks of {fv.steps} steps, "
+    f'{fv.rounds} of each kind interleaved after a warm-up block of each; medians.',
+    "real: every batch from the config's input pipeline; synthetic: one batch of the "
+    'same shape, already on the devices (the step alone).',
+    'command: python -m benchmarks.input ' + ' '.join(argv),
+  ]
   table = output.table(
-      ['dataset', 'real examples/s', 'synthetic examples/s', 'real / synthetic'],
-      [[row['dataset'], f"{row['real_examples_per_s']:.0f}",
-        f"{row['synthetic_examples_per_s']:.0f}", f"{row['ratio']:.3f}"]])
-  output.finish_table(fv.out, fv.name, 'Input pipeline: real against synthetic batches',
-                      common.describe_device(info), notes, table,
-                      dict(device=info, row=row, command=notes[-1]), quiet=fv.quiet)
+    ['dataset', 'real examples/s', 'synthetic examples/s', 'real / synthetic'],
+    [
+      [
+        row['dataset'],
+        f"{row['real_examples_per_s']:.0f}",
+        f"{row['synthetic_examples_per_s']:.0f}",
+        f"{row['ratio']:.3f}",
+      ]
+    ],
+  )
+  output.finish_table(
+    fv.out,
+    fv.name,
+    'Input pipeline: real against synthetic batches',
+    common.describe_device(info),
+    notes,
+    table,
+    dict(device=info, row=row, command=notes[-1]),
+    quiet=fv.quiet,
+  )
   return row
 
 

@@ -18,6 +18,7 @@ Several roots (`--root=runs/s0,runs/s1`), each the whole study with another
 
 Runs that have not finished are left out of the table (named in its notes).
 """
+
 import os
 import re
 import sys
@@ -31,14 +32,21 @@ from benchmarks import output
 from benchmarks import runs
 from train import api
 
-MODES = (('finetune', 'Fine-tuning the base with LoRA'),
-         ('scratch', 'LoRA only, from scratch (random frozen base)'))
+MODES = (
+  ('finetune', 'Fine-tuning the base with LoRA'),
+  ('scratch', 'LoRA only, from scratch (random frozen base)'),
+)
 _RUN = re.compile(r'^(full|finetune|scratch)_([a-z]+?)(?:_r(\d+))?$')
 
 
 def define_flags(fv: flags.FlagValues) -> None:
-  flags.DEFINE_list('root', None, 'the sweep root holding base/, full_<v>/, ...; several '
-                    '(comma-separated), one per seed, give means and spreads', flag_values=fv)
+  flags.DEFINE_list(
+    'root',
+    None,
+    'the sweep root holding base/, full_<v>/, ...; several '
+    '(comma-separated), one per seed, give means and spreads',
+    flag_values=fv,
+  )
   common.define_output_flags(fv, out='benchmark_results/lora', name='lora')
   flags.mark_flag_as_required('root', flag_values=fv)
 
@@ -60,17 +68,26 @@ def collect(root: str) -> Dict[str, Any]:
   """Every finished run of the study under `root`, and the base on each variant."""
   base = _results(epath.Path(root) / 'base')
   if base is None:
-    raise FileNotFoundError(f'{root}/base has no results.json: run the sweep first '
-                            '(python -m train.sweep --sweep=... --root=... run)')
+    raise FileNotFoundError(
+      f'{root}/base has no results.json: run the sweep first '
+      '(python -m train.sweep --sweep=... --root=... run)'
+    )
   base_config = runs.read_json(epath.Path(root) / 'base' / 'config.json')
   result: Dict[str, Any] = dict(
-      root=os.path.abspath(root) if api.is_local(root) else root,
-      device=common.device_info(),
-      dataset=base_config['dataset']['name'], model=base_config['model']['kind'],
-      seeds=[(base_config.get('train') or {}).get('seed')],
-      eval_split=base_config['dataset']['eval_split'],
-      base={'plain': base['eval_accuracy']}, full_finetune={}, finetune={}, scratch={},
-      params={'base': base['params_total']}, steps={'base': base['steps']}, unfinished=[])
+    root=os.path.abspath(root) if api.is_local(root) else root,
+    device=common.device_info(),
+    dataset=base_config['dataset']['name'],
+    model=base_config['model']['kind'],
+    seeds=[(base_config.get('train') or {}).get('seed')],
+    eval_split=base_config['dataset']['eval_split'],
+    base={'plain': base['eval_accuracy']},
+    full_finetune={},
+    finetune={},
+    scratch={},
+    params={'base': base['params_total']},
+    steps={'base': base['steps']},
+    unfinished=[],
+  )
   ranks, variants = set(), set()
   for name in sorted(p.name for p in epath.Path(root).iterdir()):
     match = _RUN.match(name)
@@ -109,13 +126,19 @@ def combine(results: List[Dict[str, Any]]) -> Dict[str, Any]:
   for r in results[1:]:
     for key in SAME:
       if r[key] != first[key]:
-        raise ValueError(f"--root={r['root']}: its {key} {r[key]!r} is not that of "
-                         f"--root={first['root']} ({first[key]!r}); only seeds of one study "
-                         f'combine')
-  out = dict(first, root=', '.join(r['root'] for r in results),
-             seeds=[s for r in results for s in r['seeds']],
-             unfinished=[f"{r['root']}/{n}" for r in results for n in r['unfinished']],
-             spread={}, per_seed=results)
+        raise ValueError(
+          f"--root={r['root']}: its {key} {r[key]!r} is not that of "
+          f"--root={first['root']} ({first[key]!r}); only seeds of one study "
+          f'combine'
+        )
+  out = dict(
+    first,
+    root=', '.join(r['root'] for r in results),
+    seeds=[s for r in results for s in r['seeds']],
+    unfinished=[f"{r['root']}/{n}" for r in results for n in r['unfinished']],
+    spread={},
+    per_seed=results,
+  )
   for key in ACCURACIES:
     out[key], out['spread'][key] = _mean_spread([r[key] for r in results])
   return out
@@ -147,17 +170,21 @@ def _pct(x: Optional[float]) -> Optional[str]:
 
 def markdown(result: Dict[str, Any], command: str = '') -> str:
   variants, split = result['variants'], result['eval_split']
-  notes = [f"dataset {result['dataset']}, model {result['model']} "
-           f"({output.fmt_count(result['params']['base'])} parameters); runs in "
-           f"{result['root']}",
-           f"base: {result['steps']['base']} steps on plain images, {split} accuracy "
-           f"{_cell(result, 'base', 'plain')}",
-           f"every adaptation run: {result['steps'].get('adaptation')} steps",
-           f'accuracy on the {split} split; trainable params = LoRA adapters '
-           '(r x (in + out) per adapted layer)']
+  notes = [
+    f"dataset {result['dataset']}, model {result['model']} "
+    f"({output.fmt_count(result['params']['base'])} parameters); runs in "
+    f"{result['root']}",
+    f"base: {result['steps']['base']} steps on plain images, {split} accuracy "
+    f"{_cell(result, 'base', 'plain')}",
+    f"every adaptation run: {result['steps'].get('adaptation')} steps",
+    f'accuracy on the {split} split; trainable params = LoRA adapters '
+    '(r x (in + out) per adapted layer)',
+  ]
   if len(result['seeds']) > 1:
-    notes.append(f"{len(result['seeds'])} seeds ({', '.join(map(str, result['seeds']))}), "
-                 'one root each: every cell is the mean over the seeds, ± half the range')
+    notes.append(
+      f"{len(result['seeds'])} seeds ({', '.join(map(str, result['seeds']))}), "
+      'one root each: every cell is the mean over the seeds, ± half the range'
+    )
   if result['unfinished']:
     notes.append('not finished, left out: ' + ', '.join(result['unfinished']))
   if command:
@@ -165,17 +192,20 @@ def markdown(result: Dict[str, Any], command: str = '') -> str:
   text = output.header('LoRA rank study', common.describe_device(result['device']), notes)
   rows = [['base, not adapted', 0] + [_cell(result, 'base', v) for v in variants]]
   if result['full_finetune']:
-    rows.append(['full fine-tuning', output.fmt_count(result['params'].get('full'))] +
-                [_cell(result, 'full_finetune', v) for v in variants])
+    rows.append(
+      ['full fine-tuning', output.fmt_count(result['params'].get('full'))]
+      + [_cell(result, 'full_finetune', v) for v in variants]
+    )
   text += '\n## Baselines\n\n' + output.table(['', 'trainable params'] + variants, rows) + '\n'
   for mode, title in MODES:
     if not result[mode]:
       continue
-    rows = [[r, output.fmt_count(result['params'].get(f'r{r}'))] +
-            [_cell(result, mode, str(r), v) for v in variants]
-            for r in result['ranks']]
-    text += f'\n## {title}\n\n' + output.table(['r', 'trainable params'] + variants,
-                                               rows) + '\n'
+    rows = [
+      [r, output.fmt_count(result['params'].get(f'r{r}'))]
+      + [_cell(result, mode, str(r), v) for v in variants]
+      for r in result['ranks']
+    ]
+    text += f'\n## {title}\n\n' + output.table(['r', 'trainable params'] + variants, rows) + '\n'
   return text
 
 
@@ -183,23 +213,39 @@ def plot(path: str, result: Dict[str, Any]) -> str:
   """Accuracy against r, a panel per mode, a line per variant (error bars: the spread over
   seeds); dashed: full fine-tuning."""
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top  (Agg via output)
+
   modes = [(m, t) for m, t in MODES if result[m]]
-  fig, axes = plt.subplots(1, max(len(modes), 1), figsize=(5.6 * max(len(modes), 1), 4.2),
-                           squeeze=False, sharey=True)
+  fig, axes = plt.subplots(
+    1, max(len(modes), 1), figsize=(5.6 * max(len(modes), 1), 4.2), squeeze=False, sharey=True
+  )
   for ax, (mode, title) in zip(axes[0], modes):
     spread = result.get('spread', {}).get(mode)
     for i, v in enumerate(result['variants']):
       color = f'C{i}'
       accs = [result[mode].get(str(r), {}).get(v) for r in result['ranks']]
-      errors = None if spread is None else [
-          np_nan(spread.get(str(r), {}).get(v)) for r in result['ranks']]
-      ax.errorbar(result['ranks'], [np_nan(a) for a in accs], yerr=errors,
-                  marker='os^vD'[i % 5], color=color, capsize=2, label=v)
+      errors = (
+        None if spread is None else [np_nan(spread.get(str(r), {}).get(v)) for r in result['ranks']]
+      )
+      ax.errorbar(
+        result['ranks'],
+        [np_nan(a) for a in accs],
+        yerr=errors,
+        marker='os^vD'[i % 5],
+        color=color,
+        capsize=2,
+        label=v,
+      )
       if v in result['full_finetune']:
-        ax.axhline(result['full_finetune'][v], color=color, linestyle='--', linewidth=1,
-                   label=f'{v}, full fine-tuning')
-      ax.axhline(result['base'][v], color=color, linestyle=':', linewidth=1,
-                 label=f'{v}, base not adapted')
+        ax.axhline(
+          result['full_finetune'][v],
+          color=color,
+          linestyle='--',
+          linewidth=1,
+          label=f'{v}, full fine-tuning',
+        )
+      ax.axhline(
+        result['base'][v], color=color, linestyle=':', linewidth=1, label=f'{v}, base not adapted'
+      )
     ax.set_xscale('log', base=2)
     ax.set_xticks(result['ranks'], [str(r) for r in result['ranks']])
     ax.set_ylim(0, 1)

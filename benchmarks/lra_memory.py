@@ -25,49 +25,65 @@ layers, width 256, 4 heads, MLP 1024, every mechanism at its declared defaults):
 
 No step runs: compiling is enough (XLA's analysis). Writes <out>/<name>.json and .md.
 """
+
 import sys
 from typing import Any, Dict, Optional, Sequence
 
 import jax
 
-import efficient_attn as ea
 from benchmarks import common
 from benchmarks import lra_efficiency
 from benchmarks import output
 from benchmarks import train_speed
 from benchmarks import xla_stats
+import efficient_attn as ea
 
 
 def define_flags(fv):
   from absl import flags  # pylint: disable=g-import-not-at-top
-  flags.DEFINE_list('mechanisms', ['softmax', 'linear', 'performer', 'linformer', 'local'],
-                    'mechanisms (the first is the baseline of the ratios)', flag_values=fv)
+
+  flags.DEFINE_list(
+    'mechanisms',
+    ['softmax', 'linear', 'performer', 'linformer', 'local'],
+    'mechanisms (the first is the baseline of the ratios)',
+    flag_values=fv,
+  )
   flags.DEFINE_integer('length', 4096, 'sequence length', flag_values=fv)
   flags.DEFINE_integer('batch_size', 2, 'batch', flag_values=fv)
-  flags.DEFINE_string('size', 'base', "configs/lra/text.py size ('base' = LRA's model)",
-                      flag_values=fv)
+  flags.DEFINE_string(
+    'size', 'base', "configs/lra/text.py size ('base' = LRA's model)", flag_values=fv
+  )
   common.define_output_flags(fv, out='benchmark_results', name='lra_memory')
 
 
-def step_memory(mechanism: str, length: int, size: str, batch_size: int,
-                depth: Optional[int] = None) -> Dict[str, int]:
+def step_memory(
+  mechanism: str, length: int, size: str, batch_size: int, depth: Optional[int] = None
+) -> Dict[str, int]:
   """{step, state} bytes of the config's train step (at `depth` blocks if given)."""
   config = lra_efficiency.text_config(mechanism, length, size, batch_size)
   if depth is not None:
     config.model.depth = depth
   compiled, state, _, _ = train_speed.compiled_train_step(
-      config, train_speed.synthetic_batch(config, batch_size))
+    config, train_speed.synthetic_batch(config, batch_size)
+  )
   state_bytes = sum(x.nbytes for x in jax.tree.leaves(state) if hasattr(x, 'nbytes'))
-  return dict(step=xla_stats.memory(compiled)['total'], state=state_bytes,
-              depth=config.model.depth, d_model=config.model.d_model,
-              heads=config.model.num_heads,
-              options={option.name: config.attention.options.get(option.name)
-                       for option in ea.get_mechanism(mechanism).options
-                       if config.attention.options.get(option.name) is not None})
+  return dict(
+    step=xla_stats.memory(compiled)['total'],
+    state=state_bytes,
+    depth=config.model.depth,
+    d_model=config.model.d_model,
+    heads=config.model.num_heads,
+    options={
+      option.name: config.attention.options.get(option.name)
+      for option in ea.get_mechanism(mechanism).options
+      if config.attention.options.get(option.name) is not None
+    },
+  )
 
 
-def attention_memory(mechanism: str, length: int, batch_size: int, d_model: int, heads: int,
-                     options) -> int:
+def attention_memory(
+  mechanism: str, length: int, batch_size: int, d_model: int, heads: int, options
+) -> int:
   """Forward + backward memory of one attention layer alone (standard projection)."""
   x = jax.ShapeDtypeStruct((batch_size, length, d_model), jax.numpy.float32)
   bench = common.layer_bench(mechanism, 'standard', x, num_heads=heads, options=options)
@@ -82,12 +98,20 @@ def measure(mechanism: str, fv) -> Dict[str, Any]:
   if depth < 2:
     raise ValueError(f'--size={fv.size} has depth {depth}; the split needs at least 2 blocks')
   per_layer = (full['step'] - one['step']) / (depth - 1)
-  attention = attention_memory(mechanism, fv.length, fv.batch_size, full['d_model'],
-                               full['heads'], full['options'])
-  return dict(mechanism=mechanism, depth=depth, step=full['step'], state=full['state'],
-              per_layer=per_layer, fixed=one['step'] - per_layer, attention=attention,
-              attention_share=depth * attention / full['step'],
-              floor=full['step'] - depth * attention)
+  attention = attention_memory(
+    mechanism, fv.length, fv.batch_size, full['d_model'], full['heads'], full['options']
+  )
+  return dict(
+    mechanism=mechanism,
+    depth=depth,
+    step=full['step'],
+    state=full['state'],
+    per_layer=per_layer,
+    fixed=one['step'] - per_layer,
+    attention=attention,
+    attention_share=depth * attention / full['step'],
+    floor=full['step'] - depth * attention,
+  )
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
@@ -100,25 +124,55 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   base = rows[0]['step']
   fmt = output.fmt_bytes
   table = output.table(
-      ['mechanism', 'step', f'vs {rows[0]["mechanism"]}', 'state', 'fixed', 'per layer',
-       'attention layer', 'attention share', 'floor', f'floor / {rows[0]["mechanism"]}'],
-      [[r['mechanism'], fmt(r['step']), f"{r['step'] / base:.2f}x", fmt(r['state']),
-        fmt(r['fixed']), fmt(r['per_layer']), fmt(r['attention']),
-        f"{100 * r['attention_share']:.0f}%", fmt(r['floor']), f"{r['floor'] / base:.2f}x"]
-       for r in rows])
-  notes = [f"LRA's Text model (configs/lra/text.py, size={fv.size}, depth {rows[0]['depth']}), "
-           f'{fv.length} tokens, batch {fv.batch_size}; XLA\'s compiled memory analysis, '
-           'nothing run.',
-           'state: parameters + optimiser state; fixed: the step at depth 1 less one layer; '
-           'per layer: what each further block adds; attention layer: one layer (standard '
-           'projection) alone, forward + backward; attention share: depth x that / step; '
-           'floor: step - depth x attention layer.',
-           'command: python -m benchmarks.lra_memory '
-           + ' '.join(sys.argv[1:] if argv is None else argv)]
+    [
+      'mechanism',
+      'step',
+      f'vs {rows[0]["mechanism"]}',
+      'state',
+      'fixed',
+      'per layer',
+      'attention layer',
+      'attention share',
+      'floor',
+      f'floor / {rows[0]["mechanism"]}',
+    ],
+    [
+      [
+        r['mechanism'],
+        fmt(r['step']),
+        f"{r['step'] / base:.2f}x",
+        fmt(r['state']),
+        fmt(r['fixed']),
+        fmt(r['per_layer']),
+        fmt(r['attention']),
+        f"{100 * r['attention_share']:.0f}%",
+        fmt(r['floor']),
+        f"{r['floor'] / base:.2f}x",
+      ]
+      for r in rows
+    ],
+  )
+  notes = [
+    f"LRA's Text model (configs/lra/text.py, size={fv.size}, depth {rows[0]['depth']}), "
+    f'{fv.length} tokens, batch {fv.batch_size}; XLA\'s compiled memory analysis, '
+    'nothing run.',
+    'state: parameters + optimiser state; fixed: the step at depth 1 less one layer; '
+    'per layer: what each further block adds; attention layer: one layer (standard '
+    'projection) alone, forward + backward; attention share: depth x that / step; '
+    'floor: step - depth x attention layer.',
+    'command: python -m benchmarks.lra_memory ' + ' '.join(sys.argv[1:] if argv is None else argv),
+  ]
   data = dict(device=common.device_info(), flags={f: fv[f].value for f in fv}, rows=rows)
-  output.finish_table(fv.out, fv.name, "Where LRA Text's training memory goes",
-                      common.describe_device(data['device']), notes, table, data,
-                      quiet=fv.quiet)
+  output.finish_table(
+    fv.out,
+    fv.name,
+    "Where LRA Text's training memory goes",
+    common.describe_device(data['device']),
+    notes,
+    table,
+    data,
+    quiet=fv.quiet,
+  )
   return data
 
 

@@ -17,6 +17,7 @@ google-research/long-range-arena, 8 November 2020) is printed beside ours for
 the mechanisms both have, marked as published. Writes <out>/<name>.json, .md
 and <name>.png (both tables as heatmaps).
 """
+
 import statistics
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -31,27 +32,39 @@ from benchmarks import runs
 TASKS = ('ListOps', 'Text', 'Retrieval', 'Image', 'Pathfinder')
 # LRA's Table 1 (test accuracy, %): ListOps, Text, Retrieval, Image, Pathfinder.
 PUBLISHED = {
-    'local': ('Local Attention', (15.82, 52.98, 53.39, 41.46, 66.63)),
-    'linear': ('Linear Trans.', (16.13, 65.90, 53.09, 42.34, 75.30)),
-    'reformer': ('Reformer', (37.27, 56.10, 53.40, 38.07, 68.50)),
-    'sparse': ('Sparse Trans.', (17.07, 63.58, 59.59, 44.24, 71.71)),
-    'sinkhorn': ('Sinkhorn Trans.', (33.67, 61.20, 53.83, 41.23, 67.45)),
-    'linformer': ('Linformer', (35.70, 53.94, 52.27, 38.56, 76.34)),
-    'performer': ('Performer', (18.01, 65.40, 53.82, 42.77, 77.05)),
-    'synthesizer': ('Synthesizer', (36.99, 61.68, 54.67, 41.61, 69.45)),
-    'longformer': ('Longformer', (35.63, 62.85, 56.89, 42.22, 69.71)),
-    'softmax': ('Transformer', (36.37, 64.27, 57.46, 42.44, 71.40)),
-    'bigbird': ('BigBird', (36.05, 64.02, 59.29, 40.83, 74.87)),
+  'local': ('Local Attention', (15.82, 52.98, 53.39, 41.46, 66.63)),
+  'linear': ('Linear Trans.', (16.13, 65.90, 53.09, 42.34, 75.30)),
+  'reformer': ('Reformer', (37.27, 56.10, 53.40, 38.07, 68.50)),
+  'sparse': ('Sparse Trans.', (17.07, 63.58, 59.59, 44.24, 71.71)),
+  'sinkhorn': ('Sinkhorn Trans.', (33.67, 61.20, 53.83, 41.23, 67.45)),
+  'linformer': ('Linformer', (35.70, 53.94, 52.27, 38.56, 76.34)),
+  'performer': ('Performer', (18.01, 65.40, 53.82, 42.77, 77.05)),
+  'synthesizer': ('Synthesizer', (36.99, 61.68, 54.67, 41.61, 69.45)),
+  'longformer': ('Longformer', (35.63, 62.85, 56.89, 42.22, 69.71)),
+  'softmax': ('Transformer', (36.37, 64.27, 57.46, 42.44, 71.40)),
+  'bigbird': ('BigBird', (36.05, 64.02, 59.29, 40.83, 74.87)),
 }
 # The Avg column as printed in the paper's Table 1. Sinkhorn's 51.39 is not the mean of its
 # row (51.48); the repository's leaderboard prints 51.29.
-PUBLISHED_AVG = {'local': 46.06, 'linear': 50.55, 'reformer': 50.67, 'sparse': 51.24,
-                 'sinkhorn': 51.39, 'linformer': 51.36, 'performer': 51.41,
-                 'synthesizer': 52.88, 'longformer': 53.46, 'softmax': 54.39, 'bigbird': 55.01}
-PUBLISHED_SOURCE = ('Tay et al. (2021), Long Range Arena, Table 1 (arXiv:2011.04006; the '
-                    'same task columns as the leaderboard of '
-                    'github.com/google-research/long-range-arena, 8 November 2020); test '
-                    'accuracy, avg as printed in the paper')
+PUBLISHED_AVG = {
+  'local': 46.06,
+  'linear': 50.55,
+  'reformer': 50.67,
+  'sparse': 51.24,
+  'sinkhorn': 51.39,
+  'linformer': 51.36,
+  'performer': 51.41,
+  'synthesizer': 52.88,
+  'longformer': 53.46,
+  'softmax': 54.39,
+  'bigbird': 55.01,
+}
+PUBLISHED_SOURCE = (
+  'Tay et al. (2021), Long Range Arena, Table 1 (arXiv:2011.04006; the '
+  'same task columns as the leaderboard of '
+  'github.com/google-research/long-range-arena, 8 November 2020); test '
+  'accuracy, avg as printed in the paper'
+)
 
 
 def define_flags(fv: flags.FlagValues) -> None:
@@ -106,14 +119,21 @@ def read_run(workdir: str) -> Optional[Dict[str, Any]]:
     return None
   task = task_of(config)
   a = config['attention']
-  label = a['mechanism'] + ('' if a.get('projection', 'standard') == 'standard'
-                            else f"+{a['projection']}")
+  label = a['mechanism'] + (
+    '' if a.get('projection', 'standard') == 'standard' else f"+{a['projection']}"
+  )
   results = runs.read_json(path / 'results.json')
-  return dict(workdir=workdir, task=task, mechanism=a['mechanism'], label=label,
-              setting=setting_of(config, task), eval_split=config['dataset']['eval_split'],
-              accuracy=None if results is None else 100 * results['eval_accuracy'],
-              steps=None if results is None else results['steps'],
-              wall_time_s=None if results is None else results.get('wall_time_s'))
+  return dict(
+    workdir=workdir,
+    task=task,
+    mechanism=a['mechanism'],
+    label=label,
+    setting=setting_of(config, task),
+    eval_split=config['dataset']['eval_split'],
+    accuracy=None if results is None else 100 * results['eval_accuracy'],
+    steps=None if results is None else results['steps'],
+    wall_time_s=None if results is None else results.get('wall_time_s'),
+  )
 
 
 def cells(rows: List[Dict[str, Any]]) -> Dict[str, Dict[str, List[float]]]:
@@ -135,23 +155,44 @@ def _cell(values: Optional[List[float]]) -> Optional[str]:
 def markdown(meta, rows, ours) -> str:
   tasks = [t for t in TASKS if any(t in v for v in ours.values())]
   labels = sorted(ours)
-  notes = [f"{len([r for r in rows if r['accuracy'] is not None])} finished runs; accuracy "
-           f"in % on each run's evaluation split; (n) = mean of n runs.",
-           'published: ' + PUBLISHED_SOURCE + '; not measured here.',
-           'command: ' + meta['command']]
-  parts = [output.header('Long Range Arena: accuracy (Table 1)', meta['device_line'], notes),
-           '## Ours', '',
-           output.table(['mechanism'] + tasks + [_avg_head(tasks)],
-                        [[label] + [_cell(ours[label].get(t)) for t in tasks]
-                         + [_average([ours[label].get(t) for t in tasks])] for label in labels]),
-           '', '### Settings', '',
-           output.table(['task', 'setting', 'eval split'],
-                        sorted({(r['task'], r['setting'], r['eval_split']) for r in rows}),
-                        align='lll'),
-           '', '## Published (LRA, not measured here)', '',
-           output.table(['mechanism', 'LRA model'] + list(TASKS) + ['avg'],
-                        [[m, name] + [f'{v:.2f}' for v in values] + [f'{PUBLISHED_AVG[m]:.2f}']
-                         for m, (name, values) in PUBLISHED.items()])]
+  notes = [
+    f"{len([r for r in rows if r['accuracy'] is not None])} finished runs; accuracy "
+    f"in % on each run's evaluation split; (n) = mean of n runs.",
+    'published: ' + PUBLISHED_SOURCE + '; not measured here.',
+    'command: ' + meta['command'],
+  ]
+  parts = [
+    output.header('Long Range Arena: accuracy (Table 1)', meta['device_line'], notes),
+    '## Ours',
+    '',
+    output.table(
+      ['mechanism'] + tasks + [_avg_head(tasks)],
+      [
+        [label]
+        + [_cell(ours[label].get(t)) for t in tasks]
+        + [_average([ours[label].get(t) for t in tasks])]
+        for label in labels
+      ],
+    ),
+    '',
+    '### Settings',
+    '',
+    output.table(
+      ['task', 'setting', 'eval split'],
+      sorted({(r['task'], r['setting'], r['eval_split']) for r in rows}),
+      align='lll',
+    ),
+    '',
+    '## Published (LRA, not measured here)',
+    '',
+    output.table(
+      ['mechanism', 'LRA model'] + list(TASKS) + ['avg'],
+      [
+        [m, name] + [f'{v:.2f}' for v in values] + [f'{PUBLISHED_AVG[m]:.2f}']
+        for m, (name, values) in PUBLISHED.items()
+      ],
+    ),
+  ]
   unfinished = [r['workdir'] for r in rows if r['accuracy'] is None]
   if unfinished:
     parts += ['', 'Unfinished (no results.json): ' + ', '.join(unfinished)]
@@ -174,14 +215,22 @@ def plot(path: str, ours) -> Optional[str]:
   if not tasks:
     return None
   nan = float('nan')
-  mine = [[statistics.fmean(ours[l][t]) if ours[l].get(t) else nan for t in tasks]
-          for l in labels]
-  published = [[PUBLISHED[l.split('+')[0]][1][TASKS.index(t)] if l.split('+')[0] in PUBLISHED
-                else nan for t in tasks] for l in labels]
-  return output.heatmaps(path, [('ours', mine, tasks, labels),
-                                ('published (LRA)', published, tasks, labels)],
-                         xlabel='task', ylabel='mechanism', colorbar='accuracy (%)',
-                         suptitle='Long Range Arena accuracy')
+  mine = [[statistics.fmean(ours[l][t]) if ours[l].get(t) else nan for t in tasks] for l in labels]
+  published = [
+    [
+      PUBLISHED[l.split('+')[0]][1][TASKS.index(t)] if l.split('+')[0] in PUBLISHED else nan
+      for t in tasks
+    ]
+    for l in labels
+  ]
+  return output.heatmaps(
+    path,
+    [('ours', mine, tasks, labels), ('published (LRA)', published, tasks, labels)],
+    xlabel='task',
+    ylabel='mechanism',
+    colorbar='accuracy (%)',
+    suptitle='Long Range Arena accuracy',
+  )
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
@@ -198,12 +247,24 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   if not rows:
     raise SystemExit('no Long Range Arena workdirs among: ' + ' '.join(workdirs))
   info = common.device_info()
-  meta = dict(device=info, device_line=common.describe_device(info), workdirs=workdirs,
-              command=output.command('benchmarks.lra_table', argv))
+  meta = dict(
+    device=info,
+    device_line=common.describe_device(info),
+    workdirs=workdirs,
+    command=output.command('benchmarks.lra_table', argv),
+  )
   ours = cells(rows)
   png = plot(f'{args.out}/{args.name}.png', ours)
-  data = dict(meta=meta, runs=rows, ours=ours, published=PUBLISHED, published_avg=PUBLISHED_AVG,
-              published_source=PUBLISHED_SOURCE, tasks=TASKS, plots=[png] if png else [])
+  data = dict(
+    meta=meta,
+    runs=rows,
+    ours=ours,
+    published=PUBLISHED,
+    published_avg=PUBLISHED_AVG,
+    published_source=PUBLISHED_SOURCE,
+    tasks=TASKS,
+    plots=[png] if png else [],
+  )
   output.finish(args.out, args.name, data, markdown(meta, rows, ours), quiet=args.quiet)
   return data
 

@@ -1,4 +1,5 @@
 """Writing results: JSON, markdown tables, PNG plots (matplotlib, Agg backend)."""
+
 import json
 import math
 import os
@@ -9,8 +10,8 @@ from typing import Any, Dict, Iterable, Mapping, Optional, Sequence, Tuple
 import matplotlib
 
 matplotlib.use('Agg')
-import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-import-position
 from matplotlib import ticker  # pylint: disable=g-import-not-at-top,wrong-import-position
+import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-import-position
 import numpy as np  # pylint: disable=wrong-import-position
 
 MISSING = '–'
@@ -58,22 +59,34 @@ def write_text(path: str, text: str) -> str:
   return path
 
 
-def finish(out_dir: str, name: str, data: Mapping[str, Any], markdown: str,
-           quiet: bool = False) -> Dict[str, str]:
+def finish(
+  out_dir: str, name: str, data: Mapping[str, Any], markdown: str, quiet: bool = False
+) -> Dict[str, str]:
   """Writes `<out_dir>/<name>.json` and `.md`, prints the markdown; returns the paths."""
-  paths = dict(json=write_json(os.path.join(out_dir, f'{name}.json'), data),
-               markdown=write_text(os.path.join(out_dir, f'{name}.md'), markdown))
+  paths = dict(
+    json=write_json(os.path.join(out_dir, f'{name}.json'), data),
+    markdown=write_text(os.path.join(out_dir, f'{name}.md'), markdown),
+  )
   if not quiet:
     print(markdown)
     plots = sorted(f for f in os.listdir(out_dir) if f.startswith(name) and f.endswith('.png'))
-    print(f'wrote {paths["json"]}, {paths["markdown"]}'
-          + (f' and {", ".join(plots)} in {out_dir}' if plots else ''))
+    print(
+      f'wrote {paths["json"]}, {paths["markdown"]}'
+      + (f' and {", ".join(plots)} in {out_dir}' if plots else '')
+    )
   return paths
 
 
-def finish_table(out_dir: str, name: str, title: str, device_line: str, notes: Sequence[str],
-                 table_markdown: str, data: Mapping[str, Any], quiet: bool = False
-                 ) -> Dict[str, str]:
+def finish_table(
+  out_dir: str,
+  name: str,
+  title: str,
+  device_line: str,
+  notes: Sequence[str],
+  table_markdown: str,
+  data: Mapping[str, Any],
+  quiet: bool = False,
+) -> Dict[str, str]:
   """`finish` for a report of one table: the header (title, device, notes), then the table."""
   markdown = '\n'.join([header(title, device_line, notes), table_markdown, ''])
   return finish(out_dir, name, data, markdown, quiet=quiet)
@@ -84,14 +97,17 @@ def finish_table(out_dir: str, name: str, title: str, device_line: str, notes: S
 # ----------------------------------------------------------------------------
 
 
-def table(headers: Sequence[str], rows: Iterable[Sequence[Any]],
-          align: Optional[str] = None) -> str:
+def table(
+  headers: Sequence[str], rows: Iterable[Sequence[Any]], align: Optional[str] = None
+) -> str:
   """A GitHub markdown table; `align` is one char per column ('l' or 'r'; default:
   first column left, others right). None cells print as MISSING."""
   headers = [str(h) for h in headers]
   align = align or 'l' + 'r' * (len(headers) - 1)
-  lines = ['| ' + ' | '.join(headers) + ' |',
-           '|' + '|'.join(':---' if a == 'l' else '---:' for a in align) + '|']
+  lines = [
+    '| ' + ' | '.join(headers) + ' |',
+    '|' + '|'.join(':---' if a == 'l' else '---:' for a in align) + '|',
+  ]
   for row in rows:
     cells = [MISSING if c is None else str(c) for c in row]
     lines.append('| ' + ' | '.join(c.replace('|', '\\|') for c in cells) + ' |')
@@ -133,8 +149,9 @@ def fmt_num(x: Optional[float], digits: int = 3) -> Optional[str]:
   return f'{x:.{digits}g}'
 
 
-def header(title: str, device_line: str, notes: Sequence[str] = (),
-           label: str = 'Measured on') -> str:
+def header(
+  title: str, device_line: str, notes: Sequence[str] = (), label: str = 'Measured on'
+) -> str:
   lines = [f'# {title}', '', f'{label}: {device_line}', '']
   lines += [f'- {n}' for n in notes]
   return '\n'.join(lines) + ('\n' if notes else '')
@@ -156,10 +173,19 @@ def save_figure(fig, path: str) -> str:
   return path
 
 
-def line_plot(path: str, panels: Sequence[Tuple[str, Series]], *, xlabel: str, ylabel: str,
-              suptitle: str = '', logx: bool = True, logy: bool = True,
-              hlines: Sequence[Tuple[float, str]] = (), ncols: Optional[int] = None,
-              integer_x: bool = False) -> str:
+def line_plot(
+  path: str,
+  panels: Sequence[Tuple[str, Series]],
+  *,
+  xlabel: str,
+  ylabel: str,
+  suptitle: str = '',
+  logx: bool = True,
+  logy: bool = True,
+  hlines: Sequence[Tuple[float, str]] = (),
+  ncols: Optional[int] = None,
+  integer_x: bool = False,
+) -> str:
   """One figure with a panel per (title, {label: (xs, ys)}), `ncols` panels a row.
 
   Missing (None / non-finite) ys are skipped; `hlines`: (y, label) reference
@@ -172,16 +198,23 @@ def line_plot(path: str, panels: Sequence[Tuple[str, Series]], *, xlabel: str, y
   for ax, (title, series) in zip(axes.flat, panels):
     colors = plt.get_cmap('tab10' if len(series) <= 10 else 'tab20').colors
     for i, (label, (xs, ys)) in enumerate(series.items()):
-      pts = [(x, y) for x, y in zip(xs, ys) if y is not None and math.isfinite(y)
-             and (y > 0 or not logy)]
+      pts = [
+        (x, y) for x, y in zip(xs, ys) if y is not None and math.isfinite(y) and (y > 0 or not logy)
+      ]
       if not pts:
         continue
-      ax.plot(*zip(*pts), marker='os^vD<>ph*'[i % 10], linestyle='-' if i < 10 else '--',
-              color=colors[i % len(colors)], label=label)
+      ax.plot(
+        *zip(*pts),
+        marker='os^vD<>ph*'[i % 10],
+        linestyle='-' if i < 10 else '--',
+        color=colors[i % len(colors)],
+        label=label,
+      )
     for y, label in hlines:
       ax.axhline(y, color='gray', linestyle=':', linewidth=1)
-      ax.annotate(label, (0.01, y), xycoords=('axes fraction', 'data'), fontsize=8,
-                  color='gray', va='bottom')
+      ax.annotate(
+        label, (0.01, y), xycoords=('axes fraction', 'data'), fontsize=8, color='gray', va='bottom'
+      )
     if logx:
       ax.set_xscale('log', base=2)
       ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda x, _: f'{x:g}'))
@@ -195,15 +228,22 @@ def line_plot(path: str, panels: Sequence[Tuple[str, Series]], *, xlabel: str, y
     ax.grid(True, which='both', alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
       ax.legend(fontsize=7)
-  for ax in list(axes.flat)[len(panels):]:
+  for ax in list(axes.flat)[len(panels) :]:
     ax.axis('off')
   if suptitle:
     fig.suptitle(textwrap.fill(suptitle, int(13 * 5.6 * ncols)), fontsize=9)
   return save_figure(fig, path)
 
 
-def heatmaps(path: str, panels: Sequence[Tuple[str, Any, Sequence[str], Sequence[str]]], *,
-             xlabel: str, ylabel: str, colorbar: str, suptitle: str = '') -> str:
+def heatmaps(
+  path: str,
+  panels: Sequence[Tuple[str, Any, Sequence[str], Sequence[str]]],
+  *,
+  xlabel: str,
+  ylabel: str,
+  colorbar: str,
+  suptitle: str = '',
+) -> str:
   """Annotated heatmaps of small 2-D arrays, one panel per (title, values, xticks, yticks)."""
   width = sum(2.0 + 0.6 * np.shape(v)[1] for _, v, _, _ in panels)
   height = 1.8 + 0.5 * max(np.shape(v)[0] for _, v, _, _ in panels)
@@ -214,8 +254,15 @@ def heatmaps(path: str, panels: Sequence[Tuple[str, Any, Sequence[str], Sequence
     ax.set_xticks(range(len(xticks)), xticks)
     ax.set_yticks(range(len(yticks)), yticks)
     for (i, j), v in np.ndenumerate(values):
-      ax.text(j, i, f'{v:.0f}', ha='center', va='center', fontsize=8,
-              color='white' if v < np.nanmean(values) else 'black')
+      ax.text(
+        j,
+        i,
+        f'{v:.0f}',
+        ha='center',
+        va='center',
+        fontsize=8,
+        color='white' if v < np.nanmean(values) else 'black',
+      )
     ax.set_title(title, fontsize=9)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)

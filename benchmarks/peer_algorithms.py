@@ -18,9 +18,10 @@ heads, dv]`; outputs `[batch, length, heads, dv]`.
   nystromformer      Xiong et al. (2021)'s reference: segment-mean landmarks,
                      three softmax kernels, the iterative pseudo-inverse.
 """
+
 import jax
-import jax.numpy as jnp
 from jax import lax
+import jax.numpy as jnp
 
 
 def exact(q, k, v, causal=False):
@@ -50,12 +51,13 @@ def linear_causal(q, k, v, eps=1e-6):
 def favor_features(x, projection, is_query, eps=1e-6):
   """The reference's softmax_kernel_transformation: `[b, n, h, m]`."""
   d, m = x.shape[-1], projection.shape[0]
-  normalizer = d ** -0.25
+  normalizer = d**-0.25
   dash = jnp.einsum('bnhd,md->bnhm', normalizer * x, projection)
-  diag = 0.5 * normalizer ** 2 * jnp.sum(x ** 2, axis=-1, keepdims=True)
-  stab = (jnp.max(dash, axis=-1, keepdims=True) if is_query
-          else jnp.max(dash, axis=(1, 3), keepdims=True))
-  return m ** -0.5 * (jnp.exp(dash - diag - lax.stop_gradient(stab)) + eps)
+  diag = 0.5 * normalizer**2 * jnp.sum(x**2, axis=-1, keepdims=True)
+  stab = (
+    jnp.max(dash, axis=-1, keepdims=True) if is_query else jnp.max(dash, axis=(1, 3), keepdims=True)
+  )
+  return m**-0.5 * (jnp.exp(dash - diag - lax.stop_gradient(stab)) + eps)
 
 
 def favor(q, k, v, projection):
@@ -78,6 +80,7 @@ def _prefix_fwd(qs, ks, vs):
     q, k, v = x
     p = p + jnp.einsum('bhm,bhd->bhmd', k, v)
     return p, jnp.einsum('bhm,bhmd->bhd', q, p)
+
   init = jnp.zeros(ks.shape[1:] + vs.shape[-1:], qs.dtype)
   p, out = lax.scan(body, init, (qs, ks, vs))
   return out, (qs, ks, vs, p)
@@ -94,6 +97,7 @@ def _prefix_bwd(res, g):
     gk = jnp.einsum('bhmd,bhd->bhm', gp, v)
     gv = jnp.einsum('bhmd,bhm->bhd', gp, k)
     return (p - jnp.einsum('bhm,bhd->bhmd', k, v), gp), (gq, gk, gv)
+
   _, (gq, gk, gv) = lax.scan(body, (p, jnp.zeros_like(p)), (qs, ks, vs, g), reverse=True)
   return gq, gk, gv
 
@@ -128,7 +132,7 @@ def _iterative_inv(mat, n_iter=6):
 def nystromformer(q, k, v, num_landmarks=64, n_iter=6):
   b, n, h, d = q.shape
   q, k, v = (jnp.swapaxes(x, 1, 2) for x in (q, k, v))  # [b, h, n, d] as the reference
-  q, k = q * d ** -0.25, k * d ** -0.25
+  q, k = q * d**-0.25, k * d**-0.25
   seg = n // num_landmarks
   ql = q.reshape(b, h, num_landmarks, seg, d).mean(axis=-2)
   kl = k.reshape(b, h, num_landmarks, seg, d).mean(axis=-2)
@@ -137,4 +141,3 @@ def nystromformer(q, k, v, num_landmarks=64, n_iter=6):
   k3 = jax.nn.softmax(ql @ k.swapaxes(-1, -2), axis=-1)
   out = (k1 @ _iterative_inv(k2, n_iter)) @ (k3 @ v)
   return jnp.swapaxes(out, 1, 2)
-

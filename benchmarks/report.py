@@ -38,6 +38,7 @@ Writes <out>/<name>.json, .md and <name>_curves.png (loss and accuracy against
 step, train solid and eval dashed, one colour per run; and eval accuracy over
 the second half of each run, zoomed to its range).
 """
+
 import hashlib
 import json
 import os
@@ -53,38 +54,46 @@ from benchmarks import runs
 
 LEFT = ('run', 'dataset', 'mechanism', 'projection', 'h', 'eval split', 'status')
 COLUMNS = (  # (key, header, formatter)
-    ('run', 'run', str),
-    ('dataset', 'dataset', str),
-    ('mechanism', 'mechanism', str),
-    ('projection', 'projection', str),
-    ('heads', 'h', str),
-    ('d_model', 'd_model', str),
-    ('seed', 'seed', str),
-    ('params_total', 'params', lambda v: f'{v:,}'),
-    ('params_per_attention_layer', 'params / attn layer', lambda v: f'{v:,}'),
-    ('train_accuracy', 'train acc', lambda v: f'{100 * v:.2f}%'),
-    ('train_loss', 'train loss', lambda v: f'{v:.4f}'),
-    ('eval_split', 'eval split', str),
-    ('eval_accuracy', 'eval acc', lambda v: f'{100 * v:.2f}%'),
-    ('eval_loss', 'eval loss', lambda v: f'{v:.4f}'),
-    ('eval_top5_accuracy', 'eval top-5', lambda v: f'{100 * v:.2f}%'),
-    ('epoch_time_s', 'epoch time', lambda v: f'{v:.3g} s'),
-    ('steady_examples_per_sec', 'ex/s', lambda v: f'{v:,.0f}'),  # the trainer's 'ex/s'
-    ('steps', 'steps', str),
-    ('status', 'status', str),
+  ('run', 'run', str),
+  ('dataset', 'dataset', str),
+  ('mechanism', 'mechanism', str),
+  ('projection', 'projection', str),
+  ('heads', 'h', str),
+  ('d_model', 'd_model', str),
+  ('seed', 'seed', str),
+  ('params_total', 'params', lambda v: f'{v:,}'),
+  ('params_per_attention_layer', 'params / attn layer', lambda v: f'{v:,}'),
+  ('train_accuracy', 'train acc', lambda v: f'{100 * v:.2f}%'),
+  ('train_loss', 'train loss', lambda v: f'{v:.4f}'),
+  ('eval_split', 'eval split', str),
+  ('eval_accuracy', 'eval acc', lambda v: f'{100 * v:.2f}%'),
+  ('eval_loss', 'eval loss', lambda v: f'{v:.4f}'),
+  ('eval_top5_accuracy', 'eval top-5', lambda v: f'{100 * v:.2f}%'),
+  ('epoch_time_s', 'epoch time', lambda v: f'{v:.3g} s'),
+  ('steady_examples_per_sec', 'ex/s', lambda v: f'{v:,.0f}'),  # the trainer's 'ex/s'
+  ('steps', 'steps', str),
+  ('status', 'status', str),
 )
 
 
 def define_flags(fv: flags.FlagValues) -> None:
   common.define_output_flags(fv, out='benchmark_results/report', name='report')
-  flags.DEFINE_string('sort', '', 'column key to sort by (descending for accuracy)',
-                      flag_values=fv)
+  flags.DEFINE_string('sort', '', 'column key to sort by (descending for accuracy)', flag_values=fv)
 
 
 # What every report row records of its config: the seed groups' key for rows read from a
 # report that predates `config_id`.
-DESCRIPTION = ('model', 'dataset', 'mechanism', 'projection', 'heads', 'd_model', 'depth',
-               'steps', 'eval_split')
+DESCRIPTION = (
+  'model',
+  'dataset',
+  'mechanism',
+  'projection',
+  'heads',
+  'd_model',
+  'depth',
+  'steps',
+  'eval_split',
+)
 
 
 def is_workdir(path: str) -> bool:
@@ -144,8 +153,7 @@ def summarise_run(workdir: str) -> Dict[str, Any]:
 
 def config_id(config: Dict[str, Any]) -> str:
   """A short hash of the config without train.seed: runs sharing it differ only in seed."""
-  config = dict(config, train={k: v for k, v in (config.get('train') or {}).items()
-                               if k != 'seed'})
+  config = dict(config, train={k: v for k, v in (config.get('train') or {}).items() if k != 'seed'})
   return hashlib.sha1(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -155,8 +163,11 @@ def from_report(path: str) -> List[Dict[str, Any]]:
     data = runs.read_json(path)
   except json.JSONDecodeError as e:
     raise SystemExit(f'{path}: not a report JSON (it does not parse: {e})') from None
-  if (not isinstance(data, dict) or not isinstance(data.get('runs'), list)
-      or not all(isinstance(r, dict) and 'run' in r for r in data['runs'])):
+  if (
+    not isinstance(data, dict)
+    or not isinstance(data.get('runs'), list)
+    or not all(isinstance(r, dict) and 'run' in r for r in data['runs'])
+  ):
     raise SystemExit(f'{path}: not a report JSON (it has no "runs" list of named rows)')
   return [dict(r, source=path) for r in data['runs']]
 
@@ -167,7 +178,9 @@ def seed_groups(rows: List[Dict[str, Any]]) -> Tuple[List[Dict[str, Any]], str]:
   time, mean ex/s (`steady_examples_per_sec_mean`) and mean examples/s by epoch
   (`examples_per_sec_mean`)}], what grouped them: 'config' or the DESCRIPTION fields when a
   row from an older report has no config_id)."""
-  finished = [r for r in rows if r.get('status') == 'finished' and r.get('eval_accuracy') is not None]
+  finished = [
+    r for r in rows if r.get('status') == 'finished' and r.get('eval_accuracy') is not None
+  ]
   by_config = all(r.get('config_id') for r in finished)
   groups: Dict[Any, List[Dict[str, Any]]] = {}
   for r in finished:
@@ -179,17 +192,28 @@ def seed_groups(rows: List[Dict[str, Any]]) -> Tuple[List[Dict[str, Any]], str]:
       continue
     acc = [r['eval_accuracy'] for r in members]
     acc_mean, acc_spread = runs.mean_spread(acc)
-    mean = lambda key: (statistics.mean(r[key] for r in members)
-                        if all(r.get(key) is not None for r in members) else None)
+    mean = lambda key: (
+      statistics.mean(r[key] for r in members)
+      if all(r.get(key) is not None for r in members)
+      else None
+    )
     names = list(dict.fromkeys(r['run'] for r in members))
-    out.append(dict(runs=names, mechanism=members[0].get('mechanism'),
-                    projection=members[0].get('projection'),
-                    seeds=[r.get('seed') for r in members], n=len(members),
-                    eval_accuracy_mean=acc_mean, eval_accuracy_spread=acc_spread,
-                    eval_accuracy_min=min(acc), eval_accuracy_max=max(acc),
-                    epoch_time_s_mean=mean('epoch_time_s'),
-                    examples_per_sec_mean=mean('examples_per_sec'),
-                    steady_examples_per_sec_mean=mean('steady_examples_per_sec')))
+    out.append(
+      dict(
+        runs=names,
+        mechanism=members[0].get('mechanism'),
+        projection=members[0].get('projection'),
+        seeds=[r.get('seed') for r in members],
+        n=len(members),
+        eval_accuracy_mean=acc_mean,
+        eval_accuracy_spread=acc_spread,
+        eval_accuracy_min=min(acc),
+        eval_accuracy_max=max(acc),
+        epoch_time_s_mean=mean('epoch_time_s'),
+        examples_per_sec_mean=mean('examples_per_sec'),
+        steady_examples_per_sec_mean=mean('steady_examples_per_sec'),
+      )
+    )
   return out, 'config' if by_config else ', '.join(DESCRIPTION)
 
 
@@ -216,39 +240,73 @@ def sort_rows(rows, key: str):
 
 
 def markdown(meta, rows, groups, grouped_by='config') -> str:
-  notes = ['accuracy and loss: final train (mean over the last logging window) and eval '
-           "values from results.json, on the split named in 'eval split' (a validation split "
-           'carved from the training data is not a test set); runs still going show their last logged '
-           "metrics ('running').",
-           "ex/s: the trainer's own 'ex/s', its last progress line's (results.json "
-           'steady_examples_per_sec): examples per second over every training step after the '
-           'first (which compiles), evaluation, checkpoint saving and metric writing excluded. '
-           'epoch time: the median whole epoch after the first, the same excluded.']
+  notes = [
+    'accuracy and loss: final train (mean over the last logging window) and eval '
+    "values from results.json, on the split named in 'eval split' (a validation split "
+    'carved from the training data is not a test set); runs still going show their last logged '
+    "metrics ('running').",
+    "ex/s: the trainer's own 'ex/s', its last progress line's (results.json "
+    'steady_examples_per_sec): examples per second over every training step after the '
+    'first (which compiles), evaluation, checkpoint saving and metric writing excluded. '
+    'epoch time: the median whole epoch after the first, the same excluded.',
+  ]
   table_rows = []
   for r in rows:
     table_rows.append([None if r.get(k) is None else fmt(r[k]) for k, _, fmt in COLUMNS])
-  parts = [output.header('Experiment comparison', meta['device_line'], notes,
-                         label='Report written on'),
-           output.table([h for _, h, _ in COLUMNS], table_rows,
-                        ''.join('l' if h in LEFT else 'r' for _, h, _ in COLUMNS)), '']
+  parts = [
+    output.header('Experiment comparison', meta['device_line'], notes, label='Report written on'),
+    output.table(
+      [h for _, h, _ in COLUMNS],
+      table_rows,
+      ''.join('l' if h in LEFT else 'r' for _, h, _ in COLUMNS),
+    ),
+    '',
+  ]
   if groups:
     pct = lambda v: f'{100 * v:.2f}%'
-    title = ('finished runs whose configs differ only in train.seed' if grouped_by == 'config'
-             else f'finished runs alike in {grouped_by}: a report among the inputs predates '
-             'config_id, so configs could not be compared whole')
-    parts += [f'## Over seeds ({title})', '',
-              output.table(
-                  ['run', 'mechanism', 'projection', 'seeds', 'eval acc mean', 'spread',
-                   'lowest', 'highest', 'epoch time (mean)', 'ex/s (mean)'],
-                  [[', '.join(g['runs']), g['mechanism'], g['projection'],
-                    ', '.join('?' if s is None else str(s) for s in g['seeds']),
-                    pct(g['eval_accuracy_mean']),
-                    f'±{100 * g["eval_accuracy_spread"]:.2f}', pct(g['eval_accuracy_min']),
-                    pct(g['eval_accuracy_max']),
-                    None if g['epoch_time_s_mean'] is None else f'{g["epoch_time_s_mean"]:.3g} s',
-                    None if g['steady_examples_per_sec_mean'] is None
-                    else f'{g["steady_examples_per_sec_mean"]:,.0f}'] for g in groups],
-                  'lllrrrrrrr'), '']
+    title = (
+      'finished runs whose configs differ only in train.seed'
+      if grouped_by == 'config'
+      else f'finished runs alike in {grouped_by}: a report among the inputs predates '
+      'config_id, so configs could not be compared whole'
+    )
+    parts += [
+      f'## Over seeds ({title})',
+      '',
+      output.table(
+        [
+          'run',
+          'mechanism',
+          'projection',
+          'seeds',
+          'eval acc mean',
+          'spread',
+          'lowest',
+          'highest',
+          'epoch time (mean)',
+          'ex/s (mean)',
+        ],
+        [
+          [
+            ', '.join(g['runs']),
+            g['mechanism'],
+            g['projection'],
+            ', '.join('?' if s is None else str(s) for s in g['seeds']),
+            pct(g['eval_accuracy_mean']),
+            f'±{100 * g["eval_accuracy_spread"]:.2f}',
+            pct(g['eval_accuracy_min']),
+            pct(g['eval_accuracy_max']),
+            None if g['epoch_time_s_mean'] is None else f'{g["epoch_time_s_mean"]:.3g} s',
+            None
+            if g['steady_examples_per_sec_mean'] is None
+            else f'{g["steady_examples_per_sec_mean"]:,.0f}',
+          ]
+          for g in groups
+        ],
+        'lllrrrrrrr',
+      ),
+      '',
+    ]
   return '\n'.join(parts)
 
 
@@ -272,6 +330,7 @@ def plot(path: str, rows) -> Optional[str]:
   """Loss (log) and accuracy against step, plus eval accuracy over the second half of each
   run, zoomed to its range: differences of a tenth of a point are visible there."""
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
   if not any(r.get('curves') for r in rows):
     return None
   fig, axes = plt.subplots(1, 3, figsize=(17, 4.4))
@@ -286,8 +345,14 @@ def plot(path: str, rows) -> Optional[str]:
       for split, style in (('train', '-'), ('eval', '--')):
         pts = points(run_curves.get(split), key)
         if pts:
-          ax.plot(*zip(*pts), style, color=color, marker='o' if split == 'eval' else None,
-                  markersize=3, label=f'{label} {split}')
+          ax.plot(
+            *zip(*pts),
+            style,
+            color=color,
+            marker='o' if split == 'eval' else None,
+            markersize=3,
+            label=f'{label} {split}',
+          )
     pts = late_eval(run_curves.get('eval'))
     if pts:
       axes[2].plot(*zip(*pts), '--', color=color, marker='o', markersize=3)
@@ -326,15 +391,20 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   if not rows:
     raise SystemExit('no experiment workdirs or report JSON among: ' + ' '.join(workdirs))
   rows = sort_rows(rows, args.sort)
-  meta = dict(device=info, device_line=common.describe_device(info),
-              workdirs=workdirs,
-              command=output.command('benchmarks.report', argv))
+  meta = dict(
+    device=info,
+    device_line=common.describe_device(info),
+    workdirs=workdirs,
+    command=output.command('benchmarks.report', argv),
+  )
   png = plot(os.path.join(args.out, f'{args.name}_curves.png'), rows)
   groups, grouped_by = seed_groups(rows)
-  data = dict(meta=meta, runs=rows, seed_groups=groups, seed_groups_by=grouped_by,
-              plots=[png] if png else [])
-  output.finish(args.out, args.name, data, markdown(meta, rows, groups, grouped_by),
-                quiet=args.quiet)
+  data = dict(
+    meta=meta, runs=rows, seed_groups=groups, seed_groups_by=grouped_by, plots=[png] if png else []
+  )
+  output.finish(
+    args.out, args.name, data, markdown(meta, rows, groups, grouped_by), quiet=args.quiet
+  )
   return data
 
 

@@ -5,6 +5,7 @@ a trained workdir (through `train.api.load` and the input
 pipeline's `get_eval_batch`), or 'random:<mechanism>' (a freshly initialised
 small ViT on random 8x8 images: an untrained baseline, and what the tests use).
 """
+
 import dataclasses
 import json
 import re
@@ -12,10 +13,10 @@ import statistics
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from etils import epath
+from flax import traverse_util
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import traverse_util
 
 RANDOM_PREFIX = 'random:'
 
@@ -31,6 +32,7 @@ class Source:
     inputs: a batch of model inputs (images `[b, h, w, c]` or tokens `[b, n]`).
     info: dataset / mechanism / projection / heads / d_model, for labels.
   """
+
   name: str
   model: Any
   params: Any
@@ -41,12 +43,12 @@ class Source:
 def load_source(name: str, num_examples: int = 8, seed: int = 0) -> Source:
   """A workdir or 'random:<mechanism>' (see module docstring)."""
   if name.startswith(RANDOM_PREFIX):
-    return random_vit(name[len(RANDOM_PREFIX):] or 'softmax', num_examples, seed)
+    return random_vit(name[len(RANDOM_PREFIX) :] or 'softmax', num_examples, seed)
   if not epath.Path(name).is_dir():
     raise FileNotFoundError(f'no such workdir {name!r} (or use random:<mechanism>)')
   try:
-    from train import api  # pylint: disable=g-import-not-at-top
     import data  # pylint: disable=g-import-not-at-top
+    from train import api  # pylint: disable=g-import-not-at-top
   except ImportError as e:
     raise RuntimeError(f'reading a checkpoint needs the experiment code (train/): {e}') from e
   config, model, params = api.load(name)
@@ -60,24 +62,46 @@ def load_source(name: str, num_examples: int = 8, seed: int = 0) -> Source:
 def config_info(config) -> Dict[str, Any]:
   """dataset / mechanism / projection / heads / d_model from an experiment config."""
   get = lambda group, field, default=None: (config.get(group) or {}).get(field, default)
-  return dict(dataset=get('dataset', 'name'), mechanism=get('attention', 'mechanism'),
-              projection=get('attention', 'projection'), heads=get('model', 'num_heads'),
-              d_model=get('model', 'd_model'))
+  return dict(
+    dataset=get('dataset', 'name'),
+    mechanism=get('attention', 'mechanism'),
+    projection=get('attention', 'projection'),
+    heads=get('model', 'num_heads'),
+    d_model=get('model', 'd_model'),
+  )
 
 
-def random_vit(mechanism: str = 'softmax', num_examples: int = 8, seed: int = 0,
-               projection: str = 'standard', image_size: int = 8, d_model: int = 32,
-               depth: int = 2, num_heads: int = 4) -> Source:
+def random_vit(
+  mechanism: str = 'softmax',
+  num_examples: int = 8,
+  seed: int = 0,
+  projection: str = 'standard',
+  image_size: int = 8,
+  d_model: int = 32,
+  depth: int = 2,
+  num_heads: int = 4,
+) -> Source:
   """An untrained ViT (patch 2, cls token) on random images `[b, 8, 8, 1]`."""
   from efficient_attn import models  # pylint: disable=g-import-not-at-top
-  model = models.ViT(models.TransformerConfig(
-      d_model=d_model, depth=depth, num_heads=num_heads, mlp_dim=2 * d_model,
-      mechanism=mechanism, projection=projection), num_classes=10, patch_size=2)
+
+  model = models.ViT(
+    models.TransformerConfig(
+      d_model=d_model,
+      depth=depth,
+      num_heads=num_heads,
+      mlp_dim=2 * d_model,
+      mechanism=mechanism,
+      projection=projection,
+    ),
+    num_classes=10,
+    patch_size=2,
+  )
   key_init, key_x = jax.random.split(jax.random.PRNGKey(seed))
   inputs = jax.random.normal(key_x, (num_examples, image_size, image_size, 1))
   params = jax.jit(model.init)(key_init, inputs)['params']
-  info = dict(dataset='random', mechanism=mechanism, projection=projection, heads=num_heads,
-              d_model=d_model)
+  info = dict(
+    dataset='random', mechanism=mechanism, projection=projection, heads=num_heads, d_model=d_model
+  )
   return Source(RANDOM_PREFIX + mechanism, model, params, inputs, info)
 
 
@@ -87,8 +111,9 @@ def capture_qkv(source: Source) -> List[Tuple[str, Tuple[jnp.ndarray, ...]]]:
   Uses the `('attention_qkv', 'qkv')` values that `MultiHeadAttention` sows;
   q, k, v are `[batch, length, heads, head_dim]`.
   """
-  apply = jax.jit(lambda params, x: source.model.apply({'params': params}, x,
-                                                      mutable=['attention_qkv'])[1])
+  apply = jax.jit(
+    lambda params, x: source.model.apply({'params': params}, x, mutable=['attention_qkv'])[1]
+  )
   state = apply(source.params, source.inputs)
   flat = traverse_util.flatten_dict(dict(state.get('attention_qkv', {})))
   layers = []
@@ -98,8 +123,10 @@ def capture_qkv(source: Source) -> List[Tuple[str, Tuple[jnp.ndarray, ...]]]:
         name = '/'.join(path[:-1]) + (f'#{i}' if len(value) > 1 else '')
         layers.append((name, tuple(qkv)))
   if not layers:
-    raise ValueError(f'{source.name}: the model sowed no (q, k, v); its attention layers '
-                     'must be efficient_attn.MultiHeadAttention')
+    raise ValueError(
+      f'{source.name}: the model sowed no (q, k, v); its attention layers '
+      'must be efficient_attn.MultiHeadAttention'
+    )
   return sorted(layers, key=lambda item: _natural_key(item[0]))
 
 

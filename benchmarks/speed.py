@@ -39,6 +39,7 @@ Writes <out>/<name>.json, <out>/<name>.md, <out>/<name>_time.png,
 (time of exact / time of each target; without exact there is no speedup plot,
 the table says so, and an older <name>_speedup.png is removed).
 """
+
 import json
 import os
 import subprocess
@@ -57,7 +58,7 @@ import efficient_attn as ea
 
 MODES = ('fwd', 'fwd_bwd')
 MODE_TITLES = {'fwd': 'forward', 'fwd_bwd': 'forward + backward'}
-CPU_LENGTHS = tuple(2**i for i in range(8, 15))    # 256 .. 16384
+CPU_LENGTHS = tuple(2**i for i in range(8, 15))  # 256 .. 16384
 ACCEL_LENGTHS = tuple(2**i for i in range(8, 18))  # 256 .. 131072
 DEFAULT_LAYERS = ('linear/standard', 'linear/optimised', 'linear/efficient', 'linear/super')
 DTYPES = ('float32', 'bfloat16', 'float16', 'float64')  # float64 needs JAX_ENABLE_X64=1
@@ -65,70 +66,121 @@ DTYPES = ('float32', 'bfloat16', 'float16', 'float64')  # float64 needs JAX_ENAB
 
 def define_flags(fv: flags.FlagValues) -> None:
   common.define_output_flags(fv, out='benchmark_results/speed', name='speed')
-  flags.DEFINE_string('targets', None,
-                      "comma list: 'exact', mechanisms, 'mechanism/projection' layers, each "
-                      "optionally with its own options 'mechanism@option=value[@...]', e.g. "
-                      "gla@form=naive (default: exact and every registered mechanism, and "
-                      "--layers' default layers)", flag_values=fv)
-  flags.DEFINE_string('mechanisms', None,
-                      "comma list: 'exact' and mechanisms, as --targets but no layers "
-                      "(those go in --layers); give --mechanisms or --targets, not both",
-                      flag_values=fv)
-  flags.DEFINE_string('layers', ','.join(DEFAULT_LAYERS),
-                      "layers 'mechanism/projection' measured besides the mechanisms; the "
-                      "default ones only when neither --targets nor --mechanisms is given "
-                      "('' for none)", flag_values=fv)
-  flags.DEFINE_string('lengths', None,
-                      'comma list (default 256..16384 doubling on CPU, ..131072 on GPU/TPU)',
-                      flag_values=fv)
-  flags.DEFINE_enum('order', 'target', ['target', 'length'],
-                    'target: each target through every length in turn; length: at each length '
-                    'every target in turn (interleaved, so a change in machine load falls on '
-                    'all targets alike)', flag_values=fv)
-  flags.DEFINE_multi_string('compare', [],
-                            'a:b: also report time(a) / time(b) at each length, e.g. '
-                            'gla@form=naive:gla (repeatable)', flag_values=fv)
-  flags.DEFINE_multi_string('extra_lengths', [],
-                            'target=len[,len]: more lengths for one target, e.g. '
-                            'softmax_chunked=32768 (repeatable)', flag_values=fv)
+  flags.DEFINE_string(
+    'targets',
+    None,
+    "comma list: 'exact', mechanisms, 'mechanism/projection' layers, each "
+    "optionally with its own options 'mechanism@option=value[@...]', e.g. "
+    "gla@form=naive (default: exact and every registered mechanism, and "
+    "--layers' default layers)",
+    flag_values=fv,
+  )
+  flags.DEFINE_string(
+    'mechanisms',
+    None,
+    "comma list: 'exact' and mechanisms, as --targets but no layers "
+    "(those go in --layers); give --mechanisms or --targets, not both",
+    flag_values=fv,
+  )
+  flags.DEFINE_string(
+    'layers',
+    ','.join(DEFAULT_LAYERS),
+    "layers 'mechanism/projection' measured besides the mechanisms; the "
+    "default ones only when neither --targets nor --mechanisms is given "
+    "('' for none)",
+    flag_values=fv,
+  )
+  flags.DEFINE_string(
+    'lengths',
+    None,
+    'comma list (default 256..16384 doubling on CPU, ..131072 on GPU/TPU)',
+    flag_values=fv,
+  )
+  flags.DEFINE_enum(
+    'order',
+    'target',
+    ['target', 'length'],
+    'target: each target through every length in turn; length: at each length '
+    'every target in turn (interleaved, so a change in machine load falls on '
+    'all targets alike)',
+    flag_values=fv,
+  )
+  flags.DEFINE_multi_string(
+    'compare',
+    [],
+    'a:b: also report time(a) / time(b) at each length, e.g. gla@form=naive:gla (repeatable)',
+    flag_values=fv,
+  )
+  flags.DEFINE_multi_string(
+    'extra_lengths',
+    [],
+    'target=len[,len]: more lengths for one target, e.g. softmax_chunked=32768 (repeatable)',
+    flag_values=fv,
+  )
   flags.DEFINE_string('modes', ','.join(MODES), 'fwd, fwd_bwd', flag_values=fv)
   flags.DEFINE_integer('batch', 1, 'batch size', lower_bound=1, flag_values=fv)
   flags.DEFINE_integer('heads', 8, 'attention heads', lower_bound=1, flag_values=fv)
   flags.DEFINE_integer('head_dim', 64, 'dimension per head', lower_bound=1, flag_values=fv)
-  flags.DEFINE_enum('dtype', 'float32', DTYPES,
-                    'dtype of q, k, v (float64 needs JAX_ENABLE_X64=1)', flag_values=fv)
+  flags.DEFINE_enum(
+    'dtype', 'float32', DTYPES, 'dtype of q, k, v (float64 needs JAX_ENABLE_X64=1)', flag_values=fv
+  )
   flags.DEFINE_bool('causal', False, 'causal attention', flag_values=fv)
-  flags.DEFINE_multi_string('option', [],
-                            'mechanism.option=value, e.g. nystrom.num_landmarks=32 (repeatable)',
-                            flag_values=fv)
-  flags.DEFINE_integer('repeats', 5, 'timed calls per point',
-                       lower_bound=1, flag_values=fv)
-  flags.DEFINE_enum('statistic', 'median', ['median', 'min'],
-                    'which of the timed calls is reported (min resists a busy machine)',
-                    flag_values=fv)
-  flags.DEFINE_float('time_budget_s', 30.0,
-                     'per point: stop repeating once timed calls pass half of it; a warm-up '
-                     'longer than it is itself the (single) measurement', flag_values=fv)
-  flags.DEFINE_float('max_time_s', 120.0,
-                     'skip a point whose time per call, extrapolated from shorter lengths, '
-                     'exceeds this', flag_values=fv)
-  flags.DEFINE_float('memory_budget_gb', None,
-                     "per point, by XLA's memory analysis (default 85% of RAM/device)",
-                     flag_values=fv)
-  flags.DEFINE_bool('isolate', False,
-                    'one subprocess per point; records peak RSS / device peak memory',
-                    flag_values=fv)
-  flags.DEFINE_float('point_timeout_s', 1800.0, 'seconds per --isolate subprocess',
-                     flag_values=fv)
-  flags.DEFINE_string('fit_range', '1024,16384',
-                      'lo,hi lengths for the fitted scaling exponent', flag_values=fv)
-  flags.DEFINE_string('exact_implementation', None,
-                      "jax.nn.dot_product_attention implementation (default: jax's choice, "
-                      "'xla' on CPU)", flag_values=fv)
+  flags.DEFINE_multi_string(
+    'option',
+    [],
+    'mechanism.option=value, e.g. nystrom.num_landmarks=32 (repeatable)',
+    flag_values=fv,
+  )
+  flags.DEFINE_integer('repeats', 5, 'timed calls per point', lower_bound=1, flag_values=fv)
+  flags.DEFINE_enum(
+    'statistic',
+    'median',
+    ['median', 'min'],
+    'which of the timed calls is reported (min resists a busy machine)',
+    flag_values=fv,
+  )
+  flags.DEFINE_float(
+    'time_budget_s',
+    30.0,
+    'per point: stop repeating once timed calls pass half of it; a warm-up '
+    'longer than it is itself the (single) measurement',
+    flag_values=fv,
+  )
+  flags.DEFINE_float(
+    'max_time_s',
+    120.0,
+    'skip a point whose time per call, extrapolated from shorter lengths, exceeds this',
+    flag_values=fv,
+  )
+  flags.DEFINE_float(
+    'memory_budget_gb',
+    None,
+    "per point, by XLA's memory analysis (default 85% of RAM/device)",
+    flag_values=fv,
+  )
+  flags.DEFINE_bool(
+    'isolate',
+    False,
+    'one subprocess per point; records peak RSS / device peak memory',
+    flag_values=fv,
+  )
+  flags.DEFINE_float('point_timeout_s', 1800.0, 'seconds per --isolate subprocess', flag_values=fv)
+  flags.DEFINE_string(
+    'fit_range', '1024,16384', 'lo,hi lengths for the fitted scaling exponent', flag_values=fv
+  )
+  flags.DEFINE_string(
+    'exact_implementation',
+    None,
+    "jax.nn.dot_product_attention implementation (default: jax's choice, 'xla' on CPU)",
+    flag_values=fv,
+  )
   flags.DEFINE_integer('seed', 0, 'random seed', flag_values=fv)
-  flags.DEFINE_string('point_spec', None,
-                      'internal: one point as JSON, measured by an --isolate subprocess',
-                      flag_values=fv)
+  flags.DEFINE_string(
+    'point_spec',
+    None,
+    'internal: one point as JSON, measured by an --isolate subprocess',
+    flag_values=fv,
+  )
 
 
 # ----------------------------------------------------------------------------
@@ -163,12 +215,26 @@ def build(spec: Dict[str, Any]) -> common.Bench:
   b, n, h, d = spec['batch'], spec['length'], spec['heads'], spec['head_dim']
   if projection is None:
     q, k, v = common.random_qkv(spec['seed'], b, n, h, d, dtype)
-    return common.mechanism_bench(mechanism, q, k, v, options=spec['options'],
-                                  causal=spec['causal'], seed=spec['seed'],
-                                  exact_implementation=spec['exact_implementation'])
+    return common.mechanism_bench(
+      mechanism,
+      q,
+      k,
+      v,
+      options=spec['options'],
+      causal=spec['causal'],
+      seed=spec['seed'],
+      exact_implementation=spec['exact_implementation'],
+    )
   x = jax.random.normal(jax.random.PRNGKey(spec['seed']), (b, n, h * d), dtype)
-  return common.layer_bench(mechanism, projection, x, num_heads=h, options=spec['options'],
-                            causal=spec['causal'], seed=spec['seed'])
+  return common.layer_bench(
+    mechanism,
+    projection,
+    x,
+    num_heads=h,
+    options=spec['options'],
+    causal=spec['causal'],
+    seed=spec['seed'],
+  )
 
 
 def measure_point(spec: Dict[str, Any]) -> Dict[str, Any]:
@@ -184,12 +250,17 @@ def measure_point(spec: Dict[str, Any]) -> Dict[str, Any]:
   rec.update(xla_stats.flops(compiled))
   mem = (rec['memory_xla'] or {}).get('total')
   if mem is not None and spec['memory_budget_bytes'] and mem > spec['memory_budget_bytes']:
-    rec.update(status='skipped', reason=(
+    rec.update(
+      status='skipped',
+      reason=(
         f"needs {output.fmt_bytes(mem)} by XLA's memory analysis > budget "
-        f"{output.fmt_bytes(spec['memory_budget_bytes'])}"))
+        f"{output.fmt_bytes(spec['memory_budget_bytes'])}"
+      ),
+    )
     return rec
-  rec.update(common.time_compiled(compiled, args, repeats=spec['repeats'],
-                                  budget_s=spec['time_budget_s']))
+  rec.update(
+    common.time_compiled(compiled, args, repeats=spec['repeats'], budget_s=spec['time_budget_s'])
+  )
   rec['rss_baseline_bytes'] = rss_baseline
   rec['rss_peak_bytes'] = common.peak_rss_bytes()
   rec['device_peak_bytes'] = common.device_peak_bytes()
@@ -201,18 +272,26 @@ def run_isolated(spec: Dict[str, Any], timeout_s: float) -> Dict[str, Any]:
   """`measure_point` in a fresh interpreter; a crash (e.g. OOM kill) becomes 'failed'."""
   cmd = [sys.executable, '-m', 'benchmarks.speed', '--point_spec', json.dumps(spec)]
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-      [root] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]))
+  env = dict(
+    os.environ,
+    PYTHONPATH=os.pathsep.join(
+      [root] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]
+    ),
+  )
   try:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env,
-                          check=False)
+    proc = subprocess.run(
+      cmd, capture_output=True, text=True, timeout=timeout_s, env=env, check=False
+    )
   except subprocess.TimeoutExpired:
     return dict(status='failed', reason=f'subprocess timed out after {timeout_s:.0f} s')
   lines = [l for l in proc.stdout.splitlines() if l.startswith('{')]
   if proc.returncode != 0 or not lines:
     tail = (proc.stderr.strip().splitlines() or [''])[-1][:200]
-    why = ('killed by signal %d (out of memory?)' % -proc.returncode
-           if proc.returncode < 0 else f'exit code {proc.returncode}: {tail}')
+    why = (
+      'killed by signal %d (out of memory?)' % -proc.returncode
+      if proc.returncode < 0
+      else f'exit code {proc.returncode}: {tail}'
+    )
     return dict(status='failed', reason=why)
   return json.loads(lines[-1])
 
@@ -249,9 +328,15 @@ def headline_memory(rec: Dict[str, Any], isolate: bool, platform: str):
   return (rec.get('memory_xla') or {}).get('total'), 'xla'
 
 
-def sweep(args, targets: Sequence[str], lengths: Sequence[int], modes: Sequence[str],
-          options: Dict[str, Dict[str, Any]], memory_budget: Optional[int],
-          platform: str) -> List[Dict[str, Any]]:
+def sweep(
+  args,
+  targets: Sequence[str],
+  lengths: Sequence[int],
+  modes: Sequence[str],
+  options: Dict[str, Dict[str, Any]],
+  memory_budget: Optional[int],
+  platform: str,
+) -> List[Dict[str, Any]]:
   plan = [(t, m, n) for t in targets for m in modes for n in target_lengths(args, t, lengths)]
   if args.order == 'length':  # interleaved: every target at one length, then the next
     plan.sort(key=lambda p: p[2])  # stable: targets keep their order within a length
@@ -260,22 +345,41 @@ def sweep(args, targets: Sequence[str], lengths: Sequence[int], modes: Sequence[
   for i, (target, mode, n) in enumerate(plan):
     base, own = split_target(target)
     mechanism, projection = common.parse_target(base)
-    spec = dict(target=target, mode=mode, length=n, batch=args.batch, heads=args.heads,
-                head_dim=args.head_dim, dtype=args.dtype, causal=args.causal,
-                options=dict(options.get(mechanism, {}), **own), repeats=args.repeats,
-                time_budget_s=args.time_budget_s, memory_budget_bytes=memory_budget,
-                seed=args.seed, exact_implementation=args.exact_implementation)
+    spec = dict(
+      target=target,
+      mode=mode,
+      length=n,
+      batch=args.batch,
+      heads=args.heads,
+      head_dim=args.head_dim,
+      dtype=args.dtype,
+      causal=args.causal,
+      options=dict(options.get(mechanism, {}), **own),
+      repeats=args.repeats,
+      time_budget_s=args.time_budget_s,
+      memory_budget_bytes=memory_budget,
+      seed=args.seed,
+      exact_implementation=args.exact_implementation,
+    )
     rec = dict(target=target, mechanism=mechanism, projection=projection, mode=mode, length=n)
-    done = [p for p in points if p['target'] == target and p['mode'] == mode
-            and p['status'] == 'ok']
+    done = [
+      p for p in points if p['target'] == target and p['mode'] == mode and p['status'] == 'ok'
+    ]
     predicted = common.predict_time([p['length'] for p in done], [p['time_s'] for p in done], n)
     if (target, mode) in over_budget:
-      rec.update(status='skipped', reason=(
-          'a shorter length failed' if over_budget[(target, mode)] == 'failed'
-          else 'a shorter length was already over budget'))
+      rec.update(
+        status='skipped',
+        reason=(
+          'a shorter length failed'
+          if over_budget[(target, mode)] == 'failed'
+          else 'a shorter length was already over budget'
+        ),
+      )
     elif predicted is not None and predicted > args.max_time_s:
-      rec.update(status='skipped', reason=(
-          f'predicted {predicted:.3g} s per call > --max_time_s={args.max_time_s:g}'))
+      rec.update(
+        status='skipped',
+        reason=(f'predicted {predicted:.3g} s per call > --max_time_s={args.max_time_s:g}'),
+      )
     elif args.isolate:
       rec.update(run_isolated(spec, args.point_timeout_s))
     else:
@@ -289,9 +393,11 @@ def sweep(args, targets: Sequence[str], lengths: Sequence[int], modes: Sequence[
     points.append(rec)
     if not args.quiet:
       if rec['status'] == 'ok':
-        what = (f"{output.fmt_time(rec['time_s'])} ({rec['runs']} runs), memory "
-                f"{output.fmt_bytes(rec['memory_bytes'])} ({rec['memory_source']}), "
-                f"compile {rec['compile_s']:.1f} s")
+        what = (
+          f"{output.fmt_time(rec['time_s'])} ({rec['runs']} runs), memory "
+          f"{output.fmt_bytes(rec['memory_bytes'])} ({rec['memory_source']}), "
+          f"compile {rec['compile_s']:.1f} s"
+        )
       else:
         what = f"{rec['status']}: {rec['reason']}"
       print(f'[{i + 1:3d}/{len(plan)}] {target:24s} {mode:7s} n={n:6d}  {what}', flush=True)
@@ -329,15 +435,17 @@ def summarise(points, targets, modes, fit_lo, fit_hi) -> Dict[str, Any]:
   out: Dict[str, Any] = {}
   for target in targets:
     for mode in modes:
-      ok = [p for p in points if p['target'] == target and p['mode'] == mode
-            and p['status'] == 'ok']
+      ok = [
+        p for p in points if p['target'] == target and p['mode'] == mode and p['status'] == 'ok'
+      ]
       ns = [p['length'] for p in ok]
       entry = dict(
-          time_exponent=common.fit_exponent(ns, [p['time_s'] for p in ok], fit_lo, fit_hi),
-          memory_exponent=common.fit_exponent(ns, [p['memory_bytes'] for p in ok], fit_lo,
-                                              fit_hi),
-          fit_lengths=[n for n in ns if fit_lo <= n <= fit_hi],
-          speedup_vs_exact={}, memory_ratio_vs_exact={})
+        time_exponent=common.fit_exponent(ns, [p['time_s'] for p in ok], fit_lo, fit_hi),
+        memory_exponent=common.fit_exponent(ns, [p['memory_bytes'] for p in ok], fit_lo, fit_hi),
+        fit_lengths=[n for n in ns if fit_lo <= n <= fit_hi],
+        speedup_vs_exact={},
+        memory_ratio_vs_exact={},
+      )
       for p in ok:
         t_exact = lookup(points, common.EXACT, mode, p['length'])
         m_exact = lookup(points, common.EXACT, mode, p['length'], 'memory_bytes')
@@ -369,7 +477,8 @@ def exponent_column(entries, kind: str):
   lengths = [n for s in fitted for n in s['fit_lengths']]
   lo, hi = min(lengths), max(lengths)
   return f'exponent {lo}-{hi}', [
-      exponent_cell(s[f'{kind}_exponent'], s['fit_lengths'], lo, hi) for s in entries]
+    exponent_cell(s[f'{kind}_exponent'], s['fit_lengths'], lo, hi) for s in entries
+  ]
 
 
 def with_column(heads, rows, column):
@@ -394,22 +503,25 @@ def causality(meta) -> str:
 def markdown(meta, points, summary, targets, modes, ratios=None) -> str:
   fit_lo, fit_hi = meta['fit_range']
   notes = [
-      f"batch {meta['batch']}, {meta['heads']} heads, head_dim {meta['head_dim']}, "
-      f"{meta['dtype']}, {causality(meta)}; 'exact' is "
-      f"`jax.nn.dot_product_attention` (implementation: {meta['exact_implementation']}); "
-      "layers 'mechanism/projection' are whole MultiHeadAttention layers "
-      f"(d_model = {meta['heads'] * meta['head_dim']}).",
-      f"time: {meta['statistic']} of up to {meta['repeats']} calls after compilation and one "
-      "warm-up "
-      f"(block_until_ready), fewer once they pass {meta['time_budget_s'] / 2:g} s; a warm-up "
-      f"over {meta['time_budget_s']:g} s is the single measurement; points predicted over "
-      f"{meta['max_time_s']:g} s per call are skipped.",
-      f"memory: {meta['memory_description']}",
-      f"exponent: slope of log(time) against log(length) over lengths {fit_lo}..{fit_hi} "
-      '(only measured points).',
-      'options: ' + '; '.join(f'{k}: ' + ', '.join(f'{option}={v}' for option, v in opts.items()
-                                                   if v is not None)
-                              for k, opts in meta['options'].items() if opts),
+    f"batch {meta['batch']}, {meta['heads']} heads, head_dim {meta['head_dim']}, "
+    f"{meta['dtype']}, {causality(meta)}; 'exact' is "
+    f"`jax.nn.dot_product_attention` (implementation: {meta['exact_implementation']}); "
+    "layers 'mechanism/projection' are whole MultiHeadAttention layers "
+    f"(d_model = {meta['heads'] * meta['head_dim']}).",
+    f"time: {meta['statistic']} of up to {meta['repeats']} calls after compilation and one "
+    "warm-up "
+    f"(block_until_ready), fewer once they pass {meta['time_budget_s'] / 2:g} s; a warm-up "
+    f"over {meta['time_budget_s']:g} s is the single measurement; points predicted over "
+    f"{meta['max_time_s']:g} s per call are skipped.",
+    f"memory: {meta['memory_description']}",
+    f"exponent: slope of log(time) against log(length) over lengths {fit_lo}..{fit_hi} "
+    '(only measured points).',
+    'options: '
+    + '; '.join(
+      f'{k}: ' + ', '.join(f'{option}={v}' for option, v in opts.items() if v is not None)
+      for k, opts in meta['options'].items()
+      if opts
+    ),
   ]
   why = no_speedup(summary, targets, modes)
   if why:
@@ -423,30 +535,54 @@ def markdown(meta, points, summary, targets, modes, ratios=None) -> str:
     for t, s in zip(targets, entries):
       rows.append([t] + [output.fmt_time(lookup(points, t, mode, n)) for n in all_ns])
       sp_rows.append([t] + [output.fmt_num(s['speedup_vs_exact'].get(n), 3) for n in all_ns])
-      mem_rows.append([t] + [output.fmt_bytes(lookup(points, t, mode, n, 'memory_bytes'))
-                             for n in all_ns])
+      mem_rows.append(
+        [t] + [output.fmt_bytes(lookup(points, t, mode, n, 'memory_bytes')) for n in all_ns]
+      )
     heads = ['target'] + [str(n) for n in all_ns]
-    parts += [f'## {title}: time per call', '',
-              output.table(*with_column(heads, rows, exponent_column(entries, 'time'))), '']
+    parts += [
+      f'## {title}: time per call',
+      '',
+      output.table(*with_column(heads, rows, exponent_column(entries, 'time'))),
+      '',
+    ]
     if any(s['speedup_vs_exact'] for s in entries):  # else every cell would be '-'
-      parts += [f'## {title}: speedup vs exact (time of exact / time)', '',
-                output.table(heads, sp_rows), '']
-    parts += [f'## {title}: peak memory ({meta["memory_source"]})', '',
-              output.table(*with_column(heads, mem_rows, exponent_column(entries, 'memory'))),
-              '']
+      parts += [
+        f'## {title}: speedup vs exact (time of exact / time)',
+        '',
+        output.table(heads, sp_rows),
+        '',
+      ]
+    parts += [
+      f'## {title}: peak memory ({meta["memory_source"]})',
+      '',
+      output.table(*with_column(heads, mem_rows, exponent_column(entries, 'memory'))),
+      '',
+    ]
   if ratios:
     all_ns = sorted({p['length'] for p in points})
     for mode in modes:
-      rows = [[f'{a} / {b}'] + [output.fmt_num(ratios[f'{a}:{b}:{mode}'].get(n), 3)
-                                for n in all_ns] for a, b in meta['compare']]
-      parts += [f'## {MODE_TITLES[mode]}: time ratios (--compare a:b, time of a / time of b)',
-                '', output.table(['a / b'] + [str(n) for n in all_ns], rows), '']
+      rows = [
+        [f'{a} / {b}'] + [output.fmt_num(ratios[f'{a}:{b}:{mode}'].get(n), 3) for n in all_ns]
+        for a, b in meta['compare']
+      ]
+      parts += [
+        f'## {MODE_TITLES[mode]}: time ratios (--compare a:b, time of a / time of b)',
+        '',
+        output.table(['a / b'] + [str(n) for n in all_ns], rows),
+        '',
+      ]
   missing = [p for p in points if p['status'] != 'ok']
   if missing:
-    parts += ['## Points not measured', '',
-              output.table(['target', 'mode', 'length', 'status', 'reason'],
-                           [[p['target'], p['mode'], p['length'], p['status'], p['reason']]
-                            for p in missing], 'lllll'), '']
+    parts += [
+      '## Points not measured',
+      '',
+      output.table(
+        ['target', 'mode', 'length', 'status', 'reason'],
+        [[p['target'], p['mode'], p['length'], p['status'], p['reason']] for p in missing],
+        'lllll',
+      ),
+      '',
+    ]
   return '\n'.join(parts)
 
 
@@ -455,8 +591,11 @@ def no_speedup(summary, targets, modes) -> Optional[str]:
   'exact' was measured at some length."""
   if any(summary[f'{t}:{m}']['speedup_vs_exact'] for t in targets for m in modes):
     return None
-  why = ("'exact' is not among the targets" if common.EXACT not in targets else
-         "'exact' was not measured at any length (see the points not measured)")
+  why = (
+    "'exact' is not among the targets"
+    if common.EXACT not in targets
+    else "'exact' was not measured at any length (see the points not measured)"
+  )
   return f'no speedup plot or table (time of exact / time of the target): {why}.'
 
 
@@ -474,25 +613,39 @@ def plots(out, name, meta, points, summary, targets, modes) -> List[str]:
       panels.append((MODE_TITLES[mode], s))
     return panels
 
-  sub = (f"batch {meta['batch']}, {meta['heads']} heads, head_dim {meta['head_dim']}, "
-         f"{meta['dtype']} — {meta['device_line']}")
+  sub = (
+    f"batch {meta['batch']}, {meta['heads']} heads, head_dim {meta['head_dim']}, "
+    f"{meta['dtype']} — {meta['device_line']}"
+  )
   mem_unit = lambda t, m, n: ((lookup(points, t, m, n, 'memory_bytes') or 0) / 2**20) or None
   pngs = [
-      output.line_plot(os.path.join(out, f'{name}_time.png'), series('time_s'),
-                       xlabel='sequence length (tokens)', ylabel='time per call (s)',
-                       suptitle='Attention time vs length (log-log); ' + sub),
-      output.line_plot(os.path.join(out, f'{name}_memory.png'), series(None, mem_unit),
-                       xlabel='sequence length (tokens)',
-                       ylabel=f"peak memory (MiB, {meta['memory_source']})",
-                       suptitle='Attention peak memory vs length (log-log); ' + sub),
+    output.line_plot(
+      os.path.join(out, f'{name}_time.png'),
+      series('time_s'),
+      xlabel='sequence length (tokens)',
+      ylabel='time per call (s)',
+      suptitle='Attention time vs length (log-log); ' + sub,
+    ),
+    output.line_plot(
+      os.path.join(out, f'{name}_memory.png'),
+      series(None, mem_unit),
+      xlabel='sequence length (tokens)',
+      ylabel=f"peak memory (MiB, {meta['memory_source']})",
+      suptitle='Attention peak memory vs length (log-log); ' + sub,
+    ),
   ]
   speedup = os.path.join(out, f'{name}_speedup.png')
   if no_speedup(summary, targets, modes) is None:
-    pngs.append(output.line_plot(
+    pngs.append(
+      output.line_plot(
         speedup,
         series(None, lambda t, m, n: summary[f'{t}:{m}']['speedup_vs_exact'].get(n)),
-        xlabel='sequence length (tokens)', ylabel='speedup vs exact (×)',
-        suptitle='time of exact attention / time of target; ' + sub, hlines=[(1.0, 'exact')]))
+        xlabel='sequence length (tokens)',
+        ylabel='speedup vs exact (×)',
+        suptitle='time of exact attention / time of target; ' + sub,
+        hlines=[(1.0, 'exact')],
+      )
+    )
   elif os.path.exists(speedup):  # an earlier run's: it is not this run's
     os.remove(speedup)
   return pngs
@@ -505,18 +658,22 @@ def select_targets(args) -> List[str]:
   mechanisms = common.csv_list(args.mechanisms) if args.mechanisms else []
   targets = common.csv_list(args.targets) if args.targets else []
   if mechanisms and targets and mechanisms != targets:
-    raise ValueError(f'--mechanisms={args.mechanisms!r} and --targets={args.targets!r} '
-                     'name different lists; give one (--mechanisms: exact and mechanisms; '
-                     "--targets: also layers 'mechanism/projection')")
+    raise ValueError(
+      f'--mechanisms={args.mechanisms!r} and --targets={args.targets!r} '
+      'name different lists; give one (--mechanisms: exact and mechanisms; '
+      "--targets: also layers 'mechanism/projection')"
+    )
   flag = '--mechanisms' if mechanisms else '--targets'
   chosen = mechanisms or targets
   for t in chosen:
     if '/' in t.split('@')[0] and flag == '--mechanisms':
-      raise ValueError(f"--mechanisms={args.mechanisms!r} is not valid: {t!r} is a layer "
-                       "'mechanism/projection'; valid: exact and mechanisms (layers go in "
-                       '--layers or --targets)')
+      raise ValueError(
+        f"--mechanisms={args.mechanisms!r} is not valid: {t!r} is a layer "
+        "'mechanism/projection'; valid: exact and mechanisms (layers go in "
+        '--layers or --targets)'
+      )
   out = chosen or [common.EXACT] + list(common.available_mechanisms())
-  layers = (common.csv_list(args.layers) if args['layers'].present or not chosen else [])
+  layers = common.csv_list(args.layers) if args['layers'].present or not chosen else []
   out = list(dict.fromkeys(out + layers))  # in order, once each
   for t in out:
     try:
@@ -532,8 +689,10 @@ def positive_lengths(text: str, flag: str) -> List[int]:
   lengths = common.csv_list(text, int, flag)
   for n in lengths:
     if n < 1:
-      raise ValueError(f'{flag}={text!r} is not valid: {n} is not a positive integer; '
-                       'valid: a comma list of positive integers')
+      raise ValueError(
+        f'{flag}={text!r} is not valid: {n} is not a positive integer; '
+        'valid: a comma list of positive integers'
+      )
   return lengths
 
 
@@ -551,20 +710,28 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     for item in args.compare:
       a, sep, b = item.partition(':')
       if not sep or a not in targets or b not in targets:
-        raise ValueError(f'--compare={item!r} is not valid; it must be a:b, two of the '
-                         f'targets ({", ".join(targets)})')
+        raise ValueError(
+          f'--compare={item!r} is not valid; it must be a:b, two of the '
+          f'targets ({", ".join(targets)})'
+        )
       compare.append((a, b))
-    lengths = (positive_lengths(args.lengths, '--lengths') if args.lengths
-               else list(CPU_LENGTHS if platform == 'cpu' else ACCEL_LENGTHS))
+    lengths = (
+      positive_lengths(args.lengths, '--lengths')
+      if args.lengths
+      else list(CPU_LENGTHS if platform == 'cpu' else ACCEL_LENGTHS)
+    )
     for item in args.extra_lengths:
       target, _, values = item.partition('=')
       if target not in targets:
-        raise ValueError(f'--extra_lengths={item!r}: {target!r} is not one of the targets '
-                         f'({", ".join(targets)})')
+        raise ValueError(
+          f'--extra_lengths={item!r}: {target!r} is not one of the targets ({", ".join(targets)})'
+        )
       positive_lengths(values, f'--extra_lengths of {target}')
     if args.dtype == 'float64' and not jax.config.jax_enable_x64:
-      raise ValueError("--dtype='float64' is not valid without JAX_ENABLE_X64=1 (the arrays "
-                       f"would be float32); valid: {', '.join(DTYPES[:-1])}")
+      raise ValueError(
+        "--dtype='float64' is not valid without JAX_ENABLE_X64=1 (the arrays "
+        f"would be float32); valid: {', '.join(DTYPES[:-1])}"
+      )
     modes = common.csv_list(args.modes)
     bad = sorted(set(modes) - set(MODES))
     if bad:
@@ -576,46 +743,83 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     if len(fit_range) != 2:
       raise ValueError(f'--fit_range={args.fit_range!r} is not valid; valid: two lengths lo,hi')
     fit_lo, fit_hi = fit_range
-  memory_budget = (int(args.memory_budget_gb * 2**30) if args.memory_budget_gb
-                   else int(0.85 * (common.total_memory_bytes() or 0)) or None)
+  memory_budget = (
+    int(args.memory_budget_gb * 2**30)
+    if args.memory_budget_gb
+    else int(0.85 * (common.total_memory_bytes() or 0)) or None
+  )
   if args.isolate:
     source = 'rss' if platform == 'cpu' else 'device'
-    description = ("peak resident memory of a fresh process per point (`ru_maxrss`, includes "
-                   'the JAX runtime and inputs)' if source == 'rss' else
-                   "device `peak_bytes_in_use` of a fresh process per point")
+    description = (
+      "peak resident memory of a fresh process per point (`ru_maxrss`, includes "
+      'the JAX runtime and inputs)'
+      if source == 'rss'
+      else "device `peak_bytes_in_use` of a fresh process per point"
+    )
   else:
     source = 'xla'
-    description = ("XLA compiled memory analysis: arguments + outputs + temporaries - "
-                   'aliased bytes of the jitted program (excludes runtime overhead)')
-  meta = dict(device=info, device_line=common.describe_device(info), batch=args.batch,
-              heads=args.heads, head_dim=args.head_dim, dtype=args.dtype, causal=args.causal,
-              modes=modes, lengths=lengths, extra_lengths=args.extra_lengths,
-              repeats=args.repeats, statistic=args.statistic, time_budget_s=args.time_budget_s,
-              max_time_s=args.max_time_s,
-              memory_budget_bytes=memory_budget, memory_source=source,
-              memory_description=description, options=options, fit_range=[fit_lo, fit_hi],
-              exact_implementation=args.exact_implementation or 'default (XLA on CPU)',
-              isolate=args.isolate, order=args.order, compare=compare, targets=targets,
-              causal_only_targets=[t for t in targets if common.parse_target(
-                  split_target(t)[0])[0] != common.EXACT and ea.get_mechanism(
-                      common.parse_target(split_target(t)[0])[0]).causal_only],
-              command=output.command('benchmarks.speed', argv))
+    description = (
+      "XLA compiled memory analysis: arguments + outputs + temporaries - "
+      'aliased bytes of the jitted program (excludes runtime overhead)'
+    )
+  meta = dict(
+    device=info,
+    device_line=common.describe_device(info),
+    batch=args.batch,
+    heads=args.heads,
+    head_dim=args.head_dim,
+    dtype=args.dtype,
+    causal=args.causal,
+    modes=modes,
+    lengths=lengths,
+    extra_lengths=args.extra_lengths,
+    repeats=args.repeats,
+    statistic=args.statistic,
+    time_budget_s=args.time_budget_s,
+    max_time_s=args.max_time_s,
+    memory_budget_bytes=memory_budget,
+    memory_source=source,
+    memory_description=description,
+    options=options,
+    fit_range=[fit_lo, fit_hi],
+    exact_implementation=args.exact_implementation or 'default (XLA on CPU)',
+    isolate=args.isolate,
+    order=args.order,
+    compare=compare,
+    targets=targets,
+    causal_only_targets=[
+      t
+      for t in targets
+      if common.parse_target(split_target(t)[0])[0] != common.EXACT
+      and ea.get_mechanism(common.parse_target(split_target(t)[0])[0]).causal_only
+    ],
+    command=output.command('benchmarks.speed', argv),
+  )
   start = time.time()
   points = sweep(args, targets, lengths, modes, options, memory_budget, platform)
   meta['wall_time_s'] = time.time() - start
   summary = summarise(points, targets, modes, fit_lo, fit_hi)
   ratios = compare_ratios(points, compare, modes)
   pngs = plots(args.out, args.name, meta, points, summary, targets, modes)
-  data = dict(meta=meta, targets=targets, points=points, summary=summary, ratios=ratios,
-              plots=pngs)
-  output.finish(args.out, args.name, data,
-                markdown(meta, points, summary, targets, modes, ratios), quiet=args.quiet)
-  if points and not any(p['status'] == 'ok' for p in points) and any(
-      p['status'] == 'failed' for p in points):
+  data = dict(meta=meta, targets=targets, points=points, summary=summary, ratios=ratios, plots=pngs)
+  output.finish(
+    args.out,
+    args.name,
+    data,
+    markdown(meta, points, summary, targets, modes, ratios),
+    quiet=args.quiet,
+  )
+  if (
+    points
+    and not any(p['status'] == 'ok' for p in points)
+    and any(p['status'] == 'failed' for p in points)
+  ):
     failed = sum(p['status'] == 'failed' for p in points)
     rest = '' if failed == len(points) else ', the rest skipped'
-    raise SystemExit(f'Error: no point was measured ({failed} of {len(points)} failed{rest}); '
-                     f"the reasons are in {os.path.join(args.out, args.name + '.md')}")
+    raise SystemExit(
+      f'Error: no point was measured ({failed} of {len(points)} failed{rest}); '
+      f"the reasons are in {os.path.join(args.out, args.name + '.md')}"
+    )
   return data
 
 

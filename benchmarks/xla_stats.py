@@ -13,6 +13,7 @@
                     difference with the once-per-body count is what
                     `flops_corrected` adds back.
 """
+
 import math
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -28,8 +29,13 @@ def memory(compiled) -> Optional[Dict[str, int]]:
     return None
   if isinstance(stats, (list, tuple)):
     stats = stats[0]
-  fields = ('argument_size_in_bytes', 'output_size_in_bytes', 'temp_size_in_bytes',
-            'alias_size_in_bytes', 'generated_code_size_in_bytes')
+  fields = (
+    'argument_size_in_bytes',
+    'output_size_in_bytes',
+    'temp_size_in_bytes',
+    'alias_size_in_bytes',
+    'generated_code_size_in_bytes',
+  )
   out = {f.replace('_size_in_bytes', ''): int(getattr(stats, f, 0) or 0) for f in fields}
   out['total'] = out['argument'] + out['output'] + out['temp'] - out['alias']
   return out
@@ -59,8 +65,9 @@ def flops(compiled) -> Dict[str, Any]:
   """
   xla = float(cost(compiled).get('flops', float('nan')))
   once, repeated, loops, unknown = loop_flops(compiled.as_text())
-  return dict(flops_xla=xla, flops=xla + max(0.0, repeated - once), loops=loops,
-              unknown_trip_counts=unknown)
+  return dict(
+    flops_xla=xla, flops=xla + max(0.0, repeated - once), loops=loops, unknown_trip_counts=unknown
+  )
 
 
 # ----------------------------------------------------------------------------
@@ -68,8 +75,10 @@ def flops(compiled) -> Dict[str, Any]:
 # ----------------------------------------------------------------------------
 
 _COMPUTATION = re.compile(r'^(?:ENTRY\s+)?%?([\w.\-]+)\s*\((.*)\)\s*->.*\{\s*$')
-_CALLEE = re.compile(r'\b(calls|body|to_apply|branch_computations|true_computation|'
-                     r'false_computation)=(?:\{([^}]*)\}|%?([\w.\-]+))')
+_CALLEE = re.compile(
+  r'\b(calls|body|to_apply|branch_computations|true_computation|'
+  r'false_computation)=(?:\{([^}]*)\}|%?([\w.\-]+))'
+)
 _TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
 _INSTRUCTION = re.compile(r'^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(\w+)\[([\d,]*)\]')
 _PARAM = re.compile(r'%?([\w.\-]+):\s*\w+\[([\d,]*)\]')
@@ -96,9 +105,16 @@ def computations(hlo: str) -> Tuple[Dict[str, Tuple[str, List[str]]], Optional[s
   return comps, entry
 
 
-def calls(line: str, kinds: Sequence[str] = ('calls', 'body', 'branch_computations',
-                                              'true_computation', 'false_computation')
-          ) -> List[Call]:
+def calls(
+  line: str,
+  kinds: Sequence[str] = (
+    'calls',
+    'body',
+    'branch_computations',
+    'true_computation',
+    'false_computation',
+  ),
+) -> List[Call]:
   """The computations one instruction calls, of the given kinds: (kind, callee, times),
   times being a `while` body's known trip count (None when unknown) and 1 otherwise.
   `to_apply` (scalar reducers) is left out unless asked for."""
@@ -112,8 +128,7 @@ def calls(line: str, kinds: Sequence[str] = ('calls', 'body', 'branch_computatio
   return out
 
 
-def call_counts(graph: Dict[str, List[Call]], entry: str, loops: bool = True
-                ) -> Dict[str, float]:
+def call_counts(graph: Dict[str, List[Call]], entry: str, loops: bool = True) -> Dict[str, float]:
   """How often each computation runs per run of `entry`: summed over the call paths, the
   product of the loop trip counts along each (a loop of unknown count, or every loop when
   `loops` is False, counts once). A recursive path is cut where it repeats."""
@@ -154,13 +169,19 @@ def loop_flops(hlo: str) -> Tuple[float, float, int, int]:
   """(dot FLOPs counting each loop body once, dot FLOPs with trip counts,
   number of loops, loops with unknown trip count) of an HLO module's text."""
   comps, entry = computations(hlo)
-  graph = {name: [c for line in lines for c in calls(line, ('calls', 'body'))]
-           for name, (_, lines) in comps.items()}
+  graph = {
+    name: [c for line in lines for c in calls(line, ('calls', 'body'))]
+    for name, (_, lines) in comps.items()
+  }
   bodies = [n for cs in graph.values() for kind, _, n in cs if kind == 'body']
   loops, unknown = len(bodies), sum(1 for n in bodies if n is None)
   if entry is None:
     return 0.0, 0.0, loops, unknown
   own = {name: _dot_flops(params, lines) for name, (params, lines) in comps.items()}
   total = lambda counts: sum(own[name] * times for name, times in counts.items())
-  return (total(call_counts(graph, entry, loops=False)), total(call_counts(graph, entry)),
-          loops, unknown)
+  return (
+    total(call_counts(graph, entry, loops=False)),
+    total(call_counts(graph, entry)),
+    loops,
+    unknown,
+  )

@@ -25,40 +25,75 @@ every document not held out), batch_size, num_steps, learning_rate:
     --config=configs/bytelm.py:gla --config.dataset.corpus=my_texts/
     --config=configs/bytelm.py:softmax,d_model=128,seq_len=256,data_dir=novel.txt
 """
+
 from configs import common
 from data import text_bytes
 
 
 def get_config(arg=None):
-  args = common.parse_arg(arg, mechanism='softmax', d_model=128, seq_len=256, depth=2,
-                          num_heads=4, mlp_dim=0, data_dir=text_bytes.BUILTIN,
-                          validation_docs=500, train_docs=0, batch_size=32, num_steps=2000,
-                          learning_rate=2e-3)
+  args = common.parse_arg(
+    arg,
+    mechanism='softmax',
+    d_model=128,
+    seq_len=256,
+    depth=2,
+    num_heads=4,
+    mlp_dim=0,
+    data_dir=text_bytes.BUILTIN,
+    validation_docs=500,
+    train_docs=0,
+    batch_size=32,
+    num_steps=2000,
+    learning_rate=2e-3,
+  )
   mechanism = args['mechanism']
   common.check_causal('configs/bytelm.py', mechanism)
-  common.at_least(1, d_model=args['d_model'], seq_len=args['seq_len'], depth=args['depth'],
-                  num_heads=args['num_heads'], validation_docs=args['validation_docs'],
-                  batch_size=args['batch_size'], num_steps=args['num_steps'])
+  common.at_least(
+    1,
+    d_model=args['d_model'],
+    seq_len=args['seq_len'],
+    depth=args['depth'],
+    num_heads=args['num_heads'],
+    validation_docs=args['validation_docs'],
+    batch_size=args['batch_size'],
+    num_steps=args['num_steps'],
+  )
   common.at_least(0, train_docs=args['train_docs'], mlp_dim=args['mlp_dim'])
   if not args['data_dir']:
-    raise ValueError(f"configs/bytelm.py: data_dir='' is not valid; it must be the corpus: a "
-                     f"text file, a folder of text files, an .npz (text_utf8, offsets) or "
-                     f"{text_bytes.BUILTIN!r}")
-  config = common.text_bytes(common.base(), corpus=args['data_dir'], seq_len=args['seq_len'],
-                             validation_docs=args['validation_docs'],
-                             train_docs=args['train_docs'])
-  config.model.update(dict(d_model=args['d_model'], depth=args['depth'],
-                           num_heads=args['num_heads'],
-                           mlp_dim=args['mlp_dim'] or 4 * args['d_model']))
+    raise ValueError(
+      f"configs/bytelm.py: data_dir='' is not valid; it must be the corpus: a "
+      f"text file, a folder of text files, an .npz (text_utf8, offsets) or "
+      f"{text_bytes.BUILTIN!r}"
+    )
+  config = common.text_bytes(
+    common.base(),
+    corpus=args['data_dir'],
+    seq_len=args['seq_len'],
+    validation_docs=args['validation_docs'],
+    train_docs=args['train_docs'],
+  )
+  config.model.update(
+    dict(
+      d_model=args['d_model'],
+      depth=args['depth'],
+      num_heads=args['num_heads'],
+      mlp_dim=args['mlp_dim'] or 4 * args['d_model'],
+    )
+  )
   common.set_attention(config, mechanism)
   common.fit_blocks(config, args['seq_len'])
   prompt = min(64, args['seq_len'] // 4)  # the held-out continuations fit the context
-  config.sample.update(dict(prompt_bytes=max(prompt, 1), new_bytes=min(
-      128, args['seq_len'] - prompt), num_samples=2 if args['seq_len'] >= 2 else 0))
+  config.sample.update(
+    dict(
+      prompt_bytes=max(prompt, 1),
+      new_bytes=min(128, args['seq_len'] - prompt),
+      num_samples=2 if args['seq_len'] >= 2 else 0,
+    )
+  )
   config.dataset.batch_size = args['batch_size']
   config.dataset.eval_batch_size = 128
-  config.optim.update(dict(learning_rate=args['learning_rate'], warmup_steps=100,
-                           weight_decay=0.1))
-  config.train.update(dict(num_steps=args['num_steps'], log_every=50, eval_every=500,
-                           checkpoint_every=250))
+  config.optim.update(dict(learning_rate=args['learning_rate'], warmup_steps=100, weight_decay=0.1))
+  config.train.update(
+    dict(num_steps=args['num_steps'], log_every=50, eval_every=500, checkpoint_every=250)
+  )
   return config

@@ -12,19 +12,21 @@ linear in the length have something to save. The argument picks the mechanism
     --config=configs/cifar10.py:nystrom          (or configs/cifar10_nystrom.py)
     --config=configs/cifar10.py:mechanism=local,projection=efficient,size=small
 """
+
 from configs import common
 
 SIZES = {
-    'base': dict(d_model=128, depth=4, num_heads=4, mlp_dim=256, num_epochs=100),
-    'small': dict(d_model=64, depth=2, num_heads=4, mlp_dim=128, num_epochs=5),
+  'base': dict(d_model=128, depth=4, num_heads=4, mlp_dim=256, num_epochs=100),
+  'small': dict(d_model=64, depth=2, num_heads=4, mlp_dim=128, num_epochs=5),
 }
 
 
 def get_config(arg=None):
   args = common.parse_arg(arg, mechanism='softmax', projection='standard', size='base')
   if args['size'] not in SIZES:
-    raise ValueError(f"configs/cifar10.py: size={args['size']!r} is not valid; valid "
-                     f'choices: {", ".join(SIZES)}')
+    raise ValueError(
+      f"configs/cifar10.py: size={args['size']!r} is not valid; valid choices: {', '.join(SIZES)}"
+    )
   size = dict(SIZES[args['size']])
   num_epochs = size.pop('num_epochs')
   config = common.cifar10(common.base())
@@ -33,6 +35,7 @@ def get_config(arg=None):
   config.dataset.batch_size = 128
   config.dataset.eval_batch_size = 1000
   config.optim.update(dict(learning_rate=1e-3, warmup_steps=1000, weight_decay=5e-2))
-  config.train.update(dict(num_epochs=num_epochs, log_every=100, eval_every=3900,
-                           checkpoint_every=3900))
+  config.train.update(
+    dict(num_epochs=num_epochs, log_every=100, eval_every=3900, checkpoint_every=3900)
+  )
   return config

@@ -6,18 +6,28 @@ best row). The argument picks the projection scheme:
 
     --config=configs/cifar100.py:super
 """
+
 from configs import common
 
 
 def get_config(arg=None):
   args = common.parse_arg(arg, projection='standard', mechanism='softmax')
   config = common.cifar100(common.base())
-  config.model.update(dict(kind='vit', d_model=256, depth=8, num_heads=8, mlp_dim=512,
-                           patch_size=2, pool='cls', dropout_rate=0.1))
+  config.model.update(
+    dict(
+      kind='vit',
+      d_model=256,
+      depth=8,
+      num_heads=8,
+      mlp_dim=512,
+      patch_size=2,
+      pool='cls',
+      dropout_rate=0.1,
+    )
+  )
   common.set_attention(config, args['mechanism'], args['projection'])
   config.dataset.batch_size = 256
   config.dataset.eval_batch_size = 1000
   config.optim.update(dict(learning_rate=1e-3, warmup_steps=1000, weight_decay=1e-4))
-  config.train.update(dict(num_epochs=100, log_every=100, eval_every=1950,
-                           checkpoint_every=1950))
+  config.train.update(dict(num_epochs=100, log_every=100, eval_every=1950, checkpoint_every=1950))
   return config

@@ -1,4 +1,5 @@
 """CIFAR-10 ViT with Nystrom attention (Xiong et al. 2021); see configs/cifar10.py."""
+
 from configs import cifar10
 
 

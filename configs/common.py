@@ -35,14 +35,15 @@ Groups (the contract other tools rely on):
 Fields a sweep varies are plain values, so `--config.attention.mechanism=linear`
 works. No field defaults to None: overrides from the command line need a type.
 """
+
 import os
 from typing import Any, Dict, Optional
 
 import ml_collections
 
 from data import specs
-from efficient_attn.layers import hybrid
 from efficient_attn import registry
+from efficient_attn.layers import hybrid
 
 
 def attention_options() -> ml_collections.ConfigDict:
@@ -53,9 +54,12 @@ def attention_options() -> ml_collections.ConfigDict:
   an error naming the mechanism's options. The defaults themselves live in
   each mechanism's declaration (`efficient_attn.get_mechanism(name).options`).
   """
-  return ml_collections.ConfigDict({
+  return ml_collections.ConfigDict(
+    {
       name: ml_collections.FieldReference(None, field_type=opt.type)
-      for name, opt in sorted(registry.option_table().items())})
+      for name, opt in sorted(registry.option_table().items())
+    }
+  )
 
 
 def base() -> ml_collections.ConfigDict:
@@ -64,88 +68,101 @@ def base() -> ml_collections.ConfigDict:
   config.task = 'classification'
   config.init_from = ''  # a workdir whose latest checkpoint's params initialise this run
 
-  config.dataset = ml_collections.ConfigDict(dict(
-      name='digits',        # what the data is: digits, mnist, cifar10, cifar100, imagenet2012,
-                            # imdb_reviews, image_folder
-      source='',            # where it is read from: tfds, arrays (.npz), folder, sklearn,
-                            # generated; '' = the dataset's own (digits: sklearn, ...: tfds)
-      data_dir='',          # tfds: the TFDS data dir ('' = TFDS default); arrays: the .npz
-                            # file ('{split}' in it: one file per split); folder: the root
-      manual_dir='',        # TFDS manual download dir (imagenet2012)
-      download=True,        # let TFDS download and prepare a missing dataset
+  config.dataset = ml_collections.ConfigDict(
+    dict(
+      name='digits',  # what the data is: digits, mnist, cifar10, cifar100, imagenet2012,
+      # imdb_reviews, image_folder
+      source='',  # where it is read from: tfds, arrays (.npz), folder, sklearn,
+      # generated; '' = the dataset's own (digits: sklearn, ...: tfds)
+      data_dir='',  # tfds: the TFDS data dir ('' = TFDS default); arrays: the .npz
+      # file ('{split}' in it: one file per split); folder: the root
+      manual_dir='',  # TFDS manual download dir (imagenet2012)
+      download=True,  # let TFDS download and prepare a missing dataset
       train_split='train',
       eval_split='test',
-      holdout=0.0,          # > 0: that fraction of train becomes split 'validation'
-                            # (fixed, class-stratified; in-memory datasets)
-      batch_size=64,        # global, over all devices and hosts
+      holdout=0.0,  # > 0: that fraction of train becomes split 'validation'
+      # (fixed, class-stratified; in-memory datasets)
+      batch_size=64,  # global, over all devices and hosts
       eval_batch_size=256,  # global
-      image_size=0,         # square side the images are resized to (image datasets)
+      image_size=0,  # square side the images are resized to (image datasets)
       channels=0,
-      max_length=0,         # token length (text datasets)
-      num_classes=0,        # 0: from the dataset (ImageFolder: number of label folders)
+      max_length=0,  # token length (text datasets)
+      num_classes=0,  # 0: from the dataset (ImageFolder: number of label folders)
       shuffle_buffer=10_000,
-      augment='none',       # 'none' | 'crop' | 'crop_flip' | 'inception_crop' (streamed only)
-      mean=(),              # per-channel image normalisation in [0, 1] units; () = the
-      std=(),               # dataset's preset, or measured on the training images
+      augment='none',  # 'none' | 'crop' | 'crop_flip' | 'inception_crop' (streamed only)
+      mean=(),  # per-channel image normalisation in [0, 1] units; () = the
+      std=(),  # dataset's preset, or measured on the training images
       pixels_as_tokens=False,  # images -> int32 tokens 0..255 `[b, h*w]`, no resize/normalise
-      transform='',         # 'rotated' | 'inverted' | 'quantised' | a transforms spec; '' = none
-  ))
-  config.model = ml_collections.ConfigDict(dict(
+      transform='',  # 'rotated' | 'inverted' | 'quantised' | a transforms spec; '' = none
+    )
+  )
+  config.model = ml_collections.ConfigDict(
+    dict(
       kind='vit',
       d_model=64,
       depth=2,
       num_heads=4,
       mlp_dim=128,
       patch_size=2,
-      pool='cls',           # 'cls' | 'mean'
+      pool='cls',  # 'cls' | 'mean'
       positions='learned',  # text models: 'learned' | 'sinusoidal' (fixed; LRA's default)
       dropout_rate=0.0,
       attention_dropout_rate=0.0,
-      max_length=0,         # text: context length the model is built for (0: dataset.max_length)
-      reversible=False,     # reversible residual blocks: activation memory flat in depth
-  ))
-  config.attention = ml_collections.ConfigDict(dict(
+      max_length=0,  # text: context length the model is built for (0: dataset.max_length)
+      reversible=False,  # reversible residual blocks: activation memory flat in depth
+    )
+  )
+  config.attention = ml_collections.ConfigDict(
+    dict(
       mechanism='softmax',
       projection='standard',
       options=attention_options(),
-      rotary=False,         # rotary positions (RoPE) on q, k (kernel mechanisms: RoFormer form)
-      num_kv_heads=0,       # grouped-query attention: key/value heads (0: one per head)
-  ))
-  config.optim = ml_collections.ConfigDict(dict(
-      name='adamw',         # 'adamw' | 'sgd' (b1 is the momentum)
-      learning_rate=1e-3,   # peak, after linear warmup; cosine decay to 0 afterwards
+      rotary=False,  # rotary positions (RoPE) on q, k (kernel mechanisms: RoFormer form)
+      num_kv_heads=0,  # grouped-query attention: key/value heads (0: one per head)
+    )
+  )
+  config.optim = ml_collections.ConfigDict(
+    dict(
+      name='adamw',  # 'adamw' | 'sgd' (b1 is the momentum)
+      learning_rate=1e-3,  # peak, after linear warmup; cosine decay to 0 afterwards
       warmup_steps=100,
-      weight_decay=1e-4,    # decoupled, on matrices only (ndim > 1)
-      grad_clip=1.0,        # global norm; 0 disables
+      weight_decay=1e-4,  # decoupled, on matrices only (ndim > 1)
+      grad_clip=1.0,  # global norm; 0 disables
       max_warmup_fraction=0.2,  # warmup_steps is capped at this fraction of the run
       b1=0.9,
       b2=0.999,
-  ))
-  config.train = ml_collections.ConfigDict(dict(
+    )
+  )
+  config.train = ml_collections.ConfigDict(
+    dict(
       num_steps=-1,
       num_epochs=-1,
-      eval_every=-1,        # steps; -1: only at the end
+      eval_every=-1,  # steps; -1: only at the end
       log_every=50,
       checkpoint_every=1000,
       keep_checkpoints=3,
       async_checkpoints=True,  # Orbax writes in the background; False: the loop waits
       seed=0,
-      dtype='float32',      # compute dtype: 'float32' | 'bfloat16' (params stay float32)
+      dtype='float32',  # compute dtype: 'float32' | 'bfloat16' (params stay float32)
       # Device mesh (train/mesh.py): batch rows over data x fsdp, parameters and optimiser
       # state sharded over fsdp, the sequence over 'sequence'; -1: the remaining devices.
       mesh=ml_collections.ConfigDict(dict(data=-1, fsdp=1, sequence=1)),
-      fsdp_min_size=2 ** 14,  # leaves with fewer elements stay replicated under fsdp
-  ))
-  config.lora = ml_collections.ConfigDict(dict(
-      rank=0,               # 0: off; r >= 1: adapters on `targets`, the base frozen
-      alpha=0.0,            # adapter scale alpha / r; 0: scale 1
-      targets='default',    # ','-joined presets (default, attention, mlp, head, all) / regexes
-  ))
+      fsdp_min_size=2**14,  # leaves with fewer elements stay replicated under fsdp
+    )
+  )
+  config.lora = ml_collections.ConfigDict(
+    dict(
+      rank=0,  # 0: off; r >= 1: adapters on `targets`, the base frozen
+      alpha=0.0,  # adapter scale alpha / r; 0: scale 1
+      targets='default',  # ','-joined presets (default, attention, mlp, head, all) / regexes
+    )
+  )
   return digits(config)  # the default dataset
 
 
-def set_attention(config, mechanism: str = 'softmax', projection: str = 'standard',
-                  **options) -> ml_collections.ConfigDict:
+def set_attention(
+  config, mechanism: str = 'softmax', projection: str = 'standard', **options
+) -> ml_collections.ConfigDict:
   """Sets the attention group; options left unset take the mechanism's declared defaults."""
   config.attention.mechanism = mechanism
   config.attention.projection = projection
@@ -160,9 +177,11 @@ def check_causal(path: str, mechanism: str) -> None:
   for decl in hybrid.registered(mechanism):  # the config's validation names any other
     if not decl.causal:
       what = '' if decl.name == mechanism else f' (of {mechanism!r})'
-      raise ValueError(f'{path}: mechanism {decl.name!r}{what} has no causal form, which the '
-                       f'causal model needs; valid choices: '
-                       f'{", ".join(registry.names_where(lambda m: m.causal))}')
+      raise ValueError(
+        f'{path}: mechanism {decl.name!r}{what} has no causal form, which the '
+        f'causal model needs; valid choices: '
+        f'{", ".join(registry.names_where(lambda m: m.causal))}'
+      )
 
 
 def parse_arg(arg: Optional[str], **defaults) -> Dict[str, Any]:
@@ -190,8 +209,10 @@ def parse_arg(arg: Optional[str], **defaults) -> Dict[str, Any]:
       continue
     if not sep:
       if i > positional or i >= len(keys):
-        raise ValueError(f'config {where}values without a key set the keys in order and must '
-                         f'come before any key=value; valid keys, in order: {", ".join(keys)}')
+        raise ValueError(
+          f'config {where}values without a key set the keys in order and must '
+          f'come before any key=value; valid keys, in order: {", ".join(keys)}'
+        )
       key, value = keys[i], item
       positional += 1
     if key not in defaults:
@@ -237,6 +258,7 @@ def _convert(where: str, key: str, value: str, kind: type) -> Any:
 # (classes, channels, stored size, source) is its `DatasetSpec` in `data/specs.py`,
 # written there only: the presets read it and set the rest (resizing, augmentation, ...).
 
+
 def dataset(config, name: str, *, own_source: bool = False, **choices):
   """Sets `config.dataset` to dataset `name`: its facts from its `DatasetSpec`
   (num_classes, channels; with `own_source`, its source), then `choices`."""
@@ -255,16 +277,36 @@ def size_preset(path: str, sizes: Dict[str, Dict[str, Any]], size: str) -> Dict[
   return dict(sizes[size])
 
 
-def lra_model(config, mechanism: str, projection: str, *, d_model: int, depth: int,
-              num_heads: int, mlp_dim: int, pool: str, dropout_rate: float = 0.1,
-              attention_dropout_rate: float = 0.1, positions: str = 'sinusoidal'):
+def lra_model(
+  config,
+  mechanism: str,
+  projection: str,
+  *,
+  d_model: int,
+  depth: int,
+  num_heads: int,
+  mlp_dim: int,
+  pool: str,
+  dropout_rate: float = 0.1,
+  attention_dropout_rate: float = 0.1,
+  positions: str = 'sinusoidal',
+):
   """The LRA classifier of a task's config: a token Transformer (`model.kind='text'`) with
   the mechanism and projection. LRA's attention dropout applies where there are attention
   weights to drop (mechanisms that form them); the others get 0. Positions are fixed
   sinusoids, LRA's default (`learn_pos_emb=False`) everywhere but its CIFAR-10 Image task."""
-  config.model.update(dict(kind='text', d_model=d_model, depth=depth, num_heads=num_heads,
-                           mlp_dim=mlp_dim, pool=pool, dropout_rate=dropout_rate,
-                           positions=positions))
+  config.model.update(
+    dict(
+      kind='text',
+      d_model=d_model,
+      depth=depth,
+      num_heads=num_heads,
+      mlp_dim=mlp_dim,
+      pool=pool,
+      dropout_rate=dropout_rate,
+      positions=positions,
+    )
+  )
   set_attention(config, mechanism, projection)
   forms_weights = any(d.forms_weights for d in hybrid.registered(mechanism))
   config.model.attention_dropout_rate = attention_dropout_rate if forms_weights else 0.0
@@ -277,12 +319,15 @@ def fit_blocks(config, length: int):
   Reformer, Sinkhorn) that need the length to be a multiple of their block. In a pattern
   ('bigbird+local', see `efficient_attn.layers.hybrid`) the options are one mapping: a fitted size
   goes to every mechanism of the pattern that has the option."""
-  for option in (option for d in hybrid.registered(config.attention.mechanism) for option in d.options):
+  for option in (
+    option for d in hybrid.registered(config.attention.mechanism) for option in d.options
+  ):
     if option.name in BLOCK_OPTIONS and isinstance(option.default, int):
       current = config.attention.options.get(option.name) or option.default
       if length % current:
         config.attention.options[option.name] = max(
-            d for d in range(1, current + 1) if length % d == 0)
+          d for d in range(1, current + 1) if length % d == 0
+        )
   return config
 
 
@@ -291,8 +336,14 @@ BLOCK_OPTIONS = ('block_size', 'chunk_size')
 
 def digits(config):
   """scikit-learn's bundled 8x8 handwritten digits: 1437 train / 360 test, no download."""
-  return dataset(config, 'digits', image_size=specs.get_spec('digits').stored_size,
-                 augment='none', train_split='train', eval_split='test')
+  return dataset(
+    config,
+    'digits',
+    image_size=specs.get_spec('digits').stored_size,
+    augment='none',
+    train_split='train',
+    eval_split='test',
+  )
 
 
 def mnist(config):
@@ -310,14 +361,27 @@ def cifar100(config):
 
 def imagenet(config, manual_dir: str = ''):
   """imagenet2012; TFDS needs the downloaded tars in `manual_dir` to prepare it once."""
-  return dataset(config, 'imagenet2012', image_size=224, augment='inception_crop',
-                 eval_split='validation', manual_dir=manual_dir, shuffle_buffer=10_000)
+  return dataset(
+    config,
+    'imagenet2012',
+    image_size=224,
+    augment='inception_crop',
+    eval_split='validation',
+    manual_dir=manual_dir,
+    shuffle_buffer=10_000,
+  )
 
 
 def imdb(config, max_length: int = 1024):
   """IMDB reviews as UTF-8 bytes (LRA text task): ids 1..256, 0 = padding."""
-  dataset(config, 'imdb_reviews', max_length=max_length, augment='none', image_size=0,
-          shuffle_buffer=25_000)
+  dataset(
+    config,
+    'imdb_reviews',
+    max_length=max_length,
+    augment='none',
+    image_size=0,
+    shuffle_buffer=25_000,
+  )
   config.model.kind = 'text'
   return config
 
@@ -327,8 +391,17 @@ def aan(config, data_dir: str = '', max_length: int = 4000):
 
   Read from LRA's released `new_aan_pairs.{train,eval,test}.tsv` in `data_dir`
   (no download here); each document cut or padded to `max_length` bytes."""
-  dataset(config, 'aan', own_source=True, data_dir=data_dir, max_length=max_length,
-          augment='none', image_size=0, eval_split='validation', shuffle_buffer=150_000)
+  dataset(
+    config,
+    'aan',
+    own_source=True,
+    data_dir=data_dir,
+    max_length=max_length,
+    augment='none',
+    image_size=0,
+    eval_split='validation',
+    shuffle_buffer=150_000,
+  )
   config.model.kind = 'text'
   return config
 
@@ -340,50 +413,82 @@ def lra_cache(task: str) -> str:
 
 def _generated(config, name: str, sizes: Dict[str, int], **choices):
   """A generated LRA task: written once to `lra_cache(name)`, `sizes` examples per split."""
-  dataset(config, name, own_source=True, data_dir=lra_cache(name), eval_split='validation',
-          **choices)
+  dataset(
+    config, name, own_source=True, data_dir=lra_cache(name), eval_split='validation', **choices
+  )
   config.dataset.sizes = ml_collections.ConfigDict(sizes)
   config.dataset.generator_seed = 0
   config.model.kind = 'text'
   return config
 
 
-def listops(config, sizes: Optional[Dict[str, int]] = None, min_length: int = 500,
-            max_length: int = 2000):
+def listops(
+  config, sizes: Optional[Dict[str, int]] = None, min_length: int = 500, max_length: int = 2000
+):
   """LRA ListOps (generated here): tokens of an expression, its value 0..9 as the label."""
-  config = _generated(config, 'listops',
-                      sizes or {'train': 96_000, 'validation': 2000, 'test': 2000},  # LRA's
-                      max_length=max_length, image_size=0, shuffle_buffer=100_000)
+  config = _generated(
+    config,
+    'listops',
+    sizes or {'train': 96_000, 'validation': 2000, 'test': 2000},  # LRA's
+    max_length=max_length,
+    image_size=0,
+    shuffle_buffer=100_000,
+  )
   config.dataset.min_length = min_length
   return config
 
 
-def pathfinder(config, sizes: Optional[Dict[str, int]] = None, contour_length: int = 14,
-               image_size: int = 32, num_distractors: Optional[int] = None):
+def pathfinder(
+  config,
+  sizes: Optional[Dict[str, int]] = None,
+  contour_length: int = 14,
+  image_size: int = 32,
+  num_distractors: Optional[int] = None,
+):
   """LRA Pathfinder (generated here): 32x32 = 1,024 pixel tokens; are the two discs joined?
 
   `image_size` and `num_distractors` (default: the generator's, LRA's for 32x32) change
   the images; LRA's task is 32x32."""
-  config = _generated(config, 'pathfinder',
-                      sizes or {'train': 160_000, 'validation': 20_000, 'test': 20_000},
-                      image_size=image_size, pixels_as_tokens=True, augment='none',
-                      shuffle_buffer=200_000)
+  config = _generated(
+    config,
+    'pathfinder',
+    sizes or {'train': 160_000, 'validation': 20_000, 'test': 20_000},
+    image_size=image_size,
+    pixels_as_tokens=True,
+    augment='none',
+    shuffle_buffer=200_000,
+  )
   config.dataset.contour_length = contour_length
   config.dataset.num_distractors = ml_collections.config_dict.placeholder(int)
   config.dataset.num_distractors = num_distractors
   return config
 
 
-def mqar(config, sizes: Optional[Dict[str, int]] = None, vocab_size: int = 8192,
-         seq_len: int = 128, num_kv_pairs: int = 8, power_a: float = 0.01):
+def mqar(
+  config,
+  sizes: Optional[Dict[str, int]] = None,
+  vocab_size: int = 8192,
+  seq_len: int = 128,
+  num_kv_pairs: int = 8,
+  power_a: float = 0.01,
+):
   """Zoology's multi-query associative recall (Arora et al. 2023), generated here
   (`data/mqar.py`) into `cache_dir('mqar')`: `seq_len` tokens, the
   `num_kv_pairs` key-value pairs first, each key queried once later; only the queries
   are scored. The labels are tokens: the model is `sequence_labelling`'s."""
-  dataset(config, 'mqar', own_source=True, data_dir=cache_dir('mqar'), max_length=seq_len,
-          image_size=0, augment='none', eval_split='test')
+  dataset(
+    config,
+    'mqar',
+    own_source=True,
+    data_dir=cache_dir('mqar'),
+    max_length=seq_len,
+    image_size=0,
+    augment='none',
+    eval_split='test',
+  )
   config.dataset.sizes = ml_collections.ConfigDict(
-      sizes or {'train': 100_000, 'validation': 1000, 'test': 1000})
+    sizes or {'train': 100_000, 'validation': 1000, 'test': 1000}
+  )
   config.dataset.generator_seed = 0
   config.dataset.vocab_size = vocab_size
   config.dataset.num_kv_pairs = num_kv_pairs
@@ -395,36 +500,54 @@ def sequences(config, data_dir: str = '', vocab_size: int = 0, max_length: int =
   """Any sequence-labelling `.npz` (`inputs`, `labels` int `[n, length]`, label -100 = not
   scored; `data/sequences.py`), tokens 0..vocab_size-1; `data_dir` is the
   file, a '{split}' in it naming one file per split."""
-  dataset(config, 'sequences', own_source=True, data_dir=data_dir, max_length=max_length,
-          image_size=0, augment='none')
+  dataset(
+    config,
+    'sequences',
+    own_source=True,
+    data_dir=data_dir,
+    max_length=max_length,
+    image_size=0,
+    augment='none',
+  )
   config.dataset.vocab_size = vocab_size
   return sequence_labelling(config)
 
 
-def text_bytes(config, corpus: str = '', seq_len: int = 256, validation_docs: int = 500,
-               train_docs: int = 0):
+def text_bytes(
+  config, corpus: str = '', seq_len: int = 256, validation_docs: int = 500, train_docs: int = 0
+):
   """Byte-level language modelling on a text corpus (`data/text_bytes.py`): `corpus` a
   text file (its paragraphs the documents), a folder of text files, an .npz of documents
   (text_utf8, offsets) or 'builtin:python_docs' (Python's reference docs); `validation_docs`
   documents held out, the rest (the first `train_docs`; 0 = all) trained on, each cut into
   windows of `seq_len` bytes written once to `cache_dir('text_bytes')`. Every byte is
   scored: the task is `byte_lm` (bits per byte; held-out continuations after training)."""
-  dataset(config, 'text_bytes', own_source=True, data_dir=cache_dir('text_bytes'),
-          max_length=seq_len, image_size=0, augment='none', eval_split='validation',
-          vocab_size=specs.get_spec('text_bytes').vocab_size)
+  dataset(
+    config,
+    'text_bytes',
+    own_source=True,
+    data_dir=cache_dir('text_bytes'),
+    max_length=seq_len,
+    image_size=0,
+    augment='none',
+    eval_split='validation',
+    vocab_size=specs.get_spec('text_bytes').vocab_size,
+  )
   config.dataset.corpus = corpus
   config.dataset.validation_docs = validation_docs
   config.dataset.train_docs = train_docs
   config.dataset.generator_seed = 0
   sequence_labelling(config)
   config.task = 'byte_lm'
-  config.sample = ml_collections.ConfigDict(dict(
-      num_samples=2,      # held-out documents continued (samples.json, samples.txt)
-      prompt_bytes=64,    # their first bytes, given
-      new_bytes=128,      # bytes sampled after them
+  config.sample = ml_collections.ConfigDict(
+    dict(
+      num_samples=2,  # held-out documents continued (samples.json, samples.txt)
+      prompt_bytes=64,  # their first bytes, given
+      new_bytes=128,  # bytes sampled after them
       temperature=0.8,
       seed=0,
-  ))
+    )
+  )
   return config
 
 
@@ -455,11 +578,20 @@ def image_folder(config, root: str = '', image_size: int = 64):
   'crop' or 'crop_flip' where they fit); normalisation is measured on the
   training images unless dataset.mean / dataset.std are set.
   """
-  return dataset(config, 'image_folder', own_source=True, data_dir=root,
-                 image_size=image_size, augment='none', shuffle_buffer=10_000, download=False)
+  return dataset(
+    config,
+    'image_folder',
+    own_source=True,
+    data_dir=root,
+    image_size=image_size,
+    augment='none',
+    shuffle_buffer=10_000,
+    download=False,
+  )
 
 
 # Task presets.
+
 
 def sequence_labelling(config):
   """A token predicted at each scored position (label -100: not scored), from the tokens
@@ -484,11 +616,13 @@ def pixel_lm(config):
   stored = specs.get_spec(config.dataset.name).stored_size
   if stored:
     config.dataset.image_size = stored
-  config.sample = ml_collections.ConfigDict(dict(
-      num_samples=16,       # unconditional samples in samples.png
-      num_completions=8,    # test images completed in samples_completion.png
-      rows=0,               # image rows shown to the model (0: half)
+  config.sample = ml_collections.ConfigDict(
+    dict(
+      num_samples=16,  # unconditional samples in samples.png
+      num_completions=8,  # test images completed in samples_completion.png
+      rows=0,  # image rows shown to the model (0: half)
       temperature=1.0,
       seed=0,
-  ))
+    )
+  )
   return config

@@ -8,6 +8,7 @@ softmax_chunked; `efficient_attn.layers.decoding.decodable_mechanisms()` lists t
 
     --config=configs/digits_pixels.py:linear
 """
+
 from configs import common
 
 
@@ -19,6 +20,5 @@ def get_config(arg=None):
   config.dataset.batch_size = 32
   config.dataset.eval_batch_size = 360
   config.optim.update(dict(learning_rate=3e-3, warmup_steps=50, weight_decay=1e-4))
-  config.train.update(dict(num_steps=600, log_every=100, eval_every=-1,
-                           checkpoint_every=600))
+  config.train.update(dict(num_steps=600, log_every=100, eval_every=-1, checkpoint_every=600))
   return config

@@ -10,6 +10,7 @@ on; '' = plain images).
     --config=configs/lora_base.py:digits        digits 8x8, MLP 64-64-64-10 (8,970), offline
     --config=configs/lora_base.py:mnist,vit     MNIST 28x28, ViT (patch 4, 49 tokens)
 """
+
 from configs import common
 
 DATASETS = ('mnist', 'digits')
@@ -20,8 +21,10 @@ MODELS = ('mlp', 'vit')
 def study(dataset: str, model: str):
   """The shared data, model, optimiser and LoRA targets of the study's runs."""
   if dataset not in DATASETS or model not in MODELS:
-    raise ValueError(f'LoRA study dataset={dataset!r}, model={model!r}; valid: dataset '
-                     f'{", ".join(DATASETS)}, model {", ".join(MODELS)}')
+    raise ValueError(
+      f'LoRA study dataset={dataset!r}, model={model!r}; valid: dataset '
+      f'{", ".join(DATASETS)}, model {", ".join(MODELS)}'
+    )
   config = common.base()
   if dataset == 'mnist':
     common.mnist(config)
@@ -33,8 +36,17 @@ def study(dataset: str, model: str):
     config.model.update(dict(kind='mlp', depth=2, mlp_dim=64))
     config.lora.targets = 'all'
   else:  # attention + Transformer MLP + the (zero-initialised) head
-    config.model.update(dict(kind='vit', d_model=64, depth=2, num_heads=4, mlp_dim=128,
-                             patch_size=4 if dataset == 'mnist' else 2, pool='mean'))
+    config.model.update(
+      dict(
+        kind='vit',
+        d_model=64,
+        depth=2,
+        num_heads=4,
+        mlp_dim=128,
+        patch_size=4 if dataset == 'mnist' else 2,
+        pool='mean',
+      )
+    )
     config.lora.targets = 'default,head'
   config.optim.update(dict(learning_rate=2e-3, warmup_steps=50, weight_decay=1e-4))
   if dataset == 'mnist':
@@ -63,8 +75,12 @@ def study_runs(dataset: str, model: str = 'mlp', ranks=RANKS, variants=VARIANTS)
   runs = [dict(name='base', config=f'configs/lora_base.py:{tail}')]
   for v in variants:
     runs.append(dict(name=f'full_{v}', config=f'configs/lora_finetune.py:{v},0,{tail},{base}'))
-    runs += [dict(name=f'finetune_{v}_r{r}',
-                  config=f'configs/lora_finetune.py:{v},{r},{tail},{base}') for r in ranks]
-    runs += [dict(name=f'scratch_{v}_r{r}', config=f'configs/lora_scratch.py:{v},{r},{tail}')
-             for r in ranks]
+    runs += [
+      dict(name=f'finetune_{v}_r{r}', config=f'configs/lora_finetune.py:{v},{r},{tail},{base}')
+      for r in ranks
+    ]
+    runs += [
+      dict(name=f'scratch_{v}_r{r}', config=f'configs/lora_scratch.py:{v},{r},{tail}')
+      for r in ranks
+    ]
   return runs

@@ -12,13 +12,13 @@ adapters train.
     python main.py --config=configs/lora_finetune.py:rotated,0 --workdir=runs/ft_rotated_full
     python main.py --config=configs/lora_finetune.py:inverted,4,digits --workdir=...
 """
+
 from configs import common
 from configs import lora_base
 
 
 def get_config(arg=None):
-  args = common.parse_arg(arg, variant='rotated', rank=8, dataset='mnist', model='mlp',
-                          base='')
+  args = common.parse_arg(arg, variant='rotated', rank=8, dataset='mnist', model='mlp', base='')
   config = lora_base.study(args['dataset'], args['model'])
   config.dataset.transform = args['variant']
   config.lora.rank = args['rank']

@@ -9,6 +9,7 @@ model.
     --config=configs/lora_scratch.py:quantised,16
     --config=configs/lora_scratch.py:rotated,4,digits
 """
+
 from configs import common
 from configs import lora_base
 

@@ -7,6 +7,7 @@ metric to compare; samples and completions are written at the end.
     --config=configs/mnist_pixels.py:linear
     --config=configs/mnist_pixels.py:softmax --config.train.num_epochs=10
 """
+
 from configs import common
 
 
@@ -18,6 +19,5 @@ def get_config(arg=None):
   config.dataset.batch_size = 32
   config.dataset.eval_batch_size = 250
   config.optim.update(dict(learning_rate=1e-4, warmup_steps=1000, weight_decay=0.0))
-  config.train.update(dict(num_epochs=250, log_every=500, eval_every=20_000,
-                           checkpoint_every=5000))
+  config.train.update(dict(num_epochs=250, log_every=500, eval_every=20_000, checkpoint_every=5000))
   return config

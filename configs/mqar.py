@@ -32,36 +32,61 @@ Any other file of the task in the sequence-labelling format
 --mode=eval --config.dataset.source=arrays --config.dataset.data_dir=other.npz
 --config.dataset.eval_split=train (a file without '{split}' is split 'train').
 """
+
 from configs import common
 from data import mqar
 
-
 # The argument's keys and defaults (studies/recall reads them: a run off a default is named).
-DEFAULTS = dict(mechanism='softmax', d_model=64, seq_len=128, num_kv_pairs=8, vocab_size=8192,
-                power_a=0.01, num_heads=2, depth=2, mlp_dim=0, num_train=100_000,
-                num_steps=4000)
+DEFAULTS = dict(
+  mechanism='softmax',
+  d_model=64,
+  seq_len=128,
+  num_kv_pairs=8,
+  vocab_size=8192,
+  power_a=0.01,
+  num_heads=2,
+  depth=2,
+  mlp_dim=0,
+  num_train=100_000,
+  num_steps=4000,
+)
 
 
 def get_config(arg=None):
   args = common.parse_arg(arg, **DEFAULTS)
   mechanism = args['mechanism']
   common.check_causal('configs/mqar.py', mechanism)
-  common.at_least(1, d_model=args['d_model'], num_heads=args['num_heads'],
-                  depth=args['depth'], num_train=args['num_train'],
-                  num_steps=args['num_steps'])
-  mqar.check_settings(args['vocab_size'], args['seq_len'], args['num_kv_pairs'],
-                      args['power_a'])
-  config = common.mqar(common.base(), vocab_size=args['vocab_size'], seq_len=args['seq_len'],
-                       num_kv_pairs=args['num_kv_pairs'], power_a=args['power_a'],
-                       sizes={'train': args['num_train'], 'validation': 1000, 'test': 1000})
-  config.model.update(dict(d_model=args['d_model'], depth=args['depth'],
-                           num_heads=args['num_heads'],
-                           mlp_dim=args['mlp_dim'] or 2 * args['d_model']))
+  common.at_least(
+    1,
+    d_model=args['d_model'],
+    num_heads=args['num_heads'],
+    depth=args['depth'],
+    num_train=args['num_train'],
+    num_steps=args['num_steps'],
+  )
+  mqar.check_settings(args['vocab_size'], args['seq_len'], args['num_kv_pairs'], args['power_a'])
+  config = common.mqar(
+    common.base(),
+    vocab_size=args['vocab_size'],
+    seq_len=args['seq_len'],
+    num_kv_pairs=args['num_kv_pairs'],
+    power_a=args['power_a'],
+    sizes={'train': args['num_train'], 'validation': 1000, 'test': 1000},
+  )
+  config.model.update(
+    dict(
+      d_model=args['d_model'],
+      depth=args['depth'],
+      num_heads=args['num_heads'],
+      mlp_dim=args['mlp_dim'] or 2 * args['d_model'],
+    )
+  )
   common.set_attention(config, mechanism)
   common.fit_blocks(config, args['seq_len'])
   config.dataset.batch_size = 64
   config.dataset.eval_batch_size = 250
   config.optim.update(dict(learning_rate=3e-3, warmup_steps=100, weight_decay=0.1))
-  config.train.update(dict(num_steps=args['num_steps'], log_every=100, eval_every=500,
-                           checkpoint_every=500))
+  config.train.update(
+    dict(num_steps=args['num_steps'], log_every=100, eval_every=500, checkpoint_every=500)
+  )
   return config

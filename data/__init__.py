@@ -27,15 +27,26 @@ are decoded once into memory (`memory.py`), large ones stream (`stream.py`).
 In both, the training batch of step s is a pure function of (seed, s, process
 count), so a run resumed at step s sees exactly what an uninterrupted run sees.
 """
+
 from typing import List, Optional, Tuple
 
 import jax
 
 from data import memory
 from data import specs
-from data.checks import check, check_splits  # pylint: disable=unused-import
-from data.splits import num_classes, num_examples, prepare, vocab_size  # pylint: disable=unused-import
-from data.specs import Dataset, DownloadError, get_spec, input_kind, resolve, source, TEXT_VOCAB_SIZE  # pylint: disable=unused-import
+from data.checks import check  # pylint: disable=unused-import
+from data.checks import check_splits  # pylint: disable=unused-import
+from data.specs import TEXT_VOCAB_SIZE  # pylint: disable=unused-import
+from data.specs import Dataset  # pylint: disable=unused-import
+from data.specs import DownloadError  # pylint: disable=unused-import
+from data.specs import get_spec  # pylint: disable=unused-import
+from data.specs import input_kind  # pylint: disable=unused-import
+from data.specs import resolve  # pylint: disable=unused-import
+from data.specs import source  # pylint: disable=unused-import
+from data.splits import num_classes  # pylint: disable=unused-import
+from data.splits import num_examples  # pylint: disable=unused-import
+from data.splits import prepare  # pylint: disable=unused-import
+from data.splits import vocab_size  # pylint: disable=unused-import
 
 
 def arrays_source(config) -> Optional[Tuple[List[str], str]]:
@@ -52,35 +63,51 @@ def arrays_source(config) -> Optional[Tuple[List[str], str]]:
     shape = [spec.stored_size] * 2 + ([spec.channels] if spec.channels > 1 else [])
     keys = f'x: uint8 [n, {", ".join(map(str, shape))}]'
   elif spec.kind == 'text':
-    keys = ("text_utf8: uint8 (the texts' UTF-8 bytes, one after another), "
-            'offsets: int [n + 1] (where each text starts)')
+    keys = (
+      "text_utf8: uint8 (the texts' UTF-8 bytes, one after another), "
+      'offsets: int [n + 1] (where each text starts)'
+    )
   else:
     return None
-  splits = ' and '.join(f'{spec.name}_{s}.npz' for s in dict.fromkeys(
-      (d.train_split, d.eval_split)))
-  return (['--config.dataset.source=arrays',
-           f'--config.dataset.data_dir=<folder>/{spec.name}_{{split}}.npz'],
-          f'{splits}, each with {keys} and y: int labels [n]')
+  splits = ' and '.join(
+    f'{spec.name}_{s}.npz' for s in dict.fromkeys((d.train_split, d.eval_split))
+  )
+  return (
+    [
+      '--config.dataset.source=arrays',
+      f'--config.dataset.data_dir=<folder>/{spec.name}_{{split}}.npz',
+    ],
+    f'{splits}, each with {keys} and y: int labels [n]',
+  )
 
 
 def _processes(process_index: Optional[int], process_count: Optional[int]):
-  return (jax.process_index() if process_index is None else process_index,
-          jax.process_count() if process_count is None else process_count)
+  return (
+    jax.process_index() if process_index is None else process_index,
+    jax.process_count() if process_count is None else process_count,
+  )
 
 
-def get_train_data(config, *, process_index: Optional[int] = None,
-                   process_count: Optional[int] = None):
+def get_train_data(
+  config, *, process_index: Optional[int] = None, process_count: Optional[int] = None
+):
   """The endless training stream of this process (defaults: jax.process_index/count)."""
   dataset = resolve(config)
   pid, count = _processes(process_index, process_count)
   if dataset.in_memory:
     return memory.TrainData(dataset, pid, count)
   from data import stream  # pylint: disable=g-import-not-at-top
+
   return stream.TrainData(dataset, pid, count)
 
 
-def get_eval_data(config, split: str = '', *, process_index: Optional[int] = None,
-                  process_count: Optional[int] = None):
+def get_eval_data(
+  config,
+  split: str = '',
+  *,
+  process_index: Optional[int] = None,
+  process_count: Optional[int] = None,
+):
   """Evaluation batches of `split` (default `config.dataset.eval_split`): every
   example once over the processes, padding rows with mask 0."""
   dataset = resolve(config)
@@ -89,6 +116,7 @@ def get_eval_data(config, split: str = '', *, process_index: Optional[int] = Non
   if dataset.in_memory:
     return memory.EvalData(dataset, split, pid, count)
   from data import stream  # pylint: disable=g-import-not-at-top
+
   return stream.EvalData(dataset, split, pid, count)
 
 

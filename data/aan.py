@@ -21,6 +21,7 @@ then to `max_length` = 4,000 byte tokens per document). `read_tsv` therefore
 returns the field bytes unchanged by default; `unescape=True` returns the
 bytes a b'...' literal stands for.
 """
+
 import ast
 import types
 from typing import Dict, Iterator, List, Tuple
@@ -31,9 +32,13 @@ import numpy as np
 from data import npz_cache
 
 COLUMNS = ('label', 'id1', 'id2', 'text1', 'text2')
-SPLIT_FILES = types.MappingProxyType({'train': 'new_aan_pairs.train.tsv',
-                                      'validation': 'new_aan_pairs.eval.tsv',
-                                      'test': 'new_aan_pairs.test.tsv'})
+SPLIT_FILES = types.MappingProxyType(
+  {
+    'train': 'new_aan_pairs.train.tsv',
+    'validation': 'new_aan_pairs.eval.tsv',
+    'test': 'new_aan_pairs.test.tsv',
+  }
+)
 
 
 def _unescape(field: bytes, where: str) -> bytes:
@@ -41,11 +46,13 @@ def _unescape(field: bytes, where: str) -> bytes:
   try:
     value = ast.literal_eval(field.decode('ascii'))
   except (UnicodeDecodeError, ValueError, SyntaxError) as e:
-    raise ValueError(f"{where}: with unescape=True texts must be bytes literals b'...', "
-                     f'got {field[:40]!r}') from e
+    raise ValueError(
+      f"{where}: with unescape=True texts must be bytes literals b'...', got {field[:40]!r}"
+    ) from e
   if not isinstance(value, bytes):
-    raise ValueError(f"{where}: with unescape=True texts must be bytes literals b'...', "
-                     f'got {field[:40]!r}')
+    raise ValueError(
+      f"{where}: with unescape=True texts must be bytes literals b'...', got {field[:40]!r}"
+    )
   return value
 
 
@@ -59,8 +66,9 @@ def _rows(path: str, unescape: bool) -> Iterator[Tuple[int, bytes, bytes]]:
       where = f'{path}:{lineno}'
       fields = line.split(b'\t')
       if len(fields) != len(COLUMNS):
-        raise ValueError(f'{where}: expected {len(COLUMNS)} tab-separated fields '
-                         f'{COLUMNS}, got {len(fields)}')
+        raise ValueError(
+          f'{where}: expected {len(COLUMNS)} tab-separated fields {COLUMNS}, got {len(fields)}'
+        )
       try:
         label = float(fields[0])
       except ValueError as e:
@@ -115,15 +123,21 @@ def tsv_to_npz(path: str, out_path: str, unescape: bool = False) -> str:
     for k, text in enumerate((a, b)):
       texts[k].extend(text)
       offsets[k].append(len(texts[k]))
-  npz_cache.save_npz(out_path, compressed=False, text_utf8=np.frombuffer(texts[0], np.uint8),
-                     offsets=np.asarray(offsets[0], np.int64),
-                     text2_utf8=np.frombuffer(texts[1], np.uint8),
-                     offsets2=np.asarray(offsets[1], np.int64), y=np.asarray(labels, np.int64))
+  npz_cache.save_npz(
+    out_path,
+    compressed=False,
+    text_utf8=np.frombuffer(texts[0], np.uint8),
+    offsets=np.asarray(offsets[0], np.int64),
+    text2_utf8=np.frombuffer(texts[1], np.uint8),
+    offsets2=np.asarray(offsets[1], np.int64),
+    y=np.asarray(labels, np.int64),
+  )
   return out_path
 
 
-def read_splits(folder: str, unescape: bool = False) -> Dict[str, Tuple[List[bytes], List[bytes],
-                                                                         np.ndarray]]:
+def read_splits(
+  folder: str, unescape: bool = False
+) -> Dict[str, Tuple[List[bytes], List[bytes], np.ndarray]]:
   """{split: read_tsv(file)} for each of `SPLIT_FILES` present in `folder` (at least one).
 
   'validation' is LRA's `new_aan_pairs.eval.tsv`. `folder` may be any path epath
@@ -131,11 +145,18 @@ def read_splits(folder: str, unescape: bool = False) -> Dict[str, Tuple[List[byt
   """
   root = epath.Path(folder)
   if not root.is_dir():
-    raise ValueError(f'config.dataset.data_dir={folder!r}: no such folder; it must hold '
-                     f'LRA\'s {", ".join(SPLIT_FILES.values())}')
-  out = {split: read_tsv(str(root / name), unescape)
-         for split, name in SPLIT_FILES.items() if (root / name).exists()}
+    raise ValueError(
+      f'config.dataset.data_dir={folder!r}: no such folder; it must hold '
+      f'LRA\'s {", ".join(SPLIT_FILES.values())}'
+    )
+  out = {
+    split: read_tsv(str(root / name), unescape)
+    for split, name in SPLIT_FILES.items()
+    if (root / name).exists()
+  }
   if not out:
-    raise ValueError(f'config.dataset.data_dir={folder!r} holds none of LRA\'s AAN files '
-                     f'{", ".join(SPLIT_FILES.values())}')
+    raise ValueError(
+      f'config.dataset.data_dir={folder!r} holds none of LRA\'s AAN files '
+      f'{", ".join(SPLIT_FILES.values())}'
+    )
   return out

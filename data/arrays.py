@@ -31,12 +31,13 @@ Everything is decoded here, once: encoded images to uint8 pixels, text to
 bytes. The results are cached for the life of the process, so the training
 and evaluation pipelines (and a resumed run) share one decoded copy.
 """
+
 import dataclasses
 import functools
 import os
+from typing import Dict, Optional, Tuple
 import zipfile
 import zlib
-from typing import Dict, Optional, Tuple
 
 import numpy as np
 
@@ -56,8 +57,10 @@ def check_split(examples: Examples, what: str) -> None:
   """ValueError naming `examples.origin` if the split has no examples; `what` names
   the field that chose it (e.g. "config.dataset.eval_split='test'")."""
   if not len(examples):
-    raise ValueError(f'{examples.origin} holds no examples ({what}); a run needs at least '
-                     f'one in every split it reads')
+    raise ValueError(
+      f'{examples.origin} holds no examples ({what}); a run needs at least '
+      f'one in every split it reads'
+    )
 
 
 def check_labels(examples: Examples, num_classes: int, classes: str) -> None:
@@ -66,8 +69,10 @@ def check_labels(examples: Examples, num_classes: int, classes: str) -> None:
   labels = examples.labels
   bad = (labels < 0) | (labels >= num_classes)
   if np.any(bad):
-    raise ValueError(f'{examples.origin}: labels must be in 0..{num_classes - 1} ({classes}), '
-                     f'got {labels[bad][0]} ({int(bad.sum())} of {len(labels)} labels)')
+    raise ValueError(
+      f'{examples.origin}: labels must be in 0..{num_classes - 1} ({classes}), '
+      f'got {labels[bad][0]} ({int(bad.sum())} of {len(labels)} labels)'
+    )
 
 
 def _first(npz, keys, path: str, what: str, required: bool = True) -> Optional[str]:
@@ -75,30 +80,38 @@ def _first(npz, keys, path: str, what: str, required: bool = True) -> Optional[s
     if key in npz.files:
       return key
   if required:
-    raise ValueError(f'{path} has no {what} array; expected one of the keys '
-                     f'{", ".join(keys)} (it has {", ".join(npz.files)})')
+    raise ValueError(
+      f'{path} has no {what} array; expected one of the keys '
+      f'{", ".join(keys)} (it has {", ".join(npz.files)})'
+    )
   return None
 
 
 def _ragged(data: np.ndarray, offsets: np.ndarray, path: str):
   offsets = np.asarray(offsets, np.int64)
-  if offsets.ndim != 1 or offsets[0] != 0 or offsets[-1] != len(data) or np.any(
-      np.diff(offsets) < 0):
-    raise ValueError(f'{path}: offsets must rise from 0 to the length of the data '
-                     f'({len(data)}), got {offsets[:3]}...{offsets[-2:]}')
+  if (
+    offsets.ndim != 1 or offsets[0] != 0 or offsets[-1] != len(data) or np.any(np.diff(offsets) < 0)
+  ):
+    raise ValueError(
+      f'{path}: offsets must rise from 0 to the length of the data '
+      f'({len(data)}), got {offsets[:3]}...{offsets[-2:]}'
+    )
   raw = data.tobytes()
-  return [raw[offsets[i]:offsets[i + 1]] for i in range(len(offsets) - 1)]
+  return [raw[offsets[i] : offsets[i + 1]] for i in range(len(offsets) - 1)]
 
 
 def decode_images(files, channels: int = 0) -> np.ndarray:
   """Encoded PNG/JPEG files (bytes) -> uint8 `[n, h, w, c]` (all the same size)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  images = [tf.io.decode_image(f, channels=channels, expand_animations=False).numpy()
-            for f in files]
+
+  images = [
+    tf.io.decode_image(f, channels=channels, expand_animations=False).numpy() for f in files
+  ]
   shapes = {im.shape for im in images}
   if len(shapes) > 1:
-    raise ValueError(f'encoded images have different shapes {sorted(shapes)[:4]}; the '
-                     f'arrays source needs one size')
+    raise ValueError(
+      f'encoded images have different shapes {sorted(shapes)[:4]}; the arrays source needs one size'
+    )
   return np.stack(images) if images else np.zeros((0, 1, 1, max(channels, 1)), np.uint8)
 
 
@@ -135,14 +148,19 @@ def _read_npz(npz, path: str) -> Examples:
   key = _first(npz, LABEL_KEYS, path, 'label')
   labels = np.asarray(npz[key])
   if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
-    raise ValueError(f'{path}: labels {key!r} must be integers [n], got {labels.dtype} '
-                     f'{list(labels.shape)}' + ('; store whole-number labels as ints '
-                                               '(.astype(np.int64))' if np.issubdtype(
-                                                   labels.dtype, np.floating) else ''))
-  if labels.size and (labels.min() < np.iinfo(np.int32).min or
-                      labels.max() > np.iinfo(np.int32).max):
-    raise ValueError(f'{path}: labels {key!r} must fit int32, got {labels.min()}..'
-                     f'{labels.max()}')
+    raise ValueError(
+      f'{path}: labels {key!r} must be integers [n], got {labels.dtype} '
+      f'{list(labels.shape)}'
+      + (
+        '; store whole-number labels as ints (.astype(np.int64))'
+        if np.issubdtype(labels.dtype, np.floating)
+        else ''
+      )
+    )
+  if labels.size and (
+    labels.min() < np.iinfo(np.int32).min or labels.max() > np.iinfo(np.int32).max
+  ):
+    raise ValueError(f'{path}: labels {key!r} must fit int32, got {labels.min()}..{labels.max()}')
   labels = labels.astype(np.int32)
   image = _first(npz, IMAGE_KEYS, path, 'input', required=False)
   encoded = _first(npz, ENCODED_KEYS, path, 'input', required=False)
@@ -152,8 +170,10 @@ def _read_npz(npz, path: str) -> Examples:
     if inputs.ndim == 3:
       inputs = inputs[..., None]
     if inputs.ndim != 4 or inputs.dtype != np.uint8:
-      raise ValueError(f'{path}: {image!r} must be uint8 [n, h, w] or [n, h, w, c], got '
-                       f'{inputs.dtype} {inputs.shape}')
+      raise ValueError(
+        f'{path}: {image!r} must be uint8 [n, h, w] or [n, h, w, c], got '
+        f'{inputs.dtype} {inputs.shape}'
+      )
   elif encoded is not None or text is not None:
     if 'offsets' not in npz.files:
       raise ValueError(f'{path}: {encoded or text!r} needs an offsets array [n + 1]')
@@ -162,16 +182,19 @@ def _read_npz(npz, path: str) -> Examples:
   elif 'tokens' in npz.files:
     inputs = np.asarray(npz['tokens'])
   else:
-    raise ValueError(f'{path} has no inputs; expected one of the keys '
-                     f'{", ".join(IMAGE_KEYS + ENCODED_KEYS + TEXT_KEYS)} or tokens '
-                     f'(it has {", ".join(npz.files)})')
+    raise ValueError(
+      f'{path} has no inputs; expected one of the keys '
+      f'{", ".join(IMAGE_KEYS + ENCODED_KEYS + TEXT_KEYS)} or tokens '
+      f'(it has {", ".join(npz.files)})'
+    )
   if len(inputs) != len(labels):
     raise ValueError(f'{path}: {len(inputs)} inputs but {len(labels)} labels')
   return Examples(inputs, labels, path)
 
 
-def holdout_split(labels: np.ndarray, fraction: float, seed: int = HOLDOUT_SEED
-                  ) -> Tuple[np.ndarray, np.ndarray]:
+def holdout_split(
+  labels: np.ndarray, fraction: float, seed: int = HOLDOUT_SEED
+) -> Tuple[np.ndarray, np.ndarray]:
   """(train indices, validation indices): a fixed class-stratified split.
 
   Each class is shuffled with `seed` and its last share goes to validation;
@@ -184,12 +207,12 @@ def holdout_split(labels: np.ndarray, fraction: float, seed: int = HOLDOUT_SEED
   exact = counts * fraction
   take = np.floor(exact).astype(int)
   order = np.argsort(-(exact - take), kind='stable')
-  take[order[:total - take.sum()]] += 1
+  take[order[: total - take.sum()]] += 1
   rng = np.random.default_rng(seed)
   val = []
   for c, k in zip(classes, take):
     idx = rng.permutation(np.flatnonzero(labels == c))
-    val.append(idx[len(idx) - k:])
+    val.append(idx[len(idx) - k :])
   val = np.sort(np.concatenate(val)) if val else np.zeros((0,), np.int64)
   train = np.setdiff1d(np.arange(n), val)
   return train, val
@@ -199,13 +222,17 @@ def _carve(splits: Dict[str, Examples], holdout: float, where: str) -> Dict[str,
   if holdout <= 0:
     return splits
   if 'validation' in splits:
-    raise ValueError(f'config.dataset.holdout={holdout} carves a validation split, but '
-                     f'{where} already has one; set holdout=0')
+    raise ValueError(
+      f'config.dataset.holdout={holdout} carves a validation split, but '
+      f'{where} already has one; set holdout=0'
+    )
   if 'train' not in splits:
     raise ValueError(f'config.dataset.holdout={holdout}: {where} has no train split')
   train, val = holdout_split(splits['train'].labels, holdout)
-  validation = dataclasses.replace(splits['train'].take(val), origin=(
-      f'{splits["train"].origin} (its validation split, dataset.holdout={holdout})'))
+  validation = dataclasses.replace(
+    splits['train'].take(val),
+    origin=(f'{splits["train"].origin} (its validation split, dataset.holdout={holdout})'),
+  )
   return dict(splits, train=splits['train'].take(train), validation=validation)
 
 
@@ -221,7 +248,7 @@ def _npz_splits(pattern: str, parse=None) -> Dict[str, Examples]:
   for entry in sorted(gfile.listdir(folder)):
     path = os.path.join(folder, entry.rstrip('/'))
     if path.startswith(head) and path.endswith(tail) and len(path) > len(head) + len(tail):
-      splits[path[len(head):len(path) - len(tail)]] = read_npz(path, parse)
+      splits[path[len(head) : len(path) - len(tail)]] = read_npz(path, parse)
   if not splits:
     raise ValueError(f'config.dataset.data_dir={pattern!r} matches no file')
   return splits
@@ -229,6 +256,7 @@ def _npz_splits(pattern: str, parse=None) -> Dict[str, Examples]:
 
 def _tfds_splits(name: str, data_dir: str, feature: str, splits) -> Dict[str, Examples]:
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
   builder = tfds.builder(name, data_dir=data_dir or None)
   out = {}
   for split in splits:
@@ -238,8 +266,7 @@ def _tfds_splits(name: str, data_dir: str, feature: str, splits) -> Dict[str, Ex
     labels = np.concatenate([p['label'] for p in parts]) if parts else np.zeros((0,))
     if inputs.dtype == object:  # text
       inputs = [bytes(t) for t in inputs]
-    out[split] = Examples(inputs, np.asarray(labels, np.int32),
-                          f'TFDS {name!r} split {split!r}')
+    out[split] = Examples(inputs, np.asarray(labels, np.int32), f'TFDS {name!r} split {split!r}')
   return out
 
 
@@ -250,22 +277,29 @@ def load_digits() -> Dict[str, Examples]:
   """
   from sklearn import datasets as sk_datasets  # pylint: disable=g-import-not-at-top
   from sklearn import model_selection  # pylint: disable=g-import-not-at-top
+
   digits = sk_datasets.load_digits()
   images = (digits.images * (255.0 / 16.0)).astype(np.float32)[..., None]
   labels = digits.target.astype(np.int32)
   x_train, x_test, y_train, y_test = model_selection.train_test_split(
-      images, labels, test_size=0.2, stratify=labels, random_state=0)
-  return {'train': Examples(x_train, y_train, "scikit-learn's digits (train)"),
-          'test': Examples(x_test, y_test, "scikit-learn's digits (test)")}
+    images, labels, test_size=0.2, stratify=labels, random_state=0
+  )
+  return {
+    'train': Examples(x_train, y_train, "scikit-learn's digits (train)"),
+    'test': Examples(x_test, y_test, "scikit-learn's digits (test)"),
+  }
 
 
 @functools.lru_cache(maxsize=4)
-def _load(source: str, name: str, data_dir: str, holdout: float,
-          tfds_splits: Tuple[str, ...]) -> Dict[str, Examples]:
+def _load(
+  source: str, name: str, data_dir: str, holdout: float, tfds_splits: Tuple[str, ...]
+) -> Dict[str, Examples]:
   if source == 'arrays':
     if not data_dir:
-      raise ValueError("config.dataset.source='arrays' needs config.dataset.data_dir: the "
-                       ".npz file (a '{split}' in it names one file per split)")
+      raise ValueError(
+        "config.dataset.source='arrays' needs config.dataset.data_dir: the "
+        ".npz file (a '{split}' in it names one file per split)"
+      )
     parse = None
     if specs.get_spec(name).kind == 'sequence':  # inputs and labels [n, length]
       parse = sequences.parse
@@ -274,13 +308,22 @@ def _load(source: str, name: str, data_dir: str, holdout: float,
     return _carve(load_digits(), holdout, 'the digits')
   if source == 'tsv':
     from data import aan  # pylint: disable=g-import-not-at-top
-    return _carve({split: Examples(list(zip(a, b)), np.asarray(y, np.int32),
-                                   os.path.join(data_dir, aan.SPLIT_FILES[split]))
-                   for split, (a, b, y) in aan.read_splits(data_dir).items()}, holdout, data_dir)
+
+    return _carve(
+      {
+        split: Examples(
+          list(zip(a, b)), np.asarray(y, np.int32), os.path.join(data_dir, aan.SPLIT_FILES[split])
+        )
+        for split, (a, b, y) in aan.read_splits(data_dir).items()
+      },
+      holdout,
+      data_dir,
+    )
   if source == 'tfds':
     spec = specs.get_spec(name)
-    return _carve(_tfds_splits(name, data_dir, spec.feature, tfds_splits), holdout,
-                  f'TFDS {name!r}')
+    return _carve(
+      _tfds_splits(name, data_dir, spec.feature, tfds_splits), holdout, f'TFDS {name!r}'
+    )
   raise ValueError(f'source {source!r} is not read by data.arrays')
 
 
@@ -296,13 +339,16 @@ def load(config) -> Dict[str, Examples]:
   d, src = dataset.fields, dataset.source
   if src == 'generated':  # written once into data_dir, then read as .npz files
     from data import generated  # pylint: disable=g-import-not-at-top
-    return _load('arrays', d.name, generated.ensure(dataset), float(d.get('holdout', 0.0)),
-                 ())
+
+    return _load('arrays', d.name, generated.ensure(dataset), float(d.get('holdout', 0.0)), ())
   wanted = ()
   if src == 'tfds':  # TFDS reads only the splits the run uses
     base = ('train',) if d.get('holdout', 0.0) > 0 else ()
-    wanted = tuple(sorted(set(base) | {s for s in (d.train_split, d.eval_split)
-                                       if s != 'validation' or not base}))
+    wanted = tuple(
+      sorted(
+        set(base) | {s for s in (d.train_split, d.eval_split) if s != 'validation' or not base}
+      )
+    )
   return _load(src, d.name, d.data_dir, float(d.get('holdout', 0.0)), wanted)
 
 
@@ -311,9 +357,10 @@ def get_split(config, split: str) -> Examples:
   dataset = specs.resolve(config)
   splits = load(dataset)
   if split not in splits:
-    raise ValueError(f'config.dataset split {split!r} is not valid for dataset '
-                     f'{dataset.fields.name!r} from {dataset.source!r}; valid '
-                     f'choices: {", ".join(sorted(splits))}'
-                     + ('' if 'validation' in splits else
-                        ' (config.dataset.holdout > 0 adds a validation split)'))
+    raise ValueError(
+      f'config.dataset split {split!r} is not valid for dataset '
+      f'{dataset.fields.name!r} from {dataset.source!r}; valid '
+      f'choices: {", ".join(sorted(splits))}'
+      + ('' if 'validation' in splits else ' (config.dataset.holdout > 0 adds a validation split)')
+    )
   return splits[split]

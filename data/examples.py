@@ -6,6 +6,7 @@ Its own module, below the readers: `arrays.py` (the `.npz`, TFDS and scikit-lear
 sources) and `sequences.py` (the sequence-labelling format, which `arrays.py` reads
 with) both build it, and neither imports the other for it.
 """
+
 import dataclasses
 from typing import Any
 
@@ -24,6 +25,7 @@ class Examples:
     origin: where the split was read from (a file, or a dataset and split),
       for messages.
   """
+
   inputs: Any
   labels: np.ndarray
   origin: str = ''

@@ -6,6 +6,7 @@ TensorFlow for its data; a bucket path imports it when first read. Not `etils.ep
 (the workdir's): it has no TensorFlow-only file systems, such as the `ram://` the
 data tests use or those of TensorFlow's I/O plug-ins.
 """
+
 import os
 from typing import NamedTuple
 
@@ -13,6 +14,7 @@ from typing import NamedTuple
 class FileStatistics(NamedTuple):
   """What `stat` gives, as `tf.io.gfile.stat` does: size in bytes, modification time in
   nanoseconds (0 where the file system keeps none), whether it is a folder."""
+
   length: int
   mtime_nsec: int
   is_directory: bool
@@ -25,6 +27,7 @@ def is_url(path) -> bool:
 
 class _Local:
   """The part of `tf.io.gfile` the data readers use, for local paths."""
+
   GFile = staticmethod(open)
   exists = staticmethod(os.path.exists)
   isdir = staticmethod(os.path.isdir)
@@ -50,6 +53,7 @@ def gfile(path):
   """`tf.io.gfile` for a URL, else a local stand-in with the same functions."""
   if is_url(path):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
     return tf.io.gfile
   return _Local
 
@@ -59,5 +63,6 @@ def read_errors(path) -> tuple:
   OpError for a URL."""
   if is_url(path):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
     return (OSError, tf.errors.OpError)
   return (OSError,)

@@ -22,6 +22,7 @@ Settings, all optional in `config.dataset`:
     max_length (the window, in bytes), validation_docs and train_docs (see
     `text_bytes.py`).
 """
+
 from typing import Any, Dict
 
 from data import listops
@@ -38,8 +39,10 @@ def _sizes(d) -> Dict[str, int]:
   sizes = d.get('sizes')
   if not sizes:
     return {}
-  return {str(k): int(v) for k, v in (sizes.to_dict() if hasattr(sizes, 'to_dict')
-                                      else dict(sizes)).items()}
+  return {
+    str(k): int(v)
+    for k, v in (sizes.to_dict() if hasattr(sizes, 'to_dict') else dict(sizes)).items()
+  }
 
 
 def settings(config) -> Dict[str, Any]:
@@ -50,19 +53,29 @@ def settings(config) -> Dict[str, Any]:
     raise ValueError(f'dataset {d.name!r} is not generated; valid choices: {", ".join(NAMES)}')
   out: Dict[str, Any] = dict(seed=int(d.get('generator_seed', 0)), sizes=_sizes(d) or None)
   if d.name == 'listops':
-    out.update(min_length=int(d.get('min_length', 0) or 500),
-               max_length=int(d.get('max_length', 0) or 2000))
+    out.update(
+      min_length=int(d.get('min_length', 0) or 500), max_length=int(d.get('max_length', 0) or 2000)
+    )
   elif d.name == 'mqar':
-    out.update(vocab_size=int(d.vocab_size), seq_len=int(d.max_length),
-               num_kv_pairs=int(d.get('num_kv_pairs', mqar.NUM_KV_PAIRS)),
-               power_a=float(d.get('power_a', mqar.POWER_A)))
+    out.update(
+      vocab_size=int(d.vocab_size),
+      seq_len=int(d.max_length),
+      num_kv_pairs=int(d.get('num_kv_pairs', mqar.NUM_KV_PAIRS)),
+      power_a=float(d.get('power_a', mqar.POWER_A)),
+    )
   elif d.name == 'text_bytes':
-    return dict(corpus=str(d.get('corpus', '')), seq_len=int(d.max_length),
-                validation_docs=int(d.get('validation_docs', 0)),
-                train_docs=int(d.get('train_docs', 0)), seed=out['seed'])
+    return dict(
+      corpus=str(d.get('corpus', '')),
+      seq_len=int(d.max_length),
+      validation_docs=int(d.get('validation_docs', 0)),
+      train_docs=int(d.get('train_docs', 0)),
+      seed=out['seed'],
+    )
   else:
-    out.update(contour_length=int(d.get('contour_length', 0) or 14),
-               image_size=int(d.get('image_size', 0) or pathfinder.IMAGE_SIZE))
+    out.update(
+      contour_length=int(d.get('contour_length', 0) or 14),
+      image_size=int(d.get('image_size', 0) or pathfinder.IMAGE_SIZE),
+    )
     if d.get('num_distractors') is not None:
       out['num_distractors'] = int(d.num_distractors)
   return out
@@ -74,8 +87,9 @@ def pattern(config) -> str:
   if d.name == 'listops':
     return listops.split_path(d.data_dir, '{split}', s['min_length'], s['max_length'])
   if d.name == 'mqar':
-    return mqar.split_path(d.data_dir, '{split}', s['vocab_size'], s['seq_len'],
-                           s['num_kv_pairs'], s['power_a'])
+    return mqar.split_path(
+      d.data_dir, '{split}', s['vocab_size'], s['seq_len'], s['num_kv_pairs'], s['power_a']
+    )
   if d.name == 'text_bytes':
     return text_bytes.split_path(d.data_dir, '{split}', **s)
   return pathfinder.split_path(d.data_dir, '{split}', s['contour_length'], s['image_size'])
@@ -85,19 +99,27 @@ def ensure(config, verbose: bool = True) -> str:
   """Writes any missing or outdated split file into `dataset.data_dir`; returns `pattern`."""
   d, s = specs.resolve(config).fields, settings(config)
   if not d.data_dir:
-    raise ValueError(f"config.dataset.data_dir='' is not valid for the generated dataset "
-                     f'{d.name!r}; it must be the folder to write its splits into')
+    raise ValueError(
+      f"config.dataset.data_dir='' is not valid for the generated dataset "
+      f'{d.name!r}; it must be the folder to write its splits into'
+    )
   npz_cache.makedirs(d.data_dir)
   if d.name == 'listops':
-    listops.write_splits(d.data_dir, seed=s['seed'], sizes=s['sizes'],
-                         max_length=s['max_length'], min_length=s['min_length'],
-                         verbose=verbose)
+    listops.write_splits(
+      d.data_dir,
+      seed=s['seed'],
+      sizes=s['sizes'],
+      max_length=s['max_length'],
+      min_length=s['min_length'],
+      verbose=verbose,
+    )
   elif d.name == 'mqar':
     mqar.write_splits(d.data_dir, verbose=verbose, **s)
   elif d.name == 'text_bytes':
     text_bytes.write_splits(d.data_dir, verbose=verbose, **s)
   else:
     options = {k: v for k, v in s.items() if k not in ('seed', 'sizes')}
-    pathfinder.write_splits(d.data_dir, seed=s['seed'], sizes=s['sizes'], verbose=verbose,
-                            **options)
+    pathfinder.write_splits(
+      d.data_dir, seed=s['seed'], sizes=s['sizes'], verbose=verbose, **options
+    )
   return pattern(config)

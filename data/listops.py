@@ -32,14 +32,15 @@ abandoned as soon as it is known to reach max_length, which saves time but
 leaves the distribution of kept expressions unchanged; and the splits are
 drawn with separate seeds instead of slicing one set.
 """
+
 import hashlib
 import itertools
 import json
 import os
 import time
 import types
-import zlib
 from typing import Iterable, List, NamedTuple, Optional, Sequence, Set, Tuple, Union
+import zlib
 
 import numpy as np
 
@@ -77,6 +78,7 @@ class Examples(NamedTuple):
   labels: int64 `[n]`, the value of each expression, 0..9.
   lengths: int64 `[n]`, the number of tokens of each expression.
   """
+
   tokens: np.ndarray
   labels: np.ndarray
   lengths: np.ndarray
@@ -230,16 +232,27 @@ def _check_settings(num_examples, min_length, max_length, max_depth, max_args):
   if max_args < 2:
     raise ValueError(f'max_args must be >= 2, got {max_args}')
   if min_length < 0 or max_length - min_length < 2:
-    raise ValueError(f'need 0 <= min_length <= max_length - 2 (lengths are strictly between), '
-                     f'got min_length={min_length}, max_length={max_length}')
+    raise ValueError(
+      f'need 0 <= min_length <= max_length - 2 (lengths are strictly between), '
+      f'got min_length={min_length}, max_length={max_length}'
+    )
   if _max_tree_length(max_depth, max_args) <= min_length:
-    raise ValueError(f'min_length={min_length} is unreachable with max_depth={max_depth}, '
-                     f'max_args={max_args} (longest: {_max_tree_length(max_depth, max_args)})')
+    raise ValueError(
+      f'min_length={min_length} is unreachable with max_depth={max_depth}, '
+      f'max_args={max_args} (longest: {_max_tree_length(max_depth, max_args)})'
+    )
 
 
-def generate(num_examples: int, seed: Union[int, Sequence[int]], min_length: int = 500,
-             max_length: int = 2000, max_depth: int = 10, max_args: int = 10,
-             exclude: Optional[Set[bytes]] = None, progress: Optional[str] = None) -> Examples:
+def generate(
+  num_examples: int,
+  seed: Union[int, Sequence[int]],
+  min_length: int = 500,
+  max_length: int = 2000,
+  max_depth: int = 10,
+  max_args: int = 10,
+  exclude: Optional[Set[bytes]] = None,
+  progress: Optional[str] = None,
+) -> Examples:
   """Draws `num_examples` distinct expressions with min_length < length < max_length.
 
   Args:
@@ -268,8 +281,10 @@ def generate(num_examples: int, seed: Union[int, Sequence[int]], min_length: int
   while count < num_examples:
     misses += 1
     if misses > _MAX_DRAWS_PER_EXAMPLE:
-      raise RuntimeError(f'no new expression in {_MAX_DRAWS_PER_EXAMPLE} draws; '
-                         'widen the length range or ask for fewer examples')
+      raise RuntimeError(
+        f'no new expression in {_MAX_DRAWS_PER_EXAMPLE} draws; '
+        'widen the length range or ask for fewer examples'
+      )
     ids = _draw(draws, max_depth, max_args, max_length)
     if ids is None or not min_length < len(ids) < max_length:
       continue
@@ -279,7 +294,7 @@ def generate(num_examples: int, seed: Union[int, Sequence[int]], min_length: int
       continue
     seen.add(key)
     misses = 0
-    tokens[count, :len(ids)] = row
+    tokens[count, : len(ids)] = row
     labels[count] = _evaluate_ids(ids)
     lengths[count] = len(ids)
     count += 1
@@ -293,8 +308,11 @@ def generate(num_examples: int, seed: Union[int, Sequence[int]], min_length: int
 def _print_progress(name: str, done: int, total: int, elapsed: float):
   rate = done / max(elapsed, 1e-9)
   eta = (total - done) / max(rate, 1e-9)
-  print(f'{name}: {done}/{total} examples, {rate:.0f} examples/s, '
-        f'elapsed {elapsed:.0f} s, ETA {eta:.0f} s', flush=True)
+  print(
+    f'{name}: {done}/{total} examples, {rate:.0f} examples/s, '
+    f'elapsed {elapsed:.0f} s, ETA {eta:.0f} s',
+    flush=True,
+  )
 
 
 def split_seed(seed: int, split: str) -> Tuple[int, int]:
@@ -309,8 +327,9 @@ def split_path(folder: str, split: str, min_length: int = 500, max_length: int =
   return os.path.join(folder, f'listops{lengths}_{split}.npz')
 
 
-def write_splits(folder: str, seed: int = 0, sizes=None, max_length: int = 2000,
-                 verbose: bool = True, **kw) -> List[str]:
+def write_splits(
+  folder: str, seed: int = 0, sizes=None, max_length: int = 2000, verbose: bool = True, **kw
+) -> List[str]:
   """Writes the `split_path` file of each split; skips files already up to date.
 
   Each file holds `tokens` (int16 `[n, max_length]`, 0 = padding,
@@ -344,24 +363,35 @@ def write_splits(folder: str, seed: int = 0, sizes=None, max_length: int = 2000,
       raise ValueError(f'sizes[{split!r}] must be >= 0, got {n}')
   gen_kw = {'min_length': 500, 'max_depth': 10, 'max_args': 10, **kw}
   names = list(sizes)
-  settings = {split: _settings(seed, split, sizes, names[:i], max_length, gen_kw)
-              for i, split in enumerate(names)}
+  settings = {
+    split: _settings(seed, split, sizes, names[:i], max_length, gen_kw)
+    for i, split in enumerate(names)
+  }
   npz_cache.makedirs(folder)
   paths = {s: split_path(folder, s, gen_kw['min_length'], max_length) for s in names}
-  shapes = lambda s: {'tokens': (sizes[s], max_length), 'y': (sizes[s],),
-                      'lengths': (sizes[s],)}
+  shapes = lambda s: {'tokens': (sizes[s], max_length), 'y': (sizes[s],), 'lengths': (sizes[s],)}
   why = {s: npz_cache.problem(paths[s], settings[s], shapes(s)) for s in names}
   todo = [s for s in names if why[s]]  # missing, other settings, damaged or short
   exclude: Set[bytes] = set()
   for i, split in enumerate(names):
     path = paths[split]
-    feeds_later = any(s in todo for s in names[i + 1:])  # a later split must avoid this one
+    feeds_later = any(s in todo for s in names[i + 1 :])  # a later split must avoid this one
     if split in todo:
-      examples = generate(sizes[split], split_seed(seed, split), max_length=max_length,
-                          exclude=exclude, progress=f'listops {split}' if verbose else None,
-                          **gen_kw)
-      npz_cache.save_npz(path, tokens=examples.tokens, y=examples.labels, lengths=examples.lengths,
-                settings_json=_json_bytes(settings[split]))
+      examples = generate(
+        sizes[split],
+        split_seed(seed, split),
+        max_length=max_length,
+        exclude=exclude,
+        progress=f'listops {split}' if verbose else None,
+        **gen_kw,
+      )
+      npz_cache.save_npz(
+        path,
+        tokens=examples.tokens,
+        y=examples.labels,
+        lengths=examples.lengths,
+        settings_json=_json_bytes(settings[split]),
+      )
       npz_cache.report_written(path, why[split], f'{sizes[split]} ListOps examples written')
       rows = examples.tokens
     else:  # up to date (read whenever the data is opened: no message)
@@ -381,6 +411,12 @@ def _json_bytes(settings: dict) -> np.ndarray:
 
 def _settings(seed, split, sizes, before, max_length, gen_kw) -> dict:
   """What determines a split's content (the splits before it are excluded from it)."""
-  return {'format': _FORMAT, 'seed': int(seed), 'split': split, 'num_examples': int(sizes[split]),
-          'excludes': [[b, int(sizes[b])] for b in before], 'max_length': int(max_length),
-          **{k: int(v) for k, v in sorted(gen_kw.items())}}
+  return {
+    'format': _FORMAT,
+    'seed': int(seed),
+    'split': split,
+    'num_examples': int(sizes[split]),
+    'excludes': [[b, int(sizes[b])] for b in before],
+    'max_length': int(max_length),
+    **{k: int(v) for k, v in sorted(gen_kw.items())},
+  }

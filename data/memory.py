@@ -12,6 +12,7 @@ epoch takes the global batch `perm[s*B:(s+1)*B]` and process p its slice
 `default_rng([seed, step, 1])`. So the global batch of a step is the same for
 any process count, and resuming at step s costs one permutation.
 """
+
 import itertools
 from typing import Tuple
 
@@ -33,8 +34,10 @@ def _channels(images: np.ndarray, channels: int) -> np.ndarray:
   if c == 3 and channels == 1:
     gray = images.astype(np.float32) @ _GRAY[:, None]
     return np.round(gray).astype(np.uint8) if images.dtype == np.uint8 else gray
-  raise ValueError(f'config.dataset.channels={channels} is not valid for images with {c} '
-                   f'channels; valid choices: {c}' + (', 1' if c == 3 else ''))
+  raise ValueError(
+    f'config.dataset.channels={channels} is not valid for images with {c} '
+    f'channels; valid choices: {c}' + (', 1' if c == 3 else '')
+  )
 
 
 def _resize(images: np.ndarray, size: int) -> np.ndarray:
@@ -42,10 +45,12 @@ def _resize(images: np.ndarray, size: int) -> np.ndarray:
   if images.shape[1] == size and images.shape[2] == size:
     return images
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  out = [tf.image.resize(tf.cast(images[i:i + 4096], tf.float32), [size, size],
-                         antialias=True).numpy() for i in range(0, len(images), 4096)]
-  return np.concatenate(out) if out else np.zeros((0, size, size, images.shape[-1]),
-                                                  np.float32)
+
+  out = [
+    tf.image.resize(tf.cast(images[i : i + 4096], tf.float32), [size, size], antialias=True).numpy()
+    for i in range(0, len(images), 4096)
+  ]
+  return np.concatenate(out) if out else np.zeros((0, size, size, images.shape[-1]), np.float32)
 
 
 def _transform(images: np.ndarray, name: str) -> np.ndarray:
@@ -62,26 +67,28 @@ def byte_ids(texts, max_length: int) -> np.ndarray:
   out = np.zeros((len(texts), max_length), np.uint16)
   for i, t in enumerate(texts):
     b = np.frombuffer(t[:max_length], np.uint8)
-    out[i, :len(b)] = b.astype(np.uint16) + 1
+    out[i, : len(b)] = b.astype(np.uint16) + 1
   return out
 
 
-def prepare(dataset: specs.Dataset, examples: arrays.Examples
-            ) -> Tuple[np.ndarray, np.ndarray]:
+def prepare(dataset: specs.Dataset, examples: arrays.Examples) -> Tuple[np.ndarray, np.ndarray]:
   """(inputs as stored for batching, labels) of one split; see the module docstring."""
   d, kind = dataset.fields, dataset.input_kind
   x = examples.inputs
   if kind == 'text':
     if not isinstance(x, list):
-      raise ValueError(f'dataset {d.name!r} is text, but the source holds arrays of shape '
-                       f'{np.shape(x)}')
+      raise ValueError(
+        f'dataset {d.name!r} is text, but the source holds arrays of shape {np.shape(x)}'
+      )
     return byte_ids(x, d.max_length), examples.labels
   if kind == 'text_pair':  # [n, 2, max_length]
     first, second = zip(*x) if len(x) else ((), ())
-    return np.stack([byte_ids(first, d.max_length), byte_ids(second, d.max_length)],
-                    1), examples.labels
+    return np.stack(
+      [byte_ids(first, d.max_length), byte_ids(second, d.max_length)], 1
+    ), examples.labels
   if kind == 'sequence':  # checked by `sequences.check`; labels as (position, token) pairs
     from data import sequences  # pylint: disable=g-import-not-at-top
+
     x, y = sequences.pad(examples, d.max_length)
     return x, sequences.scored(y)
   if kind == 'tokens':
@@ -90,14 +97,17 @@ def prepare(dataset: specs.Dataset, examples: arrays.Examples
     x = np.pad(x[:, :length], ((0, 0), (0, max(length - x.shape[1], 0))))
     return x.astype(np.int32), examples.labels
   if not isinstance(x, np.ndarray) or x.ndim != 4:
-    raise ValueError(f'dataset {d.name!r} holds images, but the source holds '
-                     f'{type(x).__name__} inputs')
+    raise ValueError(
+      f'dataset {d.name!r} holds images, but the source holds {type(x).__name__} inputs'
+    )
   x = _channels(x, d.channels)
   if kind == 'pixels':
     if x.shape[1:3] != (d.image_size, d.image_size):
-      raise ValueError(f'config.dataset.image_size={d.image_size} is not valid with '
-                       f'pixels_as_tokens: the images are stored at {x.shape[1]}x{x.shape[2]} '
-                       f'and pixel tokens are not resized; valid choices: {x.shape[1]}')
+      raise ValueError(
+        f'config.dataset.image_size={d.image_size} is not valid with '
+        f'pixels_as_tokens: the images are stored at {x.shape[1]}x{x.shape[2]} '
+        f'and pixel tokens are not resized; valid choices: {x.shape[1]}'
+      )
     x = _transform(x, d.get('transform', ''))
     return np.round(x).astype(np.uint8).reshape(len(x), -1), examples.labels
   x = _transform(_resize(x, d.image_size), d.get('transform', ''))
@@ -118,7 +128,7 @@ def crop_flip(images: np.ndarray, rng: np.random.Generator, flip: bool) -> np.nd
   flips = rng.random(b) < 0.5 if flip else np.zeros(b, bool)
   out = np.empty_like(images)
   for i in range(b):
-    crop = padded[i, ys[i]:ys[i] + h, xs[i]:xs[i] + w]
+    crop = padded[i, ys[i] : ys[i] + h, xs[i] : xs[i] + w]
     out[i] = crop[:, ::-1] if flips[i] else crop
   return out
 
@@ -156,8 +166,10 @@ class TrainData(_Split):
     self.global_batch = dataset.fields.batch_size
     self.local_batch = specs.local_batch_size(self.global_batch, process_count, 'batch_size')
     if self.global_batch > self.num_examples:
-      raise ValueError(f'config.dataset.batch_size={self.global_batch} exceeds the '
-                       f'{self.num_examples} training examples')
+      raise ValueError(
+        f'config.dataset.batch_size={self.global_batch} exceeds the '
+        f'{self.num_examples} training examples'
+      )
     self.steps_per_epoch = self.num_examples // self.global_batch
     self.seed = dataset.seed
     self.process_index = process_index
@@ -173,24 +185,29 @@ class TrainData(_Split):
       e, i = divmod(step, self.steps_per_epoch)
       if e != epoch:
         epoch, perm = e, self.permutation(e)
-      idx = perm[i * self.global_batch:(i + 1) * self.global_batch]
+      idx = perm[i * self.global_batch : (i + 1) * self.global_batch]
       if self.augment in ('crop', 'crop_flip'):
         rng = np.random.default_rng([self.seed, step, 1])
-        x = crop_flip(self.inputs[idx], rng, flip=self.augment == 'crop_flip')[lo:lo + self.local_batch]
+        x = crop_flip(self.inputs[idx], rng, flip=self.augment == 'crop_flip')[
+          lo : lo + self.local_batch
+        ]
       else:
-        x = self.inputs[idx[lo:lo + self.local_batch]]
-      yield {'inputs': self.finish(x), 'label': self.labels[idx[lo:lo + self.local_batch]],
-             'mask': np.ones(self.local_batch, np.float32)}
+        x = self.inputs[idx[lo : lo + self.local_batch]]
+      yield {
+        'inputs': self.finish(x),
+        'label': self.labels[idx[lo : lo + self.local_batch]],
+        'mask': np.ones(self.local_batch, np.float32),
+      }
 
 
 class EvalData(_Split):
   """Every example of the split once; process p reads the p-th contiguous shard."""
 
-  def __init__(self, dataset: specs.Dataset, split: str, process_index: int,
-               process_count: int):
+  def __init__(self, dataset: specs.Dataset, split: str, process_index: int, process_count: int):
     super().__init__(dataset, split)
-    self.local_batch = specs.local_batch_size(dataset.fields.eval_batch_size, process_count,
-                                              'eval_batch_size')
+    self.local_batch = specs.local_batch_size(
+      dataset.fields.eval_batch_size, process_count, 'eval_batch_size'
+    )
     per_process = -(-self.num_examples // process_count)
     self.num_batches = -(-per_process // self.local_batch)
     self.lo = min(process_index * per_process, self.num_examples)
@@ -201,6 +218,8 @@ class EvalData(_Split):
     for i in range(self.num_batches):
       lo, hi = min(self.lo + i * b, self.hi), min(self.lo + (i + 1) * b, self.hi)
       x, y = self.finish(self.inputs[lo:hi]), self.labels[lo:hi]
-      yield {'inputs': specs.pad_rows(x, b), 'label': specs.pad_rows(y, b),
-             'mask': specs.pad_rows(np.ones(hi - lo, np.float32), b)}
-
+      yield {
+        'inputs': specs.pad_rows(x, b),
+        'label': specs.pad_rows(y, b),
+        'mask': specs.pad_rows(np.ones(hi - lo, np.float32), b),
+      }

@@ -32,11 +32,12 @@ splits are generated once. A file that is damaged (truncated, or its bytes
 changed) or holds another number of rows than its settings say is written
 again, with one line saying so (`npz_cache.problem`).
 """
+
 import json
 import math
 import os
-import zlib
 from typing import Dict, List, Optional, Set, Tuple
+import zlib
 
 import numpy as np
 
@@ -53,17 +54,22 @@ def check_settings(vocab_size: int, seq_len: int, num_kv_pairs: int, power_a: fl
   if num_kv_pairs < 1:
     raise ValueError(f'MQAR num_kv_pairs={num_kv_pairs} is not valid; it must be >= 1')
   if seq_len < 4 * num_kv_pairs:
-    raise ValueError(f'MQAR seq_len={seq_len} is too short for num_kv_pairs={num_kv_pairs}: '
-                     f'the pairs take {2 * num_kv_pairs} tokens and the queries need '
-                     f'{num_kv_pairs} slots of 2 after them; valid: seq_len >= '
-                     f'{4 * num_kv_pairs}')
+    raise ValueError(
+      f'MQAR seq_len={seq_len} is too short for num_kv_pairs={num_kv_pairs}: '
+      f'the pairs take {2 * num_kv_pairs} tokens and the queries need '
+      f'{num_kv_pairs} slots of 2 after them; valid: seq_len >= '
+      f'{4 * num_kv_pairs}'
+    )
   if vocab_size // 2 - 1 < num_kv_pairs:
-    raise ValueError(f'MQAR vocab_size={vocab_size} is too small for num_kv_pairs='
-                     f'{num_kv_pairs} distinct keys (ids 1..vocab_size/2-1); valid: '
-                     f'vocab_size >= {2 * num_kv_pairs + 2}')
+    raise ValueError(
+      f'MQAR vocab_size={vocab_size} is too small for num_kv_pairs='
+      f'{num_kv_pairs} distinct keys (ids 1..vocab_size/2-1); valid: '
+      f'vocab_size >= {2 * num_kv_pairs + 2}'
+    )
   if not 0 < power_a < math.inf:
-    raise ValueError(f'MQAR power_a={power_a} is not valid; it must be a finite number > 0 '
-                     f'(1 = uniform gaps)')
+    raise ValueError(
+      f'MQAR power_a={power_a} is not valid; it must be a finite number > 0 (1 = uniform gaps)'
+    )
 
 
 def gap_weights(num_slots: int, power_a: float) -> np.ndarray:
@@ -87,8 +93,9 @@ def _distinct(rng: np.random.Generator, n: int, low: int, high: int, k: int) -> 
   return out
 
 
-def _draw(rng: np.random.Generator, n: int, vocab_size: int, seq_len: int, num_kv_pairs: int,
-          power_a: float) -> Tuple[np.ndarray, np.ndarray]:
+def _draw(
+  rng: np.random.Generator, n: int, vocab_size: int, seq_len: int, num_kv_pairs: int, power_a: float
+) -> Tuple[np.ndarray, np.ndarray]:
   """`n` examples (see the module docstring): (inputs, labels) int32 `[n, seq_len]`."""
   half, context = vocab_size // 2, 2 * num_kv_pairs
   keys = _distinct(rng, n, 1, half, num_kv_pairs)
@@ -113,9 +120,15 @@ def fingerprint(row: np.ndarray) -> bytes:
   return np.ascontiguousarray(row, np.int32).tobytes()
 
 
-def generate(num_examples: int, seed, vocab_size: int = 8192, seq_len: int = 128,
-             num_kv_pairs: int = NUM_KV_PAIRS, power_a: float = POWER_A,
-             exclude: Optional[Set[bytes]] = None) -> Tuple[np.ndarray, np.ndarray]:
+def generate(
+  num_examples: int,
+  seed,
+  vocab_size: int = 8192,
+  seq_len: int = 128,
+  num_kv_pairs: int = NUM_KV_PAIRS,
+  power_a: float = POWER_A,
+  exclude: Optional[Set[bytes]] = None,
+) -> Tuple[np.ndarray, np.ndarray]:
   """(inputs, labels) int32 `[num_examples, seq_len]`, drawn from `seed` (an int or a tuple
   of ints), no row of `inputs` in `exclude` (`fingerprint`s; drawn again instead)."""
   check_settings(vocab_size, seq_len, num_kv_pairs, power_a)
@@ -124,17 +137,18 @@ def generate(num_examples: int, seed, vocab_size: int = 8192, seq_len: int = 128
   parts: List[Tuple[np.ndarray, np.ndarray]] = []
   have, fruitless = 0, 0
   while have < num_examples:
-    x, y = _draw(rng, min(_CHUNK, num_examples - have), vocab_size, seq_len, num_kv_pairs,
-                 power_a)
+    x, y = _draw(rng, min(_CHUNK, num_examples - have), vocab_size, seq_len, num_kv_pairs, power_a)
     if exclude:
       keep = np.asarray([fingerprint(r) not in exclude for r in x], bool)
       x, y = x[keep], y[keep]
       fruitless = 0 if len(x) else fruitless + 1
       if fruitless == 100:
-        raise ValueError(f'MQAR: cannot draw {num_examples} sequences outside the '
-                         f'{len(exclude)} of the splits before (vocab_size={vocab_size}, '
-                         f'seq_len={seq_len}, num_kv_pairs={num_kv_pairs} allow too few); '
-                         f'use fewer examples or a larger vocabulary or sequence')
+        raise ValueError(
+          f'MQAR: cannot draw {num_examples} sequences outside the '
+          f'{len(exclude)} of the splits before (vocab_size={vocab_size}, '
+          f'seq_len={seq_len}, num_kv_pairs={num_kv_pairs} allow too few); '
+          f'use fewer examples or a larger vocabulary or sequence'
+        )
     parts.append((x, y))
     have += len(x)
   if not parts:
@@ -147,18 +161,26 @@ def split_seed(seed: int, split: str) -> Tuple[int, int]:
   return (int(seed), zlib.crc32(split.encode('utf-8')))
 
 
-def split_path(folder: str, split: str, vocab_size: int, seq_len: int, num_kv_pairs: int,
-               power_a: float) -> str:
+def split_path(
+  folder: str, split: str, vocab_size: int, seq_len: int, num_kv_pairs: int, power_a: float
+) -> str:
   """`folder/mqar_v<vocab>_l<seq_len>_kv<pairs>_a<power_a>_{split}.npz`: other settings
   never overwrite each other's files."""
-  return os.path.join(folder, f'mqar_v{vocab_size}_l{seq_len}_kv{num_kv_pairs}_a{power_a:g}_'
-                              f'{split}.npz')
+  return os.path.join(
+    folder, f'mqar_v{vocab_size}_l{seq_len}_kv{num_kv_pairs}_a{power_a:g}_{split}.npz'
+  )
 
 
-def write_splits(folder: str, seed: int = 0, sizes: Optional[Dict[str, int]] = None,
-                 vocab_size: int = 8192, seq_len: int = 128,
-                 num_kv_pairs: int = NUM_KV_PAIRS, power_a: float = POWER_A,
-                 verbose: bool = True) -> List[str]:
+def write_splits(
+  folder: str,
+  seed: int = 0,
+  sizes: Optional[Dict[str, int]] = None,
+  vocab_size: int = 8192,
+  seq_len: int = 128,
+  num_kv_pairs: int = NUM_KV_PAIRS,
+  power_a: float = POWER_A,
+  verbose: bool = True,
+) -> List[str]:
   """Writes the `split_path` file of each split; skips files already up to date.
 
   Each file holds `inputs` and `labels` (int32 `[n, seq_len]`, see the module
@@ -178,28 +200,48 @@ def write_splits(folder: str, seed: int = 0, sizes: Optional[Dict[str, int]] = N
       raise ValueError(f'split names must be letters, digits, "_" or "-", got {split!r}')
     if n < 0:
       raise ValueError(f'sizes[{split!r}] must be >= 0, got {n}')
-  task = dict(vocab_size=int(vocab_size), seq_len=int(seq_len),
-              num_kv_pairs=int(num_kv_pairs), power_a=float(power_a))
+  task = dict(
+    vocab_size=int(vocab_size),
+    seq_len=int(seq_len),
+    num_kv_pairs=int(num_kv_pairs),
+    power_a=float(power_a),
+  )
   names = list(sizes)
-  settings = {split: {'format': _FORMAT, 'seed': int(seed), 'split': split,
-                      'num_examples': int(sizes[split]),
-                      'excludes': [[b, int(sizes[b])] for b in names[:i]], **task}
-              for i, split in enumerate(names)}
+  settings = {
+    split: {
+      'format': _FORMAT,
+      'seed': int(seed),
+      'split': split,
+      'num_examples': int(sizes[split]),
+      'excludes': [[b, int(sizes[b])] for b in names[:i]],
+      **task,
+    }
+    for i, split in enumerate(names)
+  }
   npz_cache.makedirs(folder)
   paths = {s: split_path(folder, s, **task) for s in names}
   shape = lambda s: (sizes[s], seq_len)  # of both arrays
-  why = {s: npz_cache.problem(paths[s], settings[s], {'inputs': shape(s), 'labels': shape(s)})
-         for s in names}
+  why = {
+    s: npz_cache.problem(paths[s], settings[s], {'inputs': shape(s), 'labels': shape(s)})
+    for s in names
+  }
   todo = [s for s in names if why[s]]
   exclude: Set[bytes] = set()
   for i, split in enumerate(names):
-    feeds_later = any(s in todo for s in names[i + 1:])  # a later split must avoid this one
+    feeds_later = any(s in todo for s in names[i + 1 :])  # a later split must avoid this one
     if split in todo:
       inputs, labels = generate(sizes[split], split_seed(seed, split), exclude=exclude, **task)
-      npz_cache.save_npz(paths[split], inputs=inputs, labels=labels, settings_json=np.frombuffer(
-          json.dumps(settings[split], sort_keys=True).encode('utf-8'), np.uint8))
-      npz_cache.report_written(paths[split], why[split], f'{len(inputs)} MQAR examples written',
-                               verbose)
+      npz_cache.save_npz(
+        paths[split],
+        inputs=inputs,
+        labels=labels,
+        settings_json=np.frombuffer(
+          json.dumps(settings[split], sort_keys=True).encode('utf-8'), np.uint8
+        ),
+      )
+      npz_cache.report_written(
+        paths[split], why[split], f'{len(inputs)} MQAR examples written', verbose
+      )
     else:  # up to date (read whenever the data is opened: no message)
       inputs = npz_cache.read_array(paths[split], 'inputs') if feeds_later else ()
     if feeds_later:

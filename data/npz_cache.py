@@ -13,12 +13,13 @@ Every file goes through `files.gfile` (`tf.io.gfile` for a URL), as the 'arrays'
 source reads them, so the cache folder may be a bucket (gs://...) as well as a
 local folder.
 """
+
 import io
 import json
 import os
+from typing import Dict, Mapping, Optional, Sequence, Tuple
 import zipfile
 import zlib
-from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -48,8 +49,7 @@ OTHER_SETTINGS = 'written for other settings'  # `problem`: regenerated without 
 _USABLE: Dict[str, Tuple] = {}
 
 
-def problem(path: str, settings: dict,
-            shapes: Optional[Mapping[str, Sequence[int]]] = None) -> str:
+def problem(path: str, settings: dict, shapes: Optional[Mapping[str, Sequence[int]]] = None) -> str:
   """Why the cached split `path` cannot be used as it is ('' when it can): 'missing',
   OTHER_SETTINGS, or (a file its generator must replace, and says so) 'damaged (...)' or
   "its 'inputs' array is [50, 32], its settings say [200, 32]".
@@ -66,8 +66,12 @@ def problem(path: str, settings: dict,
     if not gfile.exists(path):
       return 'missing'
     stat = gfile.stat(path)
-    asked = (stat.length, stat.mtime_nsec, json.dumps(settings, sort_keys=True),
-             sorted((k, tuple(v)) for k, v in (shapes or {}).items()))
+    asked = (
+      stat.length,
+      stat.mtime_nsec,
+      json.dumps(settings, sort_keys=True),
+      sorted((k, tuple(v)) for k, v in (shapes or {}).items()),
+    )
     if stat.mtime_nsec and _USABLE.get(path) == asked:
       return ''
     raw = read_bytes(path)
@@ -82,8 +86,11 @@ def problem(path: str, settings: dict,
       for key, shape in (shapes or {}).items():
         with archive.open(f'{key}.npy') as f:
           version = np.lib.format.read_magic(f)
-          read = (np.lib.format.read_array_header_1_0 if version == (1, 0) else
-                  np.lib.format.read_array_header_2_0)
+          read = (
+            np.lib.format.read_array_header_1_0
+            if version == (1, 0)
+            else np.lib.format.read_array_header_2_0
+          )
           have = read(f)[0]
         if tuple(have) != tuple(shape):
           return f'its {key!r} array is {list(have)}, its settings say {list(shape)}'

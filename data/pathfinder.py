@@ -57,14 +57,15 @@ as text, one line per image: `imgs/<batch> sample_<i>.png <i> <label> <continuit
 <paddle_margin> <num_contrasts>`; LRA reads columns 0, 1 and 3 and drops
 images whose file is empty.
 """
+
 import io
 import json
 import logging
 import os
 import time
 import types
-import zlib
 from typing import List, Optional, Sequence, Tuple, Union
+import zlib
 
 import numpy as np
 
@@ -72,7 +73,8 @@ from data import npz_cache
 
 IMAGE_SIZE = 32
 RELEASED_FOLDERS = types.MappingProxyType(
-    {6: 'curv_baseline', 9: 'curv_contour_length_9', 14: 'curv_contour_length_14'})
+  {6: 'curv_baseline', 9: 'curv_contour_length_9', 14: 'curv_contour_length_14'}
+)
 DEFAULT_SIZES = types.MappingProxyType({'train': 160_000, 'validation': 20_000, 'test': 20_000})
 _FORMAT = 'pathfinder-v1'  # bump when the drawing changes, so old files get redrawn
 _WALL = -1  # owner of canvas cells that no path point may occupy
@@ -104,13 +106,15 @@ class _Canvas:
     g = size + 2 * pad
     self.size, self.pad, self.g = size, pad, g
     self.owner = np.full((batch, g, g), _WALL, np.int16)
-    self.owner[:, pad + 1:pad + size - 1, pad + 1:pad + size - 1] = 0
+    self.owner[:, pad + 1 : pad + size - 1, pad + 1 : pad + size - 1] = 0
     self.stamp = np.full((batch, g, g), _NEVER, np.int32)
     self.image = np.zeros((batch, size, size), np.uint8)
     self.clock = np.zeros(batch, np.int32)
     self._base = np.arange(batch) * g * g
     d = np.arange(-2, 3)
-    self._ring = {r: ((d[2 - r:3 + r, None] * g) + d[None, 2 - r:3 + r]).ravel() for r in (1, 2)}
+    self._ring = {
+      r: ((d[2 - r : 3 + r, None] * g) + d[None, 2 - r : 3 + r]).ravel() for r in (1, 2)
+    }
 
   def _flat(self, b, ys, xs):
     return self._base[b][:, None] + ys * self.g + xs
@@ -267,27 +271,56 @@ def _draw_batch(rng, batch, cfg):
   lo, hi = (lo, size - lo) if size - 2 * lo > 0 else (1, size - 1)
   ok, ends[:, 0, 0] = _start(canvas, rng, b, 1, lo, hi, disc=True)
   live = b[ok]
-  found, point = _start(canvas, rng, live, 2, 0, 0, around=ends[live, 0, 0],
-                        distance=cfg['seed_distance'], disc=True)
+  found, point = _start(
+    canvas, rng, live, 2, 0, 0, around=ends[live, 0, 0], distance=cfg['seed_distance'], disc=True
+  )
   ends[live, 1, 0] = point
   ok[live[~found]] = False
   for path in (0, 1):
     live = b[ok]
-    grown, end = _grow(canvas, rng, live, path + 1, ends[live, path, 0], cfg['contour_length'],
-                       cfg['dash_length'], cfg['gap'], cfg['continuity'], disc=True)
+    grown, end = _grow(
+      canvas,
+      rng,
+      live,
+      path + 1,
+      ends[live, path, 0],
+      cfg['contour_length'],
+      cfg['dash_length'],
+      cfg['gap'],
+      cfg['continuity'],
+      disc=True,
+    )
     ends[live, path, 1] = end
     ok[live[~grown]] = False
   live = b[ok]
   for k in range(cfg['num_distractors']):
     pid = 3 + k
     started, point = _start(canvas, rng, live, pid, 1, size - 1)
-    _grow(canvas, rng, live[started], pid, point[started], cfg['distractor_length'],
-          cfg['dash_length'], cfg['gap'], cfg['continuity'], disc=False)
+    _grow(
+      canvas,
+      rng,
+      live[started],
+      pid,
+      point[started],
+      cfg['distractor_length'],
+      cfg['dash_length'],
+      cfg['gap'],
+      cfg['continuity'],
+      disc=False,
+    )
   return canvas, ok, ends
 
 
-def _config(contour_length, num_distractors, distractor_length, dash_length, gap, continuity,
-            seed_distance, image_size) -> dict:
+def _config(
+  contour_length,
+  num_distractors,
+  distractor_length,
+  dash_length,
+  gap,
+  continuity,
+  seed_distance,
+  image_size,
+) -> dict:
   """Checked generation settings, with LRA's defaults filled in."""
   if contour_length < 2:
     raise ValueError(f'contour_length must be >= 2 (LRA: 6, 9, 14), got {contour_length}')
@@ -295,9 +328,14 @@ def _config(contour_length, num_distractors, distractor_length, dash_length, gap
     distractor_length = max(contour_length // 3, 1)
   if num_distractors is None:
     num_distractors = 20 // distractor_length
-  checks = [('distractor_length', distractor_length, 1), ('num_distractors', num_distractors, 0),
-            ('dash_length', dash_length, 1), ('gap', gap, 0), ('seed_distance', seed_distance, 4),
-            ('image_size', image_size, 16)]
+  checks = [
+    ('distractor_length', distractor_length, 1),
+    ('num_distractors', num_distractors, 0),
+    ('dash_length', dash_length, 1),
+    ('gap', gap, 0),
+    ('seed_distance', seed_distance, 4),
+    ('image_size', image_size, 16),
+  ]
   for name, value, low in checks:
     if int(value) != value or value < low:
       raise ValueError(f'{name} must be an integer >= {low}, got {value}')
@@ -306,17 +344,32 @@ def _config(contour_length, num_distractors, distractor_length, dash_length, gap
   most = np.iinfo(np.int16).max - 2  # path ids are int16
   if num_distractors > most:
     raise ValueError(f'num_distractors must be <= {most}, got {num_distractors}')
-  return {'contour_length': int(contour_length), 'num_distractors': int(num_distractors),
-          'distractor_length': int(distractor_length), 'dash_length': int(dash_length),
-          'gap': int(gap), 'continuity': float(continuity), 'seed_distance': int(seed_distance),
-          'image_size': int(image_size)}
+  return {
+    'contour_length': int(contour_length),
+    'num_distractors': int(num_distractors),
+    'distractor_length': int(distractor_length),
+    'dash_length': int(dash_length),
+    'gap': int(gap),
+    'continuity': float(continuity),
+    'seed_distance': int(seed_distance),
+    'image_size': int(image_size),
+  }
 
 
-def generate(num_examples: int, seed: Union[int, Sequence[int]], contour_length: int = 14,
-             num_distractors: Optional[int] = None, distractor_length: Optional[int] = None,
-             dash_length: int = 2, gap: int = 1, continuity: float = 1.0, seed_distance: int = 7,
-             image_size: int = IMAGE_SIZE, with_discs: bool = False,
-             progress: Optional[str] = None):
+def generate(
+  num_examples: int,
+  seed: Union[int, Sequence[int]],
+  contour_length: int = 14,
+  num_distractors: Optional[int] = None,
+  distractor_length: Optional[int] = None,
+  dash_length: int = 2,
+  gap: int = 1,
+  continuity: float = 1.0,
+  seed_distance: int = 7,
+  image_size: int = IMAGE_SIZE,
+  with_discs: bool = False,
+  progress: Optional[str] = None,
+):
   """Draws Pathfinder images, deterministically from `seed`.
 
   Args:
@@ -342,8 +395,16 @@ def generate(num_examples: int, seed: Union[int, Sequence[int]], contour_length:
   """
   if num_examples < 0:
     raise ValueError(f'num_examples must be >= 0, got {num_examples}')
-  cfg = _config(contour_length, num_distractors, distractor_length, dash_length, gap, continuity,
-                seed_distance, image_size)
+  cfg = _config(
+    contour_length,
+    num_distractors,
+    distractor_length,
+    dash_length,
+    gap,
+    continuity,
+    seed_distance,
+    image_size,
+  )
   rng = np.random.default_rng(seed)
   labels = rng.permutation(np.arange(num_examples) % 2).astype(np.int64)
   images = np.zeros((num_examples, image_size, image_size), np.uint8)
@@ -357,7 +418,7 @@ def generate(num_examples: int, seed: Union[int, Sequence[int]], contour_length:
     attempts += batch
     if done == 0 and attempts >= 20 * _BATCH and not ok.any():
       raise RuntimeError(f'no image could be drawn in {attempts} attempts; settings {cfg}')
-    rows = np.flatnonzero(ok)[:num_examples - done]
+    rows = np.flatnonzero(ok)[: num_examples - done]
     slots = np.arange(done, done + rows.size)
     other = np.where(labels[slots] == 1, marked[rows], 1 - marked[rows])
     centres = np.stack([ends[rows, marked[rows], 0], ends[rows, other, 1]], 1)
@@ -370,21 +431,25 @@ def generate(num_examples: int, seed: Union[int, Sequence[int]], contour_length:
     if progress and (now - last_print > 10 or done == num_examples):
       last_print = now
       rate = done / max(now - start, 1e-9)
-      print(f'{progress}: {done}/{num_examples} images, {rate:.0f} images/s, '
-            f'{done / attempts:.0%} of attempts kept, ETA {(num_examples - done) / rate:.0f} s',
-            flush=True)
+      print(
+        f'{progress}: {done}/{num_examples} images, {rate:.0f} images/s, '
+        f'{done / attempts:.0%} of attempts kept, ETA {(num_examples - done) / rate:.0f} s',
+        flush=True,
+      )
   return (images, labels, discs) if with_discs else (images, labels)
 
 
-def split_path(folder: str, split: str, contour_length: int = 14,
-               image_size: int = IMAGE_SIZE) -> str:
+def split_path(
+  folder: str, split: str, contour_length: int = 14, image_size: int = IMAGE_SIZE
+) -> str:
   """`folder/pathfinder{contour_length}_{split}.npz`; `..._{image_size}px_...` for other sizes."""
   size = '' if image_size == IMAGE_SIZE else f'_{image_size}px'
   return os.path.join(folder, f'pathfinder{contour_length}{size}_{split}.npz')
 
 
-def write_splits(folder: str, seed: int = 0, sizes=None, contour_length: int = 14,
-                 verbose: bool = True, **kw) -> List[str]:
+def write_splits(
+  folder: str, seed: int = 0, sizes=None, contour_length: int = 14, verbose: bool = True, **kw
+) -> List[str]:
   """Writes the `split_path` files of each split; skips files already up to date.
 
   Each file holds `x` (uint8 `[n, size, size]`), `y` (int64 `[n]`) and
@@ -407,12 +472,26 @@ def write_splits(folder: str, seed: int = 0, sizes=None, contour_length: int = 1
     The paths of the split files, in the order of `sizes`.
   """
   sizes = dict(DEFAULT_SIZES if sizes is None else sizes)
-  valid = {'num_distractors', 'distractor_length', 'dash_length', 'gap', 'continuity',
-           'seed_distance', 'image_size'}
+  valid = {
+    'num_distractors',
+    'distractor_length',
+    'dash_length',
+    'gap',
+    'continuity',
+    'seed_distance',
+    'image_size',
+  }
   if set(kw) - valid:
     raise ValueError(f'unknown arguments {sorted(set(kw) - valid)}; valid: {sorted(valid)}')
-  defaults = {'num_distractors': None, 'distractor_length': None, 'dash_length': 2, 'gap': 1,
-              'continuity': 1.0, 'seed_distance': 7, 'image_size': IMAGE_SIZE}
+  defaults = {
+    'num_distractors': None,
+    'distractor_length': None,
+    'dash_length': 2,
+    'gap': 1,
+    'continuity': 1.0,
+    'seed_distance': 7,
+    'image_size': IMAGE_SIZE,
+  }
   cfg = _config(contour_length=contour_length, **{**defaults, **kw})
   for split, n in sizes.items():
     if not split or not split.replace('_', '').replace('-', '').isalnum():
@@ -430,10 +509,15 @@ def write_splits(folder: str, seed: int = 0, sizes=None, contour_length: int = 1
     why = npz_cache.problem(path, settings, {'x': (n, side, side), 'y': (n,)})
     if not why:  # up to date: no message (read at every open)
       continue
-    images, labels = generate(n, split_seed, progress=f'pathfinder {os.path.basename(path)}'
-                              if verbose else None, **cfg)
-    npz_cache.save_npz(path, x=images, y=labels, settings_json=np.frombuffer(
-        json.dumps(settings, sort_keys=True).encode('utf-8'), np.uint8))
+    images, labels = generate(
+      n, split_seed, progress=f'pathfinder {os.path.basename(path)}' if verbose else None, **cfg
+    )
+    npz_cache.save_npz(
+      path,
+      x=images,
+      y=labels,
+      settings_json=np.frombuffer(json.dumps(settings, sort_keys=True).encode('utf-8'), np.uint8),
+    )
     npz_cache.report_written(path, why, f'{n} Pathfinder images written')
   return paths
 
@@ -441,8 +525,9 @@ def write_splits(folder: str, seed: int = 0, sizes=None, contour_length: int = 1
 def released_folder(root: str, contour_length: int = 14) -> str:
   """The folder of one difficulty under `root` (e.g. lra_release/pathfinder32)."""
   if contour_length not in RELEASED_FOLDERS:
-    raise ValueError(f'contour_length must be one of {sorted(RELEASED_FOLDERS)}, '
-                     f'got {contour_length}')
+    raise ValueError(
+      f'contour_length must be one of {sorted(RELEASED_FOLDERS)}, got {contour_length}'
+    )
   return os.path.join(root, RELEASED_FOLDERS[contour_length])
 
 
@@ -461,10 +546,12 @@ def _decode_png(path: str) -> Optional[np.ndarray]:
     return None
   try:
     from PIL import Image  # pylint: disable=g-import-not-at-top
+
     with Image.open(io.BytesIO(raw)) as image:
       return np.asarray(image.convert('L'), np.uint8)
   except ImportError:
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
     try:
       return tf.io.decode_png(raw, channels=1).numpy()[..., 0]
     except tf.errors.InvalidArgumentError:
@@ -490,6 +577,7 @@ def read_released(root: str, contour_length: int = 14) -> Tuple[np.ndarray, np.n
     LRA skips empty ones; their number is logged.
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   folder = released_folder(root, contour_length)
   meta_dir = os.path.join(folder, 'metadata')
   if not tf.io.gfile.isdir(meta_dir):
@@ -500,8 +588,9 @@ def read_released(root: str, contour_length: int = 14) -> Tuple[np.ndarray, np.n
   for name in names:
     for row in _metadata_rows(os.path.join(meta_dir, name)):
       if len(row) < 4:
-        raise ValueError(f'{name}: metadata rows need >= 4 columns (dir, file, index, label), '
-                         f'got {row}')
+        raise ValueError(
+          f'{name}: metadata rows need >= 4 columns (dir, file, index, label), got {row}'
+        )
       image = _decode_png(os.path.join(folder, row[0], row[1]))
       if image is None:
         skipped += 1

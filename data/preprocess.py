@@ -4,6 +4,7 @@ Randomness is stateless: every random op takes a `[2]` int64 seed derived from
 (epoch seed, example position), so a pipeline is deterministic however many
 threads run it, and skipping examples does not change the others.
 """
+
 from typing import Sequence
 
 import tensorflow as tf
@@ -25,9 +26,10 @@ def resize(image: tf.Tensor, size: int) -> tf.Tensor:
   if image.shape[0] == size and image.shape[1] == size:
     return image
   return tf.cond(
-      tf.logical_and(tf.equal(shape[0], size), tf.equal(shape[1], size)),
-      lambda: image,
-      lambda: tf.image.resize(image, [size, size], antialias=True))
+    tf.logical_and(tf.equal(shape[0], size), tf.equal(shape[1], size)),
+    lambda: image,
+    lambda: tf.image.resize(image, [size, size], antialias=True),
+  )
 
 
 def normalize(image: tf.Tensor, mean: Sequence[float], std: Sequence[float]) -> tf.Tensor:
@@ -50,9 +52,14 @@ def inception_crop_flip(image: tf.Tensor, size: int, seed: tf.Tensor) -> tf.Tens
   """ImageNet augmentation: random area 5-100% and aspect 3/4-4/3 crop, resize, flip."""
   crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
   begin, crop_size, _ = tf.image.stateless_sample_distorted_bounding_box(
-      tf.shape(image), tf.zeros([0, 0, 4], tf.float32), seed=crop_seed,
-      area_range=(0.05, 1.0), aspect_ratio_range=(3 / 4, 4 / 3), min_object_covered=0.0,
-      use_image_if_no_bounding_boxes=True)
+    tf.shape(image),
+    tf.zeros([0, 0, 4], tf.float32),
+    seed=crop_seed,
+    area_range=(0.05, 1.0),
+    aspect_ratio_range=(3 / 4, 4 / 3),
+    min_object_covered=0.0,
+    use_image_if_no_bounding_boxes=True,
+  )
   image = tf.slice(image, begin, crop_size)
   image = tf.image.resize(tf.cast(image, tf.float32), [size, size], antialias=True)
   return tf.image.stateless_random_flip_left_right(image, flip_seed)
@@ -69,8 +76,17 @@ def resize_small_central_crop(image: tf.Tensor, size: int) -> tf.Tensor:
   return tf.image.crop_to_bounding_box(image, top, left, size, size)
 
 
-def image_example(data: tf.Tensor, *, size: int, channels: int, augment: str, train: bool,
-                  mean: Sequence[float], std: Sequence[float], seed=None) -> tf.Tensor:
+def image_example(
+  data: tf.Tensor,
+  *,
+  size: int,
+  channels: int,
+  augment: str,
+  train: bool,
+  mean: Sequence[float],
+  std: Sequence[float],
+  seed=None,
+) -> tf.Tensor:
   """Encoded image -> normalised float32 `[size, size, channels]`.
 
   augment: 'none' (resize only), 'crop_flip' (CIFAR style) or 'inception_crop'
@@ -78,8 +94,9 @@ def image_example(data: tf.Tensor, *, size: int, channels: int, augment: str, tr
   """
   image = decode_image(data, channels)
   if augment == 'inception_crop':
-    image = (inception_crop_flip(image, size, seed) if train
-             else resize_small_central_crop(image, size))
+    image = (
+      inception_crop_flip(image, size, seed) if train else resize_small_central_crop(image, size)
+    )
   elif augment == 'crop_flip' and train:
     image = pad_crop_flip(image, size, seed)
   else:
@@ -97,9 +114,11 @@ def pixel_tokens(data: tf.Tensor, *, size: int, channels: int) -> tf.Tensor:
   image = decode_image(data, channels)
   shape = tf.shape(image)
   tf.debugging.assert_equal(
-      shape[:2], tf.constant([size, size]),
-      message=f'pixels_as_tokens reads images at their stored size, which differs from '
-              f'config.dataset.image_size={size}')
+    shape[:2],
+    tf.constant([size, size]),
+    message=f'pixels_as_tokens reads images at their stored size, which differs from '
+    f'config.dataset.image_size={size}',
+  )
   return tf.reshape(tf.cast(image, tf.int32), [size * size * channels])
 
 

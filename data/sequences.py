@@ -25,6 +25,7 @@ label other than -100, no scored position at all, sequences longer than the
 model's context (`check`,
 called by `train.validate` before any workdir is written).
 """
+
 import numpy as np
 
 from data.examples import Examples
@@ -37,48 +38,63 @@ def parse(npz, path: str):
   """Examples of an open `.npz` archive (`np.load`) in this format; ValueError naming `path`."""
   missing = [k for k in KEYS if k not in npz.files]
   if missing:
-    raise ValueError(f'{path} has no {missing[0]!r} array; a sequence-labelling file needs '
-                     f'inputs and labels, int [n, length] (it has '
-                     f'{", ".join(npz.files) or "no arrays"})')
+    raise ValueError(
+      f'{path} has no {missing[0]!r} array; a sequence-labelling file needs '
+      f'inputs and labels, int [n, length] (it has '
+      f'{", ".join(npz.files) or "no arrays"})'
+    )
   data = {}
   for key in KEYS:
     a = np.asarray(npz[key])
     if not np.issubdtype(a.dtype, np.integer):
-      raise ValueError(f'{path}: {key!r} must be integers, got {a.dtype}' + (
-          '; store token ids as ints (.astype(np.int32))' if a.dtype.kind in 'fb' else ''))
+      raise ValueError(
+        f'{path}: {key!r} must be integers, got {a.dtype}'
+        + ('; store token ids as ints (.astype(np.int32))' if a.dtype.kind in 'fb' else '')
+      )
     if a.ndim != 2:
       raise ValueError(f'{path}: {key!r} must be [n, length], got shape {list(a.shape)}')
     if a.size and (a.min() < np.iinfo(np.int32).min or a.max() > np.iinfo(np.int32).max):
       raise ValueError(f'{path}: {key!r} must fit int32, got {a.min()}..{a.max()}')
     data[key] = a.astype(np.int32)
   if data['inputs'].shape != data['labels'].shape:
-    raise ValueError(f'{path}: inputs {list(data["inputs"].shape)} and labels '
-                     f'{list(data["labels"].shape)} must have the same shape [n, length]')
+    raise ValueError(
+      f'{path}: inputs {list(data["inputs"].shape)} and labels '
+      f'{list(data["labels"].shape)} must have the same shape [n, length]'
+    )
   return Examples(data['inputs'], data['labels'], path)
 
 
-def check(examples, vocab_size: int, max_length: int, vocab: str = 'config.dataset.vocab_size'
-          ) -> None:
+def check(
+  examples, vocab_size: int, max_length: int, vocab: str = 'config.dataset.vocab_size'
+) -> None:
   """ValueError naming `examples.origin`: tokens or labels outside 0..vocab_size-1 (inputs
   may also be vocab_size, the start token; labels -100), or sequences longer than `max_length` (config.dataset.max_length)."""
   x, y = examples.inputs, examples.labels
   where = examples.origin
   if x.shape[1] > max_length:
-    raise ValueError(f'{where}: sequences of {x.shape[1]} tokens exceed config.dataset.'
-                     f'max_length={max_length}; valid: files of length <= {max_length}')
+    raise ValueError(
+      f'{where}: sequences of {x.shape[1]} tokens exceed config.dataset.'
+      f'max_length={max_length}; valid: files of length <= {max_length}'
+    )
   bad = (x < 0) | (x > vocab_size)
   if bad.any():
-    raise ValueError(f'{where}: inputs must be token ids in 0..{vocab_size - 1} ({vocab}='
-                     f'{vocab_size}) or {vocab_size} (the start token), got {x[bad][0]} '
-                     f'({int(bad.sum())} of {x.size} tokens)')
+    raise ValueError(
+      f'{where}: inputs must be token ids in 0..{vocab_size - 1} ({vocab}='
+      f'{vocab_size}) or {vocab_size} (the start token), got {x[bad][0]} '
+      f'({int(bad.sum())} of {x.size} tokens)'
+    )
   bad = ((y < 0) & (y != IGNORE)) | (y >= vocab_size)
   if bad.any():
-    raise ValueError(f'{where}: labels must be token ids in 0..{vocab_size - 1} ({vocab}='
-                     f'{vocab_size}) or {IGNORE} (not scored), got {y[bad][0]} '
-                     f'({int(bad.sum())} of {y.size} labels)')
+    raise ValueError(
+      f'{where}: labels must be token ids in 0..{vocab_size - 1} ({vocab}='
+      f'{vocab_size}) or {IGNORE} (not scored), got {y[bad][0]} '
+      f'({int(bad.sum())} of {y.size} labels)'
+    )
   if len(y) and not (y != IGNORE).any():
-    raise ValueError(f'{where}: every label is {IGNORE}, so no position is scored; a '
-                     f'sequence-labelling file needs labels to learn and measure')
+    raise ValueError(
+      f'{where}: every label is {IGNORE}, so no position is scored; a '
+      f'sequence-labelling file needs labels to learn and measure'
+    )
 
 
 def scored(labels: np.ndarray) -> np.ndarray:
@@ -100,5 +116,7 @@ def pad(examples, max_length: int):
   """(inputs, labels) int32 `[n, max_length]`: padded with input 0 and label -100."""
   x, y = examples.inputs, examples.labels
   extra = ((0, 0), (0, max_length - x.shape[1]))
-  return (np.pad(x, extra).astype(np.int32),
-          np.pad(y, extra, constant_values=IGNORE).astype(np.int32))
+  return (
+    np.pad(x, extra).astype(np.int32),
+    np.pad(y, extra, constant_values=IGNORE).astype(np.int32),
+  )

@@ -19,6 +19,7 @@ so a model config (e.g. the MNIST ViT) runs on MNIST from TFDS, from an
 Small datasets are read once, decoded and kept in memory (`memory.py`); large
 ones (ImageNet, image folders) stream through tf.data (`stream.py`).
 """
+
 import dataclasses
 from typing import Any, Tuple, Union
 
@@ -58,6 +59,7 @@ class DatasetSpec:
   These facts are written here only: the config presets (`configs/common.py`)
   read them.
   """
+
   name: str
   kind: str
   num_classes: int
@@ -75,8 +77,10 @@ class DatasetSpec:
     for what in ('mean', 'std'):
       values = getattr(self, what)
       if values and len(values) != self.channels:
-        raise ValueError(f'DatasetSpec {self.name!r}: {what}={values} has {len(values)} '
-                         f'values; channels={self.channels} needs {self.channels}')
+        raise ValueError(
+          f'DatasetSpec {self.name!r}: {what}={values} has {len(values)} '
+          f'values; channels={self.channels} needs {self.channels}'
+        )
 
   def sources(self) -> Tuple[str, ...]:
     """The sources that can serve this dataset."""
@@ -91,15 +95,33 @@ class DatasetSpec:
     return ('tfds', 'arrays')
 
 
-DATASETS = {spec.name: spec for spec in (
+DATASETS = {
+  spec.name: spec
+  for spec in (
     DatasetSpec('digits', 'image', 10, 1, (0.3053,), (0.3760,), 'sklearn', stored_size=8),
     DatasetSpec('mnist', 'image', 10, 1, (0.1307,), (0.3081,), stored_size=28),
-    DatasetSpec('cifar10', 'image', 10, 3, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616),
-                stored_size=32),
-    DatasetSpec('cifar100', 'image', 100, 3, (0.5071, 0.4865, 0.4409),
-                (0.2673, 0.2564, 0.2762), stored_size=32),
-    DatasetSpec('imagenet2012', 'image', 1000, 3, (0.485, 0.456, 0.406),
-                (0.229, 0.224, 0.225), small=False, manual=True),
+    DatasetSpec(
+      'cifar10', 'image', 10, 3, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), stored_size=32
+    ),
+    DatasetSpec(
+      'cifar100',
+      'image',
+      100,
+      3,
+      (0.5071, 0.4865, 0.4409),
+      (0.2673, 0.2564, 0.2762),
+      stored_size=32,
+    ),
+    DatasetSpec(
+      'imagenet2012',
+      'image',
+      1000,
+      3,
+      (0.485, 0.456, 0.406),
+      (0.229, 0.224, 0.225),
+      small=False,
+      manual=True,
+    ),
     DatasetSpec('imdb_reviews', 'text', 2, feature='text'),
     DatasetSpec('image_folder', 'image', 0, 3, default_source='folder', small=False),
     # The Long Range Arena's generated tasks (Tay et al. 2021; `generated.py`).
@@ -115,13 +137,15 @@ DATASETS = {spec.name: spec for spec in (
     # Byte-level language modelling on a text corpus (`text_bytes.py`): windows of bytes,
     # each byte scored with its own value.
     DatasetSpec('text_bytes', 'sequence', 0, default_source='generated', vocab_size=256),
-)}
+  )
+}
 
 
 def get_spec(name: str) -> DatasetSpec:
   if name not in DATASETS:
-    raise ValueError(f'config.dataset.name={name!r} is not valid; valid choices: '
-                     f'{", ".join(DATASETS)}')
+    raise ValueError(
+      f'config.dataset.name={name!r} is not valid; valid choices: {", ".join(DATASETS)}'
+    )
   return DATASETS[name]
 
 
@@ -131,8 +155,10 @@ def source(config) -> str:
   spec = get_spec(d.name)
   src = d.get('source', '') or spec.default_source
   if src not in spec.sources():
-    raise ValueError(f'config.dataset.source={src!r} is not valid for dataset {d.name!r}; '
-                     f'valid choices: {", ".join(spec.sources())}')
+    raise ValueError(
+      f'config.dataset.source={src!r} is not valid for dataset {d.name!r}; '
+      f'valid choices: {", ".join(spec.sources())}'
+    )
   return src
 
 
@@ -140,7 +166,8 @@ def in_memory(config) -> bool:
   """Whether the dataset is read once into memory (else streamed by tf.data)."""
   src = source(config)
   return src in ('arrays', 'sklearn', 'generated', 'tsv') or (
-      src == 'tfds' and get_spec(config.dataset.name).small)
+    src == 'tfds' and get_spec(config.dataset.name).small
+  )
 
 
 def input_kind(config) -> str:
@@ -162,6 +189,7 @@ class Dataset:
     in_memory: read once into memory, else streamed (`in_memory`).
     input_kind: what the pipeline yields (`input_kind`).
   """
+
   fields: Any
   seed: int
   spec: DatasetSpec
@@ -176,9 +204,14 @@ def resolve(config: Union[Any, Dataset]) -> Dataset:
   if isinstance(config, Dataset):
     return config
   train = config.get('train')
-  return Dataset(config.dataset, train.get('seed', 0) if train else 0,
-                 get_spec(config.dataset.name), source(config), in_memory(config),
-                 input_kind(config))
+  return Dataset(
+    config.dataset,
+    train.get('seed', 0) if train else 0,
+    get_spec(config.dataset.name),
+    source(config),
+    in_memory(config),
+    input_kind(config),
+  )
 
 
 def normalization(dataset: Dataset):
@@ -189,8 +222,10 @@ def normalization(dataset: Dataset):
   for what, preset in (('mean', spec.mean), ('std', spec.std)):
     value = np.asarray(tuple(d.get(what, ()) or ()) or preset, np.float32)
     if value.size and value.shape != (channels,) and value.shape != (1,):
-      raise ValueError(f'config.dataset.{what}={tuple(value.tolist())} has {value.size} '
-                       f'values; dataset.channels={channels} needs {channels} (or 1)')
+      raise ValueError(
+        f'config.dataset.{what}={tuple(value.tolist())} has {value.size} '
+        f'values; dataset.channels={channels} needs {channels} (or 1)'
+      )
     if what == 'std' and np.any(value <= 0):
       raise ValueError(f'config.dataset.std={tuple(value.tolist())} must be > 0')
     values.append(np.broadcast_to(value, (channels,)).copy() if value.size else None)
@@ -200,8 +235,10 @@ def normalization(dataset: Dataset):
 def local_batch_size(global_size: int, process_count: int, field: str) -> int:
   """The per-process share of a global batch size `config.dataset.<field>`."""
   if global_size <= 0 or global_size % process_count:
-    raise ValueError(f'config.dataset.{field}={global_size} must be a positive multiple '
-                     f'of the number of processes ({process_count})')
+    raise ValueError(
+      f'config.dataset.{field}={global_size} must be a positive multiple '
+      f'of the number of processes ({process_count})'
+    )
   return global_size // process_count
 
 

@@ -2,6 +2,7 @@
 their sizes (`num_examples`), classes (`num_classes`) and vocabulary (`vocab_size`).
 Each function takes a config or its resolved `specs.Dataset`; `data/__init__.py`
 re-exports them."""
+
 from data.specs import resolve
 
 
@@ -17,8 +18,10 @@ def num_classes(config) -> int:
     return spec.num_classes
   if dataset.in_memory:
     from data import arrays  # pylint: disable=g-import-not-at-top
+
     return int(arrays.get_split(dataset, d.train_split).labels.max()) + 1
   from data import stream  # pylint: disable=g-import-not-at-top
+
   return stream.folder_num_classes(d.data_dir)
 
 
@@ -27,8 +30,10 @@ def num_examples(config, split: str) -> int:
   dataset = resolve(config)
   if dataset.in_memory:
     from data import arrays  # pylint: disable=g-import-not-at-top
+
     return len(arrays.get_split(dataset, split))
   from data import stream  # pylint: disable=g-import-not-at-top
+
   return stream.Source(dataset, split, 0, 1, drop_remainder=False).num_examples
 
 
@@ -52,8 +57,10 @@ def prepare(config) -> None:
   dataset = resolve(config)
   if dataset.source in ('tfds', 'folder'):
     from data import stream  # pylint: disable=g-import-not-at-top
+
     stream.prepare(dataset)
   if dataset.in_memory:
     from data import arrays  # pylint: disable=g-import-not-at-top
+
     for split in (dataset.fields.train_split, dataset.fields.eval_split):
       arrays.get_split(dataset, split)

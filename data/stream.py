@@ -16,6 +16,7 @@ reading (not decoding or augmenting) at most one epoch of this process's
 serialized records, about a second for CIFAR and a few minutes for ImageNet
 from local disk.
 """
+
 import itertools
 import socket
 import threading
@@ -45,8 +46,12 @@ def epoch_seed(seed: int, epoch: int, process_index: int) -> int:
 def _read_config(shuffle_seed: Optional[int]) -> tfds.ReadConfig:
   options = tf.data.Options()
   options.deterministic = True
-  return tfds.ReadConfig(shuffle_seed=shuffle_seed, shuffle_reshuffle_each_iteration=False,
-                         try_autocache=False, options=options)
+  return tfds.ReadConfig(
+    shuffle_seed=shuffle_seed,
+    shuffle_reshuffle_each_iteration=False,
+    try_autocache=False,
+    options=options,
+  )
 
 
 def folder_num_classes(data_dir: str) -> int:
@@ -58,9 +63,11 @@ def _folder_normalization(dataset: specs.Dataset):
   """Per-channel mean and std of (at most 512) training images of a folder."""
   d = dataset.fields
   ds = tfds.ImageFolder(d.data_dir).as_dataset(
-      split=d.train_split, shuffle_files=False, decoders={'image': tfds.decode.SkipDecoding()})
-  fn = lambda ex: preprocess.resize(preprocess.decode_image(ex['image'], d.channels),
-                                    d.image_size) / 255.0
+    split=d.train_split, shuffle_files=False, decoders={'image': tfds.decode.SkipDecoding()}
+  )
+  fn = lambda ex: (
+    preprocess.resize(preprocess.decode_image(ex['image'], d.channels), d.image_size) / 255.0
+  )
   x = np.stack(list(ds.take(512).map(fn).as_numpy_iterator())).reshape(-1, d.channels)
   return x.mean(0).astype(np.float32), np.maximum(x.std(0), 1e-3).astype(np.float32)
 
@@ -72,8 +79,14 @@ class Source:
   encoded (images are decoded later, after any skipping).
   """
 
-  def __init__(self, dataset: specs.Dataset, split: str, process_index: int,
-               process_count: int, drop_remainder: bool):
+  def __init__(
+    self,
+    dataset: specs.Dataset,
+    split: str,
+    process_index: int,
+    process_count: int,
+    drop_remainder: bool,
+  ):
     spec = dataset.spec
     self.spec = spec
     self.folder = dataset.source == 'folder'
@@ -85,8 +98,7 @@ class Source:
     else:
       self.builder = tfds.builder(spec.name, data_dir=dataset.fields.data_dir or None)
     self.feature = 'image' if self.folder else spec.feature
-    self.decoders = ({self.feature: tfds.decode.SkipDecoding()}
-                     if spec.kind == 'image' else None)
+    self.decoders = {self.feature: tfds.decode.SkipDecoding()} if spec.kind == 'image' else None
     self.num_examples = self._count()
 
   def _count(self) -> int:
@@ -98,8 +110,7 @@ class Source:
 
   def _read(self, shuffle_seed: Optional[int], shard: bool = True) -> tf.data.Dataset:
     if self.folder:
-      ds = self.builder.as_dataset(split=self.split, shuffle_files=False,
-                                   decoders=self.decoders)
+      ds = self.builder.as_dataset(split=self.split, shuffle_files=False, decoders=self.decoders)
       if shard and self.process_count > 1:
         ds = ds.shard(self.process_count, self.process_index)
       if shuffle_seed is not None:  # ImageFolder has one "file": shuffle the paths
@@ -107,11 +118,15 @@ class Source:
       return ds.with_options(_read_config(None).options)
     split = self.split
     if shard and self.process_count > 1:
-      split = tfds.even_splits(split, self.process_count,
-                               drop_remainder=self.drop_remainder)[self.process_index]
-    return self.builder.as_dataset(split=split, shuffle_files=shuffle_seed is not None,
-                                   decoders=self.decoders,
-                                   read_config=_read_config(shuffle_seed))
+      split = tfds.even_splits(split, self.process_count, drop_remainder=self.drop_remainder)[
+        self.process_index
+      ]
+    return self.builder.as_dataset(
+      split=split,
+      shuffle_files=shuffle_seed is not None,
+      decoders=self.decoders,
+      read_config=_read_config(shuffle_seed),
+    )
 
   def dataset(self, shuffle_seed: Optional[int] = None) -> tf.data.Dataset:
     return self._read(shuffle_seed)
@@ -129,14 +144,24 @@ def _example_fn(dataset: specs.Dataset, source: Source, train: bool):
     if kind == 'text':
       inputs = preprocess.byte_tokens(example[feature], d.max_length)
     elif kind == 'pixels':
-      inputs = preprocess.pixel_tokens(example[feature], size=d.image_size,
-                                       channels=d.channels)
+      inputs = preprocess.pixel_tokens(example[feature], size=d.image_size, channels=d.channels)
     else:
       inputs = preprocess.image_example(
-          example[feature], size=d.image_size, channels=d.channels,
-          augment=d.augment, train=train, mean=norm[0], std=norm[1], seed=seed)
-    return {'inputs': inputs, 'label': tf.cast(example['label'], tf.int32),
-            'mask': tf.constant(1.0, tf.float32)}
+        example[feature],
+        size=d.image_size,
+        channels=d.channels,
+        augment=d.augment,
+        train=train,
+        mean=norm[0],
+        std=norm[1],
+        seed=seed,
+      )
+    return {
+      'inputs': inputs,
+      'label': tf.cast(example['label'], tf.int32),
+      'mask': tf.constant(1.0, tf.float32),
+    }
+
   return fn
 
 
@@ -145,17 +170,19 @@ class TrainData:
 
   def __init__(self, dataset: specs.Dataset, process_index: int, process_count: int):
     self.shuffle_buffer = dataset.fields.shuffle_buffer
-    self.source = Source(dataset, dataset.fields.train_split, process_index,
-                         process_count, drop_remainder=True)
+    self.source = Source(
+      dataset, dataset.fields.train_split, process_index, process_count, drop_remainder=True
+    )
     self.num_examples = self.source.num_examples
     self.global_batch = dataset.fields.batch_size
-    self.local_batch = specs.local_batch_size(self.global_batch, process_count,
-                                              'batch_size')
+    self.local_batch = specs.local_batch_size(self.global_batch, process_count, 'batch_size')
     self.local_examples = self.num_examples // process_count
     self.steps_per_epoch = self.local_examples // self.local_batch
     if self.steps_per_epoch == 0:
-      raise ValueError(f'config.dataset.batch_size={self.global_batch} exceeds the '
-                       f'{self.num_examples} examples of split {self.source.split!r}')
+      raise ValueError(
+        f'config.dataset.batch_size={self.global_batch} exceeds the '
+        f'{self.num_examples} examples of split {self.source.split!r}'
+      )
     self.seed, self.process_index = dataset.seed, process_index
     self._fn = _example_fn(dataset, self.source, train=True)
 
@@ -164,21 +191,28 @@ class TrainData:
     seed = epoch_seed(self.seed, epoch, self.process_index)
     ds = self.source.dataset(shuffle_seed=seed)
     ds = ds.take(self.steps_per_epoch * self.local_batch)
-    ds = ds.shuffle(self.shuffle_buffer, seed=seed,
-                    reshuffle_each_iteration=False)
+    ds = ds.shuffle(self.shuffle_buffer, seed=seed, reshuffle_each_iteration=False)
     ds = ds.enumerate()
     ds = ds.skip(skip_batches * self.local_batch)
     fn = self._fn
-    ds = ds.map(lambda i, ex: fn(tf.stack([tf.constant(seed, tf.int64), i]), ex),
-                num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    ds = ds.map(
+      lambda i, ex: fn(tf.stack([tf.constant(seed, tf.int64), i]), ex),
+      num_parallel_calls=tf.data.AUTOTUNE,
+      deterministic=True,
+    )
     ds = ds.batch(self.local_batch, drop_remainder=True)
     return ds.prefetch(tf.data.AUTOTUNE)
 
   def batches(self, start_step: int = 0):
     epoch, skip = divmod(start_step, self.steps_per_epoch)
     if skip:
-      logging.info('Input: resuming at step %d = epoch %d + %d batches (skipping %d '
-                   'undecoded records)', start_step, epoch, skip, skip * self.local_batch)
+      logging.info(
+        'Input: resuming at step %d = epoch %d + %d batches (skipping %d undecoded records)',
+        start_step,
+        epoch,
+        skip,
+        skip * self.local_batch,
+      )
     for e in itertools.count(epoch):
       yield from self.epoch_dataset(e, skip if e == epoch else 0).as_numpy_iterator()
 
@@ -186,19 +220,17 @@ class TrainData:
 class EvalData:
   """Every example of a split once over all processes, in order, padded batches."""
 
-  def __init__(self, dataset: specs.Dataset, split: str, process_index: int,
-               process_count: int):
-    self.source = Source(dataset, split, process_index, process_count,
-                         drop_remainder=False)
+  def __init__(self, dataset: specs.Dataset, split: str, process_index: int, process_count: int):
+    self.source = Source(dataset, split, process_index, process_count, drop_remainder=False)
     self.num_examples = self.source.num_examples
-    self.local_batch = specs.local_batch_size(dataset.fields.eval_batch_size,
-                                              process_count, 'eval_batch_size')
+    self.local_batch = specs.local_batch_size(
+      dataset.fields.eval_batch_size, process_count, 'eval_batch_size'
+    )
     per_process = -(-self.num_examples // process_count)
     self.num_batches = -(-per_process // self.local_batch)
     fn = _example_fn(dataset, self.source, train=False)
     ds = self.source.dataset()
-    ds = ds.map(lambda ex: fn(None, ex), num_parallel_calls=tf.data.AUTOTUNE,
-                deterministic=True)
+    ds = ds.map(lambda ex: fn(None, ex), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     self._dataset = ds.batch(self.local_batch).prefetch(tf.data.AUTOTUNE)
 
   def batches(self):
@@ -217,39 +249,49 @@ def prepare(dataset: specs.Dataset) -> None:
   d, spec = dataset.fields, dataset.spec
   if dataset.source == 'folder':
     if not d.data_dir or not tf.io.gfile.isdir(d.data_dir):
-      raise ValueError(f'config.dataset.data_dir={d.data_dir!r} is not a directory; '
-                       f"source 'folder' needs the image folder root "
-                       f'(root/<split>/<label>/<image>)')
+      raise ValueError(
+        f'config.dataset.data_dir={d.data_dir!r} is not a directory; '
+        f"source 'folder' needs the image folder root "
+        f'(root/<split>/<label>/<image>)'
+      )
     classes = folder_num_classes(d.data_dir)
     if spec.num_classes and classes > spec.num_classes:
-      raise ValueError(f'config.dataset.data_dir={d.data_dir!r} has {classes} label folders, '
-                       f'more than the {spec.num_classes} classes of dataset {d.name!r}')
+      raise ValueError(
+        f'config.dataset.data_dir={d.data_dir!r} has {classes} label folders, '
+        f'more than the {spec.num_classes} classes of dataset {d.name!r}'
+      )
     splits = sorted(tf.io.gfile.listdir(d.data_dir))
     splits = [s.rstrip('/') for s in splits]
     for field in ('train_split', 'eval_split'):
       if d[field] not in splits:
-        raise ValueError(f'config.dataset.{field}={d[field]!r} is not a folder of '
-                         f'{d.data_dir}; valid choices: {", ".join(splits)}')
+        raise ValueError(
+          f'config.dataset.{field}={d[field]!r} is not a folder of '
+          f'{d.data_dir}; valid choices: {", ".join(splits)}'
+        )
     return
   builder = tfds.builder(spec.name, data_dir=d.data_dir or None)
   if _is_prepared(builder):
     return
-  where = f'config.dataset.data_dir={d.data_dir!r}' + (' (TFDS default)' if not d.data_dir
-                                                         else '')
+  where = f'config.dataset.data_dir={d.data_dir!r}' + (' (TFDS default)' if not d.data_dir else '')
   if not d.download:
-    raise ValueError(f'dataset {spec.name!r} is not prepared in {where}; set '
-                     f'config.dataset.data_dir to a directory holding it, or '
-                     f'config.dataset.download=True to let TFDS download it')
+    raise ValueError(
+      f'dataset {spec.name!r} is not prepared in {where}; set '
+      f'config.dataset.data_dir to a directory holding it, or '
+      f'config.dataset.download=True to let TFDS download it'
+    )
   if spec.manual and not d.manual_dir:
-    raise ValueError(f'dataset {spec.name!r} is not prepared in {where} and TFDS can only '
-                     f'prepare it from manually downloaded files: set '
-                     f'config.dataset.manual_dir to the directory holding them')
+    raise ValueError(
+      f'dataset {spec.name!r} is not prepared in {where} and TFDS can only '
+      f'prepare it from manually downloaded files: set '
+      f'config.dataset.manual_dir to the directory holding them'
+    )
   download_config = tfds.download.DownloadConfig(manual_dir=d.manual_dir or None)
   if jax.process_index() == 0:
     logging.info('Preparing TFDS dataset %r in %s', spec.name, builder.data_dir)
     _download_and_prepare(builder, download_config)
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+
     multihost_utils.sync_global_devices('tfds_prepare')
     if not _is_prepared(builder):  # hosts without a shared filesystem prepare their own
       _download_and_prepare(builder, download_config)
@@ -274,8 +316,9 @@ def download_hosts(builder) -> List[Tuple[str, int]]:
   return hosts
 
 
-def unreachable(hosts: Iterable[Tuple[str, int]],
-                timeout: float = CONNECT_TIMEOUT_S) -> Optional[str]:
+def unreachable(
+  hosts: Iterable[Tuple[str, int]], timeout: float = CONNECT_TIMEOUT_S
+) -> Optional[str]:
   """'host:port' of the first of `hosts` no TCP connection reaches within `timeout`
   seconds in all (name lookup included, which has no timeout of its own), or None."""
   hosts = list(hosts)
@@ -287,6 +330,7 @@ def unreachable(hosts: Iterable[Tuple[str, int]],
       reached.add(host)
     except OSError:
       pass
+
   threads = [threading.Thread(target=connect, args=(h,), daemon=True) for h in hosts]
   for t in threads:
     t.start()
@@ -301,20 +345,31 @@ def check_network(builder, timeout: float = CONNECT_TIMEOUT_S) -> None:
   be reached, instead of TFDS's ten retries (about three and a half minutes)."""
   where = unreachable(download_hosts(builder), timeout)
   if where:
-    raise DownloadError(f'could not download {builder.name}: no network ({where} cannot be '
-                        f'reached); {OFFLINE_HINT}')
+    raise DownloadError(
+      f'could not download {builder.name}: no network ({where} cannot be reached); {OFFLINE_HINT}'
+    )
 
 
 def _no_network(error: BaseException) -> bool:
   """Whether `error` (or one it was raised from) says the network cannot be reached."""
-  import requests  # pylint: disable=g-import-not-at-top  (a TFDS dependency)
   import urllib.error  # pylint: disable=g-import-not-at-top
+
+  import requests  # pylint: disable=g-import-not-at-top  (a TFDS dependency)
+
   seen = set()
   while error is not None and id(error) not in seen:
     seen.add(id(error))
-    if isinstance(error, (requests.exceptions.ConnectionError, requests.exceptions.Timeout,
-                          urllib.error.URLError, ConnectionError, TimeoutError,
-                          socket.gaierror)):
+    if isinstance(
+      error,
+      (
+        requests.exceptions.ConnectionError,
+        requests.exceptions.Timeout,
+        urllib.error.URLError,
+        ConnectionError,
+        TimeoutError,
+        socket.gaierror,
+      ),
+    ):
       return True
     error = error.__cause__ or error.__context__
   return False
@@ -341,4 +396,5 @@ def _download_and_prepare(builder, download_config) -> None:
 
 def _is_prepared(builder) -> bool:
   return tf.io.gfile.exists(builder.data_dir) and bool(
-      tf.io.gfile.glob(f'{builder.data_dir}/dataset_info.json'))
+    tf.io.gfile.glob(f'{builder.data_dir}/dataset_info.json')
+  )

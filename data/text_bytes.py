@@ -49,6 +49,7 @@ scored position / ln 2 is bits per byte.
 corpus's files (names, sizes and modification times), and keeps a file whose
 settings match.
 """
+
 import hashlib
 import io
 import json
@@ -66,8 +67,7 @@ START = VOCAB_SIZE  # the causal model's start token: before a document's first 
 SPLITS = ('train', 'validation')
 BUILTIN = 'builtin:python_docs'  # Python's reference documentation (pydoc_data)
 _FORMAT = 1  # bump when the written content changes for the same settings
-_KINDS = (f'a text file, a folder of text files, an .npz (text_utf8, offsets) or '
-          f'{BUILTIN!r}')
+_KINDS = f'a text file, a folder of text files, an .npz (text_utf8, offsets) or {BUILTIN!r}'
 _SNIFF = 8192  # bytes read to tell a text file from a binary one (git's rule)
 _TEXT: Dict[Tuple[str, int, int], bool] = {}  # (path, size, mtime) -> text file
 
@@ -110,8 +110,9 @@ def _folder_files(folder: str, prefix: str = '') -> List[Tuple[str, object]]:
 def text_files(corpus: str) -> List[Tuple[str, object]]:
   """(path inside the folder `corpus`, stat) of its text files, in order; ValueError when
   there are none."""
-  found = [(name, stat) for name, stat in _folder_files(corpus)
-           if _is_text(_join(corpus, name), stat)]
+  found = [
+    (name, stat) for name, stat in _folder_files(corpus) if _is_text(_join(corpus, name), stat)
+  ]
   if not found:
     raise ValueError(f'{corpus}: the folder holds no text file; a text corpus is {_KINDS}')
   return found
@@ -126,12 +127,10 @@ def _check_exists(corpus: str) -> None:
     raise ValueError(f"text corpus '' is not valid; it must be {_KINDS}")
   if corpus.startswith('builtin:'):
     if corpus != BUILTIN:
-      raise ValueError(f'text corpus {corpus!r} is not valid; valid built-in corpora: '
-                       f'{BUILTIN}')
+      raise ValueError(f'text corpus {corpus!r} is not valid; valid built-in corpora: {BUILTIN}')
     return
   if not files.gfile(corpus).exists(corpus):
-    raise ValueError(f'{corpus} (config.dataset.corpus) does not exist; a text corpus is '
-                     f'{_KINDS}')
+    raise ValueError(f'{corpus} (config.dataset.corpus) does not exist; a text corpus is {_KINDS}')
 
 
 def python_docs() -> bytes:
@@ -139,8 +138,10 @@ def python_docs() -> bytes:
   try:
     from pydoc_data import topics  # pylint: disable=g-import-not-at-top
   except ImportError:
-    raise ValueError(f'{BUILTIN}: this Python has no pydoc_data (its reference '
-                     f'documentation); set config.dataset.corpus to {_KINDS}') from None
+    raise ValueError(
+      f'{BUILTIN}: this Python has no pydoc_data (its reference '
+      f'documentation); set config.dataset.corpus to {_KINDS}'
+    ) from None
   return '\n\n'.join(topics.topics[k] for k in sorted(topics.topics)).encode('utf-8')
 
 
@@ -154,8 +155,9 @@ def paragraphs(text: bytes) -> List[bytes]:
 def _text_file(corpus: str) -> bytes:
   raw = _read(corpus)
   if b'\0' in raw[:_SNIFF]:
-    raise ValueError(f'{corpus}: not a text file (a NUL byte in its first 8 KiB); a text '
-                     f'corpus is {_KINDS}')
+    raise ValueError(
+      f'{corpus}: not a text file (a NUL byte in its first 8 KiB); a text corpus is {_KINDS}'
+    )
   return raw
 
 
@@ -171,25 +173,34 @@ def read_corpus(corpus: str) -> List[bytes]:
   try:
     npz = np.load(io.BytesIO(_read(corpus)), allow_pickle=False)
   except Exception as e:  # pylint: disable=broad-except
-    raise ValueError(f'{corpus}: not a readable .npz ({type(e).__name__}: {e}); a text corpus '
-                     f'is {_KINDS}') from None
+    raise ValueError(
+      f'{corpus}: not a readable .npz ({type(e).__name__}: {e}); a text corpus is {_KINDS}'
+    ) from None
   with npz:
     for key in ('text_utf8', 'offsets'):
       if key not in npz.files:
-        raise ValueError(f'{corpus} has no {key!r} array; a text corpus .npz needs text_utf8 '
-                         f'(uint8, the documents concatenated) and offsets (int [n + 1]) '
-                         f'(it has {", ".join(npz.files) or "no arrays"})')
+        raise ValueError(
+          f'{corpus} has no {key!r} array; a text corpus .npz needs text_utf8 '
+          f'(uint8, the documents concatenated) and offsets (int [n + 1]) '
+          f'(it has {", ".join(npz.files) or "no arrays"})'
+        )
     text, offsets = np.asarray(npz['text_utf8']), np.asarray(npz['offsets'])
   if text.dtype != np.uint8 or text.ndim != 1:
-    raise ValueError(f"{corpus}: 'text_utf8' must be uint8 [total bytes], got {text.dtype} "
-                     f'shape {list(text.shape)}')
+    raise ValueError(
+      f"{corpus}: 'text_utf8' must be uint8 [total bytes], got {text.dtype} "
+      f'shape {list(text.shape)}'
+    )
   if not np.issubdtype(offsets.dtype, np.integer) or offsets.ndim != 1 or len(offsets) < 1:
-    raise ValueError(f"{corpus}: 'offsets' must be integers [n + 1], got {offsets.dtype} "
-                     f'shape {list(offsets.shape)}')
+    raise ValueError(
+      f"{corpus}: 'offsets' must be integers [n + 1], got {offsets.dtype} "
+      f'shape {list(offsets.shape)}'
+    )
   if offsets[0] != 0 or offsets[-1] != len(text) or (np.diff(offsets) < 0).any():
-    raise ValueError(f"{corpus}: 'offsets' must rise from 0 to len(text_utf8)={len(text)}, "
-                     f'got {offsets[0]}..{offsets[-1]}' + (
-                         ' and a decrease' if (np.diff(offsets) < 0).any() else ''))
+    raise ValueError(
+      f"{corpus}: 'offsets' must rise from 0 to len(text_utf8)={len(text)}, "
+      f'got {offsets[0]}..{offsets[-1]}'
+      + (' and a decrease' if (np.diff(offsets) < 0).any() else '')
+    )
   raw = text.tobytes()
   return [raw[a:b] for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
 
@@ -203,23 +214,34 @@ def fingerprint(corpus: str) -> str:
     return hashlib.sha256(python_docs()).hexdigest()
   if not files.gfile(corpus).isdir(corpus):
     return hashlib.sha256(_read(corpus) if _is_npz(corpus) else _text_file(corpus)).hexdigest()
-  lines = ''.join(f'{hashlib.sha256(_read(_join(corpus, name))).hexdigest()}  {name}\n'
-                  for name, _ in text_files(corpus))
+  lines = ''.join(
+    f'{hashlib.sha256(_read(_join(corpus, name))).hexdigest()}  {name}\n'
+    for name, _ in text_files(corpus)
+  )
   return hashlib.sha256(lines.encode('utf-8')).hexdigest()
 
 
-def split_documents(docs: Sequence[bytes], validation_docs: int, train_docs: int = 0,
-                    seed: int = 0, where: str = 'corpus') -> Dict[str, List[int]]:
+def split_documents(
+  docs: Sequence[bytes],
+  validation_docs: int,
+  train_docs: int = 0,
+  seed: int = 0,
+  where: str = 'corpus',
+) -> Dict[str, List[int]]:
   """{'train': indices, 'validation': indices} of the non-empty `docs` (sorted; see the
   module docstring); ValueError naming `where` when too few documents are left."""
   nonempty = np.asarray([i for i, d in enumerate(docs) if d], np.int64)
   if not len(nonempty):
-    raise ValueError(f'{where}: the corpus is empty ({len(docs)} documents, none with a '
-                     f'byte); it needs documents to train and validate on')
+    raise ValueError(
+      f'{where}: the corpus is empty ({len(docs)} documents, none with a '
+      f'byte); it needs documents to train and validate on'
+    )
   if validation_docs < 1 or len(nonempty) <= validation_docs:
-    raise ValueError(f'{where}: {len(nonempty)} non-empty documents cannot hold out '
-                     f'validation_docs={validation_docs} and train on the rest; valid: '
-                     f'1..{len(nonempty) - 1}')
+    raise ValueError(
+      f'{where}: {len(nonempty)} non-empty documents cannot hold out '
+      f'validation_docs={validation_docs} and train on the rest; valid: '
+      f'1..{len(nonempty) - 1}'
+    )
   order = nonempty[np.random.default_rng(seed).permutation(len(nonempty))]
   validation = np.sort(order[:validation_docs])
   held = {docs[i] for i in validation}
@@ -227,8 +249,10 @@ def split_documents(docs: Sequence[bytes], validation_docs: int, train_docs: int
   if train_docs > 0:
     train = train[:train_docs]
   if not train:
-    raise ValueError(f'{where}: no training document is left: every document outside the '
-                     f'{validation_docs} held out repeats one of them')
+    raise ValueError(
+      f'{where}: no training document is left: every document outside the '
+      f'{validation_docs} held out repeats one of them'
+    )
   return {'train': sorted(int(i) for i in train), 'validation': validation.tolist()}
 
 
@@ -241,9 +265,9 @@ def windows(docs: Sequence[bytes], seq_len: int) -> Tuple[np.ndarray, np.ndarray
       continue
     rows = -(-len(d) // seq_len)
     y = np.full(rows * seq_len, -100, np.int16)
-    y[:len(d)] = d
+    y[: len(d)] = d
     x = np.zeros(rows * seq_len, np.int16)
-    x[0], x[1:len(d)] = START, d[:-1]
+    x[0], x[1 : len(d)] = START, d[:-1]
     inputs.append(x.reshape(rows, seq_len))
     labels.append(y.reshape(rows, seq_len))
   if not inputs:
@@ -264,14 +288,21 @@ def _stamp(corpus: str) -> List:
   return [[name, int(stat.length), int(stat.mtime_nsec)] for name, stat in found]
 
 
-def settings(corpus: str, seq_len: int, validation_docs: int, train_docs: int = 0,
-             seed: int = 0) -> Dict:
+def settings(
+  corpus: str, seq_len: int, validation_docs: int, train_docs: int = 0, seed: int = 0
+) -> Dict:
   """The settings a split file is written from (ValueError if the corpus is missing)."""
   _check_exists(corpus)
   where = corpus if corpus == BUILTIN or files.is_url(corpus) else os.path.abspath(corpus)
-  return dict(format=_FORMAT, corpus=where, stamp=_stamp(corpus),
-              seq_len=int(seq_len), validation_docs=int(validation_docs),
-              train_docs=int(train_docs), seed=int(seed))
+  return dict(
+    format=_FORMAT,
+    corpus=where,
+    stamp=_stamp(corpus),
+    seq_len=int(seq_len),
+    validation_docs=int(validation_docs),
+    train_docs=int(train_docs),
+    seed=int(seed),
+  )
 
 
 def split_path(folder: str, split: str, **task) -> str:
@@ -285,20 +316,36 @@ def check_settings(seq_len: int, validation_docs: int, train_docs: int) -> None:
   if seq_len < 1:
     raise ValueError(f'text_bytes seq_len={seq_len} is not valid; it must be >= 1')
   if validation_docs < 1:
-    raise ValueError(f'text_bytes validation_docs={validation_docs} is not valid; it must be '
-                     f'>= 1 (documents held out for validation)')
+    raise ValueError(
+      f'text_bytes validation_docs={validation_docs} is not valid; it must be '
+      f'>= 1 (documents held out for validation)'
+    )
   if train_docs < 0:
-    raise ValueError(f'text_bytes train_docs={train_docs} is not valid; it must be >= 0 '
-                     f'(0 = every document not held out)')
+    raise ValueError(
+      f'text_bytes train_docs={train_docs} is not valid; it must be >= 0 '
+      f'(0 = every document not held out)'
+    )
 
 
-def write_splits(folder: str, corpus: str, seq_len: int, validation_docs: int,
-                 train_docs: int = 0, seed: int = 0, verbose: bool = True) -> List[str]:
+def write_splits(
+  folder: str,
+  corpus: str,
+  seq_len: int,
+  validation_docs: int,
+  train_docs: int = 0,
+  seed: int = 0,
+  verbose: bool = True,
+) -> List[str]:
   """Writes the 'train' and 'validation' window files of `corpus` into `folder` (skipping
   files already up to date); returns their paths."""
   check_settings(seq_len, validation_docs, train_docs)
-  task = dict(corpus=corpus, seq_len=seq_len, validation_docs=validation_docs,
-              train_docs=train_docs, seed=seed)
+  task = dict(
+    corpus=corpus,
+    seq_len=seq_len,
+    validation_docs=validation_docs,
+    train_docs=train_docs,
+    seed=seed,
+  )
   base = settings(**task)
   paths = {s: split_path(folder, s, **task) for s in SPLITS}
   why = {s: npz_cache.problem(paths[s], dict(base, split=s)) for s in SPLITS}
@@ -309,9 +356,19 @@ def write_splits(folder: str, corpus: str, seq_len: int, validation_docs: int,
   npz_cache.makedirs(folder)
   for split in SPLITS:
     inputs, labels = windows([docs[i] for i in chosen[split]], seq_len)
-    npz_cache.save_npz(paths[split], inputs=inputs, labels=labels, settings_json=np.frombuffer(
-        json.dumps(dict(base, split=split), sort_keys=True).encode('utf-8'), np.uint8))
+    npz_cache.save_npz(
+      paths[split],
+      inputs=inputs,
+      labels=labels,
+      settings_json=np.frombuffer(
+        json.dumps(dict(base, split=split), sort_keys=True).encode('utf-8'), np.uint8
+      ),
+    )
     npz_cache.report_written(
-        paths[split], why[split], f'{len(chosen[split])} documents, '
-        f'{int((labels >= 0).sum())} bytes in {len(inputs)} windows of {seq_len}', verbose)
+      paths[split],
+      why[split],
+      f'{len(chosen[split])} documents, '
+      f'{int((labels >= 0).sum())} bytes in {len(inputs)} windows of {seq_len}',
+      verbose,
+    )
   return [paths[s] for s in SPLITS]

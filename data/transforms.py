@@ -10,6 +10,7 @@ width, channels]`, integer (values 0..255) or float (values 0..1 unless
 Variants of the report ("Efficient Attention", section 2): 'rotated' (90
 degrees), 'inverted', 'quantised' (2 levels) = `VARIANTS`.
 """
+
 import functools
 import math
 from typing import Callable, Optional
@@ -48,8 +49,9 @@ def rotate(images, degrees: float = 90.0) -> jnp.ndarray:
     return jnp.rot90(images, k=int(degrees // 90) % 4, axes=(1, 2))
   h, w = images.shape[1:3]
   theta = math.radians(degrees)
-  rows, cols = jnp.meshgrid(jnp.arange(h, dtype=jnp.float32),
-                            jnp.arange(w, dtype=jnp.float32), indexing='ij')
+  rows, cols = jnp.meshgrid(
+    jnp.arange(h, dtype=jnp.float32), jnp.arange(w, dtype=jnp.float32), indexing='ij'
+  )
   cy, cx = (h - 1) / 2, (w - 1) / 2
   # Output pixel (r, c) reads the input at the inversely rotated position.
   src_r = cy + (rows - cy) * math.cos(theta) + (cols - cx) * math.sin(theta)
@@ -88,8 +90,12 @@ def quantise(images, levels: int = 2, max_value: Optional[float] = None) -> jnp.
 
 
 TRANSFORMS = {'rotate': rotate, 'invert': invert, 'quantise': quantise}
-VARIANTS = {'mnist': 'none', 'rotated': 'rotate:90', 'inverted': 'invert',
-            'quantised': 'quantise:2'}
+VARIANTS = {
+  'mnist': 'none',
+  'rotated': 'rotate:90',
+  'inverted': 'invert',
+  'quantised': 'quantise:2',
+}
 
 
 def get_transform(spec: str) -> Transform:
@@ -105,8 +111,10 @@ def get_transform(spec: str) -> Transform:
       continue
     name, _, arg = item.partition(':')
     if name not in TRANSFORMS:
-      raise ValueError(f'unknown transform {name!r} in {spec!r}; valid: '
-                       f'{", ".join(TRANSFORMS)}, none, or a variant: {", ".join(VARIANTS)}')
+      raise ValueError(
+        f'unknown transform {name!r} in {spec!r}; valid: '
+        f'{", ".join(TRANSFORMS)}, none, or a variant: {", ".join(VARIANTS)}'
+      )
     if name == 'rotate':
       steps.append(functools.partial(rotate, degrees=float(arg or 90)))
     elif name == 'quantise':

@@ -11,6 +11,7 @@ READMEs). Markdown is read by MyST, the API reference by autodoc (Google-style d
 through napoleon), and two local extensions in docs/_ext/ check that every public name
 is documented (public_api) and list the registered mechanisms (mechanism_list).
 """
+
 import os
 import sys
 
@@ -26,13 +27,13 @@ copyright = '2026, the efficient-attn authors'
 release = version = efficient_attn.__version__
 
 extensions = [
-    'myst_parser',
-    'sphinx.ext.autodoc',
-    'sphinx.ext.napoleon',
-    'docstrings',
-    'public_api',
-    'mechanism_list',
-    'report_pages',
+  'myst_parser',
+  'sphinx.ext.autodoc',
+  'sphinx.ext.napoleon',
+  'docstrings',
+  'public_api',
+  'mechanism_list',
+  'report_pages',
 ]
 
 # The repository's root is the source directory; docs/index.md is the site's front page.
@@ -43,15 +44,25 @@ source_suffix = {'.md': 'markdown'}
 # MyST resolves a link to a .md file only to a page, and the studies' READMEs link their
 # reports (studies/recall/recall_d.md); those are orphan pages (`report_pages` below).
 include_patterns = [
-    'README.md', 'CHANGELOG.md', 'CONTRIBUTING.md',
-    'docs/**.md',
-    'studies/**.md',
+  'README.md',
+  'CHANGELOG.md',
+  'CONTRIBUTING.md',
+  'docs/**.md',
+  'studies/**.md',
 ]
 # The build output, and folders never searched for pages (they only slow the walk:
 # the virtual environment, git, runs and caches).
 exclude_patterns = [
-    'docs/_build', '.*', '**/.*', 'runs', 'workdirs', 'benchmark_results', 'build', 'dist',
-    '*.egg-info', '**/__pycache__',
+  'docs/_build',
+  '.*',
+  '**/.*',
+  'runs',
+  'workdirs',
+  'benchmark_results',
+  'build',
+  'dist',
+  '*.egg-info',
+  '**/__pycache__',
 ]
 
 # MyST: GitHub's heading anchors (`README.md#data`) on every heading level, so the links
@@ -72,8 +83,12 @@ default_role = 'code'
 
 # public_api: every public name of these modules must be documented by autodoc, with a
 # docstring, or the build warns (an error under -W). The rule is in docs/_ext/public_api.py.
-public_api_modules = ['efficient_attn', 'efficient_attn.mechanisms', 'efficient_attn.nnx',
-                      'train.api']
+public_api_modules = [
+  'efficient_attn',
+  'efficient_attn.mechanisms',
+  'efficient_attn.nnx',
+  'train.api',
+]
 
 # report_pages: the studies' reports are pages reached from the study citing them, not
 # from the navigation (orphan; titled by file name when they have no heading).
@@ -82,9 +97,9 @@ report_pages = ['studies/**']
 html_theme = 'sphinx_book_theme'
 html_title = 'efficient-attn'
 html_theme_options = {
-    'show_toc_level': 2,
-    'use_download_button': False,
-    'use_fullscreen_button': False,
+  'show_toc_level': 2,
+  'use_download_button': False,
+  'use_fullscreen_button': False,
 }
 html_show_sourcelink = False
 html_copy_source = False
@@ -97,10 +112,12 @@ def _root_redirect(app, exception):
   if exception is None and app.builder.format == 'html':
     target = app.builder.get_target_uri(root_doc)
     with open(os.path.join(app.outdir, 'index.html'), 'w', encoding='utf-8') as f:
-      f.write(f'<!DOCTYPE html><html><head><meta charset="utf-8">'
-              f'<meta http-equiv="refresh" content="0; url={target}">'
-              f'<link rel="canonical" href="{target}"><title>{project}</title></head>'
-              f'<body><a href="{target}">{project}</a></body></html>\n')
+      f.write(
+        f'<!DOCTYPE html><html><head><meta charset="utf-8">'
+        f'<meta http-equiv="refresh" content="0; url={target}">'
+        f'<link rel="canonical" href="{target}"><title>{project}</title></head>'
+        f'<body><a href="{target}">{project}</a></body></html>\n'
+      )
 
 
 def setup(app):

@@ -21,9 +21,10 @@ and docs tables read `complexity` and `knob`; the tests loop over the
 registry with each mechanism's `example` options. Adding a mechanism is one
 file in `efficient_attn/mechanisms/` (imported automatically) plus its test.
 """
+
 import dataclasses
 import math
-from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple, Union
 
 from efficient_attn.ops import scaled_dot_product
 
@@ -52,6 +53,7 @@ class Option:
     configurable: settable from an experiment config (False for array-valued
       options such as a shared projection, which only Python callers pass).
   """
+
   name: str
   default: Any
   type: type
@@ -85,9 +87,13 @@ class Option:
 
   def check(self, value: Any, mechanism: str) -> Any:
     """`value` converted to the option's type, or ValueError naming it and what is allowed."""
+
     def bad():
-      return ValueError(f'option {self.name}={value!r} of mechanism {mechanism!r} is not '
-                        f'valid; it must be {self.describe()}')
+      return ValueError(
+        f'option {self.name}={value!r} of mechanism {mechanism!r} is not '
+        f'valid; it must be {self.describe()}'
+      )
+
     if value is None:
       if self.allow_none:
         return None
@@ -104,10 +110,12 @@ class Option:
 
   def out_of_range(self, value: Any) -> bool:
     """`value` (not None) is outside the declared choices or bounds."""
-    return bool((self.choices and value not in self.choices) or (
-        self.minimum is not None and value < self.minimum) or (
-        self.maximum is not None and value > self.maximum) or (
-            self.above is not None and value <= self.above))
+    return bool(
+      (self.choices and value not in self.choices)
+      or (self.minimum is not None and value < self.minimum)
+      or (self.maximum is not None and value > self.maximum)
+      or (self.above is not None and value <= self.above)
+    )
 
 
 class Options(dict):
@@ -125,6 +133,7 @@ class ParamSpec(NamedTuple):
 
   A plain `(shape, init)` tuple works wherever a ParamSpec does.
   """
+
   shape: Tuple[int, ...]
   init: Callable[..., Any]
 
@@ -178,6 +187,7 @@ class Mechanism:
   `head_shapes` declares the per-head widths the layers project to (default:
   q, k and v of `heads` heads of `head_dim`, head_dim = qkv_features / heads).
   """
+
   name: str = ''
   description: str = ''
   citation: str = ''
@@ -208,17 +218,23 @@ class Mechanism:
 
   def describe(self) -> str:
     """A few lines for a person: what it is, its forms and its options with their defaults."""
-    forms = [f'causal form: {"only" if self.causal_only else "yes" if self.causal else "no"}',
-             f'masks: {"any" if self.masks == "any" else "key padding only"}',
-             f'decoding: {self.decode or "none"}',
-             f'rotary: {self.rotary or "no"}',
-             f'fixed length: {"yes" if self.fixed_length else "no"}']
+    forms = [
+      f'causal form: {"only" if self.causal_only else "yes" if self.causal else "no"}',
+      f'masks: {"any" if self.masks == "any" else "key padding only"}',
+      f'decoding: {self.decode or "none"}',
+      f'rotary: {self.rotary or "no"}',
+      f'fixed length: {"yes" if self.fixed_length else "no"}',
+    ]
     if self.reads_input:
       forms.append('gates from the layer input')
-    lines = [f'{self.name}: {self.description} ({self.citation})',
-             f'  time {self.complexity[0]}, memory {self.complexity[1]} per head; '
-             + ', '.join(forms)]
-    lines += [f'  {options.name}={options.default!r}: {options.doc} ({options.describe()})' for options in self.options]
+    lines = [
+      f'{self.name}: {self.description} ({self.citation})',
+      f'  time {self.complexity[0]}, memory {self.complexity[1]} per head; ' + ', '.join(forms),
+    ]
+    lines += [
+      f'  {options.name}={options.default!r}: {options.doc} ({options.describe()})'
+      for options in self.options
+    ]
     return '\n'.join(lines)
 
   def resolve(self, options: Optional[Mapping[str, Any]] = None) -> Options:
@@ -227,10 +243,13 @@ class Mechanism:
     known = {opt.name: opt for opt in self.options}
     unknown = sorted(set(options) - set(known))
     if unknown:
-      raise ValueError(f'unknown option(s) {unknown} for mechanism {self.name!r}; valid '
-                       f'options: {", ".join(known) or "(none)"}')
-    resolved = Options({name: opt.check(options.get(name, opt.default), self.name)
-                 for name, opt in known.items()})
+      raise ValueError(
+        f'unknown option(s) {unknown} for mechanism {self.name!r}; valid '
+        f'options: {", ".join(known) or "(none)"}'
+      )
+    resolved = Options(
+      {name: opt.check(options.get(name, opt.default), self.name) for name, opt in known.items()}
+    )
     self.check_options(resolved)
     return resolved
 
@@ -238,12 +257,15 @@ class Mechanism:
     """Raises ValueError for options that are each valid but not together (default: none)."""
     del options
 
-  def check(self, options: Options, *, length: int, max_length: Optional[int], causal: bool) -> None:
+  def check(
+    self, options: Options, *, length: int, max_length: Optional[int], causal: bool
+  ) -> None:
     """Raises ValueError when the options cannot serve this length (default: nothing to check)."""
     del options, length, max_length, causal
 
-  def params(self, options: Options, *, heads: int, head_dim: int, max_length: Optional[int],
-             causal: bool) -> Dict[str, ParamSpec]:
+  def params(
+    self, options: Options, *, heads: int, head_dim: int, max_length: Optional[int], causal: bool
+  ) -> Dict[str, ParamSpec]:
     """The parameters of one layer, by name (default: none)."""
     del options, heads, head_dim, max_length, causal
     return {}
@@ -263,8 +285,9 @@ class Mechanism:
     del options
     return heads, head_dim, head_dim
 
-  def input_params(self, options: Options, *, features: int, heads: int,
-                   head_dim: int) -> Dict[str, ParamSpec]:
+  def input_params(
+    self, options: Options, *, features: int, heads: int, head_dim: int
+  ) -> Dict[str, ParamSpec]:
     """Parameters that read the layer input `[batch, length, features]` (reads_input:
     the gate projections; default: none). They live beside `params`, under the same
     module."""
@@ -277,21 +300,43 @@ class Mechanism:
     step) and the declared parameters. The layers pass them as `ctx.gates`."""
     raise NotImplementedError
 
-  def shared_params(self, options: Options, *, heads: int, head_dim: int,
-                    max_length: Optional[int]) -> Dict[str, ParamSpec]:
+  def shared_params(
+    self, options: Options, *, heads: int, head_dim: int, max_length: Optional[int]
+  ) -> Dict[str, ParamSpec]:
     """Parameters one model shares across all its layers (default: none)."""
     del options, heads, head_dim, max_length
     return {}
 
-  def attend(self, options: Options, params: Mapping[str, Any], q, k, v, *, mask, causal: bool,
-             ctx: 'Context'):
+  def attend(
+    self,
+    options: Options,
+    params: Mapping[str, Any],
+    q,
+    k,
+    v,
+    *,
+    mask,
+    causal: bool,
+    ctx: 'Context',
+  ):
     """q `[b, lq, h, d]`, k `[b, lk, h, d]`, v `[b, lk, h, dv]` -> `[b, lq, h, dv]` (q and k
     with qk_heads heads of `head_shapes` where it declares fewer)."""
     raise NotImplementedError
 
   # What it approximates (the approximation-error benchmark and identity tests).
-  def attend_sharded(self, options: Options, params: Mapping[str, Any], q, k, v, *, mask,
-                     causal: bool, ctx: 'Context', axis: str):
+  def attend_sharded(
+    self,
+    options: Options,
+    params: Mapping[str, Any],
+    q,
+    k,
+    v,
+    *,
+    mask,
+    causal: bool,
+    ctx: 'Context',
+    axis: str,
+  ):
     """`attend` on one device's block of the sequence, inside `jax.shard_map` over the
     mesh axis `axis` (context parallelism; `efficient_attn.layers.parallel` runs it).
 
@@ -302,8 +347,10 @@ class Mechanism:
     a mechanism without it refuses (`efficient_attn.layers.parallel.check`).
     """
     del options, params, q, k, v, mask, causal, ctx
-    raise ValueError(f'mechanism {self.name!r} cannot split the sequence over mesh axis '
-                     f'{axis!r}: {self.whole_sequence}')
+    raise ValueError(
+      f'mechanism {self.name!r} cannot split the sequence over mesh axis '
+      f'{axis!r}: {self.whole_sequence}'
+    )
 
   def reference(self, options: Options, q, k, v):
     """The exact attention this mechanism approximates (default: softmax attention)."""
@@ -362,9 +409,15 @@ class Context:
       explicit form, never a fused kernel that does not form them.
   """
 
-  def __init__(self, deterministic: bool = True, tag: Tuple[str, ...] = (),
-               rngs: Optional[Mapping[str, Any]] = None, dropout_rate: float = 0.0,
-               broadcast_dropout: bool = True, max_length: Optional[int] = None):
+  def __init__(
+    self,
+    deterministic: bool = True,
+    tag: Tuple[str, ...] = (),
+    rngs: Optional[Mapping[str, Any]] = None,
+    dropout_rate: float = 0.0,
+    broadcast_dropout: bool = True,
+    max_length: Optional[int] = None,
+  ):
     self.deterministic = deterministic
     self.tag = tuple(tag)
     self.max_length = max_length
@@ -382,6 +435,13 @@ class Context:
 
 
 _MECHANISMS: Dict[str, Mechanism] = {}
+_REGISTERED: List[str] = []  # names in the order they registered
+_SOFTMAX_MODULE = 'efficient_attn.mechanisms.softmax'
+
+
+def _rank(decl: Mechanism) -> Tuple[bool, str, int]:
+  module = type(decl).__module__
+  return (module != _SOFTMAX_MODULE, module, _REGISTERED.index(decl.name))
 
 
 def register(cls):
@@ -389,15 +449,27 @@ def register(cls):
   decl = cls()
   if not decl.name or decl.name in _MECHANISMS:
     raise ValueError(f'mechanism name {decl.name!r} is empty or registered twice')
-  if (decl.masks not in MASKS or decl.decode not in DECODE_FORMS or
-      decl.rotary not in ROTARY_FORMS or decl.sequence_parallel not in SEQUENCE_FORMS):
-    raise ValueError(f'mechanism {decl.name!r}: masks must be one of {MASKS}, decode one of '
-                     f'{DECODE_FORMS}, rotary one of {ROTARY_FORMS}, sequence_parallel one '
-                     f'of {SEQUENCE_FORMS}')
+  if (
+    decl.masks not in MASKS
+    or decl.decode not in DECODE_FORMS
+    or decl.rotary not in ROTARY_FORMS
+    or decl.sequence_parallel not in SEQUENCE_FORMS
+  ):
+    raise ValueError(
+      f'mechanism {decl.name!r}: masks must be one of {MASKS}, decode one of '
+      f'{DECODE_FORMS}, rotary one of {ROTARY_FORMS}, sequence_parallel one '
+      f'of {SEQUENCE_FORMS}'
+    )
   if decl.causal_only and not decl.causal:
     raise ValueError(f'mechanism {decl.name!r} is causal_only, so it must declare causal')
   decl.resolve()  # the defaults themselves must be valid
   _MECHANISMS[decl.name] = decl
+  _REGISTERED.append(decl.name)
+  # The same order whatever was imported first: softmax's module, then by module name,
+  # then as registered within a module.
+  ordered = sorted(_MECHANISMS.values(), key=_rank)
+  _MECHANISMS.clear()
+  _MECHANISMS.update((d.name, d) for d in ordered)
   return cls
 
 
@@ -414,11 +486,15 @@ def mechanisms() -> Tuple[Mechanism, ...]:
 def get_mechanism(name: str) -> Mechanism:
   """The declaration registered as `name`; ValueError lists the valid names."""
   if name not in _MECHANISMS:
-    stack = (" (a pattern 'a+b' names the mechanisms a stack's blocks take in turn: "
-             "TransformerConfig, efficient_attn.layers.hybrid; a layer takes one)"
-             if '+' in str(name) else '')
-    raise ValueError(f'Unknown attention mechanism {name!r}{stack}; valid mechanisms: '
-                     f'{", ".join(_MECHANISMS)}')
+    stack = (
+      " (a pattern 'a+b' names the mechanisms a stack's blocks take in turn: "
+      "TransformerConfig, efficient_attn.layers.hybrid; a layer takes one)"
+      if '+' in str(name)
+      else ''
+    )
+    raise ValueError(
+      f'Unknown attention mechanism {name!r}{stack}; valid mechanisms: {", ".join(_MECHANISMS)}'
+    )
   return _MECHANISMS[name]
 
 
@@ -448,8 +524,7 @@ def check_arguments(mechanism: str, function: str, **values) -> None:
   for name, value in values.items():
     option = declared[name]
     if (not option.allow_none) if value is None else option.out_of_range(value):
-      raise ValueError(f'{function}: {name}={value!r} is not valid; it must be '
-                       f'{option.describe()}')
+      raise ValueError(f'{function}: {name}={value!r} is not valid; it must be {option.describe()}')
 
 
 def names_where(predicate: Callable[[Mechanism], bool]) -> Tuple[str, ...]:
@@ -457,9 +532,15 @@ def names_where(predicate: Callable[[Mechanism], bool]) -> Tuple[str, ...]:
   return tuple(m.name for m in mechanisms() if predicate(m))
 
 
-def configure(mechanism: Union[str, Mechanism], options: Optional[Mapping[str, Any]] = None,
-              *, causal: bool = False, max_length: Optional[int] = None,
-              length: Optional[int] = None, rotary: bool = False) -> Tuple[Mechanism, Options]:
+def configure(
+  mechanism: Union[str, Mechanism],
+  options: Optional[Mapping[str, Any]] = None,
+  *,
+  causal: bool = False,
+  max_length: Optional[int] = None,
+  length: Optional[int] = None,
+  rotary: bool = False,
+) -> Tuple[Mechanism, Options]:
   """(declaration, resolved options) after every check that needs no data.
 
   `mechanism` is a registered name or its declaration (`declaration`): a layer
@@ -476,35 +557,43 @@ def configure(mechanism: Union[str, Mechanism], options: Optional[Mapping[str, A
   resolved = decl.resolve(options)
   if causal and not decl.causal:
     raise ValueError(
-        f'mechanism {mechanism!r} has no causal form (it mixes information along the '
-        f'sequence before scoring, which would let a token see the future); mechanisms '
-        f'with a causal form: {", ".join(names_where(lambda m: m.causal))}')
+      f'mechanism {mechanism!r} has no causal form (it mixes information along the '
+      f'sequence before scoring, which would let a token see the future); mechanisms '
+      f'with a causal form: {", ".join(names_where(lambda m: m.causal))}'
+    )
   if rotary and not decl.rotary:
     raise ValueError(
-        f'mechanism {mechanism!r} cannot take rotary positions (rotary=True): it has no '
-        f'query-key scores to rotate; mechanisms that can: '
-        f'{", ".join(names_where(lambda m: bool(m.rotary)))}')
+      f'mechanism {mechanism!r} cannot take rotary positions (rotary=True): it has no '
+      f'query-key scores to rotate; mechanisms that can: '
+      f'{", ".join(names_where(lambda m: bool(m.rotary)))}'
+    )
   if decl.causal_only and not causal:
     raise ValueError(
-        f'mechanism {mechanism!r} is causal only (a recurrence along the sequence, with no '
-        f'bidirectional form): build it with causal=True; mechanisms with a bidirectional '
-        f'form: {", ".join(names_where(lambda m: not m.causal_only))}')
+      f'mechanism {mechanism!r} is causal only (a recurrence along the sequence, with no '
+      f'bidirectional form): build it with causal=True; mechanisms with a bidirectional '
+      f'form: {", ".join(names_where(lambda m: not m.causal_only))}'
+    )
   if decl.fixed_length and max_length is None:
-    raise ValueError(f'mechanism {mechanism!r} has length-shaped parameters and needs '
-                     f'max_length (the longest sequence it will see)')
+    raise ValueError(
+      f'mechanism {mechanism!r} has length-shaped parameters and needs '
+      f'max_length (the longest sequence it will see)'
+    )
   if length is not None:
     check_length(decl, resolved, length=length, max_length=max_length, causal=causal)
   return decl, resolved
 
 
-def check_length(decl: Mechanism, options: Options, *, length: int, max_length: Optional[int],
-                 causal: bool) -> None:
+def check_length(
+  decl: Mechanism, options: Options, *, length: int, max_length: Optional[int], causal: bool
+) -> None:
   """The checks of `configure` that need the sequence length, on a configured (decl, o):
   a fixed-length mechanism's `length` over `max_length`, and the mechanism's own
   `check`. ValueError naming the length and the limit."""
   if max_length is not None and decl.fixed_length and length > max_length:
-    raise ValueError(f'sequence length {length} exceeds max_length={max_length} that '
-                     f'mechanism {decl.name!r} is built for')
+    raise ValueError(
+      f'sequence length {length} exceeds max_length={max_length} that '
+      f'mechanism {decl.name!r} is built for'
+    )
   decl.check(options, length=length, max_length=max_length, causal=causal)
 
 
@@ -515,8 +604,9 @@ def list_projections() -> Tuple[str, ...]:
 
 def check_projection(name: str) -> str:
   if name not in PROJECTIONS:
-    raise ValueError(f'Unknown projection scheme {name!r}; valid projections: '
-                     f'{", ".join(PROJECTIONS)}')
+    raise ValueError(
+      f'Unknown projection scheme {name!r}; valid projections: {", ".join(PROJECTIONS)}'
+    )
   return name
 
 
@@ -533,6 +623,8 @@ def option_table() -> Dict[str, Option]:
         continue
       other = table.setdefault(opt.name, opt)
       if other.type is not opt.type:
-        raise ValueError(f'option {opt.name!r} is {other.type.__name__} in one mechanism and '
-                         f'{opt.type.__name__} in {decl.name!r}; one name, one type')
+        raise ValueError(
+          f'option {opt.name!r} is {other.type.__name__} in one mechanism and '
+          f'{opt.type.__name__} in {decl.name!r}; one name, one type'
+        )
   return table

@@ -22,6 +22,7 @@ Three rules, over the files git tracks:
    figure or report is under half of that. A bigger file is a checkpoint, a log or an
    unshrunk figure: save figures at a lower dpi, and keep logs with the runs.
 """
+
 import os
 import re
 import subprocess
@@ -34,7 +35,7 @@ LIMIT_BYTES = 500 * 1024
 TEXT_SUFFIXES = ('.md', '.py', '.sh')
 SHARED_FOLDERS = ('', '/tmp', '/var/tmp', tempfile.gettempdir().rstrip('/'))
 RECORDS = ('docs/results/', 'studies/')  # where a /tmp folder is a run of the writer's machine
-DATED = ('studies/',)                   # where a dated line is a run log
+DATED = ('studies/',)  # where a dated line is a run log
 SIZED = ('docs/', 'studies/')
 RUNLOG = 'RUNLOG.md'
 REPORT_HEADERS = ('Measured on:', 'Report written on:')
@@ -85,8 +86,10 @@ def path_problems(path: str, text: str, patterns: Sequence[re.Pattern]) -> List[
     hits = [m.group(0) for p in patterns for m in p.finditer(line)]
     hits += [m.group(0) for m in tmp.finditer(line)] if tmp else []
     if hits:
-      found.append(f'{path}:{number}: names a path of this machine ({hits[0]}...): write '
-                   f'runs/..., ../shared/... or an environment variable')
+      found.append(
+        f'{path}:{number}: names a path of this machine ({hits[0]}...): write '
+        f'runs/..., ../shared/... or an environment variable'
+      )
   return found
 
 
@@ -94,10 +97,12 @@ def dated_problems(path: str, text: str) -> List[str]:
   """'path:line: ...' for each run-log line (a date or a UTC time) of a study's .md."""
   if not (path.endswith('.md') and path.startswith(DATED)) or os.path.basename(path) == RUNLOG:
     return []
-  return [f'{path}:{number}: a dated run-log line ({_DATE.search(line).group(0)}): move it to '
-          f'the runs\' records or to the study\'s {RUNLOG}'
-          for number, line in enumerate(text.splitlines(), 1)
-          if _DATE.search(line) and not line.strip().startswith(REPORT_HEADERS)]
+  return [
+    f'{path}:{number}: a dated run-log line ({_DATE.search(line).group(0)}): move it to '
+    f'the runs\' records or to the study\'s {RUNLOG}'
+    for number, line in enumerate(text.splitlines(), 1)
+    if _DATE.search(line) and not line.strip().startswith(REPORT_HEADERS)
+  ]
 
 
 def size_problems(root: str, paths: Iterable[str], limit: int = LIMIT_BYTES) -> List[str]:
@@ -106,14 +111,17 @@ def size_problems(root: str, paths: Iterable[str], limit: int = LIMIT_BYTES) -> 
   for path in paths:
     full = os.path.join(root, path)
     if path.startswith(SIZED) and os.path.isfile(full) and os.path.getsize(full) > limit:
-      found.append(f'{path}: {os.path.getsize(full) / 1024:,.0f} KB, over the '
-                   f'{limit // 1024} KB limit: shrink it (a figure at a lower dpi) or keep it '
-                   f'out of the repository')
+      found.append(
+        f'{path}: {os.path.getsize(full) / 1024:,.0f} KB, over the '
+        f'{limit // 1024} KB limit: shrink it (a figure at a lower dpi) or keep it '
+        f'out of the repository'
+      )
   return found
 
 
-def problems(root: str = ROOT, paths: Optional[Sequence[str]] = None,
-             home: Optional[str] = None) -> List[str]:
+def problems(
+  root: str = ROOT, paths: Optional[Sequence[str]] = None, home: Optional[str] = None
+) -> List[str]:
   """Every problem of the files `paths` (default: the tracked ones) under `root`."""
   paths = tracked(root) if paths is None else list(paths)
   patterns = machine_patterns(root, home)
@@ -140,7 +148,7 @@ def portable(arg: str, root: str = ROOT, home: Optional[str] = None) -> str:
     if parent.rstrip('/') and value.startswith(parent.rstrip('/') + '/'):
       value = os.path.relpath(value, root)
     elif home.rstrip('/') and value.startswith(home.rstrip('/') + '/'):
-      value = '~/' + value[len(home.rstrip('/')) + 1:]
+      value = '~/' + value[len(home.rstrip('/')) + 1 :]
   return flag + eq + value
 
 
@@ -149,8 +157,9 @@ def main() -> int:
   for line in found:
     print(line)
   if found:
-    print(f'{len(found)} doc-hygiene problem(s); the rules are in studies/hygiene.py',
-          file=sys.stderr)
+    print(
+      f'{len(found)} doc-hygiene problem(s); the rules are in studies/hygiene.py', file=sys.stderr
+    )
   return 1 if found else 0
 
 

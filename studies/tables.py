@@ -16,6 +16,7 @@ study with its budget and headline (`front`).
 
 The helpers below format numbers the same way in every study.
 """
+
 import argparse
 import glob
 import importlib
@@ -57,16 +58,20 @@ def pct_spread(values: Sequence[float], digits: int = 2) -> str:
 def md_table(header: Sequence[str], rows: Sequence[Sequence[Any]], align: str = '') -> str:
   """A markdown table; `align` is one 'l' or 'r' per column (default: first left, rest right)."""
   align = align or 'l' + 'r' * (len(header) - 1)
-  lines = ['| ' + ' | '.join(header) + ' |',
-           '|' + '|'.join(':---' if a == 'l' else '---:' for a in align) + '|']
+  lines = [
+    '| ' + ' | '.join(header) + ' |',
+    '|' + '|'.join(':---' if a == 'l' else '---:' for a in align) + '|',
+  ]
   lines += ['| ' + ' | '.join('-' if c is None else str(c) for c in row) + ' |' for row in rows]
   return '\n'.join(lines)
 
 
 def studies() -> List[str]:
   """The study folders that have a results.py, e.g. ['bytelm', ...]."""
-  return sorted(os.path.basename(os.path.dirname(p))
-                for p in glob.glob(os.path.join(ROOT, 'studies', '*', 'results.py')))
+  return sorted(
+    os.path.basename(os.path.dirname(p))
+    for p in glob.glob(os.path.join(ROOT, 'studies', '*', 'results.py'))
+  )
 
 
 def module(study: str):
@@ -78,18 +83,24 @@ def index() -> str:
   rows = []
   for study in studies():
     results = module(study)
-    rows.append([f'[{study}]({study}/README.md)', results.QUESTION, results.BUDGET,
-                 results.headline()])
-  return md_table(['study', 'question', 'budget', 'headline (validation or test, mean of the '
-                   'seeds)'], rows, 'llll')
+    rows.append(
+      [f'[{study}]({study}/README.md)', results.QUESTION, results.BUDGET, results.headline()]
+    )
+  return md_table(
+    ['study', 'question', 'budget', 'headline (validation or test, mean of the seeds)'],
+    rows,
+    'llll',
+  )
 
 
 def front() -> str:
   """README.md's results table: a row per study (its budget and headline), linking to it."""
-  rows = [[f'[{s}](studies/{s}/README.md)', module(s).BUDGET, module(s).headline()]
-          for s in studies()]
-  return md_table(['study', 'budget', 'headline (validation or test, mean of the seeds)'],
-                  rows, 'lll')
+  rows = [
+    [f'[{s}](studies/{s}/README.md)', module(s).BUDGET, module(s).headline()] for s in studies()
+  ]
+  return md_table(
+    ['study', 'budget', 'headline (validation or test, mean of the seeds)'], rows, 'lll'
+  )
 
 
 def readmes() -> Dict[str, str]:
@@ -134,17 +145,23 @@ def stale() -> List[str]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument('--update', default='',
-                      help='a study README (or "all") whose table to rewrite in place')
+  parser.add_argument(
+    '--update', default='', help='a study README (or "all") whose table to rewrite in place'
+  )
   args = parser.parse_args(argv)
   tables = readmes()
   if args.update:
-    chosen = (list(tables) if args.update == 'all'
-              else [os.path.relpath(os.path.abspath(args.update), ROOT)])
+    chosen = (
+      list(tables)
+      if args.update == 'all'
+      else [os.path.relpath(os.path.abspath(args.update), ROOT)]
+    )
     unknown = [p for p in chosen if p not in tables]
     if unknown:
-      print(f'--update: {", ".join(unknown)} is no study README; valid: all, '
-            f'{", ".join(tables)}', file=sys.stderr)
+      print(
+        f'--update: {", ".join(unknown)} is no study README; valid: all, {", ".join(tables)}',
+        file=sys.stderr,
+      )
       return 1
     for path in chosen:
       print(f'{path}: {"updated" if update(path, tables[path]()) else "already current"}')

@@ -5,6 +5,7 @@ mechanism's declared options included (`tests/train/test_sweep.py` checks it). T
 recorded study on real CIFAR-10 (seven mechanisms, size=small, equal budget) is
 `studies/cifar10_mechanisms/`.
 """
+
 from efficient_attn import registry
 
 

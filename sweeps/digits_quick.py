@@ -3,8 +3,10 @@
 
 def get_sweep():
   return dict(
-      config='configs/default.py',
-      grid={'attention.mechanism': ['softmax', 'linear', 'nystrom'],
-            'attention.projection': ['standard', 'efficient']},
-      fixed={'train.num_steps': 300},
+    config='configs/default.py',
+    grid={
+      'attention.mechanism': ['softmax', 'linear', 'nystrom'],
+      'attention.projection': ['standard', 'efficient'],
+    },
+    fixed={'train.num_steps': 300},
   )

@@ -7,6 +7,7 @@ training of a random frozen base. Run it, then tabulate:
     python -m train.sweep --sweep=sweeps/lora_digits.py --root=runs/lora_digits run
     python -m benchmarks.lora_table --root=runs/lora_digits --out=benchmark_results/lora_digits
 """
+
 from configs import lora_base
 
 

@@ -13,17 +13,21 @@ Settings (key=value after ':'):
   aan_dir: the folder of LRA's new_aan_pairs.{train,eval,test}.tsv (Retrieval).
 Lists run to the next key=value: `:size=small,tasks=listops,mechanisms=linear,softmax`.
 """
+
 from configs import common
 from efficient_attn import registry
 
 
 def get_sweep(arg=None):
-  args = common.parse_arg(arg, size='base', tasks=(),
-                          mechanisms=tuple(registry.list_mechanisms()), aan_dir='')
+  args = common.parse_arg(
+    arg, size='base', tasks=(), mechanisms=tuple(registry.list_mechanisms()), aan_dir=''
+  )
   size, aan_dir = args['size'], args['aan_dir']
-  tasks = args['tasks'] or (('listops', 'pathfinder') if size == 'small' else
-                            ('listops', 'text', 'image', 'pathfinder')
-                            + (('retrieval',) if aan_dir else ()))
+  tasks = args['tasks'] or (
+    ('listops', 'pathfinder')
+    if size == 'small'
+    else ('listops', 'text', 'image', 'pathfinder') + (('retrieval',) if aan_dir else ())
+  )
   runs = []
   for task in tasks:
     for m in args['mechanisms']:

@@ -1,4 +1,5 @@
 """Shared settings and fixtures: XLA flags, float64 mode, a tiny ImageFolder, shared runs."""
+
 import fcntl
 import os
 import shutil
@@ -48,6 +49,7 @@ def x64():
 def write_image_folder(root, splits=(('train', 6), ('test', 3)), labels=('cat', 'dog')):
   """root/<split>/<label>/<i>.png, random RGB images of a few sizes."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   rng = np.random.default_rng(0)
   for split, n in splits:
     for label in labels:
@@ -55,8 +57,7 @@ def write_image_folder(root, splits=(('train', 6), ('test', 3)), labels=('cat', 
       for i in range(n):
         h, w = rng.integers(20, 40, size=2)
         image = rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8)
-        tf.io.write_file(os.path.join(root, split, label, f'{i}.png'),
-                         tf.io.encode_png(image))
+        tf.io.write_file(os.path.join(root, split, label, f'{i}.png'), tf.io.encode_png(image))
   return root
 
 
@@ -67,8 +68,10 @@ def write_aan_folder(root, sizes=(('train', 6), ('eval', 4), ('test', 4))):
   for split, n in sizes:
     with open(os.path.join(root, f'new_aan_pairs.{split}.tsv'), 'w') as f:
       for i in range(n):
-        words = [' '.join(rng.choice(['attention', 'parsing', 'corpus', 'model'], size=k))
-                 for k in rng.integers(1, 12, size=2)]
+        words = [
+          ' '.join(rng.choice(['attention', 'parsing', 'corpus', 'model'], size=k))
+          for k in rng.integers(1, 12, size=2)
+        ]
         f.write(f"{float(i % 2)}\tP{i}\tQ{i}\tb'{words[0]}'\tb'{words[1]}'\n")
   return root
 
@@ -103,4 +106,5 @@ def run_once(tmp_path_factory):
       finally:
         fcntl.flock(lock, fcntl.LOCK_UN)
     return str(workdir)
+
   return run

@@ -15,6 +15,7 @@ reached; everything above them sees and handles real `gs://` strings:
 A code path that used a `gs://` path with plain `open()` / `os` calls would
 create a local `gs:` folder or fail: the tests check that neither happens.
 """
+
 import contextlib
 import importlib
 import os
@@ -30,6 +31,7 @@ fsspec_registry = importlib.import_module('fsspec.registry')
 
 class _FakeGCS(dirfs.DirFileSystem):
   """gs://<path> <-> <root>/<path>; the root is set by `installed`."""
+
   protocol = ('gs', 'gcs')
   cachable = False
   root = ''
@@ -42,10 +44,10 @@ class _FakeGCS(dirfs.DirFileSystem):
 @contextlib.contextmanager
 def installed(monkeypatch, root):
   """Routes gs:// to `root` for the duration; yields `local(gs_path) -> Path`."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from etils.epath import backend  # pylint: disable=g-import-not-at-top
   from etils.epath import gpath  # pylint: disable=g-import-not-at-top
   from orbax.checkpoint._src.path import gcs_utils  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   root = pathlib.Path(root)
   root.mkdir(parents=True, exist_ok=True)
@@ -53,7 +55,7 @@ def installed(monkeypatch, root):
   def local(path) -> pathlib.Path:
     path = os.fspath(path)
     assert path.startswith(PREFIX), path
-    return root / path[len(PREFIX):]
+    return root / path[len(PREFIX) :]
 
   monkeypatch.setattr(_FakeGCS, 'root', str(root))
   for protocol in _FakeGCS.protocol:
@@ -63,8 +65,11 @@ def installed(monkeypatch, root):
   monkeypatch.setattr(gpath, '_is_tf_installed', lambda: False)
   type(backend.fsspec_backend)._get_filesystem.cache_clear()  # pylint: disable=protected-access
   monkeypatch.setattr(gcs_utils, 'is_hierarchical_namespace_enabled', lambda path: False)
-  monkeypatch.setattr(gcs_utils, 'get_kvstore_for_gcs',
-                      lambda path: {'driver': 'file', 'path': os.fspath(local(path))})
+  monkeypatch.setattr(
+    gcs_utils,
+    'get_kvstore_for_gcs',
+    lambda path: {'driver': 'file', 'path': os.fspath(local(path))},
+  )
   create_file_writer = tf.summary.create_file_writer
 
   def file_writer(logdir, *args, **kwargs):

@@ -11,6 +11,7 @@ with a `conftest.py` that puts `efficient_attn.MultiHeadAttention` (mechanism
 where `flax.nnx.MultiHeadAttention` was. The NNX file's Linen reference layer
 stays flax's own, so there our NNX layer is compared with flax's Linen layer.
 """
+
 import os
 import pathlib
 import subprocess
@@ -19,12 +20,11 @@ import tarfile
 import tempfile
 
 import flax
-
 import main_runner
 
 SUITES = {
-    'linen': 'tests/linen/linen_attention_test.py',
-    'nnx': 'tests/nnx/nn/attention_test.py',
+  'linen': 'tests/linen/linen_attention_test.py',
+  'nnx': 'tests/nnx/nn/attention_test.py',
 }
 
 _CONFTEST = '''
@@ -59,9 +59,22 @@ def flax_test_file(suite: str) -> pathlib.Path:
     return target
   cache.mkdir(parents=True, exist_ok=True)
   with tempfile.TemporaryDirectory() as tmp:
-    subprocess.run([sys.executable, '-m', 'pip', 'download', '--quiet', '--no-deps',
-                    '--no-binary', ':all:', '--dest', tmp, f'flax=={flax.__version__}'],
-                   check=True)
+    subprocess.run(
+      [
+        sys.executable,
+        '-m',
+        'pip',
+        'download',
+        '--quiet',
+        '--no-deps',
+        '--no-binary',
+        ':all:',
+        '--dest',
+        tmp,
+        f'flax=={flax.__version__}',
+      ],
+      check=True,
+    )
     (sdist,) = pathlib.Path(tmp).glob('flax-*.tar.gz')
     with tarfile.open(sdist) as tar:
       for path in SUITES.values():
@@ -79,22 +92,41 @@ def run(suite: str, pytest_args=()) -> subprocess.CompletedProcess:
   (work / 'conftest.py').write_text(_CONFTEST.format(suite=suite))
   (work / source.name).write_text(source.read_text())
   repo = pathlib.Path(__file__).resolve().parent.parent
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-      [str(repo)] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]))
+  env = dict(
+    os.environ,
+    PYTHONPATH=os.pathsep.join(
+      [str(repo)] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]
+    ),
+  )
   # Hundreds of small eager kernels: the tests' compile flags cut the run several times
   # over (both sides of every comparison run in this one process, under the same flags).
   env.setdefault('XLA_FLAGS', main_runner.XLA_FLAGS)
   env.pop('PYTEST_ADDOPTS', None)
   env.pop('PYTEST_XDIST_WORKER', None)
   return subprocess.run(
-      [sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', '--rootdir', str(work),
-       str(work / source.name), *pytest_args],
-      cwd=work, env=env, capture_output=True, text=True)
+    [
+      sys.executable,
+      '-m',
+      'pytest',
+      '-q',
+      '-p',
+      'no:cacheprovider',
+      '--rootdir',
+      str(work),
+      str(work / source.name),
+      *pytest_args,
+    ],
+    cwd=work,
+    env=env,
+    capture_output=True,
+    text=True,
+  )
 
 
 def main(argv) -> int:
-  args, pytest_args = (argv[:argv.index('--')], argv[argv.index('--') + 1:]) if '--' in argv \
-      else (argv, [])
+  args, pytest_args = (
+    (argv[: argv.index('--')], argv[argv.index('--') + 1 :]) if '--' in argv else (argv, [])
+  )
   status = 0
   for suite in args or list(SUITES):
     done = run(suite, pytest_args)

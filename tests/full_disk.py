@@ -12,6 +12,7 @@ Python's `open` / `io.open` / `os.fdopen` are affected: the trainer's files and 
 metadata files, not TensorStore's array data nor TensorFlow's events (C++ code).
 `when(path)` is asked at each write, so a disk can fill up while a file is open.
 """
+
 import builtins
 import contextlib
 import errno
@@ -126,6 +127,7 @@ def read_only(folder):
       refuse(path)
     return real_mkdir(path, *args, **kwargs)
 
-  with _patched([(builtins, 'open', open_), (io, 'open', open_), (os, 'open', os_open),
-                 (os, 'mkdir', mkdir)]):
+  with _patched(
+    [(builtins, 'open', open_), (io, 'open', open_), (os, 'open', os_open), (os, 'mkdir', mkdir)]
+  ):
     yield

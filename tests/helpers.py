@@ -1,4 +1,5 @@
 """Assertions and inputs shared by several test files."""
+
 import importlib.util
 import os
 
@@ -27,21 +28,24 @@ def assert_no_lookahead(fn, args, past_args=(1, 2)):
     grads = vjp(jnp.asarray(ct, out.dtype), *args)
     for i, g in enumerate(grads):
       g = np.asarray(g)
-      assert np.all(g[:, t + 1:] == 0), f'output {t} depends on later inputs of arg {i}'
+      assert np.all(g[:, t + 1 :] == 0), f'output {t} depends on later inputs of arg {i}'
       if t == l - 1 and i in past_args:
         assert np.any(g[:, :3] != 0)
 
 
 def value_and_grads(fn, num_args=3):
   """A jitted (*args) -> (fn(*args), d sum(fn) / d args)."""
+
   def loss(*a):
     out = fn(*a)
     return jnp.sum(out.astype(jnp.float32)), out
+
   vg = jax.jit(jax.value_and_grad(loss, argnums=tuple(range(num_args)), has_aux=True))
 
   def run(*args):
     (_, out), grads = vg(*args)
     return out, grads
+
   return run
 
 
@@ -54,8 +58,7 @@ def np_safe(den, eps):
   return np.where(den >= 0, np.maximum(den, eps), np.minimum(den, -eps))
 
 
-def np_kernel_ref(phi_q, phi_k, v, key_padding=None, causal=False, *, eps,
-                  normalize=True):
+def np_kernel_ref(phi_q, phi_k, v, key_padding=None, causal=False, *, eps, normalize=True):
   """out_i = sum_j A_ij v_j / sum_j A_ij with A = phi_q phi_k^T over the visible keys.
 
   The float64 quadratic form of kernel attention (linear, RFA, Performer);
@@ -80,8 +83,7 @@ def random_variables(layer, x):
   scheme's W_A is then dense, not the identity, so it mixes every position."""
   shapes = jax.eval_shape(layer.init, jax.random.PRNGKey(0), x)
   rng = np.random.default_rng(1)
-  return jax.tree.map(lambda s: jnp.asarray(0.3 * rng.standard_normal(s.shape), s.dtype),
-                      shapes)
+  return jax.tree.map(lambda s: jnp.asarray(0.3 * rng.standard_normal(s.shape), s.dtype), shapes)
 
 
 def assert_close_where(a, b, where, what):
@@ -102,8 +104,9 @@ def assert_decode_matches_parallel(model, params, inputs, atol=1e-3):
   cache = jax.jit(lambda p: sampling_lib.init_cache(model.clone(decode=True), p, b, n))(params)
   for t in range(n):
     logits, cache = step(params, cache, inputs[:, t])
-    np.testing.assert_allclose(logits, parallel[:, t], atol=atol, rtol=atol,
-                               err_msg=f'position {t}')
+    np.testing.assert_allclose(
+      logits, parallel[:, t], atol=atol, rtol=atol, err_msg=f'position {t}'
+    )
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -7,6 +7,7 @@
 batch of 16 and dropout, so the per-step rngs matter). Each process gets one
 CPU device and compiles under `XLA_FLAGS`, as the test processes do.
 """
+
 import json
 import os
 import socket
@@ -23,8 +24,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # thread. The results are the same up to float rounding; a test that compares two
 # programs bit for bit compiles both under these flags (a run and its resumption, an
 # in-process run and a subprocess), so they must be the same in every test process.
-XLA_FLAGS = ('--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true '
-             '--xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=1')
+XLA_FLAGS = (
+  '--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true '
+  '--xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=1'
+)
 
 # Wraps main.py so that every training batch arrives `SLOW_STEP_S` seconds
 # late: the numbers are unchanged, the run just lasts long enough to be
@@ -45,8 +48,9 @@ runpy.run_path('main.py', run_name='__main__')
 
 
 TINY = {'model.depth': 1, 'model.dropout_rate': 0.1, 'dataset.batch_size': 16}
-TRAIN = dict(num_epochs=-1, num_steps=8, log_every=2, checkpoint_every=4, keep_checkpoints=10,
-             eval_every=-1)
+TRAIN = dict(
+  num_epochs=-1, num_steps=8, log_every=2, checkpoint_every=4, keep_checkpoints=10, eval_every=-1
+)
 
 
 def settings(**train):
@@ -62,6 +66,7 @@ def overrides(**train):
 def config(**train):
   """The tiny run's config, for running it in this process."""
   from configs import default  # pylint: disable=g-import-not-at-top
+
   result = default.get_config()
   for path, value in settings(**train).items():
     group, name = path.split('.')
@@ -73,16 +78,20 @@ def command(workdir, *extra, slow: bool = False, **train):
   """The main.py command line (python -c SLOW_MAIN ... when `slow`), with --verbosity=0:
   the tests read absl's INFO lines (clu's metric lines, 'Resumed from ...')."""
   prefix = [sys.executable, '-c', SLOW_MAIN] if slow else [sys.executable, 'main.py']
-  return prefix + ['--config=configs/default.py', f'--workdir={workdir}', '--verbosity=0',
-                   *overrides(**train), *extra]
+  return prefix + [
+    '--config=configs/default.py',
+    f'--workdir={workdir}',
+    '--verbosity=0',
+    *overrides(**train),
+    *extra,
+  ]
 
 
 def popen_kwargs(slow_step_s: float = 0.0):
   """cwd, env (1 CPU device, the tests' `XLA_FLAGS` only) and text output for Popen/run."""
   env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
   env.update(JAX_PLATFORMS='cpu', SLOW_STEP_S=str(slow_step_s), XLA_FLAGS=XLA_FLAGS)
-  return dict(cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
-              stderr=subprocess.PIPE)
+  return dict(cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
 def start_logged(cmd, log_path, slow_step_s: float = 0.0) -> subprocess.Popen:
@@ -134,7 +143,9 @@ def parsed_config(config: str, *args):
   `config` a path and argument such as 'configs/mqar.py:softmax' under the repository."""
   from absl import flags  # pylint: disable=g-import-not-at-top
   from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+
   import main  # pylint: disable=g-import-not-at-top
+
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   argv = ['main.py', f'--config={root}/{config}', *args]
   fv = flags.FlagValues()

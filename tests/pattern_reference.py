@@ -4,12 +4,13 @@ Used by test_bigbird, test_longformer, test_sparse and test_fnet: each test
 builds its mechanism's boolean pattern explicitly and compares with
 `np_masked_attention`, the dense masked softmax.
 """
+
+from helpers import PAD
+from helpers import value_and_grads
 import jax
 from jax.extend import core as jax_core
 import jax.numpy as jnp
 import numpy as np
-
-from helpers import PAD, value_and_grads
 
 
 def inputs(seed=0, b=2, n=16, h=2, d=4, dv=3, dtype=np.float64, scale=1.0):
@@ -68,7 +69,7 @@ def max_intermediate(jaxpr) -> int:
       shape = getattr(var.aval, 'shape', ())
       biggest = max(biggest, int(np.prod(shape)) if shape else 1)
     for param in eqn.params.values():
-      for sub in (param if isinstance(param, (tuple, list)) else (param,)):
+      for sub in param if isinstance(param, (tuple, list)) else (param,):
         if isinstance(sub, jax_core.ClosedJaxpr):
           biggest = max(biggest, max_intermediate(sub.jaxpr))
         elif isinstance(sub, jax_core.Jaxpr):
@@ -111,12 +112,12 @@ def check_padding_and_bfloat16(fn, n, reference, **input_options):
   q, k, v = bf16(*inputs(n=n, **input_options))
   out, _ = vg(q, k, v, pad)
   assert out.dtype == jnp.bfloat16
-  np.testing.assert_allclose(np.asarray(out, np.float32), reference(q, k, v, pad),
-                             atol=5e-2, rtol=5e-2)
+  np.testing.assert_allclose(
+    np.asarray(out, np.float32), reference(q, k, v, pad), atol=5e-2, rtol=5e-2
+  )
   k2, v2 = bf16(with_noise_at_padding(k, pad), with_noise_at_padding(v, pad, seed=2))
   out2, (_, gk, gv) = vg(q, k2, v2, pad)
-  np.testing.assert_array_equal(np.asarray(out2, np.float32)[pad],
-                                np.asarray(out, np.float32)[pad])
+  np.testing.assert_array_equal(np.asarray(out2, np.float32)[pad], np.asarray(out, np.float32)[pad])
   gk, gv = np.asarray(gk, np.float32), np.asarray(gv, np.float32)
   assert np.all(gk[~pad] == 0) and np.all(gv[~pad] == 0) and np.any(gk[pad] != 0)
   big = bf16(*inputs(n=n, scale=30.0, **input_options))

@@ -7,6 +7,7 @@ Sums each file's setup, call and teardown durations (seconds of wall time in the
 worker that ran them; with `-n 2` two workers run at once, so the sum is about
 twice the suite's wall time), and lists the slowest single durations.
 """
+
 import argparse
 import collections
 import re

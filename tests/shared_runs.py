@@ -1,11 +1,13 @@
 """Training runs that several test files share, each trained once per session (`run_once`)."""
+
 import contextlib
 
 import main_runner
 
 V, L, P = 64, 32, 4  # the tiny MQAR task: vocabulary, length, key-value pairs
-TINY_MQAR = (f'softmax,d_model=32,seq_len={L},num_kv_pairs={P},vocab_size={V},num_train=512,'
-             f'num_steps=24')
+TINY_MQAR = (
+  f'softmax,d_model=32,seq_len={L},num_kv_pairs={P},vocab_size={V},num_train=512,num_steps=24'
+)
 MQAR_SIZES = ('--config.dataset.sizes.validation=64', '--config.dataset.sizes.test=64')
 
 
@@ -18,6 +20,7 @@ def train_default(workdir):
   """Trains the default config in `workdir`; what it prints goes to `<workdir>.stdout`."""
   from configs import default as default_config  # pylint: disable=g-import-not-at-top
   from train import trainer  # pylint: disable=g-import-not-at-top
+
   with open(f'{workdir}.stdout', 'w') as out, contextlib.redirect_stdout(out):
     trainer.train_and_evaluate(default_config.get_config(), workdir)
 
@@ -25,6 +28,11 @@ def train_default(workdir):
 def train_tiny_mqar(workdir):
   """The tiny MQAR run of tests/data/test_mqar.py, as main.py runs it."""
   from train import trainer  # pylint: disable=g-import-not-at-top
-  config = parse_mqar(f'--config.dataset.data_dir={workdir}_data', '--config.train.log_every=12',
-                      *MQAR_SIZES, arg=TINY_MQAR)
+
+  config = parse_mqar(
+    f'--config.dataset.data_dir={workdir}_data',
+    '--config.train.log_every=12',
+    *MQAR_SIZES,
+    arg=TINY_MQAR,
+  )
   trainer.train_and_evaluate(config, workdir)

@@ -13,6 +13,7 @@ Targets are matched (`re.search`) against each Dense layer's module path, e.g.
 only must adapt its zero-initialised classifier 'head' (include 'head'), or
 its output stays zero.
 """
+
 import re
 from typing import Optional, Tuple
 
@@ -20,22 +21,27 @@ from etils import epath
 import jax
 import optax
 
-import fields
 from efficient_attn.layers import lora
+import fields
 
 PRESETS = {
-    'default': lora.DEFAULT_TARGETS,      # attention projections + Transformer MLP
-    'attention': lora.ATTENTION_TARGETS,
-    'mlp': lora.MLP_TARGETS,
-    'head': (r'(^|/)(head|logits)$',),    # classifier head / causal model's logits
-    'all': lora.ALL_DENSE,                # every Dense / DenseGeneral
+  'default': lora.DEFAULT_TARGETS,  # attention projections + Transformer MLP
+  'attention': lora.ATTENTION_TARGETS,
+  'mlp': lora.MLP_TARGETS,
+  'head': (r'(^|/)(head|logits)$',),  # classifier head / causal model's logits
+  'all': lora.ALL_DENSE,  # every Dense / DenseGeneral
 }
 
 
 FIELDS = (  # what `config.lora` accepts (its targets are checked in `check`)
-    fields.Field('lora.rank', minimum=0, note='(0 = off)', default=0),
-    fields.Field('lora.alpha', minimum=0, note='(0: scale 1)', default=0.0,
-                 when=('lora.rank', lambda rank: (rank or 0) > 0)),
+  fields.Field('lora.rank', minimum=0, note='(0 = off)', default=0),
+  fields.Field(
+    'lora.alpha',
+    minimum=0,
+    note='(0: scale 1)',
+    default=0.0,
+    when=('lora.rank', lambda rank: (rank or 0) > 0),
+  ),
 )
 
 
@@ -44,8 +50,10 @@ def check(config) -> None:
   init_from must be an earlier run's workdir; lora.rank >= 0; with rank > 0, every
   target a preset or a regular expression, and alpha >= 0."""
   if config.get('init_from') and not epath.Path(config.init_from).is_dir():
-    raise fields.ConfigError(f'config.init_from={config.init_from!r} is not a directory; it '
-                             f'must be the workdir of an earlier run (or empty)')
+    raise fields.ConfigError(
+      f'config.init_from={config.init_from!r} is not a directory; it '
+      f'must be the workdir of an earlier run (or empty)'
+    )
   if config.get('lora') is None:
     return
   fields.check(config, FIELDS)
@@ -56,8 +64,9 @@ def check(config) -> None:
       re.compile(target)
     except re.error as e:
       raise fields.ConfigError(
-          f'config.lora.targets={config.lora.targets!r}: {target!r} is neither a preset '
-          f'({", ".join(PRESETS)}) nor a valid regular expression ({e})') from None
+        f'config.lora.targets={config.lora.targets!r}: {target!r} is neither a preset '
+        f'({", ".join(PRESETS)}) nor a valid regular expression ({e})'
+      ) from None
 
 
 def targets(spec: str) -> Tuple[str, ...]:
@@ -75,8 +84,9 @@ def lora_config(config) -> Optional[lora.LoraConfig]:
   if c is None or c.get('rank', 0) <= 0:
     return None
   alpha = c.get('alpha', 0.0)
-  return lora.LoraConfig(rank=c.rank, alpha=alpha or None,
-                         targets=targets(c.get('targets', 'default')))
+  return lora.LoraConfig(
+    rank=c.rank, alpha=alpha or None, targets=targets(c.get('targets', 'default'))
+  )
 
 
 def wrap(config, model):
@@ -104,14 +114,17 @@ def init_from(config, fresh, loaded):
   shape match is copied (a new head or changed layer keeps its initialisation).
   Returns (params, report): report lists 'copied', 'fresh' and 'unused' paths.
   """
-  flat_loaded = {jax.tree_util.keystr(p, simple=True, separator='/'): x
-                 for p, x in jax.tree_util.tree_flatten_with_path(loaded)[0]}
+  flat_loaded = {
+    jax.tree_util.keystr(p, simple=True, separator='/'): x
+    for p, x in jax.tree_util.tree_flatten_with_path(loaded)[0]
+  }
   if lora_config(config) is not None:
     try:
       params = lora.load_base(fresh, loaded)
     except ValueError as e:
-      raise ValueError(f'config.init_from={config.init_from!r} is not a base of this LoRA '
-                       f'model: {e}') from None
+      raise ValueError(
+        f'config.init_from={config.init_from!r} is not a base of this LoRA model: {e}'
+      ) from None
     return params, {'copied': sorted(flat_loaded), 'fresh': [], 'unused': []}
   report = {'copied': [], 'fresh': []}
 
@@ -123,6 +136,7 @@ def init_from(config, fresh, loaded):
       return old.astype(x.dtype)
     report['fresh'].append(name)
     return x
+
   params = jax.tree_util.tree_map_with_path(pick, fresh)
   report['unused'] = sorted(set(flat_loaded) - set(report['copied']))
   return params, report

@@ -18,6 +18,7 @@ trainer's own and may change; `tests/project/test_layering.py` holds the tools t
 module. Batches are dicts of arrays (see `data/__init__.py`):
 'inputs' `[batch, ...]`, 'label' `[batch]`, 'mask' `[batch]`.
 """
+
 import functools
 from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple
 
@@ -37,15 +38,15 @@ from train import trainer
 from train import validate
 from train import workdir as workdir_lib
 
-ConfigError = validate.ConfigError     # a config the trainer refuses (one line)
+ConfigError = validate.ConfigError  # a config the trainer refuses (one line)
 Checkpointer = checkpoint.Checkpointer  # the trainer's checkpoint writer (manifest, finiteness)
-TrainState = steps_lib.TrainState       # step (int32 scalar), params, opt_state
+TrainState = steps_lib.TrainState  # step (int32 scalar), params, opt_state
 train_and_evaluate = trainer.train_and_evaluate
 evaluate = trainer.evaluate
-dummy_inputs = modeling.dummy_inputs      # (config, batch_size) -> zero inputs [batch, ...]
-create_model = modeling.create_model      # (config) -> the trainer's Flax model, unbuilt
-is_local = fields.is_local             # a path on this machine (not gs://, s3://, ...)
-quiet_logs = logs.quiet_logs           # (verbose) absl warnings only, no missing-TPU notice
+dummy_inputs = modeling.dummy_inputs  # (config, batch_size) -> zero inputs [batch, ...]
+create_model = modeling.create_model  # (config) -> the trainer's Flax model, unbuilt
+is_local = fields.is_local  # a path on this machine (not gs://, s3://, ...)
+quiet_logs = logs.quiet_logs  # (verbose) absl warnings only, no missing-TPU notice
 
 
 def config_function(path: str) -> Callable[..., Any]:
@@ -79,17 +80,23 @@ class Built:
   def state(self) -> steps_lib.TrainState:
     """The initial TrainState (step 0, fresh params), placed on the mesh (replicated, or
     sharded over 'fsdp')."""
-    return steps_lib.create_train_state(self.model, self.tx, self._session.inputs,
-                                        self.mesh, self._key,
-                                        fsdp_min_size=self._session.fsdp_min_size)
+    return steps_lib.create_train_state(
+      self.model,
+      self.tx,
+      self._session.inputs,
+      self.mesh,
+      self._key,
+      fsdp_min_size=self._session.fsdp_min_size,
+    )
 
   @functools.cached_property
   def abstract_state(self) -> steps_lib.TrainState:
     """The initial TrainState's shapes and dtypes as `jax.ShapeDtypeStruct`s with their
     shardings on the mesh, computing nothing: `train_step.lower(run.abstract_state,
     batch).compile()` gives XLA's analyses of a step no device has memory for."""
-    return steps_lib.abstract_state(self.model, self.tx, self._session.inputs, self.mesh,
-                                    self._session.fsdp_min_size)
+    return steps_lib.abstract_state(
+      self.model, self.tx, self._session.inputs, self.mesh, self._session.fsdp_min_size
+    )
 
   @functools.cached_property
   def train_step(self) -> Callable[[Any, Any], Tuple[Any, Dict[str, Any]]]:
@@ -98,14 +105,16 @@ class Built:
     The trainer's own step; it donates the state passed in (keep the returned one).
     `.lower(state, batch)` lowers it (in the mesh) for XLA's analyses.
     """
-    return steps_lib.make_train_step(self._session.task, self.model, self.tx, self._key,
-                                     self.mesh, self._session.fsdp_min_size)
+    return steps_lib.make_train_step(
+      self._session.task, self.model, self.tx, self._key, self.mesh, self._session.fsdp_min_size
+    )
 
   @functools.cached_property
   def eval_step(self) -> Callable[[Any, Any], Dict[str, Any]]:
     """jit (params, global batch) -> the task's metric sums over the batch."""
-    return steps_lib.make_eval_step(self._session.task, self.model, self.mesh,
-                                    self._session.fsdp_min_size)
+    return steps_lib.make_eval_step(
+      self._session.task, self.model, self.mesh, self._session.fsdp_min_size
+    )
 
   @property
   def num_params(self) -> int:
@@ -129,8 +138,14 @@ class Built:
     return self._session.evaluate(params, self._session.eval_data())
 
 
-def build(config, num_steps: int = 1, *, devices: Optional[Sequence[Any]] = None,
-          read_data: bool = True, seed: Optional[int] = None) -> Built:
+def build(
+  config,
+  num_steps: int = 1,
+  *,
+  devices: Optional[Sequence[Any]] = None,
+  read_data: bool = True,
+  seed: Optional[int] = None,
+) -> Built:
   """The trainer's model, optimiser, initial state and jitted steps for `config`.
 
   Args:

@@ -23,13 +23,14 @@ A failed save stops the run with `CheckpointSaveError`, one line naming the
 path; a full disk says so and from which step the re-run resumes (Orbax's own
 tracebacks of it, from its background threads, are left out of the log).
 """
+
 import contextlib
 import json
 import logging as logging_std
 import os
 import sys
-import zlib
 from typing import Any, Dict, Optional, Tuple
+import zlib
 
 from absl import logging
 from etils import epath
@@ -37,7 +38,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
-
 from orbax.checkpoint._src.metadata import step_metadata_serialization
 
 import fields
@@ -67,7 +67,8 @@ class _OrbaxInfoFilter(logging_std.Filter):
     if record.levelno <= logging_std.INFO:
       return False
     return not workdir_lib.is_disk_full(
-        record.exc_info[1] if record.exc_info else record.getMessage())
+      record.exc_info[1] if record.exc_info else record.getMessage()
+    )
 
 
 def _late_callback(unraisable) -> bool:
@@ -79,9 +80,12 @@ def _late_callback(unraisable) -> bool:
     if tb.tb_frame.f_code.co_name == 'call_soon_threadsafe':
       break
     tb = tb.tb_next
-  return (isinstance(unraisable.exc_value, RuntimeError) and tb is not None and
-          str(unraisable.exc_value) == 'Event loop is closed' and
-          tb.tb_frame.f_code.co_name == 'call_soon_threadsafe')
+  return (
+    isinstance(unraisable.exc_value, RuntimeError)
+    and tb is not None
+    and str(unraisable.exc_value) == 'Event loop is closed'
+    and tb.tb_frame.f_code.co_name == 'call_soon_threadsafe'
+  )
 
 
 def _quiet_orbax_logging() -> None:
@@ -90,9 +94,11 @@ def _quiet_orbax_logging() -> None:
     logger.addFilter(_OrbaxInfoFilter())
   hook = sys.unraisablehook
   if not getattr(hook, 'drops_late_callbacks', False):
+
     def quiet_hook(unraisable):
       if not _late_callback(unraisable):
         hook(unraisable)
+
     quiet_hook.drops_late_callbacks = True
     sys.unraisablehook = quiet_hook
 
@@ -106,8 +112,9 @@ def checkpoint_dir(workdir) -> epath.Path:
 
 @jax.jit
 def _all_finite(tree) -> jnp.ndarray:
-  leaves = [jnp.isfinite(x).all() for x in jax.tree.leaves(tree)
-            if jnp.issubdtype(x.dtype, jnp.inexact)]
+  leaves = [
+    jnp.isfinite(x).all() for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)
+  ]
   return jnp.stack(leaves).all() if leaves else jnp.bool_(True)
 
 
@@ -126,12 +133,19 @@ def manifest(tree) -> Dict[str, list]:
 
 
 def _shape_differences(saved_tree, abstract) -> list:
-  saved = {jax.tree_util.keystr(p): tuple(m.shape)
-           for p, m in jax.tree_util.tree_flatten_with_path(saved_tree)[0]}
-  want = {jax.tree_util.keystr(p): tuple(a.shape)
-          for p, a in jax.tree_util.tree_flatten_with_path(abstract)[0]}
-  diffs = [f'{k}: saved {saved[k]}, model {want[k]}' for k in sorted(set(saved) & set(want))
-           if saved[k] != want[k]]
+  saved = {
+    jax.tree_util.keystr(p): tuple(m.shape)
+    for p, m in jax.tree_util.tree_flatten_with_path(saved_tree)[0]
+  }
+  want = {
+    jax.tree_util.keystr(p): tuple(a.shape)
+    for p, a in jax.tree_util.tree_flatten_with_path(abstract)[0]
+  }
+  diffs = [
+    f'{k}: saved {saved[k]}, model {want[k]}'
+    for k in sorted(set(saved) & set(want))
+    if saved[k] != want[k]
+  ]
   diffs += [f'{k}: only in the checkpoint' for k in sorted(set(saved) - set(want))]
   diffs += [f'{k}: only in the model' for k in sorted(set(want) - set(saved))]
   return diffs
@@ -140,24 +154,32 @@ def _shape_differences(saved_tree, abstract) -> list:
 class Checkpointer:
   """Saves every `every` steps (and when forced), keeps the last `keep`, restores verified."""
 
-  def __init__(self, workdir, every: int = 1000, keep: int = 3, async_save: bool = True,
-               create: bool = True):
+  def __init__(
+    self, workdir, every: int = 1000, keep: int = 3, async_save: bool = True, create: bool = True
+  ):
     _quiet_orbax_logging()
     self.directory = checkpoint_dir(workdir)
     if not create and not self.directory.is_dir():
       raise FileNotFoundError(f'no checkpoints directory {self.directory}')
     try:
       self.manager = ocp.CheckpointManager(
-          self.directory,
-          item_handlers={name: ocp.StandardCheckpointHandler() for name in ITEMS},
-          options=ocp.CheckpointManagerOptions(
-              max_to_keep=keep, create=create, enable_async_checkpointing=async_save,
-              # Each step's _CHECKPOINT_METADATA is read by `restore` (a damaged one is
-              # skipped), not here, where a damaged one stops the manager's creation.
-              lightweight_initialize=True,
-              save_decision_policy=ocp.checkpoint_managers.AnySavePolicy([
-                  ocp.checkpoint_managers.FixedIntervalPolicy(every),
-                  ocp.checkpoint_managers.PreemptionCheckpointingPolicy()])))
+        self.directory,
+        item_handlers={name: ocp.StandardCheckpointHandler() for name in ITEMS},
+        options=ocp.CheckpointManagerOptions(
+          max_to_keep=keep,
+          create=create,
+          enable_async_checkpointing=async_save,
+          # Each step's _CHECKPOINT_METADATA is read by `restore` (a damaged one is
+          # skipped), not here, where a damaged one stops the manager's creation.
+          lightweight_initialize=True,
+          save_decision_policy=ocp.checkpoint_managers.AnySavePolicy(
+            [
+              ocp.checkpoint_managers.FixedIntervalPolicy(every),
+              ocp.checkpoint_managers.PreemptionCheckpointingPolicy(),
+            ]
+          ),
+        ),
+      )
     except OSError as e:
       if workdir_lib.is_disk_full(e):
         raise CheckpointSaveError(self._disk_full(e, e.filename or self.directory)) from None
@@ -188,31 +210,40 @@ class Checkpointer:
       return False
     if not all_finite(params):
       self.manager.wait_until_finished()  # an earlier step's save still completes
-      raise FloatingPointError(f'parameters at step {step} are not finite (NaN/Inf); '
-                               f'refusing to write a checkpoint')
+      raise FloatingPointError(
+        f'parameters at step {step} are not finite (NaN/Inf); refusing to write a checkpoint'
+      )
     if step in self.unreadable:
       logging.warning('Replacing the damaged checkpoint at step %d', step)
       self.manager.delete(step)
       self.unreadable.discard(step)
     path = self._manifest_path(step)
     try:
-      workdir_lib.write_atomic(path, json.dumps(
-          {name: manifest(tree) for name, tree in zip(ITEMS, (params, opt_state))}))
+      workdir_lib.write_atomic(
+        path, json.dumps({name: manifest(tree) for name, tree in zip(ITEMS, (params, opt_state))})
+      )
     except OSError as e:
       with contextlib.suppress(Exception):  # the save in flight, if any, ends first
         self.manager.wait_until_finished()
       self._drop_unwritten_manifests()  # this step's, and that save's if it failed too
       if workdir_lib.is_disk_full(e):
         raise CheckpointSaveError(self._disk_full(e, path)) from None
-      raise CheckpointSaveError(f'saving the checkpoint at step {step} in {self.directory} '
-                                f'failed: {e}') from None
+      raise CheckpointSaveError(
+        f'saving the checkpoint at step {step} in {self.directory} failed: {e}'
+      ) from None
     try:
-      self.manager.save(step, force=True, args=ocp.args.Composite(
-          params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state)))
+      self.manager.save(
+        step,
+        force=True,
+        args=ocp.args.Composite(
+          params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state)
+        ),
+      )
     except Exception as e:  # pylint: disable=broad-except  (this save's, or an earlier one's)
       path.unlink(missing_ok=True)  # the step was not written: no manifest without it
-      raise self._save_error(e, f'saving the checkpoint at step {step} in '
-                                f'{self.directory} failed') from None
+      raise self._save_error(
+        e, f'saving the checkpoint at step {step} in {self.directory} failed'
+      ) from None
     self._prune_manifests(step)
     return True
 
@@ -299,8 +330,9 @@ class Checkpointer:
       return 'its parameters are not finite'
     return None
 
-  def restore(self, abstract_params=None, abstract_opt_state=None, mesh=None
-              ) -> Optional[Tuple[int, Any, Any]]:
+  def restore(
+    self, abstract_params=None, abstract_opt_state=None, mesh=None
+  ) -> Optional[Tuple[int, Any, Any]]:
     """The newest sound checkpoint as (step, params, opt_state), or None.
 
     The abstract trees (`jax.ShapeDtypeStruct`s with shardings) fix structure
@@ -326,11 +358,13 @@ class Checkpointer:
         diffs = _shape_differences(saved, abstract_params)
         if diffs:
           raise CheckpointMismatch(
-              f'the checkpoint at step {step} in {self.directory} belongs to another model '
-              f'({len(diffs)} arrays differ, e.g. {diffs[0]}); use a new workdir')
+            f'the checkpoint at step {step} in {self.directory} belongs to another model '
+            f'({len(diffs)} arrays differ, e.g. {diffs[0]}); use a new workdir'
+          )
       try:
-        items = {'params': ocp.args.StandardRestore(
-            saved if abstract_params is None else abstract_params)}
+        items = {
+          'params': ocp.args.StandardRestore(saved if abstract_params is None else abstract_params)
+        }
         if abstract_opt_state is not None:
           items['opt_state'] = ocp.args.StandardRestore(abstract_opt_state)
         restored = dict(self.manager.restore(step, args=ocp.args.Composite(**items)))
@@ -345,8 +379,12 @@ class Checkpointer:
     return None
 
   def _skip(self, step: int, why: str) -> None:
-    logging.warning('The checkpoint at step %d (%s) is damaged: %s; falling back to the '
-                    'previous one', step, self.directory / str(step), why)
+    logging.warning(
+      'The checkpoint at step %d (%s) is damaged: %s; falling back to the previous one',
+      step,
+      self.directory / str(step),
+      why,
+    )
     self.unreadable.add(step)
 
   def saved_params(self, step: int, mesh=None):
@@ -354,8 +392,7 @@ class Checkpointer:
     repl = sharding.replicated(sharding.create_mesh() if mesh is None else mesh)
     metadata = self.manager.item_metadata(step)['params']
     tree = getattr(metadata, 'tree', metadata)
-    return jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=repl),
-                        tree)
+    return jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=repl), tree)
 
   @contextlib.contextmanager
   def finishing(self):

@@ -6,6 +6,7 @@
 Reads the run's stored config (`config.json`) and its newest sound checkpoint;
 the data is not read. The benchmarks and analysis tools load runs this way.
 """
+
 from typing import Any, Tuple
 
 from train import checkpoint
@@ -29,6 +30,5 @@ def load(workdir: str, mesh=None) -> Tuple[Any, Any, Any]:
   config = validate.resolved(stored, read_data=False)
   mesh = sharding.create_mesh() if mesh is None else mesh
   model = modeling.create_model(config, split_sequence=False)
-  _, params = checkpoint.restore_params(workdir, mesh,
-                                        steps.abstract_params(model, config, mesh))
+  _, params = checkpoint.restore_params(workdir, mesh, steps.abstract_params(model, config, mesh))
   return config, model, params

@@ -5,6 +5,7 @@
 `main.py` and the scripts under `examples/` call it, so none of them prints JAX's
 "Unable to initialize backend 'tpu'" notice on a machine without libtpu.
 """
+
 import importlib.util
 import logging as std_logging
 

@@ -7,6 +7,7 @@ The trainer (`train/trainer.py`) runs the loop these settings describe; `check`
 is the loop's part of `train.validate`, declared as a `fields.Field` table
 like the other concerns' checks.
 """
+
 import dataclasses
 from typing import Dict
 
@@ -15,15 +16,21 @@ from train import mesh as mesh_lib
 from train import modeling
 
 FIELDS = (  # what `config.train` accepts, field by field (the rules between fields: check)
-    *(fields.Field(f'train.{name}', above=0, integer=True)
-      for name in ('log_every', 'checkpoint_every', 'keep_checkpoints')),
-    # the model's and the data's seed: jax.random.key takes a 64-bit signed int, the data's
-    # numpy generators a non-negative one (-1 failed after config.json was written)
-    fields.Field('train.seed', minimum=0, below=2**63, integer=True),
-    fields.Field('train.dtype', choices=tuple(modeling.DTYPES)),
-    fields.Field('train.fsdp_min_size', minimum=0, integer=True,
-                 default=mesh_lib.FSDP_MIN_SIZE, note='(elements; smaller leaves stay '
-                 'replicated)'),
+  *(
+    fields.Field(f'train.{name}', above=0, integer=True)
+    for name in ('log_every', 'checkpoint_every', 'keep_checkpoints')
+  ),
+  # the model's and the data's seed: jax.random.key takes a 64-bit signed int, the data's
+  # numpy generators a non-negative one (-1 failed after config.json was written)
+  fields.Field('train.seed', minimum=0, below=2**63, integer=True),
+  fields.Field('train.dtype', choices=tuple(modeling.DTYPES)),
+  fields.Field(
+    'train.fsdp_min_size',
+    minimum=0,
+    integer=True,
+    default=mesh_lib.FSDP_MIN_SIZE,
+    note='(elements; smaller leaves stay replicated)',
+  ),
 )
 
 
@@ -33,6 +40,7 @@ class Loop:
   saves, its seed, and the device mesh it runs on (`mesh`: `config.train.mesh` with every
   axis named, -1 unresolved; see `train/mesh.py`). `num_steps > 0` takes precedence over
   `num_epochs`; `eval_every` -1: only at the end."""
+
   num_steps: int
   num_epochs: int
   eval_every: int
@@ -51,20 +59,31 @@ def check(config) -> Loop:
   its `Loop`."""
   t = config.train
   if t.num_steps <= 0 and t.num_epochs <= 0:  # num_steps > 0 wins over num_epochs
-    raise fields.ConfigError(f'config.train.num_steps={t.num_steps} and config.train.'
-                             f'num_epochs={t.num_epochs}: set one of them > 0 (num_steps '
-                             f'takes precedence)')
+    raise fields.ConfigError(
+      f'config.train.num_steps={t.num_steps} and config.train.'
+      f'num_epochs={t.num_epochs}: set one of them > 0 (num_steps '
+      f'takes precedence)'
+    )
   if t.eval_every == 0 or t.eval_every < -1:
-    raise fields.ConfigError(f'config.train.eval_every={t.eval_every} is not valid; it must '
-                             f'be > 0, or -1 for only at the end')
+    raise fields.ConfigError(
+      f'config.train.eval_every={t.eval_every} is not valid; it must '
+      f'be > 0, or -1 for only at the end'
+    )
   fields.check(config, FIELDS)
   try:
     mesh = mesh_lib.check_spec(t.get('mesh'))
   except ValueError as e:
     raise fields.ConfigError(str(e)) from None
-  return Loop(num_steps=t.num_steps, num_epochs=t.num_epochs, eval_every=t.eval_every,
-              log_every=t.log_every, checkpoint_every=t.checkpoint_every,
-              keep_checkpoints=t.keep_checkpoints,
-              async_checkpoints=t.get('async_checkpoints', True), seed=t.seed,
-              dtype=t.dtype, mesh=mesh,
-              fsdp_min_size=t.get('fsdp_min_size', mesh_lib.FSDP_MIN_SIZE))
+  return Loop(
+    num_steps=t.num_steps,
+    num_epochs=t.num_epochs,
+    eval_every=t.eval_every,
+    log_every=t.log_every,
+    checkpoint_every=t.checkpoint_every,
+    keep_checkpoints=t.keep_checkpoints,
+    async_checkpoints=t.get('async_checkpoints', True),
+    seed=t.seed,
+    dtype=t.dtype,
+    mesh=mesh,
+    fsdp_min_size=t.get('fsdp_min_size', mesh_lib.FSDP_MIN_SIZE),
+  )

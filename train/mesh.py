@@ -23,20 +23,24 @@ within one, on TPU along the physical torus); the axes are `AxisType.Auto`, so X
 places what the shardings here leave open. The trainer installs the mesh with
 `jax.set_mesh` around its compiled steps, where the library's layers find it.
 """
+
 import functools
 import math
 import numbers
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 import jax
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType
+from jax.sharding import Mesh
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 import numpy as np
 
 AXES = ('data', 'fsdp', 'sequence')
 DEFAULTS = {'data': -1, 'fsdp': 1, 'sequence': 1}
 BATCH_AXES = ('data', 'fsdp')  # the batch's rows are split over these two
 SEQUENCE_AXIS = 'sequence'
-FSDP_MIN_SIZE = 2 ** 14  # leaves smaller than this stay replicated (norms, biases, scalars)
+FSDP_MIN_SIZE = 2**14  # leaves smaller than this stay replicated (norms, biases, scalars)
 
 
 def _field(spec: Mapping[str, Any]) -> str:
@@ -53,20 +57,26 @@ def check_spec(spec: Optional[Mapping[str, Any]]) -> Dict[str, int]:
   given = dict(spec.items()) if spec is not None else {}
   unknown = [name for name in given if name not in AXES]
   if unknown:
-    raise ValueError(f'{_field(given)} has an unknown axis {unknown[0]!r}; valid axes: '
-                     f'{", ".join(AXES)}')
+    raise ValueError(
+      f'{_field(given)} has an unknown axis {unknown[0]!r}; valid axes: {", ".join(AXES)}'
+    )
   for name, size in given.items():
-    if not isinstance(size, numbers.Integral) or isinstance(size, bool) or (
-        size < 1 and size != -1):
-      raise ValueError(f"config.train.mesh['{name}']={size!r} is not valid; it must be an "
-                       f'integer >= 1, or -1 for the devices the other axes leave')
+    if (
+      not isinstance(size, numbers.Integral) or isinstance(size, bool) or (size < 1 and size != -1)
+    ):
+      raise ValueError(
+        f"config.train.mesh['{name}']={size!r} is not valid; it must be an "
+        f'integer >= 1, or -1 for the devices the other axes leave'
+      )
   spec = {name: given.get(name, DEFAULTS[name]) for name in AXES}
   if 'data' not in given and any(given.get(name) == -1 for name in AXES):
     spec['data'] = 1  # another axis takes the remaining devices
   rest = [name for name in AXES if spec[name] == -1]
   if len(rest) > 1:
-    raise ValueError(f'{_field(spec)} has -1 in {" and ".join(map(repr, rest))}; at most one '
-                     f'axis may take the remaining devices')
+    raise ValueError(
+      f'{_field(spec)} has -1 in {" and ".join(map(repr, rest))}; at most one '
+      f'axis may take the remaining devices'
+    )
   return {name: int(size) for name, size in spec.items()}
 
 
@@ -78,25 +88,34 @@ def resolve(spec: Mapping[str, int], device_count: int) -> Dict[str, int]:
   there = f'{device_count} device' + ('s' if device_count != 1 else '')
   if -1 in spec.values():
     if device_count % fixed:
-      raise ValueError(f'{_field(spec)} does not fit {there}: the fixed axes '
-                       f'({fixed} devices) must divide the device count; valid: fixed sizes '
-                       f'whose product divides {device_count}')
+      raise ValueError(
+        f'{_field(spec)} does not fit {there}: the fixed axes '
+        f'({fixed} devices) must divide the device count; valid: fixed sizes '
+        f'whose product divides {device_count}'
+      )
     return {name: device_count // fixed if size == -1 else size for name, size in spec.items()}
   if fixed != device_count:
-    raise ValueError(f'{_field(spec)} needs {fixed} devices, but there '
-                     f'{"are" if device_count != 1 else "is"} {there}; valid: sizes whose '
-                     f'product is {device_count}, or one axis of -1')
+    raise ValueError(
+      f'{_field(spec)} needs {fixed} devices, but there '
+      f'{"are" if device_count != 1 else "is"} {there}; valid: sizes whose '
+      f'product is {device_count}, or one axis of -1'
+    )
   return spec
 
 
-def create(spec: Optional[Mapping[str, Any]] = None, devices: Optional[Sequence[Any]] = None
-           ) -> Mesh:
+def create(
+  spec: Optional[Mapping[str, Any]] = None, devices: Optional[Sequence[Any]] = None
+) -> Mesh:
   """The Mesh ('data', 'fsdp', 'sequence') of `spec` (default: data over every device) over
   `devices` (default: every device of every process), arranged by `jax.make_mesh`."""
   devices = list(jax.devices() if devices is None else devices)
   shape = resolve(DEFAULTS if spec is None else spec, len(devices))
-  return jax.make_mesh(tuple(shape[name] for name in AXES), AXES,
-                       axis_types=(AxisType.Auto,) * len(AXES), devices=devices)
+  return jax.make_mesh(
+    tuple(shape[name] for name in AXES),
+    AXES,
+    axis_types=(AxisType.Auto,) * len(AXES),
+    devices=devices,
+  )
 
 
 def size(mesh: Mesh, axis: str) -> int:
@@ -124,18 +143,22 @@ def check_batch(mesh: Mesh, batch_size: int, field: str = 'batch_size') -> None:
   n = batch_devices(mesh)
   if batch_size % n:
     parts = ' x '.join(f'{name} {size(mesh, name)}' for name in batch_axes(mesh))
-    raise ValueError(f'config.dataset.{field}={batch_size} must be divisible by the number of '
-                     f'devices its rows are split over, {n} ({parts}: config.train.mesh); '
-                     f'valid: multiples of {n}')
+    raise ValueError(
+      f'config.dataset.{field}={batch_size} must be divisible by the number of '
+      f'devices its rows are split over, {n} ({parts}: config.train.mesh); '
+      f'valid: multiples of {n}'
+    )
 
 
 def check_length(mesh: Mesh, length: int, what: str) -> None:
   """ValueError unless a sequence of `length` tokens splits evenly over 'sequence'."""
   n = size(mesh, SEQUENCE_AXIS)
   if n > 1 and length % n:
-    raise ValueError(f"sequence length {length} ({what}) is not divisible by "
-                     f"config.train.mesh['sequence']={n}; valid: lengths that are "
-                     f'multiples of {n}, or a sequence size dividing {length}')
+    raise ValueError(
+      f"sequence length {length} ({what}) is not divisible by "
+      f"config.train.mesh['sequence']={n}; valid: lengths that are "
+      f'multiples of {n}, or a sequence size dividing {length}'
+    )
 
 
 # ----------------------------------------------------------------------------
@@ -143,8 +166,7 @@ def check_length(mesh: Mesh, length: int, what: str) -> None:
 # ----------------------------------------------------------------------------
 
 
-def fsdp_axis(shape: Sequence[int], fsdp: int, min_size: int = FSDP_MIN_SIZE
-              ) -> Optional[int]:
+def fsdp_axis(shape: Sequence[int], fsdp: int, min_size: int = FSDP_MIN_SIZE) -> Optional[int]:
   """The axis of a leaf of `shape` that FSDP splits over `fsdp` devices: its largest axis
   that `fsdp` divides (the first of equals), or None (replicated) when fsdp is 1, the leaf
   has fewer than `min_size` elements or no axis is divisible."""
@@ -165,16 +187,17 @@ def leaf_spec(mesh: Mesh, shape: Sequence[int], min_size: int = FSDP_MIN_SIZE) -
 def state_shardings(mesh: Mesh, tree, min_size: int = FSDP_MIN_SIZE):
   """The NamedShardings of a tree of parameters or optimiser state (arrays or
   ShapeDtypeStructs, any structure): `leaf_spec` of each leaf."""
-  return jax.tree.map(lambda x: NamedSharding(mesh, leaf_spec(mesh, np.shape(x), min_size)),
-                      tree)
+  return jax.tree.map(lambda x: NamedSharding(mesh, leaf_spec(mesh, np.shape(x), min_size)), tree)
 
 
 def with_shardings(shapes, mesh: Mesh, min_size: int = FSDP_MIN_SIZE):
   """ShapeDtypeStructs of `shapes` (e.g. `jax.eval_shape`'s) carrying `state_shardings`."""
   return jax.tree.map(
-      lambda s: jax.ShapeDtypeStruct(
-          s.shape, s.dtype, sharding=NamedSharding(mesh, leaf_spec(mesh, s.shape, min_size))),
-      shapes)
+    lambda s: jax.ShapeDtypeStruct(
+      s.shape, s.dtype, sharding=NamedSharding(mesh, leaf_spec(mesh, s.shape, min_size))
+    ),
+    shapes,
+  )
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
@@ -190,8 +213,11 @@ def _is_tokens(path, x) -> bool:
   """The batch's token array: 'inputs' of integers `[b, n]` (`[b, 2, n]` for pairs)."""
   key = path[-1] if path else None
   name = getattr(key, 'key', getattr(key, 'name', None))
-  return (name == 'inputs' and np.ndim(x) >= 2 and
-          np.issubdtype(np.dtype(getattr(x, 'dtype', np.float32)), np.integer))
+  return (
+    name == 'inputs'
+    and np.ndim(x) >= 2
+    and np.issubdtype(np.dtype(getattr(x, 'dtype', np.float32)), np.integer)
+  )
 
 
 def batch_spec(mesh: Mesh, path, x) -> P:
@@ -207,7 +233,8 @@ def batch_spec(mesh: Mesh, path, x) -> P:
 def batch_shardings(mesh: Mesh, batch):
   """The NamedShardings of a batch (a dict of `[b, ...]` arrays or ShapeDtypeStructs)."""
   return jax.tree_util.tree_map_with_path(
-      lambda path, x: NamedSharding(mesh, batch_spec(mesh, path, x)), batch)
+    lambda path, x: NamedSharding(mesh, batch_spec(mesh, path, x)), batch
+  )
 
 
 @functools.lru_cache(maxsize=None)
@@ -229,18 +256,23 @@ def data_processes(mesh: Mesh) -> Tuple[int, int]:
   groups = sorted({tuple(sorted(r)) for r in held.values()})
   flat = [row for group in groups for row in group]
   if len(flat) != len(set(flat)) or len({len(g) for g in groups}) != 1:
-    raise ValueError(f'the mesh ({describe(mesh)}) gives processes overlapping parts of the '
-                     f'batch; valid: meshes whose data x fsdp blocks are whole to a process '
-                     f'or shared by processes alike')
+    raise ValueError(
+      f'the mesh ({describe(mesh)}) gives processes overlapping parts of the '
+      f'batch; valid: meshes whose data x fsdp blocks are whole to a process '
+      f'or shared by processes alike'
+    )
   return groups.index(tuple(sorted(held[jax.process_index()]))), len(groups)
 
 
 def gathered(tree):
   """`tree` on the host (numpy): `jax.device_get`, gathering arrays that span processes
   (a collective where any does: every process must call it)."""
+
   def get(x):
     if isinstance(x, jax.Array) and not x.is_fully_addressable and not x.is_fully_replicated:
       from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+
       return np.asarray(multihost_utils.process_allgather(x, tiled=True))
     return np.asarray(jax.device_get(x))
+
   return jax.tree.map(get, tree)

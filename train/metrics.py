@@ -20,6 +20,7 @@ the end:
     step 300/660 | loss 0.1564 | accuracy 95.47% | top5_accuracy 99.92% | 1162 ex/s | eta 20s
     test accuracy 96.11% | loss 0.1802 | top5_accuracy 99.72% | results in runs/default/results.json
 """
+
 import contextlib
 import errno
 import json
@@ -74,14 +75,22 @@ def format_values(values: Mapping[str, float]) -> str:
     if key in _NOT_PRINTED:
       continue
     value = float(value)
-    shown = (f'{100 * value:.2f}%' if key.endswith('accuracy') and math.isfinite(value)
-             else f'{value:#.4g}')
+    shown = (
+      f'{100 * value:.2f}%'
+      if key.endswith('accuracy') and math.isfinite(value)
+      else f'{value:#.4g}'
+    )
     parts.append(f'{key} {shown}')
   return ' | '.join(parts)
 
 
-def progress_line(step: int, num_steps: int, values: Mapping[str, float],
-                  steps_per_sec: Optional[float], batch_size: int) -> str:
+def progress_line(
+  step: int,
+  num_steps: int,
+  values: Mapping[str, float],
+  steps_per_sec: Optional[float],
+  batch_size: int,
+) -> str:
   """'step 300/660 | loss 0.1564 | accuracy 95.47% | 1162 ex/s | eta 20s'.
 
   `steps_per_sec`: the measured training rate (None before it is known, shown as
@@ -201,7 +210,8 @@ def _stderr_held():
   saved = os.dup(2)
   chunks = []
   reader = threading.Thread(
-      target=lambda: chunks.extend(iter(lambda: os.read(read, 1 << 16), b'')), daemon=True)
+    target=lambda: chunks.extend(iter(lambda: os.read(read, 1 << 16), b'')), daemon=True
+  )
   reader.start()
   os.dup2(write, 2)
   os.close(write)
@@ -228,16 +238,19 @@ def create_writer(workdir, *, enabled: bool, resume_step: int = 0):
   On processes other than the writer (`enabled=False`) only log lines.
   """
   from clu import metric_writers  # pylint: disable=g-import-not-at-top  (TensorFlow)
+
   if not enabled:
     return metric_writers.create_default_writer(just_logging=True, asynchronous=False)
   workdir = epath.Path(workdir)
   try:
     with _stderr_held():  # TensorFlow's C++ log of a full disk: 8 lines before its error
-      tensorboard = metric_writers.create_default_writer(workdir / 'tensorboard',
-                                                         asynchronous=False)
+      tensorboard = metric_writers.create_default_writer(
+        workdir / 'tensorboard', asynchronous=False
+      )
   except Exception as e:  # pylint: disable=broad-except  (TensorFlow's error)
     if not workdir_lib.is_disk_full(e):
       raise
-    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC),
-                  os.fspath(workdir / 'tensorboard')) from None
+    raise OSError(
+      errno.ENOSPC, os.strerror(errno.ENOSPC), os.fspath(workdir / 'tensorboard')
+    ) from None
   return metric_writers.MultiWriter([tensorboard, JsonlWriter(workdir / JSONL, resume_step)])

@@ -1,9 +1,10 @@
 """Optimiser: linear warmup + cosine decay, decoupled weight decay, clipping, LoRA freezing.
 
-    tx = optim.create_optimizer(config, num_steps)
-    lr = optim.learning_rate_schedule(config, num_steps)(step)
-    tx, lr, warmup = optim.create(config, num_steps)   # the three at once (the trainer)
+tx = optim.create_optimizer(config, num_steps)
+lr = optim.learning_rate_schedule(config, num_steps)(step)
+tx, lr, warmup = optim.create(config, num_steps)   # the three at once (the trainer)
 """
+
 from typing import Tuple
 
 import jax
@@ -14,14 +15,14 @@ from train import adapters
 
 OPTIMIZERS = ('adamw', 'sgd')
 FIELDS = (  # what `config.optim` accepts
-    fields.Field('optim.name', choices=OPTIMIZERS),
-    fields.Field('optim.learning_rate', above=0),
-    fields.Field('optim.warmup_steps', minimum=0),
-    fields.Field('optim.weight_decay', minimum=0),
-    fields.Field('optim.grad_clip', minimum=0),
-    fields.Field('optim.b1', minimum=0.0, below=1.0),
-    fields.Field('optim.b2', minimum=0.0, below=1.0),
-    fields.Field('optim.max_warmup_fraction', minimum=0.0, note='(1 = no cap)', default=1.0),
+  fields.Field('optim.name', choices=OPTIMIZERS),
+  fields.Field('optim.learning_rate', above=0),
+  fields.Field('optim.warmup_steps', minimum=0),
+  fields.Field('optim.weight_decay', minimum=0),
+  fields.Field('optim.grad_clip', minimum=0),
+  fields.Field('optim.b1', minimum=0.0, below=1.0),
+  fields.Field('optim.b2', minimum=0.0, below=1.0),
+  fields.Field('optim.max_warmup_fraction', minimum=0.0, note='(1 = no cap)', default=1.0),
 )
 
 
@@ -45,8 +46,12 @@ def learning_rate_schedule(config, num_steps: int) -> optax.Schedule:
   """0 -> optim.learning_rate over the warmup, then cosine to 0 at num_steps."""
   warmup = warmup_steps(config, num_steps)
   return optax.warmup_cosine_decay_schedule(
-      init_value=0.0, peak_value=config.optim.learning_rate, warmup_steps=warmup,
-      decay_steps=max(num_steps, warmup + 1), end_value=0.0)
+    init_value=0.0,
+    peak_value=config.optim.learning_rate,
+    warmup_steps=warmup,
+    decay_steps=max(num_steps, warmup + 1),
+    end_value=0.0,
+  )
 
 
 def _decay_mask(params):
@@ -54,11 +59,13 @@ def _decay_mask(params):
   return jax.tree.map(lambda x: x.ndim > 1, params)
 
 
-def create(config, num_steps: int
-           ) -> Tuple[optax.GradientTransformation, optax.Schedule, int]:
+def create(config, num_steps: int) -> Tuple[optax.GradientTransformation, optax.Schedule, int]:
   """(`create_optimizer`, `learning_rate_schedule`, `warmup_steps`) of `config`."""
-  return (create_optimizer(config, num_steps), learning_rate_schedule(config, num_steps),
-          warmup_steps(config, num_steps))
+  return (
+    create_optimizer(config, num_steps),
+    learning_rate_schedule(config, num_steps),
+    warmup_steps(config, num_steps),
+  )
 
 
 def create_optimizer(config, num_steps: int) -> optax.GradientTransformation:
@@ -68,12 +75,16 @@ def create_optimizer(config, num_steps: int) -> optax.GradientTransformation:
   lr = learning_rate_schedule(config, num_steps)
   chain = [optax.clip_by_global_norm(optim.grad_clip)] if optim.grad_clip > 0 else []
   if optim.name == 'adamw':
-    chain.append(optax.adamw(lr, b1=optim.b1, b2=optim.b2, weight_decay=optim.weight_decay,
-                             mask=_decay_mask))
+    chain.append(
+      optax.adamw(lr, b1=optim.b1, b2=optim.b2, weight_decay=optim.weight_decay, mask=_decay_mask)
+    )
   elif optim.name == 'sgd':
-    chain += [optax.add_decayed_weights(optim.weight_decay, mask=_decay_mask),
-              optax.sgd(lr, momentum=optim.b1 or None)]
+    chain += [
+      optax.add_decayed_weights(optim.weight_decay, mask=_decay_mask),
+      optax.sgd(lr, momentum=optim.b1 or None),
+    ]
   else:
-    raise ValueError(f'config.optim.name={optim.name!r} is not valid; valid choices: '
-                     f'{", ".join(OPTIMIZERS)}')
+    raise ValueError(
+      f'config.optim.name={optim.name!r} is not valid; valid choices: {", ".join(OPTIMIZERS)}'
+    )
   return adapters.optimizer(config, optax.chain(*chain))

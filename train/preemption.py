@@ -10,6 +10,7 @@ Ctrl-C is not waited for: it gets the handler that was there before (Python's
 KeyboardInterrupt). Outside the main thread signal handlers cannot be installed
 and the flag stays False.
 """
+
 import signal
 import threading
 
@@ -32,9 +33,11 @@ class StopOnSignal:
     self.requested = True
     if signum == signal.SIGINT:  # a second Ctrl-C interrupts at once
       signal.signal(signum, self._previous.get(signum, signal.default_int_handler))
-    logging.warning('Received %s: will save a checkpoint after the current step and exit%s',
-                    signal.Signals(signum).name,
-                    ' (Ctrl-C again: stop now)' if signum == signal.SIGINT else '')
+    logging.warning(
+      'Received %s: will save a checkpoint after the current step and exit%s',
+      signal.Signals(signum).name,
+      ' (Ctrl-C again: stop now)' if signum == signal.SIGINT else '',
+    )
 
   def __enter__(self):
     if threading.current_thread() is threading.main_thread():

@@ -10,6 +10,7 @@ or does not define the function; `call` also names an argument the function
 does not take or rejects. `config_flag_error` gives the one line of an error
 from parsing `--config=path.py[:arg]` and its `--config.<field>=value` flags.
 """
+
 import importlib.util
 import inspect
 import os
@@ -22,8 +23,7 @@ def function(path: str, name: str) -> Callable[..., Any]:
     raise ValueError(f'{path!r} is not a Python file (path.py)')
   if not os.path.isfile(path):
     raise ValueError(f'{path!r} does not exist')
-  spec = importlib.util.spec_from_file_location(
-      os.path.splitext(os.path.basename(path))[0], path)
+  spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0], path)
   module = importlib.util.module_from_spec(spec)
   try:
     spec.loader.exec_module(module)
@@ -66,6 +66,7 @@ def config_flag_error(error: Exception, argv: Sequence[str]) -> str:
   valid fields of the group, read from the config file.
   """
   from absl import flags  # pylint: disable=g-import-not-at-top
+
   if isinstance(error, flags.Error):
     head, sep, trace = str(error).partition(CONFIG_FILE_ERROR)
     lines = trace.strip().splitlines()
@@ -73,15 +74,14 @@ def config_flag_error(error: Exception, argv: Sequence[str]) -> str:
     if not sep or not frames:
       return ' '.join(str(error).split())
     # After the last frame (its source lines are indented): 'ValueError: message'.
-    exception = [line for line in lines[frames[-1]:] if line and not line[0].isspace()]
+    exception = [line for line in lines[frames[-1] :] if line and not line[0].isspace()]
     return head + ' '.join(exception).split(': ', 1)[-1]
   while error.args and isinstance(error.args[0], BaseException):
     error = error.args[0]
   lines = (str(error.args[0]) if error.args else type(error).__name__).splitlines()
   name = lines[0].strip('\'"')
   hint = ('; ' + lines[1][0].lower() + lines[1][1:]) if len(lines) > 1 and lines[1] else ''
-  flag = next((a.split('=')[0] for a in argv[1:] if a.split('=')[0].endswith(f'.{name}')),
-              '')
+  flag = next((a.split('=')[0] for a in argv[1:] if a.split('=')[0].endswith(f'.{name}')), '')
   if not hint and flag:
     valid = _fields_beside(flag, argv)
     hint = f'; valid: {", ".join(valid)}' if valid else ''

@@ -1,8 +1,9 @@
 """Sample grids and occluded completions of a causal pixel model, as PNG files.
 
-    write_samples(model, params, rng, workdir, image_shape=(28, 28), images=real)
-    # -> {'samples': '<workdir>/samples.png', 'completion': '<workdir>/samples_completion.png'}
+write_samples(model, params, rng, workdir, image_shape=(28, 28), images=real)
+# -> {'samples': '<workdir>/samples.png', 'completion': '<workdir>/samples_completion.png'}
 """
+
 import io
 import os
 from typing import Dict, Optional, Tuple
@@ -42,7 +43,7 @@ def tile(images, ncols: Optional[int] = None, pad: int = 1, pad_value: int = 128
   out = np.full((nrows * (h + pad) - pad, ncols * (w + pad) - pad), pad_value, images.dtype)
   for i, img in enumerate(images):
     r, c = divmod(i, ncols)
-    out[r * (h + pad):r * (h + pad) + h, c * (w + pad):c * (w + pad) + w] = img
+    out[r * (h + pad) : r * (h + pad) + h, c * (w + pad) : c * (w + pad) + w] = img
   return out
 
 
@@ -65,10 +66,19 @@ def occlude(images, rows: int, value: int = 0) -> np.ndarray:
   return out
 
 
-def write_samples(model, params, rng, out_dir: str, *, image_shape: Tuple[int, int],
-                  num_samples: int = 16, temperature: float = 1.0,
-                  images: Optional[np.ndarray] = None, rows: Optional[int] = None,
-                  prefix: str = 'samples') -> Dict[str, str]:
+def write_samples(
+  model,
+  params,
+  rng,
+  out_dir: str,
+  *,
+  image_shape: Tuple[int, int],
+  num_samples: int = 16,
+  temperature: float = 1.0,
+  images: Optional[np.ndarray] = None,
+  rows: Optional[int] = None,
+  prefix: str = 'samples',
+) -> Dict[str, str]:
   """Unconditional samples and (given real `images`) occluded completions as PNGs.
 
   The hook for a trainer's evaluation: writes `<out_dir>/<prefix>.png` (a grid
@@ -85,18 +95,26 @@ def write_samples(model, params, rng, out_dir: str, *, image_shape: Tuple[int, i
   if num_samples > 0:
     sampler = make_sampler(model, num_samples, length)
     tokens = sampler(params, rng_u, temperature=temperature)
-    paths['samples'] = save_grid(os.path.join(out_dir, f'{prefix}.png'),
-                                 tokens_to_images(tokens, image_shape), zoom=zoom)
+    paths['samples'] = save_grid(
+      os.path.join(out_dir, f'{prefix}.png'), tokens_to_images(tokens, image_shape), zoom=zoom
+    )
   if images is not None and len(images):
     images = np.asarray(images)
     images = (images[..., 0] if images.ndim == 4 else images)[:, :h, :w]
     rows = h // 2 if rows is None else rows
     n = images.shape[0]
-    completer = sampler if sampler is not None and n == num_samples else make_sampler(
-        model, n, length)
-    done = completer(params, rng_c, temperature=temperature,
-                     prefix=images_to_tokens(images), prefix_length=rows * w)
+    completer = (
+      sampler if sampler is not None and n == num_samples else make_sampler(model, n, length)
+    )
+    done = completer(
+      params,
+      rng_c,
+      temperature=temperature,
+      prefix=images_to_tokens(images),
+      prefix_length=rows * w,
+    )
     grid = np.concatenate([images, occlude(images, rows), tokens_to_images(done, image_shape)])
-    paths['completion'] = save_grid(os.path.join(out_dir, f'{prefix}_completion.png'),
-                                    grid, ncols=n, zoom=zoom)
+    paths['completion'] = save_grid(
+      os.path.join(out_dir, f'{prefix}_completion.png'), grid, ncols=n, zoom=zoom
+    )
   return paths

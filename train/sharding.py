@@ -9,6 +9,7 @@ them, feed the same ones) and `jax.make_array_from_process_local_data`
 assembles the global array, so the jit-compiled step is the same program on 1 or
 1000 devices.
 """
+
 import collections
 import os
 import sys
@@ -17,7 +18,9 @@ from typing import Iterator, Optional
 
 from absl import logging
 import jax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 import numpy as np
 
 from train import mesh as mesh_lib
@@ -25,8 +28,13 @@ from train import mesh as mesh_lib
 DATA_AXIS = 'data'
 # Environment variables that mean "this process is one of several" (JAX's own
 # cluster detection then fills in the coordinator, count and id).
-_CLUSTER_ENV = ('JAX_COORDINATOR_ADDRESS', 'SLURM_NTASKS', 'OMPI_COMM_WORLD_SIZE',
-                'MEGASCALE_COORDINATOR_ADDRESS', 'TPU_WORKER_HOSTNAMES')
+_CLUSTER_ENV = (
+  'JAX_COORDINATOR_ADDRESS',
+  'SLURM_NTASKS',
+  'OMPI_COMM_WORLD_SIZE',
+  'MEGASCALE_COORDINATOR_ADDRESS',
+  'TPU_WORKER_HOSTNAMES',
+)
 
 
 def _multi_process_env() -> bool:
@@ -43,27 +51,36 @@ def _multi_process_env() -> bool:
   return False
 
 
-def check_distributed_flags(coordinator_address: str, num_processes: int,
-                            process_id: int) -> None:
+def check_distributed_flags(coordinator_address: str, num_processes: int, process_id: int) -> None:
   """One-line ValueErrors for multi-host settings that cannot work."""
   if num_processes < 0:
-    raise ValueError(f'--num_processes={num_processes} is not valid; it must be >= 1 (or 0: '
-                     f'from the environment)')
+    raise ValueError(
+      f'--num_processes={num_processes} is not valid; it must be >= 1 (or 0: from the environment)'
+    )
   if process_id < -1 or (num_processes > 0 and process_id >= num_processes):
     valid = f'0..{num_processes - 1}' if num_processes > 0 else '>= 0'
-    raise ValueError(f'--process_id={process_id} is not valid for --num_processes='
-                     f'{num_processes}; valid: {valid}')
+    raise ValueError(
+      f'--process_id={process_id} is not valid for --num_processes={num_processes}; valid: {valid}'
+    )
   if (num_processes > 1 or process_id >= 0) and not coordinator_address:
-    raise ValueError(f'--num_processes={num_processes} --process_id={process_id} need '
-                     f'--coordinator_address=host:port (process 0\'s address)')
+    raise ValueError(
+      f'--num_processes={num_processes} --process_id={process_id} need '
+      f'--coordinator_address=host:port (process 0\'s address)'
+    )
   if coordinator_address and num_processes > 1 and process_id < 0:
-    raise ValueError(f'--coordinator_address={coordinator_address} with --num_processes='
-                     f'{num_processes} needs --process_id (0..{num_processes - 1})')
+    raise ValueError(
+      f'--coordinator_address={coordinator_address} with --num_processes='
+      f'{num_processes} needs --process_id (0..{num_processes - 1})'
+    )
 
 
-def initialize_distributed(coordinator_address: str = '', num_processes: int = 0,
-                           process_id: int = -1, mode: str = 'auto',
-                           timeout_s: int = 300) -> bool:
+def initialize_distributed(
+  coordinator_address: str = '',
+  num_processes: int = 0,
+  process_id: int = -1,
+  mode: str = 'auto',
+  timeout_s: int = 300,
+) -> bool:
   """Calls `jax.distributed.initialize` when this is a multi-process run.
 
   Args:
@@ -89,23 +106,31 @@ def initialize_distributed(coordinator_address: str = '', num_processes: int = 0
   process_id = process_id if process_id >= 0 else int(env.get('JAX_PROCESS_ID', -1))
   check_distributed_flags(coordinator_address, num_processes, process_id)
   if coordinator_address:
-    logging.info('jax.distributed: process %s of %s connecting to %s (waiting up to %d s '
-                 'for every process)', process_id, num_processes, coordinator_address,
-                 timeout_s)
-    message = (f'process {process_id} of {num_processes} could not join '
-               f'{coordinator_address} within {timeout_s} s (is every process started, '
-               f'with the same --coordinator_address and --num_processes?)')
+    logging.info(
+      'jax.distributed: process %s of %s connecting to %s (waiting up to %d s for every process)',
+      process_id,
+      num_processes,
+      coordinator_address,
+      timeout_s,
+    )
+    message = (
+      f'process {process_id} of {num_processes} could not join '
+      f'{coordinator_address} within {timeout_s} s (is every process started, '
+      f'with the same --coordinator_address and --num_processes?)'
+    )
     # JAX aborts the process when peers are missing; say why first, and exit cleanly.
-    watchdog = threading.Timer(timeout_s, lambda: (sys.stderr.write(f'Error: {message}\n'),
-                                                   sys.stderr.flush(), os._exit(1)))
+    watchdog = threading.Timer(
+      timeout_s, lambda: (sys.stderr.write(f'Error: {message}\n'), sys.stderr.flush(), os._exit(1))
+    )
     watchdog.daemon = True
     watchdog.start()
     try:
       jax.distributed.initialize(
-          coordinator_address=coordinator_address,
-          num_processes=num_processes if num_processes > 0 else None,
-          process_id=process_id if process_id >= 0 else None,
-          initialization_timeout=timeout_s + 60)
+        coordinator_address=coordinator_address,
+        num_processes=num_processes if num_processes > 0 else None,
+        process_id=process_id if process_id >= 0 else None,
+        initialization_timeout=timeout_s + 60,
+      )
     except Exception as e:  # pylint: disable=broad-except  (XLA runtime errors)
       first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
       raise ConnectionError(f'{message}: {first}') from None
@@ -115,9 +140,13 @@ def initialize_distributed(coordinator_address: str = '', num_processes: int = 0
     jax.distributed.initialize(initialization_timeout=timeout_s)
   else:
     return False
-  logging.info('jax.distributed: process %d of %d, %d local / %d global devices',
-               jax.process_index(), jax.process_count(), jax.local_device_count(),
-               jax.device_count())
+  logging.info(
+    'jax.distributed: process %d of %d, %d local / %d global devices',
+    jax.process_index(),
+    jax.process_count(),
+    jax.local_device_count(),
+    jax.device_count(),
+  )
   return True
 
 
@@ -137,8 +166,10 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 
 def check_batch_size(global_batch: int, mesh: Mesh, field: str = 'batch_size') -> None:
   if global_batch % mesh.size:
-    raise ValueError(f'config.dataset.{field}={global_batch} must be divisible by the '
-                     f'number of devices ({mesh.size})')
+    raise ValueError(
+      f'config.dataset.{field}={global_batch} must be divisible by the '
+      f'number of devices ({mesh.size})'
+    )
 
 
 def to_global(local_batch, mesh: Mesh):
@@ -147,9 +178,10 @@ def to_global(local_batch, mesh: Mesh):
   _, parts = mesh_lib.data_processes(mesh)  # distinct slices of the batch over processes
   local_batch = jax.tree.map(np.asarray, local_batch)
   return jax.tree.map(
-      lambda s, x: jax.make_array_from_process_local_data(
-          s, x, (x.shape[0] * parts,) + x.shape[1:]),
-      mesh_lib.batch_shardings(mesh, local_batch), local_batch)
+    lambda s, x: jax.make_array_from_process_local_data(s, x, (x.shape[0] * parts,) + x.shape[1:]),
+    mesh_lib.batch_shardings(mesh, local_batch),
+    local_batch,
+  )
 
 
 def prefetch(local_batches: Iterator, mesh: Mesh, size: int = 2) -> Iterator:
@@ -168,6 +200,7 @@ def any_process(flag: bool) -> bool:
   if jax.process_count() == 1:
     return bool(flag)
   from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+
   return bool(np.any(multihost_utils.process_allgather(np.asarray([flag]))))
 
 

@@ -15,6 +15,7 @@ sequence-parallel layers find it. The step's randomness is `fold_in(base_key, st
 split into the 'dropout' and 'features' rngs, so it depends only on (seed, step),
 never on the device count, the mesh or a resume.
 """
+
 from typing import Any, Callable
 
 import flax
@@ -32,6 +33,7 @@ MIN_SIZE = mesh_lib.FSDP_MIN_SIZE
 @flax.struct.dataclass
 class TrainState:
   """step (int32 scalar: updates done), params and optimiser state."""
+
   step: jnp.ndarray
   params: Any
   opt_state: Any
@@ -56,29 +58,34 @@ def abstract_params(model, inputs, mesh, fsdp_min_size: int = MIN_SIZE):
 
 def abstract_state(model, tx, inputs, mesh, fsdp_min_size: int = MIN_SIZE) -> TrainState:
   """The TrainState as ShapeDtypeStructs with their shardings on `mesh` (no compute)."""
+
   def build():
     params = init_params(model, inputs, jax.random.key(0))
     return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+
   with jax.set_mesh(mesh):
     shapes = jax.eval_shape(build)
   return mesh_lib.with_shardings(shapes, mesh, fsdp_min_size)
 
 
-def create_train_state(model, tx, inputs, mesh, key, params=None,
-                       fsdp_min_size: int = MIN_SIZE) -> TrainState:
+def create_train_state(
+  model, tx, inputs, mesh, key, params=None, fsdp_min_size: int = MIN_SIZE
+) -> TrainState:
   """A TrainState at step 0 placed on `mesh` (the FSDP rule), params from `key` (on
   `inputs`, as for `init_params`) unless `params` are given."""
-  shardings = jax.tree.map(lambda s: s.sharding,
-                           abstract_state(model, tx, inputs, mesh, fsdp_min_size))
+  shardings = jax.tree.map(
+    lambda s: s.sharding, abstract_state(model, tx, inputs, mesh, fsdp_min_size)
+  )
 
   def from_params(p):
     return TrainState(jnp.zeros((), jnp.int32), p, tx.init(p))
+
   with jax.set_mesh(mesh):
     if params is None:
-      return jax.jit(lambda k: from_params(init_params(model, inputs, k)),
-                     out_shardings=shardings)(key)
-    return jax.jit(from_params, out_shardings=shardings)(
-        jax.device_put(params, shardings.params))
+      return jax.jit(lambda k: from_params(init_params(model, inputs, k)), out_shardings=shardings)(
+        key
+      )
+    return jax.jit(from_params, out_shardings=shardings)(jax.device_put(params, shardings.params))
 
 
 class MeshStep:
@@ -99,8 +106,9 @@ class MeshStep:
     key = (treedef, tuple((tuple(x.shape), str(x.dtype)) for x in leaves))
     if key not in self._compiled:
       in_shardings, out_shardings = self._shardings(*args)
-      self._compiled[key] = jax.jit(self.fn, in_shardings=in_shardings,
-                                    out_shardings=out_shardings, **self._jit_kwargs)
+      self._compiled[key] = jax.jit(
+        self.fn, in_shardings=in_shardings, out_shardings=out_shardings, **self._jit_kwargs
+      )
     return self._compiled[key]
 
   def __call__(self, *args):
@@ -112,8 +120,9 @@ class MeshStep:
       return self.jitted(*args).lower(*args)
 
 
-def make_train_step(task, model, tx: optax.GradientTransformation, base_key, mesh,
-                    fsdp_min_size: int = MIN_SIZE) -> Callable[[TrainState, Any], Any]:
+def make_train_step(
+  task, model, tx: optax.GradientTransformation, base_key, mesh, fsdp_min_size: int = MIN_SIZE
+) -> Callable[[TrainState, Any], Any]:
   """jit(train_step)(state, batch) -> (state, metrics), a `MeshStep` on `mesh`.
 
   metrics: the task's metric sums over the global batch, plus 'grad_norm'
@@ -133,6 +142,7 @@ def make_train_step(task, model, tx: optax.GradientTransformation, base_key, mes
 
     def loss_fn(params):
       return task.loss_and_metrics(model, params, batch, train=True, rngs=rngs)
+
     (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
@@ -142,15 +152,19 @@ def make_train_step(task, model, tx: optax.GradientTransformation, base_key, mes
   return MeshStep(train_step, mesh, shardings, donate_argnums=0)
 
 
-def make_eval_step(task, model, mesh, fsdp_min_size: int = MIN_SIZE
-                   ) -> Callable[[Any, Any], Any]:
+def make_eval_step(task, model, mesh, fsdp_min_size: int = MIN_SIZE) -> Callable[[Any, Any], Any]:
   """jit(eval_step)(params, batch) -> the task's metric sums over the global batch (a
   `MeshStep` on `mesh`)."""
   repl = mesh_lib.replicated(mesh)
 
   def shardings(params, batch):
-    return ((mesh_lib.state_shardings(mesh, params, fsdp_min_size),
-             mesh_lib.batch_shardings(mesh, batch)), repl)
+    return (
+      (
+        mesh_lib.state_shardings(mesh, params, fsdp_min_size),
+        mesh_lib.batch_shardings(mesh, batch),
+      ),
+      repl,
+    )
 
   def eval_step(params, batch):
     return task.loss_and_metrics(model, params, batch, train=False, rngs=None)[1]

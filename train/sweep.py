@@ -38,6 +38,7 @@ A usage error (no action, a flag missing or unknown) is one line on stderr, e.g.
 "train.sweep: usage: python -m train.sweep --sweep=FILE[:key=value,...] --root=DIR
 list|run|pod; no action given (--help for more)".
 """
+
 import dataclasses
 import itertools
 import json
@@ -60,8 +61,11 @@ from train import pyfile
 from train import validate
 from train import workdir as workdir_lib
 
-_SWEEP = flags.DEFINE_string('sweep', None, 'Sweep definition file (defines get_sweep()), '
-                              'settings after a colon: path.py:key=value,...')
+_SWEEP = flags.DEFINE_string(
+  'sweep',
+  None,
+  'Sweep definition file (defines get_sweep()), settings after a colon: path.py:key=value,...',
+)
 _ROOT = flags.DEFINE_string('root', None, 'Folder holding one workdir per run.')
 _TPU = flags.DEFINE_string('tpu_name', 'TPU_NAME', 'pod: the TPU VM name.')
 _ZONE = flags.DEFINE_string('zone', 'ZONE', 'pod: the TPU VM zone.')
@@ -105,8 +109,11 @@ def _short(value: Any) -> str:
 def run_name(config: str, overrides: Mapping[str, Any], varied: Sequence[str]) -> str:
   """A readable, unique name from the swept values, e.g. 'mnist-super.num_heads=4'."""
   parts = [_short(config)] if 'config' in varied else []
-  parts += [f'{key.split(".")[-1]}={_short(overrides[key])}' for key in varied
-            if key != 'config' and key in overrides]
+  parts += [
+    f'{key.split(".")[-1]}={_short(overrides[key])}'
+    for key in varied
+    if key != 'config' and key in overrides
+  ]
   return '.'.join(parts) or _short(config)
 
 
@@ -139,13 +146,15 @@ def expand(sweep: Mapping[str, Any], root: str = '') -> List[Run]:
       raise SweepError("a sweep needs 'config' (top level or in the grid)")
     name = p.pop('name', None)
     overrides = {k: fill(v) for k, v in {**fixed, **p}.items()}
-    runs.append(Run(name or run_name(config, {'config': config, **overrides}, varied),
-                    fill(config), overrides))
+    runs.append(
+      Run(
+        name or run_name(config, {'config': config, **overrides}, varied), fill(config), overrides
+      )
+    )
   names = [r.name for r in runs]
   dup = sorted({n for n in names if names.count(n) > 1})
   if dup:
-    raise SweepError(f'sweep has runs with the same name {dup}; vary fewer things or use '
-                     f'`runs`')
+    raise SweepError(f'sweep has runs with the same name {dup}; vary fewer things or use `runs`')
   return runs
 
 
@@ -156,12 +165,14 @@ def workdir_of(run: Run, root: str) -> str:
 
 def flag_args(run: Run, root: str) -> List[str]:
   """The main.py flags of one run."""
-  return ([f'--config={run.config}', f'--workdir={workdir_of(run, root)}']
-          + [f'--config.{k}={v}' for k, v in run.overrides.items()])
+  return [f'--config={run.config}', f'--workdir={workdir_of(run, root)}'] + [
+    f'--config.{k}={v}' for k, v in run.overrides.items()
+  ]
 
 
-def command(run: Run, root: str, python: str = sys.executable,
-            extra: Sequence[str] = ()) -> List[str]:
+def command(
+  run: Run, root: str, python: str = sys.executable, extra: Sequence[str] = ()
+) -> List[str]:
   """The main.py command line of one run."""
   return [python, 'main.py'] + flag_args(run, root) + list(extra)
 
@@ -214,8 +225,9 @@ def check(runs: Sequence[Run], root: str = '') -> Dict[str, Any]:
       configs[run.name] = config
     except (SweepError, validate.ConfigError) as e:
       bad += 1
-      errors += [f'  {run.name}: {line}'.replace(f"run {run.name!r}: ", '')
-                 for line in str(e).splitlines()]
+      errors += [
+        f'  {run.name}: {line}'.replace(f"run {run.name!r}: ", '') for line in str(e).splitlines()
+      ]
   if errors:
     raise SweepError(f'{bad} of {len(runs)} runs are not valid:\n' + '\n'.join(errors))
   return configs
@@ -234,7 +246,8 @@ def status(run: Run, root: str, config=None) -> str:
   if config is not None:
     wanted = config.to_dict()
     if not wanted.get('dataset', {}).get('num_classes') and stored.get('dataset', {}).get(
-        'num_classes'):
+      'num_classes'
+    ):
       # 0: read from the data when the run starts (the stored config holds what was read;
       # the trainer compares the two then).
       wanted['dataset']['num_classes'] = stored.dataset.num_classes
@@ -244,8 +257,7 @@ def status(run: Run, root: str, config=None) -> str:
     return 'partial'
   if config is None:
     return 'done'
-  beyond = workdir_lib.steps_beyond(config, json.loads(
-      (workdir / workdir_lib.RESULTS).read_text()))
+  beyond = workdir_lib.steps_beyond(config, json.loads((workdir / workdir_lib.RESULTS).read_text()))
   return 'done' if beyond == 0 else 'partial' if beyond > 0 else 'changed'
 
 
@@ -282,8 +294,11 @@ def _wait(process: subprocess.Popen, label: str) -> int:
   try:
     return process.wait()
   except KeyboardInterrupt:
-    print(f'{label}: stop asked (Ctrl-C or SIGTERM): the run saves a checkpoint and stops '
-          f'(Ctrl-C again: kill it)', flush=True)
+    print(
+      f'{label}: stop asked (Ctrl-C or SIGTERM): the run saves a checkpoint and stops '
+      f'(Ctrl-C again: kill it)',
+      flush=True,
+    )
     process.send_signal(signal.SIGTERM)
     try:
       process.wait()
@@ -315,8 +330,9 @@ class _stop_on_sigterm:
     return False
 
 
-def run_local(runs: Sequence[Run], root: str, configs: Mapping[str, Any],
-              python: str = sys.executable) -> Dict[str, str]:
+def run_local(
+  runs: Sequence[Run], root: str, configs: Mapping[str, Any], python: str = sys.executable
+) -> Dict[str, str]:
   """Run each unfinished run in turn; returns {name: 'done'|'skipped'|STOPPED|ELSEWHERE|
   'failed ...'}.
 
@@ -336,8 +352,11 @@ def run_local(runs: Sequence[Run], root: str, configs: Mapping[str, Any],
         continue
       state = status(run, root, configs.get(run.name))
       if state in ('done', 'changed'):
-        why = ('finished before, skipped' if state == 'done' else
-               f'{workdir_of(run, root)} holds a run of another config; skipped')
+        why = (
+          'finished before, skipped'
+          if state == 'done'
+          else f'{workdir_of(run, root)} holds a run of another config; skipped'
+        )
         print(f'[{i}/{len(runs)}] {run.name}: {why}', flush=True)
         outcome[run.name] = 'skipped' if state == 'done' else 'failed (changed config)'
         continue
@@ -374,16 +393,19 @@ def run_local(runs: Sequence[Run], root: str, configs: Mapping[str, Any],
   return outcome
 
 
-def pod_commands(runs: Sequence[Run], root: str, tpu_name: str, zone: str,
-                 repo_dir: str = '~/efficient-attn') -> List[str]:
+def pod_commands(
+  runs: Sequence[Run], root: str, tpu_name: str, zone: str, repo_dir: str = '~/efficient-attn'
+) -> List[str]:
   """One `gcloud ... ssh --worker=all` command per run: every host starts the same
   program; main.py's no-argument `jax.distributed.initialize()` finds the pod."""
   out = []
   for run in runs:
     inner = ' '.join(shlex.quote(c) for c in command(run, root, python='python3'))
     remote = f'cd {repo_dir} && {inner}'
-    out.append(f'gcloud compute tpus tpu-vm ssh {tpu_name} --zone={zone} --worker=all '
-               f'--command={shlex.quote(remote)}')
+    out.append(
+      f'gcloud compute tpus tpu-vm ssh {tpu_name} --zone={zone} --worker=all '
+      f'--command={shlex.quote(remote)}'
+    )
   return out
 
 
@@ -438,14 +460,14 @@ def main(argv) -> int:
   stopped = [n for n, status in outcome.items() if status == STOPPED]
   waiting = [n for n, status in outcome.items() if status == NOT_STARTED]
   elsewhere = [n for n, status in outcome.items() if status == ELSEWHERE]
-  print(f'{len(outcome) - len(failed) - len(stopped) - len(waiting) - len(elsewhere)}/'
-        f'{len(outcome)} runs finished; results in {root}'
-        + (f'; {ELSEWHERE} (another trainer has them): {", ".join(elsewhere)}'
-           if elsewhere else '')
-        + (f'; stopped (run the sweep again to resume): {", ".join(stopped)}'
-           if stopped else '')
-        + (f'; not started: {", ".join(waiting)}' if waiting else '')
-        + (f'; failed: {", ".join(failed)}' if failed else ''))
+  print(
+    f'{len(outcome) - len(failed) - len(stopped) - len(waiting) - len(elsewhere)}/'
+    f'{len(outcome)} runs finished; results in {root}'
+    + (f'; {ELSEWHERE} (another trainer has them): {", ".join(elsewhere)}' if elsewhere else '')
+    + (f'; stopped (run the sweep again to resume): {", ".join(stopped)}' if stopped else '')
+    + (f'; not started: {", ".join(waiting)}' if waiting else '')
+    + (f'; failed: {", ".join(failed)}' if failed else '')
+  )
   return 1 if failed else 130 if waiting else 0
 
 

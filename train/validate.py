@@ -13,15 +13,16 @@ names the field, the bad value and the valid choices, e.g.
 "config.attention.mechanism='nystrm' is not valid; valid choices: softmax, ...".
 Valid mechanism and projection names come from `efficient_attn.registry`.
 """
+
 import dataclasses
 from typing import Tuple
 
 import ml_collections
 
-import fields
-from efficient_attn.layers import hybrid
-from efficient_attn import registry
 import data
+from efficient_attn import registry
+from efficient_attn.layers import hybrid
+import fields
 from train import adapters
 from train import loop as loop_lib
 from train import modeling
@@ -44,6 +45,7 @@ class Resolved:
       pattern, `hybrid.merged_options`).
     loop: `loop.Loop`, the training loop's settings.
   """
+
   config: ml_collections.ConfigDict
   dataset: data.Dataset
   mechanism: hybrid.Mechanisms
@@ -81,8 +83,10 @@ def _check(config):
   inputs = dataset.input_kind
   if inputs not in task.reads:
     valid = [t for t, v in tasks.TASKS.items() if inputs in v.reads]
-    raise ConfigError(f'config.task={config.task!r} is not valid for the {inputs} dataset '
-                      f'{config.dataset.name!r}; valid choices: {", ".join(valid)}')
+    raise ConfigError(
+      f'config.task={config.task!r} is not valid for the {inputs} dataset '
+      f'{config.dataset.name!r}; valid choices: {", ".join(valid)}'
+    )
   decl, options = modeling.check_attention(config, dataset)
   optim.check(config)
   loop = loop_lib.check(config)
@@ -112,16 +116,17 @@ def resolve(config, read_data: bool = True, training: bool = True) -> Resolved:
   return Resolved(config, dataset, decl, options, loop)
 
 
-def resolved(config, read_data: bool = True,
-             training: bool = True) -> ml_collections.ConfigDict:
+def resolved(config, read_data: bool = True, training: bool = True) -> ml_collections.ConfigDict:
   """A validated copy of `config` with what the data and the registry fill in (see
   `resolve`): what a run records in config.json."""
   return resolve(config, read_data, training).config
 
 
 SAMPLES = (  # what `config.sample` accepts (the samples a task writes after training)
-    *(fields.Field(f'sample.{name}', minimum=0, note='(0 = none)', default=0)
-      for name in ('num_samples', 'num_completions')),
+  *(
+    fields.Field(f'sample.{name}', minimum=0, note='(0 = none)', default=0)
+    for name in ('num_samples', 'num_completions')
+  ),
 )
 
 
@@ -139,13 +144,18 @@ def _samples(config, decl: hybrid.Mechanisms) -> None:
   pattern's), decodes them."""
   fields.check(config, SAMPLES)
   sample = {**tasks.pixel_lm.SAMPLE_DEFAULTS, **(config.get('sample') or {})}
-  if config.task == 'pixel_lm' and (sample['num_samples'] or sample['num_completions']) and (
-      _no_decoding(decl)):
+  if (
+    config.task == 'pixel_lm'
+    and (sample['num_samples'] or sample['num_completions'])
+    and (_no_decoding(decl))
+  ):
     valid = registry.names_where(lambda m: bool(m.decode))
-    raise ConfigError(f'{_no_decoding(decl)}, which '
-                      f"the samples written after training need (config.sample.num_samples="
-                      f"{sample['num_samples']}, num_completions={sample['num_completions']}); "
-                      f'valid choices: {", ".join(valid)}; or set both to 0')
+    raise ConfigError(
+      f'{_no_decoding(decl)}, which '
+      f"the samples written after training need (config.sample.num_samples="
+      f"{sample['num_samples']}, num_completions={sample['num_completions']}); "
+      f'valid choices: {", ".join(valid)}; or set both to 0'
+    )
   if config.task == 'byte_lm':
     _byte_samples(config, decl)
 
@@ -157,15 +167,19 @@ def _byte_samples(config, decl: hybrid.Mechanisms) -> None:
     return
   if _no_decoding(decl):
     valid = registry.names_where(lambda m: bool(m.decode))
-    raise ConfigError(f'{_no_decoding(decl)}, which '
-                      f"the continuations written after training need (config.sample."
-                      f"num_samples={s['num_samples']}); valid choices: {', '.join(valid)}; "
-                      f'or set it to 0')
+    raise ConfigError(
+      f'{_no_decoding(decl)}, which '
+      f"the continuations written after training need (config.sample."
+      f"num_samples={s['num_samples']}); valid choices: {', '.join(valid)}; "
+      f'or set it to 0'
+    )
   for key in ('prompt_bytes', 'new_bytes'):
     if not isinstance(s[key], int) or s[key] < 1:
       raise ConfigError(f'config.sample.{key}={s[key]!r} is not valid; it must be >= 1')
   if s['prompt_bytes'] + s['new_bytes'] > config.dataset.max_length:
-    raise ConfigError(f"config.sample.prompt_bytes={s['prompt_bytes']} + new_bytes="
-                      f"{s['new_bytes']} exceed the model's context, config.dataset.max_length="
-                      f'{config.dataset.max_length}; valid: a sum <= '
-                      f'{config.dataset.max_length}')
+    raise ConfigError(
+      f"config.sample.prompt_bytes={s['prompt_bytes']} + new_bytes="
+      f"{s['new_bytes']} exceed the model's context, config.dataset.max_length="
+      f'{config.dataset.max_length}; valid: a sum <= '
+      f'{config.dataset.max_length}'
+    )

@@ -23,6 +23,7 @@ is written whole or not at all (`write_atomic`). A write that fails (a full
 disk, a read-only folder, a file where the workdir should be) is a WorkdirError
 in one line naming the path; a full disk says how to go on (`disk_full_message`).
 """
+
 import contextlib
 import datetime
 import errno
@@ -31,15 +32,15 @@ import math
 import os
 import socket
 import time
-import uuid
 from typing import Any, Dict, List, Optional
+import uuid
 
 from absl import logging
 from etils import epath
 import ml_collections
 
-import fields
 from efficient_attn.layers import hybrid
+import fields
 
 CONFIG = 'config.json'
 RESULTS = 'results.json'
@@ -50,34 +51,53 @@ LOCK = 'trainer.lock'
 # laid out over the devices (a checkpoint restores onto any mesh), not what
 # model it trains.
 MAY_CHANGE = (
-    'train.num_steps', 'train.num_epochs', 'train.eval_every', 'train.log_every',
-    'train.checkpoint_every', 'train.keep_checkpoints', 'train.async_checkpoints',
-    'train.mesh', 'train.fsdp_min_size',
-    'dataset.eval_batch_size', 'dataset.eval_split', 'dataset.data_dir', 'dataset.source',
-    'dataset.manual_dir', 'dataset.download', 'sample',
+  'train.num_steps',
+  'train.num_epochs',
+  'train.eval_every',
+  'train.log_every',
+  'train.checkpoint_every',
+  'train.keep_checkpoints',
+  'train.async_checkpoints',
+  'train.mesh',
+  'train.fsdp_min_size',
+  'dataset.eval_batch_size',
+  'dataset.eval_split',
+  'dataset.data_dir',
+  'dataset.source',
+  'dataset.manual_dir',
+  'dataset.download',
+  'sample',
 )
 
 
 # Fields added to the configs after runs were made, with the value that gives
 # the behaviour those runs had: a stored config without the field reads as
 # having it, so older workdirs can still be resumed and evaluated.
-ADDED_DEFAULTS = {'model.positions': 'learned', 'dataset.num_distractors': None,
-                  # mamba2's head layout options (None: each head its own B and C, of
-                  # head_dim, and the norm over the full width, as before they existed)
-                  'attention.options.ngroups': None, 'attention.options.d_state': None,
-                  # the gated family's initialisation, convolution bias, dt range and
-                  # kernels (0.2.0): PyTorch's initialisation, no bias (Mamba-2's default
-                  # is a bias now), Mamba's dt range, the XLA chunk form
-                  'attention.options.init': 'default', 'attention.options.conv_bias': False,
-                  'attention.options.dt_min': 0.001, 'attention.options.dt_max': 0.1,
-                  'attention.options.implementation': 'auto'}
+ADDED_DEFAULTS = {
+  'model.positions': 'learned',
+  'dataset.num_distractors': None,
+  # mamba2's head layout options (None: each head its own B and C, of
+  # head_dim, and the norm over the full width, as before they existed)
+  'attention.options.ngroups': None,
+  'attention.options.d_state': None,
+  # the gated family's initialisation, convolution bias, dt range and
+  # kernels (0.2.0): PyTorch's initialisation, no bias (Mamba-2's default
+  # is a bias now), Mamba's dt range, the XLA chunk form
+  'attention.options.init': 'default',
+  'attention.options.conv_bias': False,
+  'attention.options.dt_min': 0.001,
+  'attention.options.dt_max': 0.1,
+  'attention.options.implementation': 'auto',
+}
 
 # Fields the data fills in when a run starts (`data.check_splits`), with what a change
 # means: compared only where both configs have them (a config resolved without reading
 # the data has none; a run stored before the field existed resumes as it did).
-FROM_DATA = {'dataset.corpus_sha256': 'the text of dataset.corpus changed; builtin:python_docs '
-                                      'is the running Python\'s documentation and changes '
-                                      'with its version'}
+FROM_DATA = {
+  'dataset.corpus_sha256': 'the text of dataset.corpus changed; builtin:python_docs '
+  'is the running Python\'s documentation and changes '
+  'with its version'
+}
 
 
 class WorkdirError(ValueError):
@@ -107,8 +127,11 @@ def disk_full_message(error, target, workdir=None) -> str:
   then = 'free space and re-run the same command'
   if workdir is not None:
     steps = checkpoint_steps(workdir)
-    then += (f' to resume from step {steps[-1]}' if steps else
-             ' (no checkpoint was saved: it starts from step 0)')
+    then += (
+      f' to resume from step {steps[-1]}'
+      if steps
+      else ' (no checkpoint was saved: it starts from step 0)'
+    )
   return f'disk full: {_disk_full_reason(error) or "no space left"} writing {target}; {then}'
 
 
@@ -132,8 +155,10 @@ def unwritable(path, error: OSError) -> str:
     return disk_full_message(error, error.filename or path, path)
   file = _file_above(path) if error.errno in (errno.ENOTDIR, errno.EEXIST) else None
   if file is not None:
-    return (f'cannot use {path} as the workdir: {file} is a file, not a folder; name a '
-            f'folder in --workdir')
+    return (
+      f'cannot use {path} as the workdir: {file} is a file, not a folder; name a '
+      f'folder in --workdir'
+    )
   where = f' ({error.filename})' if error.filename and str(error.filename) != str(path) else ''
   return f'cannot write in the workdir {path}: {error.strerror or error}{where}'
 
@@ -173,11 +198,17 @@ def differences(stored: Dict[str, Any], config: Dict[str, Any]) -> List[str]:
   FROM_DATA is compared only where both have it."""
   a, b = _flat(stored), _flat(json.loads(json.dumps(config)))
   a.update({k: v for k, v in ADDED_DEFAULTS.items() if k not in a and k in b})
-  keys = sorted(k for k in set(a) | set(b) if not may_change(k)
-                and not (k in FROM_DATA and (k not in a or k not in b)))
-  return [f'{k}: {a.get(k, "(absent)")!r} -> {b.get(k, "(absent)")!r}'
-          + (f' ({FROM_DATA[k]})' if k in FROM_DATA else '') for k in keys
-          if a.get(k, '(absent)') != b.get(k, '(absent)')]
+  keys = sorted(
+    k
+    for k in set(a) | set(b)
+    if not may_change(k) and not (k in FROM_DATA and (k not in a or k not in b))
+  )
+  return [
+    f'{k}: {a.get(k, "(absent)")!r} -> {b.get(k, "(absent)")!r}'
+    + (f' ({FROM_DATA[k]})' if k in FROM_DATA else '')
+    for k in keys
+    if a.get(k, '(absent)') != b.get(k, '(absent)')
+  ]
 
 
 def with_added_options(stored: Dict[str, Any]) -> Dict[str, Any]:
@@ -193,7 +224,7 @@ def with_added_options(stored: Dict[str, Any]) -> Dict[str, Any]:
     return stored
   prefix = 'attention.options.'
   for key, value in ADDED_DEFAULTS.items():
-    name = key[len(prefix):]
+    name = key[len(prefix) :]
     if key.startswith(prefix) and name in declared and name not in attention['options']:
       attention['options'][name] = value
   return stored
@@ -210,8 +241,10 @@ def load_config(path) -> Optional[ml_collections.ConfigDict]:
     return ml_collections.ConfigDict(with_added_options(json.loads(text)))
   except ValueError as e:  # left by an older trainer's interrupted write
     why = e if text.strip() else 'empty'
-    raise WorkdirError(f"{file}, the run's identity, is damaged ({why}); pass --restart to "
-                       f'move the run aside and start over') from None
+    raise WorkdirError(
+      f"{file}, the run's identity, is damaged ({why}); pass --restart to "
+      f'move the run aside and start over'
+    ) from None
 
 
 def check_identity(path, config, *, evaluating: bool = False) -> None:
@@ -223,13 +256,16 @@ def check_identity(path, config, *, evaluating: bool = False) -> None:
   if diffs:
     shown = '; '.join(diffs[:6]) + (f'; and {len(diffs) - 6} more' if len(diffs) > 6 else '')
     if evaluating:
-      raise WorkdirError(f'{path} holds a run of another config, so this config cannot '
-                         f'evaluate it ({shown}); evaluate with the stored config '
-                         f'({path}/{CONFIG}), changing only {", ".join(MAY_CHANGE)}')
+      raise WorkdirError(
+        f'{path} holds a run of another config, so this config cannot '
+        f'evaluate it ({shown}); evaluate with the stored config '
+        f'({path}/{CONFIG}), changing only {", ".join(MAY_CHANGE)}'
+      )
     raise WorkdirError(
-        f'{path} holds a run of another config, so this config cannot continue it ({shown}). '
-        f'Use a new --workdir (add --config.init_from={path} to fork: start from its '
-        f'weights), or pass --restart to move the old run aside and start over')
+      f'{path} holds a run of another config, so this config cannot continue it ({shown}). '
+      f'Use a new --workdir (add --config.init_from={path} to fork: start from its '
+      f'weights), or pass --restart to move the old run aside and start over'
+    )
 
 
 def total_steps(train, steps_per_epoch: int) -> int:
@@ -304,13 +340,16 @@ class _Lock:
       stale = self._stale(other)
       if stale is None:
         raise WorkdirError(
-            f'{self.path} is in use by another trainer (pid {other.get("pid")} on '
-            f'{other.get("host")}); wait for it, or, if that process is gone, delete '
-            f'{self.file}') from None
+          f'{self.path} is in use by another trainer (pid {other.get("pid")} on '
+          f'{other.get("host")}); wait for it, or, if that process is gone, delete '
+          f'{self.file}'
+        ) from None
       logging.warning('Replacing a stale lock in %s (%s)', self.path, stale)
       self._remove_if(text)
-    raise WorkdirError(f'{self.path}: its lock {self.file} keeps changing (several trainers '
-                       f'starting at once?); try again') from None
+    raise WorkdirError(
+      f'{self.path}: its lock {self.file} keeps changing (several trainers '
+      f'starting at once?); try again'
+    ) from None
 
   def _read(self):
     """(holder, text) of the lock file: holder is {} when the text is not a lock's JSON
@@ -422,15 +461,22 @@ class Run:
     done = results['steps'] if results is not None else 0
     newest = max(checkpoint_steps(self.path), default=0)
     if max(done, newest) > num_steps:
-      what = (f'its results.json is from step {done}' if done >= newest else
-              f'its newest checkpoint is at step {newest}')
+      what = (
+        f'its results.json is from step {done}'
+        if done >= newest
+        else f'its newest checkpoint is at step {newest}'
+      )
       t = config.train
-      asked = (f'train.num_steps={t.num_steps}' if t.num_steps > 0 else
-               f'train.num_epochs={t.num_epochs}: {num_steps} steps')
+      asked = (
+        f'train.num_steps={t.num_steps}'
+        if t.num_steps > 0
+        else f'train.num_epochs={t.num_epochs}: {num_steps} steps'
+      )
       raise WorkdirError(
-          f'{self.path} has trained further than this config asks ({what}; {asked}): the '
-          f'length may grow on resume, not shrink. Use a new --workdir '
-          f'(--config.init_from={self.path} starts from its weights), or --restart')
+        f'{self.path} has trained further than this config asks ({what}; {asked}): the '
+        f'length may grow on resume, not shrink. Use a new --workdir '
+        f'(--config.init_from={self.path} starts from its weights), or --restart'
+      )
     if results is None:
       return False
     if done == num_steps:
@@ -438,9 +484,14 @@ class Run:
     if self.writer:
       kept = self.path / f'results.{done}-steps.json'
       (self.path / RESULTS).replace(kept)
-      logging.warning('%s finished at step %d; continuing it to step %d from its final '
-                      'checkpoint (its results are kept in %s)', self.path, done, num_steps,
-                      kept.name)
+      logging.warning(
+        '%s finished at step %d; continuing it to step %d from its final '
+        'checkpoint (its results are kept in %s)',
+        self.path,
+        done,
+        num_steps,
+        kept.name,
+      )
     return False
 
   @property
@@ -482,8 +533,9 @@ def write_json(path, name: str, obj) -> None:
   write_atomic(epath.Path(path) / name, dumps(obj, indent=2, sort_keys=True))
 
 
-def open_run(path, config, *, writer: bool = True, restart: bool = False,
-             num_steps: Optional[int] = None) -> Run:
+def open_run(
+  path, config, *, writer: bool = True, restart: bool = False, num_steps: Optional[int] = None
+) -> Run:
   """Checks the workdir's identity (or moves the old run aside), locks it, stores the config.
 
   `restart` takes the workdir's lock before moving the old run aside, so it is

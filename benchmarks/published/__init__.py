@@ -26,6 +26,7 @@ LRA's attention modules (google-research/long-range-arena) are written against
 library uses, so `benchmarks.peer_algorithms` keeps our copies of their recipes
 (Linformer, and the FAVOR+ recipe beside the published file).
 """
+
 import hashlib
 import importlib.util
 import os
@@ -39,14 +40,13 @@ from benchmarks.published import gin_shim
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 FAST_ATTENTION = dict(
-    repo='google-research/google-research',
-    path='performer/fast_attention/jax/fast_attention.py',
-    commit='0c1bbe5fc971a1de1a427debc814e66ab4f1e7fa',
-    license='Apache-2.0',
-    sha256='f3acf4a077a3f95d6c10203d306b798e2d3ec9dd450e635637ddf52b14d70abd',
-    local=os.path.join(_HERE, 'third_party', 'performer_fast_attention_jax',
-                       'fast_attention.py'),
-    env='EFFICIENT_ATTN_FAST_ATTENTION',
+  repo='google-research/google-research',
+  path='performer/fast_attention/jax/fast_attention.py',
+  commit='0c1bbe5fc971a1de1a427debc814e66ab4f1e7fa',
+  license='Apache-2.0',
+  sha256='f3acf4a077a3f95d6c10203d306b798e2d3ec9dd450e635637ddf52b14d70abd',
+  local=os.path.join(_HERE, 'third_party', 'performer_fast_attention_jax', 'fast_attention.py'),
+  env='EFFICIENT_ATTN_FAST_ATTENTION',
 )
 
 _MODULE = 'published_performer_fast_attention'
@@ -67,15 +67,18 @@ def fast_attention():
   path = fast_attention_path()
   if not os.path.isfile(path):
     raise FileNotFoundError(
-        f"google-research's fast_attention.py is not at {path}: fetch "
-        f"{FAST_ATTENTION['path']} of {FAST_ATTENTION['repo']} at {FAST_ATTENTION['commit']} "
-        f"there (or name it in ${FAST_ATTENTION['env']})")
+      f"google-research's fast_attention.py is not at {path}: fetch "
+      f"{FAST_ATTENTION['path']} of {FAST_ATTENTION['repo']} at {FAST_ATTENTION['commit']} "
+      f"there (or name it in ${FAST_ATTENTION['env']})"
+    )
   with open(path, 'rb') as f:
     digest = hashlib.sha256(f.read()).hexdigest()
   if digest != FAST_ATTENTION['sha256']:
-    raise ValueError(f'{path} has sha256 {digest}, not the published file\'s '
-                     f"{FAST_ATTENTION['sha256']} ({FAST_ATTENTION['repo']} at "
-                     f"{FAST_ATTENTION['commit']})")
+    raise ValueError(
+      f'{path} has sha256 {digest}, not the published file\'s '
+      f"{FAST_ATTENTION['sha256']} ({FAST_ATTENTION['repo']} at "
+      f"{FAST_ATTENTION['commit']})"
+    )
   gin_shim.install()
   spec = importlib.util.spec_from_file_location(_MODULE, path)
   module = importlib.util.module_from_spec(spec)
@@ -93,7 +96,8 @@ def favor(head_dim: int, num_features: int, causal: bool) -> Callable[..., Any]:
   redraw would add a QR decomposition to every timed call.
   """
   attend = fast_attention().make_fast_softmax_attention(
-      head_dim, nb_features=num_features, redraw_features=False, unidirectional=causal)
+    head_dim, nb_features=num_features, redraw_features=False, unidirectional=causal
+  )
   return lambda q, k, v: attend(q, k, v)
 
 
@@ -106,4 +110,5 @@ def flax_softmax(causal: bool) -> Callable[..., Any]:
     if causal:
       mask = nn.make_causal_mask(jax.numpy.ones(q.shape[:2], jax.numpy.int32))
     return nn.dot_product_attention(q, k, v, mask=mask)
+
   return attend

@@ -16,6 +16,7 @@ so what runs is exactly the published code. To get it:
 
 fla needs torch, triton, einops and transformers (a GPU machine's image has them).
 """
+
 import hashlib
 import importlib
 import os
@@ -25,11 +26,11 @@ from typing import Any, Optional
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 FLA = dict(
-    repo='fla-org/flash-linear-attention',
-    commit='bc3b101dcb713ddc5bd8924b66754eb68b5ccf89',  # 2026-08-22, version 0.5.2
-    license='MIT',
-    local=os.path.join(_HERE, 'third_party', 'fla'),
-    env='EFFICIENT_ATTN_FLA',
+  repo='fla-org/flash-linear-attention',
+  commit='bc3b101dcb713ddc5bd8924b66754eb68b5ccf89',  # 2026-08-22, version 0.5.2
+  license='MIT',
+  local=os.path.join(_HERE, 'third_party', 'fla'),
+  env='EFFICIENT_ATTN_FLA',
 )
 # `tree_sha256` of `fla/` at FLA['commit'] (the package folder, every file).
 FLA['tree_sha256'] = '5ae93ee280e558842c1c383ee679c5347e3d7b01f9c86f90374c75cd6a17d1ab'
@@ -59,16 +60,21 @@ def why_missing() -> Optional[str]:
   """One line saying why fla cannot run here, or None when it can."""
   package = os.path.join(fla_root(), 'fla')
   if not os.path.isdir(package):
-    return (f"fla's source is not at {package}: unpack fla/ of {FLA['repo']} at "
-            f"{FLA['commit']} into {fla_root()} (or name the folder in ${FLA['env']})")
+    return (
+      f"fla's source is not at {package}: unpack fla/ of {FLA['repo']} at "
+      f"{FLA['commit']} into {fla_root()} (or name the folder in ${FLA['env']})"
+    )
   digest = tree_sha256(package)
   if digest != FLA['tree_sha256']:
-    return (f'{package} has tree sha256 {digest}, not the published tree\'s '
-            f"{FLA['tree_sha256']} ({FLA['repo']} at {FLA['commit']})")
+    return (
+      f'{package} has tree sha256 {digest}, not the published tree\'s '
+      f"{FLA['tree_sha256']} ({FLA['repo']} at {FLA['commit']})"
+    )
   for module in ('torch', 'triton', 'einops', 'transformers'):
     if importlib.util.find_spec(module) is None:
       return f'fla needs {module}, which is not installed'
   import torch  # pylint: disable=g-import-not-at-top
+
   if not torch.cuda.is_available():
     return 'fla runs on a GPU: torch sees none'
   return None

@@ -6,6 +6,7 @@ uses nothing else of it. Where gin-config is not installed, `install()` puts thi
 module in `sys.modules['gin']` so that file imports unchanged; both decorators
 return what they are given. Nothing here touches the published file.
 """
+
 import sys
 import types
 
@@ -28,6 +29,7 @@ def install() -> bool:
   """Makes `import gin` work: True if this stand-in was installed, False if gin was there."""
   try:
     import gin  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+
     return False
   except ImportError:
     module = types.ModuleType('gin')

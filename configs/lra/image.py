@@ -17,6 +17,7 @@ From TFDS; for local files add --config.dataset.source=arrays
     --config=configs/lra/image.py:linformer
     --config=configs/lra/image.py:mechanism=softmax,size=small
 """
+
 from configs import common
 
 SIZES = {'base': dict(num_epochs=200), 'small': dict(num_epochs=5)}
@@ -26,15 +27,28 @@ def get_config(arg=None):
   args = common.parse_arg(arg, mechanism='softmax', projection='standard', size='base')
   size = common.size_preset('configs/lra/image.py', SIZES, args['size'])
   config = common.cifar10(common.base())
-  config.dataset.update(dict(channels=1, pixels_as_tokens=True, augment='none', holdout=0.1,
-                             eval_split='validation'))
-  common.lra_model(config, args['mechanism'], args['projection'], d_model=32, depth=1,
-                   num_heads=1, mlp_dim=64, pool='mean', dropout_rate=0.3,
-                   attention_dropout_rate=0.2, positions='learned')
+  config.dataset.update(
+    dict(channels=1, pixels_as_tokens=True, augment='none', holdout=0.1, eval_split='validation')
+  )
+  common.lra_model(
+    config,
+    args['mechanism'],
+    args['projection'],
+    d_model=32,
+    depth=1,
+    num_heads=1,
+    mlp_dim=64,
+    pool='mean',
+    dropout_rate=0.3,
+    attention_dropout_rate=0.2,
+    positions='learned',
+  )
   config.dataset.batch_size = 256
   config.dataset.eval_batch_size = 500
-  config.optim.update(dict(learning_rate=5e-4, warmup_steps=45_000 // 256, weight_decay=0.0,
-                           grad_clip=0.0))
-  config.train.update(dict(num_epochs=size['num_epochs'], log_every=100, eval_every=-1,
-                           checkpoint_every=1000))
+  config.optim.update(
+    dict(learning_rate=5e-4, warmup_steps=45_000 // 256, weight_decay=0.0, grad_clip=0.0)
+  )
+  config.train.update(
+    dict(num_epochs=size['num_epochs'], log_every=100, eval_every=-1, checkpoint_every=1000)
+  )
   return config

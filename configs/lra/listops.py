@@ -19,16 +19,24 @@ projection and size:
     --config=configs/lra/listops.py:linear
     --config=configs/lra/listops.py:mechanism=nystrom,size=small
 """
+
 from configs import common
 
 SIZES = {
-    'base': dict(model=dict(d_model=512, depth=6, num_heads=8, mlp_dim=2048),
-                 data=dict(sizes=None, min_length=500, max_length=2000),
-                 num_steps=5000, eval_batch_size=256),
-    'small': dict(model=dict(d_model=64, depth=2, num_heads=4, mlp_dim=128),
-                  data=dict(sizes={'train': 10_000, 'validation': 1000, 'test': 1000},
-                            min_length=64, max_length=256),
-                  num_steps=1000, eval_batch_size=250),
+  'base': dict(
+    model=dict(d_model=512, depth=6, num_heads=8, mlp_dim=2048),
+    data=dict(sizes=None, min_length=500, max_length=2000),
+    num_steps=5000,
+    eval_batch_size=256,
+  ),
+  'small': dict(
+    model=dict(d_model=64, depth=2, num_heads=4, mlp_dim=128),
+    data=dict(
+      sizes={'train': 10_000, 'validation': 1000, 'test': 1000}, min_length=64, max_length=256
+    ),
+    num_steps=1000,
+    eval_batch_size=250,
+  ),
 }
 
 
@@ -36,13 +44,12 @@ def get_config(arg=None):
   args = common.parse_arg(arg, mechanism='softmax', projection='standard', size='base')
   size = common.size_preset('configs/lra/listops.py', SIZES, args['size'])
   config = common.listops(common.base(), **size['data'])
-  common.lra_model(config, args['mechanism'], args['projection'], pool='mean',
-                   **size['model'])
+  common.lra_model(config, args['mechanism'], args['projection'], pool='mean', **size['model'])
   common.fit_blocks(config, config.dataset.max_length)
   config.dataset.batch_size = 32
   config.dataset.eval_batch_size = size['eval_batch_size']
-  config.optim.update(dict(learning_rate=0.05 / 1000 ** 0.5, warmup_steps=1000,
-                           weight_decay=0.1))
-  config.train.update(dict(num_steps=size['num_steps'], log_every=100, eval_every=500,
-                           checkpoint_every=500))
+  config.optim.update(dict(learning_rate=0.05 / 1000**0.5, warmup_steps=1000, weight_decay=0.1))
+  config.train.update(
+    dict(num_steps=size['num_steps'], log_every=100, eval_every=500, checkpoint_every=500)
+  )
   return config

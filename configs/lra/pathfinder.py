@@ -19,14 +19,27 @@ projection and size:
     --config=configs/lra/pathfinder.py:performer
     --config=configs/lra/pathfinder.py:mechanism=local,size=small
 """
+
 from configs import common
 
 SIZES = {
-    'base': dict(data=dict(sizes=None, contour_length=14), batch_size=512, num_epochs=200,
-                 warmup_steps=160_000 // 512),
-    'small': dict(data=dict(sizes={'train': 10_000, 'validation': 1000, 'test': 1000},
-                            contour_length=6, image_size=16, num_distractors=3),
-                  batch_size=64, num_epochs=10, warmup_steps=10_000 // 64),
+  'base': dict(
+    data=dict(sizes=None, contour_length=14),
+    batch_size=512,
+    num_epochs=200,
+    warmup_steps=160_000 // 512,
+  ),
+  'small': dict(
+    data=dict(
+      sizes={'train': 10_000, 'validation': 1000, 'test': 1000},
+      contour_length=6,
+      image_size=16,
+      num_distractors=3,
+    ),
+    batch_size=64,
+    num_epochs=10,
+    warmup_steps=10_000 // 64,
+  ),
 }
 
 
@@ -34,12 +47,22 @@ def get_config(arg=None):
   args = common.parse_arg(arg, mechanism='softmax', projection='standard', size='base')
   size = common.size_preset('configs/lra/pathfinder.py', SIZES, args['size'])
   config = common.pathfinder(common.base(), **size['data'])
-  common.lra_model(config, args['mechanism'], args['projection'], d_model=32, depth=1,
-                   num_heads=2, mlp_dim=32, pool='mean')
+  common.lra_model(
+    config,
+    args['mechanism'],
+    args['projection'],
+    d_model=32,
+    depth=1,
+    num_heads=2,
+    mlp_dim=32,
+    pool='mean',
+  )
   config.dataset.batch_size = size['batch_size']
   config.dataset.eval_batch_size = 500
-  config.optim.update(dict(learning_rate=1e-3, warmup_steps=size['warmup_steps'],
-                           weight_decay=0.0, grad_clip=0.0))
-  config.train.update(dict(num_epochs=size['num_epochs'], log_every=100, eval_every=-1,
-                           checkpoint_every=1000))
+  config.optim.update(
+    dict(learning_rate=1e-3, warmup_steps=size['warmup_steps'], weight_decay=0.0, grad_clip=0.0)
+  )
+  config.train.update(
+    dict(num_epochs=size['num_epochs'], log_every=100, eval_every=-1, checkpoint_every=1000)
+  )
   return config

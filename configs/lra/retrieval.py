@@ -19,19 +19,21 @@ The argument picks the mechanism, projection, folder and size:
 
     --config=configs/lra/retrieval.py:mechanism=linear,data_dir=/data/lra_release/tsv_data
 """
+
 from configs import common
 
 SIZES = {
-    'base': dict(model=dict(d_model=128, depth=4, num_heads=4, mlp_dim=512), max_length=4000,
-                 num_steps=5000),
-    'small': dict(model=dict(d_model=64, depth=2, num_heads=4, mlp_dim=128), max_length=1000,
-                  num_steps=2000),
+  'base': dict(
+    model=dict(d_model=128, depth=4, num_heads=4, mlp_dim=512), max_length=4000, num_steps=5000
+  ),
+  'small': dict(
+    model=dict(d_model=64, depth=2, num_heads=4, mlp_dim=128), max_length=1000, num_steps=2000
+  ),
 }
 
 
 def get_config(arg=None):
-  args = common.parse_arg(arg, mechanism='softmax', projection='standard', data_dir='',
-                          size='base')
+  args = common.parse_arg(arg, mechanism='softmax', projection='standard', data_dir='', size='base')
   size = common.size_preset('configs/lra/retrieval.py', SIZES, args['size'])
   config = common.aan(common.base(), data_dir=args['data_dir'], max_length=size['max_length'])
   common.lra_model(config, args['mechanism'], args['projection'], pool='mean', **size['model'])
@@ -39,8 +41,8 @@ def get_config(arg=None):
   common.fit_blocks(config, config.dataset.max_length)
   config.dataset.batch_size = 32
   config.dataset.eval_batch_size = 256
-  config.optim.update(dict(learning_rate=0.05 / 8000 ** 0.5, warmup_steps=1000,
-                           weight_decay=0.1))
-  config.train.update(dict(num_steps=size['num_steps'], log_every=100, eval_every=1000,
-                           checkpoint_every=1000))
+  config.optim.update(dict(learning_rate=0.05 / 8000**0.5, warmup_steps=1000, weight_decay=0.1))
+  config.train.update(
+    dict(num_steps=size['num_steps'], log_every=100, eval_every=1000, checkpoint_every=1000)
+  )
   return config

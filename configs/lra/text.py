@@ -19,28 +19,33 @@ From TFDS `imdb_reviews`; for local files add --config.dataset.source=arrays
     --config=configs/lra/text.py:linear
     --config=configs/lra/text.py:mechanism=performer,max_length=4000,size=small
 """
+
 from configs import common
 
 SIZES = {
-    'base': dict(model=dict(d_model=256, depth=4, num_heads=4, mlp_dim=1024), num_steps=20_000,
-                 warmup_steps=8000),
-    'small': dict(model=dict(d_model=64, depth=2, num_heads=4, mlp_dim=128), num_steps=2000,
-                  warmup_steps=400),
+  'base': dict(
+    model=dict(d_model=256, depth=4, num_heads=4, mlp_dim=1024), num_steps=20_000, warmup_steps=8000
+  ),
+  'small': dict(
+    model=dict(d_model=64, depth=2, num_heads=4, mlp_dim=128), num_steps=2000, warmup_steps=400
+  ),
 }
 
 
 def get_config(arg=None):
-  args = common.parse_arg(arg, mechanism='softmax', projection='standard', max_length=1000,
-                          size='base')
+  args = common.parse_arg(
+    arg, mechanism='softmax', projection='standard', max_length=1000, size='base'
+  )
   size = common.size_preset('configs/lra/text.py', SIZES, args['size'])
   config = common.imdb(common.base(), max_length=args['max_length'])
-  common.lra_model(config, args['mechanism'], args['projection'], pool='mean',
-                   **size['model'])
+  common.lra_model(config, args['mechanism'], args['projection'], pool='mean', **size['model'])
   common.fit_blocks(config, config.dataset.max_length)
   config.dataset.batch_size = 32
   config.dataset.eval_batch_size = 256
-  config.optim.update(dict(learning_rate=0.05 / 8000 ** 0.5, warmup_steps=size['warmup_steps'],
-                           weight_decay=0.1))
-  config.train.update(dict(num_steps=size['num_steps'], log_every=100, eval_every=2000,
-                           checkpoint_every=2000))
+  config.optim.update(
+    dict(learning_rate=0.05 / 8000**0.5, warmup_steps=size['warmup_steps'], weight_decay=0.1)
+  )
+  config.train.update(
+    dict(num_steps=size['num_steps'], log_every=100, eval_every=2000, checkpoint_every=2000)
+  )
   return config

@@ -21,6 +21,7 @@ Signatures of Flax modules: a Linen module's is its dataclass fields without Fla
 a default that has no Python spelling (an initialiser made inside a function) as `...`;
 in any other signature too (`dtype=<class 'jax.numpy.float32'>` is `dtype=jax.numpy.float32`).
 """
+
 import inspect
 import re
 
@@ -36,11 +37,11 @@ def _indent(line: str) -> int:
 def literal_blocks(lines):
   """`lines` (a docstring, dedented) with a `::` paragraph before each example block."""
   out = []
-  paragraph = None   # the first line of the paragraph in which the last text line is
-  last = None        # the last non-blank line
-  blank = False      # whether a blank line came since `last`
-  block = None       # the indentation a literal block we opened must stay deeper than
-  section = None     # the indentation of the napoleon section header we are under
+  paragraph = None  # the first line of the paragraph in which the last text line is
+  last = None  # the last non-blank line
+  blank = False  # whether a blank line came since `last`
+  block = None  # the indentation a literal block we opened must stay deeper than
+  section = None  # the indentation of the napoleon section header we are under
   for line in lines:
     if not line.strip():
       out.append(line)
@@ -54,9 +55,14 @@ def literal_blocks(lines):
     block = None
     if section is not None and indent <= section:
       section = None
-    if (blank and paragraph is not None and section is None
-        and indent >= _indent(paragraph) + _STEP and not last.rstrip().endswith('::')
-        and not _NOT_PROSE.match(paragraph)):
+    if (
+      blank
+      and paragraph is not None
+      and section is None
+      and indent >= _indent(paragraph) + _STEP
+      and not last.rstrip().endswith('::')
+      and not _NOT_PROSE.match(paragraph)
+    ):
       out += [' ' * _indent(paragraph) + '::', '']
       block = _indent(paragraph)
     elif blank or paragraph is None:
@@ -90,25 +96,34 @@ def _spell(value):
   if not qualname or '<' in qualname:
     return '...'
   module = getattr(value, '__module__', '') or ''
-  return qualname if module.startswith(('builtins', 'jax._src')) or '._' in module else (
-      f'{module}.{qualname}')
+  return (
+    qualname
+    if module.startswith(('builtins', 'jax._src')) or '._' in module
+    else (f'{module}.{qualname}')
+  )
 
 
 def module_signature(cls):
   """The signature a Flax module class is shown with, or None for any other object."""
   if not isinstance(cls, type):
     return None
-  from flax import linen, nnx  # pylint: disable=g-import-not-at-top
+  from flax import linen  # pylint: disable=g-import-not-at-top
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+
   if issubclass(cls, linen.Module):
-    params = [p for p in inspect.signature(cls).parameters.values()
-              if p.name not in ('parent', 'name')]
+    params = [
+      p for p in inspect.signature(cls).parameters.values() if p.name not in ('parent', 'name')
+    ]
   elif issubclass(cls, nnx.Module):
     params = list(inspect.signature(cls.__init__).parameters.values())[1:]
   else:
     return None
-  params = [p.replace(annotation=p.empty,
-                      default=p.default if p.default is p.empty else _Spelled(_spell(p.default)))
-            for p in params]
+  params = [
+    p.replace(
+      annotation=p.empty, default=p.default if p.default is p.empty else _Spelled(_spell(p.default))
+    )
+    for p in params
+  ]
   return str(inspect.Signature(params))
 
 

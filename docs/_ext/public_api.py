@@ -30,6 +30,7 @@ named in `:exclude:`), in `{eval-rst}` blocks:
        :exclude: FUNCTIONS pure_function
     ```
 """
+
 import ast
 import importlib
 import inspect
@@ -73,6 +74,7 @@ def _bound_at_top_level(module: types.ModuleType):
       elif isinstance(node, ast.Try):
         for block in (node.body, node.orelse, node.finalbody, *(h.body for h in node.handlers)):
           visit(block)
+
   visit(tree.body)
   return names
 
@@ -110,6 +112,7 @@ def has_docstring(module: types.ModuleType, name: str) -> bool:
       return bool(doc and doc.strip())
     return bool(doc and doc.strip()) and doc is not getattr(type(obj), '__doc__', None)
   from sphinx.pycode import ModuleAnalyzer  # pylint: disable=g-import-not-at-top
+
   return ('', name) in ModuleAnalyzer.for_module(module.__name__).find_attr_docs()
 
 
@@ -130,6 +133,7 @@ def problems(modules, documented):
 
 class AutoPublic(SphinxDirective):
   """autodoc directives for a module's public names (see the module's docstring)."""
+
   required_arguments = 1
   option_spec = {'exclude': directives.unchanged}
 

@@ -6,6 +6,7 @@ reports are pages (docs/conf.py's `include_patterns`). Each page matching
 `report_pages` (other than a README) is marked orphan, so it needs no toctree, and one
 that has no heading is titled by its file name.
 """
+
 import os
 
 from sphinx.util.matching import Matcher

@@ -32,14 +32,15 @@ the kv heads, and so does the recurrent state of a mechanism whose state
 depends on keys and values alone (`registry.Mechanism.grouped_state`): the
 decoding memory shrinks by the group factor.
 """
+
 from typing import Any, Callable, NamedTuple, Optional, Tuple
 
-import jax.numpy as jnp
 from jax import lax
+import jax.numpy as jnp
 
-from efficient_attn.ops import traced_checks
-from efficient_attn.ops import online_softmax
 from efficient_attn import registry
+from efficient_attn.ops import online_softmax
+from efficient_attn.ops import traced_checks
 from efficient_attn.ops.scaled_dot_product import default_scale
 
 KV_BLOCK = 64  # keys per block visited by `kv_cache_attention`
@@ -48,6 +49,7 @@ KV_BLOCK = 64  # keys per block visited by `kv_cache_attention`
 class KVCache(NamedTuple):
   """Keys `[batch, L, kv_heads, dk]` and values `[batch, L, kv_heads, dv]`; L is
   the capacity, or the slots of a ring buffer (`window_kv_cache`)."""
+
   keys: jnp.ndarray
   values: jnp.ndarray
 
@@ -55,6 +57,7 @@ class KVCache(NamedTuple):
 class DecodeForm(NamedTuple):
   """`init(batch, capacity, heads, head_dim, v_dim, dtype) -> state` and
   `step(state, q_t, k_t, v_t, index) -> (state, out_t)`, tokens `[batch, 1, heads, dim]`."""
+
   init: Callable[..., Any]
   step: Callable[..., Tuple[Any, jnp.ndarray]]
 
@@ -64,8 +67,11 @@ def decodable_mechanisms() -> Tuple[str, ...]:
   return registry.names_where(lambda m: bool(m.decode))
 
 
-def decode_form(decl: registry.Mechanism, options: registry.Options,
-                recurrent_step: Optional[Callable[..., Any]] = None) -> DecodeForm:
+def decode_form(
+  decl: registry.Mechanism,
+  options: registry.Options,
+  recurrent_step: Optional[Callable[..., Any]] = None,
+) -> DecodeForm:
   """The decoding form of a mechanism declaration with options `options`.
 
   Args:
@@ -88,6 +94,7 @@ def decode_form(decl: registry.Mechanism, options: registry.Options,
 
     return DecodeForm(init_kv_cache, kv_step)
   if decl.decode == 'recurrent':
+
     def init(batch, capacity, heads, head_dim, v_dim, dtype):
       del capacity, dtype  # constant size; accumulate in float32
       return decl.init_state(options, batch=batch, heads=heads, head_dim=head_dim, v_dim=v_dim)
@@ -96,15 +103,20 @@ def decode_form(decl: registry.Mechanism, options: registry.Options,
       return recurrent_step(state, q_t, k_t, v_t, index)
 
     return DecodeForm(init, step)
-  raise ValueError(f'mechanism {decl.name!r} has no decoding form (decode=True); mechanisms '
-                   f'that can decode: {", ".join(decodable_mechanisms())}')
+  raise ValueError(
+    f'mechanism {decl.name!r} has no decoding form (decode=True); mechanisms '
+    f'that can decode: {", ".join(decodable_mechanisms())}'
+  )
 
 
-def init_kv_cache(batch: int, capacity: int, heads: int, head_dim: int, v_dim: int,
-                  dtype=jnp.float32) -> KVCache:
+def init_kv_cache(
+  batch: int, capacity: int, heads: int, head_dim: int, v_dim: int, dtype=jnp.float32
+) -> KVCache:
   """An empty cache with room for `capacity` tokens of `heads` (kv) heads."""
-  return KVCache(jnp.zeros((batch, capacity, heads, head_dim), dtype),
-                 jnp.zeros((batch, capacity, heads, v_dim), dtype))
+  return KVCache(
+    jnp.zeros((batch, capacity, heads, head_dim), dtype),
+    jnp.zeros((batch, capacity, heads, v_dim), dtype),
+  )
 
 
 def window_kv_cache(window: int, *, scale: Optional[float] = None) -> DecodeForm:
@@ -126,6 +138,7 @@ def window_kv_cache(window: int, *, scale: Optional[float] = None) -> DecodeForm
     window: the window w >= 1 (`registry.Mechanism.kv_window`).
     scale: score scale, default 1/sqrt(dk).
   """
+
   def init(batch, capacity, heads, head_dim, v_dim, dtype=jnp.float32):
     return init_kv_cache(batch, min(capacity, window), heads, head_dim, v_dim, dtype)
 
@@ -134,28 +147,45 @@ def window_kv_cache(window: int, *, scale: Optional[float] = None) -> DecodeForm
     if slots < window:  # wrapping would overwrite a key still in the window
       _check_capacity(index, slots)
     cache = _write(cache, k_t, v_t, index % slots)
-    out = kv_cache_attention(q_t[:, 0], cache.keys, cache.values,
-                             jnp.minimum(index, slots - 1), scale=scale)
+    out = kv_cache_attention(
+      q_t[:, 0], cache.keys, cache.values, jnp.minimum(index, slots - 1), scale=scale
+    )
     return cache, out[:, None]
 
   return DecodeForm(init, step)
 
 
 def _check_capacity(index, capacity: int) -> None:
-  traced_checks.runtime_check(index < capacity, 'decoding step at position {} is past the '
-                       'cache capacity of {} tokens; create the cache with an input as '
-                       'long as the longest sequence', index, capacity)
+  traced_checks.runtime_check(
+    index < capacity,
+    'decoding step at position {} is past the '
+    'cache capacity of {} tokens; create the cache with an input as '
+    'long as the longest sequence',
+    index,
+    capacity,
+  )
 
 
 def _write(cache: KVCache, k_t, v_t, slot) -> KVCache:
   """`cache` with one token's key and value `[batch, 1, kv_heads, dim]` at `slot`."""
-  return KVCache(*(lax.dynamic_update_slice_in_dim(c, x.astype(c.dtype), slot, axis=1)
-                   for c, x in ((cache.keys, k_t), (cache.values, v_t))))
+  return KVCache(
+    *(
+      lax.dynamic_update_slice_in_dim(c, x.astype(c.dtype), slot, axis=1)
+      for c, x in ((cache.keys, k_t), (cache.values, v_t))
+    )
+  )
 
 
-def kv_cache_attention(q: jnp.ndarray, keys: jnp.ndarray, values: jnp.ndarray, index,
-                       *, scale: Optional[float] = None, window: Optional[int] = None,
-                       block: int = KV_BLOCK) -> jnp.ndarray:
+def kv_cache_attention(
+  q: jnp.ndarray,
+  keys: jnp.ndarray,
+  values: jnp.ndarray,
+  index,
+  *,
+  scale: Optional[float] = None,
+  window: Optional[int] = None,
+  block: int = KV_BLOCK,
+) -> jnp.ndarray:
   """Exact softmax attention of one query over cached keys lo..index.
 
   Online softmax (`efficient_attn.ops.online_softmax`) over the cache blocks that
@@ -182,7 +212,7 @@ def kv_cache_attention(q: jnp.ndarray, keys: jnp.ndarray, values: jnp.ndarray, i
   block = min(block, length)
   compute = jnp.promote_types(q.dtype, jnp.float32)
   q = q.astype(compute) * default_scale(dk, scale)
-  q = q.reshape(b, hk, h // hk, dk)                       # the group as the query axis
+  q = q.reshape(b, hk, h // hk, dk)  # the group as the query axis
   lo = 0 if window is None else jnp.maximum(index - window + 1, 0)
 
   def body(j, state):
@@ -194,6 +224,10 @@ def kv_cache_attention(q: jnp.ndarray, keys: jnp.ndarray, values: jnp.ndarray, i
     scores = jnp.einsum('bngd,bknd->bngk', q, kb)
     return online_softmax.update(state, scores, valid, vb)
 
-  state = lax.fori_loop(lo // block, index // block + 1, body,
-                        online_softmax.init(b, hk, h // hk, values.shape[-1], compute))
+  state = lax.fori_loop(
+    lo // block,
+    index // block + 1,
+    body,
+    online_softmax.init(b, hk, h // hk, values.shape[-1], compute),
+  )
   return online_softmax.finish(state).reshape(b, h, -1).astype(values.dtype)

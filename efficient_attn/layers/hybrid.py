@@ -18,6 +18,7 @@ mechanism declares; an option that no block's mechanism declares is refused.
 A single mechanism is the pattern of one name, and everything here reduces to
 `registry.configure` for it.
 """
+
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 from efficient_attn import registry
@@ -33,8 +34,10 @@ def declarations(mechanism: Mechanisms) -> Tuple[registry.Mechanism, ...]:
     return (mechanism,)
   parts = mechanism.split(SEPARATOR) if isinstance(mechanism, str) else list(mechanism)
   if not parts or any(p == '' for p in parts):
-    raise ValueError(f'mechanism {mechanism!r} is not valid: a pattern names registered '
-                     f"mechanisms joined by {SEPARATOR!r}, e.g. 'linear{SEPARATOR}local'")
+    raise ValueError(
+      f'mechanism {mechanism!r} is not valid: a pattern names registered '
+      f"mechanisms joined by {SEPARATOR!r}, e.g. 'linear{SEPARATOR}local'"
+    )
   return tuple(registry.declaration(p) for p in parts)
 
 
@@ -77,12 +80,12 @@ def off_defaults(mechanism: Mechanisms, options: Mapping[str, Any]) -> Dict[str,
   stacks named by these (a run's name, a report's row) are the same model: 'gla+deltanet'
   with conv_size=0 is named, since DeltaNet's default is 4, and GLA's 0."""
   defaults = option_defaults(mechanism)
-  return {k: v for k, v in options.items()
-          if k not in defaults or any(d != v for d in defaults[k])}
+  return {k: v for k, v in options.items() if k not in defaults or any(d != v for d in defaults[k])}
 
 
-def split_options(mechanism: Mechanisms, options: Optional[Mapping[str, Any]]
-                  ) -> Tuple[Dict[str, Any], ...]:
+def split_options(
+  mechanism: Mechanisms, options: Optional[Mapping[str, Any]]
+) -> Tuple[Dict[str, Any], ...]:
   """`options` shared out: per entry of the pattern, the ones its mechanism declares.
 
   A single mechanism gets `options` whole (its own checks name an unknown one). ValueError
@@ -95,38 +98,50 @@ def split_options(mechanism: Mechanisms, options: Optional[Mapping[str, Any]]
   unknown = sorted(set(options) - set().union(*declared))
   if unknown:
     valid = sorted(set().union(*declared))
-    raise ValueError(f'option{"s" if len(unknown) > 1 else ""} '
-                     f'{", ".join(map(repr, unknown))} {"are" if len(unknown) > 1 else "is"} '
-                     f'not an option of any mechanism of {name(decls)!r}; their options: '
-                     f'{", ".join(valid) or "none"}')
+    raise ValueError(
+      f'option{"s" if len(unknown) > 1 else ""} '
+      f'{", ".join(map(repr, unknown))} {"are" if len(unknown) > 1 else "is"} '
+      f'not an option of any mechanism of {name(decls)!r}; their options: '
+      f'{", ".join(valid) or "none"}'
+    )
   return tuple({k: v for k, v in options.items() if k in own} for own in declared)
 
 
-def resolve(mechanism: Mechanisms, options: Optional[Mapping[str, Any]] = None
-            ) -> Tuple[Tuple[registry.Mechanism, registry.Options], ...]:
+def resolve(
+  mechanism: Mechanisms, options: Optional[Mapping[str, Any]] = None
+) -> Tuple[Tuple[registry.Mechanism, registry.Options], ...]:
   """Per entry of the pattern, (declaration, its options resolved: declared defaults plus
   what `options` set), without the checks that need the model (see `configure`)."""
   decls = declarations(mechanism)
   return tuple((d, d.resolve(own)) for d, own in zip(decls, split_options(decls, options)))
 
 
-def configure(mechanism: Mechanisms, options: Optional[Mapping[str, Any]] = None, *,
-              causal: bool = False, max_length: Optional[int] = None,
-              length: Optional[int] = None, rotary: bool = False
-              ) -> Tuple[Tuple[registry.Mechanism, registry.Options], ...]:
+def configure(
+  mechanism: Mechanisms,
+  options: Optional[Mapping[str, Any]] = None,
+  *,
+  causal: bool = False,
+  max_length: Optional[int] = None,
+  length: Optional[int] = None,
+  rotary: bool = False,
+) -> Tuple[Tuple[registry.Mechanism, registry.Options], ...]:
   """`registry.configure` for each entry of the pattern: ((declaration, options), ...).
 
   `causal` is the stack's: a causal-only mechanism (e.g. 'gla') is causal whatever it
   says, as in a single-mechanism stack. Raises ValueError as `registry.configure` does
   (for a pattern, naming the mechanism), or for an option no mechanism declares."""
   decls = declarations(mechanism)
-  return tuple(registry.configure(d, own, causal=causal or d.causal_only, max_length=max_length,
-                                  length=length, rotary=rotary)
-               for d, own in zip(decls, split_options(decls, options)))
+  return tuple(
+    registry.configure(
+      d, own, causal=causal or d.causal_only, max_length=max_length, length=length, rotary=rotary
+    )
+    for d, own in zip(decls, split_options(decls, options))
+  )
 
 
-def merged_options(layers: Sequence[Tuple[registry.Mechanism, Mapping[str, Any]]]
-                   ) -> registry.Options:
+def merged_options(
+  layers: Sequence[Tuple[registry.Mechanism, Mapping[str, Any]]],
+) -> registry.Options:
   """One options mapping for `layers` ((declaration, options) per entry, as `configure`
   gives): each option at the value every entry that has it agrees on. An option on which
   they differ (two mechanisms' own defaults) is left out, so that resolving the mapping
@@ -146,6 +161,8 @@ def check_depth(mechanism: Mechanisms, depth: int) -> None:
   n = len(declarations(mechanism))
   if depth % n:
     valid = [d for d in range(n, 4 * n + 1, n)]
-    raise ValueError(f'mechanism {name(mechanism)!r} gives blocks {n} mechanisms in turn, '
-                     f'which does not divide depth={depth}; valid depths: multiples of {n} '
-                     f'({", ".join(map(str, valid))}, ...)')
+    raise ValueError(
+      f'mechanism {name(mechanism)!r} gives blocks {n} mechanisms in turn, '
+      f'which does not divide depth={depth}; valid depths: multiples of {n} '
+      f'({", ".join(map(str, valid))}, ...)'
+    )

@@ -17,25 +17,30 @@ The mechanism itself runs in `Mechanism`, a Linen module that creates the
 parameters its declaration (`efficient_attn.registry`) asks for and calls the
 declared `attend`; nothing here names a particular mechanism.
 """
+
 import functools
 from typing import Any, Callable, Mapping, Optional, Union
 
 import flax.linen as nn
 import jax.numpy as jnp
 
+from efficient_attn import registry
 from efficient_attn.layers import decoding
 from efficient_attn.layers import multi_head
 from efficient_attn.layers import projections
-from efficient_attn import registry
 
 
 class _LinenContext(registry.Context):
   """`registry.Context` of a Linen module: rng streams from the module, its path as tag."""
 
   def __init__(self, module: nn.Module, deterministic: bool, dropout_rng=None):
-    super().__init__(deterministic=deterministic, tag=tuple(module.scope.path),
-                     dropout_rate=module.dropout_rate,
-                     broadcast_dropout=module.broadcast_dropout, max_length=module.max_length)
+    super().__init__(
+      deterministic=deterministic,
+      tag=tuple(module.scope.path),
+      dropout_rate=module.dropout_rate,
+      broadcast_dropout=module.broadcast_dropout,
+      max_length=module.max_length,
+    )
     self._module = module
     self._dropout_rng = dropout_rng
 
@@ -75,6 +80,7 @@ class Mechanism(nn.Module):
     sequence_axis: split the sequence over this axis of the ambient mesh (context
       parallelism; see `MultiHeadAttention`). None: no split.
   """
+
   mechanism: Union[str, registry.Mechanism] = 'softmax'
   options: Optional[Mapping[str, Any]] = None
   causal: bool = False
@@ -91,45 +97,89 @@ class Mechanism(nn.Module):
   @functools.cached_property
   def _configured(self):
     """(declaration, resolved options): configured once per module construction."""
-    return registry.configure(self.mechanism, self.options, causal=self.causal,
-                              max_length=self.max_length, rotary=self.rotary)
+    return registry.configure(
+      self.mechanism,
+      self.options,
+      causal=self.causal,
+      max_length=self.max_length,
+      rotary=self.rotary,
+    )
 
   def configured(self, length: Optional[int] = None):
     """(declaration, resolved options), checked against this module's settings (and
     `length`, the keys' length, when given)."""
     decl, options = self._configured
     if length is not None:
-      registry.check_length(decl, options, length=length, max_length=self.max_length,
-                            causal=self.causal)
+      registry.check_length(
+        decl, options, length=length, max_length=self.max_length, causal=self.causal
+      )
     return decl, options
 
   @nn.compact
-  def __call__(self, q, k, v, mask=None, deterministic: bool = True, *, state=None,
-               position=None, dropout_rng=None, sow_weights: bool = False,
-               force_fp32_for_softmax: bool = False, inputs=None):
+  def __call__(
+    self,
+    q,
+    k,
+    v,
+    mask=None,
+    deterministic: bool = True,
+    *,
+    state=None,
+    position=None,
+    dropout_rng=None,
+    sow_weights: bool = False,
+    force_fp32_for_softmax: bool = False,
+    inputs=None,
+  ):
     """See the class docstring; `position`: a decoding step's position (rotary);
     sow_weights / force_fp32_for_softmax / inputs: see `multi_head.run_mechanism`."""
     decl, options = self.configured(k.shape[1] if state is None else None)
-    heads, head_dim = multi_head.check_inputs(decl, q, k, v, mask, stepping=state is not None, options=options,
-                                         head_dim=self.head_dim)  # before shapes are read
-    specs = multi_head.declared_params(decl, options, heads=heads, head_dim=head_dim,
-                                  max_length=self.max_length, causal=self.causal,
-                                  features=None if inputs is None else inputs.shape[-1])
-    params = {name: self.param(name, init, shape, self.param_dtype)
-              for name, (shape, init) in specs.items()}
+    heads, head_dim = multi_head.check_inputs(
+      decl, q, k, v, mask, stepping=state is not None, options=options, head_dim=self.head_dim
+    )  # before shapes are read
+    specs = multi_head.declared_params(
+      decl,
+      options,
+      heads=heads,
+      head_dim=head_dim,
+      max_length=self.max_length,
+      causal=self.causal,
+      features=None if inputs is None else inputs.shape[-1],
+    )
+    params = {
+      name: self.param(name, init, shape, self.param_dtype) for name, (shape, init) in specs.items()
+    }
     params.update(self.shared_params or {})
-    return multi_head.run_mechanism(decl, options, params, q, k, v, mask=mask, causal=self.causal,
-                               ctx=_LinenContext(self, deterministic, dropout_rng),
-                               use_rotary=self.rotary, dtype=self.dtype, state=state,
-                               position=position, sow_weights=sow_weights,
-                               force_fp32_for_softmax=force_fp32_for_softmax, inputs=inputs,
-                               head_dim=head_dim, sequence_axis=self.sequence_axis)
+    return multi_head.run_mechanism(
+      decl,
+      options,
+      params,
+      q,
+      k,
+      v,
+      mask=mask,
+      causal=self.causal,
+      ctx=_LinenContext(self, deterministic, dropout_rng),
+      use_rotary=self.rotary,
+      dtype=self.dtype,
+      state=state,
+      position=position,
+      sow_weights=sow_weights,
+      force_fp32_for_softmax=force_fp32_for_softmax,
+      inputs=inputs,
+      head_dim=head_dim,
+      sequence_axis=self.sequence_axis,
+    )
 
 
-def mechanism_module(mechanism: str, *, causal: bool = False,
-                     max_length: Optional[int] = None,
-                     options: Optional[Mapping[str, Any]] = None,
-                     **module_kwargs) -> Mechanism:
+def mechanism_module(
+  mechanism: str,
+  *,
+  causal: bool = False,
+  max_length: Optional[int] = None,
+  options: Optional[Mapping[str, Any]] = None,
+  **module_kwargs,
+) -> Mechanism:
   """The Linen `Mechanism` for `mechanism`, its configuration checked at once.
 
   Raises ValueError naming the bad value and the valid ones for an unknown
@@ -138,8 +188,13 @@ def mechanism_module(mechanism: str, *, causal: bool = False,
   `max_length`.
   """
   registry.configure(mechanism, options, causal=causal, max_length=max_length)
-  return Mechanism(mechanism=mechanism, causal=causal, max_length=max_length,
-                   options=dict(options or {}), **module_kwargs)
+  return Mechanism(
+    mechanism=mechanism,
+    causal=causal,
+    max_length=max_length,
+    options=dict(options or {}),
+    **module_kwargs,
+  )
 
 
 class MultiHeadAttention(nn.Module):
@@ -214,6 +269,7 @@ class MultiHeadAttention(nn.Module):
   q_length, kv_length]` into 'intermediates' as 'attention_weights', as flax
   does (mechanisms that form the weights; see `multi_head.attention_weights`).
   """
+
   num_heads: int
   mechanism: Union[str, registry.Mechanism] = 'softmax'
   projection: str = 'standard'
@@ -242,32 +298,64 @@ class MultiHeadAttention(nn.Module):
   sequence_axis: Optional[str] = None
 
   @nn.compact
-  def __call__(self, inputs_q, inputs_k=None, inputs_v=None, *, inputs_kv=None,
-               mask=None, deterministic: Optional[bool] = None, dropout_rng=None,
-               sow_weights: bool = False):
-    inputs_q, inputs_k, inputs_v = multi_head.resolve_inputs(inputs_q, inputs_k, inputs_v, inputs_kv)
+  def __call__(
+    self,
+    inputs_q,
+    inputs_k=None,
+    inputs_v=None,
+    *,
+    inputs_kv=None,
+    mask=None,
+    deterministic: Optional[bool] = None,
+    dropout_rng=None,
+    sow_weights: bool = False,
+  ):
+    inputs_q, inputs_k, inputs_v = multi_head.resolve_inputs(
+      inputs_q, inputs_k, inputs_v, inputs_kv
+    )
     batch_shape = inputs_q.shape[:-2]
     return multi_head.with_one_batch_axis(
-        lambda q, k, v, m: self._attend(q, k, v, m, deterministic, dropout_rng, sow_weights,
-                                        batch_shape),
-        inputs_q, inputs_k, inputs_v, mask)
+      lambda q, k, v, m: self._attend(
+        q, k, v, m, deterministic, dropout_rng, sow_weights, batch_shape
+      ),
+      inputs_q,
+      inputs_k,
+      inputs_v,
+      mask,
+    )
 
-  def _attend(self, inputs_q, inputs_k, inputs_v, mask, deterministic, dropout_rng,
-              sow_weights, batch_shape):
+  def _attend(
+    self, inputs_q, inputs_k, inputs_v, mask, deterministic, dropout_rng, sow_weights, batch_shape
+  ):
     features = self.out_features or inputs_q.shape[-1]
     head_dim = multi_head.head_dim(self.num_heads, self.qkv_features or inputs_q.shape[-1])
     # The mechanism is resolved once, by its module, and read from there below.
-    mech = Mechanism(mechanism=self.mechanism, options=dict(self.options or {}),
-                     causal=self.causal, max_length=self.max_length, dtype=self.dtype,
-                     param_dtype=self.param_dtype, dropout_rate=self.dropout_rate,
-                     broadcast_dropout=self.broadcast_dropout,
-                     shared_params=self.shared_params, rotary=self.rotary, head_dim=head_dim,
-                     sequence_axis=self.sequence_axis, name='mechanism')
+    mech = Mechanism(
+      mechanism=self.mechanism,
+      options=dict(self.options or {}),
+      causal=self.causal,
+      max_length=self.max_length,
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
+      dropout_rate=self.dropout_rate,
+      broadcast_dropout=self.broadcast_dropout,
+      shared_params=self.shared_params,
+      rotary=self.rotary,
+      head_dim=head_dim,
+      sequence_axis=self.sequence_axis,
+      name='mechanism',
+    )
     decl, options = mech.configured()
     multi_head.check_dropout(decl, self.dropout_rate)
     kv_heads = multi_head.kv_heads(decl, self.projection, self.num_heads, self.num_kv_heads)
-    shapes = multi_head.head_layout(decl, options, projection=self.projection, heads=self.num_heads,
-                               head_dim=head_dim, kv_heads=kv_heads)
+    shapes = multi_head.head_layout(
+      decl,
+      options,
+      projection=self.projection,
+      heads=self.num_heads,
+      head_dim=head_dim,
+      kv_heads=kv_heads,
+    )
     if self.dropout_rate > 0.0:  # as flax: only dropout needs to know
       deterministic = nn.merge_param('deterministic', self.deterministic, deterministic)
       if not deterministic and dropout_rng is None:  # drawn here, as flax draws it
@@ -279,16 +367,31 @@ class MultiHeadAttention(nn.Module):
       multi_head.check_decode(mask, inputs_q, inputs_k, inputs_v, stepping, sow_weights)
 
     dense = lambda name: nn.DenseGeneral(
-        features=shapes.features(name), axis=-1,
-        kernel_init=self.kernel_init, bias_init=self.bias_init,
-        use_bias=self.use_bias, dtype=self.dtype, param_dtype=self.param_dtype,
-        precision=self.precision, name=name)
+      features=shapes.features(name),
+      axis=-1,
+      kernel_init=self.kernel_init,
+      bias_init=self.bias_init,
+      use_bias=self.use_bias,
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
+      precision=self.precision,
+      name=name,
+    )
     align = self._alignment() if self.projection == 'super' else None
     q, k, v = projections.project_qkv(
-        self.projection, inputs_q, inputs_k, inputs_v, num_heads=self.num_heads,
-        dense=dense, align=None if stepping else align,
-        dtype=self.dtype, shared_qk=decl.shared_qk, normalize=self._qk_norm(), mask=mask,
-        qkv_features=self.num_heads * head_dim)
+      self.projection,
+      inputs_q,
+      inputs_k,
+      inputs_v,
+      num_heads=self.num_heads,
+      dense=dense,
+      align=None if stepping else align,
+      dtype=self.dtype,
+      shared_qk=decl.shared_qk,
+      normalize=self._qk_norm(),
+      mask=mask,
+      qkv_features=self.num_heads * head_dim,
+    )
     # Captured with `apply(..., mutable=['attention_qkv'])` by the analysis tools; a
     # collection of its own, so flax's 'intermediates' hold only what flax puts there
     # (and not at init, which would put it among the variables).
@@ -300,52 +403,88 @@ class MultiHeadAttention(nn.Module):
     else:
       if self.decode:
         self._init_cache(mech, q, v, inputs_q.shape[1], align)
-      x = mech(q, k, v, mask=mask, deterministic=deterministic, dropout_rng=dropout_rng,
-               sow_weights=sow_weights, force_fp32_for_softmax=self.force_fp32_for_softmax,
-               inputs=inputs_q)
+      x = mech(
+        q,
+        k,
+        v,
+        mask=mask,
+        deterministic=deterministic,
+        dropout_rng=dropout_rng,
+        sow_weights=sow_weights,
+        force_fp32_for_softmax=self.force_fp32_for_softmax,
+        inputs=inputs_q,
+      )
       if sow_weights:
         x, weights = x
-        self.sow('intermediates', 'attention_weights',
-                 weights.reshape(batch_shape + weights.shape[1:]))
+        self.sow(
+          'intermediates', 'attention_weights', weights.reshape(batch_shape + weights.shape[1:])
+        )
     return nn.DenseGeneral(
-        features=features, axis=(-2, -1), kernel_init=self.out_kernel_init or self.kernel_init,
-        bias_init=self.out_bias_init or self.bias_init, use_bias=self.use_bias,
-        dtype=self.dtype, param_dtype=self.param_dtype, precision=self.precision,
-        name='out')(x)
+      features=features,
+      axis=(-2, -1),
+      kernel_init=self.out_kernel_init or self.kernel_init,
+      bias_init=self.out_bias_init or self.bias_init,
+      use_bias=self.use_bias,
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
+      precision=self.precision,
+      name='out',
+    )(x)
 
   def _qk_norm(self):
     if not self.normalize_qk:
       return None
-    return lambda name: nn.LayerNorm(use_bias=False, dtype=self.dtype,
-                                     param_dtype=self.param_dtype, name=name)
+    return lambda name: nn.LayerNorm(
+      use_bias=False, dtype=self.dtype, param_dtype=self.param_dtype, name=name
+    )
 
   def _alignment(self) -> projections.AlignmentKernel:
-    return projections.alignment_kernel(self.max_length, self.causal, self.dtype,
-                                        self.param_dtype)
+    return projections.alignment_kernel(self.max_length, self.causal, self.dtype, self.param_dtype)
 
   def _form(self, mech, inputs=None) -> decoding.DecodeForm:
     decl, options = mech.configured()
     return decoding.decode_form(
-        decl, options, lambda state, q_t, k_t, v_t, i: mech(q_t, k_t, v_t, deterministic=True,
-                                                      state=state, position=i, inputs=inputs))
+      decl,
+      options,
+      lambda state, q_t, k_t, v_t, i: mech(
+        q_t, k_t, v_t, deterministic=True, state=state, position=i, inputs=inputs
+      ),
+    )
 
   def _init_cache(self, mech, q, v, length, align):
     """Creates the cache (the call that does so is the ordinary parallel forward)."""
     decl, options = mech.configured()
     b, _, _, dk = q.shape
     heads = multi_head.state_heads(decl, options, self.num_heads, v.shape[2])  # v: the kv heads
-    for name, value in multi_head.init_cache(self._form(mech), batch=b, length=length, heads=heads,
-                                        head_dim=dk, v_dim=v.shape[3], dtype=q.dtype,
-                                        super_values=align is not None).items():
+    for name, value in multi_head.init_cache(
+      self._form(mech),
+      batch=b,
+      length=length,
+      heads=heads,
+      head_dim=dk,
+      v_dim=v.shape[3],
+      dtype=q.dtype,
+      super_values=align is not None,
+    ).items():
       self.put_variable('cache', name, value)
 
   def _decode_step(self, mech, q, k, v, align, inputs):
     """The cache as Linen variables; `multi_head.decode_step` does the rest."""
     decl, _ = mech.configured()
-    cache = {name: self.get_variable('cache', name) for name in multi_head.CACHE_NAMES
-             if self.has_variable('cache', name)}
-    cache, x = multi_head.decode_step(self._form(mech, inputs), cache, q, k, v, align_at=align,
-                                 rotate_scores=self.rotary and decl.rotary == 'scores')
+    cache = {
+      name: self.get_variable('cache', name)
+      for name in multi_head.CACHE_NAMES
+      if self.has_variable('cache', name)
+    }
+    cache, x = multi_head.decode_step(
+      self._form(mech, inputs),
+      cache,
+      q,
+      k,
+      v,
+      align_at=align,
+      rotate_scores=self.rotary and decl.rotary == 'scores',
+    )
     for name, value in cache.items():
       self.put_variable('cache', name, value)
     return x
@@ -369,22 +508,39 @@ def make_attention_fn(mechanism: str = 'softmax', **options) -> Callable[..., An
   one line rather than ignoring: attention dropout during training, an
   attention bias, and the options above for other mechanisms.
   """
-  decl, resolved = registry.configure(mechanism, options,
-                               causal=registry.get_mechanism(mechanism).causal_only)
+  decl, resolved = registry.configure(
+    mechanism, options, causal=registry.get_mechanism(mechanism).causal_only
+  )
   if not decl.parameter_free:
     free = registry.names_where(lambda m: m.parameter_free)
-    raise ValueError(f'mechanism {mechanism!r} has parameters or random features and '
-                     f'cannot be an attention_fn; use efficient_attn.MultiHeadAttention, '
-                     f'or one of: {", ".join(free)}')
+    raise ValueError(
+      f'mechanism {mechanism!r} has parameters or random features and '
+      f'cannot be an attention_fn; use efficient_attn.MultiHeadAttention, '
+      f'or one of: {", ".join(free)}'
+    )
 
   def refuse(what):
-    raise ValueError(f'{what} is not supported by the attention_fn of mechanism '
-                     f'{mechanism!r}; use efficient_attn.MultiHeadAttention')
+    raise ValueError(
+      f'{what} is not supported by the attention_fn of mechanism '
+      f'{mechanism!r}; use efficient_attn.MultiHeadAttention'
+    )
 
-  def attention_fn(query, key, value, bias=None, mask=None, dropout_rng=None,
-                   dropout_rate=0.0, broadcast_dropout=True, deterministic=True, dtype=None,
-                   precision=None, force_fp32_for_softmax=False, module=None,
-                   is_causal=False):
+  def attention_fn(
+    query,
+    key,
+    value,
+    bias=None,
+    mask=None,
+    dropout_rng=None,
+    dropout_rate=0.0,
+    broadcast_dropout=True,
+    deterministic=True,
+    dtype=None,
+    precision=None,
+    force_fp32_for_softmax=False,
+    module=None,
+    is_causal=False,
+  ):
     del dropout_rng, broadcast_dropout, precision
     if bias is not None:
       refuse('an attention bias')
@@ -395,14 +551,26 @@ def make_attention_fn(mechanism: str = 'softmax', **options) -> Callable[..., An
     heads, head_dim = query.shape[-2:]
     shapes = decl.head_shapes(resolved, heads=heads, head_dim=head_dim)
     if shapes != (heads, head_dim, head_dim):  # flax's projections make (heads, head_dim)
-      refuse(f'head shapes (qk_heads, qk_dim, v_dim) = {shapes}, not (heads, head_dim, '
-             f'head_dim) = {(heads, head_dim, head_dim)},')
+      refuse(
+        f'head shapes (qk_heads, qk_dim, v_dim) = {shapes}, not (heads, head_dim, '
+        f'head_dim) = {(heads, head_dim, head_dim)},'
+      )
     if dtype is not None:
       query, key, value = (x.astype(dtype) for x in (query, key, value))
-    out = multi_head.run_mechanism(decl, resolved, {}, query, key, value, mask=mask,
-                              causal=bool(is_causal), ctx=registry.Context(),
-                              use_rotary=False, sow_weights=module is not None,
-                              force_fp32_for_softmax=force_fp32_for_softmax)
+    out = multi_head.run_mechanism(
+      decl,
+      resolved,
+      {},
+      query,
+      key,
+      value,
+      mask=mask,
+      causal=bool(is_causal),
+      ctx=registry.Context(),
+      use_rotary=False,
+      sow_weights=module is not None,
+      force_fp32_for_softmax=force_fp32_for_softmax,
+    )
     if module is None:
       return out
     out, weights = out
@@ -410,6 +578,7 @@ def make_attention_fn(mechanism: str = 'softmax', **options) -> Callable[..., An
       module.sow('intermediates', 'attention_weights', weights)
     else:  # an NNX module
       from flax import nnx  # pylint: disable=g-import-not-at-top
+
       module.sow(nnx.Intermediate, 'attention_weights', weights)
     return out
 

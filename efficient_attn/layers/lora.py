@@ -24,18 +24,19 @@ is a rule on leaf names, a trainer keeps differentiating 'params' only, and
 `merge` is a tree map. An `attention_cls` hook would cover attention only, and
 a separate variable collection would need every trainer to differentiate it.
 """
+
 import contextlib
 import dataclasses
 import math
 import re
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
+from flax import traverse_util
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from flax import traverse_util
 
 A_NAME, B_NAME = 'lora_a', 'lora_b'
 ATTENTION_TARGETS = (r'(^|/)attention/(query|key|value|out)$',)
@@ -56,6 +57,7 @@ class LoraConfig:
       layer matching any of them is adapted. Defaults: attention projections
       (query, key, value, out) and the MLP Dense layers of the shared encoder.
   """
+
   rank: int
   alpha: Optional[float] = None
   targets: Tuple[str, ...] = DEFAULT_TARGETS
@@ -78,14 +80,16 @@ def _contracted_axes(module, ndim: int) -> Tuple[int, ...]:
   if isinstance(module, nn.Dense):
     return (ndim - 1,)
   if getattr(module, 'batch_dims', ()):
-    raise ValueError(f'LoRA does not support DenseGeneral with batch_dims '
-                     f'({"/".join(module.path)})')
+    raise ValueError(
+      f'LoRA does not support DenseGeneral with batch_dims ({"/".join(module.path)})'
+    )
   axis = module.axis if isinstance(module.axis, Sequence) else (module.axis,)
   return tuple(a % ndim for a in axis)
 
 
-def low_rank_delta(x: jnp.ndarray, a: jnp.ndarray, b: jnp.ndarray,
-                   axes: Tuple[int, ...], out_shape: Tuple[int, ...]) -> jnp.ndarray:
+def low_rank_delta(
+  x: jnp.ndarray, a: jnp.ndarray, b: jnp.ndarray, axes: Tuple[int, ...], out_shape: Tuple[int, ...]
+) -> jnp.ndarray:
   """(x A) B with x's `axes` contracted: `[..., *in] -> [..., *out_shape]`.
 
   a `[prod(in), r]`, b `[r, prod(out_shape)]`; the contracted axes are
@@ -93,7 +97,7 @@ def low_rank_delta(x: jnp.ndarray, a: jnp.ndarray, b: jnp.ndarray,
   """
   k = len(axes)
   x = jnp.moveaxis(x, axes, tuple(range(x.ndim - k, x.ndim)))
-  x = x.reshape(x.shape[:x.ndim - k] + (-1,))
+  x = x.reshape(x.shape[: x.ndim - k] + (-1,))
   y = (x @ a) @ b
   return y.reshape(y.shape[:-1] + tuple(out_shape))
 
@@ -103,23 +107,27 @@ def interceptor(config: LoraConfig) -> Callable[..., Any]:
 
   def intercept(next_fun, args, kwargs, context):
     module = context.module
-    if (context.method_name != '__call__' or
-        not isinstance(module, (nn.Dense, nn.DenseGeneral)) or
-        not config.matches(module.path)):
+    if (
+      context.method_name != '__call__'
+      or not isinstance(module, (nn.Dense, nn.DenseGeneral))
+      or not config.matches(module.path)
+    ):
       return next_fun(*args, **kwargs)
     y = next_fun(*args, **kwargs)
     x = args[0] if args else kwargs['inputs']
     axes = _contracted_axes(module, x.ndim)
-    out_shape = y.shape[x.ndim - len(axes):]
+    out_shape = y.shape[x.ndim - len(axes) :]
     d_in = math.prod(x.shape[i] for i in axes)
     d_out = math.prod(out_shape)
-    a = module.param(A_NAME, nn.initializers.variance_scaling(1.0, 'fan_in', 'normal'),
-                     (d_in, config.rank), module.param_dtype)
-    b = module.param(B_NAME, nn.initializers.zeros_init(), (config.rank, d_out),
-                     module.param_dtype)
+    a = module.param(
+      A_NAME,
+      nn.initializers.variance_scaling(1.0, 'fan_in', 'normal'),
+      (d_in, config.rank),
+      module.param_dtype,
+    )
+    b = module.param(B_NAME, nn.initializers.zeros_init(), (config.rank, d_out), module.param_dtype)
     dtype = module.dtype or y.dtype
-    delta = low_rank_delta(x.astype(dtype), a.astype(dtype), b.astype(dtype), axes,
-                           out_shape)
+    delta = low_rank_delta(x.astype(dtype), a.astype(dtype), b.astype(dtype), axes, out_shape)
     return y + (config.scale * delta).astype(y.dtype)
 
   return intercept
@@ -159,6 +167,7 @@ class Adapted(nn.Module):
     module: the base model.
     config: the `LoraConfig`.
   """
+
   module: nn.Module
   config: LoraConfig
 
@@ -203,8 +212,10 @@ def load_base(params, base_params) -> Dict[str, Any]:
   missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
   bad = [p for p in set(want) & set(got) if np.shape(want[p]) != np.shape(got[p])]
   if missing or extra or bad:
-    raise ValueError(f'base params do not fit the model: missing {missing[:5]}, '
-                     f'unexpected {extra[:5]}, shape mismatch {sorted(bad)[:5]}')
+    raise ValueError(
+      f'base params do not fit the model: missing {missing[:5]}, '
+      f'unexpected {extra[:5]}, shape mismatch {sorted(bad)[:5]}'
+    )
   return combine(base_params, adapters)
 
 
@@ -237,8 +248,7 @@ def merge(params, adapters=None, *, scale: float = 1.0) -> Dict[str, Any]:
 def labels(params) -> Dict[str, Any]:
   """A tree of 'lora' (adapter leaves) / 'frozen' (base leaves)."""
   flat = traverse_util.flatten_dict(_unfreeze(params))
-  return traverse_util.unflatten_dict(
-      {p: 'lora' if is_adapter(p) else 'frozen' for p in flat})
+  return traverse_util.unflatten_dict({p: 'lora' if is_adapter(p) else 'frozen' for p in flat})
 
 
 def trainable_mask(params) -> Dict[str, Any]:
@@ -252,15 +262,15 @@ def optimizer(tx: optax.GradientTransformation, params=None) -> optax.GradientTr
   `params` may be omitted: the adapter leaves are then recognised by name when
   the optimiser state is created.
   """
-  return optax.multi_transform({'lora': tx, 'frozen': optax.set_to_zero()},
-                               labels if params is None else labels(params))
+  return optax.multi_transform(
+    {'lora': tx, 'frozen': optax.set_to_zero()}, labels if params is None else labels(params)
+  )
 
 
 def count_params(params, trainable_only: bool = False) -> int:
   """Number of parameters (adapter leaves only if `trainable_only`)."""
   flat = traverse_util.flatten_dict(_unfreeze(params))
-  return int(sum(np.size(v) for p, v in flat.items()
-                 if is_adapter(p) or not trainable_only))
+  return int(sum(np.size(v) for p, v in flat.items() if is_adapter(p) or not trainable_only))
 
 
 def adapter_size(in_features: int, out_features: int, rank: int) -> int:

@@ -27,17 +27,18 @@ Random features: a mechanism's fixed random draw is keyed by `tag`, the layer's
 name (the Linen layer uses its module path). The default, ('mechanism',), is the
 draw of a top-level Linen layer; give each layer of a model its own tag.
 """
+
 import functools
 import math
 from typing import Any, Callable, Mapping, Optional, Sequence, Tuple, Union
 
-import jax.numpy as jnp
 from flax import nnx
+import jax.numpy as jnp
 
+from efficient_attn import registry
 from efficient_attn.layers import decoding
 from efficient_attn.layers import multi_head
 from efficient_attn.layers import projections
-from efficient_attn import registry
 
 _default_kernel_init = nnx.initializers.lecun_normal()
 _default_bias_init = nnx.initializers.zeros_init()
@@ -47,10 +48,13 @@ class _Context(registry.Context):
   """`registry.Context` of an NNX module: random streams from an `nnx.Rngs` or stream."""
 
   def __init__(self, mechanism: 'Mechanism', deterministic: bool, rngs):
-    super().__init__(deterministic=deterministic, tag=mechanism.tag,
-                     dropout_rate=mechanism.dropout_rate,
-                     broadcast_dropout=mechanism.broadcast_dropout,
-                     max_length=mechanism.max_length)
+    super().__init__(
+      deterministic=deterministic,
+      tag=mechanism.tag,
+      dropout_rate=mechanism.dropout_rate,
+      broadcast_dropout=mechanism.broadcast_dropout,
+      max_length=mechanism.max_length,
+    )
     self._stream = rngs
 
   def rng(self, name: str):
@@ -76,24 +80,43 @@ class Mechanism(nnx.Module):
   v `[..., num_heads, v_dim]` for `num_heads` heads of `head_dim`.
   """
 
-  def __init__(self, mechanism: Union[str, registry.Mechanism] = 'softmax', *,
-               num_heads: int, head_dim: int,
-               options: Optional[Mapping[str, Any]] = None, causal: bool = False,
-               max_length: Optional[int] = None, dtype: Any = None,
-               param_dtype: Any = jnp.float32, dropout_rate: float = 0.0,
-               broadcast_dropout: bool = True, rotary: bool = False,
-               shared_params: Optional[Mapping[str, Any]] = None,
-               tag: Sequence[str] = ('mechanism',), in_features: Optional[int] = None,
-               sequence_axis: Optional[str] = None, rngs: nnx.Rngs):
+  def __init__(
+    self,
+    mechanism: Union[str, registry.Mechanism] = 'softmax',
+    *,
+    num_heads: int,
+    head_dim: int,
+    options: Optional[Mapping[str, Any]] = None,
+    causal: bool = False,
+    max_length: Optional[int] = None,
+    dtype: Any = None,
+    param_dtype: Any = jnp.float32,
+    dropout_rate: float = 0.0,
+    broadcast_dropout: bool = True,
+    rotary: bool = False,
+    shared_params: Optional[Mapping[str, Any]] = None,
+    tag: Sequence[str] = ('mechanism',),
+    in_features: Optional[int] = None,
+    sequence_axis: Optional[str] = None,
+    rngs: nnx.Rngs,
+  ):
     # Configured once, here; the calls read self.decl and self.resolved.
-    self.decl, self.resolved = registry.configure(mechanism, options, causal=causal,
-                                           max_length=max_length, rotary=rotary)
+    self.decl, self.resolved = registry.configure(
+      mechanism, options, causal=causal, max_length=max_length, rotary=rotary
+    )
     self.name, self.options = self.decl.name, dict(options or {})
     self.causal, self.max_length, self.rotary = causal, max_length, rotary
     self.dtype, self.dropout_rate, self.broadcast_dropout = dtype, dropout_rate, broadcast_dropout
     self.tag, self.head_dim, self.sequence_axis = tuple(tag), head_dim, sequence_axis
-    specs = multi_head.declared_params(self.decl, self.resolved, heads=num_heads, head_dim=head_dim,
-                                  max_length=max_length, causal=causal, features=in_features)
+    specs = multi_head.declared_params(
+      self.decl,
+      self.resolved,
+      heads=num_heads,
+      head_dim=head_dim,
+      max_length=max_length,
+      causal=causal,
+      features=in_features,
+    )
     for name, (shape, init) in specs.items():
       setattr(self, name, nnx.Param(init(rngs.params(), shape, param_dtype)))
     self.param_names = tuple(specs)
@@ -102,39 +125,76 @@ class Mechanism(nnx.Module):
   def params(self):
     """The declared parameters (and shared ones) as arrays, by name."""
     params = {name: getattr(self, name)[...] for name in self.param_names}
-    params.update({name: p[...] if isinstance(p, nnx.Variable) else p
-                   for name, p in self.shared_params.items()})
+    params.update(
+      {name: p[...] if isinstance(p, nnx.Variable) else p for name, p in self.shared_params.items()}
+    )
     return params
 
-  def __call__(self, q, k, v, mask=None, deterministic: bool = True, *, rngs=None,
-               state=None, position=None, sow_weights: bool = False,
-               force_fp32_for_softmax: bool = False, inputs=None):
+  def __call__(
+    self,
+    q,
+    k,
+    v,
+    mask=None,
+    deterministic: bool = True,
+    *,
+    rngs=None,
+    state=None,
+    position=None,
+    sow_weights: bool = False,
+    force_fp32_for_softmax: bool = False,
+    inputs=None,
+  ):
     if state is None:
-      registry.check_length(self.decl, self.resolved, length=k.shape[1], max_length=self.max_length,
-                            causal=self.causal)
-    return multi_head.run_mechanism(self.decl, self.resolved, self.params(), q, k, v, mask=mask,
-                               causal=self.causal, ctx=_Context(self, deterministic, rngs),
-                               use_rotary=self.rotary, dtype=self.dtype, state=state,
-                               position=position, sow_weights=sow_weights,
-                               force_fp32_for_softmax=force_fp32_for_softmax, inputs=inputs,
-                               head_dim=self.head_dim, sequence_axis=self.sequence_axis)
+      registry.check_length(
+        self.decl, self.resolved, length=k.shape[1], max_length=self.max_length, causal=self.causal
+      )
+    return multi_head.run_mechanism(
+      self.decl,
+      self.resolved,
+      self.params(),
+      q,
+      k,
+      v,
+      mask=mask,
+      causal=self.causal,
+      ctx=_Context(self, deterministic, rngs),
+      use_rotary=self.rotary,
+      dtype=self.dtype,
+      state=state,
+      position=position,
+      sow_weights=sow_weights,
+      force_fp32_for_softmax=force_fp32_for_softmax,
+      inputs=inputs,
+      head_dim=self.head_dim,
+      sequence_axis=self.sequence_axis,
+    )
 
 
 class Alignment(nnx.Module):
   """Super Attention's W_A `[l, l]` and b_A `[l]` (see `projections.align`)."""
 
-  def __init__(self, max_length: Optional[int], causal: bool = False, dtype: Any = None,
-               param_dtype: Any = jnp.float32, *, rngs: nnx.Rngs):
+  def __init__(
+    self,
+    max_length: Optional[int],
+    causal: bool = False,
+    dtype: Any = None,
+    param_dtype: Any = jnp.float32,
+    *,
+    rngs: nnx.Rngs,
+  ):
     if max_length is None:
       projections.alignment_kernel(None, causal)  # the one error for a missing length
     self.causal, self.dtype = causal, dtype
-    self.kernel = nnx.Param(projections.identity_init(rngs.params(), (max_length, max_length),
-                                                      param_dtype))
+    self.kernel = nnx.Param(
+      projections.identity_init(rngs.params(), (max_length, max_length), param_dtype)
+    )
     self.bias = nnx.Param(jnp.zeros((max_length,), param_dtype))
 
   def __call__(self, v, index=None):
-    return projections.align(self.kernel[...], self.bias[...], v, causal=self.causal,
-                             dtype=self.dtype, index=index)
+    return projections.align(
+      self.kernel[...], self.bias[...], v, causal=self.causal, dtype=self.dtype, index=index
+    )
 
 
 def _first(*values, default=None):
@@ -159,23 +219,41 @@ class MultiHeadAttention(nnx.Module):
   'attention_weights', as flax does.
   """
 
-  def __init__(self, num_heads: int, in_features: int, qkv_features: Optional[int] = None,
-               out_features: Optional[int] = None, num_kv_heads: Optional[int] = None,
-               in_kv_features: Optional[int] = None, *, mechanism: str = 'softmax',
-               projection: str = 'standard', options: Optional[Mapping[str, Any]] = None,
-               causal: bool = False, max_length: Optional[int] = None, rotary: bool = False,
-               dtype: Any = None, param_dtype: Any = jnp.float32,
-               broadcast_dropout: bool = True, dropout_rate: float = 0.0,
-               deterministic: Optional[bool] = None, precision: Any = None,
-               kernel_init: Callable[..., Any] = _default_kernel_init,
-               out_kernel_init: Optional[Callable[..., Any]] = None,
-               bias_init: Callable[..., Any] = _default_bias_init,
-               out_bias_init: Optional[Callable[..., Any]] = None, use_bias: bool = True,
-               decode: Optional[bool] = None, normalize_qk: bool = False,
-               force_fp32_for_softmax: bool = False,
-               shared_params: Optional[Mapping[str, Any]] = None,
-               tag: Sequence[str] = ('mechanism',), sequence_axis: Optional[str] = None,
-               rngs: nnx.Rngs, keep_rngs: bool = True):
+  def __init__(
+    self,
+    num_heads: int,
+    in_features: int,
+    qkv_features: Optional[int] = None,
+    out_features: Optional[int] = None,
+    num_kv_heads: Optional[int] = None,
+    in_kv_features: Optional[int] = None,
+    *,
+    mechanism: str = 'softmax',
+    projection: str = 'standard',
+    options: Optional[Mapping[str, Any]] = None,
+    causal: bool = False,
+    max_length: Optional[int] = None,
+    rotary: bool = False,
+    dtype: Any = None,
+    param_dtype: Any = jnp.float32,
+    broadcast_dropout: bool = True,
+    dropout_rate: float = 0.0,
+    deterministic: Optional[bool] = None,
+    precision: Any = None,
+    kernel_init: Callable[..., Any] = _default_kernel_init,
+    out_kernel_init: Optional[Callable[..., Any]] = None,
+    bias_init: Callable[..., Any] = _default_bias_init,
+    out_bias_init: Optional[Callable[..., Any]] = None,
+    use_bias: bool = True,
+    decode: Optional[bool] = None,
+    normalize_qk: bool = False,
+    force_fp32_for_softmax: bool = False,
+    shared_params: Optional[Mapping[str, Any]] = None,
+    tag: Sequence[str] = ('mechanism',),
+    sequence_axis: Optional[str] = None,
+    rngs: nnx.Rngs,
+    keep_rngs: bool = True,
+  ):
     registry.check_projection(projection)
     decl = registry.declaration(mechanism)  # looked up once; `Mechanism` configures it
     self.num_kv_heads = multi_head.kv_heads(decl, projection, num_heads, num_kv_heads)
@@ -186,9 +264,14 @@ class MultiHeadAttention(nnx.Module):
     self.out_features = out_features or in_features
     self.in_kv_features = in_kv_features or in_features
     self.head_dim = multi_head.head_dim(num_heads, self.qkv_features)
-    shapes = multi_head.head_layout(decl, decl.resolve(options), projection=projection,
-                               heads=num_heads, head_dim=self.head_dim,
-                               kv_heads=self.num_kv_heads)
+    shapes = multi_head.head_layout(
+      decl,
+      decl.resolve(options),
+      projection=projection,
+      heads=num_heads,
+      head_dim=self.head_dim,
+      kv_heads=self.num_kv_heads,
+    )
     self.qk_dim, self.v_dim = shapes.qk_dim, shapes.v_dim
     self.projection, self.causal, self.max_length = projection, causal, max_length
     self.dtype, self.dropout_rate, self.deterministic = dtype, dropout_rate, deterministic
@@ -196,31 +279,65 @@ class MultiHeadAttention(nnx.Module):
     multi_head.check_dropout(decl, dropout_rate)
     self.shared_qk = decl.shared_qk
 
-    linear = functools.partial(nnx.LinearGeneral, dtype=dtype, param_dtype=param_dtype,
-                               kernel_init=kernel_init, bias_init=bias_init,
-                               use_bias=use_bias, precision=precision, rngs=rngs)
+    linear = functools.partial(
+      nnx.LinearGeneral,
+      dtype=dtype,
+      param_dtype=param_dtype,
+      kernel_init=kernel_init,
+      bias_init=bias_init,
+      use_bias=use_bias,
+      precision=precision,
+      rngs=rngs,
+    )
     for name in projections.dense_names(projection, decl.shared_qk):
       query = name == 'query'
-      setattr(self, name, linear(in_features if query else self.in_kv_features,
-                                 shapes.features(name)))
+      setattr(
+        self, name, linear(in_features if query else self.in_kv_features, shapes.features(name))
+      )
     for name in ('query_ln',) + (() if decl.shared_qk else ('key_ln',)):
-      setattr(self, name, nnx.LayerNorm(self.qk_dim, use_bias=False, dtype=dtype,
-                                        param_dtype=param_dtype, rngs=rngs)
-              if normalize_qk else nnx.data(None))
+      setattr(
+        self,
+        name,
+        nnx.LayerNorm(self.qk_dim, use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        if normalize_qk
+        else nnx.data(None),
+      )
     self.normalize_qk = normalize_qk
-    self.alignment = (Alignment(max_length, causal, dtype, param_dtype, rngs=rngs)
-                      if projection == 'super' else nnx.data(None))
+    self.alignment = (
+      Alignment(max_length, causal, dtype, param_dtype, rngs=rngs)
+      if projection == 'super'
+      else nnx.data(None)
+    )
     self.mechanism = Mechanism(
-        decl, num_heads=num_heads, head_dim=self.head_dim, options=options,
-        causal=causal, max_length=max_length, dtype=dtype, param_dtype=param_dtype,
-        dropout_rate=dropout_rate, broadcast_dropout=broadcast_dropout, rotary=rotary,
-        shared_params=shared_params, tag=tag, in_features=in_features,
-        sequence_axis=sequence_axis, rngs=rngs)
+      decl,
+      num_heads=num_heads,
+      head_dim=self.head_dim,
+      options=options,
+      causal=causal,
+      max_length=max_length,
+      dtype=dtype,
+      param_dtype=param_dtype,
+      dropout_rate=dropout_rate,
+      broadcast_dropout=broadcast_dropout,
+      rotary=rotary,
+      shared_params=shared_params,
+      tag=tag,
+      in_features=in_features,
+      sequence_axis=sequence_axis,
+      rngs=rngs,
+    )
     self.out = nnx.LinearGeneral(
-        in_features=(num_heads, self.v_dim), out_features=self.out_features, axis=(-2, -1),
-        kernel_init=out_kernel_init or kernel_init, bias_init=out_bias_init or bias_init,
-        use_bias=use_bias, dtype=dtype, param_dtype=param_dtype, precision=precision,
-        rngs=rngs)
+      in_features=(num_heads, self.v_dim),
+      out_features=self.out_features,
+      axis=(-2, -1),
+      kernel_init=out_kernel_init or kernel_init,
+      bias_init=out_bias_init or bias_init,
+      use_bias=use_bias,
+      dtype=dtype,
+      param_dtype=param_dtype,
+      precision=precision,
+      rngs=rngs,
+    )
     # Kept as flax keeps it: the dropout stream (a mechanism's redraws read it too).
     needs_rng = dropout_rate > 0 or bool(self.mechanism.resolved.get('redraw'))
     self.rngs = rngs.dropout.fork() if keep_rngs and needs_rng else nnx.data(None)
@@ -230,82 +347,139 @@ class MultiHeadAttention(nnx.Module):
   def _form(self, inputs=None) -> decoding.DecodeForm:
     mech = self.mechanism
     return decoding.decode_form(
-        mech.decl, mech.resolved, lambda state, q_t, k_t, v_t, i: mech(q_t, k_t, v_t, state=state,
-                                                                position=i, inputs=inputs))
+      mech.decl,
+      mech.resolved,
+      lambda state, q_t, k_t, v_t, i: mech(q_t, k_t, v_t, state=state, position=i, inputs=inputs),
+    )
 
   def init_cache(self, input_shape: Tuple[int, ...], dtype: Any = jnp.float32):
     """An empty decoding cache for inputs `[..., max_length, features]` (any leading
     batch axes; the cache keeps them flattened into one)."""
     if len(input_shape) < 2:
-      raise ValueError(f'init_cache takes the input shape [..., max_length, features], '
-                       f'got {tuple(input_shape)}')
+      raise ValueError(
+        f'init_cache takes the input shape [..., max_length, features], got {tuple(input_shape)}'
+      )
     batch = math.prod(input_shape[:-2])
     mech = self.mechanism
     heads = multi_head.state_heads(mech.decl, mech.resolved, self.num_heads, self.num_kv_heads)
-    cache = multi_head.init_cache(self._form(), batch=batch, length=input_shape[-2], heads=heads,
-                             head_dim=self.qk_dim, v_dim=self.v_dim, dtype=dtype,
-                             super_values=self.projection == 'super')
+    cache = multi_head.init_cache(
+      self._form(),
+      batch=batch,
+      length=input_shape[-2],
+      heads=heads,
+      head_dim=self.qk_dim,
+      v_dim=self.v_dim,
+      dtype=dtype,
+      super_values=self.projection == 'super',
+    )
     for name in multi_head.CACHE_NAMES:
       setattr(self, name, nnx.Cache(cache[name]) if name in cache else nnx.data(None))
 
   def _cache(self):
-    return {name: getattr(self, name).get_value() for name in multi_head.CACHE_NAMES
-            if getattr(self, name) is not None}
+    return {
+      name: getattr(self, name).get_value()
+      for name in multi_head.CACHE_NAMES
+      if getattr(self, name) is not None
+    }
 
   def _projections(self):
     return lambda name: getattr(self, name)
 
-  def __call__(self, inputs_q, inputs_k=None, inputs_v=None, *, mask=None,
-               deterministic: Optional[bool] = None, rngs=None, sow_weights: bool = False,
-               decode: Optional[bool] = None):
+  def __call__(
+    self,
+    inputs_q,
+    inputs_k=None,
+    inputs_v=None,
+    *,
+    mask=None,
+    deterministic: Optional[bool] = None,
+    rngs=None,
+    sow_weights: bool = False,
+    decode: Optional[bool] = None,
+  ):
     inputs_q, inputs_k, inputs_v = multi_head.resolve_inputs(inputs_q, inputs_k, inputs_v)
     if inputs_q.shape[-1] != self.in_features:
-      raise ValueError(f'inputs have {inputs_q.shape[-1]} features, but the layer was '
-                       f'built for in_features={self.in_features}')
+      raise ValueError(
+        f'inputs have {inputs_q.shape[-1]} features, but the layer was '
+        f'built for in_features={self.in_features}'
+      )
     if self.dropout_rate > 0.0:
       deterministic = _first(deterministic, self.deterministic)
       if deterministic is None:
-        raise ValueError('dropout_rate > 0 needs deterministic, as a call or a '
-                         'constructor argument')
+        raise ValueError(
+          'dropout_rate > 0 needs deterministic, as a call or a constructor argument'
+        )
     else:
       deterministic = True
     rngs = _first(rngs, self.rngs)
     decode = bool(_first(decode, self.decode, default=False))
     batch_shape = inputs_q.shape[:-2]
     return multi_head.with_one_batch_axis(
-        lambda q, k, v, m: self._attend(q, k, v, m, deterministic, rngs, decode, sow_weights,
-                                        batch_shape),
-        inputs_q, inputs_k, inputs_v, mask)
+      lambda q, k, v, m: self._attend(
+        q, k, v, m, deterministic, rngs, decode, sow_weights, batch_shape
+      ),
+      inputs_q,
+      inputs_k,
+      inputs_v,
+      mask,
+    )
 
-  def _attend(self, inputs_q, inputs_k, inputs_v, mask, deterministic, rngs, decode,
-              sow_weights, batch_shape):
+  def _attend(
+    self, inputs_q, inputs_k, inputs_v, mask, deterministic, rngs, decode, sow_weights, batch_shape
+  ):
     if decode:
-      multi_head.check_decode(mask, inputs_q, inputs_k, inputs_v, stepping=True,
-                         sow_weights=sow_weights)
+      multi_head.check_decode(
+        mask, inputs_q, inputs_k, inputs_v, stepping=True, sow_weights=sow_weights
+      )
       if self.cache_index is None:
-        raise ValueError('decode=True: the decoding cache is not initialised; call '
-                         'init_cache((batch, max_length, features)) first')
+        raise ValueError(
+          'decode=True: the decoding cache is not initialised; call '
+          'init_cache((batch, max_length, features)) first'
+        )
     align = self.alignment if self.projection == 'super' else None
     q, k, v = projections.project_qkv(
-        self.projection, inputs_q, inputs_k, inputs_v, num_heads=self.num_heads,
-        dense=self._projections(), align=None if decode else align, dtype=self.dtype,
-        shared_qk=self.shared_qk,
-        normalize=self._projections() if self.normalize_qk else None, mask=mask,
-        qkv_features=self.num_heads * self.head_dim)
+      self.projection,
+      inputs_q,
+      inputs_k,
+      inputs_v,
+      num_heads=self.num_heads,
+      dense=self._projections(),
+      align=None if decode else align,
+      dtype=self.dtype,
+      shared_qk=self.shared_qk,
+      normalize=self._projections() if self.normalize_qk else None,
+      mask=mask,
+      qkv_features=self.num_heads * self.head_dim,
+    )
     if decode:
       cache, x = multi_head.decode_step(
-          self._form(inputs_q), self._cache(), q, k, v, align_at=align,
-          rotate_scores=self.rotary and self.mechanism.decl.rotary == 'scores')
+        self._form(inputs_q),
+        self._cache(),
+        q,
+        k,
+        v,
+        align_at=align,
+        rotate_scores=self.rotary and self.mechanism.decl.rotary == 'scores',
+      )
       for name, value in cache.items():
         getattr(self, name).set_value(value)
     else:
-      x = self.mechanism(q, k, v, mask=mask, deterministic=deterministic, rngs=rngs,
-                         sow_weights=sow_weights,
-                         force_fp32_for_softmax=self.force_fp32_for_softmax, inputs=inputs_q)
+      x = self.mechanism(
+        q,
+        k,
+        v,
+        mask=mask,
+        deterministic=deterministic,
+        rngs=rngs,
+        sow_weights=sow_weights,
+        force_fp32_for_softmax=self.force_fp32_for_softmax,
+        inputs=inputs_q,
+      )
       if sow_weights:
         x, weights = x
-        self.sow(nnx.Intermediate, 'attention_weights',
-                 weights.reshape(batch_shape + weights.shape[1:]))
+        self.sow(
+          nnx.Intermediate, 'attention_weights', weights.reshape(batch_shape + weights.shape[1:])
+        )
     return self.out(x)
 
 
@@ -344,10 +518,14 @@ def _check_same_tree(ours, theirs, path):
     raise ValueError(f'parameter {where}: one tree has a subtree where the other has an array')
   if isinstance(ours, dict):
     if set(ours) != set(theirs):
-      raise ValueError(f'parameters under {where} differ: the NNX module has '
-                       f'{sorted(ours)}, the Linen tree has {sorted(theirs)}')
+      raise ValueError(
+        f'parameters under {where} differ: the NNX module has '
+        f'{sorted(ours)}, the Linen tree has {sorted(theirs)}'
+      )
     for key in ours:
       _check_same_tree(ours[key], theirs[key], path + (str(key),))
   elif tuple(ours.shape) != tuple(theirs.shape):
-    raise ValueError(f'parameter {where}: shape {tuple(theirs.shape)} in the Linen tree, '
-                     f'{tuple(ours.shape)} in the NNX module')
+    raise ValueError(
+      f'parameter {where}: shape {tuple(theirs.shape)} in the Linen tree, '
+      f'{tuple(ours.shape)} in the NNX module'
+    )

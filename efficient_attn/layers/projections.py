@@ -13,22 +13,25 @@ schemes and lives in `attention.MultiHeadAttention`. With model width d_m:
 Parameter names match `flax.linen.MultiHeadDotProductAttention` ('query',
 'key', 'value', 'out'), so checkpoints of the standard scheme are interchangeable.
 """
+
 from typing import Any, Callable, Optional, Tuple
 
 import flax.linen as nn
-import jax.numpy as jnp
 from jax import lax
+import jax.numpy as jnp
 
-from efficient_attn.ops import masking
 from efficient_attn import registry
+from efficient_attn.ops import masking
 
 
 def split_heads(x: jnp.ndarray, num_heads: int, name: str) -> jnp.ndarray:
   """`[batch, length, num_heads * head_dim]` -> `[batch, length, num_heads, head_dim]`."""
   features = x.shape[-1]
   if features % num_heads:
-    raise ValueError(f'{name} has {features} features, which num_heads={num_heads} '
-                     f'does not divide; choose heads that divide the model width')
+    raise ValueError(
+      f'{name} has {features} features, which num_heads={num_heads} '
+      f'does not divide; choose heads that divide the model width'
+    )
   return x.reshape(x.shape[:-1] + (num_heads, features // num_heads))
 
 
@@ -46,6 +49,7 @@ class AlignmentKernel(nn.Module):
       Shorter inputs use the leading n x n block; longer ones are an error.
     causal: keep W_A lower-triangular so token t only mixes tokens <= t.
   """
+
   max_length: int
   causal: bool = False
   dtype: Any = None
@@ -62,8 +66,9 @@ class AlignmentKernel(nn.Module):
     return align(kernel, bias, v, causal=self.causal, dtype=self.dtype, index=index)
 
 
-def align(kernel, bias, v: jnp.ndarray, *, causal: bool, dtype: Any = None,
-          index=None) -> jnp.ndarray:
+def align(
+  kernel, bias, v: jnp.ndarray, *, causal: bool, dtype: Any = None, index=None
+) -> jnp.ndarray:
   """Super Attention's value mixing `V' = W_A V + b_A` along the sequence.
 
   Args:
@@ -78,8 +83,10 @@ def align(kernel, bias, v: jnp.ndarray, *, causal: bool, dtype: Any = None,
   """
   n, l = v.shape[1], kernel.shape[0]
   if n > l:
-    raise ValueError(f'sequence length {n} exceeds max_length={l} that the super '
-                     f'projection (l x l alignment kernel) was built for')
+    raise ValueError(
+      f'sequence length {n} exceeds max_length={l} that the super '
+      f'projection (l x l alignment kernel) was built for'
+    )
   kernel, bias = kernel[:n, :n], bias[:n]
   if causal:
     kernel = jnp.tril(kernel)
@@ -87,21 +94,24 @@ def align(kernel, bias, v: jnp.ndarray, *, causal: bool, dtype: Any = None,
   if index is not None:
     if not causal:
       raise ValueError('decoding through the super projection needs causal=True')
-    row = lax.dynamic_slice_in_dim(kernel, index, 1, axis=0)            # [1, n]
+    row = lax.dynamic_slice_in_dim(kernel, index, 1, axis=0)  # [1, n]
     out = jnp.einsum('ts,bshd->bthd', row.astype(dtype), v.astype(dtype))
     return out + lax.dynamic_slice_in_dim(bias, index, 1).astype(dtype)[None, :, None, None]
   out = jnp.einsum('ts,bshd->bthd', kernel.astype(dtype), v.astype(dtype))
   return out + bias.astype(dtype)[None, :, None, None]
 
 
-def alignment_kernel(max_length: Optional[int], causal: bool, dtype: Any = None,
-                     param_dtype: Any = jnp.float32) -> AlignmentKernel:
+def alignment_kernel(
+  max_length: Optional[int], causal: bool, dtype: Any = None, param_dtype: Any = jnp.float32
+) -> AlignmentKernel:
   """The super scheme's `AlignmentKernel`, named 'alignment' in the calling module."""
   if max_length is None:
-    raise ValueError("projection 'super' needs max_length (the context length l "
-                     'of its l x l alignment kernel)')
-  return AlignmentKernel(max_length=max_length, causal=causal, dtype=dtype,
-                         param_dtype=param_dtype, name='alignment')
+    raise ValueError(
+      "projection 'super' needs max_length (the context length l of its l x l alignment kernel)"
+    )
+  return AlignmentKernel(
+    max_length=max_length, causal=causal, dtype=dtype, param_dtype=param_dtype, name='alignment'
+  )
 
 
 def dense_names(scheme: str, shared_qk: bool = False) -> Tuple[str, ...]:
@@ -116,12 +126,21 @@ def dense_names(scheme: str, shared_qk: bool = False) -> Tuple[str, ...]:
   return tuple(names)
 
 
-def project_qkv(scheme: str, inputs_q, inputs_k, inputs_v, *, num_heads: int,
-                dense: Callable[[str], Callable[..., Any]],
-                align: Optional[Callable[..., Any]] = None, dtype: Any = None,
-                shared_qk: bool = False,
-                normalize: Optional[Callable[[str], Callable[..., Any]]] = None,
-                mask=None, qkv_features: Optional[int] = None):
+def project_qkv(
+  scheme: str,
+  inputs_q,
+  inputs_k,
+  inputs_v,
+  *,
+  num_heads: int,
+  dense: Callable[[str], Callable[..., Any]],
+  align: Optional[Callable[..., Any]] = None,
+  dtype: Any = None,
+  shared_qk: bool = False,
+  normalize: Optional[Callable[[str], Callable[..., Any]]] = None,
+  mask=None,
+  qkv_features: Optional[int] = None,
+):
   """Per-head q, k, v for a projection scheme; call inside a compact method.
 
   Args:
@@ -154,8 +173,9 @@ def project_qkv(scheme: str, inputs_q, inputs_k, inputs_v, *, num_heads: int,
     if (name == 'inputs_k' and k is None) or (name == 'inputs_v' and v is None):
       if x.shape[-1] != qkv_features:
         raise ValueError(
-            f'projection {scheme!r} slices {name} into heads without a matrix, so '
-            f'its width {x.shape[-1]} must equal qkv_features={qkv_features}')
+          f'projection {scheme!r} slices {name} into heads without a matrix, so '
+          f'its width {x.shape[-1]} must equal qkv_features={qkv_features}'
+        )
   if k is None:
     k = split_heads(inputs_k, num_heads, 'inputs_k')
   if v is None:

@@ -13,8 +13,8 @@ decoding steps of the recurrent ones too:
 
 Each registered family has one: `<family>_attention`, or the name in `FUNCTIONS`.
 """
-# isort: off  (softmax registers first: it heads `list_mechanisms()`)
-from efficient_attn.mechanisms import softmax
+
+from efficient_attn import registry
 from efficient_attn.mechanisms import bigbird
 from efficient_attn.mechanisms import deltanet
 from efficient_attn.mechanisms import fnet
@@ -32,10 +32,9 @@ from efficient_attn.mechanisms import random_features
 from efficient_attn.mechanisms import reformer
 from efficient_attn.mechanisms import retention
 from efficient_attn.mechanisms import sinkhorn
+from efficient_attn.mechanisms import softmax
 from efficient_attn.mechanisms import sparse
 from efficient_attn.mechanisms import synthesizer
-# isort: on
-from efficient_attn import registry
 from efficient_attn.mechanisms.bigbird import bigbird_attention
 from efficient_attn.mechanisms.deltanet import delta_rule_attention
 from efficient_attn.mechanisms.fnet import fnet_mixing
@@ -63,12 +62,12 @@ from efficient_attn.mechanisms.synthesizer import synthesizer_attention
 
 #: The pure function of each mechanism family not named `<family>_attention`.
 FUNCTIONS = {
-    'softmax_chunked': 'chunked_softmax_attention',
-    'fnet': 'fnet_mixing',
-    'gmlp': 'spatial_gating',
-    'mixer': 'token_mixing',
-    'deltanet': 'delta_rule_attention',
-    'gated_deltanet': 'delta_rule_attention',
+  'softmax_chunked': 'chunked_softmax_attention',
+  'fnet': 'fnet_mixing',
+  'gmlp': 'spatial_gating',
+  'mixer': 'token_mixing',
+  'deltanet': 'delta_rule_attention',
+  'gated_deltanet': 'delta_rule_attention',
 }
 
 
@@ -76,18 +75,38 @@ def pure_function(mechanism: str):
   """The pure function of the registered mechanism family `mechanism` (e.g. 'gla' ->
   `gla_attention`); ValueError naming the valid choices."""
   if mechanism not in registry.list_mechanisms():
-    raise ValueError(f'mechanism {mechanism!r} is not registered; valid choices: '
-                     f'{", ".join(registry.list_mechanisms())}')
+    raise ValueError(
+      f'mechanism {mechanism!r} is not registered; valid choices: '
+      f'{", ".join(registry.list_mechanisms())}'
+    )
   return globals()[FUNCTIONS.get(mechanism, f'{mechanism}_attention')]
 
 
 __all__ = [
-    'FUNCTIONS', 'pure_function',
-    'bigbird_attention', 'chunked_softmax_attention', 'delta_rule_attention', 'fnet_mixing',
-    'gla_attention', 'linear_attention', 'linear_attention_step', 'linformer_attention',
-    'local_attention', 'longformer_attention', 'mamba2_attention', 'nystrom_attention',
-    'performer_attention', 'performer_attention_step', 'reformer_attention',
-    'retention_attention', 'rfa_attention', 'rfa_attention_step', 'sinkhorn_attention',
-    'softmax_attention', 'sparse_attention', 'spatial_gating', 'synthesizer_attention',
-    'token_mixing',
+  'FUNCTIONS',
+  'pure_function',
+  'bigbird_attention',
+  'chunked_softmax_attention',
+  'delta_rule_attention',
+  'fnet_mixing',
+  'gla_attention',
+  'linear_attention',
+  'linear_attention_step',
+  'linformer_attention',
+  'local_attention',
+  'longformer_attention',
+  'mamba2_attention',
+  'nystrom_attention',
+  'performer_attention',
+  'performer_attention_step',
+  'reformer_attention',
+  'retention_attention',
+  'rfa_attention',
+  'rfa_attention_step',
+  'sinkhorn_attention',
+  'softmax_attention',
+  'sparse_attention',
+  'spatial_gating',
+  'synthesizer_attention',
+  'token_mixing',
 ]

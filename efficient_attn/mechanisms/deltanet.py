@@ -12,20 +12,22 @@ keep the layer's own `kernel_init`). The
 chunkwise form is `delta_rule.delta_chunked`, the WY representation (UT
 transform) of Yang et al. 2024.
 """
+
 import math
 
 import jax
 import jax.numpy as jnp
 
+from efficient_attn import registry
 from efficient_attn.ops import delta_rule
 from efficient_attn.ops import gated_linear
-from efficient_attn import registry
 
 linear_init = gated_linear.torch_linear_init
 
 
-def delta_rule_attention(q, k, v, beta, log_decay=None, mask=None, *, form: str = 'chunk',
-                         chunk_size: int = 64):
+def delta_rule_attention(
+  q, k, v, beta, log_decay=None, mask=None, *, form: str = 'chunk', chunk_size: int = 64
+):
   """The (gated) delta rule of DeltaNet and Gated DeltaNet:
   S_t = a_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T, o_t = S_t^T q_t / sqrt(dk),
   with q and k L2-normalised and a_t = exp(log_decay_t) (1 without log_decay: DeltaNet).
@@ -49,14 +51,29 @@ def delta_rule_attention(q, k, v, beta, log_decay=None, mask=None, *, form: str 
   """
   b, n, h, dk = q.shape
   kp = gated_linear.pure_inputs(
-      'deltanet', 'delta_rule_attention', q, k, v, mask,
-      {'beta': (beta, ((b, n, h),)), 'log_decay': (log_decay, ((b, n, h),))}, form=form,
-      chunk_size=chunk_size)
+    'deltanet',
+    'delta_rule_attention',
+    q,
+    k,
+    v,
+    mask,
+    {'beta': (beta, ((b, n, h),)), 'log_decay': (log_decay, ((b, n, h),))},
+    form=form,
+    chunk_size=chunk_size,
+  )
   g = None if log_decay is None else jnp.asarray(log_decay, jnp.float32)[..., None]
   q = delta_rule.l2_normalize(q) / math.sqrt(dk)
-  return gated_linear.pure_recurrence(delta_rule.DELTA, q, delta_rule.l2_normalize(k), v, g,
-                                      jnp.asarray(beta, jnp.float32), kp, form=form,
-                                      chunk_size=chunk_size).astype(v.dtype)
+  return gated_linear.pure_recurrence(
+    delta_rule.DELTA,
+    q,
+    delta_rule.l2_normalize(k),
+    v,
+    g,
+    jnp.asarray(beta, jnp.float32),
+    kp,
+    form=form,
+    chunk_size=chunk_size,
+  ).astype(v.dtype)
 
 
 @registry.register
@@ -76,7 +93,9 @@ class DeltaNet(gated_linear.GatedRecurrence):
     return {'norm_scale': registry.ParamSpec((head_dim,), gated_linear.ones_init)}
 
   def input_params(self, options, *, features, heads, head_dim):
-    return {'beta_kernel': registry.ParamSpec((features, heads), self.init_for(options, linear_init))}
+    return {
+      'beta_kernel': registry.ParamSpec((features, heads), self.init_for(options, linear_init))
+    }
 
   def gates(self, options, params, inputs):
     return {'beta': jax.nn.sigmoid(gated_linear.dense(inputs, params['beta_kernel']))}

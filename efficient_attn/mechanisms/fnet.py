@@ -17,10 +17,11 @@ change with n), so the same sentence padded to two lengths mixes differently;
 outputs at padded positions are not zero. There is no causal form: every output
 mixes every position.
 """
+
 import jax.numpy as jnp
 
-from efficient_attn.ops import masking
 from efficient_attn import registry
+from efficient_attn.ops import masking
 
 
 def fnet_mixing(q, k, v, mask=None, causal: bool = False):
@@ -43,8 +44,10 @@ def fnet_mixing(q, k, v, mask=None, causal: bool = False):
   Time O(n H log(n H)), memory O(n H) per example, H = heads * v_dim.
   """
   if causal:
-    raise ValueError('fnet_mixing has no causal form (causal=True given): the Fourier '
-                     'transform over the sequence mixes every position into every output')
+    raise ValueError(
+      'fnet_mixing has no causal form (causal=True given): the Fourier '
+      'transform over the sequence mixes every position into every output'
+    )
   masking.check_inputs(q, k, v, mask, name='fnet_mixing', same_length=True)
   b, n, h, dv = v.shape
   compute = jnp.promote_types(v.dtype, jnp.float32)

@@ -13,47 +13,59 @@ model initialises them, N(0, 0.02) (`init='fla'`, the default); `init='default'`
 PyTorch's module defaults, DeltaNet's default. With PyTorch's, Gated DeltaNet stayed near
 chance on the recall study's width-64 cell where fla's solves it (studies/recall).
 """
+
 import dataclasses
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from efficient_attn.ops import gated_linear
 from efficient_attn import registry
 from efficient_attn.mechanisms import deltanet
+from efficient_attn.ops import gated_linear
 
 
 @registry.register
 class GatedDeltaNet(deltanet.DeltaNet):
   """DeltaNet's declaration with Mamba-2's decay before the write and an output gate."""
+
   name = 'gated_deltanet'
   description = 'the gated delta rule: a decay per head, then the delta write (WY chunks)'
   citation = 'Yang, Kautz & Hatamizadeh 2025'
 
-  options = tuple(
+  options = (
+    tuple(
       dataclasses.replace(options, default='fla') if options.name == 'init' else options
-      for options in deltanet.DeltaNet.options) + gated_linear.decay_options()
+      for options in deltanet.DeltaNet.options
+    )
+    + gated_linear.decay_options()
+  )
 
   def check_options(self, options):
     gated_linear.check_dt_range(self.name, options)
 
   def own_params(self, options, *, heads, head_dim):
-    return {'A_log': registry.ParamSpec((heads,), gated_linear.a_log_init(0.0, 16.0)),
-            'dt_bias': registry.ParamSpec((heads,), gated_linear.dt_init(options)),
-            **super().own_params(options, heads=heads, head_dim=head_dim)}
+    return {
+      'A_log': registry.ParamSpec((heads,), gated_linear.a_log_init(0.0, 16.0)),
+      'dt_bias': registry.ParamSpec((heads,), gated_linear.dt_init(options)),
+      **super().own_params(options, heads=heads, head_dim=head_dim),
+    }
 
   def input_params(self, options, *, features, heads, head_dim):
     init = self.init_for(options, deltanet.linear_init)
-    return {**super().input_params(options, features=features, heads=heads, head_dim=head_dim),
-            'decay_kernel': registry.ParamSpec((features, heads), init),
-            'gate_kernel': registry.ParamSpec((features, heads, head_dim), init)}
+    return {
+      **super().input_params(options, features=features, heads=heads, head_dim=head_dim),
+      'decay_kernel': registry.ParamSpec((features, heads), init),
+      'gate_kernel': registry.ParamSpec((features, heads, head_dim), init),
+    }
 
   def gates(self, options, params, inputs):
     dt = jax.nn.softplus(gated_linear.dense(inputs, params['decay_kernel'], params['dt_bias']))
-    return {**super().gates(options, params, inputs),
-            'log_decay': -jnp.exp(params['A_log'].astype(jnp.float32)) * dt,
-            'output': gated_linear.dense(inputs, params['gate_kernel'])}
+    return {
+      **super().gates(options, params, inputs),
+      'log_decay': -jnp.exp(params['A_log'].astype(jnp.float32)) * dt,
+      'output': gated_linear.dense(inputs, params['gate_kernel']),
+    }
 
   def recurrence_inputs(self, options, params, q, k, v, gates):
     q, k, v, _, beta = super().recurrence_inputs(options, params, q, k, v, gates)

@@ -16,24 +16,25 @@ The chunkwise form is `gated_linear.gated_chunked` with a per-feature decay: its
 intra-chunk factors exp(b_t - b_s) are formed per feature, masked first, so they
 stay <= 1 however strong the decay.
 """
+
 import math
 
 import flax.linen as nn
 import jax
 
-from efficient_attn.ops import gated_linear
 from efficient_attn import registry
+from efficient_attn.ops import gated_linear
 
 
 def xavier_init(key, shape, dtype=gated_linear.F32):
   """Xavier uniform with gain 2^-2.5 over (first axis) -> (the rest), as fla's GLA layer
   until March 2025."""
-  return nn.initializers.variance_scaling(2.0 ** -5, 'fan_avg', 'uniform', in_axis=0,
-                                          out_axis=tuple(range(1, len(shape))))(key, shape, dtype)
+  return nn.initializers.variance_scaling(
+    2.0**-5, 'fan_avg', 'uniform', in_axis=0, out_axis=tuple(range(1, len(shape)))
+  )(key, shape, dtype)
 
 
-def gla_attention(q, k, v, log_decay, mask=None, *, form: str = 'chunk',
-                  chunk_size: int = 64):
+def gla_attention(q, k, v, log_decay, mask=None, *, form: str = 'chunk', chunk_size: int = 64):
   """GLA's recurrence: S_t = diag(exp(log_decay_t)) S_{t-1} + k_t v_t^T, o_t = S_t^T q_t / sqrt(dk).
 
   The mechanism's recurrence alone (causal); its gates come from the layer's projections
@@ -54,12 +55,27 @@ def gla_attention(q, k, v, log_decay, mask=None, *, form: str = 'chunk',
   """
   b, n, h, dk = q.shape
   kp = gated_linear.pure_inputs(
-      'gla', 'gla_attention', q, k, v, mask,
-      {'log_decay': (log_decay, ((b, n, h, dk), (b, n, h, 1)))}, form=form,
-      chunk_size=chunk_size)
-  return gated_linear.pure_recurrence(gated_linear.DECAY, q / math.sqrt(dk), k, v, log_decay,
-                                      None, kp, form=form, chunk_size=chunk_size
-                                      ).astype(v.dtype)
+    'gla',
+    'gla_attention',
+    q,
+    k,
+    v,
+    mask,
+    {'log_decay': (log_decay, ((b, n, h, dk), (b, n, h, 1)))},
+    form=form,
+    chunk_size=chunk_size,
+  )
+  return gated_linear.pure_recurrence(
+    gated_linear.DECAY,
+    q / math.sqrt(dk),
+    k,
+    v,
+    log_decay,
+    None,
+    kp,
+    form=form,
+    chunk_size=chunk_size,
+  ).astype(v.dtype)
 
 
 @registry.register
@@ -68,10 +84,10 @@ class GLA(gated_linear.GatedRecurrence):
   description = 'gated linear attention: a data-dependent decay per key feature'
   citation = 'Yang et al. 2024'
   options = gated_linear.common_options(
-      conv_size=0, default_init='Xavier uniform, gain 2^-2.5: fla until March 2025') + (
-      registry.Option('gate_rank', 16, int, 'rank of the decay projection W_1 W_2', minimum=1),
-      registry.Option('gate_normalizer', 16.0, float, 'tau: log a = log_sigmoid(.) / tau',
-                      above=0.0),
+    conv_size=0, default_init='Xavier uniform, gain 2^-2.5: fla until March 2025'
+  ) + (
+    registry.Option('gate_rank', 16, int, 'rank of the decay projection W_1 W_2', minimum=1),
+    registry.Option('gate_normalizer', 16.0, float, 'tau: log a = log_sigmoid(.) / tau', above=0.0),
   )
   complexity = ('O(n c d + n d^2)', 'O(n d + c^2 d + d^2)')
   example = {'chunk_size': 4, 'gate_rank': 4}
@@ -82,17 +98,20 @@ class GLA(gated_linear.GatedRecurrence):
   def input_params(self, options, *, features, heads, head_dim):
     init = self.init_for(options, xavier_init)
     return {
-        'decay_down': registry.ParamSpec((features, options.gate_rank), init),
-        'decay_up': registry.ParamSpec((options.gate_rank, heads, head_dim), init),
-        'decay_bias': registry.ParamSpec((heads, head_dim), nn.initializers.zeros_init()),
-        'gate_kernel': registry.ParamSpec((features, heads, head_dim), init),
+      'decay_down': registry.ParamSpec((features, options.gate_rank), init),
+      'decay_up': registry.ParamSpec((options.gate_rank, heads, head_dim), init),
+      'decay_bias': registry.ParamSpec((heads, head_dim), nn.initializers.zeros_init()),
+      'gate_kernel': registry.ParamSpec((features, heads, head_dim), init),
     }
 
   def gates(self, options, params, inputs):
-    logits = gated_linear.dense(gated_linear.dense(inputs, params['decay_down']),
-                                params['decay_up'], params['decay_bias'])
-    return {'log_decay': jax.nn.log_sigmoid(logits) / options.gate_normalizer,
-            'output': gated_linear.dense(inputs, params['gate_kernel'])}
+    logits = gated_linear.dense(
+      gated_linear.dense(inputs, params['decay_down']), params['decay_up'], params['decay_bias']
+    )
+    return {
+      'log_decay': jax.nn.log_sigmoid(logits) / options.gate_normalizer,
+      'output': gated_linear.dense(inputs, params['gate_kernel']),
+    }
 
   def recurrence_inputs(self, options, params, q, k, v, gates):
     return q / math.sqrt(q.shape[-1]), k, v, gates['log_decay'], None

@@ -27,11 +27,12 @@ language modelling); the causal form restricts W to its lower triangle
 (W[i, j] = 0 for j > i), which is the spatial gating unit with no look-ahead.
 Rotary positions do not apply (no q . k scores).
 """
+
 import jax
 import jax.numpy as jnp
 
-from efficient_attn.ops import masking
 from efficient_attn import registry
+from efficient_attn.ops import masking
 
 LAYER_NORM_EPSILON = 1e-5
 
@@ -60,16 +61,19 @@ def spatial_gating(q, k, v, spatial_kernel, spatial_bias, mask=None, causal: boo
   masking.check_inputs(q, k, v, mask, name='spatial_gating', same_length=True)
   b, n, h, dv = v.shape
   if q.shape[-1] != dv:
-    raise ValueError(f'spatial_gating gates the values with the queries, so q and v need the '
-                     f'same head_dim: got q {tuple(q.shape)}, v {tuple(v.shape)}')
+    raise ValueError(
+      f'spatial_gating gates the values with the queries, so q and v need the '
+      f'same head_dim: got q {tuple(q.shape)}, v {tuple(v.shape)}'
+    )
   length = spatial_kernel.shape[-1]
   if spatial_kernel.shape != (length, length) or spatial_bias.shape != (length,):
-    raise ValueError(f'spatial_gating needs spatial_kernel [max_length, max_length] and '
-                     f'spatial_bias [max_length], got {tuple(spatial_kernel.shape)} and '
-                     f'{tuple(spatial_bias.shape)}')
+    raise ValueError(
+      f'spatial_gating needs spatial_kernel [max_length, max_length] and '
+      f'spatial_bias [max_length], got {tuple(spatial_kernel.shape)} and '
+      f'{tuple(spatial_bias.shape)}'
+    )
   if n > length:
-    raise ValueError(f'gMLP input length {n} exceeds max_length {length} of its spatial '
-                     f'matrix')
+    raise ValueError(f'gMLP input length {n} exceeds max_length {length} of its spatial matrix')
   compute = jnp.promote_types(jnp.promote_types(v.dtype, spatial_kernel.dtype), jnp.float32)
   x = v.astype(compute).reshape(b, n, h * dv)
   x = x - jnp.mean(x, axis=-1, keepdims=True)
@@ -93,6 +97,7 @@ def spatial_kernel_init(key, shape, dtype=jnp.float32):
 class GMLP(registry.Mechanism):
   """Parameters: 'spatial_kernel' W `[max_length, max_length]`, 'spatial_bias' b
   `[max_length]` (ones), shared by all heads and channels."""
+
   name = 'gmlp'
   description = "gMLP's spatial gating unit: q * (W norm(v) + b)"
   citation = 'Liu et al. 2021'
@@ -103,10 +108,12 @@ class GMLP(registry.Mechanism):
   whole_sequence = 'its spatial weights W [max_length, max_length] mix every position'
 
   def params(self, options, *, heads, head_dim, max_length, causal):
-    return {'spatial_kernel': registry.ParamSpec((max_length, max_length),
-                                                 spatial_kernel_init),
-            'spatial_bias': registry.ParamSpec((max_length,), jax.nn.initializers.ones)}
+    return {
+      'spatial_kernel': registry.ParamSpec((max_length, max_length), spatial_kernel_init),
+      'spatial_bias': registry.ParamSpec((max_length,), jax.nn.initializers.ones),
+    }
 
   def attend(self, options, params, q, k, v, *, mask, causal, ctx):
-    return spatial_gating(q, k, v, params['spatial_kernel'], params['spatial_bias'],
-                          mask=mask, causal=causal)
+    return spatial_gating(
+      q, k, v, params['spatial_kernel'], params['spatial_bias'], mask=mask, causal=causal
+    )

@@ -18,13 +18,14 @@ Based's linear attention (Arora et al. 2024) is `feature_map='taylor'` with
 half, sliding-window attention in other layers, is the `local` mechanism; a stack
 mixing the two is not buildable here (one mechanism per model).
 """
+
 from typing import Callable, Optional, Union
 
 import jax.numpy as jnp
 
+from efficient_attn import registry
 from efficient_attn.ops import feature_maps
 from efficient_attn.ops import masking
-from efficient_attn import registry
 from efficient_attn.ops import rotary
 from efficient_attn.ops.kernel_attention import CHUNK_SIZE
 from efficient_attn.ops.kernel_attention import KernelMechanism
@@ -59,16 +60,26 @@ def _check_rotary(feature_map: FeatureMapArg, positions) -> None:
   """Rotary positions rotate pairs of features; the Taylor map's 1 + d + d^2 are odd."""
   if positions is not None and feature_map == 'taylor':
     even = [name for name in feature_maps.FEATURE_MAPS if name != 'taylor']
-    raise ValueError("rotary positions cannot rotate the 'taylor' feature map's 1 + d + d^2 "
-                     'features (an odd count); valid: rotary=False, or feature_map '
-                     f'{", ".join(even)}')
+    raise ValueError(
+      "rotary positions cannot rotate the 'taylor' feature map's 1 + d + d^2 "
+      'features (an odd count); valid: rotary=False, or feature_map '
+      f'{", ".join(even)}'
+    )
 
 
-def linear_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask=None,
-                     causal: bool = False, feature_map: FeatureMapArg = 'elu',
-                     eps: float = 1e-6, chunk_size: Optional[int] = None,
-                     return_state: bool = False, positions=None,
-                     sequence_axis: Optional[str] = None):
+def linear_attention(
+  q: jnp.ndarray,
+  k: jnp.ndarray,
+  v: jnp.ndarray,
+  mask=None,
+  causal: bool = False,
+  feature_map: FeatureMapArg = 'elu',
+  eps: float = 1e-6,
+  chunk_size: Optional[int] = None,
+  return_state: bool = False,
+  positions=None,
+  sequence_axis: Optional[str] = None,
+):
   """Linear attention phi(q) (phi(k)^T v) / (phi(q) . sum_j phi(k_j)).
 
   feature_map:
@@ -106,19 +117,44 @@ def linear_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask=None,
   k, v, kp = masking.checked_keys_values(q, k, v, mask, name='linear attention', causal=causal)
   if q.shape[2] > 1 and sequence_axis is None:
     return heads_as_batch(
-        linear_attention, q, k, v, kp, return_state, causal=causal, feature_map=feature_map,
-        eps=eps, chunk_size=chunk_size, positions=positions)
+      linear_attention,
+      q,
+      k,
+      v,
+      kp,
+      return_state,
+      causal=causal,
+      feature_map=feature_map,
+      eps=eps,
+      chunk_size=chunk_size,
+      positions=positions,
+    )
   phi_q, phi_k, normalize = linear_features(q, k, feature_map)
-  return kernel_attention(phi_q, phi_k, v, key_padding=kp, causal=causal, eps=eps,
-                          normalize=normalize, chunk_size=chunk_size,
-                          return_state=return_state, sequence_axis=sequence_axis,
-                          **rotary.numerator(phi_q, phi_k, positions))
+  return kernel_attention(
+    phi_q,
+    phi_k,
+    v,
+    key_padding=kp,
+    causal=causal,
+    eps=eps,
+    normalize=normalize,
+    chunk_size=chunk_size,
+    return_state=return_state,
+    sequence_axis=sequence_axis,
+    **rotary.numerator(phi_q, phi_k, positions),
+  )
 
 
-def linear_attention_step(state: KernelState, q_t: jnp.ndarray, k_t: jnp.ndarray,
-                          v_t: jnp.ndarray, feature_map: FeatureMapArg = 'elu',
-                          eps: float = 1e-6, key_valid: Optional[jnp.ndarray] = None,
-                          position=None):
+def linear_attention_step(
+  state: KernelState,
+  q_t: jnp.ndarray,
+  k_t: jnp.ndarray,
+  v_t: jnp.ndarray,
+  feature_map: FeatureMapArg = 'elu',
+  eps: float = 1e-6,
+  key_valid: Optional[jnp.ndarray] = None,
+  position=None,
+):
   """One decoding step of causal `linear_attention`.
 
   Tokens are `[batch, heads, d]` (or `[batch, 1, heads, d]`); the state comes from
@@ -129,9 +165,16 @@ def linear_attention_step(state: KernelState, q_t: jnp.ndarray, k_t: jnp.ndarray
   """
   _check_rotary(feature_map, rotary.at(position))
   phi_q, phi_k, normalize = linear_features(q_t, k_t, feature_map)
-  return kernel_attention_step(state, phi_q, phi_k, v_t, eps=eps, normalize=normalize,
-                               key_valid=key_valid,
-                               **rotary.numerator(phi_q, phi_k, rotary.at(position)))
+  return kernel_attention_step(
+    state,
+    phi_q,
+    phi_k,
+    v_t,
+    eps=eps,
+    normalize=normalize,
+    key_valid=key_valid,
+    **rotary.numerator(phi_q, phi_k, rotary.at(position)),
+  )
 
 
 @registry.register
@@ -140,26 +183,54 @@ class Linear(KernelMechanism):
   description = 'kernelised linear attention (elu+1 / relu / identity / Taylor)'
   citation = 'Katharopoulos et al. 2020'
   options = (
-      registry.Option('feature_map', 'elu', str, 'phi: elu (+1), relu, identity or taylor '
-                      '(second-order Taylor of exp, 1 + d + d^2 features)',
-                      choices=tuple(feature_maps.FEATURE_MAPS)),
-      registry.Option('eps', 1e-6, float, 'denominator clamp', above=0.0),
-      CHUNK_SIZE,
-      registry.Option('qk_dim', None, int, 'width of queries and keys per head (None: '
-                      'head_dim; Based: 16 with feature_map=taylor, 273 features)', minimum=1,
-                      allow_none=True),
+    registry.Option(
+      'feature_map',
+      'elu',
+      str,
+      'phi: elu (+1), relu, identity or taylor (second-order Taylor of exp, 1 + d + d^2 features)',
+      choices=tuple(feature_maps.FEATURE_MAPS),
+    ),
+    registry.Option('eps', 1e-6, float, 'denominator clamp', above=0.0),
+    CHUNK_SIZE,
+    registry.Option(
+      'qk_dim',
+      None,
+      int,
+      'width of queries and keys per head (None: '
+      'head_dim; Based: 16 with feature_map=taylor, 273 features)',
+      minimum=1,
+      allow_none=True,
+    ),
   )
   complexity = ('O(n d^2)', 'O(n d + d^2)')
   knob = ('feature_map', ('elu', 'relu', 'identity'))
 
   def attend(self, options, params, q, k, v, *, mask, causal, ctx):
-    return linear_attention(q, k, v, mask=mask, causal=causal, feature_map=options.feature_map,
-                            eps=options.eps, chunk_size=options.chunk_size, positions=ctx.positions)
+    return linear_attention(
+      q,
+      k,
+      v,
+      mask=mask,
+      causal=causal,
+      feature_map=options.feature_map,
+      eps=options.eps,
+      chunk_size=options.chunk_size,
+      positions=ctx.positions,
+    )
 
   def attend_sharded(self, options, params, q, k, v, *, mask, causal, ctx, axis):
-    return linear_attention(q, k, v, mask=mask, causal=causal, feature_map=options.feature_map,
-                            eps=options.eps, chunk_size=options.chunk_size, positions=ctx.positions,
-                            sequence_axis=axis)
+    return linear_attention(
+      q,
+      k,
+      v,
+      mask=mask,
+      causal=causal,
+      feature_map=options.feature_map,
+      eps=options.eps,
+      chunk_size=options.chunk_size,
+      positions=ctx.positions,
+      sequence_axis=axis,
+    )
 
   def head_shapes(self, options, *, heads, head_dim):
     return heads, options.qk_dim or head_dim, head_dim
@@ -171,5 +242,6 @@ class Linear(KernelMechanism):
     return True
 
   def step(self, options, params, state, q_t, k_t, v_t, *, ctx):
-    return linear_attention_step(state, q_t, k_t, v_t, feature_map=options.feature_map, eps=options.eps,
-                                 position=ctx.position)
+    return linear_attention_step(
+      state, q_t, k_t, v_t, feature_map=options.feature_map, eps=options.eps, position=ctx.position
+    )

@@ -11,14 +11,15 @@ projections are shaped by `max_length`, so the mechanism is fixed-length; it is
 not causal (every compressed key mixes all positions, future ones included).
 Shapes follow `efficient_attn.registry.Mechanism.attend`.
 """
+
 from typing import Optional
 
 import jax
 import jax.numpy as jnp
 
-from efficient_attn.ops import masking
 from efficient_attn import registry
 from efficient_attn.mechanisms.softmax import SCALE
+from efficient_attn.ops import masking
 from efficient_attn.ops.scaled_dot_product import softmax_attention
 
 SHARING_MODES = ('none', 'headwise', 'kv', 'layerwise')
@@ -30,8 +31,10 @@ def _as_3d(proj, heads: int, name: str) -> jnp.ndarray:
   if proj.ndim == 2:
     proj = proj[None]
   if proj.ndim != 3 or proj.shape[0] not in (1, heads):
-    raise ValueError(f'{name} must be [k_proj, max_length] or [heads (={heads}) or 1, '
-                     f'k_proj, max_length], got shape {proj.shape}')
+    raise ValueError(
+      f'{name} must be [k_proj, max_length] or [heads (={heads}) or 1, '
+      f'k_proj, max_length], got shape {proj.shape}'
+    )
   return proj
 
 
@@ -52,8 +55,9 @@ def project_sequence(x, proj, key_padding=None):
   n = x.shape[1]
   proj = _as_3d(proj, x.shape[2], 'projection')
   if n > proj.shape[-1]:
-    raise ValueError(f'Linformer input length {n} exceeds max_length {proj.shape[-1]} '
-                     f'of its projections')
+    raise ValueError(
+      f'Linformer input length {n} exceeds max_length {proj.shape[-1]} of its projections'
+    )
   compute = jnp.promote_types(jnp.promote_types(x.dtype, proj.dtype), jnp.float32)
   x = masking.zero_padded(x, key_padding).astype(compute)
   return jnp.einsum('hpn,bnhd->bphd', proj[..., :n].astype(compute), x)
@@ -109,8 +113,8 @@ def linformer_projection_init(key, shape, dtype=jnp.float32):
   """
   batch_axis = tuple(range(len(shape) - 2))
   return jax.nn.initializers.variance_scaling(
-      0.5, 'fan_avg', 'uniform', in_axis=-1, out_axis=-2,
-      batch_axis=batch_axis)(key, shape, dtype)
+    0.5, 'fan_avg', 'uniform', in_axis=-1, out_axis=-2, batch_axis=batch_axis
+  )(key, shape, dtype)
 
 
 @registry.register
@@ -127,15 +131,15 @@ class Linformer(registry.Mechanism):
 
   k = min(k_proj, max_length).
   """
+
   name = 'linformer'
   rotary = 'scores'
   description = 'learned length projections E, F (n -> k)'
   citation = 'Wang et al. 2020'
   options = (
-      registry.Option('k_proj', 64, int, 'projected length k', minimum=1),
-      registry.Option('sharing', 'headwise', str, 'how E and F are shared',
-                      choices=SHARING_MODES),
-      SCALE,
+    registry.Option('k_proj', 64, int, 'projected length k', minimum=1),
+    registry.Option('sharing', 'headwise', str, 'how E and F are shared', choices=SHARING_MODES),
+    SCALE,
   )
   fixed_length = True
   complexity = ('O(n k d)', 'O(n k)')
@@ -150,11 +154,12 @@ class Linformer(registry.Mechanism):
     shape = self._shape(options, max_length)
     init = linformer_projection_init
     if options.sharing == 'none':
-      return {'e_proj': registry.ParamSpec((heads,) + shape, init),
-              'f_proj': registry.ParamSpec((heads,) + shape, init)}
+      return {
+        'e_proj': registry.ParamSpec((heads,) + shape, init),
+        'f_proj': registry.ParamSpec((heads,) + shape, init),
+      }
     if options.sharing == 'headwise':
-      return {'e_proj': registry.ParamSpec(shape, init),
-              'f_proj': registry.ParamSpec(shape, init)}
+      return {'e_proj': registry.ParamSpec(shape, init), 'f_proj': registry.ParamSpec(shape, init)}
     if options.sharing == 'kv':
       return {'kv_proj': registry.ParamSpec(shape, init)}
     return {}
@@ -162,16 +167,19 @@ class Linformer(registry.Mechanism):
   def shared_params(self, options, *, heads, head_dim, max_length):
     if options.sharing != 'layerwise':
       return {}
-    return {'kv_proj': registry.ParamSpec(self._shape(options, max_length),
-                                          linformer_projection_init)}
+    return {
+      'kv_proj': registry.ParamSpec(self._shape(options, max_length), linformer_projection_init)
+    }
 
   def attend(self, options, params, q, k, v, *, mask, causal, ctx):
     if 'kv_proj' in params:
       e = f = params['kv_proj']
     elif options.sharing == 'layerwise':
-      raise ValueError("Linformer sharing='layerwise' needs the model's shared 'kv_proj' "
-                       '[k, max_length]: pass MultiHeadAttention(shared_params=...) or use '
-                       'the Encoder, which creates it')
+      raise ValueError(
+        "Linformer sharing='layerwise' needs the model's shared 'kv_proj' "
+        '[k, max_length]: pass MultiHeadAttention(shared_params=...) or use '
+        'the Encoder, which creates it'
+      )
     else:
       e, f = params['e_proj'], params['f_proj']
     return linformer_attention(q, k, v, e, f, mask=mask, scale=options.scale)

@@ -17,14 +17,15 @@ Shapes follow `efficient_attn.registry.Mechanism.attend`.
 (Longformer's global tokens, the Sparse Transformer's strided pattern) all
 call it and take the softmax with `block_sparse.attend`.
 """
+
 from typing import NamedTuple, Optional
 
 import jax.numpy as jnp
 
-from efficient_attn.ops import collectives
 from efficient_attn import registry
-from efficient_attn.ops import block_sparse
 from efficient_attn.mechanisms.softmax import SCALE
+from efficient_attn.ops import block_sparse
+from efficient_attn.ops import collectives
 from efficient_attn.ops.scaled_dot_product import default_scale
 
 
@@ -38,7 +39,7 @@ def _blocks_with_neighbours(x, block: int, left: int, right: int, num_blocks: in
   pad[1] = (left * block, (num_blocks + right) * block - n)
   xp = jnp.pad(x, pad)
   xb = xp.reshape((x.shape[0], num_blocks + left + right, block) + x.shape[2:])
-  parts = [xb[:, i:i + num_blocks] for i in range(left + right + 1)]
+  parts = [xb[:, i : i + num_blocks] for i in range(left + right + 1)]
   return jnp.concatenate(parts, axis=2)
 
 
@@ -56,13 +57,15 @@ class Band(NamedTuple):
     key_pos: int `[1, num_blocks, 1, 1, t]`, the sequence position of each
       band key (outside [0, n) for padding), broadcastable to `segment.valid`.
   """
+
   queries: jnp.ndarray
   segment: block_sparse.Segment
   key_pos: jnp.ndarray
 
 
-def band_blocks(q, k, v, key_padding, window: int, causal: bool = False,
-                block_size: Optional[int] = None) -> Band:
+def band_blocks(
+  q, k, v, key_padding, window: int, causal: bool = False, block_size: Optional[int] = None
+) -> Band:
   """Blocks the band |i - j| <= window // 2 (causal: i - window < j <= i).
 
   Args:
@@ -80,8 +83,9 @@ def band_blocks(q, k, v, key_padding, window: int, causal: bool = False,
     O(n (w + block)) per head.
   """
   b, n, h, d = q.shape
-  registry.check_arguments('local', 'local attention (band_blocks)', window=window,
-                           block_size=block_size)
+  registry.check_arguments(
+    'local', 'local attention (band_blocks)', window=window, block_size=block_size
+  )
   half = window // 2
   reach = window - 1 if causal else half
   if block_size is None:
@@ -99,19 +103,27 @@ def band_blocks(q, k, v, key_padding, window: int, causal: bool = False,
 
   width = (left + right + 1) * block
   c = jnp.arange(num_blocks)[:, None, None]
-  qpos = c * block + jnp.arange(block)[None, :, None]                 # [c, B, 1]
-  kpos = (c - left) * block + jnp.arange(width)[None, None, :]        # [c, 1, t]
+  qpos = c * block + jnp.arange(block)[None, :, None]  # [c, B, 1]
+  kpos = (c - left) * block + jnp.arange(width)[None, None, :]  # [c, 1, t]
   if causal:
     band = (kpos <= qpos) & (kpos > qpos - window)
   else:
     band = jnp.abs(qpos - kpos) <= half
-  band = band & (kpos >= 0) & (kpos < n)                              # [c, B, t]
-  valid = band[None, :, None] & kpb[:, :, None, None, :]              # [b, c, 1, B, t]
+  band = band & (kpos >= 0) & (kpos < n)  # [c, B, t]
+  valid = band[None, :, None] & kpb[:, :, None, None, :]  # [b, c, 1, B, t]
   return Band(qb, block_sparse.Segment('block', kb, vb, valid), kpos[None, :, None])
 
 
-def local_attention(q, k, v, window: int, mask=None, causal: bool = False,
-                    scale: Optional[float] = None, block_size: Optional[int] = None):
+def local_attention(
+  q,
+  k,
+  v,
+  window: int,
+  mask=None,
+  causal: bool = False,
+  scale: Optional[float] = None,
+  block_size: Optional[int] = None,
+):
   """Exact softmax attention within a sliding window, blocked.
 
   Query i attends key j iff `|i - j| <= window // 2` (non-causal) or
@@ -161,11 +173,13 @@ class Local(registry.Mechanism):
   description = 'sliding-window attention in blocks'
   citation = 'Parmar et al. 2018; Beltagy et al. 2020'
   options = (
-      registry.Option('window', 32, int, 'window size w (see local_attention for the band)',
-                      minimum=1),
-      registry.Option('block_size', None, int, 'query/key block size; None: the default',
-                      minimum=1, allow_none=True),
-      SCALE,
+    registry.Option(
+      'window', 32, int, 'window size w (see local_attention for the band)', minimum=1
+    ),
+    registry.Option(
+      'block_size', None, int, 'query/key block size; None: the default', minimum=1, allow_none=True
+    ),
+    SCALE,
   )
   causal = True
   decode = 'kv_cache'
@@ -179,8 +193,16 @@ class Local(registry.Mechanism):
     return {'window': 2 * length}
 
   def attend(self, options, params, q, k, v, *, mask, causal, ctx):
-    return local_attention(q, k, v, options.window, mask=mask, causal=causal, scale=options.scale,
-                           block_size=options.block_size)
+    return local_attention(
+      q,
+      k,
+      v,
+      options.window,
+      mask=mask,
+      causal=causal,
+      scale=options.scale,
+      block_size=options.block_size,
+    )
 
   def kv_window(self, options):
     return options.window
@@ -191,10 +213,20 @@ class Local(registry.Mechanism):
     bidirectional, the next devices' first window // 2 (`collectives.with_halo`; keys past
     the sequence's ends are padding)."""
     b, m = q.shape[:2]
-    before, after = (options.window - 1, 0) if causal else (options.window // 2, options.window // 2)
+    before, after = (
+      (options.window - 1, 0) if causal else (options.window // 2, options.window // 2)
+    )
     padding = jnp.ones((b, m), bool) if mask is None else mask
     k, v, padding = (collectives.with_halo(x, before, after, axis) for x in (k, v, padding))
     q = jnp.pad(q, ((0, 0), (before, after), (0, 0), (0, 0)))
-    out = local_attention(q, k, v, options.window, mask=padding, causal=causal, scale=options.scale,
-                          block_size=options.block_size)
-    return out[:, before:before + m]
+    out = local_attention(
+      q,
+      k,
+      v,
+      options.window,
+      mask=padding,
+      causal=causal,
+      scale=options.scale,
+      block_size=options.block_size,
+    )
+    return out[:, before : before + m]

@@ -16,18 +16,28 @@ Cost per head: time O(n (w + g) d), memory O(n (w + g)) (w ~ window, see
 `local_attention` for the band's exact block overhead); no n x n array unless
 g ~ n. Shapes follow `efficient_attn.registry.Mechanism.attend`.
 """
+
 from typing import Optional
 
-from efficient_attn.ops import masking
 from efficient_attn import registry
-from efficient_attn.ops import block_sparse
 from efficient_attn.mechanisms import local
 from efficient_attn.mechanisms.softmax import SCALE
+from efficient_attn.ops import block_sparse
+from efficient_attn.ops import masking
 from efficient_attn.ops.scaled_dot_product import default_scale
 
 
-def longformer_attention(q, k, v, mask=None, causal: bool = False, *, window: int = 64,
-                         global_tokens: int = 1, scale: Optional[float] = None):
+def longformer_attention(
+  q,
+  k,
+  v,
+  mask=None,
+  causal: bool = False,
+  *,
+  window: int = 64,
+  global_tokens: int = 1,
+  scale: Optional[float] = None,
+):
   """Sliding-window attention plus global tokens, exact in the sparse pattern.
 
   Scores and softmax run in float32 (or wider); the result has the dtype of
@@ -52,8 +62,9 @@ def longformer_attention(q, k, v, mask=None, causal: bool = False, *, window: in
   Time O(n (w + g) d), memory O(n (w + g)) per head.
   """
   masking.check_inputs(q, k, v, mask, name='longformer_attention', same_length=True)
-  registry.check_arguments('longformer', 'longformer_attention', window=window,
-                           global_tokens=global_tokens)
+  registry.check_arguments(
+    'longformer', 'longformer_attention', window=window, global_tokens=global_tokens
+  )
   b, n, h, d = q.shape
   g = min(global_tokens, n)
   scale = default_scale(d, scale)
@@ -65,8 +76,9 @@ def longformer_attention(q, k, v, mask=None, causal: bool = False, *, window: in
     segments = [band.segment._replace(valid=band.segment.valid & (band.key_pos >= g))]
     if g:
       # Rows i < g are dropped below, so every kept row has i >= g > j: causal holds.
-      segments.append(block_sparse.Segment('shared', k[:, :g], v[:, :g],
-                                          padding[:, None, None, None, :g]))
+      segments.append(
+        block_sparse.Segment('shared', k[:, :g], v[:, :g], padding[:, None, None, None, :g])
+      )
     out = block_sparse.attend(band.queries, segments, scale)
     return out.reshape(b, -1, h, out.shape[-1])[:, g:n]
 
@@ -80,12 +92,15 @@ class Longformer(registry.Mechanism):
   description = 'sliding window plus global tokens'
   citation = 'Beltagy et al. 2020'
   options = (
-      registry.Option('window', 64, int, 'window size w (the band of local attention)',
-                      minimum=1),
-      registry.Option('global_tokens', 1, int,
-                      'the first g tokens (e.g. a cls token) attend to and are attended '
-                      'by all', minimum=0),
-      SCALE,
+    registry.Option('window', 64, int, 'window size w (the band of local attention)', minimum=1),
+    registry.Option(
+      'global_tokens',
+      1,
+      int,
+      'the first g tokens (e.g. a cls token) attend to and are attended by all',
+      minimum=0,
+    ),
+    SCALE,
   )
   causal = True
   self_attention_only = True
@@ -98,5 +113,13 @@ class Longformer(registry.Mechanism):
     return {'global_tokens': length}
 
   def attend(self, options, params, q, k, v, *, mask, causal, ctx):
-    return longformer_attention(q, k, v, mask=mask, causal=causal, window=options.window,
-                                global_tokens=options.global_tokens, scale=options.scale)
+    return longformer_attention(
+      q,
+      k,
+      v,
+      mask=mask,
+      causal=causal,
+      window=options.window,
+      global_tokens=options.global_tokens,
+      scale=options.scale,
+    )

@@ -32,19 +32,30 @@ so shared groups or another d_state need projection 'standard' or 'optimised',
 and the layers refuse the others. The layer's `num_kv_heads` shares keys and
 values, not queries and keys; the layers refuse it together with shared groups.
 """
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from efficient_attn import registry
 from efficient_attn.ops import gated_linear
 from efficient_attn.ops import masking
-from efficient_attn import registry
 
 linear_init = gated_linear.torch_linear_init
 
 
-def mamba2_attention(q, k, v, dt, A_log, D=None, mask=None, *, form: str = 'chunk',  # pylint: disable=invalid-name
-                     chunk_size: int = 64):
+def mamba2_attention(
+  q,
+  k,
+  v,
+  dt,
+  A_log,
+  D=None,
+  mask=None,
+  *,
+  form: str = 'chunk',  # pylint: disable=invalid-name
+  chunk_size: int = 64,
+):
   """Mamba-2's SSD recurrence: S_t = a_t S_{t-1} + dt_t k_t v_t^T, y_t = S_t^T q_t + D v_t,
   a_t = exp(-exp(A_log) dt_t) per head (q is Mamba-2's C, k its B, v its X).
 
@@ -68,13 +79,29 @@ def mamba2_attention(q, k, v, dt, A_log, D=None, mask=None, *, form: str = 'chun
   """
   b, n, h, _ = q.shape
   kp = gated_linear.pure_inputs(
-      'mamba2', 'mamba2_attention', q, k, v, mask,
-      {'dt': (dt, ((b, n, h),)), 'A_log': (A_log, ((h,),)),
-       'D': (D, ((h,),))}, form=form, chunk_size=chunk_size)
-  dt = jnp.asarray(dt, jnp.float32)[..., None]                       # [b, n, h, 1]
+    'mamba2',
+    'mamba2_attention',
+    q,
+    k,
+    v,
+    mask,
+    {'dt': (dt, ((b, n, h),)), 'A_log': (A_log, ((h,),)), 'D': (D, ((h,),))},
+    form=form,
+    chunk_size=chunk_size,
+  )
+  dt = jnp.asarray(dt, jnp.float32)[..., None]  # [b, n, h, 1]
   log_decay = -jnp.exp(jnp.asarray(A_log, jnp.float32))[:, None] * dt
-  y = gated_linear.pure_recurrence(gated_linear.DECAY, q, gated_linear.rows(k, dt), v,
-                                   log_decay, None, kp, form=form, chunk_size=chunk_size)
+  y = gated_linear.pure_recurrence(
+    gated_linear.DECAY,
+    q,
+    gated_linear.rows(k, dt),
+    v,
+    log_decay,
+    None,
+    kp,
+    form=form,
+    chunk_size=chunk_size,
+  )
   if D is not None:
     y = y + masking.zero_padded(jnp.asarray(D, jnp.float32)[:, None] * v, kp)
   return y.astype(v.dtype)
@@ -85,13 +112,29 @@ class Mamba2(gated_linear.GatedRecurrence):
   name = 'mamba2'
   description = "Mamba-2's SSD: a data-dependent scalar decay per head (A, dt)"
   citation = 'Dao & Gu 2024'
-  options = gated_linear.common_options(conv_size=4, conv_bias=True) + (
-      registry.Option('ngroups', None, int, 'B and C (keys and queries) groups shared by '
-                      'heads / ngroups heads (the paper: 1; None: one per head)', minimum=1,
-                      allow_none=True),
-      registry.Option('d_state', None, int, 'width of B and C, the state size per head '
-                      '(the paper: 128; None: head_dim)', minimum=1, allow_none=True),
-  ) + gated_linear.decay_options()
+  options = (
+    gated_linear.common_options(conv_size=4, conv_bias=True)
+    + (
+      registry.Option(
+        'ngroups',
+        None,
+        int,
+        'B and C (keys and queries) groups shared by '
+        'heads / ngroups heads (the paper: 1; None: one per head)',
+        minimum=1,
+        allow_none=True,
+      ),
+      registry.Option(
+        'd_state',
+        None,
+        int,
+        'width of B and C, the state size per head (the paper: 128; None: head_dim)',
+        minimum=1,
+        allow_none=True,
+      ),
+    )
+    + gated_linear.decay_options()
+  )
   activation = 'silu'
   complexity = ('O(n c d + n d^2)', 'O(n d + d^2)')
   example = {'chunk_size': 4}
@@ -107,23 +150,25 @@ class Mamba2(gated_linear.GatedRecurrence):
 
   def own_params(self, options, *, heads, head_dim):
     return {
-        'A_log': registry.ParamSpec((heads,), gated_linear.a_log_init(1.0, 16.0)),
-        'dt_bias': registry.ParamSpec((heads,), gated_linear.dt_init(options)),
-        'D': registry.ParamSpec((heads,), gated_linear.ones_init),
-        'norm_scale': registry.ParamSpec((heads, head_dim), gated_linear.ones_init),
+      'A_log': registry.ParamSpec((heads,), gated_linear.a_log_init(1.0, 16.0)),
+      'dt_bias': registry.ParamSpec((heads,), gated_linear.dt_init(options)),
+      'D': registry.ParamSpec((heads,), gated_linear.ones_init),
+      'norm_scale': registry.ParamSpec((heads, head_dim), gated_linear.ones_init),
     }
 
   def input_params(self, options, *, features, heads, head_dim):
     init = self.init_for(options, linear_init)
-    return {'dt_kernel': registry.ParamSpec((features, heads), init),
-            'gate_kernel': registry.ParamSpec((features, heads, head_dim), init)}
+    return {
+      'dt_kernel': registry.ParamSpec((features, heads), init),
+      'gate_kernel': registry.ParamSpec((features, heads, head_dim), init),
+    }
 
   def gates(self, options, params, inputs):
     dt = jax.nn.softplus(gated_linear.dense(inputs, params['dt_kernel'], params['dt_bias']))
     return {'dt': dt, 'output': gated_linear.dense(inputs, params['gate_kernel'])}
 
   def recurrence_inputs(self, options, params, q, k, v, gates):
-    dt = gates['dt'][..., None]                                    # [b, n, h, 1]
+    dt = gates['dt'][..., None]  # [b, n, h, 1]
     log_decay = -jnp.exp(params['A_log'].astype(jnp.float32))[:, None] * dt
     return q, gated_linear.rows(k, dt), v, log_decay, None
 

@@ -18,11 +18,12 @@ Key padding: padded tokens' values are zeroed before W1, so they move no real
 output; outputs at padded positions are not zero. There is no causal form (the
 hidden units read every position), and rotary positions do not apply.
 """
+
 import jax
 import jax.numpy as jnp
 
-from efficient_attn.ops import masking
 from efficient_attn import registry
+from efficient_attn.ops import masking
 
 
 def token_mixing(q, k, v, w1, b1, w2, b2, mask=None, causal: bool = False):
@@ -48,15 +49,19 @@ def token_mixing(q, k, v, w1, b1, w2, b2, mask=None, causal: bool = False):
   Time O(n hidden heads v_dim), memory O(hidden heads v_dim) per example.
   """
   if causal:
-    raise ValueError('token_mixing has no causal form (causal=True given): its hidden '
-                     'units read every position of the sequence')
+    raise ValueError(
+      'token_mixing has no causal form (causal=True given): its hidden '
+      'units read every position of the sequence'
+    )
   masking.check_inputs(q, k, v, mask, name='token_mixing', same_length=True)
   b, n, h, dv = v.shape
   length, hidden = w1.shape
   if w2.shape != (hidden, length) or b1.shape != (hidden,) or b2.shape != (length,):
-    raise ValueError(f'token_mixing needs w1 [max_length, hidden], b1 [hidden], w2 [hidden, '
-                     f'max_length], b2 [max_length], got {tuple(w1.shape)}, {tuple(b1.shape)},'
-                     f' {tuple(w2.shape)}, {tuple(b2.shape)}')
+    raise ValueError(
+      f'token_mixing needs w1 [max_length, hidden], b1 [hidden], w2 [hidden, '
+      f'max_length], b2 [max_length], got {tuple(w1.shape)}, {tuple(b1.shape)},'
+      f' {tuple(w2.shape)}, {tuple(b2.shape)}'
+    )
   if n > length:
     raise ValueError(f'Mixer input length {n} exceeds max_length {length} of its token MLP')
   compute = jnp.promote_types(jnp.promote_types(v.dtype, w1.dtype), jnp.float32)
@@ -72,11 +77,11 @@ class Mixer(registry.Mechanism):
   """Parameters: 'token_kernel_1' W1 `[max_length, hidden]`, 'token_bias_1' `[hidden]`,
   'token_kernel_2' W2 `[hidden, max_length]`, 'token_bias_2' `[max_length]`, shared by all
   heads and channels (the paper ties the token MLP across channels)."""
+
   name = 'mixer'
   description = "MLP-Mixer's token-mixing MLP over the sequence"
   citation = 'Tolstikhin et al. 2021'
-  options = (registry.Option('token_hidden', 256, int, 'token-mixing MLP width D_S',
-                             minimum=1),)
+  options = (registry.Option('token_hidden', 256, int, 'token-mixing MLP width D_S', minimum=1),)
   fixed_length = True
   self_attention_only = True
   complexity = ('O(n D_S d)', 'O(n D_S)')
@@ -86,12 +91,22 @@ class Mixer(registry.Mechanism):
   def params(self, options, *, heads, head_dim, max_length, causal):
     kernel = jax.nn.initializers.lecun_normal()
     zeros = jax.nn.initializers.zeros
-    return {'token_kernel_1': registry.ParamSpec((max_length, options.token_hidden), kernel),
-            'token_bias_1': registry.ParamSpec((options.token_hidden,), zeros),
-            'token_kernel_2': registry.ParamSpec((options.token_hidden, max_length), kernel),
-            'token_bias_2': registry.ParamSpec((max_length,), zeros)}
+    return {
+      'token_kernel_1': registry.ParamSpec((max_length, options.token_hidden), kernel),
+      'token_bias_1': registry.ParamSpec((options.token_hidden,), zeros),
+      'token_kernel_2': registry.ParamSpec((options.token_hidden, max_length), kernel),
+      'token_bias_2': registry.ParamSpec((max_length,), zeros),
+    }
 
   def attend(self, options, params, q, k, v, *, mask, causal, ctx):
-    return token_mixing(q, k, v, params['token_kernel_1'], params['token_bias_1'],
-                        params['token_kernel_2'], params['token_bias_2'], mask=mask,
-                        causal=causal)
+    return token_mixing(
+      q,
+      k,
+      v,
+      params['token_kernel_1'],
+      params['token_bias_1'],
+      params['token_kernel_2'],
+      params['token_bias_2'],
+      mask=mask,
+      causal=causal,
+    )

@@ -15,15 +15,16 @@ tokens, Q~ = Q, K~ = K and F A^+ B = A A^+ A = A: exact softmax attention.
 Not causal: landmarks average over all positions, future ones included.
 Shapes follow `efficient_attn.registry.Mechanism.attend`.
 """
+
 from typing import Optional
 
 import jax
-import jax.numpy as jnp
 from jax import lax
+import jax.numpy as jnp
 
-from efficient_attn.ops import masking
 from efficient_attn import registry
 from efficient_attn.mechanisms.softmax import SCALE
+from efficient_attn.ops import masking
 from efficient_attn.ops.scaled_dot_product import softmax_weights
 
 
@@ -50,7 +51,7 @@ def iterative_pinv(a, iterations: int = 6):
   m = a.shape[-1]
   eye = jnp.eye(m, dtype=a.dtype)
   abs_a = jnp.abs(a)
-  norm_1 = jnp.max(jnp.sum(abs_a, axis=-2), axis=-1)    # max column sum
+  norm_1 = jnp.max(jnp.sum(abs_a, axis=-2), axis=-1)  # max column sum
   norm_inf = jnp.max(jnp.sum(abs_a, axis=-1), axis=-1)  # max row sum
   denom = norm_1 * norm_inf
   denom = jnp.where(denom > 0, denom, 1.0)
@@ -77,10 +78,12 @@ def _segment_means(x, weights, num_segments: int):
   n = x.shape[1]
   seg = (jnp.arange(n) * num_segments) // n
   xw = x * weights[:, :, None, None].astype(x.dtype)
-  sums = jax.ops.segment_sum(jnp.moveaxis(xw, 1, 0), seg, num_segments,
-                             indices_are_sorted=True)           # [m, b, h, d]
-  counts = jax.ops.segment_sum(jnp.moveaxis(weights, 1, 0), seg, num_segments,
-                               indices_are_sorted=True)         # [m, b]
+  sums = jax.ops.segment_sum(
+    jnp.moveaxis(xw, 1, 0), seg, num_segments, indices_are_sorted=True
+  )  # [m, b, h, d]
+  counts = jax.ops.segment_sum(
+    jnp.moveaxis(weights, 1, 0), seg, num_segments, indices_are_sorted=True
+  )  # [m, b]
   means = sums / jnp.maximum(counts, 1)[:, :, None, None].astype(x.dtype)
   return jnp.moveaxis(means, 0, 1), (counts > 0).T
 
@@ -88,8 +91,9 @@ def _segment_means(x, weights, num_segments: int):
 def landmarks(x, num_landmarks: int, padding=None):
   """Landmarks `[b, m, h, d]` (segment means over real tokens) and their validity `[b, m]`."""
   b, n = x.shape[:2]
-  weights = (jnp.ones((b, n), x.dtype) if padding is None
-             else jnp.asarray(padding, bool).astype(x.dtype))
+  weights = (
+    jnp.ones((b, n), x.dtype) if padding is None else jnp.asarray(padding, bool).astype(x.dtype)
+  )
   return _segment_means(x, weights, num_landmarks)
 
 
@@ -106,9 +110,13 @@ def depthwise_conv_skip(v, conv_kernel):
     raise ValueError(f'conv_kernel must be [kernel_size, heads={h}], got {conv_kernel.shape}')
   rhs = jnp.repeat(conv_kernel.astype(v.dtype), dv, axis=1)[:, None, :]  # [K, 1, h*dv]
   out = lax.conv_general_dilated(
-      v.reshape(b, n, h * dv), rhs, window_strides=(1,),
-      padding=[(ks // 2, ks - 1 - ks // 2)], dimension_numbers=('NWC', 'WIO', 'NWC'),
-      feature_group_count=h * dv)
+    v.reshape(b, n, h * dv),
+    rhs,
+    window_strides=(1,),
+    padding=[(ks // 2, ks - 1 - ks // 2)],
+    dimension_numbers=('NWC', 'WIO', 'NWC'),
+    feature_group_count=h * dv,
+  )
   return out.reshape(b, n, h, dv)
 
 
@@ -134,8 +142,16 @@ def _query_padding(mask, batch: int, q_length: int, kv_length: int):
   return real
 
 
-def nystrom_attention(q, k, v, num_landmarks: int, mask=None, pinv_iterations: int = 6,
-                      scale: Optional[float] = None, conv_kernel=None):
+def nystrom_attention(
+  q,
+  k,
+  v,
+  num_landmarks: int,
+  mask=None,
+  pinv_iterations: int = 6,
+  scale: Optional[float] = None,
+  conv_kernel=None,
+):
   """Nystromformer attention F A^+ (B V) with m = num_landmarks landmarks.
 
   Landmarks are means of q and k over m contiguous segments; token i belongs to
@@ -184,13 +200,13 @@ def nystrom_attention(q, k, v, num_landmarks: int, mask=None, pinv_iterations: i
   q_land, q_valid = landmarks(qc, m, q_pad)  # [b, m, h, d], [b, m]
   k_land, k_valid = landmarks(kc, m, k_pad)
 
-  f = softmax_weights(qc, k_land, mask=k_valid, scale=scale)          # [b, h, lq, m]
+  f = softmax_weights(qc, k_land, mask=k_valid, scale=scale)  # [b, h, lq, m]
   a_mask = q_valid[:, None, :, None] & k_valid[:, None, None, :]
-  a = softmax_weights(q_land, k_land, mask=a_mask, scale=scale)      # [b, h, m, m]
+  a = softmax_weights(q_land, k_land, mask=a_mask, scale=scale)  # [b, h, m, m]
   b_mask = q_valid[:, None, :, None]
   if k_pad is not None:
     b_mask = b_mask & k_pad[:, None, None, :]
-  bw = softmax_weights(q_land, kc, mask=b_mask, scale=scale)         # [b, h, m, lk]
+  bw = softmax_weights(q_land, kc, mask=b_mask, scale=scale)  # [b, h, m, lk]
 
   z = iterative_pinv(a, pinv_iterations)
   bv = jnp.einsum('bhmk,bkhd->bhmd', bw, vc)
@@ -206,19 +222,25 @@ def nystrom_attention(q, k, v, num_landmarks: int, mask=None, pinv_iterations: i
 class Nystrom(registry.Mechanism):
   """With `conv_kernel_size` (the paper uses 33), a learned depthwise convolution
   of the values, 'conv_kernel' `[conv_kernel_size, heads]`, is added to the output."""
+
   name = 'nystrom'
   rotary = 'scores'
   description = 'Nystrom landmarks and an iterative pseudo-inverse'
   citation = 'Xiong et al. 2021'
   options = (
-      registry.Option('num_landmarks', 32, int,
-                      'landmarks m (shorter sequences use their length: exact)', minimum=1),
-      registry.Option('pinv_iterations', 6, int, 'iterations of the pseudo-inverse',
-                      minimum=1),
-      registry.Option('conv_kernel_size', None, int,
-                      'depthwise convolution skip of the values; None: none', minimum=1,
-                      allow_none=True),
-      SCALE,
+    registry.Option(
+      'num_landmarks', 32, int, 'landmarks m (shorter sequences use their length: exact)', minimum=1
+    ),
+    registry.Option('pinv_iterations', 6, int, 'iterations of the pseudo-inverse', minimum=1),
+    registry.Option(
+      'conv_kernel_size',
+      None,
+      int,
+      'depthwise convolution skip of the values; None: none',
+      minimum=1,
+      allow_none=True,
+    ),
+    SCALE,
   )
   complexity = ('O(n m d + m^3)', 'O(n m)')
   whole_sequence = 'its landmarks are segment means over the whole sequence'
@@ -235,6 +257,13 @@ class Nystrom(registry.Mechanism):
     return {'num_landmarks': length, 'pinv_iterations': 30}
 
   def attend(self, options, params, q, k, v, *, mask, causal, ctx):
-    return nystrom_attention(q, k, v, options.num_landmarks, mask=mask,
-                             pinv_iterations=options.pinv_iterations, scale=options.scale,
-                             conv_kernel=params.get('conv_kernel'))
+    return nystrom_attention(
+      q,
+      k,
+      v,
+      options.num_landmarks,
+      mask=mask,
+      pinv_iterations=options.pinv_iterations,
+      scale=options.scale,
+      conv_kernel=params.get('conv_kernel'),
+    )

@@ -18,18 +18,18 @@ call with `deterministic=False` and an rng stream named 'features'
 (`rngs={'features': key}`) draws a fresh projection; evaluation
 (`deterministic=True`) always uses the fixed draw.
 """
+
 import math
 from typing import Optional, Union
 
 import jax
-import jax.numpy as jnp
 from jax import lax
+import jax.numpy as jnp
 
+from efficient_attn import registry
 from efficient_attn.ops import feature_maps
 from efficient_attn.ops import masking
-from efficient_attn import registry
 from efficient_attn.ops import rotary
-from efficient_attn.ops.scaled_dot_product import softmax_attention
 from efficient_attn.ops.kernel_attention import CHUNK_SIZE
 from efficient_attn.ops.kernel_attention import KernelMechanism
 from efficient_attn.ops.kernel_attention import KernelState
@@ -37,6 +37,7 @@ from efficient_attn.ops.kernel_attention import heads_as_batch
 from efficient_attn.ops.kernel_attention import kernel_attention
 from efficient_attn.ops.kernel_attention import kernel_attention_step
 from efficient_attn.ops.kernel_attention import loop_rows_here
+from efficient_attn.ops.scaled_dot_product import softmax_attention
 
 Sigma = Union[float, jnp.ndarray]
 
@@ -71,11 +72,21 @@ def rfa_features(x: jnp.ndarray, projection: jnp.ndarray, sigma: Sigma = 1.0) ->
   return feature_maps.trig_features(x, projection)
 
 
-def rfa_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, projection: jnp.ndarray,
-                  mask=None, causal: bool = False, eps: float = 1e-6,
-                  gate: Optional[jnp.ndarray] = None, sigma: Sigma = 1.0,
-                  chunk_size: Optional[int] = None, return_state: bool = False, positions=None,
-                  sequence_axis: Optional[str] = None):
+def rfa_attention(
+  q: jnp.ndarray,
+  k: jnp.ndarray,
+  v: jnp.ndarray,
+  projection: jnp.ndarray,
+  mask=None,
+  causal: bool = False,
+  eps: float = 1e-6,
+  gate: Optional[jnp.ndarray] = None,
+  sigma: Sigma = 1.0,
+  chunk_size: Optional[int] = None,
+  return_state: bool = False,
+  positions=None,
+  sequence_axis: Optional[str] = None,
+):
   """Random feature attention (Peng et al. 2021).
 
       out_i = phi(q_i)^T sum_j phi(k_j) v_j^T / safe(phi(q_i) . sum_j phi(k_j))
@@ -110,16 +121,34 @@ def rfa_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, projection: jn
   k, v, kp = masking.checked_keys_values(q, k, v, mask, name='RFA attention', causal=causal)
   phi_q = rfa_features(q, projection, sigma)
   phi_k = rfa_features(k, projection, sigma)
-  return kernel_attention(phi_q, phi_k, v, key_padding=kp, causal=causal, eps=eps,
-                          normalize=True, chunk_size=chunk_size, gate=gate,
-                          return_state=return_state, sequence_axis=sequence_axis,
-                          **rotary.numerator(phi_q, phi_k, positions))
+  return kernel_attention(
+    phi_q,
+    phi_k,
+    v,
+    key_padding=kp,
+    causal=causal,
+    eps=eps,
+    normalize=True,
+    chunk_size=chunk_size,
+    gate=gate,
+    return_state=return_state,
+    sequence_axis=sequence_axis,
+    **rotary.numerator(phi_q, phi_k, positions),
+  )
 
 
-def rfa_attention_step(state: KernelState, q_t: jnp.ndarray, k_t: jnp.ndarray,
-                       v_t: jnp.ndarray, projection: jnp.ndarray, sigma: Sigma = 1.0,
-                       eps: float = 1e-6, gate_t: Optional[jnp.ndarray] = None,
-                       key_valid: Optional[jnp.ndarray] = None, position=None):
+def rfa_attention_step(
+  state: KernelState,
+  q_t: jnp.ndarray,
+  k_t: jnp.ndarray,
+  v_t: jnp.ndarray,
+  projection: jnp.ndarray,
+  sigma: Sigma = 1.0,
+  eps: float = 1e-6,
+  gate_t: Optional[jnp.ndarray] = None,
+  key_valid: Optional[jnp.ndarray] = None,
+  position=None,
+):
   """One decoding step of causal `rfa_attention` (optionally gated).
 
   Tokens `[batch, heads, d]` (or `[batch, 1, heads, d]`), gate_t `[batch, heads]`
@@ -128,9 +157,17 @@ def rfa_attention_step(state: KernelState, q_t: jnp.ndarray, k_t: jnp.ndarray,
   `linear.kernel_attention_step`. O(D dv) per (batch, head) and token.
   """
   phi_q, phi_k = rfa_features(q_t, projection, sigma), rfa_features(k_t, projection, sigma)
-  return kernel_attention_step(state, phi_q, phi_k, v_t, eps=eps, normalize=True,
-                               gate_t=gate_t, key_valid=key_valid,
-                               **rotary.numerator(phi_q, phi_k, rotary.at(position)))
+  return kernel_attention_step(
+    state,
+    phi_q,
+    phi_k,
+    v_t,
+    eps=eps,
+    normalize=True,
+    gate_t=gate_t,
+    key_valid=key_valid,
+    **rotary.numerator(phi_q, phi_k, rotary.at(position)),
+  )
 
 
 # ----------------------------------------------------------------------------
@@ -156,15 +193,23 @@ def performer_eps(dtype) -> float:
 def _performer_scale(q, k):
   d = q.shape[-1]
   compute = jnp.promote_types(jnp.result_type(q, k), jnp.float32)
-  scale = d ** -0.25
+  scale = d**-0.25
   return q.astype(compute) * scale, k.astype(compute) * scale
 
 
-def performer_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
-                        projection: jnp.ndarray, mask=None, causal: bool = False,
-                        eps: Optional[float] = None, chunk_size: Optional[int] = None,
-                        return_state: bool = False, positions=None,
-                        sequence_axis: Optional[str] = None):
+def performer_attention(
+  q: jnp.ndarray,
+  k: jnp.ndarray,
+  v: jnp.ndarray,
+  projection: jnp.ndarray,
+  mask=None,
+  causal: bool = False,
+  eps: Optional[float] = None,
+  chunk_size: Optional[int] = None,
+  return_state: bool = False,
+  positions=None,
+  sequence_axis: Optional[str] = None,
+):
   """Performer FAVOR+ attention (Choromanski et al. 2021).
 
   q and k are scaled by d^-1/4, so phi(q) . phi(k) with the positive features
@@ -200,27 +245,51 @@ def performer_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
   loop_rows = loop_rows_here() and q.shape[0] * q.shape[2] > 1 and sequence_axis is None
   if (q.shape[2] > 1 and sequence_axis is None) or loop_rows:  # rows one at a time on CPU
     return heads_as_batch(
-        performer_attention, q, k, v, kp, return_state, loop_rows=loop_rows,
-        projection=projection, causal=causal, eps=eps, chunk_size=chunk_size,
-        positions=positions)
+      performer_attention,
+      q,
+      k,
+      v,
+      kp,
+      return_state,
+      loop_rows=loop_rows,
+      projection=projection,
+      causal=causal,
+      eps=eps,
+      chunk_size=chunk_size,
+      positions=positions,
+    )
   qs, ks = _performer_scale(q, k)
   eps = performer_eps(qs.dtype) if eps is None else eps
   phi_q = feature_maps.positive_features(qs, projection, is_query=True)
   phi_k, stab = feature_maps.positive_features(
-      ks, projection, is_query=False, key_padding=kp, return_stabilizer=True,
-      stabilizer=None if sequence_axis is None else _key_stabilizer(ks, projection, kp,
-                                                                    sequence_axis))
-  res = kernel_attention(phi_q, phi_k, v, key_padding=kp, causal=causal, eps=eps,
-                         normalize=True, chunk_size=chunk_size,
-                         return_state=return_state, sequence_axis=sequence_axis,
-                         **rotary.numerator(phi_q, phi_k, positions))
+    ks,
+    projection,
+    is_query=False,
+    key_padding=kp,
+    return_stabilizer=True,
+    stabilizer=None
+    if sequence_axis is None
+    else _key_stabilizer(ks, projection, kp, sequence_axis),
+  )
+  res = kernel_attention(
+    phi_q,
+    phi_k,
+    v,
+    key_padding=kp,
+    causal=causal,
+    eps=eps,
+    normalize=True,
+    chunk_size=chunk_size,
+    return_state=return_state,
+    sequence_axis=sequence_axis,
+    **rotary.numerator(phi_q, phi_k, positions),
+  )
   if not return_state:
     return res
   out, state = res
   log_scale = stab[:, 0, :, 0].astype(state.s.dtype)
   if kp is not None:
-    log_scale = jnp.where(jnp.any(kp, axis=1)[:, None], log_scale,
-                          masking.big_neg(state.s.dtype))
+    log_scale = jnp.where(jnp.any(kp, axis=1)[:, None], log_scale, masking.big_neg(state.s.dtype))
   return out, state._replace(log_scale=log_scale)
 
 
@@ -234,10 +303,16 @@ def _key_stabilizer(ks, projection, key_padding, axis: str):
   return jnp.where(jnp.isfinite(stab), stab, 0.0)
 
 
-def performer_attention_step(state: KernelState, q_t: jnp.ndarray, k_t: jnp.ndarray,
-                             v_t: jnp.ndarray, projection: jnp.ndarray,
-                             eps: Optional[float] = None, key_valid: Optional[jnp.ndarray] = None,
-                             position=None):
+def performer_attention_step(
+  state: KernelState,
+  q_t: jnp.ndarray,
+  k_t: jnp.ndarray,
+  v_t: jnp.ndarray,
+  projection: jnp.ndarray,
+  eps: Optional[float] = None,
+  key_valid: Optional[jnp.ndarray] = None,
+  position=None,
+):
   """One decoding step of causal `performer_attention`.
 
   A recurrent form cannot use the max over all keys, so the key stabiliser is a
@@ -256,23 +331,32 @@ def performer_attention_step(state: KernelState, q_t: jnp.ndarray, k_t: jnp.ndar
   qs, ks = _performer_scale(q_t_, k_t_)
   eps = performer_eps(jnp.promote_types(qs.dtype, state.s.dtype)) if eps is None else eps
   phi_q = feature_maps.positive_features(qs, projection, is_query=True)
-  a = feature_maps.positive_log_features(ks, projection)          # [b, h, m]
+  a = feature_maps.positive_log_features(ks, projection)  # [b, h, m]
   compute = jnp.promote_types(a.dtype, state.s.dtype)
   a = a.astype(compute)
   neg = masking.big_neg(compute)
   if key_valid is not None:
     a = jnp.where(jnp.asarray(key_valid, bool)[:, None, None], a, -jnp.inf)
   old = state.log_scale.astype(compute)
-  new = lax.stop_gradient(jnp.maximum(old, jnp.max(a, axis=-1)))   # [b, h]
+  new = lax.stop_gradient(jnp.maximum(old, jnp.max(a, axis=-1)))  # [b, h]
   new = jnp.maximum(new, neg)
   ratio = jnp.exp(old - new)
   phi_k = jnp.exp(a - new[..., None]) * (1.0 / math.sqrt(projection.shape[0]))
-  rescaled = KernelState(state.s * ratio[..., None, None].astype(state.s.dtype),
-                         state.z * ratio[..., None].astype(state.z.dtype),
-                         new.astype(state.log_scale.dtype))
+  rescaled = KernelState(
+    state.s * ratio[..., None, None].astype(state.s.dtype),
+    state.z * ratio[..., None].astype(state.z.dtype),
+    new.astype(state.log_scale.dtype),
+  )
   new_state, out = kernel_attention_step(
-      rescaled, phi_q, phi_k, v_t, eps=eps, normalize=True, key_valid=key_valid,
-      **rotary.numerator(phi_q, phi_k, rotary.at(position)))
+    rescaled,
+    phi_q,
+    phi_k,
+    v_t,
+    eps=eps,
+    normalize=True,
+    key_valid=key_valid,
+    **rotary.numerator(phi_q, phi_k, rotary.at(position)),
+  )
   if keep_axis and out.ndim == 3:
     out = out[:, None]
   return new_state, out
@@ -283,11 +367,10 @@ def performer_attention_step(state: KernelState, q_t: jnp.ndarray, k_t: jnp.ndar
 # ----------------------------------------------------------------------------
 
 _FEATURE_OPTIONS = (
-    registry.Option('orthogonal', True, bool, 'block-orthogonal projection rows'),
-    registry.Option('redraw', False, bool,
-                    "fresh features in training calls given a 'features' rng"),
-    registry.Option('seed', 0, int, 'seed of the fixed per-layer draw', minimum=0),
-    CHUNK_SIZE,
+  registry.Option('orthogonal', True, bool, 'block-orthogonal projection rows'),
+  registry.Option('redraw', False, bool, "fresh features in training calls given a 'features' rng"),
+  registry.Option('seed', 0, int, 'seed of the fixed per-layer draw', minimum=0),
+  CHUNK_SIZE,
 )
 _FEATURE_KNOB = ('num_features', (16, 32, 64, 128, 256, 512, 1024))
 
@@ -296,11 +379,15 @@ def _projection(options, head_dim: int, ctx):
   """The random projection `[num_features, head_dim]`: fresh (redraw) or the layer's fixed one."""
   key = ctx.rng('features') if options.redraw and not ctx.deterministic else None
   if key is not None:
-    return lax.stop_gradient(feature_maps.gaussian_projection(
-        key, options.num_features, head_dim, orthogonal=options.orthogonal))
+    return lax.stop_gradient(
+      feature_maps.gaussian_projection(
+        key, options.num_features, head_dim, orthogonal=options.orthogonal
+      )
+    )
   # A compile-time constant, cached per layer.
-  return feature_maps.fixed_projection(options.seed, ctx.tag, options.num_features, head_dim,
-                                       options.orthogonal)
+  return feature_maps.fixed_projection(
+    options.seed, ctx.tag, options.num_features, head_dim, options.orthogonal
+  )
 
 
 @registry.register
@@ -308,19 +395,17 @@ class RFA(KernelMechanism):
   """Learned parameters: 'gate_kernel' `[head_dim, heads]` and 'gate_bias' `[heads]`
   with `use_gate` (g_t = sigmoid(k_t . w_h + b_h)), 'log_sigma' `[heads]` with
   `learn_sigma`."""
+
   name = 'rfa'
   description = 'random feature attention, trigonometric features'
   citation = 'Peng et al. 2021'
   options = (
-      registry.Option('num_features', 64, int, 'D random projections (2 D features)',
-                      minimum=1),
-      registry.Option('sigma', 1.0, float, 'kernel width (initial value when learned)',
-                      above=0.0),
-      registry.Option('learn_sigma', False, bool, 'learn log sigma per head'),
-      registry.Option('use_gate', False, bool, 'RFA-Gate recency gate (causal only)'),
-      registry.Option('gate_bias_init', 0.0, float, 'initial gate bias (larger: longer memory)'),
-      registry.Option('eps', 1e-6, float, 'denominator clamp (|den| >= eps, sign kept)',
-                      above=0.0),
+    registry.Option('num_features', 64, int, 'D random projections (2 D features)', minimum=1),
+    registry.Option('sigma', 1.0, float, 'kernel width (initial value when learned)', above=0.0),
+    registry.Option('learn_sigma', False, bool, 'learn log sigma per head'),
+    registry.Option('use_gate', False, bool, 'RFA-Gate recency gate (causal only)'),
+    registry.Option('gate_bias_init', 0.0, float, 'initial gate bias (larger: longer memory)'),
+    registry.Option('eps', 1e-6, float, 'denominator clamp (|den| >= eps, sign kept)', above=0.0),
   ) + _FEATURE_OPTIONS
   random_features = True
   complexity = ('O(n D d)', 'O(n D + D d)')
@@ -329,29 +414,35 @@ class RFA(KernelMechanism):
 
   def check(self, options, *, length, max_length, causal):
     if options.use_gate and not causal:
-      raise ValueError('option use_gate=True of mechanism \'rfa\' needs causal=True (the '
-                       'gate discounts earlier tokens of a prefix)')
+      raise ValueError(
+        'option use_gate=True of mechanism \'rfa\' needs causal=True (the '
+        'gate discounts earlier tokens of a prefix)'
+      )
 
   def params(self, options, *, heads, head_dim, max_length, causal):
     out = {}
     if options.use_gate:
-      out['gate_kernel'] = registry.ParamSpec((head_dim, heads),
-                                              jax.nn.initializers.lecun_normal())
-      out['gate_bias'] = registry.ParamSpec((heads,),
-                                            jax.nn.initializers.constant(options.gate_bias_init))
+      out['gate_kernel'] = registry.ParamSpec((head_dim, heads), jax.nn.initializers.lecun_normal())
+      out['gate_bias'] = registry.ParamSpec(
+        (heads,), jax.nn.initializers.constant(options.gate_bias_init)
+      )
     if options.learn_sigma:
-      out['log_sigma'] = registry.ParamSpec((heads,),
-                                            jax.nn.initializers.constant(math.log(options.sigma)))
+      out['log_sigma'] = registry.ParamSpec(
+        (heads,), jax.nn.initializers.constant(math.log(options.sigma))
+      )
     return out
 
   def _gate_sigma(self, options, params, k):
     gate = None
     if options.use_gate:
       compute = jnp.promote_types(k.dtype, jnp.float32)
-      logits = jnp.einsum('...hd,dh->...h', k.astype(compute),
-                          params['gate_kernel'].astype(compute))
+      logits = jnp.einsum(
+        '...hd,dh->...h', k.astype(compute), params['gate_kernel'].astype(compute)
+      )
       gate = jax.nn.sigmoid(logits + params['gate_bias'].astype(compute))
-    sigma = jnp.exp(params['log_sigma'].astype(jnp.float32)) if options.learn_sigma else options.sigma
+    sigma = (
+      jnp.exp(params['log_sigma'].astype(jnp.float32)) if options.learn_sigma else options.sigma
+    )
     return gate, sigma
 
   def reference(self, options, q, k, v):
@@ -361,15 +452,36 @@ class RFA(KernelMechanism):
 
   def attend(self, options, params, q, k, v, *, mask, causal, ctx):
     gate, sigma = self._gate_sigma(options, params, k)
-    return rfa_attention(q, k, v, _projection(options, q.shape[-1], ctx), mask=mask,
-                         causal=causal, eps=options.eps, gate=gate, sigma=sigma,
-                         chunk_size=options.chunk_size, positions=ctx.positions)
+    return rfa_attention(
+      q,
+      k,
+      v,
+      _projection(options, q.shape[-1], ctx),
+      mask=mask,
+      causal=causal,
+      eps=options.eps,
+      gate=gate,
+      sigma=sigma,
+      chunk_size=options.chunk_size,
+      positions=ctx.positions,
+    )
 
   def attend_sharded(self, options, params, q, k, v, *, mask, causal, ctx, axis):
     gate, sigma = self._gate_sigma(options, params, k)
-    return rfa_attention(q, k, v, _projection(options, q.shape[-1], ctx), mask=mask,
-                         causal=causal, eps=options.eps, gate=gate, sigma=sigma,
-                         chunk_size=options.chunk_size, positions=ctx.positions, sequence_axis=axis)
+    return rfa_attention(
+      q,
+      k,
+      v,
+      _projection(options, q.shape[-1], ctx),
+      mask=mask,
+      causal=causal,
+      eps=options.eps,
+      gate=gate,
+      sigma=sigma,
+      chunk_size=options.chunk_size,
+      positions=ctx.positions,
+      sequence_axis=axis,
+    )
 
   def feature_dim(self, options, head_dim):
     return 2 * options.num_features  # cos and sin of D projections
@@ -379,8 +491,17 @@ class RFA(KernelMechanism):
 
   def step(self, options, params, state, q_t, k_t, v_t, *, ctx):
     gate, sigma = self._gate_sigma(options, params, k_t)
-    return rfa_attention_step(state, q_t, k_t, v_t, _projection(options, q_t.shape[-1], ctx),
-                              sigma=sigma, eps=options.eps, gate_t=gate, position=ctx.position)
+    return rfa_attention_step(
+      state,
+      q_t,
+      k_t,
+      v_t,
+      _projection(options, q_t.shape[-1], ctx),
+      sigma=sigma,
+      eps=options.eps,
+      gate_t=gate,
+      position=ctx.position,
+    )
 
 
 @registry.register
@@ -389,10 +510,15 @@ class Performer(KernelMechanism):
   description = 'FAVOR+ with positive orthogonal random features'
   citation = 'Choromanski et al. 2021'
   options = (
-      registry.Option('num_features', 64, int, 'm positive random features', minimum=1),
-      registry.Option('eps', None, float,
-                      'denominator clamp; None: tiny^(1/4) of the compute dtype',
-                      above=0.0, allow_none=True),
+    registry.Option('num_features', 64, int, 'm positive random features', minimum=1),
+    registry.Option(
+      'eps',
+      None,
+      float,
+      'denominator clamp; None: tiny^(1/4) of the compute dtype',
+      above=0.0,
+      allow_none=True,
+    ),
   ) + _FEATURE_OPTIONS
   random_features = True
   complexity = ('O(n m d)', 'O(n m + m d)')
@@ -400,14 +526,31 @@ class Performer(KernelMechanism):
   example = {'num_features': 16}
 
   def attend(self, options, params, q, k, v, *, mask, causal, ctx):
-    return performer_attention(q, k, v, _projection(options, q.shape[-1], ctx), mask=mask,
-                               causal=causal, eps=options.eps, chunk_size=options.chunk_size,
-                               positions=ctx.positions)
+    return performer_attention(
+      q,
+      k,
+      v,
+      _projection(options, q.shape[-1], ctx),
+      mask=mask,
+      causal=causal,
+      eps=options.eps,
+      chunk_size=options.chunk_size,
+      positions=ctx.positions,
+    )
 
   def attend_sharded(self, options, params, q, k, v, *, mask, causal, ctx, axis):
-    return performer_attention(q, k, v, _projection(options, q.shape[-1], ctx), mask=mask,
-                               causal=causal, eps=options.eps, chunk_size=options.chunk_size,
-                               positions=ctx.positions, sequence_axis=axis)
+    return performer_attention(
+      q,
+      k,
+      v,
+      _projection(options, q.shape[-1], ctx),
+      mask=mask,
+      causal=causal,
+      eps=options.eps,
+      chunk_size=options.chunk_size,
+      positions=ctx.positions,
+      sequence_axis=axis,
+    )
 
   def feature_dim(self, options, head_dim):
     return options.num_features
@@ -416,5 +559,12 @@ class Performer(KernelMechanism):
     return True  # one random projection for every head
 
   def step(self, options, params, state, q_t, k_t, v_t, *, ctx):
-    return performer_attention_step(state, q_t, k_t, v_t, _projection(options, q_t.shape[-1], ctx),
-                                    eps=options.eps, position=ctx.position)
+    return performer_attention_step(
+      state,
+      q_t,
+      k_t,
+      v_t,
+      _projection(options, q_t.shape[-1], ctx),
+      eps=options.eps,
+      position=ctx.position,
+    )

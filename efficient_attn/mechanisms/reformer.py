@@ -50,14 +50,15 @@ O(n_hashes n chunk_size). Self-attention only (q_length == kv_length): q
 `[batch, n, heads, head_dim]`, v `[batch, n, heads, v_dim]`, output `[batch, n,
 heads, v_dim]`.
 """
+
 from typing import Optional
 
 import jax
 import jax.numpy as jnp
 
-from efficient_attn.ops import masking
 from efficient_attn import registry
 from efficient_attn.mechanisms.softmax import SCALE
+from efficient_attn.ops import masking
 from efficient_attn.ops.per_head_mlp import ParamSpecs
 from efficient_attn.ops.scaled_dot_product import default_scale
 from efficient_attn.ops.scaled_dot_product import masked_softmax
@@ -68,15 +69,17 @@ SELF_SCORE_PENALTY = 1e5
 LENGTH_NORM_EPS = 1e-6
 
 
-def param_specs(*, heads: int, head_dim: int, max_length: Optional[int] = None,
-                **options) -> ParamSpecs:
+def param_specs(
+  *, heads: int, head_dim: int, max_length: Optional[int] = None, **options
+) -> ParamSpecs:
   """LSH attention has no learned parameters (its rotations come from `seed`): {}."""
   del heads, head_dim, max_length, options
   return {}
 
 
-def lsh_rotations(seed: int, heads: int, head_dim: int, n_buckets: int,
-                  n_hashes: int) -> jnp.ndarray:
+def lsh_rotations(
+  seed: int, heads: int, head_dim: int, n_buckets: int, n_hashes: int
+) -> jnp.ndarray:
   """The fixed random rotations, `[heads, n_hashes, head_dim, n_buckets // 2]` float32.
 
   Standard normal entries drawn from `jax.random.PRNGKey(seed)`. With
@@ -112,9 +115,19 @@ def _previous_chunk(x, fill):
   return jnp.concatenate([first, x[:, :, :, :-1]], axis=3)
 
 
-def reformer_attention(q, k, v, mask=None, causal: bool = False, *, n_buckets: int = 32,
-                       n_hashes: int = 2, chunk_size: int = 64, seed: int = 0,
-                       scale: Optional[float] = None):
+def reformer_attention(
+  q,
+  k,
+  v,
+  mask=None,
+  causal: bool = False,
+  *,
+  n_buckets: int = 32,
+  n_hashes: int = 2,
+  chunk_size: int = 64,
+  seed: int = 0,
+  scale: Optional[float] = None,
+):
   """Multi-round LSH attention with shared queries and keys (see module docstring).
 
   Scores, softmax and the round combination run in float32 (or wider); the
@@ -141,12 +154,15 @@ def reformer_attention(q, k, v, mask=None, causal: bool = False, *, n_buckets: i
   del k
   b, n, h, d = q.shape
   if v.shape[:3] != (b, n, h):
-    raise ValueError(f'reformer_attention is self-attention: v must be [batch={b}, n={n}, '
-                     f'heads={h}, v_dim], got shape {v.shape}')
+    raise ValueError(
+      f'reformer_attention is self-attention: v must be [batch={b}, n={n}, '
+      f'heads={h}, v_dim], got shape {v.shape}'
+    )
   if n_buckets < 1 or (n_buckets > 1 and n_buckets % 2):
     raise ValueError(f'n_buckets must be 1 or an even number >= 2, got {n_buckets}')
-  registry.check_arguments('reformer', 'reformer_attention', n_hashes=n_hashes,
-                           chunk_size=chunk_size)
+  registry.check_arguments(
+    'reformer', 'reformer_attention', n_hashes=n_hashes, chunk_size=chunk_size
+  )
   chunk = min(chunk_size, n)
   if n % chunk:
     raise ValueError(f'Reformer length {n} is not divisible by chunk_size={chunk_size}')
@@ -159,13 +175,13 @@ def reformer_attention(q, k, v, mask=None, causal: bool = False, *, n_buckets: i
   # Hash and sort (not differentiated: integer buckets and permutations).
   x = q.astype(compute)
   buckets = lsh_buckets(x, lsh_rotations(seed, h, d, n_buckets, n_hashes))
-  buckets = jnp.where(real[:, None, None, :], buckets, n_buckets)     # [b, h, r, n]
+  buckets = jnp.where(real[:, None, None, :], buckets, n_buckets)  # [b, h, r, n]
   pos = jnp.arange(n, dtype=jnp.int32)
-  perm = jnp.argsort(buckets * n + pos, axis=-1)                      # sorted -> original
-  undo = jnp.argsort(perm, axis=-1)                                   # original -> sorted
+  perm = jnp.argsort(buckets * n + pos, axis=-1)  # sorted -> original
+  undo = jnp.argsort(perm, axis=-1)  # original -> sorted
 
   def sort(t):  # [b, n, h, e] -> [b, h, r, num_chunks, chunk, e]
-    t = jnp.swapaxes(t, 1, 2)[:, :, None]                             # [b, h, 1, n, e]
+    t = jnp.swapaxes(t, 1, 2)[:, :, None]  # [b, h, 1, n, e]
     t = jnp.take_along_axis(t, perm[..., None], axis=3)
     return t.reshape(b, h, n_hashes, num_chunks, chunk, t.shape[-1])
 
@@ -187,20 +203,25 @@ def reformer_attention(q, k, v, mask=None, causal: bool = False, *, n_buckets: i
   valid = kreal[..., None, :]
   if causal:  # the chunk most recent keys of the query's own bucket (module docstring)
     sbucket = jnp.take_along_axis(buckets, perm, axis=3).reshape(spos.shape)
-    sidx = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32).reshape(num_chunks, chunk),
-                            spos.shape)                               # sorted index
+    sidx = jnp.broadcast_to(
+      jnp.arange(n, dtype=jnp.int32).reshape(num_chunks, chunk), spos.shape
+    )  # sorted index
     kbucket, ksidx = sbucket, sidx
     if num_chunks > 1:
       kbucket = jnp.concatenate([sbucket, _previous_chunk(sbucket, -1)], axis=4)
       ksidx = jnp.concatenate([sidx, _previous_chunk(sidx, -n - 1)], axis=4)
-    valid = valid & (kp <= qp) & (kbucket[..., None, :] == sbucket[..., :, None]) & (
-        sidx[..., :, None] - ksidx[..., None, :] <= chunk)
+    valid = (
+      valid
+      & (kp <= qp)
+      & (kbucket[..., None, :] == sbucket[..., :, None])
+      & (sidx[..., :, None] - ksidx[..., None, :] <= chunk)
+    )
   w, lse = masked_softmax(s, valid)
   so = jnp.einsum('bhrcqk,bhrckd->bhrcqd', w, sv).reshape(b, h, n_hashes, n, -1)
   lse = lse.reshape(b, h, n_hashes, n)
 
   # Unsort and combine the rounds with their log-sum-exp weights.
-  options = jnp.take_along_axis(so, undo[..., None], axis=3)                # [b, h, r, n, dv]
+  options = jnp.take_along_axis(so, undo[..., None], axis=3)  # [b, h, r, n, dv]
   lse = jnp.take_along_axis(lse, undo, axis=3)
   if n_hashes > 1:
     options = jnp.sum(jax.nn.softmax(lse, axis=2)[..., None] * options, axis=2)
@@ -212,17 +233,17 @@ def reformer_attention(q, k, v, mask=None, causal: bool = False, *, n_buckets: i
 @registry.register
 class Reformer(registry.Mechanism):
   """Shared query-key: the layer skips the key projection and passes the queries."""
+
   name = 'reformer'
   rotary = 'scores'
   description = 'LSH attention over shared query-keys, chunked'
   citation = 'Kitaev et al. 2020'
   options = (
-      registry.Option('n_buckets', 32, int, 'hash buckets (1, or even)', minimum=1),
-      registry.Option('n_hashes', 2, int, 'hashing rounds', minimum=1),
-      registry.Option('chunk_size', 64, int, 'chunk length c (must divide the length)',
-                      minimum=1),
-      registry.Option('seed', 0, int, 'seed of the random rotations', minimum=0),
-      SCALE,
+    registry.Option('n_buckets', 32, int, 'hash buckets (1, or even)', minimum=1),
+    registry.Option('n_hashes', 2, int, 'hashing rounds', minimum=1),
+    registry.Option('chunk_size', 64, int, 'chunk length c (must divide the length)', minimum=1),
+    registry.Option('seed', 0, int, 'seed of the random rotations', minimum=0),
+    SCALE,
   )
   causal = True
   shared_qk = True
@@ -234,22 +255,36 @@ class Reformer(registry.Mechanism):
 
   def check(self, options, *, length, max_length, causal):
     if options.n_buckets != 1 and options.n_buckets % 2:
-      raise ValueError(f"option n_buckets={options.n_buckets} of mechanism 'reformer' is not valid; "
-                       f'it must be 1 or even')
+      raise ValueError(
+        f"option n_buckets={options.n_buckets} of mechanism 'reformer' is not valid; "
+        f'it must be 1 or even'
+      )
     if length % min(options.chunk_size, length):
-      raise ValueError(f"option chunk_size={options.chunk_size} of mechanism 'reformer' does not "
-                       f'divide the sequence length {length}; valid: a divisor of {length}')
+      raise ValueError(
+        f"option chunk_size={options.chunk_size} of mechanism 'reformer' does not "
+        f'divide the sequence length {length}; valid: a divisor of {length}'
+      )
 
   def reference(self, options, q, k, v):
     """Full shared-QK softmax with the self-mask (one bucket, one round, one chunk)."""
     del k
-    return reformer_attention(q, q, v, n_buckets=1, n_hashes=1, chunk_size=q.shape[1],
-                              scale=options.scale)
+    return reformer_attention(
+      q, q, v, n_buckets=1, n_hashes=1, chunk_size=q.shape[1], scale=options.scale
+    )
 
   def exact_options(self, length):
     return {'n_buckets': 1, 'n_hashes': 1, 'chunk_size': length}
 
   def attend(self, options, params, q, k, v, *, mask, causal, ctx):
-    return reformer_attention(q, k, v, mask=mask, causal=causal, n_buckets=options.n_buckets,
-                              n_hashes=options.n_hashes, chunk_size=options.chunk_size, seed=options.seed,
-                              scale=options.scale)
+    return reformer_attention(
+      q,
+      k,
+      v,
+      mask=mask,
+      causal=causal,
+      n_buckets=options.n_buckets,
+      n_hashes=options.n_hashes,
+      chunk_size=options.chunk_size,
+      seed=options.seed,
+      scale=options.scale,
+    )

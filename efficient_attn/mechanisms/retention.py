@@ -22,13 +22,14 @@ d_k), keeps the width every mechanism has, which every projection scheme
 builds. The norm is RetNet's (no learned scale; flash-linear-attention's
 MultiScaleRetention doubles the values too but learns a scale).
 """
+
 import math
 
 import flax.linen as nn
 import jax.numpy as jnp
 
-from efficient_attn.ops import gated_linear
 from efficient_attn import registry
+from efficient_attn.ops import gated_linear
 
 
 def retention_log_decay(heads: int):
@@ -52,12 +53,14 @@ def retention_attention(q, k, v, mask=None, *, form: str = 'chunk', chunk_size: 
   Returns:
     `[batch, length, heads, dv]` in v's dtype (computed in float32).
   """
-  kp = gated_linear.pure_inputs('retention', 'retention_attention', q, k, v, mask, {},
-                                form=form, chunk_size=chunk_size)
+  kp = gated_linear.pure_inputs(
+    'retention', 'retention_attention', q, k, v, mask, {}, form=form, chunk_size=chunk_size
+  )
   b, n, h, dk = k.shape
   g = jnp.broadcast_to(retention_log_decay(h)[:, None], (b, n, h, 1))
-  return gated_linear.pure_recurrence(gated_linear.DECAY, q, k / math.sqrt(dk), v, g, None, kp,
-                                      form=form, chunk_size=chunk_size).astype(v.dtype)
+  return gated_linear.pure_recurrence(
+    gated_linear.DECAY, q, k / math.sqrt(dk), v, g, None, kp, form=form, chunk_size=chunk_size
+  ).astype(v.dtype)
 
 
 @registry.register
@@ -66,8 +69,13 @@ class Retention(gated_linear.GatedRecurrence):
   description = 'retention: a fixed decay per head, group norm and a swish gate'
   citation = 'Sun et al. 2023'
   options = gated_linear.common_options(conv_size=0, default_init='LeCun normal') + (
-      registry.Option('value_factor', 1, int, 'values, swish gate and norm are value_factor '
-                      'x head_dim wide (RetNet: 2)', minimum=1),
+    registry.Option(
+      'value_factor',
+      1,
+      int,
+      'values, swish gate and norm are value_factor x head_dim wide (RetNet: 2)',
+      minimum=1,
+    ),
   )
   rotary = 'scores'
   complexity = ('O(n c d + n d^2)', 'O(n d + d^2)')
@@ -77,8 +85,12 @@ class Retention(gated_linear.GatedRecurrence):
     return heads, head_dim, options.value_factor * head_dim
 
   def input_params(self, options, *, features, heads, head_dim):
-    return {'gate_kernel': registry.ParamSpec((features, heads, options.value_factor * head_dim),
-                                              self.init_for(options, nn.initializers.lecun_normal()))}
+    return {
+      'gate_kernel': registry.ParamSpec(
+        (features, heads, options.value_factor * head_dim),
+        self.init_for(options, nn.initializers.lecun_normal()),
+      )
+    }
 
   def gates(self, options, params, inputs):
     return {'output': gated_linear.dense(inputs, params['gate_kernel'])}

@@ -49,14 +49,15 @@ time and O(q_length sortcut_k B) memory, plus the sort. Shapes: q `[batch,
 q_length, heads, head_dim]`, k `[batch, n, heads, head_dim]`, v `[batch, n,
 heads, v_dim]`, output `[batch, q_length, heads, v_dim]`.
 """
+
 from typing import Optional
 
 import jax
 import jax.numpy as jnp
 
-from efficient_attn.ops import masking
 from efficient_attn import registry
 from efficient_attn.mechanisms.softmax import SCALE
+from efficient_attn.ops import masking
 from efficient_attn.ops.per_head_mlp import ParamSpecs
 from efficient_attn.ops.per_head_mlp import mlp_param_specs
 from efficient_attn.ops.per_head_mlp import per_head_mlp
@@ -67,9 +68,15 @@ from efficient_attn.ops.scaled_dot_product import masked_softmax
 _SORT_PARAMS = ('sort_w1', 'sort_b1', 'sort_w2', 'sort_b2')
 
 
-def param_specs(*, heads: int, head_dim: int, max_length: Optional[int] = None,
-                block_size: int = 64, sort_hidden_dim: Optional[int] = None,
-                **options) -> ParamSpecs:
+def param_specs(
+  *,
+  heads: int,
+  head_dim: int,
+  max_length: Optional[int] = None,
+  block_size: int = 64,
+  sort_hidden_dim: Optional[int] = None,
+  **options,
+) -> ParamSpecs:
   """Shapes and initialisers of the sorting network (one 2-layer MLP per head).
 
   Args:
@@ -86,13 +93,17 @@ def param_specs(*, heads: int, head_dim: int, max_length: Optional[int] = None,
   """
   del options
   if max_length is None:
-    raise ValueError('Sinkhorn param_specs needs max_length (the sorting network has '
-                     'max_length // block_size outputs); got max_length=None')
-  registry.check_arguments('sinkhorn', 'Sinkhorn param_specs', block_size=block_size,
-                           sort_hidden_dim=sort_hidden_dim)
+    raise ValueError(
+      'Sinkhorn param_specs needs max_length (the sorting network has '
+      'max_length // block_size outputs); got max_length=None'
+    )
+  registry.check_arguments(
+    'sinkhorn', 'Sinkhorn param_specs', block_size=block_size, sort_hidden_dim=sort_hidden_dim
+  )
   if max_length < block_size or max_length % block_size:
-    raise ValueError(f'max_length={max_length} must be a positive multiple of '
-                     f'block_size={block_size}')
+    raise ValueError(
+      f'max_length={max_length} must be a positive multiple of block_size={block_size}'
+    )
   hidden = head_dim if sort_hidden_dim is None else sort_hidden_dim
   return mlp_param_specs('sort', heads, head_dim, hidden, max_length // block_size)
 
@@ -113,8 +124,8 @@ def block_summaries(k, key_padding, block_size: int, causal: bool = False):
   compute = jnp.promote_types(k.dtype, jnp.float32)
   real = (jnp.ones((b, n), bool) if key_padding is None else key_padding).astype(compute)
   kz = k.astype(compute) * real[:, :, None, None]
-  sums = kz.reshape(b, nb, block_size, h, d).sum(axis=2)               # [b, N, h, d]
-  counts = real.reshape(b, nb, block_size).sum(axis=2)                 # [b, N]
+  sums = kz.reshape(b, nb, block_size, h, d).sum(axis=2)  # [b, N, h, d]
+  counts = real.reshape(b, nb, block_size).sum(axis=2)  # [b, N]
   if causal:  # exclusive prefix over blocks: row i sums blocks 0 .. i-1
     sums = jnp.cumsum(_shift_blocks(sums), axis=1)
     counts = jnp.cumsum(_shift_blocks(counts), axis=1)
@@ -131,8 +142,9 @@ def sort_logits(summaries, params, num_blocks: int):
   h = summaries.shape[2]
   w2 = params['sort_w2']
   if w2.ndim != 3 or w2.shape[0] != h:
-    raise ValueError(f"Sinkhorn param 'sort_w2' must be [heads={h}, hidden, max_blocks], "
-                     f'got shape {w2.shape}')
+    raise ValueError(
+      f"Sinkhorn param 'sort_w2' must be [heads={h}, hidden, max_blocks], got shape {w2.shape}"
+    )
   compute = jnp.promote_types(summaries.dtype, jnp.float32)
   r = per_head_mlp(summaries, params, 'sort', compute)[..., :num_blocks]  # [b, N, h, N]
   return jnp.swapaxes(r, 1, 2)
@@ -145,8 +157,9 @@ def sample_gumbel(rng, shape, dtype=jnp.float32):
   return -jnp.log(-jnp.log(u))
 
 
-def gumbel_sinkhorn(logits, iterations: int = 8, temperature: float = 0.75,
-                    causal: bool = False, rng=None):
+def gumbel_sinkhorn(
+  logits, iterations: int = 8, temperature: float = 0.75, causal: bool = False, rng=None
+):
   """Soft permutation `[..., N, N]` by log-domain Sinkhorn balancing (Mena et al., 2018).
 
   Args:
@@ -188,31 +201,51 @@ def gumbel_sinkhorn(logits, iterations: int = 8, temperature: float = 0.75,
 def _check(q, k, v, block_size, sinkhorn_iterations, temperature, sortcut_k, causal):
   b, n, h, d = k.shape
   if q.shape[0] != b or q.shape[2] != h or q.shape[3] != d:
-    raise ValueError(f'q must be [batch={b}, q_length, heads={h}, head_dim={d}], '
-                     f'got shape {q.shape}')
+    raise ValueError(
+      f'q must be [batch={b}, q_length, heads={h}, head_dim={d}], got shape {q.shape}'
+    )
   if v.shape[:3] != (b, n, h):
-    raise ValueError(f'v must be [batch={b}, kv_length={n}, heads={h}, v_dim], '
-                     f'got shape {v.shape}')
-  registry.check_arguments('sinkhorn', 'sinkhorn_attention', block_size=block_size,
-                           sinkhorn_iterations=sinkhorn_iterations, temperature=temperature,
-                           sortcut_k=sortcut_k)
+    raise ValueError(f'v must be [batch={b}, kv_length={n}, heads={h}, v_dim], got shape {v.shape}')
+  registry.check_arguments(
+    'sinkhorn',
+    'sinkhorn_attention',
+    block_size=block_size,
+    sinkhorn_iterations=sinkhorn_iterations,
+    temperature=temperature,
+    sortcut_k=sortcut_k,
+  )
   if n % block_size:
     raise ValueError(f'Sinkhorn kv length {n} is not divisible by block_size={block_size}')
   nb = n // block_size
   if sortcut_k > nb:
     raise ValueError(f'sortcut_k must be in [0, num_blocks={nb}], got {sortcut_k}')
   if sortcut_k and causal:
-    raise ValueError(f'sortcut_k={sortcut_k} (SortCut) is non-causal: every query sees the '
-                     'first sorted blocks, which mix all positions; use causal=False')
+    raise ValueError(
+      f'sortcut_k={sortcut_k} (SortCut) is non-causal: every query sees the '
+      'first sorted blocks, which mix all positions; use causal=False'
+    )
   if not sortcut_k and q.shape[1] != n:
-    raise ValueError(f'Sinkhorn attention needs q_length == kv_length unless sortcut_k > 0, '
-                     f'got {q.shape[1]} and {n}')
+    raise ValueError(
+      f'Sinkhorn attention needs q_length == kv_length unless sortcut_k > 0, '
+      f'got {q.shape[1]} and {n}'
+    )
 
 
-def sinkhorn_attention_from_logits(q, k, v, logits, mask=None, causal: bool = False, *,
-                                   block_size: int = 64, sinkhorn_iterations: int = 8,
-                                   temperature: float = 0.75, sortcut_k: int = 0,
-                                   rng=None, scale: Optional[float] = None):
+def sinkhorn_attention_from_logits(
+  q,
+  k,
+  v,
+  logits,
+  mask=None,
+  causal: bool = False,
+  *,
+  block_size: int = 64,
+  sinkhorn_iterations: int = 8,
+  temperature: float = 0.75,
+  sortcut_k: int = 0,
+  rng=None,
+  scale: Optional[float] = None,
+):
   """Sinkhorn attention given the block logits R (the sorting network's output).
 
   Args: as `sinkhorn_attention`, with `logits` `[batch|1, heads|1, N, N]`
@@ -225,8 +258,9 @@ def sinkhorn_attention_from_logits(q, k, v, logits, mask=None, causal: bool = Fa
   b, n, h, d = k.shape
   nb, bs = n // block_size, block_size
   if logits.ndim != 4 or logits.shape[-2:] != (nb, nb):
-    raise ValueError(f'Sinkhorn logits must be [batch, heads, {nb}, {nb}], '
-                     f'got shape {logits.shape}')
+    raise ValueError(
+      f'Sinkhorn logits must be [batch, heads, {nb}, {nb}], got shape {logits.shape}'
+    )
   compute = jnp.promote_types(jnp.promote_types(q.dtype, v.dtype), jnp.float32)
   scale = default_scale(d, scale)
   key_padding = masking.key_padding_from_mask(mask, b, n)
@@ -237,7 +271,7 @@ def sinkhorn_attention_from_logits(q, k, v, logits, mask=None, causal: bool = Fa
   kb = masking.zero_padded(k, real).astype(compute).reshape(b, nb, bs, h, d)
   vb = masking.zero_padded(v, real).astype(compute).reshape(b, nb, bs, h, -1)
   realb = real.reshape(b, nb, bs)
-  ks = jnp.einsum('bhij,bjshd->bishd', perm, kb)                       # [b, N, B, h, d]
+  ks = jnp.einsum('bhij,bjshd->bishd', perm, kb)  # [b, N, B, h, d]
   vs = jnp.einsum('bhij,bjshd->bishd', perm, vb)
   # Sorted slot (i, s) is valid where some real key reaches it.
   sorted_valid = jnp.einsum('bhij,bjs->bhis', perm, realb.astype(compute)) > 0
@@ -251,25 +285,37 @@ def sinkhorn_attention_from_logits(q, k, v, logits, mask=None, causal: bool = Fa
     return jnp.einsum('bhqk,bkhd->bqhd', w, vc).astype(v.dtype)
 
   qb = q.astype(compute).reshape(b, nb, bs, h, d)
-  keys = jnp.concatenate([kb, ks], axis=2)                             # [b, N, 2B, h, d]
+  keys = jnp.concatenate([kb, ks], axis=2)  # [b, N, 2B, h, d]
   vals = jnp.concatenate([vb, vs], axis=2)
-  local_valid = realb[:, :, None, None, :]                             # [b, N, 1, 1, B]
+  local_valid = realb[:, :, None, None, :]  # [b, N, 1, 1, B]
   if causal:
     local_valid = local_valid & jnp.tril(jnp.ones((bs, bs), bool))
   local_valid = jnp.broadcast_to(local_valid, (b, nb, h, bs, bs))
-  srt_valid = jnp.broadcast_to(jnp.swapaxes(sorted_valid, 1, 2)[:, :, :, None, :],
-                               (b, nb, h, bs, bs))
-  valid = jnp.concatenate([local_valid, srt_valid], axis=-1)           # [b, N, h, B, 2B]
+  srt_valid = jnp.broadcast_to(
+    jnp.swapaxes(sorted_valid, 1, 2)[:, :, :, None, :], (b, nb, h, bs, bs)
+  )
+  valid = jnp.concatenate([local_valid, srt_valid], axis=-1)  # [b, N, h, B, 2B]
   s = jnp.einsum('bcqhd,bckhd->bchqk', qb, keys) * scale
   w, _ = masked_softmax(s, valid)
   out = jnp.einsum('bchqk,bckhd->bcqhd', w, vals)
   return out.reshape(b, n, h, -1).astype(v.dtype)
 
 
-def sinkhorn_attention(q, k, v, params, mask=None, causal: bool = False, *,
-                       block_size: int = 64, sinkhorn_iterations: int = 8,
-                       temperature: float = 0.75, sortcut_k: int = 0, rng=None,
-                       scale: Optional[float] = None):
+def sinkhorn_attention(
+  q,
+  k,
+  v,
+  params,
+  mask=None,
+  causal: bool = False,
+  *,
+  block_size: int = 64,
+  sinkhorn_iterations: int = 8,
+  temperature: float = 0.75,
+  sortcut_k: int = 0,
+  rng=None,
+  scale: Optional[float] = None,
+):
   """Sparse Sinkhorn attention: local block + learned-sorted block, one softmax.
 
   See the module docstring for the algorithm, the causal form, SortCut and
@@ -305,15 +351,27 @@ def sinkhorn_attention(q, k, v, params, mask=None, causal: bool = False, *,
   require_params(params, _SORT_PARAMS, 'sinkhorn_attention')
   max_blocks = params['sort_w2'].shape[-1]
   if nb > max_blocks:
-    raise ValueError(f'Sinkhorn input length {n} exceeds max_length {max_blocks * block_size} '
-                     f'(= {max_blocks} blocks of block_size={block_size}) of its sorting network')
+    raise ValueError(
+      f'Sinkhorn input length {n} exceeds max_length {max_blocks * block_size} '
+      f'(= {max_blocks} blocks of block_size={block_size}) of its sorting network'
+    )
   key_padding = masking.key_padding_from_mask(mask, b, n)
   summaries = block_summaries(k, key_padding, block_size, causal)
   logits = sort_logits(summaries, params, nb)
   return sinkhorn_attention_from_logits(
-      q, k, v, logits, mask=key_padding, causal=causal, block_size=block_size,
-      sinkhorn_iterations=sinkhorn_iterations, temperature=temperature,
-      sortcut_k=sortcut_k, rng=rng, scale=scale)
+    q,
+    k,
+    v,
+    logits,
+    mask=key_padding,
+    causal=causal,
+    block_size=block_size,
+    sinkhorn_iterations=sinkhorn_iterations,
+    temperature=temperature,
+    sortcut_k=sortcut_k,
+    rng=rng,
+    scale=scale,
+  )
 
 
 @registry.register
@@ -321,20 +379,31 @@ class Sinkhorn(registry.Mechanism):
   """Parameters: the sorting network, 'sort_w1' `[heads, head_dim, hidden]`, 'sort_b1',
   'sort_w2' `[heads, hidden, max_length // block_size]`, 'sort_b2'. Gumbel noise is
   added in training calls that have a 'dropout' rng."""
+
   name = 'sinkhorn'
   rotary = 'scores'
   description = 'learned block sorting (Gumbel-Sinkhorn) + local block'
   citation = 'Tay et al. 2020'
   options = (
-      registry.Option('block_size', 64, int, 'tokens per block (must divide the length)',
-                      minimum=1),
-      registry.Option('sinkhorn_iterations', 8, int, 'balancing iterations', minimum=1),
-      registry.Option('temperature', 0.75, float, 'Gumbel-Sinkhorn temperature', above=0.0),
-      registry.Option('sortcut_k', 0, int, 'SortCut: attend to the first k sorted blocks '
-                      '(0: off; non-causal)', minimum=0),
-      registry.Option('sort_hidden_dim', None, int, "sorting network width; None: head_dim",
-                      minimum=1, allow_none=True),
-      SCALE,
+    registry.Option('block_size', 64, int, 'tokens per block (must divide the length)', minimum=1),
+    registry.Option('sinkhorn_iterations', 8, int, 'balancing iterations', minimum=1),
+    registry.Option('temperature', 0.75, float, 'Gumbel-Sinkhorn temperature', above=0.0),
+    registry.Option(
+      'sortcut_k',
+      0,
+      int,
+      'SortCut: attend to the first k sorted blocks (0: off; non-causal)',
+      minimum=0,
+    ),
+    registry.Option(
+      'sort_hidden_dim',
+      None,
+      int,
+      "sorting network width; None: head_dim",
+      minimum=1,
+      allow_none=True,
+    ),
+    SCALE,
   )
   causal = True
   fixed_length = True
@@ -347,23 +416,43 @@ class Sinkhorn(registry.Mechanism):
   def check(self, options, *, length, max_length, causal):
     for what, n in (('sequence length', length), ('max_length', max_length)):
       if n % options.block_size:
-        raise ValueError(f"option block_size={options.block_size} of mechanism 'sinkhorn' does not "
-                         f'divide the {what} {n}; valid: a divisor of {n}')
+        raise ValueError(
+          f"option block_size={options.block_size} of mechanism 'sinkhorn' does not "
+          f'divide the {what} {n}; valid: a divisor of {n}'
+        )
     if options.sortcut_k > length // options.block_size:
-      raise ValueError(f"option sortcut_k={options.sortcut_k} of mechanism 'sinkhorn' exceeds "
-                       f'the {length // options.block_size} blocks')
+      raise ValueError(
+        f"option sortcut_k={options.sortcut_k} of mechanism 'sinkhorn' exceeds "
+        f'the {length // options.block_size} blocks'
+      )
     if options.sortcut_k and causal:
-      raise ValueError(f"option sortcut_k={options.sortcut_k} of mechanism 'sinkhorn' has no "
-                       f'causal form; use sortcut_k=0 with causal=True')
+      raise ValueError(
+        f"option sortcut_k={options.sortcut_k} of mechanism 'sinkhorn' has no "
+        f'causal form; use sortcut_k=0 with causal=True'
+      )
 
   def params(self, options, *, heads, head_dim, max_length, causal):
-    return param_specs(heads=heads, head_dim=head_dim, max_length=max_length,
-                       block_size=options.block_size, sort_hidden_dim=options.sort_hidden_dim)
+    return param_specs(
+      heads=heads,
+      head_dim=head_dim,
+      max_length=max_length,
+      block_size=options.block_size,
+      sort_hidden_dim=options.sort_hidden_dim,
+    )
 
   def attend(self, options, params, q, k, v, *, mask, causal, ctx):
     rng = None if ctx.deterministic else ctx.rng('dropout')
-    return sinkhorn_attention(q, k, v, params, mask=mask, causal=causal,
-                              block_size=options.block_size,
-                              sinkhorn_iterations=options.sinkhorn_iterations,
-                              temperature=options.temperature, sortcut_k=options.sortcut_k, rng=rng,
-                              scale=options.scale)
+    return sinkhorn_attention(
+      q,
+      k,
+      v,
+      params,
+      mask=mask,
+      causal=causal,
+      block_size=options.block_size,
+      sinkhorn_iterations=options.sinkhorn_iterations,
+      temperature=options.temperature,
+      sortcut_k=options.sortcut_k,
+      rng=rng,
+      scale=options.scale,
+    )

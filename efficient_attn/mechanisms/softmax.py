@@ -6,32 +6,45 @@ heads, v_dim]`. Masks follow `efficient_attn.ops.masking`. The plain form's math
 (`softmax_attention`, `softmax_weights`) lives in `efficient_attn.ops.scaled_dot_product`, which
 the registry imports too; it is re-exported here.
 """
+
 from typing import Optional
 
 import jax.numpy as jnp
 
+from efficient_attn import registry
+from efficient_attn.ops import collectives
 from efficient_attn.ops import flash
 from efficient_attn.ops import fused_softmax
 from efficient_attn.ops import masking
-from efficient_attn.ops import collectives
-from efficient_attn import registry
 from efficient_attn.ops import scaled_dot_product as softmax_lib
 from efficient_attn.ops.scaled_dot_product import default_scale
 from efficient_attn.ops.scaled_dot_product import softmax_attention
 from efficient_attn.ops.scaled_dot_product import softmax_weights  # noqa: F401  (re-exported)
 
-SCALE = registry.Option('scale', None, float, 'score scale; None: 1/sqrt(head_dim)',
-                        above=0.0, allow_none=True)
+SCALE = registry.Option(
+  'scale', None, float, 'score scale; None: 1/sqrt(head_dim)', above=0.0, allow_none=True
+)
 IMPLEMENTATION = registry.Option(
-    'implementation', 'auto', str, "'auto': the platform's fused kernel (GPU: cuDNN for "
-    "16-bit, else the Pallas flash kernel; TPU: Pallas splash) when it can honour the call, "
-    "else the einsum ('xla')",
-    choices=fused_softmax.IMPLEMENTATIONS)
+  'implementation',
+  'auto',
+  str,
+  "'auto': the platform's fused kernel (GPU: cuDNN for "
+  "16-bit, else the Pallas flash kernel; TPU: Pallas splash) when it can honour the call, "
+  "else the einsum ('xla')",
+  choices=fused_softmax.IMPLEMENTATIONS,
+)
 
 
-def chunked_softmax_attention(q, k, v, mask=None, causal: bool = False,
-                              scale: Optional[float] = None, q_chunk: int = 256,
-                              k_chunk: int = 512):
+def chunked_softmax_attention(
+  q,
+  k,
+  v,
+  mask=None,
+  causal: bool = False,
+  scale: Optional[float] = None,
+  q_chunk: int = 256,
+  k_chunk: int = 512,
+):
   """Exact attention in O(n) memory: FlashAttention's blocks (Dao et al. 2022).
 
   Queries are processed `q_chunk` at a time against keys and values `k_chunk`
@@ -47,8 +60,9 @@ def chunked_softmax_attention(q, k, v, mask=None, causal: bool = False,
   kv_length]` (only its current chunk is read).
   """
   masking.check_inputs(q, k, v, mask, name='chunked softmax attention')
-  registry.check_arguments('softmax_chunked', 'chunked_softmax_attention', q_chunk=q_chunk,
-                           k_chunk=k_chunk)
+  registry.check_arguments(
+    'softmax_chunked', 'chunked_softmax_attention', q_chunk=q_chunk, k_chunk=k_chunk
+  )
   lq, lk = q.shape[1], k.shape[1]
   compute = jnp.promote_types(q.dtype, jnp.float32)
   cq, ck = min(q_chunk, lq), min(k_chunk, lk)
@@ -59,8 +73,10 @@ def chunked_softmax_attention(q, k, v, mask=None, causal: bool = False,
     mask = jnp.asarray(mask, bool)
     if mask.ndim == 2:
       mask = mask[:, None, None, :]
-    mask = jnp.pad(mask, [(0, 0), (0, 0), (0, pq if mask.shape[2] > 1 else 0),
-                          (0, pk if mask.shape[3] > 1 else 0)])
+    mask = jnp.pad(
+      mask,
+      [(0, 0), (0, 0), (0, pq if mask.shape[2] > 1 else 0), (0, pk if mask.shape[3] > 1 else 0)],
+    )
   blocks = flash.Blocks(cq, ck, lk, bool(causal), lk - lq)  # causal as masking.causal_mask
   out = flash.attend(blocks, qs, pad(k, pk), pad(v, pk), mask)
   return out[:, :lq].astype(v.dtype)
@@ -77,8 +93,11 @@ def _dense_backward(q, k, v, key_padding, causal: bool, out, lse, g):
   p = jnp.where(_block_valid(q, k, key_padding, causal), jnp.exp(s - lse[..., None]), 0.0)
   delta = jnp.einsum('bqhd,bqhd->bhq', g, out)
   ds = p * (jnp.einsum('bqhd,bkhd->bhqk', g, v) - delta[..., None])
-  return (jnp.einsum('bhqk,bkhd->bqhd', ds, k), jnp.einsum('bhqk,bqhd->bkhd', ds, q),
-          jnp.einsum('bhqk,bqhd->bkhd', p, g))
+  return (
+    jnp.einsum('bhqk,bkhd->bqhd', ds, k),
+    jnp.einsum('bhqk,bqhd->bkhd', ds, q),
+    jnp.einsum('bhqk,bqhd->bkhd', p, g),
+  )
 
 
 def _block_valid(q, k, key_padding, causal: bool):
@@ -95,6 +114,7 @@ DENSE_BLOCK = collectives.RingBlock(_dense_forward, _dense_backward)
 def chunked_block(q_chunk: int, k_chunk: int) -> collectives.RingBlock:
   """softmax_chunked's ring step: the block in `q_chunk` x `k_chunk` blocks
   (`flash.forward`, `flash.backward`), O(m d) memory."""
+
   def layout(q, k, key_padding, causal):
     lq, lk = q.shape[1], k.shape[1]
     cq, ck = min(q_chunk, lq), min(k_chunk, lk)
@@ -106,16 +126,18 @@ def chunked_block(q_chunk: int, k_chunk: int) -> collectives.RingBlock:
   def forward(q, k, v, key_padding, causal):
     cfg, pq, pk, mask = layout(q, k, key_padding, causal)
     out, lse = flash.forward(cfg, pad(q, pq), pad(k, pk), pad(v, pk), mask)
-    lse = lse[..., :q.shape[1]]
-    return out[:, :q.shape[1]], jnp.where(jnp.isfinite(lse), lse, masking.big_neg(lse.dtype))
+    lse = lse[..., : q.shape[1]]
+    return out[:, : q.shape[1]], jnp.where(jnp.isfinite(lse), lse, masking.big_neg(lse.dtype))
 
   def backward(q, k, v, key_padding, causal, out, lse, g):
     cfg, pq, pk, mask = layout(q, k, key_padding, causal)
     lse = jnp.pad(lse, ((0, 0), (0, 0), (0, pq)), constant_values=jnp.inf)
-    dq, dk, dv = flash.backward(cfg, pad(q, pq), pad(k, pk), pad(v, pk), mask, pad(out, pq),
-                                lse, pad(g, pq))
+    dq, dk, dv = flash.backward(
+      cfg, pad(q, pq), pad(k, pk), pad(v, pk), mask, pad(out, pq), lse, pad(g, pq)
+    )
     lq, lk = q.shape[1], k.shape[1]
     return dq[:, :lq], dk[:, :lk], dv[:, :lk]
+
   return collectives.RingBlock(forward, backward)
 
 
@@ -124,8 +146,9 @@ def ring_softmax(options, q, k, v, mask, causal: bool, axis: str, block):
   scale, in float32 (or wider), returned in v's dtype."""
   compute = jnp.promote_types(q.dtype, jnp.float32)
   qs = q.astype(compute) * default_scale(q.shape[-1], options.scale)
-  out = collectives.ring_attention(qs, k.astype(compute), v.astype(compute), mask,
-                                causal=causal, axis=axis, block=block)
+  out = collectives.ring_attention(
+    qs, k.astype(compute), v.astype(compute), mask, causal=causal, axis=axis, block=block
+  )
   return out.astype(v.dtype)
 
 
@@ -137,11 +160,14 @@ def _dropout(ctx):
 
 def _fused(options, q, k, v, mask, causal, ctx, dropout: bool = False):
   """The fused kernel's output if `o.implementation` picks one for this call, else None."""
-  impl = fused_softmax.choose(options.implementation, q, k, v, mask, causal, dropout=dropout,
-                      weights=ctx.forming_weights)
+  impl = fused_softmax.choose(
+    options.implementation, q, k, v, mask, causal, dropout=dropout, weights=ctx.forming_weights
+  )
   if impl == 'xla':
     return None
-  return fused_softmax.attention(impl, q, k, v, mask, causal, default_scale(q.shape[-1], options.scale))
+  return fused_softmax.attention(
+    impl, q, k, v, mask, causal, default_scale(q.shape[-1], options.scale)
+  )
 
 
 @registry.register
@@ -166,9 +192,17 @@ class Softmax(registry.Mechanism):
     out = _fused(options, q, k, v, mask, causal, ctx, dropout=rng is not None)
     if out is not None:
       return out
-    return softmax_attention(q, k, v, mask=mask, causal=causal, scale=options.scale,
-                             dropout_rate=rate, dropout_rng=rng,
-                             broadcast_dropout=ctx.broadcast_dropout)
+    return softmax_attention(
+      q,
+      k,
+      v,
+      mask=mask,
+      causal=causal,
+      scale=options.scale,
+      dropout_rate=rate,
+      dropout_rng=rng,
+      broadcast_dropout=ctx.broadcast_dropout,
+    )
 
 
 @registry.register
@@ -178,10 +212,10 @@ class ChunkedSoftmax(registry.Mechanism):
   description = 'exact attention in O(n) memory: online softmax over blocks, recomputing backward'
   citation = 'Rabe & Staats 2021; Dao et al. 2022'
   options = (
-      registry.Option('q_chunk', 256, int, 'queries per chunk', minimum=1),
-      registry.Option('k_chunk', 512, int, 'keys per chunk', minimum=1),
-      SCALE,
-      IMPLEMENTATION,
+    registry.Option('q_chunk', 256, int, 'queries per chunk', minimum=1),
+    registry.Option('k_chunk', 512, int, 'keys per chunk', minimum=1),
+    SCALE,
+    IMPLEMENTATION,
   )
   causal = True
   masks = 'any'
@@ -196,11 +230,21 @@ class ChunkedSoftmax(registry.Mechanism):
     return {'q_chunk': 16, 'k_chunk': 16}
 
   def attend_sharded(self, options, params, q, k, v, *, mask, causal, ctx, axis):
-    return ring_softmax(options, q, k, v, mask, causal, axis, chunked_block(options.q_chunk, options.k_chunk))
+    return ring_softmax(
+      options, q, k, v, mask, causal, axis, chunked_block(options.q_chunk, options.k_chunk)
+    )
 
   def attend(self, options, params, q, k, v, *, mask, causal, ctx):
     out = _fused(options, q, k, v, mask, causal, ctx)
     if out is not None:
       return out
-    return chunked_softmax_attention(q, k, v, mask=mask, causal=causal, scale=options.scale,
-                                     q_chunk=options.q_chunk, k_chunk=options.k_chunk)
+    return chunked_softmax_attention(
+      q,
+      k,
+      v,
+      mask=mask,
+      causal=causal,
+      scale=options.scale,
+      q_chunk=options.q_chunk,
+      k_chunk=options.k_chunk,
+    )

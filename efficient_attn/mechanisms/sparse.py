@@ -30,16 +30,17 @@ O(n (s + n / s) d) and memory O(n (s + n / s)) ('fixed': n / s becomes
 c n / s); no n x n array. Shapes follow
 `efficient_attn.mechanisms.base.Mechanism`.
 """
+
 from typing import Optional
 
 import jax.numpy as jnp
 import numpy as np
 
-from efficient_attn.ops import masking
 from efficient_attn import registry
-from efficient_attn.ops import block_sparse
 from efficient_attn.mechanisms import local
 from efficient_attn.mechanisms.softmax import SCALE
+from efficient_attn.ops import block_sparse
+from efficient_attn.ops import masking
 from efficient_attn.ops.scaled_dot_product import default_scale
 
 PATTERNS = ('strided', 'fixed')
@@ -51,8 +52,18 @@ def _pad_to(x, length: int):
   return jnp.pad(x, pad)
 
 
-def sparse_attention(q, k, v, mask=None, causal: bool = False, *, pattern: str = 'strided',
-                     stride: int = 32, num_summary: int = 1, scale: Optional[float] = None):
+def sparse_attention(
+  q,
+  k,
+  v,
+  mask=None,
+  causal: bool = False,
+  *,
+  pattern: str = 'strided',
+  stride: int = 32,
+  num_summary: int = 1,
+  scale: Optional[float] = None,
+):
   """Sparse Transformer attention, 'strided' or 'fixed' pattern (module docstring).
 
   Exact softmax attention restricted to the pattern. Scores and softmax run in
@@ -88,29 +99,33 @@ def sparse_attention(q, k, v, mask=None, causal: bool = False, *, pattern: str =
   s = stride
   nb = -(-n // s)
   q, k, v = (_pad_to(x, nb * s) for x in (q, k, v))
-  padding = _pad_to(block_sparse.key_padding(mask, b, n), nb * s)     # [b, N]
-  query_block = np.arange(nb)[:, None]                               # [c, 1]
+  padding = _pad_to(block_sparse.key_padding(mask, b, n), nb * s)  # [b, N]
+  query_block = np.arange(nb)[:, None]  # [c, 1]
   if pattern == 'strided':
     # A1: |i - j| <= s - 1 (causal: i - s < j <= i) is local attention's band.
-    band = local.band_blocks(q, k, v, padding, 2 * s - 1 if not causal else s, causal,
-                             block_size=s)
+    band = local.band_blocks(q, k, v, padding, 2 * s - 1 if not causal else s, causal, block_size=s)
     # A2: key m s + r for the query at offset r of block c; m == c is i itself (in A1).
-    key_block = np.arange(nb)[None, :]                               # [1, m]
+    key_block = np.arange(nb)[None, :]  # [1, m]
     other = key_block < query_block if causal else key_block != query_block
-    columns = block_sparse.to_blocks(padding, s).swapaxes(1, 2)       # [b, r, m]
-    valid = other[None, :, None, None, :] & columns[:, None, None]   # [b, c, 1, r, m]
-    strided = block_sparse.Segment('row', block_sparse.to_blocks(k, s).swapaxes(1, 2),
-                                  block_sparse.to_blocks(v, s).swapaxes(1, 2), valid)
+    columns = block_sparse.to_blocks(padding, s).swapaxes(1, 2)  # [b, r, m]
+    valid = other[None, :, None, None, :] & columns[:, None, None]  # [b, c, 1, r, m]
+    strided = block_sparse.Segment(
+      'row',
+      block_sparse.to_blocks(k, s).swapaxes(1, 2),
+      block_sparse.to_blocks(v, s).swapaxes(1, 2),
+      valid,
+    )
     queries, segments = band.queries, [band.segment, strided]
   else:
     # A1: the own block (causal: lower triangle).
     inside = np.tril(np.ones((s, s), bool)) if causal else np.ones((s, s), bool)
     own_valid = inside & block_sparse.to_blocks(padding, s)[:, :, None, None, :]
-    own = block_sparse.Segment('block', block_sparse.to_blocks(k, s),
-                              block_sparse.to_blocks(v, s), own_valid)
+    own = block_sparse.Segment(
+      'block', block_sparse.to_blocks(k, s), block_sparse.to_blocks(v, s), own_valid
+    )
     # A2: the last num_summary positions of every other block (causal: earlier ones).
     positions = (np.arange(nb)[:, None] * s + np.arange(s - num_summary, s)).reshape(-1)
-    key_block = positions[None, :] // s                              # [1, nb * c]
+    key_block = positions[None, :] // s  # [1, nb * c]
     other = key_block < query_block if causal else key_block != query_block
     valid = other[None, :, None, None, :] & padding[:, None, None, None, positions]
     summary = block_sparse.Segment('shared', k[:, positions], v[:, positions], valid)
@@ -127,11 +142,10 @@ class Sparse(registry.Mechanism):
   description = 'Sparse Transformer strided / fixed patterns'
   citation = 'Child et al. 2019'
   options = (
-      registry.Option('pattern', 'strided', str, 'the factorised pattern', choices=PATTERNS),
-      registry.Option('stride', 32, int, 'stride / block length s', minimum=1),
-      registry.Option('num_summary', 1, int, "'fixed': summary positions per block c",
-                      minimum=1),
-      SCALE,
+    registry.Option('pattern', 'strided', str, 'the factorised pattern', choices=PATTERNS),
+    registry.Option('stride', 32, int, 'stride / block length s', minimum=1),
+    registry.Option('num_summary', 1, int, "'fixed': summary positions per block c", minimum=1),
+    SCALE,
   )
   causal = True
   self_attention_only = True
@@ -144,5 +158,14 @@ class Sparse(registry.Mechanism):
     return {'stride': 1}
 
   def attend(self, options, params, q, k, v, *, mask, causal, ctx):
-    return sparse_attention(q, k, v, mask=mask, causal=causal, pattern=options.pattern,
-                            stride=options.stride, num_summary=options.num_summary, scale=options.scale)
+    return sparse_attention(
+      q,
+      k,
+      v,
+      mask=mask,
+      causal=causal,
+      pattern=options.pattern,
+      stride=options.stride,
+      num_summary=options.num_summary,
+      scale=options.scale,
+    )

@@ -42,16 +42,17 @@ masking of the logits is enough for causality.
 Its per-head MLP and parameter helpers live in `efficient_attn.ops.per_head_mlp`, its
 masked softmax in `efficient_attn.ops.scaled_dot_product`.
 """
+
 import math
 from typing import Optional
 
 import jax
 import jax.numpy as jnp
 
-from efficient_attn.ops import masking
-from efficient_attn.ops import feature_maps
 from efficient_attn import registry
 from efficient_attn.mechanisms.softmax import SCALE
+from efficient_attn.ops import feature_maps
+from efficient_attn.ops import masking
 from efficient_attn.ops.per_head_mlp import ParamSpecs
 from efficient_attn.ops.per_head_mlp import mlp_param_specs
 from efficient_attn.ops.per_head_mlp import per_head_mlp
@@ -70,10 +71,18 @@ def _default_factor(max_length: int) -> int:
   return a
 
 
-def param_specs(*, heads: int, head_dim: int, max_length: Optional[int] = None,
-                kind: str = 'dense', mix_with_dot: bool = False,
-                hidden_dim: Optional[int] = None, factor_a: Optional[int] = None,
-                factor_rank: int = 8, **options) -> ParamSpecs:
+def param_specs(
+  *,
+  heads: int,
+  head_dim: int,
+  max_length: Optional[int] = None,
+  kind: str = 'dense',
+  mix_with_dot: bool = False,
+  hidden_dim: Optional[int] = None,
+  factor_a: Optional[int] = None,
+  factor_rank: int = 8,
+  **options,
+) -> ParamSpecs:
   """Shapes and initialisers of the Synthesizer parameters of one layer.
 
   Args:
@@ -103,38 +112,46 @@ def param_specs(*, heads: int, head_dim: int, max_length: Optional[int] = None,
   """
   del options
   if max_length is None:
-    raise ValueError('Synthesizer param_specs needs max_length (its logits are '
-                     'max_length wide); got max_length=None')
+    raise ValueError(
+      'Synthesizer param_specs needs max_length (its logits are '
+      'max_length wide); got max_length=None'
+    )
   if max_length < 1:
     raise ValueError(f'max_length must be >= 1, got {max_length}')
-  registry.check_arguments('synthesizer', 'Synthesizer param_specs', kind=kind,
-                           hidden_dim=hidden_dim)
+  registry.check_arguments(
+    'synthesizer', 'Synthesizer param_specs', kind=kind, hidden_dim=hidden_dim
+  )
   hidden = head_dim if hidden_dim is None else hidden_dim
   if kind == 'dense':
     specs = mlp_param_specs('dense', heads, head_dim, hidden, max_length)
   elif kind == 'random':
-    specs = {'random': ((heads, max_length, max_length),
-                        jax.nn.initializers.normal(stddev=1.0))}
+    specs = {'random': ((heads, max_length, max_length), jax.nn.initializers.normal(stddev=1.0))}
   elif kind == 'factorized_dense':
     registry.check_arguments('synthesizer', 'Synthesizer param_specs', factor_a=factor_a)
     a = _default_factor(max_length) if factor_a is None else factor_a
     if max_length % a:
-      raise ValueError(f'factor_a must be a positive divisor of max_length={max_length}, '
-                       f'got {factor_a}')
-    specs = {**mlp_param_specs('fa', heads, head_dim, hidden, a),
-             **mlp_param_specs('fb', heads, head_dim, hidden, max_length // a)}
+      raise ValueError(
+        f'factor_a must be a positive divisor of max_length={max_length}, got {factor_a}'
+      )
+    specs = {
+      **mlp_param_specs('fa', heads, head_dim, hidden, a),
+      **mlp_param_specs('fb', heads, head_dim, hidden, max_length // a),
+    }
   else:  # factorized_random
     registry.check_arguments('synthesizer', 'Synthesizer param_specs', factor_rank=factor_rank)
-    init = jax.nn.initializers.normal(stddev=factor_rank ** -0.25)
-    specs = {'random1': ((heads, max_length, factor_rank), init),
-             'random2': ((heads, max_length, factor_rank), init)}
+    init = jax.nn.initializers.normal(stddev=factor_rank**-0.25)
+    specs = {
+      'random1': ((heads, max_length, factor_rank), init),
+      'random2': ((heads, max_length, factor_rank), init),
+    }
   if mix_with_dot:
     specs['dot_weight'] = ((heads,), jax.nn.initializers.ones)
   return specs
 
 
-def synthetic_logits(q, params, kind: str, kv_length: int, causal: bool = False,
-                     trainable_random: bool = True):
+def synthetic_logits(
+  q, params, kind: str, kv_length: int, causal: bool = False, trainable_random: bool = True
+):
   """The synthetic logits `[batch|1, heads, q_length, kv_length]` (float32 or wider).
 
   Args:
@@ -152,8 +169,9 @@ def synthetic_logits(q, params, kind: str, kv_length: int, causal: bool = False,
 
   def check_length(n, max_length, what):
     if n > max_length:
-      raise ValueError(f'Synthesizer {what} length {n} exceeds max_length {max_length} '
-                       f'of its {kind!r} parameters')
+      raise ValueError(
+        f'Synthesizer {what} length {n} exceeds max_length {max_length} of its {kind!r} parameters'
+      )
 
   def check_heads(p, name):
     if p.shape[0] != h:
@@ -166,40 +184,55 @@ def synthetic_logits(q, params, kind: str, kv_length: int, causal: bool = False,
     logits = per_head_mlp(q, params, 'dense', compute)[..., :kv_length]  # [b, q, h, n]
     return jnp.swapaxes(logits, 1, 2)
   if kind == 'factorized_dense':
-    require_params(params, [f'{p}_{n}' for p in ('fa', 'fb') for n in ('w1', 'b1', 'w2', 'b2')],
-                   'Synthesizer factorized_dense')
+    require_params(
+      params,
+      [f'{p}_{n}' for p in ('fa', 'fb') for n in ('w1', 'b1', 'w2', 'b2')],
+      'Synthesizer factorized_dense',
+    )
     check_heads(params['fa_w2'], 'fa_w2')
     a, b = params['fa_w2'].shape[-1], params['fb_w2'].shape[-1]
     check_length(kv_length, a * b, 'key')
-    fa = per_head_mlp(q, params, 'fa', compute)                        # [b, q, h, a]
-    fb = per_head_mlp(q, params, 'fb', compute)                        # [b, q, h, b]
+    fa = per_head_mlp(q, params, 'fa', compute)  # [b, q, h, a]
+    fb = per_head_mlp(q, params, 'fb', compute)  # [b, q, h, b]
     logits = jnp.repeat(fa, b, axis=-1) * jnp.tile(fb, (1,) * (fb.ndim - 1) + (a,))
     return jnp.swapaxes(logits[..., :kv_length], 1, 2)
   if kind == 'random':
     require_params(params, ['random'], 'Synthesizer random')
     r = jnp.asarray(params['random'])
     if r.ndim != 3 or r.shape[1] != r.shape[2]:
-      raise ValueError(f"Synthesizer param 'random' must be [heads, max_length, max_length], "
-                       f'got shape {r.shape}')
+      raise ValueError(
+        f"Synthesizer param 'random' must be [heads, max_length, max_length], got shape {r.shape}"
+      )
     check_heads(r, 'random')
     check_length(max(row0 + lq, kv_length), r.shape[-1], 'input')
-    r = r[:, row0:row0 + lq, :kv_length].astype(compute)
+    r = r[:, row0 : row0 + lq, :kv_length].astype(compute)
   else:  # factorized_random
     require_params(params, ['random1', 'random2'], 'Synthesizer factorized_random')
     r1, r2 = jnp.asarray(params['random1']), jnp.asarray(params['random2'])
     check_heads(r1, 'random1')
     check_length(row0 + lq, r1.shape[1], 'query')
     check_length(kv_length, r2.shape[1], 'key')
-    r = jnp.einsum('hik,hjk->hij', r1[:, row0:row0 + lq].astype(compute),
-                   r2[:, :kv_length].astype(compute))
+    r = jnp.einsum(
+      'hik,hjk->hij', r1[:, row0 : row0 + lq].astype(compute), r2[:, :kv_length].astype(compute)
+    )
   if not trainable_random:
     r = jax.lax.stop_gradient(r)
   return r[None]
 
 
-def synthesizer_attention(q, k, v, params, mask=None, causal: bool = False, *,
-                          kind: str = 'dense', mix_with_dot: bool = False,
-                          trainable_random: bool = True, scale: Optional[float] = None):
+def synthesizer_attention(
+  q,
+  k,
+  v,
+  params,
+  mask=None,
+  causal: bool = False,
+  *,
+  kind: str = 'dense',
+  mix_with_dot: bool = False,
+  trainable_random: bool = True,
+  scale: Optional[float] = None,
+):
   """softmax(synthetic logits (+ w_h * scale * q k^T), masked) v.
 
   Time per head: O(q_length kv_length v_dim) for the softmax and the mixing,
@@ -240,8 +273,10 @@ def synthesizer_attention(q, k, v, params, mask=None, causal: bool = False, *,
   if mix_with_dot:
     require_params(params, ['dot_weight'], 'Synthesizer mix_with_dot')
     if k is None or k.shape[:3] != (b, n, h) or k.shape[-1] != d:
-      raise ValueError(f'mix_with_dot needs k [batch={b}, kv_length={n}, heads={h}, '
-                       f'head_dim={d}], got {None if k is None else k.shape}')
+      raise ValueError(
+        f'mix_with_dot needs k [batch={b}, kv_length={n}, heads={h}, '
+        f'head_dim={d}], got {None if k is None else k.shape}'
+      )
     w = jnp.asarray(params['dot_weight']).astype(compute).reshape(h)
     sc = default_scale(d, scale)
     dots = jnp.einsum('bqhd,bkhd->bhqk', q.astype(compute), k.astype(compute)) * sc
@@ -264,21 +299,30 @@ _RANDOM_PARAMS = ('random', 'random1', 'random2')
 class Synthesizer(registry.Mechanism):
   """Parameters by `kind` (see `param_specs`). With trainable_random=False the random
   matrices are a fixed draw from `seed` and the layer path, not parameters."""
+
   name = 'synthesizer'
   description = 'synthetic attention weights (dense / random / factorised)'
   citation = 'Tay et al. 2020'
   options = (
-      registry.Option('kind', 'dense', str, 'how the logits are synthesised', choices=KINDS),
-      registry.Option('mix_with_dot', False, bool,
-                      'add the dot-product logits with a learned weight per head'),
-      registry.Option('trainable_random', True, bool, "learn the 'random' kinds' matrices"),
-      registry.Option('hidden_dim', None, int, 'dense MLP width; None: head_dim', minimum=1,
-                      allow_none=True),
-      registry.Option('factor_a', None, int, "'factorized_dense': first factor (divides "
-                      'max_length); None: about sqrt(max_length)', minimum=1, allow_none=True),
-      registry.Option('factor_rank', 8, int, "'factorized_random': rank k", minimum=1),
-      registry.Option('seed', 0, int, 'seed of the fixed random matrices', minimum=0),
-      SCALE,
+    registry.Option('kind', 'dense', str, 'how the logits are synthesised', choices=KINDS),
+    registry.Option(
+      'mix_with_dot', False, bool, 'add the dot-product logits with a learned weight per head'
+    ),
+    registry.Option('trainable_random', True, bool, "learn the 'random' kinds' matrices"),
+    registry.Option(
+      'hidden_dim', None, int, 'dense MLP width; None: head_dim', minimum=1, allow_none=True
+    ),
+    registry.Option(
+      'factor_a',
+      None,
+      int,
+      "'factorized_dense': first factor (divides max_length); None: about sqrt(max_length)",
+      minimum=1,
+      allow_none=True,
+    ),
+    registry.Option('factor_rank', 8, int, "'factorized_random': rank k", minimum=1),
+    registry.Option('seed', 0, int, 'seed of the fixed random matrices', minimum=0),
+    SCALE,
   )
   causal = True
   fixed_length = True
@@ -288,9 +332,16 @@ class Synthesizer(registry.Mechanism):
   example = {'kind': 'dense'}
 
   def _all_specs(self, options, heads, head_dim, max_length):
-    return param_specs(heads=heads, head_dim=head_dim, max_length=max_length, kind=options.kind,
-                       mix_with_dot=options.mix_with_dot, hidden_dim=options.hidden_dim,
-                       factor_a=options.factor_a, factor_rank=options.factor_rank)
+    return param_specs(
+      heads=heads,
+      head_dim=head_dim,
+      max_length=max_length,
+      kind=options.kind,
+      mix_with_dot=options.mix_with_dot,
+      hidden_dim=options.hidden_dim,
+      factor_a=options.factor_a,
+      factor_rank=options.factor_rank,
+    )
 
   def check(self, options, *, length, max_length, causal):
     self._all_specs(options, 1, 1, max_length)  # factor_a must divide max_length
@@ -309,6 +360,15 @@ class Synthesizer(registry.Mechanism):
         key = jax.random.fold_in(feature_maps.fixed_feature_rng(options.seed, ctx.tag), i)
         shape, init = specs[name]
         params[name] = init(key, shape, jnp.float32)
-    return synthesizer_attention(q, k, v, params, mask=mask, causal=causal, kind=options.kind,
-                                 mix_with_dot=options.mix_with_dot,
-                                 trainable_random=options.trainable_random, scale=options.scale)
+    return synthesizer_attention(
+      q,
+      k,
+      v,
+      params,
+      mask=mask,
+      causal=causal,
+      kind=options.kind,
+      mix_with_dot=options.mix_with_dot,
+      trainable_random=options.trainable_random,
+      scale=options.scale,
+    )

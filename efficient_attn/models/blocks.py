@@ -5,6 +5,7 @@
 (`efficient_attn.models.transformer`) and the reversible ones
 (`efficient_attn.models.reversible`), which both import this module.
 """
+
 import dataclasses
 from typing import Any, Mapping, Optional
 
@@ -44,6 +45,7 @@ class TransformerConfig:
     sequence_axis: context parallelism in every attention layer: the axis of the
       ambient mesh to split the sequence over (see `MultiHeadAttention`); None: no split.
   """
+
   d_model: int = 64
   depth: int = 2
   num_heads: int = 4
@@ -76,16 +78,27 @@ class TransformerConfig:
 def attention_layer(c: TransformerConfig, shared_params=None) -> MultiHeadAttention:
   """The attention layer of a block, named 'attention'."""
   return MultiHeadAttention(
-      num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, mechanism=c.mechanism,
-      projection=c.projection,
-      options=c.options, causal=c.attention_causal, max_length=c.max_length,
-      dropout_rate=c.attention_dropout_rate, dtype=c.dtype, param_dtype=c.param_dtype,
-      shared_params=shared_params, decode=c.decode, rotary=c.rotary,
-      sequence_axis=c.sequence_axis, name='attention')
+    num_heads=c.num_heads,
+    num_kv_heads=c.num_kv_heads,
+    mechanism=c.mechanism,
+    projection=c.projection,
+    options=c.options,
+    causal=c.attention_causal,
+    max_length=c.max_length,
+    dropout_rate=c.attention_dropout_rate,
+    dtype=c.dtype,
+    param_dtype=c.param_dtype,
+    shared_params=shared_params,
+    decode=c.decode,
+    rotary=c.rotary,
+    sequence_axis=c.sequence_axis,
+    name='attention',
+  )
 
 
 class MlpBlock(nn.Module):
   """Dense(mlp_dim) -> GELU -> dropout -> Dense(d_model) -> dropout."""
+
   config: TransformerConfig
 
   @nn.compact

@@ -1,18 +1,19 @@
 """Decoder-only Transformer over token ids (pixel intensities), with decoding.
 
-    model = CausalTransformer(TransformerConfig(d_model=64, depth=2, num_heads=4,
-                              mlp_dim=128, mechanism='linear', max_length=784),
-                              vocab_size=256)
-    logits = model.apply(params, shift_right(pixels, model.start_token))   # training
-    # generation: model.clone(decode=True), one token `[batch, 1]` per call,
-    # state in the 'cache' collection (see `efficient_attn.models.sampling`).
+model = CausalTransformer(TransformerConfig(d_model=64, depth=2, num_heads=4,
+                          mlp_dim=128, mechanism='linear', max_length=784),
+                          vocab_size=256)
+logits = model.apply(params, shift_right(pixels, model.start_token))   # training
+# generation: model.clone(decode=True), one token `[batch, 1]` per call,
+# state in the 'cache' collection (see `efficient_attn.models.sampling`).
 """
+
 import flax.linen as nn
 import jax.numpy as jnp
 
-from efficient_attn.ops import traced_checks
 from efficient_attn.models.transformer import Encoder
 from efficient_attn.models.transformer import TransformerConfig
+from efficient_attn.ops import traced_checks
 
 
 def shift_right(tokens: jnp.ndarray, start_token: int) -> jnp.ndarray:
@@ -35,6 +36,7 @@ class CausalTransformer(nn.Module):
       'cache' collection, created by the first call without one (pass a
       full-length `[batch, max_length]` input then; see `MultiHeadAttention`).
   """
+
   config: TransformerConfig
   vocab_size: int = 256
   decode: bool = False
@@ -58,16 +60,19 @@ class CausalTransformer(nn.Module):
     n = tokens.shape[1]
     if c.max_length is None or n > c.max_length:
       raise ValueError(f'input length {n} exceeds max_length={c.max_length}')
-    x = nn.Embed(self.vocab_size + 1, c.d_model, param_dtype=c.param_dtype,
-                 name='embed')(tokens)
-    pos = self.param('pos_embedding', nn.initializers.normal(0.02),
-                     (1, c.max_length, c.d_model), c.param_dtype)
+    x = nn.Embed(self.vocab_size + 1, c.d_model, param_dtype=c.param_dtype, name='embed')(tokens)
+    pos = self.param(
+      'pos_embedding', nn.initializers.normal(0.02), (1, c.max_length, c.d_model), c.param_dtype
+    )
     if self.decode and self.has_variable('cache', 'position'):
       position = self.variable('cache', 'position', jnp.zeros, (), jnp.int32)
-      traced_checks.runtime_check(position.value + n <= c.max_length,
-                           'decoding step at position {} is past max_length={} (the learned '
-                           'positions table); build the model with a longer max_length',
-                           position.value, c.max_length)
+      traced_checks.runtime_check(
+        position.value + n <= c.max_length,
+        'decoding step at position {} is past max_length={} (the learned '
+        'positions table); build the model with a longer max_length',
+        position.value,
+        c.max_length,
+      )
       x = x + jnp.take(pos, position.value + jnp.arange(n), axis=1)
       position.value = position.value + n
     else:
@@ -79,5 +84,6 @@ class CausalTransformer(nn.Module):
     x = Encoder(c, name='decoder')(x, deterministic=not train)
     if positions is not None:
       x = jnp.take_along_axis(x, positions[..., None], axis=1)
-    return nn.Dense(self.vocab_size, dtype=c.dtype, param_dtype=c.param_dtype,
-                    name='logits')(x).astype(jnp.float32)
+    return nn.Dense(self.vocab_size, dtype=c.dtype, param_dtype=c.param_dtype, name='logits')(
+      x
+    ).astype(jnp.float32)

@@ -1,4 +1,5 @@
 """A plain MLP classifier (the base model of the LoRA study)."""
+
 from typing import Any
 
 import flax.linen as nn
@@ -11,6 +12,7 @@ class MLP(nn.Module):
   784-64-64-10 on MNIST (depth 2, width 64) has 55,050 parameters. Layers:
   'hidden_0', ..., 'head'.
   """
+
   num_classes: int
   depth: int = 2
   width: int = 64

@@ -18,6 +18,7 @@ the same stack without the trick to float32 tolerance, not bit for bit.
 
 Tokens `[batch, length, d_model]`; masks as in `efficient_attn.MultiHeadAttention`.
 """
+
 import functools
 from typing import Any, Mapping, Optional, Tuple
 
@@ -32,6 +33,7 @@ RNG_STREAMS = ('dropout', 'features')  # the streams attention and dropout draw 
 
 class AttentionBranch(nn.Module):
   """F: LayerNorm -> attention -> dropout."""
+
   config: blocks.TransformerConfig
   shared_params: Optional[Mapping[str, Any]] = None
 
@@ -45,6 +47,7 @@ class AttentionBranch(nn.Module):
 
 class MlpBranch(nn.Module):
   """G: LayerNorm -> MLP (with its dropout)."""
+
   config: blocks.TransformerConfig
 
   @nn.compact
@@ -60,8 +63,7 @@ def _branches(config, shared, params, keys, mask, deterministic):
   kf, kg = keys
 
   def f(pf, shared, x):
-    return AttentionBranch(config, shared).apply({'params': pf}, x, mask, deterministic,
-                                                 rngs=kf)
+    return AttentionBranch(config, shared).apply({'params': pf}, x, mask, deterministic, rngs=kf)
 
   def g(pg, x):
     return MlpBranch(config).apply({'params': pg}, x, deterministic, rngs=kg)
@@ -81,7 +83,7 @@ def _stack(config, params, shared, x1, x2, aux, deterministic):
 
 def _stack_fwd(config, params, shared, x1, x2, aux, deterministic):
   y1, y2 = _stack(config, params, shared, x1, x2, aux, deterministic)
-  return (y1, y2), (params, shared, y1, y2, aux)   # no per-block activations kept
+  return (y1, y2), (params, shared, y1, y2, aux)  # no per-block activations kept
 
 
 def _stack_bwd(config, deterministic, residuals, cotangents):
@@ -116,6 +118,7 @@ class ReversibleStack(nn.Module):
   `shared_params`: attention parameters every block shares (e.g. Linformer's
   layerwise projection), differentiated through the reversible backward.
   """
+
   config: blocks.TransformerConfig
   shared_params: Optional[Mapping[str, Any]] = None
 
@@ -123,10 +126,13 @@ class ReversibleStack(nn.Module):
   def __call__(self, x, mask=None, deterministic: bool = True):
     c = self.config
     if c.decode:
-      raise ValueError('reversible layers are for training the encoder; decoding '
-                       '(decode=True) needs the ordinary stack (reversible=False)')
-    fs = [AttentionBranch(c, self.shared_params, name=f'block_{i}_attention')
-          for i in range(c.depth)]
+      raise ValueError(
+        'reversible layers are for training the encoder; decoding '
+        '(decode=True) needs the ordinary stack (reversible=False)'
+      )
+    fs = [
+      AttentionBranch(c, self.shared_params, name=f'block_{i}_attention') for i in range(c.depth)
+    ]
     gs = [MlpBranch(c, name=f'block_{i}_mlp') for i in range(c.depth)]
     keys = self._keys(deterministic)
     if self.is_initializing():  # create the parameters with an ordinary forward
@@ -142,8 +148,14 @@ class ReversibleStack(nn.Module):
 
   def _keys(self, deterministic: bool) -> Tuple[Tuple[Mapping[str, Any], ...], ...]:
     """Per block, the rng keys of F and of G (the same in the forward and its recompute)."""
-    base = {} if deterministic else {name: self.make_rng(name) for name in RNG_STREAMS
-                                     if self.has_rng(name)}
-    return tuple(tuple({name: jax.random.fold_in(key, 2 * i + j) for name, key in base.items()}
-                       for j in range(2))
-                 for i in range(self.config.depth))
+    base = (
+      {}
+      if deterministic
+      else {name: self.make_rng(name) for name in RNG_STREAMS if self.has_rng(name)}
+    )
+    return tuple(
+      tuple(
+        {name: jax.random.fold_in(key, 2 * i + j) for name, key in base.items()} for j in range(2)
+      )
+      for i in range(self.config.depth)
+    )

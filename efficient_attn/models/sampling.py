@@ -11,6 +11,7 @@ random-feature attention), so a sequence of n tokens costs n single-token
 steps. The model is a `CausalTransformer` (any module with `decode`,
 `start_token` and `max_length` works).
 """
+
 from typing import Any, Callable, Optional, Tuple
 
 import jax
@@ -32,8 +33,9 @@ def sample_logits(rng, logits: jnp.ndarray, temperature) -> jnp.ndarray:
 
 def init_cache(decoder, params, batch: int, length: int):
   """The empty decode cache of `decoder` (a model with decode=True) for `length` tokens."""
-  _, variables = decoder.apply({'params': params}, jnp.zeros((batch, length), jnp.int32),
-                               mutable=['cache'])
+  _, variables = decoder.apply(
+    {'params': params}, jnp.zeros((batch, length), jnp.int32), mutable=['cache']
+  )
   return variables['cache']
 
 
@@ -42,8 +44,9 @@ def make_step(model) -> Callable[..., Tuple[jnp.ndarray, Any]]:
   decoder = model.clone(decode=True)
 
   def step(params, cache, token):
-    logits, variables = decoder.apply({'params': params, 'cache': cache}, token[:, None],
-                                      mutable=['cache'])
+    logits, variables = decoder.apply(
+      {'params': params, 'cache': cache}, token[:, None], mutable=['cache']
+    )
     return logits[:, 0], variables['cache']
 
   return step

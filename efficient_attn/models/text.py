@@ -3,6 +3,7 @@
 `TextClassifier` reads one sequence; `TextMatcher` reads a pair through one
 shared encoder (the dual encoder of LRA's Retrieval task).
 """
+
 import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
@@ -22,12 +23,21 @@ def sinusoidal_positions(length: int, d_model: int) -> np.ndarray:
   rate = np.exp(np.arange(0, d_model, 2) * -(np.log(10000.0) / d_model))
   table = np.zeros((length, d_model), np.float32)
   table[:, 0::2] = np.sin(position * rate)
-  table[:, 1::2] = np.cos(position * rate)[:, :d_model // 2]
+  table[:, 1::2] = np.cos(position * rate)[:, : d_model // 2]
   return table[None]
 
 
-def encode(module: nn.Module, c: TransformerConfig, tokens, *, vocab_size: int, pool: str,
-           padding: bool, train: bool, positions: str = 'learned'):
+def encode(
+  module: nn.Module,
+  c: TransformerConfig,
+  tokens,
+  *,
+  vocab_size: int,
+  pool: str,
+  padding: bool,
+  train: bool,
+  positions: str = 'learned',
+):
   """tokens `[batch, length]` -> pooled features `[batch, d_model]`, inside `module`'s scope.
 
   Token embedding, positions (learned, or fixed sinusoids), the encoder with a
@@ -38,8 +48,7 @@ def encode(module: nn.Module, c: TransformerConfig, tokens, *, vocab_size: int, 
   if pool not in POOLS:
     raise ValueError(f'pool={pool!r} is not valid; valid choices: {", ".join(POOLS)}')
   if positions not in POSITIONS:
-    raise ValueError(f'positions={positions!r} is not valid; valid choices: '
-                     f'{", ".join(POSITIONS)}')
+    raise ValueError(f'positions={positions!r} is not valid; valid choices: {", ".join(POSITIONS)}')
   b, n = tokens.shape
   if n > c.max_length:
     raise ValueError(f'input length {n} exceeds max_length={c.max_length}')
@@ -52,14 +61,16 @@ def encode(module: nn.Module, c: TransformerConfig, tokens, *, vocab_size: int, 
     valid = jnp.concatenate([jnp.ones((b, 1), bool), valid], 1)
   context = c.max_length + cls
   if positions == 'learned':
-    pos = module.param('pos_embedding', nn.initializers.normal(0.02),
-                       (1, context, c.d_model), c.param_dtype)
+    pos = module.param(
+      'pos_embedding', nn.initializers.normal(0.02), (1, context, c.d_model), c.param_dtype
+    )
   else:
     pos = jnp.asarray(sinusoidal_positions(context, c.d_model))
-  x = (x + pos[:, :x.shape[1]]).astype(c.dtype or x.dtype)
+  x = (x + pos[:, : x.shape[1]]).astype(c.dtype or x.dtype)
   x = nn.Dropout(c.dropout_rate)(x, deterministic=not train)
   x = Encoder(c.replace(max_length=context), name='encoder')(
-      x, mask=valid if padding else None, deterministic=not train)
+    x, mask=valid if padding else None, deterministic=not train
+  )
   if cls:
     return x[:, 0]
   w = valid.astype(x.dtype)[..., None]
@@ -84,6 +95,7 @@ class TextClassifier(nn.Module):
     padding: whether id 0 is padding.
     positions: 'learned' or 'sinusoidal' (fixed).
   """
+
   config: TransformerConfig
   num_classes: int
   vocab_size: int
@@ -95,14 +107,28 @@ class TextClassifier(nn.Module):
   def __call__(self, tokens, *, train: bool = False):
     """tokens `[batch, length]` int (0 = padding if `padding`) -> logits `[batch, num_classes]`."""
     c = self.config
-    x = encode(self, c, tokens, vocab_size=self.vocab_size, pool=self.pool,
-               padding=self.padding, train=train, positions=self.positions)
-    return nn.Dense(self.num_classes, dtype=c.dtype, param_dtype=c.param_dtype,
-                    kernel_init=nn.initializers.zeros_init(), name='head')(x).astype(jnp.float32)
+    x = encode(
+      self,
+      c,
+      tokens,
+      vocab_size=self.vocab_size,
+      pool=self.pool,
+      padding=self.padding,
+      train=train,
+      positions=self.positions,
+    )
+    return nn.Dense(
+      self.num_classes,
+      dtype=c.dtype,
+      param_dtype=c.param_dtype,
+      kernel_init=nn.initializers.zeros_init(),
+      name='head',
+    )(x).astype(jnp.float32)
 
 
 class _Tower(nn.Module):
   """One encoder applied to each document of a pair (shared parameters)."""
+
   config: TransformerConfig
   vocab_size: int
   pool: str
@@ -110,8 +136,16 @@ class _Tower(nn.Module):
 
   @nn.compact
   def __call__(self, tokens, *, train: bool):
-    return encode(self, self.config, tokens, vocab_size=self.vocab_size, pool=self.pool,
-                  padding=True, train=train, positions=self.positions)
+    return encode(
+      self,
+      self.config,
+      tokens,
+      vocab_size=self.vocab_size,
+      pool=self.pool,
+      padding=True,
+      train=train,
+      positions=self.positions,
+    )
 
 
 class TextMatcher(nn.Module):
@@ -131,6 +165,7 @@ class TextMatcher(nn.Module):
     interaction: 'concat' or 'nli'.
     positions: 'learned' or 'sinusoidal' (fixed).
   """
+
   config: TransformerConfig
   num_classes: int
   vocab_size: int
@@ -143,11 +178,13 @@ class TextMatcher(nn.Module):
     """tokens `[batch, 2, length]` int (0 = padding) -> logits `[batch, num_classes]`."""
     c = self.config
     if tokens.ndim != 3 or tokens.shape[1] != 2:
-      raise ValueError(f'TextMatcher takes token pairs [batch, 2, length], got shape '
-                       f'{tokens.shape}')
+      raise ValueError(
+        f'TextMatcher takes token pairs [batch, 2, length], got shape {tokens.shape}'
+      )
     if self.interaction not in INTERACTIONS:
-      raise ValueError(f'interaction={self.interaction!r} is not valid; valid choices: '
-                       f'{", ".join(INTERACTIONS)}')
+      raise ValueError(
+        f'interaction={self.interaction!r} is not valid; valid choices: {", ".join(INTERACTIONS)}'
+      )
     tower = _Tower(c, self.vocab_size, self.pool, self.positions, name='tower')
     e1, e2 = tower(tokens[:, 0], train=train), tower(tokens[:, 1], train=train)
     parts = [e1, e2] + ([e1 * e2, e1 - e2] if self.interaction == 'nli' else [])

@@ -9,6 +9,7 @@ every block and attention layer, so no field list is repeated per module. It
 and the blocks' pieces (`attention_layer`, `MlpBlock`) live in
 `efficient_attn.models.blocks`, shared with the reversible blocks.
 """
+
 from typing import Any, Mapping, Optional
 
 import flax.linen as nn
@@ -28,6 +29,7 @@ class EncoderBlock(nn.Module):
     shared_params: attention parameters shared by every block (see
       `registry.Mechanism.shared_params`), created by the `Encoder`.
   """
+
   config: TransformerConfig
   shared_params: Optional[Mapping[str, Any]] = None
 
@@ -51,6 +53,7 @@ class Encoder(nn.Module):
   Linformer's layerwise E = F) are created here once, under 'shared_attention_<name>'
   ('shared_attention_<mechanism>_<name>' in a pattern), and passed to its blocks.
   """
+
   config: TransformerConfig
 
   @nn.compact
@@ -58,29 +61,35 @@ class Encoder(nn.Module):
     """x `[batch, length, d_model]`; mask flax-style, key padding or None -> same shape."""
     c = self.config
     # Resolved once for the whole stack: the blocks get their declaration and options.
-    layers = hybrid.configure(c.mechanism, c.options, causal=c.causal,
-                              max_length=c.max_length)
+    layers = hybrid.configure(c.mechanism, c.options, causal=c.causal, max_length=c.max_length)
     distinct = dict(layers)  # {declaration: its options}, one entry per mechanism
     if len(layers) > 1:
       hybrid.check_depth(c.mechanism, c.depth)
     if c.reversible and len(distinct) > 1:
-      raise ValueError(f'reversible=True with mechanism {hybrid.name(c.mechanism)!r}: the '
-                       f'reversible stack takes one mechanism; valid: reversible=False')
+      raise ValueError(
+        f'reversible=True with mechanism {hybrid.name(c.mechanism)!r}: the '
+        f'reversible stack takes one mechanism; valid: reversible=False'
+      )
     head_dim = x.shape[-1] // c.num_heads
     shared = {}  # per mechanism: its shared parameters (one mechanism: named as ever)
     for decl, options in distinct.items():
       prefix = 'shared_attention_' + (f'{decl.name}_' if len(distinct) > 1 else '')
-      specs = decl.shared_params(options, heads=c.num_heads, head_dim=head_dim,
-                                 max_length=c.max_length)
-      shared[decl.name] = {name: self.param(prefix + name, init, shape, c.param_dtype)
-                           for name, (shape, init) in specs.items()} or None
+      specs = decl.shared_params(
+        options, heads=c.num_heads, head_dim=head_dim, max_length=c.max_length
+      )
+      shared[decl.name] = {
+        name: self.param(prefix + name, init, shape, c.param_dtype)
+        for name, (shape, init) in specs.items()
+      } or None
     if c.reversible:
       decl, options = layers[0]
-      x = reversible.ReversibleStack(c.replace(mechanism=decl, options=options), shared[decl.name],
-                                     name='reversible')(x, mask, deterministic)
+      x = reversible.ReversibleStack(
+        c.replace(mechanism=decl, options=options), shared[decl.name], name='reversible'
+      )(x, mask, deterministic)
     else:
       for i in range(c.depth):
         decl, options = layers[i % len(layers)]
-        x = EncoderBlock(c.replace(mechanism=decl, options=options), shared[decl.name],
-                         name=f'block_{i}')(x, mask=mask, deterministic=deterministic)
+        x = EncoderBlock(
+          c.replace(mechanism=decl, options=options), shared[decl.name], name=f'block_{i}'
+        )(x, mask=mask, deterministic=deterministic)
     return nn.LayerNorm(dtype=c.dtype, param_dtype=c.param_dtype, name='final_norm')(x)

@@ -20,6 +20,7 @@ valid key return 0. A segment of t keys costs O(n t d) time and O(n t) memory
 per head (n = num_blocks * block queries): no n x n array is formed unless a
 segment itself has t = n keys (global query rows).
 """
+
 from typing import Callable, NamedTuple, Sequence
 
 import jax
@@ -29,10 +30,16 @@ import numpy as np
 from efficient_attn.ops import masking
 
 LAYOUTS = ('block', 'shared', 'row')
-_SCORES = {'block': 'bcqhd,bckhd->bchqk', 'shared': 'bcqhd,bkhd->bchqk',
-           'row': 'bcqhd,bqkhd->bchqk'}
-_VALUES = {'block': 'bchqk,bckhd->bcqhd', 'shared': 'bchqk,bkhd->bcqhd',
-           'row': 'bchqk,bqkhd->bcqhd'}
+_SCORES = {
+  'block': 'bcqhd,bckhd->bchqk',
+  'shared': 'bcqhd,bkhd->bchqk',
+  'row': 'bcqhd,bqkhd->bchqk',
+}
+_VALUES = {
+  'block': 'bchqk,bckhd->bcqhd',
+  'shared': 'bchqk,bkhd->bcqhd',
+  'row': 'bchqk,bqkhd->bcqhd',
+}
 
 
 class Segment(NamedTuple):
@@ -44,6 +51,7 @@ class Segment(NamedTuple):
     values: values in that layout, last two axes `[heads, v_dim]`.
     valid: bool broadcastable to `[batch, num_blocks, heads, block, t]`.
   """
+
   layout: str
   keys: jnp.ndarray
   values: jnp.ndarray
@@ -121,8 +129,7 @@ def attend(queries, segments: Sequence[Segment], scale: float) -> jnp.ndarray:
   start = 0
   for seg, part in zip(segments, scores):
     stop = start + part.shape[-1]
-    out = out + jnp.einsum(_VALUES[seg.layout], w[..., start:stop],
-                           seg.values.astype(compute))
+    out = out + jnp.einsum(_VALUES[seg.layout], w[..., start:stop], seg.values.astype(compute))
     start = stop
   return out
 
@@ -151,8 +158,16 @@ def attend_all_keys(q, k, v, padding, causal: bool, scale: float) -> jnp.ndarray
   return attend(q[:, None], [Segment('shared', k, v, valid)], scale)[:, 0]
 
 
-def global_rows_first(q, k, v, padding, causal: bool, scale: float, num_global: int,
-                      other_rows: Callable[[], jnp.ndarray]) -> jnp.ndarray:
+def global_rows_first(
+  q,
+  k,
+  v,
+  padding,
+  causal: bool,
+  scale: float,
+  num_global: int,
+  other_rows: Callable[[], jnp.ndarray],
+) -> jnp.ndarray:
   """The output of global query rows 0 .. g-1 (`attend_all_keys`), then of the others.
 
   The tail shared by Longformer (global tokens) and BigBird (global blocks).

@@ -13,12 +13,13 @@ mechanism's `attend_sharded` in the `shard_map` that gives them their axis:
   * `halo_before` / `halo_after`: the tokens just before (after) the block, from the
     neighbouring devices, zeros past the ends (a sliding window, a short convolution).
 """
+
 import functools
 from typing import Any, Callable, NamedTuple
 
 import jax
-import jax.numpy as jnp
 from jax import lax
+import jax.numpy as jnp
 
 from efficient_attn.ops import masking
 
@@ -70,10 +71,12 @@ def to_zigzag(x, axis: str):
 
   def one(a):
     h = a.shape[1] // 2
-    got_even = _as(lax.ppermute(_int(a[:, :h]), axis, first), a)   # chunk i or 2n - 1 - i
+    got_even = _as(lax.ppermute(_int(a[:, :h]), axis, first), a)  # chunk i or 2n - 1 - i
     got_odd = _as(lax.ppermute(_int(a[:, h:]), axis, second), a)
-    return jnp.where(even, jnp.concatenate([got_even, got_odd], 1),
-                     jnp.concatenate([got_odd, got_even], 1))
+    return jnp.where(
+      even, jnp.concatenate([got_even, got_odd], 1), jnp.concatenate([got_odd, got_even], 1)
+    )
+
   return jax.tree.map(one, x)
 
 
@@ -86,10 +89,16 @@ def from_zigzag(x, axis: str):
 
   def one(a):
     h = a.shape[1] // 2
-    came_even = jnp.where(even, a[:, :h], a[:, h:])   # what `first` brought
+    came_even = jnp.where(even, a[:, :h], a[:, h:])  # what `first` brought
     came_odd = jnp.where(even, a[:, h:], a[:, :h])
-    return jnp.concatenate([_as(lax.ppermute(_int(came_even), axis, back(first)), a),
-                            _as(lax.ppermute(_int(came_odd), axis, back(second)), a)], 1)
+    return jnp.concatenate(
+      [
+        _as(lax.ppermute(_int(came_even), axis, back(first)), a),
+        _as(lax.ppermute(_int(came_odd), axis, back(second)), a),
+      ],
+      1,
+    )
+
   return jax.tree.map(one, x)
 
 
@@ -101,8 +110,7 @@ def halo_before(x, size: int, axis: str):
     return x[:, :0]
   m = x.shape[1]
   hops = min(-(-size // m), lax.axis_size(axis) - 1)
-  parts = [shift(x[:, m - min(m, size - (h - 1) * m):], h, axis)
-           for h in range(hops, 0, -1)]
+  parts = [shift(x[:, m - min(m, size - (h - 1) * m) :], h, axis) for h in range(hops, 0, -1)]
   pad = max(0, size - hops * m)
   if pad:
     parts.insert(0, jnp.zeros((x.shape[0], pad) + x.shape[2:], x.dtype))
@@ -117,7 +125,7 @@ def halo_after(x, size: int, axis: str):
     return x[:, :0]
   m = x.shape[1]
   hops = min(-(-size // m), lax.axis_size(axis) - 1)
-  parts = [shift(x[:, :min(m, size - (h - 1) * m)], -h, axis) for h in range(1, hops + 1)]
+  parts = [shift(x[:, : min(m, size - (h - 1) * m)], -h, axis) for h in range(1, hops + 1)]
   pad = max(0, size - hops * m)
   if pad:
     parts.append(jnp.zeros((x.shape[0], pad) + x.shape[2:], x.dtype))
@@ -156,7 +164,7 @@ def merge_softmax(out1, lse1, out2, lse2):
   m = lax.stop_gradient(jnp.maximum(lse1, lse2))
   w1, w2 = jnp.exp(lse1 - m), jnp.exp(lse2 - m)
   total = w1 + w2
-  weight = lambda w: jnp.swapaxes(w / total, 1, 2)[..., None]     # [b, q, h, 1]
+  weight = lambda w: jnp.swapaxes(w / total, 1, 2)[..., None]  # [b, q, h, 1]
   return out1 * weight(w1) + out2 * weight(w2), m + jnp.log(total)
 
 
@@ -171,6 +179,7 @@ class RingBlock(NamedTuple):
     of the gradients of the whole attention, whose output is `out` and log-sum-exp `lse`
     (+inf for a row with no key), for the output cotangent g.
   """
+
   forward: Callable[..., Any]
   backward: Callable[..., Any]
 
@@ -214,18 +223,19 @@ def _visit(step, i, s: int, causal, q, kv, empty, halves=None):
 
   def earlier(q, *kv):
     result = step(q, *(a[:, :h] for a in kv))
-    if len(result) == 2:   # forward: (out, lse) of every query
+    if len(result) == 2:  # forward: (out, lse) of every query
       return result
-    dq, dk, dv = result    # backward: the keys' gradients, zeros for their second half
+    dq, dk, dv = result  # backward: the keys' gradients, zeros for their second half
     pad = lambda d: jnp.concatenate([d, jnp.zeros_like(d)], 1)
     return dq, pad(dk), pad(dv)
 
   def later(q, *kv):
     first, second = halves(q)
     result, zero = step(second, *kv), empty(first)
-    if len(result) == 2:   # forward: (out [b, m/2, h, dv], lse [b, h, m/2]) of the second half
+    if len(result) == 2:  # forward: (out [b, m/2, h, dv], lse [b, h, m/2]) of the second half
       return jnp.concatenate([zero[0], result[0]], 1), jnp.concatenate([zero[1], result[1]], 2)
     return (jnp.concatenate([zero[0], result[0]], 1),) + tuple(result[1:])
+
   return lax.cond(i >= s, earlier, later, q, *kv)
 
 
@@ -244,10 +254,12 @@ def _ring_forward(q, k, v, key_padding, causal, axis, block):
   def visit(s, carry):  # a loop, not unrolled: one visiting block's scores live at a time
     kv, out, lse = carry
     kv = rotate(kv, axis)
-    o_s, l_s = _visit(lambda q, k, v, kp: block.forward(q, k, v, kp, False), i, s, causal,
-                      q, kv, empty, halves)
+    o_s, l_s = _visit(
+      lambda q, k, v, kp: block.forward(q, k, v, kp, False), i, s, causal, q, kv, empty, halves
+    )
     out, lse = merge_softmax(out, lse, o_s.astype(out.dtype), l_s)
     return kv, out, lse
+
   _, out, lse = lax.fori_loop(1, n, visit, ((k, v, key_padding), out, lse))
   return out, lse
 
@@ -269,27 +281,27 @@ def _ring_bwd(causal, axis, block, res, g):
   g = g.astype(out.dtype)
   dq, dk, dv = block.backward(q, k, v, key_padding, causal, out, lse, g)
 
-  def step(queries, k, v, kp):   # queries: (q, out, lse, g) of some rows
+  def step(queries, k, v, kp):  # queries: (q, out, lse, g) of some rows
     return block.backward(queries[0], k, v, kp, False, *queries[1:])
 
   def empty(queries):
     return jnp.zeros_like(queries[0]), jnp.zeros_like(k), jnp.zeros_like(v)
 
   h = q.shape[1] // 2
-  halves = lambda qs: tuple(zip(*[(x[..., :h], x[..., h:]) if x.ndim == 3 else
-                                  (x[:, :h], x[:, h:]) for x in qs]))  # lse: [b, h, m]
+  halves = lambda qs: tuple(
+    zip(*[(x[..., :h], x[..., h:]) if x.ndim == 3 else (x[:, :h], x[:, h:]) for x in qs])
+  )  # lse: [b, h, m]
 
   def visit(s, carry):  # a loop, not unrolled: one visiting block at a time
     ring, dq = carry
     k_s, v_s, kp_s, dk_s, dv_s = rotate(ring, axis)
-    dq_s, dk_b, dv_b = _visit(step, i, s, causal, (q, out, lse, g), (k_s, v_s, kp_s), empty,
-                              halves)
+    dq_s, dk_b, dv_b = _visit(step, i, s, causal, (q, out, lse, g), (k_s, v_s, kp_s), empty, halves)
     ring = (k_s, v_s, kp_s, dk_s + dk_b.astype(dk_s.dtype), dv_s + dv_b.astype(dv_s.dtype))
     return ring, dq + dq_s.astype(dq.dtype)
 
-  ring = (k, v, key_padding, dk, dv)   # a block travels with its gradients
+  ring = (k, v, key_padding, dk, dv)  # a block travels with its gradients
   ring, dq = lax.fori_loop(1, n, visit, (ring, dq))
-  dk, dv = rotate(ring[3:], axis)      # each block's gradients back to its device
+  dk, dv = rotate(ring[3:], axis)  # each block's gradients back to its device
   return dq, dk, dv, None
 
 

@@ -25,13 +25,14 @@ which keeps I - beta k k^T a contraction.
 Shapes as `efficient_attn.ops.gated_linear`: q, k `[b, n, h, dk]`, v `[b, n, h, dv]`,
 beta `[b, n, h]`, log-decays `[b, n, h, 1]` or None; states `[b, h, dk, dv]`.
 """
-import jax
-import jax.numpy as jnp
-from jax import lax
 
+import jax
+from jax import lax
+import jax.numpy as jnp
+
+from efficient_attn.ops import collectives
 from efficient_attn.ops import gated_linear
 from efficient_attn.ops import kernels
-from efficient_attn.ops import collectives
 
 F32 = jnp.float32
 
@@ -72,6 +73,7 @@ def _unit_lower_inverse(a):
   def row(t, inv):
     new = eye[..., t, :] - jnp.einsum('...s,...sj->...j', a[..., t, :], inv)
     return inv.at[..., t, :].set(new)
+
   return lax.fori_loop(1, c, row, eye)
 
 
@@ -104,17 +106,24 @@ def delta_chunked(q, k, v, g, beta, state=None, chunk_size: int = 64):
   gated = g is not None
   dtype = gated_linear.matmul_dtype(q, k, v)
   mm = lambda spec, x, y: gated_linear.mm(spec, x, y, dtype)
-  xs = tuple(None if x is None else gated_linear.heads_first(x, t)
-             for x, t in ((q, dtype), (k, dtype), (v, dtype),
-                          (g[..., 0] if gated else None, F32), (beta, F32)))
+  xs = tuple(
+    None if x is None else gated_linear.heads_first(x, t)
+    for x, t in (
+      (q, dtype),
+      (k, dtype),
+      (v, dtype),
+      (g[..., 0] if gated else None, F32),
+      (beta, F32),
+    )
+  )
   (qc, kc, vc, gc, bc), c = gated_linear.chunked(xs, chunk_size)
   s0 = gated_linear.init_gated_state(b, h, dk, dv) if state is None else state
   # The UT transform of every chunk at once (it does not depend on the carried state):
   # [T (beta V), T (beta exp(b) K)] with T = (I + A)^-1. Without a decay (DeltaNet) every
   # factor exp(.) is 1 and none is computed.
   causal = jnp.tril(jnp.ones((c, c), F32))
-  cum = jnp.cumsum(gc, axis=-1) if gated else None     # [nc, b, h, c]
-  decay = gated_linear.decay_within(cum) if gated else causal   # G_ts, s <= t
+  cum = jnp.cumsum(gc, axis=-1) if gated else None  # [nc, b, h, c]
+  decay = gated_linear.decay_within(cum) if gated else causal  # G_ts, s <= t
   rows = lambda x, f: gated_linear.rows(x, f[..., None])
   a = jnp.tril(rows(mm('...td,...sd->...ts', kc, kc) * decay, bc), -1)
   write = bc * jnp.exp(cum) if gated else bc
@@ -122,7 +131,7 @@ def delta_chunked(q, k, v, g, beta, state=None, chunk_size: int = 64):
   solved = mm('...ts,...sd->...td', unit_lower_inverse(a), rhs)
 
   def body(s, x):
-    qx, kx, cx, sx = x                                 # [b, h, c, ...]; cx [b, h, c]
+    qx, kx, cx, sx = x  # [b, h, c, ...]; cx [b, h, c]
     u = sx[..., :dv] - mm('bhtk,bhkv->bhtv', sx[..., dv:], s)
     qk = mm('bhtd,bhsd->bhts', qx, kx)
     if gated:
@@ -137,8 +146,7 @@ def delta_chunked(q, k, v, g, beta, state=None, chunk_size: int = 64):
       s = rows(s, jnp.broadcast_to(jnp.exp(last), s.shape[:-1]))
     return s + mm('bhtk,bhtv->bhkv', kx, u), out
 
-  s, out = lax.scan(jax.checkpoint(body, prevent_cse=False), s0,
-                    (qc, kc, cum, solved))
+  s, out = lax.scan(jax.checkpoint(body, prevent_cse=False), s0, (qc, kc, cum, solved))
   return gated_linear.unchunked(out, n), s
 
 
@@ -160,20 +168,21 @@ def transition_sharded(core, q, k, v, g, beta, *, chunk_size: int, axis: str):
   dv = v.shape[-1]
   eye = jnp.eye(dk, dtype=F32)
   v_aug = jnp.concatenate([jnp.zeros((b, n, h, dk), F32), v.astype(F32)], -1)
-  s0 = jnp.broadcast_to(jnp.concatenate([eye, jnp.zeros((dk, dv), F32)], -1),
-                        (b, h, dk, dk + dv))
+  s0 = jnp.broadcast_to(jnp.concatenate([eye, jnp.zeros((dk, dv), F32)], -1), (b, h, dk, dk + dv))
   out, s = core(q, k, v_aug, g, beta, state=s0, chunk_size=chunk_size)
 
   def combine(earlier, later):
     (m1, s1), (m2, s2) = earlier, later
     return (jnp.einsum('bhij,bhjk->bhik', m2, m1), jnp.einsum('bhij,bhjv->bhiv', m2, s1) + s2)
+
   identity = (jnp.broadcast_to(eye, (b, h, dk, dk)), jnp.zeros((b, h, dk, dv), F32))
   _, s_in = collectives.exclusive_scan(combine, (s[..., :dk], s[..., dk:]), identity, axis)
   return out[..., dk:] + jnp.einsum('bnhk,bhkv->bnhv', out[..., :dk], s_in)
 
 
-DELTA = gated_linear.Cores(delta_scan, delta_chunked, delta_step, gated_linear.init_gated_state,
-                           kernels.delta_chunked)
+DELTA = gated_linear.Cores(
+  delta_scan, delta_chunked, delta_step, gated_linear.init_gated_state, kernels.delta_chunked
+)
 
 
 def l2_normalize(x, eps: float = 1e-6):

@@ -33,14 +33,15 @@ softmax attention:
 Every map returns float32 (or wider) features whatever the input dtype, so
 bfloat16 inputs are featurised and accumulated in float32.
 """
+
 import functools
 import math
-import zlib
 from typing import Callable, Dict, Optional, Sequence
+import zlib
 
 import jax
-import jax.numpy as jnp
 from jax import lax
+import jax.numpy as jnp
 
 FeatureMap = Callable[[jnp.ndarray], jnp.ndarray]
 
@@ -79,15 +80,16 @@ def taylor(x: jnp.ndarray) -> jnp.ndarray:
   x = x.astype(_compute_dtype(x))
   d = x.shape[-1]
   outer = (x[..., :, None] * x[..., None, :]).reshape(x.shape[:-1] + (d * d,))
-  return jnp.concatenate([jnp.ones(x.shape[:-1] + (1,), x.dtype), x * d ** -0.25,
-                          outer * (2.0 * d) ** -0.5], axis=-1)
+  return jnp.concatenate(
+    [jnp.ones(x.shape[:-1] + (1,), x.dtype), x * d**-0.25, outer * (2.0 * d) ** -0.5], axis=-1
+  )
 
 
 FEATURE_MAPS: Dict[str, FeatureMap] = {
-    'elu': elu_plus_one,
-    'relu': relu,
-    'identity': identity,
-    'taylor': taylor,
+  'elu': elu_plus_one,
+  'relu': relu,
+  'identity': identity,
+  'taylor': taylor,
 }
 # The width of each map's features from the width d of its input (default: d).
 _FEATURE_DIMS: Dict[str, Callable[[int], int]] = {'taylor': lambda d: 1 + d + d * d}
@@ -106,8 +108,7 @@ def get_feature_map(name: str) -> FeatureMap:
     ValueError: for an unknown name, listing the valid ones.
   """
   if name not in FEATURE_MAPS:
-    raise ValueError(f'Unknown feature map {name!r}; valid feature maps: '
-                     f'{", ".join(FEATURE_MAPS)}')
+    raise ValueError(f'Unknown feature map {name!r}; valid feature maps: {", ".join(FEATURE_MAPS)}')
   return FEATURE_MAPS[name]
 
 
@@ -128,8 +129,9 @@ def fixed_feature_rng(seed: int, path: Sequence[str]) -> jax.Array:
 
 
 @functools.lru_cache(maxsize=256)
-def fixed_projection(seed: int, path: Sequence[str], num_features: int, dim: int,
-                     orthogonal: bool = True) -> jax.Array:
+def fixed_projection(
+  seed: int, path: Sequence[str], num_features: int, dim: int, orthogonal: bool = True
+) -> jax.Array:
   """`gaussian_projection(fixed_feature_rng(seed, path), num_features, dim)`, float32.
 
   Computed eagerly even while a caller is being traced (the inputs are all
@@ -138,14 +140,15 @@ def fixed_projection(seed: int, path: Sequence[str], num_features: int, dim: int
   must be a tuple.
   """
   with jax.ensure_compile_time_eval():
-    return gaussian_projection(fixed_feature_rng(seed, path), num_features, dim,
-                               orthogonal=orthogonal)
+    return gaussian_projection(
+      fixed_feature_rng(seed, path), num_features, dim, orthogonal=orthogonal
+    )
 
 
 @functools.partial(jax.jit, static_argnames=('num_features', 'dim', 'orthogonal', 'dtype'))
-def gaussian_projection(rng: jax.Array, num_features: int, dim: int,
-                        orthogonal: bool = True,
-                        dtype=jnp.float32) -> jnp.ndarray:
+def gaussian_projection(
+  rng: jax.Array, num_features: int, dim: int, orthogonal: bool = True, dtype=jnp.float32
+) -> jnp.ndarray:
   """Random projection W `[num_features, dim]` with rows w_i ~ N(0, I_dim).
 
   With `orthogonal=True` (FAVOR+'s orthogonal random features) the rows come in
@@ -166,13 +169,12 @@ def gaussian_projection(rng: jax.Array, num_features: int, dim: int,
   # One Gaussian draw (threefry is slow to compile): blocks for the QR, then
   # independent vectors whose norms are chi_dim distributed.
   g = jax.random.normal(rng, (2 * num_blocks, dim, dim), jnp.float32)
-  q, r = jnp.linalg.qr(g[:num_blocks])                       # orthonormal columns
+  q, r = jnp.linalg.qr(g[:num_blocks])  # orthonormal columns
   signs = jnp.sign(jnp.diagonal(r, axis1=-2, axis2=-1))
   signs = jnp.where(signs == 0, 1.0, signs)
-  q = q * signs[:, None, :]                                  # Haar-distributed
+  q = q * signs[:, None, :]  # Haar-distributed
   rows = jnp.swapaxes(q, -1, -2).reshape(num_blocks * dim, dim)[:num_features]
-  norms = jnp.linalg.norm(g[num_blocks:].reshape(num_blocks * dim, dim)[:num_features],
-                          axis=-1)
+  norms = jnp.linalg.norm(g[num_blocks:].reshape(num_blocks * dim, dim)[:num_features], axis=-1)
   return (rows * norms[:, None]).astype(dtype)
 
 
@@ -180,8 +182,7 @@ def _project(x: jnp.ndarray, projection: jnp.ndarray) -> jnp.ndarray:
   x = jnp.asarray(x)
   compute = jnp.promote_types(_compute_dtype(x), projection.dtype)
   if projection.ndim != 2 or projection.shape[-1] != x.shape[-1]:
-    raise ValueError(f'projection must be [num_features, {x.shape[-1]}], got '
-                     f'{projection.shape}')
+    raise ValueError(f'projection must be [num_features, {x.shape[-1]}], got {projection.shape}')
   return jnp.einsum('...d,md->...m', x.astype(compute), projection.astype(compute))
 
 
@@ -211,10 +212,14 @@ def positive_log_features(x: jnp.ndarray, projection: jnp.ndarray) -> jnp.ndarra
   return wx - sq
 
 
-def positive_features(x: jnp.ndarray, projection: jnp.ndarray, is_query: bool,
-                      key_padding: Optional[jnp.ndarray] = None,
-                      stabilizer: Optional[jnp.ndarray] = None,
-                      return_stabilizer: bool = False):
+def positive_features(
+  x: jnp.ndarray,
+  projection: jnp.ndarray,
+  is_query: bool,
+  key_padding: Optional[jnp.ndarray] = None,
+  stabilizer: Optional[jnp.ndarray] = None,
+  return_stabilizer: bool = False,
+):
   """FAVOR+ positive random features exp(W x - |x|^2/2 - stabiliser) / sqrt(m).
 
   E[phi(x) . phi(y)] = exp(x . y) exp(-s_x - s_y) for rows w_i ~ N(0, I). The

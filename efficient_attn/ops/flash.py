@@ -15,18 +15,20 @@ k_blocks * ck, heads, dv]`, all in the compute dtype. `mask` is None or bool
 `[b|1, h|1, q|1, k]` over the padded lengths. `chunked_softmax_attention`
 (efficient_attn.mechanisms.softmax) pads, scales and calls `attend`.
 """
+
 import functools
 from typing import NamedTuple
 
 import jax
-import jax.numpy as jnp
 from jax import lax
+import jax.numpy as jnp
 
 from efficient_attn.ops import online_softmax
 
 
 class Blocks(NamedTuple):
   """The static layout: block sizes, true key length, causal offset (lk - lq)."""
+
   cq: int
   ck: int
   kv_length: int
@@ -81,10 +83,14 @@ def _forward(cfg: Blocks, q, k, v, mask):
     def key_block(j, state):
       k0 = j * cfg.ck
       s = jnp.einsum('bqhd,bkhd->bhqk', qc, _block(k, k0, cfg.ck))
-      return online_softmax.update(state, s, _valid(cfg, mask, q0, k0),
-                                   _block(v, k0, cfg.ck))
-    state = lax.fori_loop(0, _key_blocks_for(cfg, q0, num_k), key_block,
-                          online_softmax.init(b, h, cfg.cq, v.shape[-1], q.dtype))
+      return online_softmax.update(state, s, _valid(cfg, mask, q0, k0), _block(v, k0, cfg.ck))
+
+    state = lax.fori_loop(
+      0,
+      _key_blocks_for(cfg, q0, num_k),
+      key_block,
+      online_softmax.init(b, h, cfg.cq, v.shape[-1], q.dtype),
+    )
     lse = jnp.where(state.l > 0, state.m + jnp.log(state.l), jnp.inf)
     return jnp.swapaxes(online_softmax.finish(state), 1, 2), lse
 
@@ -129,12 +135,14 @@ def _attend_bwd(cfg, res, g):
       dq_c = _block(dq, q0, cfg.cq) + jnp.einsum('bhqk,bkhd->bqhd', ds, kc)
       return lax.dynamic_update_slice_in_dim(dq, dq_c, q0, axis=1), dk, dv
 
-    dq, dk, dv = lax.fori_loop(_query_blocks_from(cfg, k0), num_q, query_block,
-                               (dq, jnp.zeros_like(kc), jnp.zeros_like(vc)))
+    dq, dk, dv = lax.fori_loop(
+      _query_blocks_from(cfg, k0), num_q, query_block, (dq, jnp.zeros_like(kc), jnp.zeros_like(vc))
+    )
     return dq, (dk, dv)
 
   def scan_step(dq, j):
     return key_block(j, dq)
+
   dq, (dk, dv) = lax.scan(scan_step, jnp.zeros_like(q), jnp.arange(num_k))
   b, _, h, d = k.shape
   dk = jnp.moveaxis(dk, 0, 1).reshape(b, num_k * cfg.ck, h, d)

@@ -36,9 +36,10 @@ q `[batch, q_length, heads, head_dim]`, k `[batch, kv_length, heads,
 head_dim]`, v `[batch, kv_length, heads, head_dim]`; masks follow
 `efficient_attn.ops.masking` (True = attend).
 """
+
 import math
-import warnings
 from typing import Optional, Sequence
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -68,8 +69,11 @@ def _key_mask(mask, batch: int, kv_length: int):
 
   Raises ValueError if it varies over heads or queries (a kernel then cannot take it).
   """
-  if mask is not None and jnp.ndim(mask) != 2 and (
-      jnp.ndim(mask) != 4 or mask.shape[1] != 1 or mask.shape[2] != 1):
+  if (
+    mask is not None
+    and jnp.ndim(mask) != 2
+    and (jnp.ndim(mask) != 4 or mask.shape[1] != 1 or mask.shape[2] != 1)
+  ):
     raise ValueError(f'a mask of shape {tuple(jnp.shape(mask))} varies over heads or queries')
   return masking.key_padding_from_mask(mask, batch, kv_length)
 
@@ -115,8 +119,10 @@ def _why_not_gpu_kernel(dtype, mask, lq: int, lk: int, d: int) -> Optional[str]:
   if mask is not None:
     # Its segment ids are one array for queries and keys alike, so a padded key's
     # query would see the padded keys only, where the einsum lets it see the rest.
-    return ('the GPU kernel takes no mask (its segment ids mask queries and keys alike, '
-            'so key padding cannot be expressed exactly)')
+    return (
+      'the GPU kernel takes no mask (its segment ids mask queries and keys alike, '
+      'so key padding cannot be expressed exactly)'
+    )
   if lq != lk:
     return f'the GPU kernel is self-attention; q_length {lq} != kv_length {lk}'
   if lq % GPU_MIN_BLOCK:
@@ -126,8 +132,18 @@ def _why_not_gpu_kernel(dtype, mask, lq: int, lk: int, d: int) -> Optional[str]:
   return None
 
 
-def choose(requested: str, q, k, v, mask=None, causal: bool = False, *,
-           dropout: bool = False, weights: bool = False, on: Optional[str] = None) -> str:
+def choose(
+  requested: str,
+  q,
+  k,
+  v,
+  mask=None,
+  causal: bool = False,
+  *,
+  dropout: bool = False,
+  weights: bool = False,
+  on: Optional[str] = None,
+) -> str:
   """The implementation ('xla', 'cudnn' or 'pallas') that runs this call.
 
   Args:
@@ -148,11 +164,14 @@ def choose(requested: str, q, k, v, mask=None, causal: bool = False, *,
   if requested == 'auto':
     if dropout:
       return 'xla'
-    return next((kernel for kernel in AUTO.get(on, ())
-                 if not why_not(kernel, q, k, v, mask, causal, on)), 'xla')
+    return next(
+      (kernel for kernel in AUTO.get(on, ()) if not why_not(kernel, q, k, v, mask, causal, on)),
+      'xla',
+    )
   if dropout:
-    raise ValueError(f'implementation={requested!r} cannot apply attention dropout; '
-                     "use 'xla' or 'auto'")
+    raise ValueError(
+      f'implementation={requested!r} cannot apply attention dropout; use \'xla\' or \'auto\''
+    )
   reason = why_not(requested, q, k, v, mask, causal, on)
   if reason:
     raise ValueError(f'implementation={requested!r} cannot run this call: {reason}')
@@ -172,8 +191,9 @@ def _zero_blind_rows(out, keys, causal: bool):
   return jnp.where(seen[:, :, None, None], out, jnp.zeros((), out.dtype))
 
 
-def cudnn_attention(q, k, v, mask=None, causal: bool = False, scale: float = 1.0,
-                    implementation: str = 'cudnn'):
+def cudnn_attention(
+  q, k, v, mask=None, causal: bool = False, scale: float = 1.0, implementation: str = 'cudnn'
+):
   """`jax.nn.dot_product_attention` with the library's mask rules.
 
   A key mask becomes a `[batch, 1, q_length, kv_length]` mask (cuDNN's bias
@@ -183,29 +203,37 @@ def cudnn_attention(q, k, v, mask=None, causal: bool = False, scale: float = 1.0
   b, lq, lk = q.shape[0], q.shape[1], k.shape[1]
   keys = _key_mask(mask, b, lk)
   full = None if keys is None else jnp.broadcast_to(keys[:, None, None, :], (b, 1, lq, lk))
-  out = jax.nn.dot_product_attention(q, k, v, mask=full, scale=scale, is_causal=causal,
-                                     implementation=implementation)
+  out = jax.nn.dot_product_attention(
+    q, k, v, mask=full, scale=scale, is_causal=causal, implementation=implementation
+  )
   return _zero_blind_rows(out, keys, causal)
 
 
-def pallas_attention(q, k, v, mask=None, causal: bool = False, scale: float = 1.0,
-                     interpret: bool = False):
+def pallas_attention(
+  q, k, v, mask=None, causal: bool = False, scale: float = 1.0, interpret: bool = False
+):
   """Splash attention (Pallas, TPU); `interpret=True` runs it on any platform.
 
   A key mask becomes splash segment ids (queries segment 1, masked keys 0).
   """
   from jax.experimental.pallas.ops.tpu import splash_attention as splash  # pylint: disable=g-import-not-at-top
+
   b, n, h, _ = q.shape
   keys = _key_mask(mask, b, n)
   one = (splash.CausalMask if causal else splash.FullMask)((n, n))
-  kernel = splash.make_splash_mha(splash.MultiHeadMask([one] * h), head_shards=1,
-                                  q_seq_shards=1, interpret=interpret)
+  kernel = splash.make_splash_mha(
+    splash.MultiHeadMask([one] * h), head_shards=1, q_seq_shards=1, interpret=interpret
+  )
   heads_first = lambda x: jnp.swapaxes(x, 1, 2)
   qs = heads_first(q * jnp.asarray(scale, q.dtype))
-  segments = None if keys is None else splash.SegmentIds(
-      q=jnp.ones((b, n), jnp.int32), kv=keys.astype(jnp.int32))
+  segments = (
+    None
+    if keys is None
+    else splash.SegmentIds(q=jnp.ones((b, n), jnp.int32), kv=keys.astype(jnp.int32))
+  )
   out = jax.vmap(lambda a, c, e, s: kernel(a, c, e, segment_ids=s))(
-      qs, heads_first(k), heads_first(v), segments)
+    qs, heads_first(k), heads_first(v), segments
+  )
   return _zero_blind_rows(heads_first(out), keys, causal)
 
 
@@ -232,8 +260,16 @@ def gpu_block_sizes(length: int, blocks: Optional[Sequence[int]] = None):
   return gpu.BlockSizes(*(math.gcd(block, length) for block in (blocks or GPU_BLOCKS)))
 
 
-def pallas_gpu_attention(q, k, v, mask=None, causal: bool = False, scale: float = 1.0,
-                         interpret: bool = False, block_sizes=None):
+def pallas_gpu_attention(
+  q,
+  k,
+  v,
+  mask=None,
+  causal: bool = False,
+  scale: float = 1.0,
+  interpret: bool = False,
+  block_sizes=None,
+):
   """FlashAttention-2 in Triton through Pallas (JAX's `pallas.ops.gpu.attention.mha`).
 
   Forward and backward are the kernel's own (a `jax.custom_vjp`); `interpret=True`
@@ -246,9 +282,16 @@ def pallas_gpu_attention(q, k, v, mask=None, causal: bool = False, scale: float 
   reason = why_not('pallas', q, k, v, mask, causal, 'gpu')
   if reason:
     raise ValueError(f"implementation='pallas' cannot run this call: {reason}")
-  return _gpu_kernel().mha(q, k, v, segment_ids=None, sm_scale=float(scale), causal=bool(causal),
-                 block_sizes=block_sizes or gpu_block_sizes(q.shape[1]),
-                 interpret=interpret)
+  return _gpu_kernel().mha(
+    q,
+    k,
+    v,
+    segment_ids=None,
+    sm_scale=float(scale),
+    causal=bool(causal),
+    block_sizes=block_sizes or gpu_block_sizes(q.shape[1]),
+    interpret=interpret,
+  )
 
 
 def attention(impl: str, q, k, v, mask=None, causal: bool = False, scale: float = 1.0):
@@ -261,5 +304,14 @@ def attention(impl: str, q, k, v, mask=None, causal: bool = False, scale: float 
   raise ValueError(f'no fused implementation {impl!r}; valid: cudnn, pallas')
 
 
-__all__ = ['IMPLEMENTATIONS', 'choose', 'why_not', 'attention', 'cudnn_attention',
-           'pallas_attention', 'pallas_gpu_attention', 'gpu_block_sizes', 'platform']
+__all__ = [
+  'IMPLEMENTATIONS',
+  'choose',
+  'why_not',
+  'attention',
+  'cudnn_attention',
+  'pallas_attention',
+  'pallas_gpu_attention',
+  'gpu_block_sizes',
+  'platform',
+]

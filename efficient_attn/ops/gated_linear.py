@@ -32,18 +32,19 @@ Shapes: q, k `[batch, length, heads, dk]`, v `[batch, length, heads, dv]`,
 log-decays `[batch, length, heads, 1 or dk]`; outputs `[batch, length, heads,
 dv]`; states `[batch, heads, dk, dv]`.
 """
+
 import functools
 import math
 from typing import Any, Callable, NamedTuple, Optional, Tuple
 
 import jax
-import jax.numpy as jnp
 from jax import lax
+import jax.numpy as jnp
 
+from efficient_attn import registry
+from efficient_attn.ops import collectives
 from efficient_attn.ops import kernels
 from efficient_attn.ops import masking
-from efficient_attn.ops import collectives
-from efficient_attn import registry
 
 F32 = jnp.float32
 NORM_EPS = 1e-5  # the output RMSNorm's epsilon (fla's and Mamba-2's default)
@@ -79,6 +80,7 @@ def chunked(xs, chunk_size: int):
     x = jnp.pad(x, [(0, 0), (0, 0), (0, nc * c - n)] + [(0, 0)] * (x.ndim - 3))
     x = x.reshape(x.shape[:2] + (nc, c) + x.shape[3:])
     return jnp.moveaxis(x, 2, 0)
+
   return tuple(cut(x) for x in xs), c
 
 
@@ -133,8 +135,7 @@ def scan_tokens(step, q, k, v, g, beta=None, state=None):
   """
   b, _, h, dk = q.shape
   s0 = init_gated_state(b, h, dk, v.shape[-1]) if state is None else state
-  xs = tuple(None if x is None else jnp.moveaxis(x.astype(F32), 1, 0)
-             for x in (q, k, v, g, beta))
+  xs = tuple(None if x is None else jnp.moveaxis(x.astype(F32), 1, 0) for x in (q, k, v, g, beta))
   s, out = lax.scan(lambda s, x: step(s, *x), s0, xs)
   return jnp.moveaxis(out, 0, 1), s
 
@@ -165,25 +166,25 @@ def per_feature_scores(q, k, cum, sub: int = SUB_CHUNK):
   split = lambda x: x.reshape(x.shape[:-2] + (ns, sub, dk))
   qs, ks, cs = split(q.astype(F32)), split(k.astype(F32)), split(cum)  # [..., ns, sub, dk]
   tri = jnp.tril(jnp.ones((sub, sub), bool))[..., None]
-  diff = cs[..., :, None, :] - cs[..., None, :, :]      # [..., ns, sub, sub, dk]
+  diff = cs[..., :, None, :] - cs[..., None, :, :]  # [..., ns, sub, sub, dk]
   w = jnp.where(tri, jnp.exp(jnp.where(tri, diff, 0.0)), 0.0)
-  diag = jnp.einsum('...td,...sd,...tsd->...ts', qs, ks, w)   # [..., ns, sub, sub]
+  diag = jnp.einsum('...td,...sd,...tsd->...ts', qs, ks, w)  # [..., ns, sub, sub]
   if ns == 1:
     return diag[..., 0, :, :]
-  end = cs[..., -1, :]                                  # [..., ns, dk]
+  end = cs[..., -1, :]  # [..., ns, dk]
   later = jnp.tril(jnp.ones((ns, ns), bool), -1)[:, :, None, None]  # [i, j]: j < i
-  to_end = cs[..., :, None, :, :] - end[..., None, :, None, :]      # [..., i, j, sub, dk]
-  q_ij = qs[..., :, None, :, :] * jnp.where(later, jnp.exp(jnp.where(later, to_end, 0.0)),
-                                            0.0)
-  k_j = ks * jnp.exp(end[..., :, None, :] - cs)          # [..., j, sub, dk]
+  to_end = cs[..., :, None, :, :] - end[..., None, :, None, :]  # [..., i, j, sub, dk]
+  q_ij = qs[..., :, None, :, :] * jnp.where(later, jnp.exp(jnp.where(later, to_end, 0.0)), 0.0)
+  k_j = ks * jnp.exp(end[..., :, None, :] - cs)  # [..., j, sub, dk]
   off = mm('...ijtd,...jsd->...itjs', q_ij, k_j, dtype)  # [..., i, sub, j, sub]
   eye = jnp.eye(ns, dtype=diag.dtype)
   full = off + jnp.einsum('...its,ij->...itjs', diag, eye)
   return full.reshape(full.shape[:-4] + (c, c))
 
 
-def gated_chunked(q, k, v, g, beta=None, state=None, chunk_size: int = 64,
-                  sub_chunk: int = SUB_CHUNK):
+def gated_chunked(
+  q, k, v, g, beta=None, state=None, chunk_size: int = 64, sub_chunk: int = SUB_CHUNK
+):
   """The decay recurrence chunkwise in parallel; equals `gated_scan`.
 
   Inside a chunk with cumulative log-decays b_t (from the chunk start):
@@ -201,24 +202,25 @@ def gated_chunked(q, k, v, g, beta=None, state=None, chunk_size: int = 64,
   b, n, h, dk = q.shape
   dv = v.shape[-1]
   dtype = matmul_dtype(q, k, v)
-  (qc, kc, vc, gc), c = chunked(tuple(heads_first(x, t) for x, t in
-                                      ((q, dtype), (k, dtype), (v, dtype), (g, F32))),
-                                chunk_size)
+  (qc, kc, vc, gc), c = chunked(
+    tuple(heads_first(x, t) for x, t in ((q, dtype), (k, dtype), (v, dtype), (g, F32))), chunk_size
+  )
   s0 = init_gated_state(b, h, dk, dv) if state is None else state
   scalar = g.shape[-1] == 1
 
   def body(s, x):
-    qx, kx, vx, gx = x                                # [b, h, c, dk|dv|dg]
-    cum = jnp.cumsum(gx, axis=2)                      # [b, h, c, dg]
+    qx, kx, vx, gx = x  # [b, h, c, dk|dv|dg]
+    cum = jnp.cumsum(gx, axis=2)  # [b, h, c, dg]
     if scalar:
       a = mm('bhqd,bhkd->bhqk', qx, kx, dtype) * decay_within(cum[..., 0])
     else:
       a = per_feature_scores(qx, kx, cum, sub_chunk)
     out = mm('bhqk,bhkv->bhqv', a, vx, dtype)
     out = out + mm('bhqd,bhdv->bhqv', rows(qx.astype(F32), jnp.exp(cum)), s, dtype)
-    last = cum[:, :, -1:]                             # [b, h, 1, dg]
+    last = cum[:, :, -1:]  # [b, h, 1, dg]
     s = rows(s, jnp.swapaxes(jnp.exp(last), 2, 3)) + mm(
-        'bhkd,bhkv->bhdv', rows(kx.astype(F32), jnp.exp(last - cum)), vx, dtype)
+      'bhkd,bhkv->bhdv', rows(kx.astype(F32), jnp.exp(last - cum)), vx, dtype
+    )
     return s, out
 
   s, out = lax.scan(jax.checkpoint(body, prevent_cse=False), s0, (qc, kc, vc, gc))
@@ -230,6 +232,7 @@ class Cores(NamedTuple):
   state, chunk_size) -> (out, S); `step` takes (S, q_t, k_t, v_t, g_t, beta_t) -> (S, o_t);
   `init(batch, heads, dk, dv)` is the empty state; `pallas`, the chunk form's Pallas
   kernels (`efficient_attn.ops.kernels`), `chunked`'s signature."""
+
   scan: Callable[..., Any]
   chunked: Callable[..., Any]
   step: Callable[..., Any]
@@ -244,8 +247,8 @@ DECAY = Cores(gated_scan, gated_chunked, gated_step, init_gated_state, kernels.d
 # `delta_rule_attention`): the recurrence alone on q, k, v as it reads them, without the
 # parameters of the layer around it (short convolution, gate projections, output norm).
 
-def pure_inputs(mechanism: str, function: str, q, k, v, mask, gates, *, form: str,
-                chunk_size: int):
+
+def pure_inputs(mechanism: str, function: str, q, k, v, mask, gates, *, form: str, chunk_size: int):
   """The key padding `[b, n]` (or None) of a pure function's call, after its checks: q, k,
   v `[b, n, h, d]` (`masking.check_inputs`), `gates` ({name: (array, allowed shapes)})
   and the options `form` and `chunk_size` (`mechanism`'s Options); one-line ValueErrors
@@ -254,13 +257,25 @@ def pure_inputs(mechanism: str, function: str, q, k, v, mask, gates, *, form: st
   registry.check_arguments(mechanism, function, form=form, chunk_size=chunk_size)
   for name, (x, shapes) in gates.items():
     if x is not None and tuple(x.shape) not in shapes:
-      raise ValueError(f'{function}: {name} of shape {tuple(x.shape)} does not fit q '
-                       f'{tuple(q.shape)}; valid: {" or ".join(map(str, map(list, shapes)))}')
+      raise ValueError(
+        f'{function}: {name} of shape {tuple(x.shape)} does not fit q '
+        f'{tuple(q.shape)}; valid: {" or ".join(map(str, map(list, shapes)))}'
+      )
   return masking.key_padding_from_mask(mask, k.shape[0], k.shape[1])
 
 
-def pure_recurrence(cores: Cores, q, k, v, g=None, beta=None, key_padding=None, *,
-                    form: str = 'chunk', chunk_size: int = 64):
+def pure_recurrence(
+  cores: Cores,
+  q,
+  k,
+  v,
+  g=None,
+  beta=None,
+  key_padding=None,
+  *,
+  form: str = 'chunk',
+  chunk_size: int = 64,
+):
   """out `[b, n, h, dv]` (float32) of the recurrence `cores` ('chunk': chunkwise; 'naive':
   token by token, the definition) on its inputs (shapes as `scan_tokens`). A padded token
   (`key_padding` `[b, n]` False) neither writes to the state nor decays it; its output is 0."""
@@ -273,6 +288,7 @@ def pure_recurrence(cores: Cores, q, k, v, g=None, beta=None, key_padding=None, 
 
 # The short causal convolution (fla's ShortConvolution; Mamba-2's conv1d).
 
+
 def conv_init(key, shape, dtype=F32):
   """PyTorch's depthwise Conv1d initialisation: U(-1/sqrt(kernel), 1/sqrt(kernel))."""
   bound = 1.0 / math.sqrt(shape[0])
@@ -281,9 +297,11 @@ def conv_init(key, shape, dtype=F32):
 
 def conv_bias_init(kernel_size: int):
   """PyTorch's Conv1d bias (mamba_ssm's): U(-1/sqrt(kernel), 1/sqrt(kernel)), any shape."""
+
   def init(key, shape, dtype=F32):
     bound = 1.0 / math.sqrt(kernel_size)
     return jax.random.uniform(key, shape, F32, -bound, bound).astype(dtype)
+
   return init
 
 
@@ -317,7 +335,7 @@ def _shifted_sum(x, w, reverse: bool = False):
   pad = (0, size - 1) if reverse else (size - 1, 0)
   xp = jnp.pad(x, [(0, 0), pad, (0, 0), (0, 0)])
   at = lambda i: size - 1 - i if reverse else i
-  return sum(w[i] * xp[:, at(i):at(i) + n] for i in range(size))
+  return sum(w[i] * xp[:, at(i) : at(i) + n] for i in range(size))
 
 
 @jax.custom_vjp
@@ -336,8 +354,9 @@ def _causal_conv_bwd(res, d_out):
   size, (b, n, h, d) = w.shape[0], x.shape
   xp = jnp.pad(x, [(0, 0), (size - 1, 0), (0, 0), (0, 0)])
   ones = jnp.ones((1, b * n), F32)
-  d_w = jnp.concatenate([ones @ (d_out * xp[:, i:i + n]).reshape(b * n, h * d)
-                         for i in range(size)]).reshape(w.shape)
+  d_w = jnp.concatenate(
+    [ones @ (d_out * xp[:, i : i + n]).reshape(b * n, h * d) for i in range(size)]
+  ).reshape(w.shape)
   return _shifted_sum(d_out, w, reverse=True), d_w
 
 
@@ -386,9 +405,11 @@ def dt_bias_init(key, shape, dtype=F32, dt_min: float = DT_MIN, dt_max: float = 
 
 def a_log_init(low: float, high: float):
   """A_log = log A, A uniform in [low, high] per head (Mamba-2: [1, 16])."""
+
   def init(key, shape, dtype=F32):
     a = jax.random.uniform(key, shape, F32, low, high)
     return jnp.log(jnp.maximum(a, 1e-4)).astype(dtype)
+
   return init
 
 
@@ -396,8 +417,8 @@ def torch_linear_init(key, shape, dtype=F32):
   """PyTorch's nn.Linear default, which the papers' gate projections use: uniform with
   variance 1 / (3 fan_in), fan_in the first axis of `shape` `[features, ...]`."""
   return jax.nn.initializers.variance_scaling(
-      1.0 / 3.0, 'fan_in', 'uniform', in_axis=0, out_axis=tuple(range(1, len(shape))))(
-          key, shape, dtype)
+    1.0 / 3.0, 'fan_in', 'uniform', in_axis=0, out_axis=tuple(range(1, len(shape)))
+  )(key, shape, dtype)
 
 
 def ones_init(key, shape, dtype=F32):
@@ -408,26 +429,46 @@ def ones_init(key, shape, dtype=F32):
 INITS = ('default', 'fla')
 
 
-def common_options(conv_size: int, conv_bias: bool = False,
-                   default_init: str = "PyTorch's module defaults"
-                   ) -> Tuple[registry.Option, ...]:
+def common_options(
+  conv_size: int, conv_bias: bool = False, default_init: str = "PyTorch's module defaults"
+) -> Tuple[registry.Option, ...]:
   """The options every gated recurrence has (`conv_size`, `conv_bias`: the reference's
   defaults; `default_init`: what init='default' is, for the option's doc)."""
   return (
-      registry.Option('chunk_size', 64, int, 'chunk length of the chunkwise form', minimum=1),
-      registry.Option('form', 'chunk', str, "chunk: chunkwise parallel (training); naive: the "
-                      "token-by-token recurrence (the definition)",
-                      choices=('chunk', 'naive')),
-      registry.Option('conv_size', conv_size, int, 'kernel of the short causal convolution on '
-                      'q, k and v (0: none)', minimum=0),
-      registry.Option('conv_bias', conv_bias, bool, 'a bias in the short convolution'),
-      registry.Option('init', 'default', str, f'initialisation of the convolution and the '
-                      f'gate projections: default ({default_init}) or fla (N(0, 0.02), '
-                      f"flash-linear-attention's model initialisation)", choices=INITS),
-      registry.Option('implementation', 'auto', str, "the chunk form's code: xla, or pallas "
-                      '(the Pallas kernels of efficient_attn.ops.kernels; interpreted on CPU); '
-                      'auto: xla until a measurement shows a kernel faster',
-                      choices=kernels.IMPLEMENTATIONS),
+    registry.Option('chunk_size', 64, int, 'chunk length of the chunkwise form', minimum=1),
+    registry.Option(
+      'form',
+      'chunk',
+      str,
+      "chunk: chunkwise parallel (training); naive: the token-by-token recurrence (the definition)",
+      choices=('chunk', 'naive'),
+    ),
+    registry.Option(
+      'conv_size',
+      conv_size,
+      int,
+      'kernel of the short causal convolution on q, k and v (0: none)',
+      minimum=0,
+    ),
+    registry.Option('conv_bias', conv_bias, bool, 'a bias in the short convolution'),
+    registry.Option(
+      'init',
+      'default',
+      str,
+      f'initialisation of the convolution and the '
+      f'gate projections: default ({default_init}) or fla (N(0, 0.02), '
+      f"flash-linear-attention's model initialisation)",
+      choices=INITS,
+    ),
+    registry.Option(
+      'implementation',
+      'auto',
+      str,
+      "the chunk form's code: xla, or pallas "
+      '(the Pallas kernels of efficient_attn.ops.kernels; interpreted on CPU); '
+      'auto: xla until a measurement shows a kernel faster',
+      choices=kernels.IMPLEMENTATIONS,
+    ),
   )
 
 
@@ -435,10 +476,12 @@ def decay_options() -> Tuple[registry.Option, ...]:
   """Mamba's dt range at initialisation (Mamba-2, Gated DeltaNet): the decay starts at
   a = exp(-A dt), dt log-uniform in [dt_min, dt_max]."""
   return (
-      registry.Option('dt_min', DT_MIN, float, 'smallest dt at initialisation (Mamba: 0.001)',
-                      above=0.0),
-      registry.Option('dt_max', DT_MAX, float, 'largest dt at initialisation (Mamba: 0.1)',
-                      above=0.0),
+    registry.Option(
+      'dt_min', DT_MIN, float, 'smallest dt at initialisation (Mamba: 0.001)', above=0.0
+    ),
+    registry.Option(
+      'dt_max', DT_MAX, float, 'largest dt at initialisation (Mamba: 0.1)', above=0.0
+    ),
   )
 
 
@@ -449,11 +492,14 @@ def dt_init(options):
 
 def check_dt_range(name: str, options) -> None:
   if options.dt_min > options.dt_max:
-    raise ValueError(f'mechanism {name!r}: dt_min={options.dt_min} exceeds dt_max={options.dt_max}; '
-                     f'the initial dt range needs dt_min <= dt_max')
+    raise ValueError(
+      f'mechanism {name!r}: dt_min={options.dt_min} exceeds dt_max={options.dt_max}; '
+      f'the initial dt range needs dt_min <= dt_max'
+    )
 
 
 # Context parallelism (`efficient_attn.layers.parallel`): the recurrence on one device's block.
+
 
 def decayed_sharded(core, q, k, v, g, beta=None, *, chunk_size: int, axis: str):
   """The decay recurrence on this device's block of a sequence split over mesh axis `axis`
@@ -468,11 +514,12 @@ def decayed_sharded(core, q, k, v, g, beta=None, *, chunk_size: int, axis: str):
   """
   out, s = core(q, k, v, g, beta, chunk_size=chunk_size)
   g = g.astype(F32)
-  decay = jnp.exp(jnp.sum(g, axis=1))                  # [b, h, 1 or dk]
+  decay = jnp.exp(jnp.sum(g, axis=1))  # [b, h, 1 or dk]
 
   def combine(earlier, later):
     (a1, s1), (a2, s2) = earlier, later
     return a1 * a2, a2[..., None] * s1 + s2
+
   identity = (jnp.ones_like(decay), jnp.zeros_like(s))
   _, s_in = collectives.exclusive_scan(combine, (decay, s), identity, axis)
   q_decayed = rows(q.astype(F32), jnp.exp(jnp.cumsum(g, axis=1)))
@@ -484,6 +531,7 @@ class RecurrentState(NamedTuple):
   convolution's last K - 1 inputs (q, k, v), each `[batch, K - 1, heads, d]` (q and k
   `[batch, K - 1, qk_heads, dk]` where heads share query/key groups; empty without
   it). Constant size."""
+
   s: jnp.ndarray
   conv: Tuple[jnp.ndarray, ...]
 
@@ -504,6 +552,7 @@ class GatedRecurrence(registry.Mechanism):
   projected (`[K, qk_heads, qk_dim]` kernels), and q and k are repeated to the value
   heads after it, before the recurrence.
   """
+
   causal = True
   causal_only = True
   reads_input = True
@@ -536,8 +585,9 @@ class GatedRecurrence(registry.Mechanism):
     shapes = {'q': (qk_heads, qk_dim), 'k': (qk_heads, qk_dim), 'v': (heads, v_dim)}
     specs = {}
     for name in ('q', 'k', 'v') if options.conv_size else ():
-      specs[f'{name}_conv'] = registry.ParamSpec((options.conv_size,) + shapes[name],
-                                                 self.init_for(options, conv_init))
+      specs[f'{name}_conv'] = registry.ParamSpec(
+        (options.conv_size,) + shapes[name], self.init_for(options, conv_init)
+      )
       if options.conv_bias:
         bias_init = zeros_init if options.init == 'fla' else conv_bias_init(options.conv_size)
         specs[f'{name}_conv_bias'] = registry.ParamSpec(shapes[name], bias_init)
@@ -561,8 +611,10 @@ class GatedRecurrence(registry.Mechanism):
         w, b = params[f'{n}_conv'], params.get(f'{n}_conv_bias')
         if axis is None:
           return causal_conv(x, w, b)
-        return causal_conv(jnp.concatenate([collectives.halo_before(x, halo, axis), x], 1),
-                           w, b)[:, halo:]
+        return causal_conv(jnp.concatenate([collectives.halo_before(x, halo, axis), x], 1), w, b)[
+          :, halo:
+        ]
+
       q, k, v = (conv(x, n) for x, n in zip((q, k, v), 'qkv'))
     return self._activate(q, k, v)
 
@@ -586,8 +638,14 @@ class GatedRecurrence(registry.Mechanism):
       raise ValueError(f'mechanism {self.name!r} is causal only: call it with causal=True')
     dtype = v.dtype
     k, v, kp = masking.checked_keys_values(
-        q, k, v, mask, name=f'mechanism {self.name!r}', causal=True,
-        qk_groups=self.qk_heads(options, v.shape[2]) != v.shape[2])
+      q,
+      k,
+      v,
+      mask,
+      name=f'mechanism {self.name!r}',
+      causal=True,
+      qk_groups=self.qk_heads(options, v.shape[2]) != v.shape[2],
+    )
     q = masking.zero_padded(q, kp)  # a padded token feeds no convolution either
     q, k, v = self._features(options, params, q, k, v, axis)
     q, k = self._to_heads(q, k, v.shape[2])
@@ -619,31 +677,41 @@ class GatedRecurrence(registry.Mechanism):
     in the state of the blocks before; the core is attend's (the Pallas kernels where
     `implementation` resolves to 'pallas')."""
     dtype = v.dtype
-    q, k, v, g, beta = self._inputs(options, params, q, k, v, mask=mask, causal=causal, ctx=ctx,
-                                    axis=axis)
-    out = self.sharded_recurrence(self.core(options, q.dtype), q, k, v, g, beta,
-                                  chunk_size=options.chunk_size, axis=axis)
+    q, k, v, g, beta = self._inputs(
+      options, params, q, k, v, mask=mask, causal=causal, ctx=ctx, axis=axis
+    )
+    out = self.sharded_recurrence(
+      self.core(options, q.dtype), q, k, v, g, beta, chunk_size=options.chunk_size, axis=axis
+    )
     return self.finish(options, params, out, v, ctx.gates).astype(dtype)
 
   def init_state(self, options, *, batch, heads, head_dim, v_dim):
     qk_heads = self.qk_heads(options, heads)
-    conv = tuple(jnp.zeros((batch, options.conv_size - 1, h, d), F32)
-                 for h, d in ((qk_heads, head_dim), (qk_heads, head_dim), (heads, v_dim))
-                 ) if options.conv_size else ()
+    conv = (
+      tuple(
+        jnp.zeros((batch, options.conv_size - 1, h, d), F32)
+        for h, d in ((qk_heads, head_dim), (qk_heads, head_dim), (heads, v_dim))
+      )
+      if options.conv_size
+      else ()
+    )
     return RecurrentState(self.cores.init(batch, heads, head_dim, v_dim), conv)
 
   def step(self, options, params, state, q_t, k_t, v_t, *, ctx):
     dtype = v_t.dtype
     conv = state.conv
     if options.conv_size:
-      steps = [conv_step(hist, x, params[f'{n}_conv'], params.get(f'{n}_conv_bias'))
-               for hist, x, n in zip(state.conv, (q_t, k_t, v_t), 'qkv')]
+      steps = [
+        conv_step(hist, x, params[f'{n}_conv'], params.get(f'{n}_conv_bias'))
+        for hist, x, n in zip(state.conv, (q_t, k_t, v_t), 'qkv')
+      ]
       conv = tuple(h for h, _ in steps)
       q_t, k_t, v_t = (y for _, y in steps)
     q_t, k_t, v_t = self._activate(q_t, k_t, v_t)
     q_t, k_t = self._to_heads(q_t, k_t, v_t.shape[2])
     q_t, k_t, v_t, g, beta = self.recurrence_inputs(options, params, q_t, k_t, v_t, ctx.gates)
-    s, out = self.cores.step(state.s, q_t[:, 0], k_t[:, 0], v_t[:, 0],
-                             *(None if x is None else x[:, 0] for x in (g, beta)))
+    s, out = self.cores.step(
+      state.s, q_t[:, 0], k_t[:, 0], v_t[:, 0], *(None if x is None else x[:, 0] for x in (g, beta))
+    )
     out = self.finish(options, params, out[:, None], v_t, ctx.gates).astype(dtype)
     return RecurrentState(s, conv), out

@@ -20,15 +20,16 @@ recurrent forms alike), and it never divides by ~0 for the sign-indefinite
 trigonometric (RFA) features, whose estimated denominator may be <= 0: the
 output is bounded by |numerator| / eps and keeps the numerator's sign.
 """
+
 from typing import NamedTuple, Optional
 
 import jax
-import jax.numpy as jnp
 from jax import lax
+import jax.numpy as jnp
 
-from efficient_attn.ops import masking
-from efficient_attn.ops import collectives
 from efficient_attn import registry
+from efficient_attn.ops import collectives
+from efficient_attn.ops import masking
 
 
 class KernelState(NamedTuple):
@@ -42,13 +43,15 @@ class KernelState(NamedTuple):
       exp(-log_scale)). Starts at a large negative number (no key seen yet);
       the other feature maps carry it through untouched.
   """
+
   s: jnp.ndarray
   z: jnp.ndarray
   log_scale: jnp.ndarray
 
 
-def init_kernel_state(batch: int, heads: int, feat_dim: int, v_dim: int,
-                      dtype=jnp.float32) -> KernelState:
+def init_kernel_state(
+  batch: int, heads: int, feat_dim: int, v_dim: int, dtype=jnp.float32
+) -> KernelState:
   """The empty state (no keys seen) for `kernel_attention_step`.
 
   Args:
@@ -62,9 +65,10 @@ def init_kernel_state(batch: int, heads: int, feat_dim: int, v_dim: int,
   Memory O(batch * heads * f * dv), independent of the sequence length.
   """
   return KernelState(
-      s=jnp.zeros((batch, heads, feat_dim, v_dim), dtype),
-      z=jnp.zeros((batch, heads, feat_dim), dtype),
-      log_scale=jnp.full((batch, heads), masking.big_neg(dtype), dtype))
+    s=jnp.zeros((batch, heads, feat_dim, v_dim), dtype),
+    z=jnp.zeros((batch, heads, feat_dim), dtype),
+    log_scale=jnp.full((batch, heads), masking.big_neg(dtype), dtype),
+  )
 
 
 def safe_denominator(den: jnp.ndarray, eps: float) -> jnp.ndarray:
@@ -116,13 +120,21 @@ def _log_gate(gate: jnp.ndarray, dtype) -> jnp.ndarray:
   return jnp.log(jnp.clip(gate, jnp.finfo(dtype).tiny, 1.0))
 
 
-def kernel_attention(phi_q: jnp.ndarray, phi_k: jnp.ndarray, v: jnp.ndarray,
-                     key_padding: Optional[jnp.ndarray] = None, causal: bool = False,
-                     eps: float = 1e-6, normalize: bool = True,
-                     chunk_size: Optional[int] = None,
-                     gate: Optional[jnp.ndarray] = None, return_state: bool = False,
-                     num_q: Optional[jnp.ndarray] = None, num_k: Optional[jnp.ndarray] = None,
-                     sequence_axis: Optional[str] = None):
+def kernel_attention(
+  phi_q: jnp.ndarray,
+  phi_k: jnp.ndarray,
+  v: jnp.ndarray,
+  key_padding: Optional[jnp.ndarray] = None,
+  causal: bool = False,
+  eps: float = 1e-6,
+  normalize: bool = True,
+  chunk_size: Optional[int] = None,
+  gate: Optional[jnp.ndarray] = None,
+  return_state: bool = False,
+  num_q: Optional[jnp.ndarray] = None,
+  num_k: Optional[jnp.ndarray] = None,
+  sequence_axis: Optional[str] = None,
+):
   """The shared core: out_i = phi_q_i^T S / safe(phi_q_i . Z) over the visible keys.
 
   Non-causal: S, Z are summed over all keys once: time O(n f dv), memory
@@ -180,10 +192,16 @@ def kernel_attention(phi_q: jnp.ndarray, phi_k: jnp.ndarray, v: jnp.ndarray,
   phi_q, phi_k, v, num_q, num_k = (x.astype(compute) for x in (phi_q, phi_k, v, num_q, num_k))
   b, lq, h, f = phi_q.shape
   lk = phi_k.shape[1]
-  if (phi_k.shape != (b, lk, h, f) or v.shape[:3] != (b, lk, h) or
-      num_q.shape != phi_q.shape or num_k.shape != phi_k.shape):
-    raise ValueError(f'inconsistent shapes phi_q {phi_q.shape}, phi_k {phi_k.shape}, '
-                     f'v {v.shape}, num_q {num_q.shape}, num_k {num_k.shape}')
+  if (
+    phi_k.shape != (b, lk, h, f)
+    or v.shape[:3] != (b, lk, h)
+    or num_q.shape != phi_q.shape
+    or num_k.shape != phi_k.shape
+  ):
+    raise ValueError(
+      f'inconsistent shapes phi_q {phi_q.shape}, phi_k {phi_k.shape}, '
+      f'v {v.shape}, num_q {num_q.shape}, num_k {num_k.shape}'
+    )
   log_g = None
   if gate is not None:
     if not causal:
@@ -209,12 +227,16 @@ def kernel_attention(phi_q: jnp.ndarray, phi_k: jnp.ndarray, v: jnp.ndarray,
       out = normalize_by(out, jnp.einsum('bqhf,bhf->bqh', phi_q, z), eps)
   else:
     if lq != lk:
-      raise ValueError(f'causal kernel attention needs q_length == kv_length, got '
-                       f'{lq} and {lk}; decode with kernel_attention_step')
-    state = None if sequence_axis is None else _incoming_state(phi_k, num_k, v, log_g,
-                                                               sequence_axis)
-    out, (s, z) = _causal_chunked(phi_q, phi_k, v, log_g, eps, normalize, chunk_size,
-                                  (num_q, num_k) if split else None, state)
+      raise ValueError(
+        f'causal kernel attention needs q_length == kv_length, got '
+        f'{lq} and {lk}; decode with kernel_attention_step'
+      )
+    state = (
+      None if sequence_axis is None else _incoming_state(phi_k, num_k, v, log_g, sequence_axis)
+    )
+    out, (s, z) = _causal_chunked(
+      phi_q, phi_k, v, log_g, eps, normalize, chunk_size, (num_q, num_k) if split else None, state
+    )
   out = out.astype(out_dtype)
   if return_state:
     state = KernelState(s, z, jnp.full((b, h), masking.big_neg(compute), compute))
@@ -232,8 +254,9 @@ def loop_rows_here() -> bool:
   return LOOP_ROWS.get(jax.default_backend(), False)
 
 
-def heads_as_batch(fn, q, k, v, key_padding, return_state: bool = False,
-                   loop_rows: bool = False, **kwargs):
+def heads_as_batch(
+  fn, q, k, v, key_padding, return_state: bool = False, loop_rows: bool = False, **kwargs
+):
   """Runs a kernel mechanism `fn` with each head as its own batch row.
 
   `fn(q, k, v, mask=key_padding, return_state=..., **kwargs)` sees q `[batch *
@@ -258,12 +281,15 @@ def heads_as_batch(fn, q, k, v, key_padding, return_state: bool = False,
 
   def fold(x):
     return jnp.swapaxes(x, 1, 2).reshape(b * h, x.shape[1], 1, x.shape[-1])
+
   kp = None if key_padding is None else jnp.repeat(key_padding, h, axis=0)
   if loop_rows:
+
     def row(args):
       q1, k1, v1, kp1 = (None if x is None else x[None] for x in args)
       res = fn(q1, k1, v1, mask=kp1, return_state=return_state, **kwargs)
       return jax.tree.map(lambda x: x[0], res)
+
     res = lax.map(jax.checkpoint(row, prevent_cse=False), (fold(q), fold(k), fold(v), kp))
   else:
     res = fn(fold(q), fold(k), fold(v), mask=kp, return_state=return_state, **kwargs)
@@ -281,12 +307,11 @@ def _incoming_state(phi_k, num_k, v, log_g, axis: str):
   if log_g is None:
     decay, weights = None, None
   else:
-    cum = jnp.cumsum(log_g, axis=1)                    # [b, n, h]
-    decay = jnp.exp(cum[:, -1])                        # [b, h]: the block's total decay
-    weights = jnp.exp(cum[:, -1:] - cum)[..., None]    # each key decayed to the block's end
+    cum = jnp.cumsum(log_g, axis=1)  # [b, n, h]
+    decay = jnp.exp(cum[:, -1])  # [b, h]: the block's total decay
+    weights = jnp.exp(cum[:, -1:] - cum)[..., None]  # each key decayed to the block's end
   scaled = lambda x: x if weights is None else x * weights
-  summary = (decay, jnp.einsum('bkhf,bkhd->bhfd', scaled(num_k), v),
-             jnp.sum(scaled(phi_k), axis=1))
+  summary = (decay, jnp.einsum('bkhf,bkhd->bhfd', scaled(num_k), v), jnp.sum(scaled(phi_k), axis=1))
 
   def combine(earlier, later):
     a1, s1, z1 = earlier
@@ -295,14 +320,12 @@ def _incoming_state(phi_k, num_k, v, log_g, axis: str):
       return None, s1 + s2, z1 + z2
     return a1 * a2, a2[..., None, None] * s1 + s2, a2[..., None] * z1 + z2
 
-  identity = jax.tree.map(lambda x: jnp.ones_like(x) if x.ndim == 2 else jnp.zeros_like(x),
-                          summary)
+  identity = jax.tree.map(lambda x: jnp.ones_like(x) if x.ndim == 2 else jnp.zeros_like(x), summary)
   _, s, z = collectives.exclusive_scan(combine, summary, identity, axis)
   return s, z
 
 
-def _causal_chunked(phi_q, phi_k, v, log_g, eps, normalize, chunk_size, numerator=None,
-                    state=None):
+def _causal_chunked(phi_q, phi_k, v, log_g, eps, normalize, chunk_size, numerator=None, state=None):
   """Chunked causal scan; inputs already in the compute dtype and masked.
 
   `numerator`: optional (num_q, num_k) features of the numerator (see
@@ -318,15 +341,19 @@ def _causal_chunked(phi_q, phi_k, v, log_g, eps, normalize, chunk_size, numerato
   def chunks(x):
     x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
     x = x.reshape((b, nc, c) + x.shape[2:])
-    return jnp.moveaxis(x, 1, 0)                       # [nc, b, c, ...]
+    return jnp.moveaxis(x, 1, 0)  # [nc, b, c, ...]
 
-  xs = (chunks(phi_q), chunks(phi_k), chunks(v),
-        None if log_g is None else chunks(log_g),
-        None if numerator is None else tuple(chunks(x) for x in numerator))
-  tri = jnp.tril(jnp.ones((c, c), bool))               # [q, k]: k <= q
+  xs = (
+    chunks(phi_q),
+    chunks(phi_k),
+    chunks(v),
+    None if log_g is None else chunks(log_g),
+    None if numerator is None else tuple(chunks(x) for x in numerator),
+  )
+  tri = jnp.tril(jnp.ones((c, c), bool))  # [q, k]: k <= q
 
   def body(carry, x):
-    s, z = carry                                       # [b,h,f,dv], [b,h,f]
+    s, z = carry  # [b,h,f,dv], [b,h,f]
     pq, pk, vc, lg, nums = x
     nq, nk = (pq, pk) if nums is None else nums
     a_den = jnp.einsum('bqhf,bkhf->bhqk', pq, pk)
@@ -339,22 +366,22 @@ def _causal_chunked(phi_q, phi_k, v, log_g, eps, normalize, chunk_size, numerato
       pk_state, nk_state = pk, nk
       s_decay = None
     else:
-      cum = jnp.cumsum(lg, axis=1)                     # [b, c, h], log prod_{s<=t} g_s
-      cum_t = jnp.swapaxes(cum, 1, 2)                  # [b, h, c]
+      cum = jnp.cumsum(lg, axis=1)  # [b, c, h], log prod_{s<=t} g_s
+      cum_t = jnp.swapaxes(cum, 1, 2)  # [b, h, c]
       diff = cum_t[..., :, None] - cum_t[..., None, :]  # log prod_{j<s<=t} g_s
       decay = jnp.where(tri, jnp.exp(jnp.where(tri, diff, 0.0)), 0.0)
       a = a * decay
       a_den = a if nums is None else a_den * decay
-      q_decay = jnp.exp(cum)[..., None]                # [b, c, h, 1]
+      q_decay = jnp.exp(cum)[..., None]  # [b, c, h, 1]
       inter_s = jnp.einsum('bqhf,bhfd->bqhd', nq, s) * q_decay
       inter_z = jnp.einsum('bqhf,bhf->bqh', pq, z) * q_decay[..., 0]
-      last = cum[:, -1:]                               # [b, 1, h]
+      last = cum[:, -1:]  # [b, 1, h]
       pk_state = pk * jnp.exp(last - cum)[..., None]
       nk_state = pk_state if nums is None else nk * jnp.exp(last - cum)[..., None]
-      s_decay = jnp.exp(last[:, 0])                    # [b, h]
+      s_decay = jnp.exp(last[:, 0])  # [b, h]
     num = jnp.einsum('bhqk,bkhd->bqhd', a, vc) + inter_s
     if normalize:
-      den = jnp.swapaxes(jnp.sum(a_den, axis=-1), 1, 2) + inter_z   # [b, c, h]
+      den = jnp.swapaxes(jnp.sum(a_den, axis=-1), 1, 2) + inter_z  # [b, c, h]
       out = normalize_by(num, den, eps)
     else:
       out = num
@@ -380,17 +407,24 @@ def _as_token(x: jnp.ndarray):
       raise ValueError(f'a decoding step takes one token, got shape {x.shape}')
     return x[:, 0], True
   if x.ndim != 3:
-    raise ValueError(f'token must be [batch, heads, dim] or [batch, 1, heads, dim], '
-                     f'got shape {x.shape}')
+    raise ValueError(
+      f'token must be [batch, heads, dim] or [batch, 1, heads, dim], got shape {x.shape}'
+    )
   return x, False
 
 
-def kernel_attention_step(state: KernelState, phi_q_t: jnp.ndarray, phi_k_t: jnp.ndarray,
-                          v_t: jnp.ndarray, eps: float = 1e-6, normalize: bool = True,
-                          gate_t: Optional[jnp.ndarray] = None,
-                          key_valid: Optional[jnp.ndarray] = None,
-                          num_q: Optional[jnp.ndarray] = None,
-                          num_k: Optional[jnp.ndarray] = None):
+def kernel_attention_step(
+  state: KernelState,
+  phi_q_t: jnp.ndarray,
+  phi_k_t: jnp.ndarray,
+  v_t: jnp.ndarray,
+  eps: float = 1e-6,
+  normalize: bool = True,
+  gate_t: Optional[jnp.ndarray] = None,
+  key_valid: Optional[jnp.ndarray] = None,
+  num_q: Optional[jnp.ndarray] = None,
+  num_k: Optional[jnp.ndarray] = None,
+):
   """One causal decoding step: add token t's key/value to the state, then read it.
 
       S_t = S_{t-1} + phi_k_t v_t^T          (gated: g S_{t-1} + (1 - g) phi_k_t v_t^T)
@@ -431,7 +465,7 @@ def kernel_attention_step(state: KernelState, phi_q_t: jnp.ndarray, phi_k_t: jnp
     k = jnp.where(valid, k, 0.0)
     nk = jnp.where(valid, nk, 0.0)
     vv = jnp.where(valid, vv, 0.0)
-  kv = nk[..., :, None] * vv[..., None, :]                  # [b, h, f, dv]
+  kv = nk[..., :, None] * vv[..., None, :]  # [b, h, f, dv]
   if gate_t is None:
     s, z = s + kv, z + k
   else:
@@ -449,8 +483,7 @@ def kernel_attention_step(state: KernelState, phi_q_t: jnp.ndarray, phi_k_t: jnp
   out = out.astype(v_t.dtype)
   if keep_axis:
     out = out[:, None]
-  new_state = KernelState(s.astype(state.s.dtype), z.astype(state.z.dtype),
-                          state.log_scale)
+  new_state = KernelState(s.astype(state.s.dtype), z.astype(state.z.dtype), state.log_scale)
   return new_state, out
 
 
@@ -458,9 +491,14 @@ def kernel_attention_step(state: KernelState, phi_q_t: jnp.ndarray, phi_k_t: jnp
 # The declaration shared by the kernel mechanisms (linear, RFA, Performer).
 # ----------------------------------------------------------------------------
 
-CHUNK_SIZE = registry.Option('chunk_size', None, int, 'chunk length of the causal scan; None: '
-                             'the platform\'s (64 on CPU, 256 on GPU and TPU)', minimum=1,
-                             allow_none=True)
+CHUNK_SIZE = registry.Option(
+  'chunk_size',
+  None,
+  int,
+  'chunk length of the causal scan; None: the platform\'s (64 on CPU, 256 on GPU and TPU)',
+  minimum=1,
+  allow_none=True,
+)
 
 
 class KernelMechanism(registry.Mechanism):
@@ -469,6 +507,7 @@ class KernelMechanism(registry.Mechanism):
   Subclasses give `feature_dim`, the width f of phi (the state is `[f, v_dim]`
   per head); it defaults to head_dim (feature maps applied elementwise).
   """
+
   causal = True
   decode = 'recurrent'
   rotary = 'features'

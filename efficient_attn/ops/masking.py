@@ -9,6 +9,7 @@ Mechanisms that never form the `q_length x kv_length` matrix (linear, random
 features, Linformer, Nystrom) can honour only the key-padding part of a mask;
 causality is requested with `causal=True`, never through the mask.
 """
+
 from typing import Optional
 
 import jax
@@ -30,8 +31,9 @@ def causal_mask(q_length: int, kv_length: int) -> jnp.ndarray:
   return jnp.arange(kv_length)[None, :] <= jnp.arange(q_length)[:, None] + offset
 
 
-def key_padding_from_mask(mask: Optional[jnp.ndarray], batch: int,
-                          kv_length: int) -> Optional[jnp.ndarray]:
+def key_padding_from_mask(
+  mask: Optional[jnp.ndarray], batch: int, kv_length: int
+) -> Optional[jnp.ndarray]:
   """Reduce a flax-style mask `[b|1, h|1, q|1, k]` to a key padding mask `[b, k]`.
 
   A key is kept if any (head, query) pair may attend to it. For the usual
@@ -45,13 +47,15 @@ def key_padding_from_mask(mask: Optional[jnp.ndarray], batch: int,
     return jnp.broadcast_to(mask, (batch, kv_length))
   if mask.ndim != 4:
     raise ValueError(
-        f'mask must be [batch, heads, q_length, kv_length] or [batch, kv_length], '
-        f'got shape {mask.shape}')
+      f'mask must be [batch, heads, q_length, kv_length] or [batch, kv_length], '
+      f'got shape {mask.shape}'
+    )
   return jnp.broadcast_to(jnp.any(mask, axis=(1, 2)), (batch, kv_length))
 
 
-def combine_masks(mask: Optional[jnp.ndarray], causal: bool, q_length: int,
-                  kv_length: int) -> Optional[jnp.ndarray]:
+def combine_masks(
+  mask: Optional[jnp.ndarray], causal: bool, q_length: int, kv_length: int
+) -> Optional[jnp.ndarray]:
   """A single bool mask broadcastable to `[b, h, q, k]`, or None if no masking."""
   out = None
   if mask is not None:
@@ -65,8 +69,9 @@ def combine_masks(mask: Optional[jnp.ndarray], causal: bool, q_length: int,
   return out
 
 
-def check_inputs(q, k, v, mask=None, *, name: str = 'attention',
-                 same_length: bool = False, qk_groups: bool = False) -> None:
+def check_inputs(
+  q, k, v, mask=None, *, name: str = 'attention', same_length: bool = False, qk_groups: bool = False
+) -> None:
   """Raises one-line ValueErrors for inconsistent attention inputs.
 
   q `[batch, q_length, heads, head_dim]`, k `[batch, kv_length, heads,
@@ -79,11 +84,11 @@ def check_inputs(q, k, v, mask=None, *, name: str = 'attention',
   """
   shapes = f'q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}'
   if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
-    raise ValueError(f'{name} takes q, k, v of rank 4 [batch, length, heads, head_dim], got '
-                     f'{shapes}')
+    raise ValueError(
+      f'{name} takes q, k, v of rank 4 [batch, length, heads, head_dim], got {shapes}'
+    )
   if qk_groups and q.shape[2] == k.shape[2] and q.shape[2] and v.shape[2] % q.shape[2] == 0:
-    q, k = (jax.ShapeDtypeStruct(x.shape[:2] + v.shape[2:3] + x.shape[3:], x.dtype)
-            for x in (q, k))
+    q, k = (jax.ShapeDtypeStruct(x.shape[:2] + v.shape[2:3] + x.shape[3:], x.dtype) for x in (q, k))
   b, lq, h, d = q.shape
   if k.shape[0] != b or v.shape[0] != b or k.shape[2] != h or v.shape[2] != h:
     raise ValueError(f'{name}: batch and heads of q, k, v differ: {shapes}')
@@ -99,9 +104,11 @@ def check_inputs(q, k, v, mask=None, *, name: str = 'attention',
   shape = tuple(mask.shape)
   want = (b, lk) if len(shape) == 2 else (b, h, lq, lk)
   if len(shape) not in (2, 4) or any(s not in (1, w) for s, w in zip(shape, want)):
-    raise ValueError(f'{name}: mask of shape {shape} does not fit q_length={lq}, '
-                     f'kv_length={lk}; valid: [batch, kv_length] key padding or '
-                     f'broadcastable to [batch={b}, heads={h}, {lq}, {lk}]')
+    raise ValueError(
+      f'{name}: mask of shape {shape} does not fit q_length={lq}, '
+      f'kv_length={lk}; valid: [batch, kv_length] key padding or '
+      f'broadcastable to [batch={b}, heads={h}, {lq}, {lk}]'
+    )
 
 
 def zero_padded(x: jnp.ndarray, key_padding: Optional[jnp.ndarray]) -> jnp.ndarray:

@@ -10,6 +10,7 @@ softmax attention over the keys seen so far, and no block's scores outlive
 its update. Used by the memory-efficient softmax and by key/value-cache
 decoding; scores are float32 (or wider) throughout.
 """
+
 from typing import NamedTuple
 
 import jax.numpy as jnp
@@ -19,6 +20,7 @@ from efficient_attn.ops import masking
 
 class State(NamedTuple):
   """m `[b, h, q]` running max, l `[b, h, q]` normaliser, acc `[b, h, q, dv]`."""
+
   m: jnp.ndarray
   l: jnp.ndarray
   acc: jnp.ndarray
@@ -26,9 +28,11 @@ class State(NamedTuple):
 
 def init(batch: int, heads: int, q_len: int, v_dim: int, dtype=jnp.float32) -> State:
   """The state before any key: m at a large negative number, l and acc zero."""
-  return State(jnp.full((batch, heads, q_len), masking.big_neg(dtype), dtype),
-               jnp.zeros((batch, heads, q_len), dtype),
-               jnp.zeros((batch, heads, q_len, v_dim), dtype))
+  return State(
+    jnp.full((batch, heads, q_len), masking.big_neg(dtype), dtype),
+    jnp.zeros((batch, heads, q_len), dtype),
+    jnp.zeros((batch, heads, q_len, v_dim), dtype),
+  )
 
 
 def update(state: State, scores: jnp.ndarray, valid, values: jnp.ndarray) -> State:
@@ -47,8 +51,11 @@ def update(state: State, scores: jnp.ndarray, valid, values: jnp.ndarray) -> Sta
   if valid is not None:
     p = p * valid
   corr = jnp.exp(state.m - m_new)
-  return State(m_new, state.l * corr + p.sum(axis=-1),
-               state.acc * corr[..., None] + jnp.einsum('bhqk,bkhd->bhqd', p, values))
+  return State(
+    m_new,
+    state.l * corr + p.sum(axis=-1),
+    state.acc * corr[..., None] + jnp.einsum('bhqk,bkhd->bhqd', p, values),
+  )
 
 
 def finish(state: State) -> jnp.ndarray:

@@ -9,6 +9,7 @@ m - n: attention scores become relative. In the linear-attention form of
 RoFormer (section 3.3) the *features* phi(q), phi(k) are rotated in the
 numerator only; the denominator stays unrotated, so it keeps its sign.
 """
+
 from typing import Any, Dict
 
 import jax.numpy as jnp
@@ -32,8 +33,8 @@ def rotate(x, positions, base: float = BASE):
 
   Computed in float32 (or wider); returned in x's dtype.
   """
-  cos, sin = angles(positions, x.shape[-1], base)       # positions.shape + [dim/2]
-  cos, sin = cos[..., None, :], sin[..., None, :]       # a heads axis
+  cos, sin = angles(positions, x.shape[-1], base)  # positions.shape + [dim/2]
+  cos, sin = cos[..., None, :], sin[..., None, :]  # a heads axis
   compute = jnp.promote_types(x.dtype, jnp.float32)
   x1, x2 = jnp.split(x.astype(compute), 2, axis=-1)
   return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
@@ -54,8 +55,10 @@ def numerator(phi_q, phi_k, positions) -> Dict[str, Any]:
   try:
     return dict(num_q=rotate(phi_q, q_positions), num_k=rotate(phi_k, k_positions))
   except ValueError as e:
-    raise ValueError(f'rotary positions on kernel features of dimension {phi_q.shape[-1]}: '
-                     f'{e}; use an even number of features') from None
+    raise ValueError(
+      f'rotary positions on kernel features of dimension {phi_q.shape[-1]}: '
+      f'{e}; use an even number of features'
+    ) from None
 
 
 def at(position):

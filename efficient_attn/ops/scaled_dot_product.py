@@ -8,6 +8,7 @@ restricted to a validity mask. Masks follow `efficient_attn.ops.masking`. This
 module imports nothing of the registry, so the registry (the default
 `Mechanism.reference`) and every mechanism can use it.
 """
+
 import math
 from typing import Optional
 
@@ -22,9 +23,17 @@ def default_scale(head_dim: int, scale: Optional[float]) -> float:
   return 1.0 / math.sqrt(head_dim) if scale is None else scale
 
 
-def softmax_attention(q, k, v, mask=None, causal: bool = False,
-                      scale: Optional[float] = None, dropout_rate: float = 0.0,
-                      dropout_rng=None, broadcast_dropout: bool = True):
+def softmax_attention(
+  q,
+  k,
+  v,
+  mask=None,
+  causal: bool = False,
+  scale: Optional[float] = None,
+  dropout_rate: float = 0.0,
+  dropout_rng=None,
+  broadcast_dropout: bool = True,
+):
   """softmax(q k^T * scale) v, the n x n matrix formed explicitly.
 
   Time O(n^2 d) per head, memory O(n^2) per head. Scores and the softmax run in

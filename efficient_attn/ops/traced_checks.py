@@ -13,12 +13,15 @@ JAX's and no library code runs between the callback and the caller to reword
 it); its last line is the ValueError, one line, which `TRACED` marks so it is
 read as ours: the check, not JAX, failed.
 """
+
 import jax
 import numpy as np
 
 # Appended to a traced check's message: says where it ran and what to read.
-TRACED = (' [checked when the jitted computation ran, since the value was traced; JAX '
-          'wraps this ValueError in its CpuCallback error]')
+TRACED = (
+  ' [checked when the jitted computation ran, since the value was traced; JAX '
+  'wraps this ValueError in its CpuCallback error]'
+)
 
 
 def _raise_if_false(ok, message: str, *values) -> None:
@@ -32,7 +35,8 @@ def runtime_check(ok, message: str, *values) -> None:
   A traced condition raises when the computation runs, its message ending in `TRACED`.
   """
   if not isinstance(ok, jax.core.Tracer) and not any(
-      isinstance(v, jax.core.Tracer) for v in values):
+    isinstance(v, jax.core.Tracer) for v in values
+  ):
     _raise_if_false(ok, message, *values)
     return
   jax.debug.callback(_raise_if_false, ok, message + TRACED, *values)

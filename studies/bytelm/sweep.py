@@ -18,6 +18,7 @@ The first, shorter budget of studies/bytelm/README.md is
     taskset -c 1 python -m train.sweep --sweep=studies/bytelm/sweep.py \
         --root=runs/bytelm2000 run
 """
+
 import os
 
 from configs import common
@@ -25,27 +26,55 @@ from configs import common
 MECHANISMS = ('softmax', 'linear', 'performer', 'gla', 'mamba2', 'gated_deltanet')
 # The starts the study's runs had, before 0.2.0 changed the defaults (fla's initialisation
 # for Gated DeltaNet, a convolution bias for Mamba-2): a rerun reproduces the study.
-STARTS = {'gated_deltanet': {'attention.options.init': 'default'},
-          'mamba2': {'attention.options.conv_bias': False}}
+STARTS = {
+  'gated_deltanet': {'attention.options.init': 'default'},
+  'mamba2': {'attention.options.conv_bias': False},
+}
 
 
 def get_sweep(arg=None):
-  args = common.parse_arg(arg, seeds=(0, 1), mechanisms=MECHANISMS, d_model=128, seq_len=256,
-                          batch_size=32, num_steps=2000, validation_docs=500, train_docs=0,
-                          data_dir='../shared/data')
+  args = common.parse_arg(
+    arg,
+    seeds=(0, 1),
+    mechanisms=MECHANISMS,
+    d_model=128,
+    seq_len=256,
+    batch_size=32,
+    num_steps=2000,
+    validation_docs=500,
+    train_docs=0,
+    data_dir='../shared/data',
+  )
   common.at_least(0, seeds=args['seeds'], train_docs=args['train_docs'])
-  common.at_least(1, d_model=args['d_model'], seq_len=args['seq_len'],
-                  batch_size=args['batch_size'], num_steps=args['num_steps'],
-                  validation_docs=args['validation_docs'])
+  common.at_least(
+    1,
+    d_model=args['d_model'],
+    seq_len=args['seq_len'],
+    batch_size=args['batch_size'],
+    num_steps=args['num_steps'],
+    validation_docs=args['validation_docs'],
+  )
   corpus = os.path.join(args['data_dir'], 'imdb_train.npz')
-  settings = (f'd_model={args["d_model"]},seq_len={args["seq_len"]},'
-              f'batch_size={args["batch_size"]},num_steps={args["num_steps"]},'
-              f'validation_docs={args["validation_docs"]},train_docs={args["train_docs"]},'
-              f'data_dir={corpus}')
+  settings = (
+    f'd_model={args["d_model"]},seq_len={args["seq_len"]},'
+    f'batch_size={args["batch_size"]},num_steps={args["num_steps"]},'
+    f'validation_docs={args["validation_docs"]},train_docs={args["train_docs"]},'
+    f'data_dir={corpus}'
+  )
   return dict(
-      runs=[{'config': f'configs/bytelm.py:{m},{settings}', 'train.seed': seed,
-             'name': f'bytelm-{m}-seed{seed}', **STARTS.get(m, {})}
-            for seed in args['seeds'] for m in args['mechanisms']],
-      fixed={'train.eval_every': args['num_steps'], 'train.log_every': 25,
-             'train.checkpoint_every': 50},
+    runs=[
+      {
+        'config': f'configs/bytelm.py:{m},{settings}',
+        'train.seed': seed,
+        'name': f'bytelm-{m}-seed{seed}',
+        **STARTS.get(m, {}),
+      }
+      for seed in args['seeds']
+      for m in args['mechanisms']
+    ],
+    fixed={
+      'train.eval_every': args['num_steps'],
+      'train.log_every': 25,
+      'train.checkpoint_every': 50,
+    },
   )

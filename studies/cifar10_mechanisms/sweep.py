@@ -17,6 +17,7 @@ file, default ../shared/data).
     python -m train.sweep --sweep=studies/cifar10_mechanisms/sweep.py:seed=1 \
         --root=runs/real/cifar10_seed1 run
 """
+
 import os
 
 from configs import common
@@ -25,17 +26,20 @@ MECHANISMS = ('softmax', 'linear', 'rfa', 'performer', 'linformer', 'nystrom', '
 
 
 def get_sweep(arg=None):
-  args = common.parse_arg(arg, seed=0, epochs=2, mechanisms=MECHANISMS,
-                          data_dir='../shared/data')
+  args = common.parse_arg(arg, seed=0, epochs=2, mechanisms=MECHANISMS, data_dir='../shared/data')
   common.at_least(0, seed=args['seed'])
   common.at_least(1, epochs=args['epochs'])
   return dict(
-      grid={'config': [f'configs/cifar10.py:mechanism={m},size=small'
-                       for m in args['mechanisms']]},
-      fixed={'train.num_epochs': args['epochs'], 'train.seed': args['seed'],
-             'train.log_every': 50, 'train.eval_every': 352, 'train.checkpoint_every': 176,
-             'dataset.source': 'arrays',
-             'dataset.data_dir': os.path.join(args['data_dir'], 'cifar10_train_jpeg.npz'),
-             'dataset.holdout': 0.1,
-             'dataset.eval_split': 'validation'},
+    grid={'config': [f'configs/cifar10.py:mechanism={m},size=small' for m in args['mechanisms']]},
+    fixed={
+      'train.num_epochs': args['epochs'],
+      'train.seed': args['seed'],
+      'train.log_every': 50,
+      'train.eval_every': 352,
+      'train.checkpoint_every': 176,
+      'dataset.source': 'arrays',
+      'dataset.data_dir': os.path.join(args['data_dir'], 'cifar10_train_jpeg.npz'),
+      'dataset.holdout': 0.1,
+      'dataset.eval_split': 'validation',
+    },
   )

@@ -11,6 +11,7 @@ holding mnist_train.npz, default ../shared/data).
     python -m benchmarks.lora_table --root=runs/real/lora_mnist,runs/real/lora_mnist_seed1 \
         --out=studies/lora_mnist --name=lora_mnist
 """
+
 import os
 
 from configs import common
@@ -21,10 +22,12 @@ def get_sweep(arg=None):
   args = common.parse_arg(arg, seed=0, data_dir='../shared/data')
   common.at_least(0, seed=args['seed'])
   return dict(
-      runs=lora_base.study_runs('mnist'),
-      fixed={'train.seed': args['seed'],
-             'dataset.source': 'arrays',
-             'dataset.data_dir': os.path.join(args['data_dir'], 'mnist_train.npz'),
-             'dataset.holdout': 0.1,
-             'dataset.eval_split': 'validation'},
+    runs=lora_base.study_runs('mnist'),
+    fixed={
+      'train.seed': args['seed'],
+      'dataset.source': 'arrays',
+      'dataset.data_dir': os.path.join(args['data_dir'], 'mnist_train.npz'),
+      'dataset.holdout': 0.1,
+      'dataset.eval_split': 'validation',
+    },
   )

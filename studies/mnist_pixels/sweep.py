@@ -14,6 +14,7 @@ Settings (key=value after ':'): seed (default 0, the recorded runs), data_dir
     python -m train.sweep --sweep=studies/mnist_pixels/sweep.py:seed=1 \
         --root=runs/mnist_pixels_seed1 run
 """
+
 import os
 
 from configs import common
@@ -23,14 +24,20 @@ def get_sweep(arg=None):
   args = common.parse_arg(arg, seed=0, data_dir='../shared/data')
   common.at_least(0, seed=args['seed'])
   return dict(
-      grid={'config': ['configs/mnist_pixels.py:linear', 'configs/mnist_pixels.py:softmax']},
-      fixed={'model.d_model': 64, 'model.depth': 4, 'model.num_heads': 4,
-             'model.mlp_dim': 256,
-             'optim.learning_rate': 1e-3,
-             'train.seed': args['seed'], 'train.num_steps': 500, 'train.log_every': 50,
-             'train.checkpoint_every': 100,
-             'dataset.source': 'arrays',
-             'dataset.data_dir': os.path.join(args['data_dir'], 'mnist_train.npz'),
-             'dataset.holdout': 0.1,
-             'dataset.eval_split': 'validation'},
+    grid={'config': ['configs/mnist_pixels.py:linear', 'configs/mnist_pixels.py:softmax']},
+    fixed={
+      'model.d_model': 64,
+      'model.depth': 4,
+      'model.num_heads': 4,
+      'model.mlp_dim': 256,
+      'optim.learning_rate': 1e-3,
+      'train.seed': args['seed'],
+      'train.num_steps': 500,
+      'train.log_every': 50,
+      'train.checkpoint_every': 100,
+      'dataset.source': 'arrays',
+      'dataset.data_dir': os.path.join(args['data_dir'], 'mnist_train.npz'),
+      'dataset.holdout': 0.1,
+      'dataset.eval_split': 'validation',
+    },
   )

@@ -12,23 +12,32 @@ budget is 25); data_dir (the folder holding mnist_train.npz, default
         --sweep=studies/mnist_projections/sweep.py:schemes=super,seeds=1,epochs=25 \
         --root=runs/real/mnist25_seed1 run
 """
+
 import os
 
 from configs import common
 
 
 def get_sweep(arg=None):
-  args = common.parse_arg(arg, seeds=(0, 1), epochs=15,
-                          schemes=('standard', 'optimised', 'efficient', 'super'),
-                          data_dir='../shared/data')
+  args = common.parse_arg(
+    arg,
+    seeds=(0, 1),
+    epochs=15,
+    schemes=('standard', 'optimised', 'efficient', 'super'),
+    data_dir='../shared/data',
+  )
   common.at_least(0, seeds=args['seeds'])
   common.at_least(1, epochs=args['epochs'])
   return dict(
-      grid={'train.seed': list(args['seeds']),  # every scheme's first seed before any second
-            'config': [f'configs/mnist.py:{p}' for p in args['schemes']]},
-      fixed={'train.num_epochs': args['epochs'],
-             'dataset.source': 'arrays',
-             'dataset.data_dir': os.path.join(args['data_dir'], 'mnist_train.npz'),
-             'dataset.holdout': 0.1,
-             'dataset.eval_split': 'validation'},
+    grid={
+      'train.seed': list(args['seeds']),  # every scheme's first seed before any second
+      'config': [f'configs/mnist.py:{p}' for p in args['schemes']],
+    },
+    fixed={
+      'train.num_epochs': args['epochs'],
+      'dataset.source': 'arrays',
+      'dataset.data_dir': os.path.join(args['data_dir'], 'mnist_train.npz'),
+      'dataset.holdout': 0.1,
+      'dataset.eval_split': 'validation',
+    },
   )

@@ -14,6 +14,7 @@ the cell's sequence length. No training.
 
 Writes <out>/<name>.json (one row per mechanism, width, seed, block and head).
 """
+
 import json
 import os
 from typing import Any, Dict, List, Sequence
@@ -28,16 +29,20 @@ from train import api
 
 _OUT = flags.DEFINE_string('out', 'studies/recall', 'Output folder.')
 _NAME = flags.DEFINE_string('name', 'decay_init', 'Output file name (no extension).')
-_MECHANISMS = flags.DEFINE_list('mechanisms', ['gated_deltanet', 'mamba2'],
-                                'Mechanisms with a Mamba-style decay (A_log, dt_bias).')
+_MECHANISMS = flags.DEFINE_list(
+  'mechanisms',
+  ['gated_deltanet', 'mamba2'],
+  'Mechanisms with a Mamba-style decay (A_log, dt_bias).',
+)
 _WIDTHS = flags.DEFINE_list('widths', ['64', '128'], 'Model widths.')
 _SEEDS = flags.DEFINE_list('seeds', ['0', '1'], 'train.seed values.')
 _SEQ_LEN = flags.DEFINE_integer('seq_len', 128, "The cell's sequence length.")
 _OPTIONS = flags.DEFINE_list('options', [], 'Attention options, key=value (e.g. dt_max=1e-3).')
 
 
-def decays(mechanism: str, width: int, seed: int, seq_len: int,
-           options: Dict[str, Any]) -> List[Dict[str, Any]]:
+def decays(
+  mechanism: str, width: int, seed: int, seq_len: int, options: Dict[str, Any]
+) -> List[Dict[str, Any]]:
   """One row per block and head: A, dt = softplus(dt_bias) and exp(-seq_len A dt)."""
   config = mqar.get_config(f'{mechanism},d_model={width},seq_len={seq_len},vocab_size=1024')
   config.attention.options.update(options)
@@ -52,10 +57,21 @@ def decays(mechanism: str, width: int, seed: int, seq_len: int,
   for block, (where, p) in enumerate(sorted(found.items())):
     a, dt = np.exp(p['A_log']), np.logaddexp(0.0, p['dt_bias'])
     for head, (a_h, dt_h) in enumerate(zip(a, dt)):
-      rows.append(dict(mechanism=mechanism, width=width, seed=seed, block=block, head=head,
-                       layer=where, A=float(a_h), dt=float(dt_h),
-                       kept=float(np.exp(-seq_len * a_h * dt_h)), seq_len=seq_len,
-                       options=dict(options)))
+      rows.append(
+        dict(
+          mechanism=mechanism,
+          width=width,
+          seed=seed,
+          block=block,
+          head=head,
+          layer=where,
+          A=float(a_h),
+          dt=float(dt_h),
+          kept=float(np.exp(-seq_len * a_h * dt_h)),
+          seq_len=seq_len,
+          options=dict(options),
+        )
+      )
   return rows
 
 
@@ -75,21 +91,42 @@ def parse_options(items: Sequence[str]) -> Dict[str, Any]:
 def main(argv):
   del argv
   options = parse_options(_OPTIONS.value)
-  rows = [r for m in _MECHANISMS.value for w in _WIDTHS.value for s in _SEEDS.value
-          for r in decays(m, int(w), int(s), _SEQ_LEN.value, options)]
+  rows = [
+    r
+    for m in _MECHANISMS.value
+    for w in _WIDTHS.value
+    for s in _SEEDS.value
+    for r in decays(m, int(w), int(s), _SEQ_LEN.value, options)
+  ]
   path = os.path.join(_OUT.value, f'{_NAME.value}.json')
   os.makedirs(_OUT.value, exist_ok=True)
   with open(path, 'w') as f:
-    json.dump(dict(command='python -m studies.recall.decay_init ' + ' '.join(
-        f'--{k}={",".join(v) if isinstance(v, list) else v}' for k, v in (
-            ('mechanisms', _MECHANISMS.value), ('widths', _WIDTHS.value),
-            ('seeds', _SEEDS.value), ('seq_len', _SEQ_LEN.value),
-            ('options', _OPTIONS.value)) if v) + f' --out={_OUT.value} --name={_NAME.value}',
-        rows=rows), f, indent=1)
+    json.dump(
+      dict(
+        command='python -m studies.recall.decay_init '
+        + ' '.join(
+          f'--{k}={",".join(v) if isinstance(v, list) else v}'
+          for k, v in (
+            ('mechanisms', _MECHANISMS.value),
+            ('widths', _WIDTHS.value),
+            ('seeds', _SEEDS.value),
+            ('seq_len', _SEQ_LEN.value),
+            ('options', _OPTIONS.value),
+          )
+          if v
+        )
+        + f' --out={_OUT.value} --name={_NAME.value}',
+        rows=rows,
+      ),
+      f,
+      indent=1,
+    )
   for r in rows:
-    print(f"{r['mechanism']} width {r['width']} seed {r['seed']} block {r['block']} head "
-          f"{r['head']}: A {r['A']:.2f}, dt {r['dt']:.4f}, keeps {r['kept']:.3f} over "
-          f"{r['seq_len']} tokens")
+    print(
+      f"{r['mechanism']} width {r['width']} seed {r['seed']} block {r['block']} head "
+      f"{r['head']}: A {r['A']:.2f}, dt {r['dt']:.4f}, keeps {r['kept']:.3f} over "
+      f"{r['seq_len']} tokens"
+    )
   print(f'wrote {path}')
 
 

@@ -15,6 +15,7 @@ selects, and each layer's key / value ratio) and <out>/<name>.json (every parame
 command they record names a workdir outside the checkout relative to it
 (`studies.hygiene.portable`).
 """
+
 import json
 import os
 import re
@@ -36,21 +37,28 @@ def define_flags():
   """The command's flags, defined when it runs (studies.recall.report has its own --out)."""
   flags.DEFINE_string('out', 'studies/recall', 'Folder for the report files.')
   flags.DEFINE_string('name', 'gradients', 'Report file name (no extension).')
-  flags.DEFINE_string('match', MATCH, 'Regular expression: report the parameters whose '
-                      "path ('block_0/attention/key/kernel') matches.")
+  flags.DEFINE_string(
+    'match',
+    MATCH,
+    'Regular expression: report the parameters whose '
+    "path ('block_0/attention/key/kernel') matches.",
+  )
 
 
 def gradient_norms(loss_fn, params) -> Dict[str, float]:
   """{parameter path: L2 norm of d loss_fn / d parameter} for every leaf of `params`."""
   grads = jax.device_get(jax.grad(loss_fn)(params))
-  return {_name(path): float(np.linalg.norm(np.asarray(g, np.float64)))
-          for path, g in jax.tree_util.tree_flatten_with_path(grads)[0]}
+  return {
+    _name(path): float(np.linalg.norm(np.asarray(g, np.float64)))
+    for path, g in jax.tree_util.tree_flatten_with_path(grads)[0]
+  }
 
 
 def _name(path) -> str:
-  """"['decoder']['block_0']['attention']['key']['kernel']" -> 'block_0/attention/key/kernel'."""
-  return '/'.join(k for k in re.findall(r"\['([^']*)'\]", jax.tree_util.keystr(path))
-                  if k != 'decoder')
+  """ "['decoder']['block_0']['attention']['key']['kernel']" -> 'block_0/attention/key/kernel'."""
+  return '/'.join(
+    k for k in re.findall(r"\['([^']*)'\]", jax.tree_util.keystr(path)) if k != 'decoder'
+  )
 
 
 def run_norms(workdir: str) -> Dict[str, Any]:
@@ -64,14 +72,23 @@ def run_norms(workdir: str) -> Dict[str, Any]:
 
   def loss(params):  # the trainer's loss, without dropout
     return built.task.loss_and_metrics(built.model, params, batch, train=False)[0]
-  return dict(workdir=workdir, name=os.path.basename(os.path.normpath(workdir)),
-              init=gradient_norms(loss, built.state.params), final=gradient_norms(loss, trained))
+
+  return dict(
+    workdir=workdir,
+    name=os.path.basename(os.path.normpath(workdir)),
+    init=gradient_norms(loss, built.state.params),
+    final=gradient_norms(loss, trained),
+  )
 
 
 def layers(names: Sequence[str]) -> List[str]:
   """The layers ('block_0', 'block_1', ...) that have an attention key kernel, in order."""
-  found = {m.group(1): int(m.group(2)) for n in names
-           for m in [re.fullmatch(r'(block_(\d+))/attention/key/kernel', n)] if m}
+  found = {
+    m.group(1): int(m.group(2))
+    for n in names
+    for m in [re.fullmatch(r'(block_(\d+))/attention/key/kernel', n)]
+    if m
+  }
   return sorted(found, key=found.get)
 
 
@@ -82,8 +99,7 @@ def markdown(runs: Sequence[Dict[str, Any]], match: str, command: str) -> str:
   names = list(dict.fromkeys(n for r in runs for n in r['init'] if re.search(match, n)))
   blocks = layers([n for r in runs for n in r['init']])
   head = ['run', 'moment'] + names + [f'{b} key / value' for b in blocks]
-  lines = [f'command: `{command}`', '', '| ' + ' | '.join(head) + ' |',
-           '|' + '---|' * len(head)]
+  lines = [f'command: `{command}`', '', '| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
   for r in runs:
     for when in ('init', 'final'):
       norms = r[when]
@@ -101,9 +117,12 @@ def main(argv):
     raise app.UsageError('give one or more run workdirs')
   re.compile(FLAGS.match)  # a bad expression fails before any work
   runs = [run_norms(w) for w in argv[1:]]
-  command = ('python -m studies.recall.gradients ' + ' '.join(map(hygiene.portable, argv[1:]))
-             + (f" --match='{FLAGS.match}'" if FLAGS.match != MATCH else '')
-             + f' --out={FLAGS.out} --name={FLAGS.name}')
+  command = (
+    'python -m studies.recall.gradients '
+    + ' '.join(map(hygiene.portable, argv[1:]))
+    + (f" --match='{FLAGS.match}'" if FLAGS.match != MATCH else '')
+    + f' --out={FLAGS.out} --name={FLAGS.name}'
+  )
   table = markdown(runs, FLAGS.match, command)
   os.makedirs(FLAGS.out, exist_ok=True)
   base = os.path.join(FLAGS.out, FLAGS.name)

@@ -48,6 +48,7 @@ own root: a workdir's name does not say its budget):
 Workdirs are named `<mechanism>-d<width>-l<seq_len>-kv<pairs>`, so a run's
 name says its cell; the seed is the root folder's.
 """
+
 from configs import common
 from configs import mqar
 from efficient_attn.layers import hybrid
@@ -57,23 +58,44 @@ def parse_cell(cell: str):
   """'128x8' -> (128, 8); a one-line ValueError for anything else."""
   length, sep, pairs = cell.partition('x')
   if not (sep and length.isdigit() and pairs.isdigit()):
-    raise ValueError(f'recall sweep: cell {cell!r} is not valid; write seq_len x '
-                     f'num_kv_pairs, e.g. 128x8 or 256x16')
+    raise ValueError(
+      f'recall sweep: cell {cell!r} is not valid; write seq_len x '
+      f'num_kv_pairs, e.g. 128x8 or 256x16'
+    )
   return int(length), int(pairs)
 
 
 # The sweep's settings and their defaults (the grid's budget, D); the report's plan reads them.
 DEFAULTS = dict(
-    seed=0, mechanisms=('softmax', 'linear', 'mamba2', 'gla', 'deltanet', 'gated_deltanet'),
-    widths=(64,), cells=('128x8',), vocab_size=1024, learning_rate=1e-3, num_steps=4000,
-    conv_size=-1, num_heads=mqar.DEFAULTS['num_heads'], feature_map='', qk_dim=0, window=0,
-    init='', dt_min=0.0, dt_max=0.0, conv_bias='')
+  seed=0,
+  mechanisms=('softmax', 'linear', 'mamba2', 'gla', 'deltanet', 'gated_deltanet'),
+  widths=(64,),
+  cells=('128x8',),
+  vocab_size=1024,
+  learning_rate=1e-3,
+  num_steps=4000,
+  conv_size=-1,
+  num_heads=mqar.DEFAULTS['num_heads'],
+  feature_map='',
+  qk_dim=0,
+  window=0,
+  init='',
+  dt_min=0.0,
+  dt_max=0.0,
+  conv_bias='',
+)
 
 # The mechanism options a sweep setting may set (unset: '' or 0), and how a run's name says
 # one set off its mechanism's default.
-OPTION_NAMES = (('feature_map', '-{}'), ('qk_dim', '-qk{}'), ('window', '-w{}'),
-                ('init', '-init{}'), ('dt_min', '-dtmin{:g}'), ('dt_max', '-dtmax{:g}'),
-                ('conv_bias', '-convbias{:d}'))
+OPTION_NAMES = (
+  ('feature_map', '-{}'),
+  ('qk_dim', '-qk{}'),
+  ('window', '-w{}'),
+  ('init', '-init{}'),
+  ('dt_min', '-dtmin{:g}'),
+  ('dt_max', '-dtmax{:g}'),
+  ('conv_bias', '-convbias{:d}'),
+)
 
 
 def own_options(mechanism: str, options):
@@ -89,18 +111,22 @@ def get_sweep(arg=None):
   common.at_least(0, seed=args['seed'])
   common.at_least(1, widths=args['widths'], num_steps=args['num_steps'])
   if not args['learning_rate'] > 0:
-    raise ValueError(f'recall sweep: learning_rate={args["learning_rate"]} is not valid; '
-                     f'it must be > 0')
+    raise ValueError(
+      f'recall sweep: learning_rate={args["learning_rate"]} is not valid; it must be > 0'
+    )
   conv = args['conv_size']
   common.at_least(-1, conv_size=conv)
   heads = args['num_heads']  # the config checks it against each width
   own_heads = heads != mqar.DEFAULTS['num_heads']
-  common.at_least(0, qk_dim=args['qk_dim'], window=args['window'], dt_min=args['dt_min'],
-                  dt_max=args['dt_max'])
+  common.at_least(
+    0, qk_dim=args['qk_dim'], window=args['window'], dt_min=args['dt_min'], dt_max=args['dt_max']
+  )
   bias = args['conv_bias']
   if bias not in ('', 'true', 'false'):
-    raise ValueError(f"recall sweep: conv_bias={bias!r} is not valid; valid: true, false, or "
-                     f"unset (each mechanism's own)")
+    raise ValueError(
+      f"recall sweep: conv_bias={bias!r} is not valid; valid: true, false, or "
+      f"unset (each mechanism's own)"
+    )
   options = {k: args[k] for k, _ in OPTION_NAMES if k != 'conv_bias' and args[k]}  # set
   if bias:
     options['conv_bias'] = bias == 'true'
@@ -110,17 +136,28 @@ def get_sweep(arg=None):
     for width in args['widths']:
       for m in args['mechanisms']:
         named = own_options(m, options)
-        runs.append({
-            'name': (f'{m}-d{width}-l{length}-kv{pairs}' + (f'-conv{conv}' if conv >= 0 else '')
-                     + (f'-h{heads}' if own_heads else '')
-                     + ''.join(form.format(named[k]) for k, form in OPTION_NAMES
-                               if k in named)),
-            'config': (f'configs/mqar.py:{m},d_model={width},seq_len={length},'
-                       f'num_kv_pairs={pairs},vocab_size={args["vocab_size"]},'
-                       f'num_steps={args["num_steps"]}'
-                       + (f',num_heads={heads}' if own_heads else ''))})
-  fixed = {'train.seed': args['seed'], 'optim.learning_rate': args['learning_rate'],
-           'train.log_every': 50, 'train.eval_every': 500, 'train.checkpoint_every': 250}
+        runs.append(
+          {
+            'name': (
+              f'{m}-d{width}-l{length}-kv{pairs}'
+              + (f'-conv{conv}' if conv >= 0 else '')
+              + (f'-h{heads}' if own_heads else '')
+              + ''.join(form.format(named[k]) for k, form in OPTION_NAMES if k in named)
+            ),
+            'config': (
+              f'configs/mqar.py:{m},d_model={width},seq_len={length},'
+              f'num_kv_pairs={pairs},vocab_size={args["vocab_size"]},'
+              f'num_steps={args["num_steps"]}' + (f',num_heads={heads}' if own_heads else '')
+            ),
+          }
+        )
+  fixed = {
+    'train.seed': args['seed'],
+    'optim.learning_rate': args['learning_rate'],
+    'train.log_every': 50,
+    'train.eval_every': 500,
+    'train.checkpoint_every': 250,
+  }
   if conv >= 0:
     fixed['attention.options.conv_size'] = conv
   fixed.update({f'attention.options.{k}': v for k, v in options.items()})

@@ -1,4 +1,5 @@
 """benchmarks.fla_peer and benchmarks.published.fla: refusals, the hash check, a dry run."""
+
 import json
 import os
 import re
@@ -12,13 +13,16 @@ from benchmarks.published import fla
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-@pytest.mark.parametrize('flag,message', [
+@pytest.mark.parametrize(
+  'flag,message',
+  [
     ('--recurrences=mamba3', "--recurrences='mamba3' is not valid; valid values: retention"),
     ('--dtypes=float8', "--dtypes='float8' is not valid; valid values: bfloat16, float32"),
     ('--implementations=triton', "--implementations='triton' is not valid"),
     ('--batch=0', '--batch=0 is not valid; it must be >= 1'),
     ('--lengths=0', "--lengths='0' is not valid; every length must be >= 1"),
-])
+  ],
+)
 def test_bad_flags_are_one_line_before_anything_is_written(tmp_path, flag, message):
   with pytest.raises(SystemExit) as e:
     fla_peer.main([flag, f'--out={tmp_path}'])
@@ -51,8 +55,17 @@ def test_fla_is_refused_unless_its_tree_is_the_published_one(tmp_path, monkeypat
 
 def test_a_dry_run_times_ours_and_skips_fla_in_one_line(tmp_path, monkeypatch, capsys):
   monkeypatch.setenv(fla.FLA['env'], str(tmp_path / 'nowhere'))
-  fla_peer.main(['--dry_run', '--recurrences=gated_deltanet', '--implementations=xla',
-                 '--dtypes=float32', '--layouts=heads', f'--out={tmp_path}', '--name=t'])
+  fla_peer.main(
+    [
+      '--dry_run',
+      '--recurrences=gated_deltanet',
+      '--implementations=xla',
+      '--dtypes=float32',
+      '--layouts=heads',
+      f'--out={tmp_path}',
+      '--name=t',
+    ]
+  )
   printed = capsys.readouterr().out
   assert re.search(r"^fla skipped: fla's source is not at .*nowhere", printed, re.M)
   data = json.loads((tmp_path / 't.json').read_text())
@@ -66,8 +79,17 @@ def test_every_point_skipped_exits_non_zero(tmp_path, monkeypatch):
   monkeypatch.setattr(fla_peer, 'our_core', lambda recurrence, implementation: None)
   monkeypatch.setenv(fla.FLA['env'], str(tmp_path / 'nowhere'))
   with pytest.raises(SystemExit, match='every point failed or was skipped'):
-    fla_peer.main(['--dry_run', '--recurrences=retention', '--implementations=xla',
-                   '--dtypes=float32', '--layouts=heads', '--nodecode', f'--out={tmp_path}'])
+    fla_peer.main(
+      [
+        '--dry_run',
+        '--recurrences=retention',
+        '--implementations=xla',
+        '--dtypes=float32',
+        '--layouts=heads',
+        '--nodecode',
+        f'--out={tmp_path}',
+      ]
+    )
 
 
 def test_the_gpu_suite_runs_the_fla_parts_by_default():
@@ -78,7 +100,12 @@ def test_the_gpu_suite_runs_the_fla_parts_by_default():
   assert default[:3] == ['nvidia_smi', 'env', 'fla_peer']
   defined = re.findall(r'^part (\w+)', script, re.M)
   assert [p for p in defined if p in default] == default
-  proc = subprocess.run(['bash', 'benchmarks/gpu_suite.sh', '--bogus'], cwd=ROOT,
-                        capture_output=True, text=True, timeout=30, env=dict(
-                            os.environ, OUT='/dev/null'))
+  proc = subprocess.run(
+    ['bash', 'benchmarks/gpu_suite.sh', '--bogus'],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=30,
+    env=dict(os.environ, OUT='/dev/null'),
+  )
   assert proc.returncode == 2 and proc.stderr.count('\n') == 1, proc.stderr

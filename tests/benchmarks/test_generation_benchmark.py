@@ -1,4 +1,5 @@
 """A tiny end-to-end run of `benchmarks.generation` writes valid JSON, markdown and PNGs."""
+
 import json
 import os
 
@@ -10,19 +11,27 @@ import pytest
 from benchmarks import common
 from benchmarks import generation
 
-ARGS = ['--num_images=2,3', '--image_size=4', '--d_model=8', '--depth=1', '--num_heads=2',
-        '--mlp_dim=16', '--quiet']
+ARGS = [
+  '--num_images=2,3',
+  '--image_size=4',
+  '--d_model=8',
+  '--depth=1',
+  '--num_heads=2',
+  '--mlp_dim=16',
+  '--quiet',
+]
 
 
 @pytest.mark.slow
 def test_tiny_run_writes_outputs(tmp_path):
   out = str(tmp_path)
-  generation.main(ARGS + [f'--out={out}', '--option=linear.feature_map=relu',
-                          '--num_kv_heads=0,1'])
+  generation.main(ARGS + [f'--out={out}', '--option=linear.feature_map=relu', '--num_kv_heads=0,1'])
   with open(os.path.join(out, 'generation.json')) as f:
     result = json.load(f)
-  assert result['mechanisms'] == ['linear', 'linear (kv heads 1)', 'softmax',
-                                  'softmax (kv heads 1)'] and result['length'] == 16
+  assert (
+    result['mechanisms'] == ['linear', 'linear (kv heads 1)', 'softmax', 'softmax (kv heads 1)']
+    and result['length'] == 16
+  )
   for mech in ('linear', 'softmax'):  # grouped-query attention halves the decoding state
     grouped = result['cache_bytes'][f'{mech} (kv heads 1)']
     assert 0.5 * result['cache_bytes'][mech] <= grouped < 0.55 * result['cache_bytes'][mech]
@@ -55,7 +64,8 @@ def test_params_from_a_file(tmp_path):
 def test_a_gated_mechanism_beside_linear_gets_its_own_weights(tmp_path):
   """GLA's gate projections are parameters linear lacks: it used to be given linear's
   weights and stop with ScopeParamNotFoundError; now it draws its own, linear keeps its."""
-  result = generation.main(ARGS + [f'--out={tmp_path}', '--num_images=2',
-                                   '--mechanisms=gla,linear'])
+  result = generation.main(
+    ARGS + [f'--out={tmp_path}', '--num_images=2', '--mechanisms=gla,linear']
+  )
   assert result['params']['gla'] > result['params']['linear']
   assert all(len(result['latency'][m]['times_s']) == 16 for m in ('gla', 'linear'))

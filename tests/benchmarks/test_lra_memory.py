@@ -1,4 +1,5 @@
 """benchmarks.lra_memory: one tiny split of the LRA Text model's training memory."""
+
 import pytest
 
 from benchmarks import lra_memory
@@ -6,8 +7,9 @@ from benchmarks import lra_memory
 
 @pytest.mark.slow
 def test_the_split_adds_up(tmp_path):
-  data = lra_memory.main(['--mechanisms=softmax,linear', '--length=32', '--size=small',
-                          f'--out={tmp_path}', '--quiet'])
+  data = lra_memory.main(
+    ['--mechanisms=softmax,linear', '--length=32', '--size=small', f'--out={tmp_path}', '--quiet']
+  )
   softmax, linear = data['rows']
   for r in (softmax, linear):
     assert r['depth'] == 2 and 0 < r['state'] < r['step'] and 0 < r['fixed'] < r['step']

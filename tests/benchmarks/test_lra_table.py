@@ -1,10 +1,11 @@
 """benchmarks.lra_table: LRA's Table 1 from workdirs (written here, no training)."""
+
 import json
 
+import helpers
 import pytest
 
 from benchmarks import lra_table
-import helpers
 
 
 def _workdir(root, name, config_path, arg, accuracy):
@@ -24,15 +25,20 @@ def test_table_from_workdirs(tmp_path):
   _workdir(runs, 'listops-linear-1', 'configs/lra/listops.py', 'linear,size=small', 0.40)
   _workdir(runs, 'pathfinder-linear', 'configs/lra/pathfinder.py', 'linear,size=small', 0.6)
   _workdir(runs, 'listops-softmax', 'configs/lra/listops.py', 'softmax,size=small', 0.375)
-  _workdir(runs, 'image-nystrom', 'configs/lra/image.py', 'mechanism=nystrom,projection=super',
-           None)  # unfinished
-  _workdir(runs, 'retrieval-linear', 'configs/lra/retrieval.py',
-           'linear,size=small,data_dir=tsv_data', 0.5)
+  _workdir(
+    runs, 'image-nystrom', 'configs/lra/image.py', 'mechanism=nystrom,projection=super', None
+  )  # unfinished
+  _workdir(
+    runs, 'retrieval-linear', 'configs/lra/retrieval.py', 'linear,size=small,data_dir=tsv_data', 0.5
+  )
   _workdir(runs, 'mnist', 'configs/mnist.py', 'standard', 0.99)  # not an LRA run
   out = tmp_path / 'out'
   data = lra_table.main([f'{runs}/*', f'--out={out}', '--quiet'])
-  assert data['ours']['linear'] == {'ListOps': [30.0, 40.0], 'Pathfinder': [60.0],
-                                    'Retrieval': [50.0]}
+  assert data['ours']['linear'] == {
+    'ListOps': [30.0, 40.0],
+    'Pathfinder': [60.0],
+    'Retrieval': [50.0],
+  }
   assert data['ours']['softmax'] == {'ListOps': [37.5]}
   assert 'nystrom+super' not in data['ours']
   text = (out / 'lra.md').read_text()

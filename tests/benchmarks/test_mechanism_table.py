@@ -1,8 +1,9 @@
 """The README's mechanism table is generated from the declarations, and is current."""
+
 import os
 
-import efficient_attn as ea
 from benchmarks import mechanism_table
+import efficient_attn as ea
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -13,8 +14,9 @@ def test_readme_table_is_current(monkeypatch):
   with open(os.path.join(ROOT, 'README.md')) as f:
     readme = f.read()
   assert f'{mechanism_table.START}\n{text}\n{mechanism_table.END}' in readme, (
-      'README.md mechanism table is stale: run python -m benchmarks.mechanism_table '
-      '--update=README.md')
+    'README.md mechanism table is stale: run python -m benchmarks.mechanism_table '
+    '--update=README.md'
+  )
 
 
 def test_every_mechanism_has_a_row_and_describes_itself():

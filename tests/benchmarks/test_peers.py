@@ -1,18 +1,19 @@
 """The peers benchmark: each published algorithm checked against an identity, then one tiny run."""
+
 import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from pattern_reference import np_masked_attention
 import pytest
 
 from benchmarks import peer_algorithms as peers
 from benchmarks import peers as peers_tool
 from benchmarks import published
-from efficient_attn.ops import feature_maps
 from efficient_attn.mechanisms.linear import linear_attention
 from efficient_attn.mechanisms.random_features import performer_attention
-from pattern_reference import np_masked_attention
+from efficient_attn.ops import feature_maps
 
 
 def _qkv(n=16, scale=1.0, seed=0, b=2, h=2, d=8):
@@ -25,8 +26,9 @@ def test_textbook_linear_equals_the_library(x64):
   del x64
   q, k, v = _qkv()
   np.testing.assert_allclose(peers.linear(q, k, v), linear_attention(q, k, v), atol=1e-5)
-  np.testing.assert_allclose(peers.linear_causal(q, k, v),
-                             linear_attention(q, k, v, causal=True, chunk_size=5), atol=1e-5)
+  np.testing.assert_allclose(
+    peers.linear_causal(q, k, v), linear_attention(q, k, v, causal=True, chunk_size=5), atol=1e-5
+  )
 
 
 def test_favor_matches_the_library_with_the_same_features(x64):
@@ -36,8 +38,9 @@ def test_favor_matches_the_library_with_the_same_features(x64):
   proj = feature_maps.gaussian_projection(jax.random.PRNGKey(0), 64, 8, orthogonal=True)
   ours = performer_attention(q, k, v, proj)
   np.testing.assert_allclose(peers.favor(q, k, v, proj), ours, atol=1e-4)
-  np.testing.assert_allclose(peers.favor_causal(q, k, v, proj),
-                             performer_attention(q, k, v, proj, causal=True), atol=1e-4)
+  np.testing.assert_allclose(
+    peers.favor_causal(q, k, v, proj), performer_attention(q, k, v, proj, causal=True), atol=1e-4
+  )
 
 
 def test_favor_causal_backward_scan_equals_autodiff_of_prefix_sums(x64):
@@ -46,8 +49,10 @@ def test_favor_causal_backward_scan_equals_autodiff_of_prefix_sums(x64):
   q, k, v = (jnp.moveaxis(jnp.abs(x), 1, 0) for x in _qkv(n=9))  # length-major, positive
 
   def cumsum_form(q, k, v):
-    return jnp.einsum('lbhm,lbhmd->lbhd', q,
-                      jnp.cumsum(jnp.einsum('lbhm,lbhd->lbhmd', k, v), axis=0))
+    return jnp.einsum(
+      'lbhm,lbhmd->lbhd', q, jnp.cumsum(jnp.einsum('lbhm,lbhd->lbhmd', k, v), axis=0)
+    )
+
   w = np.random.default_rng(3).normal(size=v.shape)
   grad = lambda fn: jax.value_and_grad(lambda *a: jnp.sum(fn(*a) * w), argnums=(0, 1, 2))
   got, want = grad(peers._prefix_products)(q, k, v), grad(cumsum_form)(q, k, v)  # pylint: disable=protected-access
@@ -59,16 +64,26 @@ def test_nystromformer_with_every_token_a_landmark_and_linformer_with_identity_a
   del x64
   q, k, v = _qkv(n=8, scale=1.5)
   exact = np_masked_attention(q, k, v, np.ones((8, 8), bool))
-  np.testing.assert_allclose(peers.nystromformer(q, k, v, num_landmarks=8, n_iter=30), exact,
-                             atol=1e-6)
+  np.testing.assert_allclose(
+    peers.nystromformer(q, k, v, num_landmarks=8, n_iter=30), exact, atol=1e-6
+  )
   eye = np.eye(8)
   np.testing.assert_allclose(peers.linformer(q, k, v, eye, eye), exact, atol=1e-6)
 
 
 @pytest.mark.slow
 def test_a_tiny_run_writes_the_ratio_table_and_skips_over_budget(tmp_path):
-  small = ['--lengths=32', '--features=8', '--landmarks=4', '--k_proj=8', '--head_dim=8',
-           '--heads=2', '--repeats=1', f'--out={tmp_path}', '--quiet']
+  small = [
+    '--lengths=32',
+    '--features=8',
+    '--landmarks=4',
+    '--k_proj=8',
+    '--head_dim=8',
+    '--heads=2',
+    '--repeats=1',
+    f'--out={tmp_path}',
+    '--quiet',
+  ]
   data = peers_tool.main(small)
   rows = data['rows']
   assert len(rows) == len(peers_tool.PAIRS)

@@ -1,7 +1,7 @@
 """tests/profile_table.py: a --durations log summed per file, and a log without durations."""
-import pytest
 
 import profile_table
+import pytest
 
 LOG = '''\
 ============================= slowest durations ==============================
@@ -19,8 +19,9 @@ def test_sums_each_file_and_lists_the_slowest():
   assert '| tests/test_b.py | 1 | 5.0 | 23.8% |' in text
   assert '| all | 3 | 21.0 | 100% |' in text
   assert text.index('tests/test_a.py |') < text.index('tests/test_b.py |')  # slowest first
-  assert text.endswith('| 12.5 | call | tests/test_a.py::test_one[x-1] |\n'
-                       '| 5.0 | call | tests/test_b.py::test_two |')
+  assert text.endswith(
+    '| 12.5 | call | tests/test_a.py::test_one[x-1] |\n| 5.0 | call | tests/test_b.py::test_two |'
+  )
 
 
 def test_a_log_without_durations_is_named(tmp_path):

@@ -1,4 +1,5 @@
 """The published peers of `benchmarks.peers`, run unchanged: loading, checks, and agreement."""
+
 import hashlib
 import os
 
@@ -14,8 +15,10 @@ from efficient_attn.mechanisms.random_features import performer_attention
 
 _PRESENT = os.path.isfile(published.fast_attention_path())
 needs_file = pytest.mark.skipif(
-    not _PRESENT, reason="google-research's fast_attention.py is not present (see "
-    'benchmarks/published/__init__.py)')
+  not _PRESENT,
+  reason="google-research's fast_attention.py is not present (see "
+  'benchmarks/published/__init__.py)',
+)
 
 
 def _qkv(n=16, scale=0.5, b=1, h=2, d=8):
@@ -50,8 +53,9 @@ def test_the_gin_stand_in_returns_what_it_is_given():
 @pytest.mark.parametrize('causal', [False, True])
 def test_flax_softmax_is_exact_attention(causal):
   q, k, v = _qkv(scale=1.0)
-  np.testing.assert_allclose(published.flax_softmax(causal)(q, k, v),
-                             peers.exact(q, k, v, causal), atol=1e-6)
+  np.testing.assert_allclose(
+    published.flax_softmax(causal)(q, k, v), peers.exact(q, k, v, causal), atol=1e-6
+  )
 
 
 @needs_file
@@ -61,9 +65,10 @@ def test_published_favor_matches_the_library_with_its_projection(causal):
   1e-6 feature offset and stabiliser form."""
   q, k, v = _qkv()
   attend = published.fast_attention().make_fast_softmax_attention(
-      8, nb_features=64, redraw_features=False, unidirectional=causal)
+    8, nb_features=64, redraw_features=False, unidirectional=causal
+  )
   projection = attend.__self__.projection_matrix
-  np.testing.assert_allclose(attend(q, k, v),
-                             performer_attention(q, k, v, projection, causal=causal),
-                             atol=2e-4)
+  np.testing.assert_allclose(
+    attend(q, k, v), performer_attention(q, k, v, projection, causal=causal), atol=2e-4
+  )
   assert published.favor(8, 64, causal)(q, k, v).dtype == jnp.float32

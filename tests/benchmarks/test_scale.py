@@ -1,12 +1,13 @@
 """benchmarks.scale: the longest sequence per device count at one per-device memory."""
+
 import json
 import os
 import subprocess
 import sys
 
+import main_runner
 import pytest
 
-import main_runner
 from benchmarks import scale
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -46,20 +47,27 @@ def test_communication_counts_each_collective_by_its_shapes_groups_and_loops():
 
 def two_devices_env():
   env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
-  env.update(JAX_PLATFORMS='cpu',
-             XLA_FLAGS=f'{main_runner.XLA_FLAGS} --xla_force_host_platform_device_count=2')
+  env.update(
+    JAX_PLATFORMS='cpu',
+    XLA_FLAGS=f'{main_runner.XLA_FLAGS} --xla_force_host_platform_device_count=2',
+  )
   return env
 
 
 def run_tool(*args):
-  return subprocess.run([sys.executable, '-m', 'benchmarks.scale', *args], cwd=ROOT,
-                        env=two_devices_env(), capture_output=True, text=True, timeout=600)
+  return subprocess.run(
+    [sys.executable, '-m', 'benchmarks.scale', *args],
+    cwd=ROOT,
+    env=two_devices_env(),
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
 
 
 @pytest.mark.slow
 def test_tiny_run_finds_the_longest_length_per_device_count_within_the_budget(tmp_path):
-  proc = run_tool('--tiny', '--mechanisms=linear', f'--out={tmp_path}', '--name=scale',
-                  '--quiet')
+  proc = run_tool('--tiny', '--mechanisms=linear', f'--out={tmp_path}', '--name=scale', '--quiet')
   assert proc.returncode == 0, proc.stderr[-4000:]
   with open(tmp_path / 'scale.json') as f:
     data = json.load(f)
@@ -77,17 +85,23 @@ def test_tiny_run_finds_the_longest_length_per_device_count_within_the_budget(tm
   assert two['comm_bytes']['all_reduce'] > 0  # the gradients, summed over both devices
   with open(tmp_path / 'scale.md') as f:
     report = f.read()
-  assert ('command: XLA_FLAGS=--xla_force_host_platform_device_count=2 python -m '
-          'benchmarks.scale --tiny --mechanisms=linear') in report
+  assert (
+    'command: XLA_FLAGS=--xla_force_host_platform_device_count=2 python -m '
+    'benchmarks.scale --tiny --mechanisms=linear'
+  ) in report
   assert '| linear | 2 |' in report
 
 
 def test_bad_flags_stop_in_one_line_before_any_work(tmp_path):
   for args, message in [
-      (['--devices=1,4'], 'Error: --devices=1,4 is not valid with 2 device(s); valid: counts '
-                          'from 1 to 2'),
-      (['--mechanisms=nystrom', '--devices=1,2'],
-       "Error: --mechanisms: 'nystrom' has no sequence-parallel form; valid: softmax"),
+    (
+      ['--devices=1,4'],
+      'Error: --devices=1,4 is not valid with 2 device(s); valid: counts from 1 to 2',
+    ),
+    (
+      ['--mechanisms=nystrom', '--devices=1,2'],
+      "Error: --mechanisms: 'nystrom' has no sequence-parallel form; valid: softmax",
+    ),
   ]:
     proc = run_tool(*args, f'--out={tmp_path}')
     assert proc.returncode == 1 and message in proc.stderr, proc.stderr[-2000:]

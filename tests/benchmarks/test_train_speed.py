@@ -1,4 +1,5 @@
 """benchmarks.train_speed: two configs timed side by side (tiny batch, two rounds)."""
+
 import json
 
 import pytest
@@ -9,9 +10,17 @@ from benchmarks import train_speed
 @pytest.mark.slow
 def test_two_configs_side_by_side(tmp_path):
   specs = ['configs/mnist.py:standard', 'configs/mnist.py:efficient']
-  data = train_speed.main([f'--config={s}' for s in specs] + [
-      '--batch_size=2', '--rounds=2', '--steps=1', '--examples_per_epoch=54000',
-      f'--out={tmp_path}', '--quiet'])
+  data = train_speed.main(
+    [f'--config={s}' for s in specs]
+    + [
+      '--batch_size=2',
+      '--rounds=2',
+      '--steps=1',
+      '--examples_per_epoch=54000',
+      f'--out={tmp_path}',
+      '--quiet',
+    ]
+  )
   assert data['configs'] == specs
   standard, efficient = (data['points'][s] for s in specs)
   # The trainer's models: the parameter counts of studies/mnist_projections/README.md.
@@ -49,14 +58,23 @@ def test_a_bad_config_is_named(tmp_path):
 
 def test_round_axis_has_whole_number_ticks(tmp_path, monkeypatch):
   """Rounds are counted: the speed plot must not label round 1.5 (it did, with 2-5 rounds)."""
-  from benchmarks import output
   from matplotlib import pyplot as plt
+
+  from benchmarks import output
+
   figures = []
   monkeypatch.setattr(output, 'save_figure', lambda fig, path: figures.append(fig) or path)
   series = {'a': ([1, 2], [3.0, 4.0])}
   for integer_x in (False, True):
-    output.line_plot(str(tmp_path / 'p.png'), [('t', series)], xlabel='round', ylabel='ms',
-                     logx=False, logy=False, integer_x=integer_x)
+    output.line_plot(
+      str(tmp_path / 'p.png'),
+      [('t', series)],
+      xlabel='round',
+      ylabel='ms',
+      logx=False,
+      logy=False,
+      integer_x=integer_x,
+    )
   ticks = [[t for t in f.axes[0].get_xticks() if 1 <= t <= 2] for f in figures]
   for f in figures:
     plt.close(f)
@@ -64,9 +82,12 @@ def test_round_axis_has_whole_number_ticks(tmp_path, monkeypatch):
   assert ticks[1] and all(t == int(t) for t in ticks[1])
 
 
-@pytest.mark.parametrize('spec, k', [
+@pytest.mark.parametrize(
+  'spec, k',
+  [
     ('configs/mqar.py:linear,vocab_size=64,seq_len=16,num_kv_pairs=2,d_model=16,num_heads=1', 2),
-])
+  ],
+)
 def test_a_sequence_task_gets_scored_position_labels(spec, k):
   """MQAR's synthetic batch carries (position, token) label pairs, one per query, and the
   trainer's step compiles and runs on it (it failed on a [batch] label before)."""

@@ -5,16 +5,16 @@ same; held-out documents never trained on; windows that score every byte once;
 each bad corpus stopped in one line naming the file before any workdir is
 written; a tiny run end to end with bits per byte and a held-out continuation.
 """
+
 import contextlib
 import json
 import math
 import os
 import shutil
 
+import main_runner
 import numpy as np
 import pytest
-
-import main_runner
 
 from data import arrays
 from data import sequences
@@ -24,15 +24,19 @@ from train import trainer
 from train import validate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DOCS = [b'The film was a delight from start to end. ' * 3,
-        'Un caf\u00e9 tr\u00e8s calme, a quiet story. '.encode('utf-8') * 2,
-        b'Worst movie ever. ' * 4]
+DOCS = [
+  b'The film was a delight from start to end. ' * 3,
+  'Un caf\u00e9 tr\u00e8s calme, a quiet story. '.encode('utf-8') * 2,
+  b'Worst movie ever. ' * 4,
+]
 L = 16  # window, in bytes
 
 
 def write_npz(path, docs=DOCS, **changes):
-  arrays_ = dict(text_utf8=np.frombuffer(b''.join(docs), np.uint8),
-                 offsets=np.cumsum([0] + [len(d) for d in docs]))
+  arrays_ = dict(
+    text_utf8=np.frombuffer(b''.join(docs), np.uint8),
+    offsets=np.cumsum([0] + [len(d) for d in docs]),
+  )
   arrays_.update(changes)
   np.savez(path, **{k: v for k, v in arrays_.items() if v is not None})
   return str(path)
@@ -63,9 +67,9 @@ def test_windows_score_every_byte_once_after_the_bytes_before_it():
   starts = np.cumsum([0] + rows[:-1])
   assert (x[starts, 0] == text_bytes.START).all()  # a document opens with the start token
   assert (x[:, 0] == text_bytes.START).sum() == len(DOCS)
-  flat_x, flat_y = x[:rows[0]].reshape(-1), y[:rows[0]].reshape(-1)
+  flat_x, flat_y = x[: rows[0]].reshape(-1), y[: rows[0]].reshape(-1)
   n = len(DOCS[0])
-  np.testing.assert_array_equal(flat_x[1:n], flat_y[:n - 1])  # the byte before each one
+  np.testing.assert_array_equal(flat_x[1:n], flat_y[: n - 1])  # the byte before each one
   assert (flat_y[n:] == sequences.IGNORE).all() and (flat_x[n:] == 0).all()  # padding
 
 
@@ -83,21 +87,28 @@ def test_held_out_documents_are_never_trained_on():
 
 # configs/bytelm.py
 
+
 def parse(*args, arg='softmax'):
   """The config main.py builds from `--config=configs/bytelm.py:<arg> *args`."""
   return main_runner.parsed_config(f'configs/bytelm.py:{arg}', *args)
 
 
 def load_config(corpus, cache, mechanism='softmax', *args):
-  return parse(f'--config.dataset.data_dir={cache}', '--config.sample.prompt_bytes=6',
-               '--config.sample.new_bytes=5', '--config.sample.num_samples=1', *args,
-               arg=f'{mechanism},d_model=16,num_heads=2,depth=1,seq_len={L},data_dir={corpus},'
-                   f'validation_docs=1,batch_size=2,num_steps=4')
+  return parse(
+    f'--config.dataset.data_dir={cache}',
+    '--config.sample.prompt_bytes=6',
+    '--config.sample.new_bytes=5',
+    '--config.sample.num_samples=1',
+    *args,
+    arg=f'{mechanism},d_model=16,num_heads=2,depth=1,seq_len={L},data_dir={corpus},'
+    f'validation_docs=1,batch_size=2,num_steps=4',
+  )
 
 
-@pytest.mark.parametrize('mechanism',
-                         sorted(set(registry.list_mechanisms())
-                                - set(registry.names_where(lambda m: m.causal)))[:1])
+@pytest.mark.parametrize(
+  'mechanism',
+  sorted(set(registry.list_mechanisms()) - set(registry.names_where(lambda m: m.causal)))[:1],
+)
 def test_config_refuses_a_mechanism_without_a_causal_form_in_one_line(mechanism):
   with pytest.raises(SystemExit) as e:
     parse(arg=mechanism)
@@ -105,14 +116,25 @@ def test_config_refuses_a_mechanism_without_a_causal_form_in_one_line(mechanism)
   assert f"configs/bytelm.py: mechanism '{mechanism}' has no causal form" in str(e.value)
 
 
-@pytest.mark.parametrize('change,message', [
-    ('--config.sample.new_bytes=11', 'config.sample.prompt_bytes=6 + new_bytes=11 exceed the '
-                                     "model's context, config.dataset.max_length=16"),
-    ('--config.dataset.validation_docs=0', 'config.dataset: text_bytes validation_docs=0 is '
-                                           'not valid'),
-    ('--config.dataset.vocab_size=300', "config.dataset.vocab_size=300 is not valid for the "
-                                        "byte dataset 'text_bytes'; valid choices: 256"),
-])
+@pytest.mark.parametrize(
+  'change,message',
+  [
+    (
+      '--config.sample.new_bytes=11',
+      'config.sample.prompt_bytes=6 + new_bytes=11 exceed the '
+      "model's context, config.dataset.max_length=16",
+    ),
+    (
+      '--config.dataset.validation_docs=0',
+      'config.dataset: text_bytes validation_docs=0 is not valid',
+    ),
+    (
+      '--config.dataset.vocab_size=300',
+      "config.dataset.vocab_size=300 is not valid for the "
+      "byte dataset 'text_bytes'; valid choices: 256",
+    ),
+  ],
+)
 def test_config_fields_the_byte_task_cannot_have(change, message, tmp_path):
   config = load_config(write_npz(tmp_path / 'c.npz'), tmp_path / 'cache', 'softmax', change)
   with pytest.raises(validate.ConfigError) as e:
@@ -121,13 +143,17 @@ def test_config_fields_the_byte_task_cannot_have(change, message, tmp_path):
 
 
 def test_continuations_need_a_decoding_form(tmp_path):
-  without = sorted(set(registry.names_where(lambda m: m.causal))
-                   - set(registry.names_where(lambda m: bool(m.decode))))
+  without = sorted(
+    set(registry.names_where(lambda m: m.causal))
+    - set(registry.names_where(lambda m: bool(m.decode)))
+  )
   if not without:
     pytest.skip('every causal mechanism decodes')
   config = load_config(write_npz(tmp_path / 'c.npz'), tmp_path / 'cache', without[0])
-  with pytest.raises(validate.ConfigError, match='has no decoding form, which the '
-                                                 'continuations written after training need'):
+  with pytest.raises(
+    validate.ConfigError,
+    match='has no decoding form, which the continuations written after training need',
+  ):
     validate.validate_config(config)
   config.sample.num_samples = 0
   validate.validate_config(config)
@@ -138,19 +164,30 @@ def bad_corpora(tmp_path):
   empty_dir.mkdir()
   (empty_dir / 'cover.png').write_bytes(b'\x89PNG\0binary')
   return [
-      (write_npz(tmp_path / 'no_offsets.npz', offsets=None), "has no 'offsets' array"),
-      (write_npz(tmp_path / 'no_text.npz', text_utf8=None), "has no 'text_utf8' array"),
-      (write_npz(tmp_path / 'int_text.npz', text_utf8=np.frombuffer(
-          b''.join(DOCS), np.uint8).astype(np.int32)), "'text_utf8' must be uint8"),
-      (write_npz(tmp_path / 'float_offsets.npz', offsets=np.cumsum(
-          [0.0] + [len(d) for d in DOCS])), "'offsets' must be integers"),
-      (write_npz(tmp_path / 'short_offsets.npz', offsets=np.asarray([0, 5])),
-       "'offsets' must rise from 0 to len(text_utf8)"),
-      (write_npz(tmp_path / 'empty.npz', docs=[b'', b'']), 'the corpus is empty'),
-      (write_npz(tmp_path / 'one_doc.npz', docs=DOCS[:1]), '1 non-empty documents cannot '
-                                                           'hold out validation_docs=1'),
-      (str(empty_dir), 'the folder holds no text file'),
-      (str(tmp_path / 'missing.npz'), '(config.dataset.corpus) does not exist'),
+    (write_npz(tmp_path / 'no_offsets.npz', offsets=None), "has no 'offsets' array"),
+    (write_npz(tmp_path / 'no_text.npz', text_utf8=None), "has no 'text_utf8' array"),
+    (
+      write_npz(
+        tmp_path / 'int_text.npz',
+        text_utf8=np.frombuffer(b''.join(DOCS), np.uint8).astype(np.int32),
+      ),
+      "'text_utf8' must be uint8",
+    ),
+    (
+      write_npz(tmp_path / 'float_offsets.npz', offsets=np.cumsum([0.0] + [len(d) for d in DOCS])),
+      "'offsets' must be integers",
+    ),
+    (
+      write_npz(tmp_path / 'short_offsets.npz', offsets=np.asarray([0, 5])),
+      "'offsets' must rise from 0 to len(text_utf8)",
+    ),
+    (write_npz(tmp_path / 'empty.npz', docs=[b'', b'']), 'the corpus is empty'),
+    (
+      write_npz(tmp_path / 'one_doc.npz', docs=DOCS[:1]),
+      '1 non-empty documents cannot hold out validation_docs=1',
+    ),
+    (str(empty_dir), 'the folder holds no text file'),
+    (str(tmp_path / 'missing.npz'), '(config.dataset.corpus) does not exist'),
   ]
 
 
@@ -167,6 +204,7 @@ def test_a_bad_corpus_is_one_line_naming_it_before_any_workdir(tmp_path):
 
 
 # End to end, as main.py runs it
+
 
 def _train(workdir):
   corpus = write_folder(f'{workdir}_corpus')
@@ -210,12 +248,23 @@ def test_the_docs_quote_the_message_a_folder_without_text_gets(tmp_path):
 
 
 def _stored_run(mechanism, seed, bits_per_byte):
-  return dict(mechanism=mechanism, seed=seed, workdir=f'/gone/bytelm-{mechanism}-seed{seed}',
-              finished=True, bits_per_byte=bits_per_byte, accuracy=0.5, loss=1.0, steps=10,
-              examples_per_sec=20.0, wall_time_s=30.0, params=1000, decode_state_bytes=64,
-              context=16, batch_size=4,
-              samples=dict(settings=dict(temperature=1.0),
-                           samples=[dict(prompt='The', continuation=' end')]))
+  return dict(
+    mechanism=mechanism,
+    seed=seed,
+    workdir=f'/gone/bytelm-{mechanism}-seed{seed}',
+    finished=True,
+    bits_per_byte=bits_per_byte,
+    accuracy=0.5,
+    loss=1.0,
+    steps=10,
+    examples_per_sec=20.0,
+    wall_time_s=30.0,
+    params=1000,
+    decode_state_bytes=64,
+    context=16,
+    batch_size=4,
+    samples=dict(settings=dict(temperature=1.0), samples=[dict(prompt='The', continuation=' end')]),
+  )
 
 
 def test_a_report_gives_back_its_runs_and_a_later_one_replaces_its_own(tmp_path):
@@ -223,9 +272,13 @@ def test_a_report_gives_back_its_runs_and_a_later_one_replaces_its_own(tmp_path)
   table again; a later source's run of the same mechanism and seed wins; the seeds give
   the mean and half the range."""
   from studies.bytelm import report  # pylint: disable=g-import-not-at-top
+
   baselines = dict(unigram=4.5, bigram=3.5, train_bytes=100, validation_bytes=50)
-  runs = [_stored_run('softmax', 0, 2.0), _stored_run('softmax', 1, 3.0),
-          dict(mechanism='linear', seed=0, workdir='/gone/bytelm-linear-seed0', finished=False)]
+  runs = [
+    _stored_run('softmax', 0, 2.0),
+    _stored_run('softmax', 1, 3.0),
+    dict(mechanism='linear', seed=0, workdir='/gone/bytelm-linear-seed0', finished=False),
+  ]
   (tmp_path / 'a.json').write_text(json.dumps(dict(runs=runs, count_baselines=baselines)))
   first = report.write_report([str(tmp_path / 'a.json')], str(tmp_path / 'out'), 'a', 'cmd')
   assert first['runs'] == runs and first['count_baselines'] == baselines
@@ -235,17 +288,26 @@ def test_a_report_gives_back_its_runs_and_a_later_one_replaces_its_own(tmp_path)
   assert '| softmax | 0,1 | 2.500 ± 0.500 |' in (tmp_path / 'out' / 'a.md').read_text()
   assert (tmp_path / 'out' / 'a.png').exists()
   (tmp_path / 'b.json').write_text(json.dumps(dict(runs=[_stored_run('softmax', 1, 2.0)])))
-  again = report.write_report([str(tmp_path / 'out' / 'a.json'), str(tmp_path / 'b.json')],
-                              str(tmp_path / 'out'), 'b', 'cmd')
+  again = report.write_report(
+    [str(tmp_path / 'out' / 'a.json'), str(tmp_path / 'b.json')], str(tmp_path / 'out'), 'b', 'cmd'
+  )
   assert [r['bits_per_byte'] for r in again['runs'] if r['finished']] == [2.0, 2.0]
   assert again['count_baselines'] == baselines  # the earlier report's, none since
 
 
-@pytest.mark.parametrize('text,problem', [
-    (None, 'no such file'), ('{"runs": [', 'it does not parse'), ('folder', 'cannot be read'),
-    ('[1, 2]', 'it has no "runs" list'), ('{"runs": [{"mechanism": "softmax"}]}', 'no "runs"')])
+@pytest.mark.parametrize(
+  'text,problem',
+  [
+    (None, 'no such file'),
+    ('{"runs": [', 'it does not parse'),
+    ('folder', 'cannot be read'),
+    ('[1, 2]', 'it has no "runs" list'),
+    ('{"runs": [{"mechanism": "softmax"}]}', 'no "runs"'),
+  ],
+)
 def test_a_file_that_is_no_byte_lm_report_is_one_line_naming_it(tmp_path, text, problem):
   from studies.bytelm import report  # pylint: disable=g-import-not-at-top
+
   path = tmp_path / 'r.json'
   if text == 'folder':
     path.mkdir()
@@ -262,6 +324,7 @@ def test_the_report_of_a_trained_run_reads_back_the_same(run_once, tmp_path):
   """The report of the tiny run (bits per byte, decoding state, continuation, count
   baselines), then a report of its .json alone, the workdir gone: the same content."""
   from studies.bytelm import report  # pylint: disable=g-import-not-at-top
+
   workdir = run_once('bytelm', _train)
   shutil.copytree(workdir, tmp_path / 'runs' / 'bytelm-linear-seed0')
   first = report.write_report([str(tmp_path / 'runs')], str(tmp_path / 'a'), 'r', 'cmd')

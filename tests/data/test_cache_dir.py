@@ -3,6 +3,7 @@
 Every generated dataset (MQAR, the LRA tasks, a byte corpus's windows) is written
 once under `common.cache_root()`; the configs store the folder in dataset.data_dir.
 """
+
 import os
 
 import pytest
@@ -45,4 +46,5 @@ def test_the_configs_write_their_data_under_it(env, tmp_path):
   assert mqar.get_config().dataset.data_dir == os.path.join(root, 'mqar')
   assert listops.get_config().dataset.data_dir == os.path.join(root, 'lra', 'listops')
   assert common.text_bytes(common.base(), 'c.npz').dataset.data_dir == os.path.join(
-      root, 'text_bytes')
+    root, 'text_bytes'
+  )

@@ -6,6 +6,7 @@ every run then stopped on it ("... is not a readable .npz file"); one holding fe
 rows than its settings say was used as it was. Both are now written again, as a
 truncated file (unreadable settings) always was, and say so in one line.
 """
+
 import json
 import os
 import zipfile
@@ -51,14 +52,17 @@ def shorten(path, rows):
 
 def truncate(path):
   raw = open(path, 'rb').read()
-  open(path, 'wb').write(raw[:len(raw) // 2])
+  open(path, 'wb').write(raw[: len(raw) // 2])
 
 
-@pytest.mark.parametrize('damage, why', [
+@pytest.mark.parametrize(
+  'damage, why',
+  [
     (flip_inside, 'damaged ('),
     (truncate, 'damaged (File is not a zip file)'),
     (lambda p: shorten(p, 25), "its 'inputs' array is [25, 32], its settings say [40, 32]"),
-])
+  ],
+)
 def test_a_damaged_or_short_file_is_rebuilt_saying_so(damage, why, tmp_path, capsys):
   paths = write(tmp_path)
   with np.load(paths[0]) as z:
@@ -74,8 +78,12 @@ def test_a_damaged_or_short_file_is_rebuilt_saying_so(damage, why, tmp_path, cap
     for key, value in before.items():
       np.testing.assert_array_equal(z[key], value)
   assert os.stat(paths[1]).st_mtime_ns == stamp  # the good split is kept
-  assert npz_cache.problem(paths[0], json.loads(bytes(np.load(paths[0])['settings_json'])),
-                           {'inputs': (40, 32)}) == ''
+  assert (
+    npz_cache.problem(
+      paths[0], json.loads(bytes(np.load(paths[0])['settings_json'])), {'inputs': (40, 32)}
+    )
+    == ''
+  )
 
 
 def test_an_up_to_date_file_is_kept_silently(tmp_path, capsys):
@@ -123,21 +131,34 @@ def test_a_run_reads_the_rebuilt_file_from_the_data_cache(tmp_path, monkeypatch)
 def _corpus(folder):
   path = folder / 'corpus.txt'
   if not path.exists():
-    path.write_bytes(b'\n\n'.join(b'Paragraph %d: some words, then more words.' % i
-                                    for i in range(12)))
+    path.write_bytes(
+      b'\n\n'.join(b'Paragraph %d: some words, then more words.' % i for i in range(12))
+    )
   return str(path)
 
 
 OTHERS = {
-    'listops': (lambda f: listops.write_splits(str(f), seed=0, sizes={'train': 6, 'test': 3},
-                                               max_length=60, min_length=10, verbose=False),
-                '6 ListOps examples written', 'tokens.npy'),
-    'pathfinder': (lambda f: pathfinder.write_splits(str(f), seed=0, sizes={'train': 4, 'test': 2},
-                                                     contour_length=6, verbose=False),
-                   '4 Pathfinder images written', 'x.npy'),
-    'text_bytes': (lambda f: text_bytes.write_splits(str(f / 'cache'), _corpus(f), seq_len=16,
-                                                     validation_docs=2, verbose=False),
-                   ' windows of 16', 'inputs.npy'),
+  'listops': (
+    lambda f: listops.write_splits(
+      str(f), seed=0, sizes={'train': 6, 'test': 3}, max_length=60, min_length=10, verbose=False
+    ),
+    '6 ListOps examples written',
+    'tokens.npy',
+  ),
+  'pathfinder': (
+    lambda f: pathfinder.write_splits(
+      str(f), seed=0, sizes={'train': 4, 'test': 2}, contour_length=6, verbose=False
+    ),
+    '4 Pathfinder images written',
+    'x.npy',
+  ),
+  'text_bytes': (
+    lambda f: text_bytes.write_splits(
+      str(f / 'cache'), _corpus(f), seq_len=16, validation_docs=2, verbose=False
+    ),
+    ' windows of 16',
+    'inputs.npy',
+  ),
 }
 
 
@@ -167,6 +188,8 @@ def test_a_short_listops_file_is_rebuilt(tmp_path, capsys):
   shorten(paths[0], 4)
   capsys.readouterr()
   write_all(tmp_path)
-  line, = capsys.readouterr().out.splitlines()
-  assert line == (f"{paths[0]}: its 'tokens' array is [4, 60], its settings say [6, 60]; "
-                  'rebuilt: 6 ListOps examples written')
+  (line,) = capsys.readouterr().out.splitlines()
+  assert line == (
+    f"{paths[0]}: its 'tokens' array is [4, 60], its settings say [6, 60]; "
+    'rebuilt: 6 ListOps examples written'
+  )

@@ -1,4 +1,5 @@
 """Input pipelines: shapes, dtypes, value ranges, determinism, resuming, sharding."""
+
 import numpy as np
 import pytest
 
@@ -26,6 +27,7 @@ def assert_batches_equal(a, b):
 
 
 # --- digits (in memory) ---------------------------------------------------------------
+
 
 def test_digits_split_is_fixed_and_stratified():
   splits = arrays.load_digits()
@@ -68,8 +70,10 @@ def test_digits_order_is_a_function_of_seed_and_step():
 def test_digits_processes_read_disjoint_slices_of_the_global_batch():
   config = digits_config(batch_size=64, eval_batch_size=100)
   whole = take(data.get_train_data(config).batches(5), 3)
-  parts = [take(data.get_train_data(config, process_index=p, process_count=2).batches(5), 3)
-           for p in range(2)]
+  parts = [
+    take(data.get_train_data(config, process_index=p, process_count=2).batches(5), 3)
+    for p in range(2)
+  ]
   for i in range(3):
     for k in whole[i]:
       np.testing.assert_array_equal(whole[i][k], np.concatenate([parts[0][i][k], parts[1][i][k]]))
@@ -92,10 +96,16 @@ def test_eval_batches_are_padded_with_zero_mask():
 
 # --- TFDS datasets on mock data ----------------------------------------------------------
 
+
 def tfds_config(name):
   config = common.base()
-  preset = {'mnist': common.mnist, 'cifar10': common.cifar10, 'cifar100': common.cifar100,
-            'imagenet2012': common.imagenet, 'imdb_reviews': common.imdb}[name]
+  preset = {
+    'mnist': common.mnist,
+    'cifar10': common.cifar10,
+    'cifar100': common.cifar100,
+    'imagenet2012': common.imagenet,
+    'imdb_reviews': common.imdb,
+  }[name]
   preset(config)
   if name == 'imagenet2012':
     config.dataset.image_size = 112
@@ -103,8 +113,7 @@ def tfds_config(name):
   return config
 
 
-@pytest.mark.parametrize('name', ['mnist', 'cifar10', 'cifar100', 'imagenet2012',
-                                  'imdb_reviews'])
+@pytest.mark.parametrize('name', ['mnist', 'cifar10', 'cifar100', 'imagenet2012', 'imdb_reviews'])
 def test_tfds_pipeline_on_mock_data(name):
   tfds = pytest.importorskip('tensorflow_datasets')
   config = tfds_config(name)
@@ -153,12 +162,14 @@ def test_tfds_training_order_depends_on_the_seed():
 def test_byte_tokens():
   tf = pytest.importorskip('tensorflow')
   from data import preprocess  # pylint: disable=g-import-not-at-top
+
   ids = preprocess.byte_tokens(tf.constant('hé!'), 6).numpy()
   np.testing.assert_array_equal(ids, [ord('h') + 1, 0xC3 + 1, 0xA9 + 1, ord('!') + 1, 0, 0])
   assert preprocess.byte_tokens(tf.constant('abcdef'), 3).numpy().tolist() == [98, 99, 100]
 
 
 # --- ImageFolder -------------------------------------------------------------------------
+
 
 def test_image_folder(image_folder_root):
   config = common.image_folder(common.base(), root=image_folder_root, image_size=16)
@@ -174,8 +185,9 @@ def test_image_folder(image_folder_root):
   evals = [data.get_eval_data(config, process_index=p, process_count=2) for p in range(2)]
   masks = [b['mask'].sum() for e in evals for b in e.batches()]
   assert sum(masks) == 6
-  parts = [next(data.get_train_data(config, process_index=p, process_count=2).batches(0))
-           for p in range(2)]
+  parts = [
+    next(data.get_train_data(config, process_index=p, process_count=2).batches(0)) for p in range(2)
+  ]
   assert all(p['inputs'].shape == (2, 16, 16, 3) for p in parts)
 
 

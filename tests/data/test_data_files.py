@@ -1,4 +1,5 @@
 """data/files.py: local data paths without TensorFlow; URLs through tf.io.gfile."""
+
 import os
 import subprocess
 import sys
@@ -30,8 +31,14 @@ split = arrays.read_npz(path)
 assert split.labels.tolist() == [0, 1] and split.inputs.shape == (2, 3, 3, 1)
 print('tensorflow' in sys.modules)
 """
-  out = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True,
-                       env=dict(os.environ, CUDA_VISIBLE_DEVICES=''), check=False)
+  out = subprocess.run(
+    [sys.executable, '-c', code],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    env=dict(os.environ, CUDA_VISIBLE_DEVICES=''),
+    check=False,
+  )
   assert out.returncode == 0, out.stderr[-2000:]
   assert out.stdout.split()[-1] == 'False', 'TensorFlow was imported for a local file'
   assert not [n for n in os.listdir(tmp_path) if '.tmp' in n]  # written atomically
@@ -53,6 +60,7 @@ def test_local_rename_keeps_tf_gfile_semantics(tmp_path):
 
 def test_a_url_goes_through_tensorflow_gfile():
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   assert files.is_url('gs://bucket/x.npz') and not files.is_url('/tmp/x.npz')
   assert files.gfile('gs://bucket/x.npz') is tf.io.gfile
   assert tf.errors.OpError in files.read_errors('gs://bucket/x.npz')

@@ -1,5 +1,6 @@
 """Each dataset's facts are written once, in its `DatasetSpec` (`data/specs.py`): the
 config presets (`configs/common.py`) read them, so a preset cannot disagree with its spec."""
+
 import dataclasses
 import glob
 import importlib
@@ -12,11 +13,21 @@ from configs import common
 from data import specs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PRESETS = {'digits': common.digits, 'mnist': common.mnist, 'cifar10': common.cifar10,
-           'cifar100': common.cifar100, 'imagenet2012': common.imagenet, 'imdb_reviews': common.imdb,
-           'aan': common.aan, 'listops': common.listops, 'pathfinder': common.pathfinder,
-           'mqar': common.mqar, 'sequences': common.sequences,
-           'image_folder': common.image_folder, 'text_bytes': common.text_bytes}
+PRESETS = {
+  'digits': common.digits,
+  'mnist': common.mnist,
+  'cifar10': common.cifar10,
+  'cifar100': common.cifar100,
+  'imagenet2012': common.imagenet,
+  'imdb_reviews': common.imdb,
+  'aan': common.aan,
+  'listops': common.listops,
+  'pathfinder': common.pathfinder,
+  'mqar': common.mqar,
+  'sequences': common.sequences,
+  'image_folder': common.image_folder,
+  'text_bytes': common.text_bytes,
+}
 
 
 def test_every_dataset_has_a_preset():
@@ -27,8 +38,9 @@ def test_every_dataset_has_a_preset():
 def test_a_preset_follows_its_spec(name, monkeypatch):
   """A spec with other facts gives a preset with those facts: the preset holds none."""
   spec = specs.get_spec(name)
-  other = dataclasses.replace(spec, num_classes=spec.num_classes + 7, channels=5, mean=(),
-                              std=(), default_source='arrays')
+  other = dataclasses.replace(
+    spec, num_classes=spec.num_classes + 7, channels=5, mean=(), std=(), default_source='arrays'
+  )
   monkeypatch.setitem(specs.DATASETS, name, other)
   d = PRESETS[name](common.base()).dataset
   assert d.name == name
@@ -39,8 +51,9 @@ def test_a_preset_follows_its_spec(name, monkeypatch):
 def test_the_default_dataset_and_pixel_sizes_come_from_the_specs(monkeypatch):
   for name, size in (('digits', 6), ('mnist', 20)):
     spec = specs.get_spec(name)
-    monkeypatch.setitem(specs.DATASETS, name, dataclasses.replace(
-        spec, num_classes=3, stored_size=size))
+    monkeypatch.setitem(
+      specs.DATASETS, name, dataclasses.replace(spec, num_classes=3, stored_size=size)
+    )
     assert common.pixel_lm(PRESETS[name](common.base())).dataset.image_size == size
   assert common.base().dataset.num_classes == 3  # base() is the digits preset
 
@@ -59,6 +72,9 @@ def test_shipped_configs_agree_with_their_specs():
 
 
 def test_a_spec_whose_normalisation_misses_channels_is_refused():
-  with pytest.raises(ValueError, match=r"DatasetSpec 'x': mean=\(0.5,\) has 1 values; "
-                                       r'channels=3 needs 3'):
+  with pytest.raises(
+    ValueError,
+    match=r"DatasetSpec 'x': mean=\(0.5,\) has 1 values; "
+    r'channels=3 needs 3',
+  ):
     specs.DatasetSpec('x', 'image', 2, 3, (0.5,), (0.2, 0.2, 0.2))

@@ -1,11 +1,11 @@
 """Offline Long Range Arena data: ListOps generator, Pathfinder generator and reader, AAN reader."""
+
 import json
 import os
 
+import helpers
 import numpy as np
 import pytest
-
-import helpers
 from scipy import ndimage
 
 from data import aan
@@ -15,7 +15,9 @@ from data import pathfinder
 # ----------------------------------------------------------------------------- ListOps
 
 
-@pytest.mark.parametrize('expression, value', [
+@pytest.mark.parametrize(
+  'expression, value',
+  [
     ('[MAX 2 9 ]', 9),
     ('[MIN 4 7 1 ]', 1),
     ('[MED 1 5 8 9 2 ]', 5),  # odd count: the middle of 1 2 5 8 9
@@ -28,7 +30,8 @@ from data import pathfinder
     ('[MED [SM 9 9 ] [MAX 0 1 ] 7 [MIN 6 4 ] ]', 5),  # 8 1 7 4 -> 1 4 7 8 -> 5
     ('( ( ( [MAX 2 ) 9 ) X )', 9),  # LRA's TSV form: parentheses, and X for ]
     ('7', 7),
-])
+  ],
+)
 def test_listops_evaluate_hand_computed(expression, value):
   assert listops.evaluate(expression) == value
   ids = listops.encode(expression)
@@ -76,7 +79,7 @@ def test_listops_lengths_and_labels_lra_like(listops_lra_sample):
   assert lengths.min() > 500 and lengths.max() < 2000
   assert 900 < lengths.mean() < 1200, lengths.mean()
   np.testing.assert_array_equal((tokens != 0).sum(1), lengths)
-  assert all(not tokens[i, lengths[i]:].any() for i in range(len(tokens)))  # left-aligned
+  assert all(not tokens[i, lengths[i] :].any() for i in range(len(tokens)))  # left-aligned
   for i in range(0, 400, 40):
     assert listops.evaluate(tokens[i]) == labels[i]
   # ListOps is imbalanced: MIN and MAX near the root make 0 and 9 about twice as common
@@ -160,7 +163,7 @@ def test_pathfinder_shapes_balance_and_values(pathfinder_sample):
   assert discs.shape == (64, 2, 2) and ((1 <= discs) & (discs <= 30)).all()
   for image, disc in zip(images, discs):
     for y, x in disc:
-      assert (image[y - 1:y + 2, x - 1:x + 2] == 255).all()  # 3x3 discs
+      assert (image[y - 1 : y + 2, x - 1 : x + 2] == 255).all()  # 3x3 discs
   # Dashed paths: with 1-pixel gaps every dash is its own 8-connected piece.
   pieces = [ndimage.label(image > 0, structure=np.ones((3, 3)))[1] for image in images]
   assert np.mean(pieces) > 20
@@ -183,8 +186,13 @@ def test_pathfinder_label_is_connectivity(contour_length, num_distractors):
   Random labels would disagree with the flood fill on about half of the images.
   """
   images, labels, discs = pathfinder.generate(
-      60, seed=contour_length, contour_length=contour_length, gap=0,
-      num_distractors=num_distractors, with_discs=True)
+    60,
+    seed=contour_length,
+    contour_length=contour_length,
+    gap=0,
+    num_distractors=num_distractors,
+    with_discs=True,
+  )
   connected = []
   for image, (a, b) in zip(images, discs):
     components, _ = ndimage.label(image > 0, structure=np.ones((3, 3)))
@@ -225,6 +233,7 @@ def test_pathfinder_write_splits_round_trip(tmp_path, capsys):
 def _write_released(root, folder, batches):
   """A tiny copy of the released layout: imgs/<batch>/sample_<i>.png, metadata/<batch>.npy."""
   from PIL import Image  # pylint: disable=g-import-not-at-top
+
   base = os.path.join(root, folder)
   os.makedirs(os.path.join(base, 'metadata'))
   expected_images, expected_labels = [], []
@@ -250,10 +259,13 @@ def _write_released(root, folder, batches):
 
 def test_pathfinder_read_released(tmp_path):
   # Batches 0, 1 and 10: metadata files must be read in numeric order (10 after 1).
-  expected, labels = _write_released(str(tmp_path), 'curv_contour_length_14',
-                                     [(3, None), (4, 2), (2, None)])
-  os.rename(tmp_path / 'curv_contour_length_14' / 'metadata' / '2.npy',
-            tmp_path / 'curv_contour_length_14' / 'metadata' / '10.npy')
+  expected, labels = _write_released(
+    str(tmp_path), 'curv_contour_length_14', [(3, None), (4, 2), (2, None)]
+  )
+  os.rename(
+    tmp_path / 'curv_contour_length_14' / 'metadata' / '2.npy',
+    tmp_path / 'curv_contour_length_14' / 'metadata' / '10.npy',
+  )
   images, got = pathfinder.read_released(str(tmp_path), contour_length=14)
   assert images.dtype == np.uint8 and images.shape == (8, 32, 32)
   assert got.dtype == np.int64
@@ -281,9 +293,9 @@ def test_pathfinder_read_released_binary_metadata(tmp_path):
 # ----------------------------------------------------------------------------- AAN
 
 _TSV_ROWS = [
-    (b'1.0', b'P05-1001', b'W04-2401', b"b'Quotes \"stay\", commas too'", b"b'line\\nbreak'"),
-    (b'0', b'D07-1104', b'J93-2004', 'caf\u00e9 \u2013 utf-8'.encode(), b'plain text'),
-    (b'1', b'A00-1001', b'A00-1002', b'x', b''),
+  (b'1.0', b'P05-1001', b'W04-2401', b"b'Quotes \"stay\", commas too'", b"b'line\\nbreak'"),
+  (b'0', b'D07-1104', b'J93-2004', 'caf\u00e9 \u2013 utf-8'.encode(), b'plain text'),
+  (b'1', b'A00-1001', b'A00-1002', b'x', b''),
 ]
 
 
@@ -307,11 +319,14 @@ def test_aan_read_tsv(tmp_path):
     aan.read_tsv(path, unescape=True)
 
 
-@pytest.mark.parametrize('row, match', [
+@pytest.mark.parametrize(
+  'row, match',
+  [
     ((b'1', b'a', b'b', b'only four'), '5 tab-separated'),
     ((b'label', b'id1', b'id2', b'text1', b'text2'), 'label must be 0 or 1'),
     ((b'2', b'a', b'b', b'c', b'd'), 'label must be 0 or 1'),
-])
+  ],
+)
 def test_aan_read_tsv_rejects_bad_rows(tmp_path, row, match):
   path = str(tmp_path / 'bad.tsv')
   _write_tsv(path, [_TSV_ROWS[2], row])
@@ -328,10 +343,12 @@ def test_aan_tsv_to_npz(tmp_path):
   with np.load(out) as data:
     assert set(data.files) == {'text_utf8', 'offsets', 'text2_utf8', 'offsets2', 'y'}
     assert data['offsets'].dtype == np.int64 and data['offsets'].shape == (4,)
-    for texts, blob, offsets in ((text1, data['text_utf8'], data['offsets']),
-                                 (text2, data['text2_utf8'], data['offsets2'])):
+    for texts, blob, offsets in (
+      (text1, data['text_utf8'], data['offsets']),
+      (text2, data['text2_utf8'], data['offsets2']),
+    ):
       assert blob.dtype == np.uint8
-      assert [blob[offsets[i]:offsets[i + 1]].tobytes() for i in range(3)] == texts
+      assert [blob[offsets[i] : offsets[i + 1]].tobytes() for i in range(3)] == texts
     np.testing.assert_array_equal(data['y'], labels)
 
 
@@ -343,10 +360,12 @@ def test_generated_source_writes_once_and_batches_like_arrays(path, tmp_path, ca
   """In a bucket: TF's in-memory ram:// file system stands for gs:// (the cache
   used plain open() and os calls, so a gs:// data_dir failed)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   import data  # pylint: disable=g-import-not-at-top
   from data import arrays  # pylint: disable=g-import-not-at-top
   from data import generated  # pylint: disable=g-import-not-at-top
   from data import npz_cache  # pylint: disable=g-import-not-at-top
+
   folder = f'ram://{tmp_path.name}/lra'
   config = helpers.load_config(path, 'size=small')
   config.dataset.update(dict(data_dir=folder, batch_size=4, eval_batch_size=3))
@@ -357,7 +376,7 @@ def test_generated_source_writes_once_and_batches_like_arrays(path, tmp_path, ca
   pattern = generated.pattern(config)
   stored = arrays.read_npz(pattern.format(split='train'))
   d = config.dataset
-  n = d.max_length if d.name == 'listops' else d.image_size ** 2  # small: 256 either way
+  n = d.max_length if d.name == 'listops' else d.image_size**2  # small: 256 either way
   prefix = 'pathfinder6_16px_' if d.name == 'pathfinder' else 'listops_64-256_'
   assert all(f.startswith(prefix) for f in files), files  # not LRA's sizes: files of their own
   assert batch['inputs'].shape == (4, n) and batch['label'].shape == (4,)
@@ -379,11 +398,13 @@ def test_generated_source_writes_once_and_batches_like_arrays(path, tmp_path, ca
 def test_released_pathfinder_and_aan_files_in_a_bucket(tmp_path):
   """read_released and tsv_to_npz on ram:// (standing for gs://) as on a local disk."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   from data import arrays  # pylint: disable=g-import-not-at-top
+
   expected, labels = _write_released(str(tmp_path / 'local'), 'curv_baseline', [(3, 1)])
   bucket = f'ram://{tmp_path.name}'
   for base, _, names in os.walk(tmp_path / 'local'):
-    target = bucket + base[len(str(tmp_path / 'local')):]
+    target = bucket + base[len(str(tmp_path / 'local')) :]
     tf.io.gfile.makedirs(target)
     for name in names:
       tf.io.gfile.copy(os.path.join(base, name), f'{target}/{name}', overwrite=True)
@@ -395,7 +416,9 @@ def test_released_pathfinder_and_aan_files_in_a_bucket(tmp_path):
   _write_tsv(tsv, _TSV_ROWS)
   out = aan.tsv_to_npz(tsv, f'{bucket}/pairs.npz')
   assert sorted(n.rstrip('/') for n in tf.io.gfile.listdir(bucket)) == [
-      'curv_baseline', 'pairs.npz']  # no temporary file left
+    'curv_baseline',
+    'pairs.npz',
+  ]  # no temporary file left
   read = arrays.read_npz(out)
   assert read.inputs == aan.read_tsv(tsv)[0] and read.labels.tolist() == [1, 0, 1]
 
@@ -403,20 +426,26 @@ def test_released_pathfinder_and_aan_files_in_a_bucket(tmp_path):
 def test_pixel_tokens_are_all_attended_without_padding():
   """Pathfinder / Image: pixel value 0 is black, not padding (TextClassifier padding=False)."""
   import jax  # pylint: disable=g-import-not-at-top
+
   from efficient_attn import models  # pylint: disable=g-import-not-at-top
+
   cfg = models.TransformerConfig(d_model=16, depth=1, num_heads=2, mlp_dim=16, max_length=8)
   tokens = np.array([[5, 7, 3, 9, 0, 0, 0, 0]])  # text pads at the end
   for padding, moves in ((False, True), (True, False)):
-    model = models.TextClassifier(cfg, num_classes=3, vocab_size=256, pool='mean',
-                                  padding=padding)
+    model = models.TextClassifier(cfg, num_classes=3, vocab_size=256, pool='mean', padding=padding)
     rng = np.random.default_rng(0)  # every weight random (the head starts at zero)
-    params = jax.tree.map(lambda p: p + 0.1 * rng.normal(size=p.shape).astype(p.dtype),
-                          model.init(jax.random.key(0), tokens))
+    params = jax.tree.map(
+      lambda p: p + 0.1 * rng.normal(size=p.shape).astype(p.dtype),
+      model.init(jax.random.key(0), tokens),
+    )
     moved = jax.tree_util.tree_map_with_path(  # another embedding for id 0 only
-        lambda path, p: (p.at[0].add(rng.normal(size=p.shape[1:]).astype(p.dtype))
-                         if jax.tree_util.keystr(path).endswith("['embed']['embedding']")
-                         else p),
-        params)
+      lambda path, p: (
+        p.at[0].add(rng.normal(size=p.shape[1:]).astype(p.dtype))
+        if jax.tree_util.keystr(path).endswith("['embed']['embedding']")
+        else p
+      ),
+      params,
+    )
     a, b = model.apply(params, tokens), model.apply(moved, tokens)
     assert bool(np.any(np.abs(np.asarray(a) - np.asarray(b)) > 1e-6)) == moves, padding
 
@@ -425,8 +454,9 @@ def test_pixel_tokens_are_all_attended_without_padding():
 
 
 def _retrieval_config(folder, mechanism='softmax', max_length=24):
-  config = helpers.load_config('configs/lra/retrieval.py',
-                             f'{mechanism},size=small,data_dir={folder}')
+  config = helpers.load_config(
+    'configs/lra/retrieval.py', f'{mechanism},size=small,data_dir={folder}'
+  )
   config.dataset.update(dict(max_length=max_length, batch_size=2, eval_batch_size=3))
   return config
 
@@ -435,12 +465,14 @@ def test_retrieval_source_batches_byte_pairs(tmp_path):
   """The 'tsv' source: LRA's three files as train / validation / test, each example the
   byte ids of its two documents `[2, max_length]`, in the files' order for evaluation."""
   from conftest import write_aan_folder  # pylint: disable=g-import-not-at-top
+
   import data  # pylint: disable=g-import-not-at-top
+
   folder = write_aan_folder(str(tmp_path / 'tsv'))
   config = _retrieval_config(folder)
   text1, text2, labels = aan.read_tsv(os.path.join(folder, 'new_aan_pairs.eval.tsv'))
   batches = list(data.get_eval_data(config).batches())
-  inputs = np.concatenate([b['inputs'] for b in batches])[:len(labels)]
+  inputs = np.concatenate([b['inputs'] for b in batches])[: len(labels)]
   assert inputs.shape == (4, 2, 24) and inputs.dtype == np.int32
   for i in range(4):
     for k, text in enumerate((text1[i], text2[i])):
@@ -458,8 +490,10 @@ def test_text_matcher_is_a_shared_dual_encoder():
   """TextMatcher = one encoder on both documents, [e1, e2] (or NLI features), an MLP; padding
   of either document changes nothing; swapping the documents moves the logits."""
   import jax  # pylint: disable=g-import-not-at-top
+
   from efficient_attn import models  # pylint: disable=g-import-not-at-top
   from efficient_attn.models import text  # pylint: disable=g-import-not-at-top
+
   cfg = models.TransformerConfig(d_model=16, depth=1, num_heads=2, mlp_dim=12, max_length=10)
   rng = np.random.default_rng(0)
   tokens = np.zeros((3, 2, 10), np.int32)
@@ -491,14 +525,17 @@ def test_text_matcher_is_a_shared_dual_encoder():
     model.apply({'params': params}, tokens[:, 0])
   with pytest.raises(ValueError, match="interaction='dot' is not valid; valid choices: concat"):
     models.TextMatcher(cfg, num_classes=2, vocab_size=257, interaction='dot').init(
-        jax.random.key(0), tokens)
+      jax.random.key(0), tokens
+    )
 
 
 def test_sinusoidal_positions_are_fixed():
   """positions='sinusoidal' (LRA's default): sin / cos of p / 10000^(2i/d), no parameter."""
   import jax  # pylint: disable=g-import-not-at-top
+
   from efficient_attn import models  # pylint: disable=g-import-not-at-top
   from efficient_attn.models import text  # pylint: disable=g-import-not-at-top
+
   table = text.sinusoidal_positions(50, 6)
   assert table.shape == (1, 50, 6)
   p, i = 37, 2  # features 2i (sin) and 2i + 1 (cos)
@@ -519,4 +556,5 @@ def test_sinusoidal_positions_are_fixed():
   assert not np.allclose(a, tower.apply(params, np.array([[5, 4, 3, 0, 0, 0]]), train=False))
   with pytest.raises(ValueError, match="positions='rope' is not valid; valid choices: learned"):
     models.TextClassifier(cfg, num_classes=2, vocab_size=9, positions='rope').init(
-        jax.random.key(0), tokens)
+      jax.random.key(0), tokens
+    )

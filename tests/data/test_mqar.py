@@ -7,22 +7,24 @@ the file before any workdir is written; configs/mqar.py for each mechanism with
 a causal form, and refused for the others; a tiny run trained and evaluated as
 main.py does, and evaluated on another file of the task.
 """
+
 import json
 import os
 
 import jax
 import numpy as np
 import pytest
-
 import shared_runs
-from shared_runs import L, P, V  # the tiny task of these tests: vocabulary, length, pairs
+from shared_runs import L  # the tiny task of these tests: vocabulary, length, pairs
+from shared_runs import P  # the tiny task of these tests: vocabulary, length, pairs
+from shared_runs import V  # the tiny task of these tests: vocabulary, length, pairs
 
-from efficient_attn import registry
-from train import trainer
-from train import validate
 from data import arrays
 from data import mqar
 from data import sequences
+from efficient_attn import registry
+from train import trainer
+from train import validate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -35,16 +37,16 @@ def drawn():
 def test_pairs_open_the_sequence_keys_and_values_from_the_two_halves(drawn):
   x, y = drawn
   assert x.shape == y.shape == (500, L) and x.dtype == y.dtype == np.int32
-  keys, values = x[:, 0:2 * P:2], x[:, 1:2 * P:2]
+  keys, values = x[:, 0 : 2 * P : 2], x[:, 1 : 2 * P : 2]
   assert keys.min() >= 1 and keys.max() < V // 2
   assert values.min() >= V // 2 and values.max() < V
   for row in (keys, values):  # distinct within an example
     s = np.sort(row, axis=1)
     assert not (s[:, 1:] == s[:, :-1]).any()
-  assert (y[:, :2 * P] == sequences.IGNORE).all()  # the pairs themselves are not scored
+  assert (y[:, : 2 * P] == sequences.IGNORE).all()  # the pairs themselves are not scored
   assert x.min() >= 0 and x.max() < V
   filler = np.ones_like(x, bool)
-  filler[:, :2 * P] = False
+  filler[:, : 2 * P] = False
   filler[y != sequences.IGNORE] = False
   assert len(np.unique(x[filler])) > V * 0.9  # random tokens from the whole vocabulary
 
@@ -54,7 +56,7 @@ def test_each_key_is_queried_once_and_scored_with_its_value(drawn):
   input a key of the example and the label the value paired with it earlier."""
   x, y = drawn
   for i in range(len(x)):
-    pairs = dict(zip(x[i, 0:2 * P:2], x[i, 1:2 * P:2]))
+    pairs = dict(zip(x[i, 0 : 2 * P : 2], x[i, 1 : 2 * P : 2]))
     where = np.flatnonzero(y[i] != sequences.IGNORE)
     assert len(where) == P and where.min() >= 2 * P and ((where - 2 * P) % 2 == 0).all()
     assert sorted(x[i, where]) == sorted(pairs)  # every key once
@@ -96,16 +98,18 @@ def test_splits_are_disjoint_and_written_once(tmp_path):
   mqar.write_splits(str(tmp_path), seed=0, sizes=sizes, verbose=False, **task)
   assert [os.stat(p).st_mtime_ns for p in paths] == stamps  # up to date: kept
   with pytest.raises(ValueError, match='cannot draw 10 sequences outside the 864 of'):
-    mqar.write_splits(str(tmp_path), seed=0, sizes={'a': 20_000, 'b': 10}, verbose=False,
-                      **task)
+    mqar.write_splits(str(tmp_path), seed=0, sizes={'a': 20_000, 'b': 10}, verbose=False, **task)
 
 
-@pytest.mark.parametrize('settings,message', [
+@pytest.mark.parametrize(
+  'settings,message',
+  [
     (dict(seq_len=30, num_kv_pairs=8), 'MQAR seq_len=30 is too short for num_kv_pairs=8'),
     (dict(vocab_size=16, num_kv_pairs=8), 'MQAR vocab_size=16 is too small for num_kv_pairs=8'),
     (dict(num_kv_pairs=0), 'MQAR num_kv_pairs=0 is not valid'),
     (dict(power_a=0.0), 'MQAR power_a=0.0 is not valid'),
-])
+  ],
+)
 def test_settings_the_task_cannot_have_are_one_line(settings, message):
   full = dict(vocab_size=8192, seq_len=128, num_kv_pairs=8, power_a=0.01, **{})
   full.update(settings)
@@ -113,8 +117,14 @@ def test_settings_the_task_cannot_have_are_one_line(settings, message):
     mqar.check_settings(**full)
   assert str(e.value).startswith(message) and '\n' not in str(e.value)
   config = load_config('softmax')  # the same through a config's fields, before any data
-  config.dataset.update(dict(max_length=full['seq_len'], vocab_size=full['vocab_size'],
-                             num_kv_pairs=full['num_kv_pairs'], power_a=full['power_a']))
+  config.dataset.update(
+    dict(
+      max_length=full['seq_len'],
+      vocab_size=full['vocab_size'],
+      num_kv_pairs=full['num_kv_pairs'],
+      power_a=full['power_a'],
+    )
+  )
   with pytest.raises(validate.ConfigError, match=message):
     validate.validate_config(config)
 
@@ -156,20 +166,38 @@ def test_config_defaults_are_zoologys_cell():
   assert (config.model.depth, config.model.d_model) == (2, 64)
 
 
-@pytest.mark.parametrize('overrides,message', [
-    ({'dataset.vocab_size': 0}, "config.dataset.vocab_size=0 is not valid for the sequence "
-                                "dataset 'mqar'; it must be > 0"),
-    ({'dataset.num_classes': 10}, "config.dataset.num_classes=10 is not valid for the sequence "
-                                  f"dataset 'mqar', whose labels are tokens; valid choices: 0, {V}"),
-    ({'dataset.holdout': 0.1}, "config.dataset.holdout=0.1 is not valid for the sequence "
-                               "dataset 'mqar'"),
-    ({'task': 'classification'}, "config.model.kind='causal' is not valid for config.task="
-                                 "'classification'"),
-    ({'task': 'pixel_lm'}, "config.task='pixel_lm' is not valid for the sequence dataset "
-                           "'mqar'; valid choices: sequence_labelling"),
-    ({'model.kind': 'text'}, "config.model.kind='text' is not valid for the sequence dataset "
-                             "'mqar'; valid choices: causal"),
-])
+@pytest.mark.parametrize(
+  'overrides,message',
+  [
+    (
+      {'dataset.vocab_size': 0},
+      "config.dataset.vocab_size=0 is not valid for the sequence dataset 'mqar'; it must be > 0",
+    ),
+    (
+      {'dataset.num_classes': 10},
+      "config.dataset.num_classes=10 is not valid for the sequence "
+      f"dataset 'mqar', whose labels are tokens; valid choices: 0, {V}",
+    ),
+    (
+      {'dataset.holdout': 0.1},
+      "config.dataset.holdout=0.1 is not valid for the sequence dataset 'mqar'",
+    ),
+    (
+      {'task': 'classification'},
+      "config.model.kind='causal' is not valid for config.task='classification'",
+    ),
+    (
+      {'task': 'pixel_lm'},
+      "config.task='pixel_lm' is not valid for the sequence dataset "
+      "'mqar'; valid choices: sequence_labelling",
+    ),
+    (
+      {'model.kind': 'text'},
+      "config.model.kind='text' is not valid for the sequence dataset "
+      "'mqar'; valid choices: causal",
+    ),
+  ],
+)
 def test_config_fields_a_sequence_dataset_cannot_have(overrides, message):
   config = load_config('softmax')
   for path, value in overrides.items():
@@ -181,6 +209,7 @@ def test_config_fields_a_sequence_dataset_cannot_have(overrides, message):
 
 
 # The sequence-labelling format: bad files
+
 
 def write(path, **arrays_):
   np.savez(path, **arrays_)
@@ -195,30 +224,59 @@ def good(n=8, length=L):
 def bad_files():
   g = good()
   return [
-      ('no_labels', dict(inputs=g['inputs']), "has no 'labels' array"),
-      ('no_inputs', dict(labels=g['labels'], x=g['inputs']), "has no 'inputs' array"),
-      ('float_inputs', dict(g, inputs=g['inputs'].astype(np.float32)),
-       "'inputs' must be integers, got float32"),
-      ('float_labels', dict(g, labels=g['labels'].astype(np.float64)),
-       "'labels' must be integers, got float64"),
-      ('flat', dict(inputs=g['inputs'][0], labels=g['labels'][0]),
-       "'inputs' must be [n, length], got shape [32]"),
-      ('lengths_differ', dict(g, labels=g['labels'][:, :-1]),
-       'inputs [8, 32] and labels [8, 31] must have the same shape'),
-      ('rows_differ', dict(g, labels=g['labels'][:-1]),
-       'inputs [8, 32] and labels [7, 32] must have the same shape'),
-      ('label_at_vocab', dict(g, labels=np.where(g['labels'] >= 0, V, -100)),
-       f'labels must be token ids in 0..{V - 1}'),
-      ('label_minus_one', dict(g, labels=np.where(g['labels'] >= 0, -1, -100)),
-       'or -100 (not scored), got -1'),
-      ('label_below', dict(g, labels=np.where(g['labels'] >= 0, g['labels'], -101)),
-       'or -100 (not scored), got -101'),
-      ('input_at_vocab', dict(g, inputs=g['inputs'] + V),
-       f'inputs must be token ids in 0..{V - 1}'),
-      ('nothing_scored', dict(g, labels=np.full_like(g['labels'], -100)),
-       'every label is -100, so no position is scored'),
-      ('too_long', good(length=2 * L), f'sequences of {2 * L} tokens exceed config.dataset.'
-                                        f'max_length={L}'),
+    ('no_labels', dict(inputs=g['inputs']), "has no 'labels' array"),
+    ('no_inputs', dict(labels=g['labels'], x=g['inputs']), "has no 'inputs' array"),
+    (
+      'float_inputs',
+      dict(g, inputs=g['inputs'].astype(np.float32)),
+      "'inputs' must be integers, got float32",
+    ),
+    (
+      'float_labels',
+      dict(g, labels=g['labels'].astype(np.float64)),
+      "'labels' must be integers, got float64",
+    ),
+    (
+      'flat',
+      dict(inputs=g['inputs'][0], labels=g['labels'][0]),
+      "'inputs' must be [n, length], got shape [32]",
+    ),
+    (
+      'lengths_differ',
+      dict(g, labels=g['labels'][:, :-1]),
+      'inputs [8, 32] and labels [8, 31] must have the same shape',
+    ),
+    (
+      'rows_differ',
+      dict(g, labels=g['labels'][:-1]),
+      'inputs [8, 32] and labels [7, 32] must have the same shape',
+    ),
+    (
+      'label_at_vocab',
+      dict(g, labels=np.where(g['labels'] >= 0, V, -100)),
+      f'labels must be token ids in 0..{V - 1}',
+    ),
+    (
+      'label_minus_one',
+      dict(g, labels=np.where(g['labels'] >= 0, -1, -100)),
+      'or -100 (not scored), got -1',
+    ),
+    (
+      'label_below',
+      dict(g, labels=np.where(g['labels'] >= 0, g['labels'], -101)),
+      'or -100 (not scored), got -101',
+    ),
+    ('input_at_vocab', dict(g, inputs=g['inputs'] + V), f'inputs must be token ids in 0..{V - 1}'),
+    (
+      'nothing_scored',
+      dict(g, labels=np.full_like(g['labels'], -100)),
+      'every label is -100, so no position is scored',
+    ),
+    (
+      'too_long',
+      good(length=2 * L),
+      f'sequences of {2 * L} tokens exceed config.dataset.max_length={L}',
+    ),
   ]
 
 
@@ -241,7 +299,8 @@ def test_a_bad_file_is_one_line_naming_it_before_any_workdir(name, content, mess
     assert '\n' not in str(e.value)
   assert not workdir.exists()
   assert [p.relative_to(evaluated) for p in evaluated.rglob('*')] == [
-      evaluated.joinpath('checkpoints').relative_to(evaluated)]
+    evaluated.joinpath('checkpoints').relative_to(evaluated)
+  ]
 
 
 def test_a_shorter_file_is_padded_unscored(tmp_path):
@@ -250,11 +309,12 @@ def test_a_shorter_file_is_padded_unscored(tmp_path):
   sequences.check(examples, V, L)
   x, y = sequences.pad(examples, L)
   assert x.shape == y.shape == (8, L)
-  assert (x[:, L - 6:] == 0).all() and (y[:, L - 6:] == sequences.IGNORE).all()
-  np.testing.assert_array_equal(y[:, :L - 6], g['labels'])
+  assert (x[:, L - 6 :] == 0).all() and (y[:, L - 6 :] == sequences.IGNORE).all()
+  np.testing.assert_array_equal(y[:, : L - 6], g['labels'])
 
 
 # The task: cross-entropy and accuracy on the scored positions only
+
 
 def test_scored_gathers_position_and_label_pairs():
   labels = np.full((3, 6), -100, np.int32)
@@ -271,7 +331,9 @@ def test_loss_and_accuracy_count_only_scored_positions():
   and accuracy match numpy on those positions of the real rows, and padding pairs and
   padding rows (mask 0) change nothing."""
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
   from train.tasks import sequence_labelling  # pylint: disable=g-import-not-at-top
+
   rng = np.random.default_rng(0)
   labels = np.full((3, 6), -100, np.int32)
   labels[0, [1, 4]], labels[1, 5], labels[2, 0] = (2, 7), 3, 1
@@ -283,9 +345,11 @@ def test_loss_and_accuracy_count_only_scored_positions():
     def apply(variables, inputs, *, train, rngs, positions):
       del variables, inputs, train, rngs
       return jnp.take_along_axis(jnp.asarray(values), positions[..., None], axis=1)
+
     model = type('Model', (), {'apply': staticmethod(apply)})
     batch = {'inputs': np.zeros((3, 6), np.int32), 'label': pairs, 'mask': mask}
     return sequence_labelling.loss_and_metrics(model, None, batch, train=False)
+
   loss, sums = run(logits)
   rows, cols = np.asarray([0, 0, 1]), np.asarray([1, 4, 5])
   z = logits[rows, cols]
@@ -302,9 +366,12 @@ def test_loss_and_accuracy_count_only_scored_positions():
 
 def test_causal_model_logits_at_positions_are_those_of_the_full_output():
   import jax  # pylint: disable=g-import-not-at-top
+
   from efficient_attn import models as ea  # pylint: disable=g-import-not-at-top
-  model = ea.CausalTransformer(ea.TransformerConfig(d_model=8, depth=1, num_heads=2,
-                                                    mlp_dim=8, max_length=6), vocab_size=10)
+
+  model = ea.CausalTransformer(
+    ea.TransformerConfig(d_model=8, depth=1, num_heads=2, mlp_dim=8, max_length=6), vocab_size=10
+  )
   tokens = np.arange(12, dtype=np.int32).reshape(2, 6) % 10
   params = model.init(jax.random.key(0), tokens)
   positions = np.asarray([[1, 5], [0, 0]], np.int32)
@@ -344,8 +411,13 @@ def test_eval_on_another_file_of_the_task(mqar_run, tmp_path):
   # Fewer sequences than one training batch: evaluation checks only what it reads.
   x, y = mqar.generate(20, 99, vocab_size=V, seq_len=L, num_kv_pairs=P)
   path = write(tmp_path / 'other.npz', inputs=x, labels=y)
-  config = parse(f'--config.dataset.data_dir={path}', '--config.dataset.source=arrays',
-                 '--config.dataset.eval_split=train', *SIZES, arg=TINY)
+  config = parse(
+    f'--config.dataset.data_dir={path}',
+    '--config.dataset.source=arrays',
+    '--config.dataset.eval_split=train',
+    *SIZES,
+    arg=TINY,
+  )
   values = trainer.evaluate(config, workdir)
   assert values['loss'] < np.log(V) and 0.0 <= values['accuracy'] <= 1.0
   with open(os.path.join(workdir, 'eval_results.json')) as f:

@@ -3,16 +3,17 @@
 Every test loops over the registry: a new mechanism is covered by adding its
 file (with `example` options that make it non-trivial at length 16).
 """
+
 import flax.linen as nn
+import helpers
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import efficient_attn as ea
-from efficient_attn.ops import traced_checks
 from efficient_attn import registry
-import helpers
+from efficient_attn.ops import traced_checks
 
 B, L, D, H = 2, 16, 32, 4
 MECHANISMS = ea.list_mechanisms()
@@ -23,9 +24,15 @@ KEY_PADDING_ONLY = registry.names_where(lambda m: m.masks == 'key_padding')
 def _layer(mechanism, projection='standard', causal=False, **kw):
   """The layer; a causal-only mechanism is always built causal (it has no other form)."""
   decl = ea.get_mechanism(mechanism)
-  return ea.MultiHeadAttention(num_heads=H, mechanism=mechanism, projection=projection,
-                               options=decl.example, causal=causal or decl.causal_only,
-                               max_length=L, **kw)
+  return ea.MultiHeadAttention(
+    num_heads=H,
+    mechanism=mechanism,
+    projection=projection,
+    options=decl.example,
+    causal=causal or decl.causal_only,
+    max_length=L,
+    **kw,
+  )
 
 
 def _inputs(seed=0, scale=1.0, dtype=jnp.float32, shape=(B, L, D)):
@@ -37,8 +44,16 @@ _INITIALISED = {}  # one init per layer configuration and input shape, shared by
 
 def _init(layer, x):
   """The layer's variables (from key 0), computed once per (layer fields, input shape)."""
-  key = (layer.mechanism, layer.projection, layer.causal, layer.max_length, layer.dtype,
-         layer.param_dtype, x.shape, str(x.dtype))
+  key = (
+    layer.mechanism,
+    layer.projection,
+    layer.causal,
+    layer.max_length,
+    layer.dtype,
+    layer.param_dtype,
+    x.shape,
+    str(x.dtype),
+  )
   if key not in _INITIALISED:
     _INITIALISED[key] = jax.jit(layer.init)(jax.random.PRNGKey(0), x)
   return jax.tree.map(lambda a: a, _INITIALISED[key])  # fresh containers: callers may edit
@@ -61,7 +76,8 @@ def _long_options(mechanism):
 def _long_layer(mechanism, projection, causal=False):
   """`_layer` for LONG tokens of WIDTH features (2 heads)."""
   return _layer(mechanism, projection, causal).clone(
-      num_heads=2, options=_long_options(mechanism), max_length=LONG)
+    num_heads=2, options=_long_options(mechanism), max_length=LONG
+  )
 
 
 def test_declarations_are_complete():
@@ -87,8 +103,9 @@ def test_unknown_names_and_options_list_valid_ones():
   with pytest.raises(ValueError, match="'bogus'.*standard.*super"):
     ea.MultiHeadAttention(num_heads=H, projection='bogus').init(jax.random.PRNGKey(0), x)
   with pytest.raises(ValueError, match="unknown option.*'landmarks'.*num_landmarks"):
-    ea.MultiHeadAttention(num_heads=H, mechanism='nystrom',
-                          options={'landmarks': 3}).init(jax.random.PRNGKey(0), x)
+    ea.MultiHeadAttention(num_heads=H, mechanism='nystrom', options={'landmarks': 3}).init(
+      jax.random.PRNGKey(0), x
+    )
 
 
 @pytest.mark.parametrize('mechanism', MECHANISMS)
@@ -118,12 +135,14 @@ def test_bad_combinations_say_why():
     ea.MultiHeadAttention(num_heads=3).init(jax.random.PRNGKey(0), x)
   with pytest.raises(ValueError, match="dropout_rate=0.1: .*softmax.*not 'linear'"):
     ea.MultiHeadAttention(num_heads=H, mechanism='linear', dropout_rate=0.1).init(
-        jax.random.PRNGKey(0), x, deterministic=False)
+      jax.random.PRNGKey(0), x, deterministic=False
+    )
   with pytest.raises(ValueError, match="'super' needs max_length"):
     ea.MultiHeadAttention(num_heads=H, projection='super').init(jax.random.PRNGKey(0), x)
   with pytest.raises(ValueError, match='exceeds max_length=8'):
     ea.MultiHeadAttention(num_heads=H, projection='super', max_length=8).init(
-        jax.random.PRNGKey(0), x)
+      jax.random.PRNGKey(0), x
+    )
   for name in registry.names_where(lambda m: m.fixed_length):
     with pytest.raises(ValueError, match=f"'{name}' has length-shaped parameters"):
       ea.MultiHeadAttention(num_heads=H, mechanism=name).init(jax.random.PRNGKey(0), x)
@@ -132,8 +151,9 @@ def test_bad_combinations_say_why():
 def test_standard_softmax_equals_flax():
   x = _inputs()
   kv = _inputs(1)
-  mask = nn.make_attention_mask(jnp.ones((B, L), bool),
-                                jnp.arange(L)[None, :] < jnp.array([[L], [L - 5]]))
+  mask = nn.make_attention_mask(
+    jnp.ones((B, L), bool), jnp.arange(L)[None, :] < jnp.array([[L], [L - 5]])
+  )
   ours = ea.MultiHeadAttention(num_heads=H)
   ref = nn.MultiHeadDotProductAttention(num_heads=H)
   params = ours.init(jax.random.PRNGKey(0), x, kv)['params']
@@ -149,17 +169,29 @@ def test_flax_fields_and_call_arguments_give_flax_results():
   """Two batch axes, attention dropout (from rngs or dropout_rng), the out_* initialisers,
   precision and QK layer norm: the same parameters and the same outputs as flax's layer."""
   x = _inputs(shape=(2, 3, L, 8))
-  kw = dict(num_heads=2, dropout_rate=0.5, out_kernel_init=nn.initializers.ones,
-            out_bias_init=nn.initializers.ones, precision='highest', normalize_qk=True)
+  kw = dict(
+    num_heads=2,
+    dropout_rate=0.5,
+    out_kernel_init=nn.initializers.ones,
+    out_bias_init=nn.initializers.ones,
+    precision='highest',
+    normalize_qk=True,
+  )
   ours, ref = ea.MultiHeadAttention(**kw), nn.MultiHeadDotProductAttention(**kw)
   variables = ref.init(jax.random.PRNGKey(1), x, deterministic=True)
-  jax.tree.map(np.testing.assert_array_equal,
-               ours.init(jax.random.PRNGKey(1), x, deterministic=True), variables)
+  jax.tree.map(
+    np.testing.assert_array_equal,
+    ours.init(jax.random.PRNGKey(1), x, deterministic=True),
+    variables,
+  )
   rng = jax.random.PRNGKey(5)
   for call in (dict(dropout_rng=rng), dict(rngs={'dropout': rng})):
-    np.testing.assert_allclose(ours.apply(variables, x, deterministic=False, **call),
-                               ref.apply(variables, x, deterministic=False, **call),
-                               atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(
+      ours.apply(variables, x, deterministic=False, **call),
+      ref.apply(variables, x, deterministic=False, **call),
+      atol=1e-5,
+      rtol=1e-5,
+    )
 
 
 @pytest.mark.parametrize('force_fp32', [True, False])
@@ -172,7 +204,8 @@ def test_sown_weights_and_force_fp32_as_flax(force_fp32):
   ours, ref = ea.MultiHeadAttention(**kw), nn.MultiHeadDotProductAttention(**kw)
   variables = ref.init(jax.random.PRNGKey(2), x)
   (y, sown), (y_ref, sown_ref) = (
-      m.apply(variables, x, sow_weights=True, mutable=['intermediates']) for m in (ours, ref))
+    m.apply(variables, x, sow_weights=True, mutable=['intermediates']) for m in (ours, ref)
+  )
   (w,), (w_ref,) = (t['intermediates']['attention_weights'] for t in (sown, sown_ref))
   assert w.shape == w_ref.shape == (2, 3, 2, L, L)
   assert w.dtype == w_ref.dtype == (jnp.float32 if force_fp32 else jnp.bfloat16)
@@ -181,8 +214,9 @@ def test_sown_weights_and_force_fp32_as_flax(force_fp32):
   assert 'intermediates' not in ours.apply(variables, x, mutable=['intermediates'])[1]
   for bad in (dict(call=dict(sow_weights=True)), dict(force_fp32_for_softmax=True)):
     arg = 'sow_weights' if 'call' in bad else 'force_fp32_for_softmax'
-    layer = ea.MultiHeadAttention(num_heads=2, mechanism='linear',
-                                  **{k: v for k, v in bad.items() if k != 'call'})
+    layer = ea.MultiHeadAttention(
+      num_heads=2, mechanism='linear', **{k: v for k, v in bad.items() if k != 'call'}
+    )
     with pytest.raises(ValueError, match=f"{arg}=True: mechanism 'linear' never forms"):
       layer.init(jax.random.PRNGKey(0), x, **bad.get('call', {}))
 
@@ -191,8 +225,12 @@ def test_sown_weights_and_force_fp32_as_flax(force_fp32):
 def test_parameter_counts_match_the_paper(d, h, l):
   """Hosseini & Hosseini (2024): 4, 3, 2 (d^2 + d), and 2 (d^2 + d) + l^2 + l for super."""
   x = jnp.zeros((1, l, d))
-  expected = {'standard': 4 * (d * d + d), 'optimised': 3 * (d * d + d),
-              'efficient': 2 * (d * d + d), 'super': 2 * (d * d + d) + l * l + l}
+  expected = {
+    'standard': 4 * (d * d + d),
+    'optimised': 3 * (d * d + d),
+    'efficient': 2 * (d * d + d),
+    'super': 2 * (d * d + d) + l * l + l,
+  }
   for projection, count in expected.items():
     layer = ea.MultiHeadAttention(num_heads=h, projection=projection, max_length=l)
     params = jax.eval_shape(layer.init, jax.random.PRNGKey(0), x)['params']
@@ -217,7 +255,7 @@ def test_no_look_ahead(mechanism):
     y, y_changed = apply(variables, same), apply(variables, changed)
     helpers.assert_close_where(y_changed, y, ~later[..., 0], f'{projection}: outputs up to t')
     for i, t in enumerate(cuts):
-      assert not np.allclose(y_changed[i, t + 1:], y[i, t + 1:]), (projection, t)
+      assert not np.allclose(y_changed[i, t + 1 :], y[i, t + 1 :]), (projection, t)
 
 
 @pytest.mark.parametrize('mechanism', MECHANISMS)
@@ -236,19 +274,20 @@ def test_declared_parameters_are_created_and_parameter_free_means_none(mechanism
     assert not want and not decl.random_features
 
 
-@pytest.mark.parametrize('mechanism', [m.name for m in registry.mechanisms()
-                                       if m.exact_options(32) is not None])
+@pytest.mark.parametrize(
+  'mechanism', [m.name for m in registry.mechanisms() if m.exact_options(32) is not None]
+)
 def test_exact_settings_equal_the_reference(mechanism, x64):
   """Where a mechanism declares exact settings (e.g. Nystrom with every token a
   landmark), it equals the attention it approximates, in float64."""
   decl = ea.get_mechanism(mechanism)
-  q, k, v = (jax.random.normal(jax.random.PRNGKey(i), (2, 32, 2, 8), jnp.float64)
-             for i in range(3))
+  q, k, v = (jax.random.normal(jax.random.PRNGKey(i), (2, 32, 2, 8), jnp.float64) for i in range(3))
   options = decl.exact_options(32)
   mod = ea.mechanism_module(mechanism, max_length=32, options=options)
   out = mod.apply(mod.init(jax.random.PRNGKey(0), q, k, v), q, k, v)
-  np.testing.assert_allclose(out, decl.reference(decl.resolve(options), q, k, v),
-                             rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(
+    out, decl.reference(decl.resolve(options), q, k, v), rtol=1e-6, atol=1e-6
+  )
 
 
 @pytest.mark.parametrize('mechanism', MECHANISMS)
@@ -269,7 +308,7 @@ def test_padded_tokens_move_no_other_output(mechanism):
     apply = jax.jit(lambda v, z, m, layer=layer: layer.apply(v, z, mask=m))
     y, y_padded, y_moved = (apply(variables, z, mask) for z in (x, padded, moved))
     helpers.assert_close_where(y_padded, y, valid, f'{projection}: real outputs')
-    assert not np.allclose(y_moved[1, :LONG - 21], y[1, :LONG - 21]), projection
+    assert not np.allclose(y_moved[1, : LONG - 21], y[1, : LONG - 21]), projection
 
 
 @pytest.mark.parametrize('mechanism', MECHANISMS)
@@ -284,8 +323,9 @@ def test_a_flax_causal_mask_is_honoured_or_refused(mechanism):
   variables = helpers.random_variables(layer, x)
   if mechanism in KEY_PADDING_ONLY:
     for mask in (causal_mask, per_head):
-      with pytest.raises(ValueError,
-                         match=f"'{mechanism}' honours only key-padding.*across heads.*causal=True"):
+      with pytest.raises(
+        ValueError, match=f"'{mechanism}' honours only key-padding.*across heads.*causal=True"
+      ):
         layer.apply(variables, x, mask=mask)
     refused = jax.jit(lambda m: layer.apply(variables, x, mask=m))  # one compile, both masks
     for mask in (causal_mask, jnp.broadcast_to(per_head, (B, H, L, L))):
@@ -296,35 +336,43 @@ def test_a_flax_causal_mask_is_honoured_or_refused(mechanism):
       assert last.endswith(traced_checks.TRACED), last
   else:
     causal = _layer(mechanism, causal=True)
-    np.testing.assert_allclose(layer.apply(variables, x, mask=causal_mask),
-                               causal.apply(variables, x), atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(
+      layer.apply(variables, x, mask=causal_mask), causal.apply(variables, x), atol=1e-5, rtol=1e-5
+    )
     flax_layer = nn.MultiHeadDotProductAttention(num_heads=H)
-    np.testing.assert_allclose(layer.apply(variables, x, mask=per_head),
-                               flax_layer.apply(variables, x, mask=per_head),
-                               atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(
+      layer.apply(variables, x, mask=per_head),
+      flax_layer.apply(variables, x, mask=per_head),
+      atol=1e-5,
+      rtol=1e-5,
+    )
 
 
 @pytest.mark.parametrize('mechanism', MECHANISMS)
 def test_inconsistent_shapes_raise_one_line_errors(mechanism):
   decl = ea.get_mechanism(mechanism)
-  layer = ea.mechanism_module(mechanism, max_length=L, options=decl.example,
-                              causal=decl.causal_only)
+  layer = ea.mechanism_module(
+    mechanism, max_length=L, options=decl.example, causal=decl.causal_only
+  )
   q = _inputs(shape=(B, L, H, 8))
   inputs = {'inputs': q.reshape(B, L, -1)} if decl.reads_input else {}
   # The errors are about shapes: zero variables of the right shapes (no init to run).
-  variables = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(
-      layer.init, jax.random.PRNGKey(0), q, q, q, **inputs))
+  variables = jax.tree.map(
+    lambda s: jnp.zeros(s.shape, s.dtype),
+    jax.eval_shape(layer.init, jax.random.PRNGKey(0), q, q, q, **inputs),
+  )
   bad = {
-      'a mask of the wrong length': (q, q, q, jnp.ones((B, L - 3), bool)),
-      'a mask of the wrong rank': (q, q, q, jnp.ones((B, 1, L), bool)),
-      'k and v of different lengths': (q, q, q[:, :L - 2], None),
-      'rank-3 inputs': (q[:, :, 0], q[:, :, 0], q[:, :, 0], None),
+    'a mask of the wrong length': (q, q, q, jnp.ones((B, L - 3), bool)),
+    'a mask of the wrong rank': (q, q, q, jnp.ones((B, 1, L), bool)),
+    'k and v of different lengths': (q, q, q[:, : L - 2], None),
+    'rank-3 inputs': (q[:, :, 0], q[:, :, 0], q[:, :, 0], None),
   }
   for what, (qq, kk, vv, mask) in bad.items():
     with pytest.raises(ValueError) as e:
       layer.apply(variables, qq, kk, vv, mask=mask, **inputs)
-    assert '\n' not in str(e.value) and ('mask' in str(e.value) or 'q ' in str(e.value)
-                                         or 'rank' in str(e.value)), (what, str(e.value))
+    assert '\n' not in str(e.value) and (
+      'mask' in str(e.value) or 'q ' in str(e.value) or 'rank' in str(e.value)
+    ), (what, str(e.value))
 
 
 @pytest.mark.parametrize('mechanism', MECHANISMS)
@@ -339,8 +387,11 @@ def test_bfloat16_large_inputs_and_gradients_are_finite(mechanism):
       y, (g,) = value_and_grad(variables, x)
       assert y.dtype == dtype
       assert bool(jnp.all(jnp.isfinite(y.astype(jnp.float32)))), (mechanism, dtype, scale)
-      assert all(bool(jnp.all(jnp.isfinite(t))) for t in jax.tree.leaves(g)), (mechanism,
-                                                                                dtype, scale)
+      assert all(bool(jnp.all(jnp.isfinite(t))) for t in jax.tree.leaves(g)), (
+        mechanism,
+        dtype,
+        scale,
+      )
 
 
 @pytest.mark.parametrize('mechanism', MECHANISMS)
@@ -361,13 +412,15 @@ def test_leading_batch_axes_as_in_flax():
   params = ours.init(jax.random.PRNGKey(0), x)['params']
   valid = jnp.arange(L) < L - 4
   mask = nn.make_attention_mask(jnp.ones((2, 3, L), bool), jnp.broadcast_to(valid, (2, 3, L)))
-  np.testing.assert_allclose(ours.apply({'params': params}, x, mask=mask),
-                             ref.apply({'params': params}, x, mask=mask), atol=1e-5)
+  np.testing.assert_allclose(
+    ours.apply({'params': params}, x, mask=mask),
+    ref.apply({'params': params}, x, mask=mask),
+    atol=1e-5,
+  )
   linear = ea.MultiHeadAttention(num_heads=H, mechanism='linear')
   y = linear.apply({'params': params}, x)
   assert y.shape == x.shape
-  np.testing.assert_allclose(y[1, 2], linear.apply({'params': params}, x[1, 2][None])[0],
-                             atol=1e-5)
+  np.testing.assert_allclose(y[1, 2], linear.apply({'params': params}, x[1, 2][None])[0], atol=1e-5)
 
 
 def test_attention_fn_drop_in():
@@ -377,37 +430,48 @@ def test_attention_fn_drop_in():
   for name in ('softmax', 'softmax_chunked', 'local'):
     fn = ea.make_attention_fn(name, **({'window': 4 * L} if name == 'local' else {}))
     swapped = nn.MultiHeadDotProductAttention(num_heads=H, attention_fn=fn)
-    np.testing.assert_allclose(swapped.apply({'params': params}, x),
-                               base.apply({'params': params}, x), atol=1e-5, rtol=1e-5)
-  linear = nn.MultiHeadDotProductAttention(num_heads=H,
-                                           attention_fn=ea.make_attention_fn('linear'))
+    np.testing.assert_allclose(
+      swapped.apply({'params': params}, x), base.apply({'params': params}, x), atol=1e-5, rtol=1e-5
+    )
+  linear = nn.MultiHeadDotProductAttention(num_heads=H, attention_fn=ea.make_attention_fn('linear'))
   ours = ea.MultiHeadAttention(num_heads=H, mechanism='linear')
-  np.testing.assert_allclose(linear.apply({'params': params}, x),
-                             ours.apply({'params': params}, x), atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(
+    linear.apply({'params': params}, x), ours.apply({'params': params}, x), atol=1e-5, rtol=1e-5
+  )
   with pytest.raises(ValueError, match='cannot be an attention_fn'):
     ea.make_attention_fn('performer')
-  dropout = nn.MultiHeadDotProductAttention(num_heads=H, dropout_rate=0.1,
-                                            attention_fn=ea.make_attention_fn('softmax'))
+  dropout = nn.MultiHeadDotProductAttention(
+    num_heads=H, dropout_rate=0.1, attention_fn=ea.make_attention_fn('softmax')
+  )
   with pytest.raises(ValueError, match=r"attention dropout \(dropout_rate=0.1\) in training"):
-    dropout.apply({'params': params}, x, deterministic=False,
-                  rngs={'dropout': jax.random.PRNGKey(0)})
-  np.testing.assert_allclose(dropout.apply({'params': params}, x, deterministic=True),
-                             base.apply({'params': params}, x), atol=1e-5, rtol=1e-5)
-  swapped = nn.MultiHeadDotProductAttention(num_heads=H,
-                                            attention_fn=ea.make_attention_fn('softmax'))
+    dropout.apply(
+      {'params': params}, x, deterministic=False, rngs={'dropout': jax.random.PRNGKey(0)}
+    )
+  np.testing.assert_allclose(
+    dropout.apply({'params': params}, x, deterministic=True),
+    base.apply({'params': params}, x),
+    atol=1e-5,
+    rtol=1e-5,
+  )
+  swapped = nn.MultiHeadDotProductAttention(
+    num_heads=H, attention_fn=ea.make_attention_fn('softmax')
+  )
   _, sown = swapped.apply({'params': params}, x, sow_weights=True, mutable=['intermediates'])
   _, sown_ref = base.apply({'params': params}, x, sow_weights=True, mutable=['intermediates'])
-  np.testing.assert_allclose(sown['intermediates']['attention_weights'][0],
-                             sown_ref['intermediates']['attention_weights'][0], atol=1e-5)
+  np.testing.assert_allclose(
+    sown['intermediates']['attention_weights'][0],
+    sown_ref['intermediates']['attention_weights'][0],
+    atol=1e-5,
+  )
   with pytest.raises(ValueError, match="sow_weights=True: mechanism 'linear' never forms"):
     linear.apply({'params': params}, x, sow_weights=True, mutable=['intermediates'])
   local = nn.MultiHeadDotProductAttention(num_heads=H, attention_fn=ea.make_attention_fn('local'))
   with pytest.raises(ValueError, match="mechanism 'local'.*q_length == kv_length"):
-    local.apply({'params': params}, x, x[:, :L // 2])  # a self-attention mechanism
+    local.apply({'params': params}, x, x[:, : L // 2])  # a self-attention mechanism
   with pytest.raises(ValueError, match="'linear' honours only key-padding"):
-    nn.MultiHeadDotProductAttention(num_heads=H, attention_fn=ea.make_attention_fn('linear')
-                                    ).apply({'params': params}, x,
-                                            mask=nn.make_causal_mask(jnp.ones((B, L))))
+    nn.MultiHeadDotProductAttention(num_heads=H, attention_fn=ea.make_attention_fn('linear')).apply(
+      {'params': params}, x, mask=nn.make_causal_mask(jnp.ones((B, L)))
+    )
 
 
 def test_super_starts_as_efficient_and_sows_qkv():
@@ -417,8 +481,7 @@ def test_super_starts_as_efficient_and_sows_qkv():
   variables = sup.init(jax.random.PRNGKey(0), x)
   params = dict(variables['params'])
   params.pop('alignment')
-  np.testing.assert_allclose(sup.apply(variables, x), eff.apply({'params': params}, x),
-                             atol=1e-6)
+  np.testing.assert_allclose(sup.apply(variables, x), eff.apply({'params': params}, x), atol=1e-6)
   _, state = eff.apply({'params': params}, x, mutable=['attention_qkv'])
   q, k, v = state['attention_qkv']['qkv'][0]
   assert q.shape == k.shape == v.shape == (B, L, H, D // H)
@@ -433,15 +496,17 @@ def test_grouped_query_attention_is_attention_with_repeated_key_value_heads(mech
   gqa = _layer(mechanism, num_kv_heads=2)
   shapes = jax.eval_shape(gqa.init, jax.random.PRNGKey(0), x)['params']
   rng = np.random.default_rng(1)  # NumPy draws: no init to compile
-  params = jax.tree.map(lambda s: jnp.asarray(0.3 * rng.standard_normal(s.shape), s.dtype),
-                        shapes)
+  params = jax.tree.map(lambda s: jnp.asarray(0.3 * rng.standard_normal(s.shape), s.dtype), shapes)
   assert params['key']['kernel'].shape == (D, 2, D // H)
   full = jax.tree.map(lambda p: p, params)
   for name in ('key', 'value'):
     full[name] = jax.tree.map(lambda p: jnp.repeat(p, 2, axis=-2), params[name])
   valid = jnp.arange(L)[None, :] < jnp.array([[L], [L - 5]])
-  ours, expected = jax.jit(lambda x: (gqa.apply({'params': params}, x, mask=valid),
-                                      _layer(mechanism).apply({'params': full}, x,
-                                                              mask=valid)))(x)
+  ours, expected = jax.jit(
+    lambda x: (
+      gqa.apply({'params': params}, x, mask=valid),
+      _layer(mechanism).apply({'params': full}, x, mask=valid),
+    )
+  )(x)
   scale = max(1.0, float(jnp.abs(expected).max()))  # fnet's outputs reach ~100
   np.testing.assert_allclose(ours, expected, atol=2e-6 * scale, rtol=1e-5)

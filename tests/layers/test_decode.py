@@ -1,16 +1,18 @@
 """Decoding one token at a time equals the parallel causal forward pass."""
+
+import helpers
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import efficient_attn as ea
-import helpers
 from efficient_attn.layers import decoding
-from efficient_attn.ops import rotary
-from efficient_attn.models import CausalTransformer, TransformerConfig
-from efficient_attn.models.causal import shift_right
+from efficient_attn.models import CausalTransformer
+from efficient_attn.models import TransformerConfig
 from efficient_attn.models import sampling
+from efficient_attn.models.causal import shift_right
+from efficient_attn.ops import rotary
 
 B, L, D, H = 2, 70, 16, 2  # L > decoding.KV_BLOCK: the cache spans several blocks
 DECODABLE = decoding.decodable_mechanisms()
@@ -23,7 +25,7 @@ def _decode_layer(layer, variables, x):
   step = jax.jit(lambda c, xt: dec.apply({**variables, **c}, xt, mutable=['cache']))
   outs = []
   for t in range(x.shape[1]):
-    y, cache = step(cache, x[:, t:t + 1])
+    y, cache = step(cache, x[:, t : t + 1])
     outs.append(y)
   return jnp.concatenate(outs, axis=1)
 
@@ -31,27 +33,34 @@ def _decode_layer(layer, variables, x):
 @pytest.mark.parametrize('mechanism', DECODABLE)
 def test_layer_decode_matches_parallel(mechanism):
   x = jax.random.normal(jax.random.PRNGKey(0), (B, L, D))
-  layer = ea.MultiHeadAttention(num_heads=H, mechanism=mechanism, causal=True,
-                                options=ea.get_mechanism(mechanism).example)
+  layer = ea.MultiHeadAttention(
+    num_heads=H, mechanism=mechanism, causal=True, options=ea.get_mechanism(mechanism).example
+  )
   variables = layer.init(jax.random.PRNGKey(1), x)
-  np.testing.assert_allclose(_decode_layer(layer, variables, x), layer.apply(variables, x),
-                             atol=2e-5, rtol=2e-5)
+  np.testing.assert_allclose(
+    _decode_layer(layer, variables, x), layer.apply(variables, x), atol=2e-5, rtol=2e-5
+  )
 
 
 def test_taylor_linear_attention_decodes_from_a_state_of_its_feature_width():
   """The Taylor map widens head_dim d to 1 + d + d^2 features: the decoding state is
   built that wide (`Mechanism.feature_dim`) and decoding equals the parallel form."""
   x = jax.random.normal(jax.random.PRNGKey(0), (B, 12, D))
-  layer = ea.MultiHeadAttention(num_heads=H, mechanism='linear', causal=True,
-                                options={'feature_map': 'taylor', 'chunk_size': 5})
+  layer = ea.MultiHeadAttention(
+    num_heads=H, mechanism='linear', causal=True, options={'feature_map': 'taylor', 'chunk_size': 5}
+  )
   variables = layer.init(jax.random.PRNGKey(1), x)
-  np.testing.assert_allclose(_decode_layer(layer, variables, x), layer.apply(variables, x),
-                             atol=2e-5, rtol=2e-5)
+  np.testing.assert_allclose(
+    _decode_layer(layer, variables, x), layer.apply(variables, x), atol=2e-5, rtol=2e-5
+  )
   _, cache = layer.clone(decode=True).apply(variables, x, mutable=['cache'])
   d = D // H
   assert (B, H, 1 + d + d * d, d) in [leaf.shape for leaf in jax.tree.leaves(cache)]
-  with pytest.raises(ValueError, match="rotary positions cannot rotate the 'taylor' feature "
-                     "map's 1 \\+ d \\+ d\\^2 features .*valid: rotary=False"):
+  with pytest.raises(
+    ValueError,
+    match="rotary positions cannot rotate the 'taylor' feature "
+    "map's 1 \\+ d \\+ d\\^2 features .*valid: rotary=False",
+  ):
     layer.clone(rotary=True).init(jax.random.PRNGKey(1), x)
 
 
@@ -66,37 +75,43 @@ def test_based_linear_attention_projects_queries_and_keys_to_qk_dim():
   kernels = variables['params']
   assert kernels['query']['kernel'].shape == kernels['key']['kernel'].shape == (D, H, 3)
   assert kernels['value']['kernel'].shape == (D, H, D // H)
-  np.testing.assert_allclose(_decode_layer(layer, variables, x), layer.apply(variables, x),
-                             atol=2e-5, rtol=2e-5)
+  np.testing.assert_allclose(
+    _decode_layer(layer, variables, x), layer.apply(variables, x), atol=2e-5, rtol=2e-5
+  )
   _, cache = layer.clone(decode=True).apply(variables, x, mutable=['cache'])
   assert (B, H, 1 + 3 + 9, D // H) in [leaf.shape for leaf in jax.tree.leaves(cache)]
   with pytest.raises(ValueError, match="needs a key projection: projection 'efficient'") as e:
-    ea.MultiHeadAttention(num_heads=H, mechanism='linear', causal=True, options=options,
-                          projection='efficient').init(jax.random.PRNGKey(1), x)
+    ea.MultiHeadAttention(
+      num_heads=H, mechanism='linear', causal=True, options=options, projection='efficient'
+    ).init(jax.random.PRNGKey(1), x)
   assert '\n' not in str(e.value)
 
 
 @pytest.mark.parametrize('mechanism', ['linear', 'softmax'])
 def test_super_projection_decode_matches_parallel(mechanism):
   x = jax.random.normal(jax.random.PRNGKey(0), (B, 20, D))
-  layer = ea.MultiHeadAttention(num_heads=H, mechanism=mechanism, projection='super',
-                                causal=True, max_length=24)
+  layer = ea.MultiHeadAttention(
+    num_heads=H, mechanism=mechanism, projection='super', causal=True, max_length=24
+  )
   variables = layer.init(jax.random.PRNGKey(1), x)
   # A non-trivial lower-triangular W_A (it starts as the identity).
   params = jax.tree.map(lambda p: p, variables['params'])
   params['alignment']['kernel'] = jax.random.normal(jax.random.PRNGKey(2), (24, 24)) / 4
   params['alignment']['bias'] = jnp.linspace(-1, 1, 24)
   variables = {'params': params}
-  np.testing.assert_allclose(_decode_layer(layer, variables, x), layer.apply(variables, x),
-                             atol=2e-5, rtol=2e-5)
+  np.testing.assert_allclose(
+    _decode_layer(layer, variables, x), layer.apply(variables, x), atol=2e-5, rtol=2e-5
+  )
 
 
 @pytest.mark.parametrize('mechanism', ['linear', 'softmax'])
 def test_model_decode_matches_parallel_at_every_position(mechanism):
   n = 40
-  model = CausalTransformer(TransformerConfig(
-      max_length=n, d_model=16, depth=2, num_heads=2, mlp_dim=32,
-                            mechanism=mechanism))
+  model = CausalTransformer(
+    TransformerConfig(
+      max_length=n, d_model=16, depth=2, num_heads=2, mlp_dim=32, mechanism=mechanism
+    )
+  )
   pixels = jax.random.randint(jax.random.PRNGKey(0), (B, n), 0, 256)
   inputs = shift_right(pixels, model.start_token)
   params = jax.jit(model.init)(jax.random.PRNGKey(1), inputs)['params']
@@ -107,9 +122,11 @@ def test_model_decode_matches_parallel_at_every_position(mechanism):
 
 
 def test_linear_decode_state_is_constant_size():
-  model = CausalTransformer(TransformerConfig(
-      max_length=L, d_model=16, depth=1, num_heads=2, mlp_dim=32,
-                            mechanism='linear'))
+  model = CausalTransformer(
+    TransformerConfig(
+      max_length=L, d_model=16, depth=1, num_heads=2, mlp_dim=32, mechanism='linear'
+    )
+  )
   decoder = model.clone(decode=True)
   params = jax.eval_shape(model.init, jax.random.PRNGKey(0), jnp.zeros((1, L), jnp.int32))
   short = jax.eval_shape(lambda p: sampling.init_cache(decoder, p, 1, 8), params['params'])
@@ -121,8 +138,9 @@ def test_model_decoding_past_max_length_stops_with_a_message():
   """A recurrent state has no capacity to run out of, so the learned positions table is what
   ends: a step past max_length must stop, not read a NaN position (jnp.take's fill)."""
   n = 3
-  model = CausalTransformer(TransformerConfig(max_length=n, d_model=8, depth=1, num_heads=2,
-                                              mlp_dim=16, mechanism='linear'))
+  model = CausalTransformer(
+    TransformerConfig(max_length=n, d_model=8, depth=1, num_heads=2, mlp_dim=16, mechanism='linear')
+  )
   params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, n), jnp.int32))['params']
   step = jax.jit(sampling.make_step(model))
   cache = sampling.init_cache(model.clone(decode=True), params, 1, n)
@@ -137,16 +155,18 @@ def test_model_decoding_past_max_length_stops_with_a_message():
 def test_decode_errors_name_valid_choices():
   x = jnp.zeros((1, 8, D))
   with pytest.raises(ValueError, match="'nystrom' has no causal form"):
-    ea.MultiHeadAttention(num_heads=H, mechanism='nystrom', causal=True,
-                          decode=True).init(jax.random.PRNGKey(0), x)
+    ea.MultiHeadAttention(num_heads=H, mechanism='nystrom', causal=True, decode=True).init(
+      jax.random.PRNGKey(0), x
+    )
   with pytest.raises(ValueError, match="'nystrom' has no decoding form"):
     ea.MultiHeadAttention(num_heads=H, mechanism='nystrom', decode=True).init(
-        jax.random.PRNGKey(0), x)
+      jax.random.PRNGKey(0), x
+    )
   with pytest.raises(ValueError, match="'linformer' has no causal form"):
-    ea.MultiHeadAttention(num_heads=H, mechanism='linformer', causal=True, max_length=8,
-                          decode=True).init(jax.random.PRNGKey(0), x)
-  assert {'softmax', 'linear', 'rfa', 'performer', 'local'} <= set(
-      decoding.decodable_mechanisms())
+    ea.MultiHeadAttention(
+      num_heads=H, mechanism='linformer', causal=True, max_length=8, decode=True
+    ).init(jax.random.PRNGKey(0), x)
+  assert {'softmax', 'linear', 'rfa', 'performer', 'local'} <= set(decoding.decodable_mechanisms())
   with pytest.raises(ValueError, match=r"'nystrom' has no decoding form.*softmax.*linear"):
     decl = ea.get_mechanism('nystrom')
     decoding.decode_form(decl, decl.resolve())
@@ -176,8 +196,9 @@ def test_decoding_past_the_cache_capacity_stops_with_a_message():
 WINDOW, N = 4, 13  # local attention over several windows: its ring buffer wraps three times
 
 
-@pytest.mark.parametrize('kw', [{}, {'rotary': True}, {'num_kv_heads': 1}],
-                         ids=['plain', 'rotary', 'gqa'])
+@pytest.mark.parametrize(
+  'kw', [{}, {'rotary': True}, {'num_kv_heads': 1}], ids=['plain', 'rotary', 'gqa']
+)
 def test_local_attention_decodes_through_a_ring_buffer_of_its_window(kw):
   """Local attention (window 4) caches 4 slots, not the sequence: created by a 6-token call
   and stepped 13 times (past that call's length: the state is constant size), every step
@@ -185,8 +206,9 @@ def test_local_attention_decodes_through_a_ring_buffer_of_its_window(kw):
   of the last position p with p mod 4 = s (a key cached rotated at p where rotary applies;
   one key/value head for the two query heads with num_kv_heads=1)."""
   x = jax.random.normal(jax.random.PRNGKey(0), (B, N, D))
-  layer = ea.MultiHeadAttention(num_heads=H, mechanism='local', causal=True,
-                                options={'window': WINDOW}, **kw)
+  layer = ea.MultiHeadAttention(
+    num_heads=H, mechanism='local', causal=True, options={'window': WINDOW}, **kw
+  )
   variables = layer.init(jax.random.PRNGKey(1), x)
   parallel, qkv = layer.apply(variables, x, mutable=['attention_qkv'])
   dec = layer.clone(decode=True)
@@ -196,10 +218,10 @@ def test_local_attention_decodes_through_a_ring_buffer_of_its_window(kw):
   step = jax.jit(lambda c, xt: dec.apply({**variables, **c}, xt, mutable=['cache']))
   outs = []
   for t in range(N):
-    y, cache = step(cache, x[:, t:t + 1])
+    y, cache = step(cache, x[:, t : t + 1])
     outs.append(y)
   np.testing.assert_allclose(jnp.concatenate(outs, axis=1), parallel, atol=2e-5, rtol=2e-5)
-  (_, k, v), = qkv['attention_qkv']['qkv']
+  ((_, k, v),) = qkv['attention_qkv']['qkv']
   last = np.array([N - 1 - (N - 1 - s) % WINDOW for s in range(WINDOW)])  # [12, 9, 10, 11]
   keys = rotary.rotate(k[:, last], last) if kw.get('rotary') else k[:, last]
   np.testing.assert_allclose(cache['cache']['cached_key'], keys, atol=1e-6)
@@ -212,19 +234,26 @@ def test_local_attention_keeps_the_capacity_limit_where_its_cache_cannot_wrap(pr
   3 would overwrite token 0, still in its window, so step 3 stops with the capacity message
   (as softmax's does). 'super': the ring buffer has no limit, but the super projection's raw
   values hold the creating call's 6 tokens, so step 6 stops with its own message."""
-  length, message = {'standard': (3, 'position 3 is past the cache capacity of 3'),
-                     'super': (6, "position 6 is past the super projection's context of 6")
-                     }[projection]
+  length, message = {
+    'standard': (3, 'position 3 is past the cache capacity of 3'),
+    'super': (6, "position 6 is past the super projection's context of 6"),
+  }[projection]
   x = jax.random.normal(jax.random.PRNGKey(0), (1, length, D))
-  layer = ea.MultiHeadAttention(num_heads=H, mechanism='local', causal=True, decode=True,
-                                options={'window': WINDOW}, projection=projection,
-                                max_length=8)
+  layer = ea.MultiHeadAttention(
+    num_heads=H,
+    mechanism='local',
+    causal=True,
+    decode=True,
+    options={'window': WINDOW},
+    projection=projection,
+    max_length=8,
+  )
   variables = layer.init(jax.random.PRNGKey(1), x)
   params, cache = {'params': variables['params']}, variables['cache']
   assert cache['cached_key'].shape[1] == min(length, WINDOW)
   step = jax.jit(lambda c, xt: layer.apply({**params, 'cache': c}, xt, mutable=['cache']))
   for t in range(length):
-    _, state = step(cache, x[:, t:t + 1])
+    _, state = step(cache, x[:, t : t + 1])
     cache = state['cache']
   with pytest.raises(Exception, match=message):
     jax.block_until_ready(step(cache, x[:, :1]))
@@ -244,12 +273,13 @@ def test_decoding_from_the_cache_index_alone_with_two_batch_axes():
   step = jax.jit(lambda c, xt: dec.apply({**variables, **c}, xt, mutable=['cache']))
   outs = []
   for t in range(x.shape[2]):
-    y, cache = step(cache, x[:, :, t:t + 1])
+    y, cache = step(cache, x[:, :, t : t + 1])
     outs.append(y)
   np.testing.assert_allclose(jnp.concatenate(outs, axis=2), causal, atol=2e-5, rtol=2e-5)
   with pytest.raises(ValueError, match='a decoding step takes no mask'):
-    dec.apply({**variables, **cache}, x[:, :, :1], mutable=['cache'],
-              mask=jnp.ones((2, 3, 1), bool))
+    dec.apply(
+      {**variables, **cache}, x[:, :, :1], mutable=['cache'], mask=jnp.ones((2, 3, 1), bool)
+    )
 
 
 @pytest.mark.parametrize('window', [None, 5])
@@ -260,16 +290,20 @@ def test_kv_cache_attention_groups_heads_over_any_cache_length(window):
   rng = np.random.default_rng(0)
   q, keys, values = (rng.standard_normal(s) for s in ((2, 4, 8), (2, 70, 2, 8), (2, 70, 2, 3)))
   for index in (0, 63, 64, 69):
-    out = decoding.kv_cache_attention(jnp.float32(q), jnp.float32(keys), jnp.float32(values),
-                                      index, window=window)
+    out = decoding.kv_cache_attention(
+      jnp.float32(q), jnp.float32(keys), jnp.float32(values), index, window=window
+    )
     lo = 0 if window is None else max(0, index - window + 1)
-    k, v = np.repeat(keys[:, lo:index + 1], 2, axis=2), np.repeat(values[:, lo:index + 1], 2,
-                                                                   axis=2)
+    k, v = (
+      np.repeat(keys[:, lo : index + 1], 2, axis=2),
+      np.repeat(values[:, lo : index + 1], 2, axis=2),
+    )
     s = np.einsum('bhd,bkhd->bhk', q, k) / np.sqrt(8)
     w = np.exp(s - s.max(-1, keepdims=True))
     w /= w.sum(-1, keepdims=True)
-    np.testing.assert_allclose(out, np.einsum('bhk,bkhd->bhd', w, v), atol=1e-5,
-                               err_msg=f'index {index}')
+    np.testing.assert_allclose(
+      out, np.einsum('bhk,bkhd->bhd', w, v), atol=1e-5, err_msg=f'index {index}'
+    )
 
 
 @pytest.mark.parametrize('mechanism', ['softmax', 'linear'])  # a key/value cache, a state
@@ -277,12 +311,15 @@ def test_a_decoding_step_of_another_batch_than_the_cache_names_both(mechanism):
   """A cache made for batch 2 refuses steps of batch 3 and 1 in one line, in the Linen and
   the NNX layer (they were shape errors from deep inside the step, or a broadcast)."""
   from flax import nnx
+
   from efficient_attn import nnx as ea_nnx
+
   x = jnp.zeros((2, 4, D))
   linen = ea.MultiHeadAttention(num_heads=H, mechanism=mechanism, causal=True, decode=True)
   variables = linen.init(jax.random.PRNGKey(0), x)
-  nnx_layer = ea_nnx.MultiHeadAttention(num_heads=H, in_features=D, mechanism=mechanism,
-                                        causal=True, rngs=nnx.Rngs(0))
+  nnx_layer = ea_nnx.MultiHeadAttention(
+    num_heads=H, in_features=D, mechanism=mechanism, causal=True, rngs=nnx.Rngs(0)
+  )
   nnx_layer.init_cache(x.shape)
   for batch in (3, 1):
     token = jnp.zeros((batch, 1, D))

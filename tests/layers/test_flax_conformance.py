@@ -5,9 +5,9 @@ The files are read from the installed flax version's source distribution (see
 cover the same behaviours in our words (test_attention.py, test_nnx.py,
 test_decode.py); this is the drop-in promise checked against flax's wording.
 """
-import pytest
 
 import flax_conformance
+import pytest
 
 
 @pytest.mark.slow

@@ -1,26 +1,30 @@
 """LoRA adapters (`efficient_attn.layers.lora`) and the transformed data (`data.transforms`)."""
+
 import functools
 
+from flax import traverse_util
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from flax import traverse_util
 
-from efficient_attn.layers import lora
-from efficient_attn.models import CausalTransformer, TransformerConfig
 from data import transforms
+from efficient_attn.layers import lora
+from efficient_attn.models import CausalTransformer
+from efficient_attn.models import TransformerConfig
 
 CFG = lora.LoraConfig(rank=2, alpha=4.0)
 
 
 @functools.lru_cache(maxsize=None)
 def _model():
-  model = CausalTransformer(TransformerConfig(
-      max_length=8, d_model=16, depth=1, num_heads=2, mlp_dim=32,
-                            mechanism='softmax'))
+  model = CausalTransformer(
+    TransformerConfig(
+      max_length=8, d_model=16, depth=1, num_heads=2, mlp_dim=32, mechanism='softmax'
+    )
+  )
   tokens = jax.random.randint(jax.random.PRNGKey(0), (2, 8), 0, 256)
   base = jax.jit(model.init)(jax.random.PRNGKey(1), tokens)['params']
   params = jax.jit(lora.wrap(model.init, CFG))(jax.random.PRNGKey(2), tokens)['params']
@@ -35,17 +39,29 @@ def _perturb_adapters(params, seed=0):
   flat = traverse_util.flatten_dict(params)
   keys = iter(jax.random.split(jax.random.PRNGKey(seed), len(flat)))
   return traverse_util.unflatten_dict(
-      {p: v + 0.3 * jax.random.normal(next(keys), v.shape) if lora.is_adapter(p) else v
-       for p, v in flat.items()})
+    {
+      p: v + 0.3 * jax.random.normal(next(keys), v.shape) if lora.is_adapter(p) else v
+      for p, v in flat.items()
+    }
+  )
 
 
 def test_adapters_on_attention_and_mlp_only():
   _, _, base, params = _model()
   _, adapters = lora.split(params)
   adapted = {'/'.join(p[:-1]) for p in traverse_util.flatten_dict(adapters)}
-  expected = {f'decoder/block_{i}/{m}' for i in range(1) for m in
-              ('attention/query', 'attention/key', 'attention/value', 'attention/out',
-               'mlp/Dense_0', 'mlp/Dense_1')}
+  expected = {
+    f'decoder/block_{i}/{m}'
+    for i in range(1)
+    for m in (
+      'attention/query',
+      'attention/key',
+      'attention/value',
+      'attention/out',
+      'mlp/Dense_0',
+      'mlp/Dense_1',
+    )
+  }
   assert adapted == expected
   assert jax.tree.structure(lora.split(params)[0]) == jax.tree.structure(base)
 
@@ -60,8 +76,7 @@ def test_adapted_module_has_the_same_params_and_paths():
 
 def test_adapted_equals_base_at_init():
   model, tokens, base, params = _model()
-  np.testing.assert_array_equal(_apply(model, params, tokens, CFG),
-                                _apply(model, base, tokens))
+  np.testing.assert_array_equal(_apply(model, params, tokens, CFG), _apply(model, base, tokens))
 
 
 def test_merged_equals_adapter_form():
@@ -74,8 +89,12 @@ def test_merged_equals_adapter_form():
   assert np.abs(out - _apply(model, base, tokens)).max() > 1e-2  # adapters matter
   np.testing.assert_allclose(out, adapted, atol=1e-4, rtol=1e-4)
   base_part, adapters = lora.split(params)
-  np.testing.assert_allclose(_apply(model, lora.merge(base_part, adapters, scale=CFG.scale),
-                                    tokens), adapted, atol=1e-4, rtol=1e-4)
+  np.testing.assert_allclose(
+    _apply(model, lora.merge(base_part, adapters, scale=CFG.scale), tokens),
+    adapted,
+    atol=1e-4,
+    rtol=1e-4,
+  )
 
 
 def test_optimizer_step_changes_only_adapters():
@@ -114,8 +133,11 @@ def test_trainable_count_matches_report_formula():
     with lora.adapted(lora.LoraConfig(rank=r, targets=lora.ALL_DENSE)):
       params = jax.eval_shape(Mlp().init, jax.random.PRNGKey(0), x)['params']
     trainable = lora.count_params(params, trainable_only=True)
-    assert trainable == sum(lora.adapter_size(i, fan_out, r) for i, fan_out in
-                            ((784, 64), (64, 64), (64, 10))) == 1050 * r
+    assert (
+      trainable
+      == sum(lora.adapter_size(i, fan_out, r) for i, fan_out in ((784, 64), (64, 64), (64, 10)))
+      == 1050 * r
+    )
     assert lora.count_params(params) - trainable == 55_050
 
 
@@ -135,8 +157,9 @@ def test_targets_select_by_path_and_load_base_checks_shapes():
 def test_data_transforms():
   x = np.random.RandomState(0).randint(0, 256, (3, 5, 5)).astype(np.uint8)
   np.testing.assert_array_equal(transforms.rotate(x, 90), np.rot90(x, axes=(1, 2)))
-  np.testing.assert_allclose(transforms.rotate(x.astype(np.float32), 90.0001),
-                             np.rot90(x, axes=(1, 2)), atol=0.1)
+  np.testing.assert_allclose(
+    transforms.rotate(x.astype(np.float32), 90.0001), np.rot90(x, axes=(1, 2)), atol=0.1
+  )
   np.testing.assert_array_equal(transforms.invert(x), 255 - x)
   np.testing.assert_allclose(transforms.invert(x / 255.0), 1 - x / 255.0, atol=1e-6)
   q = np.asarray(transforms.quantise(x, 2))

@@ -5,19 +5,20 @@ the plain, key-padding, causal, rotary and decoding cases, so every property
 the Linen contract tests prove (`test_attention.py`, `test_decode.py`) holds
 for the NNX layer too.
 """
+
 import contextlib
 
+from flax import nnx
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from flax import nnx
 
 import efficient_attn as ea
-import efficient_attn.nnx as ean
 from efficient_attn import registry
+import efficient_attn.nnx as ean
 
 B, L, D, H = 2, 16, 16, 2
 TOL = dict(atol=2e-5, rtol=2e-5)
@@ -25,8 +26,13 @@ TOL = dict(atol=2e-5, rtol=2e-5)
 
 def _kwargs(mechanism, projection='standard', **kw):
   kw.setdefault('causal', ea.get_mechanism(mechanism).causal_only)  # its only form
-  return dict(mechanism=mechanism, projection=projection, max_length=L,
-              options=dict(ea.get_mechanism(mechanism).example), **kw)
+  return dict(
+    mechanism=mechanism,
+    projection=projection,
+    max_length=L,
+    options=dict(ea.get_mechanism(mechanism).example),
+    **kw,
+  )
 
 
 def _pair(mechanism, projection='standard', **kw):
@@ -38,12 +44,12 @@ def _pair(mechanism, projection='standard', **kw):
   """
   x = jnp.zeros((B, L, D))
   linen = ea.MultiHeadAttention(num_heads=H, **_kwargs(mechanism, projection, **kw))
-  layer = nnx.eval_shape(lambda: ean.MultiHeadAttention(
-      H, D, rngs=nnx.Rngs(0), **_kwargs(mechanism, projection, **kw)))
+  layer = nnx.eval_shape(
+    lambda: ean.MultiHeadAttention(H, D, rngs=nnx.Rngs(0), **_kwargs(mechanism, projection, **kw))
+  )
   shapes = jax.eval_shape(linen.init, jax.random.PRNGKey(1), x)['params']
   rng = np.random.default_rng(2)
-  params = jax.tree.map(lambda s: jnp.asarray(0.3 * rng.standard_normal(s.shape), s.dtype),
-                        shapes)
+  params = jax.tree.map(lambda s: jnp.asarray(0.3 * rng.standard_normal(s.shape), s.dtype), shapes)
   ean.load_linen_params(layer, params)
   return linen, params, layer
 
@@ -79,8 +85,10 @@ def test_nnx_equals_linen_for_every_projection(mechanism):
     out = {}
     for case, ((linen, _, _), mask) in cases.items():
       params, (graphdef, state) = splits[case]
-      out[case] = (nnx.merge(graphdef, state)(x, mask=mask),
-                   linen.apply({'params': params}, x, mask=mask))
+      out[case] = (
+        nnx.merge(graphdef, state)(x, mask=mask),
+        linen.apply({'params': params}, x, mask=mask),
+      )
     return out
 
   for case, (ours, theirs) in outputs(splits, _x()).items():
@@ -108,16 +116,20 @@ def test_nnx_decoding_equals_linen_decoding_and_the_parallel_pass(mechanism, pro
     return layer(x_t, decode=True), y_linen, cache
 
   for t in range(L):
-    y, y_linen, cache = step(layer, cache, x[:, t:t + 1])
+    y, y_linen, cache = step(layer, cache, x[:, t : t + 1])
     np.testing.assert_allclose(y, y_linen, err_msg=f'step {t}', **TOL)
   parallel = jax.jit(linen.apply)({'params': params}, x)
   np.testing.assert_allclose(y_linen, parallel[:, -1:], **TOL)
   assert int(layer.cache_index[...]) == L
   # Flax's names; a key/value cache or a grouped state keeps only the kv heads.
-  assert jax.tree.map(jnp.shape, nnx.to_pure_dict(nnx.state(layer, nnx.Cache))) == \
-      jax.tree.map(jnp.shape, cache['cache'])
-  heads = kw.get('num_kv_heads', H) if (decl.decode == 'kv_cache' or decl.grouped_state(
-      decl.resolve(decl.example))) else H
+  assert jax.tree.map(jnp.shape, nnx.to_pure_dict(nnx.state(layer, nnx.Cache))) == jax.tree.map(
+    jnp.shape, cache['cache']
+  )
+  heads = (
+    kw.get('num_kv_heads', H)
+    if (decl.decode == 'kv_cache' or decl.grouped_state(decl.resolve(decl.example)))
+    else H
+  )
   state = cache['cache'].get('cached_key', cache['cache'].get('cached_state'))
   window = decl.kv_window(decl.resolve(decl.example)) if decl.decode == 'kv_cache' else None
   slots = L if window is None else min(L, window)  # local attention: a ring buffer
@@ -135,41 +147,47 @@ def _error(make):
 def test_bad_input_gets_the_same_one_line_error_from_both_wrappers():
   x = _x()
   cases = {
-      'unknown mechanism': dict(mechanism='nope'),
-      'unknown option': dict(mechanism='nystrom', options={'landmarks': 4}),
-      'option out of range': dict(mechanism='nystrom', options={'num_landmarks': 0}),
-      'no causal form': dict(mechanism='fnet', causal=True),
-      'dropout without weights': dict(mechanism='linear', dropout_rate=0.1),
-      'unknown projection': dict(projection='fancy'),
-      'super without a length': dict(projection='super'),
+    'unknown mechanism': dict(mechanism='nope'),
+    'unknown option': dict(mechanism='nystrom', options={'landmarks': 4}),
+    'option out of range': dict(mechanism='nystrom', options={'num_landmarks': 0}),
+    'no causal form': dict(mechanism='fnet', causal=True),
+    'dropout without weights': dict(mechanism='linear', dropout_rate=0.1),
+    'unknown projection': dict(projection='fancy'),
+    'super without a length': dict(projection='super'),
   }
   for what, kw in cases.items():
-    linen = _error(lambda: ea.MultiHeadAttention(num_heads=H, **kw).init(
-        jax.random.PRNGKey(0), x))
+    linen = _error(lambda: ea.MultiHeadAttention(num_heads=H, **kw).init(jax.random.PRNGKey(0), x))
     ours = _error(lambda: ean.MultiHeadAttention(H, D, rngs=nnx.Rngs(0), **kw)(x))
     assert linen == ours, (what, linen, ours)
   causal_mask = nn.make_causal_mask(jnp.ones((B, L)))
   linen, params, layer = _pair('linear')
   assert _error(lambda: layer(x, mask=causal_mask)) == _error(
-      lambda: linen.apply({'params': params}, x, mask=causal_mask))
+    lambda: linen.apply({'params': params}, x, mask=causal_mask)
+  )
   for args in ((x, None, x), (x, x, causal_mask)):  # values without keys; a positional mask
     with pytest.warns(DeprecationWarning) if args[2].dtype == bool else contextlib.nullcontext():
-      assert _error(lambda: layer(*args)) == _error(
-          lambda: linen.apply({'params': params}, *args))
+      assert _error(lambda: layer(*args)) == _error(lambda: linen.apply({'params': params}, *args))
   with pytest.warns(DeprecationWarning, match='inputs_kv'):
-    np.testing.assert_array_equal(linen.apply({'params': params}, x, inputs_kv=x[::-1]),
-                                  linen.apply({'params': params}, x, x[::-1]))
+    np.testing.assert_array_equal(
+      linen.apply({'params': params}, x, inputs_kv=x[::-1]),
+      linen.apply({'params': params}, x, x[::-1]),
+    )
   assert _error(lambda: layer(x[:, :, :8])).startswith('inputs have 8 features')
   assert 'init_cache' in _error(lambda: _pair('linear', causal=True)[2](x[:, :1], decode=True))
-  for kw in (dict(num_kv_heads=3), dict(num_kv_heads=1, projection='efficient'),
-             dict(num_kv_heads=1, mechanism='reformer'),
-             dict(mechanism='linear', force_fp32_for_softmax=True)):
-    message = _error(lambda: ea.MultiHeadAttention(num_heads=H, **kw).init(
-        jax.random.PRNGKey(0), x))
+  for kw in (
+    dict(num_kv_heads=3),
+    dict(num_kv_heads=1, projection='efficient'),
+    dict(num_kv_heads=1, mechanism='reformer'),
+    dict(mechanism='linear', force_fp32_for_softmax=True),
+  ):
+    message = _error(
+      lambda: ea.MultiHeadAttention(num_heads=H, **kw).init(jax.random.PRNGKey(0), x)
+    )
     assert message == _error(lambda: ean.MultiHeadAttention(H, D, rngs=nnx.Rngs(0), **kw)), kw
     assert str(kw.get('num_kv_heads', 'force_fp32_for_softmax')) in message
   assert _error(lambda: layer(x, sow_weights=True)) == _error(
-      lambda: linen.apply({'params': params}, x, sow_weights=True))
+    lambda: linen.apply({'params': params}, x, sow_weights=True)
+  )
 
 
 def test_converter_round_trip_and_a_mismatched_tree_is_named():
@@ -185,8 +203,9 @@ def test_converter_round_trip_and_a_mismatched_tree_is_named():
 
 def test_leading_batch_axes_and_dropout_as_in_flax():
   x = jax.random.normal(jax.random.PRNGKey(0), (3, 2, L, D))
-  layer = ean.MultiHeadAttention(H, D, mechanism='softmax', dropout_rate=0.5,
-                                 rngs=nnx.Rngs(0, dropout=1))
+  layer = ean.MultiHeadAttention(
+    H, D, mechanism='softmax', dropout_rate=0.5, rngs=nnx.Rngs(0, dropout=1)
+  )
   y = layer(x, deterministic=True)
   np.testing.assert_allclose(y[1, 0], layer(x[1, 0][None], deterministic=True)[0], **TOL)
   assert not np.allclose(layer(x, deterministic=False), y)
@@ -199,8 +218,9 @@ def test_jit_grad_scan_over_a_stack_and_optimizer():
   @nnx.split_rngs(splits=3)
   @nnx.vmap(in_axes=(0,), out_axes=0)
   def stack(rngs):
-    return ean.MultiHeadAttention(H, D, mechanism='performer', projection='efficient',
-                                  options={'num_features': 8}, rngs=rngs)
+    return ean.MultiHeadAttention(
+      H, D, mechanism='performer', projection='efficient', options={'num_features': 8}, rngs=rngs
+    )
 
   layers = stack(nnx.Rngs(0))
   x, target = _x(), _x(1)
@@ -209,6 +229,7 @@ def test_jit_grad_scan_over_a_stack_and_optimizer():
     @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
     def through(h, layer):
       return h + layer(h)
+
     return jnp.mean((through(x, layers) - target) ** 2)
 
   optimizer = nnx.Optimizer(layers, optax.adam(1e-2), wrt=nnx.Param)
@@ -227,6 +248,7 @@ def test_jit_grad_scan_over_a_stack_and_optimizer():
 @pytest.mark.slow
 def test_the_nnx_vit_example_trains():
   from examples import nnx_vit  # pylint: disable=g-import-not-at-top
+
   (x, y), _ = nnx_vit.digits()
   model = nnx_vit.ViT(mechanism='linear', projection='efficient', depth=1, rngs=nnx.Rngs(0))
   losses = nnx_vit.train(model, x, y, steps=30, batch=32, learning_rate=1e-2)
@@ -237,8 +259,9 @@ def test_flax_nnx_layer_with_our_attention_fn_or_qk_norm_equals_ours():
   """`make_attention_fn` inside flax's own nnx.MultiHeadAttention equals our NNX layer, and
   so does flax's QK layer norm."""
   x = _x()
-  flax_layer = nnx.MultiHeadAttention(H, D, attention_fn=ea.make_attention_fn('linear'),
-                                      decode=False, rngs=nnx.Rngs(0))
+  flax_layer = nnx.MultiHeadAttention(
+    H, D, attention_fn=ea.make_attention_fn('linear'), decode=False, rngs=nnx.Rngs(0)
+  )
   for causal in (False, True):
     ours = ean.MultiHeadAttention(H, D, mechanism='linear', causal=causal, rngs=nnx.Rngs(1))
     ean.load_linen_params(ours, ean.to_linen_params(flax_layer))
@@ -248,6 +271,7 @@ def test_flax_nnx_layer_with_our_attention_fn_or_qk_norm_equals_ours():
   ean.load_linen_params(ours, ean.to_linen_params(flax_qk_norm))
   np.testing.assert_allclose(flax_qk_norm(x), ours(x), **TOL)
   with pytest.raises(ValueError, match="'fnet' has no causal form"):
-    fnet = nnx.MultiHeadAttention(H, D, attention_fn=ea.make_attention_fn('fnet'),
-                                  decode=False, rngs=nnx.Rngs(0))
+    fnet = nnx.MultiHeadAttention(
+      H, D, attention_fn=ea.make_attention_fn('fnet'), decode=False, rngs=nnx.Rngs(0)
+    )
     fnet(x, is_causal=True)

@@ -5,17 +5,18 @@ every block the declaration and resolved options; each attention layer
 configures its mechanism once, when it is constructed (its `Mechanism`
 module), and its forward, cache and decoding step read that.
 """
+
 import collections
 
+from flax import nnx
 import jax
 import jax.numpy as jnp
 import pytest
-from flax import nnx
 
 import efficient_attn as ea
-import efficient_attn.nnx as ean
 from efficient_attn import models
 from efficient_attn import registry
+import efficient_attn.nnx as ean
 
 DEPTH = 2
 
@@ -30,6 +31,7 @@ def counts(monkeypatch):
     def counted(*args, **kwargs):
       seen[name] += 1
       return fn(*args, **kwargs)
+
     return counted
 
   for name in ('get_mechanism', 'configure'):
@@ -38,13 +40,13 @@ def counts(monkeypatch):
 
 
 def _config(mechanism, **changes):
-  return models.TransformerConfig(d_model=16, depth=DEPTH, num_heads=2, mlp_dim=16,
-                                  mechanism=mechanism, **changes)
+  return models.TransformerConfig(
+    d_model=16, depth=DEPTH, num_heads=2, mlp_dim=16, mechanism=mechanism, **changes
+  )
 
 
 def test_vit_init_and_apply_look_the_mechanism_up_once(counts):
-  vit = models.ViT(_config('nystrom', options={'num_landmarks': 4}), num_classes=3,
-                   patch_size=4)
+  vit = models.ViT(_config('nystrom', options={'num_landmarks': 4}), num_classes=3, patch_size=4)
   x = jnp.zeros((1, 8, 8, 1))
   variables = jax.eval_shape(vit.init, jax.random.key(0), x)
   assert counts == {'get_mechanism': 1, 'configure': 1 + DEPTH}  # the Encoder, each layer
@@ -54,8 +56,7 @@ def test_vit_init_and_apply_look_the_mechanism_up_once(counts):
 
 
 def test_a_decoding_step_looks_the_mechanism_up_once(counts):
-  model = models.CausalTransformer(_config('linear', max_length=8), vocab_size=5,
-                                   decode=True)
+  model = models.CausalTransformer(_config('linear', max_length=8), vocab_size=5, decode=True)
   tokens = jnp.zeros((1, 8), jnp.int32)
   variables = jax.eval_shape(model.init, jax.random.key(0), tokens)
   counts.clear()
@@ -69,8 +70,9 @@ def test_a_layer_alone_looks_its_mechanism_up_once(counts):
   variables = jax.eval_shape(layer.init, jax.random.key(0), x)
   assert counts == {'get_mechanism': 1, 'configure': 1}
   counts.clear()
-  nnx_layer = ean.MultiHeadAttention(2, 16, mechanism='nystrom', options={'num_landmarks': 4},
-                                     rngs=nnx.Rngs(0))
+  nnx_layer = ean.MultiHeadAttention(
+    2, 16, mechanism='nystrom', options={'num_landmarks': 4}, rngs=nnx.Rngs(0)
+  )
   nnx_layer(x)
   assert counts == {'get_mechanism': 1, 'configure': 1}
   del variables

@@ -9,6 +9,7 @@ it has them, with left and right key padding that cross device boundaries. The r
 are traced in this process under an abstract mesh (`jax.sharding.use_abstract_mesh`):
 no devices, no compilation.
 """
+
 import json
 import os
 import subprocess
@@ -16,13 +17,13 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import main_runner
 import numpy as np
 import pytest
 
 import efficient_attn as ea
-import main_runner
-from efficient_attn.layers import parallel
 from efficient_attn import registry
+from efficient_attn.layers import parallel
 from efficient_attn.models import Encoder
 from efficient_attn.models import TransformerConfig
 
@@ -30,14 +31,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 # Extra cases beyond each mechanism's forms: (mechanism, causal, tag, options, layer args).
 VARIANTS = (
-    ('rfa', True, 'gate', {'use_gate': True, 'learn_sigma': True}, {}),
-    ('linear', True, 'rotary', {}, {'rotary': True}),            # 'features' rotary
-    ('retention', True, 'rotary', {}, {'rotary': True}),         # 'scores' rotary
-    ('performer', True, 'redraw', {'redraw': True}, {}),         # a key drawn outside
-    ('local', True, 'wide', {'window': 20}, {}),                 # a halo of 3 devices
-    ('local', False, 'wide', {'window': 21}, {}),
-    ('mamba2', True, 'groups', {'ngroups': 1, 'conv_bias': False}, {}),
-    ('deltanet', True, 'naive', {'form': 'naive'}, {}),
+  ('rfa', True, 'gate', {'use_gate': True, 'learn_sigma': True}, {}),
+  ('linear', True, 'rotary', {}, {'rotary': True}),  # 'features' rotary
+  ('retention', True, 'rotary', {}, {'rotary': True}),  # 'scores' rotary
+  ('performer', True, 'redraw', {'redraw': True}, {}),  # a key drawn outside
+  ('local', True, 'wide', {'window': 20}, {}),  # a halo of 3 devices
+  ('local', False, 'wide', {'window': 21}, {}),
+  ('mamba2', True, 'groups', {'ngroups': 1, 'conv_bias': False}, {}),
+  ('deltanet', True, 'naive', {'form': 'naive'}, {}),
 )
 
 
@@ -259,19 +260,19 @@ for name, (mechanism, causal, options, args) in json.loads(sys.argv[1]).items():
 # every device); and float64 identities (to 1e-10) where the mechanism computes in the
 # inputs' precision (the gated recurrences compute in float32 whatever their inputs).
 EXTRA = {
-    'nnx:linear-bidirectional': ('linear', False, {}, {}),
-    'encoder:linear+local-causal': ('linear+local', True, {}, {}),
-    'encoder:gated_deltanet-causal-reversible': ('gated_deltanet', True, {}, {}),
-    'gated_deltanet-causal-pallas-2': ('gated_deltanet', True, {'implementation': 'pallas'}, {}),
-    'gla-causal-pallas-2': ('gla', True, {'implementation': 'pallas'}, {}),
-    'zigzag:layout': ('softmax', True, {}, {}),
-    'rows:gated_deltanet-causal': ('gated_deltanet', True, {}, {}),
-    'rows:gla-causal-explicit': ('gla', True, {}, {}),
-    'softmax-causal-6': ('softmax', True, {}, {}),
-    'softmax-causal-odd': ('softmax', True, {}, {}),
-    'softmax-causal-x64': ('softmax', True, {}, {}),
-    'rfa-causal-x64': ('rfa', True, {'use_gate': True}, {}),
-    'local-bidirectional-x64': ('local', False, {'window': 21}, {}),
+  'nnx:linear-bidirectional': ('linear', False, {}, {}),
+  'encoder:linear+local-causal': ('linear+local', True, {}, {}),
+  'encoder:gated_deltanet-causal-reversible': ('gated_deltanet', True, {}, {}),
+  'gated_deltanet-causal-pallas-2': ('gated_deltanet', True, {'implementation': 'pallas'}, {}),
+  'gla-causal-pallas-2': ('gla', True, {'implementation': 'pallas'}, {}),
+  'zigzag:layout': ('softmax', True, {}, {}),
+  'rows:gated_deltanet-causal': ('gated_deltanet', True, {}, {}),
+  'rows:gla-causal-explicit': ('gla', True, {}, {}),
+  'softmax-causal-6': ('softmax', True, {}, {}),
+  'softmax-causal-odd': ('softmax', True, {}, {}),
+  'softmax-causal-x64': ('softmax', True, {}, {}),
+  'rfa-causal-x64': ('rfa', True, {'use_gate': True}, {}),
+  'local-bidirectional-x64': ('local', False, {'window': 21}, {}),
 }
 
 
@@ -282,10 +283,19 @@ def results(run_once):
   todo = {**cases(), **EXTRA}
 
   def run(workdir):
-    env = dict(os.environ, JAX_PLATFORMS='cpu',
-               XLA_FLAGS=f'{main_runner.XLA_FLAGS} --xla_force_host_platform_device_count=8')
-    proc = subprocess.run([sys.executable, '-c', SCRIPT, json.dumps(todo)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+    env = dict(
+      os.environ,
+      JAX_PLATFORMS='cpu',
+      XLA_FLAGS=f'{main_runner.XLA_FLAGS} --xla_force_host_platform_device_count=8',
+    )
+    proc = subprocess.run(
+      [sys.executable, '-c', SCRIPT, json.dumps(todo)],
+      cwd=ROOT,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=600,
+    )
     with open(os.path.join(workdir, 'stdout'), 'w') as f:
       f.write(proc.stdout)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -305,8 +315,10 @@ def test_split_sequence_equals_one_device(results, case):
   record = results.get(case)
   assert record is not None, f'{case} did not run'
   assert 'failed' not in record, record.get('failed')
-  assert record['error'] <= 1.0, (f'{case}: sharded differs from single-device at '
-                                  f'{record["where"]} ({record["error"]:.3g} x tolerance)')
+  assert record['error'] <= 1.0, (
+    f'{case}: sharded differs from single-device at '
+    f'{record["where"]} ({record["error"]:.3g} x tolerance)'
+  )
 
 
 def test_every_form_is_declared_and_each_other_mechanism_says_why():
@@ -337,9 +349,15 @@ def _trace(layer, x=X, mesh=(('sequence', 4),), **call):
 
 def _layer(mechanism='softmax', **kwargs):
   decl = registry.get_mechanism(mechanism)
-  return ea.MultiHeadAttention(num_heads=2, mechanism=mechanism, options=dict(decl.example),
-                               causal=decl.causal_only, max_length=32,
-                               sequence_axis='sequence', **kwargs)
+  return ea.MultiHeadAttention(
+    num_heads=2,
+    mechanism=mechanism,
+    options=dict(decl.example),
+    causal=decl.causal_only,
+    max_length=32,
+    sequence_axis='sequence',
+    **kwargs,
+  )
 
 
 def test_a_split_layer_traces_under_an_abstract_mesh():
@@ -353,31 +371,68 @@ def test_a_mechanism_without_a_form_refuses(mechanism):
   with pytest.raises(ValueError) as e:
     _trace(_layer(mechanism))
   message = str(e.value)
-  assert message == (f"mechanism {mechanism!r} cannot split the sequence over mesh axis "
-                     f"'sequence': {decl.whole_sequence}; mechanisms that can: "
-                     f"{', '.join(parallel.supporting())}")
+  assert message == (
+    f"mechanism {mechanism!r} cannot split the sequence over mesh axis "
+    f"'sequence': {decl.whole_sequence}; mechanisms that can: "
+    f"{', '.join(parallel.supporting())}"
+  )
   assert '\n' not in message
 
 
-@pytest.mark.parametrize('setting, call, mesh, expected', [
-    ({}, {}, None, "sequence_axis='sequence' needs a mesh: call the layer inside `with "
-     "jax.set_mesh(mesh):`, with a mesh that has the axis 'sequence'"),
-    ({}, {}, (('data', 2), ('fsdp', 4)), "sequence_axis='sequence' is not an axis of the "
-     "mesh; valid: 'data', 'fsdp'"),
-    ({}, {'x': jnp.zeros((2, 30, 8))}, (('sequence', 4),), 'sequence length 30 is not '
-     "divisible by the 4 devices of mesh axis 'sequence'; pad it to a multiple of 4"),
-    ({}, {'inputs_k': jnp.zeros((2, 16, 8))}, (('sequence', 4),), "sequence_axis='sequence' "
-     'splits one sequence (self-attention); got q_length=32 and kv_length=16'),
-    ({}, {'mask': jnp.ones((2, 1, 32, 32), bool)}, (('sequence', 4),),
-     "sequence_axis='sequence' takes key padding only ([batch, length] or [batch, 1, 1, "
-     'length]), not a mask of shape (2, 1, 32, 32); ask for causality with causal=True'),
-    ({}, {'sow_weights': True}, (('sequence', 4),), "sow_weights=True with "
-     "sequence_axis='sequence': the attention weights [length, length] are never formed on "
-     'one device; valid: sow_weights=False, or sequence_axis=None'),
-    ({'dropout_rate': 0.1}, {'deterministic': False}, (('sequence', 4),),
-     "dropout_rate=0.1 with sequence_axis='sequence': attention-weight dropout in training "
-     'is not split over devices; valid: dropout_rate=0, or sequence_axis=None'),
-])
+@pytest.mark.parametrize(
+  'setting, call, mesh, expected',
+  [
+    (
+      {},
+      {},
+      None,
+      "sequence_axis='sequence' needs a mesh: call the layer inside `with "
+      "jax.set_mesh(mesh):`, with a mesh that has the axis 'sequence'",
+    ),
+    (
+      {},
+      {},
+      (('data', 2), ('fsdp', 4)),
+      "sequence_axis='sequence' is not an axis of the mesh; valid: 'data', 'fsdp'",
+    ),
+    (
+      {},
+      {'x': jnp.zeros((2, 30, 8))},
+      (('sequence', 4),),
+      'sequence length 30 is not '
+      "divisible by the 4 devices of mesh axis 'sequence'; pad it to a multiple of 4",
+    ),
+    (
+      {},
+      {'inputs_k': jnp.zeros((2, 16, 8))},
+      (('sequence', 4),),
+      "sequence_axis='sequence' "
+      'splits one sequence (self-attention); got q_length=32 and kv_length=16',
+    ),
+    (
+      {},
+      {'mask': jnp.ones((2, 1, 32, 32), bool)},
+      (('sequence', 4),),
+      "sequence_axis='sequence' takes key padding only ([batch, length] or [batch, 1, 1, "
+      'length]), not a mask of shape (2, 1, 32, 32); ask for causality with causal=True',
+    ),
+    (
+      {},
+      {'sow_weights': True},
+      (('sequence', 4),),
+      "sow_weights=True with "
+      "sequence_axis='sequence': the attention weights [length, length] are never formed on "
+      'one device; valid: sow_weights=False, or sequence_axis=None',
+    ),
+    (
+      {'dropout_rate': 0.1},
+      {'deterministic': False},
+      (('sequence', 4),),
+      "dropout_rate=0.1 with sequence_axis='sequence': attention-weight dropout in training "
+      'is not split over devices; valid: dropout_rate=0, or sequence_axis=None',
+    ),
+  ],
+)
 def test_refusals_are_one_line(setting, call, mesh, expected):
   x = call.pop('x', X)
   with pytest.raises(ValueError) as e:
@@ -391,27 +446,39 @@ def test_without_dropout_in_evaluation_the_layer_splits():
 
 def test_the_nnx_layer_and_the_encoder_read_the_axis():
   from flax import nnx  # pylint: disable=g-import-not-at-top
+
   import efficient_attn.nnx as ean  # pylint: disable=g-import-not-at-top
-  layer = ean.MultiHeadAttention(num_heads=2, in_features=8, mechanism='nystrom',
-                                 sequence_axis='sequence', rngs=nnx.Rngs(0))
+
+  layer = ean.MultiHeadAttention(
+    num_heads=2, in_features=8, mechanism='nystrom', sequence_axis='sequence', rngs=nnx.Rngs(0)
+  )
   with pytest.raises(ValueError, match="mechanism 'nystrom' cannot split the sequence"):
     with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((4,), ('sequence',))):
       jax.eval_shape(layer, X)
-  encoder = Encoder(TransformerConfig(d_model=8, depth=1, num_heads=2, mlp_dim=8,
-                                      mechanism='fnet', sequence_axis='sequence'))
+  encoder = Encoder(
+    TransformerConfig(
+      d_model=8, depth=1, num_heads=2, mlp_dim=8, mechanism='fnet', sequence_axis='sequence'
+    )
+  )
   with pytest.raises(ValueError, match="mechanism 'fnet' cannot split the sequence"):
     _trace(encoder)
 
 
 def test_a_decoding_step_is_not_split():
-  layer = ea.MultiHeadAttention(num_heads=2, mechanism='gla', causal=True, decode=True,
-                                options={'chunk_size': 4}, sequence_axis='sequence')
+  layer = ea.MultiHeadAttention(
+    num_heads=2,
+    mechanism='gla',
+    causal=True,
+    decode=True,
+    options={'chunk_size': 4},
+    sequence_axis='sequence',
+  )
   x = jax.random.normal(jax.random.key(0), (2, 8, 8))
   mesh = jax.make_mesh((1,), ('sequence',))
   with jax.set_mesh(mesh):
     variables = layer.init(jax.random.key(1), x)
     cache = variables['cache']
     for t in range(2):  # one token at a time, as without a sequence axis
-      y, mutated = layer.apply({**variables, 'cache': cache}, x[:, t:t + 1], mutable=['cache'])
+      y, mutated = layer.apply({**variables, 'cache': cache}, x[:, t : t + 1], mutable=['cache'])
       cache = mutated['cache']
   assert y.shape == (2, 1, 8) and np.all(np.isfinite(y))

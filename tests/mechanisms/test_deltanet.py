@@ -1,9 +1,9 @@
 """DeltaNet and Gated DeltaNet: naive, chunkwise (WY) and decoding forms equal the float64
 definitions (Schlag et al. 2021; Yang et al. 2024; Yang, Kautz & Hatamizadeh 2025)."""
-import numpy as np
-import pytest
 
 import gated_helpers as gh
+import numpy as np
+import pytest
 
 
 def _features(p, q, k, v):
@@ -29,8 +29,9 @@ def gated_deltanet(p, q, k, v, x):
   return gh.rms_norm(out) * p['norm_scale'] * gate
 
 
-@pytest.mark.parametrize('mechanism,reference', [('deltanet', deltanet),
-                                                 ('gated_deltanet', gated_deltanet)])
+@pytest.mark.parametrize(
+  'mechanism,reference', [('deltanet', deltanet), ('gated_deltanet', gated_deltanet)]
+)
 @pytest.mark.parametrize('length', [12, 13])
 def test_three_forms_equal_the_definition(mechanism, reference, length):
   gh.check_three_forms(mechanism, reference, {'chunk_size': 4}, length=length)

@@ -1,12 +1,16 @@
 """Tests of efficient_attn.mechanisms.fnet against NumPy's FFT in float64."""
+
+from helpers import value_and_grads
 import jax
 import jax.numpy as jnp
 import numpy as np
+from pattern_reference import flax_mask
+from pattern_reference import inputs
+from pattern_reference import padding
+from pattern_reference import with_noise_at_padding
 import pytest
 
 from efficient_attn.mechanisms import fnet
-from helpers import value_and_grads
-from pattern_reference import flax_mask, inputs, padding, with_noise_at_padding
 
 fnet_mixing = jax.jit(fnet.fnet_mixing, static_argnames=('causal',))
 
@@ -28,8 +32,7 @@ def test_matches_numpy_fft(x64):
   for mask, key_padding in ((None, None), (pad, pad), (flax_mask(pad), pad)):
     got = fnet_mixing(q, k, v, mask)
     assert got.dtype == jnp.float64 and got.shape == v.shape
-    np.testing.assert_allclose(np.asarray(got), np_fnet(v, key_padding), rtol=1e-10,
-                               atol=1e-10)
+    np.testing.assert_allclose(np.asarray(got), np_fnet(v, key_padding), rtol=1e-10, atol=1e-10)
 
 
 def test_padded_values_move_no_output():
@@ -70,4 +73,3 @@ def test_errors():
     fnet.fnet_mixing(q, k, v, causal=True)
   with pytest.raises(ValueError, match='q_length == kv_length'):
     fnet.fnet_mixing(q[:, :4], k, v)
-

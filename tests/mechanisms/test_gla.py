@@ -1,8 +1,8 @@
 """GLA (Yang et al. 2024): naive, chunkwise and decoding forms equal the float64 definition."""
-import numpy as np
-import pytest
 
 import gated_helpers as gh
+import numpy as np
+import pytest
 
 
 def reference(p, q, k, v, x, tau=16.0):
@@ -10,8 +10,9 @@ def reference(p, q, k, v, x, tau=16.0):
   logits = np.einsum('bnr,rhd->bnhd', x @ p['decay_down'], p['decay_up']) + p['decay_bias']
   g = -np.logaddexp(0.0, -logits) / tau
   out = gh.per_head(gh.decay_recurrence, q / np.sqrt(q.shape[-1]), k, v, g)
-  return gh.rms_norm(out) * p['norm_scale'] * gh.silu(np.einsum('bnf,fhd->bnhd', x,
-                                                              p['gate_kernel']))
+  return (
+    gh.rms_norm(out) * p['norm_scale'] * gh.silu(np.einsum('bnf,fhd->bnhd', x, p['gate_kernel']))
+  )
 
 
 @pytest.mark.parametrize('length', [12, 13])

@@ -1,12 +1,16 @@
 """Tests of efficient_attn.mechanisms.gmlp against a float64 NumPy reference."""
+
+from helpers import value_and_grads
 import jax
 import jax.numpy as jnp
 import numpy as np
+from pattern_reference import flax_mask
+from pattern_reference import inputs
+from pattern_reference import padding
+from pattern_reference import with_noise_at_padding
 import pytest
 
 from efficient_attn.mechanisms import gmlp
-from helpers import value_and_grads
-from pattern_reference import flax_mask, inputs, padding, with_noise_at_padding
 
 spatial_gating = jax.jit(gmlp.spatial_gating, static_argnames=('causal',))
 
@@ -16,8 +20,7 @@ def np_spatial_gating(q, v, w, bias, key_padding=None, causal=False):
   q, v, w, bias = (np.asarray(x, np.float64) for x in (q, v, w, bias))
   b, n, h, dv = v.shape
   x = v.reshape(b, n, h * dv)
-  x = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True)
-                                                + gmlp.LAYER_NORM_EPSILON)
+  x = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + gmlp.LAYER_NORM_EPSILON)
   if key_padding is not None:
     x = x * np.asarray(key_padding)[:, :, None]
   w = w[:n, :n]
@@ -41,9 +44,9 @@ def test_matches_numpy_reference(x64, causal):
   for mask, key_padding in ((None, None), (pad, pad), (flax_mask(pad), pad)):
     got = spatial_gating(q, k, v, w, bias, mask, causal=causal)
     assert got.dtype == jnp.float64 and got.shape == v.shape
-    np.testing.assert_allclose(np.asarray(got),
-                               np_spatial_gating(q, v, w, bias, key_padding, causal),
-                               rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(
+      np.asarray(got), np_spatial_gating(q, v, w, bias, key_padding, causal), rtol=1e-10, atol=1e-10
+    )
 
 
 def test_gradients_match_numpy_reference(x64):
@@ -51,15 +54,17 @@ def test_gradients_match_numpy_reference(x64):
   q, k, v = inputs(n=6, dv=4)
   w, bias = _weights(length=6)
   _, (gq,) = value_and_grads(lambda q: spatial_gating(q, k, v, w, bias), 1)(q)
-  np.testing.assert_allclose(np.asarray(gq), np_spatial_gating(np.ones_like(q), v, w, bias),
-                             rtol=1e-10, atol=1e-10)
+  np.testing.assert_allclose(
+    np.asarray(gq), np_spatial_gating(np.ones_like(q), v, w, bias), rtol=1e-10, atol=1e-10
+  )
   gw = jax.grad(lambda w: jnp.sum(spatial_gating(q, k, v, w, bias)))(jnp.asarray(w))
   eps, num = 1e-6, np.zeros_like(w)
   for i, j in np.ndindex(*w.shape):
     dw = np.zeros_like(w)
     dw[i, j] = eps
-    num[i, j] = (np_spatial_gating(q, v, w + dw, bias).sum()
-                 - np_spatial_gating(q, v, w - dw, bias).sum()) / (2 * eps)
+    num[i, j] = (
+      np_spatial_gating(q, v, w + dw, bias).sum() - np_spatial_gating(q, v, w - dw, bias).sum()
+    ) / (2 * eps)
   np.testing.assert_allclose(np.asarray(gw), num, rtol=1e-6, atol=1e-8)
 
 

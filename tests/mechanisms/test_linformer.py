@@ -1,13 +1,13 @@
 """Tests of efficient_attn.mechanisms.linformer against a float64 NumPy reference."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import efficient_attn as ea
-from efficient_attn.mechanisms.linformer import (linformer_attention,
-                                                 linformer_projection_init)
-
+from efficient_attn.mechanisms.linformer import linformer_attention
+from efficient_attn.mechanisms.linformer import linformer_projection_init
 
 
 def _np_softmax(s):
@@ -36,9 +36,11 @@ def np_linformer(q, k, v, e, f, key_padding=None, scale=None):
 
 
 def _qkv(rng, b=2, lq=6, n=6, h=2, d=4, dv=3, dtype=np.float64):
-  return (rng.normal(size=(b, lq, h, d)).astype(dtype),
-          rng.normal(size=(b, n, h, d)).astype(dtype),
-          rng.normal(size=(b, n, h, dv)).astype(dtype))
+  return (
+    rng.normal(size=(b, lq, h, d)).astype(dtype),
+    rng.normal(size=(b, n, h, d)).astype(dtype),
+    rng.normal(size=(b, n, h, dv)).astype(dtype),
+  )
 
 
 @pytest.mark.parametrize('proj_shape', ['per_head', 'shared_2d', 'shared_3d'])
@@ -46,18 +48,26 @@ def test_matches_numpy_reference(x64, proj_shape):
   rng = np.random.default_rng(0)
   q, k, v = _qkv(rng, lq=5, n=7)
   h, kp, max_len = 2, 3, 10  # n = 7 < max_length: first 7 columns used
-  shape = {'per_head': (h, kp, max_len), 'shared_2d': (kp, max_len),
-           'shared_3d': (1, kp, max_len)}[proj_shape]
+  shape = {'per_head': (h, kp, max_len), 'shared_2d': (kp, max_len), 'shared_3d': (1, kp, max_len)}[
+    proj_shape
+  ]
   e, f = rng.normal(size=shape), rng.normal(size=shape)
   pad = np.ones((2, 7), bool)
   pad[1, 5:] = False
   for mask in (None, pad):
-    got = linformer_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v),
-                              jnp.asarray(e), jnp.asarray(f),
-                              mask=None if mask is None else jnp.asarray(mask), scale=0.7)
+    got = linformer_attention(
+      jnp.asarray(q),
+      jnp.asarray(k),
+      jnp.asarray(v),
+      jnp.asarray(e),
+      jnp.asarray(f),
+      mask=None if mask is None else jnp.asarray(mask),
+      scale=0.7,
+    )
     assert got.dtype == jnp.float64
-    np.testing.assert_allclose(np.asarray(got), np_linformer(q, k, v, e, f, mask, scale=0.7),
-                               rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(
+      np.asarray(got), np_linformer(q, k, v, e, f, mask, scale=0.7), rtol=1e-10, atol=1e-12
+    )
 
 
 def test_shorter_input_equals_zero_padding(x64):
@@ -75,8 +85,7 @@ def test_identity_projections_equal_exact_softmax(x64):
   q, k, v = _qkv(rng, n=6)
   eye = np.eye(6)
   got = linformer_attention(q, k, v, eye, eye)
-  ref = np.einsum('bhqk,bkhd->bqhd',
-                  _np_softmax(np.einsum('bqhd,bkhd->bhqk', q, k) / 2.0), v)
+  ref = np.einsum('bhqk,bkhd->bqhd', _np_softmax(np.einsum('bqhd,bkhd->bhqk', q, k) / 2.0), v)
   np.testing.assert_allclose(np.asarray(got), ref, rtol=1e-12, atol=1e-12)
 
 
@@ -125,7 +134,8 @@ def test_errors():
   q, k, v = (jnp.asarray(x, jnp.float32) for x in _qkv(rng, n=6, lq=6))
   key = jax.random.PRNGKey(0)
   mod = lambda max_length=8, causal=False, **options: ea.mechanism_module(
-      'linformer', causal=causal, max_length=max_length, options=options)
+    'linformer', causal=causal, max_length=max_length, options=options
+  )
   with pytest.raises(ValueError, match="'linformer' has no causal form"):
     mod(k_proj=4, causal=True)
   with pytest.raises(ValueError, match='max_length'):
@@ -142,19 +152,26 @@ def test_errors():
     linformer_attention(q, k, v, jnp.ones((3, 2, 8)), jnp.ones((3, 2, 8)))
 
 
-@pytest.mark.parametrize('sharing, expected', [
+@pytest.mark.parametrize(
+  'sharing, expected',
+  [
     ('none', {'e_proj': (2, 4, 8), 'f_proj': (2, 4, 8)}),
     ('headwise', {'e_proj': (4, 8), 'f_proj': (4, 8)}),
     ('kv', {'kv_proj': (4, 8)}),
     ('layerwise', {}),
-])
+  ],
+)
 def test_module_params_and_apply(sharing, expected):
   rng = np.random.default_rng(6)
   q, k, v = (jnp.asarray(x, jnp.float32) for x in _qkv(rng, n=6, lq=6))
   shared = jnp.asarray(rng.normal(size=(4, 8)), jnp.float32) if sharing == 'layerwise' else None
-  mod = ea.mechanism_module('linformer', max_length=8, param_dtype=jnp.bfloat16,
-                            options=dict(k_proj=4, sharing=sharing),
-                            shared_params={'kv_proj': shared} if shared is not None else None)
+  mod = ea.mechanism_module(
+    'linformer',
+    max_length=8,
+    param_dtype=jnp.bfloat16,
+    options=dict(k_proj=4, sharing=sharing),
+    shared_params={'kv_proj': shared} if shared is not None else None,
+  )
   variables = mod.init(jax.random.PRNGKey(0), q, k, v)
   params = variables.get('params', {})
   assert {name: p.shape for name, p in params.items()} == expected
@@ -164,15 +181,16 @@ def test_module_params_and_apply(sharing, expected):
   e = {'none': 'e_proj', 'headwise': 'e_proj', 'kv': 'kv_proj'}.get(sharing)
   e_arr = shared if e is None else params[e]
   f_arr = shared if e is None else params['f_proj' if sharing in ('none', 'headwise') else e]
-  np.testing.assert_allclose(np.asarray(out),
-                             np.asarray(linformer_attention(q, k, v, e_arr, f_arr)),
-                             rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(
+    np.asarray(out), np.asarray(linformer_attention(q, k, v, e_arr, f_arr)), rtol=1e-6, atol=1e-6
+  )
 
 
 def test_k_proj_clamped_to_max_length_and_init_scale():
   q = k = v = jnp.zeros((1, 4, 1, 2))
   params = ea.mechanism_module('linformer', max_length=5, options={'k_proj': 64}).init(
-      jax.random.PRNGKey(0), q, k, v)
+    jax.random.PRNGKey(0), q, k, v
+  )
   assert params['params']['e_proj'].shape == (5, 5)
   e = linformer_projection_init(jax.random.PRNGKey(1), (3, 64, 512))
   np.testing.assert_allclose(float(jnp.var(e)), 1 / (64 + 512), rtol=0.05)
@@ -180,9 +198,18 @@ def test_k_proj_clamped_to_max_length_and_init_scale():
 
 def test_layerwise_sharing_in_a_model():
   """The Encoder creates one E = F for every layer; each layer projects with it."""
-  from efficient_attn.models import Encoder, TransformerConfig  # pylint: disable=g-import-not-at-top
-  config = TransformerConfig(d_model=8, depth=2, num_heads=2, mlp_dim=8, mechanism='linformer',
-                             options={'k_proj': 3, 'sharing': 'layerwise'}, max_length=8)
+  from efficient_attn.models import Encoder  # pylint: disable=g-import-not-at-top
+  from efficient_attn.models import TransformerConfig  # pylint: disable=g-import-not-at-top
+
+  config = TransformerConfig(
+    d_model=8,
+    depth=2,
+    num_heads=2,
+    mlp_dim=8,
+    mechanism='linformer',
+    options={'k_proj': 3, 'sharing': 'layerwise'},
+    max_length=8,
+  )
   x = jnp.asarray(np.random.default_rng(7).normal(size=(1, 6, 8)), jnp.float32)
   variables = Encoder(config).init(jax.random.PRNGKey(0), x)
   params = variables['params']

@@ -1,17 +1,18 @@
 """Tests of efficient_attn.mechanisms.local against a dense float64 NumPy reference."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pattern_reference
 import pytest
 
-from efficient_attn.mechanisms import local
-import pattern_reference
 import efficient_attn as ea
+from efficient_attn.mechanisms import local
 
 # Jitted once per shape: much faster on CPU than op-by-op dispatch.
-local_attention = jax.jit(local.local_attention,
-                          static_argnames=('window', 'causal', 'scale', 'block_size'))
-
+local_attention = jax.jit(
+  local.local_attention, static_argnames=('window', 'causal', 'scale', 'block_size')
+)
 
 
 def np_band(n, window, causal):
@@ -24,19 +25,23 @@ def np_band(n, window, causal):
 def np_local(q, k, v, window, causal=False, key_padding=None, scale=None):
   """Dense banded softmax in float64; rows with no allowed key give 0."""
   n = np.shape(q)[1]
-  return pattern_reference.np_masked_attention(q, k, v, np_band(n, window, causal)[None, None],
-                                               key_padding, scale)
+  return pattern_reference.np_masked_attention(
+    q, k, v, np_band(n, window, causal)[None, None], key_padding, scale
+  )
 
 
 def _qkv(rng, b=2, n=11, h=2, d=4, dv=3, dtype=np.float64):
-  return (rng.normal(size=(b, n, h, d)).astype(dtype),
-          rng.normal(size=(b, n, h, d)).astype(dtype),
-          rng.normal(size=(b, n, h, dv)).astype(dtype))
+  return (
+    rng.normal(size=(b, n, h, d)).astype(dtype),
+    rng.normal(size=(b, n, h, d)).astype(dtype),
+    rng.normal(size=(b, n, h, dv)).astype(dtype),
+  )
 
 
 @pytest.mark.parametrize('causal', [False, True])
-@pytest.mark.parametrize('window, block_size', [(1, None), (4, None), (5, None), (6, 4),
-                                                (3, 1), (7, 16)])
+@pytest.mark.parametrize(
+  'window, block_size', [(1, None), (4, None), (5, None), (6, 4), (3, 1), (7, 16)]
+)
 def test_matches_dense_reference(x64, causal, window, block_size):
   rng = np.random.default_rng(0)
   q, k, v = _qkv(rng, n=11)  # 11 is not a multiple of any block size used
@@ -44,12 +49,13 @@ def test_matches_dense_reference(x64, causal, window, block_size):
   pad[1, 8:] = False
   pad[0, 4] = False
   for mask in (None, pad):
-    got = local_attention(q, k, v, window=window, mask=mask, causal=causal, scale=0.8,
-                          block_size=block_size)
+    got = local_attention(
+      q, k, v, window=window, mask=mask, causal=causal, scale=0.8, block_size=block_size
+    )
     assert got.dtype == jnp.float64
-    np.testing.assert_allclose(np.asarray(got),
-                               np_local(q, k, v, window, causal, mask, scale=0.8),
-                               rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(
+      np.asarray(got), np_local(q, k, v, window, causal, mask, scale=0.8), rtol=1e-10, atol=1e-12
+    )
 
 
 @pytest.mark.parametrize('causal', [False, True])
@@ -76,12 +82,12 @@ def test_causal_no_look_ahead():
   grads = jax.jit(jax.grad(out_at_t, argnums=(0, 1, 2)))(q, k, v)
   for g in grads:
     g = np.asarray(g)
-    assert np.all(g[:, t + 1:] == 0)
+    assert np.all(g[:, t + 1 :] == 0)
   gq, gk, gv = (np.asarray(g) for g in grads)
   assert np.any(gq[:, t] != 0)
   # Window 3: keys t-2, t-1, t carry gradient; older keys do not.
-  assert np.all(np.any(gv[:, t - 2:t + 1] != 0, axis=(0, 2, 3)))
-  assert np.all(gv[:, :t - 2] == 0) and np.all(gk[:, :t - 2] == 0)
+  assert np.all(np.any(gv[:, t - 2 : t + 1] != 0, axis=(0, 2, 3)))
+  assert np.all(gv[:, : t - 2] == 0) and np.all(gk[:, : t - 2] == 0)
 
 
 def test_padded_keys_do_not_matter():
@@ -98,8 +104,9 @@ def test_padded_keys_do_not_matter():
     out2 = local_attention(q, k2, v2, window=4, mask=pad, causal=causal)
     np.testing.assert_allclose(np.asarray(out1), np.asarray(out2), rtol=1e-6, atol=1e-6)
     # A flax-style [b, h, q, k] mask is reduced to the same key padding.
-    out3 = local_attention(q, k2, v2, window=4, causal=causal,
-                           mask=pad[:, None, :, None] & pad[:, None, None, :])
+    out3 = local_attention(
+      q, k2, v2, window=4, causal=causal, mask=pad[:, None, :, None] & pad[:, None, None, :]
+    )
     np.testing.assert_allclose(np.asarray(out1), np.asarray(out3), rtol=1e-6, atol=1e-6)
 
 
@@ -151,6 +158,5 @@ def test_module_init_apply():
     out = jax.jit(mod.apply)(variables, q, k, v)
     assert out.shape == (2, 9, 2, 3) and out.dtype == jnp.float32
     np.testing.assert_allclose(np.asarray(out), np_local(q, k, v, 4, causal), atol=1e-5)
-  out = ea.mechanism_module('local', options={'window': 4}, dtype=jnp.bfloat16).apply(
-      {}, q, k, v)
+  out = ea.mechanism_module('local', options={'window': 4}, dtype=jnp.bfloat16).apply({}, q, k, v)
   assert out.dtype == jnp.bfloat16

@@ -1,22 +1,25 @@
 """Mamba-2 (Dao & Gu 2024): naive, chunkwise and decoding forms equal the float64 definition."""
+
 import functools
 
+import gated_helpers as gh
 import jax
 import numpy as np
 import pytest
 
 import efficient_attn as ea
-import gated_helpers as gh
 
 
 def reference(p, q, k, v, x, ngroups=None):
   """Short conv (with its bias, as mamba_ssm's) + SiLU on C, B, X (B and C on their groups,
   then repeated to the heads); dt, A per head; D skip; gated RMSNorm over the full width or
   each group (float64)."""
-  q, k, v = (gh.silu(gh.causal_conv(a, p[f'{n}_conv']) + p.get(f'{n}_conv_bias', 0.0))
-             for a, n in zip((q, k, v), 'qkv'))
+  q, k, v = (
+    gh.silu(gh.causal_conv(a, p[f'{n}_conv']) + p.get(f'{n}_conv_bias', 0.0))
+    for a, n in zip((q, k, v), 'qkv')
+  )
   q, k = (np.repeat(a, v.shape[2] // a.shape[2], axis=2) for a in (q, k))  # shared groups
-  dt = np.logaddexp(0.0, x @ p['dt_kernel'] + p['dt_bias'])               # [b, n, h]
+  dt = np.logaddexp(0.0, x @ p['dt_kernel'] + p['dt_bias'])  # [b, n, h]
   g = (-np.exp(p['A_log']) * dt)[..., None]
   y = gh.per_head(gh.decay_recurrence, q, k * dt[..., None], v, g) + p['D'][:, None] * v
   y = y * gh.silu(np.einsum('bnf,fhd->bnhd', x, p['gate_kernel']))
@@ -36,9 +39,13 @@ def test_shared_b_and_c_of_d_state_equal_the_definition(ngroups, heads):
   with d_state 128), and ngroups=2 of 4 heads (head i reads group i // 2, as mamba_ssm's
   repeat; the gated norm per group), with d_state 6 != head_dim 4, at 13 tokens (not a
   multiple of the chunk)."""
-  gh.check_three_forms('mamba2', functools.partial(reference, ngroups=ngroups),
-                       {'chunk_size': 4, 'ngroups': ngroups, 'd_state': 6}, length=13,
-                       heads=heads)
+  gh.check_three_forms(
+    'mamba2',
+    functools.partial(reference, ngroups=ngroups),
+    {'chunk_size': 4, 'ngroups': ngroups, 'd_state': 6},
+    length=13,
+    heads=heads,
+  )
 
 
 def test_without_its_conv_bias_equals_the_definition():

@@ -1,19 +1,23 @@
 """Tests of efficient_attn.mechanisms.mixer against a float64 NumPy reference."""
+
+from helpers import value_and_grads
 import jax
 import jax.numpy as jnp
 import numpy as np
+from pattern_reference import flax_mask
+from pattern_reference import inputs
+from pattern_reference import padding
+from pattern_reference import with_noise_at_padding
 import pytest
 
 from efficient_attn.mechanisms import mixer
-from helpers import value_and_grads
-from pattern_reference import flax_mask, inputs, padding, with_noise_at_padding
 
 token_mixing = jax.jit(mixer.token_mixing, static_argnames=('causal',))
 
 
 def np_gelu(x):
   """The tanh approximation of GELU (flax's default, the official Mixer code's)."""
-  return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+  return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
 
 
 def np_token_mixing(v, w1, b1, w2, b2, key_padding=None):
@@ -31,8 +35,12 @@ def np_token_mixing(v, w1, b1, w2, b2, key_padding=None):
 
 def _weights(seed=3, length=12, hidden=5):
   rng = np.random.default_rng(seed)
-  return (rng.normal(size=(length, hidden)), rng.normal(size=(hidden,)),
-          rng.normal(size=(hidden, length)), rng.normal(size=(length,)))
+  return (
+    rng.normal(size=(length, hidden)),
+    rng.normal(size=(hidden,)),
+    rng.normal(size=(hidden, length)),
+    rng.normal(size=(length,)),
+  )
 
 
 def test_matches_numpy_reference(x64):
@@ -43,8 +51,9 @@ def test_matches_numpy_reference(x64):
   for mask, key_padding in ((None, None), (pad, pad), (flax_mask(pad), pad)):
     got = token_mixing(q, k, v, *weights, mask)
     assert got.dtype == jnp.float64 and got.shape == v.shape
-    np.testing.assert_allclose(np.asarray(got), np_token_mixing(v, *weights, key_padding),
-                               rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(
+      np.asarray(got), np_token_mixing(v, *weights, key_padding), rtol=1e-10, atol=1e-10
+    )
 
 
 def test_gradients_match_numpy_reference(x64):
@@ -54,8 +63,10 @@ def test_gradients_match_numpy_reference(x64):
   gv = jax.grad(lambda v: jnp.sum(token_mixing(q, k, v, w1, b1, w2, b2)))(jnp.asarray(v))
   gw = jax.grad(lambda w: jnp.sum(token_mixing(q, k, v, w, b1, w2, b2)))(jnp.asarray(w1))
   eps = 1e-6
-  for got, x, at in ((gv, v, lambda d: np_token_mixing(v + d, w1, b1, w2, b2)),
-                     (gw, w1, lambda d: np_token_mixing(v, w1 + d, b1, w2, b2))):
+  for got, x, at in (
+    (gv, v, lambda d: np_token_mixing(v + d, w1, b1, w2, b2)),
+    (gw, w1, lambda d: np_token_mixing(v, w1 + d, b1, w2, b2)),
+  ):
     num = np.zeros_like(x)
     for idx in np.ndindex(*x.shape):
       d = np.zeros_like(x)
@@ -76,8 +87,9 @@ def test_padded_values_move_no_output_and_shorter_input_is_zero_padding(x64):
   assert np.all(np.asarray(gq) == 0) and np.all(np.asarray(gk) == 0)  # q, k are unused
   zpad = lambda x: np.pad(x, ((0, 0), (0, 2), (0, 0), (0, 0)))
   full = token_mixing(zpad(q), zpad(k), zpad(v), *weights)
-  np.testing.assert_allclose(np.asarray(token_mixing(q, k, v, *weights)),
-                             np.asarray(full)[:, :10], rtol=1e-12, atol=1e-12)
+  np.testing.assert_allclose(
+    np.asarray(token_mixing(q, k, v, *weights)), np.asarray(full)[:, :10], rtol=1e-12, atol=1e-12
+  )
 
 
 def test_refusals_are_one_line():

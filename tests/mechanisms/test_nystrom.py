@@ -1,18 +1,19 @@
 """Tests of efficient_attn.mechanisms.nystrom against a float64 NumPy reference."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from efficient_attn.mechanisms import nystrom
 import efficient_attn as ea
+from efficient_attn.mechanisms import nystrom
 from efficient_attn.mechanisms.nystrom import depthwise_conv_skip
 
 # Jitted once per shape: much faster on CPU than op-by-op dispatch.
-nystrom_attention = jax.jit(nystrom.nystrom_attention,
-                            static_argnames=('num_landmarks', 'pinv_iterations', 'scale'))
+nystrom_attention = jax.jit(
+  nystrom.nystrom_attention, static_argnames=('num_landmarks', 'pinv_iterations', 'scale')
+)
 iterative_pinv = jax.jit(nystrom.iterative_pinv, static_argnames=('iterations',))
-
 
 
 def _np_softmax(s, valid=None):
@@ -49,8 +50,9 @@ def np_landmarks(x, m, real):
   return means, valid
 
 
-def np_nystrom(q, k, v, m, key_padding=None, query_padding=None, iterations=6, scale=None,
-               conv_kernel=None):
+def np_nystrom(
+  q, k, v, m, key_padding=None, query_padding=None, iterations=6, scale=None, conv_kernel=None
+):
   q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
   b, lq, h, d = q.shape
   lk = k.shape[1]
@@ -72,14 +74,16 @@ def np_nystrom(q, k, v, m, key_padding=None, query_padding=None, iterations=6, s
         ks = conv_kernel.shape[0]
         vz = np.pad(vv * kp[bi][:, None], ((ks // 2, ks - 1 - ks // 2), (0, 0)))
         for i in range(lq):
-          out[bi, i, hi] += conv_kernel[:, hi] @ vz[i:i + ks]
+          out[bi, i, hi] += conv_kernel[:, hi] @ vz[i : i + ks]
   return out
 
 
 def _qkv(rng, b=2, lq=7, n=7, h=2, d=4, dv=3, dtype=np.float64):
-  return (rng.normal(size=(b, lq, h, d)).astype(dtype),
-          rng.normal(size=(b, n, h, d)).astype(dtype),
-          rng.normal(size=(b, n, h, dv)).astype(dtype))
+  return (
+    rng.normal(size=(b, lq, h, d)).astype(dtype),
+    rng.normal(size=(b, n, h, d)).astype(dtype),
+    rng.normal(size=(b, n, h, dv)).astype(dtype),
+  )
 
 
 def _exact(q, k, v, valid=None):
@@ -92,8 +96,9 @@ def test_matches_numpy_reference(x64, n, m):
   rng = np.random.default_rng(0)
   q, k, v = _qkv(rng, lq=n, n=n)
   got = nystrom_attention(q, k, v, m, scale=0.6)
-  np.testing.assert_allclose(np.asarray(got), np_nystrom(q, k, v, m, scale=0.6),
-                             rtol=1e-9, atol=1e-10)
+  np.testing.assert_allclose(
+    np.asarray(got), np_nystrom(q, k, v, m, scale=0.6), rtol=1e-9, atol=1e-10
+  )
 
 
 def test_matches_numpy_reference_masked_and_conv(x64):
@@ -105,13 +110,19 @@ def test_matches_numpy_reference_masked_and_conv(x64):
   pad[1, 8] = False
   kernel = rng.normal(size=(5, 2))
   got = nystrom_attention(q, k, v, 4, mask=pad, conv_kernel=kernel, pinv_iterations=8)
-  ref = np_nystrom(q, k, v, 4, key_padding=pad, query_padding=pad, iterations=8,
-                   conv_kernel=kernel)
+  ref = np_nystrom(q, k, v, 4, key_padding=pad, query_padding=pad, iterations=8, conv_kernel=kernel)
   assert np.all(np.isfinite(np.asarray(got)))
   np.testing.assert_allclose(np.asarray(got), ref, rtol=1e-9, atol=1e-10)
   # A flax-style [b, h, q, k] mask gives the same query and key padding.
-  got4 = nystrom_attention(q, k, v, 4, mask=pad[:, None, :, None] & pad[:, None, None, :],
-                           conv_kernel=kernel, pinv_iterations=8)
+  got4 = nystrom_attention(
+    q,
+    k,
+    v,
+    4,
+    mask=pad[:, None, :, None] & pad[:, None, None, :],
+    conv_kernel=kernel,
+    pinv_iterations=8,
+  )
   np.testing.assert_allclose(np.asarray(got4), np.asarray(got), rtol=1e-12, atol=1e-12)
 
 
@@ -121,8 +132,9 @@ def test_cross_attention_reference(x64):
   pad = np.ones((2, 8), bool)
   pad[1, 6:] = False
   got = nystrom_attention(q, k, v, 4, mask=pad)
-  np.testing.assert_allclose(np.asarray(got), np_nystrom(q, k, v, 4, key_padding=pad),
-                             rtol=1e-9, atol=1e-10)
+  np.testing.assert_allclose(
+    np.asarray(got), np_nystrom(q, k, v, 4, key_padding=pad), rtol=1e-9, atol=1e-10
+  )
 
 
 def test_as_many_landmarks_as_tokens_is_exact(x64):
@@ -242,16 +254,20 @@ def test_errors():
 def test_module_init_apply():
   rng = np.random.default_rng(10)
   q, k, v = (jnp.asarray(x, jnp.float32) for x in _qkv(rng, lq=9, n=9))
-  mod = ea.mechanism_module('nystrom', param_dtype=jnp.bfloat16,
-                            options=dict(num_landmarks=3, conv_kernel_size=5))
+  mod = ea.mechanism_module(
+    'nystrom', param_dtype=jnp.bfloat16, options=dict(num_landmarks=3, conv_kernel_size=5)
+  )
   variables = jax.jit(mod.init)(jax.random.PRNGKey(0), q, k, v)
   kernel = variables['params']['conv_kernel']
   assert kernel.shape == (5, 2) and kernel.dtype == jnp.bfloat16
   out = jax.jit(mod.apply)(variables, q, k, v)
   assert out.shape == (2, 9, 2, 3) and out.dtype == jnp.float32
   np.testing.assert_allclose(
-      np.asarray(out), np.asarray(nystrom_attention(q, k, v, 3, conv_kernel=kernel)),
-      rtol=1e-6, atol=1e-6)
+    np.asarray(out),
+    np.asarray(nystrom_attention(q, k, v, 3, conv_kernel=kernel)),
+    rtol=1e-6,
+    atol=1e-6,
+  )
   # Default: no parameters; 32 landmarks clamped to the sequence length (exact).
   mod = ea.mechanism_module('nystrom', options={'pinv_iterations': 20})
   variables = jax.jit(mod.init)(jax.random.PRNGKey(0), q, k, v)

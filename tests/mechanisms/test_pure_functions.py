@@ -6,15 +6,16 @@ are the recurrence alone, the layer's parameters (convolution, gate projections,
 output norm) left out: each equals the mechanism's own token-by-token scan of the
 inputs its layer builds, in both forms, and a padded token changes nothing.
 """
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import efficient_attn as ea
-from efficient_attn.ops import gated_linear
 from efficient_attn import mechanisms
 from efficient_attn import registry
+from efficient_attn.ops import gated_linear
 
 B, N, H, D = 2, 11, 2, 4  # 11 tokens: chunks of 4 with a padded last one
 
@@ -31,6 +32,7 @@ def test_every_registered_family_has_its_pure_function():
   assert set(mechanisms.FUNCTIONS.values()) <= set(dir(mechanisms))
   from efficient_attn.mechanisms import softmax_attention  # pylint: disable=g-import-not-at-top
   from efficient_attn.ops import scaled_dot_product  # pylint: disable=g-import-not-at-top
+
   assert softmax_attention is scaled_dot_product.softmax_attention  # moved, and re-exported here
   with pytest.raises(ValueError, match="mechanism 'nope' is not registered; valid choices: "):
     mechanisms.pure_function('nope')
@@ -57,18 +59,21 @@ def _pure(name, q, k, v, gates, params, **kwargs):
   if name == 'gla':
     return ea.mechanisms.gla_attention(q, k, v, gates['log_decay'], **kwargs)
   if name == 'mamba2':
-    return ea.mechanisms.mamba2_attention(q, k, v, gates['dt'], params['A_log'], params['D'],
-                                          **kwargs)
-  return ea.mechanisms.delta_rule_attention(q, k, v, gates['beta'], gates.get('log_decay'),
-                                            **kwargs)
+    return ea.mechanisms.mamba2_attention(
+      q, k, v, gates['dt'], params['A_log'], params['D'], **kwargs
+    )
+  return ea.mechanisms.delta_rule_attention(
+    q, k, v, gates['beta'], gates.get('log_decay'), **kwargs
+  )
 
 
 GATED = ('deltanet', 'gated_deltanet', 'gla', 'mamba2', 'retention')
 
 
 def test_the_gated_families_are_these():
-  assert set(GATED) == set(registry.names_where(
-      lambda m: isinstance(m, gated_linear.GatedRecurrence)))
+  assert set(GATED) == set(
+    registry.names_where(lambda m: isinstance(m, gated_linear.GatedRecurrence))
+  )
 
 
 def _inputs(name):
@@ -108,18 +113,27 @@ def test_a_padded_token_neither_writes_nor_decays(name):
 def test_a_bad_call_is_one_line_naming_the_function():
   _, _, q, k, v, params, gates = _inputs('gla')
   cases = [
-      (lambda: ea.mechanisms.retention_attention(q, k, v, form='fast'),
-       "retention_attention: form='fast' is not valid"),
-      (lambda: ea.mechanisms.gla_attention(q, k, v, gates['log_decay'], chunk_size=0),
-       'gla_attention: chunk_size=0 is not valid'),
-      (lambda: ea.mechanisms.gla_attention(q, k, v, gates['log_decay'][..., :3]),
-       'gla_attention: log_decay of shape (2, 11, 2, 3) does not fit q (2, 11, 2, 4); '
-       'valid: [2, 11, 2, 4] or [2, 11, 2, 1]'),
-      (lambda: ea.mechanisms.delta_rule_attention(q, k, v, jnp.ones((B, N))),
-       'delta_rule_attention: beta of shape (2, 11) does not fit'),
-      (lambda: ea.mechanisms.mamba2_attention(q, k[:, :5], v, jnp.ones((B, N, H)),
-                                              params['A_log']),
-       'mamba2_attention'),
+    (
+      lambda: ea.mechanisms.retention_attention(q, k, v, form='fast'),
+      "retention_attention: form='fast' is not valid",
+    ),
+    (
+      lambda: ea.mechanisms.gla_attention(q, k, v, gates['log_decay'], chunk_size=0),
+      'gla_attention: chunk_size=0 is not valid',
+    ),
+    (
+      lambda: ea.mechanisms.gla_attention(q, k, v, gates['log_decay'][..., :3]),
+      'gla_attention: log_decay of shape (2, 11, 2, 3) does not fit q (2, 11, 2, 4); '
+      'valid: [2, 11, 2, 4] or [2, 11, 2, 1]',
+    ),
+    (
+      lambda: ea.mechanisms.delta_rule_attention(q, k, v, jnp.ones((B, N))),
+      'delta_rule_attention: beta of shape (2, 11) does not fit',
+    ),
+    (
+      lambda: ea.mechanisms.mamba2_attention(q, k[:, :5], v, jnp.ones((B, N, H)), params['A_log']),
+      'mamba2_attention',
+    ),
   ]
   for call, message in cases:
     with pytest.raises(ValueError) as e:

@@ -1,20 +1,24 @@
 """Tests of RFA and Performer attention (tiny shapes, CPU)."""
+
 import functools
 import math
 
 import flax.linen as nn
+from helpers import PAD
+from helpers import assert_no_lookahead
+from helpers import np_kernel_ref
+from helpers import np_safe
+from helpers import value_and_grads
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import efficient_attn as ea
-
-from efficient_attn.ops import feature_maps
-from efficient_attn.ops import kernel_attention as kernel_core
 from efficient_attn.mechanisms import linear
 from efficient_attn.mechanisms import random_features as rf
-from helpers import PAD, assert_no_lookahead, np_kernel_ref, np_safe, value_and_grads
+from efficient_attn.ops import feature_maps
+from efficient_attn.ops import kernel_attention as kernel_core
 
 EPS = 1e-6
 
@@ -98,27 +102,32 @@ def test_rfa_matches_reference(x64, causal, sigma):
   w = projection(dtype=jnp.float64)
   sigma = np.array([0.7, 1.3]) if sigma == 'per_head' else sigma
   out = jax.jit(functools.partial(rf.rfa_attention, causal=causal, chunk_size=4))(
-      q, k, v, w, PAD, sigma=jnp.asarray(sigma))
-  ref = np_kernel_ref(np_rfa_phi(q, w, sigma), np_rfa_phi(k, w, sigma), np.asarray(v),
-                      PAD, causal, eps=EPS)
+    q, k, v, w, PAD, sigma=jnp.asarray(sigma)
+  )
+  ref = np_kernel_ref(
+    np_rfa_phi(q, w, sigma), np_rfa_phi(k, w, sigma), np.asarray(v), PAD, causal, eps=EPS
+  )
   np.testing.assert_allclose(out, ref, rtol=1e-9, atol=1e-11)
 
 
 def test_rfa_gated_matches_recurrence_and_steps(x64):
   q, k, v, gate = inputs(dtype=jnp.float64)
   w = projection(dtype=jnp.float64)
-  ref = np_gated_ref(np_rfa_phi(q, w, 1.0), np_rfa_phi(k, w, 1.0), np.asarray(v),
-                     np.asarray(gate), PAD)
-  for chunk in (3, 16):   # 3 does not divide 10, 16 > length
+  ref = np_gated_ref(
+    np_rfa_phi(q, w, 1.0), np_rfa_phi(k, w, 1.0), np.asarray(v), np.asarray(gate), PAD
+  )
+  for chunk in (3, 16):  # 3 does not divide 10, 16 > length
     out = jax.jit(functools.partial(rf.rfa_attention, causal=True, chunk_size=chunk))(
-        q, k, v, w, PAD, gate=gate)
+      q, k, v, w, PAD, gate=gate
+    )
     np.testing.assert_allclose(out, ref, rtol=1e-9, atol=1e-11)
   step = jax.jit(rf.rfa_attention_step)
   state = linear.init_kernel_state(2, 2, 2 * w.shape[0], 3, jnp.float64)
   outs = []
   for t in range(10):
-    state, out_t = step(state, q[:, t], k[:, t], v[:, t], w, gate_t=gate[:, t],
-                    key_valid=jnp.asarray(PAD[:, t]))
+    state, out_t = step(
+      state, q[:, t], k[:, t], v[:, t], w, gate_t=gate[:, t], key_valid=jnp.asarray(PAD[:, t])
+    )
     outs.append(out_t)
   np.testing.assert_allclose(jnp.stack(outs, 1), ref, rtol=1e-9, atol=1e-11)
   with pytest.raises(ValueError, match='causal'):
@@ -130,10 +139,17 @@ def test_performer_matches_reference(x64, causal):
   q, k, v, _ = inputs(dtype=jnp.float64)
   w = projection(dtype=jnp.float64)
   out = jax.jit(functools.partial(rf.performer_attention, causal=causal, chunk_size=3))(
-      q, k, v, w, PAD)
+    q, k, v, w, PAD
+  )
   # The reference has no stabilisers at all: they must cancel.
-  ref = np_kernel_ref(np_favor_phi(q, w), np_favor_phi(k, w), np.asarray(v), PAD, causal,
-                      eps=rf.performer_eps(jnp.float64))
+  ref = np_kernel_ref(
+    np_favor_phi(q, w),
+    np_favor_phi(k, w),
+    np.asarray(v),
+    PAD,
+    causal,
+    eps=rf.performer_eps(jnp.float64),
+  )
   np.testing.assert_allclose(out, ref, rtol=1e-9, atol=1e-11)
 
 
@@ -148,8 +164,10 @@ def test_performer_rows_one_at_a_time_equal_all_at_once(x64, causal, monkeypatch
   for loop in (False, True):
     monkeypatch.setitem(kernel_core.LOOP_ROWS, jax.default_backend(), loop)
     fn = functools.partial(rf.performer_attention, causal=causal, chunk_size=3, mask=PAD)
-    results[loop] = (value_and_grads(lambda q, k, v: fn(q, k, v, w))(q, k, v),
-                     fn(q, k, v, w, return_state=True)[1])
+    results[loop] = (
+      value_and_grads(lambda q, k, v: fn(q, k, v, w))(q, k, v),
+      fn(q, k, v, w, return_state=True)[1],
+    )
   for a, b in zip(jax.tree.leaves(results[False]), jax.tree.leaves(results[True])):
     np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
 
@@ -157,10 +175,14 @@ def test_performer_rows_one_at_a_time_equal_all_at_once(x64, causal, monkeypatch
 def test_performer_steps_equal_parallel(x64):
   q, k, v, _ = inputs(dtype=jnp.float64, scale=2.0)
   w = projection(dtype=jnp.float64)
-  par = jax.jit(functools.partial(rf.performer_attention, causal=True, chunk_size=4))(
-      q, k, v, w)
-  ref = np_kernel_ref(np_favor_phi(q, w), np_favor_phi(k, w), np.asarray(v), causal=True,
-                      eps=rf.performer_eps(jnp.float64))
+  par = jax.jit(functools.partial(rf.performer_attention, causal=True, chunk_size=4))(q, k, v, w)
+  ref = np_kernel_ref(
+    np_favor_phi(q, w),
+    np_favor_phi(k, w),
+    np.asarray(v),
+    causal=True,
+    eps=rf.performer_eps(jnp.float64),
+  )
   np.testing.assert_allclose(par, ref, rtol=1e-9, atol=1e-11)
   step = jax.jit(rf.performer_attention_step)
   state = linear.init_kernel_state(2, 2, w.shape[0], 3, jnp.float64)
@@ -170,23 +192,24 @@ def test_performer_steps_equal_parallel(x64):
     outs.append(out_t)
   np.testing.assert_allclose(jnp.stack(outs, 1), par, rtol=1e-9, atol=1e-11)
   # Prefill 6 tokens in parallel, then decode the rest ([b, 1, h, d] tokens).
-  _, state = jax.jit(functools.partial(rf.performer_attention, causal=True,
-                                       return_state=True))(q[:, :6], k[:, :6], v[:, :6], w)
+  _, state = jax.jit(functools.partial(rf.performer_attention, causal=True, return_state=True))(
+    q[:, :6], k[:, :6], v[:, :6], w
+  )
   for t in range(6, 10):
-    state, out_t = step(state, q[:, t:t + 1], k[:, t:t + 1], v[:, t:t + 1], w)
+    state, out_t = step(state, q[:, t : t + 1], k[:, t : t + 1], v[:, t : t + 1], w)
     np.testing.assert_allclose(out_t[:, 0], par[:, t], rtol=1e-9, atol=1e-11)
 
 
 def test_performer_error_shrinks_with_features():
   q, k, v, _ = inputs(b=1, l=16, h=2, d=8, dv=4)
-  q, k = q * 0.4, k * 0.4   # the estimator's variance grows like exp(|q + k|^2)
+  q, k = q * 0.4, k * 0.4  # the estimator's variance grows like exp(|q + k|^2)
   exact = np_softmax_attention(q, k, v)
   fn = jax.jit(rf.performer_attention)
   errors = []
   for m in (16, 256, 2048):
     errs = []
     for seed in range(8):
-      w = projection(m, 8, seed=100 + seed)   # whole blocks of one draw
+      w = projection(m, 8, seed=100 + seed)  # whole blocks of one draw
       approx = np.asarray(fn(q, k, v, w), np.float64)
       errs.append(np.linalg.norm(approx - exact) / np.linalg.norm(exact))
     errors.append(float(np.mean(errs)))
@@ -214,8 +237,9 @@ def test_no_lookahead(kind):
     assert_no_lookahead(fn, (q, k, v, gate), past_args=(1, 2, 3))
 
 
-@pytest.mark.parametrize('kind,causal', [('rfa', False), ('rfa_gated', True),
-                                         ('performer', False), ('performer', True)])
+@pytest.mark.parametrize(
+  'kind,causal', [('rfa', False), ('rfa_gated', True), ('performer', False), ('performer', True)]
+)
 def test_padded_keys_get_zero_weight(kind, causal):
   q, k, v, gate = inputs()
   w = projection()
@@ -227,8 +251,9 @@ def test_padded_keys_get_zero_weight(kind, causal):
   if kind == 'performer':
     fn = lambda q, k, v, g: rf.performer_attention(q, k, v, w, mask=pad, causal=causal)
   else:
-    fn = lambda q, k, v, g: rf.rfa_attention(q, k, v, w, mask=pad, causal=causal,
-                                             gate=g if kind == 'rfa_gated' else None)
+    fn = lambda q, k, v, g: rf.rfa_attention(
+      q, k, v, w, mask=pad, causal=causal, gate=g if kind == 'rfa_gated' else None
+    )
   vg = value_and_grads(fn, num_args=4)
   out, _ = vg(q, k, v, gate)
   out2, (_, gk, gv, gg) = vg(q, k2, v2, gate2)
@@ -242,8 +267,10 @@ def test_padded_keys_get_zero_weight(kind, causal):
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize('kind,causal', [('rfa', False), ('rfa', True), ('rfa_gated', True),
-                                         ('performer', False), ('performer', True)])
+@pytest.mark.parametrize(
+  'kind,causal',
+  [('rfa', False), ('rfa', True), ('rfa_gated', True), ('performer', False), ('performer', True)],
+)
 def test_finite_outputs_and_gradients(kind, causal):
   """bfloat16 inputs with large norms (q, k scaled by 100)."""
   q, k, v, gate = inputs(dtype=jnp.bfloat16, scale=100.0)
@@ -251,8 +278,9 @@ def test_finite_outputs_and_gradients(kind, causal):
   if kind == 'performer':
     fn = lambda q, k, v, g: rf.performer_attention(q, k, v, w, mask=PAD, causal=causal)
   else:
-    fn = lambda q, k, v, g: rf.rfa_attention(q, k, v, w, mask=PAD, causal=causal,
-                                             gate=g if kind == 'rfa_gated' else None)
+    fn = lambda q, k, v, g: rf.rfa_attention(
+      q, k, v, w, mask=PAD, causal=causal, gate=g if kind == 'rfa_gated' else None
+    )
   out, grads = value_and_grads(fn, num_args=4)(q, k, v, gate)
   assert out.dtype == jnp.bfloat16
   assert bool(jnp.all(jnp.isfinite(out.astype(jnp.float32))))
@@ -276,6 +304,7 @@ def test_bf16_close_to_float32():
 
 class Two(nn.Module):
   """Two mechanisms in one model, to check per-layer draws."""
+
   cls: type
   kwargs: dict
 
@@ -289,33 +318,33 @@ class Two(nn.Module):
 def test_performer_fixed_features_and_redraw():
   q, k, v, _ = inputs()
   key = jax.random.PRNGKey(0)
-  model = Two(ea.Mechanism, dict(mechanism='performer',
-                                 options=dict(num_features=32, redraw=True, seed=3)))
+  model = Two(
+    ea.Mechanism, dict(mechanism='performer', options=dict(num_features=32, redraw=True, seed=3))
+  )
   variables = jax.jit(model.init)(key, q, k, v)
-  assert not jax.tree_util.tree_leaves(variables)   # no state for the features
+  assert not jax.tree_util.tree_leaves(variables)  # no state for the features
   apply = jax.jit(model.apply, static_argnames='deterministic')
   a, b = apply(variables, q, k, v)
   # Fixed per layer: PRNGKey(seed) folded with crc32 of the path.
   w = feature_maps.gaussian_projection(feature_maps.fixed_feature_rng(3, ('first',)), 32, 4)
-  np.testing.assert_allclose(a, jax.jit(rf.performer_attention)(q, k, v, w), rtol=1e-5,
-                             atol=1e-6)
-  assert not np.allclose(a, b)                       # each layer its own draw
-  a2, _ = apply(variables, q, k, v)                  # deterministic across calls
+  np.testing.assert_allclose(a, jax.jit(rf.performer_attention)(q, k, v, w), rtol=1e-5, atol=1e-6)
+  assert not np.allclose(a, b)  # each layer its own draw
+  a2, _ = apply(variables, q, k, v)  # deterministic across calls
   np.testing.assert_array_equal(a, a2)
   # Training without a 'features' rng: still the fixed draw.
   np.testing.assert_array_equal(apply(variables, q, k, v, deterministic=False)[0], a)
   # Training with a 'features' rng: fresh features, different per key.
   r1, _ = apply(variables, q, k, v, deterministic=False, rngs={'features': key})
-  r2, _ = apply(variables, q, k, v, deterministic=False,
-                rngs={'features': jax.random.PRNGKey(1)})
+  r2, _ = apply(variables, q, k, v, deterministic=False, rngs={'features': jax.random.PRNGKey(1)})
   assert not np.allclose(r1, a) and not np.allclose(r1, r2)
   # Evaluation ignores the rng.
   np.testing.assert_array_equal(apply(variables, q, k, v, rngs={'features': key})[0], a)
   # redraw=False ignores it even in training.
   fixed = Two(ea.Mechanism, dict(mechanism='performer', options=dict(num_features=32, seed=3)))
   fixed_apply = jax.jit(functools.partial(fixed.apply, deterministic=False))
-  np.testing.assert_allclose(fixed_apply(variables, q, k, v, rngs={'features': key})[0], a,
-                             rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(
+    fixed_apply(variables, q, k, v, rngs={'features': key})[0], a, rtol=1e-5, atol=1e-7
+  )
 
 
 def _stepper(mod, variables):
@@ -342,12 +371,13 @@ def test_rfa_module_gate_sigma_and_step():
   state = _empty_state('rfa', **options)
   outs = []
   for t in range(10):
-    state, out_t = step(state, q[:, t:t + 1], k[:, t:t + 1], v[:, t:t + 1])
+    state, out_t = step(state, q[:, t : t + 1], k[:, t : t + 1], v[:, t : t + 1])
     outs.append(out_t[:, 0])
   np.testing.assert_allclose(jnp.stack(outs, 1), out, rtol=1e-4, atol=1e-5)
   # Gradients reach the gate and sigma.
   g = jax.jit(jax.grad(lambda p: jnp.sum(mod.apply({'params': p}, q, k, v) ** 2)))(
-      variables['params'])
+    variables['params']
+  )
   assert all(float(jnp.max(jnp.abs(x))) > 0 for x in jax.tree_util.tree_leaves(g))
   with pytest.raises(ValueError, match='use_gate=True.*causal'):
     ea.mechanism_module('rfa', options={'use_gate': True}).init(jax.random.PRNGKey(0), q, k, v)
@@ -362,8 +392,9 @@ def test_performer_module_step_and_mask():
   step = _stepper(mod, variables)
   state = _empty_state('performer', **options)
   for t in range(10):
-    state, out_t = step(state, q[:, t:t + 1], k[:, t:t + 1], v[:, t:t + 1])
+    state, out_t = step(state, q[:, t : t + 1], k[:, t : t + 1], v[:, t : t + 1])
     np.testing.assert_allclose(out_t[:, 0], out[:, t], rtol=1e-4, atol=1e-5)
   masked = jax.jit(ea.mechanism_module('performer', options={'num_features': 16}).apply)(
-      {}, q, k, v, mask=PAD[:, None, None, :])
+    {}, q, k, v, mask=PAD[:, None, None, :]
+  )
   assert masked.shape == v.shape and bool(jnp.all(jnp.isfinite(masked)))

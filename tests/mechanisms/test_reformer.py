@@ -1,22 +1,27 @@
 """Tests of efficient_attn.mechanisms.reformer against float64 NumPy references."""
+
+from helpers import PAD
+from helpers import assert_no_lookahead
+from helpers import value_and_grads
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from efficient_attn.mechanisms import reformer
-from efficient_attn.mechanisms.reformer import lsh_rotations, reformer_attention
-from helpers import PAD, assert_no_lookahead, value_and_grads
+from efficient_attn.mechanisms.reformer import lsh_rotations
+from efficient_attn.mechanisms.reformer import reformer_attention
 
 H, D, DV = 2, 4, 3
 # One jitted function for every float64 check (a compilation per static setting).
-_run = jax.jit(reformer_attention, static_argnames=(
-    'causal', 'n_buckets', 'n_hashes', 'chunk_size', 'seed', 'scale'))
+_run = jax.jit(
+  reformer_attention,
+  static_argnames=('causal', 'n_buckets', 'n_hashes', 'chunk_size', 'seed', 'scale'),
+)
 
 
 def _qv(rng, b=2, n=16, dtype=np.float64):
-  return (rng.normal(size=(b, n, H, D)).astype(dtype),
-          rng.normal(size=(b, n, H, DV)).astype(dtype))
+  return (rng.normal(size=(b, n, H, D)).astype(dtype), rng.normal(size=(b, n, H, DV)).astype(dtype))
 
 
 def _keys(x):
@@ -24,8 +29,9 @@ def _keys(x):
   return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + reformer.LENGTH_NORM_EPS)
 
 
-def np_reformer(q, v, n_buckets, n_hashes, chunk_size, seed=0, causal=False,
-                key_padding=None, scale=None):
+def np_reformer(
+  q, v, n_buckets, n_hashes, chunk_size, seed=0, causal=False, key_padding=None, scale=None
+):
   """Float64 LSH attention, one query at a time, given `lsh_rotations(seed, ...)`."""
   q, v = np.asarray(q, np.float64), np.asarray(v, np.float64)
   b, n, h, d = q.shape
@@ -49,14 +55,18 @@ def np_reformer(q, v, n_buckets, n_hashes, chunk_size, seed=0, causal=False,
         for p, i in enumerate(order):
           c = p // chunk
           if causal:  # the chunk most recent earlier keys of i's own bucket, and i
-            cand = [j for j in order[max(p - chunk, 0):p + 1]
-                    if real[bi, j] and bucket[j] == bucket[i] and j <= i]
+            cand = [
+              j
+              for j in order[max(p - chunk, 0) : p + 1]
+              if real[bi, j] and bucket[j] == bucket[i] and j <= i
+            ]
           else:
-            cand = [j for j in order[max(c - 1, 0) * chunk:(c + 1) * chunk] if real[bi, j]]
+            cand = [j for j in order[max(c - 1, 0) * chunk : (c + 1) * chunk] if real[bi, j]]
           if not cand:
             continue
-          s = np.array([scale * x[i] @ keys[j] - (reformer.SELF_SCORE_PENALTY if j == i else 0)
-                        for j in cand])
+          s = np.array(
+            [scale * x[i] @ keys[j] - (reformer.SELF_SCORE_PENALTY if j == i else 0) for j in cand]
+          )
           lse = s.max() + np.log(np.sum(np.exp(s - s.max())))
           outs[r, i] = np.exp(s - lse) @ v[bi, cand, hi]
           lses[r, i] = lse
@@ -91,25 +101,28 @@ def test_one_bucket_one_chunk_is_shared_qk_softmax(x64, causal):
   rng = np.random.default_rng(0)
   q, v = _qv(rng, n=10)
   n_hashes, mask, chunk_size = (2, PAD, 64) if causal else (1, None, 10)
-  got = _run(q, None, v, mask=mask, causal=causal, n_buckets=1, n_hashes=n_hashes,
-             chunk_size=chunk_size)
+  got = _run(
+    q, None, v, mask=mask, causal=causal, n_buckets=1, n_hashes=n_hashes, chunk_size=chunk_size
+  )
   assert got.dtype == jnp.float64
   real = np.ones(q.shape[:2], bool) if mask is None else mask  # padded queries: no meaning
-  np.testing.assert_allclose(np.asarray(got)[real],
-                             np_shared_qk_softmax(q, v, causal, mask)[real],
-                             rtol=1e-10, atol=1e-12)
+  np.testing.assert_allclose(
+    np.asarray(got)[real], np_shared_qk_softmax(q, v, causal, mask)[real], rtol=1e-10, atol=1e-12
+  )
 
 
-@pytest.mark.parametrize('causal, n, chunk, mask, seed', [
-    (False, 16, 4, None, 0), (True, 16, 4, None, 1), (False, 10, 2, PAD, 2),
-    (True, 10, 2, PAD, 3)])
+@pytest.mark.parametrize(
+  'causal, n, chunk, mask, seed',
+  [(False, 16, 4, None, 0), (True, 16, 4, None, 1), (False, 10, 2, PAD, 2), (True, 10, 2, PAD, 3)],
+)
 def test_matches_numpy_reference(x64, causal, n, chunk, mask, seed):
   rng = np.random.default_rng(seed)
   q, v = _qv(rng, n=n)
   kwargs = dict(n_buckets=4, n_hashes=2, chunk_size=chunk, seed=seed, causal=causal, scale=0.8)
   got = _run(q, q, v, mask=mask, **kwargs)
-  np.testing.assert_allclose(np.asarray(got), np_reformer(q, v, key_padding=mask, **kwargs),
-                             rtol=1e-10, atol=1e-12)
+  np.testing.assert_allclose(
+    np.asarray(got), np_reformer(q, v, key_padding=mask, **kwargs), rtol=1e-10, atol=1e-12
+  )
 
 
 def test_hashing_is_not_trivial():
@@ -128,9 +141,14 @@ def test_no_lookahead():
   q, v = (jnp.asarray(x, jnp.float32) for x in _qv(rng))
 
   def fn(q, k, v):
-    return jnp.concatenate([
+    return jnp.concatenate(
+      [
         reformer_attention(q, k, v, causal=True, n_buckets=4, n_hashes=2, chunk_size=chunk)
-        for chunk in (16, 4)], axis=-1)
+        for chunk in (16, 4)
+      ],
+      axis=-1,
+    )
+
   assert_no_lookahead(fn, (q, jnp.zeros_like(q), v), past_args=(0, 2))
 
 
@@ -142,9 +160,14 @@ def test_padded_tokens_do_not_matter():
   q2[~PAD] = 1e3 * rng.normal(size=q2[~PAD].shape)
   v2[~PAD] = 1e3 * rng.normal(size=v2[~PAD].shape)
   flax_mask = PAD[:, None, :, None] & PAD[:, None, None, :]  # reduced to key padding PAD
-  run = jax.jit(lambda q, v: [
-      reformer_attention(q, q, v, mask=flax_mask, causal=causal, n_buckets=4, n_hashes=2,
-                         chunk_size=2) for causal in (False, True)])
+  run = jax.jit(
+    lambda q, v: [
+      reformer_attention(
+        q, q, v, mask=flax_mask, causal=causal, n_buckets=4, n_hashes=2, chunk_size=2
+      )
+      for causal in (False, True)
+    ]
+  )
   for out1, out2 in zip(run(q, v), run(q2, v2)):
     np.testing.assert_allclose(np.asarray(out1)[PAD], np.asarray(out2)[PAD], rtol=1e-6, atol=1e-6)
 
@@ -155,6 +178,7 @@ def test_bf16_finite_outputs_and_grads():
 
   def fn(q, k, v):
     return reformer_attention(q, k, v, mask=PAD, causal=True, n_buckets=4, chunk_size=2)
+
   out, grads = value_and_grads(fn)(q, q, v)
   assert out.dtype == jnp.bfloat16 and out.shape == (2, 10, H, DV)
   for x in (out, grads[0], grads[2]):
@@ -169,7 +193,9 @@ def test_param_specs_and_errors():
   q, v = (jnp.asarray(x, jnp.float32) for x in _qv(rng, n=12))
   with pytest.raises(ValueError, match='n_buckets must be 1 or an even number >= 2, got 3'):
     reformer_attention(q, None, v, n_buckets=3, chunk_size=4)
-  with pytest.raises(ValueError, match=r'reformer_attention: n_hashes=0 is not valid; it must be an int >= 1$'):
+  with pytest.raises(
+    ValueError, match=r'reformer_attention: n_hashes=0 is not valid; it must be an int >= 1$'
+  ):
     reformer_attention(q, None, v, n_hashes=0, chunk_size=4)
   with pytest.raises(ValueError, match='length 12 is not divisible by chunk_size=8'):
     reformer_attention(q, None, v, chunk_size=8)

@@ -1,16 +1,20 @@
 """Tests of efficient_attn.mechanisms.sinkhorn against float64 NumPy references."""
+
 import functools
 
+from helpers import PAD
+from helpers import assert_no_lookahead
+from helpers import value_and_grads
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from efficient_attn.mechanisms import sinkhorn
-from efficient_attn.mechanisms.sinkhorn import (param_specs, sinkhorn_attention,
-                                                sinkhorn_attention_from_logits)
+from efficient_attn.mechanisms.sinkhorn import param_specs
+from efficient_attn.mechanisms.sinkhorn import sinkhorn_attention
+from efficient_attn.mechanisms.sinkhorn import sinkhorn_attention_from_logits
 from efficient_attn.mechanisms.softmax import softmax_attention
-from helpers import PAD, assert_no_lookahead, value_and_grads
 
 H, D, DV = 2, 4, 3
 _OPTIONS = ('causal', 'block_size', 'sinkhorn_iterations', 'temperature', 'sortcut_k', 'scale')
@@ -21,15 +25,18 @@ _balance = jax.jit(sinkhorn.gumbel_sinkhorn, static_argnums=(1, 2, 3))
 
 
 def _qkv(rng, b=2, lq=16, n=16, dtype=np.float64):
-  return (rng.normal(size=(b, lq, H, D)).astype(dtype),
-          rng.normal(size=(b, n, H, D)).astype(dtype),
-          rng.normal(size=(b, n, H, DV)).astype(dtype))
+  return (
+    rng.normal(size=(b, lq, H, D)).astype(dtype),
+    rng.normal(size=(b, n, H, D)).astype(dtype),
+    rng.normal(size=(b, n, H, DV)).astype(dtype),
+  )
 
 
 def _params(max_length, block_size, dtype=jnp.float32, seed=0):
   """Random N(0, 1) sorting networks of `param_specs`' shapes (NumPy: no RNG to compile)."""
-  specs = param_specs(heads=H, head_dim=D, max_length=max_length, block_size=block_size,
-                      sort_hidden_dim=5)
+  specs = param_specs(
+    heads=H, head_dim=D, max_length=max_length, block_size=block_size, sort_hidden_dim=5
+  )
   rng = np.random.default_rng(seed)
   return {n: jnp.asarray(rng.normal(size=shape), dtype) for n, (shape, _) in specs.items()}
 
@@ -42,8 +49,19 @@ def _lse(x, axis):
     return m + np.log(np.sum(np.exp(x - m), axis=axis, keepdims=True))
 
 
-def np_sinkhorn(q, k, v, params, block_size, iterations=8, temperature=0.75, causal=False,
-                sortcut_k=0, key_padding=None, scale=None):
+def np_sinkhorn(
+  q,
+  k,
+  v,
+  params,
+  block_size,
+  iterations=8,
+  temperature=0.75,
+  causal=False,
+  sortcut_k=0,
+  key_padding=None,
+  scale=None,
+):
   """Float64 Sinkhorn attention, one (batch, head) and one query at a time."""
   q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
   p = {name: np.asarray(x, np.float64) for name, x in params.items()}
@@ -70,7 +88,7 @@ def np_sinkhorn(q, k, v, params, block_size, iterations=8, temperature=0.75, cau
         for _ in range(iterations):
           x = np.where(allowed, x - _lse(x, 1), -np.inf)
           if causal:  # column normalisation over the rows i' <= i
-            col = np.stack([_lse(x[:i + 1], 0)[0] for i in range(nb)])
+            col = np.stack([_lse(x[: i + 1], 0)[0] for i in range(nb)])
           else:
             col = _lse(x, 0)
           x = np.where(allowed, x - col, -np.inf)
@@ -88,8 +106,9 @@ def np_sinkhorn(q, k, v, params, block_size, iterations=8, temperature=0.75, cau
           local = [i * bs + s for s in range(bs)]
           keys = np.concatenate([kz[local], ks[i]])
           vals = np.concatenate([vz[local], vs[i]])
-          ok = np.concatenate([real[bi, local] & ((np.arange(bs) <= t % bs) | (not causal)),
-                               s_valid[i]])
+          ok = np.concatenate(
+            [real[bi, local] & ((np.arange(bs) <= t % bs) | (not causal)), s_valid[i]]
+          )
         if ok.any():
           sc = scale * keys[ok] @ q[bi, t, hi]
           w = np.exp(sc - sc.max())
@@ -100,8 +119,10 @@ def np_sinkhorn(q, k, v, params, block_size, iterations=8, temperature=0.75, cau
 PAD16 = np.tile(PAD, (1, 2))[:, :16]  # `helpers.PAD` pattern at length 16
 
 
-@pytest.mark.parametrize('causal, sortcut_k, lq, mask', [
-    (False, 0, 16, 'pad'), (True, 0, 16, 'pad'), (False, 2, 7, 'flax')])
+@pytest.mark.parametrize(
+  'causal, sortcut_k, lq, mask',
+  [(False, 0, 16, 'pad'), (True, 0, 16, 'pad'), (False, 2, 7, 'flax')],
+)
 def test_matches_numpy_reference(x64, causal, sortcut_k, lq, mask):
   rng = np.random.default_rng(0)
   q, k, v = _qkv(rng, n=16, lq=lq)
@@ -114,8 +135,7 @@ def test_matches_numpy_reference(x64, causal, sortcut_k, lq, mask):
   kwargs = dict(block_size=4, temperature=0.6, causal=causal, sortcut_k=sortcut_k)
   got = _run(q, k, v, params, mask=mask, scale=0.7, sinkhorn_iterations=5, **kwargs)
   assert got.dtype == jnp.float64
-  ref = np_sinkhorn(q, k, v, params, key_padding=key_padding, scale=0.7, iterations=5,
-                    **kwargs)
+  ref = np_sinkhorn(q, k, v, params, key_padding=key_padding, scale=0.7, iterations=5, **kwargs)
   np.testing.assert_allclose(np.asarray(got), ref, rtol=1e-10, atol=1e-12)
 
 
@@ -140,11 +160,13 @@ def test_forced_permutation_is_block_local_attention(x64, causal):
   logits = 1e3 * np.eye(4, k=-1 if causal else 0)[None, None]
   perm = _balance(logits, 20, 0.75, causal)
   np.testing.assert_array_equal(np.asarray(perm)[0, 0], logits[0, 0] / 1e3)
-  got = _run_logits(q, k, v, logits, mask=PAD16, causal=causal, block_size=4,
-                    sinkhorn_iterations=20)
+  got = _run_logits(
+    q, k, v, logits, mask=PAD16, causal=causal, block_size=4, sinkhorn_iterations=20
+  )
   full = _block_mask(16, 4, causal)[None, None] & PAD16[:, None, None, :]
-  np.testing.assert_allclose(np.asarray(got), np.asarray(softmax_attention(q, k, v, full)),
-                             rtol=1e-12, atol=1e-12)
+  np.testing.assert_allclose(
+    np.asarray(got), np.asarray(softmax_attention(q, k, v, full)), rtol=1e-12, atol=1e-12
+  )
 
 
 def test_sortcut_of_all_blocks_is_full_attention(x64):
@@ -153,8 +175,9 @@ def test_sortcut_of_all_blocks_is_full_attention(x64):
   q, k, v = _qkv(rng)
   logits = 1e3 * np.eye(4)[::-1][None, None]
   got = _run_logits(q, k, v, logits, mask=PAD16, block_size=4, sortcut_k=4)
-  np.testing.assert_allclose(np.asarray(got), np.asarray(softmax_attention(q, k, v, PAD16)),
-                             rtol=1e-12, atol=1e-12)
+  np.testing.assert_allclose(
+    np.asarray(got), np.asarray(softmax_attention(q, k, v, PAD16)), rtol=1e-12, atol=1e-12
+  )
 
 
 def test_sinkhorn_balancing():
@@ -178,9 +201,11 @@ def test_gumbel_noise_only_with_rng():
   def run(key):
     logits = sinkhorn.sort_logits(sinkhorn.block_summaries(k, None, 4), params, 4)
     noise = sinkhorn.sample_gumbel(key, logits.shape)
-    return (sinkhorn_attention(q, k, v, params, block_size=4),
-            sinkhorn_attention(q, k, v, params, block_size=4, rng=key),
-            sinkhorn_attention_from_logits(q, k, v, logits + noise, block_size=4))
+    return (
+      sinkhorn_attention(q, k, v, params, block_size=4),
+      sinkhorn_attention(q, k, v, params, block_size=4, rng=key),
+      sinkhorn_attention_from_logits(q, k, v, logits + noise, block_size=4),
+    )
 
   det, noisy, expected = (np.asarray(x) for x in run(jax.random.PRNGKey(1)))
   assert not np.allclose(det, noisy)
@@ -205,9 +230,12 @@ def test_padded_keys_do_not_matter():
   k2[~PAD] = 1e3 * rng.normal(size=k2[~PAD].shape)
   v2[~PAD] = 1e3 * rng.normal(size=v2[~PAD].shape)
   params = _params(10, 2)
-  run = jax.jit(lambda q, k, v: [
-      sinkhorn_attention(q, k, v, params, mask=PAD, block_size=2, causal=causal,
-                         sortcut_k=cut) for causal, cut in ((False, 0), (True, 0), (False, 2))])
+  run = jax.jit(
+    lambda q, k, v: [
+      sinkhorn_attention(q, k, v, params, mask=PAD, block_size=2, causal=causal, sortcut_k=cut)
+      for causal, cut in ((False, 0), (True, 0), (False, 2))
+    ]
+  )
   for out1, out2 in zip(run(q, k, v), run(q, k2, v2)):
     np.testing.assert_allclose(np.asarray(out1)[PAD], np.asarray(out2)[PAD], rtol=1e-6, atol=1e-6)
 
@@ -219,6 +247,7 @@ def test_bf16_finite_outputs_and_grads():
 
   def fn(q, k, v, params):  # causal gradients are exercised by test_no_lookahead
     return sinkhorn_attention(q, k, v, params, mask=PAD, block_size=2)
+
   out, grads = value_and_grads(fn, num_args=4)(q, k, v, params)
   assert out.dtype == jnp.bfloat16 and out.shape == (2, 10, H, DV)
   for x in [out] + jax.tree.leaves(grads):
@@ -229,11 +258,14 @@ def test_bf16_finite_outputs_and_grads():
 def test_param_specs():
   specs = param_specs(heads=2, head_dim=4, max_length=32, block_size=8, sinkhorn_iterations=3)
   assert {n: s for n, (s, _) in specs.items()} == {
-      'sort_w1': (2, 4, 4), 'sort_b1': (2, 4), 'sort_w2': (2, 4, 4), 'sort_b2': (2, 4)}
+    'sort_w1': (2, 4, 4),
+    'sort_b1': (2, 4),
+    'sort_w2': (2, 4, 4),
+    'sort_b2': (2, 4),
+  }
   with pytest.raises(ValueError, match='max_length'):
     param_specs(heads=2, head_dim=4, block_size=8)
-  with pytest.raises(ValueError, match='max_length=30 must be a positive multiple of '
-                                       'block_size=8'):
+  with pytest.raises(ValueError, match='max_length=30 must be a positive multiple of block_size=8'):
     param_specs(heads=2, head_dim=4, max_length=30, block_size=8)
 
 
@@ -250,12 +282,16 @@ def test_errors():
     run(block_size=4, sortcut_k=1, causal=True)
   with pytest.raises(ValueError, match=r'sortcut_k must be in \[0, num_blocks=4\], got 5'):
     run(block_size=4, sortcut_k=5)
-  with pytest.raises(ValueError, match=r'sinkhorn_attention: temperature=0.0 is not valid; it must be a finite float > 0.0$'):
+  with pytest.raises(
+    ValueError,
+    match=r'sinkhorn_attention: temperature=0.0 is not valid; it must be a finite float > 0.0$',
+  ):
     run(block_size=4, temperature=0.0)
-  with pytest.raises(ValueError, match=r'sinkhorn_iterations=0 is not valid; it must be an int >= 1$'):
+  with pytest.raises(
+    ValueError, match=r'sinkhorn_iterations=0 is not valid; it must be an int >= 1$'
+  ):
     run(block_size=4, sinkhorn_iterations=0)
   with pytest.raises(ValueError, match='q_length == kv_length'):
     sinkhorn_attention(q[:, :8], k, v, params, block_size=4)
   with pytest.raises(ValueError, match="lack 'sort_b2'"):
-    sinkhorn_attention(q, k, v, {n: p for n, p in params.items() if n != 'sort_b2'},
-                       block_size=4)
+    sinkhorn_attention(q, k, v, {n: p for n, p in params.items() if n != 'sort_b2'}, block_size=4)

@@ -1,19 +1,24 @@
 """Tests of efficient_attn.mechanisms.sparse against a dense float64 NumPy reference."""
+
 import functools
 
+from helpers import assert_no_lookahead
 import jax
 import numpy as np
+from pattern_reference import check_padding_and_bfloat16
+from pattern_reference import flax_mask
+from pattern_reference import inputs
+from pattern_reference import largest_array
+from pattern_reference import np_masked_attention
+from pattern_reference import padding
 import pytest
 
 from efficient_attn.mechanisms import sparse
 from efficient_attn.mechanisms.softmax import softmax_attention
-from helpers import assert_no_lookahead
-from pattern_reference import (check_padding_and_bfloat16, flax_mask, inputs, largest_array,
-                               np_masked_attention, padding)
 
-sparse_attention = jax.jit(sparse.sparse_attention,
-                           static_argnames=('causal', 'pattern', 'stride', 'num_summary',
-                                            'scale'))
+sparse_attention = jax.jit(
+  sparse.sparse_attention, static_argnames=('causal', 'pattern', 'stride', 'num_summary', 'scale')
+)
 softmax = jax.jit(softmax_attention, static_argnames=('causal',))
 
 
@@ -27,8 +32,9 @@ def np_sparse_pattern(n, pattern, stride, num_summary, causal):
   return union & (j <= i) if causal else union
 
 
-def np_sparse(q, k, v, mask=None, causal=False, pattern='strided', stride=4, num_summary=1,
-              scale=None):
+def np_sparse(
+  q, k, v, mask=None, causal=False, pattern='strided', stride=4, num_summary=1, scale=None
+):
   allowed = np_sparse_pattern(q.shape[1], pattern, stride, num_summary, causal)
   return np_masked_attention(q, k, v, allowed, mask, scale=scale)
 
@@ -37,33 +43,31 @@ def test_reference_pattern_examples():
   """The reference pattern itself, spelled out for n = 8, stride 3."""
   strided = np_sparse_pattern(8, 'strided', 3, 1, causal=True)
   assert list(np.flatnonzero(strided[7])) == [1, 4, 5, 6, 7]
-  assert list(np.flatnonzero(np_sparse_pattern(8, 'strided', 3, 1, False)[2])) == [
-      0, 1, 2, 3, 4, 5]
+  assert list(np.flatnonzero(np_sparse_pattern(8, 'strided', 3, 1, False)[2])) == [0, 1, 2, 3, 4, 5]
   fixed = np_sparse_pattern(8, 'fixed', 3, 1, causal=True)
   assert list(np.flatnonzero(fixed[7])) == [2, 5, 6, 7]
-  assert list(np.flatnonzero(np_sparse_pattern(8, 'fixed', 3, 2, False)[0])) == [
-      0, 1, 2, 4, 5, 7]
+  assert list(np.flatnonzero(np_sparse_pattern(8, 'fixed', 3, 2, False)[0])) == [0, 1, 2, 4, 5, 7]
 
 
 @pytest.mark.parametrize('causal', [False, True])
-@pytest.mark.parametrize('pattern, n, stride, num_summary', [('strided', 15, 4, 1),
-                                                             ('fixed', 14, 4, 2)])
+@pytest.mark.parametrize(
+  'pattern, n, stride, num_summary', [('strided', 15, 4, 1), ('fixed', 14, 4, 2)]
+)
 def test_matches_dense_reference(x64, causal, pattern, n, stride, num_summary):
   """Under jax.jit; key padding none (all True) or padding(n), given as `[b, n]`
   (non-causal) or as a flax-style `[b, 1, n, n]` mask (causal). 15 and 14 are
   not multiples of the stride (the no-look-ahead test's 12 is)."""
   q, k, v = inputs(n=n)
-  options = dict(causal=causal, pattern=pattern, stride=stride, num_summary=num_summary,
-                 scale=0.7)
+  options = dict(causal=causal, pattern=pattern, stride=stride, num_summary=num_summary, scale=0.7)
   for mask in (np.ones((2, n), bool), padding(n)):
     got = sparse_attention(q, k, v, flax_mask(mask) if causal else mask, **options)
     assert got.dtype == np.float64 and got.shape == v.shape
-    np.testing.assert_allclose(np.asarray(got), np_sparse(q, k, v, mask, **options),
-                               rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(
+      np.asarray(got), np_sparse(q, k, v, mask, **options), rtol=1e-10, atol=1e-12
+    )
 
 
-@pytest.mark.parametrize('causal, pattern, stride', [(False, 'strided', 1),
-                                                     (True, 'fixed', 12)])
+@pytest.mark.parametrize('causal, pattern, stride', [(False, 'strided', 1), (True, 'fixed', 12)])
 def test_full_pattern_equals_softmax(x64, causal, pattern, stride):
   """Stride 1 ('strided') or one block of every position ('fixed'): softmax."""
   q, k, v = inputs(n=10)
@@ -83,8 +87,11 @@ def test_no_lookahead(pattern):
 def test_padding_and_bfloat16(causal, pattern):
   """Two of the four forms (each form's key padding is also in the float64 test)."""
   options = dict(causal=causal, pattern=pattern, stride=4, num_summary=1)
-  check_padding_and_bfloat16(functools.partial(sparse.sparse_attention, **options), 22,
-                             functools.partial(np_sparse, **options))
+  check_padding_and_bfloat16(
+    functools.partial(sparse.sparse_attention, **options),
+    22,
+    functools.partial(np_sparse, **options),
+  )
 
 
 @pytest.mark.parametrize('pattern', ['strided', 'fixed'])
@@ -106,4 +113,3 @@ def test_errors():
     sparse.sparse_attention(q, k, v, pattern='fixed', stride=4, num_summary=0)
   with pytest.raises(ValueError, match='q_length == kv_length'):
     sparse.sparse_attention(q[:, :4], k, v)
-

@@ -1,4 +1,5 @@
 """Sampling (`efficient_attn.models.sampling`), occluded completion and image grids (`train.samples`)."""
+
 import functools
 import os
 
@@ -8,9 +9,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
-from efficient_attn.models import CausalTransformer, TransformerConfig
-from efficient_attn.models.causal import shift_right
+from efficient_attn.models import CausalTransformer
+from efficient_attn.models import TransformerConfig
 from efficient_attn.models import sampling
+from efficient_attn.models.causal import shift_right
 from train import samples
 
 SIDE, B = 6, 3
@@ -18,11 +20,14 @@ SIDE, B = 6, 3
 
 @functools.lru_cache(maxsize=None)
 def _model(mechanism):
-  model = CausalTransformer(TransformerConfig(
-      max_length=SIDE * SIDE, d_model=16, depth=1, num_heads=2,
-                            mlp_dim=32, mechanism=mechanism))
-  params = jax.jit(model.init)(jax.random.PRNGKey(0),
-                               jnp.zeros((1, SIDE * SIDE), jnp.int32))['params']
+  model = CausalTransformer(
+    TransformerConfig(
+      max_length=SIDE * SIDE, d_model=16, depth=1, num_heads=2, mlp_dim=32, mechanism=mechanism
+    )
+  )
+  params = jax.jit(model.init)(jax.random.PRNGKey(0), jnp.zeros((1, SIDE * SIDE), jnp.int32))[
+    'params'
+  ]
   return model, params, sampling.make_sampler(model, B)
 
 
@@ -41,8 +46,7 @@ def test_samples_are_pixels_and_depend_on_rng(mechanism):
 def test_low_temperature_is_greedy(mechanism):
   model, params, sampler = _model(mechanism)
   greedy = sampler(params, jax.random.PRNGKey(1), temperature=0.0)
-  np.testing.assert_array_equal(sampler(params, jax.random.PRNGKey(7), temperature=1e-4),
-                                greedy)
+  np.testing.assert_array_equal(sampler(params, jax.random.PRNGKey(7), temperature=1e-4), greedy)
   # Greedy tokens are the argmax of the parallel forward pass on themselves.
   logits = model.apply({'params': params}, shift_right(greedy, model.start_token))
   np.testing.assert_array_equal(jnp.argmax(logits, -1), greedy)
@@ -50,10 +54,10 @@ def test_low_temperature_is_greedy(mechanism):
 
 def test_sample_logits():
   logits = jnp.array([[0.0, 5.0, 1.0], [3.0, 0.0, 0.0]])
-  np.testing.assert_array_equal(sampling.sample_logits(jax.random.PRNGKey(0), logits, 0.0),
-                                [1, 0])
+  np.testing.assert_array_equal(sampling.sample_logits(jax.random.PRNGKey(0), logits, 0.0), [1, 0])
   draws = jax.vmap(lambda k: sampling.sample_logits(k, logits, 1.0))(
-      jax.random.split(jax.random.PRNGKey(0), 2000))
+    jax.random.split(jax.random.PRNGKey(0), 2000)
+  )
   freq = np.mean(np.asarray(draws[:, 0]) == 1)
   np.testing.assert_allclose(freq, jax.nn.softmax(logits[0])[1], atol=0.03)
 
@@ -62,8 +66,12 @@ def test_occluded_completion_keeps_the_prefix():
   model, params, sampler = _model('linear')
   images = np.random.RandomState(0).randint(0, 256, (B, SIDE, SIDE)).astype(np.uint8)
   rows = 2
-  out = sampler(params, jax.random.PRNGKey(3), prefix=samples.images_to_tokens(images),
-                prefix_length=rows * SIDE)
+  out = sampler(
+    params,
+    jax.random.PRNGKey(3),
+    prefix=samples.images_to_tokens(images),
+    prefix_length=rows * SIDE,
+  )
   done = samples.tokens_to_images(out, (SIDE, SIDE))
   np.testing.assert_array_equal(done[:, :rows], images[:, :rows])
   assert not np.array_equal(done[:, rows:], images[:, rows:])
@@ -72,9 +80,16 @@ def test_occluded_completion_keeps_the_prefix():
 def test_pngs_written(tmp_path):
   model, params, _ = _model('linear')
   images = np.random.RandomState(0).randint(0, 256, (2, SIDE, SIDE)).astype(np.uint8)
-  paths = samples.write_samples(model, params, jax.random.PRNGKey(0), str(tmp_path),
-                                 image_shape=(SIDE, SIDE), num_samples=B, images=images,
-                                 rows=3)
+  paths = samples.write_samples(
+    model,
+    params,
+    jax.random.PRNGKey(0),
+    str(tmp_path),
+    image_shape=(SIDE, SIDE),
+    num_samples=B,
+    images=images,
+    rows=3,
+  )
   assert set(paths) == {'samples', 'completion'}
   for path in paths.values():
     assert os.path.getsize(path) > 0

@@ -1,4 +1,5 @@
 """Reversible residual layers: the same gradients as autodiff, memory flat in depth."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,23 +14,29 @@ X = jax.random.normal(jax.random.key(0), (2, 16, 16))
 
 
 def _config(**changes):
-  return TransformerConfig(d_model=16, depth=3, num_heads=2, mlp_dim=32,
-                           reversible=True).replace(**changes)
+  return TransformerConfig(d_model=16, depth=3, num_heads=2, mlp_dim=32, reversible=True).replace(
+    **changes
+  )
 
 
 def _loss(model, rngs=None):
   def loss(params, x):
     y = model.apply({'params': params}, x, deterministic=rngs is None, rngs=rngs)
     return jnp.sum(jnp.sin(y) * jnp.arange(y.shape[-1]))
+
   return loss
 
 
-@pytest.mark.parametrize('changes', [
+@pytest.mark.parametrize(
+  'changes',
+  [
     dict(),
-    dict(mechanism='linformer', options={'sharing': 'layerwise', 'k_proj': 8},
-         max_length=16),                                   # shared parameters
-    dict(dropout_rate=0.2, attention_dropout_rate=0.1),    # random draws, recomputed alike
-])
+    dict(
+      mechanism='linformer', options={'sharing': 'layerwise', 'k_proj': 8}, max_length=16
+    ),  # shared parameters
+    dict(dropout_rate=0.2, attention_dropout_rate=0.1),  # random draws, recomputed alike
+  ],
+)
 def test_gradients_equal_autodiff_of_the_same_stack(changes):
   """The custom backward (inputs recomputed from outputs) against jax.grad of the plain
   forward of the same blocks (`_stack.fun`, no custom rule), with the same rng keys."""
@@ -97,14 +104,21 @@ def test_model_reversible_from_a_config():
   from configs import digits_pixels  # pylint: disable=g-import-not-at-top
   from train import modeling  # pylint: disable=g-import-not-at-top
   from train import validate  # pylint: disable=g-import-not-at-top
+
   config = default.get_config()
   config.model.reversible = True
   config = validate.resolved(config, read_data=False)
-  params = jax.eval_shape(lambda: modeling.create_model(config).init(
-      jax.random.key(0), modeling.dummy_inputs(config), train=False))['params']
+  params = jax.eval_shape(
+    lambda: modeling.create_model(config).init(
+      jax.random.key(0), modeling.dummy_inputs(config), train=False
+    )
+  )['params']
   assert 'block_0_attention' in params['encoder']['reversible']
   config = digits_pixels.get_config('linear')
   config.model.reversible = True
-  with pytest.raises(validate.ConfigError, match=r"reversible=True is not valid for "
-                     r"config.model.kind='causal'.*valid kinds: vit, text"):
+  with pytest.raises(
+    validate.ConfigError,
+    match=r"reversible=True is not valid for "
+    r"config.model.kind='causal'.*valid kinds: vit, text",
+  ):
     validate.resolved(config, read_data=False)

@@ -1,4 +1,5 @@
 """Tests of efficient_attn.ops.feature_maps (tiny shapes, CPU, a few seconds)."""
+
 import functools
 import math
 
@@ -10,11 +11,9 @@ import pytest
 from efficient_attn.ops import feature_maps as fm
 
 
-
 def test_deterministic_maps_values():
   x = jnp.array([-2.0, -0.5, 0.0, 0.5, 3.0])
-  np.testing.assert_allclose(fm.elu_plus_one(x), np.where(x > 0, x + 1, np.exp(x)),
-                             rtol=1e-6)
+  np.testing.assert_allclose(fm.elu_plus_one(x), np.where(x > 0, x + 1, np.exp(x)), rtol=1e-6)
   np.testing.assert_allclose(fm.relu(x), np.maximum(x, 0))
   np.testing.assert_allclose(fm.identity(x), x)
   for f in (fm.elu_plus_one, fm.relu, fm.identity):
@@ -27,8 +26,9 @@ def test_taylor_features_give_the_second_order_expansion_of_exp():
   phi_q, phi_k = fm.taylor(jnp.asarray(q)), fm.taylor(jnp.asarray(k))
   assert phi_q.shape == (3, 1 + 5 + 25) == (3, fm.feature_dim('taylor', 5))
   s = np.sum(q * k, axis=-1) / math.sqrt(5)
-  np.testing.assert_allclose(np.sum(np.asarray(phi_q, np.float64) * np.asarray(phi_k), -1),
-                             1 + s + s * s / 2, rtol=1e-5)
+  np.testing.assert_allclose(
+    np.sum(np.asarray(phi_q, np.float64) * np.asarray(phi_k), -1), 1 + s + s * s / 2, rtol=1e-5
+  )
   assert fm.taylor(jnp.asarray(q, jnp.bfloat16)).dtype == jnp.float32
   assert [fm.feature_dim(n, 5) for n in ('elu', 'relu', 'identity')] == [5, 5, 5]
   with pytest.raises(ValueError, match='valid feature maps: elu, relu, identity, taylor'):
@@ -49,13 +49,13 @@ def test_orthogonal_projection_blocks(num_features, dim):
   assert w.shape == (num_features, dim)
   assert np.all(np.isfinite(w))
   for start in range(0, num_features, dim):
-    block = w[start:start + dim]
+    block = w[start : start + dim]
     gram = block @ block.T
     off = gram - np.diag(np.diag(gram))
     assert np.max(np.abs(off)) < 1e-4 * np.max(np.diag(gram))
   # Not orthogonal across blocks (independent draws).
   if num_features >= 2 * dim:
-    assert np.max(np.abs(w[:dim] @ w[dim:2 * dim].T)) > 1e-2
+    assert np.max(np.abs(w[:dim] @ w[dim : 2 * dim].T)) > 1e-2
 
 
 def test_projection_row_norms_are_chi():
@@ -101,8 +101,7 @@ def test_positive_features_stabilisers():
   w = fm.gaussian_projection(jax.random.PRNGKey(5), 8, 4)
   x = jnp.asarray(np.random.default_rng(6).normal(size=(2, 5, 3, 4)), jnp.float32)
   pad = jnp.array([[True] * 5, [True, True, False, False, False]])
-  keys = jax.jit(functools.partial(fm.positive_features, is_query=False,
-                                   return_stabilizer=True))
+  keys = jax.jit(functools.partial(fm.positive_features, is_query=False, return_stabilizer=True))
   phi_q = jax.jit(functools.partial(fm.positive_features, is_query=True))(x, w)
   np.testing.assert_allclose(jnp.max(phi_q, axis=-1), 1 / math.sqrt(8), rtol=1e-6)
   phi_k, stab = keys(x, w, key_padding=pad)

@@ -4,16 +4,17 @@ The rule is tested with faked platforms; the cuDNN call's argument translation
 runs through XLA (`implementation='xla'` of the same jax call); the Pallas
 splash kernel runs in interpret mode. All against the float64 NumPy reference.
 """
+
 import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from pattern_reference import np_masked_attention
 import pytest
 
 import efficient_attn as ea
 from efficient_attn.ops import fused_softmax
-from pattern_reference import np_masked_attention
 
 BF16 = jnp.bfloat16
 
@@ -31,30 +32,33 @@ def _key_mask(b, n, left=False):
   its first queries see no key, and their outputs must be 0.
   """
   m = np.ones((b, n), bool)
-  m[0, 3 * n // 4:] = False
+  m[0, 3 * n // 4 :] = False
   m[1] = False
   if left:
-    m[1, n // 4:] = True
+    m[1, n // 4 :] = True
   return m
 
 
-@pytest.mark.parametrize('case, on, expected', [
+@pytest.mark.parametrize(
+  'case, on, expected',
+  [
     (dict(), 'cpu', 'xla'),
     (dict(dtype=BF16), 'gpu', 'cudnn'),
     (dict(dtype=BF16, causal=True), 'gpu', 'cudnn'),
     (dict(dtype=BF16, mask='keys'), 'gpu', 'cudnn'),
-    (dict(), 'gpu', 'pallas'),                                # float32: the Pallas kernel
-    (dict(mask='keys'), 'gpu', 'xla'),                        # ... which takes no mask
+    (dict(), 'gpu', 'pallas'),  # float32: the Pallas kernel
+    (dict(mask='keys'), 'gpu', 'xla'),  # ... which takes no mask
     (dict(dtype=BF16, dropout=True), 'gpu', 'xla'),
     (dict(dtype=BF16, weights=True), 'gpu', 'xla'),
-    (dict(dtype=BF16, d=12), 'gpu', 'xla'),                   # head dim not a multiple of 8
-    (dict(dtype=BF16, causal=True, nk=64), 'gpu', 'xla'),     # causal cross-attention
+    (dict(dtype=BF16, d=12), 'gpu', 'xla'),  # head dim not a multiple of 8
+    (dict(dtype=BF16, causal=True, nk=64), 'gpu', 'xla'),  # causal cross-attention
     (dict(dtype=BF16, mask='per_head'), 'gpu', 'xla'),
     (dict(), 'tpu', 'pallas'),
     (dict(mask='keys', causal=True), 'tpu', 'pallas'),
-    (dict(n=96), 'tpu', 'xla'),                               # not a multiple of 128
-    (dict(nk=256), 'tpu', 'xla'),                             # cross-attention
-])
+    (dict(n=96), 'tpu', 'xla'),  # not a multiple of 128
+    (dict(nk=256), 'tpu', 'xla'),  # cross-attention
+  ],
+)
 def test_auto_picks_the_fused_kernel_only_when_it_is_exact(case, on, expected):
   case = dict(case)
   mask, flags = case.pop('mask', None), {f: case.pop(f, False) for f in ('dropout', 'weights')}
@@ -81,8 +85,9 @@ def test_an_explicit_request_that_cannot_run_says_why():
 
 
 @pytest.mark.parametrize('kind', ['cudnn', 'pallas'])
-@pytest.mark.parametrize('causal, masked', [(False, False), (True, False), (False, True),
-                                            (True, True), (True, 'left')])
+@pytest.mark.parametrize(
+  'causal, masked', [(False, False), (True, False), (False, True), (True, True), (True, 'left')]
+)
 def test_fused_paths_equal_the_reference(kind, causal, masked, x64):
   del x64  # the reference is float64; the kernels run in float32
   q, k, v = _qkv(n=128 if kind == 'pallas' else 10)
@@ -97,7 +102,7 @@ def test_fused_paths_equal_the_reference(kind, causal, masked, x64):
   got = run(q, k, v, mask, causal, 0.3)
   np.testing.assert_allclose(got, want, atol=2e-5)
   if masked == 'left':
-    assert not np.any(np.asarray(got)[1, :k.shape[1] // 4])
+    assert not np.any(np.asarray(got)[1, : k.shape[1] // 4])
   elif masked:
     assert not np.any(np.asarray(got)[1])
 
@@ -110,25 +115,31 @@ def test_layer_runs_the_faked_platforms_kernel_with_the_einsums_values_and_grads
   def splash(*args):
     calls.append(1)
     return kernel(*args, interpret=True)
+
   monkeypatch.setattr(fused_softmax, 'pallas_attention', splash)
   monkeypatch.setattr(fused_softmax, 'platform', lambda: 'tpu')
   x = jax.random.normal(jax.random.PRNGKey(0), (2, 128, 16))
   pad = _key_mask(2, 128)[:1].repeat(2, 0)
   results = {}
   for impl in ('auto', 'xla'):
-    layer = ea.MultiHeadAttention(num_heads=2, mechanism='softmax', causal=True,
-                         options={'implementation': impl})
+    layer = ea.MultiHeadAttention(
+      num_heads=2, mechanism='softmax', causal=True, options={'implementation': impl}
+    )
     params = layer.init(jax.random.PRNGKey(1), x, mask=pad)
 
     def loss(p, layer=layer):
       return jnp.sum(layer.apply(p, x, mask=pad) ** 2)
+
     results[impl] = jax.value_and_grad(loss)(params)
     out, state = layer.apply(params, x, mask=pad, sow_weights=True, mutable=['intermediates'])
     results[impl + '_weights'] = jax.tree_util.tree_leaves(state)
   assert len(calls) == 3  # the 'auto' layer: init, value_and_grad, the sown call
   np.testing.assert_allclose(results['auto'][0], results['xla'][0], rtol=1e-5)
-  jax.tree_util.tree_map(functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-5),
-                         results['auto'][1], results['xla'][1])
+  jax.tree_util.tree_map(
+    functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-5),
+    results['auto'][1],
+    results['xla'][1],
+  )
   for a, b in zip(results['auto_weights'], results['xla_weights']):
     np.testing.assert_allclose(a, b, atol=1e-6)
 
@@ -139,12 +150,15 @@ def test_cudnn_on_a_gpu_equals_the_einsum(causal, masked):
   """Only where a GPU is lent: cuDNN flash attention in bfloat16, values and
   gradients, against the library's einsum on the same bfloat16 inputs."""
   from efficient_attn.mechanisms import softmax  # pylint: disable=g-import-not-at-top
+
   q, k, v = _qkv(n=256, d=64, dtype=BF16)
   mask = _key_mask(2, 256) if masked else None
 
   def grads(fn):
-    return jax.value_and_grad(lambda *a: jnp.sum(fn(*a).astype(jnp.float32) ** 2),
-                              argnums=(0, 1, 2))(q, k, v)
+    return jax.value_and_grad(
+      lambda *a: jnp.sum(fn(*a).astype(jnp.float32) ** 2), argnums=(0, 1, 2)
+    )(q, k, v)
+
   assert fused_softmax.choose('auto', q, k, v, mask, causal) == 'cudnn'
   got = grads(lambda a, b, c: fused_softmax.cudnn_attention(a, b, c, mask, causal, 0.125))
   want = grads(lambda a, b, c: softmax.softmax_attention(a, b, c, mask, causal, 0.125))

@@ -8,33 +8,51 @@ resolves and refuses in one line.
 Interpret mode compiles slowly, so the shapes are tiny and each check is one compiled
 program: one forward + backward per kernel and dtype, one layer call per mechanism.
 """
+
 import functools
 
+from helpers import assert_close_where
+from helpers import random_variables
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import efficient_attn as ea
+from efficient_attn import registry
 from efficient_attn.ops import delta_rule
 from efficient_attn.ops import gated_linear
 from efficient_attn.ops import kernels
-from efficient_attn import registry
-from helpers import assert_close_where, random_variables
 
 ARGS = ('q', 'k', 'v', 'g', 'beta', 'state')
 DELTA = ('delta', 'gated_delta')
-KERNEL = {'scalar': kernels.scalar_decay_chunked, 'vector': kernels.vector_decay_chunked,
-          'delta': kernels.delta_chunked, 'gated_delta': kernels.delta_chunked}
-XLA = {'scalar': gated_linear.gated_chunked, 'vector': gated_linear.gated_chunked,
-       'delta': delta_rule.delta_chunked, 'gated_delta': delta_rule.delta_chunked}
-SCAN = {'scalar': gated_linear.gated_scan, 'vector': gated_linear.gated_scan,
-        'delta': delta_rule.delta_scan, 'gated_delta': delta_rule.delta_scan}
+KERNEL = {
+  'scalar': kernels.scalar_decay_chunked,
+  'vector': kernels.vector_decay_chunked,
+  'delta': kernels.delta_chunked,
+  'gated_delta': kernels.delta_chunked,
+}
+XLA = {
+  'scalar': gated_linear.gated_chunked,
+  'vector': gated_linear.gated_chunked,
+  'delta': delta_rule.delta_chunked,
+  'gated_delta': delta_rule.delta_chunked,
+}
+SCAN = {
+  'scalar': gated_linear.gated_scan,
+  'vector': gated_linear.gated_scan,
+  'delta': delta_rule.delta_scan,
+  'gated_delta': delta_rule.delta_scan,
+}
 # (length, chunk, dk, dv) per kernel: lengths that are and are not multiples of the chunk,
 # chunks of 8 (padded to the kernels' 16-token tiles) and 16, feature dims below a tile
 # (padded) and unequal key and value dims.
-SHAPES = {'scalar': (37, 8, 8, 16), 'vector': (37, 16, 6, 8), 'delta': (24, 16, 16, 8),
-          'gated_delta': (37, 8, 8, 8)}
+SHAPES = {
+  'scalar': (37, 8, 8, 16),
+  'vector': (37, 16, 6, 8),
+  'delta': (24, 16, 16, 8),
+  'gated_delta': (37, 8, 8, 8),
+}
 GATED = registry.names_where(lambda m: isinstance(m, gated_linear.GatedRecurrence))
 
 
@@ -44,19 +62,29 @@ def _inputs(kind, n, dk, dv, b=2, h=2, seed=0):
   rng = np.random.default_rng(seed)
   q, k = (rng.standard_normal((b, n, h, dk)) for _ in range(2))
   if kind in DELTA:
-    k /= np.linalg.norm(k, axis=-1, keepdims=True)   # the mechanisms' L2-normalised keys
+    k /= np.linalg.norm(k, axis=-1, keepdims=True)  # the mechanisms' L2-normalised keys
   v = rng.standard_normal((b, n, h, dv))
   strength = np.array([1.0, 30.0])[:, None]
   g = -strength * rng.uniform(0.0, 1.0, (b, n, h, dk if kind == 'vector' else 1))
   beta = rng.uniform(0.0, 1.0, (b, n, h))
   state = 0.5 * rng.standard_normal((b, h, dk, dv))
-  return {'q': q, 'k': k, 'v': v, 'g': None if kind == 'delta' else g,
-          'beta': beta if kind in DELTA else None, 'state': state}
+  return {
+    'q': q,
+    'k': k,
+    'v': v,
+    'g': None if kind == 'delta' else g,
+    'beta': beta if kind in DELTA else None,
+    'state': state,
+  }
 
 
 def _cast(args, dtype, qkv_dtype=None):
-  return {n: None if a is None else jnp.asarray(
-      a, qkv_dtype if qkv_dtype is not None and n in 'qkv' else dtype) for n, a in args.items()}
+  return {
+    n: None
+    if a is None
+    else jnp.asarray(a, qkv_dtype if qkv_dtype is not None and n in 'qkv' else dtype)
+    for n, a in args.items()
+  }
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
@@ -68,6 +96,7 @@ def _vjp(fn, kind, c, args, cotangents):
   def call(*xs):
     given = {**{n: None for n in ARGS}, **dict(zip(names, xs))}
     return fn(**given, **({} if c is None else {'chunk_size': c}))
+
   out, vjp = jax.vjp(call, *(args[n] for n in names))
   return out, dict(zip(names, vjp(cotangents)))
 
@@ -75,8 +104,13 @@ def _vjp(fn, kind, c, args, cotangents):
 def _reference(kind, args, cotangents):
   """The float64 token recurrence's outputs and gradients (NumPy)."""
   with jax.enable_x64(True):
-    out, grads = _vjp(SCAN[kind], kind, None, _cast(args, jnp.float64),
-                      tuple(jnp.asarray(c, jnp.float64) for c in cotangents))
+    out, grads = _vjp(
+      SCAN[kind],
+      kind,
+      None,
+      _cast(args, jnp.float64),
+      tuple(jnp.asarray(c, jnp.float64) for c in cotangents),
+    )
     return jax.tree.map(np.asarray, (out, grads))
 
 
@@ -114,7 +148,8 @@ def test_kernels_equal_the_float64_recurrence_and_the_xla_chunk_form(kind):
   got = _vjp(KERNEL[kind], kind, c, f32, tuple(jnp.asarray(x, jnp.float32) for x in cotangents))
   errors = _errors(got, want)
   assert set(errors) == {'out', 'state', 'dq', 'dk', 'dv', 'dstate'} | (
-      {'dg'} if kind != 'delta' else set()) | ({'dbeta'} if kind in DELTA else set())
+    {'dg'} if kind != 'delta' else set()
+  ) | ({'dbeta'} if kind in DELTA else set())
   assert max(errors.values()) < 2e-5, errors
   xla_out, xla_state = XLA[kind](**f32, chunk_size=c)
   (out, state), _ = got
@@ -157,9 +192,13 @@ def _batch(n, pad, cut, width=8):
   x = jax.random.normal(jax.random.PRNGKey(0), (1, n, width))
   junk = 10.0 * jax.random.normal(jax.random.PRNGKey(9), (1, n, width))
   t = jnp.arange(n)[None, :, None]
-  rows = [x, jnp.where(t > cut, junk, x), jnp.where(t >= n - pad, junk, x),
-          jnp.concatenate([junk[:, :pad], x[:, :n - pad]], axis=1)]
-  valid = jnp.ones((4, n), bool).at[2, n - pad:].set(False).at[3, :pad].set(False)
+  rows = [
+    x,
+    jnp.where(t > cut, junk, x),
+    jnp.where(t >= n - pad, junk, x),
+    jnp.concatenate([junk[:, :pad], x[:, : n - pad]], axis=1),
+  ]
+  valid = jnp.ones((4, n), bool).at[2, n - pad :].set(False).at[3, :pad].set(False)
   return jnp.concatenate(rows), valid
 
 
@@ -174,8 +213,9 @@ def test_the_registry_properties_hold_with_the_kernels(mechanism):
   parallel outputs; and the kernel's outputs equal the XLA chunk form's."""
   n, pad, cut = 40, 11, 17
   options = {**ea.get_mechanism(mechanism).example, 'chunk_size': 8}
-  layer = ea.MultiHeadAttention(num_heads=2, mechanism=mechanism, causal=True,
-                                options={**options, 'implementation': 'pallas'})
+  layer = ea.MultiHeadAttention(
+    num_heads=2, mechanism=mechanism, causal=True, options={**options, 'implementation': 'pallas'}
+  )
   reference = layer.clone(options={**options, 'implementation': 'xla'})
   x, valid = _batch(n, pad, cut)
   variables = random_variables(layer, x)
@@ -183,9 +223,9 @@ def test_the_registry_properties_hold_with_the_kernels(mechanism):
   assert 'pallas_call' in str(jax.make_jaxpr(call(layer))(variables, x, valid))
   y = call(layer)(variables, x, valid)
   assert_close_where(y[1], y[0], jnp.arange(n) <= cut, 'outputs up to the cut')
-  assert not np.allclose(y[1, cut + 1:], y[0, cut + 1:])
+  assert not np.allclose(y[1, cut + 1 :], y[0, cut + 1 :])
   assert_close_where(y[2], y[0], valid[2], 'right padding: real outputs')
-  assert_close_where(y[3, pad:], y[0, :n - pad], valid[3, pad:], 'left padding')
+  assert_close_where(y[3, pad:], y[0, : n - pad], valid[3, pad:], 'left padding')
   assert_close_where(y, call(reference)(variables, x, valid), valid, 'kernel vs XLA')
 
   dec = reference.clone(decode=True)
@@ -193,7 +233,7 @@ def test_the_registry_properties_hold_with_the_kernels(mechanism):
   step = jax.jit(lambda c, z: dec.apply({**variables, **c}, z, mutable=['cache']))
   outs = []
   for t in range(n):
-    out, cache = step(cache, x[:1, t:t + 1])
+    out, cache = step(cache, x[:1, t : t + 1])
     outs.append(out)
   assert_close_where(jnp.concatenate(outs, axis=1), y[:1], valid[:1], 'decode == parallel')
 
@@ -206,16 +246,22 @@ def test_a_layers_gradients_through_the_kernels_equal_the_xla_forms(mechanism):
   x = jax.random.normal(jax.random.PRNGKey(0), (2, 24, 8))
   grads = {}
   for impl in ('pallas', 'xla'):
-    layer = ea.MultiHeadAttention(num_heads=2, mechanism=mechanism, causal=True,
-                                  options={'chunk_size': 8, 'implementation': impl})
+    layer = ea.MultiHeadAttention(
+      num_heads=2,
+      mechanism=mechanism,
+      causal=True,
+      options={'chunk_size': 8, 'implementation': impl},
+    )
     variables = random_variables(layer, x)
     loss = lambda v, z, layer=layer: jnp.sum(jnp.sin(layer.apply(v, z)))
     grads[impl] = jax.jit(jax.grad(loss, argnums=(0, 1)))(variables, x)
-  for (path, got), want in zip(jax.tree_util.tree_flatten_with_path(grads['pallas'])[0],
-                               jax.tree.leaves(grads['xla'])):
+  for (path, got), want in zip(
+    jax.tree_util.tree_flatten_with_path(grads['pallas'])[0], jax.tree.leaves(grads['xla'])
+  ):
     scale = max(1.0, float(np.abs(want).max()))
-    np.testing.assert_allclose(got, want, atol=2e-5 * scale, rtol=1e-4,
-                               err_msg=jax.tree_util.keystr(path))
+    np.testing.assert_allclose(
+      got, want, atol=2e-5 * scale, rtol=1e-4, err_msg=jax.tree_util.keystr(path)
+    )
 
 
 def test_choose_resolves_once_and_refuses_in_one_line():
@@ -230,22 +276,29 @@ def test_choose_resolves_once_and_refuses_in_one_line():
     assert kernels.choose('auto', form='naive', on=on) == 'xla'
   assert kernels.choose('pallas', dtype=jnp.bfloat16, on='cpu') == 'pallas'
   for kwargs, message in [
-      (dict(requested='cuda'), "implementation='cuda'; valid: auto, xla, pallas"),
-      (dict(requested='pallas', form='naive'),
-       "cannot run this call: form='naive' is the token-by-token recurrence"),
-      (dict(requested='pallas', dtype=jnp.float16), 'float32 or bfloat16 q, k, v, not float16'),
-      (dict(requested='pallas', on='metal'), "this backend is 'metal'")]:
+    (dict(requested='cuda'), "implementation='cuda'; valid: auto, xla, pallas"),
+    (
+      dict(requested='pallas', form='naive'),
+      "cannot run this call: form='naive' is the token-by-token recurrence",
+    ),
+    (dict(requested='pallas', dtype=jnp.float16), 'float32 or bfloat16 q, k, v, not float16'),
+    (dict(requested='pallas', on='metal'), "this backend is 'metal'"),
+  ]:
     with pytest.raises(ValueError, match=message) as e:
       kernels.choose(**kwargs)
     assert '\n' not in str(e.value)
-  layer = ea.MultiHeadAttention(num_heads=2, mechanism='gla', causal=True,
-                                options={'implementation': 'pallas', 'form': 'naive'})
+  layer = ea.MultiHeadAttention(
+    num_heads=2, mechanism='gla', causal=True, options={'implementation': 'pallas', 'form': 'naive'}
+  )
   x = jnp.zeros((1, 8, 8))
   with pytest.raises(ValueError, match="implementation='pallas' cannot run this call: form="):
     layer.init(jax.random.PRNGKey(0), x)
-  with pytest.raises(ValueError, match="option implementation='triton' of mechanism 'gla' is not valid"):
-    ea.MultiHeadAttention(num_heads=2, mechanism='gla', causal=True,
-                          options={'implementation': 'triton'}).init(jax.random.PRNGKey(0), x)
+  with pytest.raises(
+    ValueError, match="option implementation='triton' of mechanism 'gla' is not valid"
+  ):
+    ea.MultiHeadAttention(
+      num_heads=2, mechanism='gla', causal=True, options={'implementation': 'triton'}
+    ).init(jax.random.PRNGKey(0), x)
 
 
 def test_the_xla_chunk_forms_bfloat16_path_is_stable(tmp_path):
@@ -259,11 +312,14 @@ def test_the_xla_chunk_forms_bfloat16_path_is_stable(tmp_path):
   and above 1e-4, which float32 arithmetic on these inputs would not reach, so the bfloat16
   operands did take effect."""
   from benchmarks import gated_precision  # pylint: disable=g-import-not-at-top
-  data = gated_precision.main(['--length=64', '--heads=2', '--head_dim=16', '--chunk_size=16',
-                               f'--out={tmp_path}', '--quiet'])
+
+  data = gated_precision.main(
+    ['--length=64', '--heads=2', '--head_dim=16', '--chunk_size=16', f'--out={tmp_path}', '--quiet']
+  )
   records = data['records']
   assert [(r['recurrence'], r['dtype']) for r in records] == [
-      (name, dtype) for name in gated_precision.RECURRENCES for dtype in ('float32', 'bfloat16')]
+    (name, dtype) for name in gated_precision.RECURRENCES for dtype in ('float32', 'bfloat16')
+  ]
   for r in records:
     errors = [r['out_error'], r['state_error'], r['grad_error']]
     if r['dtype'] == 'float32':

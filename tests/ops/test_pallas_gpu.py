@@ -5,14 +5,15 @@ Pallas interpret mode against a float64 NumPy reference, forward and
 gradients; the dispatch rule is tested with a faked 'gpu' platform. Timings and
 the kernel compiled by Triton are `benchmarks/gpu_suite.sh`'s business.
 """
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+from pattern_reference import np_masked_attention
 import pytest
 
 import efficient_attn as ea
 from efficient_attn.ops import fused_softmax
-from pattern_reference import np_masked_attention
 
 SCALE = 0.3
 
@@ -49,12 +50,15 @@ def kernel_run():
 
   def get(causal):
     if causal not in compiled:
+
       def loss(q, k, v, g):
         out = fused_softmax.pallas_gpu_attention(q, k, v, None, causal, SCALE, interpret=True)
         return jnp.sum(out * g), out
+
       vg = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
       compiled[causal] = lambda *a: (lambda r: (r[0][1], r[1]))(vg(*a))
     return compiled[causal]
+
   return get
 
 
@@ -72,7 +76,9 @@ def test_kernel_equals_the_float64_reference_forward_and_gradients(kernel_run, c
 def test_block_sizes_are_cut_to_divide_the_length():
   assert fused_softmax.gpu_block_sizes(48).block_q == 16
   assert fused_softmax.gpu_block_sizes(48).block_kv_dq == 16
-  assert fused_softmax.gpu_block_sizes(4096) == fused_softmax._gpu_kernel().BlockSizes(*fused_softmax.GPU_BLOCKS)
+  assert fused_softmax.gpu_block_sizes(4096) == fused_softmax._gpu_kernel().BlockSizes(
+    *fused_softmax.GPU_BLOCKS
+  )
   assert fused_softmax.gpu_block_sizes(4096, (32,) * 6).block_q_dq == 32
 
 
@@ -90,14 +96,17 @@ def test_the_rule_takes_the_gpu_kernel_after_cudnn():
   assert fused_softmax.choose('auto', *h, on='gpu') == 'cudnn'
 
 
-@pytest.mark.parametrize('case, message', [
+@pytest.mark.parametrize(
+  'case, message',
+  [
     (dict(mask=True), 'takes no mask .*key padding cannot be expressed exactly'),
     (dict(nk=64), 'self-attention; q_length 48 != kv_length 64'),
     (dict(n=40), 'multiples of 16, not 40'),
     (dict(d=8), 'head dim from 16 to 256, not 8'),
     (dict(dtype=np.float64), 'float32, bfloat16 or float16, not float64'),
     (dict(on='cpu'), "runs on tpu or gpu, and this backend is 'cpu'"),
-])
+  ],
+)
 def test_a_call_the_gpu_kernel_cannot_take_is_refused_in_one_line(case, message):
   case = dict(case)
   on, mask = case.pop('on', 'gpu'), case.pop('mask', False)
@@ -120,6 +129,7 @@ def test_softmax_chunked_runs_the_gpu_kernel_on_a_faked_gpu(monkeypatch):
   def spy(*args):
     calls.append(args[4:])  # causal, scale
     return kernel(*args, interpret=True)
+
   monkeypatch.setattr(fused_softmax, 'pallas_gpu_attention', spy)
   monkeypatch.setattr(fused_softmax, 'platform', lambda: 'gpu')
   q, k, v = _qkv()
@@ -128,7 +138,7 @@ def test_softmax_chunked_runs_the_gpu_kernel_on_a_faked_gpu(monkeypatch):
   assert calls == [(True, SCALE)]
   n = q.shape[1]
   np.testing.assert_allclose(
-      got, np_masked_attention(q, k, v, np.tril(np.ones((n, n), bool)), scale=SCALE),
-      atol=2e-5)
+    got, np_masked_attention(q, k, v, np.tril(np.ones((n, n), bool)), scale=SCALE), atol=2e-5
+  )
   with pytest.raises(ValueError, match="'pallas' cannot run this call: the GPU kernel takes no"):
     attend(q, k, v, mask=np.ones((2, 1, 1, n), bool))

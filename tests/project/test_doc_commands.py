@@ -8,6 +8,7 @@ the module exists and defines every flag the command passes (absl or argparse; a
 file builds with its settings). Nothing is trained or downloaded: a command that names a user's data or a bucket
 is checked for its flags only.
 """
+
 import glob
 import importlib
 import importlib.util
@@ -19,11 +20,25 @@ from absl import flags
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DOCS = (['README.md', 'CONTRIBUTING.md'] + sorted(glob.glob('docs/*.md', root_dir=ROOT))
-        + sorted(glob.glob('studies/*/README.md', root_dir=ROOT)) + ['studies/README.md'])
+DOCS = (
+  ['README.md', 'CONTRIBUTING.md']
+  + sorted(glob.glob('docs/*.md', root_dir=ROOT))
+  + sorted(glob.glob('studies/*/README.md', root_dir=ROOT))
+  + ['studies/README.md']
+)
 # Shell variables of the documented loops, given one of their values.
-VARIABLES = {'s': '0', 'seed': '0', 'm': 'softmax', 'n': '1000', 'lr': '1e-2', 'v': '1024',
-             'w': '64', 'root': 'seed0', 'R': 'softmax', 'OUT': 'runs/out'}
+VARIABLES = {
+  's': '0',
+  'seed': '0',
+  'm': 'softmax',
+  'n': '1000',
+  'lr': '1e-2',
+  'v': '1024',
+  'w': '64',
+  'root': 'seed0',
+  'R': 'softmax',
+  'OUT': 'runs/out',
+}
 NOT_CHECKED = ('pytest', 'venv', 'build', 'sphinx', 'pip')  # others' tools, run by CI itself
 
 
@@ -55,7 +70,7 @@ def _documented():
 def _argv(command):
   words = shlex.split(command.replace('<', '').replace('>', ''))
   start = next(i for i, w in enumerate(words) if re.search(r'python3?$', w))
-  return words[start + 1:]
+  return words[start + 1 :]
 
 
 COMMANDS = _documented()
@@ -77,8 +92,10 @@ def _defined_flags(module_name):
     fv = flags.FlagValues()
     importlib.import_module(module_name).define_flags(fv)
     return set(fv)
-  return set(re.findall(r"DEFINE_\w+\(\s*'(\w+)'", source)
-             + re.findall(r"add_argument\(\s*'--([\w-]+)'", source))
+  return set(
+    re.findall(r"DEFINE_\w+\(\s*'(\w+)'", source)
+    + re.findall(r"add_argument\(\s*'--([\w-]+)'", source)
+  )
 
 
 def _check_flags(module_name, args):
@@ -91,11 +108,13 @@ def _check_flags(module_name, args):
       continue
     known = name in names or (name.startswith('no') and name[2:] in names)
     assert known or name in ('help', 'helpfull'), (
-        f'{module_name} has no flag --{name}; its flags: {sorted(names)}')
+      f'{module_name} has no flag --{name}; its flags: {sorted(names)}'
+    )
 
 
 def _check_main(args):
   from train import api  # pylint: disable=g-import-not-at-top
+
   _check_flags('main', [a for a in args if not a.startswith('--config')])
   spec = next(a.split('=', 1)[1] for a in args if a.startswith('--config='))
   path, _, arg = spec.partition(':')
@@ -104,7 +123,7 @@ def _check_main(args):
   config = make(arg) if arg else make()
   for a in args:
     if a.startswith('--config.'):
-      key = a[len('--config.'):].split('=', 1)[0]
+      key = a[len('--config.') :].split('=', 1)[0]
       node = config
       for part in key.split('.'):
         assert part in node, f'--config.{key}: {path} has no field {part!r}'
@@ -120,7 +139,7 @@ def _check_sweep(args):
   loader = importlib.util.spec_from_file_location('doc_sweep', os.path.join(ROOT, path))
   module = importlib.util.module_from_spec(loader)
   loader.loader.exec_module(module)
-  assert (module.get_sweep(arg) if arg else module.get_sweep()), path
+  assert module.get_sweep(arg) if arg else module.get_sweep(), path
 
 
 @pytest.mark.parametrize('where,command', COMMANDS, ids=[f'{p}:{c[:60]}' for p, c in COMMANDS])

@@ -1,5 +1,6 @@
 """studies/hygiene.py, the linter step's doc check: no path of this machine in a tracked text
 file, no dated run log in a study's write-up, no oversized file under docs/ or studies/."""
+
 import os
 import re
 
@@ -17,8 +18,9 @@ def test_the_tree_has_no_problem():
 
 def test_the_readme_lint_step_runs_the_check():
   with open(os.path.join(ROOT, 'README.md')) as f:
-    command = re.search(r'^Run the linter and the tests.*?```bash\n(.*?)\n```', f.read(),
-                        re.M | re.S).group(1)
+    command = re.search(
+      r'^Run the linter and the tests.*?```bash\n(.*?)\n```', f.read(), re.M | re.S
+    ).group(1)
   steps = command.split(' && ')
   assert steps[1] == '.venv/bin/python -m studies.hygiene', steps
   assert steps[0].startswith('.venv/bin/ruff') and 'pytest' in steps[-1]
@@ -39,17 +41,26 @@ def _named(found):
 
 def test_machine_paths_are_named_where_they_are_records(tmp_path):
   checkout, home = tmp_path / 'checkout', tmp_path / 'me'
-  paths = _tree(checkout, {
+  paths = _tree(
+    checkout,
+    {
       'docs/guide.md': f'see {tmp_path}/runs/x\n--workdir=/tmp/run is an example\n',
       'main.py': f'# {HOME_ROOT}/x\n# /home/' + 'alice/y\n' + f'# {home}/z\n# /tmp/scratch\n',
       'run.sh': 'ROOT=${ROOT:-/tmp/recall}\n',
       'docs/results/r.md': 'command: --out=/tmp/D/res\n',
       'studies/s/README.md': '--root=/tmp/x\nruns/x ../shared/data ~/.cache a/tmp/b\n',
-      'studies/s/data.json': f'"{tmp_path}/runs/x"',   # data, not text: not checked
-  })
+      'studies/s/data.json': f'"{tmp_path}/runs/x"',  # data, not text: not checked
+    },
+  )
   found = hygiene.problems(str(checkout), paths, home=str(home))
-  assert _named(found) == {'docs/guide.md:1', 'main.py:1', 'main.py:2', 'main.py:3',
-                           'docs/results/r.md:1', 'studies/s/README.md:1'}, found
+  assert _named(found) == {
+    'docs/guide.md:1',
+    'main.py:1',
+    'main.py:2',
+    'main.py:3',
+    'docs/results/r.md:1',
+    'studies/s/README.md:1',
+  }, found
   assert all('names a path of this machine' in p for p in found)
 
 
@@ -67,13 +78,16 @@ def test_a_clone_in_a_temporary_folder_keeps_tmp_examples_legal():
 
 
 def test_dated_lines_are_named_in_a_study_but_not_in_its_runlog_or_a_report_header(tmp_path):
-  paths = _tree(tmp_path, {
+  paths = _tree(
+    tmp_path,
+    {
       'studies/s/README.md': 'ran on 2026-11-28\nfrom 14:05 UTC on\nsteps 1,500-2,000\n',
       'studies/s/report.md': 'Measured on: cpu, jax 0.10.2, 2026-11-25T03:26:47+00:00\n',
       'studies/s/RUNLOG.md': '2026-11-28 14:05 UTC: seed 0\n',
       'studies/s/sweep.py': '# 2026-11-28\n',
       'docs/guide.md': 'measured on 2026-11-23\n',
-  })
+    },
+  )
   found = hygiene.problems(str(tmp_path), paths, home='')
   assert _named(found) == {'studies/s/README.md:1', 'studies/s/README.md:2'}, found
   assert all('dated run-log line' in p for p in found)
@@ -81,9 +95,14 @@ def test_dated_lines_are_named_in_a_study_but_not_in_its_runlog_or_a_report_head
 
 def test_files_over_the_limit_are_named_under_docs_and_studies(tmp_path):
   limit = hygiene.LIMIT_BYTES
-  paths = _tree(tmp_path, {'studies/s/big.png': b'x' * (limit + 1),
-                           'docs/results/at_limit.json': b'x' * limit,
-                           'tests/big.bin': b'x' * (limit + 1)})
+  paths = _tree(
+    tmp_path,
+    {
+      'studies/s/big.png': b'x' * (limit + 1),
+      'docs/results/at_limit.json': b'x' * limit,
+      'tests/big.bin': b'x' * (limit + 1),
+    },
+  )
   found = hygiene.problems(str(tmp_path), paths, home='')
   assert [p.split(':')[0] for p in found] == ['studies/s/big.png'], found
   assert f'over the {limit // 1024} KB limit' in found[0]
@@ -97,14 +116,17 @@ def test_main_fails_when_there_is_a_problem(monkeypatch, capsys):
   assert hygiene.main() == 0
 
 
-@pytest.mark.parametrize('arg,want', [
+@pytest.mark.parametrize(
+  'arg,want',
+  [
     ('{parent}/runs/recall/seed*', '../runs/recall/seed*'),
     ('--root={parent}/runs/x', '--root=../runs/x'),
     ('{checkout}/studies/recall/recall_d.json', 'studies/recall/recall_d.json'),
     ('{home}/.cache/x', '~/.cache/x'),
     ('runs/x', 'runs/x'),
-    ('/tmp/elsewhere', '/tmp/elsewhere'),   # left for the check to name
-])
+    ('/tmp/elsewhere', '/tmp/elsewhere'),  # left for the check to name
+  ],
+)
 def test_a_record_names_a_run_folder_relative_to_the_checkout(tmp_path, arg, want):
   checkout, home = tmp_path / 'checkout', '/' + 'nohome/me'
   arg = arg.format(parent=tmp_path, checkout=checkout, home=home)

@@ -6,6 +6,7 @@ and the table in the file is what the JSON gives. A percentage or a decimal quot
 Findings is one of the generated table's numbers, or of a report the bullet links to, so a
 hand-copied number that drifts fails here.
 """
+
 import os
 import re
 
@@ -15,13 +16,21 @@ from studies import tables
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STUDIES = tables.studies()
-SECTIONS = ('Question', 'Setup', 'Results', 'Findings', 'How to reproduce',
-            'Caveats and what was not run')
-MAX_LINES = 220      # the template's "about 200", with room for a table to grow
-MAX_WORDS = 45       # a sentence, or a Findings bullet: "under about 40 words"
+SECTIONS = (
+  'Question',
+  'Setup',
+  'Results',
+  'Findings',
+  'How to reproduce',
+  'Caveats and what was not run',
+)
+MAX_LINES = 220  # the template's "about 200", with room for a table to grow
+MAX_WORDS = 45  # a sentence, or a Findings bullet: "under about 40 words"
 # A number a finding quotes: a percentage, or a number with a decimal point.
-QUOTED = re.compile(r'(?<![\w.,])(\d[\d,]*(?:\.\d+)?)\s*%'
-                    r'|(?<![\w.,])(\d[\d,]*\.\d+)(?![\w.]*\d)')
+QUOTED = re.compile(
+  r'(?<![\w.,])(\d[\d,]*(?:\.\d+)?)\s*%'
+  r'|(?<![\w.,])(\d[\d,]*\.\d+)(?![\w.]*\d)'
+)
 NUMBER = re.compile(r'\d[\d,]*(?:\.\d+)?')
 
 
@@ -90,12 +99,14 @@ def sentences(paragraph: str):
 def test_the_table_in_the_readme_is_what_the_json_gives(study):
   path = f'studies/{study}/README.md'
   assert tables.current(_read(path), path) == tables.module(study).table(), (
-      f'{path}: its results table is stale: run python -m studies.tables --update={path}')
+    f'{path}: its results table is stale: run python -m studies.tables --update={path}'
+  )
 
 
 def test_the_index_is_what_the_studies_give():
   assert tables.current(_read(tables.INDEX)) == tables.index(), (
-      f'run python -m studies.tables --update={tables.INDEX}')
+    f'run python -m studies.tables --update={tables.INDEX}'
+  )
 
 
 def test_the_front_page_quotes_the_studies_from_their_json():
@@ -103,9 +114,12 @@ def test_the_front_page_quotes_the_studies_from_their_json():
   percentage in README.md repeats a study's number by hand."""
   readme = _read(tables.FRONT)
   assert tables.current(readme) == tables.front(), (
-      f'run python -m studies.tables --update={tables.FRONT}')
+    f'run python -m studies.tables --update={tables.FRONT}'
+  )
   outside = re.sub(r'```.*?```', '', readme.replace(tables.current(readme), ''), flags=re.S)
-  assert not re.findall(r'\d+\.\d+ ?%', outside), 'a percentage copied by hand into README.md (outside its code blocks)'
+  assert not re.findall(r'\d+\.\d+ ?%', outside), (
+    'a percentage copied by hand into README.md (outside its code blocks)'
+  )
 
 
 @pytest.mark.parametrize('study', STUDIES)
@@ -127,8 +141,7 @@ def test_the_findings_quote_only_the_generated_numbers(study):
   path = f'studies/{study}/README.md'
   text = _read(path)
   table = tables.current(text, path)
-  bad = {b: unsourced(b, table, f'studies/{study}')
-         for b in bullets(_section(text, 'Findings'))}
+  bad = {b: unsourced(b, table, f'studies/{study}') for b in bullets(_section(text, 'Findings'))}
   bad = {b: n for b, n in bad.items() if n}
   assert not bad, f'{path}: numbers in Findings that the generated table does not hold: {bad}'
 
@@ -149,8 +162,12 @@ def test_a_drifted_number_is_named():
   assert unsourced('softmax leads by 0.02 points', table, 'studies/x') == []
   assert unsourced('at 12.5% and 1.5 times', table, 'studies/x') == ['12.5', '1.5']
   assert quoted('Zoology (Arora et al. 2023) at 1e-3, width 64, (128, 8)') == []
-  assert quoted('1,568.0 KiB, 0.013-0.021, 1.01x, jax 0.10.2') == ['1568.0', '0.013', '0.021',
-                                                                   '1.01']
+  assert quoted('1,568.0 KiB, 0.013-0.021, 1.01x, jax 0.10.2') == [
+    '1568.0',
+    '0.013',
+    '0.021',
+    '1.01',
+  ]
 
 
 def test_a_stale_table_is_found_and_rewritten_between_the_markers(tmp_path, monkeypatch):
@@ -166,6 +183,8 @@ def test_a_stale_table_is_found_and_rewritten_between_the_markers(tmp_path, monk
 def test_the_template_checks_find_a_long_sentence_and_a_missing_section():
   long = ' '.join(['Word'] + ['word'] * 49)
   assert [len(s.split()) for s in sentences(f'Short one. {long}.')] == [2, 50]
-  text = '# T\n\n## Question\n\nQ?\n\n| a | b |\n\n```\ncode ' + long + '\n```\n- a bullet\n  goes on\n'
+  text = (
+    '# T\n\n## Question\n\nQ?\n\n| a | b |\n\n```\ncode ' + long + '\n```\n- a bullet\n  goes on\n'
+  )
   assert prose(text) == ['Q?', 'a bullet goes on']
   assert bullets('- one\n  more\n- two\n') == ['one more', 'two']

@@ -6,6 +6,7 @@ docs/_ext/public_api.py's warning), every public name has its entry, every regis
 mechanism is on the Mechanisms page with the README's table. The rules themselves are
 tested on small modules and docstrings, without a build.
 """
+
 import html as html_lib
 import importlib
 import os
@@ -16,8 +17,10 @@ import sys
 import pytest
 
 if sys.version_info < (3, 11):
-  pytest.skip('the documentation toolchain pinned in requirements.txt needs Python >= 3.11',
-              allow_module_level=True)
+  pytest.skip(
+    'the documentation toolchain pinned in requirements.txt needs Python >= 3.11',
+    allow_module_level=True,
+  )
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, 'docs', '_ext'))
@@ -40,8 +43,16 @@ def _build(workdir):
   """CONTRIBUTING.md's command, writing into `workdir` instead of docs/_build/html:
   (return code, its output, the html folder)."""
   command = _contributing_command().split()
-  assert command[:8] == ['.venv/bin/python', '-m', 'sphinx', '-W', '--keep-going', '-c', 'docs',
-                         '-b'], command
+  assert command[:8] == [
+    '.venv/bin/python',
+    '-m',
+    'sphinx',
+    '-W',
+    '--keep-going',
+    '-c',
+    'docs',
+    '-b',
+  ], command
   assert command[-1] == 'docs/_build/html', command
   command[0] = sys.executable  # .venv/bin/python, whichever runs the tests
   html = os.path.join(workdir, 'html')
@@ -79,6 +90,7 @@ def test_the_site_builds_with_warnings_as_errors(tmp_path):
 
   # every registered mechanism: its describe() and its row of the README's table
   import efficient_attn  # pylint: disable=g-import-not-at-top
+
   page = _read(os.path.join(html, 'docs'), 'mechanisms.html')
   text = html_lib.unescape(page)
   for name in efficient_attn.list_mechanisms():
@@ -102,7 +114,11 @@ def _module(tmp_path, monkeypatch, name, source):
 
 
 def test_public_names_rule(tmp_path, monkeypatch):
-  without_all = _module(tmp_path, monkeypatch, 'docs_rule_a', '''
+  without_all = _module(
+    tmp_path,
+    monkeypatch,
+    'docs_rule_a',
+    '''
 import functools
 from typing import Any
 from os import path as joined
@@ -119,11 +135,21 @@ def function():
 
 class Class:
   pass
-''')
+''',
+  )
   # bound by the module's own def, class or assignment; not by an import
   assert public_api.public_names(without_all) == [
-      'Alias', 'VALUE', 'inside_if', 'function', 'Class']
-  with_all = _module(tmp_path, monkeypatch, 'docs_rule_b', '''
+    'Alias',
+    'VALUE',
+    'inside_if',
+    'function',
+    'Class',
+  ]
+  with_all = _module(
+    tmp_path,
+    monkeypatch,
+    'docs_rule_b',
+    '''
 from os.path import join
 __all__ = ['join', 'own']
 def own():
@@ -132,13 +158,18 @@ def other():
   pass
 def __dir__():
   return ['lazy_attention']
-''')
+''',
+  )
   # exactly __all__ (re-exports included), plus what the module's __dir__ lists
   assert public_api.public_names(with_all) == ['join', 'own', 'lazy_attention']
 
 
 def test_problems_name_each_missing_or_docstring_less_name(tmp_path, monkeypatch):
-  _module(tmp_path, monkeypatch, 'docs_rule_c', '''
+  _module(
+    tmp_path,
+    monkeypatch,
+    'docs_rule_c',
+    '''
 import dataclasses
 
 #: Documented data.
@@ -154,25 +185,66 @@ def bare():
 @dataclasses.dataclass
 class Generated:
   x: int = 0
-''')
+''',
+  )
   documented = {f'docs_rule_c.{n}' for n in ('VALUE', 'BARE', 'function', 'bare', 'Generated')}
-  docstring_less = ['docs_rule_c.BARE has no docstring', 'docs_rule_c.bare has no docstring',
-                    'docs_rule_c.Generated has no docstring']
+  docstring_less = [
+    'docs_rule_c.BARE has no docstring',
+    'docs_rule_c.bare has no docstring',
+    'docs_rule_c.Generated has no docstring',
+  ]
   assert public_api.problems(['docs_rule_c'], documented) == docstring_less
   assert public_api.problems(['docs_rule_c'], documented - {'docs_rule_c.function'}) == [
-      docstring_less[0],
-      'docs_rule_c.function is public but not in the API reference (autodoc it in docs/api/)',
-      *docstring_less[1:]]
+    docstring_less[0],
+    'docs_rule_c.function is public but not in the API reference (autodoc it in docs/api/)',
+    *docstring_less[1:],
+  ]
 
 
 def test_indented_examples_become_literal_blocks():
-  lines = ['Summary.', '', '    run = api.build(config)', '    for _ in range(3):',
-           '      step()', '', 'Args:', '  x: a value.', '', '      more about x.',
-           '', '- item', '', '      continued item', '', 'Example::', '', '    kept']
+  lines = [
+    'Summary.',
+    '',
+    '    run = api.build(config)',
+    '    for _ in range(3):',
+    '      step()',
+    '',
+    'Args:',
+    '  x: a value.',
+    '',
+    '      more about x.',
+    '',
+    '- item',
+    '',
+    '      continued item',
+    '',
+    'Example::',
+    '',
+    '    kept',
+  ]
   assert docstrings.literal_blocks(lines) == [
-      'Summary.', '', '::', '', '    run = api.build(config)', '    for _ in range(3):',
-      '      step()', '', 'Args:', '  x: a value.', '', '      more about x.', '', '- item',
-      '', '      continued item', '', 'Example::', '', '    kept']
+    'Summary.',
+    '',
+    '::',
+    '',
+    '    run = api.build(config)',
+    '    for _ in range(3):',
+    '      step()',
+    '',
+    'Args:',
+    '  x: a value.',
+    '',
+    '      more about x.',
+    '',
+    '- item',
+    '',
+    '      continued item',
+    '',
+    'Example::',
+    '',
+    '    kept',
+  ]
   assert docstrings.respell("(dtype=<class 'jax.numpy.float32'>, f=<function g at 0x1>)") == (
-      '(dtype=jax.numpy.float32, f=...)')
+    '(dtype=jax.numpy.float32, f=...)'
+  )
   assert docstrings.module_signature(dict) is None  # not a Flax module

@@ -5,6 +5,7 @@ trainer's public face) and `data` (the data package's public functions), and
 nothing else of `train/` or `data/`: a change inside the trainer or the data
 package cannot then break a tool, and a reader sees in one file what each offers.
 """
+
 import ast
 import pathlib
 import re
@@ -50,10 +51,14 @@ def violations(source: str):
   """The imports of `source` that reach past the public face: a module other than
   PUBLIC (or one inside it, `from data import specs` included), or
   a private name (`_x`, `*`) of a public one."""
-  return [f'line {line}: {module}' + (f'.{name}' if name else '')
-          for line, module, name in trainer_imports(source)
-          if module not in PUBLIC or name.startswith('_') or name == '*'
-          or (name and _submodule(module, name))]
+  return [
+    f'line {line}: {module}' + (f'.{name}' if name else '')
+    for line, module, name in trainer_imports(source)
+    if module not in PUBLIC
+    or name.startswith('_')
+    or name == '*'
+    or (name and _submodule(module, name))
+  ]
 
 
 def test_tools_import_only_the_trainers_public_face():
@@ -67,24 +72,31 @@ def test_tools_import_only_the_trainers_public_face():
 
 
 def test_the_rule_sees_every_form_of_import():
-  source = '\n'.join([
+  source = '\n'.join(
+    [
       'from train import api',
       'import data',
       'from train.api import build',
       'import train.api',
       'def f():',
-      '  from train import steps as steps_lib',   # deferred, aliased
+      '  from train import steps as steps_lib',  # deferred, aliased
       '  import train.checkpoint',
       '  from data import get_eval_batch, specs',  # a function; a submodule
       '  from data.specs import DATASETS',
       '  import data.stream',
       '  from train.api import _private',
       '  from train import *',
-  ])
+    ]
+  )
   assert violations(source) == [
-      'line 6: train.steps', 'line 7: train.checkpoint', 'line 8: data.specs',
-      'line 9: data.specs.DATASETS', 'line 10: data.stream', 'line 11: train.api._private',
-      'line 12: train.*']
+    'line 6: train.steps',
+    'line 7: train.checkpoint',
+    'line 8: data.specs',
+    'line 9: data.specs.DATASETS',
+    'line 10: data.stream',
+    'line 11: train.api._private',
+    'line 12: train.*',
+  ]
 
 
 def _imported_packages(path: pathlib.Path):
@@ -101,10 +113,23 @@ def _imported_packages(path: pathlib.Path):
 def test_the_layers_import_only_downwards():
   """`fields` (config fields, shared) imports none of the project; `data` none of the
   trainer, configs or tools; the library none of the rest. The trainer may import all three."""
-  project = {'efficient_attn', 'fields', 'data', 'train', 'configs', 'benchmarks', 'studies',
-             'sweeps', 'examples', 'main'}
-  below = {'fields': set(), 'data': {'fields', 'data', 'efficient_attn'},
-           'efficient_attn': {'efficient_attn'}}
+  project = {
+    'efficient_attn',
+    'fields',
+    'data',
+    'train',
+    'configs',
+    'benchmarks',
+    'studies',
+    'sweeps',
+    'examples',
+    'main',
+  }
+  below = {
+    'fields': set(),
+    'data': {'fields', 'data', 'efficient_attn'},
+    'efficient_attn': {'efficient_attn'},
+  }
   bad = {}
   for layer, allowed in below.items():
     paths = [ROOT / 'fields.py'] if layer == 'fields' else sorted((ROOT / layer).rglob('*.py'))
@@ -153,8 +178,12 @@ def _data_modules_imported(path: pathlib.Path, modules) -> set:
       found |= {a.name.split('.')[1] for a in node.names if a.name.startswith('data.')}
     elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == 'data':
       found |= {a.name for a in node.names if a.name in modules}
-    elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and (
-        node.module.startswith('data.')):
+    elif (
+      isinstance(node, ast.ImportFrom)
+      and node.level == 0
+      and node.module
+      and (node.module.startswith('data.'))
+    ):
       found.add(node.module.split('.')[1])
   return found & modules
 
@@ -168,7 +197,7 @@ def import_cycle(graph) -> list:
     path.append(node)
     for nxt in sorted(graph.get(node, ())):
       if state.get(nxt) == 'open':
-        return path[path.index(nxt):] + [nxt]
+        return path[path.index(nxt) :] + [nxt]
       if nxt not in state:
         found = visit(nxt)
         if found:
@@ -202,8 +231,12 @@ def _imports_the_package(path: pathlib.Path, modules) -> bool:
   for node in ast.walk(ast.parse(path.read_text())):
     if isinstance(node, ast.Import) and any(a.name == 'data' for a in node.names):
       return True
-    if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == 'data' and any(
-        a.name not in modules for a in node.names):
+    if (
+      isinstance(node, ast.ImportFrom)
+      and node.level == 0
+      and node.module == 'data'
+      and any(a.name not in modules for a in node.names)
+    ):
       return True
   return False
 

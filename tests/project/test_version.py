@@ -5,6 +5,7 @@ heading (the first `## <version>` after `## Unreleased`) name the same version; 
 changelog entry (a line starting with '- ' and its indented continuation lines) is at most
 two lines of at most 100 columns.
 """
+
 import os
 import re
 
@@ -51,8 +52,9 @@ def entries(text: str):
   for number, line in enumerate(lines, 1):
     if line.startswith('- '):
       found.append((number, [line]))
-    elif found and line.startswith(' ') and line.strip() and found[-1][0] + len(
-        found[-1][1]) == number:
+    elif (
+      found and line.startswith(' ') and line.strip() and found[-1][0] + len(found[-1][1]) == number
+    ):
       found[-1][1].append(line)
   return found
 
@@ -72,11 +74,17 @@ def test_changelog_entries_are_short():
   text = _read('CHANGELOG.md')
   found = entries(text)
   assert len(found) > 20, 'no entries read: has the list format changed?'
-  long = [f'line {n}: {len(block)} lines: {block[0][:60]}...'
-          for n, block in found if len(block) > MAX_ENTRY_LINES]
+  long = [
+    f'line {n}: {len(block)} lines: {block[0][:60]}...'
+    for n, block in found
+    if len(block) > MAX_ENTRY_LINES
+  ]
   assert not long, 'entries over two lines:\n' + '\n'.join(long)
-  wide = [f'line {n}: {len(line)} columns' for n, line in enumerate(text.splitlines(), 1)
-          if len(line) > MAX_COLUMNS]
+  wide = [
+    f'line {n}: {len(line)} columns'
+    for n, line in enumerate(text.splitlines(), 1)
+    if len(line) > MAX_COLUMNS
+  ]
   assert not wide, 'lines over 100 columns:\n' + '\n'.join(wide)
 
 

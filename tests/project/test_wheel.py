@@ -6,6 +6,7 @@ the environment sees only the distributions the wheel's requirements pull in
 (their closure, resolved from this environment's metadata), so a hidden need
 for TensorFlow, ml_collections or the experiment code makes the layer fail there.
 """
+
 import importlib.metadata
 import os
 import shutil
@@ -74,10 +75,27 @@ def test_wheel_has_only_the_library_and_installs_alone(tmp_path):
   source.mkdir()
   for name in ('pyproject.toml', 'README.md'):
     shutil.copy(os.path.join(ROOT, name), source / name)
-  shutil.copytree(os.path.join(ROOT, 'efficient_attn'), source / 'efficient_attn',
-                  ignore=shutil.ignore_patterns('__pycache__'))
-  subprocess.run([sys.executable, '-m', 'pip', 'wheel', '--no-deps', '--no-build-isolation',
-                  '--no-index', '-q', '-w', str(tmp_path / 'dist'), str(source)], check=True)
+  shutil.copytree(
+    os.path.join(ROOT, 'efficient_attn'),
+    source / 'efficient_attn',
+    ignore=shutil.ignore_patterns('__pycache__'),
+  )
+  subprocess.run(
+    [
+      sys.executable,
+      '-m',
+      'pip',
+      'wheel',
+      '--no-deps',
+      '--no-build-isolation',
+      '--no-index',
+      '-q',
+      '-w',
+      str(tmp_path / 'dist'),
+      str(source),
+    ],
+    check=True,
+  )
   (wheel,) = (tmp_path / 'dist').glob('efficient_attn-*.whl')
 
   with zipfile.ZipFile(wheel) as z:
@@ -85,8 +103,11 @@ def test_wheel_has_only_the_library_and_installs_alone(tmp_path):
     (meta,) = [n for n in z.namelist() if n.endswith('.dist-info/METADATA')]
     metadata = z.read(meta).decode()
   assert {t for t in tops if not t.endswith('.dist-info')} == {'efficient_attn'}, tops
-  requires = [requirements.Requirement(line.split(':', 1)[1].strip())
-              for line in metadata.splitlines() if line.startswith('Requires-Dist:')]
+  requires = [
+    requirements.Requirement(line.split(':', 1)[1].strip())
+    for line in metadata.splitlines()
+    if line.startswith('Requires-Dist:')
+  ]
   library = {_name(r) for r in requires if r.marker is None}
   assert library == LIBRARY_REQUIRES, library
 
@@ -94,24 +115,35 @@ def test_wheel_has_only_the_library_and_installs_alone(tmp_path):
   venv = tmp_path / 'venv'
   subprocess.run([sys.executable, '-m', 'venv', str(venv)], check=True)
   python = str(venv / 'bin' / 'python')
-  site = subprocess.run([python, '-c', 'import sysconfig; print(sysconfig.get_path("purelib"))'],
-                        check=True, capture_output=True, text=True).stdout.strip()
+  site = subprocess.run(
+    [python, '-c', 'import sysconfig; print(sysconfig.get_path("purelib"))'],
+    check=True,
+    capture_output=True,
+    text=True,
+  ).stdout.strip()
   dists = closure(sorted(LIBRARY_REQUIRES))
   assert not {'tensorflow', 'tensorflow-cpu', 'tensorflow-datasets'} & set(dists), sorted(dists)
-  here = os.path.dirname(os.path.dirname(importlib.metadata.distribution('jax').locate_file(
-      'jax/__init__.py')))
+  here = os.path.dirname(
+    os.path.dirname(importlib.metadata.distribution('jax').locate_file('jax/__init__.py'))
+  )
   link_distributions(dists, here, str(tmp_path / 'deps'))
   with open(os.path.join(site, 'deps.pth'), 'w') as f:
     f.write(str(tmp_path / 'deps') + '\n')
   # pip resolves the requirements against what the environment has, offline.
   subprocess.run([python, '-m', 'pip', 'install', '--no-index', '-q', str(wheel)], check=True)
-  installed = subprocess.run([python, '-m', 'pip', 'list', '--format=freeze'], check=True,
-                             capture_output=True, text=True).stdout.lower()
+  installed = subprocess.run(
+    [python, '-m', 'pip', 'list', '--format=freeze'], check=True, capture_output=True, text=True
+  ).stdout.lower()
   assert 'tensorflow' not in installed and 'efficient-attn==' in installed
 
   work = tmp_path / 'elsewhere'  # not the repository: its folders must not be importable
   work.mkdir()
-  result = subprocess.run([python, '-c', LAYER], cwd=work, capture_output=True, text=True,
-                          env={k: v for k, v in os.environ.items() if k != 'PYTHONPATH'})
+  result = subprocess.run(
+    [python, '-c', LAYER],
+    cwd=work,
+    capture_output=True,
+    text=True,
+    env={k: v for k, v in os.environ.items() if k != 'PYTHONPATH'},
+  )
   assert result.returncode == 0, result.stderr[-2000:]
   assert 'layer ok' in result.stdout and str(venv) in result.stdout

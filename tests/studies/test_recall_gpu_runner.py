@@ -1,4 +1,5 @@
 """studies/recall/gpu/run.sh: the recall grid's runner for one GPU (here on the CPU)."""
+
 import os
 import subprocess
 import sys
@@ -11,15 +12,29 @@ SCRIPT = os.path.join(ROOT, 'studies', 'recall', 'gpu', 'run.sh')
 
 
 def _run(tmp_path, *runs, **env):
-  env = dict(os.environ, ROOT=str(tmp_path / 'root'), OUT=str(tmp_path / 'out'),
-             CUDA_VISIBLE_DEVICES='', **env)
-  return subprocess.run(['bash', SCRIPT, *runs], capture_output=True, text=True, env=env,
-                        check=False, timeout=600)
+  env = dict(
+    os.environ,
+    ROOT=str(tmp_path / 'root'),
+    OUT=str(tmp_path / 'out'),
+    CUDA_VISIBLE_DEVICES='',
+    **env,
+  )
+  return subprocess.run(
+    ['bash', SCRIPT, *runs], capture_output=True, text=True, env=env, check=False, timeout=600
+  )
 
 
-@pytest.mark.parametrize('run', ['0:softmax:128', 'a:softmax:128:256x16',
-                                 '0:softmax:128:256', '0:Soft-max:128:256x16',
-                                 '0:linear+:64:128x8', '0:linear:64:128x8:window'])
+@pytest.mark.parametrize(
+  'run',
+  [
+    '0:softmax:128',
+    'a:softmax:128:256x16',
+    '0:softmax:128:256',
+    '0:Soft-max:128:256x16',
+    '0:linear+:64:128x8',
+    '0:linear:64:128x8:window',
+  ],
+)
 def test_a_bad_run_is_one_line_naming_it_before_anything_starts(tmp_path, run):
   out = _run(tmp_path, '0:linear:64:128x8', run)
   assert out.returncode == 2
@@ -38,8 +53,9 @@ def test_a_bad_autotune_level_is_one_line_naming_it_before_anything_starts(tmp_p
 def test_no_runs_or_no_out_is_a_usage_line(tmp_path):
   assert 'usage:' in _run(tmp_path).stderr
   env = {k: v for k, v in os.environ.items() if k != 'OUT'}
-  out = subprocess.run(['bash', SCRIPT, '0:linear:64:128x8'], capture_output=True, text=True,
-                       env=env, check=False)
+  out = subprocess.run(
+    ['bash', SCRIPT, '0:linear:64:128x8'], capture_output=True, text=True, env=env, check=False
+  )
   assert out.returncode != 0 and 'set OUT to the folder the results go to' in out.stderr
 
 

@@ -1,4 +1,5 @@
 """The recorded studies on real data (studies/<name>/sweep.py): their runs and settings."""
+
 import glob
 import json
 import os
@@ -13,17 +14,27 @@ REAL_DATA_FIELDS = {'dataset.source', 'dataset.data_dir', 'dataset.holdout', 'da
 
 def test_every_study_has_its_sweep_and_readme():
   assert [os.path.dirname(p) for p in STUDIES] == [
-      'studies/bytelm', 'studies/cifar10_mechanisms', 'studies/imdb_bytes',
-      'studies/lora_mnist', 'studies/mnist_pixels', 'studies/mnist_projections',
-      'studies/recall']
+    'studies/bytelm',
+    'studies/cifar10_mechanisms',
+    'studies/imdb_bytes',
+    'studies/lora_mnist',
+    'studies/mnist_pixels',
+    'studies/mnist_projections',
+    'studies/recall',
+  ]
   for path in STUDIES:
     assert os.path.exists(os.path.join(os.path.dirname(path), 'README.md')), path
 
 
 def _recorded():
-  with open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "recorded_study_runs.json")) as f:
-    return [(path, case['arg'], case['runs']) for path, cases in sorted(json.load(f).items())
-            for case in cases]
+  with open(
+    os.path.join(os.path.dirname(os.path.dirname(__file__)), "recorded_study_runs.json")
+  ) as f:
+    return [
+      (path, case['arg'], case['runs'])
+      for path, cases in sorted(json.load(f).items())
+      for case in cases
+    ]
 
 
 @pytest.mark.parametrize('path,arg,recorded', _recorded())
@@ -35,9 +46,14 @@ def test_key_value_settings_give_the_recorded_runs(path, arg, recorded):
   assert [[r.name, r.config, dict(r.overrides)] for r in runs] == recorded
 
 
-@pytest.mark.parametrize('path', ['studies/mnist_projections/sweep.py',
-                                  'studies/cifar10_mechanisms/sweep.py',
-                                  'studies/imdb_bytes/sweep.py'])
+@pytest.mark.parametrize(
+  'path',
+  [
+    'studies/mnist_projections/sweep.py',
+    'studies/cifar10_mechanisms/sweep.py',
+    'studies/imdb_bytes/sweep.py',
+  ],
+)
 def test_real_data_comparisons_change_only_the_data_and_the_budget(path):
   """The real-data studies run the shipped configs: only the data's location and train.* move."""
   runs = sweep.expand(sweep.load_sweep(path))
@@ -57,8 +73,7 @@ def test_the_mnist_projection_study_splits_by_scheme_seed_and_budget():
   assert len(names) == 8 and len(set(names)) == 8
   runs = sweep.expand(sweep.load_sweep(f'{path}:schemes=standard,super,seeds=1,epochs=25'))
   assert [r.config for r in runs] == ['configs/mnist.py:standard', 'configs/mnist.py:super']
-  assert all(r.overrides['train.seed'] == 1 and r.overrides['train.num_epochs'] == 25
-             for r in runs)
+  assert all(r.overrides['train.seed'] == 1 and r.overrides['train.num_epochs'] == 25 for r in runs)
   # An empty list is named, never the config's bare default (standard) run silently.
   with pytest.raises(sweep.SweepError, match=r"^sweep file .*schemes= names nothing"):
     sweep.load_sweep(f'{path}:schemes=')
@@ -70,9 +85,15 @@ def test_the_mnist_projection_study_splits_by_scheme_seed_and_budget():
     sweep.load_sweep(f'{path}:epochs=0')
 
 
-@pytest.mark.parametrize('path', ['studies/cifar10_mechanisms/sweep.py',
-                                  'studies/imdb_bytes/sweep.py', 'studies/mnist_pixels/sweep.py',
-                                  'studies/lora_mnist/sweep.py'])
+@pytest.mark.parametrize(
+  'path',
+  [
+    'studies/cifar10_mechanisms/sweep.py',
+    'studies/imdb_bytes/sweep.py',
+    'studies/mnist_pixels/sweep.py',
+    'studies/lora_mnist/sweep.py',
+  ],
+)
 def test_the_mechanism_studies_take_a_seed(path):
   """seed=1 runs a second seed of a study (the default stays the recorded seed 0)."""
   assert all(r.overrides['train.seed'] == 0 for r in sweep.expand(sweep.load_sweep(path)))

@@ -1,4 +1,5 @@
 """Save, stop, resume: identical parameters; corrupt checkpoints; init_from (SIGTERM: test_interrupt.py)."""
+
 import json
 import logging
 import os
@@ -12,15 +13,22 @@ import pytest
 from configs import default as default_config
 from train import adapters
 from train import checkpoint
-from train import trainer
 from train import inference
-
+from train import trainer
 
 
 def short_config(**train):
   config = default_config.get_config()
-  config.train.update(dict(num_epochs=-1, num_steps=40, checkpoint_every=20, keep_checkpoints=5,
-                           log_every=10, eval_every=-1))
+  config.train.update(
+    dict(
+      num_epochs=-1,
+      num_steps=40,
+      checkpoint_every=20,
+      keep_checkpoints=5,
+      log_every=10,
+      eval_every=-1,
+    )
+  )
   config.train.update(train)
   config.model.update(dict(depth=1, dropout_rate=0.1))  # dropout: the step rngs matter too
   return config
@@ -72,8 +80,7 @@ def test_corrupt_latest_checkpoint_falls_back_to_previous(full_run, tmp_path, ca
   with caplog.at_level(logging.WARNING):
     step, params = checkpoint.restore_params(copy)
   assert step == 20
-  assert any('step 40' in r.getMessage() and 'damaged' in r.getMessage()
-             for r in caplog.records)
+  assert any('step 40' in r.getMessage() and 'damaged' in r.getMessage() for r in caplog.records)
   expected = checkpoint.Checkpointer(workdir, create=False)
   expected_params = expected.manager.restore(20)['params']
   expected.close()

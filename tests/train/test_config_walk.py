@@ -22,6 +22,7 @@ through 13 files and looked the mechanism up 5 times; since then, 14 through 10,
 
     python tests/train/test_config_walk.py   # prints the walk: every entry, and the visits per file
 """
+
 import collections
 import contextlib
 import io
@@ -32,8 +33,9 @@ import ml_collections
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PACKAGES = tuple(os.path.join(ROOT, p) + os.sep for p in ('efficient_attn', 'train', 'data',
-                                                           'configs'))
+PACKAGES = tuple(
+  os.path.join(ROOT, p) + os.sep for p in ('efficient_attn', 'train', 'data', 'configs')
+)
 MODULES = (os.path.join(ROOT, 'fields.py'),)
 REGISTRY = os.path.join('efficient_attn', 'registry.py')
 MOST_RETURN_VISITS = 19  # half of issue 32's 39, rounded down
@@ -56,8 +58,11 @@ def _carries_config(frame) -> bool:
       return True
     if isinstance(value, tuple) and any(isinstance(v, CONFIGS) for v in value):
       return True
-    if isinstance(value, dict) and not isinstance(value, CONFIGS) and any(
-        isinstance(v, CONFIGS) for v in value.values()):
+    if (
+      isinstance(value, dict)
+      and not isinstance(value, CONFIGS)
+      and any(isinstance(v, CONFIGS) for v in value.values())
+    ):
       return True
   return False
 
@@ -66,10 +71,10 @@ class Walk:
   """The config calls of a run, recorded by `sys.setprofile` (see the module docstring)."""
 
   def __init__(self):
-    self.entries = []     # [(file, function)]: each entry into a file, in order
-    self.lookups = 0      # calls of registry.get_mechanism (a mechanism looked up by name)
-    self._frames = {}     # id -> frame of each config call seen (kept alive: ids stay unique)
-    self._ours = {}       # code -> its project file, or None
+    self.entries = []  # [(file, function)]: each entry into a file, in order
+    self.lookups = 0  # calls of registry.get_mechanism (a mechanism looked up by name)
+    self._frames = {}  # id -> frame of each config call seen (kept alive: ids stay unique)
+    self._ours = {}  # code -> its project file, or None
 
   def _file(self, code):
     if code not in self._ours:
@@ -112,8 +117,10 @@ class Walk:
   def report(self) -> str:
     lines = [f'{path}:{name}' for path, name in self.entries]
     lines += [f'{n:3d} {path}' for path, n in self.visits().most_common()]
-    lines.append(f'{self.return_visits()} return visits through {len(self.visits())} files; '
-                 f'the mechanism looked up {self.lookups} times')
+    lines.append(
+      f'{self.return_visits()} return visits through {len(self.visits())} files; '
+      f'the mechanism looked up {self.lookups} times'
+    )
     return '\n'.join(lines)
 
 
@@ -121,10 +128,13 @@ def walk_of_a_tiny_run(workdir: str) -> Walk:
   """The walk of `train_and_evaluate` on the default config (a smaller ViT), two steps."""
   from configs import default  # pylint: disable=g-import-not-at-top
   from train import trainer  # pylint: disable=g-import-not-at-top
+
   config = default.get_config()
   config.model.update(dict(d_model=16, depth=1, num_heads=2, mlp_dim=16))
   config.train.num_steps = 2
-  from clu import metric_writers, periodic_actions  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+  from clu import metric_writers  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+  from clu import periodic_actions  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+
   # (imported first: TensorFlow's import, slow under a profiler, carries no config)
   with contextlib.redirect_stdout(io.StringIO()), Walk().recording() as walk:
     trainer.train_and_evaluate(config, workdir)
@@ -144,16 +154,18 @@ def test_the_config_walk_makes_at_most_half_the_return_visits_of_issue_32(tmp_pa
 def test_the_walk_counts_each_entry_into_another_file():
   """The definition, on the data package: checks.py enters specs.py once per call from it."""
   from data import specs  # pylint: disable=g-import-not-at-top
+
   config = ml_collections.ConfigDict({'dataset': {'name': 'digits', 'source': ''}})
   with Walk().recording() as walk:
-    specs.in_memory(config)      # -> specs.source, same file: one entry
-    specs.input_kind(config)     # another entry into specs.py
+    specs.in_memory(config)  # -> specs.source, same file: one entry
+    specs.input_kind(config)  # another entry into specs.py
   assert walk.entries == [('data/specs.py', 'in_memory'), ('data/specs.py', 'input_kind')]
   assert walk.return_visits() == 1
 
 
 if __name__ == '__main__':
   import tempfile  # pylint: disable=g-import-not-at-top
+
   sys.path.insert(0, ROOT)
   with tempfile.TemporaryDirectory() as d:
     print(walk_of_a_tiny_run(d).report())

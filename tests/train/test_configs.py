@@ -1,17 +1,18 @@
 """Every shipped config loads, validates, builds its model and takes a train step."""
+
 import glob
 import os
 
 from absl import flags
+import helpers
 import jax
 import ml_collections
 from ml_collections import config_flags
 import numpy as np
 import pytest
 
-from efficient_attn import registry
-import helpers
 import data
+from efficient_attn import registry
 from train import modeling
 from train import optim
 from train import sharding
@@ -21,9 +22,10 @@ from train import validate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG_FILES = sorted(
-    os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, 'configs', '**', '*.py'),
-                                                recursive=True)
-    if os.path.basename(p) not in ('__init__.py', 'common.py'))
+  os.path.relpath(p, ROOT)
+  for p in glob.glob(os.path.join(ROOT, 'configs', '**', '*.py'), recursive=True)
+  if os.path.basename(p) not in ('__init__.py', 'common.py')
+)
 
 
 # Smoke tests compile with little optimisation: about 30% less CPU time.
@@ -38,6 +40,7 @@ def runnable(config, image_folder_root, generated_root=None):
     config.dataset.data_dir = str(image_folder_root)
   if config.dataset.get('source') == 'tsv' and generated_root is not None:
     from conftest import write_aan_folder  # pylint: disable=g-import-not-at-top
+
     config.dataset.data_dir = write_aan_folder(os.path.join(str(generated_root), 'aan'))
   if config.dataset.get('source') == 'generated' and generated_root is not None:
     config.dataset.data_dir = os.path.join(str(generated_root), config.dataset.name)
@@ -60,8 +63,18 @@ def generated_root(tmp_path_factory):
 
 def test_required_configs_exist():
   names = {os.path.basename(p)[:-3] for p in CONFIG_FILES}
-  required = {'default', 'cifar10', 'cifar10_nystrom', 'cifar100', 'mnist', 'imdb', 'imagenet',
-              'image_folder', 'digits_pixels', 'mnist_pixels'}
+  required = {
+    'default',
+    'cifar10',
+    'cifar10_nystrom',
+    'cifar100',
+    'mnist',
+    'imdb',
+    'imagenet',
+    'image_folder',
+    'digits_pixels',
+    'mnist_pixels',
+  }
   assert required <= names, required - names
 
 
@@ -69,12 +82,20 @@ def test_required_configs_exist():
 def test_every_mechanism_has_a_cifar10_and_an_imdb_config(mechanism):
   """configs/cifar10.py:<m>, configs/imdb.py:<m> and configs/lra/<task>.py:<m> exist for
   every registered mechanism."""
-  lra = [(f'configs/lra/{task}.py', f'{mechanism},size={size}')
-         for task in ('listops', 'pathfinder', 'image', 'text') for size in ('base', 'small')]
-  lra += [('configs/lra/retrieval.py', f'{mechanism},size={size},data_dir=lra/tsv_data')
-          for size in ('base', 'small')]
-  for path, arg in [('configs/cifar10.py', mechanism), ('configs/imdb.py', mechanism),
-                    ('configs/cifar10.py', f'{mechanism},size=small')] + lra:
+  lra = [
+    (f'configs/lra/{task}.py', f'{mechanism},size={size}')
+    for task in ('listops', 'pathfinder', 'image', 'text')
+    for size in ('base', 'small')
+  ]
+  lra += [
+    ('configs/lra/retrieval.py', f'{mechanism},size={size},data_dir=lra/tsv_data')
+    for size in ('base', 'small')
+  ]
+  for path, arg in [
+    ('configs/cifar10.py', mechanism),
+    ('configs/imdb.py', mechanism),
+    ('configs/cifar10.py', f'{mechanism},size=small'),
+  ] + lra:
     config = load(path, arg)
     assert config.attention.mechanism == mechanism
     validate.validate_config(config)
@@ -98,26 +119,37 @@ def parse_flags(*args):
 
 
 def test_command_line_overrides_and_args():
-  config = parse_flags(f'--config={ROOT}/configs/mnist.py:super', '--config.model.num_heads=8',
-                       '--config.attention.mechanism=linear')
+  config = parse_flags(
+    f'--config={ROOT}/configs/mnist.py:super',
+    '--config.model.num_heads=8',
+    '--config.attention.mechanism=linear',
+  )
   assert config.attention.projection == 'super'
   assert config.model.num_heads == 8 and config.attention.mechanism == 'linear'
-  config = parse_flags(f'--config={ROOT}/configs/cifar10.py:mechanism=nystrom,projection=efficient',
-                       '--config.attention.options.num_landmarks=16')
+  config = parse_flags(
+    f'--config={ROOT}/configs/cifar10.py:mechanism=nystrom,projection=efficient',
+    '--config.attention.options.num_landmarks=16',
+  )
   assert config.attention.options.num_landmarks == 16
   assert config.attention.projection == 'efficient'
   assert load('configs/imdb.py', 'linear,max_length=4096').dataset.max_length == 4096
 
 
-@pytest.mark.parametrize('arg,message', [
+@pytest.mark.parametrize(
+  'arg,message',
+  [
     ('lra/listops.py:size=tiny', "size='tiny' is not valid; valid choices: base, small"),
-    ('lra/listops.py:linear,sise=small', "unknown key 'sise'; valid keys: mechanism, "
-     'projection, size'),
-])
+    (
+      'lra/listops.py:linear,sise=small',
+      "unknown key 'sise'; valid keys: mechanism, projection, size",
+    ),
+  ],
+)
 def test_a_config_argument_get_config_refuses_is_one_line(arg, message):
   """main.py reports a config file's own error in one line (ml_collections wraps it in the
   traceback of get_config), exiting before any work."""
   import main  # pylint: disable=g-import-not-at-top
+
   argv = ['main.py', f'--config={ROOT}/configs/{arg}', '--workdir=unused']
   fv = flags.FlagValues()
   config_flags.DEFINE_config_file('config', flag_values=fv, sys_argv=argv)
@@ -134,14 +166,17 @@ def test_a_config_file_that_does_not_exist_is_one_line(overrides):
   """`--config=configs/nope.py` (a typo): ml_collections defers the error to the config's
   first use, which printed two tracebacks after the workdir line (with an override: one)."""
   import main  # pylint: disable=g-import-not-at-top
+
   argv = ['main.py', f'--config={ROOT}/configs/nope.py:x', *overrides]
   fv = flags.FlagValues()
   config_flags.DEFINE_config_file('config', flag_values=fv, sys_argv=argv)
   with pytest.raises(SystemExit) as e:
     main.parse_flags(argv, fv)
-  assert str(e.value) == (f'Error: flag --config={ROOT}/configs/nope.py:x: [Errno 2] No such '
-                          f"file or directory: '{ROOT}/configs/nope.py' (--helpfull lists the "
-                          'flags)'), e.value
+  assert str(e.value) == (
+    f'Error: flag --config={ROOT}/configs/nope.py:x: [Errno 2] No such '
+    f"file or directory: '{ROOT}/configs/nope.py' (--helpfull lists the "
+    'flags)'
+  ), e.value
 
 
 @pytest.mark.parametrize('mechanism', ['sparse', 'reformer'])
@@ -151,9 +186,13 @@ def test_a_pixel_model_that_cannot_sample_is_refused_before_training(mechanism):
   mechanism and those that decode; without samples they train."""
   config = load('configs/digits_pixels.py', mechanism)
   valid = ', '.join(registry.names_where(lambda m: bool(m.decode)))
-  with pytest.raises(validate.ConfigError, match=(
+  with pytest.raises(
+    validate.ConfigError,
+    match=(
       f"^config.attention.mechanism='{mechanism}' has no decoding form, which the samples "
-      rf'.*\(config.sample.num_samples=16, num_completions=8\); valid choices: {valid}; ')):
+      rf'.*\(config.sample.num_samples=16, num_completions=8\); valid choices: {valid}; '
+    ),
+  ):
     validate.validate_config(config)
   config.sample.num_samples = config.sample.num_completions = 0
   validate.validate_config(config)
@@ -161,19 +200,20 @@ def test_a_pixel_model_that_cannot_sample_is_refused_before_training(mechanism):
 
 # Per attention layer, from the paper's tables 5 (MNIST) and 6 (CIFAR-100).
 PAPER_COUNTS = {  # Hosseini & Hosseini (2024)
-    'mnist': {'standard': 66_048, 'optimised': 49_536, 'efficient': 33_024, 'super': 37_184},
-    'cifar100': {'standard': 263_168, 'optimised': 197_376, 'efficient': 131_584,
-                 'super': 197_890},
+  'mnist': {'standard': 66_048, 'optimised': 49_536, 'efficient': 33_024, 'super': 37_184},
+  'cifar100': {'standard': 263_168, 'optimised': 197_376, 'efficient': 131_584, 'super': 197_890},
 }
 
 
-@pytest.mark.parametrize('experiment,projection',
-                         [(e, p) for e in PAPER_COUNTS for p in PAPER_COUNTS[e]])
+@pytest.mark.parametrize(
+  'experiment,projection', [(e, p) for e in PAPER_COUNTS for p in PAPER_COUNTS[e]]
+)
 def test_paper_parameter_counts(experiment, projection):
   config = load(f'configs/{experiment}.py', projection)
   model = modeling.create_model(config)
-  shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), modeling.dummy_inputs(config),
-                                             train=False))['params']
+  shapes = jax.eval_shape(
+    lambda: model.init(jax.random.key(0), modeling.dummy_inputs(config), train=False)
+  )['params']
   _, per_layer = modeling.parameter_counts(shapes)
   assert per_layer == PAPER_COUNTS[experiment][projection]
 
@@ -190,9 +230,13 @@ def _distinct_configs():
 
 # LRA Retrieval: two documents of 4,000 bytes through full softmax attention is running
 # time, not compilation (38 s alone); it stays at full size, in the slow lane.
-@pytest.mark.parametrize('path', [
+@pytest.mark.parametrize(
+  'path',
+  [
     pytest.param(p, marks=pytest.mark.slow) if p == 'configs/lra/retrieval.py' else p
-    for p in _distinct_configs()])
+    for p in _distinct_configs()
+  ],
+)
 def test_train_steps_on_mock_data(path, image_folder_root, generated_root):
   """Each distinct config: its pipeline on mock data, its model, two train steps.
 
@@ -202,6 +246,7 @@ def test_train_steps_on_mock_data(path, image_folder_root, generated_root):
   at the second step.
   """
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
   config = runnable(load(path), image_folder_root, generated_root)
   config.model.depth = 1
   config.dataset.batch_size = config.dataset.eval_batch_size = 2

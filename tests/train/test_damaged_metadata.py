@@ -6,14 +6,15 @@ truncated `<step>.manifest.json` with a JSONDecodeError traceback, an altered
 `_CHECKPOINT_METADATA` with Orbax's `ValueError: Provided metadata contains unknown key`;
 and a step whose manifest was missing was restored unchecked.
 """
+
 import json
 import logging
 import os
 import shutil
 
+import main_runner
 import pytest
 
-import main_runner
 from train import checkpoint
 from train import trainer
 
@@ -40,34 +41,54 @@ def _truncate(path):
   with open(path) as f:
     text = f.read()
   with open(path, 'w') as f:
-    f.write(text[:len(text) // 2])
+    f.write(text[: len(text) // 2])
 
 
 MANIFEST = '8.manifest.json'
 METADATA = os.path.join('8', '_CHECKPOINT_METADATA')
 DAMAGE = {  # name: (file under checkpoints/, how it is damaged, the reason logged)
-    'manifest truncated': (MANIFEST, _truncate, 'its manifest 8.manifest.json is not valid '
-                                                'JSON (Unterminated string'),
-    'manifest empty': (MANIFEST, lambda p: open(p, 'w').close(),
-                       'its manifest 8.manifest.json is empty'),
-    'manifest missing': (MANIFEST, os.remove, 'its manifest 8.manifest.json is missing (the '
-                                              'save did not complete)'),
-    'manifest without an item': (MANIFEST, lambda p: _edit_json(p, lambda m: m.pop('params')),
-                                 'its manifest 8.manifest.json is not a manifest'),
-    'manifest without an array': (
-        MANIFEST, lambda p: _edit_json(p, lambda m: m['params'].popitem()),
-        "is not in both the checkpoint and its manifest"),
-    'metadata with a key Orbax refuses': (
-        METADATA, lambda p: _edit_json(p, lambda m: m.update(custom_metadata={'a': 1}, b=2)),
-        'its Orbax metadata _CHECKPOINT_METADATA cannot be read (ValueError: Provided '
-        'metadata contains unknown key b, and the custom_metadata field is already defined.)'),
-    'metadata of the wrong type': (
-        METADATA, lambda p: _edit_json(p, lambda m: m.update(item_handlers=5)),
-        'its Orbax metadata _CHECKPOINT_METADATA cannot be read (ValueError: Object must be'),
-    'metadata truncated': (METADATA, _truncate, 'its Orbax metadata _CHECKPOINT_METADATA '
-                                                'cannot be read (JSONDecodeError'),
-    'metadata missing': (METADATA, os.remove,
-                         'its Orbax metadata _CHECKPOINT_METADATA is missing'),
+  'manifest truncated': (
+    MANIFEST,
+    _truncate,
+    'its manifest 8.manifest.json is not valid JSON (Unterminated string',
+  ),
+  'manifest empty': (
+    MANIFEST,
+    lambda p: open(p, 'w').close(),
+    'its manifest 8.manifest.json is empty',
+  ),
+  'manifest missing': (
+    MANIFEST,
+    os.remove,
+    'its manifest 8.manifest.json is missing (the save did not complete)',
+  ),
+  'manifest without an item': (
+    MANIFEST,
+    lambda p: _edit_json(p, lambda m: m.pop('params')),
+    'its manifest 8.manifest.json is not a manifest',
+  ),
+  'manifest without an array': (
+    MANIFEST,
+    lambda p: _edit_json(p, lambda m: m['params'].popitem()),
+    "is not in both the checkpoint and its manifest",
+  ),
+  'metadata with a key Orbax refuses': (
+    METADATA,
+    lambda p: _edit_json(p, lambda m: m.update(custom_metadata={'a': 1}, b=2)),
+    'its Orbax metadata _CHECKPOINT_METADATA cannot be read (ValueError: Provided '
+    'metadata contains unknown key b, and the custom_metadata field is already defined.)',
+  ),
+  'metadata of the wrong type': (
+    METADATA,
+    lambda p: _edit_json(p, lambda m: m.update(item_handlers=5)),
+    'its Orbax metadata _CHECKPOINT_METADATA cannot be read (ValueError: Object must be',
+  ),
+  'metadata truncated': (
+    METADATA,
+    _truncate,
+    'its Orbax metadata _CHECKPOINT_METADATA cannot be read (JSONDecodeError',
+  ),
+  'metadata missing': (METADATA, os.remove, 'its Orbax metadata _CHECKPOINT_METADATA is missing'),
 }
 
 
@@ -82,9 +103,15 @@ def _damaged_copy(finished, tmp_path, damage):
 
 def _skipped(records, workdir, damage):
   """The warnings that say step 8 was skipped for `damage`'s reason: one is expected."""
-  return [r.getMessage() for r in records if r.levelno == logging.WARNING and
-          r.getMessage().startswith(f'The checkpoint at step 8 ({workdir}/checkpoints/8) is '
-                                    f'damaged: ') and DAMAGE[damage][2] in r.getMessage()]
+  return [
+    r.getMessage()
+    for r in records
+    if r.levelno == logging.WARNING
+    and r.getMessage().startswith(
+      f'The checkpoint at step 8 ({workdir}/checkpoints/8) is damaged: '
+    )
+    and DAMAGE[damage][2] in r.getMessage()
+  ]
 
 
 @pytest.mark.parametrize('damage', list(DAMAGE))
@@ -97,8 +124,7 @@ def test_damaged_metadata_falls_back_to_the_previous_step(finished, tmp_path, da
 
 
 @pytest.mark.parametrize('damage', ['manifest truncated', 'metadata with a key Orbax refuses'])
-def test_training_and_evaluation_go_on_from_the_previous_step(finished, tmp_path, damage,
-                                                              caplog):
+def test_training_and_evaluation_go_on_from_the_previous_step(finished, tmp_path, damage, caplog):
   """The two cases of the issue, through the trainer: evaluation reads step 4, training
   resumes from it and writes step 8 again, sound."""
   workdir = _damaged_copy(finished, tmp_path, damage)

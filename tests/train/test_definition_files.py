@@ -1,4 +1,5 @@
 """train.pyfile (configs and sweeps loaded by path) and their settings after ':'."""
+
 import os
 
 import pytest
@@ -24,19 +25,25 @@ def test_function_loads_a_file_and_names_every_failure(tmp_path):
 
 def test_call_passes_the_argument_and_names_every_failure(tmp_path):
   (tmp_path / 'sweep.py').write_text(
-      'from configs import common\n'
-      'def get_sweep(arg=None):\n'
-      '  return common.parse_arg(arg, seed=0, aan_dir="")\n')
+    'from configs import common\n'
+    'def get_sweep(arg=None):\n'
+    '  return common.parse_arg(arg, seed=0, aan_dir="")\n'
+  )
   (tmp_path / 'plain.py').write_text('def get_sweep():\n  return "plain"\n')
   path = str(tmp_path / 'sweep.py')
   assert pyfile.call(path, 'get_sweep') == {'seed': 0, 'aan_dir': ''}
   assert pyfile.call(f'{path}:seed=1,aan_dir=gs://b/tsv', 'get_sweep') == {
-      'seed': 1, 'aan_dir': 'gs://b/tsv'}  # the argument starts at the first ':'
+    'seed': 1,
+    'aan_dir': 'gs://b/tsv',
+  }  # the argument starts at the first ':'
   assert pyfile.call(str(tmp_path / 'plain.py'), 'get_sweep') == 'plain'
   with pytest.raises(ValueError, match=r"^'.*plain.py' takes no argument; got 'seed=1'$"):
     pyfile.call(str(tmp_path / 'plain.py:seed=1'), 'get_sweep')
-  with pytest.raises(ValueError, match=r"^'.*sweep.py:seed=one': config argument 'seed=one': "
-                                       r"seed='one' is not a valid int$"):
+  with pytest.raises(
+    ValueError,
+    match=r"^'.*sweep.py:seed=one': config argument 'seed=one': "
+    r"seed='one' is not a valid int$",
+  ):
     pyfile.call(f'{path}:seed=one', 'get_sweep')
   with pytest.raises(ValueError, match=r"'.*nope.py' does not exist"):
     pyfile.call(str(tmp_path / 'nope.py:seed=1'), 'get_sweep')
@@ -48,7 +55,8 @@ def test_parse_arg_reads_settings_and_names_bad_ones():
   assert common.parse_arg(None, **defaults) == defaults
   assert common.parse_arg('', **defaults) == defaults
   assert common.parse_arg('3,seeds=2,5,,names=softmax,linear,flag=true', **defaults) == dict(
-      n=3, seeds=(2, 5), names=('softmax', 'linear'), flag=True)
+    n=3, seeds=(2, 5), names=('softmax', 'linear'), flag=True
+  )
   assert common.parse_arg('names=x', **defaults)['names'] == ('x',)
   with pytest.raises(ValueError, match=r"^config argument 'n=2.5': n='2.5' is not a valid int$"):
     common.parse_arg('n=2.5', **defaults)
@@ -71,7 +79,10 @@ def _override_error(*overrides):
   """main.py's one line for `--config=configs/default.py` with `overrides`."""
   from absl import flags  # pylint: disable=g-import-not-at-top
   from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
-  config = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "configs", "default.py")
+
+  config = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "configs", "default.py"
+  )
   argv = ['main.py', f'--config={config}', *overrides]
   values = flags.FlagValues()
   config_flags.DEFINE_config_file('config', flag_values=values, sys_argv=argv)
@@ -82,11 +93,14 @@ def _override_error(*overrides):
 
 def test_an_unknown_override_names_the_valid_fields_of_its_group():
   assert _override_error('--config.model.num_head=4') == (
-      "Invalid config override --config.model.num_head: no field 'num_head'; did you mean "
-      '"num_heads" instead of "num_head"?')  # a close name: ml_collections' hint
+    "Invalid config override --config.model.num_head: no field 'num_head'; did you mean "
+    '"num_heads" instead of "num_head"?'
+  )  # a close name: ml_collections' hint
   message = _override_error('--config.attention.options.nope=3')  # none: the group's fields
-  assert message.startswith("Invalid config override --config.attention.options.nope: no "
-                            "field 'nope'; valid: "), message
+  assert message.startswith(
+    "Invalid config override --config.attention.options.nope: no field 'nope'; valid: "
+  ), message
   assert 'num_landmarks' in message and 'value_factor' in message and '\n' not in message
   assert _override_error('--config.optim.zzz=1').endswith(
-      f'valid: {", ".join(sorted(common.base().optim.keys()))}')
+    f'valid: {", ".join(sorted(common.base().optim.keys()))}'
+  )

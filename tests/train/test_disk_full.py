@@ -4,6 +4,7 @@ behind that a later run trusts or that blocks it (issue 59, item 6).
 The disk is filled by `full_disk` (injected ENOSPC on the writes Python makes); the
 run in a process (`test_a_full_disk_mid_run_...`) fills it while training.
 """
+
 import asyncio
 import errno
 import json
@@ -15,11 +16,11 @@ import sys
 import threading
 import types
 
+import full_disk
 import jax.numpy as jnp
+import main_runner
 import pytest
 
-import full_disk
-import main_runner
 from train import checkpoint
 from train import metrics as metrics_lib
 from train import validate
@@ -41,8 +42,10 @@ def test_a_full_disk_when_taking_the_lock_leaves_no_lock(tmp_path, config):
   with full_disk.installed(tmp_path):
     with pytest.raises(workdir_lib.WorkdirError) as e:
       workdir_lib.open_run(str(workdir), config)
-  assert str(e.value) == (f'{DISK_FULL}{workdir / workdir_lib.LOCK}; free space and re-run '
-                          f'the same command (no checkpoint was saved: it starts from step 0)')
+  assert str(e.value) == (
+    f'{DISK_FULL}{workdir / workdir_lib.LOCK}; free space and re-run '
+    f'the same command (no checkpoint was saved: it starts from step 0)'
+  )
   assert os.listdir(workdir) == []
   workdir_lib.open_run(str(workdir), config).close()  # space again: it opens
 
@@ -61,8 +64,9 @@ def test_a_live_trainers_lock_is_still_refused(tmp_path, config):
   me = {'pid': os.getpid(), 'host': socket.gethostname()}
   for holder in (me, {'pid': 1, 'host': 'another-host'}):
     lock.write_text(json.dumps(holder))
-    with pytest.raises(workdir_lib.WorkdirError,
-                       match=rf'in use by another trainer \(pid {holder["pid"]} on '):
+    with pytest.raises(
+      workdir_lib.WorkdirError, match=rf'in use by another trainer \(pid {holder["pid"]} on '
+    ):
       workdir_lib.open_run(str(tmp_path), config)
   # A lock still being written (empty for a moment) is read again, not taken.
   lock.write_text('')
@@ -103,27 +107,32 @@ def test_a_full_disk_creating_tensorboards_writer_is_an_oserror(tmp_path, monkey
   """A re-run on a full disk stopped with TensorFlow's traceback (ResourceExhaustedError,
   'Could not initialize events writer'); main.py says an OSError of a full disk in one
   line."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from clu import metric_writers  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   events = tmp_path / 'tensorboard' / 'events.out.tfevents.1.host.1.0.v2'
 
   def full(*args, **kwargs):
     del args, kwargs
     raise tf.errors.ResourceExhaustedError(
-        None, None, f'{events}; No space left on device\n\tFailed to flush 1 events to '
-        f'{events}\n\tFlushing first event.\n\tCould not initialize events writer.')
+      None,
+      None,
+      f'{events}; No space left on device\n\tFailed to flush 1 events to '
+      f'{events}\n\tFlushing first event.\n\tCould not initialize events writer.',
+    )
+
   monkeypatch.setattr(metric_writers, 'create_default_writer', full)
   with pytest.raises(OSError) as e:
     metrics_lib.create_writer(tmp_path, enabled=True)
   assert e.value.errno == errno.ENOSPC
   assert e.value.filename == os.fspath(tmp_path / 'tensorboard')
   assert workdir_lib.write_failure(tmp_path, e.value, training=True) == (
-      f'{DISK_FULL}{tmp_path / "tensorboard"}; free space and re-run the same command '
-      f'(no checkpoint was saved: it starts from step 0)')
+    f'{DISK_FULL}{tmp_path / "tensorboard"}; free space and re-run the same command '
+    f'(no checkpoint was saved: it starts from step 0)'
+  )
 
 
-def test_a_full_disk_in_a_background_save_is_one_error_without_orbax_tracebacks(tmp_path,
-                                                                              caplog):
+def test_a_full_disk_in_a_background_save_is_one_error_without_orbax_tracebacks(tmp_path, caplog):
   """Orbax's threads logged 9 tracebacks (511 lines) of a full disk; the save's error
   then came as a ValueError traceback from `save` or `close`."""
   ckpt = checkpoint.Checkpointer(str(tmp_path))
@@ -137,16 +146,17 @@ def test_a_full_disk_in_a_background_save_is_one_error_without_orbax_tracebacks(
         ckpt.save(8, params, opt_state, force=True)
       finally:
         ckpt.close()
-  assert str(e.value) == (f'{DISK_FULL}{tmp_path / "checkpoints"}; free space and re-run '
-                          f'the same command to resume from step 4')
+  assert str(e.value) == (
+    f'{DISK_FULL}{tmp_path / "checkpoints"}; free space and re-run '
+    f'the same command to resume from step 4'
+  )
   assert not [r for r in caplog.records if r.exc_info or 'No space' in r.getMessage()]
   assert main_runner.committed_steps(str(tmp_path)) == [4]
   assert sorted(os.listdir(tmp_path / 'checkpoints'))[:2] == ['4', '4.manifest.json']
   assert not (tmp_path / 'checkpoints' / '8.manifest.json').exists()
 
 
-def test_tensorstores_late_callbacks_after_a_failed_save_are_not_printed(tmp_path,
-                                                                           monkeypatch):
+def test_tensorstores_late_callbacks_after_a_failed_save_are_not_printed(tmp_path, monkeypatch):
   """After a failed save, TensorStore's writes still in flight finish on the event loop
   Orbax has closed: on a real full disk, tens of 'RuntimeError: Event loop is closed'
   tracebacks (sys.unraisablehook) after the run's one line. Those are dropped; any other
@@ -159,8 +169,10 @@ def test_tensorstores_late_callbacks_after_a_failed_save_are_not_printed(tmp_pat
     try:
       call()
     except RuntimeError as e:
-      return types.SimpleNamespace(exc_type=RuntimeError, exc_value=e,
-                                   exc_traceback=e.__traceback__, err_msg=None, object=None)
+      return types.SimpleNamespace(
+        exc_type=RuntimeError, exc_value=e, exc_traceback=e.__traceback__, err_msg=None, object=None
+      )
+
   loop = asyncio.new_event_loop()
   loop.close()
   late = unraisable(lambda: loop.call_soon_threadsafe(print))
@@ -186,7 +198,8 @@ def test_no_manifest_is_left_without_its_step(tmp_path):
       finally:
         ckpt.close()
   assert [f for f in sorted(os.listdir(tmp_path / 'checkpoints')) if 'manifest' in f] == [
-      '4.manifest.json']
+    '4.manifest.json'
+  ]
 
 
 def test_a_workdir_under_a_file_is_one_line(tmp_path, config):
@@ -194,8 +207,10 @@ def test_a_workdir_under_a_file_is_one_line(tmp_path, config):
   for path in (tmp_path / 'some_file' / 'run', tmp_path / 'some_file'):
     with pytest.raises(workdir_lib.WorkdirError) as e:
       workdir_lib.open_run(str(path), config)
-    assert str(e.value) == (f'cannot use {path} as the workdir: {tmp_path / "some_file"} is '
-                            f'a file, not a folder; name a folder in --workdir')
+    assert str(e.value) == (
+      f'cannot use {path} as the workdir: {tmp_path / "some_file"} is '
+      f'a file, not a folder; name a folder in --workdir'
+    )
 
 
 def test_a_read_only_workdir_is_one_line(tmp_path, config):
@@ -231,13 +246,14 @@ def test_a_full_disk_mid_run_is_one_line_and_the_same_command_resumes(tmp_path):
   workdir = str(tmp_path / 'run')
   kwargs = main_runner.popen_kwargs()
   kwargs['env'].update(FULL_WORKDIR=workdir, FULL_AFTER='8')
-  command = main_runner.command(workdir, num_steps=16, checkpoint_every=4,
-                                async_checkpoints=False)
+  command = main_runner.command(workdir, num_steps=16, checkpoint_every=4, async_checkpoints=False)
   proc = subprocess.run([sys.executable, '-c', FULL_MAIN, *command[2:]], timeout=300, **kwargs)
   assert proc.returncode == 1, proc.stderr[-3000:]
   last = proc.stderr.strip().splitlines()[-1]
-  assert last == (f'Error: {DISK_FULL}{workdir}/metrics.jsonl; free space and re-run the '
-                  f'same command to resume from step 8'), proc.stderr[-3000:]
+  assert last == (
+    f'Error: {DISK_FULL}{workdir}/metrics.jsonl; free space and re-run the '
+    f'same command to resume from step 8'
+  ), proc.stderr[-3000:]
   assert 'Traceback' not in proc.stderr, proc.stderr[-3000:]
   assert proc.stderr.lower().count('no space left on device') == 1, proc.stderr[-3000:]
   assert main_runner.committed_steps(workdir) == [4, 8]

@@ -4,6 +4,7 @@ No test here reaches a network: the socket layer refuses every connection (and
 name lookup), so each one behaves the same on a machine with or without
 internet, and TFDS writes only to a temporary data_dir.
 """
+
 import logging
 import os
 import re
@@ -11,12 +12,12 @@ import socket
 import subprocess
 import sys
 
+import main_runner
 import pytest
 
-import main
-import main_runner
 from configs import mnist
 import data
+import main
 from train import logs
 from train import trainer
 
@@ -47,10 +48,12 @@ def no_network(monkeypatch):
   def refuse(*args, **kwargs):
     attempts.append(args)
     raise socket.gaierror(socket.EAI_NONAME, 'no network (refused by the test)')
+
   monkeypatch.setattr(socket, 'getaddrinfo', refuse)
   monkeypatch.setattr(socket.socket, 'connect', refuse)
   monkeypatch.setattr(socket.socket, 'connect_ex', refuse)
   from tensorflow_datasets.core.download import downloader  # pylint: disable=g-import-not-at-top
+
   monkeypatch.setattr(downloader, 'MAX_RETRIES', 0)
   return attempts
 
@@ -60,6 +63,7 @@ def test_tfds_download_without_network_is_one_line(no_network, tmp_path, monkeyp
   module it imports on the way, importlib_resources included, resolves), and the
   refused connection reaches the user as one line, before the workdir is created."""
   from data import stream  # pylint: disable=g-import-not-at-top
+
   monkeypatch.setattr(stream, 'check_network', lambda builder: None)  # TFDS's own path
   config = mnist.get_config()
   config.dataset.data_dir = str(tmp_path / 'tfds')
@@ -85,32 +89,49 @@ def test_main_without_network_or_workdir(tmp_path):
   error, and no workdir is made."""
   data_dir = str(tmp_path / 'tfds')
   proc = subprocess.run(
-      [sys.executable, '-c', NO_NETWORK_MAIN, '--config=configs/mnist.py',
-       f'--config.dataset.data_dir={data_dir}'],
-      timeout=300, **main_runner.popen_kwargs())
+    [
+      sys.executable,
+      '-c',
+      NO_NETWORK_MAIN,
+      '--config=configs/mnist.py',
+      f'--config.dataset.data_dir={data_dir}',
+    ],
+    timeout=300,
+    **main_runner.popen_kwargs(),
+  )
   assert proc.returncode == 1, proc.stderr[-3000:]
   expected = main.default_workdir('configs/mnist.py', {'dataset.data_dir': data_dir})
   assert re.fullmatch(r'runs/mnist-[0-9a-f]{8}', expected)
   assert proc.stdout.splitlines()[0] == f'workdir {expected}', proc.stdout
-  assert proc.stderr.strip().splitlines()[-1].startswith(
+  assert (
+    proc.stderr.strip()
+    .splitlines()[-1]
+    .startswith(
       'Error: could not download mnist: no network (storage.googleapis.com:443 cannot be '
       "reached); see README 'Data' for offline use, or train from .npz files ("
+    )
   ), proc.stderr[-3000:]
   assert 'Traceback' not in proc.stderr
   assert "Unable to initialize backend 'tpu'" not in proc.stderr
   assert not os.path.exists(os.path.join(ROOT, expected))
 
 
-@pytest.mark.parametrize('arg,overrides,expected', [
+@pytest.mark.parametrize(
+  'arg,overrides,expected',
+  [
     ('configs/cifar10_nystrom.py', None, 'runs/cifar10_nystrom'),
     ('configs/cifar10.py:linear', {}, 'runs/cifar10-linear'),
     ('./configs/default.py', None, 'runs/default'),
     (f'{ROOT}/configs/lra/listops.py:performer', None, 'runs/lra/listops-performer'),
-    ('configs/cifar10.py:mechanism=local,projection=efficient,size=small', None,
-     'runs/cifar10-mechanism-local-projection-efficient-size-small'),
+    (
+      'configs/cifar10.py:mechanism=local,projection=efficient,size=small',
+      None,
+      'runs/cifar10-mechanism-local-projection-efficient-size-small',
+    ),
     ('configs/lora_finetune.py:rotated,8', None, 'runs/lora_finetune-rotated-8'),
     ('/tmp/my_experiment.py', None, 'runs/my_experiment'),
-])
+  ],
+)
 def test_default_workdir_names(arg, overrides, expected):
   assert main.default_workdir(arg, overrides) == expected
 
@@ -121,10 +142,12 @@ def test_default_workdir_separates_overrides():
   base = main.default_workdir('configs/cifar10.py:linear')
   heads8 = main.default_workdir('configs/cifar10.py:linear', {'model.num_heads': 8})
   heads4 = main.default_workdir('configs/cifar10.py:linear', {'model.num_heads': 4})
-  both = main.default_workdir('configs/cifar10.py:linear',
-                              {'model.num_heads': 8, 'train.num_steps': 10})
-  swapped = main.default_workdir('configs/cifar10.py:linear',
-                                 {'train.num_steps': 10, 'model.num_heads': 8})
+  both = main.default_workdir(
+    'configs/cifar10.py:linear', {'model.num_heads': 8, 'train.num_steps': 10}
+  )
+  swapped = main.default_workdir(
+    'configs/cifar10.py:linear', {'train.num_steps': 10, 'model.num_heads': 8}
+  )
   assert len({base, heads8, heads4, both}) == 4
   assert both == swapped
   assert heads8.startswith(base + '-')
@@ -133,16 +156,18 @@ def test_default_workdir_separates_overrides():
 def test_default_workdir_of_an_evaluation_ignores_what_it_may_change():
   """`--mode=eval --config.dataset.eval_split=train` evaluates the run the same command
   without the override trained (runs/default), not a folder of its own that holds no run."""
+
   def eval_dir(overrides):
     return main.default_workdir('configs/default.py', overrides, evaluating=True)
-  assert eval_dir({'dataset.eval_split': 'train', 'dataset.eval_batch_size': 7}) == (
-      'runs/default')
-  assert eval_dir({'model.depth': 3}) == main.default_workdir('configs/default.py',
-                                                              {'model.depth': 3})
-  assert eval_dir({'model.depth': 3, 'dataset.eval_split': 'train'}) == eval_dir(
-      {'model.depth': 3})
+
+  assert eval_dir({'dataset.eval_split': 'train', 'dataset.eval_batch_size': 7}) == ('runs/default')
+  assert eval_dir({'model.depth': 3}) == main.default_workdir(
+    'configs/default.py', {'model.depth': 3}
+  )
+  assert eval_dir({'model.depth': 3, 'dataset.eval_split': 'train'}) == eval_dir({'model.depth': 3})
   assert main.default_workdir('configs/default.py', {'dataset.eval_split': 'train'}) != (
-      'runs/default')  # training: another config's folder
+    'runs/default'
+  )  # training: another config's folder
 
 
 def test_eval_without_checkpoints_fails_before_opening_the_data(no_network, tmp_path):
@@ -150,8 +175,11 @@ def test_eval_without_checkpoints_fails_before_opening_the_data(no_network, tmp_
   the dataset: minutes of TFDS retries, then a download error)."""
   config = mnist.get_config()
   config.dataset.data_dir = str(tmp_path / 'tfds')
-  with pytest.raises(FileNotFoundError, match=r'^no checkpoints directory .*run/checkpoints; '
-                                              r'--mode=eval reads a trained run'):
+  with pytest.raises(
+    FileNotFoundError,
+    match=r'^no checkpoints directory .*run/checkpoints; '
+    r'--mode=eval reads a trained run',
+  ):
     trainer.evaluate(config, str(tmp_path / 'run'))
   assert not no_network and not (tmp_path / 'run').exists()
 
@@ -161,8 +189,9 @@ def test_missing_tpu_notice_is_dropped_and_nothing_else(monkeypatch, caplog):
   logger's other records (a GPU's, say) pass."""
   jax_logger = logging.getLogger('jax._src.xla_bridge')
   monkeypatch.setattr(jax_logger, 'filters', list(jax_logger.filters))
-  monkeypatch.setattr(logs.importlib.util, 'find_spec',
-                      lambda name, *a: None if name == 'libtpu' else object())
+  monkeypatch.setattr(
+    logs.importlib.util, 'find_spec', lambda name, *a: None if name == 'libtpu' else object()
+  )
   verbosity = logs.logging.get_verbosity()
   try:
     logs.quiet_logs(verbosity_given=True)
@@ -171,30 +200,37 @@ def test_missing_tpu_notice_is_dropped_and_nothing_else(monkeypatch, caplog):
   with caplog.at_level(logging.INFO, logger='jax._src.xla_bridge'):
     jax_logger.info("Unable to initialize backend 'tpu': INTERNAL: Failed to open libtpu.so")
     jax_logger.info("Unable to initialize backend 'cuda': no GPU")
-  assert [r.getMessage() for r in caplog.records] == [
-      "Unable to initialize backend 'cuda': no GPU"]
+  assert [r.getMessage() for r in caplog.records] == ["Unable to initialize backend 'cuda': no GPU"]
 
 
 def test_benchmark_tools_drop_the_missing_tpu_notice(monkeypatch):
   """Every benchmarks/ tool parses its flags with `common.parse_flags`, which installs the
   same filter as main.py (`train.api.quiet_logs`)."""
   from benchmarks import common  # pylint: disable=g-import-not-at-top
+
   jax_logger = logging.getLogger('jax._src.xla_bridge')
   monkeypatch.setattr(jax_logger, 'filters', [])
-  monkeypatch.setattr(logs.importlib.util, 'find_spec',
-                      lambda name, *a: None if name == 'libtpu' else object())
+  monkeypatch.setattr(
+    logs.importlib.util, 'find_spec', lambda name, *a: None if name == 'libtpu' else object()
+  )
   common.parse_flags(lambda fv: None, [])
   assert [type(f) for f in jax_logger.filters] == [logs.NoMissingTpuNotice]
 
 
-@pytest.mark.parametrize('name', sorted(
-    f[:-3] for f in os.listdir(os.path.join(ROOT, 'examples')) if f.endswith('.py')
-    and f != '__init__.py'))
+@pytest.mark.parametrize(
+  'name',
+  sorted(
+    f[:-3]
+    for f in os.listdir(os.path.join(ROOT, 'examples'))
+    if f.endswith('.py') and f != '__init__.py'
+  ),
+)
 def test_examples_quiet_the_logs_like_main(name, monkeypatch):
   """Each examples/ script's main calls `api.quiet_logs` (main.py's `logs.quiet_logs`, on the
   trainer's public face) first, so it prints no "Unable to initialize backend 'tpu'" notice
   either."""
   import importlib  # pylint: disable=g-import-not-at-top
+
   example = importlib.import_module(f'examples.{name}')
 
   class Called(Exception):
@@ -202,7 +238,9 @@ def test_examples_quiet_the_logs_like_main(name, monkeypatch):
 
   def called(verbosity_given):
     raise Called(verbosity_given)
+
   from train import api  # pylint: disable=g-import-not-at-top
+
   assert api.quiet_logs is logs.quiet_logs
   monkeypatch.setattr(api, 'quiet_logs', called)
   with pytest.raises(Called):
@@ -213,6 +251,7 @@ def test_decoding_steps_are_exported_like_the_other_pure_functions():
   import efficient_attn as ea  # pylint: disable=g-import-not-at-top
   from efficient_attn.mechanisms import linear  # pylint: disable=g-import-not-at-top
   from efficient_attn.mechanisms import random_features  # pylint: disable=g-import-not-at-top
+
   assert ea.mechanisms.linear_attention_step is linear.linear_attention_step
   assert ea.mechanisms.performer_attention_step is random_features.performer_attention_step
   assert ea.mechanisms.rfa_attention_step is random_features.rfa_attention_step
@@ -221,6 +260,7 @@ def test_decoding_steps_are_exported_like_the_other_pure_functions():
 
 class _FailingBuilder:
   """Stands in for a TFDS builder whose download_and_prepare raises `error`."""
+
   name, data_dir = 'mnist', '/data/tfds/mnist/3.0.1'
 
   def __init__(self, error):
@@ -231,22 +271,33 @@ class _FailingBuilder:
     raise self.error
 
 
-@pytest.mark.parametrize('error,message', [
+@pytest.mark.parametrize(
+  'error,message',
+  [
     (socket.gaierror(socket.EAI_AGAIN, 'Temporary failure in name resolution'), NO_NETWORK),
     (ConnectionRefusedError(111, 'Connection refused'), NO_NETWORK),
-    ('http_404', "could not download mnist: 404 Client Error: Not Found for url: "
-                 "https://example.org/mnist.gz; see README 'Data' for offline use"),
-    (PermissionError(13, 'Permission denied'),
-     'could not prepare mnist in /data/tfds/mnist/3.0.1: [Errno 13] Permission denied'),
-])
+    (
+      'http_404',
+      "could not download mnist: 404 Client Error: Not Found for url: "
+      "https://example.org/mnist.gz; see README 'Data' for offline use",
+    ),
+    (
+      PermissionError(13, 'Permission denied'),
+      'could not prepare mnist in /data/tfds/mnist/3.0.1: [Errno 13] Permission denied',
+    ),
+  ],
+)
 def test_failed_tfds_preparation_is_one_line(error, message):
   """No network, a server's refusal and a disk error each give one line naming the
   dataset; only the first two point to offline use."""
   import requests  # pylint: disable=g-import-not-at-top
+
   from data import stream  # pylint: disable=g-import-not-at-top
+
   if error == 'http_404':
     error = requests.exceptions.HTTPError(
-        '404 Client Error: Not Found for url: https://example.org/mnist.gz')
+      '404 Client Error: Not Found for url: https://example.org/mnist.gz'
+    )
   with pytest.raises(data.DownloadError) as e:
     stream._download_and_prepare(_FailingBuilder(error), None)  # pylint: disable=protected-access
   assert str(e.value) == message
@@ -254,6 +305,7 @@ def test_failed_tfds_preparation_is_one_line(error, message):
 
 def test_other_tfds_errors_pass_through():
   from data import stream  # pylint: disable=g-import-not-at-top
+
   builder = _FailingBuilder(ValueError('not a DownloadError'))
   with pytest.raises(ValueError, match='not a DownloadError'):
     stream._download_and_prepare(builder, None)  # pylint: disable=protected-access
@@ -264,11 +316,16 @@ def test_progress_line_eta_to_the_second():
   minutes); grad_norm and the learning rate stay out of the line; before a rate is
   measured (one step), '-'."""
   from train import metrics  # pylint: disable=g-import-not-at-top
+
   values = {'accuracy': 0.95466, 'grad_norm': 2.5, 'learning_rate': 1e-3, 'loss': 0.15638}
   assert metrics.progress_line(300, 660, values, 18.0, 64) == (
-      'step 300/660 | loss 0.1564 | accuracy 95.47% | 1152 ex/s | eta 20s')
-  assert metrics.progress_line(1, 10_001, values, 2.0, 64).endswith(
-      '| 128 ex/s | eta 1h23m20s')
+    'step 300/660 | loss 0.1564 | accuracy 95.47% | 1152 ex/s | eta 20s'
+  )
+  assert metrics.progress_line(1, 10_001, values, 2.0, 64).endswith('| 128 ex/s | eta 1h23m20s')
   assert metrics.progress_line(1, 660, values, None, 64).endswith('| - ex/s | eta -')
-  assert [metrics.duration(s) for s in (0.4, 59.5, 61, 3599.6)] == ['0s', '1m00s', '1m01s',
-                                                                     '1h00m00s']
+  assert [metrics.duration(s) for s in (0.4, 59.5, 61, 3599.6)] == [
+    '0s',
+    '1m00s',
+    '1m01s',
+    '1h00m00s',
+  ]

@@ -5,6 +5,7 @@ parameters of an uninterrupted run (data order and rngs are functions of the
 step). Real processes where a signal is involved, the trainer in-process
 elsewhere.
 """
+
 import json
 import logging
 import os
@@ -14,13 +15,13 @@ import subprocess
 import time
 
 import jax
+import main_runner
 import numpy as np
 import pytest
 
-import main_runner
 from train import checkpoint
-from train import trainer
 from train import inference
+from train import trainer
 
 STEPS, EVERY = 16, 2  # checkpoints at 2, 4, ..., 16 (all kept)
 SLOW_STEP_S = 0.2  # per training batch, so that the signals land mid-run
@@ -44,8 +45,12 @@ def results_of(workdir):
 @pytest.fixture(scope='module')
 def reference(run_once):
   """(workdir, final params) of the uninterrupted run, trained once per session (run_once)."""
-  workdir = run_once('interrupt_reference', lambda workdir: trainer.train_and_evaluate(
-      main_runner.config(num_steps=STEPS, checkpoint_every=EVERY), workdir))
+  workdir = run_once(
+    'interrupt_reference',
+    lambda workdir: trainer.train_and_evaluate(
+      main_runner.config(num_steps=STEPS, checkpoint_every=EVERY), workdir
+    ),
+  )
   return workdir, params_of(workdir)
 
 
@@ -66,8 +71,7 @@ def rerun(workdir, checkpoint_every=EVERY):
 
 
 def start_slow(workdir, tmp_path, checkpoint_every=EVERY):
-  cmd = main_runner.command(workdir, slow=True, num_steps=STEPS,
-                            checkpoint_every=checkpoint_every)
+  cmd = main_runner.command(workdir, slow=True, num_steps=STEPS, checkpoint_every=checkpoint_every)
   return main_runner.start_logged(cmd, str(tmp_path / 'first.log'), SLOW_STEP_S)
 
 
@@ -95,8 +99,14 @@ def test_sigterm_saves_the_current_step_exits_0_and_resumes(reference, tmp_path)
   workdir = str(tmp_path / 'run')
   proc = start_slow(workdir, tmp_path, checkpoint_every=100)  # only SIGTERM saves
   try:
-    wait_for(lambda: os.path.exists(os.path.join(workdir, 'metrics.jsonl')) and any(
-        r['step'] >= 4 for r in main_runner.metric_rows(workdir)), proc, 'step 4')
+    wait_for(
+      lambda: (
+        os.path.exists(os.path.join(workdir, 'metrics.jsonl'))
+        and any(r['step'] >= 4 for r in main_runner.metric_rows(workdir))
+      ),
+      proc,
+      'step 4',
+    )
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=TIMEOUT_S)
   finally:
@@ -126,25 +136,25 @@ def truncate_files(directory):
 def delete_array_data(step_dir):
   """Removes the array chunks of `params`, keeping its metadata (a partial copy)."""
   for root, _, files in os.walk(os.path.join(step_dir, 'params')):
-    if os.sep + 'd' in root[len(step_dir):]:
+    if os.sep + 'd' in root[len(step_dir) :]:
       for name in files:
         os.remove(os.path.join(root, name))
 
 
 @pytest.mark.slow
-def test_corrupt_and_partial_checkpoints_are_skipped_then_replaced(reference, tmp_path,
-                                                                  caplog):
+def test_corrupt_and_partial_checkpoints_are_skipped_then_replaced(reference, tmp_path, caplog):
   workdir = str(tmp_path / 'run')
   shutil.copytree(reference[0], workdir)
   os.remove(os.path.join(workdir, 'results.json'))
   steps_dir = os.path.join(workdir, 'checkpoints')
   os.rename(os.path.join(steps_dir, '14'), os.path.join(steps_dir, '14.orbax-checkpoint-tmp-1'))
-  truncate_files(os.path.join(steps_dir, '16'))                 # a truncated copy
-  shutil.rmtree(os.path.join(steps_dir, '12', 'opt_state'))    # an item missing
-  delete_array_data(os.path.join(steps_dir, '10'))              # metadata without data
+  truncate_files(os.path.join(steps_dir, '16'))  # a truncated copy
+  shutil.rmtree(os.path.join(steps_dir, '12', 'opt_state'))  # an item missing
+  delete_array_data(os.path.join(steps_dir, '10'))  # metadata without data
   with caplog.at_level(logging.WARNING):
     results = trainer.train_and_evaluate(
-        main_runner.config(num_steps=STEPS, checkpoint_every=EVERY), workdir)
+      main_runner.config(num_steps=STEPS, checkpoint_every=EVERY), workdir
+    )
   assert results['resumed_from_step'] == 8
   warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
   for step in (16, 12, 10):
@@ -157,9 +167,15 @@ def test_corrupt_and_partial_checkpoints_are_skipped_then_replaced(reference, tm
 @pytest.mark.slow
 def test_non_finite_loss_exits_naming_the_step_and_keeps_good_checkpoints(tmp_path):
   workdir = str(tmp_path / 'run')
-  cmd = main_runner.command(workdir, '--config.optim.learning_rate=1e12',
-                            '--config.optim.warmup_steps=10', '--config.optim.grad_clip=0',
-                            num_steps=20, checkpoint_every=1, keep_checkpoints=100)
+  cmd = main_runner.command(
+    workdir,
+    '--config.optim.learning_rate=1e12',
+    '--config.optim.warmup_steps=10',
+    '--config.optim.grad_clip=0',
+    num_steps=20,
+    checkpoint_every=1,
+    keep_checkpoints=100,
+  )
   proc = subprocess.run(cmd, timeout=TIMEOUT_S, **main_runner.popen_kwargs())
   assert proc.returncode != 0
   message = proc.stderr.strip().splitlines()[-1]

@@ -1,45 +1,51 @@
 """LoRA through the trainer: frozen base, init_from, transformed data, the rank sweep."""
+
 import json
 import os
 
+from flax import traverse_util
 import jax
 import numpy as np
 import pytest
-from flax import traverse_util
 
 from benchmarks import lora_table
 from configs import lora_base
 from configs import lora_finetune
 from configs import lora_scratch
-from efficient_attn.layers import lora
 import data
 from data import transforms
+from efficient_attn.layers import lora
 from train import checkpoint
-from train import modeling
-from train import trainer
 from train import inference
+from train import modeling
 from train import sweep
+from train import trainer
 
 PNG = b'\x89PNG\r\n\x1a\n'
 
 
 def short(config, steps):
-  config.train.update(dict(num_steps=steps, num_epochs=-1, checkpoint_every=steps,
-                           log_every=steps))
+  config.train.update(dict(num_steps=steps, num_epochs=-1, checkpoint_every=steps, log_every=steps))
   return config
 
 
 @pytest.fixture(scope='module')
 def base(run_once):
-  return run_once('lora_base_digits', lambda d: trainer.train_and_evaluate(
-      short(lora_base.get_config('digits'), 40), d))
+  return run_once(
+    'lora_base_digits',
+    lambda d: trainer.train_and_evaluate(short(lora_base.get_config('digits'), 40), d),
+  )
 
 
 @pytest.fixture(scope='module')
 def finetune(base, run_once):
   """(workdir, results) of a rank-4 fine-tuning of `base`, run once for all xdist workers."""
-  workdir = run_once('lora_finetune_rotated_r4', lambda d: trainer.train_and_evaluate(
-      short(lora_finetune.get_config(f'rotated,4,digits,base={base}'), 20), d))
+  workdir = run_once(
+    'lora_finetune_rotated_r4',
+    lambda d: trainer.train_and_evaluate(
+      short(lora_finetune.get_config(f'rotated,4,digits,base={base}'), 20), d
+    ),
+  )
   with open(os.path.join(workdir, 'results.json')) as f:
     return workdir, json.load(f)
 
@@ -68,9 +74,10 @@ def test_checkpoint_reloads_as_adapted_model(finetune):
   config, model, params = inference.load(workdir)
   assert isinstance(model, lora.Adapted) and config.dataset.transform == 'rotated'
   batch = data.get_eval_batch(config)
-  correct = (np.argmax(model.apply({'params': params}, batch['inputs']), -1) == batch['label'])
+  correct = np.argmax(model.apply({'params': params}, batch['inputs']), -1) == batch['label']
   assert (correct * batch['mask']).sum() / batch['mask'].sum() == pytest.approx(
-      results['eval_accuracy'])
+    results['eval_accuracy']
+  )
 
 
 @pytest.mark.slow
@@ -86,8 +93,7 @@ def test_transform_applies_to_train_and_eval_before_normalisation(variant):
   config = lora_base.get_config(f'digits,variant={variant}')
   spec = data.get_spec('digits')
   transform = transforms.get_transform(variant)
-  for get in (lambda c: next(data.get_train_data(c).batches(3)),
-              data.get_eval_batch):
+  for get in (lambda c: next(data.get_train_data(c).batches(3)), data.get_eval_batch):
     x, y = get(plain), get(config)
     np.testing.assert_array_equal(x['label'], y['label'])
     raw = x['inputs'] * spec.std[0] + spec.mean[0]  # pixel values in [0, 1]
@@ -99,22 +105,36 @@ def test_transform_applies_to_train_and_eval_before_normalisation(variant):
 def test_scratch_targets_include_the_zero_initialised_head():
   config = lora_scratch.get_config('rotated,2,digits,vit')
   assert config.init_from == ''
-  shapes = jax.eval_shape(lambda: modeling.create_model(config).init(
-      jax.random.key(0), modeling.dummy_inputs(config), train=False))['params']
-  assert 'lora_b' in shapes['head'] and 'lora_a' in shapes['encoder']['block_0'][
-      'attention']['query']
+  shapes = jax.eval_shape(
+    lambda: modeling.create_model(config).init(
+      jax.random.key(0), modeling.dummy_inputs(config), train=False
+    )
+  )['params']
+  assert (
+    'lora_b' in shapes['head'] and 'lora_a' in shapes['encoder']['block_0']['attention']['query']
+  )
 
 
 def test_seeds_of_the_study_combine_into_means_and_spreads():
   def result(root, seed, delta, unfinished=()):
-    return dict(root=root, seeds=[seed], device=lora_table.common.device_info(),
-                dataset='mnist', model='mlp', eval_split='validation',
-                ranks=[1], variants=['rotated'], params={'base': 10, 'r1': 2},
-                steps={'base': 5, 'adaptation': 5},
-                base={'plain': 0.9, 'rotated': 0.1 + delta},
-                full_finetune={'rotated': 0.8 + delta}, finetune={'1': {'rotated': 0.5 + delta}},
-                scratch={} if unfinished else {'1': {'rotated': 0.3}},
-                unfinished=list(unfinished))
+    return dict(
+      root=root,
+      seeds=[seed],
+      device=lora_table.common.device_info(),
+      dataset='mnist',
+      model='mlp',
+      eval_split='validation',
+      ranks=[1],
+      variants=['rotated'],
+      params={'base': 10, 'r1': 2},
+      steps={'base': 5, 'adaptation': 5},
+      base={'plain': 0.9, 'rotated': 0.1 + delta},
+      full_finetune={'rotated': 0.8 + delta},
+      finetune={'1': {'rotated': 0.5 + delta}},
+      scratch={} if unfinished else {'1': {'rotated': 0.3}},
+      unfinished=list(unfinished),
+    )
+
   both = lora_table.combine([result('s0', 0, 0.0), result('s1', 1, 0.02, ['scratch_rotated_r1'])])
   assert both['seeds'] == [0, 1] and both['unfinished'] == ['s1/scratch_rotated_r1']
   assert both['finetune']['1']['rotated'] == pytest.approx(0.51)
@@ -133,14 +153,26 @@ def test_study_table_reads_the_sweep_runs(base, tmp_path):
   root = tmp_path / 'runs'
   root.mkdir()
   os.symlink(base, root / 'base')
-  runs = sweep.expand(dict(runs=lora_base.study_runs('digits', ranks=(1, 2),
-                                                     variants=('rotated',)),
-                           fixed={'train.num_steps': 5, 'train.num_epochs': -1,
-                                  'train.checkpoint_every': 5, 'train.log_every': 5}),
-                      str(root))
-  assert [r.name for r in runs] == ['base', 'full_rotated', 'finetune_rotated_r1',
-                                    'finetune_rotated_r2', 'scratch_rotated_r1',
-                                    'scratch_rotated_r2']
+  runs = sweep.expand(
+    dict(
+      runs=lora_base.study_runs('digits', ranks=(1, 2), variants=('rotated',)),
+      fixed={
+        'train.num_steps': 5,
+        'train.num_epochs': -1,
+        'train.checkpoint_every': 5,
+        'train.log_every': 5,
+      },
+    ),
+    str(root),
+  )
+  assert [r.name for r in runs] == [
+    'base',
+    'full_rotated',
+    'finetune_rotated_r1',
+    'finetune_rotated_r2',
+    'scratch_rotated_r1',
+    'scratch_rotated_r2',
+  ]
   for run in runs[1:-1]:  # scratch_rotated_r2 left unfinished
     trainer.train_and_evaluate(sweep.build_config(run), str(root / run.name))
   out = tmp_path / 'out'
@@ -162,7 +194,8 @@ def test_study_table_reads_the_sweep_runs(base, tmp_path):
     assert f.read(8) == PNG
   twice = lora_table.main([f'--root={root},{root}', f'--out={out}', '--name=two', '--quiet'])
   assert twice['finetune'] == result['finetune'] and twice['spread']['finetune']['1'] == {
-      'rotated': 0}
+    'rotated': 0
+  }
   assert twice['scratch'] == result['scratch']
   with pytest.raises(SystemExit, match='nope/base has no results.json'):  # one line, no table
     lora_table.main([f'--root={root},{tmp_path}/nope', f'--out={out}', '--name=bad', '--quiet'])

@@ -9,6 +9,7 @@ gradient that is zero in exact arithmetic (softmax's key bias) moves by lr-sized
 of either sign under round-off, whatever the mesh; SGD's step is proportional to the
 gradient, so the parameters agree as closely as the losses do.
 """
+
 import json
 import os
 import re
@@ -16,10 +17,10 @@ import subprocess
 import sys
 
 import jax
+import main_runner
 import numpy as np
 import pytest
 
-import main_runner
 from train import loop as loop_lib
 from train import mesh as mesh_lib
 from train import validate
@@ -34,17 +35,29 @@ ARG = 'softmax,d_model=32,seq_len=16,num_kv_pairs=2,vocab_size=32,num_train=256,
 # ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize('spec, fragment', [
-    ({'data': 2, 'model': 4}, "config.train.mesh={'data': 2, 'model': 4} has an unknown axis "
-                              "'model'; valid axes: data, fsdp, sequence"),
-    ({'fsdp': 0}, "config.train.mesh['fsdp']=0 is not valid; it must be an integer >= 1, or "
-                  "-1 for the devices the other axes leave"),
+@pytest.mark.parametrize(
+  'spec, fragment',
+  [
+    (
+      {'data': 2, 'model': 4},
+      "config.train.mesh={'data': 2, 'model': 4} has an unknown axis "
+      "'model'; valid axes: data, fsdp, sequence",
+    ),
+    (
+      {'fsdp': 0},
+      "config.train.mesh['fsdp']=0 is not valid; it must be an integer >= 1, or "
+      "-1 for the devices the other axes leave",
+    ),
     ({'sequence': -2}, "config.train.mesh['sequence']=-2 is not valid"),
     ({'fsdp': 2.0}, "config.train.mesh['fsdp']=2.0 is not valid"),
-    ({'data': -1, 'fsdp': -1}, "config.train.mesh={'data': -1, 'fsdp': -1, 'sequence': 1} has "
-                               "-1 in 'data' and 'fsdp'; at most one axis may take the "
-                               "remaining devices"),
-])
+    (
+      {'data': -1, 'fsdp': -1},
+      "config.train.mesh={'data': -1, 'fsdp': -1, 'sequence': 1} has "
+      "-1 in 'data' and 'fsdp'; at most one axis may take the "
+      "remaining devices",
+    ),
+  ],
+)
 def test_a_bad_mesh_is_refused_in_one_line_by_validation(spec, fragment):
   config = main_runner.config()
   config.train.mesh = spec
@@ -62,12 +75,21 @@ def test_axes_left_out_take_their_defaults():
   assert mesh_lib.resolve({'data': 2, 'fsdp': 2, 'sequence': 2}, 8)['sequence'] == 2
 
 
-@pytest.mark.parametrize('spec, fragment', [
-    ({'data': 3}, "config.train.mesh={'data': 3, 'fsdp': 1, 'sequence': 1} needs 3 devices, "
-                  "but there are 8 devices; valid: sizes whose product is 8, or one axis of -1"),
-    ({'fsdp': 3}, "config.train.mesh={'data': -1, 'fsdp': 3, 'sequence': 1} does not fit 8 "
-                  "devices: the fixed axes (3 devices) must divide the device count"),
-])
+@pytest.mark.parametrize(
+  'spec, fragment',
+  [
+    (
+      {'data': 3},
+      "config.train.mesh={'data': 3, 'fsdp': 1, 'sequence': 1} needs 3 devices, "
+      "but there are 8 devices; valid: sizes whose product is 8, or one axis of -1",
+    ),
+    (
+      {'fsdp': 3},
+      "config.train.mesh={'data': -1, 'fsdp': 3, 'sequence': 1} does not fit 8 "
+      "devices: the fixed axes (3 devices) must divide the device count",
+    ),
+  ],
+)
 def test_a_mesh_the_devices_cannot_take_is_refused(spec, fragment):
   with pytest.raises(ValueError) as e:
     mesh_lib.resolve(spec, 8)
@@ -76,12 +98,14 @@ def test_a_mesh_the_devices_cannot_take_is_refused(spec, fragment):
 
 def test_one_device_mesh_is_the_default_and_a_bigger_one_is_refused_before_writing(tmp_path):
   from train import trainer  # pylint: disable=g-import-not-at-top
+
   mesh = mesh_lib.create()
   assert mesh.axis_names == ('data', 'fsdp', 'sequence') and mesh.devices.size == 1
   config = main_runner.config()
   config.train.mesh.fsdp = 2
-  with pytest.raises(validate.ConfigError,
-                     match=r'does not fit 1 device: the fixed axes \(2 devices\)'):
+  with pytest.raises(
+    validate.ConfigError, match=r'does not fit 1 device: the fixed axes \(2 devices\)'
+  ):
     trainer.train_and_evaluate(config, str(tmp_path / 'run'))
   assert not (tmp_path / 'run').exists()
 
@@ -90,29 +114,34 @@ def test_the_fsdp_rule_splits_the_largest_divisible_axis_of_large_leaves():
   assert mesh_lib.fsdp_axis((64, 128), 2, 1024) == 1
   assert mesh_lib.fsdp_axis((128, 64), 2, 1024) == 0
   assert mesh_lib.fsdp_axis((64, 4, 16), 2, 1024) == 0
-  assert mesh_lib.fsdp_axis((6, 64, 5), 4, 1024) == 1   # 6 and 5: not divisible by 4
-  assert mesh_lib.fsdp_axis((64, 64), 2, 1024) == 0     # the first of equals
-  assert mesh_lib.fsdp_axis((3, 5, 7), 2, 0) is None    # none divisible
-  assert mesh_lib.fsdp_axis((64,), 2, 1024) is None     # under the floor: replicated
-  assert mesh_lib.fsdp_axis((), 2, 0) is None           # a scalar (Adam's count)
-  assert mesh_lib.fsdp_axis((64, 128), 1, 0) is None    # fsdp 1
+  assert mesh_lib.fsdp_axis((6, 64, 5), 4, 1024) == 1  # 6 and 5: not divisible by 4
+  assert mesh_lib.fsdp_axis((64, 64), 2, 1024) == 0  # the first of equals
+  assert mesh_lib.fsdp_axis((3, 5, 7), 2, 0) is None  # none divisible
+  assert mesh_lib.fsdp_axis((64,), 2, 1024) is None  # under the floor: replicated
+  assert mesh_lib.fsdp_axis((), 2, 0) is None  # a scalar (Adam's count)
+  assert mesh_lib.fsdp_axis((64, 128), 1, 0) is None  # fsdp 1
 
 
 def test_batch_and_length_refusals_name_the_value_and_the_valid_ones():
   class Mesh:  # what the checks read of a mesh
     axis_names = ('data', 'fsdp', 'sequence')
     shape = {'data': 4, 'fsdp': 2, 'sequence': 2}
+
   with pytest.raises(ValueError) as e:
     mesh_lib.check_batch(Mesh, 12)
-  assert str(e.value) == ('config.dataset.batch_size=12 must be divisible by the number of '
-                          'devices its rows are split over, 8 (data 4 x fsdp 2: config.train.'
-                          'mesh); valid: multiples of 8')
+  assert str(e.value) == (
+    'config.dataset.batch_size=12 must be divisible by the number of '
+    'devices its rows are split over, 8 (data 4 x fsdp 2: config.train.'
+    'mesh); valid: multiples of 8'
+  )
   mesh_lib.check_batch(Mesh, 16)
   with pytest.raises(ValueError) as e:
     mesh_lib.check_length(Mesh, 17, "config.model.kind='causal' on 'mqar'")
-  assert str(e.value) == ("sequence length 17 (config.model.kind='causal' on 'mqar') is not "
-                          "divisible by config.train.mesh['sequence']=2; valid: lengths that "
-                          "are multiples of 2, or a sequence size dividing 17")
+  assert str(e.value) == (
+    "sequence length 17 (config.model.kind='causal' on 'mqar') is not "
+    "divisible by config.train.mesh['sequence']=2; valid: lengths that "
+    "are multiples of 2, or a sequence size dividing 17"
+  )
   mesh_lib.check_length(Mesh, 16, '')
 
 
@@ -224,8 +253,10 @@ print('OK', losses)
 
 def eight_devices_env():
   env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
-  env.update(JAX_PLATFORMS='cpu',
-             XLA_FLAGS=f'{main_runner.XLA_FLAGS} --xla_force_host_platform_device_count=8')
+  env.update(
+    JAX_PLATFORMS='cpu',
+    XLA_FLAGS=f'{main_runner.XLA_FLAGS} --xla_force_host_platform_device_count=8',
+  )
   return env
 
 
@@ -233,9 +264,14 @@ def eight_devices_env():
 def test_data_fsdp_sequence_mesh_trains_like_one_device_and_resumes_on_another(tmp_path):
   """The issue's done-when: train.mesh={'data': 2, 'fsdp': 2, 'sequence': 2} trains and
   resumes on 8 CPU devices; its losses (and parameters) are a 1-device run's to round-off."""
-  proc = subprocess.run([sys.executable, '-c', SCRIPT, str(tmp_path), json.dumps(MESH), ARG],
-                        cwd=ROOT, env=eight_devices_env(), capture_output=True, text=True,
-                        timeout=600)
+  proc = subprocess.run(
+    [sys.executable, '-c', SCRIPT, str(tmp_path), json.dumps(MESH), ARG],
+    cwd=ROOT,
+    env=eight_devices_env(),
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
   assert proc.returncode == 0, proc.stderr[-4000:]
   assert 'OK' in proc.stdout
 
@@ -247,14 +283,23 @@ def test_data_fsdp_sequence_mesh_trains_like_one_device_and_resumes_on_another(t
 
 def overrides(data_dir):
   """main.py's flags for the tiny run of SCRIPT's `config`."""
-  return [f'--config.dataset.data_dir={data_dir}', '--config.dataset.sizes.validation=64',
-          '--config.dataset.sizes.test=64', '--config.dataset.batch_size=16',
-          '--config.dataset.eval_batch_size=32', '--config.model.depth=1',
-          '--config.model.dropout_rate=0.1', '--config.optim.name=sgd',
-          '--config.optim.learning_rate=0.5', '--config.optim.warmup_steps=0',
-          '--config.train.num_steps=4', '--config.train.log_every=1',
-          '--config.train.checkpoint_every=2', '--config.train.eval_every=-1',
-          '--config.train.fsdp_min_size=256']
+  return [
+    f'--config.dataset.data_dir={data_dir}',
+    '--config.dataset.sizes.validation=64',
+    '--config.dataset.sizes.test=64',
+    '--config.dataset.batch_size=16',
+    '--config.dataset.eval_batch_size=32',
+    '--config.model.depth=1',
+    '--config.model.dropout_rate=0.1',
+    '--config.optim.name=sgd',
+    '--config.optim.learning_rate=0.5',
+    '--config.optim.warmup_steps=0',
+    '--config.train.num_steps=4',
+    '--config.train.log_every=1',
+    '--config.train.checkpoint_every=2',
+    '--config.train.eval_every=-1',
+    '--config.train.fsdp_min_size=256',
+  ]
 
 
 @pytest.mark.slow
@@ -263,21 +308,37 @@ def test_two_processes_split_the_sequence_across_both_like_one_device(tmp_path):
   quarter of each sequence, so the ring passes key/value blocks between the processes,
   and both processes feed the same rows. Losses and parameters: a 1-device run's."""
   from train import inference  # pylint: disable=g-import-not-at-top
+
   data_dir = str(tmp_path / 'data')
   config = main_runner.parsed_config(f'configs/mqar.py:{ARG}', *overrides(data_dir))
   validate.resolve(config)  # writes the data once, before the processes read it
-  base = [sys.executable, 'main.py', f'--config=configs/mqar.py:{ARG}', '--verbosity=0',
-          *overrides(data_dir)]
+  base = [
+    sys.executable,
+    'main.py',
+    f'--config=configs/mqar.py:{ARG}',
+    '--verbosity=0',
+    *overrides(data_dir),
+  ]
   address = f'127.0.0.1:{main_runner.free_port()}'
   multi, single = str(tmp_path / 'multi'), str(tmp_path / 'single')
   procs = []
   for i in range(2):
     kwargs = main_runner.popen_kwargs()
     kwargs['env']['XLA_FLAGS'] += ' --xla_force_host_platform_device_count=2'
-    procs.append(subprocess.Popen(
-        base + [f'--workdir={multi}', '--config.train.mesh.data=1',
-                '--config.train.mesh.sequence=4', f'--coordinator_address={address}',
-                '--num_processes=2', f'--process_id={i}'], **kwargs))
+    procs.append(
+      subprocess.Popen(
+        base
+        + [
+          f'--workdir={multi}',
+          '--config.train.mesh.data=1',
+          '--config.train.mesh.sequence=4',
+          f'--coordinator_address={address}',
+          '--num_processes=2',
+          f'--process_id={i}',
+        ],
+        **kwargs,
+      )
+    )
   procs.append(subprocess.Popen(base + [f'--workdir={single}'], **main_runner.popen_kwargs()))
   main_runner.finish(procs, 300)
   with open(os.path.join(multi, 'results.json')) as f:
@@ -288,8 +349,9 @@ def test_two_processes_split_the_sequence_across_both_like_one_device(tmp_path):
   for row, ref in zip(rows, expected):
     assert row['loss'] == pytest.approx(ref['loss'], rel=1e-5, abs=1e-6), row['step']
   assert rows[-1]['loss'] < rows[0]['loss'] - 0.1
-  for x, y in zip(jax.tree.leaves(inference.load(multi)[2]),
-                  jax.tree.leaves(inference.load(single)[2])):
+  for x, y in zip(
+    jax.tree.leaves(inference.load(multi)[2]), jax.tree.leaves(inference.load(single)[2])
+  ):
     np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-5)
 
 
@@ -301,27 +363,36 @@ def test_two_processes_split_the_sequence_across_both_like_one_device(tmp_path):
 def _scaling_doc():
   with open(os.path.join(ROOT, 'docs', 'scaling.md')) as f:
     text = f.read()
-  return text[text.index('### Which mechanisms split the sequence'):
-              text.index('## Checkpoints do not stall training')]
+  return text[
+    text.index('### Which mechanisms split the sequence') : text.index(
+      '## Checkpoints do not stall training'
+    )
+  ]
 
 
 def test_the_scaling_guide_lists_each_mechanisms_sequence_parallel_form_and_why_not():
   from efficient_attn import registry  # pylint: disable=g-import-not-at-top
+
   section = _scaling_doc()
   forms = {}
-  for form, names in re.findall(r'^\| (ring|prefix_state|decayed_state|transition|halo) \| '
-                                r'([^|]+) \|', section, re.M):
+  for form, names in re.findall(
+    r'^\| (ring|prefix_state|decayed_state|transition|halo) \| '
+    r'([^|]+) \|',
+    section,
+    re.M,
+  ):
     for name in names.split(','):
       forms[name.strip()] = form
   whole = dict(re.findall(r'^\| (\w+) \| (it[s ][^|]+) \|$', section, re.M))
   declared = {m.name: m.sequence_parallel for m in registry.mechanisms()}
   assert forms == {name: form for name, form in declared.items() if form}
-  assert whole == {m.name: m.whole_sequence for m in registry.mechanisms()
-                   if not m.sequence_parallel}
+  assert whole == {
+    m.name: m.whole_sequence for m in registry.mechanisms() if not m.sequence_parallel
+  }
 
 
 def test_the_scaling_guide_shows_the_measured_table_as_written():
   with open(os.path.join(ROOT, 'docs', 'results', 'scale.md')) as f:
     measured = f.read()
-  table = measured[measured.index('| mechanism | devices |'):].strip()
+  table = measured[measured.index('| mechanism | devices |') :].strip()
   assert table in _scaling_doc()

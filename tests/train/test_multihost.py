@@ -8,6 +8,7 @@ resumed pair is set up from the environment (JAX_COORDINATOR_ADDRESS, JAX_NUM_PR
 JAX_PROCESS_ID) instead of flags. CPU collectives need no setting: jax 0.10's default
 `jax_cpu_collectives_implementation` is 'gloo'.
 """
+
 import glob
 import json
 import os
@@ -16,10 +17,10 @@ import shutil
 import subprocess
 
 import jax
+import main_runner
 import numpy as np
 import pytest
 
-import main_runner
 from train import inference
 
 TIMEOUT_S = 240  # per run, on 2 busy cores; an idle machine needs about 30 s
@@ -33,12 +34,18 @@ def start_pair(workdir, *extra, via_env=False):
   for i in range(2):
     kwargs = main_runner.popen_kwargs()
     if via_env:
-      kwargs['env'].update(JAX_COORDINATOR_ADDRESS=address, JAX_NUM_PROCESSES='2',
-                           JAX_PROCESS_ID=str(i))
+      kwargs['env'].update(
+        JAX_COORDINATOR_ADDRESS=address, JAX_NUM_PROCESSES='2', JAX_PROCESS_ID=str(i)
+      )
       cmd = main_runner.command(workdir, *extra)
     else:
-      cmd = main_runner.command(workdir, f'--coordinator_address={address}',
-                                '--num_processes=2', f'--process_id={i}', *extra)
+      cmd = main_runner.command(
+        workdir,
+        f'--coordinator_address={address}',
+        '--num_processes=2',
+        f'--process_id={i}',
+        *extra,
+      )
     procs.append(subprocess.Popen(cmd, **kwargs))
   return procs
 
@@ -54,8 +61,7 @@ def run_pair_and_single(root):
   """
   multi, single = str(root / 'multi'), str(root / 'single')
   procs = start_pair(multi)
-  procs.append(subprocess.Popen(main_runner.command(single),
-                               **main_runner.popen_kwargs()))
+  procs.append(subprocess.Popen(main_runner.command(single), **main_runner.popen_kwargs()))
   outputs = finish(procs)
   return multi, single, outputs[:2]
 
@@ -66,9 +72,10 @@ def check_same_losses(multi, single):
   for row, ref in zip(rows, expected):
     for key in ('loss', 'accuracy', 'grad_norm'):
       assert row[key] == pytest.approx(ref[key], rel=1e-5, abs=1e-6), (row['step'], key)
-  eval_row, = main_runner.metric_rows(multi, 'eval')
-  assert eval_row['loss'] == pytest.approx(main_runner.metric_rows(single, 'eval')[0]['loss'],
-                                           rel=1e-5)
+  (eval_row,) = main_runner.metric_rows(multi, 'eval')
+  assert eval_row['loss'] == pytest.approx(
+    main_runner.metric_rows(single, 'eval')[0]['loss'], rel=1e-5
+  )
 
 
 def check_restores_in_one_process(multi, single):
@@ -84,13 +91,23 @@ def check_only_process_0_writes(multi, outputs):
   events = glob.glob(os.path.join(multi, 'tensorboard', 'events.out.tfevents.*'))
   assert len(events) == 1, events
   from tensorflow.compat.v1 import train as tf_train  # pylint: disable=g-import-not-at-top
-  logged = [e.step for e in tf_train.summary_iterator(events[0]) for v in e.summary.value
-            if v.tag == 'train/loss']
+
+  logged = [
+    e.step
+    for e in tf_train.summary_iterator(events[0])
+    for v in e.summary.value
+    if v.tag == 'train/loss'
+  ]
   assert logged == [2, 4, 6, 8]  # one writer
   steps = [r['step'] for r in main_runner.metric_rows(multi)]
   assert steps == sorted(set(steps))  # one row per step: nobody else appended
-  assert sorted(os.listdir(multi)) == ['checkpoints', 'config.json', 'metrics.jsonl',
-                                       'results.json', 'tensorboard']
+  assert sorted(os.listdir(multi)) == [
+    'checkpoints',
+    'config.json',
+    'metrics.jsonl',
+    'results.json',
+    'tensorboard',
+  ]
   (_, stderr0), (_, stderr1) = outputs
   assert re.search(r'\[8\] .*train/loss=', stderr0) and '[8] eval/accuracy=' in stderr0
   assert '[8] eval/accuracy=' in stderr1  # every process logs; only process 0 writes files
@@ -99,8 +116,11 @@ def check_only_process_0_writes(multi, outputs):
 # The resumed pair shards the state over both processes (FSDP; every leaf of 64 elements
 # or more split): the data-parallel checkpoint is restored onto another mesh, and the new
 # step-8 checkpoint is written split over them.
-FSDP = ('--config.train.mesh.data=1', '--config.train.mesh.fsdp=-1',
-        '--config.train.fsdp_min_size=64')
+FSDP = (
+  '--config.train.mesh.data=1',
+  '--config.train.mesh.fsdp=-1',
+  '--config.train.fsdp_min_size=64',
+)
 
 
 def split_leaves(workdir) -> int:

@@ -1,8 +1,10 @@
 """The 'pixel_lm' task end to end: pixel-token pipelines, training, samples, decoding."""
+
 import json
 import math
 import os
 
+import helpers
 import jax
 import numpy as np
 import pytest
@@ -10,16 +12,14 @@ import pytest
 from benchmarks import generation
 from configs import digits_pixels
 from configs import mnist_pixels
-from efficient_attn.models.causal import shift_right
 import data
-from data import transforms
 from data import arrays
-from train import trainer
+from data import transforms
+from efficient_attn.models.causal import shift_right
 from train import inference
 from train import samples
+from train import trainer
 from train import validate
-
-import helpers
 
 PNG = b'\x89PNG\r\n\x1a\n'
 
@@ -59,6 +59,7 @@ def test_digits_pixel_tokens():
 
 def test_mnist_pixel_tokens_from_tfds():
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
   config = mnist_pixels.get_config('linear')
   config.dataset.update(dict(batch_size=4, eval_batch_size=4, shuffle_buffer=8))
   with tfds.testing.mock_data(num_examples=8):
@@ -99,9 +100,15 @@ def test_no_unconditional_samples_writes_only_completions(run, tmp_path):
   workdir, _ = run
   config, model, params = inference.load(workdir)
   images = np.asarray(data.get_eval_batch(config)['inputs'][:2]).reshape(2, 8, 8)
-  paths = samples.write_samples(model, jax.device_get(params), jax.random.key(0),
-                                str(tmp_path), image_shape=(8, 8), num_samples=0,
-                                images=images)
+  paths = samples.write_samples(
+    model,
+    jax.device_get(params),
+    jax.random.key(0),
+    str(tmp_path),
+    image_shape=(8, 8),
+    num_samples=0,
+    images=images,
+  )
   assert list(paths) == ['completion'] and os.listdir(tmp_path) == ['samples_completion.png']
 
 
@@ -111,29 +118,42 @@ def test_recurrent_decoding_of_the_checkpoint_equals_parallel(run):
   config, model, params = inference.load(workdir)
   pixels = data.get_eval_batch(config)['inputs'][:2]
   helpers.assert_decode_matches_parallel(
-      model, jax.device_get(params), shift_right(pixels, model.start_token))
+    model, jax.device_get(params), shift_right(pixels, model.start_token)
+  )
 
 
 @pytest.mark.slow
 def test_generation_benchmark_reads_the_checkpoint(run, tmp_path):
   workdir, results = run
-  result = generation.main([f'--workdir={workdir}', '--num_images=2', '--mechanisms=linear',
-                            f'--out={tmp_path}', '--quiet'])
+  result = generation.main(
+    [
+      f'--workdir={workdir}',
+      '--num_images=2',
+      '--mechanisms=linear',
+      f'--out={tmp_path}',
+      '--quiet',
+    ]
+  )
   assert result['length'] == 64 and result['num_params'] == results['params_total']
   assert result['config']['d_model'] == 32
   with open(tmp_path / 'generation.md') as f:
     assert f'weights from {workdir}' in f.read()
 
 
-@pytest.mark.parametrize('overrides,fragments', [
-    ({'attention.mechanism': 'nystrom'},
-     ["mechanism='nystrom' is not valid for the causal model kind", 'linear', 'softmax']),
+@pytest.mark.parametrize(
+  'overrides,fragments',
+  [
+    (
+      {'attention.mechanism': 'nystrom'},
+      ["mechanism='nystrom' is not valid for the causal model kind", 'linear', 'softmax'],
+    ),
     ({'model.kind': 'vit'}, ["model.kind='vit'", 'pixel-token', 'causal']),
     ({'dataset.pixels_as_tokens': False}, ["model.kind='causal'", 'vit']),
     ({'task': 'classification'}, ["model.kind='causal'", "task='classification'", 'vit']),
     ({'dataset.transform': 'blur'}, ["transform='blur'", 'rotate']),
     ({'sample.num_samples': -1}, ['config.sample.num_samples=-1', '>= 0']),
-])
+  ],
+)
 def test_bad_pixel_configs(overrides, fragments):
   config = tiny_config()
   for field, value in overrides.items():

@@ -3,6 +3,7 @@
 In-process: the signals are raised in this process inside the context manager.
 (tests/train/test_interrupt.py runs the trainer in a real process under SIGTERM.)
 """
+
 import signal
 
 import pytest

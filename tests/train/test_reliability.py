@@ -3,17 +3,18 @@ checkpoint integrity, save failures, metrics rows, early validation, flags.
 
 Each test reproduces a way a run used to lose data or mix models.
 """
+
 import json
 import os
 import subprocess
 import sys
 
+import main_runner
 import numpy as np
 import pytest
 
 from configs import default as default_config
 from efficient_attn import registry
-import main_runner
 from train import checkpoint
 from train import metrics as metrics_lib
 from train import trainer
@@ -37,8 +38,7 @@ def tiny(**overrides):
 @pytest.fixture(scope='module')
 def finished(run_once):
   """A finished 8-step run (checkpoints 4 and 8)."""
-  return run_once('reliability_finished',
-                  lambda d: trainer.train_and_evaluate(tiny(), d))
+  return run_once('reliability_finished', lambda d: trainer.train_and_evaluate(tiny(), d))
 
 
 def _snapshot(workdir):
@@ -52,13 +52,16 @@ def _snapshot(workdir):
   return out
 
 
-@pytest.mark.parametrize('overrides,field', [
-    ({'model.d_model': 32}, 'model.d_model'),                    # another shape
+@pytest.mark.parametrize(
+  'overrides,field',
+  [
+    ({'model.d_model': 32}, 'model.d_model'),  # another shape
     ({'attention.mechanism': 'linear'}, 'attention.mechanism'),  # another model, same shapes
-])
-def test_another_config_is_refused_before_anything_is_written(finished, tmp_path, overrides,
-                                                              field):
+  ],
+)
+def test_another_config_is_refused_before_anything_is_written(finished, tmp_path, overrides, field):
   import shutil  # pylint: disable=g-import-not-at-top
+
   unfinished = str(tmp_path / 'run')
   shutil.copytree(finished, unfinished)
   os.remove(os.path.join(unfinished, 'results.json'))
@@ -73,8 +76,11 @@ def test_another_config_is_refused_before_anything_is_written(finished, tmp_path
 
 
 def test_eval_with_another_mechanism_is_refused(finished):
-  with pytest.raises(workdir_lib.WorkdirError, match=r"cannot evaluate it \(attention."
-                     r"mechanism: 'softmax' -> 'linear'"):
+  with pytest.raises(
+    workdir_lib.WorkdirError,
+    match=r"cannot evaluate it \(attention."
+    r"mechanism: 'softmax' -> 'linear'",
+  ):
     trainer.evaluate(tiny(**{'attention.mechanism': 'linear'}), finished)
   values = trainer.evaluate(tiny(**{'train.num_steps': 99}), finished)  # may change
   assert 0 <= values['accuracy'] <= 1
@@ -93,10 +99,10 @@ def test_a_bad_config_against_an_existing_run_writes_nothing(finished):
 
 def test_restart_moves_the_old_run_aside(finished, tmp_path):
   import shutil  # pylint: disable=g-import-not-at-top
+
   workdir = str(tmp_path / 'run')
   shutil.copytree(finished, workdir)
-  workdir_lib.open_run(workdir, validate.resolved(tiny(**{'train.seed': 1})),
-                       restart=True).close()
+  workdir_lib.open_run(workdir, validate.resolved(tiny(**{'train.seed': 1})), restart=True).close()
   moved = [p for p in os.listdir(tmp_path) if p.startswith('run.replaced-')]
   assert len(moved) == 1 and os.path.exists(tmp_path / moved[0] / 'results.json')
   assert not os.path.exists(tmp_path / moved[0] / workdir_lib.LOCK)
@@ -110,8 +116,10 @@ def test_restart_is_refused_while_another_trainer_holds_the_lock(tmp_path):
   workdir = tmp_path / 'run'
   live = workdir_lib.open_run(str(workdir), validate.resolved(tiny()))  # a running trainer
   before = _snapshot(workdir)
-  with pytest.raises(workdir_lib.WorkdirError,
-                     match=rf'^{workdir} is in use by another trainer \(pid {os.getpid()} on '):
+  with pytest.raises(
+    workdir_lib.WorkdirError,
+    match=rf'^{workdir} is in use by another trainer \(pid {os.getpid()} on ',
+  ):
     trainer.train_and_evaluate(tiny(**{'model.d_model': 32}), str(workdir), restart=True)
   assert os.listdir(tmp_path) == ['run'] and _snapshot(workdir) == before  # nothing moved
   live.close()
@@ -122,15 +130,23 @@ def test_more_steps_continue_a_finished_run_fewer_are_refused(finished, tmp_path
   """A finished run asked for more steps used to return its old results and store
   the new num_steps in config.json; a sweep listed it as done."""
   import shutil  # pylint: disable=g-import-not-at-top
+
   from train import sweep  # pylint: disable=g-import-not-at-top
+
   workdir = str(tmp_path / 'run')
   shutil.copytree(finished, workdir)
-  state = lambda steps: sweep.status(sweep.Run('run', 'configs/default.py', {}), str(tmp_path),
-                                     validate.resolved(tiny(**{'train.num_steps': steps})))
+  state = lambda steps: sweep.status(
+    sweep.Run('run', 'configs/default.py', {}),
+    str(tmp_path),
+    validate.resolved(tiny(**{'train.num_steps': steps})),
+  )
   assert [state(8), state(12), state(4)] == ['done', 'partial', 'changed']
   snapshot = _snapshot(workdir)
-  with pytest.raises(workdir_lib.WorkdirError, match=r'results.json is from step 8; '
-                     r'train.num_steps=4.*may grow on resume, not shrink'):
+  with pytest.raises(
+    workdir_lib.WorkdirError,
+    match=r'results.json is from step 8; '
+    r'train.num_steps=4.*may grow on resume, not shrink',
+  ):
     trainer.train_and_evaluate(tiny(**{'train.num_steps': 4}), workdir)
   # a finished run again, with a field that may change: nothing to do, nothing rewritten
   assert trainer.train_and_evaluate(tiny(**{'train.log_every': 1}), workdir)['steps'] == 8
@@ -150,6 +166,7 @@ def test_more_steps_continue_a_finished_run_fewer_are_refused(finished, tmp_path
 def _strict_json(text):
   def reject(constant):
     raise ValueError(f'{constant} is not JSON')
+
   return json.loads(text, parse_constant=reject)
 
 
@@ -158,12 +175,14 @@ def test_json_files_are_strict_and_replaced_whole(tmp_path, monkeypatch):
   FileExistsError, leaving eval_results.json.tmp beside the old file."""
   from etils import epath  # pylint: disable=g-import-not-at-top
   import fake_gcs  # pylint: disable=g-import-not-at-top
+
   with fake_gcs.installed(monkeypatch, tmp_path / 'bucket'):
     for folder in (str(tmp_path / 'local'), 'gs://bucket/run'):
       epath.Path(folder).mkdir(parents=True, exist_ok=True)
       workdir_lib.write_json(folder, 'eval_results.json', {'step': 4, 'loss': 1.0})
-      workdir_lib.write_json(folder, 'eval_results.json',
-                             {'step': 8, 'loss': float('nan'), 'x': [float('-inf'), 2.0]})
+      workdir_lib.write_json(
+        folder, 'eval_results.json', {'step': 8, 'loss': float('nan'), 'x': [float('-inf'), 2.0]}
+      )
       text = (epath.Path(folder) / 'eval_results.json').read_text()
       assert _strict_json(text) == {'step': 8, 'loss': None, 'x': [None, 2.0]}
       assert [p.name for p in epath.Path(folder).iterdir()] == ['eval_results.json']
@@ -175,23 +194,29 @@ def test_a_second_trainer_is_kept_out_and_a_stale_lock_replaced(tmp_path):
   with pytest.raises(workdir_lib.WorkdirError, match=r'in use by another trainer \(pid'):
     workdir_lib.open_run(str(tmp_path), config)
   run.close()
-  dead = subprocess.run([sys.executable, '-c', 'import os; print(os.getpid())'],
-                        capture_output=True, text=True, check=True)
+  dead = subprocess.run(
+    [sys.executable, '-c', 'import os; print(os.getpid())'],
+    capture_output=True,
+    text=True,
+    check=True,
+  )
   import socket  # pylint: disable=g-import-not-at-top
-  (tmp_path / workdir_lib.LOCK).write_text(json.dumps(
-      {'pid': int(dead.stdout), 'host': socket.gethostname()}))
+
+  (tmp_path / workdir_lib.LOCK).write_text(
+    json.dumps({'pid': int(dead.stdout), 'host': socket.gethostname()})
+  )
   workdir_lib.open_run(str(tmp_path), config).close()  # the process is gone: replaced
 
 
 def _largest_params_file(step_dir):
-  files = [os.path.join(b, f) for b, _, fs in os.walk(os.path.join(step_dir, 'params'))
-           for f in fs]
+  files = [os.path.join(b, f) for b, _, fs in os.walk(os.path.join(step_dir, 'params')) for f in fs]
   return max(files, key=os.path.getsize)
 
 
 @pytest.mark.parametrize('damage', ['xor_every_5000_bytes', 'one_bit'])
 def test_a_damaged_checkpoint_of_the_same_size_falls_back(finished, tmp_path, damage, caplog):
   import shutil  # pylint: disable=g-import-not-at-top
+
   workdir = str(tmp_path / 'run')
   shutil.copytree(finished, workdir)
   path = _largest_params_file(os.path.join(workdir, 'checkpoints', '8'))
@@ -219,8 +244,11 @@ def test_an_unwritable_checkpoint_folder_stops_the_run_with_one_line(tmp_path):
   workdir = tmp_path / 'run'
   workdir.mkdir()
   os.symlink('/proc/1/attr', workdir / 'checkpoints')  # a folder nobody can write into
-  proc = subprocess.run(main_runner.command(str(workdir), num_steps=8, checkpoint_every=4),
-                        timeout=300, **main_runner.popen_kwargs())
+  proc = subprocess.run(
+    main_runner.command(str(workdir), num_steps=8, checkpoint_every=4),
+    timeout=300,
+    **main_runner.popen_kwargs(),
+  )
   assert proc.returncode == 1
   last = proc.stderr.strip().splitlines()[-1]
   assert last.startswith('Error: saving the checkpoint at step 4 in') and 'checkpoints' in last
@@ -239,14 +267,16 @@ def test_metrics_rows_are_valid_json_and_not_repeated_after_a_resume(tmp_path):
   assert [r['step'] for r in metrics_lib.read_jsonl(path)] == [10, 10, 20, 20]
 
 
-@pytest.mark.parametrize('options,message', [
+@pytest.mark.parametrize(
+  'options,message',
+  [
     ({'mechanism': 'nystrom', 'num_landmarks': 0}, "num_landmarks=0 of mechanism 'nystrom'"),
     ({'mechanism': 'local', 'window': 0}, "window=0 of mechanism 'local'"),
     ({'mechanism': 'linformer', 'k_proj': 0}, "k_proj=0 of mechanism 'linformer'"),
     ({'mechanism': 'linear', 'feature_map': 'softplus'}, "feature_map='softplus'"),
-    ({'mechanism': 'softmax', 'window': 8}, "unknown option(s) ['window'] for mechanism "
-                                            "'softmax'"),
-])
+    ({'mechanism': 'softmax', 'window': 8}, "unknown option(s) ['window'] for mechanism 'softmax'"),
+  ],
+)
 def test_mechanism_options_are_checked_before_any_work(options, message, tmp_path):
   config = default_config.get_config()
   options = dict(options)
@@ -260,21 +290,35 @@ def test_mechanism_options_are_checked_before_any_work(options, message, tmp_pat
 
 
 def _main(*flags, tmp_path):
-  return subprocess.run([sys.executable, 'main.py', f'--workdir={tmp_path / "run"}', *flags],
-                        cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS='cpu'),
-                        capture_output=True, text=True, timeout=120)
+  return subprocess.run(
+    [sys.executable, 'main.py', f'--workdir={tmp_path / "run"}', *flags],
+    cwd=ROOT,
+    env=dict(os.environ, JAX_PLATFORMS='cpu'),
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
 
 
-@pytest.mark.parametrize('flags,message', [
-    (['--config.model.num_head=4'],
-     "Invalid config override --config.model.num_head: no field 'num_head'; did you mean "
-     '"num_heads"'),
+@pytest.mark.parametrize(
+  'flags,message',
+  [
+    (
+      ['--config.model.num_head=4'],
+      "Invalid config override --config.model.num_head: no field 'num_head'; did you mean "
+      '"num_heads"',
+    ),
     (['--config.attention.options.num_landmarks=abc'], 'num_landmarks=abc'),
-    (['--num_processes=2', '--process_id=1'],
-     'Error: --num_processes=2 --process_id=1 need --coordinator_address'),
-    (['--num_processes=2', '--process_id=5', '--coordinator_address=localhost:1'],
-     'Error: --process_id=5 is not valid for --num_processes=2; valid: 0..1'),
-])
+    (
+      ['--num_processes=2', '--process_id=1'],
+      'Error: --num_processes=2 --process_id=1 need --coordinator_address',
+    ),
+    (
+      ['--num_processes=2', '--process_id=5', '--coordinator_address=localhost:1'],
+      'Error: --process_id=5 is not valid for --num_processes=2; valid: 0..1',
+    ),
+  ],
+)
 @pytest.mark.slow
 def test_bad_flags_fail_in_one_line_before_any_work(flags, message, tmp_path):
   proc = _main('--config=configs/default.py', *flags, tmp_path=tmp_path)
@@ -286,18 +330,28 @@ def test_bad_flags_fail_in_one_line_before_any_work(flags, message, tmp_path):
 
 @pytest.mark.slow
 def test_a_missing_peer_times_out_with_a_message(tmp_path):
-  proc = _main('--config=configs/default.py', '--num_processes=2', '--process_id=0',
-               f'--coordinator_address=localhost:{main_runner.free_port()}',
-               '--distributed_timeout_s=5', tmp_path=tmp_path)
+  proc = _main(
+    '--config=configs/default.py',
+    '--num_processes=2',
+    '--process_id=0',
+    f'--coordinator_address=localhost:{main_runner.free_port()}',
+    '--distributed_timeout_s=5',
+    tmp_path=tmp_path,
+  )
   assert proc.returncode != 0
   assert 'could not join' in proc.stderr and 'within 5 s' in proc.stderr, proc.stderr[-2000:]
 
 
 def test_any_config_takes_any_mechanisms_options_after_a_switch(tmp_path):
-  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
   from absl import flags  # pylint: disable=g-import-not-at-top
-  argv = ['main.py', f'--config={ROOT}/configs/default.py', '--config.attention.mechanism=nystrom',
-          '--config.attention.options.num_landmarks=4']
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+
+  argv = [
+    'main.py',
+    f'--config={ROOT}/configs/default.py',
+    '--config.attention.mechanism=nystrom',
+    '--config.attention.options.num_landmarks=4',
+  ]
   values = flags.FlagValues()
   config_flags.DEFINE_config_file('config', flag_values=values, sys_argv=argv)
   values(argv)
@@ -315,15 +369,20 @@ def test_fields_added_later_keep_older_runs_resumable():
   assert workdir_lib.differences(stored, config.to_dict()) == []
   config.model.positions = 'sinusoidal'
   assert workdir_lib.differences(stored, config.to_dict()) == [
-      "model.positions: 'learned' -> 'sinusoidal'"]
+    "model.positions: 'learned' -> 'sinusoidal'"
+  ]
 
 
 def test_mamba2_layout_options_added_later_keep_older_runs_resumable():
   """A Mamba-2 run stored before `ngroups` and `d_state` existed is the layout their None
   defaults give; one that differs from a later run's setting is still refused."""
   stored = {'attention': {'mechanism': 'mamba2', 'options': {'chunk_size': 64}}}
-  new = {'attention': {'mechanism': 'mamba2',
-                       'options': {'chunk_size': 64, 'ngroups': None, 'd_state': None}}}
+  new = {
+    'attention': {
+      'mechanism': 'mamba2',
+      'options': {'chunk_size': 64, 'ngroups': None, 'd_state': None},
+    }
+  }
   assert workdir_lib.differences(stored, new) == []
   new['attention']['options']['ngroups'] = 1
   assert workdir_lib.differences(stored, new) == ["attention.options.ngroups: None -> 1"]
@@ -335,12 +394,20 @@ def test_gated_options_added_later_rebuild_and_resume_older_runs(tmp_path):
   stored config rebuilds the model it trained: Mamba-2 without the convolution bias that is
   its default now (else its checkpoint would not fit); linear attention gets none of them."""
   for mechanism in ('mamba2', 'gated_deltanet'):
-    options = dict(registry.get_mechanism(mechanism).resolve({'conv_bias': False,
-                                                              'init': 'default'}))
+    options = dict(
+      registry.get_mechanism(mechanism).resolve({'conv_bias': False, 'init': 'default'})
+    )
     new = {'attention': {'mechanism': mechanism, 'options': dict(options)}}
-    stored = {'attention': {'mechanism': mechanism, 'options': {
-        k: v for k, v in options.items()
-        if k not in ('init', 'conv_bias', 'dt_min', 'dt_max', 'implementation')}}}
+    stored = {
+      'attention': {
+        'mechanism': mechanism,
+        'options': {
+          k: v
+          for k, v in options.items()
+          if k not in ('init', 'conv_bias', 'dt_min', 'dt_max', 'implementation')
+        },
+      }
+    }
     assert workdir_lib.differences(stored, new) == [], mechanism
     (tmp_path / mechanism).mkdir()
     (tmp_path / mechanism / 'config.json').write_text(json.dumps(stored))
@@ -351,6 +418,7 @@ def test_gated_options_added_later_rebuild_and_resume_older_runs(tmp_path):
   new['attention']['options']['init'] = 'fla'
   assert workdir_lib.differences(stored, new) == ["attention.options.init: 'default' -> 'fla'"]
   (tmp_path / 'linear').mkdir()
-  (tmp_path / 'linear' / 'config.json').write_text(json.dumps(
-      {'attention': {'mechanism': 'linear', 'options': {}}}))
+  (tmp_path / 'linear' / 'config.json').write_text(
+    json.dumps({'attention': {'mechanism': 'linear', 'options': {}}})
+  )
   assert dict(workdir_lib.load_config(str(tmp_path / 'linear')).attention.options) == {}

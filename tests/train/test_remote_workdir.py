@@ -5,15 +5,16 @@ layers (see tests/fake_gcs.py): every piece of our code sees a real gs:// path.
 The test runs from an empty current directory and checks that it stays empty:
 a gs:// path given to plain `open()` or `os.makedirs` would land there.
 """
+
 import json
 import os
 
+import fake_gcs
+import main_runner
 import numpy as np
 import pytest
 
 from benchmarks import report
-import fake_gcs
-import main_runner
 from train import checkpoint
 from train import samples
 from train import sweep
@@ -42,7 +43,11 @@ def test_train_resume_and_evaluate_in_a_bucket(bucket, tmp_path):
     assert (run / name).is_file(), name
   assert list((run / 'tensorboard').glob('events.out.tfevents.*'))
   assert sorted(os.listdir(run / 'checkpoints' / '4')) == [
-      '_CHECKPOINT_METADATA', 'commit_success.txt', 'opt_state', 'params']
+    '_CHECKPOINT_METADATA',
+    'commit_success.txt',
+    'opt_state',
+    'params',
+  ]
   assert not (run / 'trainer.lock').exists()
 
   (run / 'results.json').unlink()  # as if stopped after the step-4 checkpoint
@@ -58,8 +63,9 @@ def test_train_resume_and_evaluate_in_a_bucket(bucket, tmp_path):
   assert values['accuracy'] == pytest.approx(second['eval_accuracy'])
 
   name = os.path.basename(WORKDIR)
-  state = sweep.status(sweep.Run(name=name, config='configs/default.py', overrides={}),
-                       os.path.dirname(WORKDIR))
+  state = sweep.status(
+    sweep.Run(name=name, config='configs/default.py', overrides={}), os.path.dirname(WORKDIR)
+  )
   assert state == 'done'
   table = report.main(['gs://bucket/runs/*', f'--out={tmp_path / "report"}', '--quiet'])
   assert [r['run'] for r in table['runs']] == [name]
@@ -67,8 +73,9 @@ def test_train_resume_and_evaluate_in_a_bucket(bucket, tmp_path):
 
 
 def test_sample_png_in_a_bucket(bucket):
-  path = samples.save_grid('gs://bucket/runs/pixels/samples.png',
-                           np.zeros((4, 8, 8), np.uint8), zoom=2)
+  path = samples.save_grid(
+    'gs://bucket/runs/pixels/samples.png', np.zeros((4, 8, 8), np.uint8), zoom=2
+  )
   assert path == 'gs://bucket/runs/pixels/samples.png'
   assert bucket(path).read_bytes().startswith(b'\x89PNG\r\n\x1a\n')
 
@@ -76,7 +83,9 @@ def test_sample_png_in_a_bucket(bucket):
 def test_retrieval_files_in_a_bucket(bucket):
   """LRA's AAN files read straight from gs:// (sweeps/lra.py's aan_dir)."""
   from conftest import write_aan_folder  # pylint: disable=g-import-not-at-top
+
   from data import aan  # pylint: disable=g-import-not-at-top
+
   write_aan_folder(str(bucket('gs://bucket/lra/tsv_data')))
   splits = aan.read_splits('gs://bucket/lra/tsv_data')
   assert {k: len(v[2]) for k, v in splits.items()} == {'train': 6, 'validation': 4, 'test': 4}

@@ -1,11 +1,12 @@
 """Data parallelism: one step on 8 (host-platform CPU) devices equals one on 1 device."""
+
 import os
 import subprocess
 import sys
 
+import main_runner
 import pytest
 
-import main_runner
 from train import sharding
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -58,10 +59,14 @@ print('OK', float(m1['loss'] / m1['count']), float(m8['loss'] / m8['count']))
 
 @pytest.mark.slow
 def test_data_parallel_step_matches_single_device():
-  env = dict(os.environ, JAX_PLATFORMS='cpu',
-             XLA_FLAGS=f'{main_runner.XLA_FLAGS} --xla_force_host_platform_device_count=8')
-  proc = subprocess.run([sys.executable, '-c', SCRIPT], cwd=ROOT, env=env, capture_output=True,
-                        text=True, timeout=300)
+  env = dict(
+    os.environ,
+    JAX_PLATFORMS='cpu',
+    XLA_FLAGS=f'{main_runner.XLA_FLAGS} --xla_force_host_platform_device_count=8',
+  )
+  proc = subprocess.run(
+    [sys.executable, '-c', SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+  )
   assert proc.returncode == 0, proc.stderr[-4000:]
   assert 'OK' in proc.stdout
 

@@ -3,6 +3,7 @@
 Also parses every shipped sweep's commands as main.py would and validates the
 resulting configs, so a sweep that cannot start fails here, not on a pod.
 """
+
 import glob
 import json
 import os
@@ -10,10 +11,10 @@ import subprocess
 import sys
 
 from absl import flags
+import main_runner
 from ml_collections import config_flags
 import pytest
 
-import main_runner
 from train import sweep
 
 TINY_SWEEP = '''
@@ -29,8 +30,9 @@ RUNS = ('mechanism=softmax', 'mechanism=linear')
 
 
 def sweep_cli(*args):
-  proc = subprocess.run([sys.executable, '-m', 'train.sweep', *args], timeout=300,
-                        **main_runner.popen_kwargs())
+  proc = subprocess.run(
+    [sys.executable, '-m', 'train.sweep', *args], timeout=300, **main_runner.popen_kwargs()
+  )
   return proc
 
 
@@ -68,10 +70,19 @@ def test_sweep_runs_skips_resumes_and_reports(tmp_path):
   assert results(root, 'mechanism=linear')['resumed_from_step'] == 5
 
   out = str(tmp_path / 'report')
-  proc = subprocess.run([sys.executable, '-m', 'benchmarks.report',
-                         *sorted(glob.glob(os.path.join(root, '*'))), f'--out={out}',
-                         '--name=tiny', '--quiet'], timeout=300,
-                        **main_runner.popen_kwargs())
+  proc = subprocess.run(
+    [
+      sys.executable,
+      '-m',
+      'benchmarks.report',
+      *sorted(glob.glob(os.path.join(root, '*'))),
+      f'--out={out}',
+      '--name=tiny',
+      '--quiet',
+    ],
+    timeout=300,
+    **main_runner.popen_kwargs(),
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   with open(os.path.join(out, 'tiny.json')) as f:
     rows = json.load(f)['runs']
@@ -89,10 +100,14 @@ def parse_main_flags(cmd):
   return values.config
 
 
-@pytest.mark.parametrize('path', sorted(
+@pytest.mark.parametrize(
+  'path',
+  sorted(
     glob.glob(os.path.join(main_runner.ROOT, 'sweeps', '*.py'))
-    + glob.glob(os.path.join(main_runner.ROOT, 'studies', '*', 'sweep.py'))),
-    ids=lambda p: os.path.relpath(p, main_runner.ROOT))
+    + glob.glob(os.path.join(main_runner.ROOT, 'studies', '*', 'sweep.py'))
+  ),
+  ids=lambda p: os.path.relpath(p, main_runner.ROOT),
+)
 def test_shipped_sweep_commands_give_valid_configs(path, monkeypatch):
   """Each run's main.py command parses to a config the validator accepts (as `list` checks)."""
   monkeypatch.chdir(main_runner.ROOT)

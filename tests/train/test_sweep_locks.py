@@ -4,6 +4,7 @@ Two `train.sweep ... run` on one root each trained every run once, but the one w
 trainer lost a workdir's lock reported that run failed and exited 1; a usage error
 printed the whole help (38 lines) before its one line.
 """
+
 import json
 import os
 import socket
@@ -12,6 +13,7 @@ import sys
 import types
 
 import main_runner
+
 from train import sweep
 from train import workdir as workdir_lib
 
@@ -30,8 +32,7 @@ def seeds():
 def lock(folder, pid):
   """`folder`'s trainer.lock, as a trainer of process `pid` on this host writes it."""
   os.makedirs(folder, exist_ok=True)
-  (folder / workdir_lib.LOCK).write_text(json.dumps({'pid': pid,
-                                                     'host': socket.gethostname()}))
+  (folder / workdir_lib.LOCK).write_text(json.dumps({'pid': pid, 'host': socket.gethostname()}))
 
 
 class Trainer:
@@ -53,16 +54,21 @@ def test_a_run_another_trainer_holds_is_running_elsewhere_not_started(tmp_path, 
   out = sweep.run_local(runs, str(tmp_path), configs, python=sys.executable + '-missing')
   assert out['seed=0'] == ELSEWHERE
   assert out['seed=1'].startswith('failed')
-  assert (f'[1/2] seed=0: running elsewhere (pid {os.getpid()} on {socket.gethostname()} '
-          'trains it); skipped') in capsys.readouterr().out
+  assert (
+    f'[1/2] seed=0: running elsewhere (pid {os.getpid()} on {socket.gethostname()} '
+    'trains it); skipped'
+  ) in capsys.readouterr().out
 
 
 def test_a_trainer_refused_the_lock_is_running_elsewhere_not_failed(tmp_path, monkeypatch):
   """Both sweeps started the run at once: the other's trainer took the lock, this one's
   exited 1 ('... is in use by another trainer')."""
   runs, configs = seeds()
-  monkeypatch.setattr(sweep.subprocess, 'Popen', Trainer(
-      lambda workdir: lock(tmp_path / os.path.basename(workdir), os.getpid()), rc=1))
+  monkeypatch.setattr(
+    sweep.subprocess,
+    'Popen',
+    Trainer(lambda workdir: lock(tmp_path / os.path.basename(workdir), os.getpid()), rc=1),
+  )
   out = sweep.run_local(runs, str(tmp_path), configs)
   assert out == {'seed=0': ELSEWHERE, 'seed=1': ELSEWHERE}
 
@@ -86,24 +92,30 @@ def test_a_run_the_other_trainer_finished_meanwhile_is_done(tmp_path, monkeypatc
 def test_the_sweep_exits_0_when_only_runs_elsewhere_are_left(tmp_path, monkeypatch, capsys):
   definition = tmp_path / 'two.py'
   definition.write_text(SWEEP)
-  monkeypatch.setattr(sweep, '_SWEEP', types.SimpleNamespace(name='sweep',
-                                                             value=str(definition)))
+  monkeypatch.setattr(sweep, '_SWEEP', types.SimpleNamespace(name='sweep', value=str(definition)))
   monkeypatch.setattr(sweep, '_ROOT', types.SimpleNamespace(name='root', value=str(tmp_path)))
-  monkeypatch.setattr(sweep, 'run_local', lambda runs, root, configs: {
-      'seed=0': 'done', 'seed=1': ELSEWHERE})
+  monkeypatch.setattr(
+    sweep, 'run_local', lambda runs, root, configs: {'seed=0': 'done', 'seed=1': ELSEWHERE}
+  )
   assert sweep.main(['train.sweep', 'run']) == 0
   assert capsys.readouterr().out.splitlines()[-1] == (
-      f'1/2 runs finished; results in {tmp_path}; running elsewhere (another trainer has '
-      'them): seed=1')
-  monkeypatch.setattr(sweep, 'run_local', lambda runs, root, configs: {
-      'seed=0': 'failed (rc=1)', 'seed=1': ELSEWHERE})
+    f'1/2 runs finished; results in {tmp_path}; running elsewhere (another trainer has '
+    'them): seed=1'
+  )
+  monkeypatch.setattr(
+    sweep, 'run_local', lambda runs, root, configs: {'seed=0': 'failed (rc=1)', 'seed=1': ELSEWHERE}
+  )
   assert sweep.main(['train.sweep', 'run']) == 1
 
 
 def test_a_usage_error_is_one_line_naming_what_was_wrong():
-  proc = subprocess.run([sys.executable, '-m', 'train.sweep', '--sweep=s.py', 'go'],
-                        timeout=300, **main_runner.popen_kwargs())
+  proc = subprocess.run(
+    [sys.executable, '-m', 'train.sweep', '--sweep=s.py', 'go'],
+    timeout=300,
+    **main_runner.popen_kwargs(),
+  )
   assert proc.returncode == 1 and proc.stdout == ''
   assert proc.stderr.splitlines() == [
-      'train.sweep: usage: python -m train.sweep --sweep=FILE[:key=value,...] --root=DIR '
-      "list|run|pod; 'go' is not an action; --root missing (--help for more)"]
+    'train.sweep: usage: python -m train.sweep --sweep=FILE[:key=value,...] --root=DIR '
+    "list|run|pod; 'go' is not an action; --root missing (--help for more)"
+  ]

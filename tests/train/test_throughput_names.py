@@ -2,6 +2,7 @@
 steady rate, results.json `steady_examples_per_sec`); the rate from the median epoch time
 (results.json `examples_per_sec`) is not shown under a rate's name. The report printed
 the second as 'examples/s', so the trainer's 2,149 ex/s of a run read 3,141 there."""
+
 import json
 import os
 import re
@@ -26,14 +27,23 @@ def write_run(root, name, seed, steady, by_epoch):
   with open(os.path.join(wd, 'config.json'), 'w') as f:
     json.dump(dict(dataset=dict(name='digits'), train=dict(seed=seed)), f)
   with open(os.path.join(wd, 'results.json'), 'w') as f:
-    json.dump(dict(eval_accuracy=0.5, steady_examples_per_sec=steady,
-                   examples_per_sec=by_epoch, epoch_time_s=1.0), f)
+    json.dump(
+      dict(
+        eval_accuracy=0.5,
+        steady_examples_per_sec=steady,
+        examples_per_sec=by_epoch,
+        epoch_time_s=1.0,
+      ),
+      f,
+    )
   return wd
 
 
 def test_report_names_the_two_rates_apart(tmp_path):
-  runs = [write_run(str(tmp_path), f's{seed}', seed, steady, 3141.0)
-          for seed, steady in ((0, 2149.0), (1, 2151.0))]
+  runs = [
+    write_run(str(tmp_path), f's{seed}', seed, steady, 3141.0)
+    for seed, steady in ((0, 2149.0), (1, 2151.0))
+  ]
   data = report.main(runs + [f'--out={tmp_path / "out"}', '--quiet'])
   text = (tmp_path / 'out' / 'report.md').read_text()
   cells = table_cells(text)

@@ -1,4 +1,5 @@
 """End to end on the digits: the default config learns; bad configs fail early."""
+
 import glob
 import json
 import os
@@ -9,15 +10,15 @@ import sys
 import jax
 import numpy as np
 import pytest
-
 import shared_runs
+
 from configs import default as default_config
 import data
 from train import checkpoint
-from train import trainer
-from train import workdir as workdir_lib
 from train import inference
+from train import trainer
 from train import validate
+from train import workdir as workdir_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -30,8 +31,10 @@ def default_run(run_once):
     return workdir, json.load(f)
 
 
-PROGRESS = re.compile(r'step (\d+)/660 \| loss \d\.\d{3,} \| accuracy \d+\.\d\d% \| '
-                      r'top5_accuracy \d+\.\d\d% \| \d+ ex/s \| eta (\d+s|\d+m\d\ds)')
+PROGRESS = re.compile(
+  r'step (\d+)/660 \| loss \d\.\d{3,} \| accuracy \d+\.\d\d% \| '
+  r'top5_accuracy \d+\.\d\d% \| \d+ ex/s \| eta (\d+s|\d+m\d\ds)'
+)
 
 
 def test_default_run_prints_progress_and_the_final_line(default_run):
@@ -44,9 +47,11 @@ def test_default_run_prints_progress_and_the_final_line(default_run):
   assert steps == [100, 200, 300, 400, 500, 600, 660], lines
   assert lines[-2].startswith('eval 660/660 | loss ')
   path = os.path.join(workdir, 'results.json')
-  assert lines[-1] == (f'test accuracy {100 * results["eval_accuracy"]:.2f}% | loss '
-                       f'{results["eval_loss"]:#.4g} | top5_accuracy '
-                       f'{100 * results["eval_top5_accuracy"]:.2f}% | results in {path}'), lines
+  assert lines[-1] == (
+    f'test accuracy {100 * results["eval_accuracy"]:.2f}% | loss '
+    f'{results["eval_loss"]:#.4g} | top5_accuracy '
+    f'{100 * results["eval_top5_accuracy"]:.2f}% | results in {path}'
+  ), lines
   assert lines[0].startswith('vit: standard x softmax attention, 69,194 parameters')
 
 
@@ -99,10 +104,24 @@ def test_workdir_layout(default_run):
   workdir, results = default_run
   config = workdir_lib.load_config(workdir)
   assert config.attention.mechanism == 'softmax' and config.model.d_model == 64
-  for key in ('train_loss', 'train_accuracy', 'eval_loss', 'eval_accuracy',
-              'eval_top5_accuracy', 'params_total', 'params_per_attention_layer',
-              'examples_per_sec', 'epoch_time_s', 'steps', 'wall_time_s', 'dataset',
-              'mechanism', 'projection', 'heads', 'd_model'):
+  for key in (
+    'train_loss',
+    'train_accuracy',
+    'eval_loss',
+    'eval_accuracy',
+    'eval_top5_accuracy',
+    'params_total',
+    'params_per_attention_layer',
+    'examples_per_sec',
+    'epoch_time_s',
+    'steps',
+    'wall_time_s',
+    'dataset',
+    'mechanism',
+    'projection',
+    'heads',
+    'd_model',
+  ):
     assert key in results, key
   assert results['params_per_attention_layer'] == 4 * (64 * 64 + 64)  # standard, d_m = 64
   assert results['steps'] == 30 * (1437 // 64)
@@ -115,7 +134,8 @@ def test_workdir_layout(default_run):
     assert key in train_rows[-1], key
   progress = [r for r in rows if r['split'] == 'progress']  # clu's ReportProgress, and the
   assert progress and all(  # printed 'ex/s' (the last equals results.json's)
-      {'steps_per_sec', 'uptime', 'steady_examples_per_sec'} & set(r) for r in progress)
+    {'steps_per_sec', 'uptime', 'steady_examples_per_sec'} & set(r) for r in progress
+  )
   printed = [r['steady_examples_per_sec'] for r in progress if 'steady_examples_per_sec' in r]
   assert printed[-1] == pytest.approx(results['steady_examples_per_sec'])
   assert results['epochs_timed'] == 30 and results['epoch_time_s'] > 0
@@ -124,11 +144,15 @@ def test_workdir_layout(default_run):
   assert eval_rows[-1]['accuracy'] == pytest.approx(results['eval_accuracy'])
   events = glob.glob(os.path.join(workdir, 'tensorboard', 'events.out.tfevents.*'))
   assert events
-  from tensorflow.compat.v1 import train as tf_train  # TensorBoard's own reader
   from tensorflow import make_ndarray  # clu writes scalars as tensors (summary v2)
-  scalars = {(v.tag, e.step): float(make_ndarray(v.tensor)) if v.HasField('tensor')
-             else v.simple_value
-             for path in events for e in tf_train.summary_iterator(path) for v in e.summary.value}
+  from tensorflow.compat.v1 import train as tf_train  # TensorBoard's own reader
+
+  scalars = {
+    (v.tag, e.step): float(make_ndarray(v.tensor)) if v.HasField('tensor') else v.simple_value
+    for path in events
+    for e in tf_train.summary_iterator(path)
+    for v in e.summary.value
+  }
   assert scalars[('eval/accuracy', results['steps'])] == pytest.approx(results['eval_accuracy'])
   steps = checkpoint.Checkpointer(workdir, create=False).steps()
   assert steps[-1] == results['steps'] and len(steps) <= config.train.keep_checkpoints
@@ -151,22 +175,24 @@ def test_evaluate_and_load_model_and_params(default_run):
 
 
 BAD_CONFIGS = [
-    # (override, expected fragments of the message)
-    ({'attention.mechanism': 'nystrm'}, ["attention.mechanism='nystrm'", 'nystrom', 'linear']),
-    ({'attention.projection': 'supper'}, ["attention.projection='supper'", 'super']),
-    ({'dataset.name': 'mnistt'}, ["dataset.name='mnistt'", 'mnist', 'cifar10', 'digits']),
-    ({'model.kind': 'cnn'}, ["model.kind='cnn'", 'vit']),
-    ({'model.kind': 'text'}, ["model.kind='text'", 'vit']),
-    ({'task': 'regression'}, ["task='regression'", 'classification']),
-    ({'model.num_heads': 3}, ['model.num_heads=3', 'd_model=64', '4']),
-    ({'model.patch_size': 3}, ['model.patch_size=3', 'image_size=8', '4']),
-    ({'train.dtype': 'float16'}, ["train.dtype='float16'", 'bfloat16']),
-    ({'train.num_epochs': -1}, ['num_steps=-1', 'num_epochs=-1', 'set one of them > 0']),
-    ({'optim.name': 'lion'}, ["optim.name='lion'", 'adamw', 'sgd']),
-    ({'dataset.augment': 'mixup'}, ["dataset.augment='mixup'", 'crop_flip']),
-    ({'attention.options': {'num_landmarks': 4}}, ['num_landmarks', "'softmax'"]),
-    ({'dataset.name': 'image_folder', 'dataset.num_classes': 0},
-     ["dataset.data_dir=''", 'image_folder']),
+  # (override, expected fragments of the message)
+  ({'attention.mechanism': 'nystrm'}, ["attention.mechanism='nystrm'", 'nystrom', 'linear']),
+  ({'attention.projection': 'supper'}, ["attention.projection='supper'", 'super']),
+  ({'dataset.name': 'mnistt'}, ["dataset.name='mnistt'", 'mnist', 'cifar10', 'digits']),
+  ({'model.kind': 'cnn'}, ["model.kind='cnn'", 'vit']),
+  ({'model.kind': 'text'}, ["model.kind='text'", 'vit']),
+  ({'task': 'regression'}, ["task='regression'", 'classification']),
+  ({'model.num_heads': 3}, ['model.num_heads=3', 'd_model=64', '4']),
+  ({'model.patch_size': 3}, ['model.patch_size=3', 'image_size=8', '4']),
+  ({'train.dtype': 'float16'}, ["train.dtype='float16'", 'bfloat16']),
+  ({'train.num_epochs': -1}, ['num_steps=-1', 'num_epochs=-1', 'set one of them > 0']),
+  ({'optim.name': 'lion'}, ["optim.name='lion'", 'adamw', 'sgd']),
+  ({'dataset.augment': 'mixup'}, ["dataset.augment='mixup'", 'crop_flip']),
+  ({'attention.options': {'num_landmarks': 4}}, ['num_landmarks', "'softmax'"]),
+  (
+    {'dataset.name': 'image_folder', 'dataset.num_classes': 0},
+    ["dataset.data_dir=''", 'image_folder'],
+  ),
 ]
 
 
@@ -185,10 +211,14 @@ def test_bad_config_names_field_value_and_choices(overrides, fragments):
 
 def test_sequence_longer_than_fixed_length_mechanism():
   from configs import imdb  # pylint: disable=g-import-not-at-top
+
   config = imdb.get_config('linformer,max_length=512')
   config.model.max_length = 256  # the model's E, F are built for 256 tokens
-  with pytest.raises(validate.ConfigError, match=r'sequence length 512.*fixed context length '
-                     r"256.*'linformer'"):
+  with pytest.raises(
+    validate.ConfigError,
+    match=r'sequence length 512.*fixed context length '
+    r"256.*'linformer'",
+  ):
     validate.validate_config(config)
 
 
@@ -196,9 +226,18 @@ def test_sequence_longer_than_fixed_length_mechanism():
 def test_main_rejects_bad_config_before_any_work(tmp_path):
   workdir = tmp_path / 'run'
   proc = subprocess.run(
-      [sys.executable, 'main.py', '--config=configs/default.py', f'--workdir={workdir}',
-       '--config.attention.mechanism=nystrm'],
-      cwd=ROOT, capture_output=True, text=True, timeout=120)
+    [
+      sys.executable,
+      'main.py',
+      '--config=configs/default.py',
+      f'--workdir={workdir}',
+      '--config.attention.mechanism=nystrm',
+    ],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
   assert proc.returncode != 0
   assert "config.attention.mechanism='nystrm' is not valid; valid choices:" in proc.stderr
   assert not workdir.exists()
@@ -207,8 +246,16 @@ def test_main_rejects_bad_config_before_any_work(tmp_path):
 @pytest.mark.slow
 def test_non_finite_loss_stops_without_nan_checkpoint(tmp_path):
   config = default_config.get_config()
-  config.train.update(dict(num_epochs=-1, num_steps=40, checkpoint_every=1, keep_checkpoints=50,
-                           log_every=5, eval_every=-1))
+  config.train.update(
+    dict(
+      num_epochs=-1,
+      num_steps=40,
+      checkpoint_every=1,
+      keep_checkpoints=50,
+      log_every=5,
+      eval_every=-1,
+    )
+  )
   config.optim.update(dict(learning_rate=1e12, warmup_steps=0, grad_clip=0.0))
   workdir = str(tmp_path)
   with pytest.raises(FloatingPointError, match=r'at step \d+') as e:
@@ -228,8 +275,9 @@ def test_a_failing_final_eval_loses_no_steps(tmp_path, monkeypatch):
   """The last checkpoint is written before the final evaluation, so an evaluation that
   fails costs nothing: the re-run resumes at the final step and only evaluates."""
   config = default_config.get_config()
-  config.train.update(dict(num_epochs=-1, num_steps=6, checkpoint_every=100, log_every=3,
-                           eval_every=-1))
+  config.train.update(
+    dict(num_epochs=-1, num_steps=6, checkpoint_every=100, log_every=3, eval_every=-1)
+  )
   workdir = str(tmp_path)
   evaluate = trainer.Session.evaluate
 
@@ -251,13 +299,18 @@ def test_a_capped_warmup_is_not_a_warning(monkeypatch):
   """A short run caps optim.warmup_steps at optim.max_warmup_fraction by design (lra/listops
   :small does every time): absl INFO, not a warning printed on every such run."""
   import types  # pylint: disable=g-import-not-at-top
+
   config = default_config.get_config()
   monkeypatch.setattr(trainer.modeling, 'parameter_counts', lambda params: (10, 2))
   warnings, infos = [], []
   monkeypatch.setattr(trainer.logging, 'warning', lambda *a: warnings.append(a))
   monkeypatch.setattr(trainer.logging, 'info', lambda *a: infos.append(a))
-  trainer._log_start(types.SimpleNamespace(config=config), types.SimpleNamespace(params=None),
-                     num_steps=100, train_data=types.SimpleNamespace(steps_per_epoch=10),
-                     warmup=20)  # pylint: disable=protected-access
+  trainer._log_start(
+    types.SimpleNamespace(config=config),
+    types.SimpleNamespace(params=None),
+    num_steps=100,
+    train_data=types.SimpleNamespace(steps_per_epoch=10),
+    warmup=20,
+  )  # pylint: disable=protected-access
   assert not warnings
   assert any('is capped at' in a[0] for a in infos)

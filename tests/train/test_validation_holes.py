@@ -6,6 +6,7 @@ trained until the first non-finite loss), and `train.seed=-1` failed after confi
 was written (the workdir then refused the corrected seed); the generator's seed, its
 split sizes and tf.data's shuffle buffer failed late, or in words naming no field.
 """
+
 import math
 
 import pytest
@@ -29,7 +30,9 @@ def with_value(config, path, value):
   return config
 
 
-@pytest.mark.parametrize('path, value, valid', [
+@pytest.mark.parametrize(
+  'path, value, valid',
+  [
     ('optim.learning_rate', math.nan, 'it must be a finite number > 0'),
     ('optim.learning_rate', math.inf, 'it must be a finite number > 0'),
     ('optim.weight_decay', math.inf, 'it must be a finite number >= 0'),
@@ -38,7 +41,8 @@ def with_value(config, path, value):
     ('model.dropout_rate', math.nan, 'it must be a finite number in [0, 1)'),
     ('train.seed', -1, SEED_RANGE),
     ('train.seed', 2**63, SEED_RANGE),  # jax.random.key's limit
-])
+  ],
+)
 def test_a_bad_number_is_refused_in_one_line(path, value, valid):
   config = with_value(default_config.get_config(), path, value)
   with pytest.raises(validate.ConfigError) as e:
@@ -46,8 +50,7 @@ def test_a_bad_number_is_refused_in_one_line(path, value, valid):
   assert str(e.value) == f'config.{path}={value!r} is not valid; {valid}'
 
 
-@pytest.mark.parametrize('path, value', [('train.seed', -1),
-                                         ('optim.learning_rate', math.nan)])
+@pytest.mark.parametrize('path, value', [('train.seed', -1), ('optim.learning_rate', math.nan)])
 def test_nothing_is_written_for_a_bad_value(path, value, tmp_path):
   """The seed failed after config.json was written; a NaN learning rate trained."""
   config = with_value(default_config.get_config(), path, value)
@@ -57,10 +60,13 @@ def test_nothing_is_written_for_a_bad_value(path, value, tmp_path):
   assert not workdir.exists()
 
 
-@pytest.mark.parametrize('path, value, valid', [
+@pytest.mark.parametrize(
+  'path, value, valid',
+  [
     ('dataset.generator_seed', -1, 'it must be an integer >= 0'),
     ('dataset.sizes.train', -3, 'it must be an integer >= 0'),
-])
+  ],
+)
 def test_the_generators_settings_are_refused_naming_the_field(path, value, valid, tmp_path):
   """generator_seed=-1 failed in numpy ('expected non-negative integer'), and a negative
   size named `sizes['train']`, not the field."""
@@ -74,8 +80,11 @@ def test_the_generators_settings_are_refused_naming_the_field(path, value, valid
 def test_mqars_power_a_is_finite(tmp_path):
   config = mqar_config.get_config('linear,d_model=16,seq_len=32,num_kv_pairs=2,vocab_size=64')
   config.dataset.update(dict(data_dir=str(tmp_path), power_a=math.inf))
-  with pytest.raises(validate.ConfigError, match=r'^config.dataset: MQAR power_a=inf is not '
-                                                 r'valid; it must be a finite number > 0'):
+  with pytest.raises(
+    validate.ConfigError,
+    match=r'^config.dataset: MQAR power_a=inf is not '
+    r'valid; it must be a finite number > 0',
+  ):
     validate.validate_config(config)
 
 
@@ -84,15 +93,19 @@ def test_a_streamed_datasets_shuffle_buffer_is_positive():
   config = with_value(imagenet_config.get_config(), 'dataset.shuffle_buffer', -1)
   with pytest.raises(validate.ConfigError) as e:
     validate.validate_config(config)
-  assert str(e.value) == ('config.dataset.shuffle_buffer=-1 is not valid; it must be an '
-                          'integer > 0')
+  assert str(e.value) == (
+    'config.dataset.shuffle_buffer=-1 is not valid; it must be an integer > 0'
+  )
 
 
 def test_a_field_may_allow_infinity_never_nan():
   field = fields.Field('train.patience', above=0, allow_inf=True)
   field.check({'train': {'patience': math.inf}})
-  with pytest.raises(fields.ConfigError, match=r'^config.train.patience=nan is not valid; it '
-                                               r'must be a number \(not NaN\) > 0$'):
+  with pytest.raises(
+    fields.ConfigError,
+    match=r'^config.train.patience=nan is not valid; it '
+    r'must be a number \(not NaN\) > 0$',
+  ):
     field.check({'train': {'patience': math.nan}})
 
 

@@ -5,6 +5,7 @@ and a dict of *sums* over the batch's real examples (or tokens) plus 'count',
 the sum of the weights; the trainer adds them up over steps, batches and
 devices and reports `metric / count`. Padding rows have weight 0.
 """
+
 import dataclasses
 from typing import Any, Callable, Dict, Optional, Tuple
 
@@ -25,6 +26,7 @@ class Task:
       (pixel_lm: sample PNGs).
     reads: the inputs it scores (`data.input_kind`).
   """
+
   name: str
   loss_and_metrics: Callable[..., Tuple[Any, Metrics]]
   write_outputs: Optional[Callable[..., Dict[str, str]]] = None

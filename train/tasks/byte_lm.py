@@ -10,6 +10,7 @@ training, and in `--mode=eval`, `write_outputs` continues the first
 sampled after it. It writes `samples.json` (prompt, continuation and the
 settings) and `samples.txt` (the same, readable).
 """
+
 import json
 import math
 import os
@@ -19,21 +20,19 @@ from etils import epath
 import jax
 import numpy as np
 
-from efficient_attn.models import sampling
 from data import arrays
 from data import text_bytes
+from efficient_attn.models import sampling
 from train import adapters
 from train.tasks import base
 from train.tasks import sequence_labelling
 
-SAMPLE_DEFAULTS = dict(num_samples=2, prompt_bytes=64, new_bytes=128, temperature=0.8,
-                       seed=0)
+SAMPLE_DEFAULTS = dict(num_samples=2, prompt_bytes=64, new_bytes=128, temperature=0.8, seed=0)
 
 
 def loss_and_metrics(model, params, batch, *, train: bool, rngs=None):
   """`sequence_labelling.loss_and_metrics` with 'bits_per_byte' (sum of bits; / 'count')."""
-  loss, metrics = sequence_labelling.loss_and_metrics(model, params, batch, train=train,
-                                                      rngs=rngs)
+  loss, metrics = sequence_labelling.loss_and_metrics(model, params, batch, train=train, rngs=rngs)
   return loss, dict(metrics, bits_per_byte=metrics['loss'] / math.log(2.0))
 
 
@@ -50,14 +49,16 @@ def prompts(config, num: int, length: int) -> np.ndarray:
   return labels[:num, :length].astype(np.int32)
 
 
-def continue_bytes(model, params, rng, prompt: np.ndarray, new_bytes: int,
-                   temperature: float) -> np.ndarray:
+def continue_bytes(
+  model, params, rng, prompt: np.ndarray, new_bytes: int, temperature: float
+) -> np.ndarray:
   """int32 `[b, new_bytes]`: bytes sampled after `prompt` `[b, p]` (byte values)."""
   length = prompt.shape[1] + new_bytes
   sampler = sampling.make_sampler(model, prompt.shape[0], length)
-  tokens = sampler(params, rng, temperature=temperature, prefix=prompt,
-                   prefix_length=prompt.shape[1])
-  return np.asarray(tokens)[:, prompt.shape[1]:]
+  tokens = sampler(
+    params, rng, temperature=temperature, prefix=prompt, prefix_length=prompt.shape[1]
+  )
+  return np.asarray(tokens)[:, prompt.shape[1] :]
 
 
 def text(values) -> str:
@@ -74,14 +75,14 @@ def write_outputs(config, model, params, workdir: str) -> Dict[str, str]:
   prompt = prompts(config, s['num_samples'], s['prompt_bytes'])
   if not len(prompt):
     return {}
-  out = continue_bytes(model, params, jax.random.key(s['seed']), prompt, s['new_bytes'],
-                       s['temperature'])
+  out = continue_bytes(
+    model, params, jax.random.key(s['seed']), prompt, s['new_bytes'], s['temperature']
+  )
   samples = [dict(prompt=text(p), continuation=text(c)) for p, c in zip(prompt, out)]
   return write_samples(workdir, s, samples)
 
 
-def write_samples(workdir: str, settings: Dict, samples: List[Dict[str, str]]
-                  ) -> Dict[str, str]:
+def write_samples(workdir: str, settings: Dict, samples: List[Dict[str, str]]) -> Dict[str, str]:
   """`samples.json` ({settings, samples}) and `samples.txt` (readable) in `workdir`, a
   local folder or a bucket (through `etils.epath`, as the workdir's other files); returns
   their paths. `samples`: [{prompt, continuation}]."""
@@ -89,11 +90,19 @@ def write_samples(workdir: str, settings: Dict, samples: List[Dict[str, str]]
   folder.mkdir(parents=True, exist_ok=True)
   paths = {'samples': folder / 'samples.json', 'samples_text': folder / 'samples.txt'}
   paths['samples'].write_text(json.dumps(dict(settings=settings, samples=samples), indent=1))
-  paths['samples_text'].write_text(''.join(
+  paths['samples_text'].write_text(
+    ''.join(
       f'--- sample {i} (temperature {settings["temperature"]}) ---\n{x["prompt"]}'
-      f'[[{x["continuation"]}]]\n' for i, x in enumerate(samples)))
+      f'[[{x["continuation"]}]]\n'
+      for i, x in enumerate(samples)
+    )
+  )
   return {k: os.fspath(v) for k, v in paths.items()}
 
 
-TASK = base.Task(name='byte_lm', loss_and_metrics=loss_and_metrics,
-                 write_outputs=write_outputs, reads=('sequence',))
+TASK = base.Task(
+  name='byte_lm',
+  loss_and_metrics=loss_and_metrics,
+  write_outputs=write_outputs,
+  reads=('sequence',),
+)

@@ -1,4 +1,5 @@
 """The 'classification' task: softmax cross-entropy, accuracy, top-5 accuracy."""
+
 import jax.numpy as jnp
 import optax
 
@@ -15,9 +16,9 @@ def loss_and_metrics(model, params, batch, *, train: bool, rngs=None):
   losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
   count = weights.sum()
   metrics = {
-      'loss': (losses * weights).sum(),
-      'accuracy': ((jnp.argmax(logits, -1) == labels) * weights).sum(),
-      'count': count,
+    'loss': (losses * weights).sum(),
+    'accuracy': ((jnp.argmax(logits, -1) == labels) * weights).sum(),
+    'count': count,
   }
   if logits.shape[-1] > 5:
     top5 = jnp.argsort(logits, axis=-1)[:, -5:]

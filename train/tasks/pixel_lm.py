@@ -9,6 +9,7 @@ the pixel). After training, and in `--mode=eval`, `write_outputs` saves
 `samples.png` (unconditional samples) and `samples_completion.png`
 (test images, their occluded top halves, the model's completions).
 """
+
 import math
 from typing import Dict
 
@@ -17,8 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from efficient_attn.models.causal import shift_right
 import data
+from efficient_attn.models.causal import shift_right
 from train import adapters
 from train import modeling
 from train import samples
@@ -34,18 +35,19 @@ def loss_and_metrics(model, params, batch, *, train: bool, rngs=None):
   """
   pixels = batch['inputs']
   n = pixels.shape[1]
-  logits = model.apply({'params': params}, shift_right(pixels, modeling.PIXEL_LEVELS),
-                       train=train, rngs=rngs)
+  logits = model.apply(
+    {'params': params}, shift_right(pixels, modeling.PIXEL_LEVELS), train=train, rngs=rngs
+  )
   losses = optax.softmax_cross_entropy_with_integer_labels(logits, pixels)  # [b, n]
   weights = jnp.broadcast_to(batch['mask'].astype(jnp.float32)[:, None], losses.shape)
   loss_sum = (losses * weights).sum()
   count = weights.sum()
   metrics = {
-      'loss': loss_sum,
-      'bits_per_dim': loss_sum / math.log(2.0),
-      'nll': loss_sum * n,  # / count = mean nats per image
-      'accuracy': ((jnp.argmax(logits, -1) == pixels) * weights).sum(),
-      'count': count,
+    'loss': loss_sum,
+    'bits_per_dim': loss_sum / math.log(2.0),
+    'nll': loss_sum * n,  # / count = mean nats per image
+    'accuracy': ((jnp.argmax(logits, -1) == pixels) * weights).sum(),
+    'count': count,
   }
   return loss_sum / jnp.maximum(count, 1.0), metrics
 
@@ -60,13 +62,21 @@ def write_outputs(config, model, params, workdir: str) -> Dict[str, str]:
   side = config.dataset.image_size
   images = None
   if s['num_completions'] > 0:
-    tokens = data.get_eval_batch(config)['inputs'][:s['num_completions']]
+    tokens = data.get_eval_batch(config)['inputs'][: s['num_completions']]
     images = np.asarray(tokens).reshape((-1, side, side))
   return samples.write_samples(
-      model, params, jax.random.key(s['seed']), workdir, image_shape=(side, side),
-      num_samples=s['num_samples'], temperature=s['temperature'], images=images,
-      rows=s['rows'] or None)
+    model,
+    params,
+    jax.random.key(s['seed']),
+    workdir,
+    image_shape=(side, side),
+    num_samples=s['num_samples'],
+    temperature=s['temperature'],
+    images=images,
+    rows=s['rows'] or None,
+  )
 
 
-TASK = base.Task(name='pixel_lm', loss_and_metrics=loss_and_metrics,
-                 write_outputs=write_outputs, reads=('pixels',))
+TASK = base.Task(
+  name='pixel_lm', loss_and_metrics=loss_and_metrics, write_outputs=write_outputs, reads=('pixels',)
+)

@@ -10,6 +10,7 @@ runs at the scored positions only, and the loss is their cross-entropy.
 Metrics, per scored position: 'loss' (cross-entropy, nats) and 'accuracy'
 (argmax equals the label).
 """
+
 import jax.numpy as jnp
 import optax
 
@@ -22,20 +23,20 @@ def loss_and_metrics(model, params, batch, *, train: bool, rngs=None):
   'mask' `[b]` -> (mean loss per scored position, metric sums); 'count' is the number of
   scored positions."""
   positions, labels = batch['label'][..., 0], batch['label'][..., 1]
-  logits = model.apply({'params': params}, batch['inputs'], train=train, rngs=rngs,
-                       positions=positions)  # [b, k, vocab]
+  logits = model.apply(
+    {'params': params}, batch['inputs'], train=train, rngs=rngs, positions=positions
+  )  # [b, k, vocab]
   scored = labels != sequences.IGNORE
   weights = scored * batch['mask'].astype(jnp.float32)[:, None]
   safe = jnp.where(scored, labels, 0)
   losses = optax.softmax_cross_entropy_with_integer_labels(logits, safe)  # [b, k]
   count = weights.sum()
   metrics = {
-      'loss': (losses * weights).sum(),
-      'accuracy': ((jnp.argmax(logits, -1) == safe) * weights).sum(),
-      'count': count,
+    'loss': (losses * weights).sum(),
+    'accuracy': ((jnp.argmax(logits, -1) == safe) * weights).sum(),
+    'count': count,
   }
   return metrics['loss'] / jnp.maximum(count, 1.0), metrics
 
 
-TASK = base.Task(name='sequence_labelling', loss_and_metrics=loss_and_metrics,
-                 reads=('sequence',))
+TASK = base.Task(name='sequence_labelling', loss_and_metrics=loss_and_metrics, reads=('sequence',))

@@ -20,6 +20,7 @@ per call by `choose`, as `efficient_attn.ops.fused_softmax` resolves softmax's:
 An explicit 'pallas' the call cannot take (form='naive', a float16 input, a platform without
 a Pallas back end) raises a one-line error naming the reason.
 """
+
 from typing import Optional
 
 import jax.numpy as jnp
@@ -38,13 +39,14 @@ AUTO = {}
 RUNS_ON = ('cpu', 'gpu', 'tpu')  # cpu: interpreted (slow; for tests)
 
 
-def why_not(*, form: str = 'chunk', dtype=jnp.float32, on: Optional[str] = None
-            ) -> Optional[str]:
+def why_not(*, form: str = 'chunk', dtype=jnp.float32, on: Optional[str] = None) -> Optional[str]:
   """Why the kernels cannot run this call, or None if they can."""
   on = on or common.platform()
   if form != 'chunk':
-    return (f"form={form!r} is the token-by-token recurrence; the kernels compute the "
-            f"chunkwise form (form='chunk')")
+    return (
+      f"form={form!r} is the token-by-token recurrence; the kernels compute the "
+      f"chunkwise form (form='chunk')"
+    )
   if jnp.dtype(dtype) not in common.DTYPES:
     return f'the kernels take float32 or bfloat16 q, k, v, not {jnp.dtype(dtype)}'
   if on not in RUNS_ON:
@@ -52,8 +54,9 @@ def why_not(*, form: str = 'chunk', dtype=jnp.float32, on: Optional[str] = None
   return None
 
 
-def choose(requested: str, *, form: str = 'chunk', dtype=jnp.float32,
-           on: Optional[str] = None) -> str:
+def choose(
+  requested: str, *, form: str = 'chunk', dtype=jnp.float32, on: Optional[str] = None
+) -> str:
   """The implementation ('xla' or 'pallas') that runs a recurrence's call.
 
   requested: one of `IMPLEMENTATIONS`; form: the mechanism's form ('chunk' or 'naive');
@@ -80,5 +83,13 @@ def decay_chunked(q, k, v, g, beta=None, state=None, chunk_size: int = 64):
   return kernel(q, k, v, g, beta, state, chunk_size)
 
 
-__all__ = ['IMPLEMENTATIONS', 'AUTO', 'choose', 'why_not', 'decay_chunked', 'delta_chunked',
-           'scalar_decay_chunked', 'vector_decay_chunked']
+__all__ = [
+  'IMPLEMENTATIONS',
+  'AUTO',
+  'choose',
+  'why_not',
+  'decay_chunked',
+  'delta_chunked',
+  'scalar_decay_chunked',
+  'vector_decay_chunked',
+]

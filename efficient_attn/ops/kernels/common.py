@@ -19,18 +19,19 @@ on GPU they are lowered by Triton, on TPU by Mosaic. Neither lowering has been r
 on hardware yet (no accelerator was available when they were written): the kernels
 keep to what the two lowerings document (see each kernel's notes).
 """
+
 import functools
 import math
 from typing import NamedTuple, Optional
 
 import jax
-import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 F32 = jnp.float32
-MIN_TILE = 16   # Triton's smallest dot tile
+MIN_TILE = 16  # Triton's smallest dot tile
 DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 
 
@@ -43,6 +44,7 @@ class Layout(NamedTuple):
   """The static shape of one call: b, h, n (tokens), c (the chunk form's chunk), C (the
   kernel's padded chunk), nc (chunks), dk, dv and their tiles DK, DV, dg (1: a decay per
   head; dk: per key feature; 0: none)."""
+
   b: int
   h: int
   n: int
@@ -65,8 +67,9 @@ def layout(q, v, g, chunk_size: int) -> Layout:
   dv = v.shape[-1]
   c = max(1, min(int(chunk_size), n))
   dg = 0 if g is None else g.shape[-1]
-  return Layout(b, h, n, c, tile(c), -(-n // c), dk, dv, tile(dk), tile(dv),
-                dg if dg <= 1 else tile(dk))
+  return Layout(
+    b, h, n, c, tile(c), -(-n // c), dk, dv, tile(dk), tile(dv), dg if dg <= 1 else tile(dk)
+  )
 
 
 def to_blocks(x, lay: Layout, d_tile: int, dtype=None):
@@ -74,7 +77,7 @@ def to_blocks(x, lay: Layout, d_tile: int, dtype=None):
   tokens zero-padded to C and the features to d_tile."""
   if x.ndim == 3:
     x = x[..., None]
-  x = jnp.swapaxes(x if dtype is None else x.astype(dtype), 1, 2)   # [b, h, n, d]
+  x = jnp.swapaxes(x if dtype is None else x.astype(dtype), 1, 2)  # [b, h, n, d]
   x = jnp.pad(x, [(0, 0), (0, 0), (0, lay.nc * lay.c - lay.n), (0, 0)])
   x = x.reshape(lay.b, lay.h, lay.nc, lay.c, x.shape[-1])
   x = jnp.pad(x, [(0, 0)] * 3 + [(0, lay.C - lay.c), (0, d_tile - x.shape[-1])])
@@ -83,8 +86,8 @@ def to_blocks(x, lay: Layout, d_tile: int, dtype=None):
 
 def from_blocks(y, lay: Layout, d: int):
   """`[b * h, N, D]` -> `[b, n, h, d]`: the inverse of `to_blocks`."""
-  y = y.reshape(lay.b, lay.h, lay.nc, lay.C, y.shape[-1])[:, :, :, :lay.c, :d]
-  y = y.reshape(lay.b, lay.h, lay.nc * lay.c, d)[:, :, :lay.n]
+  y = y.reshape(lay.b, lay.h, lay.nc, lay.C, y.shape[-1])[:, :, :, : lay.c, :d]
+  y = y.reshape(lay.b, lay.h, lay.nc * lay.c, d)[:, :, : lay.n]
   return jnp.swapaxes(y, 1, 2)
 
 
@@ -104,7 +107,7 @@ def state_blocks(state, lay: Layout):
 
 
 def state_from_blocks(s, lay: Layout):
-  return s.reshape(lay.b, lay.h, lay.DK, lay.DV)[:, :, :lay.dk, :lay.dv]
+  return s.reshape(lay.b, lay.h, lay.DK, lay.DV)[:, :, : lay.dk, : lay.dv]
 
 
 def compute_dtype(q, k, v, name: str):
@@ -128,10 +131,12 @@ def platform() -> str:
 def _compiler_params(on: str):
   if on == 'gpu':
     from jax.experimental.pallas import triton as plgpu  # pylint: disable=g-import-not-at-top
+
     # Not tuned on hardware: 4 warps suit 64 x 64 tiles (fla's chunk kernels use 4).
     return plgpu.CompilerParams(num_warps=4, num_stages=1)
   if on == 'tpu':
     from jax.experimental.pallas import tpu as pltpu  # pylint: disable=g-import-not-at-top
+
     return pltpu.CompilerParams(dimension_semantics=('parallel',))
   return None
 
@@ -141,8 +146,11 @@ def batch_axes(batch: int):
   axes of more than one device, the longest prefix whose size divides `batch`; None off a
   mesh or inside a `shard_map` over every axis."""
   mesh = jax.sharding.get_abstract_mesh()
-  names = tuple(a for a, t in zip(mesh.axis_names, mesh.axis_types)
-                if t != jax.sharding.AxisType.Manual and mesh.shape[a] > 1)
+  names = tuple(
+    a
+    for a, t in zip(mesh.axis_names, mesh.axis_types)
+    if t != jax.sharding.AxisType.Manual and mesh.shape[a] > 1
+  )
   while names and batch % math.prod(mesh.shape[a] for a in names):
     names = names[:-1]
   return names or None
@@ -161,8 +169,9 @@ def per_device(recurrence):
   def run(q, k, v, g, beta=None, state=None, chunk_size: int = 64, *, on=None):
     mesh = jax.sharding.get_abstract_mesh()
     axes = batch_axes(q.shape[0])
-    explicit = {a for a, t in zip(mesh.axis_names, mesh.axis_types)
-                if t == jax.sharding.AxisType.Explicit}
+    explicit = {
+      a for a, t in zip(mesh.axis_names, mesh.axis_types) if t == jax.sharding.AxisType.Explicit
+    }
     if axes is None and not explicit:
       return recurrence(q, k, v, g, beta, state, chunk_size, on=on)
     given = {i: x for i, x in enumerate((q, k, v, g, beta, state)) if x is not None}
@@ -174,12 +183,19 @@ def per_device(recurrence):
     def body(given):
       arrays = [given.get(i) for i in range(6)]
       return recurrence(*arrays, chunk_size, on=on)
-    out, st = jax.shard_map(body, in_specs=({i: split for i in given},), out_specs=(split, split),
-                            axis_names=set(axes or ()) | explicit, check_vma=False)(given)
+
+    out, st = jax.shard_map(
+      body,
+      in_specs=({i: split for i in given},),
+      out_specs=(split, split),
+      axis_names=set(axes or ()) | explicit,
+      check_vma=False,
+    )(given)
     if explicit:
       out = jax.sharding.reshard(out, P(*before[:3]))
       st = jax.sharding.reshard(st, P(before[0], before[2]))
     return out, st
+
   return run
 
 
@@ -194,13 +210,17 @@ def call(kernel, *, rows: int, ins, outs, name: str, on: Optional[str] = None):
   def spec(shape):
     rest = (0,) * (len(shape) - 1)
     return pl.BlockSpec((None,) + tuple(shape[1:]), lambda i: (i,) + rest)
+
   return pl.pallas_call(
-      kernel, grid=(rows,), name=name,
-      in_specs=[spec(x.shape) for x in ins],
-      out_specs=[spec(out.shape) for out in outs],
-      out_shape=list(outs),
-      compiler_params=_compiler_params(on),
-      interpret=on == 'cpu')(*ins)
+    kernel,
+    grid=(rows,),
+    name=name,
+    in_specs=[spec(x.shape) for x in ins],
+    out_specs=[spec(out.shape) for out in outs],
+    out_shape=list(outs),
+    compiler_params=_compiler_params(on),
+    interpret=on == 'cpu',
+  )(*ins)
 
 
 # ----------------------------------------------------------------------------

@@ -26,15 +26,17 @@ Dtypes as `scalar_decay`: q, k, v float32 or bfloat16 operands, float32 accumula
 float32 state. Not verified on hardware (no GPU or TPU was available): the Triton lowering
 of the nested `fori_loop`s (chunks; rows of T) and the `[C, 1]` blocks of b and beta.
 """
+
 import functools
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 from jax import lax
+import jax.numpy as jnp
 
 from efficient_attn.ops.kernels import common
-from efficient_attn.ops.kernels.common import F32, dot
+from efficient_attn.ops.kernels.common import F32
+from efficient_attn.ops.kernels.common import dot
 
 SDS = jax.ShapeDtypeStruct
 
@@ -50,13 +52,13 @@ def unit_lower_inverse(a):
   """(I + A)^-1 for strictly lower-triangular A `[C, C]` (float32), by forward substitution:
   row t of T = e_t - sum_s A_ts T_s, rows s < t already final (rows >= t still e_s)."""
   c = a.shape[0]
-  at = a.T                                                 # column t of at: row t of A
+  at = a.T  # column t of at: row t of A
   rows = common.iota((c, c), 0)
 
   def step(t, inv):
-    new = common.row(common.eye(c), t) - jnp.sum(common.col(at, t) * inv, axis=0,
-                                                 keepdims=True)
+    new = common.row(common.eye(c), t) - jnp.sum(common.col(at, t) * inv, axis=0, keepdims=True)
     return jnp.where(rows == t, new, inv)
+
   return lax.fori_loop(1, c, step, common.eye(c))
 
 
@@ -92,7 +94,7 @@ def _forward_kernel(*refs, cfg: Config, save: bool):
   refs = list(refs)
   q_ref, k_ref, v_ref = refs[:3]
   b_ref = refs[3] if cfg.gated else None
-  beta_ref, s0_ref, o_ref, st_ref = refs[3 + cfg.gated:7 + cfg.gated]
+  beta_ref, s0_ref, o_ref, st_ref = refs[3 + cfg.gated : 7 + cfg.gated]
   h_ref = refs[7 + cfg.gated] if save else None
 
   def body(i, s):
@@ -133,9 +135,9 @@ def _backward_kernel(*refs, cfg: Config):
     u = u0 - dot(w, s, dtype)
     qe, kd = _scaled(qf, eb), _scaled(kf, ekd)
 
-    du = dot(p, do, dtype, ta=True) + dot(kd, ds, dtype)   # [C, DV]
+    du = dot(p, do, dtype, ta=True) + dot(kd, ds, dtype)  # [C, DV]
     dp = jnp.where(incl, dot(do, u, dtype, tb=True), 0.0)
-    dqe = dot(do, s, dtype, tb=True)                        # [C, DK]
+    dqe = dot(do, s, dtype, tb=True)  # [C, DK]
     dkd = dot(u, ds, dtype, tb=True)
     dw = -dot(du, s, dtype, tb=True)
     dkb = dot(t, dw, dtype, ta=True)
@@ -149,18 +151,20 @@ def _backward_kernel(*refs, cfg: Config):
     dq_ref[rows, :] = _scaled(dqe, eb) + dqp
     dk_ref[rows, :] = _scaled(dkd, ekd) + dkp + dka_t + dka_s + dkb * _scaled(beta, eb)
     dv_ref[rows, :] = dvb * beta
-    dbeta_ref[rows, :] = (jnp.sum(dkb * _scaled(kf, eb), axis=1, keepdims=True)
-                          + jnp.sum(dvb * vf, axis=1, keepdims=True)
-                          + jnp.sum(da * gm * kk, axis=1, keepdims=True))
+    dbeta_ref[rows, :] = (
+      jnp.sum(dkb * _scaled(kf, eb), axis=1, keepdims=True)
+      + jnp.sum(dvb * vf, axis=1, keepdims=True)
+      + jnp.sum(da * gm * kk, axis=1, keepdims=True)
+    )
     if gated:
       # G's share at fixed Q, K: sum_s dX_ts X_ts - sum_t dX_ts X_ts for X = P, A, written
       # with the dots above (no transposed vectors); then the row factors e^b, e^{b_C - b}.
-      per_token = (dqe * qe - dkd * kd + dkb * kb + qf * dqp - kf * dkp
-                   + kf * dka_t - kf * dka_s)
-      db = jnp.sum(per_token, axis=1, keepdims=True)       # [C, 1]
-      rows_s = jnp.sum(s * ds, axis=1, keepdims=True)      # [DK, 1]
-      dbl = (jnp.sum(jnp.sum(dkd * kd, axis=1, keepdims=True), axis=0, keepdims=True)
-             + el * jnp.sum(rows_s, axis=0, keepdims=True))
+      per_token = dqe * qe - dkd * kd + dkb * kb + qf * dqp - kf * dkp + kf * dka_t - kf * dka_s
+      db = jnp.sum(per_token, axis=1, keepdims=True)  # [C, 1]
+      rows_s = jnp.sum(s * ds, axis=1, keepdims=True)  # [DK, 1]
+      dbl = jnp.sum(jnp.sum(dkd * kd, axis=1, keepdims=True), axis=0, keepdims=True) + el * jnp.sum(
+        rows_s, axis=0, keepdims=True
+      )
       db_ref[rows, :] = db + jnp.where(common.iota(db.shape, 0) == C - 1, dbl, 0.0)
     return _scaled(ds, el) + dot(qe, do, dtype, ta=True) - dot(w, du, dtype, ta=True)
 
@@ -174,8 +178,14 @@ def _forward(cfg: Config, q, k, v, b, beta, s0, save: bool):
   if save:
     outs.append(SDS((rows, lay.nc * lay.DK, lay.DV), F32))
   ins = [q, k, v] + ([b] if cfg.gated else []) + [beta, s0]
-  return common.call(functools.partial(_forward_kernel, cfg=cfg, save=save), rows=rows,
-                     ins=ins, outs=outs, name=f'{_name(cfg)}_forward', on=cfg.on)
+  return common.call(
+    functools.partial(_forward_kernel, cfg=cfg, save=save),
+    rows=rows,
+    ins=ins,
+    outs=outs,
+    name=f'{_name(cfg)}_forward',
+    on=cfg.on,
+  )
 
 
 def _name(cfg: Config) -> str:
@@ -197,12 +207,22 @@ def _core_bwd(cfg: Config, res, cotangents):
   do, dst = cotangents
   lay = cfg.lay
   rows = lay.b * lay.h
-  outs = ([SDS(q.shape, F32), SDS(k.shape, F32), SDS(v.shape, F32)]
-          + ([SDS(b.shape, F32)] if cfg.gated else [])
-          + [SDS(beta.shape, F32), SDS((rows, lay.DK, lay.DV), F32)])
+  outs = (
+    [SDS(q.shape, F32), SDS(k.shape, F32), SDS(v.shape, F32)]
+    + ([SDS(b.shape, F32)] if cfg.gated else [])
+    + [SDS(beta.shape, F32), SDS((rows, lay.DK, lay.DV), F32)]
+  )
   ins = [q, k, v] + ([b] if cfg.gated else []) + [beta, hs, do.astype(F32), dst.astype(F32)]
-  grads = list(common.call(functools.partial(_backward_kernel, cfg=cfg), rows=rows, ins=ins,
-                           outs=outs, name=f'{_name(cfg)}_backward', on=cfg.on))
+  grads = list(
+    common.call(
+      functools.partial(_backward_kernel, cfg=cfg),
+      rows=rows,
+      ins=ins,
+      outs=outs,
+      name=f'{_name(cfg)}_backward',
+      on=cfg.on,
+    )
+  )
   dq, dk, dv = grads[:3]
   db = grads.pop(3) if cfg.gated else None
   dbeta, ds0 = grads[3:]
@@ -225,8 +245,10 @@ def delta_chunked(q, k, v, g, beta, state=None, chunk_size: int = 64, *, on=None
   """
   dtype = common.compute_dtype(q, k, v, 'delta')
   if g is not None and g.shape[-1] != 1:
-    raise ValueError(f'delta: log-decays with a last dim of {g.shape[-1]}; the delta rule '
-                     f'takes one per head (1) or None')
+    raise ValueError(
+      f'delta: log-decays with a last dim of {g.shape[-1]}; the delta rule '
+      f'takes one per head (1) or None'
+    )
   if beta is None:
     raise ValueError('delta: beta is None; the delta rule needs its write strength beta')
   lay = common.layout(q, v, g, chunk_size)
@@ -234,6 +256,7 @@ def delta_chunked(q, k, v, g, beta, state=None, chunk_size: int = 64, *, on=None
   qb, kb = (common.to_blocks(x, lay, lay.DK, dtype) for x in (q, k))
   vb = common.to_blocks(v, lay, lay.DV, dtype)
   b = common.chunk_cumsum(g, lay) if cfg.gated else None
-  out, st = _core(cfg, qb, kb, vb, b, common.to_blocks(beta, lay, 1, F32),
-                common.state_blocks(state, lay))
+  out, st = _core(
+    cfg, qb, kb, vb, b, common.to_blocks(beta, lay, 1, F32), common.state_blocks(state, lay)
+  )
   return common.from_blocks(out, lay, lay.dv), common.state_from_blocks(st, lay)

@@ -35,15 +35,17 @@ Not verified on hardware (no GPU or TPU was available): the Triton lowering of t
 `fori_loop` over chunks with dynamic `pl.ds` slices, the `[C, 1]` decay blocks and the
 `[1, DK] -> [DK, 1]` transposes; on TPU, whole-sequence blocks in VMEM limit the length.
 """
+
 import functools
 from typing import Any, Callable, NamedTuple
 
 import jax
-import jax.numpy as jnp
 from jax import lax
+import jax.numpy as jnp
 
 from efficient_attn.ops.kernels import common
-from efficient_attn.ops.kernels.common import F32, dot
+from efficient_attn.ops.kernels.common import F32
+from efficient_attn.ops.kernels.common import dot
 
 SDS = jax.ShapeDtypeStruct
 
@@ -61,6 +63,7 @@ def scores_grad(da, q, k, b, dtype):
 
 class Config(NamedTuple):
   """What one compiled kernel pair depends on (static)."""
+
   lay: common.Layout
   dtype: Any
   on: str
@@ -71,7 +74,7 @@ class Config(NamedTuple):
 
 def _state_decay_grad(s, ds, dg: int):
   """sum_v S * dS per state row `[1, DK]` (dg > 1), or over the whole state `[1, 1]`."""
-  rows = jnp.sum(s * ds, axis=1, keepdims=True)           # [DK, 1]
+  rows = jnp.sum(s * ds, axis=1, keepdims=True)  # [DK, 1]
   return jnp.sum(rows, axis=0, keepdims=True) if dg == 1 else rows.T
 
 
@@ -83,7 +86,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, b_ref, s0_ref, o_ref, st_ref, *h_ref, c
     q, k, v, b = q_ref[rows, :], k_ref[rows, :], v_ref[rows, :], b_ref[rows, :]
     if h_ref:
       h_ref[0][common.chunk_slice(i, lay.DK), :] = s
-    bl = common.last(b)                                    # [1, dg]
+    bl = common.last(b)  # [1, dg]
     a = cfg.scores(q, k, b, dtype)
     qe = q.astype(F32) * jnp.exp(b)
     o_ref[rows, :] = dot(a, v, dtype) + dot(qe, s, dtype)
@@ -93,8 +96,22 @@ def _forward_kernel(q_ref, k_ref, v_ref, b_ref, s0_ref, o_ref, st_ref, *h_ref, c
   st_ref[...] = lax.fori_loop(0, lay.nc, body, s0_ref[...].astype(F32))
 
 
-def _backward_kernel(q_ref, k_ref, v_ref, b_ref, h_ref, do_ref, dst_ref,
-                     dq_ref, dk_ref, dv_ref, db_ref, ds0_ref, *, cfg: Config):
+def _backward_kernel(
+  q_ref,
+  k_ref,
+  v_ref,
+  b_ref,
+  h_ref,
+  do_ref,
+  dst_ref,
+  dq_ref,
+  dk_ref,
+  dv_ref,
+  db_ref,
+  ds0_ref,
+  *,
+  cfg: Config,
+):
   lay, dtype = cfg.lay, cfg.dtype
   C, dg = lay.C, lay.dg
 
@@ -111,14 +128,15 @@ def _backward_kernel(q_ref, k_ref, v_ref, b_ref, h_ref, do_ref, dst_ref,
     qe, kd = qf * eb, kf * ekd
     da = jnp.where(common.lower(C), dot(do, v, dtype, tb=True), 0.0)
     dv_ref[rows, :] = dot(a, do, dtype, ta=True) + dot(kd, ds, dtype)
-    dqe = dot(do, s, dtype, tb=True)                       # [C, DK]
+    dqe = dot(do, s, dtype, tb=True)  # [C, DK]
     dkd = dot(v, ds, dtype, tb=True)
     dqa, dka = cfg.scores_grad(da, q, k, b, dtype)
     dq_ref[rows, :] = dqe * eb + dqa
     dk_ref[rows, :] = dkd * ekd + dka
     db = common.feature_sum(dqe * qe - dkd * kd + qf * dqa - kf * dka, dg)
-    dbl = (common.feature_sum(jnp.sum(dkd * kd, axis=0, keepdims=True), dg)
-           + el * _state_decay_grad(s, ds, dg))
+    dbl = common.feature_sum(jnp.sum(dkd * kd, axis=0, keepdims=True), dg) + el * _state_decay_grad(
+      s, ds, dg
+    )
     db_ref[rows, :] = db + jnp.where(common.iota(db.shape, 0) == C - 1, dbl, 0.0)
     return el.T * ds + dot(qe, do, dtype, ta=True)
 
@@ -131,8 +149,14 @@ def _forward(cfg: Config, q, k, v, b, s0, save: bool):
   outs = [SDS((rows, lay.N, lay.DV), F32), SDS((rows, lay.DK, lay.DV), F32)]
   if save:
     outs.append(SDS((rows, lay.nc * lay.DK, lay.DV), F32))
-  return common.call(functools.partial(_forward_kernel, cfg=cfg), rows=rows,
-                     ins=[q, k, v, b, s0], outs=outs, name=f'{cfg.name}_forward', on=cfg.on)
+  return common.call(
+    functools.partial(_forward_kernel, cfg=cfg),
+    rows=rows,
+    ins=[q, k, v, b, s0],
+    outs=outs,
+    name=f'{cfg.name}_forward',
+    on=cfg.on,
+  )
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -150,20 +174,41 @@ def _core_bwd(cfg: Config, res, cotangents):
   do, dst = cotangents
   lay = cfg.lay
   rows = lay.b * lay.h
-  outs = [SDS(q.shape, F32), SDS(k.shape, F32), SDS(v.shape, F32), SDS(b.shape, F32),
-          SDS((rows, lay.DK, lay.DV), F32)]
+  outs = [
+    SDS(q.shape, F32),
+    SDS(k.shape, F32),
+    SDS(v.shape, F32),
+    SDS(b.shape, F32),
+    SDS((rows, lay.DK, lay.DV), F32),
+  ]
   dq, dk, dv, db, ds0 = common.call(
-      functools.partial(_backward_kernel, cfg=cfg), rows=rows,
-      ins=[q, k, v, b, hs, do.astype(F32), dst.astype(F32)], outs=outs,
-      name=f'{cfg.name}_backward', on=cfg.on)
+    functools.partial(_backward_kernel, cfg=cfg),
+    rows=rows,
+    ins=[q, k, v, b, hs, do.astype(F32), dst.astype(F32)],
+    outs=outs,
+    name=f'{cfg.name}_backward',
+    on=cfg.on,
+  )
   return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), db, ds0
 
 
 _core.defvjp(_core_fwd, _core_bwd)
 
 
-def decay_kernel(q, k, v, g, state, chunk_size: int, *, per_feature: bool, scores_fn,
-                 scores_grad_fn, name: str, on=None):
+def decay_kernel(
+  q,
+  k,
+  v,
+  g,
+  state,
+  chunk_size: int,
+  *,
+  per_feature: bool,
+  scores_fn,
+  scores_grad_fn,
+  name: str,
+  on=None,
+):
   """The decay recurrence by the kernels; see `scalar_decay_chunked`."""
   dtype = common.compute_dtype(q, k, v, name)
   want = q.shape[-1] if per_feature else 1
@@ -189,5 +234,16 @@ def scalar_decay_chunked(q, k, v, g, beta=None, state=None, chunk_size: int = 64
   Returns (out `[b, n, h, dv]`, final state `[b, h, dk, dv]`), float32.
   """
   del beta
-  return decay_kernel(q, k, v, g, state, chunk_size, per_feature=False, scores_fn=scores,
-                      scores_grad_fn=scores_grad, name='scalar_decay', on=on)
+  return decay_kernel(
+    q,
+    k,
+    v,
+    g,
+    state,
+    chunk_size,
+    per_feature=False,
+    scores_fn=scores,
+    scores_grad_fn=scores_grad,
+    name='scalar_decay',
+    on=on,
+  )

@@ -21,8 +21,9 @@ Cost: O(C^2 DK) elementwise work per chunk for A and its gradient, on the vector
 (fla moves the off-diagonal sub-chunks of A onto tensor cores by a split at each
 sub-chunk's end; not done here). Not verified on hardware (no GPU was available).
 """
-import jax.numpy as jnp
+
 from jax import lax
+import jax.numpy as jnp
 
 from efficient_attn.ops.kernels import common
 from efficient_attn.ops.kernels import scalar_decay
@@ -46,6 +47,7 @@ def scores(q, k, b, dtype):
   def key(s, a):
     column = jnp.sum(qf * _factors(b, s) * common.row(kf, s), axis=1, keepdims=True)
     return a + jnp.where(cols == s, column, 0.0)
+
   return lax.fori_loop(0, c, key, jnp.zeros((c, c), F32))
 
 
@@ -57,9 +59,10 @@ def scores_grad(da, q, k, b, dtype):
 
   def key(s, grads):
     dq, dk = grads
-    m = common.col(da, s) * _factors(b, s)                 # [C, DK]
-    dks = jnp.sum(m * qf, axis=0, keepdims=True)           # [1, DK]
+    m = common.col(da, s) * _factors(b, s)  # [C, DK]
+    dks = jnp.sum(m * qf, axis=0, keepdims=True)  # [1, DK]
     return dq + m * common.row(kf, s), dk + jnp.where(rows == s, dks, 0.0)
+
   zeros = jnp.zeros(kf.shape, F32)
   return lax.fori_loop(0, q.shape[0], key, (zeros, zeros))
 
@@ -75,6 +78,16 @@ def vector_decay_chunked(q, k, v, g, beta=None, state=None, chunk_size: int = 64
   `[b, h, dk, dv]`), float32.
   """
   del beta
-  return scalar_decay.decay_kernel(q, k, v, g, state, chunk_size, per_feature=True,
-                                   scores_fn=scores, scores_grad_fn=scores_grad,
-                                   name='vector_decay', on=on)
+  return scalar_decay.decay_kernel(
+    q,
+    k,
+    v,
+    g,
+    state,
+    chunk_size,
+    per_feature=True,
+    scores_fn=scores,
+    scores_grad_fn=scores_grad,
+    name='vector_decay',
+    on=on,
+  )

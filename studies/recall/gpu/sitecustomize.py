@@ -11,6 +11,7 @@ lines hold the same values). Where TensorFlow is installed it does nothing.
 Python imports `sitecustomize` at start-up from the first folder on its path
 that holds one: `PYTHONPATH=studies/recall/gpu python main.py ...` (run.sh there).
 """
+
 import importlib.util
 import sys
 import types
@@ -21,8 +22,10 @@ class _DroppedWriter:
 
   def __init__(self, logdir, **kwargs):
     del logdir, kwargs
-    print('sitecustomize: no TensorFlow and no PyTorch writer: TensorBoard events are not '
-          'written', file=sys.stderr)
+    print(
+      'sitecustomize: no TensorFlow and no PyTorch writer: TensorBoard events are not written',
+      file=sys.stderr,
+    )
 
   def __getattr__(self, name):
     return lambda *args, **kwargs: None
@@ -34,6 +37,7 @@ class SummaryWriter:
   def __new__(cls, logdir, **kwargs):
     try:
       from clu.metric_writers import torch_tensorboard_writer  # pylint: disable=g-import-not-at-top
+
       return torch_tensorboard_writer.TorchTensorboardWriter(logdir)
     except Exception as e:  # pylint: disable=broad-except  (no PyTorch, or no TensorBoard)
       print(f'sitecustomize: {type(e).__name__}: {e}', file=sys.stderr)
