@@ -22,6 +22,8 @@ from benchmarks import nnx_overhead
 from benchmarks import report
 from benchmarks import spectrum
 from benchmarks import speed
+from benchmarks import speed_measure
+from benchmarks import speed_output
 from benchmarks import xla_stats
 from efficient_attn.mechanisms.softmax import chunked_softmax_attention
 from efficient_attn.mechanisms.softmax import softmax_attention
@@ -302,11 +304,11 @@ def test_speed_exponent_column_names_the_lengths_fitted():
   row fitted over fewer lengths says its own."""
   full = dict(time_exponent=2.0, memory_exponent=None, fit_lengths=[1024, 2048, 4096])
   part = dict(time_exponent=1.0, memory_exponent=None, fit_lengths=[1024, 2048])
-  assert speed.exponent_column([full, part], 'time') == (
+  assert speed_output.exponent_column([full, part], 'time') == (
     'exponent 1024-4096',
     ['2', '1 (1024-2048)'],
   )
-  assert speed.exponent_column([full, part], 'memory') is None
+  assert speed_output.exponent_column([full, part], 'memory') is None
 
 
 def test_speed_records_skipped_and_failed_points(tmp_path):
@@ -332,7 +334,7 @@ def test_speed_records_skipped_and_failed_points(tmp_path):
   _, text = check_outputs(out, 'speed', ['speed_time.png'])
   assert '## Points not measured' in text
   # A point that raises is recorded, not fatal.
-  bad = speed.safe_measure(
+  bad = speed_measure.safe_measure(
     dict(
       target='linformer',
       mode='fwd',
@@ -370,10 +372,10 @@ def test_speed_isolated_point_reports_peak_rss():
     seed=0,
     exact_implementation=None,
   )
-  rec = speed.run_isolated(spec, timeout_s=300)
+  rec = speed_measure.run_isolated(spec, timeout_s=300)
   assert rec['status'] == 'ok', rec
   assert rec['rss_peak_bytes'] >= rec['rss_baseline_bytes'] > 0
-  assert speed.headline_memory(rec, True, 'cpu') == (rec['rss_peak_bytes'], 'rss')
+  assert speed_measure.headline_memory(rec, True, 'cpu') == (rec['rss_peak_bytes'], 'rss')
 
 
 @pytest.mark.slow
