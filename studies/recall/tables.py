@@ -8,6 +8,7 @@ import numpy as np
 from benchmarks import runs as runs_io
 from efficient_attn import registry
 from studies.recall import decode_state
+from studies.recall import run_records
 from studies.recall import study_plan
 
 
@@ -16,18 +17,7 @@ def group(runs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
   budget (vocabulary, learning rate, steps): mean and spread over seeds."""
   groups: Dict[tuple, List[Dict[str, Any]]] = {}
   for r in runs:
-    groups.setdefault(
-      (
-        r['mechanism'],
-        r['width'],
-        r['seq_len'],
-        r['num_kv_pairs'],
-        r['vocab_size'],
-        r['learning_rate'],
-        r['steps'],
-      ),
-      [],
-    ).append(r)
+    groups.setdefault(run_records.run_key(r)[:-1], []).append(r)  # all but the seed
   rows = []
   for (mechanism, width, seq_len, pairs, _, _, _), members in groups.items():
     members.sort(key=lambda r: r['seed'])
