@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from benchmarks import approx_error
+from benchmarks import approx_error_sweeps
 from benchmarks import common
 from benchmarks import cost
 from benchmarks import nnx_overhead
@@ -416,17 +417,17 @@ def test_approx_error_tool_and_identities(tmp_path):
 
 
 def test_knob_values_depend_on_the_length():
-  assert approx_error.knob_values('num_landmarks', [4, 8, 32, 'n'], 16) == [4, 8, 'n']
-  assert approx_error.knob_values('num_features', [8, 64], 16) == [8, 64]
-  assert approx_error.knob_values('window', [16, 32, 64, '2n'], 16) == [16, 32]
+  assert approx_error_sweeps.knob_values('num_landmarks', [4, 8, 32, 'n'], 16) == [4, 8, 'n']
+  assert approx_error_sweeps.knob_values('num_features', [8, 64], 16) == [8, 64]
+  assert approx_error_sweeps.knob_values('window', [16, 32, 64, '2n'], 16) == [16, 32]
 
 
 def test_rfa_is_compared_with_softmax_over_cosine_similarities():
   q, k, v = common.random_qkv(0, 1, 16, 1, 8)
-  ref = approx_error.reference('rfa', {'sigma': 1.0}, q, k, v)
+  ref = approx_error_sweeps.reference('rfa', {'sigma': 1.0}, q, k, v)
   unit = lambda x: x / jnp.linalg.norm(x, axis=-1, keepdims=True)
   assert np.allclose(ref, softmax_attention(unit(q), unit(k), v, scale=1.0), atol=1e-5)
-  mean, _ = approx_error.point_error('rfa', {'num_features': 256}, [(0, (q, k, v))])
+  mean, _ = approx_error_sweeps.point_error('rfa', {'num_features': 256}, [(0, (q, k, v))])
   assert mean < 0.1
 
 
