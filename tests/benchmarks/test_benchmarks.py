@@ -19,6 +19,7 @@ from benchmarks import approx_error
 from benchmarks import approx_error_sweeps
 from benchmarks import common
 from benchmarks import cost
+from benchmarks import cost_layers
 from benchmarks import nnx_overhead
 from benchmarks import report
 from benchmarks import spectrum
@@ -452,7 +453,7 @@ def test_cost_tool_reproduces_the_papers_parameter_counts(tmp_path):
   layers = {(r['mechanism'], r['projection']): r for r in data['layers']}
   d, l = 16, 32
   assert layers[('softmax', 'standard')]['params_total'] == 4 * (d * d + d)
-  sup = cost.layer_cost(
+  sup = cost_layers.layer_cost(
     'softmax', 'super', d_model=d, heads=2, length=l, batch=1, options={}, modes=()
   )
   assert sup['params_total'] == 2 * (d * d + d) + l * l + l
@@ -460,7 +461,7 @@ def test_cost_tool_reproduces_the_papers_parameter_counts(tmp_path):
   assert chunked['fwd_loops'] > 0
   assert abs(chunked['fwd_flops'] / exact['fwd_flops'] - 1) < 0.15
   assert data['meta']['scaling']['softmax']['flops_exponent'] > 1.2
-  linformer = cost.layer_cost(
+  linformer = cost_layers.layer_cost(
     'linformer', 'efficient', d_model=d, heads=2, length=l, batch=1, options={'k_proj': 8}, modes=()
   )
   assert linformer['params_mechanism'] == 2 * 8 * l  # E, F: k x n
