@@ -49,8 +49,6 @@ PAPER_PARAMS = (
     dict(standard=16_640, optimised=12_480, efficient=8_320, super=12_480),
   ),
 )
-
-
 ROUNDED = ('ImageNet (Table 1)',)
 
 
