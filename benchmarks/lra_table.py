@@ -26,7 +26,7 @@ from etils import epath
 
 from benchmarks import common
 from benchmarks import output
-from benchmarks import report
+from benchmarks import report_rows
 from benchmarks import runs
 
 TASKS = ('ListOps', 'Text', 'Retrieval', 'Image', 'Pathfinder')
@@ -235,7 +235,7 @@ def plot(path: str, ours) -> Optional[str]:
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   args, workdirs = common.parse_flags(define_flags, argv, __doc__, positional='workdirs')
-  workdirs = [w for pattern in workdirs for w in report.expand(pattern)]
+  workdirs = [w for pattern in workdirs for w in report_rows.expand(pattern)]
   rows = []
   for wd in workdirs:
     row = read_run(wd) if epath.Path(wd).is_dir() else None
