@@ -40,7 +40,9 @@ from absl import flags
 
 from benchmarks import approx_error_output
 from benchmarks import approx_error_sweeps
+from benchmarks import attention_bench
 from benchmarks import common
+from benchmarks import machine
 from benchmarks import output
 from benchmarks import runs
 import efficient_attn as ea
@@ -96,12 +98,12 @@ def define_flags(fv: flags.FlagValues) -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   args = common.parse_flags(define_flags, argv, __doc__)
-  info = common.device_info()
+  info = machine.device_info()
   with common.flag_errors():
     mechanisms = (
       common.csv_list(args.mechanisms)
       if args.mechanisms
-      else [m for m in common.available_mechanisms() if m != 'softmax']
+      else [m for m in attention_bench.available_mechanisms() if m != 'softmax']
     )
     for m in mechanisms:
       try:
@@ -124,7 +126,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         )
       knobs[m] = (option, [common.parse_value(v) for v in common.csv_list(values)])
     fixed = common.parse_options(args.option)
-    options = {m: common.effective_options(m, fixed.get(m)) for m in mechanisms}
+    options = {m: attention_bench.effective_options(m, fixed.get(m)) for m in mechanisms}
     lengths = common.csv_list(args.lengths, int, '--lengths')
     scales = common.csv_list(args.scales, float, '--scales')
     sources = [runs.load_source(name, args.num_examples) for name in args.source]
@@ -153,7 +155,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
 
   meta = dict(
     device=info,
-    device_line=common.describe_device(info),
+    device_line=machine.describe_device(info),
     batch=args.batch,
     heads=args.heads,
     head_dim=args.head_dim,
@@ -165,7 +167,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     sources=args.source,
     command=output.command('benchmarks.approx_error', argv),
   )
-  sub = common.describe_device(info)
+  sub = machine.describe_device(info)
   plots = [
     p
     for p in (

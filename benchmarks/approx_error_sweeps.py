@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import jax
 import numpy as np
 
-from benchmarks import common
+from benchmarks import attention_bench
 from benchmarks import output
 import efficient_attn as ea
 
@@ -38,7 +38,7 @@ def resolve(value: Any, length: int) -> Any:
 @functools.lru_cache(maxsize=64)
 def _compiled(mechanism: str, options: Tuple[Tuple[str, Any], ...], length: int):
   """(jitted init_with_output, jitted apply) of a mechanism, reused across draws."""
-  module = common.build_mechanism(mechanism, length, dict(options))
+  module = attention_bench.build_mechanism(mechanism, length, dict(options))
   return jax.jit(module.init_with_output), jax.jit(module.apply)
 
 
@@ -71,7 +71,9 @@ def random_draws(args, length: int, qk_scale: Optional[float] = None):
   scale = args.qk_scale if qk_scale is None else qk_scale
   draws = []
   for s in range(args.seeds):
-    q, k, v = common.random_qkv(1000 * s + length, args.batch, length, args.heads, args.head_dim)
+    q, k, v = attention_bench.random_qkv(
+      1000 * s + length, args.batch, length, args.heads, args.head_dim
+    )
     draws.append((s, (q * scale, k * scale, v)))
   return draws
 

@@ -28,10 +28,13 @@ from typing import Any, Dict, Optional, Sequence
 
 from absl import flags
 
+from benchmarks import attention_bench
 from benchmarks import common
 from benchmarks import cost_layers
 from benchmarks import cost_output
+from benchmarks import machine
 from benchmarks import output
+from benchmarks import timing
 
 
 def define_flags(fv: flags.FlagValues) -> None:
@@ -65,7 +68,7 @@ def define_flags(fv: flags.FlagValues) -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   args = common.parse_flags(define_flags, argv, __doc__)
-  info = common.device_info()
+  info = machine.device_info()
   with common.flag_errors():  # a bad value stops here, not as a table of failed rows
     if args.d_model % args.heads:
       divisors = [h for h in range(1, args.d_model + 1) if args.d_model % h == 0]
@@ -74,13 +77,15 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         f'valid --heads: {", ".join(map(str, divisors))}'
       )
     mechanisms = (
-      common.csv_list(args.mechanisms) if args.mechanisms else list(common.available_mechanisms())
+      common.csv_list(args.mechanisms)
+      if args.mechanisms
+      else list(attention_bench.available_mechanisms())
     )
     projections = common.csv_list(args.projections)
     for t in [f'{m}/{p}' for m in mechanisms for p in projections + [args.scaling_projection]]:
-      common.parse_target(t)
+      attention_bench.parse_target(t)
     overrides = common.parse_options(args.option)
-    options = {m: common.effective_options(m, overrides.get(m)) for m in mechanisms}
+    options = {m: attention_bench.effective_options(m, overrides.get(m)) for m in mechanisms}
     lengths = common.csv_list(args.lengths, int, '--lengths')
 
   layer_rows = [
@@ -97,15 +102,15 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   for m in mechanisms:
     ok = [r for r in scaling_rows if r['mechanism'] == m and r['status'] == 'ok']
     scaling[m] = dict(
-      flops_exponent=common.fit_exponent([r['length'] for r in ok], [r['fwd_flops'] for r in ok]),
-      memory_exponent=common.fit_exponent(
+      flops_exponent=timing.fit_exponent([r['length'] for r in ok], [r['fwd_flops'] for r in ok]),
+      memory_exponent=timing.fit_exponent(
         [r['length'] for r in ok], [r['fwd_memory_bytes'] for r in ok]
       ),
     )
   paper_rows = cost_layers.paper_params()
   meta = dict(
     device=info,
-    device_line=common.describe_device(info),
+    device_line=machine.describe_device(info),
     d_model=args.d_model,
     heads=args.heads,
     length=args.length,

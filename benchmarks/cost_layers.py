@@ -6,7 +6,7 @@ from typing import Any, Dict, List
 import jax
 import jax.numpy as jnp
 
-from benchmarks import common
+from benchmarks import attention_bench
 from benchmarks import output
 from benchmarks import xla_stats
 
@@ -72,9 +72,9 @@ def layer_cost(
 ) -> Dict[str, Any]:
   """Parameters, FLOPs and XLA memory of one layer (see module docstring)."""
   x = jax.ShapeDtypeStruct((batch, length, d_model), jnp.float32)
-  bench = common.layer_bench(mechanism, projection, x, num_heads=heads, options=options)
+  bench = attention_bench.layer_bench(mechanism, projection, x, num_heads=heads, options=options)
   params = bench.variables.get('params', {})
-  mech_params = common.count_params(params.get('mechanism', {}))
+  mech_params = attention_bench.count_params(params.get('mechanism', {}))
   rec = dict(
     mechanism=mechanism,
     projection=projection,
@@ -82,7 +82,7 @@ def layer_cost(
     heads=heads,
     length=length,
     batch=batch,
-    params_total=common.count_params(params),
+    params_total=attention_bench.count_params(params),
     params_mechanism=mech_params,
   )
   rec['params_projection'] = rec['params_total'] - mech_params
@@ -134,8 +134,8 @@ def paper_params() -> List[Dict[str, Any]]:
   for dataset, heads, d, l, counts in PAPER_PARAMS:
     for projection, paper in counts.items():
       x = jax.ShapeDtypeStruct((1, l, d), jnp.float32)
-      bench = common.layer_bench('softmax', projection, x, num_heads=heads)
-      ours = common.count_params(bench.variables['params'])
+      bench = attention_bench.layer_bench('softmax', projection, x, num_heads=heads)
+      ours = attention_bench.count_params(bench.variables['params'])
       shown = float(f'{ours:.3g}') if dataset in ROUNDED else ours
       rows.append(
         dict(

@@ -41,6 +41,7 @@ from benchmarks import common
 from benchmarks import fla_peer_fla
 from benchmarks import fla_peer_inputs
 from benchmarks import fla_peer_ours
+from benchmarks import machine
 from benchmarks import output
 from benchmarks.published import fla as published_fla
 
@@ -197,7 +198,7 @@ def run(fv) -> Dict[str, Any]:
   return dict(
     rows=rows,
     fla=dict(published_fla.FLA, skipped=reason or ''),
-    device=common.device_info(),
+    device=machine.device_info(),
     chunk_size=chunk,
     dry_run=fv.dry_run,
   )
@@ -268,7 +269,7 @@ def main(argv=None) -> None:
     fv.out,
     fv.name,
     'The gated family against fla',
-    common.describe_device(result['device']),
+    machine.describe_device(result['device']),
     notes,
     markdown(result),
     result,

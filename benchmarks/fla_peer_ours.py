@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks import common
+from benchmarks import timing
 from efficient_attn.ops import delta_rule
 from efficient_attn.ops import gated_linear
 from efficient_attn.ops import kernels
@@ -59,8 +59,8 @@ def time_ours(
   start = time.perf_counter()
   compiled = grad.lower(q, k, v, g, beta).compile()
   compile_s = time.perf_counter() - start
-  timing = common.time_compiled(compiled, (q, k, v, g, beta), repeats=repeats, budget_s=budget_s)
-  return dict(time_s=timing['time_s'], compile_s=compile_s, memory_bytes=memory_bytes(compiled))
+  timed = timing.time_compiled(compiled, (q, k, v, g, beta), repeats=repeats, budget_s=budget_s)
+  return dict(time_s=timed['time_s'], compile_s=compile_s, memory_bytes=memory_bytes(compiled))
 
 
 def time_our_step(recurrence: str, q, k, v, g, beta, *, repeats: int) -> float:
@@ -70,10 +70,10 @@ def time_our_step(recurrence: str, q, k, v, g, beta, *, repeats: int) -> float:
   s = jnp.zeros((b, h, dk, v.shape[-1]), jnp.float32)
   first = lambda x: None if x is None else jnp.asarray(x[:, 0])  # token 0: [b, h, ...]
   args = (s, first(q), first(k), first(v), first(g), first(beta))
-  common.block(step(*args))
+  timing.block(step(*args))
   times = []
   for _ in range(max(1, repeats)):
     start = time.perf_counter()
-    common.block(step(*args))
+    timing.block(step(*args))
     times.append(time.perf_counter() - start)
   return float(np.median(times))

@@ -25,6 +25,7 @@ from absl import flags
 from etils import epath
 
 from benchmarks import common
+from benchmarks import machine
 from benchmarks import output
 from benchmarks import report_rows
 from benchmarks import runs
@@ -246,10 +247,10 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     rows.append(row)
   if not rows:
     raise SystemExit('no Long Range Arena workdirs among: ' + ' '.join(workdirs))
-  info = common.device_info()
+  info = machine.device_info()
   meta = dict(
     device=info,
-    device_line=common.describe_device(info),
+    device_line=machine.describe_device(info),
     workdirs=workdirs,
     command=output.command('benchmarks.lra_table', argv),
   )

@@ -46,6 +46,7 @@ from absl import flags
 from etils import epath
 
 from benchmarks import common
+from benchmarks import machine
 from benchmarks import output
 from benchmarks import report_output
 from benchmarks import report_rows
@@ -59,7 +60,7 @@ def define_flags(fv: flags.FlagValues) -> None:
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   args, workdirs = common.parse_flags(define_flags, argv, __doc__, positional='workdirs')
   workdirs = [w for pattern in workdirs for w in report_rows.expand(pattern)]
-  info = common.device_info()
+  info = machine.device_info()
   rows = []
   for wd in workdirs:
     if wd.endswith('.json') and epath.Path(wd).is_file():
@@ -75,7 +76,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   rows = report_rows.sort_rows(rows, args.sort)
   meta = dict(
     device=info,
-    device_line=common.describe_device(info),
+    device_line=machine.describe_device(info),
     workdirs=workdirs,
     command=output.command('benchmarks.report', argv),
   )

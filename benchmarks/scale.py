@@ -42,6 +42,7 @@ from typing import Any, Dict, Optional, Sequence
 import jax
 
 from benchmarks import common
+from benchmarks import machine
 from benchmarks import output
 from benchmarks import scale_search
 
@@ -204,13 +205,13 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     + ' '.join(argv),
   ]
   data = dict(
-    device=common.device_info(), flags=flags, budget_bytes=fv.budget_mib * 2**20, rows=rows
+    device=machine.device_info(), flags=flags, budget_bytes=fv.budget_mib * 2**20, rows=rows
   )
   output.finish_table(
     fv.out,
     fv.name,
     'The longest sequence trained per device count (context parallelism)',
-    common.describe_device(data['device']),
+    machine.describe_device(data['device']),
     notes,
     table(rows),
     data,

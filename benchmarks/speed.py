@@ -48,7 +48,9 @@ from typing import Any, Dict, Optional, Sequence
 from absl import flags
 import jax
 
+from benchmarks import attention_bench
 from benchmarks import common
+from benchmarks import machine
 from benchmarks import output
 from benchmarks import speed_measure
 from benchmarks import speed_output
@@ -188,7 +190,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     spec = json.loads(args.point_spec)
     print(json.dumps(output.jsonable(speed_measure.safe_measure(spec))))
     return {}
-  info = common.device_info()
+  info = machine.device_info()
   platform = info['platform']
   with common.flag_errors():
     targets = speed_targets.select_targets(args)
@@ -223,8 +225,10 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     if bad:
       raise ValueError(f'--modes: unknown mode(s) {bad}; valid: {", ".join(MODES)}')
     overrides = common.parse_options(args.option)
-    mechanisms = sorted({common.parse_target(speed_targets.split_target(t)[0])[0] for t in targets})
-    options = {m: common.effective_options(m, overrides.get(m)) for m in mechanisms}
+    mechanisms = sorted(
+      {attention_bench.parse_target(speed_targets.split_target(t)[0])[0] for t in targets}
+    )
+    options = {m: attention_bench.effective_options(m, overrides.get(m)) for m in mechanisms}
     fit_range = common.csv_list(args.fit_range, int, '--fit_range')
     if len(fit_range) != 2:
       raise ValueError(f'--fit_range={args.fit_range!r} is not valid; valid: two lengths lo,hi')
@@ -232,7 +236,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   memory_budget = (
     int(args.memory_budget_gb * 2**30)
     if args.memory_budget_gb
-    else int(0.85 * (common.total_memory_bytes() or 0)) or None
+    else int(0.85 * (machine.total_memory_bytes() or 0)) or None
   )
   if args.isolate:
     source = 'rss' if platform == 'cpu' else 'device'
@@ -250,7 +254,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     )
   meta = dict(
     device=info,
-    device_line=common.describe_device(info),
+    device_line=machine.describe_device(info),
     batch=args.batch,
     heads=args.heads,
     head_dim=args.head_dim,
@@ -276,8 +280,10 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     causal_only_targets=[
       t
       for t in targets
-      if common.parse_target(speed_targets.split_target(t)[0])[0] != common.EXACT
-      and ea.get_mechanism(common.parse_target(speed_targets.split_target(t)[0])[0]).causal_only
+      if attention_bench.parse_target(speed_targets.split_target(t)[0])[0] != attention_bench.EXACT
+      and ea.get_mechanism(
+        attention_bench.parse_target(speed_targets.split_target(t)[0])[0]
+      ).causal_only
     ],
     command=output.command('benchmarks.speed', argv),
   )

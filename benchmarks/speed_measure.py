@@ -12,20 +12,24 @@ from typing import Any, Dict, List, Optional, Sequence
 import jax
 import jax.numpy as jnp
 
-from benchmarks import common
+from benchmarks import attention_bench
+from benchmarks import machine
 from benchmarks import output
 from benchmarks import speed_targets
+from benchmarks import timing
 from benchmarks import xla_stats
 
 
-def build_bench(spec: Dict[str, Any]) -> common.Bench:
+def build_bench(spec: Dict[str, Any]) -> attention_bench.Bench:
   """The benchmark of one point: core attention on q, k, v or a layer on x."""
-  mechanism, projection = common.parse_target(speed_targets.split_target(spec['target'])[0])
+  mechanism, projection = attention_bench.parse_target(
+    speed_targets.split_target(spec['target'])[0]
+  )
   dtype = jnp.dtype(spec['dtype'])
   b, n, h, d = spec['batch'], spec['length'], spec['heads'], spec['head_dim']
   if projection is None:
-    q, k, v = common.random_qkv(spec['seed'], b, n, h, d, dtype)
-    return common.mechanism_bench(
+    q, k, v = attention_bench.random_qkv(spec['seed'], b, n, h, d, dtype)
+    return attention_bench.mechanism_bench(
       mechanism,
       q,
       k,
@@ -36,7 +40,7 @@ def build_bench(spec: Dict[str, Any]) -> common.Bench:
       exact_implementation=spec['exact_implementation'],
     )
   x = jax.random.normal(jax.random.PRNGKey(spec['seed']), (b, n, h * d), dtype)
-  return common.layer_bench(
+  return attention_bench.layer_bench(
     mechanism,
     projection,
     x,
@@ -52,7 +56,7 @@ def measure_point(spec: Dict[str, Any]) -> Dict[str, Any]:
   rec: Dict[str, Any] = {}
   bench = build_bench(spec)
   fn, args = bench.forward() if spec['mode'] == 'fwd' else bench.forward_backward()
-  rss_baseline = common.peak_rss_bytes()
+  rss_baseline = machine.peak_rss_bytes()
   start = time.perf_counter()
   compiled = jax.jit(fn).lower(*args).compile()
   rec['compile_s'] = time.perf_counter() - start
@@ -69,11 +73,11 @@ def measure_point(spec: Dict[str, Any]) -> Dict[str, Any]:
     )
     return rec
   rec.update(
-    common.time_compiled(compiled, args, repeats=spec['repeats'], budget_s=spec['time_budget_s'])
+    timing.time_compiled(compiled, args, repeats=spec['repeats'], budget_s=spec['time_budget_s'])
   )
   rec['rss_baseline_bytes'] = rss_baseline
-  rec['rss_peak_bytes'] = common.peak_rss_bytes()
-  rec['device_peak_bytes'] = common.device_peak_bytes()
+  rec['rss_peak_bytes'] = machine.peak_rss_bytes()
+  rec['device_peak_bytes'] = machine.device_peak_bytes()
   rec['status'] = 'ok'
   return rec
 
@@ -145,7 +149,7 @@ def measure_points(
   over_budget = {}  # (target, mode) that already hit a budget or failed -> that status
   for i, (target, mode, n) in enumerate(plan):
     base, own = speed_targets.split_target(target)
-    mechanism, projection = common.parse_target(base)
+    mechanism, projection = attention_bench.parse_target(base)
     spec = dict(
       target=target,
       mode=mode,
@@ -166,7 +170,7 @@ def measure_points(
     done = [
       p for p in points if p['target'] == target and p['mode'] == mode and p['status'] == 'ok'
     ]
-    predicted = common.predict_time([p['length'] for p in done], [p['time_s'] for p in done], n)
+    predicted = timing.predict_time([p['length'] for p in done], [p['time_s'] for p in done], n)
     if (target, mode) in over_budget:
       rec.update(
         status='skipped',

@@ -3,7 +3,8 @@ exact attention and the --compare ratios."""
 
 from typing import Any, Dict, Optional, Sequence, Tuple
 
-from benchmarks import common
+from benchmarks import attention_bench
+from benchmarks import timing
 
 
 def point_value(points, target, mode, n, key='time_s'):
@@ -38,15 +39,15 @@ def summarise(points, targets, modes, fit_lo, fit_hi) -> Dict[str, Any]:
       ]
       ns = [p['length'] for p in ok]
       entry = dict(
-        time_exponent=common.fit_exponent(ns, [p['time_s'] for p in ok], fit_lo, fit_hi),
-        memory_exponent=common.fit_exponent(ns, [p['memory_bytes'] for p in ok], fit_lo, fit_hi),
+        time_exponent=timing.fit_exponent(ns, [p['time_s'] for p in ok], fit_lo, fit_hi),
+        memory_exponent=timing.fit_exponent(ns, [p['memory_bytes'] for p in ok], fit_lo, fit_hi),
         fit_lengths=[n for n in ns if fit_lo <= n <= fit_hi],
         speedup_vs_exact={},
         memory_ratio_vs_exact={},
       )
       for p in ok:
-        t_exact = point_value(points, common.EXACT, mode, p['length'])
-        m_exact = point_value(points, common.EXACT, mode, p['length'], 'memory_bytes')
+        t_exact = point_value(points, attention_bench.EXACT, mode, p['length'])
+        m_exact = point_value(points, attention_bench.EXACT, mode, p['length'], 'memory_bytes')
         if t_exact:
           entry['speedup_vs_exact'][p['length']] = t_exact / p['time_s']
         if m_exact and p.get('memory_bytes'):
@@ -62,7 +63,7 @@ def no_speedup(summary, targets, modes) -> Optional[str]:
     return None
   why = (
     "'exact' is not among the targets"
-    if common.EXACT not in targets
+    if attention_bench.EXACT not in targets
     else "'exact' was not measured at any length (see the points not measured)"
   )
   return f'no speedup plot or table (time of exact / time of the target): {why}.'

@@ -3,6 +3,7 @@ layers, each with its own options 'mechanism@option=value'), and at which length
 
 from typing import Any, Dict, List, Sequence, Tuple
 
+from benchmarks import attention_bench
 from benchmarks import common
 
 
@@ -13,16 +14,16 @@ def split_target(target: str) -> Tuple[str, Dict[str, Any]]:
   mechanism does not have or refuses.
   """
   base, *items = target.split('@')
-  mechanism, _ = common.parse_target(base)
-  if items and mechanism == common.EXACT:
-    raise ValueError(f"'{common.EXACT}' takes no options: {target!r}")
+  mechanism, _ = attention_bench.parse_target(base)
+  if items and mechanism == attention_bench.EXACT:
+    raise ValueError(f"'{attention_bench.EXACT}' takes no options: {target!r}")
   overrides = {}
   for item in items:
     option, sep, value = item.partition('=')
     if not sep:
       raise ValueError(f'{target!r}: {item!r} must look like option=value')
     overrides[option] = common.parse_value(value)
-  common.effective_options(mechanism, overrides)  # ValueError for a bad option or value
+  attention_bench.effective_options(mechanism, overrides)  # ValueError for a bad option or value
   return base, overrides
 
 
@@ -47,7 +48,7 @@ def select_targets(args) -> List[str]:
         "'mechanism/projection'; valid: exact and mechanisms (layers go in "
         '--layers or --targets)'
       )
-  out = chosen or [common.EXACT] + list(common.available_mechanisms())
+  out = chosen or [attention_bench.EXACT] + list(attention_bench.available_mechanisms())
   layers = common.csv_list(args.layers) if args['layers'].present or not chosen else []
   out = list(dict.fromkeys(out + layers))  # in order, once each
   for t in out:

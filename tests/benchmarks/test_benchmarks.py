@@ -17,6 +17,7 @@ import pytest
 
 from benchmarks import approx_error
 from benchmarks import approx_error_sweeps
+from benchmarks import attention_bench
 from benchmarks import common
 from benchmarks import cost
 from benchmarks import cost_layers
@@ -26,6 +27,7 @@ from benchmarks import spectrum
 from benchmarks import speed
 from benchmarks import speed_measure
 from benchmarks import speed_output
+from benchmarks import timing
 from benchmarks import xla_stats
 from efficient_attn.mechanisms.softmax import chunked_softmax_attention
 from efficient_attn.mechanisms.softmax import softmax_attention
@@ -125,11 +127,11 @@ def test_hlo_calls_read_single_and_listed_callees_and_loop_counts():
 
 def test_exponent_fit_and_time_prediction():
   ns = [256, 512, 1024, 2048]
-  assert common.fit_exponent(ns, [3 * n**1.5 for n in ns]) == pytest.approx(1.5)
-  assert common.fit_exponent(ns, [n**2 for n in ns], lo=1024) == pytest.approx(2.0)
-  assert common.fit_exponent(ns, [1.0, None, None, None]) is None
-  assert common.predict_time([100], [1.0], 200) == pytest.approx(4.0)
-  assert common.predict_time([100, 200], [1.0, 2.0], 400) == pytest.approx(4.0)
+  assert timing.fit_exponent(ns, [3 * n**1.5 for n in ns]) == pytest.approx(1.5)
+  assert timing.fit_exponent(ns, [n**2 for n in ns], lo=1024) == pytest.approx(2.0)
+  assert timing.fit_exponent(ns, [1.0, None, None, None]) is None
+  assert timing.predict_time([100], [1.0], 200) == pytest.approx(4.0)
+  assert timing.predict_time([100, 200], [1.0, 2.0], 400) == pytest.approx(4.0)
 
 
 def test_energy_curve_and_rank():
@@ -424,7 +426,7 @@ def test_knob_values_depend_on_the_length():
 
 
 def test_rfa_is_compared_with_softmax_over_cosine_similarities():
-  q, k, v = common.random_qkv(0, 1, 16, 1, 8)
+  q, k, v = attention_bench.random_qkv(0, 1, 16, 1, 8)
   ref = approx_error_sweeps.reference('rfa', {'sigma': 1.0}, q, k, v)
   unit = lambda x: x / jnp.linalg.norm(x, axis=-1, keepdims=True)
   assert np.allclose(ref, softmax_attention(unit(q), unit(k), v, scale=1.0), atol=1e-5)
