@@ -15,7 +15,7 @@ import pytest
 import efficient_attn as ea
 from efficient_attn import mechanisms
 from efficient_attn import registry
-from efficient_attn.ops import gated_linear
+from efficient_attn.mechanisms import gated_family
 
 B, N, H, D = 2, 11, 2, 4  # 11 tokens: chunks of 4 with a padded last one
 
@@ -72,7 +72,7 @@ GATED = ('deltanet', 'gated_deltanet', 'gla', 'mamba2', 'retention')
 
 def test_the_gated_families_are_these():
   assert set(GATED) == set(
-    registry.names_where(lambda m: isinstance(m, gated_linear.GatedRecurrence))
+    registry.names_where(lambda m: isinstance(m, gated_family.GatedRecurrence))
   )
 
 
