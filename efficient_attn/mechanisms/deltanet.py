@@ -108,3 +108,7 @@ class DeltaNet(gated_family.GatedRecurrence):
 
   def finish(self, options, params, out, v, gates):
     return norm.rms_norm(out, params['norm_scale'])
+
+  def run_pure_function(self, q, k, v, gates, params, **kwargs):
+    del params
+    return delta_rule_attention(q, k, v, gates['beta'], gates.get('log_decay'), **kwargs)

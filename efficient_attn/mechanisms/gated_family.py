@@ -177,6 +177,11 @@ class GatedRecurrence(registry.Mechanism):
       (log_decay `[b, n, h, 1 or dk]`, None for no decay; beta `[b, n, h]` or None);
     finish(options, params, out, v, gates) -> the output `[b, n, h, dv]` from the
       recurrence's (norm, output gate);
+    run_pure_function(q, k, v, gates, params, **kwargs) -> its pure function's output on
+      the recurrence's q, k, v and its layer's gates and parameters (the registry-wide
+      tests call it);
+    skip(options, params, v), optional -> the term the output adds beside the recurrence's
+      (Mamba-2's D v; 0.0 by default);
     own_params(options, heads, head_dim), and `input_params` / `gates` as the registry says.
   A subclass may declare other head shapes (`head_shapes`; `qk_heads` for query/key
   groups shared by several heads): the short convolution then runs on q and k as
@@ -234,6 +239,18 @@ class GatedRecurrence(registry.Mechanism):
 
   def finish(self, options, params, out, v, gates):
     raise NotImplementedError
+
+  def run_pure_function(self, q, k, v, gates, params, **kwargs):
+    """The mechanism's pure function (`efficient_attn.mechanisms`) on the recurrence's q,
+    k, v `[b, n, h, d]`, the gates of its layer (`gates`) and the parameters it reads
+    (`params`); kwargs: mask, form, chunk_size."""
+    raise NotImplementedError
+
+  def skip(self, options, params, v):
+    """The term the output adds beside the recurrence's, before the output norm and gate
+    (Mamba-2's D v), as the pure function does: `[b, n, h, dv]`, or 0.0 (none)."""
+    del options, params, v
+    return 0.0
 
   def _features(self, options, params, q, k, v, axis=None):
     """The short convolution (with the sequence split over `axis`, each block reads the

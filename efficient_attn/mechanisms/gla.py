@@ -113,3 +113,7 @@ class GLA(gated_family.GatedRecurrence):
 
   def finish(self, options, params, out, v, gates):
     return norm.rms_norm(out, params['norm_scale']) * nn.swish(gates['output'])
+
+  def run_pure_function(self, q, k, v, gates, params, **kwargs):
+    del params
+    return gla_attention(q, k, v, gates['log_decay'], **kwargs)

@@ -174,10 +174,16 @@ class Mamba2(gated_family.GatedRecurrence):
     log_decay = -jnp.exp(params['A_log'].astype(jnp.float32))[:, None] * dt
     return q, scale_rows(k, dt), v, log_decay, None
 
+  def skip(self, options, params, v):
+    return params['D'].astype(jnp.float32)[:, None] * v  # y = S^T C + D X
+
   def finish(self, options, params, out, v, gates):
-    y = (out + params['D'].astype(jnp.float32)[:, None] * v) * nn.swish(gates['output'])
+    y = (out + self.skip(options, params, v)) * nn.swish(gates['output'])
     if not options.ngroups:  # the norm over the full width
       return norm.rms_norm(y, params['norm_scale'], axes=(-2, -1))
     b, n, h, d = y.shape  # one norm per group of heads / ngroups heads, as mamba_ssm's
     y = norm.rms_norm(y.reshape(b, n, options.ngroups, h // options.ngroups * d))
     return y.reshape(b, n, h, d) * params['norm_scale'].astype(jnp.float32)
+
+  def run_pure_function(self, q, k, v, gates, params, **kwargs):
+    return mamba2_attention(q, k, v, gates['dt'], params['A_log'], params['D'], **kwargs)

@@ -104,3 +104,7 @@ class Retention(gated_family.GatedRecurrence):
 
   def finish(self, options, params, out, v, gates):
     return norm.rms_norm(out) * nn.swish(gates['output'])
+
+  def run_pure_function(self, q, k, v, gates, params, **kwargs):
+    del gates, params  # its decays are fixed
+    return retention_attention(q, k, v, **kwargs)
