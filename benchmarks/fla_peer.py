@@ -3,8 +3,8 @@ r"""The gated family against flash-linear-attention's kernels: forward + backwar
 For each recurrence, the bare chunkwise core (no projections, convolution or norm: what
 fla's `chunk_*` ops compute) on the same random inputs:
 
-  ours   `gated_linear` / `delta_rule` chunk form with implementation 'xla' and 'pallas'
-         (`efficient_attn.ops.kernels`), in bfloat16 and float32 inputs;
+  ours   `efficient_attn.ops.gated` / `efficient_attn.ops.delta` chunk form with implementation
+         'xla' and 'pallas' (`efficient_attn.ops.kernels`), in bfloat16 and float32 inputs;
   fla    `fla.ops` (PyTorch + Triton) as published (`benchmarks.published.fla`), bfloat16.
 
     recurrence       ours                                   fla
@@ -44,8 +44,8 @@ import numpy as np
 from benchmarks import common
 from benchmarks import output
 from benchmarks.published import fla as published_fla
-from efficient_attn.ops import delta_rule
-from efficient_attn.ops import gated_linear
+from efficient_attn.ops import delta
+from efficient_attn.ops import gated
 from efficient_attn.ops import kernels
 
 RECURRENCES = ('retention', 'mamba2', 'gla', 'deltanet', 'gated_deltanet')
@@ -160,18 +160,14 @@ def inputs(recurrence: str, batch: int, length: int, s: Dict[str, int], seed: in
 def our_core(recurrence: str, implementation: str) -> Optional[Callable[..., Any]]:
   """`core(q, k, v, g, beta, state=None, chunk_size=c) -> (out, state)` of the chunk form:
   the XLA form ('xla') or the Pallas kernels ('pallas', `efficient_attn.ops.kernels`)."""
-  delta = recurrence in ('deltanet', 'gated_deltanet')
+  is_delta = recurrence in ('deltanet', 'gated_deltanet')
   if implementation == 'xla':
-    return delta_rule.delta_chunked if delta else gated_linear.gated_chunked
-  return kernels.delta_chunked if delta else kernels.decay_chunked
+    return delta.delta_chunked if is_delta else gated.gated_chunked
+  return kernels.delta_chunked if is_delta else kernels.decay_chunked
 
 
 def our_step(recurrence: str) -> Callable[..., Any]:
-  return (
-    delta_rule.delta_step
-    if recurrence in ('deltanet', 'gated_deltanet')
-    else gated_linear.gated_step
-  )
+  return delta.delta_step if recurrence in ('deltanet', 'gated_deltanet') else gated.gated_step
 
 
 def memory_bytes(compiled) -> Optional[int]:
