@@ -10,11 +10,11 @@ ConfigError, the same message).
 
 import os
 
+from configs import fields
 from data import arrays
 from data import specs
 from data import splits
 from data import transforms
-import fields
 
 # What `config.dataset` accepts, field by field (the rules between fields: `check`).
 NAME = fields.Field('dataset.name', choices=tuple(specs.DATASETS))

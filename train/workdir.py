@@ -39,8 +39,8 @@ from absl import logging
 from etils import epath
 import ml_collections
 
+from configs import fields
 from efficient_attn.layers import hybrid
-import fields
 
 CONFIG = 'config.json'
 RESULTS = 'results.json'
