@@ -24,7 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 CONFIG_FILES = sorted(
   os.path.relpath(p, ROOT)
   for p in glob.glob(os.path.join(ROOT, 'configs', '**', '*.py'), recursive=True)
-  if os.path.basename(p) not in ('__init__.py', 'common.py', 'fields.py')
+  if os.path.basename(p) not in ('__init__.py', 'common.py', 'fields.py', 'presets.py')
 )
 
 
