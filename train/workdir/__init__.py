@@ -10,7 +10,8 @@ written. A lock file keeps a second trainer out of a workdir in use (`lock.py`).
 run's length may grow on resume, never shrink (`run.py`). Every JSON file written here
 is strict JSON, written whole or not at all (`atomic.py`). A write that fails (a full
 disk, a read-only folder, a file where the workdir should be) is a WorkdirError in one
-line naming the path (`errors.py`). `layout.py` names the files.
+line naming the path (`errors.py`). Without --workdir, a command's workdir is
+named after its config (`naming.py`); `layout.py` names the files.
 
 This package's face holds the names the trainer, the sweep and the tests use.
 """
@@ -35,6 +36,9 @@ from train.workdir.layout import CONFIG
 from train.workdir.layout import LOCK
 from train.workdir.layout import RESULTS
 from train.workdir.layout import checkpoint_steps
+from train.workdir.naming import RUNS
+from train.workdir.naming import default_workdir
+from train.workdir.naming import eval_workdir
 from train.workdir.run import Run
 from train.workdir.run import open_run
 from train.workdir.run import steps_beyond
@@ -47,13 +51,16 @@ __all__ = [
   'LOCK',
   'MAY_CHANGE',
   'RESULTS',
+  'RUNS',
   'Run',
   'WorkdirError',
   'check_identity',
   'checkpoint_steps',
+  'default_workdir',
   'differences',
   'disk_full_message',
   'dumps',
+  'eval_workdir',
   'is_disk_full',
   'load_config',
   'may_change',
