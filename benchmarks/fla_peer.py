@@ -3,8 +3,8 @@ r"""The gated family against flash-linear-attention's kernels: forward + backwar
 For each recurrence, the bare chunkwise core (no projections, convolution or norm: what
 fla's `chunk_*` ops compute) on the same random inputs:
 
-  ours   `gated_linear` / `delta_rule` chunk form with implementation 'xla' and 'pallas'
-         (`efficient_attn.ops.kernels`), in bfloat16 and float32 inputs;
+  ours   `efficient_attn.ops.gated` / `efficient_attn.ops.delta` chunk form with implementation
+         'xla' and 'pallas' (`efficient_attn.ops.kernels`), in bfloat16 and float32 inputs;
   fla    `fla.ops` (PyTorch + Triton) as published (`benchmarks.published.fla`), bfloat16.
 
     recurrence       ours                                   fla

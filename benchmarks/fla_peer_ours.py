@@ -9,26 +9,22 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import timing
-from efficient_attn.ops import delta_rule
-from efficient_attn.ops import gated_linear
+from efficient_attn.ops import delta
+from efficient_attn.ops import gated
 from efficient_attn.ops import kernels
 
 
 def our_core(recurrence: str, implementation: str) -> Optional[Callable[..., Any]]:
   """`core(q, k, v, g, beta, state=None, chunk_size=c) -> (out, state)` of the chunk form:
   the XLA form ('xla') or the Pallas kernels ('pallas', `efficient_attn.ops.kernels`)."""
-  delta = recurrence in ('deltanet', 'gated_deltanet')
+  is_delta = recurrence in ('deltanet', 'gated_deltanet')
   if implementation == 'xla':
-    return delta_rule.delta_chunked if delta else gated_linear.gated_chunked
-  return kernels.delta_chunked if delta else kernels.decay_chunked
+    return delta.delta_chunked if is_delta else gated.gated_chunked
+  return kernels.delta_chunked if is_delta else kernels.decay_chunked
 
 
 def our_step(recurrence: str) -> Callable[..., Any]:
-  return (
-    delta_rule.delta_step
-    if recurrence in ('deltanet', 'gated_deltanet')
-    else gated_linear.gated_step
-  )
+  return delta.delta_step if recurrence in ('deltanet', 'gated_deltanet') else gated.gated_step
 
 
 def memory_bytes(compiled) -> Optional[int]:

@@ -10,7 +10,7 @@ magnitude. The reference is the float64 token recurrence (`exact_scan`) on
 the same rounded inputs (q, k, v rounded to bfloat16 once, then fed to every dtype and to
 the reference), so the error is the computation's own. Implementations:
 
-  xla     the chunk form in XLA (`gated_linear.gated_chunked`, `delta_rule.delta_chunked`):
+  xla     the chunk form in XLA (`gated.gated_chunked`, `delta.delta_chunked`):
           with bfloat16 q, k, v its matmuls take bfloat16 operands, accumulated in float32;
   pallas  the Pallas kernels (`efficient_attn.ops.kernels`), interpreted off a GPU or TPU
           (slow: off by default there).
@@ -31,8 +31,8 @@ import numpy as np
 from benchmarks import common
 from benchmarks import machine
 from benchmarks import output
-from efficient_attn.ops import delta_rule
-from efficient_attn.ops import gated_linear
+from efficient_attn.ops import delta
+from efficient_attn.ops import gated
 from efficient_attn.ops import kernels
 
 RECURRENCES = ('retention', 'gla', 'mamba2', 'deltanet', 'gated_deltanet')
@@ -92,8 +92,8 @@ def inputs(
 
 def exact_scan(q, k, v, g=None, beta=None, state=None, chunk_size=None):
   """The decay recurrence (beta None) or the delta rule token by token in the inputs' own
-  dtype (float64 under `jax.enable_x64`): `gated_linear.gated_step` and
-  `delta_rule.delta_step` without their float32 casts. Shapes as `gated_linear.scan_tokens`;
+  dtype (float64 under `jax.enable_x64`): `gated.gated_step` and
+  `delta.delta_step` without their float32 casts. Shapes as `gated.scan_tokens`;
   returns (out `[b, n, h, dv]`, final state `[b, h, dk, dv]`)."""
   del chunk_size
   b, _, h, dk = q.shape
@@ -121,7 +121,7 @@ def core(name: str, impl: str):
     return exact_scan
   if impl == 'pallas':
     return kernels.delta_chunked if name in DELTA else kernels.decay_chunked
-  return delta_rule.delta_chunked if name in DELTA else gated_linear.gated_chunked
+  return delta.delta_chunked if name in DELTA else gated.gated_chunked
 
 
 def out_and_grads(fn, chunk_size: int):

@@ -9,7 +9,7 @@ sorted order, one document each), an `.npz` of documents (`text_utf8`,
 documentation as the running Python ships it (pydoc_data, PSF licence), so
 `python main.py --config=configs/bytelm.py` runs from a fresh clone with no
 download. `validation_docs` documents (a seeded draw) are held out and never
-trained on; the windows are written once to `common.cache_dir('text_bytes')`
+trained on; the windows are written once to `data.cache_folder.cache_dir('text_bytes')`
 (~/.cache/efficient_attn/text_bytes; $EFFICIENT_ATTN_CACHE or $XDG_CACHE_HOME
 move it). The corpus's sha256 is stored with the run (`dataset.corpus_sha256`
 in config.json): a resume on edited text is refused. Metrics: 'bits_per_byte'
@@ -27,6 +27,7 @@ every document not held out), batch_size, num_steps, learning_rate:
 """
 
 from configs import common
+from configs import presets
 from data import text_bytes
 
 
@@ -65,7 +66,7 @@ def get_config(arg=None):
       f"text file, a folder of text files, an .npz (text_utf8, offsets) or "
       f"{text_bytes.BUILTIN!r}"
     )
-  config = common.text_bytes(
+  config = presets.text_bytes(
     common.base(),
     corpus=args['data_dir'],
     seq_len=args['seq_len'],

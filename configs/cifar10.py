@@ -14,6 +14,7 @@ linear in the length have something to save. The argument picks the mechanism
 """
 
 from configs import common
+from configs import presets
 
 SIZES = {
   'base': dict(d_model=128, depth=4, num_heads=4, mlp_dim=256, num_epochs=100),
@@ -29,7 +30,7 @@ def get_config(arg=None):
     )
   size = dict(SIZES[args['size']])
   num_epochs = size.pop('num_epochs')
-  config = common.cifar10(common.base())
+  config = presets.cifar10(common.base())
   config.model.update(dict(kind='vit', patch_size=2, pool='mean', dropout_rate=0.1, **size))
   common.set_attention(config, args['mechanism'], args['projection'])
   config.dataset.batch_size = 128

@@ -8,11 +8,12 @@ best row). The argument picks the projection scheme:
 """
 
 from configs import common
+from configs import presets
 
 
 def get_config(arg=None):
   args = common.parse_arg(arg, projection='standard', mechanism='softmax')
-  config = common.cifar100(common.base())
+  config = presets.cifar100(common.base())
   config.model.update(
     dict(
       kind='vit',

@@ -8,10 +8,11 @@ it takes.
 """
 
 from configs import common
+from configs import presets
 
 
 def get_config():
-  config = common.digits(common.base())
+  config = presets.digits(common.base())
   config.model.update(
     dict(kind='vit', d_model=64, depth=2, num_heads=4, mlp_dim=128, patch_size=2, pool='cls')
   )

@@ -10,11 +10,12 @@ softmax_chunked; `efficient_attn.layers.decoding.decodable_mechanisms()` lists t
 """
 
 from configs import common
+from configs import presets
 
 
 def get_config(arg=None):
   args = common.parse_arg(arg, mechanism='linear')
-  config = common.pixel_lm(common.digits(common.base()))
+  config = presets.pixel_lm(presets.digits(common.base()))
   config.model.update(dict(d_model=64, depth=2, num_heads=4, mlp_dim=128))
   common.set_attention(config, args['mechanism'])
   config.dataset.batch_size = 32

@@ -8,11 +8,12 @@ number of classes is the number of label folders.
 """
 
 from configs import common
+from configs import presets
 
 
 def get_config(arg=None):
   args = common.parse_arg(arg, mechanism='softmax', projection='standard', image_size=64)
-  config = common.image_folder(common.base(), image_size=args['image_size'])
+  config = presets.image_folder(common.base(), image_size=args['image_size'])
   config.model.update(
     dict(
       kind='vit',

@@ -9,11 +9,12 @@ downloaded tars in `dataset.manual_dir`:
 """
 
 from configs import common
+from configs import presets
 
 
 def get_config(arg=None):
   args = common.parse_arg(arg, projection='standard', mechanism='softmax')
-  config = common.imagenet(common.base())
+  config = presets.imagenet(common.base())
   config.dataset.image_size = 112
   config.model.update(
     dict(

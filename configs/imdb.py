@@ -8,11 +8,12 @@ picks the mechanism, projection and length:
 """
 
 from configs import common
+from configs import presets
 
 
 def get_config(arg=None):
   args = common.parse_arg(arg, mechanism='softmax', projection='standard', max_length=1024)
-  config = common.imdb(common.base(), max_length=args['max_length'])
+  config = presets.imdb(common.base(), max_length=args['max_length'])
   config.model.update(
     dict(
       kind='text', d_model=256, depth=4, num_heads=4, mlp_dim=1024, pool='mean', dropout_rate=0.1

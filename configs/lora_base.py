@@ -12,6 +12,7 @@ on; '' = plain images).
 """
 
 from configs import common
+from configs import presets
 
 DATASETS = ('mnist', 'digits')
 VARIANTS = ('quantised', 'rotated', 'inverted')  # the transformed data the base is adapted to
@@ -27,10 +28,10 @@ def study(dataset: str, model: str):
     )
   config = common.base()
   if dataset == 'mnist':
-    common.mnist(config)
+    presets.mnist(config)
     config.dataset.update(dict(image_size=28, batch_size=128, eval_batch_size=1000))
   else:
-    common.digits(config)
+    presets.digits(config)
     config.dataset.update(dict(batch_size=64, eval_batch_size=360))
   if model == 'mlp':  # every layer adapted, the head included
     config.model.update(dict(kind='mlp', depth=2, mlp_dim=64))

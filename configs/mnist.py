@@ -9,11 +9,12 @@ The argument picks the projection scheme:
 """
 
 from configs import common
+from configs import presets
 
 
 def get_config(arg=None):
   args = common.parse_arg(arg, projection='standard', mechanism='softmax')
-  config = common.mnist(common.base())
+  config = presets.mnist(common.base())
   config.model.update(
     dict(kind='vit', d_model=128, depth=2, num_heads=4, mlp_dim=256, patch_size=4, pool='mean')
   )

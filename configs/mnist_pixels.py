@@ -9,11 +9,12 @@ metric to compare; samples and completions are written at the end.
 """
 
 from configs import common
+from configs import presets
 
 
 def get_config(arg=None):
   args = common.parse_arg(arg, mechanism='linear')
-  config = common.pixel_lm(common.mnist(common.base()))
+  config = presets.pixel_lm(presets.mnist(common.base()))
   config.model.update(dict(d_model=256, depth=8, num_heads=8, mlp_dim=1024))
   common.set_attention(config, args['mechanism'])
   config.dataset.batch_size = 32

@@ -34,6 +34,7 @@ Any other file of the task in the sequence-labelling format
 """
 
 from configs import common
+from configs import presets
 from data import mqar
 
 # The argument's keys and defaults (studies/recall reads them: a run off a default is named).
@@ -65,7 +66,7 @@ def get_config(arg=None):
     num_steps=args['num_steps'],
   )
   mqar.check_settings(args['vocab_size'], args['seq_len'], args['num_kv_pairs'], args['power_a'])
-  config = common.mqar(
+  config = presets.mqar(
     common.base(),
     vocab_size=args['vocab_size'],
     seq_len=args['seq_len'],

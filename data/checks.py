@@ -10,11 +10,11 @@ ConfigError, the same message).
 
 import os
 
+from configs import fields
 from data import arrays
 from data import specs
 from data import splits
 from data import transforms
-import fields
 
 # What `config.dataset` accepts, field by field (the rules between fields: `check`).
 NAME = fields.Field('dataset.name', choices=tuple(specs.DATASETS))
@@ -205,8 +205,8 @@ def _sequence(config, src: str) -> None:
 def check_splits(config, training: bool = True) -> None:
   """Prepares the data and checks what it holds, filling in `config.dataset.num_classes`
   when it is 0, and a byte corpus's sha256 as `dataset.corpus_sha256` (what the run
-  trains on, stored with it: `train/workdir.py` refuses a resume on other text) (`config`,
-  a config or its resolved `specs.Dataset`, is changed: pass a copy).
+  trains on, stored with it: `train/workdir/identity.py` refuses a resume on other
+  text) (`config`, a config or its resolved `specs.Dataset`, is changed: pass a copy).
 
   Every split the run reads has examples, and in-memory labels lie in
   0..num_classes-1: an empty test split would otherwise fail only at the final

@@ -56,7 +56,7 @@ class DatasetSpec:
     manual: TFDS prepares it only from manually downloaded files.
     vocab_size: token tasks: ids 0..vocab_size-1 (0 = padding).
 
-  These facts are written here only: the config presets (`configs/common.py`)
+  These facts are written here only: the config presets (`configs/presets.py`)
   read them.
   """
 

@@ -139,16 +139,16 @@ def committed_steps(workdir):
 
 
 def parsed_config(config: str, *args):
-  """The config main.py builds from `--config=<config> *args` (main.parse_flags), with
+  """The config main.py builds from `--config=<config> *args` (cli.parse_flags), with
   `config` a path and argument such as 'configs/mqar.py:softmax' under the repository."""
   from absl import flags  # pylint: disable=g-import-not-at-top
   from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
 
-  import main  # pylint: disable=g-import-not-at-top
+  from train import cli  # pylint: disable=g-import-not-at-top
 
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   argv = ['main.py', f'--config={root}/{config}', *args]
   fv = flags.FlagValues()
   config_flags.DEFINE_config_file('config', flag_values=fv, sys_argv=argv)
-  main.parse_flags(argv, fv)
+  cli.parse_flags(argv, fv)
   return fv.config

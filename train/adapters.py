@@ -21,8 +21,8 @@ from etils import epath
 import jax
 import optax
 
+from configs import fields
 from efficient_attn.layers import lora
-import fields
 
 PRESETS = {
   'default': lora.DEFAULT_TARGETS,  # attention projections + Transformer MLP

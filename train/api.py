@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple
 
 import jax
 
-import fields
+from configs import fields
 from train import adapters
 from train import checkpoint
 from train import inference

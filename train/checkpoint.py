@@ -40,7 +40,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint._src.metadata import step_metadata_serialization
 
-import fields
+from configs import fields
 from train import mesh as mesh_lib
 from train import sharding
 from train import workdir as workdir_lib

@@ -11,7 +11,7 @@ like the other concerns' checks.
 import dataclasses
 from typing import Dict
 
-import fields
+from configs import fields
 from train import mesh as mesh_lib
 from train import modeling
 

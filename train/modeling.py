@@ -20,12 +20,12 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from configs import fields
 import data
 from efficient_attn import models as ea
 from efficient_attn import registry
 from efficient_attn.layers import hybrid
 from efficient_attn.layers import multi_head
-import fields
 from train import adapters
 
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}

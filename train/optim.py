@@ -10,7 +10,7 @@ from typing import Tuple
 import jax
 import optax
 
-import fields
+from configs import fields
 from train import adapters
 
 OPTIMIZERS = ('adamw', 'sgd')

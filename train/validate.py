@@ -19,10 +19,10 @@ from typing import Tuple
 
 import ml_collections
 
+from configs import fields
 import data
 from efficient_attn import registry
 from efficient_attn.layers import hybrid
-import fields
 from train import adapters
 from train import loop as loop_lib
 from train import modeling

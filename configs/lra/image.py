@@ -19,6 +19,7 @@ From TFDS; for local files add --config.dataset.source=arrays
 """
 
 from configs import common
+from configs import presets
 
 SIZES = {'base': dict(num_epochs=200), 'small': dict(num_epochs=5)}
 
@@ -26,7 +27,7 @@ SIZES = {'base': dict(num_epochs=200), 'small': dict(num_epochs=5)}
 def get_config(arg=None):
   args = common.parse_arg(arg, mechanism='softmax', projection='standard', size='base')
   size = common.size_preset('configs/lra/image.py', SIZES, args['size'])
-  config = common.cifar10(common.base())
+  config = presets.cifar10(common.base())
   config.dataset.update(
     dict(channels=1, pixels_as_tokens=True, augment='none', holdout=0.1, eval_split='validation')
   )

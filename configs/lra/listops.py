@@ -21,6 +21,7 @@ projection and size:
 """
 
 from configs import common
+from configs import presets
 
 SIZES = {
   'base': dict(
@@ -43,7 +44,7 @@ SIZES = {
 def get_config(arg=None):
   args = common.parse_arg(arg, mechanism='softmax', projection='standard', size='base')
   size = common.size_preset('configs/lra/listops.py', SIZES, args['size'])
-  config = common.listops(common.base(), **size['data'])
+  config = presets.listops(common.base(), **size['data'])
   common.lra_model(config, args['mechanism'], args['projection'], pool='mean', **size['model'])
   common.fit_blocks(config, config.dataset.max_length)
   config.dataset.batch_size = 32

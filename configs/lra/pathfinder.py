@@ -21,6 +21,7 @@ projection and size:
 """
 
 from configs import common
+from configs import presets
 
 SIZES = {
   'base': dict(
@@ -46,7 +47,7 @@ SIZES = {
 def get_config(arg=None):
   args = common.parse_arg(arg, mechanism='softmax', projection='standard', size='base')
   size = common.size_preset('configs/lra/pathfinder.py', SIZES, args['size'])
-  config = common.pathfinder(common.base(), **size['data'])
+  config = presets.pathfinder(common.base(), **size['data'])
   common.lra_model(
     config,
     args['mechanism'],

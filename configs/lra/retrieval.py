@@ -21,6 +21,7 @@ The argument picks the mechanism, projection, folder and size:
 """
 
 from configs import common
+from configs import presets
 
 SIZES = {
   'base': dict(
@@ -35,7 +36,7 @@ SIZES = {
 def get_config(arg=None):
   args = common.parse_arg(arg, mechanism='softmax', projection='standard', data_dir='', size='base')
   size = common.size_preset('configs/lra/retrieval.py', SIZES, args['size'])
-  config = common.aan(common.base(), data_dir=args['data_dir'], max_length=size['max_length'])
+  config = presets.aan(common.base(), data_dir=args['data_dir'], max_length=size['max_length'])
   common.lra_model(config, args['mechanism'], args['projection'], pool='mean', **size['model'])
   config.model.interaction = 'concat'
   common.fit_blocks(config, config.dataset.max_length)

@@ -21,6 +21,7 @@ From TFDS `imdb_reviews`; for local files add --config.dataset.source=arrays
 """
 
 from configs import common
+from configs import presets
 
 SIZES = {
   'base': dict(
@@ -37,7 +38,7 @@ def get_config(arg=None):
     arg, mechanism='softmax', projection='standard', max_length=1000, size='base'
   )
   size = common.size_preset('configs/lra/text.py', SIZES, args['size'])
-  config = common.imdb(common.base(), max_length=args['max_length'])
+  config = presets.imdb(common.base(), max_length=args['max_length'])
   common.lra_model(config, args['mechanism'], args['projection'], pool='mean', **size['model'])
   common.fit_blocks(config, config.dataset.max_length)
   config.dataset.batch_size = 32

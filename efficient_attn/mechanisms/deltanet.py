@@ -9,7 +9,7 @@ Initialisation: PyTorch's module defaults (convolution U(+-1/sqrt(4)), beta proj
 U with variance 1/(3 fan_in)); `init='fla'` gives fla's model initialisation, N(0, 0.02)
 for both (its whole model is re-initialised so; the layer's q/k/v/o projections
 keep the layer's own `kernel_init`). The
-chunkwise form is `delta_rule.delta_chunked`, the WY representation (UT
+chunkwise form is `efficient_attn.ops.delta.delta_chunked`, the WY representation (UT
 transform) of Yang et al. 2024.
 """
 
@@ -19,10 +19,10 @@ import jax
 import jax.numpy as jnp
 
 from efficient_attn import registry
-from efficient_attn.ops import delta_rule
-from efficient_attn.ops import gated_linear
-
-linear_init = gated_linear.torch_linear_init
+from efficient_attn.mechanisms import gated_family
+from efficient_attn.mechanisms import initializers
+from efficient_attn.ops import delta
+from efficient_attn.ops import norm
 
 
 def delta_rule_attention(
@@ -50,7 +50,7 @@ def delta_rule_attention(
     `[batch, length, heads, dv]` in v's dtype (computed in float32).
   """
   b, n, h, dk = q.shape
-  kp = gated_linear.pure_inputs(
+  kp = gated_family.checked_key_padding(
     'deltanet',
     'delta_rule_attention',
     q,
@@ -62,11 +62,11 @@ def delta_rule_attention(
     chunk_size=chunk_size,
   )
   g = None if log_decay is None else jnp.asarray(log_decay, jnp.float32)[..., None]
-  q = delta_rule.l2_normalize(q) / math.sqrt(dk)
-  return gated_linear.pure_recurrence(
-    delta_rule.DELTA,
+  q = norm.l2_normalize(q) / math.sqrt(dk)
+  return gated_family.pure_recurrence(
+    delta.DELTA,
     q,
-    delta_rule.l2_normalize(k),
+    norm.l2_normalize(k),
     v,
     g,
     jnp.asarray(beta, jnp.float32),
@@ -77,32 +77,38 @@ def delta_rule_attention(
 
 
 @registry.register
-class DeltaNet(gated_linear.GatedRecurrence):
+class DeltaNet(gated_family.GatedRecurrence):
   name = 'deltanet'
   description = 'the delta rule: an error-correcting write with a learned beta (WY chunks)'
   citation = 'Schlag et al. 2021'
-  options = gated_linear.common_options(conv_size=4)
+  options = gated_family.common_options(conv_size=4)
   activation = 'silu'
-  cores = delta_rule.DELTA
+  cores = delta.DELTA
   sequence_parallel = 'transition'
-  sharded_recurrence = staticmethod(delta_rule.transition_sharded)
+  sharded_recurrence = staticmethod(delta.transition_sharded)
   complexity = ('O(n c d + n d^2)', 'O(n d + c^2 + d^2)')
   example = {'chunk_size': 4}
 
   def own_params(self, options, *, heads, head_dim):
-    return {'norm_scale': registry.ParamSpec((head_dim,), gated_linear.ones_init)}
+    return {'norm_scale': registry.ParamSpec((head_dim,), initializers.ones_init)}
 
   def input_params(self, options, *, features, heads, head_dim):
     return {
-      'beta_kernel': registry.ParamSpec((features, heads), self.init_for(options, linear_init))
+      'beta_kernel': registry.ParamSpec(
+        (features, heads), self.init_for(options, initializers.torch_linear_init)
+      )
     }
 
   def gates(self, options, params, inputs):
-    return {'beta': jax.nn.sigmoid(gated_linear.dense(inputs, params['beta_kernel']))}
+    return {'beta': jax.nn.sigmoid(gated_family.dense(inputs, params['beta_kernel']))}
 
   def recurrence_inputs(self, options, params, q, k, v, gates):
-    q = delta_rule.l2_normalize(q) / math.sqrt(q.shape[-1])
-    return q, delta_rule.l2_normalize(k), v, None, gates['beta']
+    q = norm.l2_normalize(q) / math.sqrt(q.shape[-1])
+    return q, norm.l2_normalize(k), v, None, gates['beta']
 
   def finish(self, options, params, out, v, gates):
-    return gated_linear.rms_norm(out, params['norm_scale'])
+    return norm.rms_norm(out, params['norm_scale'])
+
+  def run_pure_function(self, q, k, v, gates, params, **kwargs):
+    del params
+    return delta_rule_attention(q, k, v, gates['beta'], gates.get('log_decay'), **kwargs)

@@ -22,7 +22,8 @@ import jax.numpy as jnp
 
 from efficient_attn import registry
 from efficient_attn.mechanisms import deltanet
-from efficient_attn.ops import gated_linear
+from efficient_attn.mechanisms import gated_family
+from efficient_attn.mechanisms import initializers
 
 
 @registry.register
@@ -38,21 +39,21 @@ class GatedDeltaNet(deltanet.DeltaNet):
       dataclasses.replace(options, default='fla') if options.name == 'init' else options
       for options in deltanet.DeltaNet.options
     )
-    + gated_linear.decay_options()
+    + gated_family.decay_options()
   )
 
   def check_options(self, options):
-    gated_linear.check_dt_range(self.name, options)
+    gated_family.check_dt_range(self.name, options)
 
   def own_params(self, options, *, heads, head_dim):
     return {
-      'A_log': registry.ParamSpec((heads,), gated_linear.a_log_init(0.0, 16.0)),
-      'dt_bias': registry.ParamSpec((heads,), gated_linear.dt_init(options)),
+      'A_log': registry.ParamSpec((heads,), initializers.a_log_init(0.0, 16.0)),
+      'dt_bias': registry.ParamSpec((heads,), gated_family.dt_init(options)),
       **super().own_params(options, heads=heads, head_dim=head_dim),
     }
 
   def input_params(self, options, *, features, heads, head_dim):
-    init = self.init_for(options, deltanet.linear_init)
+    init = self.init_for(options, initializers.torch_linear_init)
     return {
       **super().input_params(options, features=features, heads=heads, head_dim=head_dim),
       'decay_kernel': registry.ParamSpec((features, heads), init),
@@ -60,11 +61,11 @@ class GatedDeltaNet(deltanet.DeltaNet):
     }
 
   def gates(self, options, params, inputs):
-    dt = jax.nn.softplus(gated_linear.dense(inputs, params['decay_kernel'], params['dt_bias']))
+    dt = jax.nn.softplus(gated_family.dense(inputs, params['decay_kernel'], params['dt_bias']))
     return {
       **super().gates(options, params, inputs),
       'log_decay': -jnp.exp(params['A_log'].astype(jnp.float32)) * dt,
-      'output': gated_linear.dense(inputs, params['gate_kernel']),
+      'output': gated_family.dense(inputs, params['gate_kernel']),
     }
 
   def recurrence_inputs(self, options, params, q, k, v, gates):

@@ -12,7 +12,7 @@ GLA (Xavier uniform with gain 2^-2.5, zero bias; fla's GLA layer until March
 2025, which then dropped it for its model-wide N(0, 0.02)). `init='fla'` gives
 today's fla initialisation, N(0, 0.02) for every gate projection (zero bias).
 
-The chunkwise form is `gated_linear.gated_chunked` with a per-feature decay: its
+The chunkwise form is `efficient_attn.ops.gated.gated_chunked` with a per-feature decay: its
 intra-chunk factors exp(b_t - b_s) are formed per feature, masked first, so they
 stay <= 1 however strong the decay.
 """
@@ -23,15 +23,10 @@ import flax.linen as nn
 import jax
 
 from efficient_attn import registry
-from efficient_attn.ops import gated_linear
-
-
-def xavier_init(key, shape, dtype=gated_linear.F32):
-  """Xavier uniform with gain 2^-2.5 over (first axis) -> (the rest), as fla's GLA layer
-  until March 2025."""
-  return nn.initializers.variance_scaling(
-    2.0**-5, 'fan_avg', 'uniform', in_axis=0, out_axis=tuple(range(1, len(shape)))
-  )(key, shape, dtype)
+from efficient_attn.mechanisms import gated_family
+from efficient_attn.mechanisms import initializers
+from efficient_attn.ops import gated
+from efficient_attn.ops import norm
 
 
 def gla_attention(q, k, v, log_decay, mask=None, *, form: str = 'chunk', chunk_size: int = 64):
@@ -54,7 +49,7 @@ def gla_attention(q, k, v, log_decay, mask=None, *, form: str = 'chunk', chunk_s
     `[batch, length, heads, dv]` in v's dtype (computed in float32).
   """
   b, n, h, dk = q.shape
-  kp = gated_linear.pure_inputs(
+  kp = gated_family.checked_key_padding(
     'gla',
     'gla_attention',
     q,
@@ -65,8 +60,8 @@ def gla_attention(q, k, v, log_decay, mask=None, *, form: str = 'chunk', chunk_s
     form=form,
     chunk_size=chunk_size,
   )
-  return gated_linear.pure_recurrence(
-    gated_linear.DECAY,
+  return gated_family.pure_recurrence(
+    gated.DECAY,
     q / math.sqrt(dk),
     k,
     v,
@@ -79,11 +74,11 @@ def gla_attention(q, k, v, log_decay, mask=None, *, form: str = 'chunk', chunk_s
 
 
 @registry.register
-class GLA(gated_linear.GatedRecurrence):
+class GLA(gated_family.GatedRecurrence):
   name = 'gla'
   description = 'gated linear attention: a data-dependent decay per key feature'
   citation = 'Yang et al. 2024'
-  options = gated_linear.common_options(
+  options = gated_family.common_options(
     conv_size=0, default_init='Xavier uniform, gain 2^-2.5: fla until March 2025'
   ) + (
     registry.Option('gate_rank', 16, int, 'rank of the decay projection W_1 W_2', minimum=1),
@@ -93,10 +88,10 @@ class GLA(gated_linear.GatedRecurrence):
   example = {'chunk_size': 4, 'gate_rank': 4}
 
   def own_params(self, options, *, heads, head_dim):
-    return {'norm_scale': registry.ParamSpec((head_dim,), gated_linear.ones_init)}
+    return {'norm_scale': registry.ParamSpec((head_dim,), initializers.ones_init)}
 
   def input_params(self, options, *, features, heads, head_dim):
-    init = self.init_for(options, xavier_init)
+    init = self.init_for(options, initializers.gla_xavier_init)
     return {
       'decay_down': registry.ParamSpec((features, options.gate_rank), init),
       'decay_up': registry.ParamSpec((options.gate_rank, heads, head_dim), init),
@@ -105,16 +100,20 @@ class GLA(gated_linear.GatedRecurrence):
     }
 
   def gates(self, options, params, inputs):
-    logits = gated_linear.dense(
-      gated_linear.dense(inputs, params['decay_down']), params['decay_up'], params['decay_bias']
+    logits = gated_family.dense(
+      gated_family.dense(inputs, params['decay_down']), params['decay_up'], params['decay_bias']
     )
     return {
       'log_decay': jax.nn.log_sigmoid(logits) / options.gate_normalizer,
-      'output': gated_linear.dense(inputs, params['gate_kernel']),
+      'output': gated_family.dense(inputs, params['gate_kernel']),
     }
 
   def recurrence_inputs(self, options, params, q, k, v, gates):
     return q / math.sqrt(q.shape[-1]), k, v, gates['log_decay'], None
 
   def finish(self, options, params, out, v, gates):
-    return gated_linear.rms_norm(out, params['norm_scale']) * nn.swish(gates['output'])
+    return norm.rms_norm(out, params['norm_scale']) * nn.swish(gates['output'])
+
+  def run_pure_function(self, q, k, v, gates, params, **kwargs):
+    del params
+    return gla_attention(q, k, v, gates['log_decay'], **kwargs)

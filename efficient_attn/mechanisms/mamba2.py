@@ -38,10 +38,12 @@ import jax
 import jax.numpy as jnp
 
 from efficient_attn import registry
-from efficient_attn.ops import gated_linear
+from efficient_attn.mechanisms import gated_family
+from efficient_attn.mechanisms import initializers
+from efficient_attn.ops import gated
 from efficient_attn.ops import masking
-
-linear_init = gated_linear.torch_linear_init
+from efficient_attn.ops import norm
+from efficient_attn.ops.gated.common import scale_rows
 
 
 def mamba2_attention(
@@ -78,7 +80,7 @@ def mamba2_attention(
     `[batch, length, heads, head_dim]` in v's dtype (computed in float32).
   """
   b, n, h, _ = q.shape
-  kp = gated_linear.pure_inputs(
+  kp = gated_family.checked_key_padding(
     'mamba2',
     'mamba2_attention',
     q,
@@ -91,10 +93,10 @@ def mamba2_attention(
   )
   dt = jnp.asarray(dt, jnp.float32)[..., None]  # [b, n, h, 1]
   log_decay = -jnp.exp(jnp.asarray(A_log, jnp.float32))[:, None] * dt
-  y = gated_linear.pure_recurrence(
-    gated_linear.DECAY,
+  y = gated_family.pure_recurrence(
+    gated.DECAY,
     q,
-    gated_linear.rows(k, dt),
+    scale_rows(k, dt),
     v,
     log_decay,
     None,
@@ -108,12 +110,12 @@ def mamba2_attention(
 
 
 @registry.register
-class Mamba2(gated_linear.GatedRecurrence):
+class Mamba2(gated_family.GatedRecurrence):
   name = 'mamba2'
   description = "Mamba-2's SSD: a data-dependent scalar decay per head (A, dt)"
   citation = 'Dao & Gu 2024'
   options = (
-    gated_linear.common_options(conv_size=4, conv_bias=True)
+    gated_family.common_options(conv_size=4, conv_bias=True)
     + (
       registry.Option(
         'ngroups',
@@ -133,14 +135,14 @@ class Mamba2(gated_linear.GatedRecurrence):
         allow_none=True,
       ),
     )
-    + gated_linear.decay_options()
+    + gated_family.decay_options()
   )
   activation = 'silu'
   complexity = ('O(n c d + n d^2)', 'O(n d + d^2)')
   example = {'chunk_size': 4}
 
   def check_options(self, options):
-    gated_linear.check_dt_range(self.name, options)
+    gated_family.check_dt_range(self.name, options)
 
   def qk_heads(self, options, heads):
     return options.ngroups or heads
@@ -150,32 +152,38 @@ class Mamba2(gated_linear.GatedRecurrence):
 
   def own_params(self, options, *, heads, head_dim):
     return {
-      'A_log': registry.ParamSpec((heads,), gated_linear.a_log_init(1.0, 16.0)),
-      'dt_bias': registry.ParamSpec((heads,), gated_linear.dt_init(options)),
-      'D': registry.ParamSpec((heads,), gated_linear.ones_init),
-      'norm_scale': registry.ParamSpec((heads, head_dim), gated_linear.ones_init),
+      'A_log': registry.ParamSpec((heads,), initializers.a_log_init(1.0, 16.0)),
+      'dt_bias': registry.ParamSpec((heads,), gated_family.dt_init(options)),
+      'D': registry.ParamSpec((heads,), initializers.ones_init),
+      'norm_scale': registry.ParamSpec((heads, head_dim), initializers.ones_init),
     }
 
   def input_params(self, options, *, features, heads, head_dim):
-    init = self.init_for(options, linear_init)
+    init = self.init_for(options, initializers.torch_linear_init)
     return {
       'dt_kernel': registry.ParamSpec((features, heads), init),
       'gate_kernel': registry.ParamSpec((features, heads, head_dim), init),
     }
 
   def gates(self, options, params, inputs):
-    dt = jax.nn.softplus(gated_linear.dense(inputs, params['dt_kernel'], params['dt_bias']))
-    return {'dt': dt, 'output': gated_linear.dense(inputs, params['gate_kernel'])}
+    dt = jax.nn.softplus(gated_family.dense(inputs, params['dt_kernel'], params['dt_bias']))
+    return {'dt': dt, 'output': gated_family.dense(inputs, params['gate_kernel'])}
 
   def recurrence_inputs(self, options, params, q, k, v, gates):
     dt = gates['dt'][..., None]  # [b, n, h, 1]
     log_decay = -jnp.exp(params['A_log'].astype(jnp.float32))[:, None] * dt
-    return q, gated_linear.rows(k, dt), v, log_decay, None
+    return q, scale_rows(k, dt), v, log_decay, None
+
+  def skip(self, options, params, v):
+    return params['D'].astype(jnp.float32)[:, None] * v  # y = S^T C + D X
 
   def finish(self, options, params, out, v, gates):
-    y = (out + params['D'].astype(jnp.float32)[:, None] * v) * nn.swish(gates['output'])
+    y = (out + self.skip(options, params, v)) * nn.swish(gates['output'])
     if not options.ngroups:  # the norm over the full width
-      return gated_linear.rms_norm(y, params['norm_scale'], axes=(-2, -1))
+      return norm.rms_norm(y, params['norm_scale'], axes=(-2, -1))
     b, n, h, d = y.shape  # one norm per group of heads / ngroups heads, as mamba_ssm's
-    y = gated_linear.rms_norm(y.reshape(b, n, options.ngroups, h // options.ngroups * d))
+    y = norm.rms_norm(y.reshape(b, n, options.ngroups, h // options.ngroups * d))
     return y.reshape(b, n, h, d) * params['norm_scale'].astype(jnp.float32)
+
+  def run_pure_function(self, q, k, v, gates, params, **kwargs):
+    return mamba2_attention(q, k, v, gates['dt'], params['A_log'], params['D'], **kwargs)

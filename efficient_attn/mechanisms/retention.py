@@ -9,7 +9,7 @@ affine parameters) and the swish gate of the token: out_t = swish(x_t W_G) *
 norm(o_t), before the layer's output projection W_O. RetNet's rotation of q
 and k (its xPos-style relative positions) is the layer's rotary=True.
 
-The recurrence and its chunkwise form are `efficient_attn.ops.gated_linear`'s
+The recurrence and its chunkwise form are `efficient_attn.ops.gated`'s
 (a scalar log-decay per head); decoding keeps the constant-size state S.
 
 Value width. RetNet's values and gate are twice as wide as its queries and keys
@@ -29,7 +29,9 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from efficient_attn import registry
-from efficient_attn.ops import gated_linear
+from efficient_attn.mechanisms import gated_family
+from efficient_attn.ops import gated
+from efficient_attn.ops import norm
 
 
 def retention_log_decay(heads: int):
@@ -53,22 +55,22 @@ def retention_attention(q, k, v, mask=None, *, form: str = 'chunk', chunk_size: 
   Returns:
     `[batch, length, heads, dv]` in v's dtype (computed in float32).
   """
-  kp = gated_linear.pure_inputs(
+  kp = gated_family.checked_key_padding(
     'retention', 'retention_attention', q, k, v, mask, {}, form=form, chunk_size=chunk_size
   )
   b, n, h, dk = k.shape
   g = jnp.broadcast_to(retention_log_decay(h)[:, None], (b, n, h, 1))
-  return gated_linear.pure_recurrence(
-    gated_linear.DECAY, q, k / math.sqrt(dk), v, g, None, kp, form=form, chunk_size=chunk_size
+  return gated_family.pure_recurrence(
+    gated.DECAY, q, k / math.sqrt(dk), v, g, None, kp, form=form, chunk_size=chunk_size
   ).astype(v.dtype)
 
 
 @registry.register
-class Retention(gated_linear.GatedRecurrence):
+class Retention(gated_family.GatedRecurrence):
   name = 'retention'
   description = 'retention: a fixed decay per head, group norm and a swish gate'
   citation = 'Sun et al. 2023'
-  options = gated_linear.common_options(conv_size=0, default_init='LeCun normal') + (
+  options = gated_family.common_options(conv_size=0, default_init='LeCun normal') + (
     registry.Option(
       'value_factor',
       1,
@@ -93,7 +95,7 @@ class Retention(gated_linear.GatedRecurrence):
     }
 
   def gates(self, options, params, inputs):
-    return {'output': gated_linear.dense(inputs, params['gate_kernel'])}
+    return {'output': gated_family.dense(inputs, params['gate_kernel'])}
 
   def recurrence_inputs(self, options, params, q, k, v, gates):
     b, n, h, dk = k.shape
@@ -101,4 +103,8 @@ class Retention(gated_linear.GatedRecurrence):
     return q, k / math.sqrt(dk), v, g, None
 
   def finish(self, options, params, out, v, gates):
-    return gated_linear.rms_norm(out) * nn.swish(gates['output'])
+    return norm.rms_norm(out) * nn.swish(gates['output'])
+
+  def run_pure_function(self, q, k, v, gates, params, **kwargs):
+    del gates, params  # its decays are fixed
+    return retention_attention(q, k, v, **kwargs)

@@ -6,6 +6,7 @@ import pytest
 from configs import common
 from configs import imdb as imdb_config
 from configs import mnist as mnist_config
+from configs import presets
 import data
 from data import arrays
 from data import memory
@@ -161,7 +162,7 @@ def test_npz_files_are_read_through_gfile(npz_files):
 
 def test_encoded_images_are_decoded_once_and_augmented_deterministically(npz_files, monkeypatch):
   root, _, rgb, labels, _ = npz_files
-  config = common.cifar10(common.base())
+  config = presets.cifar10(common.base())
   config.dataset.update(
     dict(
       source='arrays',
@@ -239,7 +240,7 @@ def test_mnist_vit_on_a_folder_of_grayscale_pngs(tmp_path, image_folder_root):
   config.dataset.name = 'digits'
   with pytest.raises(validate.ConfigError, match="source='folder' is not valid.*sklearn"):
     validate.validate_config(config)
-  generic = common.image_folder(common.base(), root=image_folder_root, image_size=16)
+  generic = presets.image_folder(common.base(), root=image_folder_root, image_size=16)
   generic.dataset.channels = 1
   generic.train.num_steps = 1
   generic.dataset.batch_size = 4

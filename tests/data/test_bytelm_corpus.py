@@ -18,8 +18,8 @@ import main_runner
 import numpy as np
 import pytest
 
-from configs import common
 from data import arrays
+from data import cache_folder
 from data import text_bytes
 from train import trainer
 from train import validate
@@ -42,7 +42,7 @@ BINARY = b'\x89PNG\r\n\x1a\n\0\0\0\rIHDR'
 @pytest.fixture
 def cache(monkeypatch, tmp_path):
   """Generated data under tmp_path (never the user's cache); returns the folder."""
-  monkeypatch.setenv(common.CACHE_VARIABLE, str(tmp_path / 'cache'))
+  monkeypatch.setenv(cache_folder.CACHE_VARIABLE, str(tmp_path / 'cache'))
   return tmp_path / 'cache'
 
 

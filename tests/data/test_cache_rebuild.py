@@ -14,9 +14,9 @@ import zipfile
 import numpy as np
 import pytest
 
-from configs import common
 from configs import mqar as mqar_config
 from data import arrays
+from data import cache_folder
 from data import listops
 from data import mqar
 from data import npz_cache
@@ -113,7 +113,7 @@ def test_a_file_found_whole_is_not_read_again_in_the_process(tmp_path, monkeypat
 def test_a_run_reads_the_rebuilt_file_from_the_data_cache(tmp_path, monkeypatch):
   """Through configs/mqar.py, its cache folder under a HOME of the test's own."""
   monkeypatch.setenv('HOME', str(tmp_path))
-  monkeypatch.setattr(common, 'cache_dir', lambda name: str(tmp_path / '.cache' / name))
+  monkeypatch.setattr(cache_folder, 'cache_dir', lambda name: str(tmp_path / '.cache' / name))
   config = mqar_config.get_config('linear,d_model=16,seq_len=32,num_kv_pairs=4,vocab_size=64')
   config.dataset.sizes = {'train': 40, 'validation': 10, 'test': 10}
   assert config.dataset.data_dir.startswith(str(tmp_path))

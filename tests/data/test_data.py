@@ -5,6 +5,7 @@ import pytest
 
 from configs import common
 from configs import default as default_config
+from configs import presets
 import data
 from data import arrays
 
@@ -100,11 +101,11 @@ def test_eval_batches_are_padded_with_zero_mask():
 def tfds_config(name):
   config = common.base()
   preset = {
-    'mnist': common.mnist,
-    'cifar10': common.cifar10,
-    'cifar100': common.cifar100,
-    'imagenet2012': common.imagenet,
-    'imdb_reviews': common.imdb,
+    'mnist': presets.mnist,
+    'cifar10': presets.cifar10,
+    'cifar100': presets.cifar100,
+    'imagenet2012': presets.imagenet,
+    'imdb_reviews': presets.imdb,
   }[name]
   preset(config)
   if name == 'imagenet2012':
@@ -172,7 +173,7 @@ def test_byte_tokens():
 
 
 def test_image_folder(image_folder_root):
-  config = common.image_folder(common.base(), root=image_folder_root, image_size=16)
+  config = presets.image_folder(common.base(), root=image_folder_root, image_size=16)
   config.dataset.update(dict(batch_size=4, eval_batch_size=4, channels=3))
   data.prepare(config)
   assert data.num_classes(config) == 2
@@ -192,14 +193,14 @@ def test_image_folder(image_folder_root):
 
 
 def test_prepare_names_the_missing_field(tmp_path):
-  config = common.image_folder(common.base(), root=str(tmp_path / 'nope'))
+  config = presets.image_folder(common.base(), root=str(tmp_path / 'nope'))
   with pytest.raises(ValueError, match=r'config\.dataset\.data_dir=.*nope'):
     data.prepare(config)
-  config = common.cifar10(common.base())
+  config = presets.cifar10(common.base())
   config.dataset.update(dict(data_dir=str(tmp_path), download=False))
   with pytest.raises(ValueError, match=r"'cifar10' is not prepared.*config\.dataset\.download"):
     data.prepare(config)
-  config = common.imagenet(common.base())
+  config = presets.imagenet(common.base())
   config.dataset.data_dir = str(tmp_path)
   with pytest.raises(ValueError, match=r'config\.dataset\.manual_dir'):
     data.prepare(config)

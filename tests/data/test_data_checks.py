@@ -5,12 +5,13 @@ import ml_collections
 import pytest
 
 from configs import common
+from configs import presets
 import data
 from train import validate
 
 
 def _digits(**changes):
-  config = common.digits(common.base())
+  config = presets.digits(common.base())
   config.dataset.update(changes)
   return config
 

@@ -1,5 +1,5 @@
 """Each dataset's facts are written once, in its `DatasetSpec` (`data/specs.py`): the
-config presets (`configs/common.py`) read them, so a preset cannot disagree with its spec."""
+config presets (`configs/presets.py`) read them, so a preset cannot disagree with its spec."""
 
 import dataclasses
 import glob
@@ -10,23 +10,24 @@ import os
 import pytest
 
 from configs import common
+from configs import presets
 from data import specs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PRESETS = {
-  'digits': common.digits,
-  'mnist': common.mnist,
-  'cifar10': common.cifar10,
-  'cifar100': common.cifar100,
-  'imagenet2012': common.imagenet,
-  'imdb_reviews': common.imdb,
-  'aan': common.aan,
-  'listops': common.listops,
-  'pathfinder': common.pathfinder,
-  'mqar': common.mqar,
-  'sequences': common.sequences,
-  'image_folder': common.image_folder,
-  'text_bytes': common.text_bytes,
+  'digits': presets.digits,
+  'mnist': presets.mnist,
+  'cifar10': presets.cifar10,
+  'cifar100': presets.cifar100,
+  'imagenet2012': presets.imagenet,
+  'imdb_reviews': presets.imdb,
+  'aan': presets.aan,
+  'listops': presets.listops,
+  'pathfinder': presets.pathfinder,
+  'mqar': presets.mqar,
+  'sequences': presets.sequences,
+  'image_folder': presets.image_folder,
+  'text_bytes': presets.text_bytes,
 }
 
 
@@ -54,7 +55,7 @@ def test_the_default_dataset_and_pixel_sizes_come_from_the_specs(monkeypatch):
     monkeypatch.setitem(
       specs.DATASETS, name, dataclasses.replace(spec, num_classes=3, stored_size=size)
     )
-    assert common.pixel_lm(PRESETS[name](common.base())).dataset.image_size == size
+    assert presets.pixel_lm(PRESETS[name](common.base())).dataset.image_size == size
   assert common.base().dataset.num_classes == 3  # base() is the digits preset
 
 

@@ -22,7 +22,7 @@ from configs import imdb
 from configs import mnist
 import data
 from data import stream
-import main
+from train import cli
 from train import trainer
 
 ROOT = main_runner.ROOT
@@ -229,7 +229,7 @@ def test_offline_hint_repeats_the_command_and_the_cpu_size():
     'tfds',
     '--workdir=runs/my run',
   ]
-  hint = main.offline_hint(argv, argv[1].split('=', 1)[1], config)
+  hint = cli.offline_hint(argv, argv[1].split('=', 1)[1], config)
   assert (
     "python main.py --config=configs/cifar10.py:mechanism=linear,projection=efficient "
     "'--workdir=runs/my run' --config.dataset.source=arrays "
@@ -239,7 +239,7 @@ def test_offline_hint_repeats_the_command_and_the_cpu_size():
   assert '--config=configs/cifar10.py:linear,projection=efficient,size=small' in hint
   cifar10.get_config('linear,projection=efficient,size=small')  # a valid argument
   small = cifar10.get_config('nystrom,size=small')
-  assert 'size=small' not in main.offline_hint(
+  assert 'size=small' not in cli.offline_hint(
     ['main.py'], 'configs/cifar10.py:nystrom,size=small', small
   )
-  assert 'size=small' not in main.offline_hint(['main.py'], 'configs/mnist.py', mnist.get_config())
+  assert 'size=small' not in cli.offline_hint(['main.py'], 'configs/mnist.py', mnist.get_config())

@@ -4,10 +4,11 @@ The README promises one pure function per family on `[batch, length, heads, d]`
 arrays. The gated recurrences' (retention, GLA, Mamba-2, DeltaNet, Gated DeltaNet)
 are the recurrence alone, the layer's parameters (convolution, gate projections,
 output norm) left out: each equals the mechanism's own token-by-token scan of the
-inputs its layer builds, in both forms, and a padded token changes nothing.
+inputs its layer builds, in both forms, and a padded token changes nothing. The checks
+take each gated declaration's own hooks (its `gates`, `run_pure_function` and `skip`),
+so they name no family.
 """
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -15,7 +16,8 @@ import pytest
 import efficient_attn as ea
 from efficient_attn import mechanisms
 from efficient_attn import registry
-from efficient_attn.ops import gated_linear
+from efficient_attn.layers import multi_head as layer_lib
+from efficient_attn.mechanisms import gated_family
 
 B, N, H, D = 2, 11, 2, 4  # 11 tokens: chunks of 4 with a padded last one
 
@@ -38,61 +40,40 @@ def test_every_registered_family_has_its_pure_function():
     mechanisms.pure_function('nope')
 
 
-def _gates(name, params):
-  """The gates the mechanism's layer would compute from its input, drawn at random."""
-  rng = np.random.default_rng(1)
-  x = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32)
-  if name == 'gla':
-    return {'log_decay': jax.nn.log_sigmoid(x(B, N, H, D)) / 16.0}
-  if name == 'mamba2':
-    return {'dt': jax.nn.softplus(x(B, N, H))}
-  gates = {'beta': jax.nn.sigmoid(x(B, N, H))} if 'deltanet' in name else {}
-  if name == 'gated_deltanet':
-    gates['log_decay'] = -jnp.exp(params['A_log']) * jax.nn.softplus(x(B, N, H))
-  return gates
-
-
-def _pure(name, q, k, v, gates, params, **kwargs):
-  """The family's pure function on the recurrence's inputs."""
-  if name == 'retention':
-    return ea.mechanisms.retention_attention(q, k, v, **kwargs)
-  if name == 'gla':
-    return ea.mechanisms.gla_attention(q, k, v, gates['log_decay'], **kwargs)
-  if name == 'mamba2':
-    return ea.mechanisms.mamba2_attention(
-      q, k, v, gates['dt'], params['A_log'], params['D'], **kwargs
-    )
-  return ea.mechanisms.delta_rule_attention(
-    q, k, v, gates['beta'], gates.get('log_decay'), **kwargs
-  )
-
-
-GATED = ('deltanet', 'gated_deltanet', 'gla', 'mamba2', 'retention')
+GATED = registry.names_where(lambda m: isinstance(m, gated_family.GatedRecurrence))
+FEATURES = 3  # of the layer input the gates are read from
 
 
 def test_the_gated_families_are_these():
-  assert set(GATED) == set(
-    registry.names_where(lambda m: isinstance(m, gated_linear.GatedRecurrence))
-  )
+  """Every gated family, these five and any added later, calls its pure function from its
+  declaration (`run_pure_function`), which the checks below use."""
+  assert {'deltanet', 'gated_deltanet', 'gla', 'mamba2', 'retention'} <= set(GATED)
+  base = gated_family.GatedRecurrence.run_pure_function
+  assert all(type(ea.get_mechanism(name)).run_pure_function is not base for name in GATED)
 
 
 def _inputs(name):
+  """The declaration, its options, q, k, v `[B, N, H, D]`, its parameters (every declared
+  one drawn at random) and the gates its layer computes from a random input."""
   decl = ea.get_mechanism(name)
   options = decl.resolve({})
   rng = np.random.default_rng(0)
   q, k, v = (jnp.asarray(rng.standard_normal((B, N, H, D)), jnp.float32) for _ in range(3))
-  params = {'A_log': jnp.log(jnp.asarray([2.0, 8.0])), 'D': jnp.asarray([0.5, -1.0])}
-  return decl, options, q, k, v, params, _gates(name, params)
+  specs = layer_lib.declared_params(
+    decl, options, heads=H, head_dim=D, max_length=None, causal=True, features=FEATURES
+  )
+  draw = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32)
+  params = {key: draw(*spec.shape) for key, spec in sorted(specs.items())}
+  return decl, options, q, k, v, params, decl.gates(options, params, draw(B, N, FEATURES))
 
 
 @pytest.mark.parametrize('name', GATED)
 def test_a_gated_pure_function_is_the_mechanisms_scan(name):
   decl, options, q, k, v, params, gates = _inputs(name)
   want, _ = decl.cores.scan(*decl.recurrence_inputs(options, params, q, k, v, gates))
-  if name == 'mamba2':
-    want = want + params['D'][:, None] * v  # y = S^T C + D X, before the gated norm
+  want = want + decl.skip(options, params, v)  # Mamba-2's y = S^T C + D X, before the norm
   for form in ('chunk', 'naive'):
-    got = _pure(name, q, k, v, gates, params, form=form, chunk_size=4)
+    got = decl.run_pure_function(q, k, v, gates, params, form=form, chunk_size=4)
     assert got.shape == (B, N, H, D) and got.dtype == v.dtype
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5, err_msg=f'{name} {form}')
 
@@ -100,18 +81,19 @@ def test_a_gated_pure_function_is_the_mechanisms_scan(name):
 @pytest.mark.parametrize('name', GATED)
 def test_a_padded_token_neither_writes_nor_decays(name):
   """Left padding: the real tokens' outputs are those of the sequence without the pads."""
-  _, _, q, k, v, params, gates = _inputs(name)
+  decl, _, q, k, v, params, gates = _inputs(name)
   pads = 3
   mask = jnp.arange(N)[None, :].repeat(B, 0) >= pads
-  got = _pure(name, q, k, v, gates, params, mask=mask, chunk_size=4)
+  got = decl.run_pure_function(q, k, v, gates, params, mask=mask, chunk_size=4)
   cut = {key: x[:, pads:] for key, x in gates.items()}
-  want = _pure(name, q[:, pads:], k[:, pads:], v[:, pads:], cut, params, chunk_size=4)
+  want = decl.run_pure_function(q[:, pads:], k[:, pads:], v[:, pads:], cut, params, chunk_size=4)
   np.testing.assert_allclose(got[:, pads:], want, rtol=2e-5, atol=2e-5)
   assert not np.asarray(got[:, :pads]).any()
 
 
 def test_a_bad_call_is_one_line_naming_the_function():
-  _, _, q, k, v, params, gates = _inputs('gla')
+  _, _, q, k, v, _, gates = _inputs('gla')
+  a_log = jnp.log(jnp.asarray([2.0, 8.0]))
   cases = [
     (
       lambda: ea.mechanisms.retention_attention(q, k, v, form='fast'),
@@ -131,7 +113,7 @@ def test_a_bad_call_is_one_line_naming_the_function():
       'delta_rule_attention: beta of shape (2, 11) does not fit',
     ),
     (
-      lambda: ea.mechanisms.mamba2_attention(q, k[:, :5], v, jnp.ones((B, N, H)), params['A_log']),
+      lambda: ea.mechanisms.mamba2_attention(q, k[:, :5], v, jnp.ones((B, N, H)), a_log),
       'mamba2_attention',
     ),
   ]

@@ -20,8 +20,9 @@ import pytest
 
 import efficient_attn as ea
 from efficient_attn import registry
-from efficient_attn.ops import delta_rule
-from efficient_attn.ops import gated_linear
+from efficient_attn.mechanisms import gated_family
+from efficient_attn.ops import delta
+from efficient_attn.ops import gated
 from efficient_attn.ops import kernels
 
 ARGS = ('q', 'k', 'v', 'g', 'beta', 'state')
@@ -33,16 +34,16 @@ KERNEL = {
   'gated_delta': kernels.delta_chunked,
 }
 XLA = {
-  'scalar': gated_linear.gated_chunked,
-  'vector': gated_linear.gated_chunked,
-  'delta': delta_rule.delta_chunked,
-  'gated_delta': delta_rule.delta_chunked,
+  'scalar': gated.gated_chunked,
+  'vector': gated.gated_chunked,
+  'delta': delta.delta_chunked,
+  'gated_delta': delta.delta_chunked,
 }
 SCAN = {
-  'scalar': gated_linear.gated_scan,
-  'vector': gated_linear.gated_scan,
-  'delta': delta_rule.delta_scan,
-  'gated_delta': delta_rule.delta_scan,
+  'scalar': gated.gated_scan,
+  'vector': gated.gated_scan,
+  'delta': delta.delta_scan,
+  'gated_delta': delta.delta_scan,
 }
 # (length, chunk, dk, dv) per kernel: lengths that are and are not multiples of the chunk,
 # chunks of 8 (padded to the kernels' 16-token tiles) and 16, feature dims below a tile
@@ -53,7 +54,7 @@ SHAPES = {
   'delta': (24, 16, 16, 8),
   'gated_delta': (37, 8, 8, 8),
 }
-GATED = registry.names_where(lambda m: isinstance(m, gated_linear.GatedRecurrence))
+GATED = registry.names_where(lambda m: isinstance(m, gated_family.GatedRecurrence))
 
 
 def _inputs(kind, n, dk, dv, b=2, h=2, seed=0):

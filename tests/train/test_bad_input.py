@@ -15,9 +15,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from configs import common
 from configs import default as default_config
 from configs import imdb as imdb_config
+from configs import presets
 import data
 from data import splits
 from efficient_attn import models as ea_models
@@ -141,7 +141,7 @@ def test_model_sequence_longer_than_fixed_length(mechanism, projection):
 
 
 def test_missing_tfds_data_without_download(tmp_path):
-  config = common.mnist(default_config.get_config())
+  config = presets.mnist(default_config.get_config())
   config.model.patch_size = 4
   config.dataset.update(dict(data_dir=str(tmp_path / 'nowhere'), download=False))
   with pytest.raises(validate.ConfigError, match=r"data_dir='.*nowhere' does not exist"):
@@ -159,7 +159,7 @@ def test_missing_tfds_data_without_download(tmp_path):
 
 
 def test_missing_image_folder(tmp_path, image_folder_root):
-  config = common.image_folder(default_config.get_config(), root=str(tmp_path / 'photos'))
+  config = presets.image_folder(default_config.get_config(), root=str(tmp_path / 'photos'))
   with pytest.raises(validate.ConfigError, match=r"data_dir='.*photos' is not a directory"):
     trainer.train_and_evaluate(config, str(tmp_path / 'run'))
   config.dataset.update(dict(data_dir=image_folder_root, eval_split='validation'))

@@ -5,7 +5,7 @@ The walk of `config` is measured with `sys.setprofile` over one tiny run of
 one evaluation; the walk does not depend on the sizes):
 
   * a *config call* is a call of a function defined in one of the project's
-    packages or modules (efficient_attn/, train/, data/, configs/, fields.py) that receives a
+    packages (efficient_attn/, train/, data/, configs/) that receives a
     `ConfigDict` (the config, a copy of it, or a group of it such as
     `config.dataset`) as an argument, directly or in *args/**kwargs;
   * the call *enters* its file when the nearest config call still running
@@ -36,7 +36,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 PACKAGES = tuple(
   os.path.join(ROOT, p) + os.sep for p in ('efficient_attn', 'train', 'data', 'configs')
 )
-MODULES = (os.path.join(ROOT, 'fields.py'),)
 REGISTRY = os.path.join('efficient_attn', 'registry.py')
 MOST_RETURN_VISITS = 19  # half of issue 32's 39, rounded down
 CONFIGS = (ml_collections.ConfigDict, ml_collections.FrozenConfigDict)
@@ -79,7 +78,7 @@ class Walk:
   def _file(self, code):
     if code not in self._ours:
       path = code.co_filename
-      ours = path.startswith(PACKAGES) or path in MODULES
+      ours = path.startswith(PACKAGES)
       self._ours[code] = os.path.relpath(path, ROOT) if ours else None
     return self._ours[code]
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from configs import default
-import main
+from train import cli
 from train import trainer
 from train import workdir as workdir_lib
 
@@ -100,7 +100,7 @@ def test_an_override_of_the_command_wins_over_the_stored_dataset(trained):
   path = str(folder / workdir)
   config = default.get_config()
   config.dataset.eval_split = 'train'  # as --config.dataset.eval_split=train sets it
-  config = main.eval_config(config, workdir_lib.load_config(path), {'dataset.eval_split': 'train'})
+  config = cli.eval_config(config, workdir_lib.load_config(path), {'dataset.eval_split': 'train'})
   assert config.dataset.source == 'arrays' and config.dataset.holdout == 0.2
   assert config.dataset.eval_split == 'train'
   values = trainer.evaluate(config, path)
@@ -110,7 +110,7 @@ def test_an_override_of_the_command_wins_over_the_stored_dataset(trained):
 
 def test_eval_config_without_a_stored_config_is_the_command_config():
   config = default.get_config()
-  assert main.eval_config(config, None, {}) is config
+  assert cli.eval_config(config, None, {}) is config
 
 
 def test_eval_workdir_finds_the_run_of_the_training_command():
@@ -122,24 +122,26 @@ def test_eval_workdir_finds_the_run_of_the_training_command():
     'dataset.eval_split': 'validation',
     'model.depth': 3,
   }
-  trained_with_all = main.default_workdir('configs/cifar10_nystrom.py', overrides)
+  trained_with_all = workdir_lib.default_workdir('configs/cifar10_nystrom.py', overrides)
   assert (
-    main.eval_workdir('configs/cifar10_nystrom.py', overrides, lambda p: p == trained_with_all)
+    workdir_lib.eval_workdir(
+      'configs/cifar10_nystrom.py', overrides, lambda p: p == trained_with_all
+    )
     == trained_with_all
   )
   # trained without the eval split, evaluated with it
-  without_split = main.default_workdir(
+  without_split = workdir_lib.default_workdir(
     'configs/cifar10_nystrom.py', {k: v for k, v in overrides.items() if k != 'dataset.eval_split'}
   )
   assert (
-    main.eval_workdir('configs/cifar10_nystrom.py', overrides, lambda p: p == without_split)
+    workdir_lib.eval_workdir('configs/cifar10_nystrom.py', overrides, lambda p: p == without_split)
     == without_split
   )
   # no run: the workdir of the overrides an evaluation may not change, as before
-  assert main.eval_workdir('configs/cifar10_nystrom.py', overrides, lambda p: False) == (
-    main.default_workdir('configs/cifar10_nystrom.py', overrides, evaluating=True)
+  assert workdir_lib.eval_workdir('configs/cifar10_nystrom.py', overrides, lambda p: False) == (
+    workdir_lib.default_workdir('configs/cifar10_nystrom.py', overrides, evaluating=True)
   )
-  assert main.eval_workdir('configs/default.py', None, lambda p: False) == 'runs/default'
+  assert workdir_lib.eval_workdir('configs/default.py', None, lambda p: False) == 'runs/default'
 
 
 @pytest.mark.slow

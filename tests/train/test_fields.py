@@ -3,7 +3,7 @@
 import pytest
 
 from configs import default as default_config
-import fields
+from configs import fields
 from train import adapters
 from train import modeling
 from train import optim

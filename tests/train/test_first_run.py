@@ -17,9 +17,9 @@ import pytest
 
 from configs import mnist
 import data
-import main
 from train import logs
 from train import trainer
+from train import workdir as workdir_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NO_NETWORK = "could not download mnist: no network; see README 'Data' for offline use"
@@ -100,7 +100,7 @@ def test_main_without_network_or_workdir(tmp_path):
     **main_runner.popen_kwargs(),
   )
   assert proc.returncode == 1, proc.stderr[-3000:]
-  expected = main.default_workdir('configs/mnist.py', {'dataset.data_dir': data_dir})
+  expected = workdir_lib.default_workdir('configs/mnist.py', {'dataset.data_dir': data_dir})
   assert re.fullmatch(r'runs/mnist-[0-9a-f]{8}', expected)
   assert proc.stdout.splitlines()[0] == f'workdir {expected}', proc.stdout
   assert (
@@ -133,19 +133,19 @@ def test_main_without_network_or_workdir(tmp_path):
   ],
 )
 def test_default_workdir_names(arg, overrides, expected):
-  assert main.default_workdir(arg, overrides) == expected
+  assert workdir_lib.default_workdir(arg, overrides) == expected
 
 
 def test_default_workdir_separates_overrides():
   """Another config (other overrides, other values) never gets the same folder; the same
   overrides in another order do."""
-  base = main.default_workdir('configs/cifar10.py:linear')
-  heads8 = main.default_workdir('configs/cifar10.py:linear', {'model.num_heads': 8})
-  heads4 = main.default_workdir('configs/cifar10.py:linear', {'model.num_heads': 4})
-  both = main.default_workdir(
+  base = workdir_lib.default_workdir('configs/cifar10.py:linear')
+  heads8 = workdir_lib.default_workdir('configs/cifar10.py:linear', {'model.num_heads': 8})
+  heads4 = workdir_lib.default_workdir('configs/cifar10.py:linear', {'model.num_heads': 4})
+  both = workdir_lib.default_workdir(
     'configs/cifar10.py:linear', {'model.num_heads': 8, 'train.num_steps': 10}
   )
-  swapped = main.default_workdir(
+  swapped = workdir_lib.default_workdir(
     'configs/cifar10.py:linear', {'train.num_steps': 10, 'model.num_heads': 8}
   )
   assert len({base, heads8, heads4, both}) == 4
@@ -158,14 +158,14 @@ def test_default_workdir_of_an_evaluation_ignores_what_it_may_change():
   without the override trained (runs/default), not a folder of its own that holds no run."""
 
   def eval_dir(overrides):
-    return main.default_workdir('configs/default.py', overrides, evaluating=True)
+    return workdir_lib.default_workdir('configs/default.py', overrides, evaluating=True)
 
   assert eval_dir({'dataset.eval_split': 'train', 'dataset.eval_batch_size': 7}) == ('runs/default')
-  assert eval_dir({'model.depth': 3}) == main.default_workdir(
+  assert eval_dir({'model.depth': 3}) == workdir_lib.default_workdir(
     'configs/default.py', {'model.depth': 3}
   )
   assert eval_dir({'model.depth': 3, 'dataset.eval_split': 'train'}) == eval_dir({'model.depth': 3})
-  assert main.default_workdir('configs/default.py', {'dataset.eval_split': 'train'}) != (
+  assert workdir_lib.default_workdir('configs/default.py', {'dataset.eval_split': 'train'}) != (
     'runs/default'
   )  # training: another config's folder
 

@@ -12,9 +12,9 @@ import math
 import pytest
 
 from configs import default as default_config
+from configs import fields
 from configs import imagenet as imagenet_config
 from configs import mqar as mqar_config
-import fields
 from train import trainer
 from train import validate
 

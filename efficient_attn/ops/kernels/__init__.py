@@ -1,10 +1,10 @@
 """Pallas kernels of the gated recurrences' chunk forms, and the rule that picks one.
 
 The five recurrences (retention, GLA, Mamba-2, DeltaNet, Gated DeltaNet) take
-`implementation='auto' | 'xla' | 'pallas'` (`gated_linear.common_options`), resolved once
-per call by `choose`, as `efficient_attn.ops.fused_softmax` resolves softmax's:
+`implementation='auto' | 'xla' | 'pallas'` (`mechanisms.gated_family.common_options`),
+resolved once per call by `choose`, as `efficient_attn.ops.fused_softmax` resolves softmax's:
 
-  'xla'    the chunk form in XLA (`gated_linear.gated_chunked`, `delta_rule.delta_chunked`),
+  'xla'    the chunk form in XLA (`gated.gated_chunked`, `delta.delta_chunked`),
            or with form='naive' the token recurrence: any platform and dtype;
   'pallas' the kernels here, one file per kind of recurrence, each a forward and a backward
            Pallas kernel in one `jax.custom_vjp` with the chunk form's signature
@@ -78,7 +78,7 @@ def choose(
 
 def decay_chunked(q, k, v, g, beta=None, state=None, chunk_size: int = 64):
   """The decay recurrence by the kernels: `scalar_decay` for log-decays `[b, n, h, 1]`,
-  `vector_decay` for `[b, n, h, dk]`; as `gated_linear.gated_chunked`."""
+  `vector_decay` for `[b, n, h, dk]`; as `gated.gated_chunked`."""
   kernel = scalar_decay_chunked if g is not None and g.shape[-1] == 1 else vector_decay_chunked
   return kernel(q, k, v, g, beta, state, chunk_size)
 

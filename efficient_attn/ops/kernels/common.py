@@ -4,7 +4,7 @@ small in-kernel helpers written for Triton's rules (2-D values, dots of power-of
 
 Layout. A kernel sees one (batch, head) per program: q, k `[N, DK]`, v `[N, DV]`,
 cumulative log-decays `[N, 1 or DK]`, beta `[N, 1]`, with N = n_chunks * C. The chunk
-form's chunk c (as `gated_linear.chunked`: c = min(chunk_size, n)) is kept exactly:
+form's chunk c (as `gated.common.to_chunks`: c = min(chunk_size, n)) is kept exactly:
 each chunk of c tokens is zero-padded to C = max(16, next power of two >= c) tokens,
 and the feature dims to DK, DV = max(16, next power of two). A padded token has
 k = v = 0, log-decay 0 and beta 0, so it neither writes nor decays, and the result

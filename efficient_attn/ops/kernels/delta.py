@@ -1,8 +1,9 @@
 """Pallas kernels of the delta rule, with a decay per head (Gated DeltaNet) and without
 (DeltaNet), forward and backward in one `jax.custom_vjp`.
 
-The recurrence is `delta_rule`'s, S_t = a_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,
-o_t = S_t^T q_t, in its WY chunk form (`delta_rule.delta_chunked`). Per chunk, with
+The recurrence is `efficient_attn.ops.delta`'s,
+S_t = a_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T, o_t = S_t^T q_t, in its WY
+chunk form (`delta.delta_chunked`). Per chunk, with
 cumulative log-decays b `[C, 1]` (0 without a decay), G_ts = e^{b_t - b_s} (s <= t), the
 start state S and T = (I + A)^-1, A_ts = beta_t G_ts k_t.k_s (s < t):
 
@@ -234,7 +235,7 @@ _core.defvjp(_core_fwd, _core_bwd)
 
 @common.per_device
 def delta_chunked(q, k, v, g, beta, state=None, chunk_size: int = 64, *, on=None):
-  """The (gated) delta rule by the Pallas kernels; equals `delta_rule.delta_chunked` at the
+  """The (gated) delta rule by the Pallas kernels; equals `delta.delta_chunked` at the
   same chunk size.
 
   q, k `[b, n, h, dk]` (keys L2-normalised, as the mechanisms give them), v `[b, n, h, dv]`

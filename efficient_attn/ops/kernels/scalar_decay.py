@@ -2,8 +2,8 @@
 and backward in one `jax.custom_vjp`; the per-feature decay (GLA) reuses them with its own
 intra-chunk scores (`vector_decay`).
 
-The recurrence is `gated_linear`'s, S_t = diag(a_t) S_{t-1} + k_t v_t^T, o_t = S_t^T q_t,
-computed chunk by chunk as `gated_linear.gated_chunked` does. With chunk-local cumulative
+The recurrence is `efficient_attn.ops.gated`'s, S_t = diag(a_t) S_{t-1} + k_t v_t^T,
+o_t = S_t^T q_t, computed chunk by chunk as `gated.gated_chunked` does. With chunk-local cumulative
 log-decays b `[C, dg]` (b_C its last row), the chunk's start state S and the intra-chunk
 scores A `[C, C]` (A_ts = sum_d q_td k_sd exp(b_td - b_sd), s <= t):
 
@@ -226,7 +226,7 @@ def decay_kernel(
 @common.per_device
 def scalar_decay_chunked(q, k, v, g, beta=None, state=None, chunk_size: int = 64, *, on=None):
   """The decay recurrence with one log-decay per head, by the Pallas kernels; equals
-  `gated_linear.gated_chunked` at the same chunk size.
+  `gated.gated_chunked` at the same chunk size.
 
   q, k `[b, n, h, dk]`, v `[b, n, h, dv]` (float32 or bfloat16), g `[b, n, h, 1]` (log-decays
   <= 0), beta ignored (the decay family has no erase step), state `[b, h, dk, dv]` or None

@@ -70,7 +70,7 @@ def scores_grad(da, q, k, b, dtype):
 @common.per_device
 def vector_decay_chunked(q, k, v, g, beta=None, state=None, chunk_size: int = 64, *, on=None):
   """The decay recurrence with one log-decay per key feature, by the Pallas kernels; equals
-  `gated_linear.gated_chunked` at the same chunk size.
+  `gated.gated_chunked` at the same chunk size.
 
   q, k `[b, n, h, dk]`, v `[b, n, h, dv]` (float32 or bfloat16), g `[b, n, h, dk]` (log-decays
   <= 0), beta ignored, state `[b, h, dk, dv]` or None (zeros); on: the platform (default:

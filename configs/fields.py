@@ -4,8 +4,9 @@ Each concern (the data package, and the trainer's model, attention, optimiser,
 adapters and training loop) owns the fields it reads and checks them in its own
 `check(config)`, from a small table of `Field`s (choices, bounds) plus the few
 rules a table cannot say; `train.validate` runs those checks in turn. This
-module sits below `data/` and `train/` (it imports neither), so both declare
-their fields the same way.
+module is the config's schema, so it lives with the configs; it imports nothing of
+the project, and it is the one module of `configs/` that `data/` may import, so
+`data/` and `train/` declare their fields the same way.
 
     FIELDS = (fields.Field('optim.name', choices=OPTIMIZERS),
               fields.Field('optim.learning_rate', above=0),

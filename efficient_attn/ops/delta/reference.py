@@ -1,0 +1,31 @@
+"""The (gated) delta rule token by token: the definition, and the decoding step.
+
+    S_t = a_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,     o_t = S_t^T q_t
+
+(a_t = 1 without a decay: DeltaNet).
+"""
+
+import jax.numpy as jnp
+
+from efficient_attn.ops.gated.common import F32
+from efficient_attn.ops.gated.reference import scan_tokens
+
+
+def delta_step(s, q_t, k_t, v_t, g_t, beta_t):
+  """One token of the (gated) delta rule: (S, o_t `[b, h, dv]`), float32.
+
+  s `[b, h, dk, dv]`; q_t, k_t `[b, h, dk]`; v_t `[b, h, dv]`; g_t `[b, h, 1]` or None
+  (log-decay); beta_t `[b, h]`.
+  """
+  q_t, k_t, v_t, beta_t = (x.astype(F32) for x in (q_t, k_t, v_t, beta_t))
+  if g_t is not None:
+    s = jnp.exp(g_t.astype(F32))[..., None] * s
+  u = beta_t[..., None] * (v_t - jnp.einsum('bhkv,bhk->bhv', s, k_t))
+  s = s + k_t[..., :, None] * u[..., None, :]
+  return s, jnp.einsum('bhk,bhkv->bhv', q_t, s)
+
+
+def delta_scan(q, k, v, g, beta, state=None, chunk_size=None):
+  """The delta rule token by token (the definition); see `gated.reference.scan_tokens`."""
+  del chunk_size
+  return scan_tokens(delta_step, q, k, v, g, beta, state)

@@ -1,0 +1,37 @@
+"""The (gated) delta rule on one device's block of a sequence split over a mesh axis
+(context parallelism, `efficient_attn.layers.parallel`), by composed state transitions."""
+
+import jax.numpy as jnp
+
+from efficient_attn.ops import collectives
+from efficient_attn.ops.gated.common import F32
+
+
+def transition_sharded(core, q, k, v, g, beta, *, chunk_size: int, axis: str):
+  """The (gated) delta rule on this device's block of a sequence split over mesh axis
+  `axis` (inside `jax.shard_map`), by composed state transitions.
+
+  The block maps its incoming state S_in to M S_in + S, M = prod_t a_t (I - beta_t k_t
+  k_t^T) `[dk, dk]` (the latest token on the left) and S its final state from zero. Each
+  column of the state follows the recurrence on its own, so one pass of `core` on values
+  [0 | v] from the state [I | 0] gives both (its final state is [M | S]) and, for every
+  token, r_t = M_{1..t}^T q_t beside the zero-start output o_t. The blocks' (M, S) are
+  composed over the devices before this one, (M1, S1) then (M2, S2) = (M2 M1, M2 S1 + S2)
+  (`collectives.exclusive_scan`), and the output is o_t + S_in^T r_t: no second pass.
+
+  Shapes as `delta_scan` (this block's); returns out `[b, m, h, dv]` (float32).
+  """
+  b, n, h, dk = k.shape
+  dv = v.shape[-1]
+  eye = jnp.eye(dk, dtype=F32)
+  v_aug = jnp.concatenate([jnp.zeros((b, n, h, dk), F32), v.astype(F32)], -1)
+  s0 = jnp.broadcast_to(jnp.concatenate([eye, jnp.zeros((dk, dv), F32)], -1), (b, h, dk, dk + dv))
+  out, s = core(q, k, v_aug, g, beta, state=s0, chunk_size=chunk_size)
+
+  def combine(earlier, later):
+    (m1, s1), (m2, s2) = earlier, later
+    return (jnp.einsum('bhij,bhjk->bhik', m2, m1), jnp.einsum('bhij,bhjv->bhiv', m2, s1) + s2)
+
+  identity = (jnp.broadcast_to(eye, (b, h, dk, dk)), jnp.zeros((b, h, dk, dv), F32))
+  _, s_in = collectives.exclusive_scan(combine, (s[..., :dk], s[..., dk:]), identity, axis)
+  return out[..., dk:] + jnp.einsum('bnhk,bhkv->bnhv', out[..., :dk], s_in)

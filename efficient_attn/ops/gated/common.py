@@ -1,0 +1,85 @@
+"""What the gated recurrences' forms share: the `Cores` tuple of a recurrence's forms, the
+chunk forms' matmul dtype rule and einsum, and the chunking of `[b, h, n, ...]` arrays.
+
+Used by the decay recurrence (`efficient_attn.ops.gated`) and the delta rule
+(`efficient_attn.ops.delta`).
+"""
+
+from typing import Any, Callable, NamedTuple, Optional
+
+import jax.numpy as jnp
+
+F32 = jnp.float32
+
+
+class Cores(NamedTuple):
+  """A recurrence's three forms, one signature: `scan` and `chunked` take (q, k, v, g, beta,
+  state, chunk_size) -> (out, S); `step` takes (S, q_t, k_t, v_t, g_t, beta_t) -> (S, o_t);
+  `init(batch, heads, dk, dv)` is the empty state; `pallas`, the chunk form's Pallas
+  kernels (`efficient_attn.ops.kernels`), `chunked`'s signature."""
+
+  scan: Callable[..., Any]
+  chunked: Callable[..., Any]
+  step: Callable[..., Any]
+  init: Callable[..., Any]
+  pallas: Optional[Callable[..., Any]] = None
+
+
+def heads_first(x, dtype=F32):
+  """`[b, n, h, ...]` -> `[b, h, n, ...]` in `dtype` (float32)."""
+  return jnp.swapaxes(x.astype(dtype), 1, 2)
+
+
+def matmul_dtype(*xs):
+  """The chunk forms' matmul operand dtype for inputs xs (q, k, v): bfloat16 where all are
+  bfloat16, else float32. Products accumulate in float32 either way (`cast_einsum`), and
+  states, decays, cumulative sums and the delta rule's triangular inverse stay float32."""
+  return jnp.bfloat16 if all(x.dtype == jnp.bfloat16 for x in xs) else F32
+
+
+def cast_einsum(spec: str, a, b, dtype=F32):
+  """einsum(spec, a, b) with both operands cast to `dtype`, accumulated in float32."""
+  return jnp.einsum(spec, a.astype(dtype), b.astype(dtype), preferred_element_type=F32)
+
+
+def scale_rows(x, factor):
+  """x `[..., t, d]` times factor `[..., t, 1 or d]`: each row by its factor (factor
+  `[..., t, 1]`) or elementwise. A row factor is applied as an einsum, whose gradient with
+  respect to the factor is a matrix product (XLA on CPU runs the multiply-and-sum that
+  autodiff writes for a broadcast ~10x slower)."""
+  if factor.shape[-1] == x.shape[-1] != 1:
+    return x * factor
+  return jnp.einsum('...td,...t->...td', x, factor[..., 0])
+
+
+def to_chunks(xs, chunk_size: int):
+  """Each `[b, h, n, ...]` array of `xs` (None passes) zero-padded to a multiple of c and cut
+  into `[n_chunks, b, h, c, ...]`; returns (chunks, c)."""
+  n = next(x for x in xs if x is not None).shape[2]
+  c = max(1, min(int(chunk_size), n))
+  nc = -(-n // c)
+
+  def cut(x):
+    if x is None:
+      return None
+    x = jnp.pad(x, [(0, 0), (0, 0), (0, nc * c - n)] + [(0, 0)] * (x.ndim - 3))
+    x = x.reshape(x.shape[:2] + (nc, c) + x.shape[3:])
+    return jnp.moveaxis(x, 2, 0)
+
+  return tuple(cut(x) for x in xs), c
+
+
+def from_chunks(out, n: int):
+  """`[n_chunks, b, h, c, dv]` -> `[b, n, h, dv]` (the first n tokens)."""
+  nc, b, h, c, dv = out.shape
+  out = jnp.moveaxis(out, 0, 2).reshape(b, h, nc * c, dv)[:, :, :n]
+  return jnp.swapaxes(out, 1, 2)
+
+
+def decay_matrix(cum, inclusive: bool = True):
+  """exp(cum_t - cum_s) for s <= t (s < t if not inclusive), else 0: `[..., c, c]` from
+  cumulative log-decays `[..., c]`; masked before exp, so every factor is <= 1."""
+  c = cum.shape[-1]
+  tri = jnp.tril(jnp.ones((c, c), bool), 0 if inclusive else -1)
+  diff = cum[..., :, None] - cum[..., None, :]
+  return jnp.where(tri, jnp.exp(jnp.where(tri, diff, 0.0)), 0.0)

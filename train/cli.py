@@ -1,0 +1,170 @@
+"""main.py's work: its flags read, the run started, every expected failure in one line.
+
+    app.run(main, flags_parser=cli.parse_flags)   # a bad --config: one line, exit status 1
+    cli.run(flags.FLAGS['config'], workdir=..., mode='train', ...)
+
+`run` validates the config (a misspelt field is one line before anything else), prints
+the workdir on the first line (`workdir.default_workdir` without --workdir; with
+--mode=eval, `workdir.eval_workdir`, and the run's own dataset: `eval_config`), starts
+jax.distributed, then trains or evaluates. Each error a user can cause or meet (a bad
+config, a workdir of another run, a full disk, a download without a network: with
+`offline_hint`) ends the process with one line; anything else is a traceback.
+"""
+
+import os
+import shlex
+import sys
+from typing import Any, Dict
+
+from absl import flags
+from ml_collections import config_flags
+
+import data
+from train import checkpoint
+from train import logs
+from train import pyfile
+from train import sharding
+from train import trainer
+from train import validate
+from train import workdir as workdir_lib
+
+
+def parse_flags(argv, flag_values=flags.FLAGS):
+  """absl's flag parsing, with a bad --config (its argument, or an override) reported in
+  one line."""
+  try:
+    rest = flag_values(argv)
+    if 'config' in flag_values:  # ml_collections defers a file it could not read to its use
+      getattr(flag_values['config'].value, 'to_dict', None)
+  except flags.Error as e:
+    sys.exit(f'Error: {pyfile.config_flag_error(e, argv)} (--helpfull lists the flags)')
+  except (AttributeError, KeyError, TypeError, ValueError) as e:  # a --config.x override
+    sys.exit(pyfile.config_flag_error(e, argv))
+  except OSError as e:  # the --config file cannot be read ('[Errno 2] No such file ...')
+    reason = str(e).strip().splitlines()[-1].strip()
+    path = next((a.split('=', 1)[1] for a in argv[1:] if a.startswith('--config=')), '')
+    sys.exit(f'Error: flag --config={path}: {reason} (--helpfull lists the flags)')
+  return rest
+
+
+def eval_config(config, stored, overrides=None):
+  """`config` with its `dataset` fields read from a run's stored config, for --mode=eval.
+
+  `stored`: the run's config.json (a ConfigDict, or None: `config` as it is). Each
+  field of `config.dataset` takes the stored value (source, data_dir, holdout, splits,
+  ...) unless a --config.* override (`overrides`, {'dataset.eval_split': ...}) sets
+  it, so an evaluation reads the data the run was trained on, not the config file's
+  default (a TFDS download, for a run trained from .npz files).
+  """
+  if stored is None or 'dataset' not in stored:
+    return config
+  overrides = overrides or {}
+  config = config.copy_and_resolve_references()
+  for key, value in stored.dataset.items():
+    field = f'dataset.{key}'
+    if key in config.dataset and not any(
+      k == field or k.startswith(field + '.') for k in overrides
+    ):
+      config.dataset[key] = value
+  return config
+
+
+# The flags the command of an offline hint sets itself (`offline_hint`).
+DATA_FLAGS = ('--config.dataset.source', '--config.dataset.data_dir', '--config.dataset.download')
+
+
+def offline_hint(argv, config_arg: str, config) -> str:
+  """What a failed download adds to its message: the command `argv` again, reading the
+  dataset from .npz files (`data.arrays_source`), and for the CIFAR-10 ViT at its base
+  size, the size a CPU can train."""
+  arrays = data.arrays_source(config)
+  if arrays is None:
+    return ''
+  flags_to_add, files = arrays
+  args, skip = [], False
+  for arg in argv[1:]:
+    if not skip and not arg.startswith(tuple(f + '=' for f in DATA_FLAGS)):
+      if arg in DATA_FLAGS:
+        skip = True  # '--flag value': the value is the next argument
+      else:
+        args.append(arg)
+    else:
+      skip = False
+  command = shlex.join(['python', 'main.py', *args, *flags_to_add])
+  hint = f', or train from .npz files ({files}): {command}'
+  path, _, arg = config_arg.partition(':')
+  if os.path.basename(path) in ('cifar10.py', 'cifar10_nystrom.py') and 'size=small' not in arg:
+    a = config.attention
+    small = (
+      os.path.join(os.path.dirname(path), 'cifar10.py')
+      + f':{a.mechanism}'
+      + (f',projection={a.projection}' if a.projection != 'standard' else '')
+      + ',size=small'
+    )
+    hint += (
+      f'; on a CPU, use --config={small}: this base size trains at about 12 '
+      f'examples/s on 2 cores, so its 100 epochs would take about 5 days'
+    )
+  return hint
+
+
+def run(
+  config_flag,
+  *,
+  workdir: str,
+  mode: str,
+  restart: bool,
+  verbose: bool,
+  distributed: Dict[str, Any],
+) -> None:
+  """Trains and evaluates (`mode='train'`, resuming if it can) or evaluates (`'eval'`) the
+  config of `config_flag` (main.py's --config) in `workdir` (None: named after the config);
+  any expected failure exits with one line.
+
+  `verbose`: --verbosity was given (absl's INFO lines are kept). `distributed`: the
+  arguments of `sharding.initialize_distributed`.
+  """
+  logs.quiet_logs(verbose)
+  try:  # a bad field (a misspelt mechanism, say) is one line before the workdir line
+    validate.validate_config(config_flag.value)
+  except validate.ConfigError as e:
+    sys.exit(f'Invalid config: {e}')
+  config_arg = config_flags.get_config_filename(config_flag)
+  overrides = config_flags.get_override_values(config_flag)
+  evaluating = mode == 'eval'
+  path = workdir or (
+    workdir_lib.eval_workdir(config_arg, overrides)
+    if evaluating
+    else workdir_lib.default_workdir(config_arg, overrides)
+  )
+  print(f'workdir {path}', flush=True)
+  config = config_flag.value
+  if evaluating:  # the run's own dataset, unless the command names another
+    try:
+      config = eval_config(config, workdir_lib.load_config(path), overrides)
+    except workdir_lib.WorkdirError as e:  # a damaged config.json: one line
+      sys.exit(f'Error: {e}')
+  try:
+    sharding.initialize_distributed(**distributed)
+  except (ValueError, ConnectionError) as e:
+    sys.exit(f'Error: {e}')
+  try:
+    if mode == 'train':
+      trainer.train_and_evaluate(config, path, restart=restart)
+    else:
+      trainer.evaluate(config, path)
+  except validate.ConfigError as e:
+    sys.exit(f'Invalid config: {e}')
+  except (workdir_lib.WorkdirError, checkpoint.CheckpointSaveError) as e:
+    sys.exit(f'Error: {e}')
+  except FileNotFoundError as e:  # --mode=eval without a checkpoint
+    sys.exit(f'Error: {e}')
+  except FloatingPointError as e:  # a non-finite loss: the message names the step
+    sys.exit(f'Error: {e}')
+  except OSError as e:  # a full disk, a read-only workdir: one line naming the path
+    message = workdir_lib.write_failure(path, e, training=mode == 'train')
+    if message is None:
+      raise
+    sys.exit(f'Error: {message}')
+  except data.DownloadError as e:  # TFDS without a network: how to train from files
+    sys.exit(f'Error: {e}{offline_hint(sys.argv, config_arg, config)}')
