@@ -9,7 +9,9 @@ Each tool is a program with `main(argv=None)`:
     python -m benchmarks.report runs/* --out=benchmark_results/report
 
 and writes `<out>/<name>.json`, `<out>/<name>.md` and `<out>/*.png`. Shared
-pieces live in `common` (building and timing), `xla_stats` (compiled memory and
-FLOPs), `output` (JSON, markdown, plots) and `runs` (workdirs and captured q, k, v).
+pieces live in `common` (command lines), `attention_bench` (building attention from a
+name), `timing` (timed calls, exponent fits), `machine` (memory and device facts),
+`xla_stats` (compiled memory and FLOPs), `output` (JSON, markdown, plots) and `runs`
+(workdirs and captured q, k, v).
 See docs/benchmarks.md for what each measures and example results.
 """

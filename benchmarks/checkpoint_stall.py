@@ -30,6 +30,7 @@ from etils import epath
 import jax
 
 from benchmarks import common
+from benchmarks import machine
 from benchmarks import output
 from train import api
 
@@ -102,7 +103,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     raise SystemExit('Error: --config is required, e.g. --config=configs/mnist.py:standard')
   with tempfile.TemporaryDirectory() as tmp:
     row = measure(fv.config, fv.saves, fv.steps_between, fv.workdir or tmp)
-  info = common.device_info()
+  info = machine.device_info()
   notes = [
     f"{row['params']:,} parameters and their Adam state; {fv.saves} saves per mode, "
     f'{fv.steps_between} train steps (batch {row["batch_size"]}) before each; medians '
@@ -122,7 +123,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     fv.out,
     fv.name,
     'Checkpoint stall: synchronous against asynchronous',
-    common.describe_device(info),
+    machine.describe_device(info),
     notes,
     table,
     dict(device=info, row=row, command=notes[-1]),

@@ -33,40 +33,23 @@ Lengths of 64K and over run at batch 1.
 skipped with one line wherever it cannot run (no source, no torch, no GPU).
 """
 
-import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Dict, List
 
 from absl import flags
-import jax
-import jax.numpy as jnp
-import numpy as np
 
 from benchmarks import common
+from benchmarks import fla_peer_fla
+from benchmarks import fla_peer_inputs
+from benchmarks import fla_peer_ours
+from benchmarks import machine
 from benchmarks import output
 from benchmarks.published import fla as published_fla
-from efficient_attn.ops import delta
-from efficient_attn.ops import gated
-from efficient_attn.ops import kernels
 
 RECURRENCES = ('retention', 'mamba2', 'gla', 'deltanet', 'gated_deltanet')
 IMPLEMENTATIONS = ('xla', 'pallas')
 DTYPES = ('bfloat16', 'float32')
 LAYOUTS = ('heads', 'paper')
 LONG = 65536  # from this length on, batch 1
-FLA_OPS = {
-  'retention': 'chunk_retention',
-  'mamba2': 'chunk_simple_gla',
-  'gla': 'chunk_gla',
-  'deltanet': 'chunk_delta_rule',
-  'gated_deltanet': 'chunk_gated_delta_rule',
-}
-FLA_STEPS = {
-  'retention': 'fused_recurrent_retention',
-  'mamba2': 'fused_recurrent_simple_gla',
-  'gla': 'fused_recurrent_gla',
-  'deltanet': 'fused_recurrent_delta_rule',
-  'gated_deltanet': 'fused_recurrent_gated_delta_rule',
-}
 
 
 def define_flags(fv: flags.FlagValues) -> None:
@@ -111,197 +94,6 @@ def define_flags(fv: flags.FlagValues) -> None:
     '16, chunk 16, 2 repeats): every part, on any machine',
     flag_values=fv,
   )
-
-
-# ----------------------------------------------------------------------------
-# Problems: shapes and random inputs, the same for both sides.
-# ----------------------------------------------------------------------------
-
-
-def shapes(recurrence: str, layout: str, heads: int, head_dim: int) -> Dict[str, int]:
-  """heads, dk, dv (and qk_groups: heads sharing one q/k) of a recurrence in a layout."""
-  if layout == 'paper' and recurrence == 'mamba2':
-    return dict(heads=32, dk=128, dv=64, qk_groups=1)
-  if layout == 'paper' and recurrence == 'gated_deltanet':
-    return dict(heads=6, dk=256, dv=512, qk_groups=6)
-  return dict(heads=heads, dk=head_dim, dv=head_dim, qk_groups=heads)
-
-
-def inputs(recurrence: str, batch: int, length: int, s: Dict[str, int], seed: int = 0):
-  """Float32 NumPy q, k, v `[b, n, h, d]`, log-decay g (`[b, n, h, 1]` or `[b, n, h, dk]`, or
-  None) and beta (`[b, n, h]` or None), as the mechanisms make them: keys L2-normalised for
-  the delta rule, decays in a trained model's range."""
-  rng = np.random.default_rng(seed)
-  b, n, h, dk, dv = batch, length, s['heads'], s['dk'], s['dv']
-  q, k = (rng.standard_normal((b, n, s['qk_groups'], dk), np.float32) for _ in range(2))
-  q, k = (np.repeat(x, h // s['qk_groups'], axis=2) for x in (q, k))
-  v = rng.standard_normal((b, n, h, dv), np.float32)
-  g = beta = None
-  if recurrence == 'retention':
-    g = np.broadcast_to(
-      np.log1p(-(2.0 ** (-5.0 - np.arange(h, dtype=np.float32))))[:, None], (b, n, h, 1)
-    ).copy()
-  elif recurrence in ('mamba2', 'gated_deltanet'):
-    g = -rng.uniform(0.001, 0.1, (b, n, h, 1)).astype(np.float32)
-  elif recurrence == 'gla':
-    g = np.log(rng.uniform(0.9, 1.0, (b, n, h, dk))).astype(np.float32)
-  if recurrence in ('deltanet', 'gated_deltanet'):
-    k = k / np.linalg.norm(k, axis=-1, keepdims=True)
-    beta = rng.uniform(0.1, 0.9, (b, n, h)).astype(np.float32)
-  q = q / np.sqrt(dk)  # the mechanisms scale queries (fla: scale=1 below)
-  return q, k, v, g, beta
-
-
-# ----------------------------------------------------------------------------
-# Ours.
-# ----------------------------------------------------------------------------
-
-
-def our_core(recurrence: str, implementation: str) -> Optional[Callable[..., Any]]:
-  """`core(q, k, v, g, beta, state=None, chunk_size=c) -> (out, state)` of the chunk form:
-  the XLA form ('xla') or the Pallas kernels ('pallas', `efficient_attn.ops.kernels`)."""
-  is_delta = recurrence in ('deltanet', 'gated_deltanet')
-  if implementation == 'xla':
-    return delta.delta_chunked if is_delta else gated.gated_chunked
-  return kernels.delta_chunked if is_delta else kernels.decay_chunked
-
-
-def our_step(recurrence: str) -> Callable[..., Any]:
-  return delta.delta_step if recurrence in ('deltanet', 'gated_deltanet') else gated.gated_step
-
-
-def memory_bytes(compiled) -> Optional[int]:
-  """Arguments + outputs + temporaries of a compiled program (None where XLA says nothing)."""
-  try:
-    m = compiled.memory_analysis()
-    return int(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes)
-  except Exception:  # pylint: disable=broad-except
-    return None
-
-
-def time_ours(
-  core, q, k, v, g, beta, *, dtype: str, chunk_size: int, repeats: int, budget_s: float
-) -> Dict[str, Any]:
-  """Forward + backward of `core` on the inputs cast to `dtype` (gates stay float32)."""
-  cast = lambda x: None if x is None else jnp.asarray(x, dtype)
-  q, k, v = (cast(x) for x in (q, k, v))
-  g, beta = (None if x is None else jnp.asarray(x) for x in (g, beta))
-  do = jnp.ones(v.shape, jnp.float32)
-
-  def loss(q, k, v, g, beta):
-    out, _ = core(q, k, v, g, beta, chunk_size=chunk_size)
-    return jnp.sum(out.astype(jnp.float32) * do)
-
-  grad = jax.jit(
-    jax.grad(loss, argnums=tuple(i for i, x in enumerate((q, k, v, g, beta)) if x is not None))
-  )
-  start = time.perf_counter()
-  compiled = grad.lower(q, k, v, g, beta).compile()
-  compile_s = time.perf_counter() - start
-  timing = common.time_compiled(compiled, (q, k, v, g, beta), repeats=repeats, budget_s=budget_s)
-  return dict(time_s=timing['time_s'], compile_s=compile_s, memory_bytes=memory_bytes(compiled))
-
-
-def time_our_step(recurrence: str, q, k, v, g, beta, *, repeats: int) -> float:
-  """Seconds per decoding step (batch, heads and widths of the inputs), float32 state."""
-  step = jax.jit(our_step(recurrence))
-  b, _, h, dk = q.shape
-  s = jnp.zeros((b, h, dk, v.shape[-1]), jnp.float32)
-  first = lambda x: None if x is None else jnp.asarray(x[:, 0])  # token 0: [b, h, ...]
-  args = (s, first(q), first(k), first(v), first(g), first(beta))
-  common.block(step(*args))
-  times = []
-  for _ in range(max(1, repeats)):
-    start = time.perf_counter()
-    common.block(step(*args))
-    times.append(time.perf_counter() - start)
-  return float(np.median(times))
-
-
-# ----------------------------------------------------------------------------
-# fla.
-# ----------------------------------------------------------------------------
-
-
-def fla_call(ops, recurrence: str, q, k, v, g, beta, *, step: bool = False, state=None):
-  """One call of fla's chunk op (or, with `step`, its fused recurrent op) on torch tensors
-  `[B, T, H, D]`: returns (out, final state)."""
-  name = (FLA_STEPS if step else FLA_OPS)[recurrence]
-  module = getattr(
-    ops,
-    {'mamba2': 'simple_gla', 'deltanet': 'delta_rule', 'gated_deltanet': 'gated_delta_rule'}.get(
-      recurrence, recurrence
-    ),
-  )
-  fn = getattr(module, name)
-  kw = dict(scale=1.0, initial_state=state, output_final_state=True)
-  if recurrence == 'retention':
-    return fn(q, k, v, **kw)
-  if recurrence == 'gla':
-    return fn(q, k, v, gk=g, **kw) if step else fn(q, k, v, g=g, **kw)
-  if recurrence == 'mamba2':
-    return fn(q, k, v, g=g[..., 0], **kw)
-  if recurrence == 'deltanet':
-    return fn(q, k, v, beta=beta, **kw)
-  return fn(q, k, v, g=g[..., 0], beta=beta, **kw)
-
-
-def time_fla(ops, recurrence: str, q, k, v, g, beta, *, repeats: int) -> Dict[str, Any]:
-  """fla's forward + backward (bfloat16 q, k, v; float32 gates) with CUDA events, its peak
-  memory, and one decoding step's latency."""
-  import torch  # pylint: disable=g-import-not-at-top
-
-  dev = 'cuda'
-  bf = lambda x: torch.tensor(x, device=dev, dtype=torch.bfloat16).requires_grad_()
-  f32 = lambda x: None if x is None else torch.tensor(x, device=dev).requires_grad_()
-  tq, tk, tv = bf(q), bf(k), bf(v)
-  tg, tb = f32(g), f32(beta)
-  do = torch.ones_like(tv)
-
-  def once():
-    out, _ = fla_call(ops, recurrence, tq, tk, tv, tg, tb)
-    out.backward(do)
-
-  once()
-  torch.cuda.synchronize()
-  torch.cuda.reset_peak_memory_stats()
-  base = torch.cuda.memory_allocated()
-  times = []
-  for _ in range(max(1, repeats)):
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    once()
-    end.record()
-    torch.cuda.synchronize()
-    times.append(start.elapsed_time(end) / 1e3)
-  peak = torch.cuda.max_memory_allocated() - base
-  return dict(time_s=float(np.median(times)), memory_bytes=int(peak))
-
-
-def time_fla_step(ops, recurrence: str, q, k, v, g, beta, *, repeats: int) -> float:
-  """Seconds per token of fla's fused recurrent op with a state (bfloat16 inputs)."""
-  import torch  # pylint: disable=g-import-not-at-top
-
-  one = lambda x, dt=torch.bfloat16: (
-    None if x is None else torch.tensor(x[:, :1], device='cuda', dtype=dt)
-  )
-  tq, tk, tv, tg, tb = one(q), one(k), one(v), one(g, torch.float32), one(beta, torch.float32)
-  state = torch.zeros(q.shape[0], q.shape[2], q.shape[3], v.shape[3], device='cuda')
-  with torch.no_grad():
-    fla_call(ops, recurrence, tq, tk, tv, tg, tb, step=True, state=state)
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(max(1, repeats)):
-      start = time.perf_counter()
-      fla_call(ops, recurrence, tq, tk, tv, tg, tb, step=True, state=state)
-      torch.cuda.synchronize()
-      times.append(time.perf_counter() - start)
-  return float(np.median(times))
-
-
-# ----------------------------------------------------------------------------
-# The run.
-# ----------------------------------------------------------------------------
 
 
 def check_flags(fv) -> Dict[str, Any]:
@@ -357,7 +149,7 @@ def run(fv) -> Dict[str, Any]:
   rows: List[Dict[str, Any]] = []
   for layout in picked['layouts']:
     for recurrence in picked['recurrences']:
-      s = shapes(recurrence, layout, heads, head_dim)
+      s = fla_peer_inputs.shapes(recurrence, layout, heads, head_dim)
       if fv.dry_run:
         s = {k: min(v, 4 if k == 'heads' else 16) for k, v in s.items()}
         s['qk_groups'] = 1 if s['qk_groups'] < s['heads'] else s['heads']
@@ -365,30 +157,32 @@ def run(fv) -> Dict[str, Any]:
         continue
       for length in picked['lengths']:
         b = 1 if length >= LONG else batch
-        data = inputs(recurrence, b, length, s)
+        data = fla_peer_inputs.inputs(recurrence, b, length, s)
         row = dict(recurrence=recurrence, layout=layout, length=length, batch=b, **s)
         for impl in picked['implementations']:
-          core = our_core(recurrence, impl)
+          core = fla_peer_ours.our_core(recurrence, impl)
           for dtype in picked['dtypes']:
             key = f'{impl}_{dtype}'
             if core is None:
               row[key] = dict(skipped=f'no {impl} form of {recurrence}')
               continue
             try:
-              row[key] = time_ours(
+              row[key] = fla_peer_ours.time_ours(
                 core, *data, dtype=dtype, chunk_size=chunk, repeats=repeats, budget_s=fv.budget_s
               )
             except Exception as e:  # pylint: disable=broad-except
               row[key] = dict(failed=f'{type(e).__name__}: {str(e).splitlines()[0][:200]}')
         if ops is not None:
           try:
-            row['fla_bfloat16'] = time_fla(ops, recurrence, *data, repeats=repeats)
+            row['fla_bfloat16'] = fla_peer_fla.time_fla(ops, recurrence, *data, repeats=repeats)
           except Exception as e:  # pylint: disable=broad-except
             row['fla_bfloat16'] = dict(failed=f'{type(e).__name__}: {str(e)[:200]}')
         if fv.decode and length == picked['lengths'][0]:
-          row['decode_ours_s'] = time_our_step(recurrence, *data, repeats=repeats)
+          row['decode_ours_s'] = fla_peer_ours.time_our_step(recurrence, *data, repeats=repeats)
           if ops is not None:
-            row['decode_fla_s'] = time_fla_step(ops, recurrence, *data, repeats=repeats)
+            row['decode_fla_s'] = fla_peer_fla.time_fla_step(
+              ops, recurrence, *data, repeats=repeats
+            )
         rows.append(row)
         say(
           f'{recurrence} {layout} n={length}: '
@@ -404,7 +198,7 @@ def run(fv) -> Dict[str, Any]:
   return dict(
     rows=rows,
     fla=dict(published_fla.FLA, skipped=reason or ''),
-    device=common.device_info(),
+    device=machine.device_info(),
     chunk_size=chunk,
     dry_run=fv.dry_run,
   )
@@ -475,7 +269,7 @@ def main(argv=None) -> None:
     fv.out,
     fv.name,
     'The gated family against fla',
-    common.describe_device(result['device']),
+    machine.describe_device(result['device']),
     notes,
     markdown(result),
     result,

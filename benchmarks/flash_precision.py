@@ -32,8 +32,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks import attention_bench
 from benchmarks import common
+from benchmarks import machine
 from benchmarks import output
+from benchmarks import timing
 from efficient_attn.mechanisms.softmax import chunked_softmax_attention
 from efficient_attn.ops import fused_softmax
 
@@ -150,7 +153,9 @@ def check(fv, platform: str) -> List[Dict[str, Any]]:
   records = []
   scale = fv.head_dim**-0.5
   for dtype in fv.dtypes:
-    q, k, v = common.random_qkv(0, fv.batch, fv.length, fv.heads, fv.head_dim, DTYPES[dtype])
+    q, k, v = attention_bench.random_qkv(
+      0, fv.batch, fv.length, fv.heads, fv.head_dim, DTYPES[dtype]
+    )
     g = jax.random.normal(jax.random.PRNGKey(1), q.shape, q.dtype)
     for causal in [c == 'true' for c in fv.causal]:
       want, want_grads = reference(q, k, v, g, causal, scale)
@@ -180,7 +185,7 @@ def time_variants(fv, records, platform: str) -> None:
   """Adds 'time_s' (forward + backward, non-causal, --time_length) to the non-causal records."""
   scale = fv.head_dim**-0.5
   for dtype in fv.dtypes:
-    q, k, v = common.random_qkv(
+    q, k, v = attention_bench.random_qkv(
       0, fv.time_batch, fv.time_length, fv.heads, fv.head_dim, DTYPES[dtype]
     )
     g = jax.random.normal(jax.random.PRNGKey(1), q.shape, q.dtype)
@@ -198,7 +203,7 @@ def time_variants(fv, records, platform: str) -> None:
             attention_fn(rec['implementation'], False, scale, platform, rec.get('blocks'))
           )
           compiled = jax.jit(fn).lower(q, k, v, g).compile()
-        rec.update(common.time_compiled(compiled, (q, k, v, g), repeats=fv.repeats, budget_s=10.0))
+        rec.update(timing.time_compiled(compiled, (q, k, v, g), repeats=fv.repeats, budget_s=10.0))
       except Exception as e:  # pylint: disable=broad-except  (recorded, run continues)
         rec['time_failed'] = f'{type(e).__name__}: {str(e).strip().splitlines()[0][:200]}'
       if not fv.quiet:
@@ -277,7 +282,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
       )
     common.check_choices('time_precisions', fv.time_precisions, ('default', 'highest'))
     common.check_choices('causal', fv.causal, ('true', 'false'))
-  info = common.device_info()
+  info = machine.device_info()
   records = check(fv, info['platform'])
   if fv.time_length:
     for dtype in fv.dtypes:  # block-size variants: timed only
@@ -295,7 +300,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     time_variants(fv, records, info['platform'])
   meta = dict(
     device=info,
-    device_line=common.describe_device(info),
+    device_line=machine.describe_device(info),
     length=fv.length,
     batch=fv.batch,
     heads=fv.heads,

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import common
+from benchmarks import machine
 from benchmarks import output
 from efficient_attn.ops import delta
 from efficient_attn.ops import gated
@@ -240,11 +241,11 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     common.check_choices('recurrences', fv.recurrences, RECURRENCES)
     common.check_choices('dtypes', fv.dtypes, DTYPES)
     common.check_choices('implementations', fv.implementations, IMPLEMENTATIONS)
-  info = common.device_info()
+  info = machine.device_info()
   records = check(fv)
   meta = dict(
     device=info,
-    device_line=common.describe_device(info),
+    device_line=machine.describe_device(info),
     length=fv.length,
     batch=fv.batch,
     heads=fv.heads,

@@ -41,8 +41,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks import attention_bench
 from benchmarks import common
+from benchmarks import machine
 from benchmarks import output
+from benchmarks import timing
 from efficient_attn.models import CausalTransformer
 from efficient_attn.models import TransformerConfig
 from efficient_attn.models import sampling
@@ -155,7 +158,7 @@ def time_sampler(model, params, batch: int, args) -> Dict[str, Any]:
   times = []
   for i in range(max(1, args.repeats)):
     start = time.perf_counter()
-    common.block(compiled(params, jax.random.fold_in(rng, i), *rest))
+    timing.block(compiled(params, jax.random.fold_in(rng, i), *rest))
     times.append(time.perf_counter() - start)
   return dict(time_s=float(np.median(times)), times_s=times, compile_s=compile_s)
 
@@ -175,11 +178,11 @@ def step_latency(model, params, batch: int, args) -> np.ndarray:
   token = jnp.full((batch,), model.start_token, jnp.int32)
   rng = jax.random.PRNGKey(args.seed)
   for _ in range(3):  # compile and warm up on a copy (donated, then discarded)
-    common.block(sample_step(params, jax.tree.map(jnp.copy, cache), token, rng))
+    timing.block(sample_step(params, jax.tree.map(jnp.copy, cache), token, rng))
   times = np.zeros(length)
   for t in range(length):
     start = time.perf_counter()
-    token, cache = common.block(sample_step(params, cache, token, jax.random.fold_in(rng, t)))
+    token, cache = timing.block(sample_step(params, cache, token, jax.random.fold_in(rng, t)))
     times[t] = time.perf_counter() - start
   return times
 
@@ -206,7 +209,7 @@ def markdown(result: Dict[str, Any]) -> str:
   ]
   text = output.header(
     'Image generation: linear (RNN) vs softmax (KV cache)',
-    common.describe_device(result['device']),
+    machine.describe_device(result['device']),
     notes,
   )
   ref = mechs[0]
@@ -271,7 +274,7 @@ def run(args) -> Dict[str, Any]:
   trained, params = load_workdir(args) if args.workdir else (None, None)  # sets the sizes
   result: Dict[str, Any] = dict(
     config=args.flag_values_dict(),
-    device=common.device_info(),
+    device=machine.device_info(),
     mechanisms=mechs,
     num_images=sizes,
     length=args.image_size**2,
@@ -305,8 +308,8 @@ def run(args) -> Dict[str, Any]:
       if structure not in weights:
         weights[structure] = load_params(model, args.params if not kv else '', args.seed)
       params = weights[structure]
-    result.setdefault('num_params', common.count_params(params))
-    result.setdefault('params', {})[label] = common.count_params(params)
+    result.setdefault('num_params', attention_bench.count_params(params))
+    result.setdefault('params', {})[label] = attention_bench.count_params(params)
     result['cache_bytes'][label] = cache_bytes(model, params)
     result['wall'][label] = {}
     for n in sizes:
@@ -335,7 +338,7 @@ def plot(path: str, result: Dict[str, Any]) -> str:
     ylabel='ms per step',
     logx=False,
     logy=False,
-    suptitle=common.describe_device(result['device']),
+    suptitle=machine.describe_device(result['device']),
   )
   output.line_plot(
     path.replace('_latency.png', '_wall.png'),

@@ -22,6 +22,7 @@ from typing import Any, Dict, Optional, Sequence
 import jax
 
 from benchmarks import common
+from benchmarks import machine
 from benchmarks import output
 from train import api
 
@@ -83,7 +84,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   if fv.config is None:
     raise SystemExit('Error: --config is required, e.g. --config=configs/mnist.py:standard')
   row = measure(fv.config, fv.steps, fv.rounds)
-  info = common.device_info()
+  info = machine.device_info()
   notes = [
     f"the config's train step, batch {row['batch_size']}; blocks of {fv.steps} steps, "
     f'{fv.rounds} of each kind interleaved after a warm-up block of each; medians.',
@@ -106,7 +107,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     fv.out,
     fv.name,
     'Input pipeline: real against synthetic batches',
-    common.describe_device(info),
+    machine.describe_device(info),
     notes,
     table,
     dict(device=info, row=row, command=notes[-1]),

@@ -28,6 +28,7 @@ from absl import flags
 from etils import epath
 
 from benchmarks import common
+from benchmarks import machine
 from benchmarks import output
 from benchmarks import runs
 from train import api
@@ -75,7 +76,7 @@ def collect(root: str) -> Dict[str, Any]:
   base_config = runs.read_json(epath.Path(root) / 'base' / 'config.json')
   result: Dict[str, Any] = dict(
     root=os.path.abspath(root) if api.is_local(root) else root,
-    device=common.device_info(),
+    device=machine.device_info(),
     dataset=base_config['dataset']['name'],
     model=base_config['model']['kind'],
     seeds=[(base_config.get('train') or {}).get('seed')],
@@ -189,7 +190,7 @@ def markdown(result: Dict[str, Any], command: str = '') -> str:
     notes.append('not finished, left out: ' + ', '.join(result['unfinished']))
   if command:
     notes.append(f'command: `{command}`')
-  text = output.header('LoRA rank study', common.describe_device(result['device']), notes)
+  text = output.header('LoRA rank study', machine.describe_device(result['device']), notes)
   rows = [['base, not adapted', 0] + [_cell(result, 'base', v) for v in variants]]
   if result['full_finetune']:
     rows.append(

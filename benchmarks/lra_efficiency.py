@@ -29,7 +29,9 @@ from typing import Any, Dict, Optional, Sequence
 import jax
 import numpy as np
 
+from benchmarks import attention_bench
 from benchmarks import common
+from benchmarks import machine
 from benchmarks import output
 from benchmarks import train_speed
 from benchmarks import xla_stats
@@ -248,11 +250,11 @@ def markdown(meta, points, mechanisms, lengths) -> str:
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   argv = list(sys.argv[1:] if argv is None else argv)
   fv = common.parse_flags(define_flags, argv, __doc__)
-  mechanisms = common.csv_list(fv.mechanisms) or list(common.available_mechanisms())
+  mechanisms = common.csv_list(fv.mechanisms) or list(attention_bench.available_mechanisms())
   if 'softmax' not in mechanisms:
     mechanisms = ['softmax'] + mechanisms  # the reference
   lengths = common.csv_list(fv.lengths, int)
-  total = common.total_memory_bytes()
+  total = machine.total_memory_bytes()
   budget = (
     int(fv.memory_budget_gb * 2**30)
     if fv.memory_budget_gb
@@ -283,7 +285,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
           f'({elapsed:.0f}s, ETA {elapsed / done * (todo - done):.0f}s)',
           flush=True,
         )
-  info = common.device_info()
+  info = machine.device_info()
   notes = [
     f"LRA's Text model (configs/lra/text.py, size={fv.size}), batch {fv.batch_size}, "
     f'random bytes; {fv.steps} timed train steps after a warm-up step; every '
@@ -307,7 +309,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     )
   meta = dict(
     device=info,
-    device_line=common.describe_device(info),
+    device_line=machine.describe_device(info),
     notes=notes,
     batch_size=fv.batch_size,
     size=fv.size,

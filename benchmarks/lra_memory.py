@@ -31,8 +31,10 @@ from typing import Any, Dict, Optional, Sequence
 
 import jax
 
+from benchmarks import attention_bench
 from benchmarks import common
 from benchmarks import lra_efficiency
+from benchmarks import machine
 from benchmarks import output
 from benchmarks import train_speed
 from benchmarks import xla_stats
@@ -86,7 +88,7 @@ def attention_memory(
 ) -> int:
   """Forward + backward memory of one attention layer alone (standard projection)."""
   x = jax.ShapeDtypeStruct((batch_size, length, d_model), jax.numpy.float32)
-  bench = common.layer_bench(mechanism, 'standard', x, num_heads=heads, options=options)
+  bench = attention_bench.layer_bench(mechanism, 'standard', x, num_heads=heads, options=options)
   fn, args = bench.forward_backward()
   return xla_stats.memory(jax.jit(fn).lower(*args).compile())['total']
 
@@ -162,12 +164,12 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     'floor: step - depth x attention layer.',
     'command: python -m benchmarks.lra_memory ' + ' '.join(sys.argv[1:] if argv is None else argv),
   ]
-  data = dict(device=common.device_info(), flags={f: fv[f].value for f in fv}, rows=rows)
+  data = dict(device=machine.device_info(), flags={f: fv[f].value for f in fv}, rows=rows)
   output.finish_table(
     fv.out,
     fv.name,
     "Where LRA Text's training memory goes",
-    common.describe_device(data['device']),
+    machine.describe_device(data['device']),
     notes,
     table,
     data,

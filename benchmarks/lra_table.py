@@ -25,8 +25,9 @@ from absl import flags
 from etils import epath
 
 from benchmarks import common
+from benchmarks import machine
 from benchmarks import output
-from benchmarks import report
+from benchmarks import report_rows
 from benchmarks import runs
 
 TASKS = ('ListOps', 'Text', 'Retrieval', 'Image', 'Pathfinder')
@@ -235,7 +236,7 @@ def plot(path: str, ours) -> Optional[str]:
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   args, workdirs = common.parse_flags(define_flags, argv, __doc__, positional='workdirs')
-  workdirs = [w for pattern in workdirs for w in report.expand(pattern)]
+  workdirs = [w for pattern in workdirs for w in report_rows.expand(pattern)]
   rows = []
   for wd in workdirs:
     row = read_run(wd) if epath.Path(wd).is_dir() else None
@@ -246,10 +247,10 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     rows.append(row)
   if not rows:
     raise SystemExit('no Long Range Arena workdirs among: ' + ' '.join(workdirs))
-  info = common.device_info()
+  info = machine.device_info()
   meta = dict(
     device=info,
-    device_line=common.describe_device(info),
+    device_line=machine.describe_device(info),
     workdirs=workdirs,
     command=output.command('benchmarks.lra_table', argv),
   )

@@ -21,7 +21,9 @@ import flax.linen as nn
 import jax
 
 from benchmarks import common
+from benchmarks import machine
 from benchmarks import output
+from benchmarks import timing
 import efficient_attn as ea
 import efficient_attn.nnx as ean
 
@@ -75,11 +77,11 @@ def measure(
     calls['flax'] = lambda: flax_step(params, x)
   times: Dict[str, List[float]] = {name: [] for name in calls}
   for call in calls.values():  # compile and warm up
-    common.block(call())
+    timing.block(call())
   for _ in range(repeats):
     for name, call in calls.items():
       start = time.perf_counter()
-      common.block(call())
+      timing.block(call())
       times[name].append(time.perf_counter() - start)
   linen_s, nnx_s, split_s = (statistics.median(times[n]) for n in ('linen', 'nnx', 'nnx_split'))
   flax_s = statistics.median(times['flax']) if 'flax' in times else None
@@ -102,8 +104,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   fv = common.parse_flags(define_flags, argv, __doc__)
   shape = dict(batch=fv.batch, length=fv.length, d_model=fv.d_model, heads=fv.heads)
   rows = [measure(m, projection=fv.projection, repeats=fv.repeats, **shape) for m in fv.mechanisms]
-  info = common.device_info()
-  device = common.describe_device(info)
+  info = machine.device_info()
+  device = machine.describe_device(info)
   notes = [
     f'forward + backward (gradient of sum(output) w.r.t. parameters and input), batch '
     f'{fv.batch}, length {fv.length}, d_model {fv.d_model}, {fv.heads} heads, float32, '

@@ -43,10 +43,13 @@ from typing import Any, Dict, List, Optional, Sequence
 import jax
 import jax.numpy as jnp
 
+from benchmarks import attention_bench
 from benchmarks import common
+from benchmarks import machine
 from benchmarks import output
 from benchmarks import peer_algorithms as peers
 from benchmarks import published
+from benchmarks import timing
 from benchmarks import xla_stats
 from efficient_attn.ops import feature_maps
 
@@ -150,7 +153,7 @@ def _compile(fn, args, budget: float):
 
 def measure_length(n: int, pairs: Sequence[tuple], fv, budget: float) -> List[Dict[str, Any]]:
   """Times every pair at length n, its two sides alternating. One record per pair."""
-  q, k, v = common.random_qkv(0, fv.batch, n, fv.heads, fv.head_dim, DTYPES[fv.dtype])
+  q, k, v = attention_bench.random_qkv(0, fv.batch, n, fv.heads, fv.head_dim, DTYPES[fv.dtype])
   options = _options(fv)
   sides, rows = {}, []
   for mechanism, causal, peer in pairs:
@@ -161,7 +164,7 @@ def measure_length(n: int, pairs: Sequence[tuple], fv, budget: float) -> List[Di
       length=n,
       peer_kind='published' if peer in PUBLISHED else 'recipe',
     )
-    bench = common.mechanism_bench(
+    bench = attention_bench.mechanism_bench(
       mechanism, q, k, v, options=options.get(mechanism), causal=causal
     )
     ours_fn, ours_args = bench.forward_backward()
@@ -182,11 +185,11 @@ def measure_length(n: int, pairs: Sequence[tuple], fv, budget: float) -> List[Di
   times = {(i, s): [] for i in sides for s in (0, 1)}
   for i, pair in sides.items():  # pair by pair, its two sides alternating
     for compiled, args in pair:  # warm-up
-      common.block(compiled(*args))
+      timing.block(compiled(*args))
     for _ in range(fv.repeats):
       for s, (compiled, args) in enumerate(pair):
         start = time.perf_counter()
-        common.block(compiled(*args))
+        timing.block(compiled(*args))
         times[(i, s)].append(time.perf_counter() - start)
   for i, row in enumerate(rows):
     if i in sides:
@@ -213,7 +216,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
       f'Error: --pairs={",".join(fv.pairs)} matches none of '
       f'{sorted({p[0] for p in PAIRS} | {p[2] for p in PAIRS})}'
     )
-  total = common.total_memory_bytes() or 16 * 2**30
+  total = machine.total_memory_bytes() or 16 * 2**30
   budget = fv.memory_budget_gb * 2**30 if fv.memory_budget_gb else 0.6 * total
   rows = []
   for n in lengths:
@@ -221,7 +224,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     rows += measure_length(n, pairs, fv, budget)
     if not fv.quiet:
       print(f'length {n}: {time.perf_counter() - start:.0f} s', flush=True)
-  info = common.device_info()
+  info = machine.device_info()
   labels = list(dict.fromkeys(_label(r) for r in rows))
   by = {(_label(r), r['length']): r for r in rows}
 
@@ -253,7 +256,11 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   ]
   skipped = [f"- {_label(r)}, n={r['length']}: {r['skipped']}" for r in rows if r['skipped']]
   markdown = '\n'.join(
-    [output.header('The library against its peers', common.describe_device(info), notes), table, '']
+    [
+      output.header('The library against its peers', machine.describe_device(info), notes),
+      table,
+      '',
+    ]
     + (['Skipped:', ''] + skipped + [''] if skipped else [])
   )
   series = {lab: (lengths, [by[(lab, n)].get('ratio') for n in lengths]) for lab in labels}

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import common
+from benchmarks import machine
 from benchmarks import output
 from benchmarks import runs
 from efficient_attn.mechanisms.softmax import softmax_weights
@@ -233,7 +234,7 @@ def short_name(source: str) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   args = common.parse_flags(define_flags, argv, __doc__)
-  info = common.device_info()
+  info = machine.device_info()
   sources = args.source or ['random:softmax']
   with common.flag_errors():  # every source before any is analysed
     common.csv_list(args.ks, int, '--ks')
@@ -251,7 +252,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         )
   meta = dict(
     device=info,
-    device_line=common.describe_device(info),
+    device_line=machine.describe_device(info),
     threshold=args.threshold,
     energy=args.energy,
     sources=sources,

@@ -27,6 +27,7 @@ import jax
 import numpy as np
 
 from benchmarks import common
+from benchmarks import machine
 from benchmarks import output
 
 
@@ -212,7 +213,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   except ValueError as e:  # includes api.ConfigError
     sys.exit(f'Error: {str(e).splitlines()[0]}')
   summarise(points, specs, fv.examples_per_epoch)
-  info = common.device_info()
+  info = machine.device_info()
   notes = [
     f'{fv.rounds} interleaved rounds of {fv.steps} train steps per config, order '
     'rotated each round, after one warm-up step; synthetic inputs; ms/step is the '
@@ -221,7 +222,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   ]
   meta = dict(
     device=info,
-    device_line=common.describe_device(info),
+    device_line=machine.describe_device(info),
     notes=notes,
     rounds=fv.rounds,
     steps=fv.steps,

@@ -16,12 +16,18 @@ import numpy as np
 import pytest
 
 from benchmarks import approx_error
+from benchmarks import approx_error_sweeps
+from benchmarks import attention_bench
 from benchmarks import common
 from benchmarks import cost
+from benchmarks import cost_layers
 from benchmarks import nnx_overhead
 from benchmarks import report
 from benchmarks import spectrum
 from benchmarks import speed
+from benchmarks import speed_measure
+from benchmarks import speed_output
+from benchmarks import timing
 from benchmarks import xla_stats
 from efficient_attn.mechanisms.softmax import chunked_softmax_attention
 from efficient_attn.mechanisms.softmax import softmax_attention
@@ -121,11 +127,11 @@ def test_hlo_calls_read_single_and_listed_callees_and_loop_counts():
 
 def test_exponent_fit_and_time_prediction():
   ns = [256, 512, 1024, 2048]
-  assert common.fit_exponent(ns, [3 * n**1.5 for n in ns]) == pytest.approx(1.5)
-  assert common.fit_exponent(ns, [n**2 for n in ns], lo=1024) == pytest.approx(2.0)
-  assert common.fit_exponent(ns, [1.0, None, None, None]) is None
-  assert common.predict_time([100], [1.0], 200) == pytest.approx(4.0)
-  assert common.predict_time([100, 200], [1.0, 2.0], 400) == pytest.approx(4.0)
+  assert timing.fit_exponent(ns, [3 * n**1.5 for n in ns]) == pytest.approx(1.5)
+  assert timing.fit_exponent(ns, [n**2 for n in ns], lo=1024) == pytest.approx(2.0)
+  assert timing.fit_exponent(ns, [1.0, None, None, None]) is None
+  assert timing.predict_time([100], [1.0], 200) == pytest.approx(4.0)
+  assert timing.predict_time([100, 200], [1.0, 2.0], 400) == pytest.approx(4.0)
 
 
 def test_energy_curve_and_rank():
@@ -302,11 +308,11 @@ def test_speed_exponent_column_names_the_lengths_fitted():
   row fitted over fewer lengths says its own."""
   full = dict(time_exponent=2.0, memory_exponent=None, fit_lengths=[1024, 2048, 4096])
   part = dict(time_exponent=1.0, memory_exponent=None, fit_lengths=[1024, 2048])
-  assert speed.exponent_column([full, part], 'time') == (
+  assert speed_output.exponent_column([full, part], 'time') == (
     'exponent 1024-4096',
     ['2', '1 (1024-2048)'],
   )
-  assert speed.exponent_column([full, part], 'memory') is None
+  assert speed_output.exponent_column([full, part], 'memory') is None
 
 
 def test_speed_records_skipped_and_failed_points(tmp_path):
@@ -332,7 +338,7 @@ def test_speed_records_skipped_and_failed_points(tmp_path):
   _, text = check_outputs(out, 'speed', ['speed_time.png'])
   assert '## Points not measured' in text
   # A point that raises is recorded, not fatal.
-  bad = speed.safe_measure(
+  bad = speed_measure.safe_measure(
     dict(
       target='linformer',
       mode='fwd',
@@ -370,10 +376,10 @@ def test_speed_isolated_point_reports_peak_rss():
     seed=0,
     exact_implementation=None,
   )
-  rec = speed.run_isolated(spec, timeout_s=300)
+  rec = speed_measure.run_isolated(spec, timeout_s=300)
   assert rec['status'] == 'ok', rec
   assert rec['rss_peak_bytes'] >= rec['rss_baseline_bytes'] > 0
-  assert speed.headline_memory(rec, True, 'cpu') == (rec['rss_peak_bytes'], 'rss')
+  assert speed_measure.headline_memory(rec, True, 'cpu') == (rec['rss_peak_bytes'], 'rss')
 
 
 @pytest.mark.slow
@@ -414,17 +420,17 @@ def test_approx_error_tool_and_identities(tmp_path):
 
 
 def test_knob_values_depend_on_the_length():
-  assert approx_error.knob_values('num_landmarks', [4, 8, 32, 'n'], 16) == [4, 8, 'n']
-  assert approx_error.knob_values('num_features', [8, 64], 16) == [8, 64]
-  assert approx_error.knob_values('window', [16, 32, 64, '2n'], 16) == [16, 32]
+  assert approx_error_sweeps.knob_values('num_landmarks', [4, 8, 32, 'n'], 16) == [4, 8, 'n']
+  assert approx_error_sweeps.knob_values('num_features', [8, 64], 16) == [8, 64]
+  assert approx_error_sweeps.knob_values('window', [16, 32, 64, '2n'], 16) == [16, 32]
 
 
 def test_rfa_is_compared_with_softmax_over_cosine_similarities():
-  q, k, v = common.random_qkv(0, 1, 16, 1, 8)
-  ref = approx_error.reference('rfa', {'sigma': 1.0}, q, k, v)
+  q, k, v = attention_bench.random_qkv(0, 1, 16, 1, 8)
+  ref = approx_error_sweeps.reference('rfa', {'sigma': 1.0}, q, k, v)
   unit = lambda x: x / jnp.linalg.norm(x, axis=-1, keepdims=True)
   assert np.allclose(ref, softmax_attention(unit(q), unit(k), v, scale=1.0), atol=1e-5)
-  mean, _ = approx_error.point_error('rfa', {'num_features': 256}, [(0, (q, k, v))])
+  mean, _ = approx_error_sweeps.point_error('rfa', {'num_features': 256}, [(0, (q, k, v))])
   assert mean < 0.1
 
 
@@ -449,7 +455,7 @@ def test_cost_tool_reproduces_the_papers_parameter_counts(tmp_path):
   layers = {(r['mechanism'], r['projection']): r for r in data['layers']}
   d, l = 16, 32
   assert layers[('softmax', 'standard')]['params_total'] == 4 * (d * d + d)
-  sup = cost.layer_cost(
+  sup = cost_layers.layer_cost(
     'softmax', 'super', d_model=d, heads=2, length=l, batch=1, options={}, modes=()
   )
   assert sup['params_total'] == 2 * (d * d + d) + l * l + l
@@ -457,7 +463,7 @@ def test_cost_tool_reproduces_the_papers_parameter_counts(tmp_path):
   assert chunked['fwd_loops'] > 0
   assert abs(chunked['fwd_flops'] / exact['fwd_flops'] - 1) < 0.15
   assert data['meta']['scaling']['softmax']['flops_exponent'] > 1.2
-  linformer = cost.layer_cost(
+  linformer = cost_layers.layer_cost(
     'linformer', 'efficient', d_model=d, heads=2, length=l, batch=1, options={'k_proj': 8}, modes=()
   )
   assert linformer['params_mechanism'] == 2 * 8 * l  # E, F: k x n

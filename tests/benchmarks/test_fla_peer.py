@@ -8,6 +8,7 @@ import subprocess
 import pytest
 
 from benchmarks import fla_peer
+from benchmarks import fla_peer_ours
 from benchmarks.published import fla
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -76,7 +77,7 @@ def test_a_dry_run_times_ours_and_skips_fla_in_one_line(tmp_path, monkeypatch, c
 
 
 def test_every_point_skipped_exits_non_zero(tmp_path, monkeypatch):
-  monkeypatch.setattr(fla_peer, 'our_core', lambda recurrence, implementation: None)
+  monkeypatch.setattr(fla_peer_ours, 'our_core', lambda recurrence, implementation: None)
   monkeypatch.setenv(fla.FLA['env'], str(tmp_path / 'nowhere'))
   with pytest.raises(SystemExit, match='every point failed or was skipped'):
     fla_peer.main(

@@ -8,7 +8,7 @@ import sys
 import main_runner
 import pytest
 
-from benchmarks import scale
+from benchmarks import scale_communication
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -35,7 +35,7 @@ ENTRY %main (a: f32[8,16], g: f32[100]) -> (f32[8,16], f32[100], bf16[4,10]) {
 
 
 def test_communication_counts_each_collective_by_its_shapes_groups_and_loops():
-  sent = scale.communication(HLO, 4)
+  sent = scale_communication.communication(HLO, 4)
   # 3 of 4 devices send 8x16 float32 in each of 5 iterations.
   assert sent['permute'] == pytest.approx(5 * 8 * 16 * 4 * 3 / 4)
   # A ring all-reduce over 4 devices sends 2 (4 - 1) / 4 of the (combined) bytes.

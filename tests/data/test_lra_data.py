@@ -11,6 +11,7 @@ from scipy import ndimage
 from data import aan
 from data import listops
 from data import pathfinder
+from data import pathfinder_contours
 
 # ----------------------------------------------------------------------------- ListOps
 
@@ -151,7 +152,7 @@ def test_listops_write_splits_round_trip(tmp_path, capsys):
 
 @pytest.fixture(scope='module')
 def pathfinder_sample():
-  return pathfinder.generate(64, seed=0, contour_length=14, with_discs=True)
+  return pathfinder_contours.generate(64, seed=0, contour_length=14, with_discs=True)
 
 
 def test_pathfinder_shapes_balance_and_values(pathfinder_sample):
@@ -170,11 +171,13 @@ def test_pathfinder_shapes_balance_and_values(pathfinder_sample):
 
 
 def test_pathfinder_deterministic_and_seeded(pathfinder_sample):
-  images, labels, discs = pathfinder.generate(64, seed=0, contour_length=14, with_discs=True)
+  images, labels, discs = pathfinder_contours.generate(
+    64, seed=0, contour_length=14, with_discs=True
+  )
   np.testing.assert_array_equal(images, pathfinder_sample[0])
   np.testing.assert_array_equal(labels, pathfinder_sample[1])
   np.testing.assert_array_equal(discs, pathfinder_sample[2])
-  other, _ = pathfinder.generate(64, seed=1, contour_length=14)
+  other, _ = pathfinder_contours.generate(64, seed=1, contour_length=14)
   assert not np.array_equal(other, images)
 
 
@@ -185,7 +188,7 @@ def test_pathfinder_label_is_connectivity(contour_length, num_distractors):
   Paths keep a one-pixel empty margin from each other, so this holds with distractors too.
   Random labels would disagree with the flood fill on about half of the images.
   """
-  images, labels, discs = pathfinder.generate(
+  images, labels, discs = pathfinder_contours.generate(
     60,
     seed=contour_length,
     contour_length=contour_length,
@@ -203,9 +206,9 @@ def test_pathfinder_label_is_connectivity(contour_length, num_distractors):
 
 def test_pathfinder_bad_arguments():
   with pytest.raises(ValueError, match='contour_length'):
-    pathfinder.generate(2, seed=0, contour_length=1)
+    pathfinder_contours.generate(2, seed=0, contour_length=1)
   with pytest.raises(ValueError, match='continuity'):
-    pathfinder.generate(2, seed=0, continuity=0.5)
+    pathfinder_contours.generate(2, seed=0, continuity=0.5)
   with pytest.raises(ValueError, match='contour_length must be one of'):
     pathfinder.read_released('/nonexistent', contour_length=7)
 

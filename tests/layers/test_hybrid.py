@@ -21,7 +21,8 @@ from efficient_attn.layers import hybrid
 from efficient_attn.models import CausalTransformer
 from efficient_attn.models import Encoder
 from efficient_attn.models import TransformerConfig
-from studies.recall import report
+from studies.recall import decode_state
+from studies.recall import run_records
 from train import trainer
 from train import validate
 
@@ -230,7 +231,7 @@ def test_options_two_mechanisms_declare_name_the_model_where_it_is_not_both_defa
     r = validate.resolve(parse('gla+deltanet', *args), read_data=False)
     again = validate.resolve(r.config, read_data=False)
     assert dict(again.options) == dict(r.options)
-    labels[args] = report.label(r.config)
+    labels[args] = run_records.label(r.config)
   assert list(labels.values()) == ['gla+deltanet', 'gla+deltanet conv_size=0']
 
 
@@ -305,7 +306,7 @@ def test_the_decode_state_of_a_pattern_is_its_blocks_states():
   """'linear+local' at depth 2 holds one linear state and one window: half of the two
   plain stacks' caches (each counts its one position counter)."""
   sizes = {
-    m: report.state_bytes(
+    m: decode_state.state_bytes(
       parse(
         m,
         *based_args()[:2] if m == 'linear' else based_args()[2:] if m == 'local' else based_args(),
@@ -331,4 +332,4 @@ def test_a_tiny_mqar_run_trains_a_pattern(tmp_path):
   with open(os.path.join(workdir, 'results.json')) as f:
     results = json.load(f)
   assert results['steps'] == 4 and np.isfinite(results['eval_loss'])
-  assert report.label(config) == 'linear+local feature_map=taylor qk_dim=4 window=4'
+  assert run_records.label(config) == 'linear+local feature_map=taylor qk_dim=4 window=4'

@@ -11,8 +11,13 @@ import pytest
 import shared_runs
 
 from efficient_attn import registry
+from studies.recall import decode_state
 from studies.recall import gradients
+from studies.recall import plots
 from studies.recall import report
+from studies.recall import run_records
+from studies.recall import study_plan
+from studies.recall import tables
 from train import pyfile
 from train import sweep
 
@@ -65,11 +70,15 @@ def _config(mechanism, seq_len):
 def test_decode_state_is_a_kv_cache_for_softmax_and_constant_for_linear():
   counters = 3 * 4  # each layer's int32 cache index and the model's position
   for seq_len in (16, 32):  # 2 layers x (keys, values) x seq_len x width x float32
-    assert report.state_bytes(_config('softmax', seq_len)) == 2 * 2 * seq_len * 8 * 4 + counters
+    assert (
+      decode_state.state_bytes(_config('softmax', seq_len)) == 2 * 2 * seq_len * 8 * 4 + counters
+    )
   # 2 layers x 2 heads x (S [4, 4] + z [4] + a log-scale) float32, whatever the length
-  assert report.state_bytes(_config('linear', 16)) == 2 * 2 * (4 * 4 + 4 + 1) * 4 + counters
-  assert report.state_bytes(_config('linear', 32)) == report.state_bytes(_config('linear', 16))
-  assert report.state_bytes(_config('reformer', 16)) is None  # no decoding form
+  assert decode_state.state_bytes(_config('linear', 16)) == 2 * 2 * (4 * 4 + 4 + 1) * 4 + counters
+  assert decode_state.state_bytes(_config('linear', 32)) == decode_state.state_bytes(
+    _config('linear', 16)
+  )
+  assert decode_state.state_bytes(_config('reformer', 16)) is None  # no decoding form
 
 
 def test_seeds_give_the_mean_and_half_the_range():
@@ -92,16 +101,16 @@ def test_seeds_give_the_mean_and_half_the_range():
     )
     for s, a in ((1, 0.5), (0, 0.25))
   ]
-  [row] = report.group(runs)
+  [row] = tables.group(runs)
   assert row['seeds'] == [0, 1] and row['accuracy'] == [0.25, 0.5] and row['state_bytes'] == 7
   assert row['mean'] == pytest.approx(0.375) and row['spread'] == pytest.approx(0.125)
 
 
 def test_a_run_with_an_option_off_its_default_is_its_own_row():
   config = _config('deltanet', 16)
-  assert report.label(config) == 'deltanet'
+  assert run_records.label(config) == 'deltanet'
   config.attention.options.conv_size = 0
-  assert report.label(config) == 'deltanet conv_size=0'
+  assert run_records.label(config) == 'deltanet conv_size=0'
 
 
 def test_conv_size_turns_the_short_convolution_off_in_named_runs():
@@ -141,7 +150,7 @@ def test_based_runs_are_named_by_their_options_and_refused_where_they_are_not(
 ):
   [run] = sweep.expand(sweep.load_sweep(f'{SWEEP}:{arg}'))
   assert run.name == name
-  assert report.label(sweep.build_config(run)) == label
+  assert run_records.label(sweep.build_config(run)) == label
   mechanism = arg.split(',')[0].split('=')[1]
   [run] = sweep.expand(sweep.load_sweep(f'{SWEEP}:mechanisms={mechanism}'))
   assert not any(k.startswith('attention.options.') for k in run.overrides)
@@ -152,8 +161,8 @@ def test_based_runs_are_named_by_their_options_and_refused_where_they_are_not(
 
 
 def test_a_long_label_is_wrapped_in_legends_at_its_options():
-  assert report.legend_label('softmax') == 'softmax'
-  assert report.legend_label('linear+local feature_map=taylor qk_dim=16 window=64') == (
+  assert plots.legend_label('softmax') == 'softmax'
+  assert plots.legend_label('linear+local feature_map=taylor qk_dim=16 window=64') == (
     'linear+local\nfeature_map=taylor\nqk_dim=16 window=64'
   )
 
@@ -162,10 +171,10 @@ def test_num_heads_names_the_run_and_its_row():
   [run] = sweep.expand(sweep.load_sweep(f'{SWEEP}:mechanisms=softmax,widths=128,num_heads=4'))
   assert run.name == 'softmax-d128-l128-kv8-h4'
   config = sweep.build_config(run)
-  assert config.model.num_heads == 4 and report.label(config) == 'softmax heads=4'
+  assert config.model.num_heads == 4 and run_records.label(config) == 'softmax heads=4'
   [run] = sweep.expand(sweep.load_sweep(f'{SWEEP}:mechanisms=softmax'))
   assert run.name == 'softmax-d64-l128-kv8' and sweep.build_config(run).model.num_heads == 2
-  assert report.label(sweep.build_config(run)) == 'softmax'
+  assert run_records.label(sweep.build_config(run)) == 'softmax'
   with pytest.raises(sweep.SweepError, match='num_heads=3 does not divide .*d_model=64'):
     sweep.check(sweep.expand(sweep.load_sweep(f'{SWEEP}:mechanisms=softmax,num_heads=3')))
 
@@ -190,12 +199,12 @@ def test_runs_at_two_budgets_are_two_rows_and_the_table_names_the_budget():
     )
     for lr, steps, a in ((1e-2, 10, 0.25), (3e-3, 50, 0.75))
   ]
-  rows = report.group(runs)
+  rows = tables.group(runs)
   assert [r['mean'] for r in rows] == [0.75, 0.25]
-  table = report.markdown(rows, 'cmd').splitlines()
+  table = tables.markdown(rows, 'cmd').splitlines()
   assert '| budget |' in table[2]
   assert '| 50 steps, lr 0.003, vocab 16 | 75.00 ± 0.00% |' in table[4]
-  assert '| budget |' not in report.markdown(rows[:1], 'cmd')  # one budget: no column
+  assert '| budget |' not in tables.markdown(rows[:1], 'cmd')  # one budget: no column
 
 
 def test_plot_gives_each_mechanism_one_colour_in_lines_and_bars(tmp_path, monkeypatch):
@@ -227,7 +236,7 @@ def test_plot_gives_each_mechanism_one_colour_in_lines_and_bars(tmp_path, monkey
   monkeypatch.setattr(
     matplotlib.figure.Figure, 'savefig', lambda fig, path, **kw: figures.append((fig, kw))
   )
-  report.plot(report.group(runs), str(tmp_path / 'p.png'))
+  plots.plot_accuracy(tables.group(runs), str(tmp_path / 'p.png'))
   ((figure, kw),) = figures
   assert kw.get('bbox_inches') == 'tight'  # legends beside the panels are not cut off
   lines_ax, bars_ax = figure.axes
@@ -249,7 +258,7 @@ def test_colours_stay_distinct_past_the_default_cycle():
 
   for n in (2, 12, 20):
     runs = [dict(mechanism=f'm{i:02d}') for i in range(n)]
-    hexes = [matplotlib.colors.to_hex(c) for c in report.colours(runs).values()]
+    hexes = [matplotlib.colors.to_hex(c) for c in plots.colours(runs).values()]
     assert len(set(hexes)) == n, n
 
 
@@ -257,7 +266,7 @@ def test_state_plot_draws_a_line_per_mechanism_cell_and_budget_in_the_mechanisms
   tmp_path, monkeypatch
 ):
   """Zoology's recall-memory plot: a mechanism's widths in one cell are one line, in the
-  colour `plot` gives it; a marker per cell; a row without a decode state is left out."""
+  colour `plot_accuracy` gives it; a marker per cell; a row without a decode state is left out."""
   import matplotlib.colors  # pylint: disable=g-import-not-at-top
   import matplotlib.figure  # pylint: disable=g-import-not-at-top
 
@@ -287,14 +296,14 @@ def test_state_plot_draws_a_line_per_mechanism_cell_and_budget_in_the_mechanisms
   monkeypatch.setattr(
     matplotlib.figure.Figure, 'savefig', lambda fig, path, **kw: figures.append(fig)
   )
-  rows = report.group(runs)
-  report.plot_state(rows, str(tmp_path / 's.png'))
+  rows = tables.group(runs)
+  plots.plot_state(rows, str(tmp_path / 's.png'))
   [ax] = figures[0].axes
   drawn = [bars.lines[0] for bars in ax.containers]  # each errorbar's data line
   # 2 mechanisms x 2 cells x 2 budgets; (16 tokens) joins widths 8 and 16.
   assert sorted(len(line.get_xdata()) for line in drawn) == [1] * 4 + [2] * 4
   assert {matplotlib.colors.to_hex(line.get_color()) for line in drawn} == {
-    matplotlib.colors.to_hex(report.colours(rows)[m]) for m in ('softmax', 'linear')
+    matplotlib.colors.to_hex(plots.colours(rows)[m]) for m in ('softmax', 'linear')
   }
   assert len({line.get_marker() for line in drawn}) == 2
   assert len({line.get_linestyle() for line in drawn}) == 2
@@ -306,24 +315,24 @@ def test_state_plot_draws_a_line_per_mechanism_cell_and_budget_in_the_mechanisms
 def test_error_bars_span_the_seeds_and_never_pass_the_lowest():
   """Three seeds 0.3, 0.0 and 0.9: mean 0.4 ± 0.45 would reach -5%; the bars reach from the
   lowest seed (0%) to the highest (90%)."""
-  rows = report.group(
+  rows = tables.group(
     [_run('mamba2', s, a) for s, a in ((0, 0.3), (1, 0.0), (2, 0.9))]
     + [_run('softmax', s, a) for s, a in ((0, 0.5), (1, 0.7))]
   )
-  bars = {r['mechanism']: report.seed_range([r])[:, 0] for r in rows}
+  bars = {r['mechanism']: plots.seed_range([r])[:, 0] for r in rows}
   np.testing.assert_allclose(bars['mamba2'], [40.0, 50.0])
   np.testing.assert_allclose(bars['softmax'], [10.0, 10.0])  # two seeds: half the range
 
 
 def test_budget_keeps_the_runs_of_one_budget_and_a_bad_one_is_one_line():
   runs = [_run('softmax', 0, 1.0, steps=s) for s in (10, 20)]
-  assert report.select(runs, budget=(20, 1e-3, 16)) == runs[1:]
-  assert report.select(runs, budget=(20, 1e-2, 16)) == []
-  assert report.selection([], [], '20,1e-3,16')[2] == (20, 1e-3, 16)
-  assert report.selection([], [])[2] is None
+  assert run_records.select(runs, budget=(20, 1e-3, 16)) == runs[1:]
+  assert run_records.select(runs, budget=(20, 1e-2, 16)) == []
+  assert report.parse_selection([], [], '20,1e-3,16')[2] == (20, 1e-3, 16)
+  assert report.parse_selection([], [])[2] is None
   for bad in ('20,1e-3', '20,1e-3,16,1', 'x,1e-3,16', '20,0,16', '0,1e-3,16'):
     with pytest.raises(SystemExit) as e:
-      report.selection([], [], bad)
+      report.parse_selection([], [], bad)
     assert str(e.value).startswith(f'--budget: {bad!r} is not steps,learning_rate,vocab_size')
     assert '\n' not in str(e.value)
 
@@ -369,11 +378,11 @@ def test_throughput_names_the_device_unless_a_cpu_and_each_seed_when_they_differ
     _run('gla', 0, 0.1, examples_per_sec=57.0),
     _run('gla', 1, 0.1, examples_per_sec=4321.0, device='NVIDIA H100 80GB HBM3'),
   ]
-  rows = {r['mechanism']: r for r in report.group(cpu + gpu + mixed)}
-  assert report.throughput(rows['linear']) == '60'
-  assert report.throughput(rows['softmax']) == '4,500 (H100)'
-  assert report.throughput(rows['gla']) == '57 (cpu), 4,321 (H100)'
-  table = report.markdown(list(rows.values()), 'cmd')
+  rows = {r['mechanism']: r for r in tables.group(cpu + gpu + mixed)}
+  assert tables.throughput(rows['linear']) == '60'
+  assert tables.throughput(rows['softmax']) == '4,500 (H100)'
+  assert tables.throughput(rows['gla']) == '57 (cpu), 4,321 (H100)'
+  table = tables.markdown(list(rows.values()), 'cmd')
   assert 'examples/s (one CPU core, or the device named)' in table
   assert '| 4,500 (H100) |' in table and '| 57 (cpu), 4,321 (H100) |' in table
 
@@ -384,20 +393,20 @@ def test_a_report_gives_back_its_runs_and_a_new_workdir_replaces_its_own(tmp_pat
   seed, and a run read again from its workdir replaces the stored one."""
   stored = [_run('softmax', 0, 0.5, curve=[[50, 100], [0.25, 0.5]]), _run('linear', 0, 0.25)]
   path = tmp_path / 'r.json'
-  path.write_text(json.dumps(dict(command='c', rows=report.group(stored), runs=stored)))
-  assert report.read_report(str(path)) == stored
-  path.write_text(json.dumps(dict(command='c', rows=report.group(stored))))  # an older report
-  assert report.read_report(str(path)) == [
+  path.write_text(json.dumps(dict(command='c', rows=tables.group(stored), runs=stored)))
+  assert run_records.read_report(str(path)) == stored
+  path.write_text(json.dumps(dict(command='c', rows=tables.group(stored))))  # an older report
+  assert run_records.read_report(str(path)) == [
     dict(r, curve=None, loss=None) for r in sorted(stored, key=lambda r: -r['accuracy'])
   ]
   again = _run('softmax', 0, 0.75, workdir='new/softmax')
-  merged = report.merge(stored + [_run('softmax', 1, 1.0)], [again])
+  merged = run_records.merge(stored + [_run('softmax', 1, 1.0)], [again])
   assert sorted((r['mechanism'], r['seed'], r['accuracy']) for r in merged) == [
     ('linear', 0, 0.25),
     ('softmax', 0, 0.75),
     ('softmax', 1, 1.0),
   ]
-  [softmax, _] = report.group(merged)  # best first
+  [softmax, _] = tables.group(merged)  # best first
   assert softmax['workdirs'] == ['new/softmax', 'runs/s1/softmax']
   assert softmax['mean'] == pytest.approx(0.875)
 
@@ -420,16 +429,18 @@ def test_a_file_that_is_no_report_is_one_line_naming_it(tmp_path, text, problem)
   elif text is not None:
     path.write_text(text)
   with pytest.raises(SystemExit) as e:
-    report.read_report(str(path))
+    run_records.read_report(str(path))
   assert str(e.value).startswith(f'{path}: not a report JSON ({problem}')
   assert '\n' not in str(e.value)
 
 
 def test_state_is_computed_once_per_model(monkeypatch):
   calls = []
-  monkeypatch.setattr(report, 'state_bytes', lambda config: calls.append(config) or len(calls))
+  monkeypatch.setattr(
+    decode_state, 'state_bytes', lambda config: calls.append(config) or len(calls)
+  )
   runs = [dict(_run(m, s, 0.5), config=f'{m}{s}') for m in ('softmax', 'linear') for s in (0, 1)]
-  assert [r['state_bytes'] for r in report.with_state(runs)] == [1, 1, 2, 2]
+  assert [r['state_bytes'] for r in run_records.with_state(runs)] == [1, 1, 2, 2]
   assert calls == ['softmax0', 'linear0']
 
 
@@ -448,13 +459,13 @@ def test_curves_draw_the_runs_that_have_one_and_count_the_rest(tmp_path, monkeyp
     _run('softmax', 1, 0.5, curve=curve, width=16),
     _run('linear', 0, 0.5, curve=[[50, 100], [0.1, 0.2]], width=16),
   ]
-  report.plot_curves(runs, str(tmp_path / 'c.png'))
+  plots.plot_curves(runs, str(tmp_path / 'c.png'))
   narrow, wide = [ax for ax in figures[0].axes if ax.get_visible()]
   assert 'width 8,' in narrow.get_title() and 'width 16,' in wide.get_title()
   assert [list(line.get_ydata()) for line in narrow.lines] == [[25.0, 50.0]]
   assert [list(line.get_ydata()) for line in wide.lines] == [[10.0, 20.0], [25.0, 50.0]]
   # a colour per mechanism, the same in every panel and in the bar and line plot; a style per seed
-  hexes = {m: matplotlib.colors.to_hex(c) for m, c in report.colours(runs).items()}
+  hexes = {m: matplotlib.colors.to_hex(c) for m, c in plots.colours(runs).items()}
   softmax_lines = [narrow.lines[0], wide.lines[1]]
   assert (
     {matplotlib.colors.to_hex(line.get_color()) for line in softmax_lines}
@@ -465,7 +476,7 @@ def test_curves_draw_the_runs_that_have_one_and_count_the_rest(tmp_path, monkeyp
   [legend] = figures[0].legends
   assert [t.get_text() for t in legend.get_texts()] == ['linear', 'softmax', 'seed 0', 'seed 1']
   assert '1 of 4 runs have no stored curve' in figures[0]._suptitle.get_text()
-  report.plot_curves(runs[1:2], str(tmp_path / 'none.png'))  # no curve: no made-up panel title
+  plots.plot_curves(runs[1:2], str(tmp_path / 'none.png'))  # no curve: no made-up panel title
   [empty] = figures[1].axes
   assert not empty.lines and empty.get_title() == ''
   assert '1 of 1 runs have no stored curve' in figures[1]._suptitle.get_text()
@@ -476,8 +487,8 @@ def test_missing_lists_the_plans_runs_that_the_sources_lack_as_run_sh_takes_them
   causal mechanisms at width 128, (256, 16), two seeds each, at the sweep's budget; a run at
   another budget or with an option off its default is not the plan's run."""
   causal = registry.names_where(lambda m: m.causal)
-  plan = report.plan()
-  assert len(plan) == 2 * (7 * 4 + len(causal) - 6) == len({report.run_key(r) for r in plan})
+  plan = study_plan.plan()
+  assert len(plan) == 2 * (7 * 4 + len(causal) - 6) == len({run_records.run_key(r) for r in plan})
   assert {(r['vocab_size'], r['learning_rate'], r['steps']) for r in plan} == {(1024, 1e-3, 4000)}
   one_cell = {r['mechanism'] for r in plan if r['width'] == 128 and r['seq_len'] == 256}
   assert {'performer', 'rfa', 'local', 'retention', 'linear', 'deltanet'} <= one_cell
@@ -490,7 +501,7 @@ def test_missing_lists_the_plans_runs_that_the_sources_lack_as_run_sh_takes_them
     _run('linear', 0, 0.5, **dict(budget, steps=1000)),
     _run('deltanet conv_size=0', 0, 0.5, **budget),
   ]
-  lost = report.missing(done + elsewhere)
+  lost = study_plan.missing(done + elsewhere)
   assert len(lost) == len(plan) - 2 and len(set(lost)) == len(lost)
   assert '0:softmax:64:128x8' not in lost and '1:softmax:64:128x8' not in lost
   assert '0:linear:64:128x8' in lost and '0:deltanet:64:128x8' in lost
@@ -510,9 +521,12 @@ def test_missing_lists_the_plans_runs_that_the_sources_lack_as_run_sh_takes_them
       'qk_dim=16,window=64'
     )
   )
-  done_based = dict(_run(report.label(sweep.build_config(run)), 0, 0.5, **budget))
-  assert len(report.missing(done + [done_based])) == len(lost) - 1
-  assert report.missing(done, ['softmax'], [64]) == ['0:softmax:64:256x16', '1:softmax:64:256x16']
+  done_based = dict(_run(run_records.label(sweep.build_config(run)), 0, 0.5, **budget))
+  assert len(study_plan.missing(done + [done_based])) == len(lost) - 1
+  assert study_plan.missing(done, ['softmax'], [64]) == [
+    '0:softmax:64:256x16',
+    '1:softmax:64:256x16',
+  ]
 
 
 def test_missing_reads_its_sources_and_refuses_another_budget_or_a_source_of_nothing(tmp_path):
@@ -553,11 +567,11 @@ def test_select_keeps_the_named_mechanisms_and_widths():
     for m in ('softmax', 'deltanet conv_size=0', 'linear')
     for w in (64, 128)
   ]
-  assert report.select(runs) == runs
-  assert report.select(runs, ['deltanet'], [64]) == [
+  assert run_records.select(runs) == runs
+  assert run_records.select(runs, ['deltanet'], [64]) == [
     dict(mechanism='deltanet conv_size=0', width=64)
   ]
-  assert [r['mechanism'] for r in report.select(runs, ['softmax', 'linear'], [128])] == [
+  assert [r['mechanism'] for r in run_records.select(runs, ['softmax', 'linear'], [128])] == [
     'softmax',
     'linear',
   ]
@@ -573,9 +587,9 @@ def test_select_keeps_the_named_mechanisms_and_widths():
 )
 def test_a_bad_selection_is_one_line_naming_it(mechanisms, widths, message):
   with pytest.raises(SystemExit) as e:
-    report.selection(mechanisms, widths)
+    report.parse_selection(mechanisms, widths)
   assert str(e.value).startswith(message) and '\n' not in str(e.value)
-  assert report.selection(['softmax'], ['64']) == (['softmax'], [64], None)
+  assert report.parse_selection(['softmax'], ['64']) == (['softmax'], [64], None)
 
 
 def test_gradient_norms_name_each_parameter_and_measure_it():

@@ -120,7 +120,7 @@ def test_seeds_of_the_study_combine_into_means_and_spreads():
     return dict(
       root=root,
       seeds=[seed],
-      device=lora_table.common.device_info(),
+      device=lora_table.machine.device_info(),
       dataset='mnist',
       model='mlp',
       eval_split='validation',
