@@ -1,9 +1,9 @@
 """Random-feature attention: RFA (trigonometric features) and Performer (FAVOR+).
 
 Both replace exp(q . k) by phi(q) . phi(k) with random features phi and run the
-shared kernel core `efficient_attn.ops.kernel_attention`, so they
+shared kernel core `efficient_attn.ops.linear_attention`, so they
 cost O(n m dv) time and O(n (m + dv) + m dv) memory per head for m features
-(causal: chunked scan, see `kernel_attention`), and decode in O(m dv) per token.
+(causal: chunked scan, see `causal_kernel_attention`), and decode in O(m dv) per token.
 
 Shapes: q `[batch, q_length, heads, d]`, k `[batch, kv_length, heads, d]`,
 v `[batch, kv_length, heads, dv]` -> `[batch, q_length, heads, dv]`; the random
@@ -27,16 +27,17 @@ from jax import lax
 import jax.numpy as jnp
 
 from efficient_attn import registry
+from efficient_attn.mechanisms.kernel_family import CHUNK_SIZE
+from efficient_attn.mechanisms.kernel_family import KernelMechanism
 from efficient_attn.ops import feature_maps
 from efficient_attn.ops import masking
 from efficient_attn.ops import rotary
-from efficient_attn.ops.kernel_attention import CHUNK_SIZE
-from efficient_attn.ops.kernel_attention import KernelMechanism
-from efficient_attn.ops.kernel_attention import KernelState
-from efficient_attn.ops.kernel_attention import heads_as_batch
-from efficient_attn.ops.kernel_attention import kernel_attention
-from efficient_attn.ops.kernel_attention import kernel_attention_step
-from efficient_attn.ops.kernel_attention import loop_rows_here
+from efficient_attn.ops.linear_attention import KernelFeatures
+from efficient_attn.ops.linear_attention import KernelState
+from efficient_attn.ops.linear_attention import heads_as_batch
+from efficient_attn.ops.linear_attention import kernel_attention
+from efficient_attn.ops.linear_attention import kernel_attention_step
+from efficient_attn.ops.linear_attention import platform_loops_rows
 from efficient_attn.ops.scaled_dot_product import softmax_attention
 
 Sigma = Union[float, jnp.ndarray]
@@ -95,12 +96,13 @@ def rfa_attention(
   features). It approximates softmax attention over the cosine similarities
   q^ . k^ / sigma^2. The trig features are sign-indefinite, so the estimated
   denominator may be ~0 or negative: it is clamped to `|den| >= eps` keeping its
-  sign (`linear.safe_denominator`), which keeps outputs and gradients finite.
+  sign (`efficient_attn.ops.linear_attention.safe_denominator`), which keeps outputs and
+  gradients finite.
 
   Recency gate (causal only, RFA-Gate): with g_t in (0, 1) per token and head,
   S_t = g_t S_{t-1} + (1 - g_t) phi(k_t) v_t^T and Z_t likewise, so older
   tokens are discounted geometrically; computed chunk-wise (see
-  `kernel_attention`).
+  `efficient_attn.ops.linear_attention.chunk`).
 
   Time O(n D dv), memory O(n (D + dv) + D dv) per head.
 
@@ -116,25 +118,23 @@ def rfa_attention(
     return_state: also return the final `KernelState` (prefill for decoding).
     positions: optional rotary (query, key) positions (see `linear_attention`).
     sequence_axis: one device's block of a sequence split over this mesh axis (see
-      `kernel_attention`).
+      `efficient_attn.ops.linear_attention.sequence_parallel`).
   """
   k, v, kp = masking.checked_keys_values(q, k, v, mask, name='RFA attention', causal=causal)
   phi_q = rfa_features(q, projection, sigma)
   phi_k = rfa_features(k, projection, sigma)
-  return kernel_attention(
-    phi_q,
-    phi_k,
+  out, state = kernel_attention(
+    KernelFeatures(phi_q, phi_k, **rotary.numerator(phi_q, phi_k, positions)),
     v,
     key_padding=kp,
     causal=causal,
+    gate=gate,
     eps=eps,
     normalize=True,
     chunk_size=chunk_size,
-    gate=gate,
-    return_state=return_state,
     sequence_axis=sequence_axis,
-    **rotary.numerator(phi_q, phi_k, positions),
   )
+  return (out, state) if return_state else out
 
 
 def rfa_attention_step(
@@ -154,19 +154,18 @@ def rfa_attention_step(
   Tokens `[batch, heads, d]` (or `[batch, 1, heads, d]`), gate_t `[batch, heads]`
   (or `[batch, 1, heads]`); the state comes from
   `init_kernel_state(batch, heads, 2 * D, dv)`. Returns (new_state, out_t), see
-  `linear.kernel_attention_step`. O(D dv) per (batch, head) and token.
+  `efficient_attn.ops.linear_attention.kernel_attention_step`. O(D dv) per (batch, head)
+  and token.
   """
   phi_q, phi_k = rfa_features(q_t, projection, sigma), rfa_features(k_t, projection, sigma)
   return kernel_attention_step(
     state,
-    phi_q,
-    phi_k,
+    KernelFeatures(phi_q, phi_k, **rotary.numerator(phi_q, phi_k, rotary.at(position))),
     v_t,
     eps=eps,
     normalize=True,
     gate_t=gate_t,
     key_valid=key_valid,
-    **rotary.numerator(phi_q, phi_k, rotary.at(position)),
   )
 
 
@@ -190,7 +189,8 @@ def performer_eps(dtype) -> float:
   return float(jnp.finfo(jnp.promote_types(dtype, jnp.float32)).tiny) ** 0.25
 
 
-def _performer_scale(q, k):
+def _scaled_queries_keys(q, k):
+  """q and k times d^-1/4 (so that q . k is scaled by 1 / sqrt(d)), in float32 or wider."""
   d = q.shape[-1]
   compute = jnp.promote_types(jnp.result_type(q, k), jnp.float32)
   scale = d**-0.25
@@ -238,11 +238,12 @@ def performer_attention(
       key stabiliser (prefill for `performer_attention_step`).
     positions: optional rotary (query, key) positions (see `linear_attention`).
     sequence_axis: one device's block of a sequence split over this mesh axis (see
-      `kernel_attention`); the key stabiliser is then the maximum over every device's
-      keys (`lax.pmax`), so the features are the unsplit sequence's.
+      `efficient_attn.ops.linear_attention.sequence_parallel`); the key stabiliser is
+      then the maximum over every device's keys (`lax.pmax`), so the features are the
+      unsplit sequence's.
   """
   k, v, kp = masking.checked_keys_values(q, k, v, mask, name='Performer attention', causal=causal)
-  loop_rows = loop_rows_here() and q.shape[0] * q.shape[2] > 1 and sequence_axis is None
+  loop_rows = platform_loops_rows() and q.shape[0] * q.shape[2] > 1 and sequence_axis is None
   if (q.shape[2] > 1 and sequence_axis is None) or loop_rows:  # rows one at a time on CPU
     return heads_as_batch(
       performer_attention,
@@ -258,7 +259,7 @@ def performer_attention(
       chunk_size=chunk_size,
       positions=positions,
     )
-  qs, ks = _performer_scale(q, k)
+  qs, ks = _scaled_queries_keys(q, k)
   eps = performer_eps(qs.dtype) if eps is None else eps
   phi_q = feature_maps.positive_features(qs, projection, is_query=True)
   phi_k, stab = feature_maps.positive_features(
@@ -271,22 +272,18 @@ def performer_attention(
     if sequence_axis is None
     else _key_stabilizer(ks, projection, kp, sequence_axis),
   )
-  res = kernel_attention(
-    phi_q,
-    phi_k,
+  out, state = kernel_attention(
+    KernelFeatures(phi_q, phi_k, **rotary.numerator(phi_q, phi_k, positions)),
     v,
     key_padding=kp,
     causal=causal,
     eps=eps,
     normalize=True,
     chunk_size=chunk_size,
-    return_state=return_state,
     sequence_axis=sequence_axis,
-    **rotary.numerator(phi_q, phi_k, positions),
   )
   if not return_state:
-    return res
-  out, state = res
+    return out
   log_scale = stab[:, 0, :, 0].astype(state.s.dtype)
   if kp is not None:
     log_scale = jnp.where(jnp.any(kp, axis=1)[:, None], log_scale, masking.big_neg(state.s.dtype))
@@ -326,9 +323,9 @@ def performer_attention_step(
   causal=True, return_state=True)` prefill. Returns (new_state, out_t).
   O(m dv) per (batch, head) and token.
   """
-  q_t_, keep_axis = (q_t[:, 0], True) if q_t.ndim == 4 else (q_t, False)
-  k_t_ = k_t[:, 0] if k_t.ndim == 4 else k_t
-  qs, ks = _performer_scale(q_t_, k_t_)
+  q_token, keep_axis = (q_t[:, 0], True) if q_t.ndim == 4 else (q_t, False)
+  k_token = k_t[:, 0] if k_t.ndim == 4 else k_t
+  qs, ks = _scaled_queries_keys(q_token, k_token)
   eps = performer_eps(jnp.promote_types(qs.dtype, state.s.dtype)) if eps is None else eps
   phi_q = feature_maps.positive_features(qs, projection, is_query=True)
   a = feature_maps.positive_log_features(ks, projection)  # [b, h, m]
@@ -349,13 +346,11 @@ def performer_attention_step(
   )
   new_state, out = kernel_attention_step(
     rescaled,
-    phi_q,
-    phi_k,
+    KernelFeatures(phi_q, phi_k, **rotary.numerator(phi_q, phi_k, rotary.at(position))),
     v_t,
     eps=eps,
     normalize=True,
     key_valid=key_valid,
-    **rotary.numerator(phi_q, phi_k, rotary.at(position)),
   )
   if keep_axis and out.ndim == 3:
     out = out[:, None]
@@ -365,6 +360,7 @@ def performer_attention_step(
 # ----------------------------------------------------------------------------
 # Declarations.
 # ----------------------------------------------------------------------------
+
 
 _FEATURE_OPTIONS = (
   registry.Option('orthogonal', True, bool, 'block-orthogonal projection rows'),

@@ -18,7 +18,7 @@ import efficient_attn as ea
 from efficient_attn.mechanisms import linear
 from efficient_attn.mechanisms import random_features as rf
 from efficient_attn.ops import feature_maps
-from efficient_attn.ops import kernel_attention as kernel_core
+from efficient_attn.ops.linear_attention import head_rows
 
 EPS = 1e-6
 
@@ -155,14 +155,14 @@ def test_performer_matches_reference(x64, causal):
 
 @pytest.mark.parametrize('causal', [False, True])
 def test_performer_rows_one_at_a_time_equal_all_at_once(x64, causal, monkeypatch):
-  """The CPU's row loop (kernel_attention.LOOP_ROWS) changes the schedule, not the values,
+  """The CPU's row loop (linear_attention.LOOP_ROWS) changes the schedule, not the values,
   gradients or prefill state, padding included."""
   del x64
   q, k, v, _ = inputs(dtype=jnp.float64)
   w = projection(dtype=jnp.float64)
   results = {}
   for loop in (False, True):
-    monkeypatch.setitem(kernel_core.LOOP_ROWS, jax.default_backend(), loop)
+    monkeypatch.setitem(head_rows.LOOP_ROWS, jax.default_backend(), loop)
     fn = functools.partial(rf.performer_attention, causal=causal, chunk_size=3, mask=PAD)
     results[loop] = (
       value_and_grads(lambda q, k, v: fn(q, k, v, w))(q, k, v),
