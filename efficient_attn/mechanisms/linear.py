@@ -29,12 +29,12 @@ from efficient_attn.mechanisms.kernel_family import KernelMechanism
 from efficient_attn.ops import feature_maps
 from efficient_attn.ops import masking
 from efficient_attn.ops import rotary
-from efficient_attn.ops.linear_attention import KernelFeatures
 from efficient_attn.ops.linear_attention import KernelState
 from efficient_attn.ops.linear_attention import heads_as_batch
 from efficient_attn.ops.linear_attention import init_kernel_state  # noqa: F401  (re-exported)
 from efficient_attn.ops.linear_attention import kernel_attention
 from efficient_attn.ops.linear_attention import kernel_attention_step
+from efficient_attn.ops.linear_attention import rotary_features
 
 FeatureMapArg = Union[str, Callable[[jnp.ndarray], jnp.ndarray]]
 
@@ -132,7 +132,7 @@ def linear_attention(
     )
   phi_q, phi_k, normalize = linear_features(q, k, feature_map)
   out, state = kernel_attention(
-    KernelFeatures(phi_q, phi_k, **rotary.numerator(phi_q, phi_k, positions)),
+    rotary_features(phi_q, phi_k, positions),
     v,
     key_padding=kp,
     causal=causal,
@@ -166,7 +166,7 @@ def linear_attention_step(
   phi_q, phi_k, normalize = linear_features(q_t, k_t, feature_map)
   return kernel_attention_step(
     state,
-    KernelFeatures(phi_q, phi_k, **rotary.numerator(phi_q, phi_k, rotary.at(position))),
+    rotary_features(phi_q, phi_k, rotary.at(position)),
     v_t,
     eps=eps,
     normalize=normalize,

@@ -21,12 +21,12 @@ import jax.numpy as jnp
 from efficient_attn.ops import feature_maps
 from efficient_attn.ops import masking
 from efficient_attn.ops import rotary
-from efficient_attn.ops.linear_attention import KernelFeatures
 from efficient_attn.ops.linear_attention import KernelState
 from efficient_attn.ops.linear_attention import heads_as_batch
 from efficient_attn.ops.linear_attention import kernel_attention
 from efficient_attn.ops.linear_attention import kernel_attention_step
 from efficient_attn.ops.linear_attention import platform_loops_rows
+from efficient_attn.ops.linear_attention import rotary_features
 
 
 def performer_eps(dtype) -> float:
@@ -128,7 +128,7 @@ def performer_attention(
     else _key_stabilizer(ks, projection, kp, sequence_axis),
   )
   out, state = kernel_attention(
-    KernelFeatures(phi_q, phi_k, **rotary.numerator(phi_q, phi_k, positions)),
+    rotary_features(phi_q, phi_k, positions),
     v,
     key_padding=kp,
     causal=causal,
@@ -201,7 +201,7 @@ def performer_attention_step(
   )
   new_state, out = kernel_attention_step(
     rescaled,
-    KernelFeatures(phi_q, phi_k, **rotary.numerator(phi_q, phi_k, rotary.at(position))),
+    rotary_features(phi_q, phi_k, rotary.at(position)),
     v_t,
     eps=eps,
     normalize=True,

@@ -20,10 +20,10 @@ import jax.numpy as jnp
 from efficient_attn.ops import feature_maps
 from efficient_attn.ops import masking
 from efficient_attn.ops import rotary
-from efficient_attn.ops.linear_attention import KernelFeatures
 from efficient_attn.ops.linear_attention import KernelState
 from efficient_attn.ops.linear_attention import kernel_attention
 from efficient_attn.ops.linear_attention import kernel_attention_step
+from efficient_attn.ops.linear_attention import rotary_features
 
 Sigma = Union[float, jnp.ndarray]
 
@@ -104,7 +104,7 @@ def rfa_attention(
   phi_q = rfa_features(q, projection, sigma)
   phi_k = rfa_features(k, projection, sigma)
   out, state = kernel_attention(
-    KernelFeatures(phi_q, phi_k, **rotary.numerator(phi_q, phi_k, positions)),
+    rotary_features(phi_q, phi_k, positions),
     v,
     key_padding=kp,
     causal=causal,
@@ -140,7 +140,7 @@ def rfa_attention_step(
   phi_q, phi_k = rfa_features(q_t, projection, sigma), rfa_features(k_t, projection, sigma)
   return kernel_attention_step(
     state,
-    KernelFeatures(phi_q, phi_k, **rotary.numerator(phi_q, phi_k, rotary.at(position))),
+    rotary_features(phi_q, phi_k, rotary.at(position)),
     v_t,
     eps=eps,
     normalize=True,

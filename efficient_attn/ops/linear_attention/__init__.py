@@ -16,7 +16,8 @@ and the final `KernelState`:
   sequence_parallel   `bidirectional_block_attention`, `causal_block_attention`: one
                       device's block of a sequence split over a mesh axis (psum, or the
                       state of the blocks before it);
-  common              `KernelFeatures`, the inputs' preparation, `safe_denominator`;
+  common              `KernelFeatures` (`rotary_features`), the inputs' preparation,
+                      `safe_denominator`;
   head_rows           `heads_as_batch`: a mechanism run with heads folded into the batch.
 
 `kernel_attention` picks the form from `causal` and `sequence_axis`.
@@ -35,6 +36,7 @@ from efficient_attn.ops.linear_attention.chunk import causal_chunk_size
 from efficient_attn.ops.linear_attention.chunk import causal_kernel_attention
 from efficient_attn.ops.linear_attention.common import KernelFeatures
 from efficient_attn.ops.linear_attention.common import normalize_by
+from efficient_attn.ops.linear_attention.common import rotary_features
 from efficient_attn.ops.linear_attention.common import safe_denominator
 from efficient_attn.ops.linear_attention.head_rows import LOOP_ROWS
 from efficient_attn.ops.linear_attention.head_rows import heads_as_batch
@@ -119,5 +121,6 @@ __all__ = [
   'kernel_attention_step',
   'normalize_by',
   'platform_loops_rows',
+  'rotary_features',
   'safe_denominator',
 ]

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from efficient_attn.ops import masking
+from efficient_attn.ops import rotary
 
 
 class KernelFeatures(NamedTuple):
@@ -47,6 +48,14 @@ class KernelFeatures(NamedTuple):
       self.phi_q if self.num_q is None else self.num_q,
       self.phi_k if self.num_k is None else self.num_k,
     )
+
+
+def rotary_features(phi_q: jnp.ndarray, phi_k: jnp.ndarray, positions) -> KernelFeatures:
+  """`KernelFeatures` of phi_q, phi_k whose numerator features are phi_q, phi_k rotated at
+  `positions` = (query positions, key positions), RoFormer's rotary linear attention (Su et
+  al. 2021; `efficient_attn.ops.rotary.numerator`); no numerator features when `positions`
+  is None."""
+  return KernelFeatures(phi_q, phi_k, **rotary.numerator(phi_q, phi_k, positions))
 
 
 def compute_dtype(*arrays) -> jnp.dtype:
