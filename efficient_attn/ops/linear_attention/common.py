@@ -114,11 +114,10 @@ def prepare(
   Returns:
     (features, v, log decay `[batch, kv_length, heads]` or None without a gate).
   """
-  num_q, num_k = features.numerator()
-  compute = compute_dtype(features.phi_q, features.phi_k, v, num_q, num_k)
-  phi_q, phi_k, v = (x.astype(compute) for x in (features.phi_q, features.phi_k, v))
-  num_q, num_k = (None if x is None else x.astype(compute) for x in features[2:])
-  b, lq, h, f = phi_q.shape
+  compute = compute_dtype(*(x for x in features if x is not None), v)
+  phi_q, phi_k, num_q, num_k = (None if x is None else x.astype(compute) for x in features)
+  v = v.astype(compute)
+  b, _, h, f = phi_q.shape
   lk = phi_k.shape[1]
   if (
     phi_k.shape != (b, lk, h, f)
