@@ -108,7 +108,7 @@ def linear_attention(
       `[kv_length]`): rotary positions in RoFormer's linear form (Su et al.
       2021; `efficient_attn.ops.rotary.numerator`).
     sequence_axis: the inputs are one device's block of a sequence split over this
-      mesh axis (inside `jax.shard_map`; see `ops.linear_attention.sequence_parallel`);
+      mesh axis (inside `jax.shard_map`; see `ops.linear_attention.sharded`);
       positions are then the block's.
 
   Returns:

@@ -93,7 +93,7 @@ def performer_attention(
       key stabiliser (prefill for `performer_attention_step`).
     positions: optional rotary (query, key) positions (see `linear_attention`).
     sequence_axis: one device's block of a sequence split over this mesh axis (see
-      `efficient_attn.ops.linear_attention.sequence_parallel`); the key stabiliser is
+      `efficient_attn.ops.linear_attention.sharded`); the key stabiliser is
       then the maximum over every device's keys (`lax.pmax`), so the features are the
       unsplit sequence's.
   """

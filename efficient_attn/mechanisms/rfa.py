@@ -98,7 +98,7 @@ def rfa_attention(
     return_state: also return the final `KernelState` (prefill for decoding).
     positions: optional rotary (query, key) positions (see `linear_attention`).
     sequence_axis: one device's block of a sequence split over this mesh axis (see
-      `efficient_attn.ops.linear_attention.sequence_parallel`).
+      `efficient_attn.ops.linear_attention.sharded`).
   """
   k, v, kp = masking.checked_keys_values(q, k, v, mask, name='RFA attention', causal=causal)
   phi_q = rfa_features(q, projection, sigma)

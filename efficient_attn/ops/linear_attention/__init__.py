@@ -13,9 +13,9 @@ and the final `KernelState`:
                       chunked scan, optionally with RFA's recency gate;
   recurrent           `kernel_attention_step`: the causal form's RNN, one decoding step
                       in O(f dv) whatever the position (`KernelState`, `init_kernel_state`);
-  sequence_parallel   `bidirectional_block_attention`, `causal_block_attention`: one
-                      device's block of a sequence split over a mesh axis (psum, or the
-                      state of the blocks before it);
+  sharded             `bidirectional_sharded`, `causal_sharded`: one device's block of a
+                      sequence split over a mesh axis (the key sums psummed, or the state
+                      of the blocks before it: the prefix-state form);
   common              `KernelFeatures` (`rotary_features`), the inputs' preparation,
                       `safe_denominator`;
   head_rows           `heads_as_batch`: a mechanism run with heads folded into the batch.
@@ -44,8 +44,8 @@ from efficient_attn.ops.linear_attention.head_rows import platform_loops_rows
 from efficient_attn.ops.linear_attention.recurrent import KernelState
 from efficient_attn.ops.linear_attention.recurrent import init_kernel_state
 from efficient_attn.ops.linear_attention.recurrent import kernel_attention_step
-from efficient_attn.ops.linear_attention.sequence_parallel import bidirectional_block_attention
-from efficient_attn.ops.linear_attention.sequence_parallel import causal_block_attention
+from efficient_attn.ops.linear_attention.sharded import bidirectional_sharded
+from efficient_attn.ops.linear_attention.sharded import causal_sharded
 
 
 def kernel_attention(
@@ -74,8 +74,8 @@ def kernel_attention(
     normalize: divide by phi_q . Z (False: plain num_q^T S, no denominator).
     chunk_size: causal chunk length (None: `causal_chunk_size()`, per platform).
     sequence_axis: the inputs are this device's block of a sequence split over the mesh
-      axis of that name, inside `jax.shard_map`: `causal_block_attention` or
-      `bidirectional_block_attention`.
+      axis of that name, inside `jax.shard_map`: `causal_sharded` or
+      `bidirectional_sharded`.
 
   Returns:
     (`[batch, q_length, heads, dv]` in v's dtype, the final `KernelState` in float32 or
@@ -84,7 +84,7 @@ def kernel_attention(
   if gate is not None and not causal:
     raise ValueError('a recency gate needs causal=True')
   if causal and sequence_axis is not None:
-    return causal_block_attention(
+    return causal_sharded(
       features,
       v,
       sequence_axis,
@@ -99,7 +99,7 @@ def kernel_attention(
       features, v, key_padding, gate, eps=eps, normalize=normalize, chunk_size=chunk_size
     )
   if sequence_axis is not None:
-    return bidirectional_block_attention(
+    return bidirectional_sharded(
       features, v, sequence_axis, key_padding, eps=eps, normalize=normalize
     )
   return bidirectional_kernel_attention(features, v, key_padding, eps=eps, normalize=normalize)
@@ -110,11 +110,11 @@ __all__ = [
   'KernelFeatures',
   'KernelState',
   'LOOP_ROWS',
-  'bidirectional_block_attention',
   'bidirectional_kernel_attention',
-  'causal_block_attention',
+  'bidirectional_sharded',
   'causal_chunk_size',
   'causal_kernel_attention',
+  'causal_sharded',
   'heads_as_batch',
   'init_kernel_state',
   'kernel_attention',

@@ -56,7 +56,7 @@ def prefix_state(features: KernelFeatures, v, log_g, axis: str):
   return s, z
 
 
-def bidirectional_block_attention(
+def bidirectional_sharded(
   features: KernelFeatures,
   v: jnp.ndarray,
   axis: str,
@@ -77,7 +77,7 @@ def bidirectional_block_attention(
   return out.astype(v.dtype), state_of_sums(s, z)
 
 
-def causal_block_attention(
+def causal_sharded(
   features: KernelFeatures,
   v: jnp.ndarray,
   axis: str,
