@@ -54,7 +54,7 @@ PAD = np.array([[True] * 10, [True] * 6 + [False] * 4])
 
 
 def np_safe(den, eps):
-  """NumPy `kernel_attention.safe_denominator`: |den| >= eps, sign kept."""
+  """NumPy `linear_attention.safe_denominator`: |den| >= eps, sign kept."""
   return np.where(den >= 0, np.maximum(den, eps), np.minimum(den, -eps))
 
 

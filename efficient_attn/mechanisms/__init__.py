@@ -48,12 +48,12 @@ from efficient_attn.mechanisms.longformer import longformer_attention
 from efficient_attn.mechanisms.mamba2 import mamba2_attention
 from efficient_attn.mechanisms.mixer import token_mixing
 from efficient_attn.mechanisms.nystrom import nystrom_attention
-from efficient_attn.mechanisms.random_features import performer_attention
-from efficient_attn.mechanisms.random_features import performer_attention_step
-from efficient_attn.mechanisms.random_features import rfa_attention
-from efficient_attn.mechanisms.random_features import rfa_attention_step
+from efficient_attn.mechanisms.performer import performer_attention
+from efficient_attn.mechanisms.performer import performer_attention_step
 from efficient_attn.mechanisms.reformer import reformer_attention
 from efficient_attn.mechanisms.retention import retention_attention
+from efficient_attn.mechanisms.rfa import rfa_attention
+from efficient_attn.mechanisms.rfa import rfa_attention_step
 from efficient_attn.mechanisms.sinkhorn import sinkhorn_attention
 from efficient_attn.mechanisms.softmax import chunked_softmax_attention
 from efficient_attn.mechanisms.softmax import softmax_attention

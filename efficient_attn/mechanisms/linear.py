@@ -3,7 +3,7 @@
 With a feature map phi, attention weights sim(q_i, k_j) = phi(q_i) . phi(k_j)
 give out_i = phi(q_i)^T S / (phi(q_i) . Z) with S = sum_j phi(k_j) v_j^T and
 Z = sum_j phi(k_j), computed right-to-left by the shared core
-`efficient_attn.ops.kernel_attention` in O(n d dv) instead of O(n^2). The causal
+`efficient_attn.ops.linear_attention` in O(n d dv) instead of O(n^2). The causal
 form's prefix sums are the hidden state of an RNN: decoding costs O(d dv) per
 token whatever the position.
 
@@ -24,16 +24,17 @@ from typing import Callable, Optional, Union
 import jax.numpy as jnp
 
 from efficient_attn import registry
+from efficient_attn.mechanisms.kernel_family import CHUNK_SIZE
+from efficient_attn.mechanisms.kernel_family import KernelMechanism
 from efficient_attn.ops import feature_maps
 from efficient_attn.ops import masking
 from efficient_attn.ops import rotary
-from efficient_attn.ops.kernel_attention import CHUNK_SIZE
-from efficient_attn.ops.kernel_attention import KernelMechanism
-from efficient_attn.ops.kernel_attention import KernelState
-from efficient_attn.ops.kernel_attention import heads_as_batch
-from efficient_attn.ops.kernel_attention import init_kernel_state  # noqa: F401  (re-exported)
-from efficient_attn.ops.kernel_attention import kernel_attention
-from efficient_attn.ops.kernel_attention import kernel_attention_step
+from efficient_attn.ops.linear_attention import KernelState
+from efficient_attn.ops.linear_attention import heads_as_batch
+from efficient_attn.ops.linear_attention import init_kernel_state  # noqa: F401  (re-exported)
+from efficient_attn.ops.linear_attention import kernel_attention
+from efficient_attn.ops.linear_attention import kernel_attention_step
+from efficient_attn.ops.linear_attention import rotary_features
 
 FeatureMapArg = Union[str, Callable[[jnp.ndarray], jnp.ndarray]]
 
@@ -92,7 +93,7 @@ def linear_attention(
       (normalize=False);
     * a callable phi, normalised.
 
-  Time O(n d dv), memory O(n d + d dv) per head (causal: see `kernel_attention`).
+  Time O(n d dv), memory O(n d + d dv) per head (causal: see `causal_kernel_attention`).
 
   Args:
     q: `[batch, q_length, heads, d]`; k: `[batch, kv_length, heads, d]`;
@@ -100,15 +101,15 @@ def linear_attention(
     mask: any `efficient_attn.ops.masking` form; reduced to key padding with
       `masking.key_padding_from_mask` (padded keys get zero weight).
     causal: query i sees keys j <= i (needs q_length == kv_length).
-    eps: denominator clamp (see `safe_denominator`).
+    eps: denominator clamp (see `efficient_attn.ops.linear_attention.safe_denominator`).
     chunk_size: causal chunk length (None: 64 on CPU, 256 on GPU and TPU).
     return_state: also return the final `KernelState` (prefill for decoding).
     positions: optional (query positions `[q_length]`, key positions
       `[kv_length]`): rotary positions in RoFormer's linear form (Su et al.
       2021; `efficient_attn.ops.rotary.numerator`).
     sequence_axis: the inputs are one device's block of a sequence split over this
-      mesh axis (inside `jax.shard_map`; see `kernel_attention`); positions are then
-      the block's.
+      mesh axis (inside `jax.shard_map`; see `ops.linear_attention.sharded`);
+      positions are then the block's.
 
   Returns:
     `[batch, q_length, heads, dv]` in v's dtype (and the state if requested).
@@ -130,19 +131,17 @@ def linear_attention(
       positions=positions,
     )
   phi_q, phi_k, normalize = linear_features(q, k, feature_map)
-  return kernel_attention(
-    phi_q,
-    phi_k,
+  out, state = kernel_attention(
+    rotary_features(phi_q, phi_k, positions),
     v,
     key_padding=kp,
     causal=causal,
     eps=eps,
     normalize=normalize,
     chunk_size=chunk_size,
-    return_state=return_state,
     sequence_axis=sequence_axis,
-    **rotary.numerator(phi_q, phi_k, positions),
   )
+  return (out, state) if return_state else out
 
 
 def linear_attention_step(
@@ -167,13 +166,11 @@ def linear_attention_step(
   phi_q, phi_k, normalize = linear_features(q_t, k_t, feature_map)
   return kernel_attention_step(
     state,
-    phi_q,
-    phi_k,
+    rotary_features(phi_q, phi_k, rotary.at(position)),
     v_t,
     eps=eps,
     normalize=normalize,
     key_valid=key_valid,
-    **rotary.numerator(phi_q, phi_k, rotary.at(position)),
   )
 
 

@@ -46,7 +46,7 @@ def positions_of(q_length: int, kv_length: int):
 
 
 def numerator(phi_q, phi_k, positions) -> Dict[str, Any]:
-  """Keyword arguments `num_q`, `num_k` of `kernel_attention` / `kernel_attention_step`:
+  """Keyword arguments `num_q`, `num_k` of `linear_attention.KernelFeatures` (their fields):
   the features rotated at `positions` = (query positions, key positions) for
   RoFormer's rotary linear attention, or none when `positions` is None."""
   if positions is None:

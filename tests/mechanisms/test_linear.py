@@ -304,12 +304,12 @@ def test_module_bad_feature_map():
 
 def test_causal_chunk_size_follows_the_platform(monkeypatch):
   """None picks the platform's chunk (64 CPU, 256 GPU/TPU); the output does not depend on it."""
-  from efficient_attn.ops import kernel_attention  # pylint: disable=g-import-not-at-top
+  from efficient_attn.ops import linear_attention  # pylint: disable=g-import-not-at-top
 
-  assert kernel_attention.causal_chunk_size(7) == 7
+  assert linear_attention.causal_chunk_size(7) == 7
   for platform, chunk in (('cpu', 64), ('gpu', 256), ('tpu', 256)):
     monkeypatch.setattr(jax, 'default_backend', lambda p=platform: p)
-    assert kernel_attention.causal_chunk_size() == chunk
+    assert linear_attention.causal_chunk_size() == chunk
   q, k, v = (jax.random.normal(jax.random.PRNGKey(i), (1, 300, 2, 4)) for i in range(3))
   np.testing.assert_allclose(
     linear.linear_attention(q, k, v, causal=True),

@@ -16,9 +16,10 @@ import pytest
 
 import efficient_attn as ea
 from efficient_attn.mechanisms import linear
-from efficient_attn.mechanisms import random_features as rf
+from efficient_attn.mechanisms import performer
+from efficient_attn.mechanisms import rfa
 from efficient_attn.ops import feature_maps
-from efficient_attn.ops import kernel_attention as kernel_core
+from efficient_attn.ops.linear_attention import head_rows
 
 EPS = 1e-6
 
@@ -101,7 +102,7 @@ def test_rfa_matches_reference(x64, causal, sigma):
   q, k, v, _ = inputs(dtype=jnp.float64)
   w = projection(dtype=jnp.float64)
   sigma = np.array([0.7, 1.3]) if sigma == 'per_head' else sigma
-  out = jax.jit(functools.partial(rf.rfa_attention, causal=causal, chunk_size=4))(
+  out = jax.jit(functools.partial(rfa.rfa_attention, causal=causal, chunk_size=4))(
     q, k, v, w, PAD, sigma=jnp.asarray(sigma)
   )
   ref = np_kernel_ref(
@@ -117,11 +118,11 @@ def test_rfa_gated_matches_recurrence_and_steps(x64):
     np_rfa_phi(q, w, 1.0), np_rfa_phi(k, w, 1.0), np.asarray(v), np.asarray(gate), PAD
   )
   for chunk in (3, 16):  # 3 does not divide 10, 16 > length
-    out = jax.jit(functools.partial(rf.rfa_attention, causal=True, chunk_size=chunk))(
+    out = jax.jit(functools.partial(rfa.rfa_attention, causal=True, chunk_size=chunk))(
       q, k, v, w, PAD, gate=gate
     )
     np.testing.assert_allclose(out, ref, rtol=1e-9, atol=1e-11)
-  step = jax.jit(rf.rfa_attention_step)
+  step = jax.jit(rfa.rfa_attention_step)
   state = linear.init_kernel_state(2, 2, 2 * w.shape[0], 3, jnp.float64)
   outs = []
   for t in range(10):
@@ -131,14 +132,14 @@ def test_rfa_gated_matches_recurrence_and_steps(x64):
     outs.append(out_t)
   np.testing.assert_allclose(jnp.stack(outs, 1), ref, rtol=1e-9, atol=1e-11)
   with pytest.raises(ValueError, match='causal'):
-    rf.rfa_attention(q, k, v, w, gate=gate)
+    rfa.rfa_attention(q, k, v, w, gate=gate)
 
 
 @pytest.mark.parametrize('causal', [False, True])
 def test_performer_matches_reference(x64, causal):
   q, k, v, _ = inputs(dtype=jnp.float64)
   w = projection(dtype=jnp.float64)
-  out = jax.jit(functools.partial(rf.performer_attention, causal=causal, chunk_size=3))(
+  out = jax.jit(functools.partial(performer.performer_attention, causal=causal, chunk_size=3))(
     q, k, v, w, PAD
   )
   # The reference has no stabilisers at all: they must cancel.
@@ -148,22 +149,22 @@ def test_performer_matches_reference(x64, causal):
     np.asarray(v),
     PAD,
     causal,
-    eps=rf.performer_eps(jnp.float64),
+    eps=performer.performer_eps(jnp.float64),
   )
   np.testing.assert_allclose(out, ref, rtol=1e-9, atol=1e-11)
 
 
 @pytest.mark.parametrize('causal', [False, True])
 def test_performer_rows_one_at_a_time_equal_all_at_once(x64, causal, monkeypatch):
-  """The CPU's row loop (kernel_attention.LOOP_ROWS) changes the schedule, not the values,
+  """The CPU's row loop (linear_attention.LOOP_ROWS) changes the schedule, not the values,
   gradients or prefill state, padding included."""
   del x64
   q, k, v, _ = inputs(dtype=jnp.float64)
   w = projection(dtype=jnp.float64)
   results = {}
   for loop in (False, True):
-    monkeypatch.setitem(kernel_core.LOOP_ROWS, jax.default_backend(), loop)
-    fn = functools.partial(rf.performer_attention, causal=causal, chunk_size=3, mask=PAD)
+    monkeypatch.setitem(head_rows.LOOP_ROWS, jax.default_backend(), loop)
+    fn = functools.partial(performer.performer_attention, causal=causal, chunk_size=3, mask=PAD)
     results[loop] = (
       value_and_grads(lambda q, k, v: fn(q, k, v, w))(q, k, v),
       fn(q, k, v, w, return_state=True)[1],
@@ -175,16 +176,18 @@ def test_performer_rows_one_at_a_time_equal_all_at_once(x64, causal, monkeypatch
 def test_performer_steps_equal_parallel(x64):
   q, k, v, _ = inputs(dtype=jnp.float64, scale=2.0)
   w = projection(dtype=jnp.float64)
-  par = jax.jit(functools.partial(rf.performer_attention, causal=True, chunk_size=4))(q, k, v, w)
+  par = jax.jit(functools.partial(performer.performer_attention, causal=True, chunk_size=4))(
+    q, k, v, w
+  )
   ref = np_kernel_ref(
     np_favor_phi(q, w),
     np_favor_phi(k, w),
     np.asarray(v),
     causal=True,
-    eps=rf.performer_eps(jnp.float64),
+    eps=performer.performer_eps(jnp.float64),
   )
   np.testing.assert_allclose(par, ref, rtol=1e-9, atol=1e-11)
-  step = jax.jit(rf.performer_attention_step)
+  step = jax.jit(performer.performer_attention_step)
   state = linear.init_kernel_state(2, 2, w.shape[0], 3, jnp.float64)
   outs = []
   for t in range(10):
@@ -192,9 +195,9 @@ def test_performer_steps_equal_parallel(x64):
     outs.append(out_t)
   np.testing.assert_allclose(jnp.stack(outs, 1), par, rtol=1e-9, atol=1e-11)
   # Prefill 6 tokens in parallel, then decode the rest ([b, 1, h, d] tokens).
-  _, state = jax.jit(functools.partial(rf.performer_attention, causal=True, return_state=True))(
-    q[:, :6], k[:, :6], v[:, :6], w
-  )
+  _, state = jax.jit(
+    functools.partial(performer.performer_attention, causal=True, return_state=True)
+  )(q[:, :6], k[:, :6], v[:, :6], w)
   for t in range(6, 10):
     state, out_t = step(state, q[:, t : t + 1], k[:, t : t + 1], v[:, t : t + 1], w)
     np.testing.assert_allclose(out_t[:, 0], par[:, t], rtol=1e-9, atol=1e-11)
@@ -204,7 +207,7 @@ def test_performer_error_shrinks_with_features():
   q, k, v, _ = inputs(b=1, l=16, h=2, d=8, dv=4)
   q, k = q * 0.4, k * 0.4  # the estimator's variance grows like exp(|q + k|^2)
   exact = np_softmax_attention(q, k, v)
-  fn = jax.jit(rf.performer_attention)
+  fn = jax.jit(performer.performer_attention)
   errors = []
   for m in (16, 256, 2048):
     errs = []
@@ -227,13 +230,13 @@ def test_no_lookahead(kind):
   q, k, v, gate = inputs(b=1, l=7, h=1, d=3, dv=2)
   w = projection(m=8, d=3)
   if kind == 'performer':
-    fn = lambda q, k, v: rf.performer_attention(q, k, v, w, causal=True, chunk_size=3)
+    fn = lambda q, k, v: performer.performer_attention(q, k, v, w, causal=True, chunk_size=3)
     assert_no_lookahead(fn, (q, k, v))
   elif kind == 'rfa':
-    fn = lambda q, k, v: rf.rfa_attention(q, k, v, w, causal=True, chunk_size=3)
+    fn = lambda q, k, v: rfa.rfa_attention(q, k, v, w, causal=True, chunk_size=3)
     assert_no_lookahead(fn, (q, k, v))
   else:
-    fn = lambda q, k, v, g: rf.rfa_attention(q, k, v, w, causal=True, gate=g, chunk_size=3)
+    fn = lambda q, k, v, g: rfa.rfa_attention(q, k, v, w, causal=True, gate=g, chunk_size=3)
     assert_no_lookahead(fn, (q, k, v, gate), past_args=(1, 2, 3))
 
 
@@ -249,9 +252,9 @@ def test_padded_keys_get_zero_weight(kind, causal):
   v2 = jnp.where(pad[:, :, None, None], v, rng.normal(size=v.shape) * 1e4)
   gate2 = jnp.where(pad[..., None], gate, 0.01)
   if kind == 'performer':
-    fn = lambda q, k, v, g: rf.performer_attention(q, k, v, w, mask=pad, causal=causal)
+    fn = lambda q, k, v, g: performer.performer_attention(q, k, v, w, mask=pad, causal=causal)
   else:
-    fn = lambda q, k, v, g: rf.rfa_attention(
+    fn = lambda q, k, v, g: rfa.rfa_attention(
       q, k, v, w, mask=pad, causal=causal, gate=g if kind == 'rfa_gated' else None
     )
   vg = value_and_grads(fn, num_args=4)
@@ -276,9 +279,9 @@ def test_finite_outputs_and_gradients(kind, causal):
   q, k, v, gate = inputs(dtype=jnp.bfloat16, scale=100.0)
   w = projection()
   if kind == 'performer':
-    fn = lambda q, k, v, g: rf.performer_attention(q, k, v, w, mask=PAD, causal=causal)
+    fn = lambda q, k, v, g: performer.performer_attention(q, k, v, w, mask=PAD, causal=causal)
   else:
-    fn = lambda q, k, v, g: rf.rfa_attention(
+    fn = lambda q, k, v, g: rfa.rfa_attention(
       q, k, v, w, mask=PAD, causal=causal, gate=g if kind == 'rfa_gated' else None
     )
   out, grads = value_and_grads(fn, num_args=4)(q, k, v, gate)
@@ -291,7 +294,7 @@ def test_finite_outputs_and_gradients(kind, causal):
 def test_bf16_close_to_float32():
   q, k, v, _ = inputs()
   w = projection()
-  fn = jax.jit(functools.partial(rf.performer_attention, causal=True))
+  fn = jax.jit(functools.partial(performer.performer_attention, causal=True))
   ref = fn(q, k, v, w)
   low = fn(*(x.astype(jnp.bfloat16) for x in (q, k, v)), w)
   np.testing.assert_allclose(low.astype(jnp.float32), ref, atol=5e-2, rtol=5e-2)
@@ -327,7 +330,9 @@ def test_performer_fixed_features_and_redraw():
   a, b = apply(variables, q, k, v)
   # Fixed per layer: PRNGKey(seed) folded with crc32 of the path.
   w = feature_maps.gaussian_projection(feature_maps.fixed_feature_rng(3, ('first',)), 32, 4)
-  np.testing.assert_allclose(a, jax.jit(rf.performer_attention)(q, k, v, w), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(
+    a, jax.jit(performer.performer_attention)(q, k, v, w), rtol=1e-5, atol=1e-6
+  )
   assert not np.allclose(a, b)  # each layer its own draw
   a2, _ = apply(variables, q, k, v)  # deterministic across calls
   np.testing.assert_array_equal(a, a2)
