@@ -289,3 +289,91 @@ def test_no_data_module_imports_the_package():
 def test_the_cycle_rule_finds_a_cycle():
   assert import_cycle({'a': {'b'}, 'b': {'c'}, 'c': {'a'}, 'd': {'a'}}) == ['a', 'b', 'c', 'a']
   assert import_cycle({'a': {'b'}, 'b': set(), 'c': {'a', 'b'}}) == []
+
+
+def _library_imports(path: pathlib.Path):
+  """The modules of `efficient_attn` and the third-party top-level packages `path` imports
+  (at any depth): `from efficient_attn.ops import masking` gives 'efficient_attn.ops.masking'
+  where that is a module, else 'efficient_attn.ops'."""
+  found = set()
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.Import):
+      found |= {a.name for a in node.names}
+    elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+      for alias in node.names:
+        name = f'{node.module}.{alias.name}'
+        module_path = ROOT.joinpath(*name.split('.'))
+        is_module = module_path.with_suffix('.py').exists() or module_path.is_dir()
+        found.add(name if node.module.startswith('efficient_attn') and is_module else node.module)
+  return found
+
+
+def _library_graph():
+  """{module: the library modules it imports} over every module of `efficient_attn`."""
+  graph = {}
+  for path in sorted((ROOT / 'efficient_attn').rglob('*.py')):
+    parts = path.relative_to(ROOT).with_suffix('').parts
+    module = '.'.join(parts[:-1] if parts[-1] == '__init__' else parts)
+    graph[module] = {m for m in _library_imports(path) if m.startswith('efficient_attn')}
+  return graph
+
+
+def test_the_library_imports_no_cycle():
+  """No module of `efficient_attn` imports, directly or through others, one that imports it
+  (a package's `__init__` counts as the module of its folder)."""
+  graph = _library_graph()
+  graph = {m: {n for n in deps if n in graph and n != m} for m, deps in graph.items()}
+  cycle = import_cycle(graph)
+  assert not cycle, f'an import cycle in the library: {" -> ".join(cycle)}'
+
+
+# What each part of the library may import (besides itself, jax and numpy): the math knows
+# no Flax and no declarations; declarations know the math; layers know both; models all.
+LIBRARY_PARTS = {
+  'efficient_attn.ops': {'efficient_attn.ops'},
+  'efficient_attn.registry': {'efficient_attn.ops'},
+  'efficient_attn.mechanisms': {
+    'efficient_attn.ops',
+    'efficient_attn.registry',
+    'efficient_attn.mechanisms',
+  },
+  'efficient_attn.layers': {
+    'efficient_attn.ops',
+    'efficient_attn.registry',
+    'efficient_attn.layers',
+  },
+  'efficient_attn.models': {
+    'efficient_attn.ops',
+    'efficient_attn.registry',
+    'efficient_attn.layers',
+    'efficient_attn.models',
+  },
+}
+
+
+def _part(module: str) -> str:
+  return next((p for p in LIBRARY_PARTS if module == p or module.startswith(p + '.')), module)
+
+
+def test_the_library_parts_import_only_downwards():
+  bad = {}
+  for path in sorted((ROOT / 'efficient_attn').rglob('*.py')):
+    parts = path.relative_to(ROOT).with_suffix('').parts
+    module = '.'.join(parts[:-1] if parts[-1] == '__init__' else parts)
+    part = _part(module)
+    if part not in LIBRARY_PARTS:
+      continue
+    imports = _library_imports(path)
+    wrong = sorted(
+      m
+      for m in imports
+      if (
+        m.startswith('efficient_attn')
+        and _part(m) not in LIBRARY_PARTS[part]
+        and m != 'efficient_attn'
+      )
+      or (part == 'efficient_attn.ops' and m.split('.')[0] == 'flax')
+    )
+    if wrong:
+      bad[str(path.relative_to(ROOT))] = wrong
+  assert not bad, f'library modules importing a part above theirs (or ops importing flax): {bad}'
