@@ -1,7 +1,7 @@
 """The generated Long Range Arena tasks (ListOps, Pathfinder) as datasets: the 'generated' source.
 
     pattern = generated.ensure(config)   # writes missing splits into dataset.data_dir
-    # -> '<data_dir>/listops_{split}.npz', then read as the 'arrays' source reads it
+    # -> '<data_dir>/listops_500-2000_<key>_{split}.npz', then read as the 'arrays' source reads it
 
 `config.dataset.data_dir` is the cache folder (local, or a bucket: every file goes
 through `files.gfile`, see `npz_cache.py`). The splits are written once
@@ -85,11 +85,9 @@ def pattern(config) -> str:
   """The `.npz` path pattern ('{split}' in it) of the dataset's split files."""
   d, s = specs.resolve(config).fields, settings(config)
   if d.name == 'listops':
-    return listops.split_path(d.data_dir, '{split}', s['min_length'], s['max_length'])
+    return listops.split_path(d.data_dir, '{split}', **s)
   if d.name == 'mqar':
-    return mqar.split_path(
-      d.data_dir, '{split}', s['vocab_size'], s['seq_len'], s['num_kv_pairs'], s['power_a']
-    )
+    return mqar.split_path(d.data_dir, '{split}', **s)
   if d.name == 'text_bytes':
     return text_bytes.split_path(d.data_dir, '{split}', **s)
   return pathfinder.split_path(d.data_dir, '{split}', s['contour_length'], s['image_size'])

@@ -39,7 +39,7 @@ import json
 import os
 import time
 import types
-from typing import Iterable, List, NamedTuple, Optional, Sequence, Set, Tuple, Union
+from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Set, Tuple, Union
 import zlib
 
 import numpy as np
@@ -320,11 +320,42 @@ def split_seed(seed: int, split: str) -> Tuple[int, int]:
   return (int(seed), zlib.crc32(split.encode('utf-8')))
 
 
-def split_path(folder: str, split: str, min_length: int = 500, max_length: int = 2000) -> str:
-  """`folder/listops_{split}.npz`; `listops_{min}-{max}_{split}.npz` for other lengths than
-  LRA's 500-2000, so that datasets of other lengths never overwrite each other."""
-  lengths = '' if (min_length, max_length) == (500, 2000) else f'_{min_length}-{max_length}'
-  return os.path.join(folder, f'listops{lengths}_{split}.npz')
+def _generator_options(kw) -> Dict[str, int]:
+  """`generate`'s min_length, max_depth and max_args: LRA's 500, 10 and 10 unless `kw`
+  gives them."""
+  unknown = set(kw) - {'min_length', 'max_depth', 'max_args'}
+  if unknown:
+    raise ValueError(f'unknown arguments {sorted(unknown)}; valid: min_length, max_depth, max_args')
+  return {'min_length': 500, 'max_depth': 10, 'max_args': 10, **kw}
+
+
+def split_settings(seed: int = 0, sizes=None, max_length: int = 2000, **kw) -> Dict[str, dict]:
+  """{split: the settings its file is written from}, in the order of `sizes` (default
+  `DEFAULT_SIZES`); `kw`: `min_length`, `max_depth`, `max_args` of `generate`."""
+  sizes = dict(DEFAULT_SIZES if sizes is None else sizes)
+  gen_kw = _generator_options(kw)
+  names = list(sizes)
+  return {
+    split: _settings(seed, split, sizes, names[:i], max_length, gen_kw)
+    for i, split in enumerate(names)
+  }
+
+
+def split_path(
+  folder: str,
+  split: str,
+  min_length: int = 500,
+  max_length: int = 2000,
+  seed: int = 0,
+  sizes=None,
+  **kw,
+) -> str:
+  """`folder/listops_<min_length>-<max_length>_<key>_{split}.npz`, `<key>` the
+  `npz_cache.settings_key` of every split's settings (`split_settings`: seed, sizes,
+  `max_depth` and `max_args` included), so runs of other settings sharing the folder
+  never overwrite each other's files."""
+  key = npz_cache.settings_key(split_settings(seed, sizes, max_length, min_length=min_length, **kw))
+  return os.path.join(folder, f'listops_{min_length}-{max_length}_{key}_{split}.npz')
 
 
 def write_splits(
@@ -336,7 +367,8 @@ def write_splits(
   left-aligned), `y` (int64 `[n]`, 0..9), `lengths` (int64 `[n]`) and
   `settings_json` (uint8 bytes of the JSON generation settings). A file whose
   settings match is left alone, so an interrupted run resumes at the first
-  missing split; one with other settings is replaced. Splits are generated in
+  missing split; runs of other settings (seed and sizes included) write files of
+  other names (`split_path`) beside it. Splits are generated in
   the order of `sizes`, each from `split_seed(seed, split)` and excluding the
   expressions of the splits before it, so they are disjoint.
 
@@ -353,22 +385,14 @@ def write_splits(
     The paths of the split files, in the order of `sizes`.
   """
   sizes = dict(DEFAULT_SIZES if sizes is None else sizes)
-  unknown = set(kw) - {'min_length', 'max_depth', 'max_args'}
-  if unknown:
-    raise ValueError(f'unknown arguments {sorted(unknown)}; valid: min_length, max_depth, max_args')
-  for split, n in sizes.items():
-    if not split or not split.replace('_', '').replace('-', '').isalnum():
-      raise ValueError(f'split names must be letters, digits, "_" or "-", got {split!r}')
-    if n < 0:
-      raise ValueError(f'sizes[{split!r}] must be >= 0, got {n}')
-  gen_kw = {'min_length': 500, 'max_depth': 10, 'max_args': 10, **kw}
+  gen_kw = _generator_options(kw)
+  npz_cache.check_sizes(sizes)
   names = list(sizes)
-  settings = {
-    split: _settings(seed, split, sizes, names[:i], max_length, gen_kw)
-    for i, split in enumerate(names)
-  }
+  settings = split_settings(seed, sizes, max_length, **gen_kw)
   npz_cache.makedirs(folder)
-  paths = {s: split_path(folder, s, gen_kw['min_length'], max_length) for s in names}
+  paths = {
+    s: split_path(folder, s, max_length=max_length, seed=seed, sizes=sizes, **gen_kw) for s in names
+  }
   shapes = lambda s: {'tokens': (sizes[s], max_length), 'y': (sizes[s],), 'lengths': (sizes[s],)}
   why = {s: npz_cache.problem(paths[s], settings[s], shapes(s)) for s in names}
   todo = [s for s in names if why[s]]  # missing, other settings, damaged or short

@@ -28,7 +28,9 @@ the seed (numpy's PCG64), the same on every machine.
 `write_splits` writes one `.npz` file per split, each from its own seed
 (`split_seed`) and excluding every sequence of the splits before it, so no
 sequence is in two splits; a file whose settings match is kept, so the
-splits are generated once. A file that is damaged (truncated, or its bytes
+splits are generated once. A file's name holds a key of every split's settings
+(`split_path`: the seed and the sizes too), so runs of other sizes or seeds beside
+each other in one cache folder each keep their own files. A file that is damaged (truncated, or its bytes
 changed) or holds another number of rows than its settings say is written
 again, with one line saying so (`npz_cache.problem`).
 """
@@ -161,13 +163,57 @@ def split_seed(seed: int, split: str) -> Tuple[int, int]:
   return (int(seed), zlib.crc32(split.encode('utf-8')))
 
 
+def split_settings(
+  seed: int,
+  sizes: Optional[Dict[str, int]],
+  vocab_size: int,
+  seq_len: int,
+  num_kv_pairs: int,
+  power_a: float,
+) -> Dict[str, dict]:
+  """{split: the settings its file is written from}, in the order of `sizes` (default
+  `DEFAULT_SIZES`): each split's own seed and size, and the splits before it, which it
+  excludes."""
+  sizes = dict(DEFAULT_SIZES if sizes is None else sizes)
+  task = dict(
+    vocab_size=int(vocab_size),
+    seq_len=int(seq_len),
+    num_kv_pairs=int(num_kv_pairs),
+    power_a=float(power_a),
+  )
+  names = list(sizes)
+  return {
+    split: {
+      'format': _FORMAT,
+      'seed': int(seed),
+      'split': split,
+      'num_examples': int(sizes[split]),
+      'excludes': [[b, int(sizes[b])] for b in names[:i]],
+      **task,
+    }
+    for i, split in enumerate(names)
+  }
+
+
 def split_path(
-  folder: str, split: str, vocab_size: int, seq_len: int, num_kv_pairs: int, power_a: float
+  folder: str,
+  split: str,
+  vocab_size: int,
+  seq_len: int,
+  num_kv_pairs: int,
+  power_a: float,
+  seed: int = 0,
+  sizes: Optional[Dict[str, int]] = None,
 ) -> str:
-  """`folder/mqar_v<vocab>_l<seq_len>_kv<pairs>_a<power_a>_{split}.npz`: other settings
-  never overwrite each other's files."""
+  """`folder/mqar_v<vocab>_l<seq_len>_kv<pairs>_a<power_a>_<key>_{split}.npz`, `<key>` the
+  `npz_cache.settings_key` of every split's settings (`split_settings`: seed and sizes
+  included), so runs of other settings sharing the folder never overwrite each other's
+  files."""
+  key = npz_cache.settings_key(
+    split_settings(seed, sizes, vocab_size, seq_len, num_kv_pairs, power_a)
+  )
   return os.path.join(
-    folder, f'mqar_v{vocab_size}_l{seq_len}_kv{num_kv_pairs}_a{power_a:g}_{split}.npz'
+    folder, f'mqar_v{vocab_size}_l{seq_len}_kv{num_kv_pairs}_a{power_a:g}_{key}_{split}.npz'
   )
 
 
@@ -195,31 +241,12 @@ def write_splits(
   """
   check_settings(vocab_size, seq_len, num_kv_pairs, power_a)
   sizes = dict(DEFAULT_SIZES if sizes is None else sizes)
-  for split, n in sizes.items():
-    if not split or not split.replace('_', '').replace('-', '').isalnum():
-      raise ValueError(f'split names must be letters, digits, "_" or "-", got {split!r}')
-    if n < 0:
-      raise ValueError(f'sizes[{split!r}] must be >= 0, got {n}')
-  task = dict(
-    vocab_size=int(vocab_size),
-    seq_len=int(seq_len),
-    num_kv_pairs=int(num_kv_pairs),
-    power_a=float(power_a),
-  )
+  npz_cache.check_sizes(sizes)
+  task = dict(vocab_size=vocab_size, seq_len=seq_len, num_kv_pairs=num_kv_pairs, power_a=power_a)
   names = list(sizes)
-  settings = {
-    split: {
-      'format': _FORMAT,
-      'seed': int(seed),
-      'split': split,
-      'num_examples': int(sizes[split]),
-      'excludes': [[b, int(sizes[b])] for b in names[:i]],
-      **task,
-    }
-    for i, split in enumerate(names)
-  }
+  settings = split_settings(seed, sizes, **task)
   npz_cache.makedirs(folder)
-  paths = {s: split_path(folder, s, **task) for s in names}
+  paths = {s: split_path(folder, s, seed=seed, sizes=sizes, **task) for s in names}
   shape = lambda s: (sizes[s], seq_len)  # of both arrays
   why = {
     s: npz_cache.problem(paths[s], settings[s], {'inputs': shape(s), 'labels': shape(s)})

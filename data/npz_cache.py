@@ -1,8 +1,11 @@
 """Generated datasets cached as `.npz` files: written atomically, with their settings inside.
 
-A generator (`listops.py`, `pathfinder.py`) writes each split once into a cache
-folder with the settings that produced it (`settings_json`); a later run reads
-the file back when the settings match, and regenerates it when they do not.
+A generator (`listops.py`, `mqar.py`, `pathfinder.py`, `text_bytes.py`) writes each
+split once into a cache folder with the settings that produced it (`settings_json`);
+a later run reads the file back when the settings match, and regenerates it when they
+do not. A file's name holds `settings_key` of everything that makes it (seed and split
+sizes included), so runs with other settings sharing one folder never overwrite each
+other's files.
 
 `problem` says why a cached split cannot be used as it is: besides other settings, a
 damaged file (truncated, or bytes changed: a zip member fails its CRC check) or one
@@ -14,6 +17,7 @@ source reads them, so the cache folder may be a bucket (gs://...) as well as a
 local folder.
 """
 
+import hashlib
 import io
 import json
 import os
@@ -24,6 +28,22 @@ import zlib
 import numpy as np
 
 from data import files
+
+
+def settings_key(settings) -> str:
+  """12 hex digits of the sha256 of `settings` (JSON, keys sorted): the part of a cached
+  file's name that keeps files of other settings apart."""
+  return hashlib.sha256(json.dumps(settings, sort_keys=True).encode('utf-8')).hexdigest()[:12]
+
+
+def check_sizes(sizes: Mapping[str, int]) -> None:
+  """A one-line ValueError for a split name that cannot be part of a file name, or a
+  negative size, in `sizes` ({split: examples})."""
+  for split, n in sizes.items():
+    if not split or not split.replace('_', '').replace('-', '').isalnum():
+      raise ValueError(f'split names must be letters, digits, "_" or "-", got {split!r}')
+    if n < 0:
+      raise ValueError(f'sizes[{split!r}] must be >= 0, got {n}')
 
 
 def makedirs(folder: str) -> None:

@@ -306,8 +306,10 @@ def settings(
 
 
 def split_path(folder: str, split: str, **task) -> str:
-  """`folder/text_bytes_<hash of the settings>_{split}.npz`."""
-  key = hashlib.sha256(json.dumps(settings(**task), sort_keys=True).encode()).hexdigest()[:12]
+  """`folder/text_bytes_<key>_{split}.npz`, `<key>` the `npz_cache.settings_key` of the
+  settings (the seed and the documents' counts included), so runs of other settings
+  sharing the folder never overwrite each other's files."""
+  key = npz_cache.settings_key(settings(**task))
   return os.path.join(folder, f'text_bytes_{key}_{split}.npz')
 
 

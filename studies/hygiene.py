@@ -5,13 +5,17 @@ runs it.
 
 Three rules, over the files git tracks:
 
-1. No path of this machine in a .md, .py or .sh file. That means three things:
+1. No path of this machine in a .md, .py or .sh file, and none of any machine in a record.
+   That means three things:
    - the checkout's parent folder, worked out from where this checkout lies;
    - a home directory: /root, /home/<user>, or wherever `~` expands;
-   - a folder under /tmp in a record: a .md under docs/results/ or studies/.
-   A record names the runs of the machine that wrote it. Guides, code and tests may still
-   use /tmp as an example destination or as scratch space at run time. Write `runs/...`,
-   `--root=runs/recall/...`, `../shared/data` or an environment variable instead.
+   - any absolute path (/work/runs/..., /tmp/...) in a record: a .md or .json under
+     docs/results/ or studies/, wherever this clone lies.
+   A record names the runs of the machine that wrote it, which a clone elsewhere cannot
+   tell from its own. Guides, code and tests may still use /tmp as an example destination
+   or as scratch space at run time, and /data/... as an example of the user's folder.
+   Write `runs/...`, `--root=runs/recall/...`, `../shared/data` or an environment variable
+   instead.
 2. No dated run log in a study's write-up: a line of a .md under studies/ with a date
    stamp (year-month-day) or a UTC time (hours:minutes UTC). When a run ran belongs in its
    own records (results.json, metrics.jsonl) or in the study's RUNLOG.md, which this rule
@@ -34,13 +38,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LIMIT_BYTES = 500 * 1024
 TEXT_SUFFIXES = ('.md', '.py', '.sh')
 SHARED_FOLDERS = ('', '/tmp', '/var/tmp', tempfile.gettempdir().rstrip('/'))
-RECORDS = ('docs/results/', 'studies/')  # where a /tmp folder is a run of the writer's machine
+RECORDS = ('docs/results/', 'studies/')  # where any absolute path is the writer's machine's
+RECORD_SUFFIXES = ('.md', '.json')
 DATED = ('studies/',)  # where a dated line is a run log
 SIZED = ('docs/', 'studies/')
 RUNLOG = 'RUNLOG.md'
 REPORT_HEADERS = ('Measured on:', 'Report written on:')
 # A path starts where no path character precedes it: '/tmp/' in 'x/tmp/' is not one.
 _START = r'(?<![\w.~/$-])'
+# An absolute path with a folder ('/work/runs/x', '/tmp/D/res'); not a URL's '//host/'.
+_ABSOLUTE = re.compile(_START + r'/[A-Za-z_][\w.-]*/')
 _DATE = re.compile(r'\b20\d\d-[01]\d-[0-3]\d\b|\b[0-2]?\d:[0-5]\d\s*UTC\b')
 
 
@@ -75,16 +82,16 @@ def machine_patterns(root: str = ROOT, home: Optional[str] = None) -> List[re.Pa
 
 
 def _is_record(path: str) -> bool:
-  return path.endswith('.md') and path.startswith(RECORDS)
+  return path.endswith(RECORD_SUFFIXES) and path.startswith(RECORDS)
 
 
 def path_problems(path: str, text: str, patterns: Sequence[re.Pattern]) -> List[str]:
-  """'path:line: ...' for each line of `text` that names a path of this machine."""
+  """'path:line: ...' for each line of `text` that names a path of this machine (in a
+  record: any absolute path)."""
   found = []
-  tmp = re.compile(_START + '/tmp/') if _is_record(path) else None
+  patterns = [*patterns, _ABSOLUTE] if _is_record(path) else patterns
   for number, line in enumerate(text.splitlines(), 1):
     hits = [m.group(0) for p in patterns for m in p.finditer(line)]
-    hits += [m.group(0) for m in tmp.finditer(line)] if tmp else []
     if hits:
       found.append(
         f'{path}:{number}: names a path of this machine ({hits[0]}...): write '
@@ -128,7 +135,7 @@ def problems(
   found = []
   for path in paths:
     full = os.path.join(root, path)
-    if not path.endswith(TEXT_SUFFIXES) or not os.path.isfile(full):
+    if not (path.endswith(TEXT_SUFFIXES) or _is_record(path)) or not os.path.isfile(full):
       continue
     with open(full, encoding='utf-8', errors='replace') as f:
       text = f.read()

@@ -118,7 +118,8 @@ def test_a_run_reads_the_rebuilt_file_from_the_data_cache(tmp_path, monkeypatch)
   config.dataset.sizes = {'train': 40, 'validation': 10, 'test': 10}
   assert config.dataset.data_dir.startswith(str(tmp_path))
   assert len(arrays.get_split(config, 'train')) == 40
-  path = mqar.split_path(config.dataset.data_dir, 'train', 64, 32, 4, 0.01)
+  sizes = config.dataset.sizes.to_dict()  # in the config's order
+  path = mqar.split_path(config.dataset.data_dir, 'train', 64, 32, 4, 0.01, sizes=sizes)
   flip_inside(path)
   arrays.clear_cache()
   assert len(arrays.get_split(config, 'train')) == 40  # was: "... not a readable .npz file"

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 
 import helpers
 import numpy as np
@@ -114,7 +115,9 @@ def test_listops_bad_arguments():
 def test_listops_write_splits_round_trip(tmp_path, capsys):
   sizes = {'train': 12, 'validation': 4, 'test': 4}
   paths = listops.write_splits(str(tmp_path), seed=0, sizes=sizes, max_length=60, min_length=10)
-  assert paths == [str(tmp_path / f'listops_10-60_{s}.npz') for s in sizes]  # not LRA's lengths
+  key = re.fullmatch(r'listops_10-60_([0-9a-f]{12})_train\.npz', os.path.basename(paths[0]))[1]
+  # Not LRA's lengths, and the key of every split's settings (seed and sizes included).
+  assert paths == [str(tmp_path / f'listops_10-60_{key}_{s}.npz') for s in sizes]
   rows = {}
   for split, path in zip(sizes, paths):
     with np.load(path) as data:
@@ -142,9 +145,12 @@ def test_listops_write_splits_round_trip(tmp_path, capsys):
   with np.load(paths[2]) as data:
     assert {t.tobytes() for t in data['tokens']} == rows['test']
 
-  listops.write_splits(str(tmp_path), seed=1, sizes=sizes, max_length=60, min_length=10)
-  with np.load(paths[0]) as data:  # other settings: replaced
+  mtimes = [os.stat(p).st_mtime_ns for p in paths]
+  other = listops.write_splits(str(tmp_path), seed=1, sizes=sizes, max_length=60, min_length=10)
+  assert not set(other) & set(paths)  # other settings: files of their own (issue 70, item 1)
+  with np.load(other[0]) as data:
     assert {t.tobytes() for t in data['tokens']} != rows['train']
+  assert [os.stat(p).st_mtime_ns for p in paths] == mtimes  # seed 0's files kept
 
 
 # ----------------------------------------------------------------------------- Pathfinder

@@ -401,7 +401,8 @@ def test_tiny_run_trains_and_evaluates(mqar_run):
   assert results['steps'] == 24 and results['eval_split'] == 'test'
   assert results['device'] == jax.devices()[0].device_kind  # 'cpu' here
   assert results['eval_loss'] < np.log(V) and 0.0 <= results['eval_accuracy'] <= 1.0
-  assert os.path.exists(mqar.split_path(f'{workdir}_data', 'test', V, L, P, 0.01))
+  sizes = parse(*SIZES, arg=TINY).dataset.sizes.to_dict()  # the run's, in the config's order
+  assert os.path.exists(mqar.split_path(f'{workdir}_data', 'test', V, L, P, 0.01, sizes=sizes))
 
 
 @pytest.mark.slow

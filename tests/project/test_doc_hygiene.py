@@ -49,7 +49,7 @@ def test_machine_paths_are_named_where_they_are_records(tmp_path):
       'run.sh': 'ROOT=${ROOT:-/tmp/recall}\n',
       'docs/results/r.md': 'command: --out=/tmp/D/res\n',
       'studies/s/README.md': '--root=/tmp/x\nruns/x ../shared/data ~/.cache a/tmp/b\n',
-      'studies/s/data.json': f'"{tmp_path}/runs/x"',  # data, not text: not checked
+      'studies/s/data.json': f'"{tmp_path}/runs/x"',  # a record too (issue 70, item 7)
     },
   )
   found = hygiene.problems(str(checkout), paths, home=str(home))
@@ -60,8 +60,30 @@ def test_machine_paths_are_named_where_they_are_records(tmp_path):
     'main.py:3',
     'docs/results/r.md:1',
     'studies/s/README.md:1',
+    'studies/s/data.json:1',
   }, found
   assert all('names a path of this machine' in p for p in found)
+
+
+def test_a_record_names_no_absolute_path_wherever_the_clone_lies(tmp_path):
+  """Records written on a machine whose checkout sat in /work named /work/runs/...: a clone
+  in another folder saw nothing wrong, and a .json record was not read at all (issue 70,
+  item 7). Any absolute path in a record (.md or .json under docs/results/ or studies/) is
+  now named; guides and tests keep their example folders, URLs are not paths."""
+  paths = _tree(
+    tmp_path / 'clone',
+    {
+      'docs/results/r.json': '{\n "out": "/work/runs/lra34/p3072",\n "n": 1.5\n}\n',
+      'docs/results/r.md': 'command: --out=/work/runs/lra34/p3072\n',
+      'studies/s/s.json': '["/tmp/D/res/x.png", "runs/res/x.png"]\n',
+      'studies/s/s.md': 'see https://github.com/a/b/blob/x.py and ../runs/a/b\n',
+      'docs/configs.md': '--config.dataset.data_dir=/data/tfds\n',
+      'tests/recorded.json': '["base=/work/base"]\n',
+    },
+  )
+  found = hygiene.problems(str(tmp_path / 'clone'), paths, home='')
+  assert _named(found) == {'docs/results/r.json:2', 'docs/results/r.md:1', 'studies/s/s.json:1'}
+  assert all('names a path of this machine (/' in p for p in found), found
 
 
 def test_a_parent_that_is_the_filesystem_root_forbids_nothing(tmp_path):
