@@ -64,9 +64,10 @@ class Built:
 
   Attributes: `config` (validated and resolved: the mechanism's complete options,
   and with `read_data` the data's facts), `model` (a Flax module), `mesh` (the
-  `config.train.mesh` axes 'data', 'fsdp', 'sequence' over the devices), `tx` (the optimiser), `task` (the config's task: its
-  `loss_and_metrics(model, params, batch, train=...)` is the trainer's loss). `state`,
-  `train_step` and `eval_step` are built (and jitted) when first used.
+  `config.train.mesh` axes 'data', 'fsdp', 'sequence' over the devices), `tx` (the
+  optimiser), `task` (the config's task: its `loss_and_metrics(model, params, batch,
+  train=...)` is the trainer's loss). `state`, `train_step` and `eval_step` are built
+  (and jitted) when first used.
   """
 
   def __init__(self, session: trainer.Session, num_steps: int, seed: Optional[int]):
