@@ -32,6 +32,7 @@ from train import logs
 from train import modeling
 from train import optim
 from train import pyfile
+from train import session as session_lib
 from train import sharding
 from train import steps as steps_lib
 from train import trainer
@@ -70,7 +71,7 @@ class Built:
   (and jitted) when first used.
   """
 
-  def __init__(self, session: trainer.Session, num_steps: int, seed: Optional[int]):
+  def __init__(self, session: session_lib.Session, num_steps: int, seed: Optional[int]):
     self._session = session
     self.config, self.model, self.mesh = session.config, session.model, session.mesh
     self.task = session.task
@@ -156,7 +157,8 @@ def build(
     read_data: False skips the data (its checks and facts), for synthetic batches.
     seed: of the initial params and the steps' rngs (default `config.train.seed`).
   """
-  return Built(trainer.Session(config, read_data=read_data, devices=devices), num_steps, seed)
+  session = session_lib.Session(config, read_data=read_data, devices=devices)
+  return Built(session, num_steps, seed)
 
 
 def load(workdir: str, *, merged: bool = False) -> Tuple[Any, Any, Any]:

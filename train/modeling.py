@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from configs import fields
 import data
 from efficient_attn import models as ea
+from efficient_attn import registry
 from efficient_attn.layers import hybrid
 from train import adapters
 from train import attention as attention_lib
@@ -140,7 +141,7 @@ def check(config, dataset: Optional[data.Dataset] = None) -> ModelInputs:
 
 def check_attention(
   config, dataset: Optional[data.Dataset] = None
-) -> Tuple[hybrid.Mechanisms, Any]:
+) -> Tuple[hybrid.Mechanisms, registry.Options]:
   """ConfigError for the first invalid field of `config.attention` (`attention.resolve`,
   for the lengths of this model); else its mechanism resolved once: (the declaration, or
   a pattern's tuple of them, and the complete options)."""

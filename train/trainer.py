@@ -18,7 +18,6 @@ Only process 0 writes files other than checkpoints.
 """
 
 import collections
-import contextlib
 import time
 from typing import Any, Dict, Optional
 
@@ -26,8 +25,6 @@ from absl import logging
 import jax
 import numpy as np
 
-import data
-from efficient_attn import registry
 from train import adapters
 from train import checkpoint
 from train import mesh as mesh_lib
@@ -37,115 +34,9 @@ from train import optim
 from train import preemption
 from train import sharding
 from train import steps as steps_lib
-from train import tasks
-from train import validate
+from train import timing
 from train import workdir as workdir_lib
-
-
-class Session:
-  """What one training or evaluation run needs, built from the config resolved once.
-
-  `config` (the resolved copy a run records), `dataset` (what the data pipeline is
-  handed), `loop` (the training loop's settings), `task`, `attention` (its mechanisms
-  configured once, `train/attention.py`), `model` (built with it), `inputs` (example
-  inputs, for initialising) and `mesh` (`train/mesh.py`: `config.train.mesh` over
-  `devices`, default all, unless a `mesh` is given). `read_data=False` skips the data's
-  checks and facts (`validate.resolve`), for a model fed synthetic batches;
-  `training=False` skips those of the training split alone (evaluation reads only the
-  eval split). A mesh the devices, the batch sizes or the sequence cannot take is a
-  ConfigError here, before any work.
-  """
-
-  def __init__(
-    self, config, mesh=None, read_data: bool = True, training: bool = True, devices=None
-  ):
-    resolved = validate.resolve(config, read_data, training)  # every check, before any work
-    self.config, self.dataset, self.loop = resolved.config, resolved.dataset, resolved.loop
-    self.attention = resolved.attention
-    self.fsdp_min_size = resolved.loop.fsdp_min_size
-    try:
-      self.mesh = mesh_lib.create(resolved.loop.mesh, devices) if mesh is None else mesh
-      mesh_lib.check_batch(self.mesh, self.config.dataset.batch_size)
-      mesh_lib.check_batch(self.mesh, self.config.dataset.eval_batch_size, 'eval_batch_size')
-      self.data_processes = mesh_lib.data_processes(self.mesh)
-    except ValueError as e:
-      raise validate.ConfigError(str(e)) from None
-    self.task = tasks.get_task(self.config.task)
-    self.model = modeling.create_model(self.config, self.dataset, self.attention)
-    self.inputs = resolved.inputs.example()
-    if mesh_lib.size(self.mesh, mesh_lib.SEQUENCE_AXIS) > 1:
-      self._check_sequence(resolved.inputs.length)
-
-  def _check_sequence(self, length: int) -> None:
-    """ConfigError unless the model can split its sequence (`length` tokens) over the
-    mesh's 'sequence' axis: a length it divides, a mechanism with a sequence-parallel form,
-    and whatever else the library refuses when the model is traced on the mesh."""
-    parts = mesh_lib.size(self.mesh, mesh_lib.SEQUENCE_AXIS)
-    model = self.config.model
-    try:
-      if not length:
-        raise ValueError(
-          f"config.train.mesh['sequence']={parts} needs a model with a sequence; "
-          f'config.model.kind={model.kind!r} has none; valid: '
-          f"config.train.mesh['sequence']=1"
-        )
-      mesh_lib.check_length(
-        self.mesh, length, f'config.model.kind={model.kind!r} on {self.config.dataset.name!r}'
-      )
-      whole = self.attention.whole_sequence
-      if whole:
-        valid = registry.names_where(lambda mechanism: bool(mechanism.sequence_parallel))
-        raise ValueError(
-          f"config.train.mesh['sequence']={parts} splits the sequence, but "
-          f'mechanism {whole[0].name!r} cannot: {whole[0].whole_sequence}; '
-          f"valid choices: {', '.join(valid)}; or config.train.mesh"
-          f"['sequence']=1"
-        )
-      rate = model.attention_dropout_rate
-      if rate > 0:  # the library refuses it in training only: here, before any work
-        raise ValueError(
-          f'config.model.attention_dropout_rate={rate} with config.train.mesh'
-          f"['sequence']={parts}: attention-weight dropout is not split over "
-          f'devices; valid: attention_dropout_rate=0, or config.train.mesh'
-          f"['sequence']=1"
-        )
-      self.abstract_params()  # the library's own refusals, raised when it is traced
-    except ValueError as e:
-      raise validate.ConfigError(str(e).strip().splitlines()[0]) from None
-
-  def abstract_params(self):
-    return steps_lib.abstract_params(self.model, self.inputs, self.mesh, self.fsdp_min_size)
-
-  def train_data(self):
-    """This process's training stream: its slice of each global batch (`data_processes`)."""
-    index, count = self.data_processes
-    return data.get_train_data(self.dataset, process_index=index, process_count=count)
-
-  def eval_data(self):
-    """This process's evaluation batches of the eval split."""
-    index, count = self.data_processes
-    return data.get_eval_data(self.dataset, process_index=index, process_count=count)
-
-  def evaluate(self, params, eval_data) -> Dict[str, float]:
-    """Mean metrics of `params` over every example of `eval_data`."""
-    eval_step = steps_lib.make_eval_step(self.task, self.model, self.mesh, self.fsdp_min_size)
-    total = None
-    for batch in sharding.prefetch(eval_data.batches(), self.mesh):
-      sums = eval_step(params, batch)
-      total = sums if total is None else jax.tree.map(lambda a, b: a + b, total, sums)
-    return metrics_lib.reduce_sums(jax.device_get(total))
-
-  def write_outputs(self, params, workdir) -> Dict[str, str]:
-    """The task's extra files (pixel_lm: sample PNGs), on the writing process (every
-    process gathers the parameters first: FSDP may have split them across processes)."""
-    if self.task.write_outputs is None:
-      return {}
-    if jax.process_count() > 1:
-      params = mesh_lib.gathered(params)
-    if not sharding.is_writer():
-      return {}
-    with jax.set_mesh(self.mesh):
-      return self.task.write_outputs(self.config, self.model, params, str(workdir))
+from train.session import Session
 
 
 def _check_finite(step: int, values: Dict[str, float]) -> None:
@@ -214,6 +105,7 @@ def _train(
   state = _restore_or_init(session, tx, checkpointer)
   start = int(jax.device_get(state.step))
   _log_start(session, state, num_steps, train_data, warmup)
+  _log_mesh(session.mesh)
   training = _TrainingLoop(
     session, run, train_data, num_steps, start, tx, learning_rate, checkpointer
   )
@@ -261,7 +153,7 @@ class _TrainingLoop:
       session.fsdp_min_size,
     )
     self.batches = sharding.prefetch(train_data.batches(start), session.mesh)
-    self.clock = _Clock(self.steps_per_epoch)
+    self.clock = timing.Clock(self.steps_per_epoch)
     self.window, self.recent = [], collections.deque(maxlen=self.steps_per_epoch)
     self.eval_values, self.stalls = {}, []
 
@@ -418,54 +310,6 @@ class _TrainingLoop:
     }
 
 
-class _Clock:
-  """Measured epoch times: wall time between epoch boundaries, eval and saving excluded;
-  and the steady step rate: every step after the first (which compiles), the same excluded.
-
-  Excluded ('paused'): evaluation, checkpoint saving and writing the logged metrics (whose
-  first call compiles the learning-rate schedule's ops, ~1.5 s on a CPU). The steady rate
-  times batch size is the 'ex/s' of every progress line and results.json's
-  `steady_examples_per_sec`; the median epoch time gives its `examples_per_sec`."""
-
-  def __init__(self, steps_per_epoch: int):
-    self.steps_per_epoch = steps_per_epoch
-    self.epochs = []  # seconds of each whole epoch run here (the first compiles)
-    self._start, self._excluded, self._steps = time.monotonic(), 0.0, 0
-    self._first = None  # time of the first tick, and pauses since then
-    self._paused_total, self._steady = 0.0, (0, 0.0)  # (steps, seconds) at the last tick
-
-  def tick(self, step: int) -> None:
-    now = time.monotonic()
-    if self._first is None:
-      self._first, self._paused_total = now, 0.0
-    else:
-      self._steady = (self._steady[0] + 1, now - self._first - self._paused_total)
-    self._steps += 1
-    if step % self.steps_per_epoch == 0:
-      if self._steps == self.steps_per_epoch:
-        self.epochs.append(now - self._start - self._excluded)
-      self._start, self._excluded, self._steps = now, 0.0, 0
-
-  @contextlib.contextmanager
-  def paused(self):
-    t0 = time.monotonic()
-    yield
-    paused = time.monotonic() - t0
-    self._excluded += paused
-    self._paused_total += paused
-
-  def steady_steps_per_sec(self) -> Optional[float]:
-    """Steps per second over every step after the first (from the end of the first step to
-    the last tick), the paused time excluded (None: one step)."""
-    steps, seconds = self._steady
-    return steps / seconds if steps and seconds > 0 else None
-
-  def epoch_time(self) -> Optional[float]:
-    """Median measured epoch time, leaving out the first (compiling) epoch when possible."""
-    times = self.epochs[1:] or self.epochs
-    return float(np.median(times)) if times else None
-
-
 def _restore_or_init(session: Session, tx, checkpointer):
   """The newest sound checkpoint's state, else a fresh one (from init_from if set)."""
   abstract = steps_lib.abstract_state(
@@ -515,7 +359,7 @@ def _say(message: str) -> None:
 
 
 def _log_start(session: Session, state, num_steps: int, train_data, warmup: int) -> None:
-  """What is trained, on what, and for how long; the warmup's cap; the mesh."""
+  """What is trained, on what, and for how long; the warmup's cap."""
   config = session.config
   total, attention = modeling.parameter_counts(state.params)
   _say(
@@ -533,11 +377,14 @@ def _log_start(session: Session, state, num_steps: int, train_data, warmup: int)
       optim_config.max_warmup_fraction,
       num_steps,
     )
+
+
+def _log_mesh(mesh) -> None:
   logging.info(
     'mesh: %s (%s)',
-    mesh_lib.describe(session.mesh),
+    mesh_lib.describe(mesh),
     'parameters and optimiser state sharded over fsdp'
-    if mesh_lib.size(session.mesh, 'fsdp') > 1
+    if mesh_lib.size(mesh, 'fsdp') > 1
     else 'parameters replicated',
   )
 
