@@ -22,7 +22,7 @@ through 13 files and looked the mechanism up 5 times; 22414ad, 14 through 10, an
 the code issue 66 read, dda7d4d, 14 through 11.) Issue 66 counted 27 by another
 count (this walk gives 28 when it also follows the model's `TransformerConfig`) and
 asked for at most 15: with what the model reads resolved by `modeling.check` and the
-attention resolved once (`train/attention.py`), both handed down, 12 through 13.
+attention resolved once (`train/attention.py`), both handed down, 12 through 14.
 
     python tests/train/test_config_walk.py   # prints the walk: every entry, and the visits per file
 """
