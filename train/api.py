@@ -32,6 +32,7 @@ from train import logs
 from train import modeling
 from train import optim
 from train import pyfile
+from train import session as session_lib
 from train import sharding
 from train import steps as steps_lib
 from train import trainer
@@ -64,12 +65,13 @@ class Built:
 
   Attributes: `config` (validated and resolved: the mechanism's complete options,
   and with `read_data` the data's facts), `model` (a Flax module), `mesh` (the
-  `config.train.mesh` axes 'data', 'fsdp', 'sequence' over the devices), `tx` (the optimiser), `task` (the config's task: its
-  `loss_and_metrics(model, params, batch, train=...)` is the trainer's loss). `state`,
-  `train_step` and `eval_step` are built (and jitted) when first used.
+  `config.train.mesh` axes 'data', 'fsdp', 'sequence' over the devices), `tx` (the
+  optimiser), `task` (the config's task: its `loss_and_metrics(model, params, batch,
+  train=...)` is the trainer's loss). `state`, `train_step` and `eval_step` are built
+  (and jitted) when first used.
   """
 
-  def __init__(self, session: trainer.Session, num_steps: int, seed: Optional[int]):
+  def __init__(self, session: session_lib.Session, num_steps: int, seed: Optional[int]):
     self._session = session
     self.config, self.model, self.mesh = session.config, session.model, session.mesh
     self.task = session.task
@@ -155,7 +157,8 @@ def build(
     read_data: False skips the data (its checks and facts), for synthetic batches.
     seed: of the initial params and the steps' rngs (default `config.train.seed`).
   """
-  return Built(trainer.Session(config, read_data=read_data, devices=devices), num_steps, seed)
+  session = session_lib.Session(config, read_data=read_data, devices=devices)
+  return Built(session, num_steps, seed)
 
 
 def load(workdir: str, *, merged: bool = False) -> Tuple[Any, Any, Any]:

@@ -57,33 +57,33 @@ class Loop:
 def check(config) -> Loop:
   """ConfigError (`fields.ConfigError`) for the first invalid field of `config.train`; else
   its `Loop`."""
-  t = config.train
-  if t.num_steps <= 0 and t.num_epochs <= 0:  # num_steps > 0 wins over num_epochs
+  settings = config.train
+  if settings.num_steps <= 0 and settings.num_epochs <= 0:  # num_steps > 0 wins over num_epochs
     raise fields.ConfigError(
-      f'config.train.num_steps={t.num_steps} and config.train.'
-      f'num_epochs={t.num_epochs}: set one of them > 0 (num_steps '
+      f'config.train.num_steps={settings.num_steps} and config.train.'
+      f'num_epochs={settings.num_epochs}: set one of them > 0 (num_steps '
       f'takes precedence)'
     )
-  if t.eval_every == 0 or t.eval_every < -1:
+  if settings.eval_every == 0 or settings.eval_every < -1:
     raise fields.ConfigError(
-      f'config.train.eval_every={t.eval_every} is not valid; it must '
+      f'config.train.eval_every={settings.eval_every} is not valid; it must '
       f'be > 0, or -1 for only at the end'
     )
   fields.check(config, FIELDS)
   try:
-    mesh = mesh_lib.check_spec(t.get('mesh'))
+    mesh = mesh_lib.check_spec(settings.get('mesh'))
   except ValueError as e:
     raise fields.ConfigError(str(e)) from None
   return Loop(
-    num_steps=t.num_steps,
-    num_epochs=t.num_epochs,
-    eval_every=t.eval_every,
-    log_every=t.log_every,
-    checkpoint_every=t.checkpoint_every,
-    keep_checkpoints=t.keep_checkpoints,
-    async_checkpoints=t.get('async_checkpoints', True),
-    seed=t.seed,
-    dtype=t.dtype,
+    num_steps=settings.num_steps,
+    num_epochs=settings.num_epochs,
+    eval_every=settings.eval_every,
+    log_every=settings.log_every,
+    checkpoint_every=settings.checkpoint_every,
+    keep_checkpoints=settings.keep_checkpoints,
+    async_checkpoints=settings.get('async_checkpoints', True),
+    seed=settings.seed,
+    dtype=settings.dtype,
     mesh=mesh,
-    fsdp_min_size=t.get('fsdp_min_size', mesh_lib.FSDP_MIN_SIZE),
+    fsdp_min_size=settings.get('fsdp_min_size', mesh_lib.FSDP_MIN_SIZE),
   )

@@ -95,7 +95,7 @@ def progress_line(
 
   `steps_per_sec`: the measured training rate (None before it is known, shown as
   '-'); the ETA is the remaining steps at that rate (evaluations not counted).
-  'ex/s' is that rate times the batch size: the trainer's steady rate (`trainer._Clock`),
+  'ex/s' is that rate times the batch size: the trainer's steady rate (`timing.Clock`),
   over every step after the first (which compiles), evaluation, checkpoint saving and
   metric writing excluded. Its value on the last line is results.json's
   `steady_examples_per_sec`, and `benchmarks.report`'s 'ex/s' column.

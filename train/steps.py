@@ -74,11 +74,11 @@ def create_train_state(
   """A TrainState at step 0 placed on `mesh` (the FSDP rule), params from `key` (on
   `inputs`, as for `init_params`) unless `params` are given."""
   shardings = jax.tree.map(
-    lambda s: s.sharding, abstract_state(model, tx, inputs, mesh, fsdp_min_size)
+    lambda leaf: leaf.sharding, abstract_state(model, tx, inputs, mesh, fsdp_min_size)
   )
 
-  def from_params(p):
-    return TrainState(jnp.zeros((), jnp.int32), p, tx.init(p))
+  def from_params(params):
+    return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
 
   with jax.set_mesh(mesh):
     if params is None:
@@ -129,11 +129,11 @@ def make_train_step(
   multiplied by 'count' (so that, like the others, sum / count averages it).
   The state argument is donated; it keeps its shardings (the FSDP rule).
   """
-  repl = mesh_lib.replicated(mesh)
+  replicated = mesh_lib.replicated(mesh)
 
   def shardings(state, batch):
     placed = mesh_lib.state_shardings(mesh, state, fsdp_min_size)
-    return (placed, mesh_lib.batch_shardings(mesh, batch)), (placed, repl)
+    return (placed, mesh_lib.batch_shardings(mesh, batch)), (placed, replicated)
 
   def train_step(state: TrainState, batch):
     rng = jax.random.fold_in(base_key, state.step)
@@ -155,7 +155,7 @@ def make_train_step(
 def make_eval_step(task, model, mesh, fsdp_min_size: int = MIN_SIZE) -> Callable[[Any, Any], Any]:
   """jit(eval_step)(params, batch) -> the task's metric sums over the global batch (a
   `MeshStep` on `mesh`)."""
-  repl = mesh_lib.replicated(mesh)
+  replicated = mesh_lib.replicated(mesh)
 
   def shardings(params, batch):
     return (
@@ -163,7 +163,7 @@ def make_eval_step(task, model, mesh, fsdp_min_size: int = MIN_SIZE) -> Callable
         mesh_lib.state_shardings(mesh, params, fsdp_min_size),
         mesh_lib.batch_shardings(mesh, batch),
       ),
-      repl,
+      replicated,
     )
 
   def eval_step(params, batch):

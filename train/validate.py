@@ -1,15 +1,15 @@
 """Config validation: every check runs before any data is read or model built.
 
-    validate.validate_config(config)   # raises ConfigError
-    r = validate.resolve(config)       # the config resolved once: what a run is built from
-    config = validate.resolved(config) # r.config: a checked copy, options and num_classes filled in
+    validate.validate_config(config)      # raises ConfigError
+    resolved = validate.resolve(config)   # the config resolved once: what a run is built from
+    config = validate.resolved(config)    # its config: a checked copy, options filled in
 
 Each concern owns its fields and checks them (`data.check`, `modeling.check`,
-`modeling.check_attention`, `optim.check`, `loop.check`, `adapters.check`, declared as
+`attention.resolve`, `optim.check`, `loop.check`, `adapters.check`, declared as
 `fields.Field` tables); this module runs them in turn, and keeps what they resolve
-(the dataset, the mechanism's declaration and options, the loop's settings) so
-that nothing below looks them up again. Each message
-names the field, the bad value and the valid choices, e.g.
+(the dataset, what the model reads, the attention's mechanisms and options, the
+loop's settings) so that nothing below looks them up or checks them again. Each
+message names the field, the bad value and the valid choices, e.g.
 "config.attention.mechanism='nystrm' is not valid; valid choices: softmax, ...".
 Valid mechanism and projection names come from `efficient_attn.registry`.
 """
@@ -24,6 +24,7 @@ import data
 from efficient_attn import registry
 from efficient_attn.layers import hybrid
 from train import adapters
+from train import attention as attention_lib
 from train import loop as loop_lib
 from train import modeling
 from train import optim
@@ -39,35 +40,45 @@ class Resolved:
   Attributes:
     config: the checked copy a run records in config.json (`resolved`).
     dataset: `data.Dataset`, what the data pipeline is handed.
-    mechanism: the attention mechanism's declaration, passed down the model (a tuple of
-      them for a pattern, 'linear+local': `efficient_attn.layers.hybrid`).
-    options: its complete options (declared defaults plus what the config set; for a
-      pattern, `hybrid.merged_options`).
+    inputs: `modeling.ModelInputs`, what the model reads (its example inputs, the
+      sequence its attention sees).
+    attention: `attention.Attention`, the attention's mechanism(s) configured for this
+      model with their options and settings, passed down the model; its `mechanism`
+      (a tuple of declarations for a pattern, 'linear+local':
+      `efficient_attn.layers.hybrid`) and complete `options` are also read here.
     loop: `loop.Loop`, the training loop's settings.
   """
 
   config: ml_collections.ConfigDict
   dataset: data.Dataset
-  mechanism: hybrid.Mechanisms
-  options: registry.Options
+  inputs: modeling.ModelInputs
+  attention: attention_lib.Attention
   loop: loop_lib.Loop
+
+  @property
+  def mechanism(self) -> hybrid.Mechanisms:
+    return self.attention.mechanism
+
+  @property
+  def options(self) -> registry.Options:
+    return self.attention.options
 
 
 def validate_config(config) -> Tuple[hybrid.Mechanisms, registry.Options]:
   """Raises ConfigError for the first invalid field of `config`.
 
   Each concern checks its own fields, in turn: the task, the data (`data.check`), the model
-  (`modeling.check`), the attention (`modeling.check_attention`: the registry's own
-  checks), the optimiser (`optim.check`), the training loop (`loop.check`), the
-  samples a task writes, and the adapters (`adapters.check`). Returns the mechanism,
-  resolved once: (declaration, options).
+  (`modeling.check`), the attention (`attention.resolve`: the registry's own checks), the
+  optimiser (`optim.check`), the training loop (`loop.check`), the samples a task writes,
+  and the adapters (`adapters.check`). Returns the mechanism, resolved once:
+  (declaration, options).
   """
-  _, decl, options, _ = _check(config)
-  return decl, options
+  attention = _check(config)[2]
+  return attention.mechanism, attention.options
 
 
 def _check(config):
-  """validate_config's checks; (dataset, declaration, options, loop)."""
+  """validate_config's checks; (dataset, model inputs, attention, loop)."""
   for group in ('dataset', 'model', 'attention', 'optim', 'train'):
     if group not in config:
       raise ConfigError(f'config has no {group!r} group; see configs/common.py')
@@ -79,20 +90,20 @@ def _check(config):
     dataset = data.check(config)
   except ValueError as e:
     raise ConfigError(str(e)) from None
-  modeling.check(config, dataset)
-  inputs = dataset.input_kind
-  if inputs not in task.reads:
-    valid = [t for t, v in tasks.TASKS.items() if inputs in v.reads]
+  inputs = modeling.check(config, dataset)
+  kind = dataset.input_kind
+  if kind not in task.reads:
+    valid = [name for name, other in tasks.TASKS.items() if kind in other.reads]
     raise ConfigError(
-      f'config.task={config.task!r} is not valid for the {inputs} dataset '
+      f'config.task={config.task!r} is not valid for the {kind} dataset '
       f'{config.dataset.name!r}; valid choices: {", ".join(valid)}'
     )
-  decl, options = modeling.check_attention(config, dataset)
+  attention = attention_lib.resolve(config, length=inputs.length, context=inputs.context)
   optim.check(config)
   loop = loop_lib.check(config)
-  _samples(config, decl)
+  _samples(config, attention)
   adapters.check(config)
-  return dataset, decl, options, loop
+  return dataset, inputs, attention, loop
 
 
 def resolve(config, read_data: bool = True, training: bool = True) -> Resolved:
@@ -106,14 +117,14 @@ def resolve(config, read_data: bool = True, training: bool = True) -> Resolved:
   training split (an evaluation may read a file smaller than one training batch).
   """
   config = ml_collections.ConfigDict(config.to_dict())
-  dataset, decl, options, loop = _check(config)
-  config.attention.options = ml_collections.ConfigDict(dict(options))
+  dataset, inputs, attention, loop = _check(config)
+  config.attention.options = ml_collections.ConfigDict(dict(attention.options))
   if read_data:
     try:
       data.check_splits(dataset, training)  # fills in num_classes
     except ValueError as e:
       raise ConfigError(str(e)) from None
-  return Resolved(config, dataset, decl, options, loop)
+  return Resolved(config, dataset, inputs, attention, loop)
 
 
 def resolved(config, read_data: bool = True, training: bool = True) -> ml_collections.ConfigDict:
@@ -130,56 +141,57 @@ SAMPLES = (  # what `config.sample` accepts (the samples a task writes after tra
 )
 
 
-def _no_decoding(decl: hybrid.Mechanisms) -> str:
-  """'' when every mechanism of `decl` decodes; else 'mechanism=... has no decoding form'."""
-  missing = [d.name for d in hybrid.declarations(decl) if not d.decode]
+def _no_decoding(attention: attention_lib.Attention) -> str:
+  """'' when every mechanism of `attention` decodes; else 'mechanism=... has no decoding
+  form'."""
+  missing = attention.without_decoding
   if not missing:
     return ''
-  what = '' if [hybrid.name(decl)] == missing else f' (its mechanism {missing[0]!r})'
-  return f'config.attention.mechanism={hybrid.name(decl)!r}{what} has no decoding form'
+  what = '' if (attention.name,) == missing else f' (its mechanism {missing[0]!r})'
+  return f'config.attention.mechanism={attention.name!r}{what} has no decoding form'
 
 
-def _samples(config, decl: hybrid.Mechanisms) -> None:
-  """The samples a task writes after training; `decl`, the configured mechanism (or a
-  pattern's), decodes them."""
+def _samples(config, attention: attention_lib.Attention) -> None:
+  """The samples a task writes after training; `attention`'s mechanisms decode them."""
   fields.check(config, SAMPLES)
   sample = {**tasks.pixel_lm.SAMPLE_DEFAULTS, **(config.get('sample') or {})}
   if (
     config.task == 'pixel_lm'
     and (sample['num_samples'] or sample['num_completions'])
-    and (_no_decoding(decl))
+    and (_no_decoding(attention))
   ):
-    valid = registry.names_where(lambda m: bool(m.decode))
+    valid = registry.names_where(lambda mechanism: bool(mechanism.decode))
     raise ConfigError(
-      f'{_no_decoding(decl)}, which '
+      f'{_no_decoding(attention)}, which '
       f"the samples written after training need (config.sample.num_samples="
       f"{sample['num_samples']}, num_completions={sample['num_completions']}); "
       f'valid choices: {", ".join(valid)}; or set both to 0'
     )
   if config.task == 'byte_lm':
-    _byte_samples(config, decl)
+    _byte_samples(config, attention)
 
 
-def _byte_samples(config, decl: hybrid.Mechanisms) -> None:
+def _byte_samples(config, attention: attention_lib.Attention) -> None:
   """The held-out continuations a byte LM writes after training (`tasks.byte_lm`)."""
-  s = {**tasks.byte_lm.SAMPLE_DEFAULTS, **(config.get('sample') or {})}
-  if s['num_samples'] <= 0:
+  sample = {**tasks.byte_lm.SAMPLE_DEFAULTS, **(config.get('sample') or {})}
+  if sample['num_samples'] <= 0:
     return
-  if _no_decoding(decl):
-    valid = registry.names_where(lambda m: bool(m.decode))
+  if _no_decoding(attention):
+    valid = registry.names_where(lambda mechanism: bool(mechanism.decode))
     raise ConfigError(
-      f'{_no_decoding(decl)}, which '
+      f'{_no_decoding(attention)}, which '
       f"the continuations written after training need (config.sample."
-      f"num_samples={s['num_samples']}); valid choices: {', '.join(valid)}; "
+      f"num_samples={sample['num_samples']}); valid choices: {', '.join(valid)}; "
       f'or set it to 0'
     )
   for key in ('prompt_bytes', 'new_bytes'):
-    if not isinstance(s[key], int) or s[key] < 1:
-      raise ConfigError(f'config.sample.{key}={s[key]!r} is not valid; it must be >= 1')
-  if s['prompt_bytes'] + s['new_bytes'] > config.dataset.max_length:
+    if not isinstance(sample[key], int) or sample[key] < 1:
+      raise ConfigError(f'config.sample.{key}={sample[key]!r} is not valid; it must be >= 1')
+  max_length = config.dataset.max_length
+  if sample['prompt_bytes'] + sample['new_bytes'] > max_length:
     raise ConfigError(
-      f"config.sample.prompt_bytes={s['prompt_bytes']} + new_bytes="
-      f"{s['new_bytes']} exceed the model's context, config.dataset.max_length="
-      f'{config.dataset.max_length}; valid: a sum <= '
-      f'{config.dataset.max_length}'
+      f"config.sample.prompt_bytes={sample['prompt_bytes']} + new_bytes="
+      f"{sample['new_bytes']} exceed the model's context, config.dataset.max_length="
+      f'{max_length}; valid: a sum <= '
+      f'{max_length}'
     )

@@ -14,24 +14,54 @@ mechanism declares; an option that no block's mechanism declares is refused.
                               causal=True, max_length=256)
     # ((linear's declaration, its options), (local's, its options)): one per
     # entry of the pattern; block i takes layers[i % len(layers)]
+    stack = hybrid.Stack(layers)          # the same, configured once: a model's mechanism
+    stack.options                         # one mapping for them all (merged_options)
 
 A single mechanism is the pattern of one name, and everything here reduces to
 `registry.configure` for it.
 """
 
+import dataclasses
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 from efficient_attn import registry
 
 SEPARATOR = '+'
-Mechanisms = Union[str, registry.Mechanism, Sequence[Union[str, registry.Mechanism]]]
+Layers = Tuple[Tuple[registry.Mechanism, registry.Options], ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Stack:
+  """A stack's mechanisms configured once: `layers`, one (declaration, options) per entry
+  of the pattern, as `configure` gives them; block i takes layers[i % len(layers)].
+
+  A model handed a Stack as its mechanism (`TransformerConfig.mechanism`) gives its blocks
+  these, configuring nothing again: a trainer that configured them under its own checks
+  (`train/attention.py`) hands them down so."""
+
+  layers: Layers
+
+  @property
+  def declarations(self) -> Tuple[registry.Mechanism, ...]:
+    return tuple(decl for decl, _ in self.layers)
+
+  @property
+  def options(self) -> registry.Options:
+    """The layers' options as one mapping (`merged_options`)."""
+    return merged_options(self.layers)
+
+
+Mechanisms = Union[str, registry.Mechanism, Stack, Sequence[Union[str, registry.Mechanism]]]
 
 
 def declarations(mechanism: Mechanisms) -> Tuple[registry.Mechanism, ...]:
-  """The declarations of a pattern ('linear+local'), a name, a declaration, or a sequence of
-  names or declarations, in block order. ValueError names a part that is not registered."""
+  """The declarations of a pattern ('linear+local'), a name, a declaration, a `Stack`, or a
+  sequence of names or declarations, in block order. ValueError names a part that is not
+  registered."""
   if isinstance(mechanism, registry.Mechanism):
     return (mechanism,)
+  if isinstance(mechanism, Stack):
+    return mechanism.declarations
   parts = mechanism.split(SEPARATOR) if isinstance(mechanism, str) else list(mechanism)
   if not parts or any(p == '' for p in parts):
     raise ValueError(
@@ -107,13 +137,18 @@ def split_options(
   return tuple({k: v for k, v in options.items() if k in own} for own in declared)
 
 
-def resolve(
-  mechanism: Mechanisms, options: Optional[Mapping[str, Any]] = None
-) -> Tuple[Tuple[registry.Mechanism, registry.Options], ...]:
+def entries(
+  mechanism: Mechanisms, options: Optional[Mapping[str, Any]]
+) -> Tuple[Tuple[registry.Mechanism, Dict[str, Any]], ...]:
+  """Per entry of the pattern, (declaration, the `options` it declares: `split_options`)."""
+  decls = declarations(mechanism)
+  return tuple(zip(decls, split_options(decls, options)))
+
+
+def resolve(mechanism: Mechanisms, options: Optional[Mapping[str, Any]] = None) -> Layers:
   """Per entry of the pattern, (declaration, its options resolved: declared defaults plus
   what `options` set), without the checks that need the model (see `configure`)."""
-  decls = declarations(mechanism)
-  return tuple((d, d.resolve(own)) for d, own in zip(decls, split_options(decls, options)))
+  return tuple((decl, decl.resolve(own)) for decl, own in entries(mechanism, options))
 
 
 def configure(
@@ -124,19 +159,36 @@ def configure(
   max_length: Optional[int] = None,
   length: Optional[int] = None,
   rotary: bool = False,
-) -> Tuple[Tuple[registry.Mechanism, registry.Options], ...]:
+) -> Layers:
   """`registry.configure` for each entry of the pattern: ((declaration, options), ...).
 
   `causal` is the stack's: a causal-only mechanism (e.g. 'gla') is causal whatever it
   says, as in a single-mechanism stack. Raises ValueError as `registry.configure` does
   (for a pattern, naming the mechanism), or for an option no mechanism declares."""
-  decls = declarations(mechanism)
   return tuple(
     registry.configure(
-      d, own, causal=causal or d.causal_only, max_length=max_length, length=length, rotary=rotary
+      decl,
+      own,
+      causal=causal or decl.causal_only,
+      max_length=max_length,
+      length=length,
+      rotary=rotary,
     )
-    for d, own in zip(decls, split_options(decls, options))
+    for decl, own in entries(mechanism, options)
   )
+
+
+def stack(
+  mechanism: Mechanisms,
+  options: Optional[Mapping[str, Any]] = None,
+  *,
+  causal: bool = False,
+  max_length: Optional[int] = None,
+) -> Stack:
+  """`mechanism`, a `Stack` already, as it is; else its `Stack`, configured (`configure`)."""
+  if isinstance(mechanism, Stack):
+    return mechanism
+  return Stack(configure(mechanism, options, causal=causal, max_length=max_length))
 
 
 def merged_options(

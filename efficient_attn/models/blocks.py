@@ -30,7 +30,9 @@ class TransformerConfig:
       a pattern the blocks take in turn ('linear+local', or a tuple of declarations;
       see `efficient_attn.layers.hybrid`), whose options are shared out by mechanism.
       The `Encoder` resolves the mechanism once (`hybrid.configure`) and hands its
-      blocks the declaration and the resolved options.
+      blocks the declaration and the resolved options; a `hybrid.Stack` (mechanisms
+      configured once already, e.g. by a trainer's checks) it hands down as it is, its
+      options with it (`options` is then not read).
     causal: autoregressive attention (a causal-only mechanism, e.g. 'gla', is causal
       whatever this says: `attention_causal`; in a pattern, that block only).
     max_length: the context length (the super projection and fixed-length

@@ -60,8 +60,9 @@ class Encoder(nn.Module):
   def __call__(self, x, mask=None, deterministic: bool = True):
     """x `[batch, length, d_model]`; mask flax-style, key padding or None -> same shape."""
     c = self.config
-    # Resolved once for the whole stack: the blocks get their declaration and options.
-    layers = hybrid.configure(c.mechanism, c.options, causal=c.causal, max_length=c.max_length)
+    # Resolved once for the whole stack (or handed down so: a `hybrid.Stack`): the blocks
+    # get their declaration and options.
+    layers = hybrid.stack(c.mechanism, c.options, causal=c.causal, max_length=c.max_length).layers
     distinct = dict(layers)  # {declaration: its options}, one entry per mechanism
     if len(layers) > 1:
       hybrid.check_depth(c.mechanism, c.depth)

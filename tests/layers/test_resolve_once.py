@@ -3,7 +3,9 @@
 The model's `Encoder` resolves the mechanism (`registry.configure`) and hands
 every block the declaration and resolved options; each attention layer
 configures its mechanism once, when it is constructed (its `Mechanism`
-module), and its forward, cache and decoding step read that.
+module), and its forward, cache and decoding step read that. A model handed its
+mechanisms configured already (`hybrid.Stack`, as the trainer does) configures them
+in its layers alone.
 """
 
 import collections
@@ -16,6 +18,7 @@ import pytest
 import efficient_attn as ea
 from efficient_attn import models
 from efficient_attn import registry
+from efficient_attn.layers import hybrid
 import efficient_attn.nnx as ean
 
 DEPTH = 2
@@ -62,6 +65,21 @@ def test_a_decoding_step_looks_the_mechanism_up_once(counts):
   counts.clear()
   jax.eval_shape(lambda v: model.apply(v, tokens[:, :1], mutable=['cache']), variables)
   assert counts == {'get_mechanism': 1, 'configure': 1 + DEPTH}
+
+
+def test_a_model_handed_a_configured_stack_configures_it_in_its_layers_alone(counts):
+  stack = hybrid.Stack(hybrid.configure('linear+local', {'window': 4}, causal=True))
+  counts.clear()
+  model = models.CausalTransformer(_config(stack, max_length=8), vocab_size=5)
+  tokens = jnp.zeros((1, 8), jnp.int32)
+  variables = jax.eval_shape(model.init, jax.random.key(0), tokens)
+  assert counts == {'configure': DEPTH}  # no look-up, nor the Encoder's configure
+  by_name = models.CausalTransformer(
+    _config('linear+local', options={'window': 4}, max_length=8), vocab_size=5
+  )
+  assert jax.tree.map(lambda x: x.shape, variables) == jax.tree.map(
+    lambda x: x.shape, jax.eval_shape(by_name.init, jax.random.key(0), tokens)
+  )
 
 
 def test_a_layer_alone_looks_its_mechanism_up_once(counts):

@@ -18,7 +18,11 @@ checks.py, `specs.in_memory(config)` enters specs.py twice (one return visit), w
 resumed is not a new call. Issue 32 counted 39 return visits through 16 files; a
 config resolved once and handed down as its resolved pieces needs at most half. (By
 this definition the code of e0deae2, before `validate.resolve`, made 58 return visits
-through 13 files and looked the mechanism up 5 times; since then, 14 through 10, and once.)
+through 13 files and looked the mechanism up 5 times; 22414ad, 14 through 10, and once;
+the code issue 66 read, dda7d4d, 14 through 11.) Issue 66 counted 27 by another
+count (this walk gives 28 when it also follows the model's `TransformerConfig`) and
+asked for at most 15: with what the model reads resolved by `modeling.check` and the
+attention resolved once (`train/attention.py`), both handed down, 12 through 14.
 
     python tests/train/test_config_walk.py   # prints the walk: every entry, and the visits per file
 """
@@ -37,7 +41,7 @@ PACKAGES = tuple(
   os.path.join(ROOT, p) + os.sep for p in ('efficient_attn', 'train', 'data', 'configs')
 )
 REGISTRY = os.path.join('efficient_attn', 'registry.py')
-MOST_RETURN_VISITS = 19  # half of issue 32's 39, rounded down
+MOST_RETURN_VISITS = 12  # issue 66 asked for at most 15; 12 since the attention's resolution
 CONFIGS = (ml_collections.ConfigDict, ml_collections.FrozenConfigDict)
 
 

@@ -16,6 +16,7 @@ from configs import default as default_config
 import data
 from train import checkpoint
 from train import inference
+from train import timing
 from train import trainer
 from train import validate
 from train import workdir as workdir_lib
@@ -104,8 +105,8 @@ def test_clock_steady_rate_leaves_out_the_first_step_and_pauses(monkeypatch):
   """A run shorter than an epoch still gets a measured rate: the steps after the first
   (compiling) one, eval and checkpoint time excluded."""
   now = [0.0]
-  monkeypatch.setattr(trainer.time, 'monotonic', lambda: now[0])
-  clock = trainer._Clock(steps_per_epoch=100)  # pylint: disable=protected-access
+  monkeypatch.setattr(timing.time, 'monotonic', lambda: now[0])
+  clock = timing.Clock(steps_per_epoch=100)
   assert clock.steady_steps_per_sec() is None
   now[0] = 30.0  # the first step compiles
   clock.tick(1)

@@ -68,18 +68,25 @@ def text(values) -> str:
 
 def write_outputs(config, model, params, workdir: str) -> Dict[str, str]:
   """`samples.json` and `samples.txt` in `workdir`: continued held-out prompts."""
-  s = {**SAMPLE_DEFAULTS, **(config.get('sample') or {})}
-  if s['num_samples'] <= 0:
+  settings = {**SAMPLE_DEFAULTS, **(config.get('sample') or {})}
+  if settings['num_samples'] <= 0:
     return {}
   model, params = adapters.unwrap(config, model, jax.device_get(params))
-  prompt = prompts(config, s['num_samples'], s['prompt_bytes'])
+  prompt = prompts(config, settings['num_samples'], settings['prompt_bytes'])
   if not len(prompt):
     return {}
-  out = continue_bytes(
-    model, params, jax.random.key(s['seed']), prompt, s['new_bytes'], s['temperature']
+  continuations = continue_bytes(
+    model,
+    params,
+    jax.random.key(settings['seed']),
+    prompt,
+    settings['new_bytes'],
+    settings['temperature'],
   )
-  samples = [dict(prompt=text(p), continuation=text(c)) for p, c in zip(prompt, out)]
-  return write_samples(workdir, s, samples)
+  samples = [
+    dict(prompt=text(start), continuation=text(rest)) for start, rest in zip(prompt, continuations)
+  ]
+  return write_samples(workdir, settings, samples)
 
 
 def write_samples(workdir: str, settings: Dict, samples: List[Dict[str, str]]) -> Dict[str, str]:
@@ -92,9 +99,9 @@ def write_samples(workdir: str, settings: Dict, samples: List[Dict[str, str]]) -
   paths['samples'].write_text(json.dumps(dict(settings=settings, samples=samples), indent=1))
   paths['samples_text'].write_text(
     ''.join(
-      f'--- sample {i} (temperature {settings["temperature"]}) ---\n{x["prompt"]}'
-      f'[[{x["continuation"]}]]\n'
-      for i, x in enumerate(samples)
+      f'--- sample {i} (temperature {settings["temperature"]}) ---\n{sample["prompt"]}'
+      f'[[{sample["continuation"]}]]\n'
+      for i, sample in enumerate(samples)
     )
   )
   return {k: os.fspath(v) for k, v in paths.items()}

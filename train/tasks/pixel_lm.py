@@ -34,7 +34,7 @@ def loss_and_metrics(model, params, batch, *, train: bool, rngs=None):
   'count' is the number of real pixels (real images x n).
   """
   pixels = batch['inputs']
-  n = pixels.shape[1]
+  num_pixels = pixels.shape[1]
   logits = model.apply(
     {'params': params}, shift_right(pixels, modeling.PIXEL_LEVELS), train=train, rngs=rngs
   )
@@ -45,7 +45,7 @@ def loss_and_metrics(model, params, batch, *, train: bool, rngs=None):
   metrics = {
     'loss': loss_sum,
     'bits_per_dim': loss_sum / math.log(2.0),
-    'nll': loss_sum * n,  # / count = mean nats per image
+    'nll': loss_sum * num_pixels,  # / count = mean nats per image
     'accuracy': ((jnp.argmax(logits, -1) == pixels) * weights).sum(),
     'count': count,
   }
@@ -57,23 +57,23 @@ def write_outputs(config, model, params, workdir: str) -> Dict[str, str]:
 
   Runs on this process's devices only (params are fetched to the host first).
   """
-  s = {**SAMPLE_DEFAULTS, **(config.get('sample') or {})}
+  settings = {**SAMPLE_DEFAULTS, **(config.get('sample') or {})}
   model, params = adapters.unwrap(config, model, jax.device_get(params))
   side = config.dataset.image_size
   images = None
-  if s['num_completions'] > 0:
-    tokens = data.get_eval_batch(config)['inputs'][: s['num_completions']]
+  if settings['num_completions'] > 0:
+    tokens = data.get_eval_batch(config)['inputs'][: settings['num_completions']]
     images = np.asarray(tokens).reshape((-1, side, side))
   return samples.write_samples(
     model,
     params,
-    jax.random.key(s['seed']),
+    jax.random.key(settings['seed']),
     workdir,
     image_shape=(side, side),
-    num_samples=s['num_samples'],
-    temperature=s['temperature'],
+    num_samples=settings['num_samples'],
+    temperature=settings['temperature'],
     images=images,
-    rows=s['rows'] or None,
+    rows=settings['rows'] or None,
   )
 
 
