@@ -1,4 +1,9 @@
-"""Attention mechanisms: one file each, a pure function plus a registered declaration.
+"""Attention mechanisms: a registered declaration and a pure function for each.
+
+One file per mechanism (RFA's and Performer's functions in `rfa.py` and `performer.py`,
+their declarations together in `random_features.py`); a family's shared declaration in
+`gated_family.py` or `kernel_family.py`, and the references' initialisers in
+`initializers.py`.
 
 Importing this package imports every mechanism module, and each registers its
 declaration with `efficient_attn.registry` (softmax first, then by module name: the

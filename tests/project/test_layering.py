@@ -184,22 +184,27 @@ def _layout_block() -> str:
 
 def test_the_readme_layout_matches_the_tree():
   """Every tracked top-level folder and file has its row in README's Layout, and every
-  row names a path that exists (a folder's indented rows are inside it)."""
+  row names a path that exists (a row indented under a folder's row is inside it, at any
+  depth: two spaces a level)."""
   listed = subprocess.run(['git', 'ls-files'], cwd=ROOT, capture_output=True, text=True)
   if listed.returncode:
     pytest.skip('not a git checkout')
   tree = {p.split('/')[0] + ('/' if '/' in p else '') for p in listed.stdout.split()}
-  rows, named, folder = set(), set(), ''
+  rows, named, folders = set(), set(), []  # folders: the open folder at each depth
   for line in _layout_block().splitlines():
     head = re.split(r'\s{2,}', line.strip())[0]  # the name column ends at a run of spaces
     if not head or line.startswith(' ' * 25):
       continue
-    for name in (n.strip() for n in head.split(',') if n.strip()):
-      path = folder + name if line.startswith(' ') else name
-      if not line.startswith(' '):
-        folder = name if name.endswith('/') else ''
+    depth = (len(line) - len(line.lstrip(' '))) // 2
+    folders = folders[:depth]
+    parent = ''.join(folders)
+    names = [n.strip() for n in head.split(',') if n.strip()]
+    for name in names:
+      named.add(parent + name)
+      if depth == 0:
         rows.add(name.split('/')[0] + ('/' if '/' in name else ''))
-      named.add(path)
+    if len(names) == 1 and names[0].endswith('/'):
+      folders.append(names[0])
   assert tree - rows == set(), 'top-level parts without a Layout row'
   assert rows - tree == set(), 'Layout rows of top-level parts that are not tracked'
   missing = sorted(p for p in named if not (ROOT / p).exists())

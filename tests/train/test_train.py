@@ -335,3 +335,16 @@ def test_a_capped_warmup_is_not_a_warning(monkeypatch):
   )  # pylint: disable=protected-access
   assert not warnings
   assert any('is capped at' in a[0] for a in infos)
+
+
+def test_cpu_sums_do_not_depend_on_the_thread_count():
+  """On CPU the steps compile with `steps.CPU_COMPILER_OPTIONS`, which keep reductions out of
+  YNNPACK (whose sums split over the threads it has): no `__ynn_fusion` holds a reduction."""
+  from train import steps  # pylint: disable=g-import-not-at-top
+
+  mesh = jax.make_mesh((1,), ('data',))
+  options = steps.compiler_options(mesh)
+  assert options == steps.CPU_COMPILER_OPTIONS
+  x = jax.ShapeDtypeStruct((64, 256), jax.numpy.float32)
+  ours = jax.jit(lambda a: a.sum(0), compiler_options=options).lower(x).compile().as_text()
+  assert '__ynn_fusion' not in ours
