@@ -182,8 +182,14 @@ class Mechanism:
     whole_sequence: why a mechanism with sequence_parallel='' needs the whole
       sequence on one device, for the one-line refusal (e.g. "its landmarks are
       means over the whole sequence").
+    segments: every form of `attend` (and `step`, `attend_sharded`, the kernels) honours
+      packed rows: `ctx.documents` (`ops.segments.document_index` of the layer's
+      `segment_ids`) confines each token to its own document, exactly
+      (docs/design.md, "Documents").
+    no_segments: why a mechanism with segments=False cannot honour them, for the
+      one-line refusal (e.g. "its landmarks are means over the whole row").
 
-  Methods take the resolved `Options` o; `attend` is the mechanism itself.
+  Methods take the resolved `Options` options; `attend` is the mechanism itself.
   `head_shapes` declares the per-head widths the layers project to (default:
   q, k and v of `heads` heads of `head_dim`, head_dim = qkv_features / heads).
   """
@@ -208,6 +214,8 @@ class Mechanism:
   example: Mapping[str, Any] = {}
   sequence_parallel: str = ''
   whole_sequence: str = 'it mixes tokens across the whole sequence'
+  segments: bool = False
+  no_segments: str = 'it has no form that keeps packed documents apart yet'
 
   @property
   def parameter_free(self) -> bool:
@@ -404,6 +412,9 @@ class Context:
     position: a decoding step's rotary position (scalar), or None.
     gates: a reads_input mechanism's `Mechanism.gates` of this call's layer
       input (`[batch, q_length, ...]`, one token in a step), else None.
+    documents: `[batch, length]` int32, the document of each token of a packed row
+      (`ops.segments.document_index`), for a mechanism that declares `segments`; None
+      for rows of one document. Padding is the call's key padding (`mask`).
     forming_weights: the call computes the attention weights themselves
       (`layer.attention_weights`, identity values), so a mechanism must use its
       explicit form, never a fused kernel that does not form them.
@@ -427,6 +438,7 @@ class Context:
     self.positions = None
     self.position = None
     self.gates = None
+    self.documents = None
     self.forming_weights = False
 
   def rng(self, name: str):
