@@ -1,15 +1,16 @@
 """Context parallelism (`efficient_attn.layers.parallel`): a layer with `sequence_axis` equals itself
 without one, and refuses in one line what it cannot split.
 
-The equalities run on 8 host-platform CPU devices, in one subprocess (XLA_FLAGS must be
-set before jax is imported) that compiles each case once: outputs and gradients (inputs
-and every parameter) of the sequence-split layer against the single-device layer, for
-every mechanism that declares a `sequence_parallel` form, causal and bidirectional where
-it has them, with left and right key padding that cross device boundaries. The refusals
-are traced in this process under an abstract mesh (`jax.sharding.use_abstract_mesh`):
-no devices, no compilation.
+The equalities run on 8 host-platform CPU devices, in two subprocesses (XLA_FLAGS must be
+set before jax is imported) that each compile half the cases, each case once: outputs and
+gradients (inputs and every parameter) of the sequence-split layer against the
+single-device layer, for every mechanism that declares a `sequence_parallel` form, causal
+and bidirectional where it has them, with left and right key padding that cross device
+boundaries. The refusals are traced in this process under an abstract mesh
+(`jax.sharding.use_abstract_mesh`): no devices, no compilation.
 """
 
+import functools
 import json
 import os
 import subprocess
@@ -196,7 +197,7 @@ def zigzag_case():
   ring = jax.shard_map(
       lambda q: collectives.ring_attention(q, q, q, None, causal=True, axis='s', block=block),
       mesh=mesh, in_specs=jax.P(None, 's'), out_specs=jax.P(None, 's'), check_vma=False)
-  jax.grad(lambda q: jnp.sum(ring(q)))(q)
+  jax.jit(jax.grad(lambda q: jnp.sum(ring(q))))(q)   # one compilation, not one per operation
   visits = {(a, b) for a, b, causal in seen if not causal}
   assert visits == {(m, h), (h, m)}, seen
   return (x,), (back,)
@@ -276,37 +277,47 @@ EXTRA = {
 }
 
 
+PARTS = 2  # subprocesses, each running every PARTS-th case: one per worker of CI's `-n 2`
+
+
+def _run_cases(todo, workdir):
+  """Runs the cases `todo` in one subprocess with 8 CPU devices; its stdout to workdir."""
+  env = dict(
+    os.environ,
+    JAX_PLATFORMS='cpu',
+    XLA_FLAGS=f'{main_runner.XLA_FLAGS} --xla_force_host_platform_device_count=8',
+  )
+  proc = subprocess.run(
+    [sys.executable, '-c', SCRIPT, json.dumps(todo)],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+  with open(os.path.join(workdir, 'stdout'), 'w') as f:
+    f.write(proc.stdout)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+
+
 @pytest.fixture(scope='module')
 def results(run_once):
-  """{case: its JSON line} from one subprocess that runs every case (once per session:
-  under pytest-xdist the workers share it through `run_once`)."""
-  todo = {**cases(), **EXTRA}
-
-  def run(workdir):
-    env = dict(
-      os.environ,
-      JAX_PLATFORMS='cpu',
-      XLA_FLAGS=f'{main_runner.XLA_FLAGS} --xla_force_host_platform_device_count=8',
-    )
-    proc = subprocess.run(
-      [sys.executable, '-c', SCRIPT, json.dumps(todo)],
-      cwd=ROOT,
-      env=env,
-      capture_output=True,
-      text=True,
-      timeout=600,
-    )
-    with open(os.path.join(workdir, 'stdout'), 'w') as f:
-      f.write(proc.stdout)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-
-  with open(os.path.join(run_once('sequence_parallel', run), 'stdout')) as f:
-    lines = f.read().splitlines()
+  """{case: its JSON line}, from PARTS subprocesses run once per session and shared by the
+  pytest-xdist workers through `run_once`. Each worker starts with a different part, so two
+  workers run two parts at once where one used to wait for the other's single subprocess."""
+  todo = list({**cases(), **EXTRA}.items())
+  worker = int(os.environ.get('PYTEST_XDIST_WORKER', 'gw0')[len('gw') :])
   out = {}
-  for line in lines:
-    if line.startswith('{'):
-      record = json.loads(line)
-      out[record['case']] = record
+  for i in range(PARTS):
+    part = (worker + i) % PARTS
+    workdir = run_once(
+      f'sequence_parallel_{part}', functools.partial(_run_cases, dict(todo[part::PARTS]))
+    )
+    with open(os.path.join(workdir, 'stdout')) as f:
+      for line in f.read().splitlines():
+        if line.startswith('{'):
+          record = json.loads(line)
+          out[record['case']] = record
   return out
 
 
