@@ -10,8 +10,9 @@ from benchmarks import attention_bench
 from benchmarks import output
 from benchmarks import xla_stats
 
-# The per-layer "# Param." columns of Hosseini & Hosseini (2024): (dataset, heads, d_m, context l) ->
-# {projection: count}; ImageNet's are printed rounded to 3 significant digits.
+# The per-layer "# Param." columns of Hosseini & Hosseini (2024):
+# (dataset, heads, d_m, context l) -> {projection: count}; ImageNet's are printed rounded
+# to 3 significant digits.
 PAPER_PARAMS = (
   (
     'MNIST (Table 5)',

@@ -3,9 +3,9 @@ r"""Experiment workdirs -> one comparison table and learning-curve plots.
 Reads each workdir's `results.json` (written when a run finishes),
 `metrics.jsonl` (one JSON object per log/eval: step, split, loss, accuracy,
 top5_accuracy, ...) and `config.json`. A run without results.json is reported
-from its last logged metrics, marked 'running'. Directories that are not workdirs are skipped with a message, so a
-glob over a sweep root works. Workdirs may be on gs:// (quote the glob there, the
-shell cannot expand it: 'gs://bucket/runs/*').
+from its last logged metrics, marked 'running'. Directories that are not workdirs are
+skipped with a message, so a glob over a sweep root works. Workdirs may be on gs://
+(quote the glob there, the shell cannot expand it: 'gs://bucket/runs/*').
 
     python -m benchmarks.report runs/* --out=benchmark_results/report
     python -m benchmarks.report runs/mnist_* --sort=eval_accuracy --name=mnist

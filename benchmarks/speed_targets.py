@@ -29,8 +29,8 @@ def split_target(target: str) -> Tuple[str, Dict[str, Any]]:
 
 def select_targets(args) -> List[str]:
   """What to measure, from --mechanisms or --targets, and --layers (see
-  benchmarks.speed's docstring). Raises ValueError naming the flag for a bad name, a layer in --mechanisms,
-  or --mechanisms and --targets that name different lists."""
+  benchmarks.speed's docstring). Raises ValueError naming the flag for a bad name, a layer
+  in --mechanisms, or --mechanisms and --targets that name different lists."""
   mechanisms = common.csv_list(args.mechanisms) if args.mechanisms else []
   targets = common.csv_list(args.targets) if args.targets else []
   if mechanisms and targets and mechanisms != targets:

@@ -105,7 +105,8 @@ def aan(config, data_dir: str = '', max_length: int = 4000):
 
 
 def _generated(config, name: str, sizes: Dict[str, int], **choices):
-  """A generated LRA task: written once to `cache_folder.lra_cache(name)`, `sizes` examples per split."""
+  """A generated LRA task: written once to `cache_folder.lra_cache(name)`, `sizes` examples
+  per split."""
   dataset(
     config,
     name,

@@ -1,4 +1,5 @@
-"""The four projection schemes of Hosseini & Hosseini (2024) x {1, 2, 4} heads on MNIST (12 runs)."""
+"""The four projection schemes of Hosseini & Hosseini (2024) x {1, 2, 4} heads on MNIST
+(12 runs)."""
 
 from efficient_attn import registry
 

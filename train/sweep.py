@@ -1,4 +1,5 @@
-"""Expand a sweep into named runs; check them, run them here one after another, or print pod commands.
+"""Expand a sweep into named runs; check them, run them here one after another, or print
+pod commands.
 
 A sweep file defines `get_sweep()`, or `get_sweep(arg)` taking settings after a ':'
 like a config file (`--sweep=studies/cifar10_mechanisms/sweep.py:seed=1,epochs=25`),
@@ -26,8 +27,8 @@ would, and stops with one line per bad run. `list` shows each run's status:
 `run` skips finished runs and resumes unfinished ones (re-running the same
 command restores the newest checkpoint); a failing run is reported and the
 sweep goes on; a stop (Ctrl-C or SIGTERM to the sweep, or the run's own SIGTERM)
-lets the running run save its checkpoint and starts no other. `pod` prints, for each run, the one command that starts it on
-every worker of a TPU VM pod.
+lets the running run save its checkpoint and starts no other. `pod` prints, for each run,
+the one command that starts it on every worker of a TPU VM pod.
 
 Several `run`s may share a root (on one machine, or several over a shared folder):
 a run whose workdir another trainer holds (its trainer.lock names a live process)

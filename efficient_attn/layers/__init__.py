@@ -1,1 +1,2 @@
-"""The Flax layers around the mechanisms: Linen and NNX modules, projections, decoding, hybrids, the sequence split."""
+"""The Flax layers around the mechanisms: Linen and NNX modules, projections, decoding,
+hybrids, the sequence split."""

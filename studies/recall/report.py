@@ -1,4 +1,5 @@
-r"""The recall study's report: accuracy per mechanism, width and cell over seeds, with the decode state.
+r"""The recall study's report: accuracy per mechanism, width and cell over seeds, with the
+decode state.
 
     python -m studies.recall.report 'runs/recall/seed*' --out=studies/recall --name=recall
     python -m studies.recall.report --states --out=studies/recall --name=recall
@@ -139,8 +140,8 @@ def missing_report(
   budget: Optional[tuple] = None,
 ):
   """--missing: (what the list is, with the commands that run it; the runs of `study_plan.plan()`
-  that `sources` lack, as `study_plan.missing` gives them). A budget other than the sweep's, or a source
-  that is no .json and matches no folder, is a one-line exit naming it."""
+  that `sources` lack, as `study_plan.missing` gives them). A budget other than the sweep's,
+  or a source that is no .json and matches no folder, is a one-line exit naming it."""
   d = sweep.DEFAULTS
   if budget not in (None, (d['num_steps'], d['learning_rate'], d['vocab_size'])):
     sys.exit(
@@ -159,8 +160,9 @@ def missing_report(
       f'.json or folders of workdirs'
     )
   lost = study_plan.missing(run_records.read_runs(sources, state=False), mechanisms, widths)
+  planned = len(run_records.select(study_plan.plan(), mechanisms, widths))
   header = (
-    f'{len(lost)} of the plan\'s {len(run_records.select(study_plan.plan(), mechanisms, widths))} runs '
+    f'{len(lost)} of the plan\'s {planned} runs '
     f'(vocabulary {d["vocab_size"]:,}, learning rate {d["learning_rate"]:g}, '
     f'{d["num_steps"]:,} steps; seeds {", ".join(map(str, study_plan.SEEDS))}) are not in '
     f'{" ".join(sources) or "(no sources)"}'

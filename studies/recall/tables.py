@@ -104,7 +104,8 @@ def markdown(rows: List[Dict[str, Any]], command: str) -> str:
 
 
 def state_table() -> str:
-  """Markdown: bytes per sequence of every causal mechanism's decode state over `study_plan.GRID`."""
+  """Markdown: bytes per sequence of every causal mechanism's decode state over
+  `study_plan.GRID`."""
   lines = [
     '| mechanism | ' + ' | '.join(f'width {w}, ({n}, {k})' for w, n, k in study_plan.GRID) + ' |',
     '|:---|' + '---:|' * len(study_plan.GRID),

@@ -1,5 +1,5 @@
-"""Context parallelism (`efficient_attn.layers.parallel`): a layer with `sequence_axis` equals itself
-without one, and refuses in one line what it cannot split.
+"""Context parallelism (`efficient_attn.layers.parallel`): a layer with `sequence_axis`
+equals itself without one, and refuses in one line what it cannot split.
 
 The equalities run on 8 host-platform CPU devices, in two subprocesses (XLA_FLAGS must be
 set before jax is imported) that each compile half the cases, each case once: outputs and

@@ -5,8 +5,8 @@ are read as a reader would paste them: continuation lines joined, a `for` loop's
 given a value, comments dropped. For each `python main.py ...` the config file builds with
 its argument and every `--config.*` override names a field; for each `python -m <module>`
 the module exists and defines every flag the command passes (absl or argparse; a sweep's
-file builds with its settings). Nothing is trained or downloaded: a command that names a user's data or a bucket
-is checked for its flags only.
+file builds with its settings). Nothing is trained or downloaded: a command that names a
+user's data or a bucket is checked for its flags only.
 """
 
 import glob

@@ -1,4 +1,5 @@
-"""Save, stop, resume: identical parameters; corrupt checkpoints; init_from (SIGTERM: test_interrupt.py)."""
+"""Save, stop, resume: identical parameters; corrupt checkpoints; init_from (SIGTERM:
+test_interrupt.py)."""
 
 import json
 import logging

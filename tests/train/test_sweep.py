@@ -175,7 +175,8 @@ def test_shipped_sweeps_expand_to_existing_configs(path):
 
 
 def test_the_cifar10_sweep_runs_exactly_what_its_config_files_run():
-  """Each run of sweeps/cifar10_mechanisms.py is configs/cifar10.py:<mechanism>, options included."""
+  """Each run of sweeps/cifar10_mechanisms.py is configs/cifar10.py:<mechanism>, options
+  included."""
   from configs import cifar10  # pylint: disable=g-import-not-at-top
   from train import validate  # pylint: disable=g-import-not-at-top
 
