@@ -9,7 +9,7 @@ Three rules, over the files git tracks:
    That means three things:
    - the checkout's parent folder, worked out from where this checkout lies;
    - a home directory: /root, /home/<user>, or wherever `~` expands;
-   - any absolute path (/work/runs/..., /tmp/...) in a record: a .md or .json under
+   - any absolute path (/scratch/runs/..., /tmp/...) in a record: a .md or .json under
      docs/results/ or studies/, wherever this clone lies.
    A record names the runs of the machine that wrote it, which a clone elsewhere cannot
    tell from its own. Guides, code and tests may still use /tmp as an example destination
@@ -46,7 +46,7 @@ RUNLOG = 'RUNLOG.md'
 REPORT_HEADERS = ('Measured on:', 'Report written on:')
 # A path starts where no path character precedes it: '/tmp/' in 'x/tmp/' is not one.
 _START = r'(?<![\w.~/$-])'
-# An absolute path with a folder ('/work/runs/x', '/tmp/D/res'); not a URL's '//host/'.
+# An absolute path with a folder ('/scratch/runs/x', '/tmp/D/res'); not a URL's '//host/'.
 _ABSOLUTE = re.compile(_START + r'/[A-Za-z_][\w.-]*/')
 _DATE = re.compile(r'\b20\d\d-[01]\d-[0-3]\d\b|\b[0-2]?\d:[0-5]\d\s*UTC\b')
 

@@ -66,19 +66,19 @@ def test_machine_paths_are_named_where_they_are_records(tmp_path):
 
 
 def test_a_record_names_no_absolute_path_wherever_the_clone_lies(tmp_path):
-  """Records written on a machine whose checkout sat in /work named /work/runs/...: a clone
+  """Records written on a machine whose checkout sat in /scratch named /scratch/runs/...: a clone
   in another folder saw nothing wrong, and a .json record was not read at all (issue 70,
   item 7). Any absolute path in a record (.md or .json under docs/results/ or studies/) is
   now named; guides and tests keep their example folders, URLs are not paths."""
   paths = _tree(
     tmp_path / 'clone',
     {
-      'docs/results/r.json': '{\n "out": "/work/runs/lra34/p3072",\n "n": 1.5\n}\n',
-      'docs/results/r.md': 'command: --out=/work/runs/lra34/p3072\n',
+      'docs/results/r.json': '{\n "out": "/scratch/runs/lra34/p3072",\n "n": 1.5\n}\n',
+      'docs/results/r.md': 'command: --out=/scratch/runs/lra34/p3072\n',
       'studies/s/s.json': '["/tmp/D/res/x.png", "runs/res/x.png"]\n',
       'studies/s/s.md': 'see https://github.com/a/b/blob/x.py and ../runs/a/b\n',
       'docs/configs.md': '--config.dataset.data_dir=/data/tfds\n',
-      'tests/recorded.json': '["base=/work/base"]\n',
+      'tests/recorded.json': '["base=/scratch/base"]\n',
     },
   )
   found = hygiene.problems(str(tmp_path / 'clone'), paths, home='')
