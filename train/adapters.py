@@ -80,12 +80,12 @@ def targets(spec: str) -> Tuple[str, ...]:
 
 def lora_config(config) -> Optional[lora.LoraConfig]:
   """The `LoraConfig` of `config.lora`, or None when LoRA is off (rank 0 or no group)."""
-  c = config.get('lora')
-  if c is None or c.get('rank', 0) <= 0:
+  settings = config.get('lora')
+  if settings is None or settings.get('rank', 0) <= 0:
     return None
-  alpha = c.get('alpha', 0.0)
+  alpha = settings.get('alpha', 0.0)
   return lora.LoraConfig(
-    rank=c.rank, alpha=alpha or None, targets=targets(c.get('targets', 'default'))
+    rank=settings.rank, alpha=alpha or None, targets=targets(settings.get('targets', 'default'))
   )
 
 

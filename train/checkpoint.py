@@ -392,7 +392,9 @@ class Checkpointer:
     repl = sharding.replicated(sharding.create_mesh() if mesh is None else mesh)
     metadata = self.manager.item_metadata(step)['params']
     tree = getattr(metadata, 'tree', metadata)
-    return jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=repl), tree)
+    return jax.tree.map(
+      lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=repl), tree
+    )
 
   @contextlib.contextmanager
   def finishing(self):
