@@ -14,7 +14,8 @@ config, a workdir of another run, a full disk, a download without a network: wit
 import os
 import shlex
 import sys
-from typing import Any, Dict
+import traceback
+from typing import Any, Dict, Optional
 
 from absl import flags
 from ml_collections import config_flags
@@ -28,10 +29,51 @@ from train import trainer
 from train import validate
 from train import workdir as workdir_lib
 
+QUICK_START = 'configs/default.py'  # README.md's quick start
+
+
+def config_argument(argv) -> Optional[str]:
+  """The value of --config in `argv` ('--config=x' or '--config x'), or None."""
+  for i, arg in enumerate(argv[1:], start=1):
+    if arg.startswith('--config='):
+      return arg.split('=', 1)[1]
+    if arg == '--config' and i + 1 < len(argv):
+      return argv[i + 1]
+  return None
+
+
+def config_file_error(spec: Optional[str]) -> Optional[str]:
+  """One line for a --config that cannot give a config, or None when it can: a missing
+  flag, a file that does not load (SyntaxError, ImportError, ...), a `get_config` that
+  raises (the exception's type, message and line in the file) or returns no config."""
+  if spec is None:
+    return f'--config is missing: name a config file, e.g. --config={QUICK_START} (the quick start)'
+  path = spec.partition(':')[0]
+  if not os.path.isfile(path):
+    return None  # absl's own line names the file and the OSError (`parse_flags`)
+  try:
+    config = pyfile.call(spec, 'get_config')
+  except ValueError as e:
+    return f'flag --config={spec}: {str(e).removeprefix(f"{spec!r}: ")}'
+  except Exception as e:  # pylint: disable=broad-except  (its own code raised: one line)
+    frames = [fr for fr in traceback.extract_tb(e.__traceback__) if fr.filename.endswith(path)]
+    where = f' (line {frames[-1].lineno})' if frames else ''
+    return f'flag --config={spec}: get_config() raised {type(e).__name__}: {e}{where}'
+  if config is None:
+    return (
+      f'flag --config={spec}: get_config() returned None; it must return the config '
+      '(an ml_collections.ConfigDict): a missing return statement?'
+    )
+  return None
+
 
 def parse_flags(argv, flag_values=flags.FLAGS):
-  """absl's flag parsing, with a bad --config (its argument, or an override) reported in
-  one line."""
+  """absl's flag parsing, with a bad --config (missing, a file that does not give a config,
+  its argument, or an override) reported in one line."""
+  if 'config' in flag_values and not any(a in ('--help', '--helpfull') for a in argv[1:]):
+    problem = config_file_error(config_argument(argv))
+    if problem:
+      sys.exit(f'Error: {problem} (--helpfull lists the flags)')
   try:
     rest = flag_values(argv)
     if 'config' in flag_values:  # ml_collections defers a file it could not read to its use
@@ -108,7 +150,20 @@ def offline_hint(argv, config_arg: str, config) -> str:
   return hint
 
 
-def run(
+def run(config_flag, **options) -> None:
+  """`run_or_fail(config_flag, **options)`, with a Ctrl-C outside the training loop (while
+  TensorFlow imports, data is prepared or the step compiles: the loop itself saves a
+  checkpoint and exits, `train/preemption.py`) one line and exit status 130."""
+  try:
+    run_or_fail(config_flag, **options)
+  except KeyboardInterrupt:
+    sys.stderr.write(
+      'Interrupted (Ctrl-C); re-run the same command to resume from the newest checkpoint\n'
+    )
+    sys.exit(130)
+
+
+def run_or_fail(
   config_flag,
   *,
   workdir: str,
@@ -129,6 +184,8 @@ def run(
     validate.validate_config(config_flag.value)
   except validate.ConfigError as e:
     sys.exit(f'Invalid config: {e}')
+  if not verbose:
+    logs.import_tensorflow_quietly()  # tf.data, TFDS and clu load it; its notices go
   config_arg = config_flags.get_config_filename(config_flag)
   overrides = config_flags.get_override_values(config_flag)
   evaluating = mode == 'eval'

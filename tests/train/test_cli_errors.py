@@ -1,0 +1,81 @@
+"""main.py's one-line errors before any work (issue 70, items 6 and 12): a missing --config,
+a config file that does not load or whose get_config raises or returns nothing, Ctrl-C
+outside the training loop; and TensorFlow's start-up notices kept off stderr."""
+
+import os
+import sys
+
+from absl import flags
+from ml_collections import config_flags
+import pytest
+
+from train import cli
+from train import logs
+
+BAD_FILES = {
+  'syntax.py': ('def get_config(:\n  pass\n', "does not load: SyntaxError: invalid syntax"),
+  'name.py': (
+    'def get_config():\n  return undefined_name\n',
+    "get_config() raised NameError: name 'undefined_name' is not defined (line 2)",
+  ),
+  'imports.py': (
+    'import no_such_module\n\ndef get_config():\n  return None\n',
+    "does not load: ModuleNotFoundError: No module named 'no_such_module'",
+  ),
+  'none.py': ('def get_config():\n  return None\n', 'get_config() returned None; it must return'),
+  'absent.py': ('X = 1\n', 'defines no get_config()'),
+}
+
+
+def _parse(argv):
+  """SystemExit's message of `cli.parse_flags(argv)` with main.py's --config flag."""
+  values = flags.FlagValues()
+  config_flags.DEFINE_config_file('config', flag_values=values, sys_argv=argv)
+  with pytest.raises(SystemExit) as exited:
+    cli.parse_flags(argv, values)
+  message = str(exited.value)
+  assert len(message.splitlines()) == 1 and 'Traceback' not in message, message
+  return message
+
+
+@pytest.mark.parametrize('name', sorted(BAD_FILES))
+def test_a_config_file_that_gives_no_config_is_one_line(tmp_path, name):
+  source, expected = BAD_FILES[name]
+  path = tmp_path / name
+  path.write_text(source)
+  message = _parse(['main.py', f'--config={path}'])
+  assert message.startswith(f'Error: flag --config={path}: '), message
+  assert expected in message, message
+
+
+def test_without_config_the_line_names_the_flag_and_the_quick_start():
+  message = _parse(['main.py'])
+  assert message.startswith('Error: --config is missing: '), message
+  assert f'--config={cli.QUICK_START}' in message
+  assert os.path.isfile(os.path.join(os.path.dirname(cli.__file__), '..', cli.QUICK_START))
+
+
+def test_ctrl_c_outside_the_training_loop_is_one_line_and_status_130(monkeypatch, capsys):
+  def interrupted(*args, **kwargs):
+    raise KeyboardInterrupt
+
+  monkeypatch.setattr(cli, 'run_or_fail', interrupted)
+  with pytest.raises(SystemExit) as exited:
+    cli.run(None, workdir='unused', mode='train', restart=False, verbose=False, distributed={})
+  assert exited.value.code == 130
+  assert capsys.readouterr().err.startswith('Interrupted (Ctrl-C); re-run the same command')
+
+
+def test_tensorflow_notices_are_dropped_and_other_lines_kept(monkeypatch, capfd):
+  """The C++ notices go to file descriptor 2, so the fake import writes there."""
+
+  def fake_import(name):
+    os.write(2, b'WARNING: All log messages before absl::InitializeLog() is called\n')
+    os.write(2, b'I0000 port.cc:153] oneDNN custom operations are on. You may see\n')
+    os.write(2, b'something a user must see\n')
+    return 'module'
+
+  monkeypatch.delitem(sys.modules, 'tensorflow', raising=False)
+  monkeypatch.setattr(logs.importlib, 'import_module', fake_import)
+  assert logs.import_tensorflow_quietly() == 'module'
+  assert capfd.readouterr().err == 'something a user must see\n'
