@@ -55,6 +55,11 @@ class Session:
     self.inputs = resolved.inputs.example()
     if mesh_lib.size(self.mesh, mesh_lib.SEQUENCE_AXIS) > 1:
       self._check_sequence(resolved.inputs.length)
+    try:  # what the library refuses when traced (an implementation this platform cannot
+      # run, options that do not combine), before any workdir is written
+      self.abstract_params()
+    except ValueError as e:
+      raise validate.ConfigError(str(e).strip().splitlines()[0]) from None
 
   def _check_sequence(self, length: int) -> None:
     """ConfigError unless the model can split its sequence (`length` tokens) over the
@@ -89,7 +94,6 @@ class Session:
           f'devices; valid: attention_dropout_rate=0, or config.train.mesh'
           f"['sequence']=1"
         )
-      self.abstract_params()  # the library's own refusals, raised when it is traced
     except ValueError as e:
       raise validate.ConfigError(str(e).strip().splitlines()[0]) from None
 

@@ -116,3 +116,15 @@ def test_an_integer_field_holds_an_int(value):
   with pytest.raises(fields.ConfigError) as e:
     field.check({'train': {'seed': value}})
   assert str(e.value) == f'config.train.seed={value!r} is not valid; it must be an integer >= 0'
+
+
+def test_an_implementation_this_platform_cannot_run_writes_nothing(tmp_path):
+  """`--config.attention.options.implementation=pallas` for softmax on a CPU passed
+  validation, wrote config.json and checkpoints/, then crashed in a 67-line traceback
+  (issue 70, item 9); the rerun without it was then refused as another config."""
+  config = with_value(default_config.get_config(), 'attention.options.implementation', 'pallas')
+  workdir = tmp_path / 'run'
+  with pytest.raises(validate.ConfigError, match=r"^implementation='pallas' cannot run") as e:
+    trainer.train_and_evaluate(config, str(workdir))
+  assert len(str(e.value).splitlines()) == 1
+  assert not workdir.exists()
