@@ -137,9 +137,8 @@ def _query_padding(mask, batch: int, q_length: int, kv_length: int):
   real = jnp.ones((batch, q_length), bool)
   if mask.ndim == 4 and mask.shape[2] == q_length and q_length > 1:
     real = jnp.broadcast_to(jnp.any(mask, axis=(1, 3)), (batch, q_length))
-  if q_length == kv_length:
-    real = real & masking.key_padding_from_mask(mask, batch, kv_length)
-  return real
+  padding = masking.key_padding_from_mask(mask, batch, kv_length) if q_length == kv_length else None
+  return real if padding is None else real & padding
 
 
 def nystrom_attention(

@@ -50,7 +50,7 @@ def encode(
   if positions not in POSITIONS:
     raise ValueError(f'positions={positions!r} is not valid; valid choices: {", ".join(POSITIONS)}')
   b, n = tokens.shape
-  if n > c.max_length:
+  if c.max_length is None or n > c.max_length:
     raise ValueError(f'input length {n} exceeds max_length={c.max_length}')
   cls = pool == 'cls'
   valid = tokens > 0 if padding else jnp.ones((b, n), bool)

@@ -21,6 +21,8 @@ per head (n = num_blocks * block queries): no n x n array is formed unless a
 segment itself has t = n keys (global query rows).
 """
 
+import functools
+import operator
 from typing import Callable, NamedTuple, Sequence
 
 import jax
@@ -55,7 +57,7 @@ class Segment(NamedTuple):
   layout: str
   keys: jnp.ndarray
   values: jnp.ndarray
-  valid: jnp.ndarray
+  valid: jax.typing.ArrayLike  # a NumPy constant (a fixed pattern) or a traced array
 
 
 def compute_dtype(*arrays) -> jnp.dtype:
@@ -125,13 +127,12 @@ def attend(queries, segments: Sequence[Segment], scale: float) -> jnp.ndarray:
   valid = jnp.concatenate(valids, axis=-1) if len(valids) > 1 else valids[0]
   w = jax.nn.softmax(s, axis=-1)
   w = jnp.where(valid, w, 0.0)
-  out = 0
-  start = 0
+  parts, start = [], 0
   for seg, part in zip(segments, scores):
     stop = start + part.shape[-1]
-    out = out + jnp.einsum(_VALUES[seg.layout], w[..., start:stop], seg.values.astype(compute))
+    parts.append(jnp.einsum(_VALUES[seg.layout], w[..., start:stop], seg.values.astype(compute)))
     start = stop
-  return out
+  return functools.reduce(operator.add, parts)
 
 
 def attend_all_keys(q, k, v, padding, causal: bool, scale: float) -> jnp.ndarray:
