@@ -90,7 +90,7 @@ def pattern(config) -> str:
     return mqar.split_path(d.data_dir, '{split}', **s)
   if d.name == 'text_bytes':
     return text_bytes.split_path(d.data_dir, '{split}', **s)
-  return pathfinder.split_path(d.data_dir, '{split}', s['contour_length'], s['image_size'])
+  return pathfinder.split_path(d.data_dir, '{split}', **s)
 
 
 def ensure(config, verbose: bool = True) -> str:

@@ -22,7 +22,7 @@ import json
 import logging
 import os
 import types
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 import zlib
 
 import numpy as np
@@ -38,12 +38,55 @@ DEFAULT_SIZES = types.MappingProxyType({'train': 160_000, 'validation': 20_000, 
 _FORMAT = 'pathfinder-v1'  # bump when the drawing changes, so old files get redrawn
 
 
+DRAWING_DEFAULTS = types.MappingProxyType(
+  {
+    'num_distractors': None,
+    'distractor_length': None,
+    'dash_length': 2,
+    'gap': 1,
+    'continuity': 1.0,
+    'seed_distance': 7,
+    'image_size': IMAGE_SIZE,
+  }
+)
+
+
+def split_settings(seed: int = 0, sizes=None, contour_length: int = 14, **kw) -> Dict[str, dict]:
+  """{split: the settings its file is drawn from}, in the order of `sizes` (default
+  `DEFAULT_SIZES`); `kw`: the other arguments of `pathfinder_contours.generate`
+  (`DRAWING_DEFAULTS`' names), checked there."""
+  sizes = dict(DEFAULT_SIZES if sizes is None else sizes)
+  if set(kw) - set(DRAWING_DEFAULTS):
+    raise ValueError(
+      f'unknown arguments {sorted(set(kw) - set(DRAWING_DEFAULTS))}; '
+      f'valid: {sorted(DRAWING_DEFAULTS)}'
+    )
+  drawing = pathfinder_contours.checked_settings(
+    contour_length=contour_length, **{**DRAWING_DEFAULTS, **kw}
+  )
+  return {
+    split: {'format': _FORMAT, 'seed': int(seed), 'split': split, 'num_examples': int(n), **drawing}
+    for split, n in sizes.items()
+  }
+
+
 def split_path(
-  folder: str, split: str, contour_length: int = 14, image_size: int = IMAGE_SIZE
+  folder: str,
+  split: str,
+  contour_length: int = 14,
+  image_size: int = IMAGE_SIZE,
+  seed: int = 0,
+  sizes=None,
+  **kw,
 ) -> str:
-  """`folder/pathfinder{contour_length}_{split}.npz`; `..._{image_size}px_...` for other sizes."""
+  """`folder/pathfinder{contour_length}_<key>_{split}.npz` (`..._{image_size}px_...` for
+  other sizes), `<key>` the `npz_cache.settings_key` of every split's settings
+  (`split_settings`: seed, sizes and the drawing included), so runs of other settings
+  sharing the folder never overwrite each other's files."""
+  every = split_settings(seed, sizes, contour_length, image_size=image_size, **kw)
   size = '' if image_size == IMAGE_SIZE else f'_{image_size}px'
-  return os.path.join(folder, f'pathfinder{contour_length}{size}_{split}.npz')
+  key = npz_cache.settings_key(every)
+  return os.path.join(folder, f'pathfinder{contour_length}{size}_{key}_{split}.npz')
 
 
 def write_splits(
@@ -54,9 +97,9 @@ def write_splits(
   Each file holds `x` (uint8 `[n, size, size]`), `y` (int64 `[n]`) and
   `settings_json` (uint8 bytes of the JSON generation settings). A file whose
   settings match is left alone (an interrupted run resumes at the first
-  missing split); one with other settings is replaced. Each split is drawn
-  from its own seed, (seed, crc32 of its name), so the splits are
-  independent draws.
+  missing split); runs of other settings (seed and sizes included) write files of
+  other names (`split_path`) beside it. Each split is drawn from its own seed,
+  (seed, crc32 of its name), so the splits are independent draws.
 
   Args:
     folder: output folder (created if missing).
@@ -71,47 +114,18 @@ def write_splits(
     The paths of the split files, in the order of `sizes`.
   """
   sizes = dict(DEFAULT_SIZES if sizes is None else sizes)
-  valid = {
-    'num_distractors',
-    'distractor_length',
-    'dash_length',
-    'gap',
-    'continuity',
-    'seed_distance',
-    'image_size',
-  }
-  if set(kw) - valid:
-    raise ValueError(f'unknown arguments {sorted(set(kw) - valid)}; valid: {sorted(valid)}')
-  defaults = {
-    'num_distractors': None,
-    'distractor_length': None,
-    'dash_length': 2,
-    'gap': 1,
-    'continuity': 1.0,
-    'seed_distance': 7,
-    'image_size': IMAGE_SIZE,
-  }
-  drawing = pathfinder_contours.checked_settings(
-    contour_length=contour_length, **{**defaults, **kw}
-  )
-  for split, n in sizes.items():
-    if not split or not split.replace('_', '').replace('-', '').isalnum():
-      raise ValueError(f'split names must be letters, digits, "_" or "-", got {split!r}')
-    if n < 0:
-      raise ValueError(f'sizes[{split!r}] must be >= 0, got {n}')
+  npz_cache.check_sizes(sizes)
+  every = split_settings(seed, sizes, contour_length, **kw)
   npz_cache.makedirs(folder)
   paths = []
   for split, n in sizes.items():
-    path = split_path(folder, split, contour_length, drawing['image_size'])
+    settings = every[split]
+    drawing = {
+      k: v for k, v in settings.items() if k not in ('format', 'seed', 'split', 'num_examples')
+    }
+    path = split_path(folder, split, seed=seed, sizes=sizes, **drawing)
     paths.append(path)
     split_seed = (int(seed), zlib.crc32(split.encode('utf-8')))
-    settings = {
-      'format': _FORMAT,
-      'seed': int(seed),
-      'split': split,
-      'num_examples': int(n),
-      **drawing,
-    }
     side = drawing['image_size']
     why = npz_cache.problem(path, settings, {'x': (n, side, side), 'y': (n,)})
     if not why:  # up to date: no message (read at every open)

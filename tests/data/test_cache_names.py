@@ -11,9 +11,12 @@ import os
 import subprocess
 import sys
 
+import numpy as np
+
 from configs import mqar as mqar_config
 from data import arrays
 from data import listops
+from data import pathfinder
 from data import text_bytes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -81,6 +84,27 @@ def test_listops_runs_of_other_sizes_or_seeds_each_keep_their_files(tmp_path, ca
   for run, run_paths in zip(runs, paths):
     assert listops.write_splits(folder, verbose=False, **run, **lengths) == run_paths
     assert len(listops._load_tokens(run_paths[0])) == run['sizes']['train']
+  assert capsys.readouterr().out == '' and stamps(folder) == written  # nothing written again
+
+
+def test_pathfinder_runs_of_other_sizes_or_seeds_each_keep_their_files(tmp_path, capsys):
+  """Pathfinder's files were named by contour length and image size only (issue 70,
+  item 1): runs of other sizes or seeds rewrote each other's splits."""
+  folder = str(tmp_path)
+  runs = [
+    dict(seed=0, sizes={'train': 4, 'test': 2}),
+    dict(seed=0, sizes={'train': 2, 'test': 2}),
+    dict(seed=1, sizes={'train': 4, 'test': 2}),
+  ]
+  drawing = dict(contour_length=6, image_size=16)
+  paths = [pathfinder.write_splits(folder, verbose=False, **run, **drawing) for run in runs]
+  assert len({p for run in paths for p in run}) == 6  # no run's files are another's
+  written = stamps(folder)
+  capsys.readouterr()
+  for run, run_paths in zip(runs, paths):
+    assert pathfinder.write_splits(folder, verbose=False, **run, **drawing) == run_paths
+    with np.load(run_paths[0]) as split:
+      assert len(split['y']) == run['sizes']['train']
   assert capsys.readouterr().out == '' and stamps(folder) == written  # nothing written again
 
 

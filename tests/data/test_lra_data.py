@@ -11,6 +11,7 @@ from scipy import ndimage
 
 from data import aan
 from data import listops
+from data import npz_cache
 from data import pathfinder
 from data import pathfinder_contours
 
@@ -222,7 +223,8 @@ def test_pathfinder_bad_arguments():
 def test_pathfinder_write_splits_round_trip(tmp_path, capsys):
   sizes = {'train': 8, 'validation': 4, 'test': 4}
   paths = pathfinder.write_splits(str(tmp_path), seed=0, sizes=sizes, contour_length=6)
-  assert paths == [str(tmp_path / f'pathfinder6_{s}.npz') for s in sizes]
+  key = npz_cache.settings_key(pathfinder.split_settings(0, sizes, contour_length=6))
+  assert paths == [str(tmp_path / f'pathfinder6_{key}_{s}.npz') for s in sizes]
   images = {}
   for split, path in zip(sizes, paths):
     with np.load(path) as data:
