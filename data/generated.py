@@ -25,7 +25,7 @@ Settings, all optional in `config.dataset`:
 
 from typing import Any, Dict
 
-from data import listops
+from data import listops_files
 from data import mqar
 from data import npz_cache
 from data import pathfinder
@@ -85,7 +85,7 @@ def pattern(config) -> str:
   """The `.npz` path pattern ('{split}' in it) of the dataset's split files."""
   d, s = specs.resolve(config).fields, settings(config)
   if d.name == 'listops':
-    return listops.split_path(d.data_dir, '{split}', **s)
+    return listops_files.split_path(d.data_dir, '{split}', **s)
   if d.name == 'mqar':
     return mqar.split_path(d.data_dir, '{split}', **s)
   if d.name == 'text_bytes':
@@ -103,7 +103,7 @@ def ensure(config, verbose: bool = True) -> str:
     )
   npz_cache.makedirs(d.data_dir)
   if d.name == 'listops':
-    listops.write_splits(
+    listops_files.write_splits(
       d.data_dir,
       seed=s['seed'],
       sizes=s['sizes'],

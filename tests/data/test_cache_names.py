@@ -15,7 +15,7 @@ import numpy as np
 
 from configs import mqar as mqar_config
 from data import arrays
-from data import listops
+from data import listops_files
 from data import pathfinder
 from data import text_bytes
 
@@ -77,13 +77,13 @@ def test_listops_runs_of_other_sizes_or_seeds_each_keep_their_files(tmp_path, ca
     dict(seed=0, sizes={'train': 8, 'test': 4}),
     dict(seed=1, sizes={'train': 12, 'test': 4}),
   ]
-  paths = [listops.write_splits(folder, verbose=False, **run, **lengths) for run in runs]
+  paths = [listops_files.write_splits(folder, verbose=False, **run, **lengths) for run in runs]
   assert len({p for run in paths for p in run}) == 6  # no run's files are another's
   written = stamps(folder)
   capsys.readouterr()
   for run, run_paths in zip(runs, paths):
-    assert listops.write_splits(folder, verbose=False, **run, **lengths) == run_paths
-    assert len(listops._load_tokens(run_paths[0])) == run['sizes']['train']
+    assert listops_files.write_splits(folder, verbose=False, **run, **lengths) == run_paths
+    assert len(listops_files._load_tokens(run_paths[0])) == run['sizes']['train']
   assert capsys.readouterr().out == '' and stamps(folder) == written  # nothing written again
 
 

@@ -17,7 +17,7 @@ import pytest
 from configs import mqar as mqar_config
 from data import arrays
 from data import cache_folder
-from data import listops
+from data import listops_files
 from data import mqar
 from data import npz_cache
 from data import pathfinder
@@ -140,7 +140,7 @@ def _corpus(folder):
 
 OTHERS = {
   'listops': (
-    lambda f: listops.write_splits(
+    lambda f: listops_files.write_splits(
       str(f), seed=0, sizes={'train': 6, 'test': 3}, max_length=60, min_length=10, verbose=False
     ),
     '6 ListOps examples written',

@@ -11,6 +11,7 @@ from scipy import ndimage
 
 from data import aan
 from data import listops
+from data import listops_files
 from data import npz_cache
 from data import pathfinder
 from data import pathfinder_contours
@@ -110,12 +111,14 @@ def test_listops_bad_arguments():
   with pytest.raises(ValueError, match='unreachable'):
     listops.generate(1, seed=0, max_depth=2, max_args=3, min_length=10, max_length=60)
   with pytest.raises(ValueError, match='valid'):
-    listops.write_splits('/nonexistent', max_lenght=3)
+    listops_files.write_splits('/nonexistent', max_lenght=3)
 
 
 def test_listops_write_splits_round_trip(tmp_path, capsys):
   sizes = {'train': 12, 'validation': 4, 'test': 4}
-  paths = listops.write_splits(str(tmp_path), seed=0, sizes=sizes, max_length=60, min_length=10)
+  paths = listops_files.write_splits(
+    str(tmp_path), seed=0, sizes=sizes, max_length=60, min_length=10
+  )
   key = re.fullmatch(r'listops_10-60_([0-9a-f]{12})_train\.npz', os.path.basename(paths[0]))[1]
   # Not LRA's lengths, and the key of every split's settings (seed and sizes included).
   assert paths == [str(tmp_path / f'listops_10-60_{key}_{s}.npz') for s in sizes]
@@ -136,18 +139,20 @@ def test_listops_write_splits_round_trip(tmp_path, capsys):
 
   mtimes = [os.stat(p).st_mtime_ns for p in paths]
   capsys.readouterr()
-  listops.write_splits(str(tmp_path), seed=0, sizes=sizes, max_length=60, min_length=10)
+  listops_files.write_splits(str(tmp_path), seed=0, sizes=sizes, max_length=60, min_length=10)
   assert [os.stat(p).st_mtime_ns for p in paths] == mtimes  # idempotent: nothing rewritten
   assert capsys.readouterr().out == ''  # up to date: silent (every open of the data checks)
 
   os.remove(paths[2])  # resumes with the missing split only, identical to before
-  listops.write_splits(str(tmp_path), seed=0, sizes=sizes, max_length=60, min_length=10)
+  listops_files.write_splits(str(tmp_path), seed=0, sizes=sizes, max_length=60, min_length=10)
   assert [os.stat(p).st_mtime_ns for p in paths[:2]] == mtimes[:2]
   with np.load(paths[2]) as data:
     assert {t.tobytes() for t in data['tokens']} == rows['test']
 
   mtimes = [os.stat(p).st_mtime_ns for p in paths]
-  other = listops.write_splits(str(tmp_path), seed=1, sizes=sizes, max_length=60, min_length=10)
+  other = listops_files.write_splits(
+    str(tmp_path), seed=1, sizes=sizes, max_length=60, min_length=10
+  )
   assert not set(other) & set(paths)  # other settings: files of their own (issue 70, item 1)
   with np.load(other[0]) as data:
     assert {t.tobytes() for t in data['tokens']} != rows['train']
