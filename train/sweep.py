@@ -55,6 +55,7 @@ from absl import app
 from absl import flags
 from etils import epath
 
+from train import session as session_lib
 from train import validate
 from train import workdir as workdir_lib
 from train.sweep_runs import Run  # noqa: F401 (re-exported)
@@ -83,11 +84,15 @@ ELSEWHERE = 'running elsewhere'  # another trainer holds the run's workdir (not 
 USAGE = 'python -m train.sweep --sweep=FILE[:key=value,...] --root=DIR list|run|pod'
 
 
-def check(runs: Sequence[Run], root: str = '') -> Dict[str, Any]:
+def check(runs: Sequence[Run], root: str = '', here: bool = False) -> Dict[str, Any]:
   """{name: config} after validating every run; SweepError lists every bad one.
 
   A run that starts from another run of the sweep (`init_from` in `root`) is
   checked without that workdir, which exists only once the other run is done.
+  `here`: the runs will run on this machine (`list`, `run`), so each is also built as
+  the trainer builds it (`session.Session`, without reading data): its mesh on these
+  devices, the batch split over it, the sequence split, and what the library refuses
+  when the model is traced.
   """
   configs, errors, bad = {}, [], 0
   ours = {os.path.normpath(workdir_of(r, root)) for r in runs}
@@ -98,6 +103,8 @@ def check(runs: Sequence[Run], root: str = '') -> Dict[str, Any]:
       if init_from and os.path.normpath(init_from) in ours:
         config.init_from = ''
       config = validate.resolved(config, read_data=False)
+      if here:
+        session_lib.Session(config, read_data=False)
       config.init_from = init_from
       configs[run.name] = config
     except (SweepError, validate.ConfigError) as e:
@@ -321,7 +328,7 @@ def main(argv) -> int:
   action, root = argv[1], _ROOT.value
   try:
     runs = expand(load_sweep(_SWEEP.value), root)
-    configs = check(runs, root)
+    configs = check(runs, root, here=action != 'pod')
   except SweepError as e:
     sys.exit(f'Error: {e}')
   if action == 'list':

@@ -6,6 +6,7 @@ import os
 import signal
 import sys
 
+import jax
 import pytest
 
 from efficient_attn import registry
@@ -90,6 +91,30 @@ def test_bad_sweeps_fail_clearly(tmp_path):
   message = str(e.value)
   assert message.startswith('3 of 4 runs are not valid')
   assert 'num_heads=3' in message and 'num_head' in message and 'nystrm' in message
+
+
+def test_runs_to_run_here_are_checked_on_this_machines_mesh():
+  """`list` and `run` showed a run the mesh cannot hold as new (issue 70, item 13): a mesh
+  axis the devices do not fit, a batch the mesh does not divide. With `here` each run is
+  built as the trainer builds it on these devices; `pod` (other devices) skips that."""
+  devices = jax.device_count()
+  runs = sweep.expand(
+    dict(
+      config='configs/default.py',
+      runs=[
+        {'train.mesh': {'data': devices + 1}, 'name': 'too_many'},
+        {'train.mesh': {'data': -1, 'sequence': devices + 1}, 'name': 'sequence'},
+        {'dataset.batch_size': 63, 'train.mesh': {'data': 1}, 'name': 'fits'},
+      ],
+    )
+  )
+  assert set(sweep.check(runs)) == {'too_many', 'sequence', 'fits'}  # valid anywhere
+  with pytest.raises(sweep.SweepError) as e:
+    sweep.check(runs, here=True)
+  lines = str(e.value).splitlines()
+  assert lines[0] == '2 of 3 runs are not valid:', lines
+  assert lines[1].startswith('  too_many: ') and f'needs {devices + 1} devices' in lines[1]
+  assert lines[2].startswith('  sequence: ')
 
 
 def test_bad_runs_print_main_pys_readable_messages_every_one():
