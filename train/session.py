@@ -39,7 +39,8 @@ class Session:
   def __init__(
     self, config, mesh=None, read_data: bool = True, training: bool = True, devices=None
   ):
-    resolved = validate.resolve(config, read_data, training)  # every check, before any work
+    # every check before any work, the mesh's before the data's (which may generate it)
+    resolved = validate.resolve(config, read_data=False, training=training)
     self.config, self.dataset, self.loop = resolved.config, resolved.dataset, resolved.loop
     self.attention = resolved.attention
     self.fsdp_min_size = resolved.loop.fsdp_min_size
@@ -50,6 +51,8 @@ class Session:
       self.data_processes = mesh_lib.data_processes(self.mesh)
     except ValueError as e:
       raise validate.ConfigError(str(e)) from None
+    if read_data:
+      validate.read_data_of(resolved, training)
     self.task = tasks.get_task(self.config.task)
     self.model = modeling.create_model(self.config, self.dataset, self.attention)
     self.inputs = resolved.inputs.example()

@@ -119,12 +119,21 @@ def resolve(config, read_data: bool = True, training: bool = True) -> Resolved:
   config = ml_collections.ConfigDict(config.to_dict())
   dataset, inputs, attention, loop = _check(config)
   config.attention.options = ml_collections.ConfigDict(dict(attention.options))
+  resolved = Resolved(config, dataset, inputs, attention, loop)
   if read_data:
-    try:
-      data.check_splits(dataset, training)  # fills in num_classes
-    except ValueError as e:
-      raise ConfigError(str(e)) from None
-  return Resolved(config, dataset, inputs, attention, loop)
+    read_data_of(resolved, training)
+  return resolved
+
+
+def read_data_of(resolved: Resolved, training: bool = True) -> None:
+  """Prepares and checks the data of a config resolved without it (`resolve(config,
+  read_data=False)`), filling in what it tells (num_classes); a ConfigError for a split
+  that cannot serve the run. A generated dataset is written here: the trainer checks the
+  mesh first, so a bad mesh is refused before minutes of generation."""
+  try:
+    data.check_splits(resolved.dataset, training)  # fills in num_classes
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
 
 
 def resolved(config, read_data: bool = True, training: bool = True) -> ml_collections.ConfigDict:

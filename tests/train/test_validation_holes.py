@@ -9,6 +9,7 @@ split sizes and tf.data's shuffle buffer failed late, or in words naming no fiel
 
 import math
 
+import jax
 import pytest
 
 from configs import default as default_config
@@ -128,3 +129,14 @@ def test_an_implementation_this_platform_cannot_run_writes_nothing(tmp_path):
     trainer.train_and_evaluate(config, str(workdir))
   assert len(str(e.value).splitlines()) == 1
   assert not workdir.exists()
+
+
+def test_a_bad_mesh_is_refused_before_a_generated_dataset_is_written(tmp_path):
+  """A bad mesh on MQAR was refused only after 100,000 examples were generated (issue 70,
+  item 13): the mesh is checked before the data is prepared."""
+  config = mqar_config.get_config('linear')
+  config.dataset.data_dir = str(tmp_path / 'cache')
+  config.train.mesh = {'data': jax.device_count() + 1}
+  with pytest.raises(validate.ConfigError, match=r'^config\.train\.mesh=.* needs \d+ devices'):
+    trainer.train_and_evaluate(config, str(tmp_path / 'run'))
+  assert not (tmp_path / 'cache').exists() and not (tmp_path / 'run').exists()
