@@ -7,6 +7,7 @@ it, which then wrote them again, and so on. Their names now hold the key of ever
 that makes them (`npz_cache.settings_key`), as the byte-LM windows' always did.
 """
 
+import functools
 import os
 import subprocess
 import sys
@@ -69,56 +70,56 @@ def test_mqar_runs_of_two_sizes_in_two_processes_each_keep_their_files(
   assert stamps(folder) == {**mine, **theirs}
 
 
-def test_listops_runs_of_other_sizes_or_seeds_each_keep_their_files(tmp_path, capsys):
-  folder = str(tmp_path)
-  lengths = dict(max_length=60, min_length=10)
-  runs = [
-    dict(seed=0, sizes={'train': 12, 'test': 4}),
-    dict(seed=0, sizes={'train': 8, 'test': 4}),
-    dict(seed=1, sizes={'train': 12, 'test': 4}),
-  ]
-  paths = [listops_files.write_splits(folder, verbose=False, **run, **lengths) for run in runs]
-  assert len({p for run in paths for p in run}) == 6  # no run's files are another's
+SIZED_RUNS = [  # other sizes, other seeds
+  dict(seed=0, sizes={'train': 4, 'test': 2}),
+  dict(seed=0, sizes={'train': 2, 'test': 2}),
+  dict(seed=1, sizes={'train': 4, 'test': 2}),
+]
+
+
+def each_keeps_its_files(write, runs, folder, capsys):
+  """Writes each run's splits (`write(**run)` -> paths) into `folder`: no run's files are
+  another's, and a second pass returns the same paths with nothing written. The paths."""
+  paths = [write(**run) for run in runs]
+  assert len({p for run in paths for p in run}) == sum(map(len, paths))
   written = stamps(folder)
   capsys.readouterr()
-  for run, run_paths in zip(runs, paths):
-    assert listops_files.write_splits(folder, verbose=False, **run, **lengths) == run_paths
-    assert len(listops_files._load_tokens(run_paths[0])) == run['sizes']['train']
+  assert [write(**run) for run in runs] == paths
   assert capsys.readouterr().out == '' and stamps(folder) == written  # nothing written again
+  return paths
+
+
+def test_listops_runs_of_other_sizes_or_seeds_each_keep_their_files(tmp_path, capsys):
+  write = functools.partial(
+    listops_files.write_splits, str(tmp_path), verbose=False, max_length=60, min_length=10
+  )
+  for run, paths in zip(SIZED_RUNS, each_keeps_its_files(write, SIZED_RUNS, tmp_path, capsys)):
+    assert len(listops_files._load_tokens(paths[0])) == run['sizes']['train']
 
 
 def test_pathfinder_runs_of_other_sizes_or_seeds_each_keep_their_files(tmp_path, capsys):
   """Pathfinder's files were named by contour length and image size only (issue 70,
   item 1): runs of other sizes or seeds rewrote each other's splits."""
-  folder = str(tmp_path)
-  runs = [
-    dict(seed=0, sizes={'train': 4, 'test': 2}),
-    dict(seed=0, sizes={'train': 2, 'test': 2}),
-    dict(seed=1, sizes={'train': 4, 'test': 2}),
-  ]
-  drawing = dict(contour_length=6, image_size=16)
-  paths = [pathfinder.write_splits(folder, verbose=False, **run, **drawing) for run in runs]
-  assert len({p for run in paths for p in run}) == 6  # no run's files are another's
-  written = stamps(folder)
-  capsys.readouterr()
-  for run, run_paths in zip(runs, paths):
-    assert pathfinder.write_splits(folder, verbose=False, **run, **drawing) == run_paths
-    with np.load(run_paths[0]) as split:
+  write = functools.partial(
+    pathfinder.write_splits, str(tmp_path), verbose=False, contour_length=6, image_size=16
+  )
+  for run, paths in zip(SIZED_RUNS, each_keeps_its_files(write, SIZED_RUNS, tmp_path, capsys)):
+    with np.load(paths[0]) as split:
       assert len(split['y']) == run['sizes']['train']
-  assert capsys.readouterr().out == '' and stamps(folder) == written  # nothing written again
 
 
 def test_byte_lm_windows_of_other_settings_each_keep_their_files(tmp_path, capsys):
   """The byte-LM windows were named by the key of all their settings already: kept so."""
   corpus = tmp_path / 'corpus.txt'
   corpus.write_bytes(b'\n\n'.join(b'Paragraph %d, some words.' % i for i in range(12)))
-  folder = str(tmp_path / 'cache')
+  folder = tmp_path / 'cache'
   runs = [dict(train_docs=0), dict(train_docs=3), dict(train_docs=0, seed=1)]
-  task = dict(corpus=str(corpus), seq_len=16, validation_docs=2, verbose=False)
-  paths = [text_bytes.write_splits(folder, **run, **task) for run in runs]
-  assert len({p for run in paths for p in run}) == 6
-  written = stamps(folder)
-  capsys.readouterr()
-  for run, run_paths in zip(runs, paths):
-    assert text_bytes.write_splits(folder, **run, **task) == run_paths
-  assert capsys.readouterr().out == '' and stamps(folder) == written
+  write = functools.partial(
+    text_bytes.write_splits,
+    str(folder),
+    corpus=str(corpus),
+    seq_len=16,
+    validation_docs=2,
+    verbose=False,
+  )
+  each_keeps_its_files(write, runs, folder, capsys)
