@@ -425,6 +425,35 @@ def test_choose_resolves_once_and_refuses_in_one_line():
     ).init(jax.random.PRNGKey(0), x)
 
 
+def test_the_kernels_refuse_what_they_cannot_take_in_one_line():
+  """A shape, option or input the kernels cannot honour raises a one-line ValueError naming
+  the value and the valid ones, before anything is compiled."""
+  x = jnp.zeros((1, 8, 2, 4))
+  g, beta, ids = jnp.zeros((1, 8, 2, 1)), jnp.zeros((1, 8, 2)), jnp.ones((1, 8), jnp.int32)
+  x16 = x.astype(jnp.float16)
+  cases = [
+    (kernels.scalar_decay_chunked, (x, x, x, g), dict(precision='fp32'), "precision='fp32'; valid"),
+    (kernels.scalar_decay_chunked, (x, x, x, g), dict(backend='cuda'), "backend='cuda'; valid"),
+    (kernels.scalar_decay_chunked, (x, x, x, jnp.zeros((1, 8, 2, 4))), {}, 'log_decay of shape'),
+    (kernels.vector_decay_chunked, (x, x, x, g), {}, r'valid: \[1, 8, 2, 4\]'),
+    (kernels.scalar_decay_chunked, (x, x, x, g, beta), {}, 'beta is given'),
+    (kernels.delta_chunked, (x, x, x, g), {}, 'beta is None'),
+    (kernels.delta_chunked, (x, x, x, g, beta), dict(segment_ids=ids[:, :4]), 'segment_ids of'),
+    (
+      kernels.delta_chunked,
+      (x, x, x, g, beta),
+      dict(segment_ids=jnp.ones((1, 8))),
+      'segment_ids of dtype float32',
+    ),
+    (kernels.delta_chunked, (x, x, x, g, beta), dict(initial_state=x), 'initial_state of'),
+    (kernels.delta_chunked, (x16, x16, x16, g, beta), {}, 'dtype float16'),
+  ]
+  for kernel, args, kwargs, message in cases:
+    with pytest.raises(ValueError, match=message) as e:
+      kernel(*args, **kwargs)
+    assert '\n' not in str(e.value)
+
+
 def test_the_xla_chunk_forms_bfloat16_path_is_stable(tmp_path):
   """benchmarks.gated_precision at a tiny shape (2 heads of 16, 64 tokens, chunks of 16): for
   each of the five recurrences, the XLA chunk form's outputs, final state and gradients

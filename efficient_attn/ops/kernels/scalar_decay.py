@@ -103,8 +103,9 @@ def scalar_decay_chunked(
   (<= 0) or None (no decay); beta: None (the decay family has no erase step);
   initial_state `[b, h, dk, dv]` or None (zeros), the row's first document's;
   segment_ids `[b, n]` int or None (0: padding; a document is a run of equal ids);
-  precision: 'tf32' or 'highest', the float32 dots on a GPU (a TPU and the interpreter
-  compute them in float32); backend: None (the platform's, chosen when lowering),
+  precision: 'tf32' (fla's default; errors ~2e-3 of the scale) or 'highest' (~1e-6), the
+  float32 dots on a GPU (`recurrence.GPU_PRECISION`; a TPU and the interpreter compute
+  them in float32); backend: None (the platform's, chosen when lowering),
   'mosaic' or 'triton' (that driver; interpreted on a CPU); value_tile: the GPU's value
   tile (None: `gpu.gpu_blocks`). Returns (out `[b, n, h, dv]`, final state
   `[b, h, dk, dv]`: the last document's), float32.
