@@ -127,42 +127,16 @@ def backward(cfg, x, s, ds, do):
 KIND = recurrence.Kind(forward, backward)
 
 
-@common.per_device
-def delta_chunked(
-  q,
-  k,
-  v,
-  log_decay=None,
-  beta=None,
-  *,
-  initial_state=None,
-  segment_ids=None,
-  chunk_size: int = 64,
-  precision: str = 'tf32',
-  backend=None,
-  value_tile=None,
-):
+delta_chunked = recurrence.entry(
+  KIND,
+  'delta',
+  (0, 1, 'dk'),
   """The delta rule by the Pallas kernels; equals `delta.delta_chunked` for a decay per head
-  or none, and the token recurrence of the module docstring for a decay per feature.
+or none, and the token recurrence of the module docstring for a decay per feature.
 
-  q, k `[b, n, h, dk]` (keys L2-normalised, as the mechanisms give them), v `[b, n, h, dv]`
-  (float32 or bfloat16); log_decay `[b, n, h, 1]` (Gated DeltaNet), `[b, n, h, dk]` (KDA)
-  or None (DeltaNet), <= 0; beta `[b, n, h]`; the other arguments and the result as
-  `scalar_decay.scalar_decay_chunked`.
-  """
-  return recurrence.run(
-    KIND,
-    'delta',
-    q,
-    k,
-    v,
-    log_decay,
-    beta,
-    decays=(0, 1, 'dk'),
-    initial_state=initial_state,
-    segment_ids=segment_ids,
-    chunk_size=chunk_size,
-    precision=precision,
-    backend=backend,
-    value_tile=value_tile,
-  )
+q, k `[b, n, h, dk]` (keys L2-normalised, as the mechanisms give them), v `[b, n, h, dv]`
+(float32 or bfloat16); log_decay `[b, n, h, 1]` (Gated DeltaNet), `[b, n, h, dk]` (KDA)
+or None (DeltaNet), <= 0; beta `[b, n, h]`; the other arguments and the result as
+`scalar_decay.scalar_decay_chunked`.
+""",
+)

@@ -198,3 +198,44 @@ def run(
 
 def _delta_name(decay: str) -> str:
   return {'none': 'delta', 'head': 'gated_delta', 'feature': 'kda'}[decay]
+
+
+def entry(kind: Kind, name: str, decays, doc: str):
+  """The public entry `<name>_chunked` of a kind of recurrence: the recurrences' one
+  signature (docs/design.md), run per device under a mesh (`common.per_device`); `decays`
+  as `run`'s, `doc` its docstring."""
+
+  def chunked(
+    q,
+    k,
+    v,
+    log_decay=None,
+    beta=None,
+    *,
+    initial_state=None,
+    segment_ids=None,
+    chunk_size: int = 64,
+    precision: str = 'tf32',
+    backend: Optional[str] = None,
+    value_tile: Optional[int] = None,
+  ):
+    return run(
+      kind,
+      name,
+      q,
+      k,
+      v,
+      log_decay,
+      beta,
+      decays=decays,
+      initial_state=initial_state,
+      segment_ids=segment_ids,
+      chunk_size=chunk_size,
+      precision=precision,
+      backend=backend,
+      value_tile=value_tile,
+    )
+
+  chunked.__name__ = chunked.__qualname__ = f'{name}_chunked'
+  chunked.__doc__ = doc
+  return common.per_device(chunked)

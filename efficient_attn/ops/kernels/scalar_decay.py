@@ -81,48 +81,22 @@ def backward(cfg, x, s, ds, do):
 KIND = recurrence.Kind(forward, backward)
 
 
-@common.per_device
-def scalar_decay_chunked(
-  q,
-  k,
-  v,
-  log_decay=None,
-  beta=None,
-  *,
-  initial_state=None,
-  segment_ids=None,
-  chunk_size: int = 64,
-  precision: str = 'tf32',
-  backend=None,
-  value_tile=None,
-):
+scalar_decay_chunked = recurrence.entry(
+  KIND,
+  'scalar_decay',
+  (0, 1),
   """The decay recurrence with one log-decay per head (or none), by the Pallas kernels;
-  equals `gated.gated_chunked` (docs/design.md, "One interface for the recurrences").
+equals `gated.gated_chunked` (docs/design.md, "One interface for the recurrences").
 
-  q, k `[b, n, h, dk]`, v `[b, n, h, dv]` (float32 or bfloat16); log_decay `[b, n, h, 1]`
-  (<= 0) or None (no decay); beta: None (the decay family has no erase step);
-  initial_state `[b, h, dk, dv]` or None (zeros), the row's first document's;
-  segment_ids `[b, n]` int or None (0: padding; a document is a run of equal ids);
-  precision: 'tf32' (fla's default; errors ~2e-3 of the scale) or 'highest' (~1e-6), the
-  float32 dots on a GPU (`recurrence.GPU_PRECISION`; a TPU and the interpreter compute
-  them in float32); backend: None (the platform's, chosen when lowering),
-  'mosaic' or 'triton' (that driver; interpreted on a CPU); value_tile: the GPU's value
-  tile (None: `gpu.gpu_blocks`). Returns (out `[b, n, h, dv]`, final state
-  `[b, h, dk, dv]`: the last document's), float32.
-  """
-  return recurrence.run(
-    KIND,
-    'scalar_decay',
-    q,
-    k,
-    v,
-    log_decay,
-    beta,
-    decays=(0, 1),
-    initial_state=initial_state,
-    segment_ids=segment_ids,
-    chunk_size=chunk_size,
-    precision=precision,
-    backend=backend,
-    value_tile=value_tile,
-  )
+q, k `[b, n, h, dk]`, v `[b, n, h, dv]` (float32 or bfloat16); log_decay `[b, n, h, 1]`
+(<= 0) or None (no decay); beta: None (the decay family has no erase step);
+initial_state `[b, h, dk, dv]` or None (zeros), the row's first document's;
+segment_ids `[b, n]` int or None (0: padding; a document is a run of equal ids);
+precision: 'tf32' (fla's default; errors ~2e-3 of the scale) or 'highest' (~1e-6), the
+float32 dots on a GPU (`recurrence.GPU_PRECISION`; a TPU and the interpreter compute
+them in float32); backend: None (the platform's, chosen when lowering),
+'mosaic' or 'triton' (that driver; interpreted on a CPU); value_tile: the GPU's value
+tile (None: `gpu.gpu_blocks`). Returns (out `[b, n, h, dv]`, final state
+`[b, h, dk, dv]`: the last document's), float32.
+""",
+)

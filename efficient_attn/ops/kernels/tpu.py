@@ -43,6 +43,22 @@ def _scratch(lay):
   return [pltpu.VMEM((lay.DK, lay.DV), F32)]
 
 
+def _call(kernel, cfg, in_specs, out_specs, out_shape, interpret: bool, what: str):
+  """The `pallas_call` of a kernel over the grid (rows, chunks), the state in scratch."""
+  lay = cfg.lay
+  return pl.pallas_call(
+    kernel,
+    grid=(lay.rows, lay.nc),
+    in_specs=in_specs,
+    out_specs=out_specs,
+    out_shape=out_shape,
+    scratch_shapes=_scratch(lay),
+    compiler_params=_params(interpret),
+    interpret=interpret,
+    name=f'{cfg.name}_{what}',
+  )
+
+
 def _chunk_specs(xs, lay, reverse: bool):
   """One chunk's block of each input `[rows, N, w]` (d: `[b, N, 1]`, shared by the heads)."""
   chunk = (lambda j: lay.nc - 1 - j) if reverse else (lambda j: j)
@@ -89,17 +105,9 @@ def forward(kind, cfg, xs, s0, *, save: bool, interpret: bool):
   if save:
     out_specs.append(pl.BlockSpec((None, None, lay.DK, lay.DV), lambda i, j: (i, j, 0, 0)))
     out_shape.append(_sds((lay.rows, lay.nc, lay.DK, lay.DV)))
-  outs = pl.pallas_call(
-    kernel,
-    grid=(lay.rows, lay.nc),
-    in_specs=_chunk_specs(xs, lay, reverse=False) + [state],
-    out_specs=out_specs,
-    out_shape=out_shape,
-    scratch_shapes=_scratch(lay),
-    compiler_params=_params(interpret),
-    interpret=interpret,
-    name=f'{cfg.name}_forward',
-  )(*xs.values(), s0)
+  in_specs = _chunk_specs(xs, lay, reverse=False) + [state]
+  call = _call(kernel, cfg, in_specs, out_specs, out_shape, interpret, 'forward')
+  outs = call(*xs.values(), s0)
   return outs[0], outs[1], (outs[2] if save else None)
 
 
@@ -139,15 +147,6 @@ def backward(kind, cfg, xs, h, do, dst, *, interpret: bool):
 
   out_specs = [pl.BlockSpec((None, lay.C, xs[n].shape[-1]), back) for n in grads] + [state]
   out_shape = [_sds(xs[n].shape) for n in grads] + [_sds((lay.rows, lay.DK, lay.DV))]
-  outs = pl.pallas_call(
-    kernel,
-    grid=(lay.rows, lay.nc),
-    in_specs=in_specs,
-    out_specs=out_specs,
-    out_shape=out_shape,
-    scratch_shapes=_scratch(lay),
-    compiler_params=_params(interpret),
-    interpret=interpret,
-    name=f'{cfg.name}_backward',
-  )(*xs.values(), h, do, dst)
+  call = _call(kernel, cfg, in_specs, out_specs, out_shape, interpret, 'backward')
+  outs = call(*xs.values(), h, do, dst)
   return dict(zip(grads, outs[:-1])), outs[-1]
