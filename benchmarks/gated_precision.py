@@ -132,7 +132,8 @@ def out_and_grads(fn, chunk_size: int):
 
     def call(*xs):
       given = {'g': None, 'beta': None, **dict(zip(names, xs))}
-      return fn(**given, chunk_size=chunk_size)
+      positional = [given[n] for n in ('q', 'k', 'v', 'g', 'beta')]  # the kernels: log_decay
+      return fn(*positional, chunk_size=chunk_size)
 
     out, vjp = jax.vjp(call, *(args[n] for n in names))
     return out, dict(zip(names, vjp(cotangents)))

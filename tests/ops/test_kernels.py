@@ -1,9 +1,11 @@
 """The Pallas kernels of the gated recurrences (efficient_attn.ops.kernels), in Pallas's interpret
 mode on CPU: each kernel equals the float64 token recurrence and the XLA chunk form (outputs,
-final states, and gradients of q, k, v, the log-decays, beta and the initial state); bfloat16
-inputs stay within a stated tolerance; the registry's properties (no look-ahead, left and
-right padding, decode == parallel) hold with implementation='pallas'; and `kernels.choose`
-resolves and refuses in one line.
+final states, and gradients of q, k, v, the log-decays, beta and the initial state), with
+both drivers (the TPU's grid over chunks, the GPU's loop over chunks in value tiles); a
+packed row equals each of its documents run alone (segment_ids); bfloat16 inputs stay
+within a stated tolerance; the registry's properties (no look-ahead, left and right
+padding, decode == parallel) hold with implementation='pallas'; `kernels.choose` resolves
+and refuses in one line, and the kernels refuse what they cannot take.
 
 Interpret mode compiles slowly, so the shapes are tiny and each check is one compiled
 program: one forward + backward per kernel and dtype, one layer call per mechanism.
@@ -24,14 +26,16 @@ from efficient_attn.mechanisms import gated_family
 from efficient_attn.ops import delta
 from efficient_attn.ops import gated
 from efficient_attn.ops import kernels
+from efficient_attn.ops import segments
 
 ARGS = ('q', 'k', 'v', 'g', 'beta', 'state')
-DELTA = ('delta', 'gated_delta')
+DELTA = ('delta', 'gated_delta', 'kda')
 KERNEL = {
   'scalar': kernels.scalar_decay_chunked,
   'vector': kernels.vector_decay_chunked,
   'delta': kernels.delta_chunked,
   'gated_delta': kernels.delta_chunked,
+  'kda': kernels.delta_chunked,
 }
 XLA = {
   'scalar': gated.gated_chunked,
@@ -44,6 +48,7 @@ SCAN = {
   'vector': gated.gated_scan,
   'delta': delta.delta_scan,
   'gated_delta': delta.delta_scan,
+  'kda': delta.delta_scan,  # its step decays the state's rows by a per-feature a_t too
 }
 # (length, chunk, dk, dv) per kernel: lengths that are and are not multiples of the chunk,
 # chunks of 8 (padded to the kernels' 16-token tiles) and 16, feature dims below a tile
@@ -66,7 +71,7 @@ def _inputs(kind, n, dk, dv, b=2, h=2, seed=0):
     k /= np.linalg.norm(k, axis=-1, keepdims=True)  # the mechanisms' L2-normalised keys
   v = rng.standard_normal((b, n, h, dv))
   strength = np.array([1.0, 30.0])[:, None]
-  g = -strength * rng.uniform(0.0, 1.0, (b, n, h, dk if kind == 'vector' else 1))
+  g = -strength * rng.uniform(0.0, 1.0, (b, n, h, dk if kind in ('vector', 'kda') else 1))
   beta = rng.uniform(0.0, 1.0, (b, n, h))
   state = 0.5 * rng.standard_normal((b, h, dk, dv))
   return {
@@ -88,15 +93,29 @@ def _cast(args, dtype, qkv_dtype=None):
   }
 
 
+@functools.cache
+def _kernel(kind, **static):
+  """The kernel of `kind` with the reference's signature (q, k, v, g, beta, state, ...)."""
+  kernel = KERNEL[kind]
+
+  def run(q, k, v, g, beta, state, **kwargs):
+    return kernel(q, k, v, g, beta, initial_state=state, **static, **kwargs)
+
+  return run
+
+
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
-def _vjp(fn, kind, c, args, cotangents):
+def _vjp(fn, kind, c, args, cotangents, segment_ids=None):
   """(out, final state) of `fn` and the gradients {name: array} of every given input for the
   cotangents (one program: forward, then backward)."""
   names = [n for n in ARGS if args[n] is not None]
+  kwargs = {} if c is None else {'chunk_size': c}
+  if segment_ids is not None:
+    kwargs['segment_ids'] = segment_ids
 
   def call(*xs):
     given = {**{n: None for n in ARGS}, **dict(zip(names, xs))}
-    return fn(**given, **({} if c is None else {'chunk_size': c}))
+    return fn(**given, **kwargs)
 
   out, vjp = jax.vjp(call, *(args[n] for n in names))
   return out, dict(zip(names, vjp(cotangents)))
@@ -135,7 +154,16 @@ def _errors(got, want):
   return errors
 
 
-@pytest.mark.parametrize('kind', list(KERNEL))
+def _names(kind):
+  """The outputs and gradients a kernel of `kind` gives."""
+  return (
+    {'out', 'state', 'dq', 'dk', 'dv', 'dstate'}
+    | ({'dg'} if kind != 'delta' else set())
+    | ({'dbeta'} if kind in DELTA else set())
+  )
+
+
+@pytest.mark.parametrize('kind', list(SHAPES))
 def test_kernels_equal_the_float64_recurrence_and_the_xla_chunk_form(kind):
   """float32 kernels (forward and backward) against the float64 token recurrence: outputs,
   final states and the gradients of q, k, v, log-decays, beta and the initial state, to
@@ -146,11 +174,9 @@ def test_kernels_equal_the_float64_recurrence_and_the_xla_chunk_form(kind):
   cotangents = _cotangents(kind, args)
   want = _reference(kind, args, cotangents)
   f32 = _cast(args, jnp.float32)
-  got = _vjp(KERNEL[kind], kind, c, f32, tuple(jnp.asarray(x, jnp.float32) for x in cotangents))
+  got = _vjp(_kernel(kind), kind, c, f32, tuple(jnp.asarray(x, jnp.float32) for x in cotangents))
   errors = _errors(got, want)
-  assert set(errors) == {'out', 'state', 'dq', 'dk', 'dv', 'dstate'} | (
-    {'dg'} if kind != 'delta' else set()
-  ) | ({'dbeta'} if kind in DELTA else set())
+  assert set(errors) == _names(kind)
   assert max(errors.values()) < 2e-5, errors
   xla_out, xla_state = XLA[kind](**f32, chunk_size=c)
   (out, state), _ = got
@@ -158,12 +184,109 @@ def test_kernels_equal_the_float64_recurrence_and_the_xla_chunk_form(kind):
   assert bool(jnp.all(jnp.isfinite(out)))
 
 
+# Two packed rows of 37 tokens (chunks of 8: boundaries at 8, 16, 24, 32). Row 0: documents
+# of 5 and 1 tokens, one of 17 real tokens across three chunk boundaries with a padding gap
+# inside (padding inside a document changes nothing), one of 9, trailing padding. Row 1:
+# id 5 reused by a later document (a document is a run, not an id), trailing padding.
+SEGMENT_IDS = np.array(
+  [
+    [1] * 5 + [2] + [3] * 13 + [0] * 2 + [3] * 4 + [4] * 9 + [0] * 3,
+    [5] * 9 + [6] * 3 + [5] * 20 + [0] * 5,
+  ]
+)
+# (backend, value tile) per kind: each driver on two kinds; the GPU driver with two value
+# tiles of the state (dv = 32, tiles of 16), whose shares of dq, dk, dg, dbeta are summed.
+PACKED = {
+  'scalar': ('mosaic', None),
+  'vector': ('triton', 16),
+  'gated_delta': ('triton', 16),
+  'kda': ('mosaic', None),
+}
+
+
+def _documents_alone(ids):
+  """(row, token indices) of each document of `ids` `[b, n]`, in order, with whether it is
+  its row's first and last."""
+  docs = []
+  for r, row in enumerate(ids):
+    index = np.asarray(segments.document_index(row[None]))[0]
+    real = row != 0
+    for d in range(index.max() + 1):
+      docs.append((r, np.flatnonzero(real & (index == d)), d == 0, d == index.max()))
+  return docs
+
+
+def _packed_reference(kind, args, cotangents, ids):
+  """The float64 recurrence run on each document of `ids` alone (its real tokens, the row's
+  initial state for the row's first document, zeros for the others), one batched call:
+  outputs and gradients scattered back to the packed rows (0 at padding), the final state
+  the row's last document's."""
+  docs = _documents_alone(ids)
+  alone, cts_out, cts_state = {a: [] for a in args if args[a] is not None}, [], []
+  for r, tokens, first, is_last in docs:
+    for a, x in args.items():
+      if x is None:
+        continue
+      if a == 'state':
+        alone[a].append(x[r] if first else np.zeros_like(x[r]))
+      else:  # the document's tokens first, then tokens that write and decay nothing
+        alone[a].append(np.zeros_like(x[r]))
+        alone[a][-1][: len(tokens)] = x[r][tokens]
+    ct = np.zeros_like(cotangents[0][r])
+    ct[: len(tokens)] = cotangents[0][r][tokens]
+    cts_out.append(ct)
+    cts_state.append(cotangents[1][r] if is_last else np.zeros_like(cotangents[1][r]))
+  batched = {a: (np.stack(alone[a]) if a in alone else None) for a in args}
+  (out_d, state_d), grads_d = _reference(kind, batched, (np.stack(cts_out), np.stack(cts_state)))
+  out = np.zeros(args['v'].shape)
+  state = np.zeros(args['state'].shape)
+  grads = {a: np.zeros(args[a].shape) for a in alone}
+  for i, (r, tokens, first, is_last) in enumerate(docs):
+    out[r, tokens] = out_d[i, : len(tokens)]
+    if is_last:
+      state[r] = state_d[i]
+    for a in alone:
+      if a == 'state':
+        grads[a][r] += grads_d[a][i] if first else 0.0
+      else:
+        grads[a][r, tokens] = grads_d[a][i, : len(tokens)]
+  return (out, state), grads
+
+
+@pytest.mark.parametrize('kind', list(PACKED))
+def test_a_packed_row_equals_its_documents_run_alone(kind):
+  """segment_ids (docs/design.md, "Documents"): the kernel on the packed rows of
+  `SEGMENT_IDS` equals the float64 recurrence on each document alone, outputs, final
+  states (the last document's) and the gradients of every input (0 at padding; the initial
+  state's from the row's first document only), to 2e-5 of their scale; each driver on two
+  kinds of recurrence."""
+  backend, value_tile = PACKED[kind]
+  n, c, dk, dv = SEGMENT_IDS.shape[1], 8, 8, 32 if value_tile else 8
+  args = _inputs(kind, n, dk, dv, seed=3)
+  cotangents = _cotangents(kind, args)
+  want = _packed_reference(kind, args, cotangents, SEGMENT_IDS)
+  kernel = _kernel(kind, backend=backend, value_tile=value_tile)
+  got = _vjp(
+    kernel,
+    kind,
+    c,
+    _cast(args, jnp.float32),
+    tuple(jnp.asarray(x, jnp.float32) for x in cotangents),
+    jnp.asarray(SEGMENT_IDS, jnp.int32),
+  )
+  errors = _errors(got, want)
+  assert set(errors) == _names(kind)
+  assert max(errors.values()) < 2e-5, errors
+  padding = SEGMENT_IDS == 0
+  assert not np.asarray(got[0][0])[padding].any(), 'a padding token has an output'
+
+
 # bfloat16: measured at these shapes, the largest error (of outputs, states and gradients)
 # is 8e-3 of the scale (float32's: 2.5e-6).
 BF16_TOLERANCE = 2e-2
 
 
-@pytest.mark.parametrize('kind', list(KERNEL))
+@pytest.mark.parametrize('kind', list(SHAPES))
 def test_bfloat16_inputs_stay_within_a_stated_tolerance(kind):
   """bfloat16 q, k, v (the log-decays, beta and the state stay float32) against the float64
   recurrence on the same (unrounded) inputs: every output, state and gradient within
@@ -179,7 +302,7 @@ def test_bfloat16_inputs_stay_within_a_stated_tolerance(kind):
   cotangents = _cotangents(kind, args)
   want = _reference(kind, args, cotangents)
   bf16 = _cast(args, jnp.float32, jnp.bfloat16)
-  got = _vjp(KERNEL[kind], kind, c, bf16, tuple(jnp.asarray(x, jnp.float32) for x in cotangents))
+  got = _vjp(_kernel(kind), kind, c, bf16, tuple(jnp.asarray(x, jnp.float32) for x in cotangents))
   assert got[1]['q'].dtype == jnp.bfloat16 and got[0][0].dtype == jnp.float32
   errors = _errors(got, want)
   assert max(errors.values()) < BF16_TOLERANCE, errors
@@ -300,6 +423,35 @@ def test_choose_resolves_once_and_refuses_in_one_line():
     ea.MultiHeadAttention(
       num_heads=2, mechanism='gla', causal=True, options={'implementation': 'triton'}
     ).init(jax.random.PRNGKey(0), x)
+
+
+def test_the_kernels_refuse_what_they_cannot_take_in_one_line():
+  """A shape, option or input the kernels cannot honour raises a one-line ValueError naming
+  the value and the valid ones, before anything is compiled."""
+  x = jnp.zeros((1, 8, 2, 4))
+  g, beta, ids = jnp.zeros((1, 8, 2, 1)), jnp.zeros((1, 8, 2)), jnp.ones((1, 8), jnp.int32)
+  x16 = x.astype(jnp.float16)
+  cases = [
+    (kernels.scalar_decay_chunked, (x, x, x, g), dict(precision='fp32'), "precision='fp32'; valid"),
+    (kernels.scalar_decay_chunked, (x, x, x, g), dict(backend='cuda'), "backend='cuda'; valid"),
+    (kernels.scalar_decay_chunked, (x, x, x, jnp.zeros((1, 8, 2, 4))), {}, 'log_decay of shape'),
+    (kernels.vector_decay_chunked, (x, x, x, g), {}, r'valid: \[1, 8, 2, 4\]'),
+    (kernels.scalar_decay_chunked, (x, x, x, g, beta), {}, 'beta is given'),
+    (kernels.delta_chunked, (x, x, x, g), {}, 'beta is None'),
+    (kernels.delta_chunked, (x, x, x, g, beta), dict(segment_ids=ids[:, :4]), 'segment_ids of'),
+    (
+      kernels.delta_chunked,
+      (x, x, x, g, beta),
+      dict(segment_ids=jnp.ones((1, 8))),
+      'segment_ids of dtype float32',
+    ),
+    (kernels.delta_chunked, (x, x, x, g, beta), dict(initial_state=x), 'initial_state of'),
+    (kernels.delta_chunked, (x16, x16, x16, g, beta), {}, 'dtype float16'),
+  ]
+  for kernel, args, kwargs, message in cases:
+    with pytest.raises(ValueError, match=message) as e:
+      kernel(*args, **kwargs)
+    assert '\n' not in str(e.value)
 
 
 def test_the_xla_chunk_forms_bfloat16_path_is_stable(tmp_path):

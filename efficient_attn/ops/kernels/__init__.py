@@ -6,15 +6,19 @@ resolved once per call by `choose`, as `efficient_attn.ops.fused_softmax` resolv
 
   'xla'    the chunk form in XLA (`gated.gated_chunked`, `delta.delta_chunked`),
            or with form='naive' the token recurrence: any platform and dtype;
-  'pallas' the kernels here, one file per kind of recurrence, each a forward and a backward
-           Pallas kernel in one `jax.custom_vjp` with the chunk form's signature
-           `(q, k, v, g, beta, state, chunk_size) -> (out, final state)`:
-             `scalar_decay`  a decay per head (retention, Mamba-2),
-             `vector_decay`  a decay per key feature (GLA),
-             `delta`         the delta rule with a decay per head or none (Gated DeltaNet,
-                             DeltaNet).
-           On CPU they run in Pallas's interpret mode (the tests), on GPU through Triton, on
-           TPU through Mosaic. Chunkwise form only; q, k, v float32 or bfloat16.
+  'pallas' the kernels here, one entry per kind of recurrence, each a forward and a backward
+           Pallas kernel in one `jax.custom_vjp`, with the recurrences' one signature
+           (docs/design.md) `(q, k, v, log_decay, beta, *, initial_state, segment_ids,
+           chunk_size, precision) -> (out, final state)`:
+             `scalar_decay_chunked`  a decay per head or none (retention, Mamba-2),
+             `vector_decay_chunked`  a decay per key feature (GLA),
+             `delta_chunked`         the delta rule with a decay per head, per key
+                                     feature or none (Gated DeltaNet, KDA, DeltaNet).
+           The platform is chosen when lowering (`recurrence.py`): on TPU Mosaic, a grid
+           over (rows, chunks) with the state in VMEM (`tpu.py`); on GPU Triton, one program
+           per (row, value tile) looping over the chunks (`gpu.py`, tiles per compute
+           capability: `gpu_blocks`); on CPU the Mosaic driver in Pallas's interpreter (the
+           tests). Chunkwise form only; q, k, v float32 or bfloat16.
   'auto'   `AUTO[platform]` where the kernel can take the call, else 'xla'.
 
 An explicit 'pallas' the call cannot take (form='naive', a float16 input, a platform without
@@ -23,10 +27,14 @@ a Pallas back end) raises a one-line error naming the reason.
 
 from typing import Optional
 
+import jax
 import jax.numpy as jnp
 
 from efficient_attn.ops.kernels import common
+from efficient_attn.ops.kernels.common import PRECISIONS
 from efficient_attn.ops.kernels.delta import delta_chunked
+from efficient_attn.ops.kernels.gpu import gpu_blocks
+from efficient_attn.ops.kernels.gpu import shared_memory_bytes
 from efficient_attn.ops.kernels.scalar_decay import scalar_decay_chunked
 from efficient_attn.ops.kernels.vector_decay import vector_decay_chunked
 
@@ -41,7 +49,7 @@ RUNS_ON = ('cpu', 'gpu', 'tpu')  # cpu: interpreted (slow; for tests)
 
 def why_not(*, form: str = 'chunk', dtype=jnp.float32, on: Optional[str] = None) -> Optional[str]:
   """Why the kernels cannot run this call, or None if they can."""
-  on = on or common.platform()
+  on = on or jax.default_backend()
   if form != 'chunk':
     return (
       f"form={form!r} is the token-by-token recurrence; the kernels compute the "
@@ -67,7 +75,7 @@ def choose(
     raise ValueError(f'implementation={requested!r}; valid: {", ".join(IMPLEMENTATIONS)}')
   if requested == 'xla':
     return 'xla'
-  on = on or common.platform()
+  on = on or jax.default_backend()
   reason = why_not(form=form, dtype=dtype, on=on)
   if requested == 'auto':
     return 'xla' if reason else AUTO.get(on, 'xla')
@@ -76,20 +84,25 @@ def choose(
   return 'pallas'
 
 
-def decay_chunked(q, k, v, g, beta=None, state=None, chunk_size: int = 64):
-  """The decay recurrence by the kernels: `scalar_decay` for log-decays `[b, n, h, 1]`,
-  `vector_decay` for `[b, n, h, dk]`; as `gated.gated_chunked`."""
-  kernel = scalar_decay_chunked if g is not None and g.shape[-1] == 1 else vector_decay_chunked
-  return kernel(q, k, v, g, beta, state, chunk_size)
+def decay_chunked(q, k, v, log_decay=None, beta=None, **kwargs):
+  """The decay recurrence by the kernels: `scalar_decay_chunked` for log-decays
+  `[b, n, h, 1]` (or None), `vector_decay_chunked` for `[b, n, h, dk]`; as
+  `gated.gated_chunked`."""
+  per_feature = log_decay is not None and log_decay.shape[-1] > 1
+  kernel = vector_decay_chunked if per_feature else scalar_decay_chunked
+  return kernel(q, k, v, log_decay, beta, **kwargs)
 
 
 __all__ = [
   'IMPLEMENTATIONS',
   'AUTO',
+  'PRECISIONS',
   'choose',
   'why_not',
   'decay_chunked',
   'delta_chunked',
+  'gpu_blocks',
   'scalar_decay_chunked',
+  'shared_memory_bytes',
   'vector_decay_chunked',
 ]
