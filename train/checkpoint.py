@@ -188,10 +188,10 @@ class Checkpointer:
       if jax.process_index() == 0:
         try:
           where = integrity.set_aside(self.directory, old)
-        except OSError as e:
+        except Exception as e:  # pylint: disable=broad-except  (OSError; a remote store's)
           raise CheckpointSaveError(
             f'cannot move the damaged checkpoint at step {old} out of {self.directory} '
-            f'({e}); move it elsewhere by hand and re-run'
+            f'({type(e).__name__}: {e}); move it elsewhere by hand and re-run'
           ) from None
         logging.warning(
           'Moved the damaged checkpoint at step %d to %s (kept, not deleted); training '

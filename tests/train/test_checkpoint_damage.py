@@ -10,6 +10,7 @@ or below its newest), so the rerun had no sound checkpoint.
 import os
 import shutil
 
+from etils import epath
 import jax.numpy as jnp
 import main_runner
 import numpy as np
@@ -75,9 +76,7 @@ def test_a_damaged_newest_manifest_sets_its_step_aside_and_saves_it_again(finish
   with open(os.path.join(workdir, checkpoint.DAMAGED, '8.manifest.json')) as f:
     assert f.read() == '{'
   for step in (6, 8):
-    _, damage = checkpoint_integrity.checkmain_runner.snapshot(
-      checkpoint.checkpoint_dir(workdir), step
-    )
+    _, damage = checkpoint_integrity.check_files(checkpoint.checkpoint_dir(workdir), step)
     assert damage is None
   assert checkpoint.restore_params(workdir)[0] == 8
 
@@ -145,3 +144,20 @@ def test_evaluation_without_a_sound_checkpoint_names_the_damaged_steps(tmp_path)
     '4',
     '4.manifest.json',
   ]
+
+
+def test_a_damaged_step_of_a_remote_workdir_is_set_aside(tmp_path, monkeypatch):
+  """`gs://` (fake_gcs): the step's folder and manifest move as on a local disk."""
+  import fake_gcs  # pylint: disable=g-import-not-at-top
+
+  with fake_gcs.installed(monkeypatch, tmp_path) as local:
+    directory = epath.Path('gs://bucket/run/checkpoints')
+    (directory / '8' / 'params').mkdir(parents=True)
+    (directory / '8' / 'params' / 'data').write_text('arrays')
+    (directory / '8.manifest.json').write_text('{')
+    where = checkpoint_integrity.set_aside(directory, 8)
+    assert os.fspath(where) == 'gs://bucket/run/damaged_checkpoints/8'
+    aside = local('gs://bucket/run/damaged_checkpoints')
+    assert (aside / '8' / 'params' / 'data').read_text() == 'arrays'
+    assert (aside / '8.manifest.json').read_text() == '{'
+    assert os.listdir(local('gs://bucket/run/checkpoints')) == []
