@@ -303,11 +303,13 @@ class Checkpointer:
     return restored
 
   def _skip(self, step: int, why: str) -> None:
+    earlier = any(s < step for s in self.manager.all_steps())
     logging.warning(
-      'The checkpoint at step %d (%s) is damaged: %s; falling back to the previous one',
+      'The checkpoint at step %d (%s) is damaged: %s; %s',
       step,
       self.directory / str(step),
       why,
+      'falling back to the previous one' if earlier else 'no earlier checkpoint',
     )
     self.unreadable.add(step)
 

@@ -7,6 +7,7 @@ damaged. The steps below a damaged newer one were not saved again (Orbax saves n
 or below its newest), so the rerun had no sound checkpoint.
 """
 
+import logging
 import os
 import shutil
 
@@ -44,14 +45,16 @@ def _damage_manifest(workdir, step):
     f.write('{')
 
 
-def test_a_run_whose_every_checkpoint_is_damaged_stops_in_one_line(finished, tmp_path):
+def test_a_run_whose_every_checkpoint_is_damaged_stops_in_one_line(finished, tmp_path, caplog):
   """The issue's case: `{` in every manifest. Nothing is trained, moved or deleted."""
   workdir = _copy(finished, tmp_path)
   for step in (4, 8):
     _damage_manifest(workdir, step)
   before = main_runner.snapshot(workdir)
-  with pytest.raises(workdir_lib.WorkdirError) as error:
+  with pytest.raises(workdir_lib.WorkdirError) as error, caplog.at_level(logging.WARNING):
     trainer.train_and_evaluate(_config(), workdir)
+  assert 'checkpoint at step 4' in caplog.records[-1].getMessage()
+  assert caplog.records[-1].getMessage().endswith('; no earlier checkpoint')
   message = str(error.value)
   assert '\n' not in message
   assert 'steps 4, 8' in message and '--restart' in message and 'repair' in message
