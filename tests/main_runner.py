@@ -138,6 +138,17 @@ def committed_steps(workdir):
   return sorted(int(name) for name in os.listdir(directory) if name.isdigit())
 
 
+def snapshot(folder):
+  """{relative path: bytes} of every file under `folder` (what must not change)."""
+  out = {}
+  for base, _, files in os.walk(folder):
+    for name in files:
+      path = os.path.join(base, name)
+      with open(path, 'rb') as f:
+        out[os.path.relpath(path, folder)] = f.read()
+  return out
+
+
 def parsed_config(config: str, *args):
   """The config main.py builds from `--config=<config> *args` (cli.parse_flags), with
   `config` a path and argument such as 'configs/mqar.py:softmax' under the repository."""

@@ -3,6 +3,7 @@
     ckpt = checkpoint.Checkpointer(workdir, every=1000, keep=3)
     ckpt.save(step, params, opt_state)        # at the cadence; force=True for the last / SIGTERM
     restored = ckpt.restore(abstract_params, abstract_opt_state)  # (step, params, opt) | None
+    restored = ckpt.resume(abstract_params, abstract_opt_state)   # the same, for training
     step, params = checkpoint.restore_params(workdir)   # latest params, any model
 
 The step is the checkpoint's name; the data order and per-step rngs are
@@ -10,15 +11,18 @@ functions of it, so nothing else needs saving. Orbax writes each step in the
 background (the loop goes on) into a temporary directory and renames it when
 complete, so a run killed while saving leaves the previous step intact.
 
-Integrity: each save also records a manifest, `checkpoints/<step>.manifest.json`
-(written whole or not at all), with the shape, dtype and CRC-32 of every array.
-Restoring checks it (and that every value is finite); a damaged step is skipped
-with a warning naming it and why, and the previous one is used. Damage includes
-the files that describe a step: a manifest that is missing (a step is never
-trusted without its check), empty or unreadable, and an Orbax
-`_CHECKPOINT_METADATA` that is missing or that Orbax cannot read. A checkpoint
-whose shapes differ from the model's is not damage: restoring it raises
-`CheckpointMismatch`, and nothing is deleted.
+Integrity (`checkpoint_integrity.py`): each save also records a manifest,
+`checkpoints/<step>.manifest.json` (written whole or not at all), with the shape, dtype
+and CRC-32 of every array. Restoring checks it (and that every value is finite); a
+damaged step is skipped with a warning naming it and why, and the previous one is used.
+Damage includes the files that describe a step: a manifest that is missing (a step is
+never trusted without its check), empty or unreadable, and an Orbax
+`_CHECKPOINT_METADATA` that is missing or that Orbax cannot read. Nothing is deleted: a
+damaged step is moved to `<workdir>/damaged_checkpoints/` when training reaches it again
+(and the steps below it are saved again, which Orbax would skip while it is the newest).
+A run that has checkpoints, none of them sound, is not started over: `resume` raises
+`CheckpointDamaged`, one line naming the steps. A checkpoint whose shapes differ from
+the model's is not damage: restoring it raises `CheckpointMismatch`.
 A failed save stops the run with `CheckpointSaveError`, one line naming the
 path; a full disk says so and from which step the re-run resumes (Orbax's own
 tracebacks of it, from its background threads, are left out of the log).
@@ -26,26 +30,24 @@ tracebacks of it, from its background threads, are left out of the log).
 
 import contextlib
 import json
-import logging as logging_std
 import os
-import sys
-from typing import Any, Dict, Optional, Tuple
-import zlib
+from typing import Any, Optional, Tuple
 
 from absl import logging
 from etils import epath
 import jax
-import jax.numpy as jnp
-import numpy as np
 import orbax.checkpoint as ocp
-from orbax.checkpoint._src.metadata import step_metadata_serialization
 
 from configs import fields
-from train import mesh as mesh_lib
+from train import checkpoint_integrity as integrity
+from train import checkpoint_logs
 from train import sharding
 from train import workdir as workdir_lib
 
-ITEMS = ('params', 'opt_state')
+ITEMS = integrity.ITEMS
+DAMAGED = integrity.DAMAGED
+all_finite = integrity.all_finite
+manifest = integrity.manifest
 
 
 class CheckpointMismatch(ValueError):
@@ -56,51 +58,8 @@ class CheckpointSaveError(RuntimeError):
   """Writing a checkpoint failed; the run stops rather than go on unsaved."""
 
 
-class _OrbaxInfoFilter(logging_std.Filter):
-  """Drops Orbax's INFO chatter (tens of lines per save) from the absl log, and its
-  reports of a full disk (a traceback from each background thread of the failed save):
-  `Checkpointer` raises that failure as one CheckpointSaveError."""
-
-  def filter(self, record):
-    if f'{os.sep}orbax{os.sep}' not in record.pathname:
-      return True
-    if record.levelno <= logging_std.INFO:
-      return False
-    return not workdir_lib.is_disk_full(
-      record.exc_info[1] if record.exc_info else record.getMessage()
-    )
-
-
-def _late_callback(unraisable) -> bool:
-  """Whether `unraisable` (sys.unraisablehook's argument) is a TensorStore write finishing
-  after Orbax closed the event loop of a save that had already failed (a full disk: tens
-  of tracebacks, 'RuntimeError: Event loop is closed'; the save's error is reported)."""
-  tb = unraisable.exc_traceback
-  while tb is not None and tb.tb_next is not None:
-    if tb.tb_frame.f_code.co_name == 'call_soon_threadsafe':
-      break
-    tb = tb.tb_next
-  return (
-    isinstance(unraisable.exc_value, RuntimeError)
-    and tb is not None
-    and str(unraisable.exc_value) == 'Event loop is closed'
-    and tb.tb_frame.f_code.co_name == 'call_soon_threadsafe'
-  )
-
-
-def _quiet_orbax_logging() -> None:
-  logger = logging_std.getLogger('absl')
-  if not any(isinstance(f, _OrbaxInfoFilter) for f in logger.filters):
-    logger.addFilter(_OrbaxInfoFilter())
-  hook = sys.unraisablehook
-  if not getattr(hook, 'drops_late_callbacks', False):
-
-    def quiet_hook(unraisable):
-      if not _late_callback(unraisable):
-        hook(unraisable)
-
-    quiet_hook.drops_late_callbacks = True
-    sys.unraisablehook = quiet_hook
+class CheckpointDamaged(RuntimeError):
+  """A run has checkpoints and none can be trusted: it is not started over silently."""
 
 
 def checkpoint_dir(workdir) -> epath.Path:
@@ -108,28 +67,6 @@ def checkpoint_dir(workdir) -> epath.Path:
   if fields.is_local(workdir):
     workdir = os.path.abspath(os.fspath(workdir))
   return epath.Path(workdir) / 'checkpoints'
-
-
-@jax.jit
-def _all_finite(tree) -> jnp.ndarray:
-  leaves = [
-    jnp.isfinite(x).all() for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)
-  ]
-  return jnp.stack(leaves).all() if leaves else jnp.bool_(True)
-
-
-def all_finite(tree) -> bool:
-  return bool(_all_finite(tree))
-
-
-def manifest(tree) -> Dict[str, list]:
-  """{path: [shape, dtype, crc32]} of every array of `tree` (fetched to the host; arrays
-  sharded across processes are gathered, so every process must call it)."""
-  out = {}
-  for path, x in jax.tree_util.tree_flatten_with_path(mesh_lib.gathered(tree))[0]:
-    x = np.ascontiguousarray(x)
-    out[jax.tree_util.keystr(path)] = [list(x.shape), str(x.dtype), zlib.crc32(x.tobytes())]
-  return out
 
 
 def _shape_differences(saved_tree, abstract) -> list:
@@ -157,7 +94,7 @@ class Checkpointer:
   def __init__(
     self, workdir, every: int = 1000, keep: int = 3, async_save: bool = True, create: bool = True
   ):
-    _quiet_orbax_logging()
+    checkpoint_logs.quiet_orbax_logging()
     self.directory = checkpoint_dir(workdir)
     if not create and not self.directory.is_dir():
       raise FileNotFoundError(f'no checkpoints directory {self.directory}')
@@ -184,8 +121,7 @@ class Checkpointer:
       if workdir_lib.is_disk_full(e):
         raise CheckpointSaveError(self._disk_full(e, e.filename or self.directory)) from None
       raise CheckpointSaveError(f'cannot create checkpoints in {self.directory}: {e}') from None
-    self.unreadable = set()  # steps `restore` skipped: `save` replaces them
-    self._manifests = {}  # step -> its manifest, read by `_check_files`
+    self.unreadable = set()  # steps `restore` skipped: `save` sets them aside
 
   def steps(self):
     return sorted(self.manager.all_steps())
@@ -194,30 +130,24 @@ class Checkpointer:
     """Orbax's preemption sync point (multi-host runs with jax.distributed)."""
     return self.manager.reached_preemption(step)
 
-  def _manifest_path(self, step: int) -> epath.Path:
-    return self.directory / f'{step}.manifest.json'
-
   def save(self, step: int, params, opt_state, force: bool = False) -> bool:
     """Saves `step` if the cadence (or `force`) says so; returns whether it did.
 
     Raises FloatingPointError (saving nothing) if params are not finite, and
     CheckpointSaveError naming the path if this or an earlier write failed.
     """
+    self._set_aside_damaged(step)
     if not force and not self.manager.should_save(step):
       return False
     self.check()
-    if step in self.manager.all_steps() and step not in self.unreadable:
+    if step in self.manager.all_steps():
       return False
     if not all_finite(params):
       self.manager.wait_until_finished()  # an earlier step's save still completes
       raise FloatingPointError(
         f'parameters at step {step} are not finite (NaN/Inf); refusing to write a checkpoint'
       )
-    if step in self.unreadable:
-      logging.warning('Replacing the damaged checkpoint at step %d', step)
-      self.manager.delete(step)
-      self.unreadable.discard(step)
-    path = self._manifest_path(step)
+    path = integrity.manifest_path(self.directory, step)
     try:
       workdir_lib.write_atomic(
         path, json.dumps({name: manifest(tree) for name, tree in zip(ITEMS, (params, opt_state))})
@@ -246,6 +176,33 @@ class Checkpointer:
       ) from None
     self._prune_manifests(step)
     return True
+
+  def _set_aside_damaged(self, step: int) -> None:
+    """Moves the damaged steps `restore` skipped at or above `step` out of Orbax's sight
+    (`checkpoint_integrity.set_aside`): training writes those steps again, and Orbax
+    saves no step at or below its newest. Raises CheckpointSaveError if one cannot move."""
+    damaged = sorted(s for s in self.unreadable if s >= step)
+    if not damaged:
+      return
+    for old in damaged:
+      if jax.process_index() == 0:
+        try:
+          where = integrity.set_aside(self.directory, old)
+        except Exception as e:  # pylint: disable=broad-except  (OSError; a remote store's)
+          raise CheckpointSaveError(
+            f'cannot move the damaged checkpoint at step {old} out of {self.directory} '
+            f'({type(e).__name__}: {e}); move it elsewhere by hand and re-run'
+          ) from None
+        logging.warning(
+          'Moved the damaged checkpoint at step %d to %s (kept, not deleted); training '
+          'saves that step again',
+          old,
+          where,
+        )
+      self.unreadable.discard(old)
+    if jax.process_count() > 1:
+      ocp.multihost.sync_global_processes('checkpoint_set_aside_damaged')
+    self.manager.reload()
 
   def _disk_full(self, error, target) -> str:
     """The one line of a full disk, naming the step the re-run resumes from."""
@@ -283,53 +240,6 @@ class Checkpointer:
       if step.isdigit() and int(step) not in keep:
         path.unlink()
 
-  def _check_files(self, step: int) -> Optional[str]:
-    """Why the files that describe `step` are missing or damaged, or None; read before
-    its arrays. Its manifest (kept for `_verify`) must be there and whole: a step is
-    never trusted without its check. Its `_CHECKPOINT_METADATA` must be what Orbax reads."""
-    path = self._manifest_path(step)
-    try:
-      text = path.read_text()
-    except FileNotFoundError:
-      return f'its manifest {path.name} is missing (the save did not complete)'
-    except OSError as e:
-      return f'its manifest {path.name} cannot be read ({e.strerror or e})'
-    try:
-      want = json.loads(text) if text.strip() else None
-    except ValueError as e:
-      return f'its manifest {path.name} is not valid JSON ({e})'
-    if not isinstance(want, dict) or not all(isinstance(want.get(n), dict) for n in ITEMS):
-      return f'its manifest {path.name} is {"empty" if not text.strip() else "not a manifest"}'
-    self._manifests[step] = want
-    path = self.directory / str(step) / '_CHECKPOINT_METADATA'
-    try:
-      metadata = json.loads(path.read_text())
-      if not isinstance(metadata, dict):
-        raise ValueError(f'a JSON {type(metadata).__name__}, not an object')
-      step_metadata_serialization.deserialize(metadata)
-    except FileNotFoundError:
-      return f'its Orbax metadata {path.name} is missing'
-    except Exception as e:  # pylint: disable=broad-except  (what Orbax raises reading it)
-      text = str(e).strip().splitlines()[0] if str(e).strip() else ''
-      return f'its Orbax metadata {path.name} cannot be read ({type(e).__name__}: {text})'
-    return None
-
-  def _verify(self, step: int, restored: Dict[str, Any]) -> Optional[str]:
-    """Why the restored arrays of `step` are damaged, or None if they are sound: each
-    must be in its manifest (read by `_check_files`) with the recorded checksum."""
-    want = self._manifests[step]
-    for name, tree in restored.items():
-      got = manifest(tree)
-      missing = sorted(set(got) ^ set(want[name]))
-      if missing:
-        return f'{name}{missing[0]} is not in both the checkpoint and its manifest'
-      bad = [k for k in want[name] if got[k] != want[name][k]]
-      if bad:
-        return f'{name}{bad[0]} does not match its recorded checksum'
-    if not all_finite(restored['params']):
-      return 'its parameters are not finite'
-    return None
-
   def restore(
     self, abstract_params=None, abstract_opt_state=None, mesh=None
   ) -> Optional[Tuple[int, Any, Any]]:
@@ -345,7 +255,7 @@ class Checkpointer:
     the abstract params (another model's run): nothing is skipped or deleted.
     """
     for step in reversed(self.steps()):
-      damage = self._check_files(step)
+      want, damage = integrity.check_files(self.directory, step)
       if damage:
         self._skip(step, damage)
         continue
@@ -371,19 +281,35 @@ class Checkpointer:
       except Exception as e:  # pylint: disable=broad-except
         self._skip(step, f'{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""}')
         continue
-      damage = self._verify(step, restored)
+      damage = integrity.verify(want, restored)
       if damage:
         self._skip(step, damage)
         continue
       return step, restored['params'], restored.get('opt_state')
     return None
 
+  def resume(self, abstract_params, abstract_opt_state, mesh=None):
+    """`restore` for a run that goes on training: None means a run without checkpoints.
+
+    Raises CheckpointDamaged, one line naming the steps and the ways on, when the run has
+    checkpoints and none can be trusted (it used to start over and replace them)."""
+    restored = self.restore(abstract_params, abstract_opt_state, mesh)
+    if restored is None and self.unreadable:
+      raise CheckpointDamaged(
+        f'{integrity.untrusted(self.directory, self.unreadable)}; the run does not start '
+        f'over on top of them: repair those steps (or move them out of {self.directory}) '
+        'and re-run, or re-run with --restart to move this run aside and start a new one'
+      )
+    return restored
+
   def _skip(self, step: int, why: str) -> None:
+    earlier = any(s < step for s in self.manager.all_steps())
     logging.warning(
-      'The checkpoint at step %d (%s) is damaged: %s; falling back to the previous one',
+      'The checkpoint at step %d (%s) is damaged: %s; %s',
       step,
       self.directory / str(step),
       why,
+      'falling back to the previous one' if earlier else 'no earlier checkpoint',
     )
     self.unreadable.add(step)
 
@@ -438,6 +364,8 @@ def restore_params(workdir, mesh=None, abstract_params=None) -> Tuple[int, Any]:
     restored = ckpt.restore(abstract_params, mesh=mesh)
   finally:
     ckpt.manager.close()
+  if restored is None and ckpt.unreadable:
+    raise FileNotFoundError(integrity.untrusted(ckpt.directory, ckpt.unreadable))
   if restored is None:
     raise FileNotFoundError(f'no readable checkpoint in {ckpt.directory}')
   return restored[0], restored[1]

@@ -316,8 +316,8 @@ def _restore_or_init(session: Session, tx, checkpointer):
     session.model, tx, session.inputs, session.mesh, session.fsdp_min_size
   )
   try:
-    restored = checkpointer.restore(abstract.params, abstract.opt_state)
-  except checkpoint.CheckpointMismatch as e:
+    restored = checkpointer.resume(abstract.params, abstract.opt_state)
+  except (checkpoint.CheckpointMismatch, checkpoint.CheckpointDamaged) as e:
     raise workdir_lib.WorkdirError(str(e)) from None
   if restored is not None:
     step, params, opt_state = restored

@@ -41,17 +41,6 @@ def finished(run_once):
   return run_once('reliability_finished', lambda d: trainer.train_and_evaluate(tiny(), d))
 
 
-def _snapshot(workdir):
-  """Every file of a workdir and its bytes (what must not change)."""
-  out = {}
-  for base, _, files in os.walk(workdir):
-    for f in files:
-      path = os.path.join(base, f)
-      with open(path, 'rb') as fh:
-        out[os.path.relpath(path, workdir)] = fh.read()
-  return out
-
-
 @pytest.mark.parametrize(
   'overrides,field',
   [
@@ -65,14 +54,14 @@ def test_another_config_is_refused_before_anything_is_written(finished, tmp_path
   unfinished = str(tmp_path / 'run')
   shutil.copytree(finished, unfinished)
   os.remove(os.path.join(unfinished, 'results.json'))
-  before = _snapshot(unfinished)
+  before = main_runner.snapshot(unfinished)
   for workdir in (unfinished, finished):  # resuming, and re-running a finished run
-    snapshot = _snapshot(workdir)
+    snapshot = main_runner.snapshot(workdir)
     with pytest.raises(workdir_lib.WorkdirError) as e:
       trainer.train_and_evaluate(tiny(**overrides), workdir)
     assert field in str(e.value) and 'new --workdir' in str(e.value) and '--restart' in str(e.value)
-    assert _snapshot(workdir) == snapshot  # no checkpoint deleted, config.json kept
-  assert _snapshot(unfinished) == before
+    assert main_runner.snapshot(workdir) == snapshot  # no checkpoint deleted, config.json kept
+  assert main_runner.snapshot(unfinished) == before
 
 
 def test_eval_with_another_mechanism_is_refused(finished):
@@ -91,10 +80,10 @@ def test_eval_with_another_mechanism_is_refused(finished):
 
 
 def test_a_bad_config_against_an_existing_run_writes_nothing(finished):
-  snapshot = _snapshot(finished)
+  snapshot = main_runner.snapshot(finished)
   with pytest.raises(validate.ConfigError, match='batch_size=2000 exceeds'):
     trainer.train_and_evaluate(tiny(**{'dataset.batch_size': 2000}), finished)
-  assert _snapshot(finished) == snapshot
+  assert main_runner.snapshot(finished) == snapshot
 
 
 def test_restart_moves_the_old_run_aside(finished, tmp_path):
@@ -115,13 +104,15 @@ def test_restart_is_refused_while_another_trainer_holds_the_lock(tmp_path):
   both folders (config.json of one model beside results and checkpoints of the other)."""
   workdir = tmp_path / 'run'
   live = workdir_lib.open_run(str(workdir), validate.resolved(tiny()))  # a running trainer
-  before = _snapshot(workdir)
+  before = main_runner.snapshot(workdir)
   with pytest.raises(
     workdir_lib.WorkdirError,
     match=rf'^{workdir} is in use by another trainer \(pid {os.getpid()} on ',
   ):
     trainer.train_and_evaluate(tiny(**{'model.d_model': 32}), str(workdir), restart=True)
-  assert os.listdir(tmp_path) == ['run'] and _snapshot(workdir) == before  # nothing moved
+  assert (
+    os.listdir(tmp_path) == ['run'] and main_runner.snapshot(workdir) == before
+  )  # nothing moved
   live.close()
   assert not (workdir / workdir_lib.LOCK).exists()
 
@@ -141,7 +132,7 @@ def test_more_steps_continue_a_finished_run_fewer_are_refused(finished, tmp_path
     validate.resolved(tiny(**{'train.num_steps': steps})),
   )
   assert [state(8), state(12), state(4)] == ['done', 'partial', 'changed']
-  snapshot = _snapshot(workdir)
+  snapshot = main_runner.snapshot(workdir)
   with pytest.raises(
     workdir_lib.WorkdirError,
     match=r'results.json is from step 8; '
@@ -150,7 +141,7 @@ def test_more_steps_continue_a_finished_run_fewer_are_refused(finished, tmp_path
     trainer.train_and_evaluate(tiny(**{'train.num_steps': 4}), workdir)
   # a finished run again, with a field that may change: nothing to do, nothing rewritten
   assert trainer.train_and_evaluate(tiny(**{'train.log_every': 1}), workdir)['steps'] == 8
-  assert _snapshot(workdir) == snapshot
+  assert main_runner.snapshot(workdir) == snapshot
 
   results = trainer.train_and_evaluate(tiny(**{'train.num_steps': 12}), workdir)
   assert results['steps'] == 12 and results['resumed_from_step'] == 8

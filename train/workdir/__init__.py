@@ -33,6 +33,7 @@ from train.workdir.identity import load_config
 from train.workdir.identity import may_change
 from train.workdir.identity import with_added_options
 from train.workdir.layout import CONFIG
+from train.workdir.layout import DAMAGED_CHECKPOINTS
 from train.workdir.layout import LOCK
 from train.workdir.layout import RESULTS
 from train.workdir.layout import checkpoint_steps
@@ -47,6 +48,7 @@ from train.workdir.run import total_steps
 __all__ = [
   'ADDED_DEFAULTS',
   'CONFIG',
+  'DAMAGED_CHECKPOINTS',
   'FROM_DATA',
   'LOCK',
   'MAY_CHANGE',

@@ -4,6 +4,7 @@
     <workdir>/results.json        a finished run's results (`run.py`)
     <workdir>/trainer.lock        the trainer that holds it (`lock.py`)
     <workdir>/checkpoints/<step>  Orbax's checkpoints
+    <workdir>/damaged_checkpoints/<step>  damaged ones, set aside, never deleted
 
 Besides these, the trainer writes its metrics, logs and samples there.
 """
@@ -15,6 +16,7 @@ from etils import epath
 CONFIG = 'config.json'
 RESULTS = 'results.json'
 LOCK = 'trainer.lock'
+DAMAGED_CHECKPOINTS = 'damaged_checkpoints'
 
 
 def checkpoint_steps(path) -> List[int]:
