@@ -23,8 +23,7 @@ RECURRENCES = ('retention', 'mamba2', 'gla', 'deltanet', 'gated_deltanet')
 # One NNX layer per kernel (scalar decay, vector decay, delta): NNX wraps the same core.
 NNX_RECURRENCES = ('retention', 'gla', 'gated_deltanet')
 PLATFORM_AT_TRACE_TIME = pytest.mark.xfail(
-  strict=True,
-  reason='kernels choose the platform at trace time (issue 67 item 2); k1-kernels fixes it',
+  lowering.kernels_before_issue_67(), reason=lowering.TRACE_TIME_PLATFORM, strict=True
 )
 
 

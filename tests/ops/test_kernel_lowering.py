@@ -31,12 +31,29 @@ F32 = jnp.float32
 # The GPUs the kernels' tiles must fit: A100 (8.0), RTX 30xx (8.6), L4 / L40 / RTX 40xx
 # (8.9), H100 (9.0).
 CAPABILITIES = ('8.0', '8.6', '8.9', '9.0')
-# Until the kernels choose their platform when lowering, a CPU host's export embeds the
-# interpreter and these fail; strict, so that the fix turns them into errors to unmark.
 PLATFORM_AT_TRACE_TIME = pytest.mark.xfail(
-  strict=True,
-  reason='kernels choose the platform at trace time (issue 67 item 2); k1-kernels fixes it',
+  lowering.kernels_before_issue_67(), reason=lowering.TRACE_TIME_PLATFORM, strict=True
 )
+# The cases whose tiles exceed a GPU's shared memory by the kernels' own estimate, even at the
+# narrowest value tile (issue 67 item 3 not done there): float32 at head dim 128 on sm_86/89
+# (the delta rule's on every GPU), float32 at 64 and bfloat16 at 128 of GLA's and the delta
+# rule's on sm_86/89. Strict: a case that comes to fit fails, to be unmarked.
+SHARED_MEMORY_OVER = {
+  ('scalar_decay', 'float32', 128),
+  ('vector_decay', 'float32', 64),
+  ('vector_decay', 'float32', 128),
+  ('vector_decay', 'bfloat16', 128),
+  ('delta', 'float32', 64),
+  ('delta', 'float32', 128),
+  ('delta', 'bfloat16', 128),
+}
+
+
+def _gpu_case(kind, dtype, dim):
+  over = (kind, jnp.dtype(dtype).name, dim) in SHARED_MEMORY_OVER
+  reason = 'over the shared memory of a GPU by the kernels\' estimate (issue 67 item 3)'
+  mark = pytest.mark.xfail(over or lowering.kernels_before_issue_67(), reason=reason, strict=True)
+  return pytest.param(kind, dtype, dim, marks=mark, id=f'{kind}-{jnp.dtype(dtype).name}-{dim}')
 
 
 @functools.cache
@@ -77,39 +94,34 @@ def _launches(text):
   return [(int(m[1]), int(m[3]), int(m[2])) for m in found if m]
 
 
-@PLATFORM_AT_TRACE_TIME
-@pytest.mark.parametrize('kind', lowering.KERNELS)
-def test_gpu_launches_fit_the_shared_memory_of_each_gpu(kind):
+@pytest.mark.parametrize(
+  'kind, dtype, dim', [_gpu_case(k, t, d) for k in lowering.KERNELS for t, d in _cases()]
+)
+def test_gpu_launches_fit_the_shared_memory_of_each_gpu(kind, dtype, dim):
   """The value tile each Triton call of the CPU host's export launches with (head dim /
   grid_y) fits the shared memory per block of every GPU generation by the kernels'
-  estimate (`kernels.shared_memory_bytes`, within `gpu.MARGIN` of the limit), and so does
-  the tile `kernels.gpu_blocks` picks for each generation. An estimate, not Triton's count:
-  compiling the Triton IR to PTX needs the CUDA plugin, which a CPU host lacks."""
+  estimate (`kernels.shared_memory_bytes`, within `gpu.MARGIN` of the limit), and the tile
+  `kernels.gpu_blocks` picks for each generation fits that one. An estimate, not Triton's
+  count: compiling the Triton IR to PTX needs the CUDA plugin, which a CPU host lacks."""
   from efficient_attn.ops.kernels import gpu  # pylint: disable=g-import-not-at-top
 
   _, width, delta = lowering.KERNELS[kind]
   decay = 'feature' if width == 'dk' else 'head'
   chunk = lowering.CHUNK
-  gpu_blocks = lambda c, dim, dtype: kernels.gpu_blocks(
-    c, dim, dim, dtype, delta=delta, chunk=chunk, decay=decay
-  )
+  launches = _launches(_export(kind, 'cuda', dtype, dim))
+  assert len(launches) >= 3, f'{len(launches)} Triton launches read, want >= 3'
+  # A CPU host's export takes the tiles that fit every GPU; a GPU's, those of its own.
+  tiles = {(dim // grid_y, c) for grid_y, _, _ in launches for c in CAPABILITIES}
+  for c in CAPABILITIES:
+    tiles.add((kernels.gpu_blocks(c, dim, dim, dtype, delta=delta, chunk=chunk, decay=decay), c))
   problems = []
-  for dtype, dim in _cases():
-    case = f'{kind} {jnp.dtype(dtype).name} d={dim}'
-    text = _export(kind, 'cuda', dtype, dim)
-    launches = _launches(text)
-    if len(launches) < 3:
-      problems.append(f'{case}: {len(launches)} Triton launches read, want >= 3')
-    # A CPU host's export takes the tiles that fit every GPU; a GPU's, those of its own.
-    exported = {(dim // grid_y, c) for grid_y, _, _ in launches for c in CAPABILITIES}
-    picked = {(gpu_blocks(c, dim, dtype), c) for c in CAPABILITIES}
-    for tile, capability in sorted(exported | picked):
-      need = kernels.shared_memory_bytes(delta, chunk, dim, tile, dtype, decay)
-      if need > gpu.MARGIN * gpu.limit(capability):
-        problems.append(
-          f'{case}: value tile {tile} needs {need} B of shared memory, over '
-          f'{gpu.MARGIN} x {gpu.limit(capability)} B on sm_{capability.replace(".", "")}'
-        )
+  for tile, capability in sorted(tiles):
+    need = kernels.shared_memory_bytes(delta, chunk, dim, tile, dtype, decay)
+    if need > gpu.MARGIN * gpu.limit(capability):
+      problems.append(
+        f'value tile {tile} needs {need} B of shared memory, over '
+        f'{gpu.MARGIN} x {gpu.limit(capability)} B on sm_{capability.replace(".", "")}'
+      )
   assert not problems, '\n'.join(problems)
 
 
@@ -139,7 +151,7 @@ def test_tpu_compiles_forward_and_backward_at_8k_to_128k_tokens(tmp_path):
   if site is None:
     pytest.skip(
       f'libtpu is not installed (its wheels need Python >= 3.11): '
-      f"pip install --target {lowering.LIBTPU_SITE} '{lowering.LIBTPU}', as .ci/run does"
+      f"pip install --target .venv/libtpu '{lowering.LIBTPU}', as .ci/run does"
     )
   import efficient_attn  # pylint: disable=g-import-not-at-top
 
