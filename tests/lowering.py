@@ -37,8 +37,8 @@ DISABLED_CHECKS = [jax.export.DisabledSafetyCheck.custom_call(CUSTOM_CALL['cuda'
 
 # The recurrence kernels by kind: (the package whose `Cores.pallas` runs it, the last dim of
 # the log-decays: 1 per head, 'dk' per key feature, whether it takes beta), with the
-# mechanisms that run each. `ops.gated` and `ops.delta` call the kernels through these
-# entries, whatever the kernels' files; the mechanisms call them as `kernel_forward_backward`.
+# mechanisms that run each. The tests call the kernels through `ops.gated`'s and `ops.delta`'s
+# entries, as the mechanisms do (`kernel_forward_backward`), whatever the kernels' files.
 KERNELS = {
   'scalar_decay': ('gated', 1, False),  # retention, Mamba-2
   'vector_decay': ('gated', 'dk', False),  # GLA
@@ -46,6 +46,7 @@ KERNELS = {
 }
 DTYPES = (jnp.float32, jnp.bfloat16)
 HEAD_DIMS = (64, 128)
+CHUNK = 64
 # Why the tests that need the kernels of issue 67 are expected to fail on the kernels before
 # it, which choose the interpreter by the host's backend at trace time (item 2), so that a
 # CPU host's export embeds it. Those kernels have no `gpu_blocks`; the rewrite has. Once it
@@ -59,9 +60,6 @@ def kernels_before_issue_67() -> bool:
   return not hasattr(kernels, 'gpu_blocks')
 
 
-CHUNK = 64
-
-
 def kernel_entry(kind: str):
   """The Pallas chunk form that `ops.gated` or `ops.delta` runs for kernel `kind`."""
   from efficient_attn.ops import delta  # pylint: disable=g-import-not-at-top
@@ -73,11 +71,11 @@ def kernel_entry(kind: str):
 def kernel_inputs(kind: str, *, length: int, dim: int, dtype, batch=1, heads=2, sharding=None):
   """Abstract (q, k, v, log_decay, beta) of a call of kernel `kind` (beta None for the
   decay family)."""
-  sds = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=sharding)
+  spec = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=sharding)
   _, width, has_beta = KERNELS[kind]
-  qkv = sds((batch, length, heads, dim), dtype)
-  log_decay = sds((batch, length, heads, dim if width == 'dk' else width), jnp.float32)
-  beta = sds((batch, length, heads), jnp.float32) if has_beta else None
+  qkv = spec((batch, length, heads, dim), dtype)
+  log_decay = spec((batch, length, heads, dim if width == 'dk' else width), jnp.float32)
+  beta = spec((batch, length, heads), jnp.float32) if has_beta else None
   return qkv, qkv, qkv, log_decay, beta
 
 
@@ -115,6 +113,7 @@ def jit_forward_and_grads(fn, argnums):
 
 
 def sds(shape, dtype=jnp.float32):
+  """An abstract array (the exports need no data)."""
   return jax.ShapeDtypeStruct(shape, dtype)
 
 
@@ -162,8 +161,8 @@ TOPOLOGIES = {'v5e:2x2': 16 * 2**30, 'v6e:2x2': 32 * 2**30}
 LENGTHS = (8192, 32768, 131072)
 COMPILE_HEADS = 4
 # A TPU type stops libtpu from asking a cloud metadata server which TPU this host has; the
-# second lets it load beside another process that holds /tmp/libtpu_lockfile (a test
-# worker, a colleague's compile): no TPU is opened, so they do not conflict.
+# second lets it load beside another process that holds /tmp/libtpu_lockfile (another
+# compile on this machine): no TPU is opened, so they do not conflict.
 LIBTPU_ENV = {'TPU_ACCELERATOR_TYPE': 'v5litepod-4', 'ALLOW_MULTIPLE_LIBTPU_LOAD': '1'}
 MEMORY_FIELDS = ('argument_size_in_bytes', 'output_size_in_bytes', 'temp_size_in_bytes')
 
