@@ -359,13 +359,14 @@ def attention(
   impl: str, q, k, v, mask=None, causal: bool = False, scale: float = 1.0, documents=None
 ):
   """Runs the fused implementation `impl` ('cudnn' or 'pallas') chosen by `choose`;
-  documents: a `masking.document_pair` (packed rows) or None."""
+  documents: a `masking.document_pair` (packed rows) or None (the kernels are then called
+  as before packing, with positional arguments only)."""
+  packed = {} if documents is None else {'documents': documents}
   if impl == 'cudnn':
-    return cudnn_attention(q, k, v, mask, causal, scale, documents=documents)
+    return cudnn_attention(q, k, v, mask, causal, scale, **packed)
   if impl == 'pallas':
-    if platform() == 'gpu':
-      return pallas_gpu_attention(q, k, v, mask, causal, scale, documents=documents)
-    return pallas_attention(q, k, v, mask, causal, scale, documents=documents)
+    kernel = pallas_gpu_attention if platform() == 'gpu' else pallas_attention
+    return kernel(q, k, v, mask, causal, scale, **packed)
   raise ValueError(f'no fused implementation {impl!r}; valid: cudnn, pallas')
 
 
