@@ -12,7 +12,6 @@ where the pair is skipped, and everything the block pair touches where it is not
 
 import functools
 import json
-import os
 import subprocess
 import sys
 
@@ -29,7 +28,6 @@ from efficient_attn.ops import fused_softmax
 from efficient_attn.ops import masking
 from efficient_attn.ops import segments
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 H, D = 2, 4
 ROWS = [
   # 5, 1, 9 (across the chunks at 8 and 16), 4, trailing padding
@@ -332,14 +330,9 @@ def test_the_ring_carries_documents_and_skips_the_blocks_they_do_not_meet():
   unsplit packed row, outputs and gradients; a visiting block of documents the device's
   queries do not hold is skipped: a NaN in its values reaches none of them. Local
   attention's halo carries the documents too."""
-  env = dict(
-    os.environ,
-    JAX_PLATFORMS='cpu',
-    XLA_FLAGS=f'{main_runner.XLA_FLAGS} --xla_force_host_platform_device_count=4',
-  )
-  proc = subprocess.run(
-    [sys.executable, '-c', RING], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
-  )
+  kwargs = main_runner.popen_kwargs()
+  kwargs['env']['XLA_FLAGS'] += ' --xla_force_host_platform_device_count=4'
+  proc = subprocess.run([sys.executable, '-c', RING], timeout=600, **kwargs)
   assert proc.returncode == 0, proc.stderr[-3000:]
   report = json.loads(proc.stdout.strip().splitlines()[-1])
   for name, value in report.items():
