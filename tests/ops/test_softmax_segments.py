@@ -124,15 +124,9 @@ FORMS = {
   'chunked': lambda q, k, v, causal, ids=None: softmax.chunked_softmax_attention(
     q, k, v, causal=causal, segment_ids=ids, **CHUNKS
   ),
-  'chunked-unskipped': lambda q, k, v, causal, ids=None: softmax.chunked_softmax_attention(
-    q, k, v, causal=causal, segment_ids=ids, skip=False, **CHUNKS
-  ),
   'mechanism-softmax': _mechanism('softmax', {}),
   'mechanism-softmax_chunked': _mechanism('softmax_chunked', CHUNKS),
   'cudnn-translation': _cudnn_xla,
-  'local': lambda q, k, v, causal, ids=None: local.local_attention(
-    q, k, v, 64, causal=causal, block_size=4, segment_ids=ids
-  ),
   'mechanism-local': _mechanism('local', {'window': 64, 'block_size': 4}),
 }
 
@@ -163,6 +157,19 @@ def test_local_windows_are_clipped_at_the_documents_bounds():
     fn = functools.partial(local.local_attention, window=5, causal=causal, block_size=2)
     packed = _with_vjp(lambda q, k, v, fn=fn: fn(q, k, v, segment_ids=ids))
     _assert_close(packed(q, k, v, g), _with_vjp(_alone(fn, ids))(q, k, v, g))
+
+
+@pytest.mark.parametrize('form', ['softmax', 'chunked', 'mechanism-local'])
+def test_bfloat16_packed_rows_stay_near_float32(form):
+  """bfloat16 inputs (float32 scores and softmax inside) against the float32 packed row,
+  to bfloat16's rounding of the inputs and output."""
+  ids = _ids()
+  q, k, v, _ = _inputs(ids, seed=4)
+  fn = jax.jit(lambda q, k, v: FORMS[form](q, k, v, True, ids))
+  bf16 = fn(*(x.astype(jnp.bfloat16) for x in (q, k, v)))
+  assert bf16.dtype == jnp.bfloat16
+  want = fn(*(x.astype(jnp.bfloat16).astype(jnp.float32) for x in (q, k, v)))
+  np.testing.assert_allclose(np.asarray(bf16, np.float32), want, atol=2e-2, rtol=2e-2)
 
 
 def _nan_in_values(v, row, tokens):
