@@ -194,6 +194,7 @@ class BigBird(registry.Mechanism):
   self_attention_only = True
   complexity = ('O(n (G + R + 3) B d)', 'O(n (G + R + 3) B)')
   whole_sequence = 'its global and random key blocks reach across the whole sequence'
+  no_segments = 'its global and random key blocks span documents'
   knob = ('num_random_blocks', (0, 1, 2, 4, 8))
   example = {'block_size': 2}
 

@@ -65,6 +65,7 @@ class FNet(registry.Mechanism):
   self_attention_only = True
   complexity = ('O(n d log(n d))', 'O(n d)')
   whole_sequence = 'its Fourier transform runs over the whole sequence'
+  no_segments = 'its Fourier transform mixes every position of the row'
 
   def attend(self, options, params, q, k, v, *, mask, causal, ctx):
     return fnet_mixing(q, k, v, mask=mask, causal=causal)

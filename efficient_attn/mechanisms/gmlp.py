@@ -106,6 +106,7 @@ class GMLP(registry.Mechanism):
   self_attention_only = True
   complexity = ('O(n^2 d)', 'O(n^2)')
   whole_sequence = 'its spatial weights W [max_length, max_length] mix every position'
+  no_segments = 'its spatial weights mix every position of the row, across documents'
 
   def params(self, options, *, heads, head_dim, max_length, causal):
     return {

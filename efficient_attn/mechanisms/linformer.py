@@ -144,6 +144,7 @@ class Linformer(registry.Mechanism):
   fixed_length = True
   complexity = ('O(n k d)', 'O(n k)')
   whole_sequence = 'its projections E and F compress keys and values along the whole sequence'
+  no_segments = 'its projections E and F mix the keys of every document of the row'
   knob = ('k_proj', (16, 32, 64, 128, 256, 'n'))
   example = {'k_proj': 8}
 

@@ -26,7 +26,9 @@ from efficient_attn import registry
 from efficient_attn.mechanisms.softmax import SCALE
 from efficient_attn.ops import block_sparse
 from efficient_attn.ops import collectives
+from efficient_attn.ops import masking
 from efficient_attn.ops.scaled_dot_product import default_scale
+from efficient_attn.ops.scaled_dot_product import documents_of
 
 
 def _blocks_with_neighbours(x, block: int, left: int, right: int, num_blocks: int):
@@ -64,7 +66,14 @@ class Band(NamedTuple):
 
 
 def band_blocks(
-  q, k, v, key_padding, window: int, causal: bool = False, block_size: Optional[int] = None
+  q,
+  k,
+  v,
+  key_padding,
+  window: int,
+  causal: bool = False,
+  block_size: Optional[int] = None,
+  documents=None,
 ) -> Band:
   """Blocks the band |i - j| <= window // 2 (causal: i - window < j <= i).
 
@@ -76,6 +85,8 @@ def band_blocks(
     window: window size w >= 1.
     causal: use the causal band.
     block_size: query/key block size (see `local_attention` for the default).
+    documents: a `masking.document_pair` over the n tokens (a packed row: the band is
+      clipped at each document's bounds) or None.
 
   Returns:
     A `Band`; `block_sparse.attend(band.queries, [band.segment], scale)` is
@@ -111,6 +122,12 @@ def band_blocks(
     band = jnp.abs(qpos - kpos) <= half
   band = band & (kpos >= 0) & (kpos < n)  # [c, B, t]
   valid = band[None, :, None] & kpb[:, :, None, None, :]  # [b, c, 1, B, t]
+  if documents is not None:
+    query_docs = jnp.pad(
+      documents[0], ((0, 0), (0, num_blocks * block - n)), constant_values=masking.NO_QUERY
+    ).reshape(b, num_blocks, block)
+    key_docs = _blocks_with_neighbours(documents[1], block, left, right, num_blocks)  # [b, c, t]
+    valid = valid & (query_docs[:, :, None, :, None] == key_docs[:, :, None, None, :])
   return Band(qb, block_sparse.Segment('block', kb, vb, valid), kpos[None, :, None])
 
 
@@ -123,6 +140,9 @@ def local_attention(
   causal: bool = False,
   scale: Optional[float] = None,
   block_size: Optional[int] = None,
+  segment_ids=None,
+  *,
+  documents=None,
 ):
   """Exact softmax attention within a sliding window, blocked.
 
@@ -152,6 +172,10 @@ def local_attention(
     causal: use the causal window.
     scale: score scale, default 1/sqrt(head_dim).
     block_size: query/key block size; any value >= 1 is exact.
+    segment_ids: int `[batch, n]`, a packed row (0 is padding, docs/design.md
+      "Documents"): the window is clipped at each document's bounds, and a padding
+      token's output is 0. None: one document per row.
+    documents: the same as a `masking.document_pair` (`ctx.documents`), instead.
 
   Returns:
     `[batch, n, heads, v_dim]`, dtype of `v`.
@@ -160,7 +184,8 @@ def local_attention(
   if k.shape[1] != n:
     raise ValueError(f'local_attention needs q_length == kv_length, got {n} and {k.shape[1]}')
   padding = block_sparse.key_padding(mask, b, n)
-  band = band_blocks(q, k, v, padding, window, causal, block_size)
+  documents = documents_of(segment_ids, documents, q, k, 'local_attention')
+  band = band_blocks(q, k, v, padding, window, causal, block_size, documents)
   out = block_sparse.attend(band.queries, [band.segment], default_scale(d, scale))
   out = out.reshape(b, -1, out.shape[3], out.shape[4])[:, :n]
   return out.astype(v.dtype)
@@ -185,6 +210,7 @@ class Local(registry.Mechanism):
   decode = 'kv_cache'
   self_attention_only = True
   sequence_parallel = 'halo'
+  segments = True
   complexity = ('O(n w d)', 'O(n w)')
   knob = ('window', (16, 32, 64, 128, 256, 512, '2n'))
   example = {'window': 4}
@@ -202,6 +228,7 @@ class Local(registry.Mechanism):
       causal=causal,
       scale=options.scale,
       block_size=options.block_size,
+      documents=masking.context_documents(ctx.documents, mask, *q.shape[:2], k.shape[1], 'local'),
     )
 
   def kv_window(self, options):
@@ -211,13 +238,19 @@ class Local(registry.Mechanism):
     """Local attention on one device's block: its keys and values with the halo the band
     reaches, the previous devices' last window - 1 (causal) or window // 2 tokens and,
     bidirectional, the next devices' first window // 2 (`collectives.with_halo`; keys past
-    the sequence's ends are padding)."""
+    the sequence's ends are padding). A packed row's halo carries its documents
+    (`ctx.documents`, this block's slice of the row's index), so it reads only the
+    queries' own documents."""
     b, m = q.shape[:2]
     before, after = (
       (options.window - 1, 0) if causal else (options.window // 2, options.window // 2)
     )
     padding = jnp.ones((b, m), bool) if mask is None else mask
     k, v, padding = (collectives.with_halo(x, before, after, axis) for x in (k, v, padding))
+    documents = None
+    if ctx.documents is not None:
+      index = collectives.with_halo(jnp.asarray(ctx.documents, jnp.int32), before, after, axis)
+      documents = masking.document_pair(index, padding, padding)
     q = jnp.pad(q, ((0, 0), (before, after), (0, 0), (0, 0)))
     out = local_attention(
       q,
@@ -228,5 +261,6 @@ class Local(registry.Mechanism):
       causal=causal,
       scale=options.scale,
       block_size=options.block_size,
+      documents=documents,
     )
     return out[:, before : before + m]

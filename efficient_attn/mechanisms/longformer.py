@@ -106,6 +106,7 @@ class Longformer(registry.Mechanism):
   self_attention_only = True
   complexity = ('O(n (w + g) d)', 'O(n (w + g))')
   whole_sequence = 'its global tokens attend to, and are attended by, the whole sequence'
+  no_segments = 'its global tokens are the first of the row, not of each document'
   knob = ('window', (16, 32, 64, 128, 256, '2n'))
   example = {'window': 4, 'global_tokens': 1}
 

@@ -86,6 +86,7 @@ class Mixer(registry.Mechanism):
   self_attention_only = True
   complexity = ('O(n D_S d)', 'O(n D_S)')
   whole_sequence = "its token-mixing MLP's weights are shaped by the whole sequence (max_length)"
+  no_segments = 'its token-mixing MLP mixes every position of the row, across documents'
   example = {'token_hidden': 8}
 
   def params(self, options, *, heads, head_dim, max_length, causal):

@@ -243,6 +243,7 @@ class Nystrom(registry.Mechanism):
   )
   complexity = ('O(n m d + m^3)', 'O(n m)')
   whole_sequence = 'its landmarks are segment means over the whole sequence'
+  no_segments = 'its landmarks are segment means that span documents'
   knob = ('num_landmarks', (8, 16, 32, 64, 128, 256, 'n'))
   example = {'num_landmarks': 4}
 

@@ -250,6 +250,7 @@ class Reformer(registry.Mechanism):
   self_attention_only = True
   complexity = ('O(r n c d)', 'O(r n c)')
   whole_sequence = 'it hashes and sorts the whole sequence into buckets'
+  no_segments = 'its hash buckets and chunks span documents'
   knob = ('n_hashes', (1, 2, 4, 8))
   example = {'n_buckets': 4, 'chunk_size': 4}
 

@@ -321,6 +321,7 @@ class Sinkhorn(registry.Mechanism):
   self_attention_only = True
   complexity = ('O(n B d + (n / B)^2)', 'O(n B)')
   whole_sequence = "it sorts the whole sequence's blocks with a learned soft permutation"
+  no_segments = "its learned sorting mixes blocks of the row's documents"
   knob = ('block_size', (8, 16, 32, 64, 128))
   example = {'block_size': 4}
 

@@ -44,6 +44,10 @@ def chunked_softmax_attention(
   scale: Optional[float] = None,
   q_chunk: int = 256,
   k_chunk: int = 512,
+  segment_ids=None,
+  *,
+  documents=None,
+  skip: bool = True,
 ):
   """Exact attention in O(n) memory: FlashAttention's blocks (Dao et al. 2022).
 
@@ -57,17 +61,21 @@ def chunked_softmax_attention(
 
   Args: as `softmax_attention`; `mask` may be a key padding mask `[batch,
   kv_length]` or any mask broadcastable to `[batch, heads, q_length,
-  kv_length]` (only its current chunk is read).
+  kv_length]` (only its current chunk is read). segment_ids `[batch, length]`
+  (or documents, a `masking.document_pair`): a packed row, as in
+  `softmax_attention`; block pairs that share no document are skipped
+  (`flash`), unless `skip=False` (to measure what skipping saves).
   """
   masking.check_inputs(q, k, v, mask, name='chunked softmax attention')
   registry.check_arguments(
     'softmax_chunked', 'chunked_softmax_attention', q_chunk=q_chunk, k_chunk=k_chunk
   )
+  documents = softmax_lib.documents_of(segment_ids, documents, q, k, 'chunked_softmax_attention')
   lq, lk = q.shape[1], k.shape[1]
   compute = jnp.promote_types(q.dtype, jnp.float32)
   cq, ck = min(q_chunk, lq), min(k_chunk, lk)
   pq, pk = -lq % cq, -lk % ck
-  pad = lambda x, p: jnp.pad(x, ((0, 0), (0, p), (0, 0), (0, 0))).astype(compute)
+  pad = lambda x, p: jnp.pad(x, ((0, 0), (0, p)) + ((0, 0),) * (x.ndim - 2)).astype(compute)
   qs = pad(q, pq) * default_scale(q.shape[-1], scale)
   if mask is not None:
     mask = jnp.asarray(mask, bool)
@@ -77,20 +85,26 @@ def chunked_softmax_attention(
       mask,
       [(0, 0), (0, 0), (0, pq if mask.shape[2] > 1 else 0), (0, pk if mask.shape[3] > 1 else 0)],
     )
-  blocks = flash.Blocks(cq, ck, lk, bool(causal), lk - lq)  # causal as masking.causal_mask
-  out = flash.attend(blocks, qs, pad(k, pk), pad(v, pk), mask)
+  if documents is not None:
+    documents = (
+      jnp.pad(documents[0], ((0, 0), (0, pq)), constant_values=masking.NO_QUERY),
+      jnp.pad(documents[1], ((0, 0), (0, pk)), constant_values=masking.NO_KEY),
+    )
+  blocks = flash.Blocks(cq, ck, lk, bool(causal), lk - lq, skip)  # causal as masking.causal_mask
+  out = flash.attend(blocks, qs, pad(k, pk), pad(v, pk), mask, documents)
   return out[:, :lq].astype(v.dtype)
 
 
-def _dense_forward(q, k, v, key_padding, causal: bool):
+def _dense_forward(q, k, v, key_padding, causal: bool, documents=None):
   s = jnp.einsum('bqhd,bkhd->bhqk', q, k)
-  w, lse = softmax_lib.masked_softmax(s, _block_valid(q, k, key_padding, causal))
+  w, lse = softmax_lib.masked_softmax(s, _block_valid(q, k, key_padding, causal, documents))
   return jnp.einsum('bhqk,bkhd->bqhd', w, v), lse
 
 
-def _dense_backward(q, k, v, key_padding, causal: bool, out, lse, g):
+def _dense_backward(q, k, v, key_padding, causal: bool, out, lse, g, documents=None):
   s = jnp.einsum('bqhd,bkhd->bhqk', q, k)
-  p = jnp.where(_block_valid(q, k, key_padding, causal), jnp.exp(s - lse[..., None]), 0.0)
+  valid = _block_valid(q, k, key_padding, causal, documents)
+  p = jnp.where(valid, jnp.exp(s - lse[..., None]), 0.0)
   delta = jnp.einsum('bqhd,bqhd->bhq', g, out)
   ds = p * (jnp.einsum('bqhd,bkhd->bhqk', g, v) - delta[..., None])
   return (
@@ -100,10 +114,12 @@ def _dense_backward(q, k, v, key_padding, causal: bool, out, lse, g):
   )
 
 
-def _block_valid(q, k, key_padding, causal: bool):
+def _block_valid(q, k, key_padding, causal: bool, documents=None):
   valid = key_padding[:, None, None, :]
   if causal:
     valid = valid & masking.causal_mask(q.shape[1], k.shape[1])[None, None]
+  if documents is not None:
+    valid = valid & masking.same_document(documents)
   return valid
 
 
@@ -113,27 +129,34 @@ DENSE_BLOCK = collectives.RingBlock(_dense_forward, _dense_backward)
 
 def chunked_block(q_chunk: int, k_chunk: int) -> collectives.RingBlock:
   """softmax_chunked's ring step: the block in `q_chunk` x `k_chunk` blocks
-  (`flash.forward`, `flash.backward`), O(m d) memory."""
+  (`flash.forward`, `flash.backward`, which skip the pairs that share no document),
+  O(m d) memory."""
 
-  def layout(q, k, key_padding, causal):
+  def layout(q, k, key_padding, causal, documents):
     lq, lk = q.shape[1], k.shape[1]
     cq, ck = min(q_chunk, lq), min(k_chunk, lk)
-    mask = jnp.pad(key_padding, ((0, 0), (0, -lk % ck)))[:, None, None, :]
-    return flash.Blocks(cq, ck, lk, bool(causal), lk - lq), -lq % cq, -lk % ck, mask
+    pq, pk = -lq % cq, -lk % ck
+    mask = jnp.pad(key_padding, ((0, 0), (0, pk)))[:, None, None, :]
+    if documents is not None:
+      documents = (
+        jnp.pad(documents[0], ((0, 0), (0, pq)), constant_values=masking.NO_QUERY),
+        jnp.pad(documents[1], ((0, 0), (0, pk)), constant_values=masking.NO_KEY),
+      )
+    return flash.Blocks(cq, ck, lk, bool(causal), lk - lq), pq, pk, mask, documents
 
   pad = lambda x, p: jnp.pad(x, ((0, 0), (0, p)) + ((0, 0),) * (x.ndim - 2))
 
-  def forward(q, k, v, key_padding, causal):
-    cfg, pq, pk, mask = layout(q, k, key_padding, causal)
-    out, lse = flash.forward(cfg, pad(q, pq), pad(k, pk), pad(v, pk), mask)
+  def forward(q, k, v, key_padding, causal, documents=None):
+    cfg, pq, pk, mask, documents = layout(q, k, key_padding, causal, documents)
+    out, lse = flash.forward(cfg, pad(q, pq), pad(k, pk), pad(v, pk), mask, documents)
     lse = lse[..., : q.shape[1]]
     return out[:, : q.shape[1]], jnp.where(jnp.isfinite(lse), lse, masking.big_neg(lse.dtype))
 
-  def backward(q, k, v, key_padding, causal, out, lse, g):
-    cfg, pq, pk, mask = layout(q, k, key_padding, causal)
+  def backward(q, k, v, key_padding, causal, out, lse, g, documents=None):
+    cfg, pq, pk, mask, documents = layout(q, k, key_padding, causal, documents)
     lse = jnp.pad(lse, ((0, 0), (0, 0), (0, pq)), constant_values=jnp.inf)
     dq, dk, dv = flash.backward(
-      cfg, pad(q, pq), pad(k, pk), pad(v, pk), mask, pad(out, pq), lse, pad(g, pq)
+      cfg, pad(q, pq), pad(k, pk), pad(v, pk), mask, pad(out, pq), lse, pad(g, pq), documents
     )
     lq, lk = q.shape[1], k.shape[1]
     return dq[:, :lq], dk[:, :lk], dv[:, :lk]
@@ -141,13 +164,21 @@ def chunked_block(q_chunk: int, k_chunk: int) -> collectives.RingBlock:
   return collectives.RingBlock(forward, backward)
 
 
-def ring_softmax(options, q, k, v, mask, causal: bool, axis: str, block):
+def ring_softmax(options, q, k, v, mask, causal: bool, axis: str, block, documents=None):
   """Ring attention (`collectives.ring_attention`) of this device's block with the options'
-  scale, in float32 (or wider), returned in v's dtype."""
+  scale, in float32 (or wider), returned in v's dtype. documents: this block's document
+  index `[b, m]` (of the whole row) or None."""
   compute = jnp.promote_types(q.dtype, jnp.float32)
   qs = q.astype(compute) * default_scale(q.shape[-1], options.scale)
   out = collectives.ring_attention(
-    qs, k.astype(compute), v.astype(compute), mask, causal=causal, axis=axis, block=block
+    qs,
+    k.astype(compute),
+    v.astype(compute),
+    mask,
+    causal=causal,
+    axis=axis,
+    block=block,
+    documents=documents,
   )
   return out.astype(v.dtype)
 
@@ -158,16 +189,30 @@ def _dropout(ctx):
   return rate, (ctx.rng('dropout') if rate > 0 else None)
 
 
+def _documents(q, k, mask, ctx, name: str):
+  """The call's `masking.document_pair` from `ctx.documents` (None for rows of one
+  document)."""
+  return masking.context_documents(ctx.documents, mask, q.shape[0], q.shape[1], k.shape[1], name)
+
+
 def _fused(options, q, k, v, mask, causal, ctx, dropout: bool = False):
   """The fused kernel's output if `o.implementation` picks one for this call, else None."""
+  documents = _documents(q, k, mask, ctx, 'softmax')
   impl = fused_softmax.choose(
-    options.implementation, q, k, v, mask, causal, dropout=dropout, weights=ctx.forming_weights
+    options.implementation,
+    q,
+    k,
+    v,
+    mask,
+    causal,
+    dropout=dropout,
+    weights=ctx.forming_weights,
+    segments=documents is not None,
   )
   if impl == 'xla':
     return None
-  return fused_softmax.attention(
-    impl, q, k, v, mask, causal, default_scale(q.shape[-1], options.scale)
-  )
+  scale = default_scale(q.shape[-1], options.scale)
+  return fused_softmax.attention(impl, q, k, v, mask, causal, scale, documents=documents)
 
 
 @registry.register
@@ -183,9 +228,10 @@ class Softmax(registry.Mechanism):
   forms_weights = True
   complexity = ('O(n^2 d)', 'O(n^2)')
   sequence_parallel = 'ring'
+  segments = True
 
   def attend_sharded(self, options, params, q, k, v, *, mask, causal, ctx, axis):
-    return ring_softmax(options, q, k, v, mask, causal, axis, DENSE_BLOCK)
+    return ring_softmax(options, q, k, v, mask, causal, axis, DENSE_BLOCK, ctx.documents)
 
   def attend(self, options, params, q, k, v, *, mask, causal, ctx):
     rate, rng = _dropout(ctx)
@@ -202,6 +248,7 @@ class Softmax(registry.Mechanism):
       dropout_rate=rate,
       dropout_rng=rng,
       broadcast_dropout=ctx.broadcast_dropout,
+      documents=_documents(q, k, mask, ctx, self.name),
     )
 
 
@@ -225,14 +272,14 @@ class ChunkedSoftmax(registry.Mechanism):
   example = {'q_chunk': 8, 'k_chunk': 4}
 
   sequence_parallel = 'ring'
+  segments = True
 
   def exact_options(self, length):
     return {'q_chunk': 16, 'k_chunk': 16}
 
   def attend_sharded(self, options, params, q, k, v, *, mask, causal, ctx, axis):
-    return ring_softmax(
-      options, q, k, v, mask, causal, axis, chunked_block(options.q_chunk, options.k_chunk)
-    )
+    block = chunked_block(options.q_chunk, options.k_chunk)
+    return ring_softmax(options, q, k, v, mask, causal, axis, block, ctx.documents)
 
   def attend(self, options, params, q, k, v, *, mask, causal, ctx):
     out = _fused(options, q, k, v, mask, causal, ctx)
@@ -247,4 +294,5 @@ class ChunkedSoftmax(registry.Mechanism):
       scale=options.scale,
       q_chunk=options.q_chunk,
       k_chunk=options.k_chunk,
+      documents=_documents(q, k, mask, ctx, self.name),
     )

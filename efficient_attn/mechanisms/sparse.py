@@ -151,6 +151,7 @@ class Sparse(registry.Mechanism):
   self_attention_only = True
   complexity = ('O(n (s + n / s) d)', 'O(n (s + n / s))')
   whole_sequence = 'its strided or summary keys reach across the whole sequence'
+  no_segments = "its strided and summary keys are counted from the row's start, not each document's"
   knob = ('stride', (4, 8, 16, 32, 64))
   example = {'stride': 4}
 

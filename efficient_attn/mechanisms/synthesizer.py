@@ -328,6 +328,7 @@ class Synthesizer(registry.Mechanism):
   fixed_length = True
   complexity = ('O(n^2 d)', 'O(n^2)')
   whole_sequence = 'its synthesised logits are shaped by the whole sequence (max_length)'
+  no_segments = 'its synthesised logits are learned per row position, not per document'
   knob = ('kind', KINDS)
   example = {'kind': 'dense'}
 

@@ -171,26 +171,35 @@ def merge_softmax(out1, lse1, out2, lse2):
 class RingBlock(NamedTuple):
   """How ring attention attends to one block of keys (softmax's dense or blocked form).
 
-  forward(q, k, v, key_padding, causal) -> (out `[b, m, h, dv]`, lse `[b, h, m]`): softmax
-    attention of the (scaled) queries over this block of keys, and each row's log-sum-exp
-    (`masking.big_neg` for a row with no key, output 0); causal: the diagonal block (key
-    j <= query i). Not differentiated.
-  backward(q, k, v, key_padding, causal, out, lse, g) -> (dq, dk, dv): this block's share
-    of the gradients of the whole attention, whose output is `out` and log-sum-exp `lse`
-    (+inf for a row with no key), for the output cotangent g.
+  forward(q, k, v, key_padding, causal[, documents]) -> (out `[b, m, h, dv]`, lse `[b, h,
+    m]`): softmax attention of the (scaled) queries over this block of keys, and each
+    row's log-sum-exp (`masking.big_neg` for a row with no key, output 0); causal: the
+    diagonal block (key j <= query i); documents, passed only for a packed row: the
+    `masking.document_pair` of the queries and this block's keys (a query sees its own
+    document's keys). Not differentiated.
+  backward(q, k, v, key_padding, causal, out, lse, g[, documents]) -> (dq, dk, dv): this
+    block's share of the gradients of the whole attention, whose output is `out` and
+    log-sum-exp `lse` (+inf for a row with no key), for the output cotangent g.
   """
 
   forward: Callable[..., Any]
   backward: Callable[..., Any]
 
 
-def ring_attention(q, k, v, key_padding, *, causal: bool, axis: str, block: RingBlock):
+def ring_attention(
+  q, k, v, key_padding, *, causal: bool, axis: str, block: RingBlock, documents=None
+):
   """Exact softmax attention of this device's queries over every device's keys (ring
   attention, Liu et al. 2023): the key/value blocks travel around the ring (`rotate`),
   and each visiting block's `block.forward` is merged by `merge_softmax`.
 
   q `[b, m, h, d]` (scaled), k `[b, m, h, d]`, v `[b, m, h, dv]`, key_padding bool
-  `[b, m]` or None (True = real key) -> `[b, m, h, dv]`. Causal: the blocks are first
+  `[b, m]` or None (True = real key) -> `[b, m, h, dv]`. documents: None, or this block's
+  document index `[b, m]` (of the whole row: `ops.segments.document_index` before the
+  split): a packed row, where a query sees only its own document's real keys and a
+  padded query's output is 0. The key blocks then travel with their documents, and a
+  visiting block whose documents cannot meet the queries' (`masking.ranges_meet`) is
+  skipped. Causal: the blocks are first
   rearranged in the zigzag layout (`to_zigzag`, where m is even), so that every visiting
   block costs each device m x m / 2 scores: all its queries against the visitor's first
   half (a block from an earlier device), or its second half of queries against the whole
@@ -203,26 +212,38 @@ def ring_attention(q, k, v, key_padding, *, causal: bool, axis: str, block: Ring
   """
   if key_padding is None:
     key_padding = jnp.ones(k.shape[:2], bool)
+  if documents is not None:
+    documents = masking.document_pair(documents, key_padding, key_padding)
   if causal and lax.axis_size(axis) > 1 and q.shape[1] % 2 == 0:
-    q, k, v, key_padding = to_zigzag((q, k, v, key_padding), axis)
-    return from_zigzag(_ring(q, k, v, key_padding, 'zigzag', axis, block), axis)
-  return _ring(q, k, v, key_padding, causal, axis, block)
+    q, k, v, key_padding, documents = to_zigzag((q, k, v, key_padding, documents), axis)
+    return from_zigzag(_ring(q, k, v, key_padding, documents, 'zigzag', axis, block), axis)
+  return _ring(q, k, v, key_padding, documents, causal, axis, block)
 
 
-def _visit(step, i, s: int, causal, q, kv, empty, halves=None):
+def _halves(tree):
+  """(first, second) halves of the query side's arrays along their tokens: axis 1, or the
+  last axis of a log-sum-exp `[b, h, m]`."""
+  cut = lambda x, first: (
+    (x[..., : x.shape[-1] // 2] if first else x[..., x.shape[-1] // 2 :])
+    if x.ndim == 3
+    else (x[:, : x.shape[1] // 2] if first else x[:, x.shape[1] // 2 :])
+  )
+  return jax.tree.map(lambda x: cut(x, True), tree), jax.tree.map(lambda x: cut(x, False), tree)
+
+
+def _visit(step, i, s: int, causal, q, kv, empty):
   """`step(q, *kv)` for the block that visits at ring step s >= 1: skipped (`empty(q)`) where
   causal and the block comes from a later device (i < s). Zigzag (`causal == 'zigzag'`):
   `step(q, *first half of kv)` for a block from an earlier device, `step(second half of q,
-  *kv)` for one from a later device, `empty` giving the first half's result; q may be a
-  pytree of the query side's arrays, `halves(q)` its (first, second) halves."""
+  *kv)` for one from a later device, `empty` giving the first half's result; q is the
+  query side's arrays (a tuple), cut by `_halves`."""
   if not causal:
     return step(q, *kv)
   if causal != 'zigzag':
     return lax.cond(i >= s, step, lambda q, *kv: empty(q), q, *kv)
-  h = kv[0].shape[1] // 2
 
   def earlier(q, *kv):
-    result = step(q, *(a[:, :h] for a in kv))
+    result = step(q, *_halves(kv)[0])
     if len(result) == 2:  # forward: (out, lse) of every query
       return result
     dq, dk, dv = result  # backward: the keys' gradients, zeros for their second half
@@ -230,7 +251,7 @@ def _visit(step, i, s: int, causal, q, kv, empty, halves=None):
     return dq, pad(dk), pad(dv)
 
   def later(q, *kv):
-    first, second = halves(q)
+    first, second = _halves(q)
     result, zero = step(second, *kv), empty(first)
     if len(result) == 2:  # forward: (out [b, m/2, h, dv], lse [b, h, m/2]) of the second half
       return jnp.concatenate([zero[0], result[0]], 1), jnp.concatenate([zero[1], result[1]], 2)
@@ -239,70 +260,100 @@ def _visit(step, i, s: int, causal, q, kv, empty, halves=None):
   return lax.cond(i >= s, earlier, later, q, *kv)
 
 
-def _ring_forward(q, k, v, key_padding, causal, axis, block):
+def _given(documents):
+  """(documents,) or (): a `RingBlock` without packed rows is called as before them."""
+  return () if documents is None else (documents,)
+
+
+def _meeting(step, skipped):
+  """step(q_side, k, v, key_padding, key_documents) where the visiting block's documents
+  can meet the queries' (the last of the query side), else skipped(q_side, k, v, ...):
+  a packed row's block pairs that share no document cost nothing."""
+
+  def run(queries, k, v, kp, documents):
+    everything = lambda x: masking.document_ranges(x, x.shape[1])
+    meets = jnp.any(masking.ranges_meet(everything(queries[-1]), everything(documents)))
+    return lax.cond(meets, step, skipped, queries, k, v, kp, documents)
+
+  return run
+
+
+def _ring_forward(q, k, v, key_padding, documents, causal, axis, block):
   n, i = lax.axis_size(axis), lax.axis_index(axis)
-  out, lse = block.forward(q, k, v, key_padding, causal)
+  out, lse = block.forward(q, k, v, key_padding, causal, *_given(documents))
   out = out.astype(jnp.promote_types(out.dtype, lse.dtype))  # the merges' dtype
 
-  def empty(q):
+  def empty(queries):
+    q = queries[0]
     zero = jnp.zeros(q.shape[:3] + v.shape[3:], out.dtype) * q[..., :1]  # q's placement
     return zero, jnp.swapaxes(zero[..., 0], 1, 2) + masking.big_neg(lse.dtype)
 
-  h = q.shape[1] // 2
-  halves = lambda q: (q[:, :h], q[:, h:])
+  if documents is None:
+    queries, kv = (q,), (k, v, key_padding)
+    step = lambda queries, k, v, kp: block.forward(queries[0], k, v, kp, False)
+  else:
+    queries, kv = (q, documents[0]), (k, v, key_padding, documents[1])
+    step = _meeting(
+      lambda queries, k, v, kp, dk: block.forward(queries[0], k, v, kp, False, (queries[1], dk)),
+      lambda queries, *kv: empty(queries),
+    )
 
   def visit(s, carry):  # a loop, not unrolled: one visiting block's scores live at a time
     kv, out, lse = carry
     kv = rotate(kv, axis)
-    o_s, l_s = _visit(
-      lambda q, k, v, kp: block.forward(q, k, v, kp, False), i, s, causal, q, kv, empty, halves
-    )
+    o_s, l_s = _visit(step, i, s, causal, queries, kv, empty)
     out, lse = merge_softmax(out, lse, o_s.astype(out.dtype), l_s)
     return kv, out, lse
 
-  _, out, lse = lax.fori_loop(1, n, visit, ((k, v, key_padding), out, lse))
+  _, out, lse = lax.fori_loop(1, n, visit, (kv, out, lse))
   return out, lse
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
-def _ring(q, k, v, key_padding, causal, axis, block):
-  return _ring_forward(q, k, v, key_padding, causal, axis, block)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
+def _ring(q, k, v, key_padding, documents, causal, axis, block):
+  return _ring_forward(q, k, v, key_padding, documents, causal, axis, block)[0]
 
 
-def _ring_fwd(q, k, v, key_padding, causal, axis, block):
-  out, lse = _ring_forward(q, k, v, key_padding, causal, axis, block)
-  return out, (q, k, v, key_padding, out, lse)
+def _ring_fwd(q, k, v, key_padding, documents, causal, axis, block):
+  out, lse = _ring_forward(q, k, v, key_padding, documents, causal, axis, block)
+  return out, (q, k, v, key_padding, documents, out, lse)
 
 
 def _ring_bwd(causal, axis, block, res, g):
-  q, k, v, key_padding, out, lse = res
+  q, k, v, key_padding, documents, out, lse = res
   n, i = lax.axis_size(axis), lax.axis_index(axis)
   lse = jnp.where(lse > masking.big_neg(lse.dtype) / 2, lse, jnp.inf)  # no key: p = 0
   g = g.astype(out.dtype)
-  dq, dk, dv = block.backward(q, k, v, key_padding, causal, out, lse, g)
-
-  def step(queries, k, v, kp):  # queries: (q, out, lse, g) of some rows
-    return block.backward(queries[0], k, v, kp, False, *queries[1:])
+  dq, dk, dv = block.backward(q, k, v, key_padding, causal, out, lse, g, *_given(documents))
 
   def empty(queries):
     return jnp.zeros_like(queries[0]), jnp.zeros_like(k), jnp.zeros_like(v)
 
-  h = q.shape[1] // 2
-  halves = lambda qs: tuple(
-    zip(*[(x[..., :h], x[..., h:]) if x.ndim == 3 else (x[:, :h], x[:, h:]) for x in qs])
-  )  # lse: [b, h, m]
+  queries = (q, out, lse, g)  # the rows' side of the backward
+  if documents is None:
+    kv = (k, v, key_padding)
+    step = lambda queries, k, v, kp: block.backward(queries[0], k, v, kp, False, *queries[1:])
+  else:
+    queries, kv = queries + (documents[0],), (k, v, key_padding, documents[1])
+    step = _meeting(
+      lambda queries, k, v, kp, dk: block.backward(
+        queries[0], k, v, kp, False, *queries[1:4], (queries[4], dk)
+      ),
+      lambda queries, k, v, *_: (jnp.zeros_like(queries[0]), jnp.zeros_like(k), jnp.zeros_like(v)),
+    )
 
   def visit(s, carry):  # a loop, not unrolled: one visiting block at a time
     ring, dq = carry
-    k_s, v_s, kp_s, dk_s, dv_s = rotate(ring, axis)
-    dq_s, dk_b, dv_b = _visit(step, i, s, causal, (q, out, lse, g), (k_s, v_s, kp_s), empty, halves)
-    ring = (k_s, v_s, kp_s, dk_s + dk_b.astype(dk_s.dtype), dv_s + dv_b.astype(dv_s.dtype))
+    ring = rotate(ring, axis)
+    kv_s, (dk_s, dv_s) = ring[:-2], ring[-2:]
+    dq_s, dk_b, dv_b = _visit(step, i, s, causal, queries, kv_s, empty)
+    ring = kv_s + (dk_s + dk_b.astype(dk_s.dtype), dv_s + dv_b.astype(dv_s.dtype))
     return ring, dq + dq_s.astype(dq.dtype)
 
-  ring = (k, v, key_padding, dk, dv)  # a block travels with its gradients
+  ring = kv + (dk, dv)  # a block travels with its gradients
   ring, dq = lax.fori_loop(1, n, visit, (ring, dq))
-  dk, dv = rotate(ring[3:], axis)  # each block's gradients back to its device
-  return dq, dk, dv, None
+  dk, dv = rotate(ring[-2:], axis)  # each block's gradients back to its device
+  return dq, dk, dv, None, None
 
 
 _ring.defvjp(_ring_fwd, _ring_bwd)

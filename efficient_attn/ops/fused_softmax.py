@@ -78,8 +78,11 @@ def _key_mask(mask, batch: int, kv_length: int):
   return masking.key_padding_from_mask(mask, batch, kv_length)
 
 
-def why_not(impl: str, q, k, v, mask, causal: bool, on: str) -> Optional[str]:
-  """Why `impl` cannot compute this call exactly on platform `on`, or None if it can."""
+def why_not(
+  impl: str, q, k, v, mask, causal: bool, on: str, segments: bool = False
+) -> Optional[str]:
+  """Why `impl` cannot compute this call exactly on platform `on`, or None if it can;
+  segments: the call packs documents (`documents`, self-attention)."""
   if impl == 'xla':
     return None
   if on not in RUNS_ON[impl]:
@@ -91,6 +94,8 @@ def why_not(impl: str, q, k, v, mask, causal: bool, on: str) -> Optional[str]:
     return f'the value dim {v.shape[-1]} differs from the head dim {d}'
   if causal and lq != lk:
     return f'causal attention with q_length {lq} != kv_length {lk}'
+  if segments and lq != lk:
+    return f'packed documents with q_length {lq} != kv_length {lk}'
   try:
     _key_mask(mask, q.shape[0], lk)
   except ValueError as e:
@@ -100,10 +105,10 @@ def why_not(impl: str, q, k, v, mask, causal: bool, on: str) -> Optional[str]:
       return f'cuDNN takes float16 or bfloat16, not {q.dtype}'
     if d % 8 or d > 128:
       return f'cuDNN takes a head dim that is a multiple of 8 and <= 128, not {d}'
-    if mask is not None and (lq % 2 or lk % 2):
+    if (mask is not None or segments) and (lq % 2 or lk % 2):
       return f'cuDNN with a mask takes even lengths, not {lq} and {lk}'
   elif on == 'gpu':
-    return _why_not_gpu_kernel(q.dtype, mask, lq, lk, d)
+    return _why_not_gpu_kernel(q.dtype, None if segments else mask, lq, lk, d)
   else:
     if lq != lk:
       return f'splash attention is self-attention; q_length {lq} != kv_length {lk}'
@@ -119,6 +124,8 @@ def _why_not_gpu_kernel(dtype, mask, lq: int, lk: int, d: int) -> Optional[str]:
   if mask is not None:
     # Its segment ids are one array for queries and keys alike, so a padded key's
     # query would see the padded keys only, where the einsum lets it see the rest.
+    # (With packed documents a padded query's output is 0 in every form, so there
+    # the padding is a segment of its own: `pallas_gpu_attention`.)
     return (
       'the GPU kernel takes no mask (its segment ids mask queries and keys alike, '
       'so key padding cannot be expressed exactly)'
@@ -143,6 +150,7 @@ def choose(
   dropout: bool = False,
   weights: bool = False,
   on: Optional[str] = None,
+  segments: bool = False,
 ) -> str:
   """The implementation ('xla', 'cudnn' or 'pallas') that runs this call.
 
@@ -155,6 +163,9 @@ def choose(
       `layer.attention_weights`): always 'xla', whatever was requested, since
       the fused kernels never form them.
     on: the platform; default `platform()` (tests pass it to fake one).
+    segments: the call packs documents (a `masking.document_pair`, self-attention):
+      cuDNN takes them as its dense mask, splash as its `SegmentIds`, the GPU kernel
+      as its segment ids (padding a segment of its own, whose outputs are zeroed).
   """
   if requested not in IMPLEMENTATIONS:
     raise ValueError(f'implementation={requested!r}; valid: {", ".join(IMPLEMENTATIONS)}')
@@ -165,14 +176,18 @@ def choose(
     if dropout:
       return 'xla'
     return next(
-      (kernel for kernel in AUTO.get(on, ()) if not why_not(kernel, q, k, v, mask, causal, on)),
+      (
+        kernel
+        for kernel in AUTO.get(on, ())
+        if not why_not(kernel, q, k, v, mask, causal, on, segments)
+      ),
       'xla',
     )
   if dropout:
     raise ValueError(
       f'implementation={requested!r} cannot apply attention dropout; use \'xla\' or \'auto\''
     )
-  reason = why_not(requested, q, k, v, mask, causal, on)
+  reason = why_not(requested, q, k, v, mask, causal, on, segments)
   if reason:
     raise ValueError(f'implementation={requested!r} cannot run this call: {reason}')
   return requested
@@ -191,30 +206,60 @@ def _zero_blind_rows(out, keys, causal: bool):
   return jnp.where(seen[:, :, None, None], out, jnp.zeros((), out.dtype))
 
 
+def _zero_padded_queries(out, documents):
+  """out `[b, q, h, d]` with 0 for the padded queries of a packed call (`documents` a
+  `masking.document_pair`; unchanged if None): every form gives them 0."""
+  if documents is None:
+    return out
+  real = documents[0] >= 0
+  return jnp.where(real[:, :, None, None], out, jnp.zeros((), out.dtype))
+
+
 def cudnn_attention(
-  q, k, v, mask=None, causal: bool = False, scale: float = 1.0, implementation: str = 'cudnn'
+  q,
+  k,
+  v,
+  mask=None,
+  causal: bool = False,
+  scale: float = 1.0,
+  implementation: str = 'cudnn',
+  documents=None,
 ):
   """`jax.nn.dot_product_attention` with the library's mask rules.
 
   A key mask becomes a `[batch, 1, q_length, kv_length]` mask (cuDNN's bias
-  must span both lengths); `implementation='xla'` runs the same call through
-  XLA, which is how the translation is tested off a GPU.
+  must span both lengths), and so do packed documents (`documents`, a
+  `masking.document_pair`: one document, both tokens real); `implementation='xla'`
+  runs the same call through XLA, which is how the translation is tested off a GPU.
   """
   b, lq, lk = q.shape[0], q.shape[1], k.shape[1]
   keys = _key_mask(mask, b, lk)
   full = None if keys is None else jnp.broadcast_to(keys[:, None, None, :], (b, 1, lq, lk))
+  if documents is not None:
+    same = masking.same_document(documents)
+    full = same if full is None else full & same
   out = jax.nn.dot_product_attention(
     q, k, v, mask=full, scale=scale, is_causal=causal, implementation=implementation
   )
-  return _zero_blind_rows(out, keys, causal)
+  return _zero_padded_queries(_zero_blind_rows(out, keys, causal), documents)
 
 
 def pallas_attention(
-  q, k, v, mask=None, causal: bool = False, scale: float = 1.0, interpret: bool = False
+  q,
+  k,
+  v,
+  mask=None,
+  causal: bool = False,
+  scale: float = 1.0,
+  interpret: bool = False,
+  documents=None,
 ):
   """Splash attention (Pallas, TPU); `interpret=True` runs it on any platform.
 
-  A key mask becomes splash segment ids (queries segment 1, masked keys 0).
+  A key mask becomes splash segment ids (queries segment 1, masked keys 0); packed
+  documents (`documents`, a `masking.document_pair`) are the segment ids themselves
+  (a padded query's is -1 and a padded key's -2, so they meet nothing), and splash skips
+  the blocks they do not share.
   """
   from jax.experimental.pallas.ops.tpu import splash_attention as splash  # pylint: disable=g-import-not-at-top
 
@@ -226,15 +271,19 @@ def pallas_attention(
   )
   heads_first = lambda x: jnp.swapaxes(x, 1, 2)
   qs = heads_first(q * jnp.asarray(scale, q.dtype))
-  segments = (
-    None
-    if keys is None
-    else splash.SegmentIds(q=jnp.ones((b, n), jnp.int32), kv=keys.astype(jnp.int32))
-  )
+  if documents is not None:
+    query, key = documents
+    if keys is not None:
+      key = jnp.where(keys, key, masking.NO_KEY)
+    segments = splash.SegmentIds(q=query, kv=key)
+  elif keys is not None:
+    segments = splash.SegmentIds(q=jnp.ones((b, n), jnp.int32), kv=keys.astype(jnp.int32))
+  else:
+    segments = None
   out = jax.vmap(lambda a, c, e, s: kernel(a, c, e, segment_ids=s))(
     qs, heads_first(k), heads_first(v), segments
   )
-  return _zero_blind_rows(heads_first(out), keys, causal)
+  return _zero_padded_queries(_zero_blind_rows(heads_first(out), keys, causal), documents)
 
 
 def _gpu_kernel():
@@ -269,38 +318,55 @@ def pallas_gpu_attention(
   scale: float = 1.0,
   interpret: bool = False,
   block_sizes=None,
+  documents=None,
 ):
   """FlashAttention-2 in Triton through Pallas (JAX's `pallas.ops.gpu.attention.mha`).
 
   Forward and backward are the kernel's own (a `jax.custom_vjp`); `interpret=True`
   runs it on any platform. Raises ValueError (one line, as `why_not`) for a call
-  the kernel cannot take: a mask, unequal lengths, a length not a multiple of
-  `GPU_MIN_BLOCK`, a head dim outside 16-256. No query is blind without a mask,
-  so no row needs zeroing. `block_sizes`: a `BlockSizes` of the kernel (default
+  the kernel cannot take: a mask (without documents), unequal lengths, a length not a
+  multiple of `GPU_MIN_BLOCK`, a head dim outside 16-256. No query is blind without a
+  mask, so no row needs zeroing. `block_sizes`: a `BlockSizes` of the kernel (default
   `gpu_block_sizes(length)`).
+
+  documents: a `masking.document_pair` (packed rows; the mask, if any, their key
+  padding): the kernel's one array of segment ids, for queries and keys alike, is the
+  query side (a padded token's -1), so a real query sees its own document's real keys
+  and a padded one only padding, whose output is then zeroed (`_zero_padded_queries`).
   """
-  reason = why_not('pallas', q, k, v, mask, causal, 'gpu')
+  reason = why_not('pallas', q, k, v, mask, causal, 'gpu', documents is not None)
   if reason:
     raise ValueError(f"implementation='pallas' cannot run this call: {reason}")
-  return _gpu_kernel().mha(
+  if documents is not None:
+    keys = _key_mask(mask, q.shape[0], k.shape[1])
+    ids = documents[0] if keys is None else jnp.where(keys, documents[0], masking.NO_QUERY)
+  else:
+    ids = None
+  out = _gpu_kernel().mha(
     q,
     k,
     v,
-    segment_ids=None,
+    segment_ids=ids,
     sm_scale=float(scale),
     causal=bool(causal),
     block_sizes=block_sizes or gpu_block_sizes(q.shape[1]),
     interpret=interpret,
   )
+  return _zero_padded_queries(out, documents)
 
 
-def attention(impl: str, q, k, v, mask=None, causal: bool = False, scale: float = 1.0):
-  """Runs the fused implementation `impl` ('cudnn' or 'pallas') chosen by `choose`."""
+def attention(
+  impl: str, q, k, v, mask=None, causal: bool = False, scale: float = 1.0, documents=None
+):
+  """Runs the fused implementation `impl` ('cudnn' or 'pallas') chosen by `choose`;
+  documents: a `masking.document_pair` (packed rows) or None (the kernels are then called
+  as before packing, with positional arguments only)."""
+  packed = {} if documents is None else {'documents': documents}
   if impl == 'cudnn':
-    return cudnn_attention(q, k, v, mask, causal, scale)
+    return cudnn_attention(q, k, v, mask, causal, scale, **packed)
   if impl == 'pallas':
     kernel = pallas_gpu_attention if platform() == 'gpu' else pallas_attention
-    return kernel(q, k, v, mask, causal, scale)
+    return kernel(q, k, v, mask, causal, scale, **packed)
   raise ValueError(f'no fused implementation {impl!r}; valid: cudnn, pallas')
 
 

@@ -15,6 +15,8 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
+from efficient_attn.ops import segments
+
 
 def big_neg(dtype) -> float:
   """A large finite negative number for `dtype` (used instead of -inf)."""
@@ -129,3 +131,68 @@ def checked_keys_values(q, k, v, mask, *, name: str, causal: bool, qk_groups: bo
   check_inputs(q, k, v, mask, name=name, same_length=causal, qk_groups=qk_groups)
   key_padding = key_padding_from_mask(mask, k.shape[0], k.shape[1])
   return zero_padded(k, key_padding), zero_padded(v, key_padding), key_padding
+
+
+# Packed rows: the document pair every exact form reads (docs/design.md, "Documents").
+
+NO_QUERY, NO_KEY = -1, -2  # the documents of padded queries and keys: they meet nothing
+
+
+def document_pair(documents, query_real=None, key_real=None):
+  """(query documents, key documents), each int32 `[batch, length]`: `documents` (the
+  document index, `ops.segments.document_index`) where the token is real, else `NO_QUERY`
+  / `NO_KEY`, so a padded token meets no other (a padded query sees no key: its output
+  is 0). query_real, key_real: bool `[batch, length]` or None (all real)."""
+  documents = jnp.asarray(documents, jnp.int32)
+  mark = lambda real, none: documents if real is None else jnp.where(real, documents, none)
+  return mark(query_real, NO_QUERY), mark(key_real, NO_KEY)
+
+
+def segment_documents(segment_ids, batch: int, length: int, name: str):
+  """The `document_pair` of a packed self-attention call from its `segment_ids`
+  `[batch, length]` (0 is padding), checked (`segments.check`) with `name` in the error."""
+  ids = segments.check(segment_ids, batch, length, name)
+  real = segments.is_real(ids)
+  return document_pair(segments.document_index(ids), real, real)
+
+
+def context_documents(documents, mask, batch: int, q_length: int, kv_length: int, name: str):
+  """The `document_pair` of a mechanism's call from `ctx.documents` `[batch, length]`
+  (None: rows of one document, returns None) and its mask, whose key padding
+  (`key_padding_from_mask`) marks the padded tokens, queries and keys alike
+  (self-attention: a packed row is one sequence)."""
+  if documents is None:
+    return None
+  if q_length != kv_length or tuple(jnp.shape(documents)) != (batch, kv_length):
+    raise ValueError(
+      f'{name}: documents of shape {tuple(jnp.shape(documents))} with q_length={q_length}, '
+      f'kv_length={kv_length}; valid: self-attention with documents [batch, length] = '
+      f'{[batch, kv_length]}'
+    )
+  real = key_padding_from_mask(mask, batch, kv_length)
+  return document_pair(documents, real, real)
+
+
+def same_document(documents) -> jnp.ndarray:
+  """bool `[batch, 1, q_length, kv_length]`: the query and key are of one document
+  (`documents` a `document_pair`)."""
+  query, key = documents
+  return (query[:, :, None] == key[:, None, :])[:, None]
+
+
+def document_ranges(documents, block: int):
+  """(lowest, highest) document of each block of `block` tokens, each int32 `[batch,
+  length // block]` (block divides length), over the block's real tokens only (the
+  non-negative entries); a block of padding alone has lowest > highest and meets none."""
+  documents = jnp.asarray(documents, jnp.int32)
+  blocks = documents.reshape(documents.shape[0], -1, block)
+  real = blocks >= 0
+  big = jnp.iinfo(jnp.int32).max
+  return jnp.min(jnp.where(real, blocks, big), -1), jnp.max(jnp.where(real, blocks, -1), -1)
+
+
+def ranges_meet(query_range, key_range) -> jnp.ndarray:
+  """bool `[batch, ...]`: a query block and a key block may share a document (their
+  `document_ranges` overlap); where they do not, the pair of blocks can be skipped."""
+  (q_low, q_high), (k_low, k_high) = query_range, key_range
+  return (k_low <= q_high) & (k_high >= q_low)

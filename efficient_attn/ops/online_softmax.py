@@ -49,7 +49,7 @@ def update(state: State, scores: jnp.ndarray, valid, values: jnp.ndarray) -> Sta
   m_new = jnp.maximum(state.m, scores.max(axis=-1))
   p = jnp.exp(scores - m_new[..., None])
   if valid is not None:
-    p = p * valid
+    p = jnp.where(valid, p, 0.0)  # where, not p * valid: exact 0 whatever the score held
   corr = jnp.exp(state.m - m_new)
   return State(
     m_new,

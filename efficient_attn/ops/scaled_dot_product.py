@@ -33,6 +33,9 @@ def softmax_attention(
   dropout_rate: float = 0.0,
   dropout_rng=None,
   broadcast_dropout: bool = True,
+  segment_ids=None,
+  *,
+  documents=None,
 ):
   """softmax(q k^T * scale) v, the n x n matrix formed explicitly.
 
@@ -47,8 +50,15 @@ def softmax_attention(
     scale: score scale, default 1/sqrt(head_dim).
     dropout_rate, dropout_rng, broadcast_dropout: dropout on the attention
       weights, as in flax; off when `dropout_rng` is None.
+    segment_ids: int `[batch, length]`, a packed row (self-attention; 0 is padding,
+      docs/design.md "Documents"): a token attends to its own document's real tokens
+      only, and a padding token's output is 0. None: one document per row.
+    documents: the same as a `masking.document_pair` (a mechanism's `ctx.documents`),
+      instead of segment_ids.
   """
-  weights = softmax_weights(q, k, mask=mask, causal=causal, scale=scale)
+  masking.check_inputs(q, k, v, mask, name='softmax attention')
+  documents = documents_of(segment_ids, documents, q, k, 'softmax_attention')
+  weights = softmax_weights(q, k, mask=mask, causal=causal, scale=scale, documents=documents)
   if dropout_rate > 0.0 and dropout_rng is not None:
     keep = 1.0 - dropout_rate
     shape = list(weights.shape)
@@ -60,17 +70,45 @@ def softmax_attention(
   return jnp.einsum('bhqk,bkhd->bqhd', weights.astype(v.dtype), v)
 
 
-def softmax_weights(q, k, mask=None, causal: bool = False, scale: Optional[float] = None):
-  """The attention matrix `[batch, heads, q_length, kv_length]` (float32 or wider)."""
+def documents_of(segment_ids, documents, q, k, name: str):
+  """The call's `masking.document_pair` from segment_ids or documents (one of them), or
+  None."""
+  if segment_ids is None:
+    return documents
+  if documents is not None:
+    raise ValueError(f'{name}: pass segment_ids or documents, not both')
+  if q.shape[1] != k.shape[1]:
+    raise ValueError(
+      f'{name}: segment_ids pack one sequence (self-attention); got q_length={q.shape[1]} '
+      f'and kv_length={k.shape[1]}'
+    )
+  return masking.segment_documents(segment_ids, k.shape[0], k.shape[1], name)
+
+
+def valid_mask(mask, causal: bool, q_length: int, kv_length: int, documents=None):
+  """bool broadcastable to `[batch, heads, q_length, kv_length]`: the mask, causal order
+  and one document (`masking.document_pair` or None), or None where all is valid."""
+  full = masking.combine_masks(mask, causal, q_length, kv_length)
+  if documents is not None:
+    same = masking.same_document(documents)
+    full = same if full is None else full & same
+  return full
+
+
+def softmax_weights(
+  q, k, mask=None, causal: bool = False, scale: Optional[float] = None, documents=None
+):
+  """The attention matrix `[batch, heads, q_length, kv_length]` (float32 or wider);
+  documents: a `masking.document_pair` (a query sees its own document's keys) or None."""
   masking.check_inputs(q, k, k, mask, name='softmax attention')
   compute = jnp.promote_types(q.dtype, jnp.float32)
   q = q.astype(compute) * default_scale(q.shape[-1], scale)  # scale q (n d), not the scores (n^2)
   s = jnp.einsum('bqhd,bkhd->bhqk', q, k.astype(compute))
-  full = masking.combine_masks(mask, causal, q.shape[1], k.shape[1])
+  full = valid_mask(mask, causal, q.shape[1], k.shape[1], documents)
   if full is not None:
     s = jnp.where(full, s, masking.big_neg(compute))
   w = softmax_last(s)
-  if mask is not None or (causal and k.shape[1] < q.shape[1]):
+  if mask is not None or documents is not None or (causal and k.shape[1] < q.shape[1]):
     # A row may be fully masked (its softmax is then uniform): zero it. Otherwise the
     # masked scores sit big_neg below the row's max and exp gives exactly 0 already.
     w = jnp.where(full, w, 0.0)
