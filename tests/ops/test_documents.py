@@ -202,9 +202,10 @@ def test_bad_segment_ids_are_one_line():
 
 # A sequence split over 4 host CPU devices (in a subprocess: XLA_FLAGS before jax starts):
 # documents that cross device boundaries, a device that one document passes through, a
-# device of padding only inside a document, a document that starts on a device boundary.
+# device of padding only inside a document, documents that start on a device boundary (one
+# that fills its device and continues on the next).
 SPLIT_IDS = [
-  [1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 3, 0, 0],
+  [1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 2, 3, 0, 0],
   [0, 0, 5, 5, 0, 0, 0, 0, 5, 6, 6, 6, 7, 7, 7, 0],
 ]
 SPLIT_SCRIPT = r'''
