@@ -14,7 +14,7 @@ decoding steps of the recurrent ones too:
     out = mechanisms.nystrom_attention(q, k, v, num_landmarks=16)
     out = mechanisms.gla_attention(q, k, v, log_decay)     # a gated recurrence alone
     state, out_t = mechanisms.linear_attention_step(state, q_t, k_t, v_t)
-    mechanisms.pure_function('gated_deltanet')              # delta_rule_attention
+    mechanisms.pure_function('gated_deltanet')              # gated_deltanet_attention
 
 Each registered family has one: `<family>_attention`, or the name in `FUNCTIONS`.
 """
@@ -42,7 +42,9 @@ from efficient_attn.mechanisms import sparse
 from efficient_attn.mechanisms import synthesizer
 from efficient_attn.mechanisms.bigbird import bigbird_attention
 from efficient_attn.mechanisms.deltanet import delta_rule_attention
+from efficient_attn.mechanisms.deltanet import deltanet_attention
 from efficient_attn.mechanisms.fnet import fnet_mixing
+from efficient_attn.mechanisms.gated_deltanet import gated_deltanet_attention
 from efficient_attn.mechanisms.gla import gla_attention
 from efficient_attn.mechanisms.gmlp import spatial_gating
 from efficient_attn.mechanisms.linear import linear_attention
@@ -71,8 +73,6 @@ FUNCTIONS = {
   'fnet': 'fnet_mixing',
   'gmlp': 'spatial_gating',
   'mixer': 'token_mixing',
-  'deltanet': 'delta_rule_attention',
-  'gated_deltanet': 'delta_rule_attention',
 }
 
 
@@ -93,7 +93,9 @@ __all__ = [
   'bigbird_attention',
   'chunked_softmax_attention',
   'delta_rule_attention',
+  'deltanet_attention',
   'fnet_mixing',
+  'gated_deltanet_attention',
   'gla_attention',
   'linear_attention',
   'linear_attention_step',

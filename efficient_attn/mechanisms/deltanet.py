@@ -23,14 +23,27 @@ from efficient_attn.mechanisms import gated_family
 from efficient_attn.mechanisms import initializers
 from efficient_attn.ops import delta
 from efficient_attn.ops import norm
+from efficient_attn.ops.gated import documents
 
 
 def delta_rule_attention(
-  q, k, v, beta, log_decay=None, mask=None, *, form: str = 'chunk', chunk_size: int = 64
+  q,
+  k,
+  v,
+  beta,
+  log_decay=None,
+  mask=None,
+  *,
+  form: str = 'chunk',
+  chunk_size: int = 64,
+  segment_ids=None,
+  initial_state=None,
+  return_final_state: bool = False,
 ):
   """The (gated) delta rule of DeltaNet and Gated DeltaNet:
   S_t = a_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T, o_t = S_t^T q_t / sqrt(dk),
   with q and k L2-normalised and a_t = exp(log_decay_t) (1 without log_decay: DeltaNet).
+  Also `deltanet_attention` and `gated_deltanet_attention` (the same function).
 
   The mechanisms' recurrence alone (causal), on q, k, v as they read them (after the
   layer's short convolution and SiLU); beta (and Gated DeltaNet's decay) come from the
@@ -45,12 +58,15 @@ def delta_rule_attention(
     form: 'chunk' (chunkwise parallel, the WY form) or 'naive' (token by token, the
       definition).
     chunk_size: tokens per chunk of the chunkwise form.
+    segment_ids, initial_state, return_final_state: packed rows (0 is padding) and the
+      state S `[batch, heads, dk, dv]` in and out, as `gated_family.pure_recurrence` says.
 
   Returns:
-    `[batch, length, heads, dv]` in v's dtype (computed in float32).
+    `[batch, length, heads, dv]` in v's dtype (computed in float32, or float64 where the
+    inputs are), and with return_final_state the final state `[batch, heads, dk, dv]`.
   """
   b, n, h, dk = q.shape
-  kp = gated_family.checked_key_padding(
+  call = gated_family.checked_call(
     'deltanet',
     'delta_rule_attention',
     q,
@@ -60,20 +76,29 @@ def delta_rule_attention(
     {'beta': (beta, ((b, n, h),)), 'log_decay': (log_decay, ((b, n, h),))},
     form=form,
     chunk_size=chunk_size,
+    segment_ids=segment_ids,
+    initial_state=initial_state,
   )
-  g = None if log_decay is None else jnp.asarray(log_decay, jnp.float32)[..., None]
-  q = norm.l2_normalize(q) / math.sqrt(dk)
-  return gated_family.pure_recurrence(
+  q, k, v, beta = documents.zero_padding(call.real, q, k, v, jnp.asarray(beta))
+  g = None
+  if log_decay is not None:
+    (g,) = documents.zero_padding(call.real, gated_family.upcast(log_decay)[..., None])
+  out, state = gated_family.pure_recurrence(
     delta.DELTA,
-    q,
+    norm.l2_normalize(q) / math.sqrt(dk),
     norm.l2_normalize(k),
     v,
     g,
-    jnp.asarray(beta, jnp.float32),
-    kp,
+    gated_family.upcast(beta),
+    call=call,
     form=form,
     chunk_size=chunk_size,
-  ).astype(v.dtype)
+    initial_state=initial_state,
+  )
+  return gated_family.finished(out, state, v.dtype, return_final_state)
+
+
+deltanet_attention = delta_rule_attention  # the `<mechanism>_attention` name
 
 
 @registry.register

@@ -25,6 +25,9 @@ from efficient_attn.mechanisms import deltanet
 from efficient_attn.mechanisms import gated_family
 from efficient_attn.mechanisms import initializers
 
+# Its pure function is the delta rule's, with log_decay (`deltanet.delta_rule_attention`).
+gated_deltanet_attention = deltanet.delta_rule_attention
+
 
 @registry.register
 class GatedDeltaNet(deltanet.DeltaNet):
@@ -64,7 +67,7 @@ class GatedDeltaNet(deltanet.DeltaNet):
     dt = jax.nn.softplus(gated_family.dense(inputs, params['decay_kernel'], params['dt_bias']))
     return {
       **super().gates(options, params, inputs),
-      'log_decay': -jnp.exp(params['A_log'].astype(jnp.float32)) * dt,
+      'log_decay': -jnp.exp(gated_family.upcast(params['A_log'])) * dt,
       'output': gated_family.dense(inputs, params['gate_kernel']),
     }
 

@@ -2,19 +2,20 @@
 
 `GatedRecurrence` is the mechanism declaration of retention, GLA, Mamba-2, DeltaNet and
 Gated DeltaNet (not registered itself): causal only, key padding (a padded token neither
-writes to the state nor decays it), the optional short causal convolution on q, k and v
-with its decoding state (`efficient_attn.ops.short_conv`), gates read from the layer
-input (`registry.Mechanism.reads_input`), and the recurrence's three forms (`Cores`:
+writes to the state nor decays it), packed rows (`ctx.documents`: every form keeps each
+token to its document, docs/design.md "Documents"), the optional short causal convolution
+on q, k and v with its decoding state (`efficient_attn.ops.short_conv`), gates read from
+the layer input (`registry.Mechanism.reads_input`), and the recurrence's forms (`Cores`:
 `efficient_attn.ops.gated.DECAY` or `efficient_attn.ops.delta.DELTA`). Each mechanism
 file adds its gates and its output (norm and gate).
 
 The options every gated recurrence has (`common_options`; Mamba's dt range,
-`decay_options`) and the checks and recurrence of the pure functions
-(`checked_key_padding`, `pure_recurrence`) are here too.
+`decay_options`) and the checks and recurrence of the pure functions (`checked_call`,
+`pure_recurrence`) are here too.
 """
 
 import functools
-from typing import NamedTuple, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -25,7 +26,10 @@ from efficient_attn.ops import collectives
 from efficient_attn.ops import gated
 from efficient_attn.ops import kernels
 from efficient_attn.ops import masking
+from efficient_attn.ops import segments
 from efficient_attn.ops import short_conv
+from efficient_attn.ops.gated import documents
+from efficient_attn.ops.gated.common import compute_dtype
 
 F32 = jnp.float32
 INITS = ('default', 'fla')
@@ -104,34 +108,69 @@ def check_dt_range(name: str, options) -> None:
     )
 
 
+def upcast(x):
+  """x in its compute dtype: float32, or float64 where x is float64."""
+  x = jnp.asarray(x)
+  return x.astype(compute_dtype(x))
+
+
 def dense(x, kernel, bias=None):
-  """x `[b, n, features]` times kernel `[features, ...]` (+ bias), in float32: a gate's
-  projection of the layer input."""
-  y = jnp.tensordot(x.astype(F32), kernel.astype(F32), axes=1)
-  return y if bias is None else y + bias.astype(F32)
+  """x `[b, n, features]` times kernel `[features, ...]` (+ bias), in float32 (float64 where
+  one is): a gate's projection of the layer input."""
+  dtype = compute_dtype(x, kernel, bias)
+  y = jnp.tensordot(x.astype(dtype), kernel.astype(dtype), axes=1)
+  return y if bias is None else y + bias.astype(dtype)
 
 
 # The pure functions (`retention_attention`, `gla_attention`, `mamba2_attention`,
-# `delta_rule_attention`): the recurrence alone on q, k, v as it reads them, without the
+# `deltanet_attention`): the recurrence alone on q, k, v as it reads them, without the
 # parameters of the layer around it (short convolution, gate projections, output norm).
 
 
-def checked_key_padding(
-  mechanism: str, function: str, q, k, v, mask, gates, *, form: str, chunk_size: int
-):
-  """The key padding `[b, n]` (or None) of a pure function's call, after its checks: q, k,
-  v `[b, n, h, d]` (`masking.check_inputs`), `gates` ({name: (array, allowed shapes)})
-  and the options `form` and `chunk_size` (`mechanism`'s Options); one-line ValueErrors
-  naming `function`."""
+class PureCall(NamedTuple):
+  """A pure function's call after its checks: `real` `[b, n]` bool (None: no padding), the
+  tokens that are neither masked nor segment 0, and `segment_ids` `[b, n]` int32 (None:
+  one document a row) with the masked tokens set to 0."""
+
+  real: Optional[jnp.ndarray]
+  segment_ids: Optional[jnp.ndarray]
+
+
+def checked_call(
+  mechanism: str,
+  function: str,
+  q,
+  k,
+  v,
+  mask,
+  gates,
+  *,
+  form: str,
+  chunk_size: int,
+  segment_ids=None,
+  initial_state=None,
+) -> PureCall:
+  """The `PureCall` of a pure function's call, after its checks: q, k, v `[b, n, h, d]`
+  (`masking.check_inputs`), `gates` ({name: (array, allowed shapes)}), the options `form`
+  and `chunk_size` (`mechanism`'s Options), `segment_ids` `[b, n]` and `initial_state`
+  `[b, h, dk, dv]`; one-line ValueErrors naming `function`."""
   masking.check_inputs(q, k, v, mask, name=function, same_length=True)
   registry.check_arguments(mechanism, function, form=form, chunk_size=chunk_size)
+  b, n, h, dk = k.shape
+  gates = {**gates, 'initial_state': (initial_state, ((b, v.shape[2], dk, v.shape[3]),))}
   for name, (x, shapes) in gates.items():
     if x is not None and tuple(x.shape) not in shapes:
       raise ValueError(
         f'{function}: {name} of shape {tuple(x.shape)} does not fit q '
         f'{tuple(q.shape)}; valid: {" or ".join(map(str, map(list, shapes)))}'
       )
-  return masking.key_padding_from_mask(mask, k.shape[0], k.shape[1])
+  real = masking.key_padding_from_mask(mask, b, n)
+  if segment_ids is not None:
+    segment_ids = segments.check(segment_ids, b, n, function)
+    if real is not None:
+      segment_ids = jnp.where(real, segment_ids, 0)
+    real = segment_ids != 0
+  return PureCall(real, segment_ids)
 
 
 def pure_recurrence(
@@ -141,30 +180,56 @@ def pure_recurrence(
   v,
   g=None,
   beta=None,
-  key_padding=None,
   *,
+  call: PureCall,
   form: str = 'chunk',
   chunk_size: int = 64,
+  initial_state=None,
 ):
-  """out `[b, n, h, dv]` (float32) of the recurrence `cores` ('chunk': chunkwise; 'naive':
-  token by token, the definition) on its inputs (shapes as `gated.scan_tokens`). A padded
-  token (`key_padding` `[b, n]` False) neither writes to the state nor decays it; its
-  output is 0."""
-  if key_padding is not None:
-    q, k, v = (masking.zero_padded(x, key_padding) for x in (q, k, v))
-    g, beta = (None if x is None else masking.zero_padded(x, key_padding) for x in (g, beta))
+  """(out `[b, n, h, dv]`, final state `[b, h, dk, dv]`), float32 (float64 where an input
+  is), of the recurrence `cores` ('chunk': chunkwise; 'naive': token by token, the
+  definition) on its inputs (shapes as `gated.scan_tokens`), from `initial_state` (None:
+  zeros). A padded token (`call.real` False) neither writes to the state nor decays it;
+  its output is 0; `call.segment_ids` confine each token to its document.
+
+  The pure functions' arguments for packed rows and streaming (fla's names):
+    segment_ids: optional `[batch, length]` int, a packed row (docs/design.md,
+      "Documents"): a run of equal non-zero ids is a document, each token reads only its
+      own document (the state starts again at each), and 0 is padding.
+    initial_state: optional S `[batch, heads, dk, dv]` the row's first document continues
+      (None: zeros), e.g. the final state of the call on the tokens before.
+    return_final_state: also return the state after the last real token (its document's),
+      so that a sequence streamed in pieces equals one call."""
+  q, k, v, g, beta = documents.zero_padding(call.real, q, k, v, g, beta)
   core = cores.chunked if form == 'chunk' else cores.scan
-  return core(q, k, v, g, beta, chunk_size=chunk_size)[0]
+  return core(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    initial_state=initial_state,
+    segment_ids=call.segment_ids,
+    chunk_size=chunk_size,
+  )
+
+
+def finished(out, state, dtype, return_final_state: bool):
+  """A pure function's result: out in `dtype`, with the final state if asked."""
+  out = out.astype(dtype)
+  return (out, state) if return_final_state else out
 
 
 class RecurrentState(NamedTuple):
-  """A gated recurrence's decoding state: S `[batch, heads, dk, dv]` and the short
+  """A gated recurrence's decoding state: S `[batch, heads, dk, dv]`, the short
   convolution's last K - 1 inputs (q, k, v), each `[batch, K - 1, heads, d]` (q and k
   `[batch, K - 1, qk_heads, dk]` where heads share query/key groups; empty without
-  it). Constant size."""
+  it), and `segment` `[batch]` int32, the segment id of the last real token (0: none yet;
+  a decoding step with another id starts a new document). Constant size."""
 
   s: jnp.ndarray
   conv: Tuple[jnp.ndarray, ...]
+  segment: Optional[jnp.ndarray] = None
 
 
 class GatedRecurrence(registry.Mechanism):
@@ -197,7 +262,10 @@ class GatedRecurrence(registry.Mechanism):
   cores: gated.Cores = gated.DECAY
   activation: str = ''  # '' or 'silu'
   sequence_parallel = 'decayed_state'
-  # (core, q, k, v, g, beta, *, chunk_size, axis) -> out: the recurrence on one device's
+  # Packed rows in the XLA chunk form, the token scan, the decoding step and the split
+  # layer; the Pallas kernels refuse segment ids in one line until they take them.
+  segments = True
+  # (core, q, k, v, g, beta, *, segment_ids, chunk_size, axis) -> out: the recurrence on one device's
   # block (`attend_sharded`), `gated.decayed_sharded` or `delta.transition_sharded`.
   sharded_recurrence = staticmethod(gated.decayed_sharded)
 
@@ -252,26 +320,29 @@ class GatedRecurrence(registry.Mechanism):
     del options, params, v
     return 0.0
 
-  def _features(self, options, params, q, k, v, axis=None):
-    """The short convolution (with the sequence split over `axis`, each block reads the
-    previous device's last conv_size - 1 tokens: `collectives.halo_before`), then the
-    activation; float32."""
+  def _features(self, options, params, q, k, v, axis=None, segment_ids=None):
+    """The short convolution (each tap within its token's document where `segment_ids` is
+    given; with the sequence split over `axis`, each block reads the previous device's
+    last conv_size - 1 tokens, `collectives.halo_before`, and their ids), then the
+    activation; float32 (float64 where an input is)."""
     if options.conv_size:
       halo = options.conv_size - 1
 
       def conv(x, n):
         w, b = params[f'{n}_conv'], params.get(f'{n}_conv_bias')
         if axis is None:
-          return short_conv.causal_conv(x, w, b)
-        return short_conv.causal_conv(
-          jnp.concatenate([collectives.halo_before(x, halo, axis), x], 1), w, b
-        )[:, halo:]
+          return short_conv.causal_conv(x, w, b, segment_ids=segment_ids)
+        ids = segment_ids
+        if ids is not None:
+          ids = jnp.concatenate([collectives.halo_before(ids, halo, axis), ids], 1)
+        x = jnp.concatenate([collectives.halo_before(x, halo, axis), x], 1)
+        return short_conv.causal_conv(x, w, b, segment_ids=ids)[:, halo:]
 
       q, k, v = (conv(x, n) for x, n in zip((q, k, v), 'qkv'))
     return self._activate(q, k, v)
 
   def _activate(self, *xs):
-    xs = tuple(x.astype(F32) for x in xs)
+    xs = tuple(upcast(x) for x in xs)
     return tuple(jax.nn.silu(x) for x in xs) if self.activation == 'silu' else xs
 
   @staticmethod
@@ -281,11 +352,14 @@ class GatedRecurrence(registry.Mechanism):
     return tuple(jnp.repeat(x, heads // x.shape[2], axis=2) for x in (q, k))
 
   def _inputs(self, options, params, q, k, v, *, mask, causal, ctx, axis=None):
-    """(q, k, v, log-decay, beta) of the recurrence from the projected heads: key padding
-    checked, the short convolution and activation (`_features`), groups repeated to the
-    heads, the mechanism's gates (`recurrence_inputs`); a padded token neither writes to the
-    state nor decays it. In a bfloat16 layer q, k and v go back to bfloat16, so the chunk
-    form's matrix products run in bfloat16 with float32 accumulation and state."""
+    """(q, k, v, log-decay, beta, gates, segment ids) of the recurrence from the projected
+    heads: key padding checked, the short convolution and activation (`_features`), groups
+    repeated to the heads, the mechanism's gates (`recurrence_inputs`). A padded token's
+    inputs and gates are 0 (by `where`, so a NaN there reaches nothing): it neither writes
+    to the state nor decays it, and its output is 0. The segment ids (None without
+    `ctx.documents`) are `ctx.documents` with the padding at 0 (`documents.as_segment_ids`).
+    In a bfloat16 layer q, k and v go back to bfloat16, so the chunk form's matrix
+    products run in bfloat16 with float32 accumulation and state."""
     if not causal:
       raise ValueError(f'mechanism {self.name!r} is causal only: call it with causal=True')
     dtype = v.dtype
@@ -299,27 +373,35 @@ class GatedRecurrence(registry.Mechanism):
       qk_groups=self.qk_heads(options, v.shape[2]) != v.shape[2],
     )
     q = masking.zero_padded(q, kp)  # a padded token feeds no convolution either
-    q, k, v = self._features(options, params, q, k, v, axis)
+    gates = jax.tree.map(lambda x: masking.zero_padded(x, kp), ctx.gates)
+    ids = None
+    if ctx.documents is not None:
+      ids = documents.as_segment_ids(segments.check(ctx.documents, *v.shape[:2], self.name), kp)
+    q, k, v = self._features(options, params, q, k, v, axis, ids)
     q, k = self._to_heads(q, k, v.shape[2])
-    q, k, v, g, beta = self.recurrence_inputs(options, params, q, k, v, ctx.gates)
-    if kp is not None:
-      k, v = masking.zero_padded(k, kp), masking.zero_padded(v, kp)
-      g, beta = (None if x is None else masking.zero_padded(x, kp) for x in (g, beta))
+    q, k, v, g, beta = self.recurrence_inputs(options, params, q, k, v, gates)
+    q, k, v, g, beta = documents.zero_padding(kp, q, k, v, g, beta)
     if jnp.dtype(dtype) == jnp.bfloat16:
       q, k, v = (x.astype(dtype) for x in (q, k, v))
-    return q, k, v, g, beta
+    return q, k, v, g, beta, gates, ids
 
   def attend(self, options, params, q, k, v, *, mask, causal, ctx):
     dtype = v.dtype
-    q, k, v, g, beta = self._inputs(options, params, q, k, v, mask=mask, causal=causal, ctx=ctx)
-    out, _ = self.core(options, q.dtype)(q, k, v, g, beta, chunk_size=options.chunk_size)
-    return self.finish(options, params, out, v, ctx.gates).astype(dtype)
+    q, k, v, g, beta, gates, ids = self._inputs(
+      options, params, q, k, v, mask=mask, causal=causal, ctx=ctx
+    )
+    core = self.core(options, q.dtype, packed=ids is not None)
+    out, _ = core(q, k, v, g, beta, segment_ids=ids, chunk_size=options.chunk_size)
+    return self.finish(options, params, out, v, gates).astype(dtype)
 
-  def core(self, options, dtype):
+  def core(self, options, dtype, packed: bool = False):
     """The recurrence's form for a call with q, k, v of `dtype`: the Pallas kernels where
     `options.implementation` resolves to 'pallas' (`kernels.choose`, once per call), else the
-    chunk form or, with form='naive', the token recurrence."""
-    if kernels.choose(options.implementation, form=options.form, dtype=dtype) == 'pallas':
+    chunk form or, with form='naive', the token recurrence. A packed row (`packed`) takes
+    the XLA form under 'auto'; an explicit 'pallas' refuses it in one line (the kernels do
+    not take segment ids yet)."""
+    choice = kernels.choose(options.implementation, form=options.form, dtype=dtype)
+    if choice == 'pallas' and not (packed and options.implementation == 'auto'):
       return self.cores.pallas
     return self.cores.chunked if options.form == 'chunk' else self.cores.scan
 
@@ -327,15 +409,24 @@ class GatedRecurrence(registry.Mechanism):
     """`attend` on one device's block (`efficient_attn.layers.parallel`): the short convolution
     reads the previous device's last conv_size - 1 tokens, and `sharded_recurrence` brings
     in the state of the blocks before; the core is attend's (the Pallas kernels where
-    `implementation` resolves to 'pallas')."""
+    `implementation` resolves to 'pallas'). `ctx.documents` is this block of the row's
+    document index: a document that crosses a device boundary continues there."""
     dtype = v.dtype
-    q, k, v, g, beta = self._inputs(
+    q, k, v, g, beta, gates, ids = self._inputs(
       options, params, q, k, v, mask=mask, causal=causal, ctx=ctx, axis=axis
     )
     out = self.sharded_recurrence(
-      self.core(options, q.dtype), q, k, v, g, beta, chunk_size=options.chunk_size, axis=axis
+      self.core(options, q.dtype, packed=ids is not None),
+      q,
+      k,
+      v,
+      g,
+      beta,
+      segment_ids=ids,
+      chunk_size=options.chunk_size,
+      axis=axis,
     )
-    return self.finish(options, params, out, v, ctx.gates).astype(dtype)
+    return self.finish(options, params, out, v, gates).astype(dtype)
 
   def init_state(self, options, *, batch, heads, head_dim, v_dim):
     qk_heads = self.qk_heads(options, heads)
@@ -347,23 +438,43 @@ class GatedRecurrence(registry.Mechanism):
       if options.conv_size
       else ()
     )
-    return RecurrentState(self.cores.init(batch, heads, head_dim, v_dim), conv)
+    segment = jnp.zeros((batch,), jnp.int32)
+    return RecurrentState(self.cores.init(batch, heads, head_dim, v_dim), conv, segment)
 
   def step(self, options, params, state, q_t, k_t, v_t, *, ctx):
+    """One token. `ctx.documents` `[batch, 1]`: the token's segment id (0: padding; None:
+    one document): a real token whose id differs from `state.segment` (when that is not 0)
+    starts a new document, clearing S and the convolution's history first; a padding token
+    changes nothing and its output is 0. The state keeps its dtypes."""
     dtype = v_t.dtype
-    conv = state.conv
+    segment = jnp.zeros(v_t.shape[:1], jnp.int32) if state.segment is None else state.segment
+    s, conv, real, reset = state.s, state.conv, None, None
+    if ctx.documents is not None:
+      ids = segments.check(ctx.documents, v_t.shape[0], 1, self.name)[:, 0]
+      real = ids != 0
+      reset = real & (segment != 0) & (ids != segment)
+      segment = jnp.where(real, ids, segment)
+      s = documents.where_rows(~reset, s)
+      q_t, k_t, v_t = documents.zero_padding(real[:, None], q_t, k_t, v_t)
+    gates = ctx.gates
+    if real is not None:
+      gates = jax.tree.map(lambda x: documents.zero_padding(real[:, None], x)[0], gates)
     if options.conv_size:
       steps = [
-        short_conv.causal_conv_step(hist, x, params[f'{n}_conv'], params.get(f'{n}_conv_bias'))
+        short_conv.causal_conv_step(
+          hist, x, params[f'{n}_conv'], params.get(f'{n}_conv_bias'), reset=reset, real=real
+        )
         for hist, x, n in zip(state.conv, (q_t, k_t, v_t), 'qkv')
       ]
-      conv = tuple(h for h, _ in steps)
+      conv = tuple(h.astype(old.dtype) for (h, _), old in zip(steps, state.conv))
       q_t, k_t, v_t = (y for _, y in steps)
     q_t, k_t, v_t = self._activate(q_t, k_t, v_t)
     q_t, k_t = self._to_heads(q_t, k_t, v_t.shape[2])
-    q_t, k_t, v_t, g, beta = self.recurrence_inputs(options, params, q_t, k_t, v_t, ctx.gates)
-    s, out = self.cores.step(
-      state.s, q_t[:, 0], k_t[:, 0], v_t[:, 0], *(None if x is None else x[:, 0] for x in (g, beta))
+    q_t, k_t, v_t, g, beta = self.recurrence_inputs(options, params, q_t, k_t, v_t, gates)
+    if real is not None:
+      q_t, k_t, v_t, g, beta = documents.zero_padding(real[:, None], q_t, k_t, v_t, g, beta)
+    s_new, out = self.cores.step(
+      s, q_t[:, 0], k_t[:, 0], v_t[:, 0], *(None if x is None else x[:, 0] for x in (g, beta))
     )
-    out = self.finish(options, params, out[:, None], v_t, ctx.gates).astype(dtype)
-    return RecurrentState(s, conv), out
+    out = self.finish(options, params, out[:, None], v_t, gates).astype(dtype)
+    return RecurrentState(s_new.astype(state.s.dtype), conv, segment), out

@@ -21,15 +21,29 @@ import math
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 
 from efficient_attn import registry
 from efficient_attn.mechanisms import gated_family
 from efficient_attn.mechanisms import initializers
 from efficient_attn.ops import gated
 from efficient_attn.ops import norm
+from efficient_attn.ops.gated import documents
 
 
-def gla_attention(q, k, v, log_decay, mask=None, *, form: str = 'chunk', chunk_size: int = 64):
+def gla_attention(
+  q,
+  k,
+  v,
+  log_decay,
+  mask=None,
+  *,
+  form: str = 'chunk',
+  chunk_size: int = 64,
+  segment_ids=None,
+  initial_state=None,
+  return_final_state: bool = False,
+):
   """GLA's recurrence: S_t = diag(exp(log_decay_t)) S_{t-1} + k_t v_t^T, o_t = S_t^T q_t / sqrt(dk).
 
   The mechanism's recurrence alone (causal); its gates come from the layer's projections
@@ -44,12 +58,15 @@ def gla_attention(q, k, v, log_decay, mask=None, *, form: str = 'chunk', chunk_s
       one): a padded token neither writes to the state nor decays it (its output is 0).
     form: 'chunk' (chunkwise parallel) or 'naive' (token by token, the definition).
     chunk_size: tokens per chunk of the chunkwise form.
+    segment_ids, initial_state, return_final_state: packed rows (0 is padding) and the
+      state S `[batch, heads, dk, dv]` in and out, as `gated_family.pure_recurrence` says.
 
   Returns:
-    `[batch, length, heads, dv]` in v's dtype (computed in float32).
+    `[batch, length, heads, dv]` in v's dtype (computed in float32, or float64 where the
+    inputs are), and with return_final_state the final state `[batch, heads, dk, dv]`.
   """
   b, n, h, dk = q.shape
-  kp = gated_family.checked_key_padding(
+  call = gated_family.checked_call(
     'gla',
     'gla_attention',
     q,
@@ -59,18 +76,22 @@ def gla_attention(q, k, v, log_decay, mask=None, *, form: str = 'chunk', chunk_s
     {'log_decay': (log_decay, ((b, n, h, dk), (b, n, h, 1)))},
     form=form,
     chunk_size=chunk_size,
+    segment_ids=segment_ids,
+    initial_state=initial_state,
   )
-  return gated_family.pure_recurrence(
+  q, k, v, log_decay = documents.zero_padding(call.real, q, k, v, jnp.asarray(log_decay))
+  out, state = gated_family.pure_recurrence(
     gated.DECAY,
-    q / math.sqrt(dk),
+    gated_family.upcast(q) / math.sqrt(dk),
     k,
     v,
-    log_decay,
-    None,
-    kp,
+    gated_family.upcast(log_decay),
+    call=call,
     form=form,
     chunk_size=chunk_size,
-  ).astype(v.dtype)
+    initial_state=initial_state,
+  )
+  return gated_family.finished(out, state, v.dtype, return_final_state)
 
 
 @registry.register

@@ -41,8 +41,8 @@ from efficient_attn import registry
 from efficient_attn.mechanisms import gated_family
 from efficient_attn.mechanisms import initializers
 from efficient_attn.ops import gated
-from efficient_attn.ops import masking
 from efficient_attn.ops import norm
+from efficient_attn.ops.gated import documents
 from efficient_attn.ops.gated.common import scale_rows
 
 
@@ -51,12 +51,15 @@ def mamba2_attention(
   k,
   v,
   dt,
-  A_log,
-  D=None,
+  A_log,  # pylint: disable=invalid-name
+  D=None,  # pylint: disable=invalid-name
   mask=None,
   *,
-  form: str = 'chunk',  # pylint: disable=invalid-name
+  form: str = 'chunk',
   chunk_size: int = 64,
+  segment_ids=None,
+  initial_state=None,
+  return_final_state: bool = False,
 ):
   """Mamba-2's SSD recurrence: S_t = a_t S_{t-1} + dt_t k_t v_t^T, y_t = S_t^T q_t + D v_t,
   a_t = exp(-exp(A_log) dt_t) per head (q is Mamba-2's C, k its B, v its X).
@@ -75,12 +78,16 @@ def mamba2_attention(
       one): a padded token neither writes to the state nor decays it (its output is 0).
     form: 'chunk' (chunkwise parallel) or 'naive' (token by token, the definition).
     chunk_size: tokens per chunk of the chunkwise form.
+    segment_ids, initial_state, return_final_state: packed rows (0 is padding) and the
+      state S `[batch, heads, d_state, head_dim]` in and out, as `gated_family.pure_recurrence` says.
 
   Returns:
-    `[batch, length, heads, head_dim]` in v's dtype (computed in float32).
+    `[batch, length, heads, head_dim]` in v's dtype (computed in float32, or float64 where
+    the inputs are), and with return_final_state the final state `[batch, heads, d_state,
+    head_dim]`.
   """
   b, n, h, _ = q.shape
-  kp = gated_family.checked_key_padding(
+  call = gated_family.checked_call(
     'mamba2',
     'mamba2_attention',
     q,
@@ -90,23 +97,26 @@ def mamba2_attention(
     {'dt': (dt, ((b, n, h),)), 'A_log': (A_log, ((h,),)), 'D': (D, ((h,),))},
     form=form,
     chunk_size=chunk_size,
+    segment_ids=segment_ids,
+    initial_state=initial_state,
   )
-  dt = jnp.asarray(dt, jnp.float32)[..., None]  # [b, n, h, 1]
-  log_decay = -jnp.exp(jnp.asarray(A_log, jnp.float32))[:, None] * dt
-  y = gated_family.pure_recurrence(
+  q, k, v, dt = documents.zero_padding(call.real, q, k, v, jnp.asarray(dt))
+  dt = gated_family.upcast(dt)[..., None]  # [b, n, h, 1]
+  log_decay = -jnp.exp(gated_family.upcast(A_log))[:, None] * dt
+  y, state = gated_family.pure_recurrence(
     gated.DECAY,
     q,
-    scale_rows(k, dt),
+    scale_rows(gated_family.upcast(k), dt),
     v,
     log_decay,
-    None,
-    kp,
+    call=call,
     form=form,
     chunk_size=chunk_size,
+    initial_state=initial_state,
   )
   if D is not None:
-    y = y + masking.zero_padded(jnp.asarray(D, jnp.float32)[:, None] * v, kp)
-  return y.astype(v.dtype)
+    y = y + gated_family.upcast(D)[:, None] * gated_family.upcast(v)
+  return gated_family.finished(y, state, v.dtype, return_final_state)
 
 
 @registry.register
@@ -171,11 +181,11 @@ class Mamba2(gated_family.GatedRecurrence):
 
   def recurrence_inputs(self, options, params, q, k, v, gates):
     dt = gates['dt'][..., None]  # [b, n, h, 1]
-    log_decay = -jnp.exp(params['A_log'].astype(jnp.float32))[:, None] * dt
+    log_decay = -jnp.exp(gated_family.upcast(params['A_log']))[:, None] * dt
     return q, scale_rows(k, dt), v, log_decay, None
 
   def skip(self, options, params, v):
-    return params['D'].astype(jnp.float32)[:, None] * v  # y = S^T C + D X
+    return gated_family.upcast(params['D'])[:, None] * v  # y = S^T C + D X
 
   def finish(self, options, params, out, v, gates):
     y = (out + self.skip(options, params, v)) * nn.swish(gates['output'])
@@ -183,7 +193,7 @@ class Mamba2(gated_family.GatedRecurrence):
       return norm.rms_norm(y, params['norm_scale'], axes=(-2, -1))
     b, n, h, d = y.shape  # one norm per group of heads / ngroups heads, as mamba_ssm's
     y = norm.rms_norm(y.reshape(b, n, options.ngroups, h // options.ngroups * d))
-    return y.reshape(b, n, h, d) * params['norm_scale'].astype(jnp.float32)
+    return y.reshape(b, n, h, d) * gated_family.upcast(params['norm_scale'])
 
   def run_pure_function(self, q, k, v, gates, params, **kwargs):
     return mamba2_attention(q, k, v, gates['dt'], params['A_log'], params['D'], **kwargs)

@@ -34,12 +34,23 @@ from efficient_attn.ops import gated
 from efficient_attn.ops import norm
 
 
-def retention_log_decay(heads: int):
+def retention_log_decay(heads: int, dtype=jnp.float32):
   """log gamma_h = log(1 - 2^(-5 - h)) for h = 0..heads-1, `[heads]` (float32)."""
-  return jnp.log1p(-jnp.exp2(-5.0 - jnp.arange(heads, dtype=jnp.float32)))
+  return jnp.log1p(-jnp.exp2(-5.0 - jnp.arange(heads, dtype=dtype)))
 
 
-def retention_attention(q, k, v, mask=None, *, form: str = 'chunk', chunk_size: int = 64):
+def retention_attention(
+  q,
+  k,
+  v,
+  mask=None,
+  *,
+  form: str = 'chunk',
+  chunk_size: int = 64,
+  segment_ids=None,
+  initial_state=None,
+  return_final_state: bool = False,
+):
   """Retention's recurrence: S_t = gamma_h S_{t-1} + (k_t / sqrt(dk)) v_t^T, o_t = S_t^T q_t.
 
   The mechanism's recurrence alone (causal), gamma_h = 1 - 2^(-5 - h) for head h
@@ -51,18 +62,41 @@ def retention_attention(q, k, v, mask=None, *, form: str = 'chunk', chunk_size: 
       one): a padded token neither writes to the state nor decays it (its output is 0).
     form: 'chunk' (chunkwise parallel) or 'naive' (token by token, the definition).
     chunk_size: tokens per chunk of the chunkwise form.
+    segment_ids, initial_state, return_final_state: packed rows (0 is padding) and the
+      state S `[batch, heads, dk, dv]` in and out, as `gated_family.pure_recurrence` says.
 
   Returns:
-    `[batch, length, heads, dv]` in v's dtype (computed in float32).
+    `[batch, length, heads, dv]` in v's dtype (computed in float32, or float64 where the
+    inputs are), and with return_final_state the final state `[batch, heads, dk, dv]`.
   """
-  kp = gated_family.checked_key_padding(
-    'retention', 'retention_attention', q, k, v, mask, {}, form=form, chunk_size=chunk_size
+  call = gated_family.checked_call(
+    'retention',
+    'retention_attention',
+    q,
+    k,
+    v,
+    mask,
+    {},
+    form=form,
+    chunk_size=chunk_size,
+    segment_ids=segment_ids,
+    initial_state=initial_state,
   )
   b, n, h, dk = k.shape
-  g = jnp.broadcast_to(retention_log_decay(h)[:, None], (b, n, h, 1))
-  return gated_family.pure_recurrence(
-    gated.DECAY, q, k / math.sqrt(dk), v, g, None, kp, form=form, chunk_size=chunk_size
-  ).astype(v.dtype)
+  k = gated_family.upcast(k) / math.sqrt(dk)
+  g = retention_log_decay(h, k.dtype)[:, None]
+  out, state = gated_family.pure_recurrence(
+    gated.DECAY,
+    q,
+    k,
+    v,
+    jnp.broadcast_to(g, (b, n, h, 1)),
+    call=call,
+    form=form,
+    chunk_size=chunk_size,
+    initial_state=initial_state,
+  )
+  return gated_family.finished(out, state, v.dtype, return_final_state)
 
 
 @registry.register
@@ -99,7 +133,7 @@ class Retention(gated_family.GatedRecurrence):
 
   def recurrence_inputs(self, options, params, q, k, v, gates):
     b, n, h, dk = k.shape
-    g = jnp.broadcast_to(retention_log_decay(h)[:, None], (b, n, h, 1))
+    g = jnp.broadcast_to(retention_log_decay(h, k.dtype)[:, None], (b, n, h, 1))
     return q, k / math.sqrt(dk), v, g, None
 
   def finish(self, options, params, out, v, gates):

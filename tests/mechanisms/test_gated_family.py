@@ -80,9 +80,9 @@ def test_a_bfloat16_layer_runs_its_chunk_form_in_bfloat16(mechanism, monkeypatch
   seen = []
   core = gated_family.GatedRecurrence.core
 
-  def spy(self, options, dtype):
+  def spy(self, options, dtype, **kwargs):
     seen.append(jnp.dtype(dtype))
-    return core(self, options, dtype)
+    return core(self, options, dtype, **kwargs)
 
   monkeypatch.setattr(gated_family.GatedRecurrence, 'core', spy)
   layer = ea.MultiHeadAttention(

@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from efficient_attn.ops import segments
 from efficient_attn.ops import short_conv
 
 
@@ -24,5 +25,41 @@ def test_causal_conv_and_its_gradients_equal_the_float64_definition():
     want, want_vjp = jax.vjp(definition, jnp.asarray(x), jnp.asarray(w))
     want_grads = want_vjp(jnp.asarray(d_out))
   np.testing.assert_allclose(out, want, atol=1e-5, rtol=1e-5)
+  for got, ref in zip(vjp(jnp.asarray(d_out, jnp.float32)), want_grads):
+    np.testing.assert_allclose(got, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_no_tap_crosses_a_document_boundary_forward_or_backward():
+  """On packed rows (`segment_ids`: a one-token document, an id reused by a later
+  document, a padding gap inside a document, trailing padding), causal_conv and its own
+  backward equal the float64 definition run on each document alone (its span, a padding
+  gap read as zeros: the taps are positions, as with key padding); padding's outputs are
+  0."""
+  ids = np.asarray([[4, 1, 1, 1, 0, 1, 2, 2, 1, 0], [0, 0, 5, 5, 5, 5, 5, 6, 6, 0]], np.int32)
+  docs = np.asarray(segments.document_index(ids))
+  rng = np.random.default_rng(4)
+  x, d_out = (rng.standard_normal((2, 10, 2, 3)) for _ in range(2))
+  w = rng.standard_normal((3, 2, 3))
+
+  def by_document(x, w):
+    out = jnp.zeros_like(x)
+    for r in range(2):
+      for d in set(docs[r]):
+        real = np.where((docs[r] == d) & (ids[r] != 0))[0]
+        if real.size:
+          at = np.arange(real[0], real[-1] + 1)  # the document's span
+          xp = jnp.pad(x[r, at] * (ids[r, at] != 0)[:, None, None], [(2, 0), (0, 0), (0, 0)])
+          y = sum(w[i] * xp[i : i + at.size] for i in range(3))
+          out = out.at[r, at].set(y * (ids[r, at] != 0)[:, None, None])
+    return out
+
+  f32 = [jnp.asarray(a, jnp.float32) for a in (x, w)]
+  packed = lambda x, w: short_conv.causal_conv(x, w, segment_ids=jnp.asarray(ids))
+  out, vjp = jax.vjp(packed, *f32)
+  with jax.enable_x64(True):
+    want, want_vjp = jax.vjp(by_document, jnp.asarray(x), jnp.asarray(w))
+    want_grads = want_vjp(jnp.asarray(d_out))
+  np.testing.assert_allclose(out, want, atol=1e-5, rtol=1e-5)
+  assert not np.asarray(out)[ids == 0].any()
   for got, ref in zip(vjp(jnp.asarray(d_out, jnp.float32)), want_grads):
     np.testing.assert_allclose(got, ref, atol=1e-5, rtol=1e-5)

@@ -31,9 +31,10 @@ from efficient_attn.ops.delta.reference import delta_scan
 from efficient_attn.ops.delta.reference import delta_step
 from efficient_attn.ops.delta.sharded import transition_sharded
 from efficient_attn.ops.gated.common import Cores
+from efficient_attn.ops.gated.common import pallas_form
 from efficient_attn.ops.gated.reference import zero_state
 
-DELTA = Cores(delta_scan, delta_chunked, delta_step, zero_state, kernels.delta_chunked)
+DELTA = Cores(delta_scan, delta_chunked, delta_step, zero_state, pallas_form(kernels.delta_chunked))
 
 __all__ = [
   'DELTA',

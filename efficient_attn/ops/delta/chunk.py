@@ -19,8 +19,9 @@ import jax
 from jax import lax
 import jax.numpy as jnp
 
-from efficient_attn.ops.gated.common import F32
+from efficient_attn.ops.gated import documents
 from efficient_attn.ops.gated.common import cast_einsum
+from efficient_attn.ops.gated.common import compute_dtype
 from efficient_attn.ops.gated.common import decay_matrix
 from efficient_attn.ops.gated.common import from_chunks
 from efficient_attn.ops.gated.common import heads_first
@@ -63,7 +64,9 @@ def _inverse_bwd(inv, d_inv):
 unit_lower_inverse.defvjp(_inverse_fwd, _inverse_bwd)
 
 
-def delta_chunked(q, k, v, g, beta, state=None, chunk_size: int = 64):
+def delta_chunked(
+  q, k, v, g=None, beta=None, *, initial_state=None, segment_ids=None, chunk_size: int = 64
+):
   """The (gated) delta rule chunkwise in the WY form; equals `delta_scan`.
 
   Time O(n c (dk + dv) + n dk dv + n c^2) per head: the c x c triangular solves of
@@ -71,55 +74,74 @@ def delta_chunked(q, k, v, g, beta, state=None, chunk_size: int = 64):
   over the chunks. Any length works (the last chunk is padded with
   beta = 0 tokens, which change nothing). Where q, k, v are all bfloat16 the matmuls take
   bfloat16 operands accumulated in float32 (`gated.common.matmul_dtype`); the state,
-  decays, beta and the triangular inverse are float32 whatever the inputs. Returns (out
-  `[b, n, h, dv]`, final S).
+  decays, beta and the triangular inverse are float32 whatever the inputs (float64 where
+  an input is float64).
+
+  Packed rows (`segment_ids`, `efficient_attn.ops.gated.documents`): A is masked to one
+  document, so the system splits into one per document; S_0 reaches the tokens of the
+  document it carries (in the system's right-hand side and the output) and S_c gathers the
+  chunk's last document; a padding token writes nothing, decays nothing and reads 0.
+
+  Args: as `gated.scan_tokens` (beta `[b, n, h]` required). Returns (out `[b, n, h, dv]`,
+  final S).
   """
   b, n, h, dk = q.shape
   dv = v.shape[-1]
   gated = g is not None
+  compute = compute_dtype(q, k, v, g, beta, initial_state)
   dtype = matmul_dtype(q, k, v)
   matmul = lambda spec, x, y: cast_einsum(spec, x, y, dtype)
+  packed = documents.packed(segment_ids, b, n, 'delta_chunked')
+  if packed is not None:
+    q, k, v, g, beta = documents.zero_padding(packed.real, q, k, v, g, beta)
   xs = tuple(
     None if x is None else heads_first(x, t)
     for x, t in (
       (q, dtype),
       (k, dtype),
       (v, dtype),
-      (g[..., 0] if gated else None, F32),
-      (beta, F32),
+      (g[..., 0] if gated else None, compute),
+      (beta, compute),
     )
   )
   (qc, kc, vc, gc, bc), c = to_chunks(xs, chunk_size)
-  s0 = zero_state(b, h, dk, dv) if state is None else state
+  dc = None if packed is None else documents.chunk_documents(packed.documents, c)
+  s0 = zero_state(b, h, dk, dv, compute) if initial_state is None else initial_state
   # The UT transform of every chunk at once (it does not depend on the carried state):
   # [T (beta V), T (beta exp(b) K)] with T = (I + A)^-1. Without a decay (DeltaNet) every
   # factor exp(.) is 1 and none is computed.
-  causal = jnp.tril(jnp.ones((c, c), F32))
+  causal = jnp.tril(jnp.ones((c, c), compute))
   cum = jnp.cumsum(gc, axis=-1) if gated else None  # [nc, b, h, c]
   decay = decay_matrix(cum) if gated else causal  # G_ts, s <= t
   scale_rows_by = lambda x, f: scale_rows(x, f[..., None])  # f `[..., rows]`, one factor a row
   a = jnp.tril(scale_rows_by(matmul('...td,...sd->...ts', kc, kc) * decay, bc), -1)
   write = bc * jnp.exp(cum) if gated else bc
+  if dc is not None:  # one system per document; S_0 enters the carried document's rows
+    chunk_docs, doc_in = dc  # [nc, b, c], [nc, b]
+    a = jnp.where((chunk_docs[..., :, None] == chunk_docs[..., None, :])[:, :, None], a, 0.0)
+    write = jnp.where((chunk_docs == doc_in[..., None])[:, :, None], write, 0.0)
   rhs = jnp.concatenate(
-    [scale_rows_by(vc.astype(F32), bc), scale_rows_by(kc.astype(F32), write)], -1
+    [scale_rows_by(vc.astype(compute), bc), scale_rows_by(kc.astype(compute), write)], -1
   )
   solved = matmul('...ts,...sd->...td', unit_lower_inverse(a), rhs)
 
   def body(s, x):
-    qx, kx, cx, sx = x  # [b, h, c, ...]; cx [b, h, c]
+    qx, kx, cx, sx, dx = x  # [b, h, c, ...]; cx [b, h, c]; dx: (documents, doc_in) or None
     u = sx[..., :dv] - matmul('bhtk,bhkv->bhtv', sx[..., dv:], s)
     qk = matmul('bhtd,bhsd->bhts', qx, kx)
     if gated:
       last = cx[..., -1:]
       qk = qk * decay_matrix(cx)
-      qx = scale_rows_by(qx.astype(F32), jnp.exp(cx))
-      kx = scale_rows_by(kx.astype(F32), jnp.exp(last - cx))
+      qx = scale_rows_by(qx.astype(compute), jnp.exp(cx))
+      kx = scale_rows_by(kx.astype(compute), jnp.exp(last - cx))
     else:
       qk = qk * causal
+    qk, qx, kx, s_end = documents.mask_chunk(dx, qk, qx, kx, s)  # s_end: S_0 at the end
     out = matmul('bhtk,bhkv->bhtv', qx, s) + matmul('bhts,bhsv->bhtv', qk, u)
     if gated:
-      s = scale_rows_by(s, jnp.broadcast_to(jnp.exp(last), s.shape[:-1]))
-    return s + matmul('bhtk,bhtv->bhkv', kx, u), out
+      s_end = scale_rows_by(s_end, jnp.broadcast_to(jnp.exp(last), s.shape[:-1]))
+    return s_end + matmul('bhtk,bhtv->bhkv', kx, u), out
 
-  s, out = lax.scan(jax.checkpoint(body, prevent_cse=False), s0, (qc, kc, cum, solved))
+  s0 = s0.astype(compute)
+  s, out = lax.scan(jax.checkpoint(body, prevent_cse=False), s0, (qc, kc, cum, solved, dc))
   return from_chunks(out, n), s

@@ -13,8 +13,9 @@ import jax
 from jax import lax
 import jax.numpy as jnp
 
-from efficient_attn.ops.gated.common import F32
+from efficient_attn.ops.gated import documents
 from efficient_attn.ops.gated.common import cast_einsum
+from efficient_attn.ops.gated.common import compute_dtype
 from efficient_attn.ops.gated.common import decay_matrix
 from efficient_attn.ops.gated.common import from_chunks
 from efficient_attn.ops.gated.common import heads_first
@@ -40,8 +41,9 @@ def per_feature_scores(q, k, cum, sub: int = SUB_CHUNK):
   sub = sub if c % sub == 0 else c
   ns = c // sub
   dtype = matmul_dtype(q, k)  # the matmul's operands; the factors are formed in float32
+  compute = compute_dtype(q, k, cum)
   split = lambda x: x.reshape(x.shape[:-2] + (ns, sub, dk))
-  qs, ks, cs = split(q.astype(F32)), split(k.astype(F32)), split(cum)  # [..., ns, sub, dk]
+  qs, ks, cs = split(q.astype(compute)), split(k.astype(compute)), split(cum)  # [.., ns, sub, dk]
   tri = jnp.tril(jnp.ones((sub, sub), bool))[..., None]
   diff = cs[..., :, None, :] - cs[..., None, :, :]  # [..., ns, sub, sub, dk]
   w = jnp.where(tri, jnp.exp(jnp.where(tri, diff, 0.0)), 0.0)
@@ -60,7 +62,16 @@ def per_feature_scores(q, k, cum, sub: int = SUB_CHUNK):
 
 
 def gated_chunked(
-  q, k, v, g, beta=None, state=None, chunk_size: int = 64, sub_chunk: int = SUB_CHUNK
+  q,
+  k,
+  v,
+  g=None,
+  beta=None,
+  *,
+  initial_state=None,
+  segment_ids=None,
+  chunk_size: int = 64,
+  sub_chunk: int = SUB_CHUNK,
 ):
   """The decay recurrence chunkwise in parallel; equals `gated_scan`.
 
@@ -70,7 +81,11 @@ def gated_chunked(
   A per-feature decay (GLA) gets its c x c scores from `per_feature_scores` (sub-chunks
   of `sub_chunk` tokens), every factor <= 1. Where q, k, v are all bfloat16 the matmuls
   take bfloat16 operands (`matmul_dtype`), accumulated in float32; the state, decays and
-  cumulative sums are float32 whatever the inputs.
+  cumulative sums are float32 whatever the inputs (float64 where an input is float64).
+
+  Packed rows (`segment_ids`, `efficient_attn.ops.gated.documents`): the scores are masked to one document, S_0
+  reaches the tokens of the document it carries and S_c gathers the chunk's last
+  document; a padding token writes nothing, decays nothing and reads 0.
 
   Args: as `scan_tokens`, and chunk_size c (any length works; the last chunk is padded
   with tokens that neither write nor decay). Returns (out `[b, n, h, dv]`, final S).
@@ -78,27 +93,37 @@ def gated_chunked(
   del beta
   b, n, h, dk = q.shape
   dv = v.shape[-1]
+  compute = compute_dtype(q, k, v, g, initial_state)
   dtype = matmul_dtype(q, k, v)
+  g = jnp.zeros((b, n, h, 1), compute) if g is None else g
+  packed = documents.packed(segment_ids, b, n, 'gated_chunked')
+  if packed is not None:
+    q, k, v, g = documents.zero_padding(packed.real, q, k, v, g)
   (qc, kc, vc, gc), c = to_chunks(
-    tuple(heads_first(x, t) for x, t in ((q, dtype), (k, dtype), (v, dtype), (g, F32))), chunk_size
+    tuple(heads_first(x, t) for x, t in ((q, dtype), (k, dtype), (v, dtype), (g, compute))),
+    chunk_size,
   )
-  s0 = zero_state(b, h, dk, dv) if state is None else state
+  dc = None if packed is None else documents.chunk_documents(packed.documents, c)
+  s0 = zero_state(b, h, dk, dv, compute) if initial_state is None else initial_state
   scalar = g.shape[-1] == 1
 
   def body(s, x):
-    qx, kx, vx, gx = x  # [b, h, c, dk|dv|dg]
+    qx, kx, vx, gx, dx = x  # [b, h, c, dk|dv|dg]; dx: (documents [b, c], doc_in [b]) or None
     cum = jnp.cumsum(gx, axis=2)  # [b, h, c, dg]
     if scalar:
       a = cast_einsum('bhqd,bhkd->bhqk', qx, kx, dtype) * decay_matrix(cum[..., 0])
     else:
       a = per_feature_scores(qx, kx, cum, sub_chunk)
-    out = cast_einsum('bhqk,bhkv->bhqv', a, vx, dtype)
-    out = out + cast_einsum('bhqd,bhdv->bhqv', scale_rows(qx.astype(F32), jnp.exp(cum)), s, dtype)
     last = cum[:, :, -1:]  # [b, h, 1, dg]
-    s = scale_rows(s, jnp.swapaxes(jnp.exp(last), 2, 3)) + cast_einsum(
-      'bhkd,bhkv->bhdv', scale_rows(kx.astype(F32), jnp.exp(last - cum)), vx, dtype
-    )
+    q_in = scale_rows(qx.astype(compute), jnp.exp(cum))
+    k_out = scale_rows(kx.astype(compute), jnp.exp(last - cum))
+    a, q_in, k_out, s_end = documents.mask_chunk(dx, a, q_in, k_out, s)  # s_end: S_0 at the end
+    out = cast_einsum('bhqk,bhkv->bhqv', a, vx, dtype)
+    out = out + cast_einsum('bhqd,bhdv->bhqv', q_in, s, dtype)
+    s = scale_rows(s_end, jnp.swapaxes(jnp.exp(last), 2, 3))
+    s = s + cast_einsum('bhkd,bhkv->bhdv', k_out, vx, dtype)
     return s, out
 
-  s, out = lax.scan(jax.checkpoint(body, prevent_cse=False), s0, (qc, kc, vc, gc))
+  s0 = s0.astype(compute)
+  s, out = lax.scan(jax.checkpoint(body, prevent_cse=False), s0, (qc, kc, vc, gc, dc))
   return from_chunks(out, n), s

@@ -1,10 +1,11 @@
 """What the gated recurrences' forms share: the `Cores` tuple of a recurrence's forms, the
-chunk forms' matmul dtype rule and einsum, and the chunking of `[b, h, n, ...]` arrays.
+compute and matmul dtype rules and einsum, and the chunking of `[b, h, n, ...]` arrays.
 
 Used by the decay recurrence (`efficient_attn.ops.gated`) and the delta rule
 (`efficient_attn.ops.delta`).
 """
 
+import functools
 from typing import Any, Callable, NamedTuple, Optional
 
 import jax.numpy as jnp
@@ -13,16 +14,40 @@ F32 = jnp.float32
 
 
 class Cores(NamedTuple):
-  """A recurrence's three forms, one signature: `scan` and `chunked` take (q, k, v, g, beta,
-  state, chunk_size) -> (out, S); `step` takes (S, q_t, k_t, v_t, g_t, beta_t) -> (S, o_t);
-  `init(batch, heads, dk, dv)` is the empty state; `pallas`, the chunk form's Pallas
-  kernels (`efficient_attn.ops.kernels`), `chunked`'s signature."""
+  """A recurrence's forms, one signature (docs/design.md): `scan` and `chunked` take
+  (q, k, v, g=None, beta=None, *, initial_state=None, segment_ids=None, chunk_size=64) ->
+  (out, final S); `step` takes (S, q_t, k_t, v_t, g_t, beta_t) -> (S, o_t); `init(batch,
+  heads, dk, dv)` is the empty state; `pallas`, the chunk form's Pallas kernels
+  (`efficient_attn.ops.kernels`) behind `chunked`'s signature (`pallas_form`)."""
 
   scan: Callable[..., Any]
   chunked: Callable[..., Any]
   step: Callable[..., Any]
   init: Callable[..., Any]
   pallas: Optional[Callable[..., Any]] = None
+
+
+def pallas_form(kernel):
+  """The Pallas kernels `kernel(q, k, v, g, beta, state, chunk_size)` behind the forms'
+  signature: `initial_state` is the kernels' `state`; packed rows (`segment_ids`) are
+  refused in one line until the kernels take them."""
+
+  @functools.wraps(kernel)
+  def form(q, k, v, g=None, beta=None, *, initial_state=None, segment_ids=None, chunk_size=64):
+    if segment_ids is not None:
+      raise ValueError(
+        "implementation='pallas' cannot run packed rows (segment_ids) yet; valid: "
+        "implementation='xla' or 'auto'"
+      )
+    return kernel(q, k, v, g, beta, state=initial_state, chunk_size=chunk_size)
+
+  return form
+
+
+def compute_dtype(*xs):
+  """The dtype the forms compute in for inputs xs (None passes): float64 where one is
+  float64, else float32 (bfloat16 and float16 inputs compute in float32)."""
+  return functools.reduce(jnp.promote_types, (x.dtype for x in xs if x is not None), F32)
 
 
 def heads_first(x, dtype=F32):
@@ -32,14 +57,17 @@ def heads_first(x, dtype=F32):
 
 def matmul_dtype(*xs):
   """The chunk forms' matmul operand dtype for inputs xs (q, k, v): bfloat16 where all are
-  bfloat16, else float32. Products accumulate in float32 either way (`cast_einsum`), and
-  states, decays, cumulative sums and the delta rule's triangular inverse stay float32."""
-  return jnp.bfloat16 if all(x.dtype == jnp.bfloat16 for x in xs) else F32
+  bfloat16, else their compute dtype (`compute_dtype`). Products accumulate in float32 (or
+  float64) either way (`cast_einsum`), and states, decays, cumulative sums and the delta
+  rule's triangular inverse stay in the compute dtype."""
+  return jnp.bfloat16 if all(x.dtype == jnp.bfloat16 for x in xs) else compute_dtype(*xs)
 
 
 def cast_einsum(spec: str, a, b, dtype=F32):
-  """einsum(spec, a, b) with both operands cast to `dtype`, accumulated in float32."""
-  return jnp.einsum(spec, a.astype(dtype), b.astype(dtype), preferred_element_type=F32)
+  """einsum(spec, a, b) with both operands cast to `dtype`, accumulated in float32 (float64
+  for float64 operands)."""
+  accumulate = jnp.promote_types(dtype, F32)
+  return jnp.einsum(spec, a.astype(dtype), b.astype(dtype), preferred_element_type=accumulate)
 
 
 def scale_rows(x, factor):
