@@ -98,8 +98,8 @@ def _kernel(kind, **static):
   """The kernel of `kind` with the reference's signature (q, k, v, g, beta, state, ...)."""
   kernel = KERNEL[kind]
 
-  def run(q, k, v, g, beta, state, **kwargs):
-    return kernel(q, k, v, g, beta, initial_state=state, **static, **kwargs)
+  def run(q, k, v, g, beta, initial_state, **kwargs):
+    return kernel(q, k, v, g, beta, initial_state=initial_state, **static, **kwargs)
 
   return run
 
@@ -115,6 +115,7 @@ def _vjp(fn, kind, c, args, cotangents, segment_ids=None):
 
   def call(*xs):
     given = {**{n: None for n in ARGS}, **dict(zip(names, xs))}
+    given['initial_state'] = given.pop('state')  # the recurrences' name for it
     return fn(**given, **kwargs)
 
   out, vjp = jax.vjp(call, *(args[n] for n in names))
@@ -178,7 +179,8 @@ def test_kernels_equal_the_float64_recurrence_and_the_xla_chunk_form(kind):
   errors = _errors(got, want)
   assert set(errors) == _names(kind)
   assert max(errors.values()) < 2e-5, errors
-  xla_out, xla_state = XLA[kind](**f32, chunk_size=c)
+  inputs = {('initial_state' if name == 'state' else name): x for name, x in f32.items()}
+  xla_out, xla_state = XLA[kind](**inputs, chunk_size=c)
   (out, state), _ = got
   assert _error(out, xla_out) < 2e-6 and _error(state, xla_state) < 2e-6
   assert bool(jnp.all(jnp.isfinite(out)))
