@@ -26,12 +26,13 @@ depth chosen to reach it), the bytes per chip of the parameters and AdamW's stat
 all the topology's chips as data (replicated) and as fsdp (`train.mesh`'s FSDP rule),
 from the state's shardings (exact arithmetic, no compile).
 
-Until the kernels choose their platform when lowered (issue 67 item 2), the library
-decides by `jax.default_backend()` at trace time; this tool answers 'tpu' there while it
-builds and lowers, so that the TPU's code paths (kernels, chunk sizes) are the ones
-compiled. libtpu reads XLA_FLAGS too and aborts on a flag it does not know (the CPU
-compiler's, such as the tests'): run it without them. --tiny runs in seconds (the
-tests). Writes <out>/<name>.json and .md.
+The gated family's kernels choose their platform when lowered (`lax.platform_dependent`),
+but a few choices are still made by `jax.default_backend()` at trace time (softmax's
+splash kernel, chunk sizes, what 'auto' resolves to); this tool answers 'tpu' there while
+it builds and lowers, so that the TPU's code paths are the ones compiled. libtpu reads
+XLA_FLAGS too and aborts on a flag it does not know (the CPU compiler's, such as the
+tests'): run it without them. --tiny runs in seconds (the tests). Writes
+<out>/<name>.json and .md.
 """
 
 import contextlib
@@ -321,8 +322,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     f'{fv.chip_gib:g} GiB per chip; next length: what the next one needed, or the '
     "compiler's (or the library's) first line. Kernel: the step holds a Mosaic kernel "
     '(tpu_custom_call).',
-    "`jax.default_backend()` answered 'tpu' while the step was traced (the library picks "
-    'kernels by it until issue 67 item 2 lands).',
+    "`jax.default_backend()` answered 'tpu' while the step was traced: the library still "
+    "makes a few choices by it (softmax's splash kernel, chunk sizes, 'auto').",
     f'FSDP: a model of {fsdp["params"]:,} parameters of the same family (d_model '
     f'{fsdp["d_model"]}, depth {fsdp["depth"]}) on {fsdp["chips"]} chips: bytes per chip '
     "of the float32 parameters, and with AdamW's two moments, from the state's shardings "
