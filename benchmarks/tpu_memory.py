@@ -262,6 +262,17 @@ def fsdp_table(f: Dict[str, Any]) -> str:
   return output.table(['mesh', 'parameters / chip', 'parameters + AdamW / chip'], rows)
 
 
+def markdown(data: Dict[str, Any]) -> str:
+  """The report of a run's JSON: title, what it was compiled for, notes, the tables."""
+  head = output.header(
+    'The longest training sequence per mechanism on TPU v5e (compiler estimates)',
+    f"{data['topology']}, ahead of time by libtpu on a CPU host (no TPU ran)",
+    data['notes'],
+    label='Compiled for',
+  )
+  return '\n'.join([head, table(data['rows']), '', fsdp_table(data['fsdp']), ''])
+
+
 def reduced(fv) -> str:
   """A note naming the flags of the table's scope set away from their defaults."""
   scope = ('mechanisms', 'chips', 'd_model', 'num_heads', 'depth', 'start', 'max_length')
@@ -337,19 +348,11 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     topology=fv.topology,
     flags={f: fv[f].value for f in fv},
     budget_bytes=fv.chip_gib * 2**30,
+    notes=notes,
     rows=rows,
     fsdp=fsdp,
   )
-  output.finish_table(
-    fv.out,
-    fv.name,
-    'The longest training sequence per mechanism on TPU v5e (compiler estimates)',
-    f'{fv.topology}, compiled ahead of time by libtpu on a CPU host (no TPU ran)',
-    notes,
-    table(rows) + '\n\n' + fsdp_table(fsdp),
-    data,
-    quiet=fv.quiet,
-  )
+  output.finish(fv.out, fv.name, data, markdown(data), quiet=fv.quiet)
   return data
 
 
