@@ -107,17 +107,20 @@ def get_eval_data(
   *,
   process_index: Optional[int] = None,
   process_count: Optional[int] = None,
+  row_multiple: int = 1,
 ):
   """Evaluation batches of `split` (default `config.dataset.eval_split`): every
-  example once over the processes, padding rows with mask 0."""
+  example once over the processes, padding rows with mask 0. Each process's batch
+  holds its share of `eval_batch_size` rounded up to a multiple of `row_multiple`
+  (the devices its rows are split over), so any eval batch size fits any mesh."""
   dataset = resolve(config)
   split = split or dataset.fields.eval_split
   pid, count = _processes(process_index, process_count)
   if dataset.in_memory:
-    return memory.EvalData(dataset, split, pid, count)
+    return memory.EvalData(dataset, split, pid, count, row_multiple)
   from data import stream  # pylint: disable=g-import-not-at-top
 
-  return stream.EvalData(dataset, split, pid, count)
+  return stream.EvalData(dataset, split, pid, count, row_multiple)
 
 
 def get_eval_batch(config, split: str = ''):

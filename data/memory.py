@@ -201,12 +201,20 @@ class TrainData(_Split):
 
 
 class EvalData(_Split):
-  """Every example of the split once; process p reads the p-th contiguous shard."""
+  """Every example of the split once; process p reads the p-th contiguous shard, in
+  batches of `specs.eval_local_batch` rows (the last padded with mask-0 rows)."""
 
-  def __init__(self, dataset: specs.Dataset, split: str, process_index: int, process_count: int):
+  def __init__(
+    self,
+    dataset: specs.Dataset,
+    split: str,
+    process_index: int,
+    process_count: int,
+    row_multiple: int = 1,
+  ):
     super().__init__(dataset, split)
-    self.local_batch = specs.local_batch_size(
-      dataset.fields.eval_batch_size, process_count, 'eval_batch_size'
+    self.local_batch = specs.eval_local_batch(
+      dataset.fields.eval_batch_size, process_count, row_multiple
     )
     per_process = -(-self.num_examples // process_count)
     self.num_batches = -(-per_process // self.local_batch)

@@ -242,6 +242,20 @@ def local_batch_size(global_size: int, process_count: int, field: str) -> int:
   return global_size // process_count
 
 
+def eval_local_batch(global_size: int, process_count: int, row_multiple: int = 1) -> int:
+  """This process's evaluation batch: its share of `config.dataset.eval_batch_size`
+  (rounded up) made a multiple of `row_multiple` (the devices its rows are split over),
+  so that any eval batch size runs on any mesh; the rows added are padding (mask 0)."""
+  if global_size < 1:
+    raise ValueError(
+      f'config.dataset.eval_batch_size={global_size} is not valid; valid: integers >= 1'
+    )
+  if row_multiple < 1:
+    raise ValueError(f'row_multiple={row_multiple} is not valid; valid: integers >= 1')
+  share = -(-global_size // process_count)
+  return -(-share // row_multiple) * row_multiple
+
+
 def pad_rows(x, size: int):
   """Pads axis 0 of the numpy array `x` with zeros up to `size` rows."""
   if len(x) == size:

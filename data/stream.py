@@ -218,13 +218,21 @@ class TrainData:
 
 
 class EvalData:
-  """Every example of a split once over all processes, in order, padded batches."""
+  """Every example of a split once over all processes, in order, in batches of
+  `specs.eval_local_batch` rows (padded with mask-0 rows)."""
 
-  def __init__(self, dataset: specs.Dataset, split: str, process_index: int, process_count: int):
+  def __init__(
+    self,
+    dataset: specs.Dataset,
+    split: str,
+    process_index: int,
+    process_count: int,
+    row_multiple: int = 1,
+  ):
     self.source = Source(dataset, split, process_index, process_count, drop_remainder=False)
     self.num_examples = self.source.num_examples
-    self.local_batch = specs.local_batch_size(
-      dataset.fields.eval_batch_size, process_count, 'eval_batch_size'
+    self.local_batch = specs.eval_local_batch(
+      dataset.fields.eval_batch_size, process_count, row_multiple
     )
     per_process = -(-self.num_examples // process_count)
     self.num_batches = -(-per_process // self.local_batch)

@@ -47,7 +47,6 @@ class Session:
     try:
       self.mesh = mesh_lib.create(resolved.loop.mesh, devices) if mesh is None else mesh
       mesh_lib.check_batch(self.mesh, self.config.dataset.batch_size)
-      mesh_lib.check_batch(self.mesh, self.config.dataset.eval_batch_size, 'eval_batch_size')
       self.data_processes = mesh_lib.data_processes(self.mesh)
     except ValueError as e:
       raise validate.ConfigError(str(e)) from None
@@ -109,9 +108,16 @@ class Session:
     return data.get_train_data(self.dataset, process_index=index, process_count=count)
 
   def eval_data(self):
-    """This process's evaluation batches of the eval split."""
+    """This process's evaluation batches of the eval split: any `eval_batch_size`, its
+    share rounded up to a multiple of the devices this process's rows are split over
+    and padded with rows of mask 0, which count for nothing in any metric."""
     index, count = self.data_processes
-    return data.get_eval_data(self.dataset, process_index=index, process_count=count)
+    return data.get_eval_data(
+      self.dataset,
+      process_index=index,
+      process_count=count,
+      row_multiple=mesh_lib.batch_devices(self.mesh) // count,
+    )
 
   def evaluate(self, params, eval_data) -> Dict[str, float]:
     """Mean metrics of `params` over every example of `eval_data`."""

@@ -95,6 +95,30 @@ def test_eval_batches_are_padded_with_zero_mask():
   assert batch['inputs'].shape == (100, 8, 8, 1)
 
 
+def test_any_eval_batch_size_fits_any_processes_and_mesh_rows():
+  """250 over 3 processes whose rows are split over 4 devices each: 84 rows a batch per
+  process (250 / 3 rounded up, then to a multiple of 4), every test example exactly once
+  over the processes, the rest padding of mask 0."""
+  from data import specs  # pylint: disable=g-import-not-at-top
+
+  assert specs.eval_local_batch(250, 1, 4) == 252
+  assert specs.eval_local_batch(250, 3, 4) == 84
+  assert specs.eval_local_batch(8, 2, 1) == 4
+  with pytest.raises(ValueError, match=r'eval_batch_size=0 is not valid; valid: integers >= 1'):
+    specs.eval_local_batch(0, 1, 4)
+  config = digits_config(eval_batch_size=250)
+  evals = [
+    data.get_eval_data(config, process_index=p, process_count=3, row_multiple=4) for p in range(3)
+  ]
+  batches = [b for e in evals for b in e.batches()]
+  assert all(b['inputs'].shape[0] == 84 for b in batches)
+  assert len({e.num_batches for e in evals}) == 1
+  labels = np.concatenate([b['label'][b['mask'] > 0] for b in batches])
+  np.testing.assert_array_equal(np.sort(labels), np.sort(arrays.load_digits()['test'].labels))
+  padding = np.concatenate([b['inputs'][b['mask'] == 0] for b in batches])
+  assert len(padding) == 3 * evals[0].num_batches * 84 - 360 and not padding.any()
+
+
 # --- TFDS datasets on mock data ----------------------------------------------------------
 
 
@@ -146,6 +170,16 @@ def test_tfds_pipeline_on_mock_data(name):
   assert eval_data.num_batches == 4
   assert [float(b['mask'].sum()) for b in eval_batches] == [3, 3, 3, 1]
   assert all(b['inputs'].shape[0] == 3 for b in eval_batches)
+
+
+def test_streamed_eval_batches_round_up_to_the_row_multiple():
+  tfds = pytest.importorskip('tensorflow_datasets')
+  config = tfds_config('mnist')  # eval_batch_size 3
+  with tfds.testing.mock_data(num_examples=10):
+    batches = list(data.get_eval_data(config, row_multiple=2).batches())
+  assert [b['inputs'].shape[0] for b in batches] == [4, 4, 4]
+  assert [float(b['mask'].sum()) for b in batches] == [4, 4, 2]
+  assert not batches[-1]['inputs'][2:].any()
 
 
 def test_tfds_training_order_depends_on_the_seed():

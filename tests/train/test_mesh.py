@@ -153,6 +153,7 @@ def test_batch_and_length_refusals_name_the_value_and_the_valid_ones():
 SCRIPT = r'''
 import json, os, shutil, sys
 import jax, numpy as np
+import data
 from jax.sharding import PartitionSpec as P
 from configs import mqar
 from train import api, inference, trainer, validate
@@ -237,6 +238,29 @@ got = [r['loss'] for r in rows(full)]
 np.testing.assert_allclose(got, losses, rtol=1e-5, atol=1e-6)
 assert losses[-1] < losses[0] - 0.1, losses  # it learned: the comparison is not of idle params
 close(reference, inference.load(full)[2], 'mesh run vs one device')
+
+# Evaluation with an eval batch size the mesh's 4 row devices do not divide (25: batches of
+# 28 rows, the last 8 examples + 20 padding) equals one unpadded batch on one device, and
+# what a padding row holds changes no sum of the mesh's eval step, bit for bit.
+c = config(MESH)
+c.dataset.eval_batch_size = 25
+padded_run = api.build(c)
+padded = padded_run.evaluate(reference)
+whole = config({'data': 1})
+whole.dataset.eval_batch_size = 64
+unpadded = api.build(whole, devices=jax.devices()[:1]).evaluate(reference)
+assert padded['accuracy'] == unpadded['accuracy'], (padded, unpadded)
+np.testing.assert_allclose(padded['loss'], unpadded['loss'], rtol=1e-6)
+last = list(data.get_eval_data(c, row_multiple=4).batches())[-1]
+assert last['mask'].sum() == 8 and len(last['mask']) == 28, last['mask']
+noisy = dict(last, inputs=last['inputs'].copy(), label=last['label'].copy())
+rng = np.random.default_rng(0)
+noisy['inputs'][8:] = rng.integers(1, 32, size=noisy['inputs'][8:].shape)
+noisy['label'][8:, :, 1] = rng.integers(0, 32, size=noisy['label'][8:, :, 1].shape)
+sums = [jax.device_get(padded_run.eval_step(reference, padded_run.to_devices(b)))
+        for b in (last, noisy)]
+for key in sums[0]:
+  np.testing.assert_array_equal(sums[1][key], sums[0][key], err_msg=key)
 
 # Saved on the mesh at step 2, resumed on data=8 (parameters replicated): as uninterrupted.
 resumed = os.path.join(root, 'resumed')
