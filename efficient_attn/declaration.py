@@ -21,9 +21,14 @@ and re-exports these names (`registry.Mechanism`, `registry.Option`, ...), the o
 mechanism's file uses.
 """
 
+import copy
 import dataclasses
 import math
 from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Tuple
+
+import jax
+from jax import lax
+import jax.numpy as jnp
 
 from efficient_attn.ops import scaled_dot_product
 
@@ -180,10 +185,11 @@ class Mechanism:
     whole_sequence: why a mechanism with sequence_parallel='' needs the whole
       sequence on one device, for the one-line refusal (e.g. "its landmarks are
       means over the whole sequence").
-    segments: every form of `attend` (and `step`, `attend_sharded`, the kernels) honours
-      packed rows: `ctx.documents` (`ops.segments.document_index` of the layer's
-      `segment_ids`) confines each token to its own document, exactly
-      (docs/design.md, "Documents").
+    segments: every form of `attend` (and `step`, `prefill`, `attend_sharded`, the
+      kernels) honours packed rows: `ctx.documents` (`ops.segments.document_index` of the
+      layer's `segment_ids`; the raw ids in a decoding call) confines each token to its
+      own document, exactly (docs/design.md, "Documents"). The layers refuse
+      `segment_ids` for a mechanism without it, in one line naming `no_segments`.
     no_segments: why a mechanism with segments=False cannot honour them, for the
       one-line refusal (e.g. "its landmarks are means over the whole row").
 
@@ -377,9 +383,40 @@ class Mechanism:
   def step(self, options: Options, params, state, q_t, k_t, v_t, *, ctx: 'Context'):
     """One token `[batch, 1, heads, dim]`: (new state, out_t `[batch, 1, heads, dv]`).
 
-    Feeding tokens 0..n-1 reproduces the causal `attend`.
+    Feeding tokens 0..n-1 reproduces the causal `attend`. A packed stream (`segments`):
+    `ctx.documents` holds the token's raw segment id `[batch, 1]` (0: padding; None: the
+    row's one document goes on); a row whose id differs from its last real token's
+    starts a new document, and the mechanism resets its state there (it keeps the last
+    id in its state); a padding token leaves the state as it was and its output is 0.
     """
     raise NotImplementedError
+
+  def prefill(self, options: Options, params, state, q, k, v, *, ctx: 'Context'):
+    """n tokens `[batch, n, heads, dim]` from `state`: (the state after them, out `[batch,
+    n, heads, dv]`), as n `step`s would give them (a prompt run in one call).
+
+    `ctx` is a step's for n tokens: `ctx.gates` `[batch, n, ...]`, `ctx.documents` the raw
+    segment ids `[batch, n]` (or None), `ctx.position` the rotary positions `[batch, n]`
+    (or None; `ctx.positions` the same pair for a parallel form). Default: `step` over the
+    tokens in a `lax.scan` (exact, n sequential steps); a mechanism with a parallel form
+    from an initial state (a chunk form with `initial_state`, returning its final state)
+    overrides it with one pass.
+    """
+    per_token = lambda x: None if x is None else jnp.moveaxis(x, 1, 0)[:, :, None]
+
+    def body(state, token):
+      q_t, k_t, v_t, gates, documents, position = token
+      one = copy.copy(ctx)
+      one.gates, one.documents, one.position = gates, documents, position
+      one.positions = None if position is None else (position, position)
+      return self.step(options, params, state, q_t, k_t, v_t, ctx=one)
+
+    position = ctx.position
+    if position is not None and jnp.ndim(position) < 2:  # one position for every row
+      position = jnp.broadcast_to(position + jnp.arange(q.shape[1]), q.shape[:2])
+    tokens = jax.tree.map(per_token, (q, k, v, ctx.gates, ctx.documents, position))
+    state, out = lax.scan(body, state, tokens)
+    return state, jnp.moveaxis(out[:, :, 0], 0, 1)
 
   def grouped_state(self, options: Options) -> bool:
     """The state depends on keys and values alone (no per-query-head parameter touches
@@ -406,13 +443,18 @@ class Context:
       form the weights apply it when not deterministic).
     max_length: the layer's context length (None if it has none).
     positions: rotary (query positions, key positions) for a 'features'
-      mechanism's `attend`, or None (no rotary positions).
-    position: a decoding step's rotary position (scalar), or None.
+      mechanism's `attend`, each `[length]` or `[batch, length]` (a packed row's restart
+      at each document), or None (no rotary positions).
+    position: a decoding call's rotary positions (`[batch, n]`, n = 1 in a step, or a
+      scalar), or None.
     gates: a reads_input mechanism's `Mechanism.gates` of this call's layer
       input (`[batch, q_length, ...]`, one token in a step), else None.
-    documents: `[batch, length]` int32, the document of each token of a packed row
-      (`ops.segments.document_index`), for a mechanism that declares `segments`; None
-      for rows of one document. Padding is the call's key padding (`mask`).
+    documents: in `attend` (and `attend_sharded`, on the block), `[batch, length]` int32,
+      the document of each token of a packed row (`ops.segments.document_index` of the
+      layer's `segment_ids`), for a mechanism that declares `segments`; None for rows of
+      one document. Padding is the call's key padding (`mask`). In a decoding call
+      (`step`, `prefill`): the tokens' raw segment ids `[batch, n]` (0: padding), or None
+      (see `Mechanism.step`).
     forming_weights: the call computes the attention weights themselves
       (`layer.attention_weights`, identity values), so a mechanism must use its
       explicit form, never a fused kernel that does not form them.

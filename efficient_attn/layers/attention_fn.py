@@ -1,7 +1,7 @@
 """`make_attention_fn`: a parameter-free mechanism as the `attention_fn` of flax's own
 attention layers (Linen's `MultiHeadDotProductAttention`, NNX's `MultiHeadAttention`)."""
 
-from typing import Any, Callable
+from typing import Any, Callable, Union
 
 import flax.linen as nn
 
@@ -9,7 +9,9 @@ from efficient_attn import registry
 from efficient_attn.layers import multi_head
 
 
-def make_attention_fn(mechanism: str = 'softmax', **options) -> Callable[..., Any]:
+def make_attention_fn(
+  mechanism: Union[str, registry.Mechanism] = 'softmax', **options
+) -> Callable[..., Any]:
   """A parameter-free mechanism as the `attention_fn` of flax's own attention layers.
 
       layer = nn.MultiHeadDotProductAttention(
@@ -25,11 +27,14 @@ def make_attention_fn(mechanism: str = 'softmax', **options) -> Callable[..., An
   module) are honoured by mechanisms that form the weights, and `is_causal`
   where the mechanism has a causal form. What it cannot honour it refuses with
   one line rather than ignoring: attention dropout during training, an
-  attention bias, and the options above for other mechanisms.
+  attention bias, and the options above for other mechanisms. A caller that packs
+  documents into rows passes `segment_ids` `[batch, length]` (0 is padding) to the
+  function itself (`functools.partial`, flax passes none), for a mechanism that
+  declares `segments`.
   """
-  decl, resolved = registry.configure(
-    mechanism, options, causal=registry.get_mechanism(mechanism).causal_only
-  )
+  decl = registry.declaration(mechanism)
+  decl, resolved = registry.configure(decl, options, causal=decl.causal_only)
+  mechanism = decl.name
   if not decl.parameter_free:
     free = registry.names_where(lambda m: m.parameter_free)
     raise ValueError(
@@ -59,6 +64,7 @@ def make_attention_fn(mechanism: str = 'softmax', **options) -> Callable[..., An
     force_fp32_for_softmax=False,
     module=None,
     is_causal=False,
+    segment_ids=None,
   ):
     del dropout_rng, broadcast_dropout, precision
     if bias is not None:
@@ -66,7 +72,7 @@ def make_attention_fn(mechanism: str = 'softmax', **options) -> Callable[..., An
     if dropout_rate > 0.0 and not deterministic:
       refuse(f'attention dropout (dropout_rate={dropout_rate}) in training')
     if is_causal:
-      registry.configure(mechanism, options, causal=True)  # refuses a non-causal mechanism
+      registry.configure(decl, options, causal=True)  # refuses a non-causal mechanism
     heads, head_dim = query.shape[-2:]
     shapes = decl.head_shapes(resolved, heads=heads, head_dim=head_dim)
     if shapes != (heads, head_dim, head_dim):  # flax's projections make (heads, head_dim)
@@ -89,6 +95,7 @@ def make_attention_fn(mechanism: str = 'softmax', **options) -> Callable[..., An
       use_rotary=False,
       sow_weights=module is not None,
       force_fp32_for_softmax=force_fp32_for_softmax,
+      segment_ids=segment_ids,
     )
     if module is None:
       return out

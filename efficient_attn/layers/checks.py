@@ -6,7 +6,7 @@ Each refusal is one line naming the value and the valid ones; the Linen and NNX 
 (`efficient_attn.layers.linen`, `.nnx`) and `make_attention_fn` call these.
 """
 
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 import warnings
 
 import jax.numpy as jnp
@@ -90,16 +90,17 @@ def check_weights_args(
 def check_decode(
   mask, inputs_q, inputs_k, inputs_v, stepping: bool, sow_weights: bool = False
 ) -> None:
-  """What a decoding step needs: no mask, no sown weights, self-attention, one token
-  per step.
+  """What a decoding call needs: no mask, no sown weights, self-attention.
 
-  A step attends to the cached positions up to its own (flax's rule), so the
-  steps are causal whether or not the layer was built with causal=True; the
-  call that creates the cache is the layer's ordinary forward.
+  A call (a step of one token, or a prefill of several) attends to the cached positions
+  up to each token's own (flax's rule), so it is causal whether or not the layer was
+  built with causal=True; the call that creates the cache is the layer's ordinary
+  forward. Padding in a decoding call is segment id 0.
   """
   if stepping and mask is not None:
     raise ValueError(
-      'a decoding step takes no mask (it attends to the cached tokens up to its own position)'
+      'a decoding step takes no mask (it attends to the cached tokens up to its own '
+      'position); mark padding tokens with segment_ids=0'
     )
   if stepping and sow_weights:
     raise ValueError(
@@ -107,11 +108,62 @@ def check_decode(
     )
   if not (inputs_q is inputs_k is inputs_v):
     raise ValueError('decode=True supports self-attention only')
-  if stepping and inputs_q.shape[1] != 1:
+
+
+def is_key_padding(mask) -> bool:
+  """`mask` is key padding by its shape: `[batch, kv_length]` or `[batch, 1, 1, kv_length]`."""
+  return jnp.ndim(mask) == 2 or (jnp.ndim(mask) == 4 and mask.shape[1] == mask.shape[2] == 1)
+
+
+def check_segments(
+  decl: registry.Mechanism,
+  segment_ids,
+  *,
+  mask=None,
+  cross: bool = False,
+  projection: Optional[str] = None,
+) -> None:
+  """Refuses, in one line naming the value and the valid ones, a call with `segment_ids`
+  (packed rows) that the layer cannot run: a mechanism that does not declare `segments`
+  (its `no_segments` says why), cross-attention, a mask other than key padding, and the
+  super projection (its W_A mixes values across the whole row). Nothing for None."""
+  if segment_ids is None:
+    return
+  if not decl.segments:
+    able = registry.names_where(lambda m: m.segments)
     raise ValueError(
-      f'a decoding step takes one token [batch, 1, features], got '
-      f'shape {inputs_q.shape} (the cache already exists)'
+      f'segment_ids (packed rows): mechanism {decl.name!r} cannot keep packed documents '
+      f'apart: {decl.no_segments}; mechanisms that can: {", ".join(able) or "none yet"}'
     )
+  if cross:
+    raise ValueError(
+      'segment_ids with cross-attention (inputs_k or inputs_v other than inputs_q, or '
+      'another length): a packed row is its own queries and keys; valid: self-attention '
+      '(inputs_k=None, inputs_v=None)'
+    )
+  if mask is not None and not is_key_padding(mask):
+    raise ValueError(
+      f'segment_ids with a mask of shape {tuple(jnp.shape(mask))}: beside segment ids a '
+      f'mask may only be key padding ([batch, kv_length] or [batch, 1, 1, kv_length]); '
+      f'the documents and causal=True make the rest'
+    )
+  if projection == 'super':
+    raise ValueError(
+      "segment_ids with projection 'super': its W_A mixes values along the whole row, "
+      "across documents; valid projections: 'standard', 'optimised', 'efficient'"
+    )
+
+
+def check_positions(positions, batch: int, length: int, name: str):
+  """`positions` as an int32 `[batch, length]` array, else a one-line ValueError naming
+  `name` and the shape or dtype it got."""
+  positions = jnp.asarray(positions)
+  if positions.shape != (batch, length) or not jnp.issubdtype(positions.dtype, jnp.integer):
+    raise ValueError(
+      f'{name}: positions of shape {tuple(positions.shape)} and dtype {positions.dtype} do '
+      f'not fit the inputs; valid: integers [batch, length] = {[batch, length]}'
+    )
+  return positions.astype(jnp.int32)
 
 
 def check_mask(decl: registry.Mechanism, mask, q_length: int) -> None:
@@ -148,18 +200,28 @@ def check_mask(decl: registry.Mechanism, mask, q_length: int) -> None:
   )
 
 
-def with_one_batch_axis(call: Callable[..., Any], inputs_q, inputs_k, inputs_v, mask):
-  """Runs `call(q, k, v, mask)` on inputs with 0 or several batch axes, flattened to one.
+def with_one_batch_axis(
+  call: Callable[..., Any], inputs_q, inputs_k, inputs_v, mask, *rows, names=()
+):
+  """Runs `call(q, k, v, mask, *rows)` on inputs with 0 or several batch axes, flattened
+  to one.
 
   Flax's convention: every axis before `[length, features]` is a batch axis.
-  The mask is `[..., heads, q_length, kv_length]` or key padding `[..., kv_length]`.
-  A decoding cache is kept for the flattened batch.
+  The mask is `[..., heads, q_length, kv_length]` or key padding `[..., kv_length]`;
+  each of `rows` (named by `names`, for the errors) is None or `[..., length]`, e.g. the
+  segment ids and positions. A decoding cache is kept for the flattened batch.
   """
   if inputs_q.ndim < 2:
     raise ValueError(f'inputs must be [..., length, features], got shape {inputs_q.shape}')
   batch_shape = inputs_q.shape[:-2]
+  for name, row in zip(names, rows):
+    if row is not None and jnp.shape(row)[:-1] != batch_shape:
+      raise ValueError(
+        f'{name} of shape {tuple(jnp.shape(row))} does not fit inputs of shape '
+        f'{inputs_q.shape}; valid: [..., length] with the inputs\' batch axes {batch_shape}'
+      )
   if len(batch_shape) == 1:
-    return call(inputs_q, inputs_k, inputs_v, mask)
+    return call(inputs_q, inputs_k, inputs_v, mask, *rows)
   flat = lambda x: x.reshape((-1,) + x.shape[-2:])
   if mask is not None:
     mask = jnp.asarray(mask)
@@ -174,8 +236,9 @@ def with_one_batch_axis(call: Callable[..., Any], inputs_q, inputs_k, inputs_v, 
         f'{inputs_q.shape}; valid: [..., heads, q_length, kv_length] or '
         f'[..., kv_length] with the inputs\' batch axes {batch_shape}'
       )
+  rows = tuple(None if row is None else jnp.reshape(row, (-1, jnp.shape(row)[-1])) for row in rows)
   q = flat(inputs_q)  # self-attention stays recognisable: the same array for q, k and v
   k = q if inputs_k is inputs_q else flat(inputs_k)
   v = k if inputs_v is inputs_k else q if inputs_v is inputs_q else flat(inputs_v)
-  out = call(q, k, v, mask)
+  out = call(q, k, v, mask, *rows)
   return out.reshape(batch_shape + out.shape[-2:])

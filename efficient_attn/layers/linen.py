@@ -30,6 +30,7 @@ from efficient_attn.layers import decoding
 from efficient_attn.layers import head_shapes
 from efficient_attn.layers import projections
 from efficient_attn.layers.linen_mechanism import Mechanism
+from efficient_attn.ops import segments
 
 
 class MultiHeadAttention(nn.Module):
@@ -144,21 +145,48 @@ class MultiHeadAttention(nn.Module):
     deterministic: Optional[bool] = None,
     dropout_rng=None,
     sow_weights: bool = False,
+    segment_ids=None,
+    positions=None,
   ):
+    """Attention over `inputs_q` `[..., q_length, features]` (self-attention, or over
+    `inputs_k` / `inputs_v`); see the class docstring for the other arguments.
+
+    segment_ids: `[..., length]` int, packed rows: documents are runs of equal non-zero
+      ids, 0 is padding (docs/design.md, "Documents"); each token attends only to its
+      own document. Mechanisms that declare `segments` only; self-attention; a mask
+      beside them may only be key padding. In a decoding call, the tokens' ids: a row
+      whose id differs from its last real token's starts a new document.
+    positions: `[..., length]` int, the tokens' rotary positions (default: their
+      positions in their documents, `ops.segments.positions`, else 0..length-1; in a
+      decoding call, from the cache).
+    """
     inputs_q, inputs_k, inputs_v = checks.resolve_inputs(inputs_q, inputs_k, inputs_v, inputs_kv)
     batch_shape = inputs_q.shape[:-2]
     return checks.with_one_batch_axis(
-      lambda q, k, v, m: self._attend(
-        q, k, v, m, deterministic, dropout_rng, sow_weights, batch_shape
+      lambda q, k, v, m, ids, pos: self._attend(
+        q, k, v, m, deterministic, dropout_rng, sow_weights, batch_shape, ids, pos
       ),
       inputs_q,
       inputs_k,
       inputs_v,
       mask,
+      segment_ids,
+      positions,
+      names=('segment_ids', 'positions'),
     )
 
   def _attend(
-    self, inputs_q, inputs_k, inputs_v, mask, deterministic, dropout_rng, sow_weights, batch_shape
+    self,
+    inputs_q,
+    inputs_k,
+    inputs_v,
+    mask,
+    deterministic,
+    dropout_rng,
+    sow_weights,
+    batch_shape,
+    segment_ids,
+    positions,
   ):
     features = self.out_features or inputs_q.shape[-1]
     head_dim = head_shapes.head_dim(self.num_heads, self.qkv_features or inputs_q.shape[-1])
@@ -180,6 +208,17 @@ class MultiHeadAttention(nn.Module):
     )
     decl, options = mech.configured()
     checks.check_dropout(decl, self.dropout_rate)
+    checks.check_segments(
+      decl,
+      segment_ids,
+      mask=mask,
+      cross=not (inputs_q is inputs_k is inputs_v),
+      projection=self.projection,
+    )
+    if segment_ids is not None:
+      segment_ids = segments.check(segment_ids, *inputs_q.shape[:2], 'MultiHeadAttention')
+    if positions is not None:
+      positions = checks.check_positions(positions, *inputs_q.shape[:2], 'MultiHeadAttention')
     kv_heads = head_shapes.kv_heads(decl, self.projection, self.num_heads, self.num_kv_heads)
     shapes = head_shapes.head_layout(
       decl,
@@ -232,7 +271,7 @@ class MultiHeadAttention(nn.Module):
       self.sow('attention_qkv', 'qkv', (q, k, v))
 
     if stepping:
-      x = self._decode_step(mech, q, k, v, align, inputs_q)
+      x = self._decode(mech, q, k, v, align, inputs_q, segment_ids, positions)
     else:
       if self.decode:
         self._init_cache(mech, q, v, inputs_q.shape[1], align)
@@ -246,6 +285,8 @@ class MultiHeadAttention(nn.Module):
         sow_weights=sow_weights,
         force_fp32_for_softmax=self.force_fp32_for_softmax,
         inputs=inputs_q,
+        segment_ids=segment_ids,
+        positions=positions,
       )
       if sow_weights:
         x, weights = x
@@ -279,8 +320,15 @@ class MultiHeadAttention(nn.Module):
     return decoding.decode_form(
       decl,
       options,
-      lambda state, q_t, k_t, v_t, i: mech(
-        q_t, k_t, v_t, deterministic=True, state=state, position=i, inputs=inputs
+      lambda state, q, k, v, tokens: mech(
+        q,
+        k,
+        v,
+        deterministic=True,
+        state=state,
+        position=tokens.positions,
+        inputs=inputs,
+        segment_ids=tokens.segment_ids,
       ),
     )
 
@@ -301,15 +349,16 @@ class MultiHeadAttention(nn.Module):
     ).items():
       self.put_variable('cache', name, value)
 
-  def _decode_step(self, mech, q, k, v, align, inputs):
-    """The cache as Linen variables; `cache.decode_step` does the rest."""
+  def _decode(self, mech, q, k, v, align, inputs, segment_ids, positions):
+    """A decoding call of n tokens (a step, or a prefill): the cache as Linen variables;
+    `cache.decode` does the rest."""
     decl, _ = mech.configured()
     cache = {
       name: self.get_variable('cache', name)
       for name in cache_lib.CACHE_NAMES
       if self.has_variable('cache', name)
     }
-    cache, x = cache_lib.decode_step(
+    cache, x = cache_lib.decode(
       self._form(mech, inputs),
       cache,
       q,
@@ -317,6 +366,8 @@ class MultiHeadAttention(nn.Module):
       v,
       align_at=align,
       rotate_scores=self.rotary and decl.rotary == 'scores',
+      segment_ids=segment_ids,
+      positions=positions,
     )
     for name, value in cache.items():
       self.put_variable('cache', name, value)

@@ -117,9 +117,12 @@ class Mechanism(nn.Module):
     sow_weights: bool = False,
     force_fp32_for_softmax: bool = False,
     inputs=None,
+    segment_ids=None,
+    positions=None,
   ):
-    """See the class docstring; `position`: a decoding step's position (rotary);
-    sow_weights / force_fp32_for_softmax / inputs: see `multi_head.run_mechanism`."""
+    """See the class docstring; `position`: a decoding call's positions (rotary);
+    sow_weights / force_fp32_for_softmax / inputs / segment_ids / positions: see
+    `multi_head.run_mechanism`."""
     decl, options = self.configured(k.shape[1] if state is None else None)
     heads, head_dim = head_shapes.check_inputs(
       decl, q, k, v, mask, stepping=state is not None, options=options, head_dim=self.head_dim
@@ -156,6 +159,8 @@ class Mechanism(nn.Module):
       inputs=inputs,
       head_dim=head_dim,
       sequence_axis=self.sequence_axis,
+      segment_ids=segment_ids,
+      positions=positions,
     )
 
 

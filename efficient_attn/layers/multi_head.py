@@ -21,6 +21,7 @@ from efficient_attn.layers import checks
 from efficient_attn.layers import head_shapes
 from efficient_attn.layers import parallel
 from efficient_attn.ops import rotary
+from efficient_attn.ops import segments
 
 
 def declared_params(
@@ -102,17 +103,29 @@ def run_mechanism(
   inputs=None,
   head_dim: Optional[int] = None,
   sequence_axis: Optional[str] = None,
+  segment_ids=None,
+  positions=None,
 ):
-  """The declared mechanism on projected heads: `attend`, or one decoding `step`.
+  """The declared mechanism on projected heads: `attend`, or a decoding call (`step` for
+  one token, `prefill` for more).
 
   q `[batch, q_length, heads, head_dim]`, k `[batch, kv_length, kv_heads,
   head_dim]`, v `[batch, kv_length, kv_heads, v_dim]` -> `[batch, q_length,
   heads, v_dim]`; kv_heads divides heads (grouped-query attention). A mechanism
   that declares other head shapes (`Mechanism.head_shapes`) takes exactly those
   (q and k `[..., qk_heads, qk_dim]`, v `[..., heads, v_dim]`); `head_dim` is then
-  the layer's (qkv_features / heads; None: q's). With `state`, one token and
-  `(new_state, out_t)`. `params` are the declared ones (and any shared ones),
+  the layer's (qkv_features / heads; None: q's). With `state`, a decoding call of n
+  tokens and `(new_state, out)`. `params` are the declared ones (and any shared ones),
   however the wrapper stores them.
+
+  segment_ids: `[batch, length]` int, packed rows (0 is padding; docs/design.md,
+  "Documents"), for a mechanism that declares `segments` (others refuse, in one line):
+  the mechanism reads their document index (`ctx.documents`), the mask becomes the key
+  padding `segment_ids != 0` (and the mask's, which may only be key padding) and rotary
+  positions restart at each document. In a decoding call, the tokens' raw ids
+  (`registry.Mechanism.step`). positions: `[batch, length]` int, the tokens' rotary
+  positions (default: `ops.segments.positions` of the segment ids, else 0..length-1);
+  in a decoding call `position` holds them.
 
   sow_weights: return `(out, weights)`, weights `[batch, heads, q_length,
   kv_length]` (see `attention_weights`). force_fp32_for_softmax: the weights
@@ -133,6 +146,19 @@ def run_mechanism(
   head_shapes.check_inputs(
     decl, q, k, v, mask, stepping=state is not None, options=options, head_dim=head_dim
   )
+  name = f'mechanism {decl.name!r}'
+  if segment_ids is not None:
+    checks.check_segments(decl, segment_ids, mask=mask, cross=q.shape[1] != k.shape[1])
+    segment_ids = segments.check(segment_ids, q.shape[0], q.shape[1], name)
+    if state is None:
+      ctx.documents = segments.document_index(segment_ids)
+      padding = parallel.key_padding_of(mask, *q.shape[:2])
+      real = segments.is_real(segment_ids)
+      mask = real if padding is None else real & padding
+    else:
+      ctx.documents = segment_ids
+  if positions is not None and state is None:
+    positions = checks.check_positions(positions, q.shape[0], q.shape[1], name)
   if sequence_axis is not None and state is None:
     parallel.check(
       decl,
@@ -162,15 +188,22 @@ def run_mechanism(
   if force_fp32_for_softmax:
     v = v.astype(jnp.promote_types(v.dtype, jnp.float32))
   if use_rotary:
-    positions = (
-      rotary.positions_of(q.shape[1], k.shape[1]) if state is None else rotary.at(position)
-    )
-    if decl.rotary == 'scores':
-      q, k = rotary.rotate(q, positions[0]), rotary.rotate(k, positions[1])
+    if state is not None:
+      pairs = rotary.at(position)
+    elif positions is not None:
+      pairs = (positions, positions)
+    elif segment_ids is not None:
+      pairs = (segments.positions(segment_ids),) * 2
     else:
-      ctx.positions, ctx.position = positions, position
-  if state is not None:  # a decoding step (the layer refuses sow_weights there)
-    return decl.step(options, params, state, q, k, v, ctx=ctx)
+      pairs = rotary.positions_of(q.shape[1], k.shape[1])
+    if decl.rotary == 'scores':
+      q, k = rotary.rotate(q, pairs[0]), rotary.rotate(k, pairs[1])
+    else:
+      ctx.positions, ctx.position = pairs, position
+  if state is not None:  # a decoding call (the layer refuses sow_weights there)
+    if q.shape[1] == 1:
+      return decl.step(options, params, state, q, k, v, ctx=ctx)
+    return decl.prefill(options, params, state, q, k, v, ctx=ctx)
   checks.check_mask(decl, mask, q.shape[1])
   if sequence_axis is not None:
     return parallel.attend(

@@ -44,6 +44,7 @@ from efficient_attn.layers import head_shapes
 from efficient_attn.layers import projections
 from efficient_attn.layers.nnx_mechanism import Alignment
 from efficient_attn.layers.nnx_mechanism import Mechanism
+from efficient_attn.ops import segments
 
 _default_kernel_init = nnx.initializers.lecun_normal()
 _default_bias_init = nnx.initializers.zeros_init()
@@ -201,7 +202,15 @@ class MultiHeadAttention(nnx.Module):
     return decoding.decode_form(
       mech.decl,
       mech.resolved,
-      lambda state, q_t, k_t, v_t, i: mech(q_t, k_t, v_t, state=state, position=i, inputs=inputs),
+      lambda state, q, k, v, tokens: mech(
+        q,
+        k,
+        v,
+        state=state,
+        position=tokens.positions,
+        inputs=inputs,
+        segment_ids=tokens.segment_ids,
+      ),
     )
 
   def init_cache(self, input_shape: Tuple[int, ...], dtype: Any = jnp.float32):
@@ -248,7 +257,13 @@ class MultiHeadAttention(nnx.Module):
     rngs=None,
     sow_weights: bool = False,
     decode: Optional[bool] = None,
+    segment_ids=None,
+    positions=None,
   ):
+    """As `flax.nnx.MultiHeadAttention`'s call; `segment_ids` and `positions` `[...,
+    length]` (packed rows, rotary positions) as `efficient_attn.MultiHeadAttention`'s.
+    With `decode`, a call of n tokens runs from the cache and advances it (n = 1: a
+    step; n > 1: a prefill, one parallel pass)."""
     inputs_q, inputs_k, inputs_v = checks.resolve_inputs(inputs_q, inputs_k, inputs_v)
     if inputs_q.shape[-1] != self.in_features:
       raise ValueError(
@@ -267,18 +282,43 @@ class MultiHeadAttention(nnx.Module):
     decode = bool(_first(decode, self.decode, default=False))
     batch_shape = inputs_q.shape[:-2]
     return checks.with_one_batch_axis(
-      lambda q, k, v, m: self._attend(
-        q, k, v, m, deterministic, rngs, decode, sow_weights, batch_shape
+      lambda q, k, v, m, ids, pos: self._attend(
+        q, k, v, m, deterministic, rngs, decode, sow_weights, batch_shape, ids, pos
       ),
       inputs_q,
       inputs_k,
       inputs_v,
       mask,
+      segment_ids,
+      positions,
+      names=('segment_ids', 'positions'),
     )
 
   def _attend(
-    self, inputs_q, inputs_k, inputs_v, mask, deterministic, rngs, decode, sow_weights, batch_shape
+    self,
+    inputs_q,
+    inputs_k,
+    inputs_v,
+    mask,
+    deterministic,
+    rngs,
+    decode,
+    sow_weights,
+    batch_shape,
+    segment_ids,
+    positions,
   ):
+    checks.check_segments(
+      self.mechanism.decl,
+      segment_ids,
+      mask=mask,
+      cross=not (inputs_q is inputs_k is inputs_v),
+      projection=self.projection,
+    )
+    if segment_ids is not None:
+      segment_ids = segments.check(segment_ids, *inputs_q.shape[:2], 'MultiHeadAttention')
+    if positions is not None:
+      positions = checks.check_positions(positions, *inputs_q.shape[:2], 'MultiHeadAttention')
     if decode:
       checks.check_decode(
         mask, inputs_q, inputs_k, inputs_v, stepping=True, sow_weights=sow_weights
@@ -304,7 +344,7 @@ class MultiHeadAttention(nnx.Module):
       qkv_features=self.num_heads * self.head_dim,
     )
     if decode:
-      cache, x = cache_lib.decode_step(
+      cache, x = cache_lib.decode(
         self._form(inputs_q),
         self._cache(),
         q,
@@ -312,6 +352,8 @@ class MultiHeadAttention(nnx.Module):
         v,
         align_at=align,
         rotate_scores=self.rotary and self.mechanism.decl.rotary == 'scores',
+        segment_ids=segment_ids,
+        positions=positions,
       )
       for name, value in cache.items():
         getattr(self, name).set_value(value)
@@ -326,6 +368,8 @@ class MultiHeadAttention(nnx.Module):
         sow_weights=sow_weights,
         force_fp32_for_softmax=self.force_fp32_for_softmax,
         inputs=inputs_q,
+        segment_ids=segment_ids,
+        positions=positions,
       )
       if sow_weights:
         x, weights = x

@@ -116,6 +116,8 @@ class Mechanism(nnx.Module):
     sow_weights: bool = False,
     force_fp32_for_softmax: bool = False,
     inputs=None,
+    segment_ids=None,
+    positions=None,
   ):
     if state is None:
       registry.check_length(
@@ -140,6 +142,8 @@ class Mechanism(nnx.Module):
       inputs=inputs,
       head_dim=self.head_dim,
       sequence_axis=self.sequence_axis,
+      segment_ids=segment_ids,
+      positions=positions,
     )
 
 
@@ -163,7 +167,13 @@ class Alignment(nnx.Module):
     )
     self.bias = nnx.Param(jnp.zeros((max_length,), param_dtype))
 
-  def __call__(self, v, index=None):
+  def __call__(self, v, index=None, count: int = 1):
     return projections.align(
-      self.kernel[...], self.bias[...], v, causal=self.causal, dtype=self.dtype, index=index
+      self.kernel[...],
+      self.bias[...],
+      v,
+      causal=self.causal,
+      dtype=self.dtype,
+      index=index,
+      count=count,
     )

@@ -172,8 +172,8 @@ def test_decode_errors_name_valid_choices():
     decoding.decode_form(decl, decl.resolve())
   layer = ea.MultiHeadAttention(num_heads=H, causal=True, decode=True)
   variables = layer.init(jax.random.PRNGKey(0), x)
-  with pytest.raises(ValueError, match='one token'):
-    layer.apply(variables, x, mutable=['cache'])
+  with pytest.raises(ValueError, match='takes no mask.*segment_ids=0'):
+    layer.apply(variables, x, mask=jnp.ones((1, 8), bool), mutable=['cache'])
 
 
 def test_decoding_past_the_cache_capacity_stops_with_a_message():
