@@ -12,6 +12,7 @@ import warnings
 import jax.numpy as jnp
 
 from efficient_attn import registry
+from efficient_attn.ops import segments
 from efficient_attn.ops import traced_checks
 
 
@@ -152,6 +153,35 @@ def check_segments(
       "segment_ids with projection 'super': its W_A mixes values along the whole row, "
       "across documents; valid projections: 'standard', 'optimised', 'efficient'"
     )
+
+
+def check_packed(
+  decl: registry.Mechanism,
+  segment_ids,
+  positions,
+  *,
+  mask,
+  inputs_q,
+  inputs_k,
+  inputs_v,
+  projection: str,
+  name: str = 'MultiHeadAttention',
+):
+  """What a layer's call checks of its packed rows before it projects (`check_segments`,
+  the shapes and dtypes): (segment_ids, positions), each int32 `[batch, length]` or None."""
+  check_segments(
+    decl,
+    segment_ids,
+    mask=mask,
+    cross=not (inputs_q is inputs_k is inputs_v),
+    projection=projection,
+  )
+  batch, length = inputs_q.shape[:2]
+  if segment_ids is not None:
+    segment_ids = segments.check(segment_ids, batch, length, name)
+  if positions is not None:
+    positions = check_positions(positions, batch, length, name)
+  return segment_ids, positions
 
 
 def check_positions(positions, batch: int, length: int, name: str):

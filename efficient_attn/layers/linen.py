@@ -30,7 +30,6 @@ from efficient_attn.layers import decoding
 from efficient_attn.layers import head_shapes
 from efficient_attn.layers import projections
 from efficient_attn.layers.linen_mechanism import Mechanism
-from efficient_attn.ops import segments
 
 
 class MultiHeadAttention(nn.Module):
@@ -208,17 +207,16 @@ class MultiHeadAttention(nn.Module):
     )
     decl, options = mech.configured()
     checks.check_dropout(decl, self.dropout_rate)
-    checks.check_segments(
+    segment_ids, positions = checks.check_packed(
       decl,
       segment_ids,
+      positions,
       mask=mask,
-      cross=not (inputs_q is inputs_k is inputs_v),
+      inputs_q=inputs_q,
+      inputs_k=inputs_k,
+      inputs_v=inputs_v,
       projection=self.projection,
     )
-    if segment_ids is not None:
-      segment_ids = segments.check(segment_ids, *inputs_q.shape[:2], 'MultiHeadAttention')
-    if positions is not None:
-      positions = checks.check_positions(positions, *inputs_q.shape[:2], 'MultiHeadAttention')
     kv_heads = head_shapes.kv_heads(decl, self.projection, self.num_heads, self.num_kv_heads)
     shapes = head_shapes.head_layout(
       decl,

@@ -44,7 +44,6 @@ from efficient_attn.layers import head_shapes
 from efficient_attn.layers import projections
 from efficient_attn.layers.nnx_mechanism import Alignment
 from efficient_attn.layers.nnx_mechanism import Mechanism
-from efficient_attn.ops import segments
 
 _default_kernel_init = nnx.initializers.lecun_normal()
 _default_bias_init = nnx.initializers.zeros_init()
@@ -308,17 +307,16 @@ class MultiHeadAttention(nnx.Module):
     segment_ids,
     positions,
   ):
-    checks.check_segments(
+    segment_ids, positions = checks.check_packed(
       self.mechanism.decl,
       segment_ids,
+      positions,
       mask=mask,
-      cross=not (inputs_q is inputs_k is inputs_v),
+      inputs_q=inputs_q,
+      inputs_k=inputs_k,
+      inputs_v=inputs_v,
       projection=self.projection,
     )
-    if segment_ids is not None:
-      segment_ids = segments.check(segment_ids, *inputs_q.shape[:2], 'MultiHeadAttention')
-    if positions is not None:
-      positions = checks.check_positions(positions, *inputs_q.shape[:2], 'MultiHeadAttention')
     if decode:
       checks.check_decode(
         mask, inputs_q, inputs_k, inputs_v, stepping=True, sow_weights=sow_weights
