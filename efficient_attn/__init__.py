@@ -8,10 +8,10 @@ ea.get_mechanism('nystrom').options   # what a mechanism declares about itself
 """
 
 from efficient_attn import mechanisms
-from efficient_attn.layers.linen import Mechanism
+from efficient_attn.layers.attention_fn import make_attention_fn
 from efficient_attn.layers.linen import MultiHeadAttention
-from efficient_attn.layers.linen import make_attention_fn
-from efficient_attn.layers.linen import mechanism_module
+from efficient_attn.layers.linen_mechanism import Mechanism
+from efficient_attn.layers.linen_mechanism import mechanism_module
 from efficient_attn.registry import get_mechanism
 from efficient_attn.registry import list_mechanisms
 from efficient_attn.registry import list_projections

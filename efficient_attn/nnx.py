@@ -1,4 +1,5 @@
-"""The NNX layers, from the same declarations as the Linen ones (`efficient_attn.layers.nnx`).
+"""The NNX layers, from the same declarations as the Linen ones (`efficient_attn.layers.nnx`,
+`nnx_mechanism`, `nnx_params`).
 
     from flax import nnx
     import efficient_attn.nnx as ean
@@ -11,10 +12,10 @@
 mechanism's; `to_linen_params` and `load_linen_params` move weights between the APIs.
 """
 
-from efficient_attn.layers.nnx import Alignment
-from efficient_attn.layers.nnx import Mechanism
 from efficient_attn.layers.nnx import MultiHeadAttention
-from efficient_attn.layers.nnx import load_linen_params
-from efficient_attn.layers.nnx import to_linen_params
+from efficient_attn.layers.nnx_mechanism import Alignment
+from efficient_attn.layers.nnx_mechanism import Mechanism
+from efficient_attn.layers.nnx_params import load_linen_params
+from efficient_attn.layers.nnx_params import to_linen_params
 
 __all__ = ['Alignment', 'Mechanism', 'MultiHeadAttention', 'load_linen_params', 'to_linen_params']

@@ -20,8 +20,8 @@ from typing import Any, Dict, Optional, Tuple
 
 from configs import fields
 from efficient_attn import registry
+from efficient_attn.layers import head_shapes
 from efficient_attn.layers import hybrid
-from efficient_attn.layers import multi_head
 
 PROJECTION = fields.Field('attention.projection', choices=registry.list_projections())
 
@@ -161,7 +161,7 @@ def _configure(
   num_kv_heads = settings.get('num_kv_heads', 0)
   if num_kv_heads:  # 0: one key/value head per head
     try:
-      multi_head.kv_heads(decl, settings.projection, model.num_heads, num_kv_heads)
+      head_shapes.kv_heads(decl, settings.projection, model.num_heads, num_kv_heads)
     except ValueError as e:
       raise fields.ConfigError(f'config.attention.num_kv_heads={num_kv_heads}: {e}') from None
   if (decl.fixed_length or settings.projection == 'super') and length > context:
@@ -187,13 +187,13 @@ def _configure(
       length=length,
       rotary=settings.get('rotary', False),
     )
-    multi_head.head_layout(  # the head shapes the mechanism's options declare, for this scheme
+    head_shapes.head_layout(  # the head shapes the mechanism's options declare, for this scheme
       decl,
       options,
       projection=settings.projection,
       heads=model.num_heads,
       head_dim=model.d_model // model.num_heads,
-      kv_heads=multi_head.kv_heads(
+      kv_heads=head_shapes.kv_heads(
         decl, settings.projection, model.num_heads, num_kv_heads or None
       ),
     )

@@ -1,22 +1,30 @@
-"""Decoding forms: how a causal attention layer generates one token at a time.
+"""Decoding forms: how a causal attention layer runs tokens from a cache.
 
 `MultiHeadAttention(decode=True)` keeps one `state` per layer in the flax
 'cache' collection and advances it with the form its mechanism declares
-(`registry.Mechanism.decode`):
+(`registry.Mechanism.decode`), by one token (a step) or by n tokens in one
+parallel pass (a prefill), which leaves the state the n steps would:
 
-  * 'recurrent' (linear, rfa, performer): the mechanism's `init_state` / `step`,
-    e.g. the (S, Z) state of "Transformers are RNNs": constant size, O(1) per
-    token;
+  * 'recurrent' (linear, rfa, performer, the gated recurrences): the mechanism's
+    `init_state` / `step` (one token) and `prefill` (n tokens from the state: its
+    chunk form from `initial_state`, or the steps in a scan), e.g. the (S, Z)
+    state of "Transformers are RNNs": constant size, O(1) per token;
   * 'kv_cache' (softmax, softmax_chunked): keys and values `[batch, capacity,
     heads, dim]` written at the current index; `kv_cache_attention` visits
     only the cache blocks that hold visible keys, so a step at position t
-    costs O(t);
+    costs O(t), and a prefill of n tokens attends causally over the cache and
+    its own block;
   * 'kv_cache' with a window (`registry.Mechanism.kv_window`; local): a ring
     buffer of the last `window` keys and values (`window_kv_cache`): constant
     size, O(window) per token.
 
-Both are wrapped as `DecodeForm(init, step)` with one signature, so the layer
-handles every mechanism with the same few lines.
+Each is a `DecodeForm(init, step)` with one signature, so the layer handles every
+mechanism with the same few lines. A call's tokens come with a `Tokens`: where they
+stand in the stream and in their rows' packed documents (`efficient_attn.layers.cache`
+tracks them). A key/value cache keeps each slot's document and a token reads only the
+slots of its own (docs/design.md, "Documents"); a padding token writes nothing and
+reads nothing (its output is 0). A recurrent mechanism gets the call's raw segment ids
+in `ctx.documents` and resets its own state.
 
 Capacity: a full key/value cache holds as many tokens as the call that
 created it; a step past that capacity stops with a ValueError (see
@@ -47,16 +55,41 @@ KV_BLOCK = 64  # keys per block visited by `kv_cache_attention`
 
 
 class KVCache(NamedTuple):
-  """Keys `[batch, L, kv_heads, dk]` and values `[batch, L, kv_heads, dv]`; L is
-  the capacity, or the slots of a ring buffer (`window_kv_cache`)."""
+  """Keys `[batch, L, kv_heads, dk]`, values `[batch, L, kv_heads, dv]` and the document
+  of each slot's token `[batch, L]` int32 (its document's index in the row, as
+  `Tokens.documents`; -1: an empty slot or a padding token's). L is the capacity, or the
+  slots of a ring buffer (`window_kv_cache`)."""
 
   keys: jnp.ndarray
   values: jnp.ndarray
+  documents: jnp.ndarray
+
+
+class Tokens(NamedTuple):
+  """Where the n >= 1 tokens of one decoding call stand (n = 1: a step; n > 1: a prefill).
+
+  Attributes:
+    index: int32 scalar, the cache index of the first token (its place in the stream).
+    documents: `[batch, n]` int32, each token's document in its row: the row's
+      `segments.document_index`, continued across calls; -1 for a padding token.
+    segment_ids: `[batch, n]` int32, the call's raw segment ids (0: padding), or None
+      (the row's one document goes on).
+    positions: `[batch, n]` int32, each token's position in its document (rotary).
+    first_visible: int32 scalar, the earliest cache index a token of the call may read
+      (where the earliest of its rows' current documents began).
+  """
+
+  index: Any
+  documents: jnp.ndarray
+  segment_ids: Optional[jnp.ndarray]
+  positions: jnp.ndarray
+  first_visible: Any
 
 
 class DecodeForm(NamedTuple):
   """`init(batch, capacity, heads, head_dim, v_dim, dtype) -> state` and
-  `step(state, q_t, k_t, v_t, index) -> (state, out_t)`, tokens `[batch, 1, heads, dim]`."""
+  `step(state, q, k, v, tokens) -> (state, out)`: q `[batch, n, heads, dk]`, k and v
+  `[batch, n, kv_heads, d]`, `tokens` a `Tokens`, out `[batch, n, heads, dv]`."""
 
   init: Callable[..., Any]
   step: Callable[..., Tuple[Any, jnp.ndarray]]
@@ -76,8 +109,9 @@ def decode_form(
 
   Args:
     decl, options: the declaration and its resolved options.
-    recurrent_step: for 'recurrent' mechanisms, `step(state, q_t, k_t, v_t, index)
-      -> (state, out_t)` bound to the layer's parameters.
+    recurrent_step: for 'recurrent' mechanisms, `step(state, q, k, v, tokens)
+      -> (state, out)` bound to the layer's parameters (the mechanism's `step` for one
+      token, its `prefill` for more).
 
   Raises ValueError naming the mechanisms that can decode.
   """
@@ -85,24 +119,14 @@ def decode_form(
     scale, window = options.get('scale'), decl.kv_window(options)
     if window is not None:
       return window_kv_cache(window, scale=scale)
-
-    def kv_step(cache, q_t, k_t, v_t, index):
-      _check_capacity(index, cache.keys.shape[1])
-      cache = _write(cache, k_t, v_t, index)
-      out = kv_cache_attention(q_t[:, 0], cache.keys, cache.values, index, scale=scale)
-      return cache, out[:, None]
-
-    return DecodeForm(init_kv_cache, kv_step)
+    return full_kv_cache(scale=scale)
   if decl.decode == 'recurrent':
 
     def init(batch, capacity, heads, head_dim, v_dim, dtype):
       del capacity, dtype  # constant size; accumulate in float32
       return decl.init_state(options, batch=batch, heads=heads, head_dim=head_dim, v_dim=v_dim)
 
-    def step(state, q_t, k_t, v_t, index):
-      return recurrent_step(state, q_t, k_t, v_t, index)
-
-    return DecodeForm(init, step)
+    return DecodeForm(init, recurrent_step)
   raise ValueError(
     f'mechanism {decl.name!r} has no decoding form (decode=True); mechanisms '
     f'that can decode: {", ".join(decodable_mechanisms())}'
@@ -116,23 +140,62 @@ def init_kv_cache(
   return KVCache(
     jnp.zeros((batch, capacity, heads, head_dim), dtype),
     jnp.zeros((batch, capacity, heads, v_dim), dtype),
+    jnp.full((batch, capacity), -1, jnp.int32),
   )
+
+
+def _written(k, v, documents):
+  """A call's keys and values as a cache stores them: a padding token's are zero (it writes
+  nothing, whatever it holds: a NaN in it reaches no other token)."""
+  real = (documents >= 0)[..., None, None]
+  return jnp.where(real, k, jnp.zeros((), k.dtype)), jnp.where(real, v, jnp.zeros((), v.dtype))
+
+
+def full_kv_cache(*, scale: Optional[float] = None) -> DecodeForm:
+  """Exact softmax attention's decoding form: every key and value, a slot per position.
+
+  A call of n tokens at cache index i writes slots i..i+n-1, then its queries attend to
+  the slots up to their own position, of their own document."""
+
+  def step(cache, q, k, v, tokens):
+    n = q.shape[1]
+    _check_capacity(tokens.index + n - 1, cache.keys.shape[1])
+    k, v = _written(k, v, tokens.documents)
+    cache = KVCache(
+      *(
+        lax.dynamic_update_slice_in_dim(c, x.astype(c.dtype), tokens.index, axis=1)
+        for c, x in zip(cache, (k, v, tokens.documents))
+      )
+    )
+    out = kv_cache_attention(
+      q,
+      cache.keys,
+      cache.values,
+      query_times=tokens.index + jnp.arange(n),
+      query_documents=tokens.documents,
+      key_documents=cache.documents,
+      scale=scale,
+      first=tokens.first_visible,
+    )
+    return cache, out
+
+  return DecodeForm(init_kv_cache, step)
 
 
 def window_kv_cache(window: int, *, scale: Optional[float] = None) -> DecodeForm:
   """Causal local attention's decoding form: a ring buffer of the last `window` tokens.
 
-  The step at position t attends to keys t - window < j <= t (the causal band of
+  The token at position t attends to keys t - window < j <= t (the causal band of
   `mechanisms.local.local_attention`, the current token included), so the cache
   needs only `slots` = min(capacity, window) slots: the token at position t is
-  written at slot t mod slots, over the token t - slots, which has left the
-  window. Softmax does not depend on the order of its keys, so a step attends to
-  the filled slots 0..min(t, slots - 1) as they lie. Keys are cached as the layer
-  gives them (rotated at their own position when rotary applies), so wrapping
-  around changes nothing. Cache `[batch, slots, kv_heads, dim]`; constant size
-  and O(window) per token, with no limit on the position, except for a cache
-  created by a call shorter than the window (slots < window): it never wraps and
-  refuses a step past its capacity, as the full cache does.
+  kept in slot t mod slots, over the token t - slots, which has left the
+  window. A call of n tokens attends over the slots and its own keys (each slot's
+  position follows from the cache index), then keeps its last min(n, slots) tokens.
+  Keys are cached as the layer gives them (rotated at their own position when rotary
+  applies), so wrapping around changes nothing. Cache `[batch, slots, kv_heads, dim]`;
+  constant size and O(window) per token, with no limit on the position, except for a
+  cache created by a call shorter than the window (slots < window): it never wraps and
+  refuses a token past its capacity, as the full cache does.
 
   Args:
     window: the window w >= 1 (`registry.Mechanism.kv_window`).
@@ -142,15 +205,32 @@ def window_kv_cache(window: int, *, scale: Optional[float] = None) -> DecodeForm
   def init(batch, capacity, heads, head_dim, v_dim, dtype=jnp.float32):
     return init_kv_cache(batch, min(capacity, window), heads, head_dim, v_dim, dtype)
 
-  def step(cache, q_t, k_t, v_t, index):
-    slots = cache.keys.shape[1]
+  def step(cache, q, k, v, tokens):
+    slots, n, i = cache.keys.shape[1], q.shape[1], tokens.index
     if slots < window:  # wrapping would overwrite a key still in the window
-      _check_capacity(index, slots)
-    cache = _write(cache, k_t, v_t, index % slots)
+      _check_capacity(i + n - 1, slots)
+    k, v = _written(k, v, tokens.documents)
+    times = i + jnp.arange(n)
+    slot_times = i - 1 - jnp.mod(i - 1 - jnp.arange(slots), slots)  # the last write of each
     out = kv_cache_attention(
-      q_t[:, 0], cache.keys, cache.values, jnp.minimum(index, slots - 1), scale=scale
+      q,
+      *(jnp.concatenate([c, x.astype(c.dtype)], 1) for c, x in zip(cache[:2], (k, v))),
+      query_times=times,
+      key_times=jnp.concatenate([slot_times, times]),
+      query_documents=tokens.documents,
+      key_documents=jnp.concatenate([cache.documents, tokens.documents], 1),
+      window=window,
+      scale=scale,
     )
-    return cache, out[:, None]
+    kept = min(n, slots)  # the call's last tokens, each in its own slot
+    where = jnp.mod(times[n - kept :], slots)
+    cache = KVCache(
+      *(
+        c.at[:, where].set(x[:, n - kept :].astype(c.dtype))
+        for c, x in zip(cache, (k, v, tokens.documents))
+      )
+    )
+    return cache, out
 
   return DecodeForm(init, step)
 
@@ -166,68 +246,85 @@ def _check_capacity(index, capacity: int) -> None:
   )
 
 
-def _write(cache: KVCache, k_t, v_t, slot) -> KVCache:
-  """`cache` with one token's key and value `[batch, 1, kv_heads, dim]` at `slot`."""
-  return KVCache(
-    *(
-      lax.dynamic_update_slice_in_dim(c, x.astype(c.dtype), slot, axis=1)
-      for c, x in ((cache.keys, k_t), (cache.values, v_t))
-    )
-  )
-
-
 def kv_cache_attention(
   q: jnp.ndarray,
   keys: jnp.ndarray,
   values: jnp.ndarray,
-  index,
   *,
-  scale: Optional[float] = None,
+  query_times,
+  key_times=None,
+  query_documents: Optional[jnp.ndarray] = None,
+  key_documents: Optional[jnp.ndarray] = None,
   window: Optional[int] = None,
+  scale: Optional[float] = None,
+  first=0,
   block: int = KV_BLOCK,
 ) -> jnp.ndarray:
-  """Exact softmax attention of one query over cached keys lo..index.
+  """Exact softmax attention of n queries over cached keys, each reading the keys at or
+  before its own position (within `window`), of its own document.
 
-  Online softmax (`efficient_attn.ops.online_softmax`) over the cache blocks that
-  hold visible keys (a `fori_loop` with traced bounds), so the cost grows with
-  the position, not the cache size.
+  Online softmax (`efficient_attn.ops.online_softmax`) over blocks of keys; over a full
+  cache (`key_times` None: slot j holds position j) only the blocks that may hold a
+  visible key are visited (a `fori_loop` with traced bounds, from `first` to the last
+  query's position), so a step's cost grows with its position, not the cache size.
 
   Args:
-    q: `[batch, heads, dk]`, the query at position `index`.
-    keys: `[batch, L, kv_heads, dk]`, values `[batch, L, kv_heads, dv]`, filled
-      up to `index` inclusive; `heads` a multiple of `kv_heads` (grouped-query
-      attention: query head i reads kv head i // (heads / kv_heads)).
-    index: int scalar (may be traced).
+    q: `[batch, n, heads, dk]`.
+    keys: `[batch, L, kv_heads, dk]`, values `[batch, L, kv_heads, dv]`; `heads` a
+      multiple of `kv_heads` (grouped-query attention: query head i reads kv head
+      i // (heads / kv_heads)).
+    query_times: `[n]` int, each query's position (may be traced).
+    key_times: `[L]` int, each key's position; None: slot j holds position j.
+    query_documents, key_documents: `[batch, n]` and `[batch, L]` int, the document of
+      each query and key (-1: a key no query reads, a query that reads none); None: one.
+    window: causal local attention: keys t - window < j <= t.
     scale: score scale, default 1/sqrt(dk).
-    window: causal local attention: keys index - window < j <= index.
+    first: with `key_times` None, no key before this position is visible (may be traced).
     block: keys per visited block (the last block of a cache whose length is
       not a multiple overlaps its predecessor; overlapped keys count once).
   Returns:
-    `[batch, heads, dv]` in the values' dtype (computed in float32 or wider).
+    `[batch, n, heads, dv]` in the values' dtype (computed in float32 or wider); 0 for a
+    query that reads no key.
   """
   b, length, hk, dk = keys.shape
-  h = q.shape[1]
+  n, h = q.shape[1], q.shape[2]
   if h % hk:
     raise ValueError(f'{h} query heads are not a multiple of the cache\'s {hk} key/value heads')
+  g = h // hk
   block = min(block, length)
   compute = jnp.promote_types(q.dtype, jnp.float32)
   q = q.astype(compute) * default_scale(dk, scale)
-  q = q.reshape(b, hk, h // hk, dk)  # the group as the query axis
-  lo = 0 if window is None else jnp.maximum(index - window + 1, 0)
+  # [b, hk, g * n, dk]: the group and the queries as one query axis.
+  q = q.reshape(b, n, hk, g, dk).transpose(0, 2, 3, 1, 4).reshape(b, hk, g * n, dk)
+  query_times = jnp.asarray(query_times)
+  if key_times is None:
+    lo = jnp.asarray(first)
+    if window is not None:
+      lo = jnp.maximum(lo, jnp.min(query_times) - window + 1)
+    lo_block, hi_block = jnp.maximum(lo, 0) // block, jnp.max(query_times) // block + 1
+  else:
+    lo_block, hi_block = 0, -(-length // block)
 
   def body(j, state):
     start = jnp.minimum(j * block, length - block)
-    kb = lax.dynamic_slice_in_dim(keys, start, block, axis=1).astype(compute)
-    vb = lax.dynamic_slice_in_dim(values, start, block, axis=1).astype(compute)
-    pos = start + jnp.arange(block)
-    valid = (pos >= jnp.maximum(lo, j * block)) & (pos <= index)
-    scores = jnp.einsum('bngd,bknd->bngk', q, kb)
-    return online_softmax.update(state, scores, valid, vb)
+    kb, vb = (
+      lax.dynamic_slice_in_dim(x, start, block, axis=1).astype(compute) for x in (keys, values)
+    )
+    slot = start + jnp.arange(block)
+    times = slot if key_times is None else lax.dynamic_slice_in_dim(key_times, start, block)
+    visible = (slot >= j * block)[None] & (times[None] <= query_times[:, None])  # [n, block]
+    if window is not None:
+      visible = visible & (times[None] > query_times[:, None] - window)
+    visible = visible[None]
+    if query_documents is not None:
+      docs = lax.dynamic_slice_in_dim(key_documents, start, block, axis=1)[:, None]
+      visible = visible & (docs == query_documents[..., None]) & (docs >= 0)
+    visible = jnp.broadcast_to(visible[:, None, None], (b, 1, g, n, block))
+    scores = jnp.einsum('bhqd,bkhd->bhqk', q, kb)
+    return online_softmax.update(state, scores, visible.reshape(b, 1, g * n, block), vb)
 
   state = lax.fori_loop(
-    lo // block,
-    index // block + 1,
-    body,
-    online_softmax.init(b, hk, h // hk, values.shape[-1], compute),
+    lo_block, hi_block, body, online_softmax.init(b, hk, g * n, values.shape[-1], compute)
   )
-  return online_softmax.finish(state).reshape(b, h, -1).astype(values.dtype)
+  out = online_softmax.finish(state).reshape(b, hk, g, n, -1).transpose(0, 3, 1, 2, 4)
+  return out.reshape(b, n, h, -1).astype(values.dtype)

@@ -13,188 +13,23 @@ a full-length input to create the 'cache' collection, then `apply(..., x_t,
 mutable=['cache'])` one token `[batch, 1, features]` at a time (see
 `efficient_attn.layers.decoding`).
 
-The mechanism itself runs in `Mechanism`, a Linen module that creates the
-parameters its declaration (`efficient_attn.registry`) asks for and calls the
-declared `attend`; nothing here names a particular mechanism.
+The mechanism itself runs in `efficient_attn.layers.linen_mechanism.Mechanism`, a Linen
+module that creates the parameters its declaration (`efficient_attn.registry`) asks for
+and calls the declared `attend`; nothing here names a particular mechanism.
 """
 
-import functools
 from typing import Any, Callable, Mapping, Optional, Union
 
 import flax.linen as nn
 import jax.numpy as jnp
 
 from efficient_attn import registry
+from efficient_attn.layers import cache as cache_lib
+from efficient_attn.layers import checks
 from efficient_attn.layers import decoding
-from efficient_attn.layers import multi_head
+from efficient_attn.layers import head_shapes
 from efficient_attn.layers import projections
-
-
-class _LinenContext(registry.Context):
-  """`registry.Context` of a Linen module: rng streams from the module, its path as tag."""
-
-  def __init__(self, module: nn.Module, deterministic: bool, dropout_rng=None):
-    super().__init__(
-      deterministic=deterministic,
-      tag=tuple(module.scope.path),
-      dropout_rate=module.dropout_rate,
-      broadcast_dropout=module.broadcast_dropout,
-      max_length=module.max_length,
-    )
-    self._module = module
-    self._dropout_rng = dropout_rng
-
-  def rng(self, name: str):
-    if name == 'dropout' and self._dropout_rng is not None:
-      return self._dropout_rng
-    return self._module.make_rng(name) if self._module.has_rng(name) else None
-
-
-class Mechanism(nn.Module):
-  """Runs a registered mechanism on projected heads and owns the parameters it declares.
-
-  `__call__(q, k, v, mask=None, deterministic=True)` maps q `[batch, q_length,
-  heads, head_dim]`, k `[batch, kv_length, heads, head_dim]`, v `[batch,
-  kv_length, heads, v_dim]` to `[batch, q_length, heads, v_dim]`; with
-  `state=...` it is one recurrent decoding step instead (see `decoding`). A
-  mechanism whose gates read the layer input (`reads_input`, e.g. 'gla') takes it
-  as `inputs=[batch, q_length, features]` (`MultiHeadAttention` passes its query input).
-
-  Attributes:
-    mechanism: a name from `efficient_attn.list_mechanisms()`, or its declaration
-      (`registry.declaration`: a model that resolved it passes it down).
-    options: the mechanism's options (checked; unknown names are an error).
-    causal: query i attends only to keys j <= i.
-    max_length: the longest sequence (fixed-length mechanisms need it).
-    dtype: computation dtype (None: the inputs'); param_dtype: parameters'.
-    dropout_rate, broadcast_dropout: attention-weight dropout (mechanisms
-      that form the weights).
-    shared_params: parameters shared by every layer of a model (the
-      declaration's `shared_params`, created by the model).
-    rotary: rotary positions (Su et al. 2021) on q and k, or on the numerator's
-      kernel features (the declaration's `rotary` form).
-    head_dim: the layer's head_dim (qkv_features / heads) for a mechanism whose
-      declared head shapes differ from it (`registry.Mechanism.head_shapes`, e.g.
-      Mamba-2's d_state): q and k are then `[..., qk_heads, qk_dim]` and v
-      `[..., heads, v_dim]`. None: q's head_dim.
-    sequence_axis: split the sequence over this axis of the ambient mesh (context
-      parallelism; see `MultiHeadAttention`). None: no split.
-  """
-
-  mechanism: Union[str, registry.Mechanism] = 'softmax'
-  options: Optional[Mapping[str, Any]] = None
-  causal: bool = False
-  max_length: Optional[int] = None
-  dtype: Any = None
-  param_dtype: Any = jnp.float32
-  dropout_rate: float = 0.0
-  broadcast_dropout: bool = True
-  shared_params: Optional[Mapping[str, Any]] = None
-  rotary: bool = False
-  head_dim: Optional[int] = None
-  sequence_axis: Optional[str] = None
-
-  @functools.cached_property
-  def _configured(self):
-    """(declaration, resolved options): configured once per module construction."""
-    return registry.configure(
-      self.mechanism,
-      self.options,
-      causal=self.causal,
-      max_length=self.max_length,
-      rotary=self.rotary,
-    )
-
-  def configured(self, length: Optional[int] = None):
-    """(declaration, resolved options), checked against this module's settings (and
-    `length`, the keys' length, when given)."""
-    decl, options = self._configured
-    if length is not None:
-      registry.check_length(
-        decl, options, length=length, max_length=self.max_length, causal=self.causal
-      )
-    return decl, options
-
-  @nn.compact
-  def __call__(
-    self,
-    q,
-    k,
-    v,
-    mask=None,
-    deterministic: bool = True,
-    *,
-    state=None,
-    position=None,
-    dropout_rng=None,
-    sow_weights: bool = False,
-    force_fp32_for_softmax: bool = False,
-    inputs=None,
-  ):
-    """See the class docstring; `position`: a decoding step's position (rotary);
-    sow_weights / force_fp32_for_softmax / inputs: see `multi_head.run_mechanism`."""
-    decl, options = self.configured(k.shape[1] if state is None else None)
-    heads, head_dim = multi_head.check_inputs(
-      decl, q, k, v, mask, stepping=state is not None, options=options, head_dim=self.head_dim
-    )  # before shapes are read
-    specs = multi_head.declared_params(
-      decl,
-      options,
-      heads=heads,
-      head_dim=head_dim,
-      max_length=self.max_length,
-      causal=self.causal,
-      features=None if inputs is None else inputs.shape[-1],
-    )
-    params = {
-      name: self.param(name, init, shape, self.param_dtype) for name, (shape, init) in specs.items()
-    }
-    params.update(self.shared_params or {})
-    return multi_head.run_mechanism(
-      decl,
-      options,
-      params,
-      q,
-      k,
-      v,
-      mask=mask,
-      causal=self.causal,
-      ctx=_LinenContext(self, deterministic, dropout_rng),
-      use_rotary=self.rotary,
-      dtype=self.dtype,
-      state=state,
-      position=position,
-      sow_weights=sow_weights,
-      force_fp32_for_softmax=force_fp32_for_softmax,
-      inputs=inputs,
-      head_dim=head_dim,
-      sequence_axis=self.sequence_axis,
-    )
-
-
-def mechanism_module(
-  mechanism: str,
-  *,
-  causal: bool = False,
-  max_length: Optional[int] = None,
-  options: Optional[Mapping[str, Any]] = None,
-  **module_kwargs,
-) -> Mechanism:
-  """The Linen `Mechanism` for `mechanism`, its configuration checked at once.
-
-  Raises ValueError naming the bad value and the valid ones for an unknown
-  mechanism or option, an option out of range, a causal request to a
-  mechanism without a causal form, or a fixed-length mechanism without
-  `max_length`.
-  """
-  registry.configure(mechanism, options, causal=causal, max_length=max_length)
-  return Mechanism(
-    mechanism=mechanism,
-    causal=causal,
-    max_length=max_length,
-    options=dict(options or {}),
-    **module_kwargs,
-  )
+from efficient_attn.layers.linen_mechanism import Mechanism
 
 
 class MultiHeadAttention(nn.Module):
@@ -218,7 +53,7 @@ class MultiHeadAttention(nn.Module):
       (`registry.Mechanism.head_shapes`, e.g. Mamba-2's ngroups and d_state,
       RetNet's value_factor): the projections, the output projection and the
       cache follow them, and a scheme that cannot build them is refused
-      (`multi_head.head_layout`).
+      (`head_shapes.head_layout`).
     causal: autoregressive masking (mechanisms and the super kernel).
     max_length: context length for 'super' and fixed-length mechanisms.
     dtype, param_dtype: computation and parameter dtypes.
@@ -254,7 +89,7 @@ class MultiHeadAttention(nn.Module):
       the first call that finds none (`init` with a full-length dummy input,
       or `apply(..., mutable=['cache'])` with trained params); that call runs
       the ordinary parallel forward. Later calls take `[batch, 1, features]`.
-      Cache (`multi_head.init_cache`): 'cache_index' (next position); 'cached_key'
+      Cache (`efficient_attn.layers.cache.init_cache`): 'cache_index' (next position); 'cached_key'
       and 'cached_value' (as flax) or 'cached_state' (recurrent mechanisms);
       for 'super', 'cached_raw_values' (the raw values W_A mixes).
     sequence_axis: context parallelism: the name of an axis of the ambient mesh
@@ -309,26 +144,51 @@ class MultiHeadAttention(nn.Module):
     deterministic: Optional[bool] = None,
     dropout_rng=None,
     sow_weights: bool = False,
+    segment_ids=None,
+    positions=None,
   ):
-    inputs_q, inputs_k, inputs_v = multi_head.resolve_inputs(
-      inputs_q, inputs_k, inputs_v, inputs_kv
-    )
+    """Attention over `inputs_q` `[..., q_length, features]` (self-attention, or over
+    `inputs_k` / `inputs_v`); see the class docstring for the other arguments.
+
+    segment_ids: `[..., length]` int, packed rows: documents are runs of equal non-zero
+      ids, 0 is padding (docs/design.md, "Documents"); each token attends only to its
+      own document. Mechanisms that declare `segments` only; self-attention; a mask
+      beside them may only be key padding. In a decoding call, the tokens' ids: a row
+      whose id differs from its last real token's starts a new document.
+    positions: `[..., length]` int, the tokens' rotary positions (default: their
+      positions in their documents, `ops.segments.positions`, else 0..length-1; in a
+      decoding call, from the cache).
+    """
+    inputs_q, inputs_k, inputs_v = checks.resolve_inputs(inputs_q, inputs_k, inputs_v, inputs_kv)
     batch_shape = inputs_q.shape[:-2]
-    return multi_head.with_one_batch_axis(
-      lambda q, k, v, m: self._attend(
-        q, k, v, m, deterministic, dropout_rng, sow_weights, batch_shape
+    return checks.with_one_batch_axis(
+      lambda q, k, v, m, ids, pos: self._attend(
+        q, k, v, m, deterministic, dropout_rng, sow_weights, batch_shape, ids, pos
       ),
       inputs_q,
       inputs_k,
       inputs_v,
       mask,
+      segment_ids,
+      positions,
+      names=('segment_ids', 'positions'),
     )
 
   def _attend(
-    self, inputs_q, inputs_k, inputs_v, mask, deterministic, dropout_rng, sow_weights, batch_shape
+    self,
+    inputs_q,
+    inputs_k,
+    inputs_v,
+    mask,
+    deterministic,
+    dropout_rng,
+    sow_weights,
+    batch_shape,
+    segment_ids,
+    positions,
   ):
     features = self.out_features or inputs_q.shape[-1]
-    head_dim = multi_head.head_dim(self.num_heads, self.qkv_features or inputs_q.shape[-1])
+    head_dim = head_shapes.head_dim(self.num_heads, self.qkv_features or inputs_q.shape[-1])
     # The mechanism is resolved once, by its module, and read from there below.
     mech = Mechanism(
       mechanism=self.mechanism,
@@ -346,9 +206,19 @@ class MultiHeadAttention(nn.Module):
       name='mechanism',
     )
     decl, options = mech.configured()
-    multi_head.check_dropout(decl, self.dropout_rate)
-    kv_heads = multi_head.kv_heads(decl, self.projection, self.num_heads, self.num_kv_heads)
-    shapes = multi_head.head_layout(
+    checks.check_dropout(decl, self.dropout_rate)
+    segment_ids, positions = checks.check_packed(
+      decl,
+      segment_ids,
+      positions,
+      mask=mask,
+      inputs_q=inputs_q,
+      inputs_k=inputs_k,
+      inputs_v=inputs_v,
+      projection=self.projection,
+    )
+    kv_heads = head_shapes.kv_heads(decl, self.projection, self.num_heads, self.num_kv_heads)
+    shapes = head_shapes.head_layout(
       decl,
       options,
       projection=self.projection,
@@ -364,7 +234,7 @@ class MultiHeadAttention(nn.Module):
       deterministic = True if self.deterministic is None else self.deterministic
     stepping = self.decode and self.has_variable('cache', 'cache_index')
     if self.decode:
-      multi_head.check_decode(mask, inputs_q, inputs_k, inputs_v, stepping, sow_weights)
+      checks.check_decode(mask, inputs_q, inputs_k, inputs_v, stepping, sow_weights)
 
     dense = lambda name: nn.DenseGeneral(
       features=shapes.features(name),
@@ -399,7 +269,7 @@ class MultiHeadAttention(nn.Module):
       self.sow('attention_qkv', 'qkv', (q, k, v))
 
     if stepping:
-      x = self._decode_step(mech, q, k, v, align, inputs_q)
+      x = self._decode(mech, q, k, v, align, inputs_q, segment_ids, positions)
     else:
       if self.decode:
         self._init_cache(mech, q, v, inputs_q.shape[1], align)
@@ -413,6 +283,8 @@ class MultiHeadAttention(nn.Module):
         sow_weights=sow_weights,
         force_fp32_for_softmax=self.force_fp32_for_softmax,
         inputs=inputs_q,
+        segment_ids=segment_ids,
+        positions=positions,
       )
       if sow_weights:
         x, weights = x
@@ -446,8 +318,15 @@ class MultiHeadAttention(nn.Module):
     return decoding.decode_form(
       decl,
       options,
-      lambda state, q_t, k_t, v_t, i: mech(
-        q_t, k_t, v_t, deterministic=True, state=state, position=i, inputs=inputs
+      lambda state, q, k, v, tokens: mech(
+        q,
+        k,
+        v,
+        deterministic=True,
+        state=state,
+        position=tokens.positions,
+        inputs=inputs,
+        segment_ids=tokens.segment_ids,
       ),
     )
 
@@ -455,8 +334,8 @@ class MultiHeadAttention(nn.Module):
     """Creates the cache (the call that does so is the ordinary parallel forward)."""
     decl, options = mech.configured()
     b, _, _, dk = q.shape
-    heads = multi_head.state_heads(decl, options, self.num_heads, v.shape[2])  # v: the kv heads
-    for name, value in multi_head.init_cache(
+    heads = head_shapes.state_heads(decl, options, self.num_heads, v.shape[2])  # v: the kv heads
+    for name, value in cache_lib.init_cache(
       self._form(mech),
       batch=b,
       length=length,
@@ -468,15 +347,16 @@ class MultiHeadAttention(nn.Module):
     ).items():
       self.put_variable('cache', name, value)
 
-  def _decode_step(self, mech, q, k, v, align, inputs):
-    """The cache as Linen variables; `multi_head.decode_step` does the rest."""
+  def _decode(self, mech, q, k, v, align, inputs, segment_ids, positions):
+    """A decoding call of n tokens (a step, or a prefill): the cache as Linen variables;
+    `cache.decode` does the rest."""
     decl, _ = mech.configured()
     cache = {
       name: self.get_variable('cache', name)
-      for name in multi_head.CACHE_NAMES
+      for name in cache_lib.CACHE_NAMES
       if self.has_variable('cache', name)
     }
-    cache, x = multi_head.decode_step(
+    cache, x = cache_lib.decode(
       self._form(mech, inputs),
       cache,
       q,
@@ -484,102 +364,9 @@ class MultiHeadAttention(nn.Module):
       v,
       align_at=align,
       rotate_scores=self.rotary and decl.rotary == 'scores',
+      segment_ids=segment_ids,
+      positions=positions,
     )
     for name, value in cache.items():
       self.put_variable('cache', name, value)
     return x
-
-
-def make_attention_fn(mechanism: str = 'softmax', **options) -> Callable[..., Any]:
-  """A parameter-free mechanism as the `attention_fn` of flax's own attention layers.
-
-      layer = nn.MultiHeadDotProductAttention(
-          num_heads=4, attention_fn=efficient_attn.make_attention_fn('linear'))
-      layer = nnx.MultiHeadAttention(
-          num_heads=4, in_features=64, attention_fn=efficient_attn.make_attention_fn('linear'),
-          decode=False, rngs=nnx.Rngs(0))
-
-  The returned function takes query `[batch, length, heads, head_dim]`, key and
-  value `[batch, length, kv_heads, head_dim]` (kv_heads dividing heads: flax's
-  grouped-query attention) and flax's mask; options are the mechanism's
-  (checked here). `force_fp32_for_softmax` and `sow_weights` (flax passes the
-  module) are honoured by mechanisms that form the weights, and `is_causal`
-  where the mechanism has a causal form. What it cannot honour it refuses with
-  one line rather than ignoring: attention dropout during training, an
-  attention bias, and the options above for other mechanisms.
-  """
-  decl, resolved = registry.configure(
-    mechanism, options, causal=registry.get_mechanism(mechanism).causal_only
-  )
-  if not decl.parameter_free:
-    free = registry.names_where(lambda m: m.parameter_free)
-    raise ValueError(
-      f'mechanism {mechanism!r} has parameters or random features and '
-      f'cannot be an attention_fn; use efficient_attn.MultiHeadAttention, '
-      f'or one of: {", ".join(free)}'
-    )
-
-  def refuse(what):
-    raise ValueError(
-      f'{what} is not supported by the attention_fn of mechanism '
-      f'{mechanism!r}; use efficient_attn.MultiHeadAttention'
-    )
-
-  def attention_fn(
-    query,
-    key,
-    value,
-    bias=None,
-    mask=None,
-    dropout_rng=None,
-    dropout_rate=0.0,
-    broadcast_dropout=True,
-    deterministic=True,
-    dtype=None,
-    precision=None,
-    force_fp32_for_softmax=False,
-    module=None,
-    is_causal=False,
-  ):
-    del dropout_rng, broadcast_dropout, precision
-    if bias is not None:
-      refuse('an attention bias')
-    if dropout_rate > 0.0 and not deterministic:
-      refuse(f'attention dropout (dropout_rate={dropout_rate}) in training')
-    if is_causal:
-      registry.configure(mechanism, options, causal=True)  # refuses a non-causal mechanism
-    heads, head_dim = query.shape[-2:]
-    shapes = decl.head_shapes(resolved, heads=heads, head_dim=head_dim)
-    if shapes != (heads, head_dim, head_dim):  # flax's projections make (heads, head_dim)
-      refuse(
-        f'head shapes (qk_heads, qk_dim, v_dim) = {shapes}, not (heads, head_dim, '
-        f'head_dim) = {(heads, head_dim, head_dim)},'
-      )
-    if dtype is not None:
-      query, key, value = (x.astype(dtype) for x in (query, key, value))
-    out = multi_head.run_mechanism(
-      decl,
-      resolved,
-      {},
-      query,
-      key,
-      value,
-      mask=mask,
-      causal=bool(is_causal),
-      ctx=registry.Context(),
-      use_rotary=False,
-      sow_weights=module is not None,
-      force_fp32_for_softmax=force_fp32_for_softmax,
-    )
-    if module is None:
-      return out
-    out, weights = out
-    if isinstance(module, nn.Module):
-      module.sow('intermediates', 'attention_weights', weights)
-    else:  # an NNX module
-      from flax import nnx  # pylint: disable=g-import-not-at-top
-
-      module.sow(nnx.Intermediate, 'attention_weights', weights)
-    return out
-
-  return attention_fn

@@ -15,7 +15,8 @@ its parameter shapes become `nnx.Param`s, and the call runs the same
 functions as the Linen layer (`efficient_attn.layers.multi_head`), so both give the same
 outputs and the same errors. The parameter tree has the Linen layer's names
 ('query', 'key', 'value', 'alignment', 'mechanism', 'out'): `to_linen_params` and
-`load_linen_params` move weights between the two APIs.
+`load_linen_params` (`efficient_attn.layers.nnx_params`) move weights between the two
+APIs. Its parts, `Mechanism` and `Alignment`, are `efficient_attn.layers.nnx_mechanism`.
 
 Decoding follows NNX: `layer.init_cache((batch, max_length, features))`, then
 call the layer with one token `[batch, 1, features]` and `decode=True` (or build
@@ -30,171 +31,22 @@ draw of a top-level Linen layer; give each layer of a model its own tag.
 
 import functools
 import math
-from typing import Any, Callable, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Mapping, Optional, Sequence, Tuple
 
 from flax import nnx
 import jax.numpy as jnp
 
 from efficient_attn import registry
+from efficient_attn.layers import cache as cache_lib
+from efficient_attn.layers import checks
 from efficient_attn.layers import decoding
-from efficient_attn.layers import multi_head
+from efficient_attn.layers import head_shapes
 from efficient_attn.layers import projections
+from efficient_attn.layers.nnx_mechanism import Alignment
+from efficient_attn.layers.nnx_mechanism import Mechanism
 
 _default_kernel_init = nnx.initializers.lecun_normal()
 _default_bias_init = nnx.initializers.zeros_init()
-
-
-class _Context(registry.Context):
-  """`registry.Context` of an NNX module: random streams from an `nnx.Rngs` or stream."""
-
-  def __init__(self, mechanism: 'Mechanism', deterministic: bool, rngs):
-    super().__init__(
-      deterministic=deterministic,
-      tag=mechanism.tag,
-      dropout_rate=mechanism.dropout_rate,
-      broadcast_dropout=mechanism.broadcast_dropout,
-      max_length=mechanism.max_length,
-    )
-    self._stream = rngs
-
-  def rng(self, name: str):
-    if self._stream is None:
-      return None
-    if isinstance(self._stream, nnx.Rngs):
-      return self._stream[name]()
-    return self._stream()
-
-
-class Mechanism(nnx.Module):
-  """A registered mechanism on projected heads, owning the parameters it declares.
-
-  `__call__(q, k, v, mask=None, deterministic=True, rngs=None)` maps q `[batch,
-  q_length, heads, head_dim]`, k `[batch, kv_length, heads, head_dim]`, v
-  `[batch, kv_length, heads, v_dim]` to `[batch, q_length, heads, v_dim]`; with
-  `state=...` it is one recurrent decoding step. The Linen `Mechanism` with
-  the same arguments has the same parameters under the same names. A mechanism
-  whose gates read the layer input (`reads_input`) needs `in_features` here and
-  the call's `inputs` `[batch, q_length, in_features]`. `sequence_axis` splits the
-  sequence over that axis of the ambient mesh (see `efficient_attn.MultiHeadAttention`). One that declares other head
-  shapes (`registry.Mechanism.head_shapes`) takes q and k `[..., qk_heads, qk_dim]` and
-  v `[..., num_heads, v_dim]` for `num_heads` heads of `head_dim`.
-  """
-
-  def __init__(
-    self,
-    mechanism: Union[str, registry.Mechanism] = 'softmax',
-    *,
-    num_heads: int,
-    head_dim: int,
-    options: Optional[Mapping[str, Any]] = None,
-    causal: bool = False,
-    max_length: Optional[int] = None,
-    dtype: Any = None,
-    param_dtype: Any = jnp.float32,
-    dropout_rate: float = 0.0,
-    broadcast_dropout: bool = True,
-    rotary: bool = False,
-    shared_params: Optional[Mapping[str, Any]] = None,
-    tag: Sequence[str] = ('mechanism',),
-    in_features: Optional[int] = None,
-    sequence_axis: Optional[str] = None,
-    rngs: nnx.Rngs,
-  ):
-    # Configured once, here; the calls read self.decl and self.resolved.
-    self.decl, self.resolved = registry.configure(
-      mechanism, options, causal=causal, max_length=max_length, rotary=rotary
-    )
-    self.name, self.options = self.decl.name, dict(options or {})
-    self.causal, self.max_length, self.rotary = causal, max_length, rotary
-    self.dtype, self.dropout_rate, self.broadcast_dropout = dtype, dropout_rate, broadcast_dropout
-    self.tag, self.head_dim, self.sequence_axis = tuple(tag), head_dim, sequence_axis
-    specs = multi_head.declared_params(
-      self.decl,
-      self.resolved,
-      heads=num_heads,
-      head_dim=head_dim,
-      max_length=max_length,
-      causal=causal,
-      features=in_features,
-    )
-    for name, (shape, init) in specs.items():
-      setattr(self, name, nnx.Param(init(rngs.params(), shape, param_dtype)))
-    self.param_names = tuple(specs)
-    self.shared_params = nnx.data(dict(shared_params or {}))
-
-  def params(self):
-    """The declared parameters (and shared ones) as arrays, by name."""
-    params = {name: getattr(self, name)[...] for name in self.param_names}
-    params.update(
-      {name: p[...] if isinstance(p, nnx.Variable) else p for name, p in self.shared_params.items()}
-    )
-    return params
-
-  def __call__(
-    self,
-    q,
-    k,
-    v,
-    mask=None,
-    deterministic: bool = True,
-    *,
-    rngs=None,
-    state=None,
-    position=None,
-    sow_weights: bool = False,
-    force_fp32_for_softmax: bool = False,
-    inputs=None,
-  ):
-    if state is None:
-      registry.check_length(
-        self.decl, self.resolved, length=k.shape[1], max_length=self.max_length, causal=self.causal
-      )
-    return multi_head.run_mechanism(
-      self.decl,
-      self.resolved,
-      self.params(),
-      q,
-      k,
-      v,
-      mask=mask,
-      causal=self.causal,
-      ctx=_Context(self, deterministic, rngs),
-      use_rotary=self.rotary,
-      dtype=self.dtype,
-      state=state,
-      position=position,
-      sow_weights=sow_weights,
-      force_fp32_for_softmax=force_fp32_for_softmax,
-      inputs=inputs,
-      head_dim=self.head_dim,
-      sequence_axis=self.sequence_axis,
-    )
-
-
-class Alignment(nnx.Module):
-  """Super Attention's W_A `[l, l]` and b_A `[l]` (see `projections.align`)."""
-
-  def __init__(
-    self,
-    max_length: Optional[int],
-    causal: bool = False,
-    dtype: Any = None,
-    param_dtype: Any = jnp.float32,
-    *,
-    rngs: nnx.Rngs,
-  ):
-    if max_length is None:
-      projections.alignment_kernel(None, causal)  # the one error for a missing length
-    self.causal, self.dtype = causal, dtype
-    self.kernel = nnx.Param(
-      projections.identity_init(rngs.params(), (max_length, max_length), param_dtype)
-    )
-    self.bias = nnx.Param(jnp.zeros((max_length,), param_dtype))
-
-  def __call__(self, v, index=None):
-    return projections.align(
-      self.kernel[...], self.bias[...], v, causal=self.causal, dtype=self.dtype, index=index
-    )
 
 
 def _first(*values, default=None):
@@ -256,15 +108,15 @@ class MultiHeadAttention(nnx.Module):
   ):
     registry.check_projection(projection)
     decl = registry.declaration(mechanism)  # looked up once; `Mechanism` configures it
-    self.num_kv_heads = multi_head.kv_heads(decl, projection, num_heads, num_kv_heads)
-    multi_head.check_weights_args(decl, force_fp32_for_softmax=force_fp32_for_softmax)
+    self.num_kv_heads = head_shapes.kv_heads(decl, projection, num_heads, num_kv_heads)
+    checks.check_weights_args(decl, force_fp32_for_softmax=force_fp32_for_softmax)
     self.force_fp32_for_softmax = force_fp32_for_softmax
     self.num_heads, self.in_features = num_heads, in_features
     self.qkv_features = qkv_features or in_features
     self.out_features = out_features or in_features
     self.in_kv_features = in_kv_features or in_features
-    self.head_dim = multi_head.head_dim(num_heads, self.qkv_features)
-    shapes = multi_head.head_layout(
+    self.head_dim = head_shapes.head_dim(num_heads, self.qkv_features)
+    shapes = head_shapes.head_layout(
       decl,
       decl.resolve(options),
       projection=projection,
@@ -276,7 +128,7 @@ class MultiHeadAttention(nnx.Module):
     self.projection, self.causal, self.max_length = projection, causal, max_length
     self.dtype, self.dropout_rate, self.deterministic = dtype, dropout_rate, deterministic
     self.decode, self.rotary = decode, rotary
-    multi_head.check_dropout(decl, dropout_rate)
+    checks.check_dropout(decl, dropout_rate)
     self.shared_qk = decl.shared_qk
 
     linear = functools.partial(
@@ -341,7 +193,7 @@ class MultiHeadAttention(nnx.Module):
     # Kept as flax keeps it: the dropout stream (a mechanism's redraws read it too).
     needs_rng = dropout_rate > 0 or bool(self.mechanism.resolved.get('redraw'))
     self.rngs = rngs.dropout.fork() if keep_rngs and needs_rng else nnx.data(None)
-    for name in multi_head.CACHE_NAMES:
+    for name in cache_lib.CACHE_NAMES:
       setattr(self, name, nnx.data(None))
 
   def _form(self, inputs=None) -> decoding.DecodeForm:
@@ -349,7 +201,15 @@ class MultiHeadAttention(nnx.Module):
     return decoding.decode_form(
       mech.decl,
       mech.resolved,
-      lambda state, q_t, k_t, v_t, i: mech(q_t, k_t, v_t, state=state, position=i, inputs=inputs),
+      lambda state, q, k, v, tokens: mech(
+        q,
+        k,
+        v,
+        state=state,
+        position=tokens.positions,
+        inputs=inputs,
+        segment_ids=tokens.segment_ids,
+      ),
     )
 
   def init_cache(self, input_shape: Tuple[int, ...], dtype: Any = jnp.float32):
@@ -361,8 +221,8 @@ class MultiHeadAttention(nnx.Module):
       )
     batch = math.prod(input_shape[:-2])
     mech = self.mechanism
-    heads = multi_head.state_heads(mech.decl, mech.resolved, self.num_heads, self.num_kv_heads)
-    cache = multi_head.init_cache(
+    heads = head_shapes.state_heads(mech.decl, mech.resolved, self.num_heads, self.num_kv_heads)
+    cache = cache_lib.init_cache(
       self._form(),
       batch=batch,
       length=input_shape[-2],
@@ -372,13 +232,13 @@ class MultiHeadAttention(nnx.Module):
       dtype=dtype,
       super_values=self.projection == 'super',
     )
-    for name in multi_head.CACHE_NAMES:
+    for name in cache_lib.CACHE_NAMES:
       setattr(self, name, nnx.Cache(cache[name]) if name in cache else nnx.data(None))
 
   def _cache(self):
     return {
       name: getattr(self, name).get_value()
-      for name in multi_head.CACHE_NAMES
+      for name in cache_lib.CACHE_NAMES
       if getattr(self, name) is not None
     }
 
@@ -396,8 +256,14 @@ class MultiHeadAttention(nnx.Module):
     rngs=None,
     sow_weights: bool = False,
     decode: Optional[bool] = None,
+    segment_ids=None,
+    positions=None,
   ):
-    inputs_q, inputs_k, inputs_v = multi_head.resolve_inputs(inputs_q, inputs_k, inputs_v)
+    """As `flax.nnx.MultiHeadAttention`'s call; `segment_ids` and `positions` `[...,
+    length]` (packed rows, rotary positions) as `efficient_attn.MultiHeadAttention`'s.
+    With `decode`, a call of n tokens runs from the cache and advances it (n = 1: a
+    step; n > 1: a prefill, one parallel pass)."""
+    inputs_q, inputs_k, inputs_v = checks.resolve_inputs(inputs_q, inputs_k, inputs_v)
     if inputs_q.shape[-1] != self.in_features:
       raise ValueError(
         f'inputs have {inputs_q.shape[-1]} features, but the layer was '
@@ -414,21 +280,45 @@ class MultiHeadAttention(nnx.Module):
     rngs = _first(rngs, self.rngs)
     decode = bool(_first(decode, self.decode, default=False))
     batch_shape = inputs_q.shape[:-2]
-    return multi_head.with_one_batch_axis(
-      lambda q, k, v, m: self._attend(
-        q, k, v, m, deterministic, rngs, decode, sow_weights, batch_shape
+    return checks.with_one_batch_axis(
+      lambda q, k, v, m, ids, pos: self._attend(
+        q, k, v, m, deterministic, rngs, decode, sow_weights, batch_shape, ids, pos
       ),
       inputs_q,
       inputs_k,
       inputs_v,
       mask,
+      segment_ids,
+      positions,
+      names=('segment_ids', 'positions'),
     )
 
   def _attend(
-    self, inputs_q, inputs_k, inputs_v, mask, deterministic, rngs, decode, sow_weights, batch_shape
+    self,
+    inputs_q,
+    inputs_k,
+    inputs_v,
+    mask,
+    deterministic,
+    rngs,
+    decode,
+    sow_weights,
+    batch_shape,
+    segment_ids,
+    positions,
   ):
+    segment_ids, positions = checks.check_packed(
+      self.mechanism.decl,
+      segment_ids,
+      positions,
+      mask=mask,
+      inputs_q=inputs_q,
+      inputs_k=inputs_k,
+      inputs_v=inputs_v,
+      projection=self.projection,
+    )
     if decode:
-      multi_head.check_decode(
+      checks.check_decode(
         mask, inputs_q, inputs_k, inputs_v, stepping=True, sow_weights=sow_weights
       )
       if self.cache_index is None:
@@ -452,7 +342,7 @@ class MultiHeadAttention(nnx.Module):
       qkv_features=self.num_heads * self.head_dim,
     )
     if decode:
-      cache, x = multi_head.decode_step(
+      cache, x = cache_lib.decode(
         self._form(inputs_q),
         self._cache(),
         q,
@@ -460,6 +350,8 @@ class MultiHeadAttention(nnx.Module):
         v,
         align_at=align,
         rotate_scores=self.rotary and self.mechanism.decl.rotary == 'scores',
+        segment_ids=segment_ids,
+        positions=positions,
       )
       for name, value in cache.items():
         getattr(self, name).set_value(value)
@@ -474,6 +366,8 @@ class MultiHeadAttention(nnx.Module):
         sow_weights=sow_weights,
         force_fp32_for_softmax=self.force_fp32_for_softmax,
         inputs=inputs_q,
+        segment_ids=segment_ids,
+        positions=positions,
       )
       if sow_weights:
         x, weights = x
@@ -481,51 +375,3 @@ class MultiHeadAttention(nnx.Module):
           nnx.Intermediate, 'attention_weights', weights.reshape(batch_shape + weights.shape[1:])
         )
     return self.out(x)
-
-
-def to_linen_params(module: nnx.Module) -> dict:
-  """The NNX layer's (or model's) parameters as the Linen layer's `params` tree.
-
-  Shared parameters passed in with `shared_params` belong to the model, not the
-  layer, and are left out (the Linen layer takes them as an argument too).
-  """
-  tree = nnx.to_pure_dict(nnx.state(module, nnx.Param))
-  return _drop_shared(tree)
-
-
-def _drop_shared(tree):
-  if not isinstance(tree, dict):
-    return tree
-  return {k: _drop_shared(v) for k, v in tree.items() if k != 'shared_params'}
-
-
-def load_linen_params(module: nnx.Module, params: Mapping[str, Any]) -> None:
-  """Loads a Linen `params` tree (e.g. `variables['params']` of the Linen layer, or
-  of a Linen checkpoint) into the NNX layer or model in place.
-
-  Raises ValueError naming the first path whose name or shape differs.
-  """
-  state = nnx.state(module, nnx.Param)
-  ours = _drop_shared(nnx.to_pure_dict(state))
-  _check_same_tree(ours, dict(params), ())
-  nnx.replace_by_pure_dict(state, params)
-  nnx.update(module, state)
-
-
-def _check_same_tree(ours, theirs, path):
-  where = '/'.join(path) or '(root)'
-  if isinstance(ours, dict) != isinstance(theirs, dict):
-    raise ValueError(f'parameter {where}: one tree has a subtree where the other has an array')
-  if isinstance(ours, dict):
-    if set(ours) != set(theirs):
-      raise ValueError(
-        f'parameters under {where} differ: the NNX module has '
-        f'{sorted(ours)}, the Linen tree has {sorted(theirs)}'
-      )
-    for key in ours:
-      _check_same_tree(ours[key], theirs[key], path + (str(key),))
-  elif tuple(ours.shape) != tuple(theirs.shape):
-    raise ValueError(
-      f'parameter {where}: shape {tuple(theirs.shape)} in the Linen tree, '
-      f'{tuple(ours.shape)} in the NNX module'
-    )

@@ -103,11 +103,12 @@ def check(
 
 
 class _BlockContext(registry.Context):
-  """The layer's `registry.Context` on one device's block: its gates and rotary positions
-  are the block's, and its random keys were drawn outside (a module cannot draw inside
-  `jax.shard_map`)."""
+  """The layer's `registry.Context` on one device's block: its gates, rotary positions and
+  documents (the packed row's document index, global: a document that began on an
+  earlier device keeps its index) are the block's, and its random keys were drawn outside
+  (a module cannot draw inside `jax.shard_map`)."""
 
-  def __init__(self, ctx: registry.Context, gates, positions, keys):
+  def __init__(self, ctx: registry.Context, gates, positions, documents, keys):
     super().__init__(
       deterministic=ctx.deterministic,
       tag=ctx.tag,
@@ -116,6 +117,7 @@ class _BlockContext(registry.Context):
       max_length=ctx.max_length,
     )
     self.gates, self.positions, self._keys = gates, positions, dict(keys)
+    self.documents = documents
 
   def rng(self, name: str):
     return self._keys.get(name)
@@ -190,12 +192,17 @@ def attend(
   keys = {name: ctx.rng(name) for name in streams}
   keys = {name: key for name, key in keys.items() if key is not None}
 
-  def body(params, q, k, v, kp, gates, positions, keys):
-    block = _BlockContext(ctx, gates, positions, keys)
+  def body(params, q, k, v, kp, gates, positions, documents, keys):
+    block = _BlockContext(ctx, gates, positions, documents, keys)
     return decl.attend_sharded(
       options, params, q, k, v, mask=kp, causal=causal, ctx=block, axis=axis
     )
 
+  # Rotary positions: [length] each (the same for every row) or [batch, length] (a packed
+  # row's, restarting at each document).
+  position_spec = None
+  if positions is not None:
+    position_spec = tuple(P(axis) if jnp.ndim(p) == 1 else seq for p in positions)
   replicated = lambda tree: jax.tree.map(lambda x: _reshard(x, P(), mesh), tree)
   split = lambda tree, spec: jax.tree.map(lambda x: _reshard(x, spec, mesh), tree)
   args = (
@@ -205,7 +212,8 @@ def attend(
     split(v, seq),
     split(kp, seq),
     split(ctx.gates, seq),
-    split(positions, P(axis)),
+    None if positions is None else tuple(split(p, s) for p, s in zip(positions, position_spec)),
+    split(ctx.documents, seq),
     replicated(keys),
   )
   specs = (
@@ -215,7 +223,8 @@ def attend(
     seq,
     seq,
     jax.tree.map(lambda _: seq, ctx.gates),
-    None if positions is None else (P(axis), P(axis)),
+    position_spec,
+    None if ctx.documents is None else seq,
     P(),
   )
   manual = {axis} | set(() if batch is None else (batch,) if isinstance(batch, str) else batch)

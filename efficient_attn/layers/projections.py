@@ -58,16 +58,16 @@ class AlignmentKernel(nn.Module):
   bias_init: Callable[..., Any] = nn.initializers.zeros_init()
 
   @nn.compact
-  def __call__(self, v: jnp.ndarray, index=None) -> jnp.ndarray:
+  def __call__(self, v: jnp.ndarray, index=None, count: int = 1) -> jnp.ndarray:
     """See `align`."""
     l = self.max_length
     kernel = self.param('kernel', self.kernel_init, (l, l), self.param_dtype)
     bias = self.param('bias', self.bias_init, (l,), self.param_dtype)
-    return align(kernel, bias, v, causal=self.causal, dtype=self.dtype, index=index)
+    return align(kernel, bias, v, causal=self.causal, dtype=self.dtype, index=index, count=count)
 
 
 def align(
-  kernel, bias, v: jnp.ndarray, *, causal: bool, dtype: Any = None, index=None
+  kernel, bias, v: jnp.ndarray, *, causal: bool, dtype: Any = None, index=None, count: int = 1
 ) -> jnp.ndarray:
   """Super Attention's value mixing `V' = W_A V + b_A` along the sequence.
 
@@ -77,9 +77,10 @@ def align(
     v: `[batch, n, heads, head_dim]`.
     causal: use the lower triangle of W_A only (token t mixes tokens <= t).
     index: causal decoding: v holds the raw values of positions 0..n-1 (those
-      after `index` are ignored) and only output row `index` is computed.
+      after `index + count - 1` are ignored) and only the output rows `index` ..
+      `index + count - 1` are computed (`count` > 1: a prefill).
   Returns:
-    `[batch, n, heads, head_dim]`, or `[batch, 1, heads, head_dim]` with `index`.
+    `[batch, n, heads, head_dim]`, or `[batch, count, heads, head_dim]` with `index`.
   """
   n, l = v.shape[1], kernel.shape[0]
   if n > l:
@@ -94,9 +95,9 @@ def align(
   if index is not None:
     if not causal:
       raise ValueError('decoding through the super projection needs causal=True')
-    row = lax.dynamic_slice_in_dim(kernel, index, 1, axis=0)  # [1, n]
-    out = jnp.einsum('ts,bshd->bthd', row.astype(dtype), v.astype(dtype))
-    return out + lax.dynamic_slice_in_dim(bias, index, 1).astype(dtype)[None, :, None, None]
+    rows = lax.dynamic_slice_in_dim(kernel, index, count, axis=0)  # [count, n]
+    out = jnp.einsum('ts,bshd->bthd', rows.astype(dtype), v.astype(dtype))
+    return out + lax.dynamic_slice_in_dim(bias, index, count).astype(dtype)[None, :, None, None]
   out = jnp.einsum('ts,bshd->bthd', kernel.astype(dtype), v.astype(dtype))
   return out + bias.astype(dtype)[None, :, None, None]
 

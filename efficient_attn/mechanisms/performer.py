@@ -180,6 +180,9 @@ def performer_attention_step(
   """
   q_token, keep_axis = (q_t[:, 0], True) if q_t.ndim == 4 else (q_t, False)
   k_token = k_t[:, 0] if k_t.ndim == 4 else k_t
+  # The layer's position is [batch, 1] (the token's position in each row's document).
+  if position is not None and jnp.ndim(position) == 2:
+    position = position[:, 0]
   qs, ks = _scaled_queries_keys(q_token, k_token)
   eps = performer_eps(jnp.promote_types(qs.dtype, state.s.dtype)) if eps is None else eps
   phi_q = feature_maps.positive_features(qs, projection, is_query=True)

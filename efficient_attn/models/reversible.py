@@ -38,10 +38,12 @@ class AttentionBranch(nn.Module):
   shared_params: Optional[Mapping[str, Any]] = None
 
   @nn.compact
-  def __call__(self, x, mask=None, deterministic: bool = True):
+  def __call__(self, x, mask=None, deterministic: bool = True, segment_ids=None, positions=None):
     c = self.config
     y = nn.LayerNorm(dtype=c.dtype, param_dtype=c.param_dtype)(x)
-    y = blocks.attention_layer(c, self.shared_params)(y, mask=mask, deterministic=deterministic)
+    y = blocks.attention_layer(c, self.shared_params)(
+      y, mask=mask, deterministic=deterministic, segment_ids=segment_ids, positions=positions
+    )
     return nn.Dropout(c.dropout_rate)(y, deterministic=deterministic)
 
 
@@ -57,13 +59,17 @@ class MlpBranch(nn.Module):
     return blocks.MlpBlock(c, name='mlp')(y, deterministic=deterministic)
 
 
-def _branches(config, shared, params, keys, mask, deterministic):
-  """Pure F_i(x), G_i(x) of one block from its params and rng keys."""
+def _branches(config, shared, params, keys, rows, deterministic):
+  """Pure F_i(x), G_i(x) of one block from its params and rng keys; `rows` = (mask,
+  segment_ids, positions) of the attention."""
   pf, pg = params
   kf, kg = keys
+  mask, segment_ids, positions = rows
 
   def f(pf, shared, x):
-    return AttentionBranch(config, shared).apply({'params': pf}, x, mask, deterministic, rngs=kf)
+    return AttentionBranch(config, shared).apply(
+      {'params': pf}, x, mask, deterministic, segment_ids, positions, rngs=kf
+    )
 
   def g(pg, x):
     return MlpBranch(config).apply({'params': pg}, x, deterministic, rngs=kg)
@@ -73,9 +79,9 @@ def _branches(config, shared, params, keys, mask, deterministic):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 6))
 def _stack(config, params, shared, x1, x2, aux, deterministic):
-  mask, keys = aux
+  rows, keys = aux
   for p, k in zip(params, keys):
-    f, g = _branches(config, shared, p, k, mask, deterministic)
+    f, g = _branches(config, shared, p, k, rows, deterministic)
     x1 = x1 + f(p[0], shared, x2)
     x2 = x2 + g(p[1], x1)
   return x1, x2
@@ -88,12 +94,12 @@ def _stack_fwd(config, params, shared, x1, x2, aux, deterministic):
 
 def _stack_bwd(config, deterministic, residuals, cotangents):
   params, shared, y1, y2, aux = residuals
-  mask, keys = aux
+  rows, keys = aux
   dy1, dy2 = cotangents
   d_params = []
   d_shared = jax.tree.map(jnp.zeros_like, shared)
   for p, k in reversed(list(zip(params, keys))):
-    f, g = _branches(config, shared, p, k, mask, deterministic)
+    f, g = _branches(config, shared, p, k, rows, deterministic)
     g_out, g_vjp = jax.vjp(g, p[1], y1)
     x2 = y2 - g_out
     dpg, dg_y1 = g_vjp(dy2)
@@ -123,7 +129,8 @@ class ReversibleStack(nn.Module):
   shared_params: Optional[Mapping[str, Any]] = None
 
   @nn.compact
-  def __call__(self, x, mask=None, deterministic: bool = True):
+  def __call__(self, x, mask=None, deterministic: bool = True, segment_ids=None, positions=None):
+    """x `[batch, length, d_model]`; mask, segment_ids and positions as the `Encoder`'s."""
     c = self.config
     if c.decode:
       raise ValueError(
@@ -138,12 +145,13 @@ class ReversibleStack(nn.Module):
     if self.is_initializing():  # create the parameters with an ordinary forward
       x1 = x2 = x
       for f, g in zip(fs, gs):
-        x1 = x1 + f(x2, mask, deterministic)
+        x1 = x1 + f(x2, mask, deterministic, segment_ids, positions)
         x2 = x2 + g(x1, deterministic)
       return (x1 + x2) / 2
     params = tuple((f.variables['params'], g.variables['params']) for f, g in zip(fs, gs))
     shared = dict(self.shared_params or {})
-    y1, y2 = _stack(c, params, shared, x, x, (mask, keys), deterministic)
+    rows = (mask, segment_ids, positions)
+    y1, y2 = _stack(c, params, shared, x, x, (rows, keys), deterministic)
     return (y1 + y2) / 2
 
   def _keys(self, deterministic: bool) -> Tuple[Tuple[Mapping[str, Any], ...], ...]:

@@ -34,10 +34,12 @@ class EncoderBlock(nn.Module):
   shared_params: Optional[Mapping[str, Any]] = None
 
   @nn.compact
-  def __call__(self, x, mask=None, deterministic: bool = True):
+  def __call__(self, x, mask=None, deterministic: bool = True, segment_ids=None, positions=None):
     c = self.config
     y = nn.LayerNorm(dtype=c.dtype, param_dtype=c.param_dtype)(x)
-    y = attention_layer(c, self.shared_params)(y, mask=mask, deterministic=deterministic)
+    y = attention_layer(c, self.shared_params)(
+      y, mask=mask, deterministic=deterministic, segment_ids=segment_ids, positions=positions
+    )
     y = nn.Dropout(c.dropout_rate)(y, deterministic=deterministic)
     x = x + y
     y = nn.LayerNorm(dtype=c.dtype, param_dtype=c.param_dtype)(x)
@@ -57,8 +59,14 @@ class Encoder(nn.Module):
   config: TransformerConfig
 
   @nn.compact
-  def __call__(self, x, mask=None, deterministic: bool = True):
-    """x `[batch, length, d_model]`; mask flax-style, key padding or None -> same shape."""
+  def __call__(self, x, mask=None, deterministic: bool = True, *, segment_ids=None, positions=None):
+    """x `[batch, length, d_model]`; mask flax-style, key padding or None -> same shape.
+
+    segment_ids `[batch, length]` int: packed rows (0 is padding), each token attending
+    only to its own document, in every block (`efficient_attn.MultiHeadAttention`);
+    positions `[batch, length]` int: the rotary positions (default: each token's position
+    in its document). In a decoding call (`decode=True`), the tokens' ids and positions.
+    """
     c = self.config
     # Resolved once for the whole stack (or handed down so: a `hybrid.Stack`): the blocks
     # get their declaration and options.
@@ -86,11 +94,11 @@ class Encoder(nn.Module):
       decl, options = layers[0]
       x = reversible.ReversibleStack(
         c.replace(mechanism=decl, options=options), shared[decl.name], name='reversible'
-      )(x, mask, deterministic)
+      )(x, mask, deterministic, segment_ids=segment_ids, positions=positions)
     else:
       for i in range(c.depth):
         decl, options = layers[i % len(layers)]
         x = EncoderBlock(
           c.replace(mechanism=decl, options=options), shared[decl.name], name=f'block_{i}'
-        )(x, mask=mask, deterministic=deterministic)
+        )(x, mask=mask, deterministic=deterministic, segment_ids=segment_ids, positions=positions)
     return nn.LayerNorm(dtype=c.dtype, param_dtype=c.param_dtype, name='final_norm')(x)

@@ -172,8 +172,8 @@ def test_decode_errors_name_valid_choices():
     decoding.decode_form(decl, decl.resolve())
   layer = ea.MultiHeadAttention(num_heads=H, causal=True, decode=True)
   variables = layer.init(jax.random.PRNGKey(0), x)
-  with pytest.raises(ValueError, match='one token'):
-    layer.apply(variables, x, mutable=['cache'])
+  with pytest.raises(ValueError, match='takes no mask.*segment_ids=0'):
+    layer.apply(variables, x, mask=jnp.ones((1, 8), bool), mutable=['cache'])
 
 
 def test_decoding_past_the_cache_capacity_stops_with_a_message():
@@ -291,8 +291,12 @@ def test_kv_cache_attention_groups_heads_over_any_cache_length(window):
   q, keys, values = (rng.standard_normal(s) for s in ((2, 4, 8), (2, 70, 2, 8), (2, 70, 2, 3)))
   for index in (0, 63, 64, 69):
     out = decoding.kv_cache_attention(
-      jnp.float32(q), jnp.float32(keys), jnp.float32(values), index, window=window
-    )
+      jnp.float32(q[:, None]),
+      jnp.float32(keys),
+      jnp.float32(values),
+      query_times=jnp.asarray([index]),
+      window=window,
+    )[:, 0]
     lo = 0 if window is None else max(0, index - window + 1)
     k, v = (
       np.repeat(keys[:, lo : index + 1], 2, axis=2),

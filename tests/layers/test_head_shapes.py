@@ -18,7 +18,7 @@ import pytest
 
 import efficient_attn as ea
 from efficient_attn import registry
-from efficient_attn.layers import multi_head as layer_lib
+from efficient_attn.layers import head_shapes
 import efficient_attn.nnx as ean
 from train import modeling
 from train import steps
@@ -298,7 +298,7 @@ def test_the_mqar_config_takes_mamba2s_ngroups():
 
 def test_head_layout_features_of_each_projection():
   decl = ea.get_mechanism('mamba2')
-  shapes = layer_lib.head_layout(
+  shapes = head_shapes.head_layout(
     decl,
     decl.resolve({'ngroups': 2, 'd_state': 6}),
     projection='standard',
@@ -308,7 +308,7 @@ def test_head_layout_features_of_each_projection():
   )
   assert [shapes.features(n) for n in ('query', 'key', 'value')] == [(2, 6), (2, 6), (4, 8)]
   decl = ea.get_mechanism('retention')
-  shapes = layer_lib.head_layout(
+  shapes = head_shapes.head_layout(
     decl, decl.resolve({'value_factor': 2}), projection='standard', heads=4, head_dim=8, kv_heads=2
   )
   assert [shapes.features(n) for n in ('query', 'key', 'value')] == [(4, 8), (2, 8), (2, 16)]
