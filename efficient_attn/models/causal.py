@@ -4,15 +4,13 @@ model = CausalTransformer(TransformerConfig(d_model=64, depth=2, num_heads=4,
                           mlp_dim=128, mechanism='linear', max_length=784),
                           vocab_size=256)
 logits = model.apply(params, shift_right(pixels, model.start_token))   # training
-out = model.generate(params, prompt, 128, temperature=0.8, rng=key)  # prefill + decoding
-# (`efficient_attn.models.generate`); underneath, model.clone(decode=True) takes one
-# token `[batch, 1]` per call, its state in the 'cache' collection.
+# generation: model.clone(decode=True), one token `[batch, 1]` per call,
+# state in the 'cache' collection (see `efficient_attn.models.sampling`).
 """
 
 import flax.linen as nn
 import jax.numpy as jnp
 
-from efficient_attn.models import generate as generate_lib
 from efficient_attn.models.transformer import Encoder
 from efficient_attn.models.transformer import TransformerConfig
 from efficient_attn.ops import traced_checks
@@ -54,8 +52,11 @@ class CausalTransformer(nn.Module):
   @nn.nowrap
   def generate(self, params, prompt, max_new_tokens: int, **options):
     """`efficient_attn.models.generate.generate(self, params, prompt, max_new_tokens,
-    **options)`: the prompt `[batch, P]` prefilled, then up to `max_new_tokens` sampled
-    per row (temperature, top_k, top_p, eos_id, rng, prompt_lengths)."""
+    **options)`: the prompt `[batch, P]` prefilled in one decoding call, then up to
+    `max_new_tokens` tokens sampled per row (temperature, top_k, top_p, eos_id, rng,
+    prompt_lengths)."""
+    from efficient_attn.models import generate as generate_lib
+
     return generate_lib.generate(self, params, prompt, max_new_tokens, **options)
 
   @nn.compact

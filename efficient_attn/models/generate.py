@@ -73,18 +73,11 @@ def prefill(decoder, params, cache, tokens: jnp.ndarray):
   """(cache, logits `[batch, vocab]` at the last token) after feeding `tokens` `[batch, m]`,
   m >= 1, to `decoder` (the model with decode=True) from `cache`.
 
-  The layers' decoding forms take one token a call, so the tokens go one by one
-  (`lax.scan`); a decoding call that takes the m tokens in one parallel pass makes this
-  one `decoder.apply` (the layers' decode state is what their parallel form returns).
+  One decoding call of m tokens: each layer runs them in one parallel pass and leaves
+  the decode state the m single-token steps would (`efficient_attn.layers.cache`).
   """
-  step = sampling.make_step(decoder)
-
-  def body(cache, token):
-    logits, cache = step(params, cache, token)
-    return cache, logits
-
-  cache, logits = lax.scan(body, cache, tokens.T)
-  return cache, logits[-1]
+  logits, variables = decoder.apply({'params': params, 'cache': cache}, tokens, mutable=['cache'])
+  return variables['cache'], logits[:, -1]
 
 
 def make_generate(model, max_new_tokens: int, *, prefill_length: int, top_k: int = 0) -> Callable:

@@ -22,7 +22,6 @@ import jax.numpy as jnp
 import optax
 
 from data import sequences
-from efficient_attn.ops import segments
 from train.tasks import base
 
 
@@ -30,25 +29,14 @@ def logits_at(model, params, batch, scored, *, train: bool, rngs=None):
   """The causal model's logits `[b, k, vocab]` at the positions `scored` `[b, k]` of
   batch['inputs'].
 
-  The one place a task calls the model on packed rows: with 'segment_ids' in the batch,
-  the model gets them and each token's position in its document (`segments.positions`),
-  so that no token reads another document. The model's interface for packed rows is
-  `apply(params, tokens, segment_ids=, positions=)`; the positions at which it returns
-  logits are `logits_at=` there (the unpacked call's `positions=`).
+  The one place a task calls the model: with 'segment_ids' in the batch (packed rows),
+  the model gets them too, so that no token reads another document; its positions
+  within each document default to `ops.segments.positions(segment_ids)` in the model.
   """
   variables = {'params': params}
   segment_ids = batch.get('segment_ids')
-  if segment_ids is None:
-    return model.apply(variables, batch['inputs'], train=train, rngs=rngs, positions=scored)
-  return model.apply(
-    variables,
-    batch['inputs'],
-    train=train,
-    rngs=rngs,
-    segment_ids=segment_ids,
-    positions=segments.positions(segment_ids),
-    logits_at=scored,
-  )
+  extra = {} if segment_ids is None else {'segment_ids': segment_ids}
+  return model.apply(variables, batch['inputs'], train=train, rngs=rngs, positions=scored, **extra)
 
 
 def weights(batch, scored, labels):
