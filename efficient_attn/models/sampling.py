@@ -25,8 +25,6 @@ from typing import Any, Callable, Optional, Tuple
 import jax
 import jax.numpy as jnp
 
-Sampler = Callable[..., jnp.ndarray]
-
 
 def top_k_logits(logits: jnp.ndarray, top_k: int) -> jnp.ndarray:
   """`logits` `[..., vocab]` with every token outside the `top_k` most likely set to -inf
@@ -144,7 +142,7 @@ def sampler_args(batch: int, length: int, temperature=1.0, prefix=None, prefix_l
   return jnp.float32(temperature), prefix, jnp.int32(prefix_length)
 
 
-def make_sampler(model, batch: int, length: Optional[int] = None) -> Sampler:
+def make_sampler(model, batch: int, length: Optional[int] = None) -> Callable[..., jnp.ndarray]:
   """A jit-compiled sampler for `batch` sequences of `length` tokens.
 
   Args:

@@ -28,7 +28,16 @@ sys.path.insert(0, os.path.join(ROOT, 'docs', '_ext'))
 import docstrings  # noqa: E402  (docs/_ext)
 import public_api  # noqa: E402
 
-MODULES = ('efficient_attn', 'efficient_attn.mechanisms', 'efficient_attn.nnx', 'train.api')
+MODULES = (
+  'efficient_attn',
+  'efficient_attn.mechanisms',
+  'efficient_attn.nnx',
+  'efficient_attn.models',
+  'efficient_attn.models.generate',
+  'efficient_attn.models.sampling',
+  'efficient_attn.layers.lora',
+  'train.api',
+)
 
 
 def _contributing_command():
