@@ -103,20 +103,34 @@ class DocumentBag:
     self.out = jax.random.normal(keys[2], (WIDTH, VOCAB))
 
   def apply(
-    self, variables, tokens, *, train, rngs, positions=None, segment_ids=None, logits_at=None
+    self,
+    variables,
+    tokens,
+    *,
+    train,
+    rngs,
+    positions=None,
+    segment_ids=None,
+    segment_positions=None,
   ):
+    """CausalTransformer's interface: logits at `positions` `[b, k]` (all: None);
+    `segment_ids` keep documents apart, `segment_positions` default to their positions."""
     del variables, train, rngs
-    n = tokens.shape[1]
+    b, n = tokens.shape
     if segment_ids is None or self.leaks:
-      mask = jnp.broadcast_to(jnp.tril(jnp.ones((n, n), bool)), (tokens.shape[0], n, n))
-      where, at = jnp.arange(n)[None], positions if segment_ids is None else logits_at
+      mask = jnp.broadcast_to(jnp.tril(jnp.ones((n, n), bool)), (b, n, n))
+      where = jnp.broadcast_to(jnp.arange(n), (b, n))
     else:
       mask = segments.attention_mask(segment_ids, causal=True)[:, 0]
-      where, at = positions, logits_at
+      where = segments.positions(segment_ids)
+    if segment_positions is not None:
+      where = segment_positions
     mask = mask.astype(jnp.float32)
     context = mask @ self.embed[tokens] / jnp.maximum(mask.sum(-1, keepdims=True), 1.0)
     logits = (context + self.position[where]) @ self.out
-    return jnp.take_along_axis(logits, at[..., None], axis=1)
+    if positions is None:
+      return logits
+    return jnp.take_along_axis(logits, positions[..., None], axis=1)
 
 
 def _batch(inputs, labels, segment_ids=None):
