@@ -57,8 +57,8 @@ class LoraConfig:
   Attributes:
     rank: r >= 1.
     alpha: the adapter output is scaled by alpha / r (None: alpha = r, scale 1).
-    targets: regular expressions, `re.search`ed in the '/'-joined module path of
-      each Dense / DenseGeneral (e.g. 'encoder/block_0/attention/query'); a
+    targets: regular expressions, each searched for (`re.search`) in the '/'-joined
+      module path of each Dense / DenseGeneral (e.g. 'encoder/block_0/attention/query'); a
       layer matching any of them is adapted. Defaults: attention projections
       (query, key, value, out) and the MLP Dense layers of the shared encoder.
   """
