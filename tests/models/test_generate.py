@@ -156,6 +156,17 @@ def test_greedy_generation_is_the_argmax_of_the_parallel_pass(mechanism):
     )
 
 
+# The whole prompt in one prefill call (every row as long), the state then stepped: a
+# window that wraps during the prefill, and a short convolution's taps across its end.
+@pytest.mark.parametrize('mechanism', ['local', 'gated_deltanet'])
+def test_a_prompt_prefilled_whole_continues_as_the_parallel_pass(mechanism):
+  model, params = _lm(mechanism)
+  prompt = np.asarray([[11, 3, 4, 5, 6], [11, 7, 2, 9, 1]], np.int32)
+  tokens = np.asarray(model.generate(params, prompt, NEW, temperature=0.0).tokens)
+  logits = model.apply({'params': params}, jnp.asarray(np.concatenate([prompt, tokens], 1)))
+  np.testing.assert_array_equal(np.argmax(logits[:, 4 : 4 + NEW], -1), tokens)
+
+
 def test_rows_stop_at_their_end_token_and_the_rest_is_filled():
   model, params = _lm('linear')
   free = np.asarray(
