@@ -15,15 +15,24 @@ move it). The corpus's sha256 is stored with the run (`dataset.corpus_sha256`
 in config.json): a resume on edited text is refused. Metrics: 'bits_per_byte'
 (and 'loss' in nats, 'accuracy' of the next byte) on the held-out documents.
 After training (and in --mode=eval) the run continues held-out prompts into
-samples.txt / samples.json (the `sample` group).
+samples.txt / samples.json (the `sample` group), with `efficient_attn.models.generate`.
+
+Packed by default (`dataset.packing`, `data/packing.py`): the windows of `seq_len`
+bytes are packed several to a row, with segment ids, so a batch holds about twice the
+real bytes of one window a row (the default corpus's paragraphs leave 48% of 256-byte
+windows as padding); every byte is still scored once, in the context of its own window.
+The mechanism must keep packed documents apart (`Mechanism.segments`); one that cannot
+is refused in one line, and `packing=0` trains one window a row instead. The packing is
+part of the run (config.json): a resume with the other packing is refused.
 
 The argument: the mechanism (one with a causal form), then key=value for
 d_model, seq_len, depth, num_heads, mlp_dim (0: 4 x d_model), data_dir (the
 corpus, the same as --config.dataset.corpus), validation_docs, train_docs (0:
-every document not held out), batch_size, num_steps, learning_rate:
+every document not held out), batch_size, num_steps, learning_rate, packing (1):
 
     --config=configs/bytelm.py:gla --config.dataset.corpus=my_texts/
     --config=configs/bytelm.py:softmax,d_model=128,seq_len=256,data_dir=novel.txt
+    --config=configs/bytelm.py:reformer,packing=0
 """
 
 from configs import common
@@ -46,6 +55,7 @@ def get_config(arg=None):
     batch_size=32,
     num_steps=2000,
     learning_rate=2e-3,
+    packing=True,
   )
   mechanism = args['mechanism']
   common.check_causal('configs/bytelm.py', mechanism)
@@ -91,6 +101,7 @@ def get_config(arg=None):
       num_samples=2 if args['seq_len'] >= 2 else 0,
     )
   )
+  config.dataset.packing = args['packing']
   config.dataset.batch_size = args['batch_size']
   config.dataset.eval_batch_size = 128
   config.optim.update(dict(learning_rate=args['learning_rate'], warmup_steps=100, weight_decay=0.1))

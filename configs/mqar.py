@@ -20,12 +20,19 @@ with 100,000 it does not, and 2,000 steps leave it half-way up its jump (52%):
 MQAR's curves sit on a plateau at 1/num_kv_pairs before they jump, and the jump
 needs the learning rate still high.
 
+`packing=k` (0: off) packs k sequences to a row of k * seq_len tokens, with segment
+ids (`dataset.packing`, `data/packing.py`), and takes 64 / k rows a batch, so a step
+sees the same 64 sequences: a model that keeps packed documents apart
+(`Mechanism.segments`) learns and scores each sequence as if it were alone, and one
+that leaks reads the keys of the sequences before it in the row.
+
 The argument: the mechanism (one with a causal form), then key=value for
 d_model, seq_len, num_kv_pairs, vocab_size, power_a, num_heads, depth,
-mlp_dim (0: 2 x d_model), num_train, num_steps:
+mlp_dim (0: 2 x d_model), num_train, num_steps, packing:
 
     --config=configs/mqar.py:linear
     --config=configs/mqar.py:softmax,d_model=128,seq_len=256,num_kv_pairs=16
+    --config=configs/mqar.py:gated_deltanet,packing=4
 
 Any other file of the task in the sequence-labelling format
 (`data/sequences.py`) can be evaluated with a trained run:
@@ -50,6 +57,7 @@ DEFAULTS = dict(
   mlp_dim=0,
   num_train=100_000,
   num_steps=4000,
+  packing=0,
 )
 
 
@@ -65,7 +73,9 @@ def get_config(arg=None):
     num_train=args['num_train'],
     num_steps=args['num_steps'],
   )
+  common.at_least(0, packing=args['packing'])
   mqar.check_settings(args['vocab_size'], args['seq_len'], args['num_kv_pairs'], args['power_a'])
+  per_row = max(args['packing'], 1)
   config = presets.mqar(
     common.base(),
     vocab_size=args['vocab_size'],
@@ -82,10 +92,14 @@ def get_config(arg=None):
       mlp_dim=args['mlp_dim'] or 2 * args['d_model'],
     )
   )
+  config.dataset.packing = args['packing'] > 0
+  if config.dataset.packing:  # rows of `packing` sequences
+    config.dataset.seq_len = args['seq_len']
+    config.dataset.max_length = per_row * args['seq_len']
   common.set_attention(config, mechanism)
-  common.fit_blocks(config, args['seq_len'])
-  config.dataset.batch_size = 64
-  config.dataset.eval_batch_size = 250
+  common.fit_blocks(config, config.dataset.max_length)
+  config.dataset.batch_size = max(64 // per_row, 1)
+  config.dataset.eval_batch_size = max(250 // per_row, 1)
   config.optim.update(dict(learning_rate=3e-3, warmup_steps=100, weight_decay=0.1))
   config.train.update(
     dict(num_steps=args['num_steps'], log_every=100, eval_every=500, checkpoint_every=500)

@@ -19,7 +19,8 @@ raster order; sequence labelling `[b, max_length]` int32), 'label' `[b]` int32
 (sequence labelling: `[b, k, 2]`, the (position, token) of each scored position,
 k the most in one sequence of the split, padded with (0, -100); see
 `sequences.scored`) and 'mask' `[b]` float32 (0 for the padding rows that
-complete the last eval batch).
+complete the last eval batch); packed sequences (`packing.py`) also 'segment_ids'
+`[b, max_length]` int32, the document of each token, 0 for padding.
 
 Where the examples come from (`dataset.source`) and what the dataset is
 (`dataset.name`) are independent; see `data/specs.py`. Small datasets

@@ -72,6 +72,7 @@ def check(config) -> specs.Dataset:
     )
   if spec.kind == 'sequence':
     _sequence(config, src)
+  _packing(config, src)
   if d.num_classes < 0 or (
     d.num_classes == 0
     and spec.num_classes == 0
@@ -148,6 +149,24 @@ def check(config) -> specs.Dataset:
   return dataset
 
 
+PACKED = ('text_bytes', 'mqar')  # the generated datasets that pack (`packing.py`)
+
+
+def _packing(config, src: str) -> None:
+  """`dataset.packing` (documents packed into rows): a bool, set only where the data
+  packs (a sequence file brings its own `segment_ids`)."""
+  d = config.dataset
+  packing = d.get('packing', False)
+  if packing not in (False, True):
+    raise ValueError(f'config.dataset.packing={packing!r} is not valid; valid choices: False, True')
+  if packing and (d.name not in PACKED or src != 'generated'):
+    raise ValueError(
+      f'config.dataset.packing=True is not valid for dataset {d.name!r} from {src!r}; the '
+      f'generated {", ".join(PACKED)} pack their documents (a sequence .npz brings its '
+      f'own segment_ids); valid choices: False'
+    )
+
+
 def _sequence(config, src: str) -> None:
   """A sequence-labelling dataset: its vocabulary (the labels are tokens of it) and, for
   generated MQAR, the generator's settings."""
@@ -173,13 +192,21 @@ def _sequence(config, src: str) -> None:
   if src == 'generated' and d.name == 'mqar':
     from data import mqar  # pylint: disable=g-import-not-at-top
 
+    seq_len = d.get('seq_len', 0) or d.max_length
+    if not d.get('packing', False) and seq_len != d.max_length:
+      raise ValueError(
+        f'config.dataset.seq_len={seq_len} is not valid without packing: each MQAR '
+        f'sequence is a row of config.dataset.max_length={d.max_length}; valid choices: '
+        f'0, {d.max_length} (or config.dataset.packing=True: rows of max_length)'
+      )
     try:
       mqar.check_settings(
         d.vocab_size,
-        d.max_length,
+        seq_len,
         d.get('num_kv_pairs', mqar.NUM_KV_PAIRS),
         d.get('power_a', mqar.POWER_A),
       )
+      mqar.check_row_length(seq_len, d.max_length if d.get('packing', False) else 0)
     except ValueError as e:
       raise ValueError(f'config.dataset: {e}') from None
   if d.name == 'text_bytes':

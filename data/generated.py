@@ -16,10 +16,11 @@ Settings, all optional in `config.dataset`:
   * Pathfinder: contour_length (6, 9 or 14 dashes, LRA's easy / intermediate /
     hard; default 14), image_size (default 32, LRA's) and num_distractors
     (default the generator's, LRA's 20 // distractor length, which fits 32x32);
-  * MQAR: vocab_size, max_length (the sequence length), num_kv_pairs and
-    power_a (see `mqar.py`);
+  * MQAR: vocab_size, max_length (the sequence length; packed, the row length),
+    seq_len (packed: the sequence length), num_kv_pairs, power_a and packing (see
+    `mqar.py`);
   * text_bytes: corpus (an .npz of documents or a folder of .txt files),
-    max_length (the window, in bytes), validation_docs and train_docs (see
+    max_length (the window, in bytes), validation_docs, train_docs and packing (see
     `text_bytes.py`).
 """
 
@@ -59,9 +60,10 @@ def settings(config) -> Dict[str, Any]:
   elif d.name == 'mqar':
     out.update(
       vocab_size=int(d.vocab_size),
-      seq_len=int(d.max_length),
+      seq_len=int(d.get('seq_len', 0) or d.max_length),
       num_kv_pairs=int(d.get('num_kv_pairs', mqar.NUM_KV_PAIRS)),
       power_a=float(d.get('power_a', mqar.POWER_A)),
+      row_length=int(d.max_length) if d.get('packing', False) else 0,
     )
   elif d.name == 'text_bytes':
     return dict(
@@ -70,6 +72,7 @@ def settings(config) -> Dict[str, Any]:
       validation_docs=int(d.get('validation_docs', 0)),
       train_docs=int(d.get('train_docs', 0)),
       seed=out['seed'],
+      packing=bool(d.get('packing', False)),
     )
   else:
     out.update(

@@ -138,11 +138,22 @@ class _Split:
 
   def __init__(self, dataset: specs.Dataset, split: str):
     self.kind = dataset.input_kind
-    self.inputs, self.labels = prepare(dataset, arrays.get_split(dataset, split))
+    examples = arrays.get_split(dataset, split)
+    self.inputs, self.labels = prepare(dataset, examples)
+    self.segment_ids = None  # packed sequences: `[n, max_length]`, 0 for padding
+    if self.kind == 'sequence':
+      from data import sequences  # pylint: disable=g-import-not-at-top
+
+      self.segment_ids = sequences.pad_segment_ids(examples, dataset.fields.max_length)
     self.num_examples = len(self.labels)
     self.norm = None
     if self.kind == 'image':
       self.norm = specs.normalization(dataset) or _measured(dataset)
+
+  def rows(self, index) -> dict:
+    """'segment_ids' of the rows `index` (an index array or a slice), for a packed split;
+    else nothing."""
+    return {} if self.segment_ids is None else {'segment_ids': self.segment_ids[index]}
 
   def finish(self, x: np.ndarray) -> np.ndarray:
     if self.kind == 'image':
@@ -197,6 +208,7 @@ class TrainData(_Split):
         'inputs': self.finish(x),
         'label': self.labels[idx[lo : lo + self.local_batch]],
         'mask': np.ones(self.local_batch, np.float32),
+        **self.rows(idx[lo : lo + self.local_batch]),
       }
 
 
@@ -230,4 +242,5 @@ class EvalData(_Split):
         'inputs': specs.pad_rows(x, b),
         'label': specs.pad_rows(y, b),
         'mask': specs.pad_rows(np.ones(hi - lo, np.float32), b),
+        **{k: specs.pad_rows(v, b) for k, v in self.rows(slice(lo, hi)).items()},
       }

@@ -44,6 +44,7 @@ import zlib
 import numpy as np
 
 from data import npz_cache
+from data import packing
 
 DEFAULT_SIZES = {'train': 20_000, 'validation': 1000, 'test': 1000}  # Zoology's (128, 8)
 NUM_KV_PAIRS, POWER_A = 8, 0.01  # Zoology's defaults
@@ -170,16 +171,18 @@ def split_settings(
   seq_len: int,
   num_kv_pairs: int,
   power_a: float,
+  row_length: int = 0,
 ) -> Dict[str, dict]:
   """{split: the settings its file is written from}, in the order of `sizes` (default
   `DEFAULT_SIZES`): each split's own seed and size, and the splits before it, which it
-  excludes."""
+  excludes. `row_length` (0: none) is named only when the sequences are packed."""
   sizes = dict(DEFAULT_SIZES if sizes is None else sizes)
   task = dict(
     vocab_size=int(vocab_size),
     seq_len=int(seq_len),
     num_kv_pairs=int(num_kv_pairs),
     power_a=float(power_a),
+    **({'row_length': int(row_length)} if row_length else {}),
   )
   names = list(sizes)
   return {
@@ -204,17 +207,38 @@ def split_path(
   power_a: float,
   seed: int = 0,
   sizes: Optional[Dict[str, int]] = None,
+  row_length: int = 0,
 ) -> str:
-  """`folder/mqar_v<vocab>_l<seq_len>_kv<pairs>_a<power_a>_<key>_{split}.npz`, `<key>` the
-  `npz_cache.settings_key` of every split's settings (`split_settings`: seed and sizes
-  included), so runs of other settings sharing the folder never overwrite each other's
-  files."""
+  """`folder/mqar_v<vocab>_l<seq_len>_kv<pairs>_a<power_a>[_r<row_length>]_<key>_{split}.npz`,
+  `<key>` the `npz_cache.settings_key` of every split's settings (`split_settings`: seed
+  and sizes included), so runs of other settings sharing the folder never overwrite each
+  other's files."""
   key = npz_cache.settings_key(
-    split_settings(seed, sizes, vocab_size, seq_len, num_kv_pairs, power_a)
+    split_settings(seed, sizes, vocab_size, seq_len, num_kv_pairs, power_a, row_length)
   )
+  rows = f'_r{row_length}' if row_length else ''
   return os.path.join(
-    folder, f'mqar_v{vocab_size}_l{seq_len}_kv{num_kv_pairs}_a{power_a:g}_{key}_{split}.npz'
+    folder, f'mqar_v{vocab_size}_l{seq_len}_kv{num_kv_pairs}_a{power_a:g}{rows}_{key}_{split}.npz'
   )
+
+
+def check_row_length(seq_len: int, row_length: int) -> None:
+  """A one-line ValueError when packed rows of `row_length` cannot hold a sequence."""
+  if row_length and row_length < seq_len:
+    raise ValueError(
+      f'MQAR row_length={row_length} cannot hold a sequence of seq_len={seq_len}; valid: '
+      f'row_length >= {seq_len} (0: one sequence a row, unpacked)'
+    )
+
+
+def sequences_of(path: str, seq_len: int) -> np.ndarray:
+  """The `inputs` of every sequence in a split file, `[n, seq_len]`: its rows, or the
+  documents of its packed rows (`segment_ids`)."""
+  inputs = npz_cache.read_array(path, 'inputs')
+  if inputs.shape[1] == seq_len:
+    return inputs
+  segment_ids = npz_cache.read_array(path, 'segment_ids')
+  return np.stack([inputs[r, a:b] for r, a, b in packing.spans(segment_ids)])
 
 
 def write_splits(
@@ -225,12 +249,15 @@ def write_splits(
   seq_len: int = 128,
   num_kv_pairs: int = NUM_KV_PAIRS,
   power_a: float = POWER_A,
+  row_length: int = 0,
   verbose: bool = True,
 ) -> List[str]:
   """Writes the `split_path` file of each split; skips files already up to date.
 
   Each file holds `inputs` and `labels` (int32 `[n, seq_len]`, see the module
-  docstring) and `settings_json` (uint8 bytes of the JSON generation settings).
+  docstring) and `settings_json` (uint8 bytes of the JSON generation settings). With
+  `row_length` (0: none), the sequences are packed in order, row_length // seq_len to a
+  row (`packing.pack`): `inputs`, `labels` and `segment_ids` `[rows, row_length]`.
   Splits are generated in the order of `sizes`, each from `split_seed(seed, split)`
   and excluding the sequences of the splits before it, so they are disjoint. A damaged
   file, or one of another shape than its settings say, is rebuilt with one line saying
@@ -240,17 +267,21 @@ def write_splits(
     The paths of the split files, in the order of `sizes`.
   """
   check_settings(vocab_size, seq_len, num_kv_pairs, power_a)
+  check_row_length(seq_len, row_length)
   sizes = dict(DEFAULT_SIZES if sizes is None else sizes)
   npz_cache.check_sizes(sizes)
   task = dict(vocab_size=vocab_size, seq_len=seq_len, num_kv_pairs=num_kv_pairs, power_a=power_a)
   names = list(sizes)
-  settings = split_settings(seed, sizes, **task)
+  settings = split_settings(seed, sizes, row_length=row_length, **task)
   npz_cache.makedirs(folder)
-  paths = {s: split_path(folder, s, seed=seed, sizes=sizes, **task) for s in names}
-  shape = lambda s: (sizes[s], seq_len)  # of both arrays
+  paths = {
+    s: split_path(folder, s, seed=seed, sizes=sizes, row_length=row_length, **task) for s in names
+  }
+  per_row = row_length // seq_len if row_length else 1
+  shape = lambda s: (-(-sizes[s] // per_row), row_length or seq_len)  # of every array
+  arrays = ('inputs', 'labels') + (('segment_ids',) if row_length else ())
   why = {
-    s: npz_cache.problem(paths[s], settings[s], {'inputs': shape(s), 'labels': shape(s)})
-    for s in names
+    s: npz_cache.problem(paths[s], settings[s], {name: shape(s) for name in arrays}) for s in names
   }
   todo = [s for s in names if why[s]]
   exclude: Set[bytes] = set()
@@ -258,19 +289,22 @@ def write_splits(
     feeds_later = any(s in todo for s in names[i + 1 :])  # a later split must avoid this one
     if split in todo:
       inputs, labels = generate(sizes[split], split_seed(seed, split), exclude=exclude, **task)
+      rows = dict(inputs=inputs, labels=labels)
+      if row_length:
+        rows = dict(zip(arrays, packing.pack(list(zip(inputs, labels)), row_length)))
       npz_cache.save_npz(
         paths[split],
-        inputs=inputs,
-        labels=labels,
+        **rows,
         settings_json=np.frombuffer(
           json.dumps(settings[split], sort_keys=True).encode('utf-8'), np.uint8
         ),
       )
+      packed = f', packed {per_row} to a row of {row_length}' if row_length else ''
       npz_cache.report_written(
-        paths[split], why[split], f'{len(inputs)} MQAR examples written', verbose
+        paths[split], why[split], f'{len(inputs)} MQAR examples written{packed}', verbose
       )
     else:  # up to date (read whenever the data is opened: no message)
-      inputs = npz_cache.read_array(paths[split], 'inputs') if feeds_later else ()
+      inputs = sequences_of(paths[split], seq_len) if feeds_later else ()
     if feeds_later:
       exclude.update(fingerprint(row) for row in inputs)
   return [paths[s] for s in names]

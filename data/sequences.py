@@ -11,6 +11,13 @@ A file holds two arrays (Hugging Face's and Zoology's convention):
   * `labels`: integer `[n, length]`, the token id each position must predict
     (0..vocab_size-1), or -100 where the position is not scored.
 
+A file of packed rows (`packing.py`) also holds `segment_ids`: integer `[n, length]`,
+the document of each token (a run of one id), 0 for padding, which is never scored. A
+model that keeps documents apart reads each document as if it were alone, its positions
+restarting at 0 (`efficient_attn/ops/segments.py`); so a label is the next token of its
+own document (a language model's last token of a document is not scored, or scored with
+its own document's end token), never the first token of the next.
+
 Any integer dtype is read (stored as int32); other keys are ignored. A model
 reads `inputs` causally and is scored where `labels` is not -100, so a
 language model stores its next-token targets there (inputs shifted left) and
@@ -32,6 +39,7 @@ from data.examples import Examples
 
 IGNORE = -100  # the label of a position that is not scored
 KEYS = ('inputs', 'labels')
+SEGMENT_IDS = 'segment_ids'  # optional: packed rows (`packing.py`)
 
 
 def parse(npz, path: str):
@@ -61,7 +69,23 @@ def parse(npz, path: str):
       f'{path}: inputs {list(data["inputs"].shape)} and labels '
       f'{list(data["labels"].shape)} must have the same shape [n, length]'
     )
-  return Examples(data['inputs'], data['labels'], path)
+  segment_ids = None
+  if SEGMENT_IDS in npz.files:
+    segment_ids = np.asarray(npz[SEGMENT_IDS])
+    if (
+      not np.issubdtype(segment_ids.dtype, np.integer) or segment_ids.shape != data['inputs'].shape
+    ):
+      raise ValueError(
+        f'{path}: {SEGMENT_IDS!r} must be integers of the shape of inputs '
+        f'{list(data["inputs"].shape)}, got {segment_ids.dtype} {list(segment_ids.shape)}'
+      )
+    if segment_ids.size and (segment_ids.min() < 0 or segment_ids.max() > np.iinfo(np.int32).max):
+      raise ValueError(
+        f'{path}: {SEGMENT_IDS!r} must be >= 0 (0: padding) and fit int32, got '
+        f'{segment_ids.min()}..{segment_ids.max()}'
+      )
+    segment_ids = segment_ids.astype(np.int32)
+  return Examples(data['inputs'], data['labels'], path, segment_ids)
 
 
 def check(
@@ -95,6 +119,13 @@ def check(
       f'{where}: every label is {IGNORE}, so no position is scored; a '
       f'sequence-labelling file needs labels to learn and measure'
     )
+  if examples.segment_ids is not None:
+    padding = (examples.segment_ids == 0) & (y != IGNORE)
+    if padding.any():
+      raise ValueError(
+        f'{where}: {int(padding.sum())} labels are scored at padding (segment_ids 0); '
+        f'a padding position must have label {IGNORE}'
+      )
 
 
 def scored(labels: np.ndarray) -> np.ndarray:
@@ -120,3 +151,12 @@ def pad(examples, max_length: int):
     np.pad(x, extra).astype(np.int32),
     np.pad(y, extra, constant_values=IGNORE).astype(np.int32),
   )
+
+
+def pad_segment_ids(examples, max_length: int):
+  """int32 `[n, max_length]` segment ids of packed `examples`, padded with 0; None when
+  they are not packed."""
+  ids = examples.segment_ids
+  if ids is None:
+    return None
+  return np.pad(ids, ((0, 0), (0, max_length - ids.shape[1]))).astype(np.int32)

@@ -39,15 +39,20 @@ byte (`labels` = those bytes) and reads the byte before each one (`inputs`
 = d[s-1:s+L-1]), the first window of a document reading START (256, the
 causal model's start token, `CausalTransformer.start_token`) before its first
 byte. So every byte of every document is predicted exactly once, a window's
-context is the window itself, and a document's first window is what the
-sampler (`efficient_attn.models.sampling`) sees when it continues a prompt. The last
-window of a document is padded (input 0, label -100). Mean cross-entropy per
+context is the window itself, and a document's first window is what
+`efficient_attn.models.generate` continues from a prompt. Unpacked (`windows`), each
+window is a row and the last window of a document is padded (input 0, label -100).
+Packed (`packed`, `dataset.packing`), the same windows are packed several to a row
+(`packing.py`), with `segment_ids` (0 for the padding left at the rows' ends). The
+default corpus's paragraphs leave 48% of 256-byte windows as padding; packed, its
+training split is 1,315 rows 99.9% full instead of 2,502 windows. A model that keeps the
+documents apart scores every byte in the same context either way. Mean cross-entropy per
 scored position / ln 2 is bits per byte.
 
 `write_splits` writes `text_bytes_<key>_{split}.npz` (int16 `inputs` and
-`labels`, and `settings_json`), `<key>` a hash of the settings and of the
-corpus's files (names, sizes and modification times), and keeps a file whose
-settings match.
+`labels`, packed also `segment_ids`, and `settings_json`), `<key>` a hash of the
+settings and of the corpus's files (names, sizes and modification times), and keeps a
+file whose settings match.
 """
 
 import hashlib
@@ -61,6 +66,7 @@ import numpy as np
 
 from data import files
 from data import npz_cache
+from data import packing as packing_lib
 
 VOCAB_SIZE = 256  # byte values; the inputs also hold START
 START = VOCAB_SIZE  # the causal model's start token: before a document's first byte
@@ -256,23 +262,34 @@ def split_documents(
   return {'train': sorted(int(i) for i in train), 'validation': validation.tolist()}
 
 
+def pieces(doc: bytes, seq_len: int) -> List[Tuple[np.ndarray, np.ndarray]]:
+  """(inputs, labels) int16 `[<= seq_len]` of each window of `doc` (see the module
+  docstring): the last one as long as what is left of the document, unpadded."""
+  d = np.frombuffer(doc, np.uint8).astype(np.int16)
+  x = np.concatenate([np.asarray([START], np.int16), d[:-1]]) if len(d) else d
+  return [(x[s : s + seq_len], d[s : s + seq_len]) for s in range(0, len(d), seq_len)]
+
+
 def windows(docs: Sequence[bytes], seq_len: int) -> Tuple[np.ndarray, np.ndarray]:
-  """(inputs, labels) int16 `[windows, seq_len]` of `docs` (see the module docstring)."""
-  inputs, labels = [], []
-  for doc in docs:
-    d = np.frombuffer(doc, np.uint8).astype(np.int16)
-    if not len(d):
-      continue
-    rows = -(-len(d) // seq_len)
-    y = np.full(rows * seq_len, -100, np.int16)
-    y[: len(d)] = d
-    x = np.zeros(rows * seq_len, np.int16)
-    x[0], x[1 : len(d)] = START, d[:-1]
-    inputs.append(x.reshape(rows, seq_len))
-    labels.append(y.reshape(rows, seq_len))
-  if not inputs:
-    return (np.zeros((0, seq_len), np.int16),) * 2
-  return np.concatenate(inputs), np.concatenate(labels)
+  """(inputs, labels) int16 `[windows, seq_len]` of `docs` (see the module docstring):
+  each window in a row of its own, padded with input 0 and label -100."""
+  parts = [p for doc in docs for p in pieces(doc, seq_len)]
+  inputs = np.zeros((len(parts), seq_len), np.int16)
+  labels = np.full((len(parts), seq_len), -100, np.int16)
+  for row, (x, y) in enumerate(parts):
+    inputs[row, : len(x)], labels[row, : len(y)] = x, y
+  return inputs, labels
+
+
+def packed(docs: Sequence[bytes], seq_len: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """(inputs, labels, segment_ids) `[rows, seq_len]` of `docs`: the same windows as
+  `windows`, packed several to a row (`packing.pack`; segment 0 is padding), so every
+  byte is scored in the same context as in `windows`."""
+  inputs, labels, segment_ids = packing_lib.pack(
+    [p for doc in docs for p in pieces(doc, seq_len)], seq_len
+  )
+  ids = np.int16 if seq_len <= np.iinfo(np.int16).max else np.int32
+  return inputs.astype(np.int16), labels.astype(np.int16), segment_ids.astype(ids)
 
 
 def _stamp(corpus: str) -> List:
@@ -289,9 +306,15 @@ def _stamp(corpus: str) -> List:
 
 
 def settings(
-  corpus: str, seq_len: int, validation_docs: int, train_docs: int = 0, seed: int = 0
+  corpus: str,
+  seq_len: int,
+  validation_docs: int,
+  train_docs: int = 0,
+  seed: int = 0,
+  packing: bool = False,
 ) -> Dict:
-  """The settings a split file is written from (ValueError if the corpus is missing)."""
+  """The settings a split file is written from (ValueError if the corpus is missing).
+  `packing` is named only when set, so the files of unpacked runs keep their names."""
   _check_exists(corpus)
   where = corpus if corpus == BUILTIN or files.is_url(corpus) else os.path.abspath(corpus)
   return dict(
@@ -302,6 +325,7 @@ def settings(
     validation_docs=int(validation_docs),
     train_docs=int(train_docs),
     seed=int(seed),
+    **({'packing': True} if packing else {}),
   )
 
 
@@ -336,10 +360,12 @@ def write_splits(
   validation_docs: int,
   train_docs: int = 0,
   seed: int = 0,
+  packing: bool = False,
   verbose: bool = True,
 ) -> List[str]:
   """Writes the 'train' and 'validation' window files of `corpus` into `folder` (skipping
-  files already up to date); returns their paths."""
+  files already up to date); returns their paths. `packing`: the windows packed into rows
+  (`packed`), with `segment_ids`; else one window a row (`windows`)."""
   check_settings(seq_len, validation_docs, train_docs)
   task = dict(
     corpus=corpus,
@@ -347,6 +373,7 @@ def write_splits(
     validation_docs=validation_docs,
     train_docs=train_docs,
     seed=seed,
+    packing=packing,
   )
   base = settings(**task)
   paths = {s: split_path(folder, s, **task) for s in SPLITS}
@@ -357,11 +384,17 @@ def write_splits(
   chosen = split_documents(docs, validation_docs, train_docs, seed, where=corpus)
   npz_cache.makedirs(folder)
   for split in SPLITS:
-    inputs, labels = windows([docs[i] for i in chosen[split]], seq_len)
+    docs_of_split = [docs[i] for i in chosen[split]]
+    if packing:
+      inputs, labels, segment_ids = packed(docs_of_split, seq_len)
+      rows = dict(inputs=inputs, labels=labels, segment_ids=segment_ids)
+      layout = f'rows of {seq_len}, packed ({100 * packing_lib.fill(segment_ids):.0f}% full)'
+    else:
+      inputs, labels = windows(docs_of_split, seq_len)
+      rows, layout = dict(inputs=inputs, labels=labels), f'windows of {seq_len}'
     npz_cache.save_npz(
       paths[split],
-      inputs=inputs,
-      labels=labels,
+      **rows,
       settings_json=np.frombuffer(
         json.dumps(dict(base, split=split), sort_keys=True).encode('utf-8'), np.uint8
       ),
@@ -369,8 +402,7 @@ def write_splits(
     npz_cache.report_written(
       paths[split],
       why[split],
-      f'{len(chosen[split])} documents, '
-      f'{int((labels >= 0).sum())} bytes in {len(inputs)} windows of {seq_len}',
+      f'{len(chosen[split])} documents, {int((labels >= 0).sum())} bytes in {len(inputs)} {layout}',
       verbose,
     )
   return [paths[s] for s in SPLITS]

@@ -87,6 +87,10 @@ public_api_modules = [
   'efficient_attn',
   'efficient_attn.mechanisms',
   'efficient_attn.nnx',
+  'efficient_attn.models',
+  'efficient_attn.models.generate',
+  'efficient_attn.models.sampling',
+  'efficient_attn.layers.lora',
   'train.api',
 ]
 

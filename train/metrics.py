@@ -18,6 +18,7 @@ What a run prints on stdout (process 0), one line per log interval and one at
 the end:
 
     step 300/660 | loss 0.1564 | accuracy 95.47% | top5_accuracy 99.92% | 1162 ex/s | eta 20s
+    step 300/2000 | loss 1.402 | accuracy 58.21% | bits_per_byte 2.023 | 41 ex/s | 10391 tok/s | eta 41s
     test accuracy 96.11% | loss 0.1802 | top5_accuracy 99.72% | results in runs/default/results.json
 """
 
@@ -38,10 +39,23 @@ from train import workdir as workdir_lib
 JSONL = 'metrics.jsonl'
 
 
+TOKENS = 'tokens'  # a task's sum of the real tokens read: the unit of a rate, not a mean
+
+
 def reduce_sums(sums: Mapping[str, Any]) -> Dict[str, float]:
-  """Metric sums with a 'count' (the task convention) -> means."""
+  """Metric sums with a 'count' (the task convention) -> means ('tokens', the real tokens
+  read, is a rate's unit: left out, see `tokens_per_step`)."""
   count = max(float(sums['count']), 1.0)
-  return {k: float(v) / count for k, v in sums.items() if k != 'count'}
+  return {k: float(v) / count for k, v in sums.items() if k not in ('count', TOKENS)}
+
+
+def tokens_per_step(rows) -> Optional[float]:
+  """The mean real tokens of a step over metric-sum rows (one per step), for a task that
+  sums them ('tokens'); None otherwise."""
+  rows = list(rows)
+  if not rows or TOKENS not in rows[0]:
+    return None
+  return sum_rows(rows)[TOKENS] / len(rows)
 
 
 def sum_rows(rows) -> Dict[str, float]:
@@ -90,6 +104,7 @@ def progress_line(
   values: Mapping[str, float],
   steps_per_sec: Optional[float],
   batch_size: int,
+  tokens: Optional[float] = None,
 ) -> str:
   """'step 300/660 | loss 0.1564 | accuracy 95.47% | 1162 ex/s | eta 20s'.
 
@@ -98,13 +113,17 @@ def progress_line(
   'ex/s' is that rate times the batch size: the trainer's steady rate (`timing.Clock`),
   over every step after the first (which compiles), evaluation, checkpoint saving and
   metric writing excluded. Its value on the last line is results.json's
-  `steady_examples_per_sec`, and `benchmarks.report`'s 'ex/s' column.
+  `steady_examples_per_sec`, and `benchmarks.report`'s 'ex/s' column. `tokens`: the
+  real tokens of a step (`tokens_per_step`), for a task that counts them: 'tok/s' after
+  'ex/s' (a packed row holds more of them than a padded one).
   """
+  rates = ['ex/s'] + (['tok/s'] if tokens is not None else [])
   if steps_per_sec:
-    rate = f'{steps_per_sec * batch_size:.0f} ex/s'
+    per_step = {'ex/s': batch_size, 'tok/s': tokens}
+    rate = ' | '.join(f'{steps_per_sec * per_step[unit]:.0f} {unit}' for unit in rates)
     eta = duration((num_steps - step) / steps_per_sec)
   else:
-    rate, eta = '- ex/s', '-'
+    rate, eta = ' | '.join(f'- {unit}' for unit in rates), '-'
   return f'step {step}/{num_steps} | {format_values(values)} | {rate} | eta {eta}'
 
 

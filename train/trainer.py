@@ -39,6 +39,12 @@ from train import workdir as workdir_lib
 from train.session import Session
 
 
+def _tokens_rate(clock: timing.Clock, rows) -> Optional[float]:
+  """Real tokens per second at the steady step rate (None: not counted, or one step)."""
+  steps, tokens = clock.steady_steps_per_sec(), metrics_lib.tokens_per_step(rows)
+  return steps * tokens if steps and tokens is not None else None
+
+
 def _check_finite(step: int, values: Dict[str, float]) -> None:
   if not np.isfinite(values['loss']):
     raise FloatingPointError(
@@ -155,6 +161,7 @@ class _TrainingLoop:
     self.batches = sharding.prefetch(train_data.batches(start), session.mesh)
     self.clock = timing.Clock(self.steps_per_epoch)
     self.window, self.recent = [], collections.deque(maxlen=self.steps_per_epoch)
+    self.tokens = None  # real tokens per step, for a task that counts them
     self.eval_values, self.stalls = {}, []
 
   def run_steps(self, state):
@@ -194,6 +201,7 @@ class _TrainingLoop:
     rows = jax.device_get(self.window)
     self.window.clear()
     values = metrics_lib.reduce_sums(metrics_lib.sum_rows(rows))
+    self.tokens = metrics_lib.tokens_per_step(rows)
     _check_finite(step, values)
     self.recent.extend(rows)
     with self.clock.paused():  # not training: the first call compiles the schedule's ops
@@ -208,10 +216,14 @@ class _TrainingLoop:
     batch_size = self.session.config.dataset.batch_size
     rate = self.clock.steady_steps_per_sec()
     if rate:
+      scalars = {'progress/steady_examples_per_sec': rate * batch_size}
+      if self.tokens is not None:
+        scalars['progress/steady_tokens_per_sec'] = rate * self.tokens
       with self.clock.paused():
-        self.writer.write_scalars(step, {'progress/steady_examples_per_sec': rate * batch_size})
+        self.writer.write_scalars(step, scalars)
     if self.run.writer:
-      print(metrics_lib.progress_line(step, self.num_steps, values, rate, batch_size), flush=True)
+      line = metrics_lib.progress_line(step, self.num_steps, values, rate, batch_size, self.tokens)
+      print(line, flush=True)
 
   def _save(self, step: int, state) -> None:
     """A checkpoint when one is due (always at the last step), timing the loop's stall."""
@@ -288,6 +300,9 @@ class _TrainingLoop:
       ),
       # The 'ex/s' the trainer prints, its last value: every step after the first.
       'steady_examples_per_sec': steady,
+      # Its 'tok/s' (real tokens: a packed row holds more than a padded one), for a task
+      # that counts them; the tokens of a step are the last epoch's mean.
+      'steady_tokens_per_sec': _tokens_rate(self.clock, self.recent),
       'steps': self.num_steps,
       'steps_per_epoch': self.steps_per_epoch,
       'resumed_from_step': self.start,

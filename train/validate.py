@@ -102,6 +102,7 @@ def _check(config):
   optim.check(config)
   loop = loop_lib.check(config)
   _samples(config, attention)
+  _packing(config, attention)
   adapters.check(config)
   return dataset, inputs, attention, loop
 
@@ -140,6 +141,23 @@ def resolved(config, read_data: bool = True, training: bool = True) -> ml_collec
   """A validated copy of `config` with what the data and the registry fill in (see
   `resolve`): what a run records in config.json."""
   return resolve(config, read_data, training).config
+
+
+def _packing(config, attention: attention_lib.Attention) -> None:
+  """Packed rows (`config.dataset.packing`) need every mechanism of the model to keep
+  their documents apart (`Mechanism.segments`): one line naming the first that cannot,
+  its reason, and those that can."""
+  if not config.dataset.get('packing', False):
+    return
+  for decl in attention.declarations:
+    if not decl.segments:
+      what = '' if attention.name == decl.name else f' (its mechanism {decl.name!r})'
+      valid = registry.names_where(lambda m: m.segments and m.causal)
+      raise ConfigError(
+        f'config.dataset.packing=True needs a mechanism that keeps packed documents apart; '
+        f'config.attention.mechanism={attention.name!r}{what} cannot ({decl.no_segments}); '
+        f'valid choices: {", ".join(valid) or "none yet"}; or set config.dataset.packing=False'
+      )
 
 
 SAMPLES = (  # what `config.sample` accepts (the samples a task writes after training)

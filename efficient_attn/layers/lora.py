@@ -38,10 +38,15 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+#: The names of an adapted kernel's two factors beside it in 'params': A `[in, r]`, B `[r, out]`.
 A_NAME, B_NAME = 'lora_a', 'lora_b'
+#: `LoraConfig.targets` of the attention projections (query, key, value, out).
 ATTENTION_TARGETS = (r'(^|/)attention/(query|key|value|out)$',)
+#: `LoraConfig.targets` of the shared encoder's MLP Dense layers.
 MLP_TARGETS = (r'(^|/)mlp/Dense_\d+$',)
+#: `LoraConfig`'s default targets: the attention projections and the MLP layers.
 DEFAULT_TARGETS = ATTENTION_TARGETS + MLP_TARGETS
+#: `LoraConfig.targets` that adapt every Dense / DenseGeneral layer.
 ALL_DENSE = (r'.*',)
 
 
@@ -52,8 +57,8 @@ class LoraConfig:
   Attributes:
     rank: r >= 1.
     alpha: the adapter output is scaled by alpha / r (None: alpha = r, scale 1).
-    targets: regular expressions, `re.search`ed in the '/'-joined module path of
-      each Dense / DenseGeneral (e.g. 'encoder/block_0/attention/query'); a
+    targets: regular expressions, each searched for (`re.search`) in the '/'-joined
+      module path of each Dense / DenseGeneral (e.g. 'encoder/block_0/attention/query'); a
       layer matching any of them is adapted. Defaults: attention projections
       (query, key, value, out) and the MLP Dense layers of the shared encoder.
   """

@@ -52,6 +52,16 @@ class CausalTransformer(nn.Module):
   def max_length(self) -> int:
     return self.config.max_length
 
+  @nn.nowrap
+  def generate(self, params, prompt, max_new_tokens: int, **options):
+    """`efficient_attn.models.generate.generate(self, params, prompt, max_new_tokens,
+    **options)`: the prompt `[batch, P]` prefilled in one decoding call, then up to
+    `max_new_tokens` tokens sampled per row (temperature, top_k, top_p, eos_id, rng,
+    prompt_lengths)."""
+    from efficient_attn.models import generate as generate_lib
+
+    return generate_lib.generate(self, params, prompt, max_new_tokens, **options)
+
   @nn.compact
   def __call__(
     self,

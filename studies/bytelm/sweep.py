@@ -73,6 +73,7 @@ def get_sweep(arg=None):
       for m in args['mechanisms']
     ],
     fixed={
+      'dataset.packing': False,  # one window a row, as recorded (packing is 0.3.0's default)
       'train.eval_every': args['num_steps'],
       'train.log_every': 25,
       'train.checkpoint_every': 50,

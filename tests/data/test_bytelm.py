@@ -16,12 +16,16 @@ import main_runner
 import numpy as np
 import pytest
 
+import data
 from data import arrays
 from data import sequences
 from data import text_bytes
 from efficient_attn import registry
+from efficient_attn.layers import hybrid
 from train import trainer
 from train import validate
+from train.tasks import byte_lm
+from train.workdir import identity
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DOCS = [
@@ -93,6 +97,12 @@ def parse(*args, arg='softmax'):
   return main_runner.parsed_config(f'configs/bytelm.py:{arg}', *args)
 
 
+def packs(mechanism):
+  """Whether `mechanism` keeps packed documents apart (packed rows, the config's default,
+  need it; else the tests train one window a row)."""
+  return all(d.segments for d in hybrid.registered(mechanism))
+
+
 def load_config(corpus, cache, mechanism='softmax', *args):
   return parse(
     f'--config.dataset.data_dir={cache}',
@@ -101,7 +111,7 @@ def load_config(corpus, cache, mechanism='softmax', *args):
     '--config.sample.num_samples=1',
     *args,
     arg=f'{mechanism},d_model=16,num_heads=2,depth=1,seq_len={L},data_dir={corpus},'
-    f'validation_docs=1,batch_size=2,num_steps=4',
+    f'validation_docs=1,batch_size=2,num_steps=4,packing={int(packs(mechanism))}',
   )
 
 
@@ -228,9 +238,73 @@ def test_tiny_run_reports_bits_per_byte_and_continues_a_held_out_prompt(run_once
   assert samples[0]['continuation']  # new_bytes sampled after it
   assert os.path.exists(os.path.join(workdir, 'samples.txt'))
   with open(f'{workdir}_stdout.txt') as f:  # the last line says where the samples are
-    final, last = f.read().splitlines()[-2:]
+    lines = f.read().splitlines()
+  final, last = lines[-2:]
   assert final.endswith(f'results in {workdir}/results.json'), final
   assert last == f'outputs in {workdir}/samples.json, {workdir}/samples.txt', last
+  # the rate of real bytes: the progress lines' tok/s, the results' steady_tokens_per_sec
+  assert results['steady_tokens_per_sec'] > 0
+  assert any(line.startswith('step 4/4 |') and ' tok/s | eta ' in line for line in lines), lines
+  with open(os.path.join(workdir, 'config.json')) as f:  # packed wherever linear can be
+    assert json.load(f)['dataset']['packing'] == packs('linear')
+
+
+# Packed rows (the config's default)
+
+
+def test_the_byte_lm_packs_by_default_and_the_argument_turns_it_off():
+  assert parse().dataset.packing is True
+  assert parse(arg='softmax,packing=0').dataset.packing is False
+
+
+def test_packing_needs_a_mechanism_that_keeps_documents_apart_in_one_line(tmp_path):
+  unpackable = [
+    m for m in registry.names_where(lambda m: m.causal and bool(m.decode)) if not packs(m)
+  ]
+  if not unpackable:
+    pytest.skip('every causal mechanism with a decoding form keeps packed documents apart')
+  mechanism = unpackable[0]
+  config = parse(arg=f'{mechanism},seq_len={L},data_dir={write_npz(tmp_path / "c.npz")}')
+  with pytest.raises(validate.ConfigError) as e:
+    validate.validate_config(config)
+  message = str(e.value)
+  assert message.startswith(
+    f"config.dataset.packing=True needs a mechanism that keeps packed documents apart; "
+    f"config.attention.mechanism='{mechanism}' cannot ("
+  ) and message.endswith('; or set config.dataset.packing=False'), message
+  assert '\n' not in message
+  config.dataset.packing = False
+  validate.validate_config(config)
+
+
+def test_a_resume_with_the_other_packing_is_another_config():
+  stored = lambda config: json.loads(json.dumps(config.to_dict()))  # as config.json holds it
+  packed, unpacked = stored(parse()), stored(parse(arg='softmax,packing=0'))
+  assert identity.differences(unpacked, packed) == ['dataset.packing: False -> True']
+  before = stored(parse(arg='softmax,packing=0'))  # a run stored before the field existed
+  del before['dataset']['packing']
+  assert identity.differences(before, unpacked) == []
+  assert identity.differences(before, packed) == ['dataset.packing: False -> True']
+
+
+def test_packed_splits_reach_the_batches_with_their_segment_ids(tmp_path):
+  config = load_config(write_npz(tmp_path / 'c.npz'), tmp_path / 'cache', 'softmax')
+  config.dataset.packing = True
+  split = arrays.get_split(config, 'train')
+  assert split.segment_ids is not None and split.segment_ids.shape == split.inputs.shape
+  batch = next(data.get_train_data(config).batches())
+  assert batch['segment_ids'].shape == batch['inputs'].shape
+  rows = [np.flatnonzero((split.inputs == row).all(1))[0] for row in batch['inputs']]
+  np.testing.assert_array_equal(batch['segment_ids'], split.segment_ids[rows])
+  held = next(data.get_eval_data(config).batches())  # padding rows: segment 0 throughout
+  assert held['segment_ids'].shape == held['inputs'].shape
+  assert (held['segment_ids'][held['mask'] == 0] == 0).all()
+  # the held-out document continues from the same prompt, packed or not
+  unpacked = load_config(write_npz(tmp_path / 'c.npz'), tmp_path / 'cache', 'softmax')
+  unpacked.dataset.packing = False
+  prompt = byte_lm.prompts(config, 5, 6)
+  assert prompt.shape == (1, 6) and any(d.startswith(bytes(prompt[0].tolist())) for d in DOCS)
+  np.testing.assert_array_equal(prompt, byte_lm.prompts(unpacked, 5, 6))
 
 
 def test_the_docs_quote_the_message_a_folder_without_text_gets(tmp_path):

@@ -21,6 +21,7 @@ from shared_runs import V  # the tiny task of these tests: vocabulary, length, p
 
 from data import arrays
 from data import mqar
+from data import packing
 from data import sequences
 from efficient_attn import registry
 from train import trainer
@@ -164,6 +165,58 @@ def test_config_defaults_are_zoologys_cell():
   d = config.dataset
   assert (d.vocab_size, d.max_length, d.num_kv_pairs, d.power_a) == (8192, 128, 8, 0.01)
   assert (config.model.depth, config.model.d_model) == (2, 64)
+
+
+def test_packed_splits_hold_the_same_sequences_k_to_a_row(tmp_path):
+  task = dict(vocab_size=V, seq_len=L, num_kv_pairs=P)
+  sizes = {'train': 10, 'test': 5}
+  plain = mqar.write_splits(str(tmp_path / 'a'), seed=0, sizes=sizes, verbose=False, **task)
+  packed = mqar.write_splits(
+    str(tmp_path / 'b'), seed=0, sizes=sizes, verbose=False, row_length=3 * L + 5, **task
+  )
+  assert os.path.basename(packed[0]).startswith(f'mqar_v{V}_l{L}_kv{P}_a0.01_r{3 * L + 5}_')
+  for a, b in zip(plain, packed):
+    rows, file = np.load(a), np.load(b)
+    assert file['inputs'].shape == (-(-len(rows['inputs']) // 3), 3 * L + 5)
+    spans = list(packing.spans(file['segment_ids']))
+    assert [(r, e - s) for r, s, e in spans] == [(i // 3, L) for i in range(len(rows['inputs']))]
+    for key in ('inputs', 'labels'):  # the same sequences, in order
+      np.testing.assert_array_equal(
+        np.stack([file[key][r, s:e] for r, s, e in spans]), rows[key], err_msg=key
+      )
+    assert (file['labels'][file['segment_ids'] == 0] == sequences.IGNORE).all()
+  np.testing.assert_array_equal(mqar.sequences_of(packed[0], L), np.load(plain[0])['inputs'])
+
+
+def test_the_config_packs_k_sequences_to_a_row_and_keeps_64_a_step():
+  d = parse(arg=f'softmax,seq_len={L},num_kv_pairs={P},vocab_size={V},packing=4').dataset
+  assert (d.packing, d.seq_len, d.max_length, d.batch_size) == (True, L, 4 * L, 16)
+  d = load_config('softmax').dataset
+  assert (d.packing, d.max_length, d.batch_size, 'seq_len' in d) == (False, L, 64, False)
+
+
+@pytest.mark.parametrize(
+  'overrides,message',
+  [
+    (
+      {'dataset.seq_len': L // 2},
+      f'config.dataset.seq_len={L // 2} is not valid without packing: each MQAR sequence is '
+      f'a row of config.dataset.max_length={L}; valid choices: 0, {L}',
+    ),
+    (
+      {'dataset.packing': True, 'dataset.seq_len': 2 * L},
+      f'config.dataset: MQAR row_length={L} cannot hold a sequence of seq_len={2 * L}',
+    ),
+  ],
+)
+def test_packing_settings_the_task_cannot_have_are_one_line(overrides, message):
+  config = load_config('softmax')
+  with config.unlocked():
+    for path, value in overrides.items():
+      config.dataset[path.split('.')[1]] = value
+  with pytest.raises(validate.ConfigError) as e:
+    validate.validate_config(config)
+  assert str(e.value).startswith(message) and '\n' not in str(e.value), e.value
 
 
 @pytest.mark.parametrize(

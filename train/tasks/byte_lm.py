@@ -2,13 +2,17 @@
 
 Sequence labelling with every byte scored (`sequence_labelling.py`: the causal
 model, its vocabulary head at the scored positions, cross-entropy), plus
-'bits_per_byte' (cross-entropy in nats / ln 2, per scored byte). After
-training, and in `--mode=eval`, `write_outputs` continues the first
-`sample.num_samples` held-out documents of the evaluation split: their first
-`sample.prompt_bytes` bytes are the prompt, fed through the decoding steps
-(`efficient_attn.models.sampling`, teacher forcing), and `sample.new_bytes` are
-sampled after it. It writes `samples.json` (prompt, continuation and the
-settings) and `samples.txt` (the same, readable).
+'bits_per_byte' (cross-entropy in nats / ln 2, per scored byte). Packed rows
+(`dataset.packing`) are read with their segment ids (`sequence_labelling.logits_at`),
+so each byte is scored in the context of its own window, as unpacked; 'tokens' (the
+trainer's tok/s) counts the real bytes, every one of which is scored.
+
+After training, and in `--mode=eval`, `write_outputs` continues the first
+`sample.num_samples` held-out documents of the evaluation split: the start token and
+their first `sample.prompt_bytes` bytes are the prompt, prefilled, and
+`sample.new_bytes` bytes are sampled after it (`efficient_attn.models.generate`, at
+`sample.temperature`). It writes `samples.json` (prompt, continuation and the settings)
+and `samples.txt` (the same, readable).
 """
 
 import json
@@ -21,8 +25,9 @@ import jax
 import numpy as np
 
 from data import arrays
+from data import packing
 from data import text_bytes
-from efficient_attn.models import sampling
+from efficient_attn.models import generate
 from train import adapters
 from train.tasks import base
 from train.tasks import sequence_labelling
@@ -31,34 +36,53 @@ SAMPLE_DEFAULTS = dict(num_samples=2, prompt_bytes=64, new_bytes=128, temperatur
 
 
 def loss_and_metrics(model, params, batch, *, train: bool, rngs=None):
-  """`sequence_labelling.loss_and_metrics` with 'bits_per_byte' (sum of bits; / 'count')."""
+  """`sequence_labelling.loss_and_metrics` with 'bits_per_byte' (sum of bits; / 'count');
+  'tokens' is 'count' (every real byte is scored)."""
   loss, metrics = sequence_labelling.loss_and_metrics(model, params, batch, train=train, rngs=rngs)
-  return loss, dict(metrics, bits_per_byte=metrics['loss'] / math.log(2.0))
+  return loss, dict(metrics, bits_per_byte=metrics['loss'] / math.log(2.0), tokens=metrics['count'])
+
+
+def _first_windows(split):
+  """(row, start, end) of each document's first window in `split` (the windows that read
+  START first): whole rows, or, packed, the segments that begin with START."""
+  if split.segment_ids is None:
+    rows = np.flatnonzero(split.inputs[:, 0] == text_bytes.START)
+    return [(int(r), 0, split.inputs.shape[1]) for r in rows]
+  return [
+    (r, a, b)
+    for r, a, b in packing.spans(split.segment_ids)
+    if split.inputs[r, a] == text_bytes.START
+  ]
 
 
 def prompts(config, num: int, length: int) -> np.ndarray:
   """uint8-valued int32 `[num, length]`: the first `length` bytes of the first `num`
-  documents of the evaluation split at least that long (fewer rows if there are fewer)."""
+  documents of the evaluation split (in the order of its rows) whose first window holds
+  that many (fewer rows if there are fewer)."""
   split = arrays.get_split(config, config.dataset.eval_split)
-  starts = split.inputs[:, 0] == text_bytes.START
-  labels = split.labels[starts]
-  if length <= labels.shape[1]:  # a document's first window holds the prompt
-    labels = labels[(labels[:, :length] >= 0).all(1)]
-  else:
-    labels = labels[:0]
-  return labels[:num, :length].astype(np.int32)
+  found = [
+    split.labels[r, a : a + length]
+    for r, a, b in _first_windows(split)
+    if b - a >= length and (split.labels[r, a : a + length] >= 0).all()
+  ][:num]
+  return np.asarray(found, np.int32).reshape(len(found), length)
 
 
 def continue_bytes(
   model, params, rng, prompt: np.ndarray, new_bytes: int, temperature: float
 ) -> np.ndarray:
-  """int32 `[b, new_bytes]`: bytes sampled after `prompt` `[b, p]` (byte values)."""
-  length = prompt.shape[1] + new_bytes
-  sampler = sampling.make_sampler(model, prompt.shape[0], length)
-  tokens = sampler(
-    params, rng, temperature=temperature, prefix=prompt, prefix_length=prompt.shape[1]
+  """int32 `[b, new_bytes]`: bytes sampled after `prompt` `[b, p]` (byte values), a
+  document's first bytes: the model reads the start token before them."""
+  start = np.full((len(prompt), 1), text_bytes.START, np.int32)
+  out = generate.generate(
+    model,
+    params,
+    np.concatenate([start, prompt], axis=1),
+    new_bytes,
+    temperature=temperature,
+    rng=rng,
   )
-  return np.asarray(tokens)[:, prompt.shape[1] :]
+  return np.asarray(out.tokens)
 
 
 def text(values) -> str:

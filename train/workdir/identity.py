@@ -46,6 +46,7 @@ MAY_CHANGE = (
 ADDED_DEFAULTS = {
   'model.positions': 'learned',
   'dataset.num_distractors': None,
+  'dataset.packing': False,  # packed rows (0.3.0): runs before it had one window a row
   # mamba2's head layout options (None: each head its own B and C, of
   # head_dim, and the norm over the full width, as before they existed)
   'attention.options.ngroups': None,
