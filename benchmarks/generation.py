@@ -108,10 +108,19 @@ def build_model(
 
 def cache_bytes(model, params) -> int:
   """Bytes of the decoding cache of one sequence (every layer; keys and values, or
-  the recurrent state, and the position)."""
+  the recurrent state, and the position). The packed-rows bookkeeping (each cached key's
+  document, each row's document counters: entries whose name ends in 'documents') is left
+  out: it is the same for every mechanism of a kind, and only packed decoding reads it."""
   decoder = model.clone(decode=True)
   shapes = jax.eval_shape(lambda p: sampling.init_cache(decoder, p, 1, model.max_length), params)
-  return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(shapes)))
+  leaves = jax.tree_util.tree_leaves_with_path(shapes)
+  return int(
+    sum(
+      x.size * x.dtype.itemsize
+      for path, x in leaves
+      if not any(str(getattr(key, 'key', '')).endswith('documents') for key in path)
+    )
+  )
 
 
 def load_params(model: CausalTransformer, path: str, seed: int):

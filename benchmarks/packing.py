@@ -38,8 +38,7 @@ from benchmarks import common
 from benchmarks import machine
 from benchmarks import output
 from benchmarks import timing
-from data import packing as packing_lib
-from data import text_bytes
+import data
 from efficient_attn.models import CausalTransformer
 from efficient_attn.models import TransformerConfig
 
@@ -52,7 +51,7 @@ CASES = (
 def define_flags(fv: flags.FlagValues) -> None:
   common.define_output_flags(fv, out='benchmark_results/packing', name='packing')
   flags.DEFINE_string('cases', CASES, 'comma list of mechanism[:option=value...]', flag_values=fv)
-  flags.DEFINE_string('corpus', text_bytes.BUILTIN, 'the byte LM corpus', flag_values=fv)
+  flags.DEFINE_string('corpus', data.BUILTIN_CORPUS, 'the byte LM corpus', flag_values=fv)
   flags.DEFINE_integer('seq_len', 256, 'row length (bytes)', flag_values=fv)
   flags.DEFINE_integer('batch', 16, 'rows a step', flag_values=fv)
   flags.DEFINE_integer('d_model', 128, 'model width', flag_values=fv)
@@ -79,9 +78,9 @@ def parse_case(case: str):
 def layouts(docs: Sequence[bytes], seq_len: int) -> Dict[str, Dict[str, np.ndarray]]:
   """{'padded', 'packed', 'full'}: (inputs, labels, segment_ids) `[rows, seq_len]` of the
   windows of `docs`; 'full' is the windows that fill a row (segment ids all 1)."""
-  inputs, labels = text_bytes.windows(docs, seq_len)
+  inputs, labels = data.byte_windows(docs, seq_len)
   ids = (labels >= 0).astype(np.int32)  # one document a row, then padding
-  packed = text_bytes.packed(docs, seq_len)
+  packed = data.packed_windows(docs, seq_len)
   whole = ids.all(1)
   if not whole.any():
     raise ValueError(f'no window of the corpus fills a row of seq_len={seq_len}; lower it')
@@ -130,7 +129,7 @@ def run(args, command: str) -> Dict[str, Any]:
   """The measurements of every case (`command`: the command line, for the table)."""
   with common.flag_errors():
     cases = [(case, *parse_case(case)) for case in common.csv_list(args.cases)]
-    docs = text_bytes.read_corpus(args.corpus)
+    docs = data.read_corpus(args.corpus)
     rows = layouts(docs, args.seq_len)
   lengths = (rows['padded']['labels'] >= 0).sum(1)
   result: Dict[str, Any] = dict(
@@ -140,7 +139,7 @@ def run(args, command: str) -> Dict[str, Any]:
     windows=int(len(lengths)),
     padding_waste=1.0 - float(lengths.mean()) / args.seq_len,
     packed_rows=int(len(rows['packed']['inputs'])),
-    packed_waste=1.0 - packing_lib.fill(rows['packed']['segment_ids']),
+    packed_waste=1.0 - data.packed_fill(rows['packed']['segment_ids']),
     cases={},
   )
   batches = {name: draw(r, args.batch, args.seed) for name, r in rows.items()}

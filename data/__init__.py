@@ -37,6 +37,8 @@ from data import memory
 from data import specs
 from data.checks import check  # pylint: disable=unused-import
 from data.checks import check_splits  # pylint: disable=unused-import
+from data.packing import fill as packed_fill  # pylint: disable=unused-import
+from data.packing import pack  # pylint: disable=unused-import
 from data.specs import TEXT_VOCAB_SIZE  # pylint: disable=unused-import
 from data.specs import Dataset  # pylint: disable=unused-import
 from data.specs import DownloadError  # pylint: disable=unused-import
@@ -48,6 +50,10 @@ from data.splits import num_classes  # pylint: disable=unused-import
 from data.splits import num_examples  # pylint: disable=unused-import
 from data.splits import prepare  # pylint: disable=unused-import
 from data.splits import vocab_size  # pylint: disable=unused-import
+from data.text_bytes import BUILTIN as BUILTIN_CORPUS  # pylint: disable=unused-import
+from data.text_bytes import packed as packed_windows  # pylint: disable=unused-import
+from data.text_bytes import read_corpus  # pylint: disable=unused-import
+from data.text_bytes import windows as byte_windows  # pylint: disable=unused-import
 
 
 def arrays_source(config) -> Optional[Tuple[List[str], str]]:
