@@ -78,6 +78,7 @@ def table(speed_json: str = '', length: int = 4096) -> str:
     'masks',
     'rotary',
     'sequence split',
+    'packed rows',
     'fixed length',
     'options (defaults)',
   ]
@@ -95,6 +96,7 @@ def table(speed_json: str = '', length: int = 4096) -> str:
       'any' if decl.masks == 'any' else 'key padding',
       decl.rotary or '-',
       decl.sequence_parallel or '-',
+      'yes' if decl.segments else '-',
       'yes' if decl.fixed_length else 'no',
       _options(decl),
     ]
