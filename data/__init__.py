@@ -1,6 +1,6 @@
 """The data package's public face: the input pipeline's one entry point.
 
-    train_data = data.get_train_data(config)   # .num_examples, .steps_per_epoch, .batches(start_step)
+    train_data = data.get_train_data(config)  # .num_examples, .steps_per_epoch, .batches(step)
     eval_data = data.get_eval_data(config)     # .num_examples, .num_batches, .batches()
     batch = data.get_eval_batch(config)        # one local eval batch, for analysis
     dataset = data.check(config)               # config.dataset's fields (reads nothing)

@@ -30,8 +30,8 @@ the seed (numpy's PCG64), the same on every machine.
 sequence is in two splits; a file whose settings match is kept, so the
 splits are generated once. A file's name holds a key of every split's settings
 (`split_path`: the seed and the sizes too), so runs of other sizes or seeds beside
-each other in one cache folder each keep their own files. A file that is damaged (truncated, or its bytes
-changed) or holds another number of rows than its settings say is written
+each other in one cache folder each keep their own files. A file that is damaged (truncated, or its
+bytes changed) or holds another number of rows than its settings say is written
 again, with one line saying so (`npz_cache.problem`).
 """
 

@@ -92,7 +92,8 @@ def check(
   examples, vocab_size: int, max_length: int, vocab: str = 'config.dataset.vocab_size'
 ) -> None:
   """ValueError naming `examples.origin`: tokens or labels outside 0..vocab_size-1 (inputs
-  may also be vocab_size, the start token; labels -100), or sequences longer than `max_length` (config.dataset.max_length)."""
+  may also be vocab_size, the start token; labels -100), or sequences longer than `max_length`
+  (config.dataset.max_length)."""
   x, y = examples.inputs, examples.labels
   where = examples.origin
   if x.shape[1] > max_length:

@@ -24,7 +24,7 @@ mechanism's file uses.
 import copy
 import dataclasses
 import math
-from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Tuple, cast
 
 import jax
 from jax import lax
@@ -107,7 +107,7 @@ class Option:
       value = float(value)
     if not isinstance(value, self.type) or (self.type is not bool and isinstance(value, bool)):
       raise bad()
-    if self.out_of_range(value) or (self.type is float and not math.isfinite(value)):
+    if self.out_of_range(value) or (self.type is float and not math.isfinite(cast(float, value))):
       raise bad()
     return value
 

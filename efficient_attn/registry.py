@@ -176,7 +176,8 @@ def configure(
 
   Raises ValueError, naming the value and what is valid, for an unknown
   mechanism or option, an option value out of range, `causal` for a
-  mechanism without a causal form (and not `causal` for a causal-only one), a fixed-length mechanism without
+  mechanism without a causal form (and not `causal` for a causal-only one), a fixed-length
+  mechanism without
   `max_length`, a `length` over `max_length`, `rotary` for a mechanism without
   q . k scores, and the mechanism's own checks.
   """

@@ -18,7 +18,7 @@ What a run prints on stdout (process 0), one line per log interval and one at
 the end:
 
     step 300/660 | loss 0.1564 | accuracy 95.47% | top5_accuracy 99.92% | 1162 ex/s | eta 20s
-    step 300/2000 | loss 1.402 | accuracy 58.21% | bits_per_byte 2.023 | 41 ex/s | 10391 tok/s | eta 41s
+    step 300/2000 | loss 1.402 | accuracy 58.21% | bits_per_byte 2.023 | 41 ex/s | 10391 tok/s
     test accuracy 96.11% | loss 0.1802 | top5_accuracy 99.72% | results in runs/default/results.json
 """
 

@@ -38,12 +38,12 @@ CACHE_NAMES = (
 
 class Documents(NamedTuple):
   """Where each row of a decoding cache stands in its packed documents, `[batch]` int32
-  each: `last_id`, the segment id of its last real token (0: none yet); `count`, the
+  each: `last_id`, the segment id of its last real token (0: none yet); `begun`, the
   documents begun in it; `start`, the cache index at which its current document began
   (positions count from there)."""
 
   last_id: jnp.ndarray
-  count: jnp.ndarray
+  begun: jnp.ndarray
   start: jnp.ndarray
 
 
@@ -76,7 +76,7 @@ def track(
   )
   previous = jnp.concatenate([documents.last_id[:, None], last_id[:, :-1]], 1)
   starts = real & (ids != previous)
-  count = documents.count[:, None] + jnp.cumsum(starts, axis=1, dtype=jnp.int32)
+  count = documents.begun[:, None] + jnp.cumsum(starts, axis=1, dtype=jnp.int32)
   times = index + t
   first = starts | (times == 0)[None]
   start = lax.cummax(jnp.where(first, times[None], documents.start[:, None]), axis=1)

@@ -126,6 +126,8 @@ def decode_form(
       del capacity, dtype  # constant size; accumulate in float32
       return decl.init_state(options, batch=batch, heads=heads, head_dim=head_dim, v_dim=v_dim)
 
+    if recurrent_step is None:
+      raise ValueError(f'mechanism {decl.name!r} decodes recurrently: it needs recurrent_step')
     return DecodeForm(init, recurrent_step)
   raise ValueError(
     f'mechanism {decl.name!r} has no decoding form (decode=True); mechanisms '
@@ -297,6 +299,8 @@ def kv_cache_attention(
   # [b, hk, g * n, dk]: the group and the queries as one query axis.
   q = q.reshape(b, n, hk, g, dk).transpose(0, 2, 3, 1, 4).reshape(b, hk, g * n, dk)
   query_times = jnp.asarray(query_times)
+  lo_block: Any  # traced where the first visible key is, else a Python int
+  hi_block: Any
   if key_times is None:
     lo = jnp.asarray(first)
     if window is not None:

@@ -22,7 +22,7 @@ A single mechanism is the pattern of one name, and everything here reduces to
 """
 
 import dataclasses
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from efficient_attn import registry
 
@@ -62,7 +62,9 @@ def declarations(mechanism: Mechanisms) -> Tuple[registry.Mechanism, ...]:
     return (mechanism,)
   if isinstance(mechanism, Stack):
     return mechanism.declarations
-  parts = mechanism.split(SEPARATOR) if isinstance(mechanism, str) else list(mechanism)
+  parts: List[Union[str, registry.Mechanism]] = (
+    list(mechanism.split(SEPARATOR)) if isinstance(mechanism, str) else list(mechanism)
+  )
   if not parts or any(p == '' for p in parts):
     raise ValueError(
       f'mechanism {mechanism!r} is not valid: a pattern names registered '
@@ -199,7 +201,8 @@ def merged_options(
   they differ (two mechanisms' own defaults) is left out, so that resolving the mapping
   again (`resolve`, `configure`: declared defaults for what it lacks) gives each entry its
   own value back. A reader of the mapping (a config.json) finds no such option in it."""
-  merged, differ = {}, set()
+  merged: Dict[str, Any] = {}
+  differ = set()
   for _, options in layers:
     for k, v in options.items():
       if k in merged and merged[k] != v:

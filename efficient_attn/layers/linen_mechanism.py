@@ -23,7 +23,7 @@ class _LinenContext(registry.Context):
   def __init__(self, module: nn.Module, deterministic: bool, dropout_rng=None):
     super().__init__(
       deterministic=deterministic,
-      tag=tuple(module.scope.path),
+      tag=tuple(module.scope.path) if module.scope is not None else (),
       dropout_rate=module.dropout_rate,
       broadcast_dropout=module.broadcast_dropout,
       max_length=module.max_length,

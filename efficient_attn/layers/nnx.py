@@ -233,7 +233,7 @@ class MultiHeadAttention(nnx.Module):
       super_values=self.projection == 'super',
     )
     for name in cache_lib.CACHE_NAMES:
-      setattr(self, name, nnx.Cache(cache[name]) if name in cache else nnx.data(None))
+      setattr(self, name, nnx.Cache(cache[name]) if name in cache else nnx.data(None))  # type: ignore[arg-type]
 
   def _cache(self):
     return {

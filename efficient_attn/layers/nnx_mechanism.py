@@ -47,7 +47,8 @@ class Mechanism(nnx.Module):
   the same arguments has the same parameters under the same names. A mechanism
   whose gates read the layer input (`reads_input`) needs `in_features` here and
   the call's `inputs` `[batch, q_length, in_features]`. `sequence_axis` splits the
-  sequence over that axis of the ambient mesh (see `efficient_attn.MultiHeadAttention`). One that declares other head
+  sequence over that axis of the ambient mesh (see `efficient_attn.MultiHeadAttention`). One that
+  declares other head
   shapes (`registry.Mechanism.head_shapes`) takes q and k `[..., qk_heads, qk_dim]` and
   v `[..., num_heads, v_dim]` for `num_heads` heads of `head_dim`.
   """

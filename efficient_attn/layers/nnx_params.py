@@ -34,7 +34,7 @@ def load_linen_params(module: nnx.Module, params: Mapping[str, Any]) -> None:
   state = nnx.state(module, nnx.Param)
   ours = _drop_shared(nnx.to_pure_dict(state))
   _check_same_tree(ours, dict(params), ())
-  nnx.replace_by_pure_dict(state, params)
+  nnx.replace_by_pure_dict(state, dict(params))
   nnx.update(module, state)
 
 

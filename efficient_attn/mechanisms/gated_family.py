@@ -15,7 +15,7 @@ The options every gated recurrence has (`common_options`; Mamba's dt range,
 """
 
 import functools
-from typing import NamedTuple, Optional, Tuple
+from typing import Any, NamedTuple, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -265,9 +265,9 @@ class GatedRecurrence(registry.Mechanism):
   # Packed rows in the XLA chunk form, the token scan, the decoding step and the split
   # layer; the Pallas kernels refuse segment ids in one line until they take them.
   segments = True
-  # (core, q, k, v, g, beta, *, segment_ids, chunk_size, axis) -> out: the recurrence on one device's
-  # block (`attend_sharded`), `gated.decayed_sharded` or `delta.transition_sharded`.
-  sharded_recurrence = staticmethod(gated.decayed_sharded)
+  # (core, q, k, v, g, beta, *, segment_ids, chunk_size, axis) -> out: the recurrence on one
+  # device's block (`attend_sharded`), `gated.decayed_sharded` or `delta.transition_sharded`.
+  sharded_recurrence: Any = staticmethod(gated.decayed_sharded)
 
   def own_params(self, options, *, heads, head_dim):
     del options, heads, head_dim

@@ -79,7 +79,8 @@ def mamba2_attention(
     form: 'chunk' (chunkwise parallel) or 'naive' (token by token, the definition).
     chunk_size: tokens per chunk of the chunkwise form.
     segment_ids, initial_state, return_final_state: packed rows (0 is padding) and the
-      state S `[batch, heads, d_state, head_dim]` in and out, as `gated_family.pure_recurrence` says.
+      state S `[batch, heads, d_state, head_dim]` in and out, as `gated_family.pure_recurrence`
+      says.
 
   Returns:
     `[batch, length, heads, head_dim]` in v's dtype (computed in float32, or float64 where

@@ -12,6 +12,7 @@ from typing import Any, Mapping, Optional
 import flax.linen as nn
 import jax.numpy as jnp
 
+from efficient_attn import registry
 from efficient_attn.layers import hybrid
 from efficient_attn.layers.linen import MultiHeadAttention
 
@@ -79,6 +80,8 @@ class TransformerConfig:
 
 def attention_layer(c: TransformerConfig, shared_params=None) -> MultiHeadAttention:
   """The attention layer of a block, named 'attention'."""
+  if not isinstance(c.mechanism, (str, registry.Mechanism)):  # the encoder resolves patterns
+    raise ValueError(f'a block takes one mechanism, got {c.mechanism!r}')
   return MultiHeadAttention(
     num_heads=c.num_heads,
     num_kv_heads=c.num_kv_heads,

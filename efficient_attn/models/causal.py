@@ -9,6 +9,8 @@ logits = model.apply(params, shift_right(pixels, model.start_token))   # trainin
 # `efficient_attn.models.sampling`).
 """
 
+from typing import Optional
+
 import flax.linen as nn
 import jax.numpy as jnp
 
@@ -49,7 +51,7 @@ class CausalTransformer(nn.Module):
     return self.vocab_size
 
   @property
-  def max_length(self) -> int:
+  def max_length(self) -> Optional[int]:
     return self.config.max_length
 
   @nn.nowrap

@@ -38,7 +38,7 @@ head_dim]`, v `[batch, kv_length, heads, head_dim]`; masks follow
 """
 
 import math
-from typing import Optional, Sequence
+from typing import Literal, Optional, Sequence
 import warnings
 
 import jax
@@ -222,7 +222,7 @@ def cudnn_attention(
   mask=None,
   causal: bool = False,
   scale: float = 1.0,
-  implementation: str = 'cudnn',
+  implementation: Literal['xla', 'cudnn'] = 'cudnn',
   documents=None,
 ):
   """`jax.nn.dot_product_attention` with the library's mask rules.

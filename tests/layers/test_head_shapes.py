@@ -68,7 +68,8 @@ def _shapes(tree):
 
 def test_the_papers_parameter_shapes_in_linen_and_nnx():
   """Mamba-2 with ngroups=1: query (C) and key (B) kernels [features, 1, d_state] and
-  their convolution [4, 1, d_state] with its bias [1, d_state]; RetNet with value_factor=2: value and gate
+  their convolution [4, 1, d_state] with its bias [1, d_state]; RetNet with value_factor=2: value
+  and gate
   [features, heads, 2 head_dim], out [heads, 2 head_dim, features]. NNX has the same tree."""
   want = {
     'mamba2 ngroups=1': {

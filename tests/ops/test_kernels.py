@@ -330,7 +330,8 @@ def _batch(n, pad, cut, width=8):
 
 @pytest.mark.parametrize('mechanism', GATED)
 def test_the_registry_properties_hold_with_the_kernels(mechanism):
-  """tests/layers/test_attention.py's no look-ahead and padding properties and tests/layers/test_decode.py's
+  """tests/layers/test_attention.py's no look-ahead and padding properties and
+  tests/layers/test_decode.py's
   decode == parallel, for the five recurrences with implementation='pallas' (interpreted),
   in one compiled call of a batch of four rows (`_batch`), chunks of 8 over 40 tokens:
   changing the tokens after `cut` moves no output at or before it and does move later ones;

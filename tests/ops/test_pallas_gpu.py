@@ -1,4 +1,5 @@
-"""The Pallas GPU flash kernel behind implementation='pallas' (efficient_attn.ops.fused_softmax), on CPU.
+"""The Pallas GPU flash kernel behind implementation='pallas' (efficient_attn.ops.fused_softmax),
+on CPU.
 
 JAX's Triton kernel (`jax.experimental.pallas.ops.gpu.attention.mha`) runs in
 Pallas interpret mode against a float64 NumPy reference, forward and

@@ -306,7 +306,8 @@ report = {}
 for name, block in blocks.items():
   for causal in (True, False):
     split = with_vjp(lambda q, k, v: ring(block, causal)(q, k, v, real, index))
-    whole = with_vjp(lambda q, k, v: softmax.softmax_attention(q, k, v, causal=causal, segment_ids=ids))
+    whole = with_vjp(
+        lambda q, k, v: softmax.softmax_attention(q, k, v, causal=causal, segment_ids=ids))
     got, want = split(q, k, v, g), whole(q, k, v, g)
     report[f'{name}-{causal}'] = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
                                      for a, b in zip(got, want))

@@ -115,7 +115,7 @@ def delta_chunked(
   decay = decay_matrix(cum) if gated else causal  # G_ts, s <= t
   scale_rows_by = lambda x, f: scale_rows(x, f[..., None])  # f `[..., rows]`, one factor a row
   a = jnp.tril(scale_rows_by(matmul('...td,...sd->...ts', kc, kc) * decay, bc), -1)
-  write = bc * jnp.exp(cum) if gated else bc
+  write = bc * jnp.exp(cum) if cum is not None else bc
   if dc is not None:  # one system per document; S_0 enters the carried document's rows
     chunk_docs, doc_in = dc  # [nc, b, c], [nc, b]
     a = jnp.where((chunk_docs[..., :, None] == chunk_docs[..., None, :])[:, :, None], a, 0.0)

@@ -83,7 +83,8 @@ def gated_chunked(
   take bfloat16 operands (`matmul_dtype`), accumulated in float32; the state, decays and
   cumulative sums are float32 whatever the inputs (float64 where an input is float64).
 
-  Packed rows (`segment_ids`, `efficient_attn.ops.gated.documents`): the scores are masked to one document, S_0
+  Packed rows (`segment_ids`, `efficient_attn.ops.gated.documents`): the scores are masked to one
+  document, S_0
   reaches the tokens of the document it carries and S_c gathers the chunk's last
   document; a padding token writes nothing, decays nothing and reads 0.
 

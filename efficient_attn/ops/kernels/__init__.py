@@ -25,7 +25,7 @@ An explicit 'pallas' the call cannot take (form='naive', a float16 input, a plat
 a Pallas back end) raises a one-line error naming the reason.
 """
 
-from typing import Optional
+from typing import Dict, Optional
 
 import jax
 import jax.numpy as jnp
@@ -43,7 +43,7 @@ IMPLEMENTATIONS = ('auto', 'xla', 'pallas')
 # docs/results/ shows a kernel faster yet (none has run on a GPU or TPU). A GPU (or TPU)
 # measurement of forward + backward against the XLA chunk form fills it, e.g.
 # {'gpu': 'pallas'}, with the result's file named in this comment.
-AUTO = {}
+AUTO: Dict[str, str] = {}
 RUNS_ON = ('cpu', 'gpu', 'tpu')  # cpu: interpreted (slow; for tests)
 
 

@@ -115,7 +115,10 @@ def prepare(
     (features, v, log decay `[batch, kv_length, heads]` or None without a gate).
   """
   compute = compute_dtype(*(x for x in features if x is not None), v)
-  phi_q, phi_k, num_q, num_k = (None if x is None else x.astype(compute) for x in features)
+  phi_q, phi_k = features.phi_q.astype(compute), features.phi_k.astype(compute)
+  num_q, num_k = (
+    None if x is None else x.astype(compute) for x in (features.num_q, features.num_k)
+  )
   v = v.astype(compute)
   b, _, h, f = phi_q.shape
   lk = phi_k.shape[1]
