@@ -262,8 +262,8 @@ class GatedRecurrence(registry.Mechanism):
   cores: gated.Cores = gated.DECAY
   activation: str = ''  # '' or 'silu'
   sequence_parallel = 'decayed_state'
-  # Packed rows in the XLA chunk form, the token scan, the decoding step and the split
-  # layer; the Pallas kernels refuse segment ids in one line until they take them.
+  # Packed rows in the XLA chunk form, the Pallas kernels, the token scan, the decoding
+  # step and the split layer.
   segments = True
   # (core, q, k, v, g, beta, *, segment_ids, chunk_size, axis) -> out: the recurrence on one
   # device's block (`attend_sharded`), `gated.decayed_sharded` or `delta.transition_sharded`.
@@ -397,11 +397,11 @@ class GatedRecurrence(registry.Mechanism):
   def core(self, options, dtype, packed: bool = False):
     """The recurrence's form for a call with q, k, v of `dtype`: the Pallas kernels where
     `options.implementation` resolves to 'pallas' (`kernels.choose`, once per call), else the
-    chunk form or, with form='naive', the token recurrence. A packed row (`packed`) takes
-    the XLA form under 'auto'; an explicit 'pallas' refuses it in one line (the kernels do
-    not take segment ids yet)."""
+    chunk form or, with form='naive', the token recurrence. Packed rows (`packed`) run in
+    either: the kernels take segment ids as the XLA forms do."""
+    del packed  # every form takes segment ids
     choice = kernels.choose(options.implementation, form=options.form, dtype=dtype)
-    if choice == 'pallas' and not (packed and options.implementation == 'auto'):
+    if choice == 'pallas':
       return self.cores.pallas
     return self.cores.chunked if options.form == 'chunk' else self.cores.scan
 

@@ -222,14 +222,34 @@ def test_the_gated_recurrences_declare_segments():
   assert all(ea.get_mechanism(name).segments for name in GATED)
 
 
-def test_pallas_refuses_packed_rows_in_one_line():
-  decl, options, params, inputs = _setup('gla')
-  options = {'chunk_size': CHUNK, 'implementation': 'pallas'}
+@pytest.mark.parametrize('name', GATED)
+def test_the_pallas_kernels_run_packed_rows_as_the_xla_form(name):
+  """implementation='pallas' (the kernels, interpreted on a CPU) on the packed rows equals
+  'xla', outputs and the gradients of q, k, v, the layer input and every parameter (the
+  kernels against the float64 recurrence: tests/ops/test_kernels.py)."""
+  decl, options, params, inputs = _setup(name)
   f32 = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), (params, inputs))
-  with pytest.raises(
-    ValueError, match=r"implementation='pallas' cannot run packed rows \(segment_ids\)"
+  cotangent = jnp.asarray(np.random.default_rng(1).standard_normal((B, N, HEADS, 1)), jnp.float32)
+
+  def loss(implementation, params, *xs):
+    chosen = {**options, 'implementation': implementation}
+    out = _layer(decl, chosen, 'chunk', jnp.asarray(IDS), params, *xs)
+    return jnp.sum(out * cotangent), out
+
+  got = {}
+  for implementation in ('xla', 'pallas'):
+    fn = jax.value_and_grad(
+      functools.partial(loss, implementation), argnums=(0, 1, 2, 3, 4), has_aux=True
+    )
+    (_, out), grads = jax.jit(fn)(f32[0], *f32[1])
+    got[implementation] = (out, grads)
+  for (path, kernel), xla in zip(
+    jax.tree_util.tree_flatten_with_path(got['pallas'])[0], jax.tree.leaves(got['xla'])
   ):
-    _layer(decl, options, 'chunk', jnp.asarray(IDS), f32[0], *f32[1])
+    scale = max(1.0, float(np.abs(xla).max()))
+    np.testing.assert_allclose(
+      kernel, xla, atol=1e-5 * scale, rtol=1e-4, err_msg=f'{name} {jax.tree_util.keystr(path)}'
+    )
 
 
 def test_the_delta_rule_has_its_mechanism_names():

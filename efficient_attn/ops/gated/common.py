@@ -28,18 +28,15 @@ class Cores(NamedTuple):
 
 
 def pallas_form(kernel):
-  """The Pallas kernels `kernel(q, k, v, g, beta, state, chunk_size)` behind the forms'
-  signature: `initial_state` is the kernels' `state`; packed rows (`segment_ids`) are
-  refused in one line until the kernels take them."""
+  """The Pallas kernels `kernel(q, k, v, log_decay, beta, *, initial_state, segment_ids,
+  chunk_size)` (`efficient_attn.ops.kernels`) behind the forms' signature, where the decays
+  are `g`."""
 
   @functools.wraps(kernel)
   def form(q, k, v, g=None, beta=None, *, initial_state=None, segment_ids=None, chunk_size=64):
-    if segment_ids is not None:
-      raise ValueError(
-        "implementation='pallas' cannot run packed rows (segment_ids) yet; valid: "
-        "implementation='xla' or 'auto'"
-      )
-    return kernel(q, k, v, g, beta, state=initial_state, chunk_size=chunk_size)
+    return kernel(
+      q, k, v, g, beta, initial_state=initial_state, segment_ids=segment_ids, chunk_size=chunk_size
+    )
 
   return form
 
