@@ -47,17 +47,6 @@ KERNELS = {
 DTYPES = (jnp.float32, jnp.bfloat16)
 HEAD_DIMS = (64, 128)
 CHUNK = 64
-# Why the tests that need the kernels of issue 67 are expected to fail on the kernels before
-# it, which choose the interpreter by the host's backend at trace time (item 2), so that a
-# CPU host's export embeds it. Those kernels have no `gpu_blocks`; the rewrite has. Once it
-# is merged, this and the markers that use it go.
-TRACE_TIME_PLATFORM = 'kernels choose the platform at trace time (issue 67 item 2)'
-
-
-def kernels_before_issue_67() -> bool:
-  from efficient_attn.ops import kernels  # pylint: disable=g-import-not-at-top
-
-  return not hasattr(kernels, 'gpu_blocks')
 
 
 def kernel_entry(kind: str):

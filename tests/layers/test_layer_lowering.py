@@ -22,9 +22,6 @@ HEADS, HEAD_DIM = 2, 64
 RECURRENCES = ('retention', 'mamba2', 'gla', 'deltanet', 'gated_deltanet')
 # One NNX layer per kernel (scalar decay, vector decay, delta): NNX wraps the same core.
 NNX_RECURRENCES = ('retention', 'gla', 'gated_deltanet')
-PLATFORM_AT_TRACE_TIME = pytest.mark.xfail(
-  lowering.kernels_before_issue_67(), reason=lowering.TRACE_TIME_PLATFORM, strict=True
-)
 
 
 def _layer_kwargs(mechanism):
@@ -58,7 +55,6 @@ def _nnx(mechanism):
   return lowering.jit_forward_and_grads(apply, argnums=(0, 1)), (state, x)
 
 
-@PLATFORM_AT_TRACE_TIME
 @pytest.mark.parametrize('platform', PLATFORMS)
 def test_recurrent_layers_with_implementation_pallas_lower_to_the_kernels(platform):
   """Linen, each of the five recurrences, and NNX, one per kernel: 3 kernel calls at least

@@ -31,9 +31,6 @@ F32 = jnp.float32
 # The GPUs the kernels' tiles must fit: A100 (8.0), RTX 30xx (8.6), L4 / L40 / RTX 40xx
 # (8.9), H100 (9.0).
 CAPABILITIES = ('8.0', '8.6', '8.9', '9.0')
-PLATFORM_AT_TRACE_TIME = pytest.mark.xfail(
-  lowering.kernels_before_issue_67(), reason=lowering.TRACE_TIME_PLATFORM, strict=True
-)
 # The cases whose tiles exceed a GPU's shared memory by the kernels' own estimate, even at the
 # narrowest value tile (issue 67 item 3 not done there), on sm_86/89 and where named also:
 # float32 at head dim 128 (GLA's and the delta rule's on sm_80 too, the delta rule's on sm_90
@@ -52,11 +49,8 @@ SHARED_MEMORY_OVER = {
 
 def _gpu_case(kind, dtype, dim):
   over = (kind, jnp.dtype(dtype).name, dim) in SHARED_MEMORY_OVER
-  if over:
-    reason = "over a GPU's shared memory by the kernels' estimate (issue 67 item 3)"
-  else:
-    reason = lowering.TRACE_TIME_PLATFORM
-  mark = pytest.mark.xfail(over or lowering.kernels_before_issue_67(), reason=reason, strict=True)
+  reason = "over a GPU's shared memory by the kernels' estimate (issue 67 item 3)"
+  mark = pytest.mark.xfail(over, reason=reason, strict=True)
   return pytest.param(kind, dtype, dim, marks=mark, id=f'{kind}-{jnp.dtype(dtype).name}-{dim}')
 
 
@@ -77,7 +71,6 @@ def _cases():
   return [(dtype, dim) for dtype in lowering.DTYPES for dim in lowering.HEAD_DIMS]
 
 
-@PLATFORM_AT_TRACE_TIME
 @pytest.mark.parametrize('platform', PLATFORMS)
 @pytest.mark.parametrize('kind', lowering.KERNELS)
 def test_each_kernel_lowers_forward_and_backward(kind, platform):
@@ -146,7 +139,6 @@ def test_softmax_fused_kernel_lowers_forward_and_backward(platform):
 
 
 @pytest.mark.slow  # a process of its own; about 80 CPU-seconds of libtpu's compiler
-@PLATFORM_AT_TRACE_TIME
 def test_tpu_compiles_forward_and_backward_at_8k_to_128k_tokens(tmp_path):
   """libtpu's compiler, ahead of time for v5e and v6e (no TPU attached): each kernel's
   forward + backward at 8K, 32K and 128K tokens (`lowering.compile_cases`) compiles, holds
