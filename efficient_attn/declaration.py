@@ -1,18 +1,5 @@
-"""What a mechanism declares: its options, parameters, forms and functions.
-
-    from efficient_attn import registry
-
-    @registry.register
-    class Nystrom(registry.Mechanism):
-      name = 'nystrom'
-      description = 'Nystrom landmarks and an iterative pseudo-inverse'
-      citation = 'Xiong et al. 2021'
-      options = (registry.Option('num_landmarks', 32, int, 'landmarks m', minimum=1), ...)
-      complexity = ('O(n m d + m^3)', 'O(n m)')
-      knob = ('num_landmarks', (8, 16, 32, 64, 128, 256, 'n'))
-
-      def attend(self, options, params, q, k, v, *, mask, causal, ctx):
-        return nystrom_attention(q, k, v, options.num_landmarks, mask=mask, ...)
+"""What a mechanism declares: its options, parameters, forms and functions (the example of
+a declaration is in `efficient_attn.registry`'s docstring).
 
 This module holds the classes a declaration is made of (`Option`, `Options`, `ParamSpec`,
 `Mechanism`) and what a layer hands a mechanism when it runs it (`Context`);
