@@ -93,9 +93,9 @@ def small(decl, options):
   example.update(options)
   return example
 
-def inputs(n, dtype):
-  x = jax.random.normal(jax.random.key(0), (2, n, 8), dtype)
-  valid = np.ones((2, n), bool)
+def inputs(n, dtype, batch=2):
+  x = jax.random.normal(jax.random.key(0), (batch, n, 8), dtype)
+  valid = np.ones((batch, n), bool)
   valid[0, :n // 3] = False        # left padding across the first device's block
   valid[1, -(n // 3):] = False     # right padding across the last one's
   return x, jnp.asarray(valid)
@@ -111,9 +111,9 @@ def compare(single, sharded):
       worst, where = err, jax.tree_util.keystr(path)
   return worst, where
 
-def linen_case(mechanism, causal, options, args, mesh=MESH, n=32, dtype=jnp.float32):
+def linen_case(mechanism, causal, options, args, mesh=MESH, n=32, dtype=jnp.float32, batch=2):
   decl = registry.get_mechanism(mechanism)
-  x, valid = inputs(n, dtype)
+  x, valid = inputs(n, dtype, batch)
   make = lambda axis: ea.MultiHeadAttention(
       num_heads=2, mechanism=mechanism, options=small(decl, options), causal=causal,
       max_length=n, sequence_axis=axis, param_dtype=dtype, **args)
@@ -234,6 +234,8 @@ for name, (mechanism, causal, options, args) in json.loads(sys.argv[1]).items():
         single, sharded = linen_case(mechanism, causal, options, args, dtype=jnp.float64)
     elif name.endswith('-odd'):   # 7 tokens a device: the causal ring stays contiguous
       single, sharded = linen_case(mechanism, causal, options, args, n=28)
+    elif name.endswith('-batch3'):   # 'data' (2) does not divide it: the rows are replicated
+      single, sharded = linen_case(mechanism, causal, options, args, batch=3)
     elif name.endswith('-6'):
       single, sharded = linen_case(mechanism, causal, options, args, mesh=SIX, n=48)
     elif name.endswith('-2'):
@@ -249,17 +251,18 @@ for name, (mechanism, causal, options, args) in json.loads(sys.argv[1]).items():
     print(json.dumps({'case': name, 'failed': traceback.format_exc()[-3000:]}), flush=True)
 '''
 
-# Cases beside the Linen ones: the NNX layer; the encoder (TransformerConfig.sequence_axis,
-# a pattern of two mechanisms; reversible blocks, whose backward recomputes each block);
-# 48 tokens over 6 devices of an automatic mesh; the gated recurrences' Pallas kernels on
-# each block in interpret mode over 2 devices of an automatic mesh (the interpreter runs
-# Python on every device thread: with 6 of them on a busy 2-core machine one thread missed
-# XLA's 40-s collective deadline); the causal ring's zigzag layout and the size of every
-# visit it computes, and the contiguous ring it keeps for an odd number of tokens a device;
-# the unsplit layer's kernel on a data-parallel mesh of 2 devices, automatic or explicit
-# (`kernels.common.per_device` splits the batch in a shard_map: XLA would run all of it on
-# every device); and float64 identities (to 1e-10) where the mechanism computes in the
-# inputs' precision (the gated recurrences compute in float32 whatever their inputs).
+# Cases beside the Linen ones: the NNX layer; the encoder (TransformerConfig.sequence_axis, a
+# pattern of two mechanisms; reversible blocks, whose backward recomputes each block); 48 tokens
+# over 6 devices of an automatic mesh; a batch of 3 rows that the 'data' axis (2) does not divide,
+# replicated over it (issue 70, item 10: a shard_map error before); the gated recurrences' Pallas
+# kernels on each block in interpret mode over 2 devices of an automatic mesh (the interpreter runs
+# Python on every device thread: with 6 of them on a busy 2-core machine one thread missed XLA's
+# 40-s collective deadline); the causal ring's zigzag layout and the size of every visit it
+# computes, and the contiguous ring it keeps for an odd number of tokens a device; the unsplit
+# layer's kernel on a data-parallel mesh of 2 devices, automatic or explicit
+# (`kernels.common.per_device` splits the batch in a shard_map: XLA would run all of it on every
+# device); and float64 identities (to 1e-10) where the mechanism computes in the inputs' precision
+# (the gated recurrences compute in float32 whatever their inputs).
 EXTRA = {
   'nnx:linear-bidirectional': ('linear', False, {}, {}),
   'encoder:linear+local-causal': ('linear+local', True, {}, {}),
@@ -270,6 +273,8 @@ EXTRA = {
   'rows:gated_deltanet-causal': ('gated_deltanet', True, {}, {}),
   'rows:gla-causal-explicit': ('gla', True, {}, {}),
   'softmax-causal-6': ('softmax', True, {}, {}),
+  'softmax-causal-batch3': ('softmax', True, {}, {}),
+  'linear-causal-batch3': ('linear', True, {}, {}),
   'softmax-causal-odd': ('softmax', True, {}, {}),
   'softmax-causal-x64': ('softmax', True, {}, {}),
   'rfa-causal-x64': ('rfa', True, {'use_gate': True}, {}),
