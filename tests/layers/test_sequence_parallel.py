@@ -261,8 +261,7 @@ for name, (mechanism, causal, options, args) in json.loads(sys.argv[1]).items():
 # computes, and the contiguous ring it keeps for an odd number of tokens a device; the unsplit
 # layer's kernel on a data-parallel mesh of 2 devices, automatic or explicit
 # (`kernels.common.per_device` splits the batch in a shard_map: XLA would run all of it on every
-# device); and float64 identities (to 1e-10) where the mechanism computes in the inputs' precision
-# (the gated recurrences compute in float32 whatever their inputs).
+# device); and float64 identities (to 1e-10) for softmax, RFA and local.
 EXTRA = {
   'nnx:linear-bidirectional': ('linear', False, {}, {}),
   'encoder:linear+local-causal': ('linear+local', True, {}, {}),
