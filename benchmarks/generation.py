@@ -46,6 +46,7 @@ from benchmarks import common
 from benchmarks import machine
 from benchmarks import output
 from benchmarks import timing
+from efficient_attn.layers import cache as cache_lib
 from efficient_attn.models import CausalTransformer
 from efficient_attn.models import TransformerConfig
 from efficient_attn.models import sampling
@@ -109,8 +110,8 @@ def build_model(
 def cache_bytes(model, params) -> int:
   """Bytes of the decoding cache of one sequence (every layer; keys and values, or
   the recurrent state, and the position). The packed-rows bookkeeping (each cached key's
-  document, each row's document counters: entries whose name ends in 'documents') is left
-  out: it is the same for every mechanism of a kind, and only packed decoding reads it."""
+  document, each row's document counters: `cache_lib.DOCUMENT_NAMES`) is left out: it is
+  the same for every mechanism of a kind, and only packed decoding reads it."""
   decoder = model.clone(decode=True)
   shapes = jax.eval_shape(lambda p: sampling.init_cache(decoder, p, 1, model.max_length), params)
   leaves = jax.tree_util.tree_leaves_with_path(shapes)
@@ -118,7 +119,7 @@ def cache_bytes(model, params) -> int:
     sum(
       x.size * x.dtype.itemsize
       for path, x in leaves
-      if not any(str(getattr(key, 'key', '')).endswith('documents') for key in path)
+      if not any(getattr(key, 'key', None) in cache_lib.DOCUMENT_NAMES for key in path)
     )
   )
 

@@ -35,6 +35,10 @@ CACHE_NAMES = (
   'cached_documents',
 )
 
+# The packed-rows bookkeeping of a decoding cache: each cached key's document and each row's
+# `Documents` (the layer's), and the causal model's `Documents` of its positions.
+DOCUMENT_NAMES = ('cached_key_documents', 'cached_documents', 'documents')
+
 
 class Documents(NamedTuple):
   """Where each row of a decoding cache stands in its packed documents, `[batch]` int32
