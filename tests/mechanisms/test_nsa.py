@@ -17,6 +17,7 @@ import pytest
 import efficient_attn as ea
 from efficient_attn.mechanisms import nsa
 from efficient_attn.mechanisms.local import local_attention
+from efficient_attn.ops import segments
 from efficient_attn.ops.scaled_dot_product import softmax_attention
 
 B, N, H, DIM = 2, 40, 2, 8
@@ -145,3 +146,123 @@ def test_sparse_equals_dense_equals_plain_float64(x64, sizes, rows):
   np.testing.assert_allclose(sparse_out, plain, atol=1e-12, rtol=1e-12)
   np.testing.assert_allclose(dense_out, plain, atol=1e-12, rtol=1e-12)
   assert np.any(plain != 0)
+
+
+def _one_branch(branch):
+  return jax.nn.one_hot(jnp.full((B, N, H), branch), 3, dtype=jnp.float64)
+
+
+def test_each_branch_alone_is_the_attention_it_names(x64):
+  """Gates that keep one branch: the window branch is local (sliding-window) softmax; the
+  selected branch with n covering every block is causal softmax, over padding and packed
+  rows. The compressed branch alone is checked by the token-by-token reference above."""
+  q, k, v, _, params = _inputs()
+  ids = jnp.asarray(IDS['packed'], jnp.int32)
+  window = dict(SIZES['same'])
+  got = _run(q, k, v, _one_branch(2), params, ids, 'sparse', window)
+  local = jax.jit(local_attention, static_argnames=('window', 'causal'))
+  want = local(q, k, v, window=window['window'], causal=True, segment_ids=ids)
+  np.testing.assert_allclose(got, want, atol=1e-12)
+  every = dict(window, num_selected=N // window['select_block'])
+  got = _run(q, k, v, _one_branch(1), params, ids, 'sparse', every)
+  mask = segments.attention_mask(ids, causal=True)
+  want = jax.jit(softmax_attention)(q, k, v, mask=mask)
+  want = jnp.where((ids != 0)[:, :, None, None], want, 0)
+  np.testing.assert_allclose(got, want, atol=1e-12)
+  fewer = _run(q, k, v, _one_branch(1), params, ids, 'sparse', window)
+  assert not np.allclose(fewer, want)  # with fewer blocks it is not (the test can fail)
+
+
+@functools.partial(jax.jit, static_argnames=('sizes',))
+def _loss_and_grads(q, k, v, gates, params, ids, ct, *, sizes):
+  loss = lambda *a: jnp.sum(nsa.nsa_attention(*a, segment_ids=ids, **dict(sizes)) * ct)
+  return jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4))(q, k, v, gates, params)
+
+
+def test_a_packed_row_equals_its_documents_alone_outputs_and_gradients():
+  """float32, the blocked form: a row packing three documents (one after a padding gap)
+  equals each document run alone at the start of its own row; the gradients of the
+  inputs and of the compression MLPs too (summed over the documents)."""
+  q, k, v, gates, params = _inputs(3, jnp.float32)
+  ct = jax.random.normal(jax.random.PRNGKey(5), v.shape)
+  q, k, v, gates, ct = (x[:1].repeat(B, 0) for x in (q, k, v, gates, ct))  # B copies of a row
+  docs = [(0, 9), (9, 17), (28, 3)]  # the packed row 0 of IDS['packed'] without its last document
+  ids = np.zeros((B, N), np.int32)
+  for i, (s, l) in enumerate(docs):
+    ids[0, s : s + l] = i + 1
+  sizes = tuple(sorted(SIZES['mixed'].items()))
+  _, packed = _loss_and_grads(
+    q, k, v, gates, params, jnp.asarray(ids), ct, sizes=sizes
+  )
+  alone_grads = jax.tree.map(jnp.zeros_like, packed[4])
+  for s, l in docs:
+    take = lambda x: jnp.zeros_like(x[:1]).at[:, :l].set(x[:1, s : s + l]).repeat(B, 0)
+    mine = np.zeros((B, N), np.int32)
+    mine[0, :l] = 1
+    args = [take(x) for x in (q, k, v, gates)]
+    _, alone = _loss_and_grads(*args, params, jnp.asarray(mine), take(ct), sizes=sizes)
+    for got, want in zip(packed[:4], alone[:4]):
+      np.testing.assert_allclose(got[0, s : s + l], want[0, :l], atol=2e-5, rtol=1e-5)
+    alone_grads = jax.tree.map(jnp.add, alone_grads, alone[4])
+  for name in params:
+    np.testing.assert_allclose(packed[4][name], alone_grads[name], atol=1e-4, rtol=1e-4)
+  assert any(float(jnp.abs(packed[4][name]).max()) > 0 for name in params)
+
+
+def test_bfloat16_is_finite_and_close_to_float32():
+  """bfloat16 inputs at scale 8 (scores up to ~200): outputs and gradients finite, and the
+  output within bfloat16's rounding of the float32 one (float32 inside)."""
+  q, k, v, gates, params = _inputs(4, jnp.float32)
+  q, k = 8 * q, 8 * k
+  ct = jnp.ones(v.shape, jnp.bfloat16)
+  ids = jnp.asarray(IDS['packed'], jnp.int32)
+  sizes = tuple(sorted(SIZES['same'].items()))
+  low = jax.tree.map(lambda x: x.astype(jnp.bfloat16), (q, k, v, gates, params))
+  out = _nsa(*low, ids, form='sparse', sizes=sizes)
+  assert out.dtype == jnp.bfloat16
+  _, grads = _loss_and_grads(*low, ids, ct, sizes=sizes)
+  assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves((out, grads)))
+  rounded = jax.tree.map(lambda x: x.astype(jnp.float32), low)
+  want = _nsa(*rounded, ids, form='sparse', sizes=sizes)
+  np.testing.assert_allclose(out.astype(jnp.float32), want, atol=0.05, rtol=0.05)
+
+
+def test_the_blocked_form_never_forms_n_by_n():
+  """At n = 1024 (l = d = 8, l' = 16, n = 4, w = 16) no array of the blocked form's
+  program has n^2 elements or more; the dense reference's does (the check can fail)."""
+  n = 1024
+  x = jax.ShapeDtypeStruct((1, n, 1, DIM), jnp.float32)
+  gates = jax.ShapeDtypeStruct((1, n, 1, 3), jnp.float32)
+  sizes = dict(compress_block=8, compress_stride=8, select_block=16, num_selected=4, window=16)
+  decl = ea.get_mechanism('nsa')
+  specs = decl.params(decl.resolve(sizes), heads=1, head_dim=DIM, max_length=None, causal=True)
+  params = {name: jax.ShapeDtypeStruct(s.shape, jnp.float32) for name, s in specs.items()}
+
+  def largest(form):
+    fn = lambda q, k, v, g, p: nsa.nsa_attention(q, k, v, g, p, form=form, **sizes)
+    text = str(jax.make_jaxpr(fn)(x, x, x, gates, params))
+    shapes = re.findall(r'\[([0-9,]+)\]', text)
+    return max(int(np.prod([int(d) for d in s.split(',') if d])) for s in shapes)
+
+  assert largest('sparse') < n * n <= largest('dense')
+
+
+def test_bad_calls_refuse_in_one_line():
+  q, k, v, gates, params = _inputs(0, jnp.float32)
+  call = functools.partial(nsa.nsa_attention, q, k, v, gates, params, **SIZES['same'])
+  cases = {
+    'causal=False is not valid; NSA is causal only': dict(causal=False),
+    "form='flash' is not valid": dict(form='flash'),
+    'compress_stride=3 must divide compress_block=4': dict(compress_stride=3),
+    'num_selected=2 is not valid': dict(num_selected=2),
+  }
+  for message, kw in cases.items():
+    with pytest.raises(ValueError, match=re.escape(message)) as info:
+      call(**kw)
+    assert '\n' not in str(info.value)
+  with pytest.raises(ValueError, match="compress_stride=2 must divide select_block=5"):
+    ea.get_mechanism('nsa').resolve(dict(SIZES['same'], select_block=5))
+  with pytest.raises(ValueError, match='causal'):
+    ea.MultiHeadAttention(num_heads=H, mechanism='nsa', causal=False).init(
+      jax.random.PRNGKey(0), jnp.zeros((1, 8, 16))
+    )
