@@ -191,9 +191,7 @@ def test_a_packed_row_equals_its_documents_alone_outputs_and_gradients():
   for i, (s, l) in enumerate(docs):
     ids[0, s : s + l] = i + 1
   sizes = tuple(sorted(SIZES['mixed'].items()))
-  _, packed = _loss_and_grads(
-    q, k, v, gates, params, jnp.asarray(ids), ct, sizes=sizes
-  )
+  _, packed = _loss_and_grads(q, k, v, gates, params, jnp.asarray(ids), ct, sizes=sizes)
   alone_grads = jax.tree.map(jnp.zeros_like, packed[4])
   for s, l in docs:
     take = lambda x: jnp.zeros_like(x[:1]).at[:, :l].set(x[:1, s : s + l]).repeat(B, 0)

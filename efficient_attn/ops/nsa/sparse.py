@@ -7,8 +7,9 @@ For query t (start, position p = t - start, `compress.layout`):
   * compressed: the slots e_j = start + j d + l - 1 (j = 0, 1, ...) with e_j <= t and
     `compress.slot_valid`: o_cmp = softmax_j(q . K~_j) V~_j, p_cmp that softmax;
   * selection scores: selection block i scores sum_j p_cmp[j] [compressed block j meets
-    selection block i] (with l = l' = d, the paper's and fla's setting, this is p_cmp[i];
-    the paper's equation 9 sums the overlapping compressed blocks too); the initial block
+    selection block i] (with l = l' = d, fla's setting, this is p_cmp[i]; the paper's
+    equation 9 also sums the compressed blocks that overlap block i, for l' != l; its
+    exact weights were not checked against this rule); the initial block
     (i = 0) and the two local blocks (i = p // l' and the one before) are always chosen;
     the top n blocks i <= p // l' are kept, ties to the lower i (`lax.top_k`);
   * selected: softmax attention over the real keys s <= t of the kept blocks.
@@ -16,7 +17,7 @@ For query t (start, position p = t - start, `compress.layout`):
 One GQA group per head here (a layer with groups repeats its keys per head), so the
 scores are per head, not summed over a group as in the paper's kernel.
 
-Cost per query: n / d slots and n l' keys, so time O(n (n / d + n_sel l') dim) and memory
+Cost per query: n / d slots and n_sel l' keys, so time O(n (n / d + n_sel l') dim) and memory
 O(query_block (n / d + n_sel l') dim) per head at a time (`lax.map` over query blocks).
 """
 
@@ -135,6 +136,9 @@ def sparse_branches(
     o_slc = jnp.einsum('bqhr,bqhrd->bqhd', weights, values, precision='highest')
     return o_cmp, o_slc
 
-  o_cmp, o_slc = lax.map(one, jnp.arange(num_q))  # [num_q, b, bq, h, dv]
+  if num_q == 1:  # one block: no loop to compile
+    o_cmp, o_slc = jax.tree.map(lambda o: o[None], one(0))
+  else:
+    o_cmp, o_slc = lax.map(one, jnp.arange(num_q))  # [num_q, b, bq, h, dv]
   merge = lambda o: jnp.moveaxis(o, 0, 1).reshape(b, num_q * bq, h, -1)[:, :n]
   return merge(o_cmp), merge(o_slc)
