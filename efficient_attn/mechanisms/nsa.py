@@ -139,7 +139,7 @@ def nsa_attention(
     )
     slots = compress.slot_valid(real, position, compress_block, compress_stride)
     o_cmp, o_slc = sparse.sparse_branches(
-      q, k, v, ck, cv, slots, real, start, position, blocks, scale, query_block
+      q, k, v, ck, cv, slots, real, start, position, blocks, scale, query_block, index is None
     )
     pair = masking.document_pair(
       index if index is not None else jnp.zeros((b, n), jnp.int32), real, real

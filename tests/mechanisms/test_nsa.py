@@ -49,16 +49,18 @@ def _inputs(seed=0, dtype=jnp.float64, sizes=SIZES['same']):
   return q, k, v, gates, params
 
 
-@functools.partial(jax.jit, static_argnames=('form', 'sizes'))
-def _nsa(q, k, v, gates, params, ids, *, form, sizes):
-  return nsa.nsa_attention(
-    q, k, v, gates, params, segment_ids=ids, form=form, query_block=8, **dict(sizes)
-  )
+@functools.partial(jax.jit, static_argnames=('form', 'sizes', 'packed'))
+def _nsa(q, k, v, gates, params, ids, *, form, sizes, packed=True):
+  """The pure function, with `ids` as segment ids (packed) or as key padding (ids != 0:
+  the rows-of-one-document path)."""
+  rows = dict(segment_ids=ids) if packed else dict(mask=ids != 0)
+  return nsa.nsa_attention(q, k, v, gates, params, form=form, query_block=8, **rows, **dict(sizes))
 
 
-def _run(q, k, v, gates, params, ids, form, sizes):
+def _run(q, k, v, gates, params, ids, form, sizes, packed=True):
   ids = jnp.ones((B, N), jnp.int32) if ids is None else jnp.asarray(ids, jnp.int32)
-  return _nsa(q, k, v, gates, params, ids, form=form, sizes=tuple(sorted(sizes.items())))
+  sizes = tuple(sorted(sizes.items()))
+  return _nsa(q, k, v, gates, params, ids, form=form, sizes=sizes, packed=packed)
 
 
 def _phi(x, w_in, w_out, position):
@@ -137,15 +139,16 @@ def _plain(q, k, v, gates, params, ids, l, d, sel, n_sel, w):
 @pytest.mark.parametrize('rows', IDS)
 def test_sparse_equals_dense_equals_plain_float64(x64, sizes, rows):
   """The blocked form, the n x n reference and the token-by-token float64 reference agree,
-  with right and left padding and packed rows (a padding gap inside one document)."""
+  with right and left padding and packed rows (a padding gap inside one document); rows
+  without packing run both as key padding (one document per row) and as segment ids."""
   args = _inputs(sizes=SIZES[sizes])
   ids = IDS[rows]
-  sparse_out = _run(*args, ids, 'sparse', SIZES[sizes])
-  dense_out = _run(*args, ids, 'dense', SIZES[sizes])
   plain = _plain(*args, ids, *SIZES[sizes].values())
-  np.testing.assert_allclose(sparse_out, plain, atol=1e-12, rtol=1e-12)
-  np.testing.assert_allclose(dense_out, plain, atol=1e-12, rtol=1e-12)
   assert np.any(plain != 0)
+  for packed in (True, False) if rows != 'packed' else (True,):
+    for form in nsa.FORMS:
+      got = _run(*args, ids, form, SIZES[sizes], packed)
+      np.testing.assert_allclose(got, plain, atol=1e-12, rtol=1e-12, err_msg=f'{form} {packed}')
 
 
 def _one_branch(branch):

@@ -83,7 +83,19 @@ def _gather_head_rows(x, rows):
 
 
 def sparse_branches(
-  q, k, v, ck, cv, valid_slots, real, start, position, blocks: Blocks, scale, query_block=64
+  q,
+  k,
+  v,
+  ck,
+  cv,
+  valid_slots,
+  real,
+  start,
+  position,
+  blocks: Blocks,
+  scale,
+  query_block=64,
+  one_document=False,
 ):
   """(o_cmp, o_slc), each `[batch, n, heads, dv]` float32 (float64 where inputs are).
 
@@ -92,6 +104,9 @@ def sparse_branches(
     ck, cv: `compress.compress` of k and v; valid_slots: `compress.slot_valid`.
     real: bool `[batch, n]`; start, position: `compress.layout`.
     blocks: the block sizes; scale: the score scale; query_block: queries per step.
+    one_document: each row is one document (no segment ids; padding anywhere), so its
+      queries share one start and one set of slots, gathered once per row rather than per
+      query (the paper's setting: the compressed branch is then a plain matmul).
   """
   b, n, h, _ = q.shape
   l, d, sel = blocks.compress_block, blocks.compress_stride, blocks.select_block
@@ -105,20 +120,36 @@ def sparse_branches(
   startp = jnp.pad(start, ((0, 0), (0, pad)))
   positionp = jnp.pad(position, ((0, 0), (0, pad)))
 
+  shared = None
+  if one_document:  # the slots of each row, gathered once for all its queries
+    row_start = jnp.min(jnp.where(real, start, n), axis=1, keepdims=True)  # first real token
+    ends = row_start + (l - 1) + d * jnp.arange(num_slots)  # [b, J]
+    ends_c = jnp.clip(ends, 0, n - 1)
+    rows = ends_c[:, None, :]
+    valid = jnp.take_along_axis(valid_slots, ends_c, axis=1) & (ends < n)
+    shared = (ends, _gather_rows(ck, rows)[:, 0], _gather_rows(cv, rows)[:, 0], valid)
+
   def one(c):
     t = c * bq + jnp.arange(bq)  # [bq]
     qc = lax.dynamic_slice_in_dim(qp, c * bq, bq, axis=1) * scale
     st = lax.dynamic_slice_in_dim(startp, c * bq, bq, axis=1)  # [b, bq]
     pos = lax.dynamic_slice_in_dim(positionp, c * bq, bq, axis=1)
     # Compressed branch: the query's own document's slots.
-    ends = st[..., None] + (l - 1) + d * jnp.arange(num_slots)  # [b, bq, J]
-    ends_c = jnp.clip(ends, 0, n - 1)
-    ok = (ends <= t[None, :, None]) & jnp.take_along_axis(
-      valid_slots, ends_c.reshape(b, -1), axis=1
-    ).reshape(ends.shape)
-    scores = jnp.einsum('bqhd,bqjhd->bqhj', qc, _gather_rows(ck, ends_c), precision='highest')
+    if shared is not None:  # one document per row: every query of a row has its slots
+      ends, ck_rows, cv_rows, valid = shared
+      ok = (ends[:, None, :] <= t[None, :, None]) & valid[:, None, :]
+      scores = jnp.einsum('bqhd,bjhd->bqhj', qc, ck_rows, precision='highest')
+    else:
+      ends = st[..., None] + (l - 1) + d * jnp.arange(num_slots)  # [b, bq, J]
+      ends_c = jnp.clip(ends, 0, n - 1)
+      ok = (ends <= t[None, :, None]) & jnp.take_along_axis(
+        valid_slots, ends_c.reshape(b, -1), axis=1
+      ).reshape(ends.shape)
+      ck_rows, cv_rows = _gather_rows(ck, ends_c), _gather_rows(cv, ends_c)
+      scores = jnp.einsum('bqhd,bqjhd->bqhj', qc, ck_rows, precision='highest')
     p_cmp = masked_softmax(scores, ok[:, :, None, :])
-    o_cmp = jnp.einsum('bqhj,bqjhd->bqhd', p_cmp, _gather_rows(cv, ends_c), precision='highest')
+    spec = 'bqhj,bjhd->bqhd' if shared is not None else 'bqhj,bqjhd->bqhd'
+    o_cmp = jnp.einsum(spec, p_cmp, cv_rows, precision='highest')
     # Selection: the top blocks by the compressed scores, forced blocks first.
     score = selection_scores(lax.stop_gradient(p_cmp), pos, blocks, num_blocks)
     value, chosen = lax.top_k(score, top)  # [b, bq, h, top]
