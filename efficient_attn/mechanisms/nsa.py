@@ -66,6 +66,7 @@ def nsa_attention(
   select_block: int = 64,
   num_selected: int = 16,
   window: int = 512,
+  selection_heads: int = 1,
   mask=None,
   causal: bool = True,
   scale: Optional[float] = None,
@@ -84,6 +85,8 @@ def nsa_attention(
       `[dk, dk]`, `key_position` `[l, dk]`, and `value_...` with dv.
     compress_block, compress_stride, select_block, num_selected, window: l, d, l', n, w
       (the paper's defaults); d must divide l and l'; n >= 3 (1 initial + 2 local).
+    selection_heads: consecutive heads that share one block selection, their scores
+      summed (the paper's GQA group, e.g. heads / kv_heads); 1: per head. Divides heads.
     mask: key padding `[batch, n]` (or a flax-style mask reduced to it); a padded key is
       never read, a compressed block over one is excluded, a padded query outputs 0.
     causal: must be True (NSA is causal by construction).
@@ -109,6 +112,7 @@ def nsa_attention(
     select_block=select_block,
     num_selected=num_selected,
     window=window,
+    selection_heads=selection_heads,
   )
   check_blocks('nsa_attention', compress_stride, compress_block, select_block)
   masking.check_inputs(q, k, v, mask, name='nsa_attention', same_length=True)
@@ -117,6 +121,10 @@ def nsa_attention(
     raise ValueError(
       f'nsa_attention: gates of shape {tuple(gates.shape)}; valid: [batch, n, heads, 3] = '
       f'{[b, n, h, 3]}'
+    )
+  if h % selection_heads:
+    raise ValueError(
+      f'nsa_attention: selection_heads={selection_heads} must divide the heads ({h})'
     )
   documents = documents_of(segment_ids, documents, q, k, 'nsa_attention')
   real = block_sparse.key_padding(mask, b, n)
@@ -128,7 +136,9 @@ def nsa_attention(
   out_dtype = v.dtype
   q, k, v = (masking.zero_padded(x.astype(dtype), real) for x in (q, k, v))
   scale = default_scale(dk, scale)
-  blocks = sparse.Blocks(compress_block, compress_stride, select_block, num_selected)
+  blocks = sparse.Blocks(
+    compress_block, compress_stride, select_block, num_selected, selection_heads
+  )
   if form == 'dense':
     o_cmp, o_slc, o_win = reference.branches(q, k, v, params, real, index, blocks, window, scale)
   else:
@@ -176,6 +186,13 @@ class NSA(registry.Mechanism):
       'num_selected', 16, int, 'n: selected blocks (1 initial + 2 local included)', minimum=3
     ),
     registry.Option('window', 512, int, 'w: sliding-window tokens', minimum=1),
+    registry.Option(
+      'selection_heads',
+      1,
+      int,
+      'consecutive heads sharing one selection (the GQA group; 1: per head)',
+      minimum=1,
+    ),
     registry.Option(
       'form', 'sparse', str, 'sparse (blocked) or dense (n x n reference)', choices=FORMS
     ),
@@ -233,6 +250,7 @@ class NSA(registry.Mechanism):
       select_block=options.select_block,
       num_selected=options.num_selected,
       window=options.window,
+      selection_heads=options.selection_heads,
       mask=mask,
       causal=causal,
       scale=options.scale,

@@ -21,10 +21,13 @@ from efficient_attn.ops import segments
 from efficient_attn.ops.scaled_dot_product import softmax_attention
 
 B, N, H, DIM = 2, 40, 2, 8
-# (l, d, l', n, w): l = l' = 2d as fla; then l' != l, with ten and five selection blocks.
+# (l, d, l', n, w): l = l' = 2d; l' != l; the two heads sharing one selection (a GQA group).
 SIZES = {
   'same': dict(compress_block=4, compress_stride=2, select_block=4, num_selected=4, window=5),
   'mixed': dict(compress_block=6, compress_stride=2, select_block=8, num_selected=3, window=3),
+  'grouped': dict(
+    compress_block=4, compress_stride=2, select_block=4, num_selected=5, window=2, selection_heads=2
+  ),
 }
 IDS = {
   'one': None,
@@ -78,9 +81,12 @@ def _softmax_read(q, keys, values):
   return (w / w.sum()) @ np.array(values)
 
 
-def _plain(q, k, v, gates, params, ids, l, d, sel, n_sel, w):
+def _plain(q, k, v, gates, params, ids, sizes):
   """Token by token, float64: each real token's document from the ids (a run of equal
-  non-zero ids), its blocks counted from the document's first token."""
+  non-zero ids), its blocks counted from the document's first token; a group of
+  `selection_heads` heads ranks blocks by the sum of its heads' scores."""
+  l, d, sel = sizes['compress_block'], sizes['compress_stride'], sizes['select_block']
+  n_sel, w, group = sizes['num_selected'], sizes['window'], sizes.get('selection_heads', 1)
   q, k, v, gates = (np.asarray(x, np.float64) for x in (q, k, v, gates))
   p = {name: np.asarray(x, np.float64) for name, x in params.items()}
   ids = np.ones((B, N), int) if ids is None else np.asarray(ids)
@@ -94,6 +100,9 @@ def _plain(q, k, v, gates, params, ids, l, d, sel, n_sel, w):
       if ids[b, t] != last:
         start, last = t, ids[b, t]
       real = lambda s: s >= start and ids[b, s] != 0
+      current = (t - start) // sel
+      block_scores = np.zeros((H, current + 1))
+      o_cmp = np.zeros((H, DIM))
       for h in range(H):
         qt = q[b, t, h] * scale
         slots = []  # (j, compressed key, compressed value) of blocks ending at or before t
@@ -107,31 +116,31 @@ def _plain(q, k, v, gates, params, ids, l, d, sel, n_sel, w):
             )
             slots.append((j, ck, cv))
           j += 1
-        o_cmp = _softmax_read(
+        o_cmp[h] = _softmax_read(
           qt, [c[1] for c in slots], np.array([c[2] for c in slots]).reshape(-1, DIM)
         )
         if slots:
           s = np.array([c[1] for c in slots]) @ qt
           prob = np.exp(s - s.max()) / np.exp(s - s.max()).sum()
-        current = (t - start) // sel
-        scores = []
-        for i in range(current + 1):
-          if i in (0, current, current - 1):
-            score = np.inf
-          else:
-            score = sum(
+          for i in range(current + 1):
+            block_scores[h, i] = sum(
               prob[m]
               for m, (j, _, _) in enumerate(slots)
               if j * d < (i + 1) * sel and j * d + l > i * sel
             )
-          scores.append((-score, i))
-        chosen = {i for _, i in sorted(scores)[:n_sel]}
+      for h in range(H):
+        qt = q[b, t, h] * scale
+        first = h - h % group
+        summed = block_scores[first : first + group].sum(0)
+        forced = (0, current, current - 1)
+        ranked = sorted((-np.inf if i in forced else -summed[i], i) for i in range(current + 1))
+        chosen = {i for _, i in ranked[:n_sel]}
         rows = [s for s in range(start, t + 1) if real(s) and (s - start) // sel in chosen]
         o_slc = _softmax_read(qt, k[b, rows, h], v[b, rows, h])
         rows = [s for s in range(max(start, t - w + 1), t + 1) if real(s)]
         o_win = _softmax_read(qt, k[b, rows, h], v[b, rows, h])
         g = gates[b, t, h]
-        out[b, t, h] = g[0] * o_cmp + g[1] * o_slc + g[2] * o_win
+        out[b, t, h] = g[0] * o_cmp[h] + g[1] * o_slc + g[2] * o_win
   return out
 
 
@@ -143,7 +152,7 @@ def test_sparse_equals_dense_equals_plain_float64(x64, sizes, rows):
   without packing run both as key padding (one document per row) and as segment ids."""
   args = _inputs(sizes=SIZES[sizes])
   ids = IDS[rows]
-  plain = _plain(*args, ids, *SIZES[sizes].values())
+  plain = _plain(*args, ids, SIZES[sizes])
   assert np.any(plain != 0)
   for packed in (True, False) if rows != 'packed' else (True,):
     for form in nsa.FORMS:
@@ -256,6 +265,7 @@ def test_bad_calls_refuse_in_one_line():
     "form='flash' is not valid": dict(form='flash'),
     'compress_stride=3 must divide compress_block=4': dict(compress_stride=3),
     'num_selected=2 is not valid': dict(num_selected=2),
+    'selection_heads=3 must divide the heads (2)': dict(selection_heads=3),
   }
   for message, kw in cases.items():
     with pytest.raises(ValueError, match=re.escape(message)) as info:

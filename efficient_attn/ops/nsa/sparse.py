@@ -14,8 +14,9 @@ For query t (start, position p = t - start, `compress.layout`):
     the top n blocks i <= p // l' are kept, ties to the lower i (`lax.top_k`);
   * selected: softmax attention over the real keys s <= t of the kept blocks.
 
-One GQA group per head here (a layer with groups repeats its keys per head), so the
-scores are per head, not summed over a group as in the paper's kernel.
+`selection_heads` consecutive heads share one selection, their block scores summed (the
+paper's GQA group; fla averages them, the same ranking); 1 (the default): each head
+chooses its own blocks.
 
 Cost per query: n / d slots and n_sel l' keys, so time O(n (n / d + n_sel l') dim) and memory
 O(query_block (n / d + n_sel l') dim) per head at a time (`lax.map` over query blocks).
@@ -31,12 +32,14 @@ NUM_LOCAL = 2  # the paper's local blocks: the query's own selection block and t
 
 
 class Blocks(NamedTuple):
-  """The block sizes: l (compress_block), d (compress_stride), l' (select_block), n."""
+  """The block sizes: l (compress_block), d (compress_stride), l' (select_block), n, and
+  the heads that share one selection (consecutive heads, the paper's GQA group)."""
 
   compress_block: int
   compress_stride: int
   select_block: int
   num_selected: int
+  selection_heads: int = 1
 
 
 def overlap(num_slots: int, num_blocks: int, blocks: Blocks):
@@ -60,6 +63,10 @@ def selection_scores(p_cmp, position, blocks: Blocks, num_blocks: int):
   query positions `[...]`: forced blocks +inf, blocks after the query's -inf."""
   m = overlap(p_cmp.shape[-1], num_blocks, blocks).astype(p_cmp.dtype)
   score = jnp.einsum('...j,ji->...i', p_cmp, m, precision='highest')
+  group = blocks.selection_heads
+  if group > 1:  # the group's heads sum their scores and share one selection
+    grouped = score.reshape(*score.shape[:-2], score.shape[-2] // group, group, num_blocks)
+    score = jnp.repeat(jnp.sum(grouped, axis=-2), group, axis=-2)
   current = (position // blocks.select_block)[..., None, None]
   i = jnp.arange(num_blocks)
   forced = (i == 0) | ((i <= current) & (i >= current - (NUM_LOCAL - 1)))
