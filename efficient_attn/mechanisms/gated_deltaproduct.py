@@ -1,17 +1,19 @@
 """Gated DeltaProduct (Siems et al. 2025, "DeltaProduct: Improving State-Tracking in Linear
 RNNs via Householder Products"): n_h delta-rule steps a token, one decay a token.
 
-    S_t = a_t prod_{j=1..n_h} (I - beta_{t,j} k_{t,j} k_{t,j}^T) S_{t-1}
-          + (the n_h writes beta_{t,j} k_{t,j} v_{t,j}^T, each through the later steps),
-    o_t = S_t^T q_t / sqrt(dk),    a_t = exp(-exp(A_log) softplus(x_t W_a + dt_bias)),
+    S_{t,0} = a_t S_{t-1},
+    S_{t,j} = (I - beta_{t,j} k_{t,j} k_{t,j}^T) S_{t,j-1} + beta_{t,j} k_{t,j} v_{t,j}^T,
+    S_t = S_{t,n_h},    o_t = S_t^T q_t / sqrt(dk),    j = 1..n_h,
+    a_t = exp(-exp(A_log) softplus(x_t W_a + dt_bias)),
     beta_{t,j} = 2 sigmoid(x_t W_beta,j)  (allow_neg_eigval; sigmoid without),
 
-per head, step j taking its own key, value and beta (`efficient_attn.ops.delta.product`:
+per head (a token's transition a_t times a product of n_h generalised Householder
+matrices), step j taking its own key, value and beta (`efficient_attn.ops.delta.product`:
 the delta rule on the n * n_h substeps, the decay before each token's first). n_h = 1 with
 allow_neg_eigval=False is Gated DeltaNet exactly, parameters included. As fla's
 GatedDeltaProduct layer: num_householder=2 and allow_neg_eigval=True (beta in (0, 2), so
 each factor's eigenvalue 1 - beta reaches (-1, 1), what state tracking needs), the n_h
-keys and values through one short causal convolution each (kernel 4) and SiLU, q and k
+keys (and values) through one short causal convolution (kernel 4) and SiLU, q and k
 L2-normalised, the output RMSNorm(o_t) * swish(x_t W_g), the decay and its initialisation
 Gated DeltaNet's. The first key and value are the layer's k and v projections; the
 further n_h - 1 (and their betas) are this mechanism's own projections of the layer input
@@ -19,9 +21,10 @@ further n_h - 1 (and their betas) are this mechanism's own projections of the la
 (init='fla', the default: N(0, 0.02), fla's model initialisation).
 
 `chunk_size` counts tokens: the WY chunks (and the Pallas kernels' tiles) hold
-chunk_size * n_h substeps.
+chunk_size * n_h substeps; its default, 32, makes them fla's 64 substeps at n_h = 2.
 """
 
+import dataclasses
 import math
 
 import jax
@@ -37,6 +40,9 @@ from efficient_attn.ops.gated import documents
 
 CORES = product.householder_cores(delta.DELTA.pallas)
 _FUNCTION = 'gated_deltaproduct_attention'
+# Tokens a chunk: 64 substeps at n_h = 2, the WY chunk of fla's chunk_gated_delta_product.
+CHUNK = 32
+CHUNK_DOC = 'tokens per chunk of the chunkwise form (chunk_size * num_householder substeps)'
 
 
 def gated_deltaproduct_attention(
@@ -48,7 +54,7 @@ def gated_deltaproduct_attention(
   mask=None,
   *,
   form: str = 'chunk',
-  chunk_size: int = 64,
+  chunk_size: int = CHUNK,
   segment_ids=None,
   initial_state=None,
   return_final_state: bool = False,
@@ -137,7 +143,12 @@ class GatedDeltaProduct(gated_deltanet.GatedDeltaNet):
   name = 'gated_deltaproduct'
   description = 'gated delta rule with n_h Householder steps a token (state tracking)'
   citation = 'Siems et al. 2025'
-  options = gated_deltanet.GatedDeltaNet.options + (
+  options = tuple(
+    dataclasses.replace(option, default=CHUNK, doc=CHUNK_DOC)
+    if option.name == 'chunk_size'
+    else option
+    for option in gated_deltanet.GatedDeltaNet.options
+  ) + (
     registry.Option(
       'num_householder',
       2,
