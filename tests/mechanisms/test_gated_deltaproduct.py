@@ -15,6 +15,7 @@ import efficient_attn as ea
 from efficient_attn import registry
 from efficient_attn.layers import multi_head as layer_lib
 from efficient_attn.mechanisms import gated_deltaproduct
+from efficient_attn.ops import delta
 from efficient_attn.ops.delta import product
 
 F32 = lambda a: jax.tree.map(lambda t: jnp.asarray(t, jnp.float32), a)
@@ -221,6 +222,7 @@ def test_the_pallas_kernels_equal_the_xla_form():
   the XLA chunk form on packed rows, outputs and final state."""
   q, k, v, beta, g = F32(_pure_inputs(n=7, b=1, h=1, dv=4))
   cores = gated_deltaproduct.CORES
+  assert cores.pallas.substeps is delta.DELTA.pallas
   args = (q, l2_jax(k), v, g[..., None], beta)
   kwargs = {'segment_ids': jnp.asarray([[1, 1, 1, 0, 2, 2, 2]]), 'chunk_size': 2}
   got = cores.pallas(*args, **kwargs)
