@@ -24,6 +24,7 @@ from efficient_attn.mechanisms import bigbird
 from efficient_attn.mechanisms import deltanet
 from efficient_attn.mechanisms import fnet
 from efficient_attn.mechanisms import gated_deltanet
+from efficient_attn.mechanisms import gated_deltaproduct
 from efficient_attn.mechanisms import gla
 from efficient_attn.mechanisms import gmlp
 from efficient_attn.mechanisms import linear
@@ -46,6 +47,7 @@ from efficient_attn.mechanisms.deltanet import delta_rule_attention
 from efficient_attn.mechanisms.deltanet import deltanet_attention
 from efficient_attn.mechanisms.fnet import fnet_mixing
 from efficient_attn.mechanisms.gated_deltanet import gated_deltanet_attention
+from efficient_attn.mechanisms.gated_deltaproduct import gated_deltaproduct_attention
 from efficient_attn.mechanisms.gla import gla_attention
 from efficient_attn.mechanisms.gmlp import spatial_gating
 from efficient_attn.mechanisms.linear import linear_attention
@@ -98,6 +100,7 @@ __all__ = [
   'deltanet_attention',
   'fnet_mixing',
   'gated_deltanet_attention',
+  'gated_deltaproduct_attention',
   'gla_attention',
   'linear_attention',
   'linear_attention_step',

@@ -314,6 +314,13 @@ class GatedRecurrence(registry.Mechanism):
     (`params`); kwargs: mask, form, chunk_size."""
     raise NotImplementedError
 
+  def conv_inputs(self, options, q, k, v, gates):
+    """q, k, v `[b, n, heads, d]` as the short convolution reads them, from the projected
+    heads and the (padding-zeroed) gates; default: as projected (Gated DeltaProduct appends
+    its further steps' keys and values to k's and v's features)."""
+    del options, gates
+    return q, k, v
+
   def skip(self, options, params, v):
     """The term the output adds beside the recurrence's, before the output norm and gate
     (Mamba-2's D v), as the pure function does: `[b, n, h, dv]`, or 0.0 (none)."""
@@ -377,6 +384,7 @@ class GatedRecurrence(registry.Mechanism):
     ids = None
     if ctx.documents is not None:
       ids = documents.as_segment_ids(segments.check(ctx.documents, *v.shape[:2], self.name), kp)
+    q, k, v = self.conv_inputs(options, q, k, v, gates)
     q, k, v = self._features(options, params, q, k, v, axis, ids)
     q, k = self._to_heads(q, k, v.shape[2])
     q, k, v, g, beta = self.recurrence_inputs(options, params, q, k, v, gates)
@@ -459,6 +467,7 @@ class GatedRecurrence(registry.Mechanism):
     gates = ctx.gates
     if real is not None:
       gates = jax.tree.map(lambda x: documents.zero_padding(real[:, None], x)[0], gates)
+    q_t, k_t, v_t = self.conv_inputs(options, q_t, k_t, v_t, gates)
     if options.conv_size:
       steps = [
         short_conv.causal_conv_step(
