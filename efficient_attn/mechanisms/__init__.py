@@ -26,6 +26,7 @@ from efficient_attn.mechanisms import fnet
 from efficient_attn.mechanisms import gated_deltanet
 from efficient_attn.mechanisms import gla
 from efficient_attn.mechanisms import gmlp
+from efficient_attn.mechanisms import kda
 from efficient_attn.mechanisms import linear
 from efficient_attn.mechanisms import linformer
 from efficient_attn.mechanisms import local
@@ -47,6 +48,7 @@ from efficient_attn.mechanisms.fnet import fnet_mixing
 from efficient_attn.mechanisms.gated_deltanet import gated_deltanet_attention
 from efficient_attn.mechanisms.gla import gla_attention
 from efficient_attn.mechanisms.gmlp import spatial_gating
+from efficient_attn.mechanisms.kda import kda_attention
 from efficient_attn.mechanisms.linear import linear_attention
 from efficient_attn.mechanisms.linear import linear_attention_step
 from efficient_attn.mechanisms.linformer import linformer_attention
@@ -97,6 +99,7 @@ __all__ = [
   'fnet_mixing',
   'gated_deltanet_attention',
   'gla_attention',
+  'kda_attention',
   'linear_attention',
   'linear_attention_step',
   'linformer_attention',
