@@ -89,26 +89,31 @@ def test_a_bfloat16_layer_is_stable(parallel):
 
 
 def test_fla_initialisation():
-  """A in [1, 16], softplus(dt_bias) in [0.001, 0.1], every projection N(0, 0.02), the
-  output gate's bias 0; the decays and gates per head and key feature."""
+  """A uniform in [1, 16] per head, softplus(dt_bias) log-uniform in [0.001, 0.1] per head
+  and key feature, every projection and the convolution N(0, 0.02), the output gate's bias
+  0; the decays and the output gate per head and key feature (64 heads of 4)."""
+  h, d, f = 64, 4, 64
   decl = ea.get_mechanism('kda')
   options = decl.resolve({})
   specs = layer_lib.declared_params(
-    decl, options, heads=4, head_dim=16, max_length=None, causal=True, features=32
+    decl, options, heads=h, head_dim=d, max_length=None, causal=True, features=f
   )
   p = {
     name: init(jax.random.PRNGKey(i), shape)
     for i, (name, (shape, init)) in enumerate(specs.items())
   }
   a = np.exp(p['A_log'])
-  assert p['A_log'].shape == (4,) and a.min() >= 1.0 and a.max() <= 16.0
-  dt = jax.nn.softplus(p['dt_bias'])
-  assert p['dt_bias'].shape == (4, 16) and dt.min() >= 1e-3 - 1e-7 and dt.max() <= 0.1 + 1e-7
+  assert p['A_log'].shape == (h,) and 1.0 <= a.min() < 2.0 and 15.0 < a.max() <= 16.0
+  dt = np.log(jax.nn.softplus(p['dt_bias']))
+  assert p['dt_bias'].shape == (h, d)
+  assert (
+    np.log(1e-3) - 1e-5 <= dt.min() < np.log(2e-3) and np.log(0.05) < dt.max() <= np.log(0.1) + 1e-5
+  )
   for name in ('decay_down', 'decay_up', 'gate_down', 'gate_up', 'beta_kernel', 'q_conv'):
     assert abs(float(np.std(p[name])) - 0.02) < 0.004, name
-  assert p['decay_up'].shape == (16, 4, 16) and not np.any(p['gate_bias'])
-  gates = decl.gates(options, p, jnp.ones((1, 3, 32)))
-  assert gates['log_decay'].shape == (1, 3, 4, 16) and gates['output'].shape == (1, 3, 4, 16)
+  assert p['decay_up'].shape == (d, h, d) and not np.any(p['gate_bias'])
+  gates = decl.gates(options, p, jnp.ones((1, 3, f)))
+  assert gates['log_decay'].shape == (1, 3, h, d) and gates['output'].shape == (1, 3, h, d)
 
 
 def test_the_pure_function_refuses_a_bad_decay_in_one_line():

@@ -121,13 +121,14 @@ def delta_chunked(
 
   def scores(x, y, cx):
     """R(X, Y) `[..., c, c]` (s <= t) under the cumulative log-decays cx `[..., c, dg]`."""
-    if per_feature:
-      return per_feature_scores(x, y, cx)
+    if per_feature:  # on one leading axis: XLA on CPU crashed differentiating more in bfloat16
+      flat = lambda z: z.reshape((-1,) + z.shape[-2:])
+      return per_feature_scores(flat(x), flat(y), flat(cx)).reshape(x.shape[:-1] + (c,))
     xy = matmul('...td,...sd->...ts', x, y)
     return xy * (decay_matrix(cx[..., 0]) if gated else causal)
 
   a = jnp.tril(scale_rows(scores(kc, kc, cum), bc[..., None]), -1)
-  write = bc[..., None] * jnp.exp(cum) if gated else bc[..., None]  # [nc, b, h, c, 1 or dg]
+  write = bc[..., None] if cum is None else bc[..., None] * jnp.exp(cum)  # [nc, b, h, c, 1|dg]
   if dc is not None:  # one system per document; S_0 enters the carried document's rows
     chunk_docs, doc_in = dc  # [nc, b, c], [nc, b]
     a = jnp.where((chunk_docs[..., :, None] == chunk_docs[..., None, :])[:, :, None], a, 0.0)
