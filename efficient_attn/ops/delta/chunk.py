@@ -78,7 +78,10 @@ def delta_chunked(
   Time O(n c (dk + dv) + n dk dv + n c^2) per head: the c x c triangular solves of
   all chunks at once (they do not depend on the state), then a scan of matrix products
   over the chunks. Any length works (the last chunk is padded with
-  beta = 0 tokens, which change nothing). Where q, k, v are all bfloat16 the matmuls take
+  beta = 0 tokens, which change nothing). A decay per key feature (g `[b, n, h, dk]`,
+  KDA) forms its decayed c x c scores chunk by chunk (`gated.chunk.per_feature_scores`,
+  sub-chunks of 16; O(c sub dk) memory a chunk, recomputed backward), so the extra memory
+  stays O(n c) a head. Where q, k, v are all bfloat16 the matmuls take
   bfloat16 operands accumulated in float32 (`gated.common.matmul_dtype`); the state,
   decays, beta and the triangular inverse are float32 whatever the inputs (float64 where
   an input is float64).
@@ -127,7 +130,11 @@ def delta_chunked(
     xy = matmul('...td,...sd->...ts', x, y)
     return xy * (decay_matrix(cx[..., 0]) if gated else causal)
 
-  a = jnp.tril(scale_rows(scores(kc, kc, cum), bc[..., None]), -1)
+  if per_feature:  # chunk by chunk, recomputed backward: O(n c), not O(n sub dk), a head
+    kk = lax.map(jax.checkpoint(lambda x: scores(x[0], x[0], x[1])), (kc, cum))
+  else:
+    kk = scores(kc, kc, cum)
+  a = jnp.tril(scale_rows(kk, bc[..., None]), -1)
   write = bc[..., None] if cum is None else bc[..., None] * jnp.exp(cum)  # [nc, b, h, c, 1|dg]
   if dc is not None:  # one system per document; S_0 enters the carried document's rows
     chunk_docs, doc_in = dc  # [nc, b, c], [nc, b]
