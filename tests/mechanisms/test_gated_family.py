@@ -72,7 +72,9 @@ def test_configs_run_the_family_causally_and_refuse_a_class_token():
     validate.validate_config(config)
 
 
-@pytest.mark.parametrize('mechanism', ['retention', 'gla', 'mamba2', 'deltanet', 'gated_deltanet'])
+@pytest.mark.parametrize(
+  'mechanism', ['retention', 'gla', 'mamba2', 'deltanet', 'gated_deltanet', 'kda']
+)
 def test_a_bfloat16_layer_runs_its_chunk_form_in_bfloat16(mechanism, monkeypatch):
   """A bfloat16 layer hands the chunk form bfloat16 q, k, v (its matrix products then run in
   bfloat16 with float32 accumulation; it upcast everything before), and its output stays
