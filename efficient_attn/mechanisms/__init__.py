@@ -27,6 +27,7 @@ from efficient_attn.mechanisms import gated_deltanet
 from efficient_attn.mechanisms import gated_deltaproduct
 from efficient_attn.mechanisms import gla
 from efficient_attn.mechanisms import gmlp
+from efficient_attn.mechanisms import kda
 from efficient_attn.mechanisms import linear
 from efficient_attn.mechanisms import linformer
 from efficient_attn.mechanisms import local
@@ -50,6 +51,7 @@ from efficient_attn.mechanisms.gated_deltanet import gated_deltanet_attention
 from efficient_attn.mechanisms.gated_deltaproduct import gated_deltaproduct_attention
 from efficient_attn.mechanisms.gla import gla_attention
 from efficient_attn.mechanisms.gmlp import spatial_gating
+from efficient_attn.mechanisms.kda import kda_attention
 from efficient_attn.mechanisms.linear import linear_attention
 from efficient_attn.mechanisms.linear import linear_attention_step
 from efficient_attn.mechanisms.linformer import linformer_attention
@@ -102,6 +104,7 @@ __all__ = [
   'gated_deltanet_attention',
   'gated_deltaproduct_attention',
   'gla_attention',
+  'kda_attention',
   'linear_attention',
   'linear_attention_step',
   'linformer_attention',

@@ -26,6 +26,7 @@ def test_the_family_is_registered_causal_only_and_reads_the_input():
     'deltanet',
     'gated_deltanet',
     'gated_deltaproduct',
+    'kda',
   }
   for name in GATED:
     decl = ea.get_mechanism(name)
@@ -79,7 +80,9 @@ def test_configs_run_the_family_causally_and_refuse_a_class_token():
     validate.validate_config(config)
 
 
-@pytest.mark.parametrize('mechanism', ['retention', 'gla', 'mamba2', 'deltanet', 'gated_deltanet'])
+@pytest.mark.parametrize(
+  'mechanism', ['retention', 'gla', 'mamba2', 'deltanet', 'gated_deltanet', 'kda']
+)
 def test_a_bfloat16_layer_runs_its_chunk_form_in_bfloat16(mechanism, monkeypatch):
   """A bfloat16 layer hands the chunk form bfloat16 q, k, v (its matrix products then run in
   bfloat16 with float32 accumulation; it upcast everything before), and its output stays

@@ -227,6 +227,7 @@ cases = {  # (sharded form, chunk form, {argument: value}), the absent ones None
   'decay': (gated.decayed_sharded, gated.gated_chunked, {'g': g}),
   'delta': (delta.transition_sharded, delta.delta_chunked, {'g': g[..., :1], 'beta': beta}),
   'deltanet': (delta.transition_sharded, delta.delta_chunked, {'beta': beta}),
+  'kda': (delta.transition_sharded, delta.delta_chunked, {'g': g, 'beta': beta}),
 }
 cotangent = draw(b, n, h, dv)
 errors = {}

@@ -2,9 +2,10 @@
 
 DeltaNet (Schlag et al. 2021) writes to its state S `[dk, dv]` by correcting
 what the key k_t retrieves towards v_t with a learning rate beta_t in (0, 1);
-Gated DeltaNet (Yang, Kautz & Hatamizadeh 2025) first decays the state by a_t:
+Gated DeltaNet (Yang, Kautz & Hatamizadeh 2025) first decays the state by a_t, one number a
+head, and Kimi Delta Attention (Kimi Team 2025) by a_t, one per key feature:
 
-    S_t = a_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,     o_t = S_t^T q_t
+    S_t = (I - beta_t k_t k_t^T) diag(a_t) S_{t-1} + beta_t k_t v_t^T,     o_t = S_t^T q_t
 
 (a_t = 1 for DeltaNet). The forms, one module each:
 
@@ -21,7 +22,8 @@ L2-normalised (the mechanisms do, `efficient_attn.ops.norm.l2_normalize`), which
 I - beta k k^T a contraction.
 
 Shapes as `efficient_attn.ops.gated`: q, k `[b, n, h, dk]`, v `[b, n, h, dv]`,
-beta `[b, n, h]`, log-decays `[b, n, h, 1]` or None; states `[b, h, dk, dv]`.
+beta `[b, n, h]`, log-decays `[b, n, h, 1]` (a head), `[b, n, h, dk]` (a key feature) or
+None; states `[b, h, dk, dv]`.
 """
 
 from efficient_attn.ops import kernels

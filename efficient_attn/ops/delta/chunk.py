@@ -1,18 +1,23 @@
 """The (gated) delta rule chunkwise, in the WY form (UT transform) of Yang et al. 2024,
-"Parallelizing Linear Transformers with the Delta Rule over Sequence Length".
+"Parallelizing Linear Transformers with the Delta Rule over Sequence Length", with a decay
+per head (Gated DeltaNet) or per key feature (Kimi Delta Attention, Kimi Team 2025).
 
-Written as S_t = a_t S_{t-1} + k_t u_t^T, the pseudo-values
-u_t = beta_t (v_t - a_t S_{t-1}^T k_t) of a chunk solve one unit lower-triangular system
-per chunk. With cumulative log-decays b_t from the chunk start, G_ts = exp(b_t - b_s)
-and the chunk's start state S_0:
+Written as S_t = D_t S_{t-1} + k_t u_t^T, D_t = diag(a_t) (a_t one number a head, or one
+per key feature), the pseudo-values u_t = beta_t (v_t - (D_t S_{t-1})^T k_t) of a chunk
+solve one unit lower-triangular system per chunk. With cumulative log-decays b_t `[dg]`
+from the chunk start (dg = 1 or dk), the chunk's start state S_0 and the decayed scores
+R(X, Y)_ts = sum_d x_td y_sd exp(b_td - b_sd) (s <= t; for dg = 1 the plain scores times
+the decay matrix exp(b_t - b_s), for dg = dk `gated.chunk.per_feature_scores`):
 
-    (I + A) U = diag(beta) V - diag(beta exp(b)) K S_0,   A_ts = beta_t G_ts k_t.k_s (s < t)
-    O = (Q * exp(b)) S_0 + ((Q K^T) * G, s <= t) U
-    S_c = exp(b_c) S_0 + (K * exp(b_c - b))^T U
+    (I + A) U = diag(beta) V - diag(beta) (K * exp(b)) S_0,   A_ts = beta_t R(K, K)_ts (s < t)
+    O = (Q * exp(b)) S_0 + R(Q, K) U
+    S_c = diag(exp(b_c)) S_0 + (K * exp(b_c - b))^T U
 
-so U = T (beta V) - T (beta exp(b) K) S_0 with T = (I + A)^-1: T (`unit_lower_inverse`)
+so U = T (beta V) - T (beta K exp(b)) S_0 with T = (I + A)^-1: T (`unit_lower_inverse`)
 is found for every chunk at once, by forward substitution, before the scan over chunks.
-Every decay factor is <= 1 (masked before exp).
+Every decay factor is <= 1 (exp of a difference taken towards the later token, masked
+before exp; a per-feature decay's scores by secondary chunking): none is formed as
+exp(b_t) exp(-b_s), which overflows.
 """
 
 import jax
@@ -20,6 +25,7 @@ from jax import lax
 import jax.numpy as jnp
 
 from efficient_attn.ops.gated import documents
+from efficient_attn.ops.gated.chunk import per_feature_scores
 from efficient_attn.ops.gated.common import cast_einsum
 from efficient_attn.ops.gated.common import compute_dtype
 from efficient_attn.ops.gated.common import decay_matrix
@@ -72,7 +78,10 @@ def delta_chunked(
   Time O(n c (dk + dv) + n dk dv + n c^2) per head: the c x c triangular solves of
   all chunks at once (they do not depend on the state), then a scan of matrix products
   over the chunks. Any length works (the last chunk is padded with
-  beta = 0 tokens, which change nothing). Where q, k, v are all bfloat16 the matmuls take
+  beta = 0 tokens, which change nothing). A decay per key feature (g `[b, n, h, dk]`,
+  KDA) forms its decayed c x c scores chunk by chunk (`gated.chunk.per_feature_scores`,
+  sub-chunks of 16; O(c sub dk) memory a chunk, recomputed backward), so the extra memory
+  stays O(n c) a head. Where q, k, v are all bfloat16 the matmuls take
   bfloat16 operands accumulated in float32 (`gated.common.matmul_dtype`); the state,
   decays, beta and the triangular inverse are float32 whatever the inputs (float64 where
   an input is float64).
@@ -88,6 +97,12 @@ def delta_chunked(
   b, n, h, dk = q.shape
   dv = v.shape[-1]
   gated = g is not None
+  if gated and g.shape[-1] not in (1, dk):
+    raise ValueError(
+      f'delta_chunked: log-decays of shape {tuple(g.shape)}; valid: one per head '
+      f'{[b, n, h, 1]} or one per key feature {[b, n, h, dk]}'
+    )
+  per_feature = gated and g.shape[-1] != 1
   compute = compute_dtype(q, k, v, g, beta, initial_state)
   dtype = matmul_dtype(q, k, v)
   matmul = lambda spec, x, y: cast_einsum(spec, x, y, dtype)
@@ -96,50 +111,53 @@ def delta_chunked(
     q, k, v, g, beta = documents.zero_padding(packed.real, q, k, v, g, beta)
   xs = tuple(
     None if x is None else heads_first(x, t)
-    for x, t in (
-      (q, dtype),
-      (k, dtype),
-      (v, dtype),
-      (g[..., 0] if gated else None, compute),
-      (beta, compute),
-    )
+    for x, t in ((q, dtype), (k, dtype), (v, dtype), (g, compute), (beta, compute))
   )
   (qc, kc, vc, gc, bc), c = to_chunks(xs, chunk_size)
   dc = None if packed is None else documents.chunk_documents(packed.documents, c)
   s0 = zero_state(b, h, dk, dv, compute) if initial_state is None else initial_state
   # The UT transform of every chunk at once (it does not depend on the carried state):
   # [T (beta V), T (beta exp(b) K)] with T = (I + A)^-1. Without a decay (DeltaNet) every
-  # factor exp(.) is 1 and none is computed.
+  # factor exp(.) is 1 and none is computed. Row factors are `[..., c, dg]` (dg = 1 or dk).
   causal = jnp.tril(jnp.ones((c, c), compute))
-  cum = jnp.cumsum(gc, axis=-1) if gated else None  # [nc, b, h, c]
-  decay = decay_matrix(cum) if gated else causal  # G_ts, s <= t
-  scale_rows_by = lambda x, f: scale_rows(x, f[..., None])  # f `[..., rows]`, one factor a row
-  a = jnp.tril(scale_rows_by(matmul('...td,...sd->...ts', kc, kc) * decay, bc), -1)
-  write = bc * jnp.exp(cum) if cum is not None else bc
+  cum = jnp.cumsum(gc, axis=3) if gated else None  # [nc, b, h, c, dg]
+
+  def scores(x, y, cx):
+    """R(X, Y) `[..., c, c]` (s <= t) under the cumulative log-decays cx `[..., c, dg]`."""
+    if per_feature:  # on one leading axis: XLA on CPU crashed differentiating more in bfloat16
+      flat = lambda z: z.reshape((-1,) + z.shape[-2:])
+      return per_feature_scores(flat(x), flat(y), flat(cx)).reshape(x.shape[:-1] + (c,))
+    xy = matmul('...td,...sd->...ts', x, y)
+    return xy * (decay_matrix(cx[..., 0]) if gated else causal)
+
+  if per_feature:  # chunk by chunk, recomputed backward: O(n c), not O(n sub dk), a head
+    kk = lax.map(jax.checkpoint(lambda x: scores(x[0], x[0], x[1])), (kc, cum))
+  else:
+    kk = scores(kc, kc, cum)
+  a = jnp.tril(scale_rows(kk, bc[..., None]), -1)
+  write = bc[..., None] if cum is None else bc[..., None] * jnp.exp(cum)  # [nc, b, h, c, 1|dg]
   if dc is not None:  # one system per document; S_0 enters the carried document's rows
     chunk_docs, doc_in = dc  # [nc, b, c], [nc, b]
     a = jnp.where((chunk_docs[..., :, None] == chunk_docs[..., None, :])[:, :, None], a, 0.0)
-    write = jnp.where((chunk_docs == doc_in[..., None])[:, :, None], write, 0.0)
+    write = jnp.where((chunk_docs == doc_in[..., None])[:, :, None, :, None], write, 0.0)
   rhs = jnp.concatenate(
-    [scale_rows_by(vc.astype(compute), bc), scale_rows_by(kc.astype(compute), write)], -1
+    [scale_rows(vc.astype(compute), bc[..., None]), scale_rows(kc.astype(compute), write)], -1
   )
   solved = matmul('...ts,...sd->...td', unit_lower_inverse(a), rhs)
 
   def body(s, x):
-    qx, kx, cx, sx, dx = x  # [b, h, c, ...]; cx [b, h, c]; dx: (documents, doc_in) or None
+    qx, kx, cx, sx, dx = x  # [b, h, c, ...]; cx [b, h, c, dg]; dx: (documents, doc_in) or None
     u = sx[..., :dv] - matmul('bhtk,bhkv->bhtv', sx[..., dv:], s)
-    qk = matmul('bhtd,bhsd->bhts', qx, kx)
+    qk = scores(qx, kx, cx)
     if gated:
-      last = cx[..., -1:]
-      qk = qk * decay_matrix(cx)
-      qx = scale_rows_by(qx.astype(compute), jnp.exp(cx))
-      kx = scale_rows_by(kx.astype(compute), jnp.exp(last - cx))
-    else:
-      qk = qk * causal
+      last = cx[..., -1:, :]  # [b, h, 1, dg]
+      qx = scale_rows(qx.astype(compute), jnp.exp(cx))
+      kx = scale_rows(kx.astype(compute), jnp.exp(last - cx))
     qk, qx, kx, s_end = documents.mask_chunk(dx, qk, qx, kx, s)  # s_end: S_0 at the end
     out = matmul('bhtk,bhkv->bhtv', qx, s) + matmul('bhts,bhsv->bhtv', qk, u)
     if gated:
-      s_end = scale_rows_by(s_end, jnp.broadcast_to(jnp.exp(last), s.shape[:-1]))
+      keep = jnp.broadcast_to(jnp.swapaxes(jnp.exp(last), -1, -2), s.shape[:-1] + (1,))
+      s_end = scale_rows(s_end, keep)  # row i of S_0 by exp(b_c) (of feature i)
     return s_end + matmul('bhtk,bhtv->bhkv', kx, u), out
 
   s0 = s0.astype(compute)

@@ -1,8 +1,9 @@
 """The (gated) delta rule token by token: the definition, and the decoding step.
 
-    S_t = a_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,     o_t = S_t^T q_t
+    S_t = (I - beta_t k_t k_t^T) diag(a_t) S_{t-1} + beta_t k_t v_t^T,     o_t = S_t^T q_t
 
-(a_t = 1 without a decay: DeltaNet).
+(a_t one number a head: Gated DeltaNet; one per key feature: KDA, fla's
+`naive_recurrent_kda`; 1 without a decay: DeltaNet).
 """
 
 import jax.numpy as jnp
@@ -15,8 +16,8 @@ def delta_step(s, q_t, k_t, v_t, g_t, beta_t):
   """One token of the (gated) delta rule: (S, o_t `[b, h, dv]`), float32 (float64 where an
   input is).
 
-  s `[b, h, dk, dv]`; q_t, k_t `[b, h, dk]`; v_t `[b, h, dv]`; g_t `[b, h, 1]` or None
-  (log-decay); beta_t `[b, h]`.
+  s `[b, h, dk, dv]`; q_t, k_t `[b, h, dk]`; v_t `[b, h, dv]`; g_t `[b, h, 1 or dk]` or
+  None (log-decay); beta_t `[b, h]`.
   """
   dtype = compute_dtype(s, q_t, k_t, v_t, g_t, beta_t)
   s, q_t, k_t, v_t, beta_t = (x.astype(dtype) for x in (s, q_t, k_t, v_t, beta_t))

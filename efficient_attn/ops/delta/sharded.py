@@ -12,8 +12,9 @@ def transition_sharded(core, q, k, v, g, beta, *, segment_ids=None, chunk_size: 
   """The (gated) delta rule on this device's block of a sequence split over mesh axis
   `axis` (inside `jax.shard_map`), by composed state transitions.
 
-  The block maps its incoming state S_in to M S_in + S, M = prod_t a_t (I - beta_t k_t
-  k_t^T) `[dk, dk]` (the latest token on the left) and S its final state from zero. Each
+  The block maps its incoming state S_in to M S_in + S, M = prod_t (I - beta_t k_t k_t^T)
+  D_t `[dk, dk]` (the latest token on the left; D_t = diag(a_t), a_t one number a head
+  (Gated DeltaNet) or one per key feature (KDA), or I) and S its final state from zero. Each
   column of the state follows the recurrence on its own, so one pass of `core` on values
   [0 | v] from the state [I | 0] gives both (its final state is [M | S]) and, for every
   token, r_t = M_{1..t}^T q_t beside the zero-start output o_t. The blocks' (M, S) are
