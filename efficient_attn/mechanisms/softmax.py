@@ -48,6 +48,7 @@ def chunked_softmax_attention(
   *,
   documents=None,
   skip: bool = True,
+  bias=None,
 ):
   """Exact attention in O(n) memory: FlashAttention's blocks (Dao et al. 2022).
 
@@ -64,7 +65,10 @@ def chunked_softmax_attention(
   kv_length]` (only its current chunk is read). segment_ids `[batch, length]`
   (or documents, a `masking.document_pair`): a packed row, as in
   `softmax_attention`; block pairs that share no document are skipped
-  (`flash`), unless `skip=False` (to measure what skipping saves).
+  (`flash`), unless `skip=False` (to measure what skipping saves). bias: None or a pair
+  (query bias `[batch, q_length, heads]`, key bias `[batch, kv_length, heads]`) added to
+  every score, s_ij + (a_i + c_j), in float32 (or wider) and differentiated (`flash`; the
+  forget gate of `efficient_attn.mechanisms.forgetting`).
   """
   masking.check_inputs(q, k, v, mask, name='chunked softmax attention')
   registry.check_arguments(
@@ -90,8 +94,10 @@ def chunked_softmax_attention(
       jnp.pad(documents[0], ((0, 0), (0, pq)), constant_values=masking.NO_QUERY),
       jnp.pad(documents[1], ((0, 0), (0, pk)), constant_values=masking.NO_KEY),
     )
+  if bias is not None:
+    bias = (pad(bias[0], pq), pad(bias[1], pk))
   blocks = flash.Blocks(cq, ck, lk, bool(causal), lk - lq, skip)  # causal as masking.causal_mask
-  out = flash.attend(blocks, qs, pad(k, pk), pad(v, pk), mask, documents)
+  out = flash.attend(blocks, qs, pad(k, pk), pad(v, pk), mask, documents, bias)
   return out[:, :lq].astype(v.dtype)
 
 
