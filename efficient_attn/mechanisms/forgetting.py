@@ -19,7 +19,9 @@ output gate, o * sigmoid(x W_g) (fla's `use_output_gate`). The Pro block's
 data-dependent token shift of the keys and values is not here.
 
 Decoding keeps every key, value and its F (`forget_bias.Cache`, a state that grows with
-the stream: `state_capacity`); packed rows keep each token to its document, exactly.
+the stream: `state_capacity`); packed rows keep each token to its document, exactly. With
+the sequence split over devices it is softmax's ring (`collectives.ring_attention`) with
+the bias travelling with its keys.
 """
 
 from typing import Optional
@@ -31,6 +33,7 @@ from efficient_attn import registry
 from efficient_attn.mechanisms import gated_family
 from efficient_attn.mechanisms import initializers
 from efficient_attn.mechanisms import softmax
+from efficient_attn.ops import collectives
 from efficient_attn.ops import forget_bias
 from efficient_attn.ops import masking
 from efficient_attn.ops import segments
@@ -163,10 +166,7 @@ class Forgetting(registry.Mechanism):
   decode = 'recurrent'
   state_capacity = True
   segments = True
-  whole_sequence = (
-    'its ring form (each key block travelling with its forget sums F, offset by the '
-    'earlier devices\' total) is not written yet'
-  )
+  sequence_parallel = 'ring'
   complexity = ('O(n^2 d)', 'O(n d + c^2)')
   example = {'q_chunk': 8, 'k_chunk': 4}
 
@@ -219,6 +219,27 @@ class Forgetting(registry.Mechanism):
       k_chunk=options.k_chunk,
     )
     return self._finish(options, out, ctx.gates)
+
+  def attend_sharded(self, options, params, q, k, v, *, mask, causal, ctx, axis):
+    """Ring attention (`softmax.ring_softmax`) with the forget bias: each device's F is its
+    block's running sum plus the sum of log f over the devices before it (an exclusive
+    scan over `axis`), and each key block travels with its F."""
+    if not causal:
+      raise ValueError(f'mechanism {self.name!r} is causal only: call it with causal=True')
+    k, v, real = masking.checked_keys_values(q, k, v, mask, name=self.name, causal=True)
+    forget = forget_bias.cumulative(ctx.gates['log_forget'], real)
+    total = forget[:, -1]
+    forget = (
+      forget + collectives.exclusive_scan(jnp.add, total, jnp.zeros_like(total), axis)[:, None]
+    )
+    if options.form == 'dense':
+      block = softmax.DENSE_BLOCK
+    else:
+      block = softmax.chunked_block(options.q_chunk, options.k_chunk)
+    out = softmax.ring_softmax(
+      options, q, k, v, real, True, axis, block, ctx.documents, bias=(forget, -forget)
+    )
+    return self._finish(options, masking.zero_padded(out, real), ctx.gates)
 
   def init_state(self, options, *, batch, heads, head_dim, v_dim, capacity=None, dtype=None):
     if capacity is None:

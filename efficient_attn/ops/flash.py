@@ -238,6 +238,6 @@ def backward(cfg: Blocks, q, k, v, mask, out, lse, g, documents=None, bias=None)
   key set, or several merged), for the output cotangent g: with the whole attention's out
   and lse, each block's p = exp(s - lse) is its share of the whole softmax (ring
   attention's backward, `efficient_attn.ops.collectives.ring_attention`). With `bias`,
-  (dq, dk, dv, (d query bias, d key bias))."""
+  (dq, dk, dv, d query bias, d key bias)."""
   grads = _attend_bwd(cfg, (q, k, v, mask, documents, out, lse, bias), g)
-  return grads[:3] if bias is None else grads[:3] + grads[5:]
+  return grads[:3] if bias is None else grads[:3] + tuple(grads[5])
