@@ -35,12 +35,13 @@ def reference(q, k, v, log_f, real=None, ids=None):
       if real[r, t] and ids[r, t] != last:
         doc, last = doc + 1, ids[r, t]
       docs.append(doc)
+    total = np.cumsum(np.where(real[r, :, None], log_f[r], 0.0), 0)  # F [n, h]
     for i in range(n):
       if not real[r, i]:
         continue
       keys = [j for j in range(i + 1) if real[r, j] and docs[j] == docs[i]]
       for head in range(h):
-        decay = [sum(log_f[r, m, head] for m in range(j + 1, i + 1) if real[r, m]) for j in keys]
+        decay = total[i, head] - total[keys, head]  # the real tokens' log f in (j, i]
         s = np.array([q[r, i, head] @ k[r, j, head] / np.sqrt(d) for j in keys]) + decay
         w = np.exp(s - s.max())
         out[r, i, head] = (w / w.sum()) @ v[r, keys, head]
@@ -124,8 +125,12 @@ def test_no_forgetting_is_causal_softmax_exactly():
   """f = 1 (log f = 0): the bias is 0 and every score is softmax's, bit for bit."""
   q, k, v, _ = _inputs(3, dtype=jnp.float32)
   mask = jnp.asarray(PADDING['right'])
-  out = mechanisms.forgetting_attention(q, k, v, jnp.zeros(q.shape[:3]), mask, **CHUNKS)
-  want = mechanisms.chunked_softmax_attention(q, k, v, mask, causal=True, **CHUNKS)
+  out, want = jax.jit(
+    lambda q, k, v: (
+      mechanisms.forgetting_attention(q, k, v, jnp.zeros(q.shape[:3]), mask, **CHUNKS),
+      mechanisms.chunked_softmax_attention(q, k, v, mask, causal=True, **CHUNKS),
+    )
+  )(q, k, v)
   np.testing.assert_array_equal(out, want * mask[..., None, None])
 
 
@@ -190,3 +195,27 @@ def test_refusals_name_the_value():
   decl = registry.get_mechanism('forgetting')
   with pytest.raises(ValueError, match='needs capacity'):
     decl.init_state(decl.resolve(), batch=1, heads=1, head_dim=2, v_dim=2)
+
+
+def test_the_output_gate_multiplies_the_parallel_and_the_decoding_forms():
+  """output_gate=True (the Pro block's o * sigmoid(x W_g), fla's use_output_gate): its
+  projection is declared, and attend and a prefill from the empty cache both apply it."""
+  decl = registry.get_mechanism('forgetting')
+  gated, plain = decl.resolve({'output_gate': True, **CHUNKS}), decl.resolve(CHUNKS)
+  assert decl.input_params(gated, features=8, heads=H, head_dim=D)['gate_kernel'].shape == (8, H, D)
+  assert 'gate_kernel' not in decl.input_params(plain, features=8, heads=H, head_dim=D)
+  q, k, v, log_f = _inputs(6, dtype=jnp.float32)
+  logits = jax.random.normal(jax.random.PRNGKey(0), v.shape)
+
+  @jax.jit
+  def forms(q, k, v, log_f, logits):
+    ctx = registry.Context()
+    ctx.gates = {'log_forget': log_f, 'output': logits}
+    out = decl.attend(gated, {}, q, k, v, mask=None, causal=True, ctx=ctx)
+    ungated = decl.attend(plain, {}, q, k, v, mask=None, causal=True, ctx=ctx)
+    state = decl.init_state(gated, batch=B, heads=H, head_dim=D, v_dim=D, capacity=N)
+    return out, ungated, decl.prefill(gated, {}, state, q, k, v, ctx=ctx)[1]
+
+  out, ungated, decoded = forms(q, k, v, log_f, logits)
+  np.testing.assert_allclose(out, ungated * jax.nn.sigmoid(logits), rtol=1e-6)
+  np.testing.assert_allclose(decoded, out, atol=1e-5)
