@@ -21,8 +21,11 @@ from jax import lax
 import jax.numpy as jnp
 
 from efficient_attn.ops import masking
+from efficient_attn.ops import online_softmax
 from efficient_attn.ops import traced_checks
 from efficient_attn.ops.scaled_dot_product import masked_softmax
+
+KV_BLOCK = 64  # cache slots per block a decoding call visits (layers.decoding's)
 
 
 def cumulative(log_forget, real=None, start=None):
@@ -111,7 +114,8 @@ def decode(cache: Cache, q, k, v, log_forget, *, scale: float, segment_ids=None)
   """n >= 1 tokens through the cache: (cache after, out `[b, n, h, dv]` in v's dtype), as the
   parallel form gives them. q, k `[b, n, h, dk]`, v `[b, n, h, dv]`, log_forget `[b, n, h]`,
   segment_ids `[b, n]` (0: padding, which writes nothing and reads nothing) or None.
-  Exact scores over the whole cache `[b, h, n, L]` (the slots past the tokens masked)."""
+  Exact: online softmax over the blocks of slots up to the last token's (`_attend`), so a
+  step at position t costs O(t), not O(capacity)."""
   b, n = q.shape[:2]
   capacity = cache.keys.shape[2]
   traced_checks.runtime_check(
@@ -138,14 +142,35 @@ def decode(cache: Cache, q, k, v, log_forget, *, scale: float, segment_ids=None)
     last_id,
     begun,
   )
-  compute = jnp.promote_types(q.dtype, jnp.float32)
-  s = jnp.einsum('bqhd,bhkd->bhqk', q.astype(compute) * scale, cache.keys.astype(compute))
-  query_forget = jnp.swapaxes(forget.astype(compute), 1, 2)
-  key_forget = jnp.swapaxes(cache.forget.astype(compute), 1, 2)
-  s = s + (query_forget[..., :, None] - key_forget[..., None, :])
   times = cache.filled - n + jnp.arange(n)
-  visible = jnp.arange(capacity)[None, :] <= times[:, None]  # [n, L]
-  same = (cache.documents[:, None, :] == documents[..., None]) & (documents[..., None] >= 0)
-  w, _ = masked_softmax(s, (visible[None] & same)[:, None])
-  out = jnp.einsum('bhqk,bhkd->bqhd', w, cache.values.astype(compute))
-  return cache, out.astype(v.dtype)
+  return cache, _attend(cache, q, forget, documents, times, scale).astype(v.dtype)
+
+
+def _attend(cache: Cache, q, forget, documents, times, scale: float, block: int = KV_BLOCK):
+  """The queries `[b, n, h, dk]` (F `[b, n, h]`, documents `[b, n]`, positions `times` [n])
+  over the cache's slots up to the last query's position, `block` at a time by online
+  softmax (the last block of a capacity it does not divide overlaps its predecessor;
+  overlapped slots count once): `[b, n, h, dv]`, float32 (or wider)."""
+  b, h, capacity, _ = cache.keys.shape
+  block = min(block, capacity)
+  compute = jnp.promote_types(q.dtype, jnp.float32)
+  q = jnp.swapaxes(q.astype(compute) * scale, 1, 2)  # [b, h, n, dk]
+  query_forget = jnp.swapaxes(forget.astype(compute), 1, 2)[..., None]  # [b, h, n, 1]
+
+  def body(j, state):
+    start = jnp.minimum(j * block, capacity - block)
+    part = lambda x, axis: lax.dynamic_slice_in_dim(x, start, block, axis=axis)
+    keys, values = part(cache.keys, 2).astype(compute), part(cache.values, 2).astype(compute)
+    key_forget = jnp.swapaxes(part(cache.forget, 1), 1, 2).astype(compute)[..., None, :]
+    s = jnp.einsum('bhqd,bhkd->bhqk', q, keys) + (query_forget - key_forget)
+    slot = start + jnp.arange(block)
+    visible = (slot >= j * block)[None] & (slot[None] <= times[:, None])  # [n, block]
+    slot_documents = part(cache.documents, 1)[:, None, :]
+    same = (slot_documents == documents[..., None]) & (documents[..., None] >= 0)
+    return online_softmax.update(
+      state, s, (visible[None] & same)[:, None], jnp.swapaxes(values, 1, 2)
+    )
+
+  state = online_softmax.init(b, h, q.shape[2], cache.values.shape[-1], compute)
+  state = lax.fori_loop(0, jnp.max(times) // block + 1, body, state)
+  return jnp.swapaxes(online_softmax.finish(state), 1, 2)
