@@ -149,6 +149,9 @@ class Mechanism:
       layer refuses other masks rather than silently dropping them).
     decode: '' (cannot decode), 'kv_cache' (exact attention over a key/value
       cache) or 'recurrent' (a constant-size state, `init_state` / `step`).
+    state_capacity: its 'recurrent' state holds every token (a key/value cache the
+      mechanism keeps itself, e.g. Forgetting Attention's with each key's forget sum):
+      `init_state` also takes `capacity` (the longest stream) and `dtype` (the layer's).
     rotary: how rotary positions (Su et al. 2021) apply: 'scores' (the layer
       rotates q and k before `attend`), 'features' (`attend` / `step` rotate the
       kernel features of the numerator, reading `ctx.positions` / `ctx.position`)
@@ -195,6 +198,7 @@ class Mechanism:
   fixed_length: bool = False
   masks: str = 'key_padding'
   decode: str = ''
+  state_capacity: bool = False
   rotary: str = ''
   forms_weights: bool = False
   random_features: bool = False

@@ -123,8 +123,11 @@ def decode_form(
   if decl.decode == 'recurrent':
 
     def init(batch, capacity, heads, head_dim, v_dim, dtype):
-      del capacity, dtype  # constant size; accumulate in float32
-      return decl.init_state(options, batch=batch, heads=heads, head_dim=head_dim, v_dim=v_dim)
+      # constant size, accumulated in float32; or a cache of `capacity` tokens
+      sized = {'capacity': capacity, 'dtype': dtype} if decl.state_capacity else {}
+      return decl.init_state(
+        options, batch=batch, heads=heads, head_dim=head_dim, v_dim=v_dim, **sized
+      )
 
     if recurrent_step is None:
       raise ValueError(f'mechanism {decl.name!r} decodes recurrently: it needs recurrent_step')

@@ -23,6 +23,7 @@ from efficient_attn import registry
 from efficient_attn.mechanisms import bigbird
 from efficient_attn.mechanisms import deltanet
 from efficient_attn.mechanisms import fnet
+from efficient_attn.mechanisms import forgetting
 from efficient_attn.mechanisms import gated_deltanet
 from efficient_attn.mechanisms import gated_deltaproduct
 from efficient_attn.mechanisms import gla
@@ -47,6 +48,7 @@ from efficient_attn.mechanisms.bigbird import bigbird_attention
 from efficient_attn.mechanisms.deltanet import delta_rule_attention
 from efficient_attn.mechanisms.deltanet import deltanet_attention
 from efficient_attn.mechanisms.fnet import fnet_mixing
+from efficient_attn.mechanisms.forgetting import forgetting_attention
 from efficient_attn.mechanisms.gated_deltanet import gated_deltanet_attention
 from efficient_attn.mechanisms.gated_deltaproduct import gated_deltaproduct_attention
 from efficient_attn.mechanisms.gla import gla_attention
@@ -101,6 +103,7 @@ __all__ = [
   'delta_rule_attention',
   'deltanet_attention',
   'fnet_mixing',
+  'forgetting_attention',
   'gated_deltanet_attention',
   'gated_deltaproduct_attention',
   'gla_attention',

@@ -48,6 +48,7 @@ def chunked_softmax_attention(
   *,
   documents=None,
   skip: bool = True,
+  bias=None,
 ):
   """Exact attention in O(n) memory: FlashAttention's blocks (Dao et al. 2022).
 
@@ -64,7 +65,10 @@ def chunked_softmax_attention(
   kv_length]` (only its current chunk is read). segment_ids `[batch, length]`
   (or documents, a `masking.document_pair`): a packed row, as in
   `softmax_attention`; block pairs that share no document are skipped
-  (`flash`), unless `skip=False` (to measure what skipping saves).
+  (`flash`), unless `skip=False` (to measure what skipping saves). bias: None or a pair
+  (query bias `[batch, q_length, heads]`, key bias `[batch, kv_length, heads]`) added to
+  every score, s_ij + (a_i + c_j), in float32 (or wider) and differentiated (`flash`; the
+  forget gate of `efficient_attn.mechanisms.forgetting`).
   """
   masking.check_inputs(q, k, v, mask, name='chunked softmax attention')
   registry.check_arguments(
@@ -90,28 +94,36 @@ def chunked_softmax_attention(
       jnp.pad(documents[0], ((0, 0), (0, pq)), constant_values=masking.NO_QUERY),
       jnp.pad(documents[1], ((0, 0), (0, pk)), constant_values=masking.NO_KEY),
     )
+  if bias is not None:
+    bias = (pad(bias[0], pq), pad(bias[1], pk))
   blocks = flash.Blocks(cq, ck, lk, bool(causal), lk - lq, skip)  # causal as masking.causal_mask
-  out = flash.attend(blocks, qs, pad(k, pk), pad(v, pk), mask, documents)
+  out = flash.attend(blocks, qs, pad(k, pk), pad(v, pk), mask, documents, bias)
   return out[:, :lq].astype(v.dtype)
 
 
-def _dense_forward(q, k, v, key_padding, causal: bool, documents=None):
-  s = jnp.einsum('bqhd,bkhd->bhqk', q, k)
+def _biased(s, bias):
+  """Scores `[b, h, q, k]` plus a ring's bias pair (`[b, h, q]`, `[b, h, k]`), or s."""
+  return s if bias is None else s + (bias[0][..., :, None] + bias[1][..., None, :])
+
+
+def _dense_forward(q, k, v, key_padding, causal: bool, documents=None, bias=None):
+  s = _biased(jnp.einsum('bqhd,bkhd->bhqk', q, k), bias)
   w, lse = softmax_lib.masked_softmax(s, _block_valid(q, k, key_padding, causal, documents))
   return jnp.einsum('bhqk,bkhd->bqhd', w, v), lse
 
 
-def _dense_backward(q, k, v, key_padding, causal: bool, out, lse, g, documents=None):
-  s = jnp.einsum('bqhd,bkhd->bhqk', q, k)
+def _dense_backward(q, k, v, key_padding, causal: bool, out, lse, g, documents=None, bias=None):
+  s = _biased(jnp.einsum('bqhd,bkhd->bhqk', q, k), bias)
   valid = _block_valid(q, k, key_padding, causal, documents)
   p = jnp.where(valid, jnp.exp(s - lse[..., None]), 0.0)
   delta = jnp.einsum('bqhd,bqhd->bhq', g, out)
   ds = p * (jnp.einsum('bqhd,bkhd->bhqk', g, v) - delta[..., None])
-  return (
+  grads = (
     jnp.einsum('bhqk,bkhd->bqhd', ds, k),
     jnp.einsum('bhqk,bqhd->bkhd', ds, q),
     jnp.einsum('bhqk,bqhd->bkhd', p, g),
   )
+  return grads if bias is None else grads + (ds.sum(-1), ds.sum(-2))
 
 
 def _block_valid(q, k, key_padding, causal: bool, documents=None):
@@ -145,29 +157,55 @@ def chunked_block(q_chunk: int, k_chunk: int) -> collectives.RingBlock:
     return flash.Blocks(cq, ck, lk, bool(causal), lk - lq), pq, pk, mask, documents
 
   pad = lambda x, p: jnp.pad(x, ((0, 0), (0, p)) + ((0, 0),) * (x.ndim - 2))
+  # A ring's bias pair `[b, h, m]` as flash takes it: `[b, m, h]`, padded.
+  tokens_first = lambda bias, pq, pk: (
+    None
+    if bias is None
+    else (pad(jnp.swapaxes(bias[0], 1, 2), pq), pad(jnp.swapaxes(bias[1], 1, 2), pk))
+  )
 
-  def forward(q, k, v, key_padding, causal, documents=None):
+  def forward(q, k, v, key_padding, causal, documents=None, bias=None):
     cfg, pq, pk, mask, documents = layout(q, k, key_padding, causal, documents)
-    out, lse = flash.forward(cfg, pad(q, pq), pad(k, pk), pad(v, pk), mask, documents)
+    bias = tokens_first(bias, pq, pk)
+    out, lse = flash.forward(cfg, pad(q, pq), pad(k, pk), pad(v, pk), mask, documents, bias)
     lse = lse[..., : q.shape[1]]
     return out[:, : q.shape[1]], jnp.where(jnp.isfinite(lse), lse, masking.big_neg(lse.dtype))
 
-  def backward(q, k, v, key_padding, causal, out, lse, g, documents=None):
+  def backward(q, k, v, key_padding, causal, out, lse, g, documents=None, bias=None):
     cfg, pq, pk, mask, documents = layout(q, k, key_padding, causal, documents)
     lse = jnp.pad(lse, ((0, 0), (0, 0), (0, pq)), constant_values=jnp.inf)
-    dq, dk, dv = flash.backward(
-      cfg, pad(q, pq), pad(k, pk), pad(v, pk), mask, pad(out, pq), lse, pad(g, pq), documents
+    grads = flash.backward(
+      cfg,
+      pad(q, pq),
+      pad(k, pk),
+      pad(v, pk),
+      mask,
+      pad(out, pq),
+      lse,
+      pad(g, pq),
+      documents,
+      tokens_first(bias, pq, pk),
     )
     lq, lk = q.shape[1], k.shape[1]
-    return dq[:, :lq], dk[:, :lk], dv[:, :lk]
+    dq, dk, dv = grads[0][:, :lq], grads[1][:, :lk], grads[2][:, :lk]
+    if bias is None:
+      return dq, dk, dv
+    return (
+      dq,
+      dk,
+      dv,
+      jnp.swapaxes(grads[3], 1, 2)[..., :lq],
+      jnp.swapaxes(grads[4], 1, 2)[..., :lk],
+    )
 
   return collectives.RingBlock(forward, backward)
 
 
-def ring_softmax(options, q, k, v, mask, causal: bool, axis: str, block, documents=None):
+def ring_softmax(options, q, k, v, mask, causal: bool, axis: str, block, documents=None, bias=None):
   """Ring attention (`collectives.ring_attention`) of this device's block with the options'
   scale, in float32 (or wider), returned in v's dtype. documents: this block's document
-  index `[b, m]` (of the whole row) or None."""
+  index `[b, m]` (of the whole row) or None; bias: None or (query bias, key bias) `[b, m,
+  h]` each, added to every score (`collectives.ring_attention`)."""
   compute = jnp.promote_types(q.dtype, jnp.float32)
   qs = q.astype(compute) * default_scale(q.shape[-1], options.scale)
   out = collectives.ring_attention(
@@ -179,6 +217,7 @@ def ring_softmax(options, q, k, v, mask, causal: bool, axis: str, block, documen
     axis=axis,
     block=block,
     documents=documents,
+    bias=None if bias is None else tuple(x.astype(compute) for x in bias),
   )
   return out.astype(v.dtype)
 

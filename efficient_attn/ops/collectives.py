@@ -171,15 +171,18 @@ def merge_softmax(out1, lse1, out2, lse2):
 class RingBlock(NamedTuple):
   """How ring attention attends to one block of keys (softmax's dense or blocked form).
 
-  forward(q, k, v, key_padding, causal[, documents]) -> (out `[b, m, h, dv]`, lse `[b, h,
-    m]`): softmax attention of the (scaled) queries over this block of keys, and each
-    row's log-sum-exp (`masking.big_neg` for a row with no key, output 0); causal: the
+  forward(q, k, v, key_padding, causal[, documents][, bias=]) -> (out `[b, m, h, dv]`, lse
+    `[b, h, m]`): softmax attention of the (scaled) queries over this block of keys, and
+    each row's log-sum-exp (`masking.big_neg` for a row with no key, output 0); causal: the
     diagonal block (key j <= query i); documents, passed only for a packed row: the
     `masking.document_pair` of the queries and this block's keys (a query sees its own
-    document's keys). Not differentiated.
-  backward(q, k, v, key_padding, causal, out, lse, g[, documents]) -> (dq, dk, dv): this
-    block's share of the gradients of the whole attention, whose output is `out` and
-    log-sum-exp `lse` (+inf for a row with no key), for the output cotangent g.
+    document's keys); bias, passed only when the ring has one: (the queries' bias `[b, h,
+    m]`, this block's keys' `[b, h, m]`), added to every score (`flash`'s). Not
+    differentiated.
+  backward(q, k, v, key_padding, causal, out, lse, g[, documents][, bias=]) -> (dq, dk, dv),
+    and with bias (dq, dk, dv, d query bias, d key bias): this block's share of the
+    gradients of the whole attention, whose output is `out` and log-sum-exp `lse` (+inf for
+    a row with no key), for the output cotangent g.
   """
 
   forward: Callable[..., Any]
@@ -187,7 +190,7 @@ class RingBlock(NamedTuple):
 
 
 def ring_attention(
-  q, k, v, key_padding, *, causal: bool, axis: str, block: RingBlock, documents=None
+  q, k, v, key_padding, *, causal: bool, axis: str, block: RingBlock, documents=None, bias=None
 ):
   """Exact softmax attention of this device's queries over every device's keys (ring
   attention, Liu et al. 2023): the key/value blocks travel around the ring (`rotate`),
@@ -209,15 +212,24 @@ def ring_attention(
   (`jax.custom_vjp`): the key/value blocks travel again with their gradients, each device
   adding its queries' share (`block.backward`), so only this device's blocks, output and
   log-sum-exp are kept.
+
+  bias: None, or (query bias, key bias), each `[b, m, h]` (this device's tokens), added to
+  every score: s_ij + (query bias_i + key bias_j), e.g. Forgetting Attention's F_i - F_j
+  (`efficient_attn.mechanisms.forgetting`). The key bias travels with its keys, and its
+  gradient with theirs.
   """
   if key_padding is None:
     key_padding = jnp.ones(k.shape[:2], bool)
   if documents is not None:
     documents = masking.document_pair(documents, key_padding, key_padding)
-  if causal and lax.axis_size(axis) > 1 and q.shape[1] % 2 == 0:
-    q, k, v, key_padding, documents = to_zigzag((q, k, v, key_padding, documents), axis)
-    return from_zigzag(_ring(q, k, v, key_padding, documents, 'zigzag', axis, block), axis)
-  return _ring(q, k, v, key_padding, documents, causal, axis, block)
+  zigzag = causal and lax.axis_size(axis) > 1 and q.shape[1] % 2 == 0
+  if zigzag:
+    q, k, v, key_padding, documents, bias = to_zigzag((q, k, v, key_padding, documents, bias), axis)
+  if bias is not None:  # [b, h, m], as a log-sum-exp: `_halves` cuts its last axis
+    bias = tuple(jnp.swapaxes(x, 1, 2) for x in bias)
+  if zigzag:
+    return from_zigzag(_ring(q, k, v, key_padding, documents, bias, 'zigzag', axis, block), axis)
+  return _ring(q, k, v, key_padding, documents, bias, causal, axis, block)
 
 
 def _halves(tree):
@@ -246,16 +258,22 @@ def _visit(step, i, s: int, causal, q, kv, empty):
     result = step(q, *_halves(kv)[0])
     if len(result) == 2:  # forward: (out, lse) of every query
       return result
-    dq, dk, dv = result  # backward: the keys' gradients, zeros for their second half
-    pad = lambda d: jnp.concatenate([d, jnp.zeros_like(d)], 1)
-    return dq, pad(dk), pad(dv)
+    # backward: the keys' gradients (dk, dv, and the key bias's), zeros for their second half
+    pad = lambda d, axis: jnp.concatenate([d, jnp.zeros_like(d)], axis)
+    padded = (result[0], pad(result[1], 1), pad(result[2], 1))
+    return padded if len(result) == 3 else padded + (result[3], pad(result[4], -1))
 
   def later(q, *kv):
     first, second = _halves(q)
     result, zero = step(second, *kv), empty(first)
     if len(result) == 2:  # forward: (out [b, m/2, h, dv], lse [b, h, m/2]) of the second half
       return jnp.concatenate([zero[0], result[0]], 1), jnp.concatenate([zero[1], result[1]], 2)
-    return (jnp.concatenate([zero[0], result[0]], 1),) + tuple(result[1:])
+    rows = (jnp.concatenate([zero[0], result[0]], 1),) + tuple(result[1:3])
+    return (
+      rows
+      if len(result) == 3
+      else rows + (jnp.concatenate([zero[3], result[3]], -1),) + (result[4],)
+    )
 
   return lax.cond(i >= s, earlier, later, q, *kv)
 
@@ -270,17 +288,43 @@ def _meeting(step, skipped):
   can meet the queries' (the last of the query side), else skipped(q_side, k, v, ...):
   a packed row's block pairs that share no document cost nothing."""
 
-  def run(queries, k, v, kp, documents):
+  def run(queries, *kv):  # the key documents last, as the queries'
     everything = lambda x: masking.document_ranges(x, x.shape[1])
-    meets = jnp.any(masking.ranges_meet(everything(queries[-1]), everything(documents)))
-    return lax.cond(meets, step, skipped, queries, k, v, kp, documents)
+    meets = jnp.any(masking.ranges_meet(everything(queries[-1]), everything(kv[-1])))
+    return lax.cond(meets, step, skipped, queries, *kv)
 
   return run
 
 
-def _ring_forward(q, k, v, key_padding, documents, causal, axis, block):
+def _sides(queries, k, v, key_padding, documents, bias):
+  """(the query side's arrays, the visiting block's): `queries` then the query bias and
+  documents, and k, v, key_padding then the key bias and documents (documents last on
+  each, as `_meeting` reads them; each only where given)."""
+  first = lambda pair: () if pair is None else (pair[0],)
+  second = lambda pair: () if pair is None else (pair[1],)
+  return (
+    queries + first(bias) + first(documents),
+    (k, v, key_padding) + second(bias) + second(documents),
+  )
+
+
+def _block_call(method, rows: int, bias: bool, documents: bool):
+  """step(query side, *visiting block) -> method(q, k, v, key_padding, False, *the `rows`
+  row arrays after q, [documents], [bias=]) on the arrays `_sides` lays out."""
+
+  def step(queries, *kv):
+    q_extra, k_extra = queries[1 + rows :], kv[3:]
+    given = ((q_extra[-1], k_extra[-1]),) if documents else ()
+    kwargs = {'bias': (q_extra[0], k_extra[0])} if bias else {}
+    return method(queries[0], *kv[:3], False, *queries[1 : 1 + rows], *given, **kwargs)
+
+  return step
+
+
+def _ring_forward(q, k, v, key_padding, documents, bias, causal, axis, block):
   n, i = lax.axis_size(axis), lax.axis_index(axis)
-  out, lse = block.forward(q, k, v, key_padding, causal, *_given(documents))
+  kwargs = {} if bias is None else {'bias': bias}
+  out, lse = block.forward(q, k, v, key_padding, causal, *_given(documents), **kwargs)
   out = out.astype(jnp.promote_types(out.dtype, lse.dtype))  # the merges' dtype
 
   def empty(queries):
@@ -288,15 +332,10 @@ def _ring_forward(q, k, v, key_padding, documents, causal, axis, block):
     zero = jnp.zeros(q.shape[:3] + v.shape[3:], out.dtype) * q[..., :1]  # q's placement
     return zero, jnp.swapaxes(zero[..., 0], 1, 2) + masking.big_neg(lse.dtype)
 
-  if documents is None:
-    queries, kv = (q,), (k, v, key_padding)
-    step = lambda queries, k, v, kp: block.forward(queries[0], k, v, kp, False)
-  else:
-    queries, kv = (q, documents[0]), (k, v, key_padding, documents[1])
-    step = _meeting(
-      lambda queries, k, v, kp, dk: block.forward(queries[0], k, v, kp, False, (queries[1], dk)),
-      lambda queries, *kv: empty(queries),
-    )
+  queries, kv = _sides((q,), k, v, key_padding, documents, bias)
+  step = _block_call(block.forward, 0, bias is not None, documents is not None)
+  if documents is not None:
+    step = _meeting(step, lambda queries, *kv: empty(queries))
 
   def visit(s, carry):  # a loop, not unrolled: one visiting block's scores live at a time
     kv, out, lse = carry
@@ -309,51 +348,56 @@ def _ring_forward(q, k, v, key_padding, documents, causal, axis, block):
   return out, lse
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
-def _ring(q, k, v, key_padding, documents, causal, axis, block):
-  return _ring_forward(q, k, v, key_padding, documents, causal, axis, block)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8))
+def _ring(q, k, v, key_padding, documents, bias, causal, axis, block):
+  return _ring_forward(q, k, v, key_padding, documents, bias, causal, axis, block)[0]
 
 
-def _ring_fwd(q, k, v, key_padding, documents, causal, axis, block):
-  out, lse = _ring_forward(q, k, v, key_padding, documents, causal, axis, block)
-  return out, (q, k, v, key_padding, documents, out, lse)
+def _ring_fwd(q, k, v, key_padding, documents, bias, causal, axis, block):
+  out, lse = _ring_forward(q, k, v, key_padding, documents, bias, causal, axis, block)
+  return out, (q, k, v, key_padding, documents, bias, out, lse)
 
 
 def _ring_bwd(causal, axis, block, res, g):
-  q, k, v, key_padding, documents, out, lse = res
+  q, k, v, key_padding, documents, bias, out, lse = res
   n, i = lax.axis_size(axis), lax.axis_index(axis)
   lse = jnp.where(lse > masking.big_neg(lse.dtype) / 2, lse, jnp.inf)  # no key: p = 0
   g = g.astype(out.dtype)
-  dq, dk, dv = block.backward(q, k, v, key_padding, causal, out, lse, g, *_given(documents))
+  kwargs = {} if bias is None else {'bias': bias}
+  grads = block.backward(
+    q, k, v, key_padding, causal, out, lse, g, *_given(documents), **kwargs
+  )  # (dq, dk, dv[, d query bias, d key bias])
 
-  def empty(queries):
-    return jnp.zeros_like(queries[0]), jnp.zeros_like(k), jnp.zeros_like(v)
+  def empty(queries, k, v, key_padding, *extra):  # no share: zero gradients
+    del key_padding
+    zeros = (jnp.zeros_like(queries[0]), jnp.zeros_like(k), jnp.zeros_like(v))
+    if bias is None:
+      return zeros
+    return zeros + (jnp.zeros_like(queries[4]), jnp.zeros_like(extra[0]))
 
-  queries = (q, out, lse, g)  # the rows' side of the backward
-  if documents is None:
-    kv = (k, v, key_padding)
-    step = lambda queries, k, v, kp: block.backward(queries[0], k, v, kp, False, *queries[1:])
-  else:
-    queries, kv = queries + (documents[0],), (k, v, key_padding, documents[1])
-    step = _meeting(
-      lambda queries, k, v, kp, dk: block.backward(
-        queries[0], k, v, kp, False, *queries[1:4], (queries[4], dk)
-      ),
-      lambda queries, k, v, *_: (jnp.zeros_like(queries[0]), jnp.zeros_like(k), jnp.zeros_like(v)),
-    )
+  queries, kv = _sides((q, out, lse, g), k, v, key_padding, documents, bias)
+  step = _block_call(block.backward, 3, bias is not None, documents is not None)
+  if documents is not None:
+    step = _meeting(step, empty)
+  empty_rows = lambda queries: empty(queries, *kv)
+
+  # A block travels with its keys' gradients: dk, dv (and the key bias's).
+  key_grads = grads[1:3] + grads[4:]
+  row_grads = grads[:1] + grads[3:4]  # dq (and the query bias's), this device's
 
   def visit(s, carry):  # a loop, not unrolled: one visiting block at a time
-    ring, dq = carry
+    ring, rows = carry
     ring = rotate(ring, axis)
-    kv_s, (dk_s, dv_s) = ring[:-2], ring[-2:]
-    dq_s, dk_b, dv_b = _visit(step, i, s, causal, queries, kv_s, empty)
-    ring = kv_s + (dk_s + dk_b.astype(dk_s.dtype), dv_s + dv_b.astype(dv_s.dtype))
-    return ring, dq + dq_s.astype(dq.dtype)
+    kv_s, acc = ring[: len(kv)], ring[len(kv) :]
+    got = _visit(step, i, s, causal, queries, kv_s, empty_rows)
+    got_rows, got_keys = got[:1] + got[3:4], got[1:3] + got[4:]
+    ring = kv_s + tuple(a + b.astype(a.dtype) for a, b in zip(acc, got_keys))
+    return ring, tuple(a + b.astype(a.dtype) for a, b in zip(rows, got_rows))
 
-  ring = kv + (dk, dv)  # a block travels with its gradients
-  ring, dq = lax.fori_loop(1, n, visit, (ring, dq))
-  dk, dv = rotate(ring[-2:], axis)  # each block's gradients back to its device
-  return dq, dk, dv, None, None
+  ring, rows = lax.fori_loop(1, n, visit, (kv + key_grads, row_grads))
+  keys = rotate(ring[len(kv) :], axis)  # each block's gradients back to its device
+  dbias = None if bias is None else (rows[1], keys[2])
+  return rows[0], keys[0], keys[1], None, None, dbias
 
 
 _ring.defvjp(_ring_fwd, _ring_bwd)

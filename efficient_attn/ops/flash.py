@@ -13,7 +13,11 @@ Arrays here are already padded to whole blocks: q `[batch, q_blocks * cq,
 heads, d]` (pre-scaled), k `[batch, k_blocks * ck, heads, d]`, v `[batch,
 k_blocks * ck, heads, dv]`, all in the compute dtype. `mask` is None or bool
 `[b|1, h|1, q|1, k]` over the padded lengths; `documents` None or a
-`masking.document_pair` over them (query and key documents `[b, lq]`, `[b, lk]`).
+`masking.document_pair` over them (query and key documents `[b, lq]`, `[b, lk]`);
+`bias` None or a pair (query bias `[b, lq, h]`, key bias `[b, lk, h]`) in the compute
+dtype, added to every score: s_ij + (a_i + c_j), the pair summed first so a large a_i
+and c_j cancel before they meet s (Forgetting Attention's F_i - F_j, Lin et al. 2025;
+ALiBi's causal -m (i - j)). Its gradient is the rows' and columns' sums of dS.
 
 Packed rows (`documents`): a query sees only its own document's keys, and a pair of
 blocks whose documents cannot meet in any row of the batch (the lowest document of one
@@ -108,7 +112,16 @@ def _block(x, start, size):
   return lax.dynamic_slice_in_dim(x, start, size, axis=1)
 
 
-def _forward(cfg: Blocks, q, k, v, mask, documents):
+def _biased(cfg: Blocks, s, bias, q0, k0):
+  """The block's scores s `[b, h, cq, ck]` plus its share of `bias` (None: s)."""
+  if bias is None:
+    return s
+  query = jnp.swapaxes(_block(bias[0], q0, cfg.cq), 1, 2)  # [b, h, cq]
+  key = jnp.swapaxes(_block(bias[1], k0, cfg.ck), 1, 2)
+  return s + (query[..., :, None] + key[..., None, :])
+
+
+def _forward(cfg: Blocks, q, k, v, mask, documents, bias=None):
   """out `[b, lq, h, dv]` and log-sum-exp `[b, h, lq]` (+inf for rows with no key)."""
   b, lq, h, _ = q.shape
   num_q, num_k = lq // cfg.cq, k.shape[1] // cfg.ck
@@ -123,6 +136,7 @@ def _forward(cfg: Blocks, q, k, v, mask, documents):
 
       def update(state):
         s = jnp.einsum('bqhd,bkhd->bhqk', qc, _block(k, k0, cfg.ck))
+        s = _biased(cfg, s, bias, q0, k0)
         valid = _valid(cfg, mask, documents, q0, k0)
         return online_softmax.update(state, s, valid, _block(v, k0, cfg.ck))
 
@@ -144,33 +158,34 @@ def _forward(cfg: Blocks, q, k, v, mask, documents):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def attend(cfg: Blocks, q, k, v, mask, documents=None):
-  """softmax(q k^T) v over the padded blocks: `[b, lq, h, dv]` (see module docstring)."""
-  return _forward(cfg, q, k, v, mask, documents)[0]
+def attend(cfg: Blocks, q, k, v, mask, documents=None, bias=None):
+  """softmax(q k^T + bias) v over the padded blocks: `[b, lq, h, dv]` (see module
+  docstring)."""
+  return _forward(cfg, q, k, v, mask, documents, bias)[0]
 
 
-def _attend_fwd(cfg, q, k, v, mask, documents=None):
-  out, lse = _forward(cfg, q, k, v, mask, documents)
-  return out, (q, k, v, mask, documents, out, lse)
+def _attend_fwd(cfg, q, k, v, mask, documents=None, bias=None):
+  out, lse = _forward(cfg, q, k, v, mask, documents, bias)
+  return out, (q, k, v, mask, documents, out, lse, bias)
 
 
 def _attend_bwd(cfg, res, g):
-  q, k, v, mask, documents, out, lse = res
+  q, k, v, mask, documents, out, lse, bias = res
   g = g.astype(q.dtype)
   num_q, num_k = q.shape[1] // cfg.cq, k.shape[1] // cfg.ck
   meets = _meets(cfg, documents)
   delta = jnp.einsum('bqhd,bqhd->bhq', g, out)  # rowsum(dO * O), FlashAttention-2's D
 
-  def key_block(j, dq):
+  def key_block(j, carry):  # carry: dq (and the query bias's gradient)
     k0 = j * cfg.ck
     kc, vc = _block(k, k0, cfg.ck), _block(v, k0, cfg.ck)
 
     def query_block(i, carry):
       def compute(carry):
-        dq, dk, dv = carry
+        dq, dk, dv = carry[:3]
         q0 = i * cfg.cq
         qc, gc = _block(q, q0, cfg.cq), _block(g, q0, cfg.cq)
-        s = jnp.einsum('bqhd,bkhd->bhqk', qc, kc)
+        s = _biased(cfg, jnp.einsum('bqhd,bkhd->bhqk', qc, kc), bias, q0, k0)
         lse_c = lax.dynamic_slice_in_dim(lse, q0, cfg.cq, axis=2)[..., None]
         p = jnp.where(_valid(cfg, mask, documents, q0, k0), jnp.exp(s - lse_c), 0.0)
         dv = dv + jnp.einsum('bhqk,bqhd->bkhd', p, gc)
@@ -178,38 +193,51 @@ def _attend_bwd(cfg, res, g):
         ds = p * (dp - lax.dynamic_slice_in_dim(delta, q0, cfg.cq, axis=2)[..., None])
         dk = dk + jnp.einsum('bhqk,bqhd->bkhd', ds, qc)
         dq_c = _block(dq, q0, cfg.cq) + jnp.einsum('bhqk,bkhd->bqhd', ds, kc)
-        return lax.dynamic_update_slice_in_dim(dq, dq_c, q0, axis=1), dk, dv
+        dq = lax.dynamic_update_slice_in_dim(dq, dq_c, q0, axis=1)
+        if bias is None:
+          return dq, dk, dv
+        dbias_q, dbias_k = carry[3:]  # [b, lq, h] and this key block's [b, ck, h]
+        row = _block(dbias_q, q0, cfg.cq) + jnp.swapaxes(ds.sum(-1), 1, 2)
+        dbias_q = lax.dynamic_update_slice_in_dim(dbias_q, row, q0, axis=1)
+        return dq, dk, dv, dbias_q, dbias_k + jnp.swapaxes(ds.sum(-2), 1, 2)
 
       return _when(meets, i, j, compute, carry)
 
-    dq, dk, dv = lax.fori_loop(
-      _query_blocks_from(cfg, k0), num_q, query_block, (dq, jnp.zeros_like(kc), jnp.zeros_like(vc))
-    )
-    return dq, (dk, dv)
+    # The loop's carry: dq, dk, dv (and the query bias's gradient, this key block's).
+    init = (carry[0], jnp.zeros_like(kc), jnp.zeros_like(vc))
+    if bias is not None:
+      init += (carry[1], jnp.zeros(kc.shape[:3], bias[1].dtype))
+    out = lax.fori_loop(_query_blocks_from(cfg, k0), num_q, query_block, init)
+    rows, keys = (out[0],) + out[3:4], out[1:3] + out[4:]
+    return rows, keys
 
-  def scan_step(dq, j):
-    return key_block(j, dq)
+  def scan_step(carry, j):
+    return key_block(j, carry)
 
-  dq, (dk, dv) = lax.scan(scan_step, jnp.zeros_like(q), jnp.arange(num_k))
+  init = (jnp.zeros_like(q),) + (() if bias is None else (jnp.zeros_like(bias[0]),))
+  rows, keys = lax.scan(scan_step, init, jnp.arange(num_k))
   b, _, h, d = k.shape
-  dk = jnp.moveaxis(dk, 0, 1).reshape(b, num_k * cfg.ck, h, d)
-  dv = jnp.moveaxis(dv, 0, 1).reshape(b, num_k * cfg.ck, h, -1)
-  return dq, dk, dv, None, None
+  whole = lambda x: jnp.moveaxis(x, 0, 1).reshape((b, num_k * cfg.ck) + x.shape[3:])
+  dq, dk, dv = rows[0], whole(keys[0]), whole(keys[1])
+  dbias = None if bias is None else (rows[1], whole(keys[2]))
+  return dq, dk, dv, None, None, dbias
 
 
 attend.defvjp(_attend_fwd, _attend_bwd)
 
 
-def forward(cfg: Blocks, q, k, v, mask, documents=None):
+def forward(cfg: Blocks, q, k, v, mask, documents=None, bias=None):
   """`attend`'s forward, not differentiated: (out `[b, lq, h, dv]`, log-sum-exp `[b, h, lq]`,
   +inf for a row with no key)."""
-  return _forward(cfg, q, k, v, mask, documents)
+  return _forward(cfg, q, k, v, mask, documents, bias)
 
 
-def backward(cfg: Blocks, q, k, v, mask, out, lse, g, documents=None):
+def backward(cfg: Blocks, q, k, v, mask, out, lse, g, documents=None, bias=None):
   """(dq, dk, dv) of these keys' share of an attention whose output `out` and log-sum-exp
   `lse` (+inf for a row with no key) may span more keys than k (`forward`'s over a larger
   key set, or several merged), for the output cotangent g: with the whole attention's out
   and lse, each block's p = exp(s - lse) is its share of the whole softmax (ring
-  attention's backward, `efficient_attn.ops.collectives.ring_attention`)."""
-  return _attend_bwd(cfg, (q, k, v, mask, documents, out, lse), g)[:3]
+  attention's backward, `efficient_attn.ops.collectives.ring_attention`). With `bias`,
+  (dq, dk, dv, d query bias, d key bias)."""
+  grads = _attend_bwd(cfg, (q, k, v, mask, documents, out, lse, bias), g)
+  return grads[:3] if bias is None else grads[:3] + tuple(grads[5])

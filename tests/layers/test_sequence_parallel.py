@@ -111,20 +111,25 @@ def compare(single, sharded):
       worst, where = err, jax.tree_util.keystr(path)
   return worst, where
 
-def linen_case(mechanism, causal, options, args, mesh=MESH, n=32, dtype=jnp.float32, batch=2):
+def linen_case(mechanism, causal, options, args, mesh=MESH, n=32, dtype=jnp.float32, batch=2,
+               packed=False):
   decl = registry.get_mechanism(mechanism)
   x, valid = inputs(n, dtype, batch)
+  feed = dict(mask=valid)
+  if packed:   # documents across the device blocks (of 8), padding inside one and after one
+    runs = [[1, 2, 0, 2, 3], [4, 4, 5, 0, 6]]
+    feed = dict(segment_ids=jnp.asarray(np.repeat(runs, [5, 9, 3, 6, 9], axis=1)))
   make = lambda axis: ea.MultiHeadAttention(
       num_heads=2, mechanism=mechanism, options=small(decl, options), causal=causal,
       max_length=n, sequence_axis=axis, param_dtype=dtype, **args)
   single, split = make(None), make('sequence')
-  params = single.init(jax.random.key(1), x, mask=valid)
+  params = single.init(jax.random.key(1), x, **feed)
   # Redrawn features: a training call with a 'features' stream, the same key for both.
   train = dict(deterministic=False, rngs={'features': jax.random.key(2)})
   call = train if options.get('redraw') else {}
   def loss(layer):
     def f(p, x):
-      y = layer.apply(p, x, mask=valid, **call)
+      y = layer.apply(p, x, **feed, **call)
       return jnp.sum(jnp.sin(y)) / x.shape[0], y
     return jax.value_and_grad(f, argnums=(0, 1), has_aux=True)
   both = jax.jit(lambda p, x: (loss(single)(p, x), loss(split)(p, x)))
@@ -232,6 +237,8 @@ for name, (mechanism, causal, options, args) in json.loads(sys.argv[1]).items():
     elif name.endswith('-x64'):
       with jax.enable_x64(True):
         single, sharded = linen_case(mechanism, causal, options, args, dtype=jnp.float64)
+    elif name.endswith('-packed'):
+      single, sharded = linen_case(mechanism, causal, options, args, packed=True)
     elif name.endswith('-odd'):   # 7 tokens a device: the causal ring stays contiguous
       single, sharded = linen_case(mechanism, causal, options, args, n=28)
     elif name.endswith('-batch3'):   # 'data' (2) does not divide it: the rows are replicated
@@ -261,7 +268,9 @@ for name, (mechanism, causal, options, args) in json.loads(sys.argv[1]).items():
 # computes, and the contiguous ring it keeps for an odd number of tokens a device; the unsplit
 # layer's kernel on a data-parallel mesh of 2 devices, automatic or explicit
 # (`kernels.common.per_device` splits the batch in a shard_map: XLA would run all of it on every
-# device); and float64 identities (to 1e-10) for softmax, RFA and local.
+# device); float64 identities (to 1e-10) for softmax, RFA and local; and Forgetting Attention's
+# ring on packed rows (documents and forget sums across the device blocks) and, with its dense
+# block, contiguous.
 EXTRA = {
   'nnx:linear-bidirectional': ('linear', False, {}, {}),
   'encoder:linear+local-causal': ('linear+local', True, {}, {}),
@@ -278,6 +287,8 @@ EXTRA = {
   'softmax-causal-x64': ('softmax', True, {}, {}),
   'rfa-causal-x64': ('rfa', True, {'use_gate': True}, {}),
   'local-bidirectional-x64': ('local', False, {'window': 21}, {}),
+  'forgetting-causal-packed': ('forgetting', True, {}, {}),
+  'forgetting-causal-odd': ('forgetting', True, {'form': 'dense'}, {}),
 }
 
 
