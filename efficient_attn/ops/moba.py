@@ -237,8 +237,17 @@ def gather_moba(
   pad = chunks * chunk - n
   qs = jnp.pad(q.astype(compute) * scale, ((0, 0), (0, pad), (0, 0), (0, 0)))
   qs = qs.reshape(b, chunks, chunk, h, d).swapaxes(0, 1)  # [chunks, b, c, h, d]
-  kt, vt = (x.astype(compute).transpose(0, 2, 1, 3) for x in (k, v))  # [b, h, L, d]
+  # [b, h, L + B, d], and the documents [b, L + B]: a block read past the end is padding.
+  kt, vt = (
+    jnp.pad(x.astype(compute).transpose(0, 2, 1, 3), ((0, 0), (0, 0), (0, block_size), (0, 0)))
+    for x in (k, v)
+  )
+  key_docs = jnp.pad(blocks.documents, ((0, 0), (0, block_size)), constant_values=-1)
   within = jnp.arange(block_size)
+  # Whole blocks, B consecutive slots each (a slice gather: rows of B d, not single keys).
+  take = lambda x, first: lax.dynamic_slice_in_dim(x, first, block_size, axis=0)
+  per_head = jax.vmap(jax.vmap(jax.vmap(take, (None, 0))))  # x [b, h, L+B, d], first [b, h, X]
+  per_row = jax.vmap(jax.vmap(jax.vmap(take, (None, 0)), (None, 0)))  # x [b, L+B]
 
   @jax.checkpoint
   def one_chunk(args):
@@ -247,23 +256,16 @@ def gather_moba(
     on_slot = slots < query_start + n  # the padded queries of the last chunk read nothing
     queries = queries_at(blocks, jnp.minimum(slots, length - 1))
     index, valid = select_for(qc, queries, means, nonempty, block_size, top_k)
-    pos = queries.start[..., None, None, None] + index[..., None] * block_size + within
-    pos = pos.transpose(0, 2, 1, 3, 4).reshape(b, h, -1)  # [b, h, c * k' * B]
+    first = queries.start[..., None, None] + index * block_size  # [b, c, h, k']
+    first = jnp.minimum(first.transpose(0, 2, 1, 3).reshape(b, h, -1), length)  # [b, h, X]
+    reader = jnp.where(on_slot, queries.documents, -1)[:, None, :, None, None]
     ok = (
       valid.transpose(0, 2, 1, 3)[..., None]
-      & (
-        pos.reshape(valid.shape[0], h, chunk, -1, block_size)
-        <= queries.slot[:, None, :, None, None]
-      )
+      & ((first.reshape(b, h, chunk, -1)[..., None] + within) <= slots[:, None, None])
+      & (per_row(key_docs, first).reshape(b, h, chunk, -1, block_size) == reader)
+      & (reader >= 0)
     ).reshape(b, h, chunk, -1)
-    here = jnp.minimum(pos, length - 1)
-    key_docs = jnp.take_along_axis(blocks.documents[:, None], here, -1).reshape(b, h, chunk, -1)
-    reader = jnp.where(on_slot, queries.documents, -1)[:, None, :, None]
-    ok = ok & (key_docs == reader) & (reader >= 0)
-    kg, vg = (
-      jnp.take_along_axis(x, here[..., None], axis=2).reshape(b, h, chunk, -1, x.shape[-1])
-      for x in (kt, vt)
-    )
+    kg, vg = (per_head(x, first).reshape(b, h, chunk, -1, x.shape[-1]) for x in (kt, vt))
     s = jnp.einsum('bchd,bhcxd->bhcx', qc, kg)
     w, _ = scaled_dot_product.masked_softmax(s, ok)
     return jnp.einsum('bhcx,bhcxd->bchd', w, vg)
