@@ -12,8 +12,10 @@ Defaults are the paper's: block_size 512 and top_k 3 (its scaling-law runs at 8K
 its 32K runs keep top_k 3 with blocks of 4096). top_k >= the number of blocks is exact
 causal softmax attention.
 
-Forms: 'gather' (each query gathers the k blocks it reads: O(n (k B + n / B) d) time,
-never n x n) and 'dense' (the n x n mask of the same selection, the reference). Causal
+Forms: 'tiles' (flash tiles that skip the key tiles no query of a chunk reads: at most
+softmax_chunked's work, never n x n), 'gather' (each query gathers the k blocks it reads:
+O(n (k B + n / B) d) time, but slow on a CPU) and 'dense' (the n x n mask of the same
+selection, the reference). Causal
 only: the gate ranks past blocks, and the reference code has no bidirectional form.
 Decoding keeps a key/value cache; each new query selects its blocks among the cached
 ones (the block means are recomputed over the cache at each call, O(L d)).
@@ -44,8 +46,9 @@ def moba_attention(
   block_size: int = BLOCK_SIZE,
   top_k: int = TOP_K,
   scale: Optional[float] = None,
-  form: str = 'gather',
+  form: str = 'tiles',
   q_chunk: int = 64,
+  k_chunk: int = 512,
   segment_ids=None,
   documents=None,
 ):
@@ -62,8 +65,11 @@ def moba_attention(
     block_size: B >= 1, keys per block (paper: 512).
     top_k: k >= 1, blocks each query reads, its own included (paper: 3).
     scale: score scale, default 1/sqrt(head_dim) (the gate is unscaled: a selection).
-    form: 'gather' (O(n (k B + n / B) d), never n x n) or 'dense' (the n x n reference).
-    q_chunk: queries per chunk of the 'gather' form.
+    form: 'tiles' (flash tiles, skipping the key tiles no query of a chunk reads),
+      'gather' (each query gathers its blocks) or 'dense' (the n x n reference); see
+      `efficient_attn.ops.moba`.
+    q_chunk: queries per chunk ('tiles', 'gather').
+    k_chunk: keys per tile ('tiles').
     segment_ids: int `[batch, n]`, a packed row (0 is padding, docs/design.md
       "Documents"): blocks restart at each document, which reads only its own keys.
     documents: the same as a `masking.document_pair` (`ctx.documents`), instead.
@@ -78,7 +84,13 @@ def moba_attention(
       'past blocks, the own block causally); valid: causal=True'
     )
   registry.check_arguments(
-    'moba', 'moba_attention', block_size=block_size, top_k=top_k, form=form, q_chunk=q_chunk
+    'moba',
+    'moba_attention',
+    block_size=block_size,
+    top_k=top_k,
+    form=form,
+    q_chunk=q_chunk,
+    k_chunk=k_chunk,
   )
   b, n = k.shape[:2]
   padding = block_sparse.key_padding(mask, b, n)
@@ -95,6 +107,7 @@ def moba_attention(
     scale=default_scale(q.shape[-1], scale),
     form=form,
     q_chunk=q_chunk,
+    k_chunk=k_chunk,
   )
   return out.astype(v.dtype)
 
@@ -110,12 +123,14 @@ class MoBA(registry.Mechanism):
     registry.Option('top_k', TOP_K, int, 'blocks each query reads, its own included', minimum=1),
     registry.Option(
       'form',
-      'gather',
+      'tiles',
       str,
-      "'gather': each query gathers its blocks; 'dense': the n x n mask (reference)",
+      "'tiles': flash tiles that skip unread key tiles; 'gather': each query gathers its "
+      "blocks; 'dense': the n x n mask (reference)",
       choices=moba_lib.FORMS,
     ),
-    registry.Option('q_chunk', 64, int, "queries per chunk of the 'gather' form", minimum=1),
+    registry.Option('q_chunk', 64, int, "queries per chunk ('tiles', 'gather')", minimum=1),
+    registry.Option('k_chunk', 512, int, "keys per tile ('tiles')", minimum=1),
     SCALE,
   )
   causal = True
@@ -124,8 +139,8 @@ class MoBA(registry.Mechanism):
   self_attention_only = True
   segments = True
   whole_sequence = "its gate ranks every past block's mean key, over the whole sequence"
-  complexity = ('O(n (k B + n / B) d)', 'O(c (k B + n / B))')
-  example = {'block_size': 4, 'top_k': 2, 'q_chunk': 8}
+  complexity = ('O(n (k B + n / B) d) to O(n^2 d)', 'O(c (c_k + n / B))')
+  example = {'block_size': 4, 'top_k': 2, 'q_chunk': 8, 'k_chunk': 8}
 
   def attend(self, options, params, q, k, v, *, mask, causal, ctx):
     return moba_attention(
@@ -139,6 +154,7 @@ class MoBA(registry.Mechanism):
       scale=options.scale,
       form=options.form,
       q_chunk=options.q_chunk,
+      k_chunk=options.k_chunk,
       documents=masking.context_documents(ctx.documents, mask, *q.shape[:2], k.shape[1], 'moba'),
     )
 
@@ -159,6 +175,7 @@ class MoBA(registry.Mechanism):
         form=options.form,
         query_start=jnp.asarray(query_times)[0],
         q_chunk=options.q_chunk,
+        k_chunk=options.k_chunk,
       )
       return out.astype(values.dtype)
 

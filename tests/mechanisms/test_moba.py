@@ -17,7 +17,8 @@ from efficient_attn.ops.scaled_dot_product import softmax_attention
 B, N, H, D = 2, 29, 2, 4  # 29 tokens: several blocks of 4 or 5, a partial last one
 
 moba_attention = jax.jit(
-  moba.moba_attention, static_argnames=('block_size', 'top_k', 'form', 'q_chunk', 'causal')
+  moba.moba_attention,
+  static_argnames=('block_size', 'top_k', 'form', 'q_chunk', 'k_chunk', 'causal'),
 )
 
 
@@ -66,11 +67,11 @@ DOCUMENTS = [(3, 10), (10, 24), (24, 27)]  # row 1's documents, gaps included
 
 
 @pytest.mark.parametrize('block_size, top_k', [(4, 2), (5, 3), (3, 1)])
-def test_gather_and_dense_equal_the_float64_reference(x64, block_size, top_k):
+def test_every_form_equals_the_float64_reference(x64, block_size, top_k):
   q, k, v = _qkv()
   ids = _ids()
   want = np_moba(q, k, v, ids, block_size, top_k)
-  run = functools.partial(moba_attention, block_size=block_size, top_k=top_k, q_chunk=7)
+  run = functools.partial(moba_attention, block_size=block_size, top_k=top_k, q_chunk=7, k_chunk=6)
   for form in moba_lib.FORMS:
     got = run(q, k, v, segment_ids=jnp.asarray(ids), form=form)
     assert got.dtype == jnp.float64
@@ -81,22 +82,24 @@ def test_gather_and_dense_equal_the_float64_reference(x64, block_size, top_k):
   np.testing.assert_allclose(got, np_moba(q, k, v, one, block_size, top_k), rtol=1e-10, atol=1e-12)
 
 
-def test_gather_and_dense_have_the_same_gradients(x64):
+def test_every_form_has_the_dense_gradients(x64):
   q, k, v = _qkv(1)
   ids = jnp.asarray(_ids())
   ct = jnp.asarray(np.random.default_rng(2).normal(size=(B, N, H, D)))
 
   def loss(form, *qkv):
-    out = moba.moba_attention(*qkv, block_size=4, top_k=2, form=form, q_chunk=8, segment_ids=ids)
+    out = moba.moba_attention(
+      *qkv, block_size=4, top_k=2, form=form, q_chunk=8, k_chunk=6, segment_ids=ids
+    )
     return jnp.sum(out * ct)
 
   grads = {
-    f: jax.jit(jax.grad(functools.partial(loss, f), (0, 1, 2)))(q, k, v)
-    for f in ('gather', 'dense')
+    f: jax.jit(jax.grad(functools.partial(loss, f), (0, 1, 2)))(q, k, v) for f in moba_lib.FORMS
   }
-  for g, g_dense in zip(grads['gather'], grads['dense']):
-    np.testing.assert_allclose(g, g_dense, rtol=1e-10, atol=1e-12)
-  assert not np.any(np.asarray(grads['gather'][1])[np.asarray(ids) == 0])  # padding: no gradient
+  for form in moba_lib.FORMS:
+    for g, g_dense in zip(grads[form], grads['dense']):
+      np.testing.assert_allclose(g, g_dense, rtol=1e-10, atol=1e-12, err_msg=form)
+    assert not np.any(np.asarray(grads[form][1])[np.asarray(ids) == 0])  # padding: no gradient
 
 
 def test_top_k_of_every_block_is_causal_softmax(x64):
@@ -164,12 +167,15 @@ def test_a_packed_row_equals_its_documents_alone_with_gradients():
 
 
 def test_decoding_equals_the_parallel_pass():
-  """Three hundred steps of a layer at width 8 (blocks of 16, top 3): each new token
-  selects among the cached blocks as the parallel pass does."""
+  """Three hundred steps of a layer at width 8 (blocks of 16, top 3, tiles of 40 keys):
+  each new token selects among the cached blocks as the parallel pass does."""
   n = 300
   x = jax.random.normal(jax.random.PRNGKey(0), (1, n, 8))
   layer = ea.MultiHeadAttention(
-    num_heads=2, mechanism='moba', causal=True, options={'block_size': 16, 'top_k': 3}
+    num_heads=2,
+    mechanism='moba',
+    causal=True,
+    options={'block_size': 16, 'top_k': 3, 'k_chunk': 40},
   )
   variables = layer.init(jax.random.PRNGKey(1), x)
   want = layer.apply(variables, x)
