@@ -1,4 +1,4 @@
-"""MoBA, mixture of block attention (Lu et al. 2025): the block selection and two exact forms.
+"""MoBA, mixture of block attention (Lu et al. 2025): three exact forms.
 
 Keys are cut into blocks of B consecutive positions of their document: block j of a
 document holds its positions jB .. (j + 1)B - 1, counted from the document's first real
@@ -34,12 +34,9 @@ Three forms, equal up to float rounding:
 All score the gate in O(n (L / B) d): every query against the means of its document's
 blocks.
 
-`select_blocks` is the rule alone (scores of a query's blocks in, its top_k blocks out,
-the own block forced, the future excluded), for any block-sparse attention that picks
-blocks per query (e.g. Native Sparse Attention's selection branch, Yuan et al. 2025).
+The blocks and their selection (`select_blocks`, the rule alone, for any attention that
+picks blocks per query) are in `ops.moba_blocks`.
 """
-
-from typing import NamedTuple
 
 import jax
 from jax import lax
@@ -47,139 +44,14 @@ import jax.numpy as jnp
 
 from efficient_attn.ops import online_softmax
 from efficient_attn.ops import scaled_dot_product
+from efficient_attn.ops.moba_blocks import block_means
+from efficient_attn.ops.moba_blocks import key_blocks
+from efficient_attn.ops.moba_blocks import queries_at
+from efficient_attn.ops.moba_blocks import repeat_heads
+from efficient_attn.ops.moba_blocks import select_blocks  # noqa: F401  (re-exported)
+from efficient_attn.ops.moba_blocks import select_for
 
 FORMS = ('tiles', 'gather', 'dense')
-
-
-def select_blocks(scores, own, top_k: int, available=None):
-  """The blocks a query reads: its own block, forced, and the top_k - 1 past blocks of
-  highest score.
-
-  Args:
-    scores: float `[..., m]`, the gate score of each of the query's blocks 0 .. m-1 (in
-      order; block j < own is past, j > own future).
-    own: int `[...]`, the query's own block.
-    top_k: k >= 1, the blocks read, the own block included.
-    available: bool `[..., m]` or None: blocks that may be picked (e.g. not empty).
-
-  Returns:
-    (index, valid): int32 `[..., k']` and bool `[..., k']`, k' = min(top_k, m + 1):
-    index[..., 0] is the own block (valid), index[..., 1:] the picked past blocks by
-    descending score (ties: the earlier block), valid False where fewer than k' - 1
-    past blocks could be picked.
-  """
-  if top_k < 1:
-    raise ValueError(f'select_blocks: top_k={top_k} is not valid; valid: an int >= 1')
-  own = jnp.asarray(own, jnp.int32)
-  m = scores.shape[-1]
-  pickable = jnp.arange(m) < own[..., None]
-  if available is not None:
-    pickable = pickable & available
-  index, valid = [own[..., None]], [jnp.ones(own.shape + (1,), bool)]
-  extra = min(top_k - 1, m)
-  if extra:
-    _, past = lax.top_k(jnp.where(pickable, scores, -jnp.inf), extra)
-    index.append(past.astype(jnp.int32))
-    valid.append(jnp.take_along_axis(pickable, past, axis=-1))
-  return jnp.concatenate(index, -1), jnp.concatenate(valid, -1)
-
-
-class KeyBlocks(NamedTuple):
-  """Where each key slot stands, `[batch, L]` int32 each (from `key_blocks`).
-
-  Attributes:
-    documents: the document of each slot (negative: no real key).
-    start: the slot of its document's first real token (padding continues the document
-      before it; padding before any document counts from slot 0).
-    block: its block within the document, (slot - start) // B.
-    block_id: a number per (document, block) over the row, consecutive within a
-      document: block j of the document that starts at s is block_id[s] + j.
-  """
-
-  documents: jnp.ndarray
-  start: jnp.ndarray
-  block: jnp.ndarray
-  block_id: jnp.ndarray
-
-
-def key_blocks(key_documents, block_size: int) -> KeyBlocks:
-  """The `KeyBlocks` of key slots with documents `key_documents` `[batch, L]`."""
-  docs = jnp.asarray(key_documents, jnp.int32)
-  slot = jnp.arange(docs.shape[-1], dtype=jnp.int32)
-  real = docs >= 0
-  last_real = lax.cummax(jnp.where(real, slot, -1), axis=docs.ndim - 1)
-  before = jnp.concatenate([jnp.full_like(last_real[..., :1], -1), last_real[..., :-1]], -1)
-  previous = jnp.where(before >= 0, jnp.take_along_axis(docs, jnp.maximum(before, 0), -1), -1)
-  start = lax.cummax(jnp.where(real & (docs != previous), slot, 0), axis=docs.ndim - 1)
-  offset = slot - start
-  block_id = jnp.cumsum(offset % block_size == 0, axis=-1, dtype=jnp.int32) - 1
-  return KeyBlocks(docs, start, offset // block_size, block_id)
-
-
-def block_means(k, blocks: KeyBlocks):
-  """The mean of each block's real keys, float32 (or wider) `[batch, L, heads, d]` indexed
-  by block_id, and bool `[batch, L]`: the block holds a real key (else its mean is 0)."""
-  b, length = blocks.documents.shape
-  real = blocks.documents >= 0
-  compute = jnp.promote_types(k.dtype, jnp.float32)
-  keys = jnp.where(real[..., None, None], k.astype(compute), 0.0)
-  ids = (blocks.block_id + length * jnp.arange(b)[:, None]).reshape(-1)
-  total = lambda x: jax.ops.segment_sum(x.reshape((b * length,) + x.shape[2:]), ids, b * length)
-  sums = total(keys).reshape(k.shape[:2] + k.shape[2:])
-  counts = total(real.astype(compute)).reshape(b, length)
-  return sums / jnp.maximum(counts, 1.0)[..., None, None], counts > 0
-
-
-class Queries(NamedTuple):
-  """The queries' places, `[batch, n]` int32 each: slot, document (negative: reads
-  nothing), start (its document's first slot), block (its own block in the document) and
-  first_id (the block_id of its document's block 0)."""
-
-  slot: jnp.ndarray
-  documents: jnp.ndarray
-  start: jnp.ndarray
-  block: jnp.ndarray
-  first_id: jnp.ndarray
-
-
-def queries_at(blocks: KeyBlocks, slots) -> Queries:
-  """The `Queries` at the slots `slots` `[n]` int (each < L)."""
-  slots = jnp.broadcast_to(jnp.asarray(slots, jnp.int32), blocks.start.shape[:1] + jnp.shape(slots))
-  at = lambda x: jnp.take_along_axis(x, slots, axis=-1)
-  start = at(blocks.start)
-  return Queries(
-    slots,
-    at(blocks.documents),
-    start,
-    at(blocks.block),
-    jnp.take_along_axis(blocks.block_id, start, axis=-1),
-  )
-
-
-def select_for(q, queries: Queries, means, nonempty, block_size: int, top_k: int):
-  """Each query's blocks, (index, valid) `[batch, n, heads, k']` as `select_blocks`, from
-  the gate scores q . mean of its document's blocks 0 .. ceil(L / B) - 1 (no gradient).
-
-  Args:
-    q: `[batch, n, heads, d]`; queries: their `Queries`; means, nonempty: `block_means`.
-  """
-  length = means.shape[1]
-  candidates = queries.first_id[..., None] + jnp.arange(-(-length // block_size))  # [b, n, m]
-  inside = candidates < length
-  candidates = jnp.minimum(candidates, length - 1)
-  picked = jax.vmap(lambda m, c: m[c])(lax.stop_gradient(means), candidates)  # [b, n, m, h, d]
-  scores = jnp.einsum('bnhd,bnmhd->bnhm', lax.stop_gradient(q).astype(means.dtype), picked)
-  available = inside & jax.vmap(lambda x, c: x[c])(nonempty, candidates)
-  own = jnp.broadcast_to(queries.block[..., None], scores.shape[:-1])
-  return select_blocks(scores, own, top_k, available[:, :, None])
-
-
-def _repeat_heads(x, heads: int):
-  """Keys or values `[b, L, kv_heads, d]` repeated to `heads` heads (grouped-query
-  attention: query head i reads kv head i // (heads / kv_heads))."""
-  if heads % x.shape[2]:
-    raise ValueError(f'{heads} query heads are not a multiple of {x.shape[2]} key/value heads')
-  return jnp.repeat(x, heads // x.shape[2], axis=2)
 
 
 def dense_moba(q, k, v, key_documents, *, block_size: int, top_k: int, scale: float, query_start=0):
@@ -195,7 +67,7 @@ def dense_moba(q, k, v, key_documents, *, block_size: int, top_k: int, scale: fl
     `[batch, n, heads, dv]` float32 (or wider); 0 for a query that reads nothing.
   """
   b, n, h, _ = q.shape
-  k, v = _repeat_heads(k, h), _repeat_heads(v, h)
+  k, v = repeat_heads(k, h), repeat_heads(v, h)
   compute = jnp.promote_types(jnp.promote_types(q.dtype, k.dtype), jnp.float32)
   blocks = key_blocks(key_documents, block_size)
   means, nonempty = block_means(k, blocks)
@@ -234,7 +106,7 @@ def gather_moba(
   """
   b, n, h, d = q.shape
   length = k.shape[1]
-  k, v = _repeat_heads(k, h), _repeat_heads(v, h)
+  k, v = repeat_heads(k, h), repeat_heads(v, h)
   compute = jnp.promote_types(jnp.promote_types(q.dtype, k.dtype), jnp.float32)
   blocks = key_blocks(key_documents, block_size)
   means, nonempty = block_means(k, blocks)
@@ -306,7 +178,7 @@ def tiled_moba(
   """
   b, n, h, d = q.shape
   length = k.shape[1]
-  k, v = _repeat_heads(k, h), _repeat_heads(v, h)
+  k, v = repeat_heads(k, h), repeat_heads(v, h)
   compute = jnp.promote_types(jnp.promote_types(q.dtype, k.dtype), jnp.float32)
   blocks = key_blocks(key_documents, block_size)
   means, nonempty = block_means(k, blocks)

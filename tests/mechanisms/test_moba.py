@@ -11,6 +11,7 @@ import pytest
 import efficient_attn as ea
 from efficient_attn.mechanisms import moba
 from efficient_attn.ops import moba as moba_lib
+from efficient_attn.ops import moba_blocks
 from efficient_attn.ops import segments
 from efficient_attn.ops.scaled_dot_product import softmax_attention
 
@@ -211,12 +212,12 @@ def test_bfloat16_is_float32_of_the_rounded_inputs():
 
 def test_select_blocks_forces_the_own_block_and_never_the_future():
   scores = jnp.asarray([[5.0, 1.0, 1.0, 0.5, 7.0, 8.0]])
-  index, valid = moba_lib.select_blocks(scores, jnp.asarray([4]), 3)
+  index, valid = moba_blocks.select_blocks(scores, jnp.asarray([4]), 3)
   assert index.tolist() == [[4, 0, 1]] and valid.all()  # 1 before 2 (a tie), never 5
   available = jnp.asarray([[False, True, True, True, True, True]])
-  index, valid = moba_lib.select_blocks(scores, jnp.asarray([2]), 4, available)
+  index, valid = moba_blocks.select_blocks(scores, jnp.asarray([2]), 4, available)
   assert index[0, :2].tolist() == [2, 1] and valid.tolist() == [[True, True, False, False]]
-  assert moba_lib.select_blocks(scores, jnp.asarray([3]), 1)[0].tolist() == [[3]]
+  assert moba_blocks.select_blocks(scores, jnp.asarray([3]), 1)[0].tolist() == [[3]]
 
 
 def test_bad_calls_are_one_line():
