@@ -422,6 +422,13 @@ class Mechanism:
     del options
     return None
 
+  def kv_cache_attention(self, options: Options) -> Optional[Callable[..., Any]]:
+    """The attention of a decoding call's queries over its full key/value cache, with
+    `layers.decoding.kv_cache_attention`'s arguments, or None: that function, exact softmax
+    (default; e.g. MoBA selects blocks of the cache instead)."""
+    del options
+    return None
+
 
 class Context:
   """What a mechanism may ask of the layer that runs it (Linen or NNX, or a bare call).

@@ -119,7 +119,7 @@ def decode_form(
     scale, window = options.get('scale'), decl.kv_window(options)
     if window is not None:
       return window_kv_cache(window, scale=scale)
-    return full_kv_cache(scale=scale)
+    return full_kv_cache(scale=scale, attention=decl.kv_cache_attention(options))
   if decl.decode == 'recurrent':
 
     def init(batch, capacity, heads, head_dim, v_dim, dtype):
@@ -156,11 +156,16 @@ def _written(k, v, documents):
   return jnp.where(real, k, jnp.zeros((), k.dtype)), jnp.where(real, v, jnp.zeros((), v.dtype))
 
 
-def full_kv_cache(*, scale: Optional[float] = None) -> DecodeForm:
+def full_kv_cache(
+  *, scale: Optional[float] = None, attention: Optional[Callable[..., Any]] = None
+) -> DecodeForm:
   """Exact softmax attention's decoding form: every key and value, a slot per position.
 
   A call of n tokens at cache index i writes slots i..i+n-1, then its queries attend to
-  the slots up to their own position, of their own document."""
+  the slots up to their own position, of their own document (`attention`, with
+  `kv_cache_attention`'s arguments: a mechanism's own, `Mechanism.kv_cache_attention`;
+  None: `kv_cache_attention`)."""
+  attend = kv_cache_attention if attention is None else attention
 
   def step(cache, q, k, v, tokens):
     n = q.shape[1]
@@ -172,7 +177,7 @@ def full_kv_cache(*, scale: Optional[float] = None) -> DecodeForm:
         for c, x in zip(cache, (k, v, tokens.documents))
       )
     )
-    out = kv_cache_attention(
+    out = attend(
       q,
       cache.keys,
       cache.values,

@@ -35,6 +35,7 @@ from efficient_attn.mechanisms import local
 from efficient_attn.mechanisms import longformer
 from efficient_attn.mechanisms import mamba2
 from efficient_attn.mechanisms import mixer
+from efficient_attn.mechanisms import moba
 from efficient_attn.mechanisms import nsa
 from efficient_attn.mechanisms import nystrom
 from efficient_attn.mechanisms import random_features
@@ -61,6 +62,7 @@ from efficient_attn.mechanisms.local import local_attention
 from efficient_attn.mechanisms.longformer import longformer_attention
 from efficient_attn.mechanisms.mamba2 import mamba2_attention
 from efficient_attn.mechanisms.mixer import token_mixing
+from efficient_attn.mechanisms.moba import moba_attention
 from efficient_attn.mechanisms.nsa import nsa_attention
 from efficient_attn.mechanisms.nystrom import nystrom_attention
 from efficient_attn.mechanisms.performer import performer_attention
@@ -114,6 +116,7 @@ __all__ = [
   'local_attention',
   'longformer_attention',
   'mamba2_attention',
+  'moba_attention',
   'nsa_attention',
   'nystrom_attention',
   'performer_attention',
