@@ -19,7 +19,7 @@ GATED = registry.names_where(lambda m: isinstance(m, gated_family.GatedRecurrenc
 
 
 def test_the_family_is_registered_causal_only_and_reads_the_input():
-  assert set(GATED) == {'retention', 'gla', 'mamba2', 'deltanet', 'gated_deltanet'}
+  assert set(GATED) == {'retention', 'gla', 'mamba2', 'deltanet', 'gated_deltanet', 'rwkv7'}
   for name in GATED:
     decl = ea.get_mechanism(name)
     assert decl.causal_only and decl.reads_input and decl.decode == 'recurrent'
