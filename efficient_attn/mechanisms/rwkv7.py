@@ -50,6 +50,7 @@ import jax.numpy as jnp
 
 from efficient_attn import registry
 from efficient_attn.mechanisms import gated_family
+from efficient_attn.mechanisms import initializers
 from efficient_attn.ops import collectives
 from efficient_attn.ops import delta
 from efficient_attn.ops import dplr
@@ -143,45 +144,6 @@ def rwkv7_attention(
   return gated_family.finished(out, state, v.dtype, return_final_state)
 
 
-def _per_feature(fn):
-  """An initialiser `[..., N]` (any shape, N its size) from fn(i, N) of the flat index i."""
-
-  def init(key, shape, dtype=F32):
-    del key
-    size = math.prod(shape)
-    return fn(jnp.arange(size, dtype=F32), size).reshape(shape).astype(dtype)
-
-  return init
-
-
-def _linear(i, size):
-  return i / max(size - 1, 1) - 0.5
-
-
-def _zigzag(head_dim: int):
-  def fn(i, size):
-    del size
-    half = max((head_dim - 1) / 2, 0.5)
-    z = ((i % head_dim) - (head_dim - 1) / 2) / half
-    return z * jnp.abs(z)
-
-  return fn
-
-
-def _mu_init(power: float):
-  """fla's token-shift mu of the first layer: 1 - (i / N)^power."""
-  return _per_feature(lambda i, size: 1.0 - (i / size) ** power)
-
-
-def _orthogonal_up(key, shape, dtype=F32):
-  """fla's LoRA up projection `[rank, ...]`: orthogonal, gain 0.1 (times sqrt(out / rank)
-  where the output is wider)."""
-  rank, out = shape[0], math.prod(shape[1:])
-  gain = 0.1 * math.sqrt(out / rank) if out > rank else 0.1
-  w = jax.nn.initializers.orthogonal(gain)(key, (rank, out), F32)
-  return w.reshape(shape).astype(dtype)
-
-
 def group_norm(x, scale, bias, eps: float):
   """Per-head layer norm over the last axis of x `[b, n, h, d]` (fla's GroupNorm with one
   group a head), times scale plus bias `[h, d]`; float32 (float64 where x is)."""
@@ -222,35 +184,29 @@ class RWKV7(gated_family.GatedRecurrence):
   def params(self, options, *, heads, head_dim, max_length, causal):
     del max_length, causal
     shape = (heads, head_dim)
-    per_head = lambda fn: _per_feature(fn)
-    zig = _zigzag(head_dim)
+    spec = lambda init: registry.ParamSpec(shape, init)
     specs = {
-      'decay_bias': registry.ParamSpec(
-        shape, per_head(lambda i, n: -5.5 + 6.0 * i / max(n - 1, 1) + 2.5 * zig(i, n))
-      ),
-      'a_bias': registry.ParamSpec(
-        shape, per_head(lambda i, n: -0.19 + 0.3 * zig(i, n) + 0.4 * _linear(i, n))
-      ),
-      'k_k': registry.ParamSpec(shape, per_head(lambda i, n: 0.71 - 0.1 * _linear(i, n))),
-      'k_a': registry.ParamSpec(shape, per_head(lambda i, n: jnp.full_like(i, 1.02))),
-      'r_k': registry.ParamSpec(shape, per_head(lambda i, n: jnp.full_like(i, -0.04))),
-      'norm_scale': registry.ParamSpec(shape, per_head(lambda i, n: jnp.ones_like(i))),
-      'norm_bias': registry.ParamSpec(shape, per_head(lambda i, n: jnp.zeros_like(i))),
+      'decay_bias': spec(initializers.rwkv7_decay_bias(head_dim)),
+      'a_bias': spec(initializers.rwkv7_a_bias(head_dim)),
+      'k_k': spec(initializers.rwkv7_k_k),
+      'k_a': spec(initializers.constant_init(1.02)),
+      'r_k': spec(initializers.constant_init(-0.04)),
+      'norm_scale': spec(initializers.ones_init),
+      'norm_bias': spec(initializers.zeros_init),
     }
     if options.token_shift:
       for name, power in (('r', 0.2), ('k', 0.7), ('v', 0.7)):
-        specs[f'mu_{name}'] = registry.ParamSpec(shape, _mu_init(power))
+        specs[f'mu_{name}'] = spec(initializers.token_shift_init(power))
     return specs
 
   def input_params(self, options, *, features, heads, head_dim):
-    zeros = lambda key, shape, dtype=F32: jnp.zeros(shape, dtype)
     specs = {}
     for lora, power in zip(LORAS, (0.9, 0.9, 0.2)):
       rank = options[f'{lora}_rank']
-      specs[f'{lora}_down'] = registry.ParamSpec((features, rank), zeros)
-      specs[f'{lora}_up'] = registry.ParamSpec((rank, heads, head_dim), _orthogonal_up)
+      specs[f'{lora}_down'] = registry.ParamSpec((features, rank), initializers.zeros_init)
+      specs[f'{lora}_up'] = registry.ParamSpec((rank, heads, head_dim), initializers.lora_up_init)
       if options.token_shift:
-        specs[f'mu_{lora}'] = registry.ParamSpec((features,), _mu_init(power))
+        specs[f'mu_{lora}'] = registry.ParamSpec((features,), initializers.token_shift_init(power))
     return specs
 
   def gates(self, options, params, inputs):
@@ -267,28 +223,30 @@ class RWKV7(gated_family.GatedRecurrence):
     )
     return out
 
-  def _low_rank(self, options, gates, lora):
-    """The LoRA `lora`'s first product `[b, n, rank]`, with the token before's share
-    (gates['shift'], already shifted) where token shift is on."""
+  @staticmethod
+  def _low_rank(gates, lora):
+    """The LoRA `lora`'s first product `[b, n, rank]`, with the token before's share where
+    the gates have one (token shift: gates['shift'], already shifted, the three's shares
+    concatenated in `LORAS`' order)."""
     x = gates[lora]
-    if not options.token_shift:
+    if 'shift' not in gates:
       return x
-    start = sum(options[f'{name}_rank'] for name in LORAS[: LORAS.index(lora)])
-    return x + gates['shift'][..., start : start + options[f'{lora}_rank']]
+    start = sum(gates[name].shape[-1] for name in LORAS[: LORAS.index(lora)])
+    return x + gates['shift'][..., start : start + x.shape[-1]]
 
-  def _keys_and_gates(self, options, params, k, gates):
+  def _keys_and_gates(self, params, k, gates):
     """(log_decay, rate, kappa, write key k~), each `[b, n, h, dk]`, of keys k and gates."""
     up = lambda x, lora, bias: gated_family.dense(x, params[f'{lora}_up'], params[bias])
     log_decay = -DECAY_SCALE * jax.nn.sigmoid(
-      up(jnp.tanh(self._low_rank(options, gates, 'decay')), 'decay', 'decay_bias')
+      up(jnp.tanh(self._low_rank(gates, 'decay')), 'decay', 'decay_bias')
     )
-    rate = jax.nn.sigmoid(up(self._low_rank(options, gates, 'a'), 'a', 'a_bias'))
+    rate = jax.nn.sigmoid(up(self._low_rank(gates, 'a'), 'a', 'a_bias'))
     k = gated_family.upcast(k)
     kappa = norm.l2_normalize(k * gated_family.upcast(params['k_k']))
     return log_decay, rate, kappa, k * (1 + (rate - 1) * gated_family.upcast(params['k_a']))
 
   def recurrence_inputs(self, options, params, q, k, v, gates):
-    log_decay, rate, kappa, k = self._keys_and_gates(options, params, k, gates)
+    log_decay, rate, kappa, k = self._keys_and_gates(params, k, gates)
     ab = jnp.stack([-kappa, rate * kappa], axis=3)
     return gated_family.upcast(q), k, gated_family.upcast(v), log_decay, ab
 
@@ -298,13 +256,12 @@ class RWKV7(gated_family.GatedRecurrence):
     eps = NORM_EPS * out.shape[-1]
     out = group_norm(out, params['norm_scale'], params['norm_bias'], eps)
     out = out + gates['bonus'] * gated_family.upcast(v)
-    gate = jax.nn.sigmoid(self._low_rank(options, gates, 'gate'))
+    gate = jax.nn.sigmoid(self._low_rank(gates, 'gate'))
     out = out * gated_family.dense(gate, params['gate_up'])
     return documents.zero_padding(gates['real'], out)[0]
 
   def run_pure_function(self, q, k, v, gates, params, **kwargs):
-    options = self.resolve({'token_shift': 'shift' in gates})
-    log_decay, rate, kappa, k = self._keys_and_gates(options, params, k, gates)
+    log_decay, rate, kappa, k = self._keys_and_gates(params, k, gates)
     return rwkv7_attention(q, k, v, log_decay, kappa, rate, **kwargs)
 
   # The layer's forms: the token shift (a two-tap convolution of r, k, v; the gates'
