@@ -4,9 +4,10 @@ rule (`fla.ops.generalized_delta_rule.dplr`), by token and chunkwise in the WY f
     S_t = (diag(exp(g_t)) + b_t a_t^T) S_{t-1} + k_t v_t^T,      o_t = S_t^T q_t,
 
 with the state S `[dk, dv]`, a log-decay g_t <= 0 per key feature (or per head) and a
-rank-one correction of the transition by the pair (a_t, b_t). The delta rule is
-a = -k, b = beta k; RWKV-7 (Peng et al. 2025) removes along its removal key kappa at its
-in-context rate alpha: a = -kappa, b = alpha * kappa (`efficient_attn.mechanisms.rwkv7`).
+rank-one correction of the transition by the pair (a_t, b_t). DeltaNet's delta rule is
+a = -k, b = beta k with the write key beta k (Gated DeltaNet: b = beta exp(g) k); RWKV-7
+(Peng et al. 2025) removes along its removal key kappa at its in-context rate alpha:
+a = -kappa, b = alpha * kappa (`efficient_attn.mechanisms.rwkv7`).
 The forms, one module each:
 
   * `reference`: the recurrence token by token (`dplr_scan`, the definition) and one token
