@@ -23,14 +23,14 @@ linear, k_a = 1.02, r_k = -0.04, the norm's scale 1 and bias 0.
 
 Token shift (`token_shift`, fla's `token_shift`; on by default, as in RWKV): each input is
 the lerp of the token and the one before, x + (x_{t-1} - x) mu, with a learned mu per
-input. For the gates it is fla's, per feature of the layer input (mu_w, mu_a, mu_g): the
-LoRAs' first products are linear, so the layer's gates keep (x (1 - mu)) W_1 of each token
-and (x mu) W_1, which the next token reads (gate 'shift'; the decoding state keeps the
-last one, constant size). r, k and v are projected by the layer, so their lerp is on the
-projected features (mu_r, mu_k, mu_v `[heads, head_dim]`): a depthwise causal convolution
-of two taps (mu, 1 - mu), fla's lerp where mu is constant across the input's features. The
-shift never crosses a document boundary, and a padding gap reads zeros (docs/design.md
-"Documents").
+input. For the gates it is fla's, per feature of the layer input (mu_decay, mu_a,
+mu_gate): the LoRAs' first products are linear, so the layer's gates keep (x (1 - mu)) W_1
+of each token and (x mu) W_1, which the next token reads (gate 'shift'; the decoding state
+keeps the last one, constant size). r, k and v are projected by the layer, so their lerp
+is on the projected features (mu_r, mu_k, mu_v `[heads, head_dim]`): a depthwise causal
+convolution of two taps (mu, 1 - mu), equal to fla's lerp where fla's mu is one value for
+all the input's features. The shift never crosses a document boundary, and a padding gap
+reads zeros (docs/design.md "Documents").
 
 Not here: the value residual across layers (v_first: layer 0's values mixed into every
 later layer's by a learned lerp) needs a value passed between the layers of a model,
@@ -39,7 +39,8 @@ channel-mix block (the feed-forward) is the model's.
 
 The chunkwise form is `efficient_attn.ops.dplr.dplr_chunked` (WY form, a = -kappa,
 b = alpha * kappa); the sequence split composes each block's state transition
-(`efficient_attn.ops.delta.transition_sharded`). No Pallas kernel yet.
+(`efficient_attn.ops.delta.transition_sharded`). No Pallas kernel yet (so no
+`implementation` option); a prefill is the decoding step in a scan.
 """
 
 import copy
