@@ -41,6 +41,7 @@ from efficient_attn.mechanisms import nystrom
 from efficient_attn.mechanisms import random_features
 from efficient_attn.mechanisms import reformer
 from efficient_attn.mechanisms import retention
+from efficient_attn.mechanisms import rwkv7
 from efficient_attn.mechanisms import sinkhorn
 from efficient_attn.mechanisms import softmax
 from efficient_attn.mechanisms import sparse
@@ -71,6 +72,7 @@ from efficient_attn.mechanisms.reformer import reformer_attention
 from efficient_attn.mechanisms.retention import retention_attention
 from efficient_attn.mechanisms.rfa import rfa_attention
 from efficient_attn.mechanisms.rfa import rfa_attention_step
+from efficient_attn.mechanisms.rwkv7 import rwkv7_attention
 from efficient_attn.mechanisms.sinkhorn import sinkhorn_attention
 from efficient_attn.mechanisms.softmax import chunked_softmax_attention
 from efficient_attn.mechanisms.softmax import softmax_attention
@@ -125,6 +127,7 @@ __all__ = [
   'retention_attention',
   'rfa_attention',
   'rfa_attention_step',
+  'rwkv7_attention',
   'sinkhorn_attention',
   'softmax_attention',
   'sparse_attention',

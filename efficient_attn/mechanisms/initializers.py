@@ -80,3 +80,63 @@ def a_log_init(low: float, high: float):
     return jnp.log(jnp.maximum(a, 1e-4)).astype(dtype)
 
   return init
+
+
+# RWKV-7 (fla's RWKV7Attention._initialize_weights, with the first layer's ratios: this
+# layer does not know its depth). i is a parameter's flat index, N its size; per-head
+# parameters `[heads, head_dim]` read `linear` = i / (N - 1) - 1/2 and `zigzag`, a signed
+# square of the position within the head in [-1, 1].
+
+
+def by_index(fn):
+  """The initialiser of fn(i, N) (i the flat index, N the size), any shape."""
+
+  def init(key, shape, dtype=F32):
+    del key
+    size = math.prod(shape)
+    return fn(jnp.arange(size, dtype=F32), size).reshape(shape).astype(dtype)
+
+  return init
+
+
+def _linear(i, size):
+  return i / max(size - 1, 1) - 0.5
+
+
+def _zigzag(i, head_dim: int):
+  z = ((i % head_dim) - (head_dim - 1) / 2) / max((head_dim - 1) / 2, 0.5)
+  return z * jnp.abs(z)
+
+
+def rwkv7_decay_bias(head_dim: int):
+  """w_0 = -6 + 6 i / (N - 1) + 0.5 + 2.5 zigzag."""
+  return by_index(lambda i, n: -5.5 + 6.0 * i / max(n - 1, 1) + 2.5 * _zigzag(i, head_dim))
+
+
+def rwkv7_a_bias(head_dim: int):
+  """a_0 = -0.19 + 0.3 zigzag + 0.4 linear."""
+  return by_index(lambda i, n: -0.19 + 0.3 * _zigzag(i, head_dim) + 0.4 * _linear(i, n))
+
+
+def rwkv7_k_k(key, shape, dtype=F32):
+  """k_k = 0.71 - 0.1 linear."""
+  return by_index(lambda i, n: 0.71 - 0.1 * _linear(i, n))(key, shape, dtype)
+
+
+def constant_init(value: float):
+  return by_index(lambda i, n: jnp.full_like(i, value))
+
+
+def token_shift_init(power: float):
+  """A token shift's mu = 1 - (i / N)^power (r: 0.2, k and v: 0.7, decay and a: 0.9,
+  gate: 0.2)."""
+  return by_index(lambda i, n: 1.0 - (i / n) ** power)
+
+
+def lora_up_init(key, shape, dtype=F32):
+  """A LoRA's up projection `[rank, ...]`: orthogonal with gain 0.1 (times sqrt(out / rank)
+  where the output is wider). Its down projection starts at 0."""
+  rank, out = shape[0], math.prod(shape[1:])
+  gain = 0.1 * math.sqrt(out / rank) if out > rank else 0.1
+  w = jax.nn.initializers.orthogonal(gain)(key, (rank, out), F32)
+  return w.reshape(shape).astype(dtype)

@@ -27,6 +27,7 @@ def test_the_family_is_registered_causal_only_and_reads_the_input():
     'gated_deltanet',
     'gated_deltaproduct',
     'kda',
+    'rwkv7',
   }
   for name in GATED:
     decl = ea.get_mechanism(name)

@@ -59,7 +59,10 @@ SHAPES = {
   'delta': (24, 16, 16, 8),
   'gated_delta': (37, 8, 8, 8),
 }
-GATED = registry.names_where(lambda m: isinstance(m, gated_family.GatedRecurrence))
+# The gated recurrences with Pallas kernels (RWKV-7's DPLR recurrence has none yet).
+GATED = registry.names_where(
+  lambda m: isinstance(m, gated_family.GatedRecurrence) and m.cores.pallas is not None
+)
 
 
 def _inputs(kind, n, dk, dv, b=2, h=2, seed=0):
