@@ -21,7 +21,8 @@ DECODABLE = decoding.decodable_mechanisms()
 def _decode_layer(layer, variables, x):
   """Outputs `[B, L, ...]` of `layer.clone(decode=True)` fed x one token at a time."""
   dec = layer.clone(decode=True)
-  _, cache = dec.apply(variables, x, mutable=['cache'])  # creates the empty cache
+  # Creates the empty cache; one compiled program (an eager call runs op by op).
+  _, cache = jax.jit(lambda v, x: dec.apply(v, x, mutable=['cache']))(variables, x)
   step = jax.jit(lambda c, xt: dec.apply({**variables, **c}, xt, mutable=['cache']))
   outs = []
   for t in range(x.shape[1]):
@@ -36,9 +37,9 @@ def test_layer_decode_matches_parallel(mechanism):
   layer = ea.MultiHeadAttention(
     num_heads=H, mechanism=mechanism, causal=True, options=ea.get_mechanism(mechanism).example
   )
-  variables = layer.init(jax.random.PRNGKey(1), x)
+  variables = jax.jit(layer.init)(jax.random.PRNGKey(1), x)
   np.testing.assert_allclose(
-    _decode_layer(layer, variables, x), layer.apply(variables, x), atol=2e-5, rtol=2e-5
+    _decode_layer(layer, variables, x), jax.jit(layer.apply)(variables, x), atol=2e-5, rtol=2e-5
   )
 
 
@@ -49,9 +50,9 @@ def test_taylor_linear_attention_decodes_from_a_state_of_its_feature_width():
   layer = ea.MultiHeadAttention(
     num_heads=H, mechanism='linear', causal=True, options={'feature_map': 'taylor', 'chunk_size': 5}
   )
-  variables = layer.init(jax.random.PRNGKey(1), x)
+  variables = jax.jit(layer.init)(jax.random.PRNGKey(1), x)
   np.testing.assert_allclose(
-    _decode_layer(layer, variables, x), layer.apply(variables, x), atol=2e-5, rtol=2e-5
+    _decode_layer(layer, variables, x), jax.jit(layer.apply)(variables, x), atol=2e-5, rtol=2e-5
   )
   _, cache = layer.clone(decode=True).apply(variables, x, mutable=['cache'])
   d = D // H
@@ -71,12 +72,12 @@ def test_based_linear_attention_projects_queries_and_keys_to_qk_dim():
   x = jax.random.normal(jax.random.PRNGKey(0), (B, 12, D))
   options = {'feature_map': 'taylor', 'qk_dim': 3, 'chunk_size': 5}
   layer = ea.MultiHeadAttention(num_heads=H, mechanism='linear', causal=True, options=options)
-  variables = layer.init(jax.random.PRNGKey(1), x)
+  variables = jax.jit(layer.init)(jax.random.PRNGKey(1), x)
   kernels = variables['params']
   assert kernels['query']['kernel'].shape == kernels['key']['kernel'].shape == (D, H, 3)
   assert kernels['value']['kernel'].shape == (D, H, D // H)
   np.testing.assert_allclose(
-    _decode_layer(layer, variables, x), layer.apply(variables, x), atol=2e-5, rtol=2e-5
+    _decode_layer(layer, variables, x), jax.jit(layer.apply)(variables, x), atol=2e-5, rtol=2e-5
   )
   _, cache = layer.clone(decode=True).apply(variables, x, mutable=['cache'])
   assert (B, H, 1 + 3 + 9, D // H) in [leaf.shape for leaf in jax.tree.leaves(cache)]
@@ -93,14 +94,14 @@ def test_super_projection_decode_matches_parallel(mechanism):
   layer = ea.MultiHeadAttention(
     num_heads=H, mechanism=mechanism, projection='super', causal=True, max_length=24
   )
-  variables = layer.init(jax.random.PRNGKey(1), x)
+  variables = jax.jit(layer.init)(jax.random.PRNGKey(1), x)
   # A non-trivial lower-triangular W_A (it starts as the identity).
   params = jax.tree.map(lambda p: p, variables['params'])
   params['alignment']['kernel'] = jax.random.normal(jax.random.PRNGKey(2), (24, 24)) / 4
   params['alignment']['bias'] = jnp.linspace(-1, 1, 24)
   variables = {'params': params}
   np.testing.assert_allclose(
-    _decode_layer(layer, variables, x), layer.apply(variables, x), atol=2e-5, rtol=2e-5
+    _decode_layer(layer, variables, x), jax.jit(layer.apply)(variables, x), atol=2e-5, rtol=2e-5
   )
 
 

@@ -36,7 +36,8 @@ def alone(fn, ids):
   packed layout are gathered into one row per document (its real tokens, left-aligned,
   zeros after: causal, so what follows changes nothing), `fn` runs on them, and its output
   goes back to the packed layout (0 at padding)."""
-  docs = np.asarray(segments.document_index(ids))
+  with jax.ensure_compile_time_eval():  # `ids` are concrete; `run` may be traced
+    docs = np.asarray(segments.document_index(ids))
   rows = [
     np.where((docs[r] == d) & (ids[r] != 0))[0] for r in range(len(ids)) for d in set(docs[r])
   ]
@@ -127,19 +128,23 @@ def test_a_packed_row_equals_its_documents_alone(name):
     by_document = lambda p, *xs: alone(
       functools.partial(_layer, decl, options, 'naive', None, p), IDS
     )(*xs)
-    want = by_document(*f64[:1], *f64[1])
-    want_grads = jax.grad(functools.partial(loss, by_document), argnums=(0, 1, 2, 3, 4))(
-      f64[0], *f64[1]
-    )
+    want, want_grads = jax.jit(  # one compiled program, not op by op
+      lambda p, *xs: (
+        by_document(p, *xs),
+        jax.grad(functools.partial(loss, by_document), argnums=(0, 1, 2, 3, 4))(p, *xs),
+      )
+    )(f64[0], *f64[1])
     want, want_grads = jax.tree.map(np.asarray, (want, want_grads))
   packed = functools.partial(_layer, decl, options, 'chunk', ids)
   f32 = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), (params, inputs))
-  got = jax.jit(packed)(f32[0], *f32[1])
+  got, grads = jax.jit(
+    lambda p, *xs: (
+      packed(p, *xs),
+      jax.grad(functools.partial(loss, packed), argnums=(0, 1, 2, 3, 4))(p, *xs),
+    )
+  )(f32[0], *f32[1])
   np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5, err_msg=name)
   assert not np.asarray(got)[IDS == 0].any()
-  grads = jax.jit(jax.grad(functools.partial(loss, packed), argnums=(0, 1, 2, 3, 4)))(
-    f32[0], *f32[1]
-  )
   for (path, g), w in zip(
     jax.tree_util.tree_flatten_with_path(grads)[0], jax.tree.leaves(want_grads)
   ):
@@ -155,7 +160,9 @@ def test_decoding_a_packed_row_resets_at_each_document(name):
   decl, options, params, inputs = _setup(name)
   f32 = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), (params, inputs))
   params, (q, k, v, x) = f32
-  want = _layer(decl, options, 'chunk', jnp.asarray(IDS), params, q, k, v, x)
+  want = jax.jit(functools.partial(_layer, decl, options, 'chunk'))(
+    jnp.asarray(IDS), params, q, k, v, x
+  )
   state = decl.init_state(
     decl.resolve(options), batch=B, heads=HEADS, head_dim=q.shape[3], v_dim=v.shape[3]
   )
@@ -187,8 +194,8 @@ def test_a_pure_function_on_a_packed_row_equals_its_documents_alone(name):
       q, k, v, dict(zip(keys, gate_values)), params, segment_ids=ids, chunk_size=CHUNK, form=form
     )
 
-  got = pure(jnp.asarray(IDS), q, k, v, *(gates[key] for key in keys))
-  want = alone(functools.partial(pure, None, form='naive'), IDS)(
+  got = jax.jit(pure)(jnp.asarray(IDS), q, k, v, *(gates[key] for key in keys))
+  want = jax.jit(alone(functools.partial(pure, None, form='naive'), IDS))(
     q, k, v, *(gates[key] for key in keys)
   )
   np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5, err_msg=name)
@@ -199,17 +206,21 @@ def test_a_pure_function_streamed_in_pieces_equals_one_call(name):
   """initial_state and return_final_state: a packed row cut inside its documents, each
   piece from the last one's final state, equals one call, outputs and final state."""
   decl, params, q, k, v, gates = _pure_inputs(name)
-  run = lambda lo, hi, state: decl.run_pure_function(
-    q[:, lo:hi],
-    k[:, lo:hi],
-    v[:, lo:hi],
-    {key: x[:, lo:hi] for key, x in gates.items()},
-    params,
-    segment_ids=jnp.asarray(IDS[:, lo:hi]),
-    initial_state=state,
-    return_final_state=True,
-    chunk_size=CHUNK,
-  )
+
+  @functools.partial(jax.jit, static_argnums=(0, 1))  # one program per piece, not op by op
+  def run(lo, hi, state):
+    return decl.run_pure_function(
+      q[:, lo:hi],
+      k[:, lo:hi],
+      v[:, lo:hi],
+      {key: x[:, lo:hi] for key, x in gates.items()},
+      params,
+      segment_ids=jnp.asarray(IDS[:, lo:hi]),
+      initial_state=state,
+      return_final_state=True,
+      chunk_size=CHUNK,
+    )
+
   want, want_state = run(0, N, None)
   outs, state = [], None
   for lo, hi in ((0, 3), (3, 8), (8, N)):  # cuts inside documents in both rows

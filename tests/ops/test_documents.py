@@ -78,7 +78,8 @@ def alone(scan, ids, q, k, v, g, beta, s0):
   """(out, final state) of a packed row computed document by document: each document's
   real tokens gathered and run unpacked by the definition (`scan`), the row's first from
   s0, the others from zero; padding's output 0; the final state the last document's."""
-  docs = np.asarray(segments.document_index(ids))
+  with jax.ensure_compile_time_eval():  # `ids` are concrete; the rest may be traced
+    docs = np.asarray(segments.document_index(ids))
   outs, finals = [], []
   for r in range(ids.shape[0]):
     out = jnp.zeros((N, H, v.shape[-1]), q.dtype)
@@ -119,9 +120,10 @@ def test_a_packed_row_equals_its_documents_alone(kind, dg):
   argnums = tuple(i for i, x in enumerate(inputs) if x is not None)
   with jax.enable_x64(True):
     f64 = [None if x is None else jnp.asarray(x, jnp.float64) for x in inputs]
-    reference = functools.partial(alone, scan, ids)
-    want = reference(*f64)
-    want_grads = jax.grad(_loss(reference, cotangents), argnums)(*f64)
+    reference = functools.partial(alone, scan, ids)  # one compiled program, not op by op
+    want, want_grads = jax.jit(
+      lambda *a: (reference(*a), jax.grad(_loss(reference, cotangents), argnums)(*a))
+    )(*f64)
     want, want_grads = jax.tree.map(np.asarray, (want, want_grads))
   f32 = [None if x is None else jnp.asarray(x, jnp.float32) for x in inputs]
   for name, form in (('chunk', functools.partial(chunked, chunk_size=CHUNK)), ('scan', scan)):
@@ -129,10 +131,11 @@ def test_a_packed_row_equals_its_documents_alone(kind, dg):
     def packed(q, k, v, g, beta, s0, form=form):
       return form(q, k, v, g, beta, initial_state=s0, segment_ids=jnp.asarray(ids))
 
-    got = jax.jit(packed)(*f32)
+    got, grads = jax.jit(
+      lambda *a, packed=packed: (packed(*a), jax.grad(_loss(packed, cotangents), argnums)(*a))
+    )(*f32)
     for x, w, what in zip(got, want, ('out', 'final state')):
       np.testing.assert_allclose(x, w, atol=1e-5, rtol=1e-5, err_msg=f'{name} {what}')
-    grads = jax.jit(jax.grad(_loss(packed, cotangents), argnums))(*f32)
     for i, x, w in zip(argnums, grads, want_grads):
       np.testing.assert_allclose(x, w, atol=1e-5, rtol=1e-5, err_msg=f'{name} gradient {i}')
 
@@ -157,11 +160,11 @@ def test_padding_slack_holding_nan_changes_nothing(kind, dg):
   )
   loss = lambda *a: sum(jnp.sum(jnp.sin(x)) for x in run(*a))
   argnums = tuple(i for i, x in enumerate(inputs) if x is not None)
-  clean, dirty = run(*inputs), run(*spoiled)
+  both = jax.jit(lambda *a: (run(*a), jax.grad(loss, argnums)(*a)))  # one program, two calls
+  (clean, clean_grads), (dirty, grads) = both(*inputs), both(*spoiled)
   for x, y in zip(clean, dirty):
     np.testing.assert_array_equal(x, y)
-  grads = jax.grad(loss, argnums)(*spoiled)
-  for i, x, y in zip(argnums, grads, jax.grad(loss, argnums)(*inputs)):
+  for i, x, y in zip(argnums, grads, clean_grads):
     assert bool(jnp.all(jnp.isfinite(x))), i
     np.testing.assert_allclose(x, y, atol=1e-6, rtol=1e-6)
 
@@ -176,7 +179,7 @@ def test_streaming_in_pieces_equals_one_call(kind, dg, packed):
   ids = jnp.asarray(packed_ids()) if packed else None
   inputs = [None if x is None else jnp.asarray(x, jnp.float32) for x in _inputs(kind, dg)]
   *xs, s0 = inputs
-  run = lambda xs, s, ids: chunked(*xs, initial_state=s, segment_ids=ids, chunk_size=CHUNK)
+  run = jax.jit(lambda xs, s, ids: chunked(*xs, initial_state=s, segment_ids=ids, chunk_size=CHUNK))
   want_out, want_final = run(xs, s0, ids)
   cuts = (0, 3, 5, 8, 12, N)  # one piece of a single padding token
   docs = segments.document_index(packed_ids())
@@ -246,8 +249,10 @@ for name, (sharded, core, given) in cases.items():
                                 out_specs=P(None, 's'), check_vma=False))  # as layers.parallel
   loss = lambda f: lambda *xs: jnp.sum(f(*xs) * cotangent)
   argnums = tuple(range(len(xs)))
-  want = (whole(*xs),) + jax.grad(loss(whole), argnums)(*xs)
-  got = (split(ids, *xs),) + jax.grad(loss(lambda *a: split(ids, *a)), argnums)(*xs)
+  # one compiled program each, not op by op
+  want = jax.jit(lambda *xs: (whole(*xs),) + jax.grad(loss(whole), argnums)(*xs))(*xs)
+  got = jax.jit(
+      lambda *xs: (split(ids, *xs),) + jax.grad(loss(lambda *a: split(ids, *a)), argnums)(*xs))(*xs)
   errors[name] = max(float(jnp.max(jnp.abs(a - w))) for a, w in zip(got, want))
 print(json.dumps(errors))
 '''

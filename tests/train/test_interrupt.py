@@ -76,26 +76,18 @@ def start_slow(workdir, tmp_path, checkpoint_every=EVERY):
 
 
 @pytest.mark.slow
-def test_sigkill_resumes_from_last_complete_checkpoint(reference, tmp_path):
-  workdir = str(tmp_path / 'run')
-  proc = start_slow(workdir, tmp_path)
-  try:
-    wait_for(lambda: len(main_runner.committed_steps(workdir)) >= 2, proc, '2 checkpoints')
-  finally:
-    proc.kill()
-    proc.wait()
-  assert proc.returncode == -signal.SIGKILL
-  last = main_runner.committed_steps(workdir)[-1]
-  assert last < STEPS and not os.path.exists(os.path.join(workdir, 'results.json'))
-  log = rerun(workdir)
-  assert f'Resumed from the checkpoint at step {last}' in log
-  assert results_of(workdir)['resumed_from_step'] == last
-  assert_same_params(params_of(workdir), reference[1])
-  assert results_of(workdir)['eval_loss'] == results_of(reference[0])['eval_loss']
+def test_sigterm_saves_the_current_step_then_sigkill_resumes_from_the_last_checkpoint(
+  reference, tmp_path
+):
+  """One run interrupted twice, then finished by the same command (three processes):
 
-
-@pytest.mark.slow
-def test_sigterm_saves_the_current_step_exits_0_and_resumes(reference, tmp_path):
+  1. SIGTERM, with no periodic checkpoints (checkpoint_every=100): the current step is
+     saved, the run exits 0 without a traceback and without results.json.
+  2. The command again (checkpoint_every may change on a resume) resumes from that step and
+     is killed (SIGKILL) after two more checkpoints.
+  3. The command again resumes from the last complete checkpoint and ends with the
+     parameters and eval loss of the uninterrupted run.
+  """
   workdir = str(tmp_path / 'run')
   proc = start_slow(workdir, tmp_path, checkpoint_every=100)  # only SIGTERM saves
   try:
@@ -120,9 +112,28 @@ def test_sigterm_saves_the_current_step_exits_0_and_resumes(reference, tmp_path)
   assert main_runner.committed_steps(workdir) == [stopped]
   assert 'Traceback' not in log
   assert not os.path.exists(os.path.join(workdir, 'results.json'))  # stopped, not finished
-  log = rerun(workdir, checkpoint_every=100)
-  assert f'Resumed from the checkpoint at step {stopped}' in log
+
+  proc = start_slow(workdir, tmp_path)
+  try:
+    wait_for(
+      lambda: len([s for s in main_runner.committed_steps(workdir) if s > stopped]) >= 2,
+      proc,
+      '2 more checkpoints',
+    )
+  finally:
+    proc.kill()
+    proc.wait()
+  assert proc.returncode == -signal.SIGKILL
+  with open(tmp_path / 'first.log') as f:
+    assert f'Resumed from the checkpoint at step {stopped}' in f.read()
+  last = main_runner.committed_steps(workdir)[-1]
+  assert stopped < last < STEPS and not os.path.exists(os.path.join(workdir, 'results.json'))
+
+  log = rerun(workdir)
+  assert f'Resumed from the checkpoint at step {last}' in log
+  assert results_of(workdir)['resumed_from_step'] == last
   assert_same_params(params_of(workdir), reference[1])
+  assert results_of(workdir)['eval_loss'] == results_of(reference[0])['eval_loss']
 
 
 def truncate_files(directory):
