@@ -109,7 +109,9 @@ def table(speed_json: str = '', length: int = 4096) -> str:
     rows.append(row)
   text = output.table(header, rows, 'l' * len(header))
   text += (
-    '\n\nCausal "only": a recurrence along the sequence with no bidirectional form '
+    '\n\nCausal "only": defined along the sequence, with no bidirectional form (a '
+    'recurrence; a forget gate summed along it: Forgetting Attention; past blocks ranked by '
+    "each query's scores: MoBA, NSA) "
     '(built with causal=True; a model\'s encoder runs it left to right).'
   )
   text += (

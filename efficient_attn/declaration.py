@@ -138,7 +138,8 @@ class Mechanism:
     options: the `Option`s, with the defaults the library and configs use.
     causal: has a causal form (`causal=True` honoured with no look-ahead).
     causal_only: causal by nature (a recurrence along the sequence, e.g. the
-      gated linear attentions): `configure` refuses causal=False, and a model
+      gated linear attentions; a gate summed along it, Forgetting Attention; a
+      causal selection of the past, MoBA and NSA): `configure` refuses causal=False, and a model
       encoder runs it causally.
     reads_input: its gates are functions of each token's layer input, not only
       of q, k and v (e.g. GLA's decay, Mamba-2's dt, DeltaNet's beta): the

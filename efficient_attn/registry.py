@@ -198,7 +198,7 @@ def configure(
     )
   if decl.causal_only and not causal:
     raise ValueError(
-      f'mechanism {mechanism!r} is causal only (a recurrence along the sequence, with no '
+      f'mechanism {mechanism!r} is causal only (defined along the sequence, with no '
       f'bidirectional form): build it with causal=True; mechanisms with a bidirectional '
       f'form: {", ".join(names_where(lambda m: not m.causal_only))}'
     )
