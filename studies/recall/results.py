@@ -2,9 +2,10 @@
 
 recall_d.json holds every run of budgets C and D and the width-128 probes (its `rows`:
 a group of seeds per mechanism, width, cell and budget); recall.json holds budget A and
-recall_budget.json budget B with the width-64 probes. Three tables: the grid at budget D
-(the six core mechanisms and Based's hybrid), every other causal mechanism at one cell,
-and the earlier budgets with the probes that chose budget D. A row is picked by its exact
+recall_budget.json budget B with the width-64 probes; recall_lr.json the learning-rate sweep.
+The tables: the grid at budget D (the six core mechanisms and Based's hybrid), the sweep's
+best rate per mechanism (`swept`), every other causal mechanism at one cell, and the earlier
+budgets with the probes that chose budget D. A row is picked by its exact
 label, so runs with other options (ablations) do not enter these tables.
 """
 
@@ -12,14 +13,17 @@ import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from studies import tables
+from studies.recall import swept
 
 SOURCES = (
   'studies/recall/recall.json',
   'studies/recall/recall_budget.json',
   'studies/recall/recall_d.json',
   'studies/recall/ablation.json',
+  'studies/recall/recall_lr.json',
 )  # a later file's
-# row wins; ablation.json: the ablations of Gated DeltaNet and Mamba-2 (their own labels)
+# row wins; ablation.json: the ablations of Gated DeltaNet and Mamba-2 (their own labels);
+# recall_lr.json: the learning-rate sweep's runs at 3e-3 and 1e-2 (`swept`)
 # Gated DeltaNet's default initialisation is fla's since 0.2.0 (the ablations below); every
 # grid run before used PyTorch's, now `init=default`.
 GDN_TORCH = 'gated_deltanet init=default'
@@ -272,6 +276,7 @@ def table() -> str:
   return '\n\n'.join(
     [
       grid_table(found),
+      swept.table(found),
       one_cell_table(found),
       earlier_table(found),
       ablation_table(found),
