@@ -449,24 +449,36 @@ class GatedRecurrence(registry.Mechanism):
     segment = jnp.zeros((batch,), jnp.int32)
     return RecurrentState(self.cores.init(batch, heads, head_dim, v_dim), conv, segment)
 
+  def step_documents(self, state, inputs, ctx):
+    """A decoding step's documents: (segment, S, real, reset, inputs, gates). `ctx.documents`
+    `[batch, 1]` (None: one document): a real token whose id differs from `state.segment`
+    (when that is not 0) starts a new document (`reset` `[batch]`, S cleared); a padding
+    token (`real` False) has its inputs and gates zeroed. `real` and `reset` are None
+    without documents."""
+    batch = inputs[0].shape[0]
+    segment = jnp.zeros((batch,), jnp.int32) if state.segment is None else state.segment
+    s, real, reset = state.s, None, None
+    gates = ctx.gates
+    if ctx.documents is not None:
+      ids = segments.check(ctx.documents, batch, 1, self.name)[:, 0]
+      real = ids != 0
+      reset = real & (segment != 0) & (ids != segment)
+      segment = jnp.where(real, ids, segment)
+      s = documents.where_rows(~reset, s)
+      inputs = documents.zero_padding(real[:, None], *inputs)
+      gates = jax.tree.map(lambda x: documents.zero_padding(real[:, None], x)[0], gates)
+    return segment, s, real, reset, tuple(inputs), gates
+
   def step(self, options, params, state, q_t, k_t, v_t, *, ctx):
     """One token. `ctx.documents` `[batch, 1]`: the token's segment id (0: padding; None:
     one document): a real token whose id differs from `state.segment` (when that is not 0)
     starts a new document, clearing S and the convolution's history first; a padding token
     changes nothing and its output is 0. The state keeps its dtypes."""
     dtype = v_t.dtype
-    segment = jnp.zeros(v_t.shape[:1], jnp.int32) if state.segment is None else state.segment
-    s, conv, real, reset = state.s, state.conv, None, None
-    if ctx.documents is not None:
-      ids = segments.check(ctx.documents, v_t.shape[0], 1, self.name)[:, 0]
-      real = ids != 0
-      reset = real & (segment != 0) & (ids != segment)
-      segment = jnp.where(real, ids, segment)
-      s = documents.where_rows(~reset, s)
-      q_t, k_t, v_t = documents.zero_padding(real[:, None], q_t, k_t, v_t)
-    gates = ctx.gates
-    if real is not None:
-      gates = jax.tree.map(lambda x: documents.zero_padding(real[:, None], x)[0], gates)
+    conv = state.conv
+    segment, s, real, reset, (q_t, k_t, v_t), gates = self.step_documents(
+      state, (q_t, k_t, v_t), ctx
+    )
     q_t, k_t, v_t = self.conv_inputs(options, q_t, k_t, v_t, gates)
     if options.conv_size:
       steps = [

@@ -347,18 +347,10 @@ class RWKV7(gated_family.GatedRecurrence):
     real token's q, k, v and gate shares (cleared at a new document; a padding token leaves
     it), then the recurrence's step, the bonus and `finish`."""
     dtype = v_t.dtype
-    segment = jnp.zeros(v_t.shape[:1], jnp.int32) if state.segment is None else state.segment
-    s, conv, real, reset = state.s, state.conv, None, None
-    if ctx.documents is not None:
-      ids = segments.check(ctx.documents, v_t.shape[0], 1, self.name)[:, 0]
-      real = ids != 0
-      reset = real & (segment != 0) & (ids != segment)
-      segment = jnp.where(real, ids, segment)
-      s = documents.where_rows(~reset, s)
-      q_t, k_t, v_t = documents.zero_padding(real[:, None], q_t, k_t, v_t)
-    gates = ctx.gates
-    if real is not None:
-      gates = jax.tree.map(lambda x: documents.zero_padding(real[:, None], x)[0], gates)
+    conv = state.conv
+    segment, s, real, reset, (q_t, k_t, v_t), gates = self.step_documents(
+      state, (q_t, k_t, v_t), ctx
+    )
     if options.token_shift:
       kernels = [self._shift_kernel(params[mu]) for mu in SHIFTED.values()]
       kernels.append(self._shift_kernel(jnp.ones(conv[3].shape[2:], F32)))
