@@ -3,22 +3,39 @@ r"""The gated family against flash-linear-attention's kernels: forward + backwar
 For each recurrence, the bare chunkwise core (no projections, convolution or norm: what
 fla's `chunk_*` ops compute) on the same random inputs:
 
-  ours   `efficient_attn.ops.gated` / `efficient_attn.ops.delta` chunk form with implementation
-         'xla' and 'pallas' (`efficient_attn.ops.kernels`), in bfloat16 and float32 inputs;
+  ours   `efficient_attn.ops.gated` / `efficient_attn.ops.delta` / `efficient_attn.ops.dplr`
+         chunk form with implementation 'xla' and 'pallas' (`efficient_attn.ops.kernels`), in
+         bfloat16 and float32 inputs;
   fla    `fla.ops` (PyTorch + Triton) as published (`benchmarks.published.fla`), bfloat16.
 
-    recurrence       ours                                   fla
-    retention        scalar decay, fixed per head          chunk_retention
-    mamba2           scalar decay from the token (SSD)     chunk_simple_gla (g [B, T, H])
-    gla              decay per key feature                  chunk_gla (g [B, T, H, K])
-    deltanet         delta rule                             chunk_delta_rule
-    gated_deltanet   delta rule with a scalar decay         chunk_gated_delta_rule
+    recurrence          ours                                   fla
+    retention           scalar decay, fixed per head          chunk_retention
+    mamba2              scalar decay from the token (SSD)     chunk_simple_gla (g [B, T, H])
+    gla                 decay per key feature                  chunk_gla (g [B, T, H, K])
+    deltanet            delta rule                             chunk_delta_rule
+    gated_deltanet      delta rule with a scalar decay         chunk_gated_delta_rule
+    kda                 delta rule with a decay per key        chunk_kda (g [B, T, H, K])
+                        feature (Kimi Delta Attention)
+    gated_deltaproduct  n_h = 2 delta steps a token, one      chunk_gated_delta_product
+                        scalar decay, beta in (0, 2)           (k, v, beta [B, T n_h, H, ...])
+    rwkv7               DPLR: decay per key feature, a = -     chunk_rwkv7 (as its layer:
+                        kappa, b = alpha kappa (no Pallas)     safe_gate, chunk 64)
+
+The inputs are the mechanisms' (`benchmarks.fla_peer_inputs`): delta-rule keys
+L2-normalised, beta in (0, 1) (Gated DeltaProduct: (0, 2), fla's layer's allow_neg_eigval),
+RWKV-7's log-decay in (-exp(-1/2), 0) and kappa L2-normalised. fla reads q, k, v (RWKV-7's
+a and b too, as its layer gives them) in bfloat16 and the other gates in float32; Gated
+DeltaProduct's keys, values and betas as fla's interleaved substeps, its chunks 64 substeps
+on both sides (ours: --chunk_size // n_h tokens). RWKV-7 has no Pallas kernel: its 'pallas'
+cells are skipped with that reason.
 
 Forward + backward is the gradient of sum(out * do) with respect to q, k, v and the gates
-(decays, beta), timed as the median of --repeats calls after a warm-up (CUDA events for
-fla, `block_until_ready` for JAX). Decoding is one token's step with a state of its
-size, per token. Memory is XLA's compiled footprint (arguments + outputs + temporaries)
-for ours and torch's peak allocation for fla.
+(decays, beta, RWKV-7's pairs), timed as the median of --repeats calls after a warm-up (CUDA
+events for fla, `block_until_ready` for JAX). Decoding is one token's step with a state of
+its size, per token (fla's fused recurrent op; Gated DeltaProduct's, as fla's layer decodes
+it, the gated delta rule's on the token's n_h substeps; RWKV-7's, fused_recurrent_rwkv7).
+Memory is XLA's compiled footprint (arguments + outputs + temporaries) for ours and torch's
+peak allocation for fla.
 
 Head layouts (--layouts): 'heads' is --heads heads of --head_dim for q, k and v (the issue's
 batch 4, 16 heads of 128); 'paper' is each paper's own: Mamba-2 with ngroups=1 (one B and C
@@ -45,7 +62,16 @@ from benchmarks import machine
 from benchmarks import output
 from benchmarks.published import fla as published_fla
 
-RECURRENCES = ('retention', 'mamba2', 'gla', 'deltanet', 'gated_deltanet')
+RECURRENCES = (
+  'retention',
+  'mamba2',
+  'gla',
+  'deltanet',
+  'gated_deltanet',
+  'kda',
+  'gated_deltaproduct',
+  'rwkv7',
+)
 IMPLEMENTATIONS = ('xla', 'pallas')
 DTYPES = ('bfloat16', 'float32')
 LAYOUTS = ('heads', 'paper')
@@ -164,7 +190,7 @@ def run(fv) -> Dict[str, Any]:
           for dtype in picked['dtypes']:
             key = f'{impl}_{dtype}'
             if core is None:
-              row[key] = dict(skipped=f'no {impl} form of {recurrence}')
+              row[key] = dict(skipped=f'{recurrence} has no {impl} form (no kernel)')
               continue
             try:
               row[key] = fla_peer_ours.time_ours(
@@ -247,7 +273,8 @@ def markdown(result: Dict[str, Any]) -> str:
       [
         r['recurrence'],
         r['layout'],
-        f"{r['batch']} x {r['length']} x {r['heads']} x ({r['dk']}, {r['dv']})",
+        f"{r['batch']} x {r['length']} x {r['heads']} x ({r['dk']}, {r['dv']})"
+        + (f", n_h {r['num_householder']}" if 'num_householder' in r else ''),
       ]
       + [ms(r.get(c)) for c in columns]
       + ([ms(fla)] + ratios if has_fla else [])

@@ -8,23 +8,50 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks import fla_peer_inputs
 from benchmarks import timing
 from efficient_attn.ops import delta
+from efficient_attn.ops import dplr
 from efficient_attn.ops import gated
-from efficient_attn.ops import kernels
+from efficient_attn.ops.delta import product
+from efficient_attn.ops.gated.common import Cores
+
+
+def _cores(recurrence: str) -> Cores:
+  """The forms of a recurrence (`Cores`: chunked, step, pallas)."""
+  if recurrence == 'gated_deltaproduct':
+    return product.householder_cores(delta.DELTA.pallas)
+  if recurrence == 'rwkv7':
+    return dplr.DPLR
+  if recurrence in fla_peer_inputs.DELTA_RULES:
+    return delta.DELTA
+  return gated.DECAY
+
+
+def _in_substeps(core: Callable[..., Any]) -> Callable[..., Any]:
+  """Gated DeltaProduct's chunk form with `chunk_size` counting substeps (n_h a token), as
+  fla's chunk_gated_delta_product's 64: chunk_size // n_h tokens a chunk."""
+
+  def form(q, k, v, g=None, beta=None, *, chunk_size=64, **kw):
+    return core(q, k, v, g, beta, chunk_size=max(1, chunk_size // k.shape[3]), **kw)
+
+  return form
 
 
 def our_core(recurrence: str, implementation: str) -> Optional[Callable[..., Any]]:
   """`core(q, k, v, g, beta, state=None, chunk_size=c) -> (out, state)` of the chunk form:
-  the XLA form ('xla') or the Pallas kernels ('pallas', `efficient_attn.ops.kernels`)."""
-  is_delta = recurrence in ('deltanet', 'gated_deltanet')
-  if implementation == 'xla':
-    return delta.delta_chunked if is_delta else gated.gated_chunked
-  return kernels.delta_chunked if is_delta else kernels.decay_chunked
+  the XLA form ('xla') or the Pallas kernels ('pallas', `efficient_attn.ops.kernels`), None
+  where the recurrence has none (RWKV-7's DPLR has no Pallas kernel). Gated DeltaProduct's
+  chunk_size counts substeps (fla's), so its chunks hold chunk_size // n_h tokens."""
+  cores = _cores(recurrence)
+  core = cores.chunked if implementation == 'xla' else cores.pallas
+  if core is not None and recurrence == 'gated_deltaproduct':
+    return _in_substeps(core)
+  return core
 
 
 def our_step(recurrence: str) -> Callable[..., Any]:
-  return delta.delta_step if recurrence in ('deltanet', 'gated_deltanet') else gated.gated_step
+  return _cores(recurrence).step
 
 
 def memory_bytes(compiled) -> Optional[int]:
@@ -43,7 +70,7 @@ def time_ours(
   cast = lambda x: None if x is None else jnp.asarray(x, dtype)
   q, k, v = (cast(x) for x in (q, k, v))
   g, beta = (None if x is None else jnp.asarray(x) for x in (g, beta))
-  do = jnp.ones(v.shape, jnp.float32)
+  do = jnp.ones(q.shape[:3] + v.shape[-1:], jnp.float32)  # out's `[b, n, h, dv]`
 
   def loss(q, k, v, g, beta):
     out, _ = core(q, k, v, g, beta, chunk_size=chunk_size)

@@ -3,8 +3,8 @@
 # (BUDGET_S, default 390 s: 6.5 minutes, compiles included), each under its own `timeout`, so
 # a hang costs that part only and the last parts are the ones cut; what the budget leaves out
 # runs in a second call with PARTS (below). By default only the parts not yet measured on a
-# GPU run (PARTS unset: "nvidia_smi env fla_peer fla_peer_long fla_peer_paper"); PARTS=all runs
-# every part.
+# GPU run (PARTS unset: "nvidia_smi env fla_peer fla_peer_2025 fla_peer_long fla_peer_paper");
+# PARTS=all runs every part.
 #
 #   OUT=/some/folder bash benchmarks/gpu_suite.sh            # on the GPU
 #   OUT=/tmp/gpu_smoke PARTS=all bash benchmarks/gpu_suite.sh --smoke
@@ -15,12 +15,15 @@
 #
 # Parts, in order:
 #   nvidia_smi, env     the device, jax, and that no ml_collections/clu/tensorflow is imported;
-#   fla_peer            benchmarks.fla_peer (docs/results/gated_gpu.md): the five recurrences'
-#                       chunk forms, ours (XLA and Pallas, bfloat16 and float32) against fla's
+#   fla_peer            benchmarks.fla_peer (docs/results/gated_gpu.md): the five older
+#                       recurrences' chunk forms (retention, mamba2, gla, deltanet,
+#                       gated_deltanet), ours (XLA and Pallas, bfloat16 and float32) against fla's
 #                       Triton kernels (bfloat16; benchmarks/published/third_party/fla carried,
 #                       hash-checked), forward + backward, batch 4, 16 heads of 128, 4K and 16K,
 #                       and decoding latency per token;
-#   fla_peer_long       the same at 64K tokens, batch 1, bfloat16;
+#   fla_peer_2025       the same for kda, gated_deltaproduct and rwkv7 (gated_gpu_2025.md;
+#                       rwkv7 has no Pallas kernel: those cells say so);
+#   fla_peer_long       the five older ones at 64K tokens, batch 1, bfloat16;
 #   fla_peer_paper      the papers' head layouts (Mamba-2 ngroups=1, Gated DeltaNet 256/512);
 #   flash_float32       dense `jax.nn.dot_product_attention` (XLA) vs softmax_chunked with
 #                       implementation=xla and =pallas, forward + backward, batch 4, 8 heads of
@@ -35,8 +38,9 @@
 #                       interleaved by length, every point's line in the log if it is cut);
 #   peers_bfloat16_4096, peers_bfloat16_8192, flash_bfloat16 (exact = cuDNN),
 #   flash_causal (float32, 4K, 16K).
-# From the compile times of earlier H100 runs (0.2-8 s a program), the first five parts fill
-# the budget; the rest are for a second call (PARTS=..., below).
+# From the compile times of earlier H100 runs (0.2-8 s a program), the parts up to
+# fla_peer_2025 fill the budget (fla_peer_long and fla_peer_paper may be cut); the rest are for
+# a second call (PARTS=..., below).
 # Results: one folder, packed after every part into $OUT/gpu_results.tgz (each part's output in
 # <part>.log, each tool's .md/.json/.png); the timestamped progress, with every part's output,
 # in $OUT/log.txt.
@@ -46,7 +50,7 @@ cd "$(dirname "$0")/.." || exit 1
 SMOKE=0
 if [[ "${1:-}" == "--smoke" ]]; then SMOKE=1; elif [[ $# -gt 0 ]]; then
   echo "usage: OUT=folder bash benchmarks/gpu_suite.sh [--smoke]" >&2; exit 2; fi
-PARTS=${PARTS-"nvidia_smi env fla_peer fla_peer_long fla_peer_paper"}
+PARTS=${PARTS-"nvidia_smi env fla_peer fla_peer_2025 fla_peer_long fla_peer_paper"}
 [[ "$PARTS" == all ]] && PARTS=''
 : "${OUT:?set OUT to the folder the results go to}"
 mkdir -p "$OUT"
@@ -91,12 +95,16 @@ if (( SMOKE )); then
   HEAD_FLAGS=(--heads=2 --head_dim=16)
   LIMIT=120
   FLA_FLAGS=(--dry_run --recurrences=retention,gated_deltanet)
+  FLA_2025=(--dry_run --recurrences=kda,gated_deltaproduct,rwkv7 --dtypes=float32 --nodecode)
   FLA_LONG=(--dry_run --recurrences=gla --dtypes=bfloat16 --nodecode)
   FLA_PAPER=(--dry_run --layouts=paper --recurrences=gated_deltanet --nodecode)
 else
-  FLA_FLAGS=(--lengths=4096,16384 --layouts=heads --repeats=5 --budget_s=5)
+  FLA_OLDER=--recurrences=retention,mamba2,gla,deltanet,gated_deltanet
+  FLA_FLAGS=(--lengths=4096,16384 --layouts=heads --repeats=5 --budget_s=5 $FLA_OLDER)
+  FLA_2025=(--lengths=4096,16384 --layouts=heads --repeats=5 --budget_s=5
+            --recurrences=kda,gated_deltaproduct,rwkv7)
   FLA_LONG=(--lengths=65536 --layouts=heads --dtypes=bfloat16 --repeats=3 --budget_s=5
-            --nodecode)
+            --nodecode $FLA_OLDER)
   FLA_PAPER=(--lengths=4096,16384 --layouts=paper --recurrences=mamba2,gated_deltanet
              --dtypes=bfloat16 --repeats=5 --budget_s=5 --nodecode)
   FLASH_LENGTHS=1024,4096,16384; CAUSAL_LENGTHS=4096,16384; PEER_LENGTHS=4096,8192
@@ -135,6 +143,8 @@ sys.exit(1 if heavy else 0)"
 # 1b. The gated family against fla (issue 61): the first tables a GPU has not measured yet.
 part fla_peer "$(lim 240)" "$PY" -m benchmarks.fla_peer "${FLA_FLAGS[@]}" --out="$RES" \
   --name=gated_gpu
+part fla_peer_2025 "$(lim 150)" "$PY" -m benchmarks.fla_peer "${FLA_2025[@]}" --out="$RES" \
+  --name=gated_gpu_2025
 part fla_peer_long "$(lim 120)" "$PY" -m benchmarks.fla_peer "${FLA_LONG[@]}" --out="$RES" \
   --name=gated_gpu_64k
 part fla_peer_paper "$(lim 90)" "$PY" -m benchmarks.fla_peer "${FLA_PAPER[@]}" --out="$RES" \
