@@ -17,3 +17,5 @@ python -m train.sweep --sweep=studies/recall/sweep.py:seed=1,learning_rate=3e-3,
     --root=runs/recall/lr3e-3_s4000/seed1 run
 python -m train.sweep --sweep=studies/recall/sweep.py:seed=1,learning_rate=1e-2,mechanisms=linear \
     --root=runs/recall/lr1e-2_s4000/seed1 run
+python -m train.sweep --sweep=studies/recall/sweep.py:seed=1,mechanisms=mamba2,conv_bias=true \
+    --root=runs/recall/lr1e-3_s4000/seed1 run
