@@ -2,8 +2,8 @@
 # The recall study's learning-rate sweep (Zoology's protocol) at width 64, (128, 8), 4,000
 # steps: seed 0 at peak rates 3e-3 and 1e-2 (1e-3 is the grid's), Mamba-2 at 1e-3 with its
 # convolution bias (the grid ran it without), then a second seed at each mechanism's best
-# rate where that is not 1e-3. Run from anywhere; a rerun skips finished runs and resumes a
-# stopped one.
+# rate where the grid has none (its 1e-3 runs have two seeds, but not Mamba-2's with the
+# bias). Run from anywhere; a rerun skips finished runs and resumes a stopped one.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 M=softmax,linear,mamba2,gla,deltanet,gated_deltanet
