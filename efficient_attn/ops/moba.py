@@ -54,6 +54,44 @@ from efficient_attn.ops.moba_blocks import select_for
 FORMS = ('tiles', 'gather', 'dense')
 
 
+def _blocks_and_means(q, k, v, key_documents, block_size):
+  """What every form starts from: k and v repeated to q's heads, the compute dtype (float32
+  or wider), the key blocks and their means with their non-empty flags."""
+  h = q.shape[2]
+  k, v = repeat_heads(k, h), repeat_heads(v, h)
+  compute = jnp.promote_types(jnp.promote_types(q.dtype, k.dtype), jnp.float32)
+  blocks = key_blocks(key_documents, block_size)
+  means, nonempty = block_means(k, blocks)
+  return k, v, compute, blocks, means, nonempty
+
+
+def _query_chunks(q, scale, q_chunk, compute):
+  """(chunk, scaled queries `[chunks, b, chunk, h, d]`, the last chunk zero-padded)."""
+  b, n, h, d = q.shape
+  chunk = min(q_chunk, n)
+  chunks = -(-n // chunk)
+  qs = jnp.pad(q.astype(compute) * scale, ((0, 0), (0, chunks * chunk - n), (0, 0), (0, 0)))
+  return chunk, qs.reshape(b, chunks, chunk, h, d).swapaxes(0, 1)
+
+
+def _chunk_selection(
+  i, qc, chunk, n, length, query_start, blocks, means, nonempty, block_size, top_k
+):
+  """Chunk i's query slots `[chunk]`, which are real (`on_slot`: the padded queries of the
+  last chunk read nothing), their `queries_at` and their blocks (`select_for`)."""
+  slots = query_start + i * chunk + jnp.arange(chunk)
+  on_slot = slots < query_start + n
+  queries = queries_at(blocks, jnp.minimum(slots, length - 1))
+  index, valid = select_for(qc, queries, means, nonempty, block_size, top_k)
+  return slots, on_slot, queries, index, valid
+
+
+def _from_chunks(out, n):
+  """`[chunks, b, chunk, h, dv]` -> `[b, n, h, dv]`."""
+  chunks, b, chunk, h, dv = out.shape
+  return out.swapaxes(0, 1).reshape(b, chunks * chunk, h, dv)[:, :n]
+
+
 def dense_moba(q, k, v, key_documents, *, block_size: int, top_k: int, scale: float, query_start=0):
   """MoBA through its dense `[n, L]` mask and one masked softmax (the reference form).
 
@@ -66,11 +104,8 @@ def dense_moba(q, k, v, key_documents, *, block_size: int, top_k: int, scale: fl
   Returns:
     `[batch, n, heads, dv]` float32 (or wider); 0 for a query that reads nothing.
   """
-  b, n, h, _ = q.shape
-  k, v = repeat_heads(k, h), repeat_heads(v, h)
-  compute = jnp.promote_types(jnp.promote_types(q.dtype, k.dtype), jnp.float32)
-  blocks = key_blocks(key_documents, block_size)
-  means, nonempty = block_means(k, blocks)
+  n = q.shape[1]
+  k, v, compute, blocks, means, nonempty = _blocks_and_means(q, k, v, key_documents, block_size)
   queries = queries_at(blocks, query_start + jnp.arange(n))
   index, valid = select_for(q, queries, means, nonempty, block_size, top_k)
   ids = jnp.where(valid, queries.first_id[..., None, None] + index, -1)  # [b, n, h, k']
@@ -104,17 +139,10 @@ def gather_moba(
   takes one masked softmax over those k' B keys. Time O(n k B d + n (L / B) d), memory
   O(q_chunk (k B + L / B) d) per head and chunk.
   """
-  b, n, h, d = q.shape
+  b, n, h, _ = q.shape
   length = k.shape[1]
-  k, v = repeat_heads(k, h), repeat_heads(v, h)
-  compute = jnp.promote_types(jnp.promote_types(q.dtype, k.dtype), jnp.float32)
-  blocks = key_blocks(key_documents, block_size)
-  means, nonempty = block_means(k, blocks)
-  chunk = min(q_chunk, n)
-  chunks = -(-n // chunk)
-  pad = chunks * chunk - n
-  qs = jnp.pad(q.astype(compute) * scale, ((0, 0), (0, pad), (0, 0), (0, 0)))
-  qs = qs.reshape(b, chunks, chunk, h, d).swapaxes(0, 1)  # [chunks, b, c, h, d]
+  k, v, compute, blocks, means, nonempty = _blocks_and_means(q, k, v, key_documents, block_size)
+  chunk, qs = _query_chunks(q, scale, q_chunk, compute)  # [chunks, b, c, h, d]
   # [b, h, L + B, d], and the documents [b, L + B]: a block read past the end is padding.
   kt, vt = (
     jnp.pad(x.astype(compute).transpose(0, 2, 1, 3), ((0, 0), (0, 0), (0, block_size), (0, 0)))
@@ -130,10 +158,9 @@ def gather_moba(
   @jax.checkpoint
   def one_chunk(args):
     i, qc = args
-    slots = query_start + i * chunk + jnp.arange(chunk)
-    on_slot = slots < query_start + n  # the padded queries of the last chunk read nothing
-    queries = queries_at(blocks, jnp.minimum(slots, length - 1))
-    index, valid = select_for(qc, queries, means, nonempty, block_size, top_k)
+    slots, on_slot, queries, index, valid = _chunk_selection(
+      i, qc, chunk, n, length, query_start, blocks, means, nonempty, block_size, top_k
+    )
     first = queries.start[..., None, None] + index * block_size  # [b, c, h, k']
     first = jnp.minimum(first.transpose(0, 2, 1, 3).reshape(b, h, -1), length)  # [b, h, X]
     reader = jnp.where(on_slot, queries.documents, -1)[:, None, :, None, None]
@@ -148,8 +175,7 @@ def gather_moba(
     w, _ = scaled_dot_product.masked_softmax(s, ok)
     return jnp.einsum('bhcx,bhcxd->bchd', w, vg)
 
-  out = lax.map(one_chunk, (jnp.arange(chunks), qs))  # [chunks, b, c, h, dv]
-  return out.swapaxes(0, 1).reshape(b, chunks * chunk, h, -1)[:, :n]
+  return _from_chunks(lax.map(one_chunk, (jnp.arange(qs.shape[0]), qs)), n)
 
 
 def tiled_moba(
@@ -176,16 +202,12 @@ def tiled_moba(
   the chunk's queries pick few blocks (small q_chunk, long rows, or picks that agree).
   Memory O(q_chunk (k_chunk + L / B) d) per head, never `[n, L]`.
   """
-  b, n, h, d = q.shape
+  b, n, h, _ = q.shape
   length = k.shape[1]
-  k, v = repeat_heads(k, h), repeat_heads(v, h)
-  compute = jnp.promote_types(jnp.promote_types(q.dtype, k.dtype), jnp.float32)
-  blocks = key_blocks(key_documents, block_size)
-  means, nonempty = block_means(k, blocks)
-  chunk, tile = min(q_chunk, n), min(k_chunk, length)
-  chunks, tiles = -(-n // chunk), -(-length // tile)
-  qs = jnp.pad(q.astype(compute) * scale, ((0, 0), (0, chunks * chunk - n), (0, 0), (0, 0)))
-  qs = qs.reshape(b, chunks, chunk, h, d).swapaxes(0, 1)  # [chunks, b, c, h, d]
+  k, v, compute, blocks, means, nonempty = _blocks_and_means(q, k, v, key_documents, block_size)
+  chunk, qs = _query_chunks(q, scale, q_chunk, compute)  # [chunks, b, c, h, d]
+  tile = min(k_chunk, length)
+  tiles = -(-length // tile)
   extra = tiles * tile - length
   kv = tuple(
     jnp.pad(x.astype(compute), ((0, 0), (0, extra), (0, 0), (0, 0))).reshape(
@@ -202,10 +224,9 @@ def tiled_moba(
   @jax.checkpoint
   def one_chunk(args):
     i, qc = args
-    slots = query_start + i * chunk + jnp.arange(chunk)
-    on_slot = slots < query_start + n  # the padded queries of the last chunk read nothing
-    queries = queries_at(blocks, jnp.minimum(slots, length - 1))
-    index, valid = select_for(qc, queries, means, nonempty, block_size, top_k)
+    slots, on_slot, queries, index, valid = _chunk_selection(
+      i, qc, chunk, n, length, query_start, blocks, means, nonempty, block_size, top_k
+    )
     reader = jnp.where(on_slot, queries.documents, -1)  # [b, c]
     read = jnp.where(
       valid & (reader >= 0)[..., None, None], queries.first_id[..., None, None] + index, -2
@@ -228,8 +249,7 @@ def tiled_moba(
     state, _ = lax.scan(step, state, jnp.arange(tiles))
     return online_softmax.finish(state).transpose(0, 2, 1, 3)
 
-  out = lax.map(one_chunk, (jnp.arange(chunks), qs))  # [chunks, b, c, h, dv]
-  return out.swapaxes(0, 1).reshape(b, chunks * chunk, h, -1)[:, :n]
+  return _from_chunks(lax.map(one_chunk, (jnp.arange(qs.shape[0]), qs)), n)
 
 
 def moba(
