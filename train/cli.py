@@ -185,7 +185,7 @@ def run_or_fail(
   except validate.ConfigError as e:
     sys.exit(f'Invalid config: {e}')
   if not verbose:
-    logs.import_tensorflow_quietly()  # tf.data, TFDS and clu load it; its notices go
+    logs.quiet_tensorflow_import()  # tf.data and TFDS load it; its notices go
   config_arg = config_flags.get_config_filename(config_flag)
   overrides = config_flags.get_override_values(config_flag)
   evaluating = mode == 'eval'

@@ -2,13 +2,15 @@
 TensorFlow's start-up notices.
 
     logs.quiet_logs(flags.FLAGS['verbosity'].present)   # first thing in an app's main
-    logs.import_tensorflow_quietly()                     # before the data or clu need it
+    logs.quiet_tensorflow_import()                       # TensorFlow, when it loads, quietly
 
 `main.py` and the scripts under `examples/` call it, so none of them prints JAX's
 "Unable to initialize backend 'tpu'" notice on a machine without libtpu.
 """
 
+import contextlib
 import importlib
+import importlib.abc
 import importlib.util
 import logging as std_logging
 import os
@@ -48,6 +50,26 @@ def quiet_logs(verbosity_given: bool) -> None:
       jax_logger.addFilter(NoMissingTpuNotice())
 
 
+@contextlib.contextmanager
+def _tensorflow_notices_dropped():
+  """File descriptor 2 points at a temporary file in the block; its lines, less
+  `TENSORFLOW_NOTICES`, are written to stderr after it."""
+  sys.stderr.flush()
+  saved = os.dup(2)
+  with tempfile.TemporaryFile() as captured:
+    os.dup2(captured.fileno(), 2)
+    try:
+      yield
+    finally:
+      os.dup2(saved, 2)
+      os.close(saved)
+      captured.seek(0)
+      lines = captured.read().decode(errors='replace').splitlines()
+      kept = [line for line in lines if not TENSORFLOW_NOTICES.search(line)]
+      if kept:
+        sys.stderr.write('\n'.join(kept) + '\n')
+
+
 def import_tensorflow_quietly():
   """Imports TensorFlow with its start-up notices (`TENSORFLOW_NOTICES`) left out of stderr;
   every other line it writes while loading is passed on. A no-op once it is imported.
@@ -57,17 +79,46 @@ def import_tensorflow_quietly():
   """
   if 'tensorflow' in sys.modules:
     return sys.modules['tensorflow']
-  sys.stderr.flush()
-  saved = os.dup(2)
-  with tempfile.TemporaryFile() as captured:
-    os.dup2(captured.fileno(), 2)
-    try:
-      return importlib.import_module('tensorflow')
-    finally:
-      os.dup2(saved, 2)
-      os.close(saved)
-      captured.seek(0)
-      lines = captured.read().decode(errors='replace').splitlines()
-      kept = [line for line in lines if not TENSORFLOW_NOTICES.search(line)]
-      if kept:
-        sys.stderr.write('\n'.join(kept) + '\n')
+  with _tensorflow_notices_dropped():
+    return importlib.import_module('tensorflow')
+
+
+class _QuietLoader(importlib.abc.Loader):
+  """TensorFlow's own loader, run with its start-up notices dropped."""
+
+  def __init__(self, loader):
+    self.loader = loader
+
+  def create_module(self, spec):
+    return self.loader.create_module(spec)
+
+  def exec_module(self, module):
+    with _tensorflow_notices_dropped():
+      self.loader.exec_module(module)
+
+  def __getattr__(self, name):  # resource readers and the like: TensorFlow's loader's
+    return getattr(self.loader, name)
+
+
+class _QuietTensorFlowFinder(importlib.abc.MetaPathFinder):
+  """Finds TensorFlow the first time anything imports it, and hands it `_QuietLoader`."""
+
+  def find_spec(self, name, path=None, target=None):
+    if name != 'tensorflow':
+      return None
+    sys.meta_path.remove(self)
+    spec = importlib.util.find_spec(name)
+    if spec is not None and spec.loader is not None:
+      spec.loader = _QuietLoader(spec.loader)
+    return spec
+
+
+def quiet_tensorflow_import() -> None:
+  """Whatever imports TensorFlow later (TFDS, tf.data, an image decoder) imports it as
+  `import_tensorflow_quietly` does; a run that needs no TensorFlow never loads it (about
+  8 s of CPU). A no-op once it is imported or the finder is in place."""
+  if 'tensorflow' in sys.modules or any(
+    isinstance(finder, _QuietTensorFlowFinder) for finder in sys.meta_path
+  ):
+    return
+  sys.meta_path.insert(0, _QuietTensorFlowFinder())

@@ -1,18 +1,15 @@
-"""Where metrics go: clu writers (log lines, TensorBoard) and `metrics.jsonl`.
+"""Where metrics go: log lines, TensorBoard events and `metrics.jsonl`.
 
     writer = metrics.create_writer(workdir, enabled=jax.process_index() == 0, resume_step=0)
     writer.write_scalars(300, {'train/loss': 0.41, 'train/accuracy': 0.87})
 
 Each metrics.jsonl line is one JSON object with 'step', 'split' ('train',
-'eval', or 'progress' for clu's steps_per_sec and uptime: the part of the key
+'eval', or 'progress' for steps_per_sec and uptime: the part of the key
 before '/') and the metric values; a value that
 is not finite (NaN, inf) is written as null, so every line is valid JSON.
-TensorBoard events go through `clu.metric_writers` (tf.summary, which writes
-to any filesystem tf.io.gfile knows, gs:// included). A resumed run first
-drops the lines written after the step it resumes from, so no row repeats.
-clu (and with it TensorFlow, several seconds to import) is imported when a
-writer is created, not with this module, so a process that never trains
-(a bad flag, a tool) does not pay for it.
+TensorBoard events are written by `train.tensorboard` (no TensorFlow import), through
+epath (a local folder or gs://). A resumed run first drops the lines written after the
+step it resumes from, so no row repeats.
 
 What a run prints on stdout (process 0), one line per log interval and one at
 the end:
@@ -22,18 +19,17 @@ the end:
     test accuracy 96.11% | loss 0.1802 | top5_accuracy 99.72% | results in runs/default/results.json
 """
 
-import contextlib
 import errno
 import json
 import math
 import os
-import sys
-import threading
 from typing import Any, Dict, Mapping, Optional
 
+from absl import logging
 from etils import epath
 import numpy as np
 
+from train import tensorboard
 from train import workdir as workdir_lib
 
 JSONL = 'metrics.jsonl'
@@ -163,11 +159,7 @@ def read_jsonl(path) -> list:
 
 
 class JsonlWriter:
-  """`metrics.jsonl` with clu's MetricWriter methods (scalars only; other kinds are ignored).
-
-  Not a subclass of clu's MetricWriter, whose import brings TensorFlow; clu's
-  MultiWriter only calls these methods.
-  """
+  """`metrics.jsonl`: a line per split and step (write_scalars, flush, close)."""
 
   def __init__(self, path, resume_step: int = 0):
     self.path = epath.Path(path)
@@ -191,27 +183,6 @@ class JsonlWriter:
         e.filename = os.fspath(self.path)
       raise
 
-  def write_summaries(self, step, values, metadata=None):
-    del step, values, metadata
-
-  def write_images(self, step, images):
-    del step, images
-
-  def write_videos(self, step, videos):
-    del step, videos
-
-  def write_audios(self, step, audios, *, sample_rate):
-    del step, audios, sample_rate
-
-  def write_texts(self, step, texts):
-    del step, texts
-
-  def write_histograms(self, step, arrays, num_buckets=None):
-    del step, arrays, num_buckets
-
-  def write_hparams(self, hparams):
-    del hparams
-
   def flush(self):
     self._file.flush()
 
@@ -219,57 +190,57 @@ class JsonlWriter:
     self._file.close()
 
 
-@contextlib.contextmanager
-def _stderr_held():
-  """Holds what is written to file descriptor 2 (where TensorFlow's C++ code logs) in the
-  block, and writes it out after the block, unless the block raised a full disk's error
-  (which the run then reports in one line)."""
-  sys.stderr.flush()
-  read, write = os.pipe()
-  saved = os.dup(2)
-  chunks = []
-  reader = threading.Thread(
-    target=lambda: chunks.extend(iter(lambda: os.read(read, 1 << 16), b'')), daemon=True
-  )
-  reader.start()
-  os.dup2(write, 2)
-  os.close(write)
-  error = None
-  try:
-    yield
-  except BaseException as e:
-    error = e
-    raise
-  finally:
-    os.dup2(saved, 2)  # closes the pipe's write end: the reader reaches its end
-    os.close(saved)
-    reader.join(timeout=10)
-    if not reader.is_alive():
-      os.close(read)
-    if error is None or not workdir_lib.is_disk_full(error):
-      os.write(2, b''.join(chunks))
+class LogWriter:
+  """absl INFO lines, one per write: '[300] train/accuracy=0.87, train/loss=0.41' (clu's
+  LoggingWriter's format: keys sorted, floats to 6 significant digits)."""
+
+  def write_scalars(self, step: int, scalars: Mapping[str, Any]):
+    values = [
+      f'{k}={v:.6g}' if isinstance(v, float) else f'{k}={v}' for k, v in sorted(scalars.items())
+    ]
+    logging.info('[%d] %s', step, ', '.join(values))
+
+  def flush(self):
+    pass
+
+  def close(self):
+    pass
 
 
-def create_writer(workdir, *, enabled: bool, resume_step: int = 0):
-  """A clu MetricWriter: log lines, TensorBoard events in `workdir/tensorboard` and
-  `workdir/metrics.jsonl`.
+class MultiWriter:
+  """Writes to each of `writers` in turn (write_scalars, flush, close)."""
 
-  On processes other than the writer (`enabled=False`) only log lines.
+  def __init__(self, writers):
+    self.writers = list(writers)
+
+  def write_scalars(self, step: int, scalars: Mapping[str, Any]):
+    for writer in self.writers:
+      writer.write_scalars(step, scalars)
+
+  def flush(self):
+    for writer in self.writers:
+      writer.flush()
+
+  def close(self):
+    for writer in self.writers:
+      writer.close()
+
+
+def create_writer(workdir, *, enabled: bool, resume_step: int = 0) -> MultiWriter:
+  """Log lines, TensorBoard events in `workdir/tensorboard` and `workdir/metrics.jsonl`.
+
+  On processes other than the writer (`enabled=False`) only log lines. A full disk
+  while making the TensorBoard file is an OSError naming its folder.
   """
-  from clu import metric_writers  # pylint: disable=g-import-not-at-top  (TensorFlow)
-
   if not enabled:
-    return metric_writers.create_default_writer(just_logging=True, asynchronous=False)
+    return MultiWriter([LogWriter()])
   workdir = epath.Path(workdir)
   try:
-    with _stderr_held():  # TensorFlow's C++ log of a full disk: 8 lines before its error
-      tensorboard = metric_writers.create_default_writer(
-        workdir / 'tensorboard', asynchronous=False
-      )
-  except Exception as e:  # pylint: disable=broad-except  (TensorFlow's error)
+    events = tensorboard.EventWriter(workdir / 'tensorboard')
+  except OSError as e:
     if not workdir_lib.is_disk_full(e):
       raise
     raise OSError(
       errno.ENOSPC, os.strerror(errno.ENOSPC), os.fspath(workdir / 'tensorboard')
     ) from None
-  return metric_writers.MultiWriter([tensorboard, JsonlWriter(workdir / JSONL, resume_step)])
+  return MultiWriter([LogWriter(), JsonlWriter(workdir / JSONL, resume_step), events])

@@ -32,6 +32,7 @@ from train import metrics as metrics_lib
 from train import modeling
 from train import optim
 from train import preemption
+from train import progress
 from train import sharding
 from train import steps as steps_lib
 from train import timing
@@ -141,13 +142,11 @@ class _TrainingLoop:
     learning_rate,
     checkpointer,
   ):
-    from clu import periodic_actions  # pylint: disable=g-import-not-at-top  (TensorFlow)
-
     self.session, self.run, self.num_steps, self.start = session, run, num_steps, start
     self.settings, self.learning_rate, self.checkpointer = session.loop, learning_rate, checkpointer
     self.steps_per_epoch = train_data.steps_per_epoch
     self.writer = metrics_lib.create_writer(run.path, enabled=run.writer, resume_step=start)
-    self.report = periodic_actions.ReportProgress(
+    self.report = progress.ReportProgress(
       num_train_steps=num_steps, writer=self.writer, every_steps=self.settings.log_every
     )
     self.train_step = steps_lib.make_train_step(

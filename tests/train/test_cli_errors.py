@@ -79,3 +79,29 @@ def test_tensorflow_notices_are_dropped_and_other_lines_kept(monkeypatch, capfd)
   monkeypatch.setattr(logs.importlib, 'import_module', fake_import)
   assert logs.import_tensorflow_quietly() == 'module'
   assert capfd.readouterr().err == 'something a user must see\n'
+
+
+def test_tensorflow_imported_later_by_anything_leaves_out_its_notices(tmp_path, monkeypatch, capfd):
+  """`quiet_tensorflow_import`: the first `import tensorflow`, wherever it comes from (TFDS,
+  tf.data), drops the C++ notices and passes on the rest; until then nothing is loaded."""
+  package = tmp_path / 'tensorflow'
+  package.mkdir()
+  (package / '__init__.py').write_text(
+    'import os\n'
+    "os.write(2, b'I0000 cpu_feature_guard.cc:227] This TensorFlow binary is optimized\\n')\n"
+    "os.write(2, b'something a user must see\\n')\n"
+  )
+  monkeypatch.syspath_prepend(str(tmp_path))
+  for name in [m for m in sys.modules if m.split('.')[0] == 'tensorflow']:
+    monkeypatch.delitem(sys.modules, name)
+  monkeypatch.setattr(sys, 'meta_path', list(sys.meta_path))
+  logs.quiet_tensorflow_import()
+  assert 'tensorflow' not in sys.modules
+  try:
+    import tensorflow  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+
+    assert sys.modules['tensorflow'].__file__ == str(package / '__init__.py')
+  finally:
+    sys.modules.pop('tensorflow', None)  # the real one (if any) comes back with monkeypatch
+  assert capfd.readouterr().err == 'something a user must see\n'
+  assert not any(isinstance(f, logs._QuietTensorFlowFinder) for f in sys.meta_path)  # pylint: disable=protected-access

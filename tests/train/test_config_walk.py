@@ -135,10 +135,6 @@ def walk_of_a_tiny_run(workdir: str) -> Walk:
   config = default.get_config()
   config.model.update(dict(d_model=16, depth=1, num_heads=2, mlp_dim=16))
   config.train.num_steps = 2
-  from clu import metric_writers  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
-  from clu import periodic_actions  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
-
-  # (imported first: TensorFlow's import, slow under a profiler, carries no config)
   with contextlib.redirect_stdout(io.StringIO()), Walk().recording() as walk:
     trainer.train_and_evaluate(config, workdir)
   return walk

@@ -103,27 +103,13 @@ def test_a_resumed_metrics_file_keeps_its_rows_on_a_full_disk(tmp_path):
   assert path.read_text() == before and os.listdir(tmp_path) == [metrics_lib.JSONL]
 
 
-def test_a_full_disk_creating_tensorboards_writer_is_an_oserror(tmp_path, monkeypatch):
-  """A re-run on a full disk stopped with TensorFlow's traceback (ResourceExhaustedError,
-  'Could not initialize events writer'); main.py says an OSError of a full disk in one
-  line."""
-  from clu import metric_writers  # pylint: disable=g-import-not-at-top
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-
-  events = tmp_path / 'tensorboard' / 'events.out.tfevents.1.host.1.0.v2'
-
-  def full(*args, **kwargs):
-    del args, kwargs
-    raise tf.errors.ResourceExhaustedError(
-      None,
-      None,
-      f'{events}; No space left on device\n\tFailed to flush 1 events to '
-      f'{events}\n\tFlushing first event.\n\tCould not initialize events writer.',
-    )
-
-  monkeypatch.setattr(metric_writers, 'create_default_writer', full)
-  with pytest.raises(OSError) as e:
-    metrics_lib.create_writer(tmp_path, enabled=True)
+def test_a_full_disk_creating_tensorboards_writer_is_an_oserror(tmp_path):
+  """A re-run on a full disk once stopped with TensorFlow's traceback
+  (ResourceExhaustedError, 'Could not initialize events writer'); the events file's first
+  record fails, and main.py says an OSError of a full disk in one line."""
+  with full_disk.installed(tmp_path):
+    with pytest.raises(OSError) as e:
+      metrics_lib.create_writer(tmp_path, enabled=True)
   assert e.value.errno == errno.ENOSPC
   assert e.value.filename == os.fspath(tmp_path / 'tensorboard')
   assert workdir_lib.write_failure(tmp_path, e.value, training=True) == (

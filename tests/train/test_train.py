@@ -153,7 +153,7 @@ def test_workdir_layout(default_run):
   assert train_rows and eval_rows and train_rows[-1]['step'] == results['steps']
   for key in ('step', 'loss', 'accuracy', 'top5_accuracy', 'grad_norm', 'learning_rate'):
     assert key in train_rows[-1], key
-  progress = [r for r in rows if r['split'] == 'progress']  # clu's ReportProgress, and the
+  progress = [r for r in rows if r['split'] == 'progress']  # train.progress, and the
   assert progress and all(  # printed 'ex/s' (the last equals results.json's)
     {'steps_per_sec', 'uptime', 'steady_examples_per_sec'} & set(r) for r in progress
   )
@@ -165,11 +165,10 @@ def test_workdir_layout(default_run):
   assert eval_rows[-1]['accuracy'] == pytest.approx(results['eval_accuracy'])
   events = glob.glob(os.path.join(workdir, 'tensorboard', 'events.out.tfevents.*'))
   assert events
-  from tensorflow import make_ndarray  # clu writes scalars as tensors (summary v2)
-  from tensorflow.compat.v1 import train as tf_train  # TensorBoard's own reader
+  from tensorflow.compat.v1 import train as tf_train  # TensorFlow's reader checks the records
 
   scalars = {
-    (v.tag, e.step): float(make_ndarray(v.tensor)) if v.HasField('tensor') else v.simple_value
+    (v.tag, e.step): v.simple_value
     for path in events
     for e in tf_train.summary_iterator(path)
     for v in e.summary.value
