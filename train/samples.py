@@ -11,13 +11,9 @@ from typing import Dict, Optional, Tuple
 from etils import epath
 import jax
 import jax.numpy as jnp
-import matplotlib
+import numpy as np
 
-matplotlib.use('Agg')
-import matplotlib.pyplot as plt  # pylint: disable=wrong-import-position
-import numpy as np  # pylint: disable=wrong-import-position
-
-from efficient_attn.models.sampling import make_sampler  # pylint: disable=wrong-import-position
+from efficient_attn.models.sampling import make_sampler
 
 
 def images_to_tokens(images) -> jnp.ndarray:
@@ -50,9 +46,11 @@ def tile(images, ncols: Optional[int] = None, pad: int = 1, pad_value: int = 128
 def save_grid(path: str, images, ncols: Optional[int] = None, zoom: int = 1) -> str:
   """Write uint8 images `[n, h, w]` as one grayscale PNG grid, each pixel a
   `zoom` x `zoom` block; returns the path."""
+  from matplotlib import image  # pylint: disable=g-import-not-at-top  (every run imports this module)
+
   grid = np.kron(tile(images, ncols), np.ones((zoom, zoom), np.uint8))
   png = io.BytesIO()
-  plt.imsave(png, grid, cmap='gray', vmin=0, vmax=255, format='png')
+  image.imsave(png, grid, cmap='gray', vmin=0, vmax=255, format='png')
   path = epath.Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
   path.write_bytes(png.getvalue())
