@@ -11,7 +11,7 @@ Re-running a train command resumes from the workdir's newest checkpoint; the sam
 command with --mode=eval evaluates that run, on the dataset its config.json names
 unless --config.dataset.* overrides say otherwise (`train/cli.py` does the work).
 Progress goes to stdout; absl logs only warnings unless --verbosity is given
-(--verbosity=0: every INFO line, clu's metric lines included).
+(--verbosity=0: every INFO line, the metric lines included).
 Multi-host: pass --coordinator_address/--num_processes/--process_id, or run
 on a pod/cluster whose environment JAX recognises (--distributed=auto).
 """

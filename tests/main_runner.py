@@ -76,7 +76,7 @@ def config(**train):
 
 def command(workdir, *extra, slow: bool = False, **train):
   """The main.py command line (python -c SLOW_MAIN ... when `slow`), with --verbosity=0:
-  the tests read absl's INFO lines (clu's metric lines, 'Resumed from ...')."""
+  the tests read absl's INFO lines (the metric lines, 'Resumed from ...')."""
   prefix = [sys.executable, '-c', SLOW_MAIN] if slow else [sys.executable, 'main.py']
   return prefix + [
     '--config=configs/default.py',
