@@ -53,7 +53,8 @@ def quiet_logs(verbosity_given: bool) -> None:
 @contextlib.contextmanager
 def _tensorflow_notices_dropped():
   """File descriptor 2 points at a temporary file in the block; its lines, less
-  `TENSORFLOW_NOTICES`, are written to stderr after it."""
+  `TENSORFLOW_NOTICES`, are written to stderr after it. (The notices come from C++, where
+  no Python logger sees them.)"""
   sys.stderr.flush()
   saved = os.dup(2)
   with tempfile.TemporaryFile() as captured:
@@ -68,19 +69,6 @@ def _tensorflow_notices_dropped():
       kept = [line for line in lines if not TENSORFLOW_NOTICES.search(line)]
       if kept:
         sys.stderr.write('\n'.join(kept) + '\n')
-
-
-def import_tensorflow_quietly():
-  """Imports TensorFlow with its start-up notices (`TENSORFLOW_NOTICES`) left out of stderr;
-  every other line it writes while loading is passed on. A no-op once it is imported.
-
-  The notices come from C++ (file descriptor 2), where no Python logger sees them, so the
-  descriptor points at a temporary file during the import and its lines are filtered.
-  """
-  if 'tensorflow' in sys.modules:
-    return sys.modules['tensorflow']
-  with _tensorflow_notices_dropped():
-    return importlib.import_module('tensorflow')
 
 
 class _QuietLoader(importlib.abc.Loader):
@@ -114,9 +102,10 @@ class _QuietTensorFlowFinder(importlib.abc.MetaPathFinder):
 
 
 def quiet_tensorflow_import() -> None:
-  """Whatever imports TensorFlow later (TFDS, tf.data, an image decoder) imports it as
-  `import_tensorflow_quietly` does; a run that needs no TensorFlow never loads it (about
-  8 s of CPU). A no-op once it is imported or the finder is in place."""
+  """Whatever imports TensorFlow later (TFDS, tf.data, an image decoder) imports it with its
+  start-up notices (`TENSORFLOW_NOTICES`) left out of stderr, every other line passed on;
+  a run that needs no TensorFlow never loads it (about 8 s of CPU). A no-op once it is
+  imported or the finder is in place."""
   if 'tensorflow' in sys.modules or any(
     isinstance(finder, _QuietTensorFlowFinder) for finder in sys.meta_path
   ):
