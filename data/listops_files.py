@@ -6,7 +6,6 @@ the splits before it.
     pattern = listops_files.split_path(folder, '{split}', seed=0, sizes=...)
 """
 
-import json
 import os
 import types
 from typing import Dict, List, Set, Tuple
@@ -121,7 +120,7 @@ def write_splits(
         tokens=examples.tokens,
         y=examples.labels,
         lengths=examples.lengths,
-        settings_json=_json_bytes(settings[split]),
+        settings_json=npz_cache.settings_json(settings[split]),
       )
       npz_cache.report_written(path, why[split], f'{sizes[split]} ListOps examples written')
       rows = examples.tokens
@@ -134,10 +133,6 @@ def write_splits(
 
 def _load_tokens(path: str) -> np.ndarray:
   return npz_cache.read_array(path, 'tokens')
-
-
-def _json_bytes(settings: dict) -> np.ndarray:
-  return np.frombuffer(json.dumps(settings, sort_keys=True).encode('utf-8'), np.uint8)
 
 
 def _settings(seed, split, sizes, before, max_length, gen_kw) -> dict:

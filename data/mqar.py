@@ -35,7 +35,6 @@ bytes changed) or holds another number of rows than its settings say is written
 again, with one line saying so (`npz_cache.problem`).
 """
 
-import json
 import math
 import os
 from typing import Dict, List, Optional, Set, Tuple
@@ -295,9 +294,7 @@ def write_splits(
       npz_cache.save_npz(
         paths[split],
         **rows,
-        settings_json=np.frombuffer(
-          json.dumps(settings[split], sort_keys=True).encode('utf-8'), np.uint8
-        ),
+        settings_json=npz_cache.settings_json(settings[split]),
       )
       packed = f', packed {per_row} to a row of {row_length}' if row_length else ''
       npz_cache.report_written(

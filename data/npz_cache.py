@@ -36,6 +36,12 @@ def settings_key(settings) -> str:
   return hashlib.sha256(json.dumps(settings, sort_keys=True).encode('utf-8')).hexdigest()[:12]
 
 
+def settings_json(settings) -> np.ndarray:
+  """`settings` as the bytes of its JSON (keys sorted): the `settings_json` array a cached
+  file keeps, which `problem` compares."""
+  return np.frombuffer(json.dumps(settings, sort_keys=True).encode('utf-8'), np.uint8)
+
+
 def check_sizes(sizes: Mapping[str, int]) -> None:
   """A one-line ValueError for a split name that cannot be part of a file name, or a
   negative size, in `sizes` ({split: examples})."""

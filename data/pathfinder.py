@@ -18,7 +18,6 @@ images whose file is empty.
 """
 
 import io
-import json
 import logging
 import os
 import types
@@ -137,7 +136,7 @@ def write_splits(
       path,
       x=images,
       y=labels,
-      settings_json=np.frombuffer(json.dumps(settings, sort_keys=True).encode('utf-8'), np.uint8),
+      settings_json=npz_cache.settings_json(settings),
     )
     npz_cache.report_written(path, why, f'{n} Pathfinder images written')
   return paths

@@ -57,7 +57,6 @@ file whose settings match.
 
 import hashlib
 import io
-import json
 import os
 import re
 from typing import Dict, List, Sequence, Tuple
@@ -395,9 +394,7 @@ def write_splits(
     npz_cache.save_npz(
       paths[split],
       **rows,
-      settings_json=np.frombuffer(
-        json.dumps(dict(base, split=split), sort_keys=True).encode('utf-8'), np.uint8
-      ),
+      settings_json=npz_cache.settings_json(dict(base, split=split)),
     )
     npz_cache.report_written(
       paths[split],

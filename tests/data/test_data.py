@@ -1,5 +1,7 @@
 """Input pipelines: shapes, dtypes, value ranges, determinism, resuming, sharding."""
 
+import importlib.metadata
+
 import numpy as np
 import pytest
 
@@ -38,6 +40,33 @@ def test_digits_split_is_fixed_and_stratified():
   counts = np.bincount(y_test, minlength=10)
   assert counts.min() >= 35 and counts.max() <= 37  # 20% of each class
   np.testing.assert_array_equal(arrays.load_digits()['test'].labels, y_test)
+
+
+def test_the_digits_split_is_cached_by_scikit_learn_version(tmp_path, monkeypatch, capsys):
+  """The first run writes the split to the cache folder; later runs read the same arrays
+  without scikit-learn; a damaged file is rebuilt and an unwritable folder only skipped."""
+  monkeypatch.setenv('EFFICIENT_ATTN_CACHE', str(tmp_path / 'cache'))
+  written = arrays.load_digits()
+  (path,) = (tmp_path / 'cache' / 'digits').iterdir()
+  assert path.name.startswith(f"digits_sklearn{importlib.metadata.version('scikit-learn')}_")
+  computed = arrays._split_digits()
+  with monkeypatch.context() as patch:
+    patch.setattr(arrays, '_split_digits', lambda: pytest.fail('scikit-learn was asked again'))
+    cached = arrays.load_digits()
+  for got in (written, cached):
+    for array, want in zip(
+      (got['train'].inputs, got['train'].labels, got['test'].inputs, got['test'].labels),
+      computed,
+    ):
+      assert array.dtype == want.dtype
+      np.testing.assert_array_equal(array, want)
+  path.write_bytes(path.read_bytes()[:-40])
+  capsys.readouterr()
+  np.testing.assert_array_equal(arrays.load_digits()['test'].labels, computed[3])
+  assert 'damaged' in capsys.readouterr().out and path.stat().st_size > 1000
+  monkeypatch.setenv('EFFICIENT_ATTN_CACHE', str(path))  # a file where the folder should be
+  np.testing.assert_array_equal(arrays.load_digits()['train'].inputs, computed[0])
+  assert 'the digits split is not cached' in capsys.readouterr().out
 
 
 def test_digits_batches_shapes_and_ranges():
