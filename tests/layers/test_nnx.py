@@ -58,48 +58,79 @@ def _x(seed=0):
   return jax.random.normal(jax.random.PRNGKey(seed), (B, L, D))
 
 
+def _same_program(nnx_call, linen_call, *args):
+  """The two calls trace to the same jaxpr: the same operations on the same operands, so
+  equal outputs for every input (an exact identity, checked without compiling)."""
+  ours, theirs = str(jax.make_jaxpr(nnx_call)(*args)), str(jax.make_jaxpr(linen_call)(*args))
+  if ours != theirs:
+    diff = [f'{a} != {b}' for a, b in zip(ours.splitlines(), theirs.splitlines()) if a != b]
+    raise AssertionError(f'the NNX and Linen programs differ: {(diff or ["(length)"])[0]}')
+
+
+def _as_state(state, tree):
+  """`tree` (a Linen variable collection) as the NNX `state` of the same names."""
+  assert jax.tree.structure(nnx.to_pure_dict(state)) == jax.tree.structure(tree)
+  return jax.tree.unflatten(jax.tree.structure(state), jax.tree.leaves(tree))
+
+
 @pytest.mark.parametrize('mechanism', ea.list_mechanisms())
 def test_nnx_equals_linen_for_every_projection(mechanism):
-  """Key padding, causal and rotary cases of every projection, compiled as one function.
+  """Key padding and causal cases of every projection, rotary, QK norm and grouped-query
+  attention: the NNX layer holding the Linen layer's parameters runs the same program.
 
-  This is also where every mechanism x projection runs under jit (finite, right shape).
+  (`test_attention.py` runs every mechanism x projection compiled, with key padding and
+  causal masks, and checks the outputs.)
   """
   decl = ea.get_mechanism(mechanism)
   valid = jnp.arange(L)[None, :] < jnp.array([[L], [L - 5]])
   cases = {}
   for projection in ea.list_projections():
-    cases[projection, 'key padding'] = _pair(mechanism, projection), valid
+    cases[projection, 'key padding'] = dict(projection=projection), valid
     if decl.causal:
-      cases[projection, 'causal'] = _pair(mechanism, projection, causal=True), None
+      cases[projection, 'causal'] = dict(projection=projection, causal=True), None
   if decl.rotary:
-    cases['standard', 'rotary'] = _pair(mechanism, rotary=True, causal=decl.causal), None
-  cases['efficient', 'qk norm'] = _pair(mechanism, 'efficient', normalize_qk=True), valid
+    cases['standard', 'rotary'] = dict(rotary=True, causal=decl.causal), None
+  cases['efficient', 'qk norm'] = dict(projection='efficient', normalize_qk=True), valid
   if not decl.shared_qk:  # grouped-query attention: one key/value head for both heads
-    cases['standard', 'gqa'] = _pair(mechanism, num_kv_heads=1), valid
+    cases['standard', 'gqa'] = dict(num_kv_heads=1), valid
     if decl.causal:
-      cases['standard', 'gqa causal'] = _pair(mechanism, num_kv_heads=1, causal=True), None
-  splits = {case: (params, nnx.split(layer)) for case, ((_, params, layer), _) in cases.items()}
+      cases['standard', 'gqa causal'] = dict(num_kv_heads=1, causal=True), None
+  for case, (kw, mask) in cases.items():
+    linen, params, layer = _pair(mechanism, **kw)
+    graphdef, state, rest = nnx.split(layer, nnx.Param, ...)
+    calls = (
+      lambda params, x: nnx.merge(graphdef, _as_state(state, params), rest)(x, mask=mask),
+      lambda params, x: linen.apply({'params': params}, x, mask=mask),
+    )
+    if case[1] == 'qk norm':  # each API's own LayerNorm (the same math): compared by value
+      ours, theirs = jax.jit(lambda params, x: [call(params, x) for call in calls])(params, _x())
+      np.testing.assert_allclose(ours, theirs, err_msg=f'{mechanism} x {case}', **TOL)
+      continue
+    try:
+      _same_program(*calls, params, _x())
+    except AssertionError as e:
+      raise AssertionError(f'{mechanism} x {case}: {e}') from None
 
-  @jax.jit
-  def outputs(splits, x):
-    out = {}
-    for case, ((linen, _, _), mask) in cases.items():
-      params, (graphdef, state) = splits[case]
-      out[case] = (
-        nnx.merge(graphdef, state)(x, mask=mask),
-        linen.apply({'params': params}, x, mask=mask),
-      )
-    return out
 
-  for case, (ours, theirs) in outputs(splits, _x()).items():
-    assert theirs.shape == (B, L, D) and bool(jnp.all(jnp.isfinite(theirs))), case
-    np.testing.assert_allclose(ours, theirs, err_msg=f'{mechanism} x {case}', **TOL)
+def test_the_program_comparison_can_fail():
+  """`_same_program` sees a changed operation and a swapped operand."""
+  x = _x()
+  _same_program(lambda x: jnp.tanh(x) * 2, lambda x: jnp.tanh(x) * 2, x)
+  for other in (lambda x: jnp.tanh(x) * 3, lambda x: jnp.sin(x) * 2):
+    with pytest.raises(AssertionError, match='programs differ'):
+      _same_program(lambda x: jnp.tanh(x) * 2, other, x)
+  with pytest.raises(AssertionError, match='programs differ'):
+    _same_program(lambda x, y: x - y, lambda x, y: y - x, x, x)
 
 
 @pytest.mark.parametrize('mechanism', registry.names_where(lambda m: bool(m.decode)))
 @pytest.mark.parametrize('projection', ['standard', 'super', 'gqa'])
-def test_nnx_decoding_equals_linen_decoding_and_the_parallel_pass(mechanism, projection):
-  """'gqa': the standard projection with one key/value head for the two query heads."""
+def test_nnx_decoding_equals_linen_decoding(mechanism, projection):
+  """'gqa': the standard projection with one key/value head for the two query heads.
+
+  The NNX cache starts equal to the Linen cache, under the same names and shapes, and a
+  decoding step (output and updated cache) is the same program in both.
+  """
   x = _x()
   decl = ea.get_mechanism(mechanism)
   kw = dict(causal=True, rotary=bool(decl.rotary))
@@ -107,34 +138,47 @@ def test_nnx_decoding_equals_linen_decoding_and_the_parallel_pass(mechanism, pro
     projection, kw['num_kv_heads'] = 'standard', 1
   linen, params, layer = _pair(mechanism, projection, **kw)
   dec = linen.clone(decode=True)
-  _, cache = jax.jit(lambda x: dec.apply({'params': params}, x, mutable=['cache']))(x)
+  # The cache as the Linen layer's first call makes it (only the cache is compiled).
+  initial = jax.jit(lambda x: dec.apply({'params': params}, x, mutable=['cache'])[1]['cache'])(x)
   layer.init_cache(x.shape)
-
-  @nnx.jit
-  def step(layer, cache, x_t):
-    y_linen, cache = dec.apply({'params': params, **cache}, x_t, mutable=['cache'])
-    return layer(x_t, decode=True), y_linen, cache
-
-  for t in range(L):
-    y, y_linen, cache = step(layer, cache, x[:, t : t + 1])
-    np.testing.assert_allclose(y, y_linen, err_msg=f'step {t}', **TOL)
-  parallel = jax.jit(linen.apply)({'params': params}, x)
-  np.testing.assert_allclose(y_linen, parallel[:, -1:], **TOL)
-  assert int(layer.cache_index[...]) == L
+  graphdef, state, cache_state, rest = nnx.split(layer, nnx.Param, nnx.Cache, ...)
   # Flax's names; a key/value cache or a grouped state keeps only the kv heads.
-  assert jax.tree.map(jnp.shape, nnx.to_pure_dict(nnx.state(layer, nnx.Cache))) == jax.tree.map(
-    jnp.shape, cache['cache']
-  )
+  jax.tree.map(np.testing.assert_array_equal, nnx.to_pure_dict(cache_state), initial)
+  rng = np.random.default_rng(3)  # a step from a cache part-way through, any values
+  cache = jax.tree.map(lambda a: jnp.asarray(rng.random(a.shape) * 4, a.dtype), initial)
+
+  def nnx_step(params, cache, x_t):
+    model = nnx.merge(graphdef, _as_state(state, params), _as_state(cache_state, cache), rest)
+    return model(x_t, decode=True), nnx.to_pure_dict(nnx.state(model, nnx.Cache))
+
+  def linen_step(params, cache, x_t):
+    y, variables = dec.apply({'params': params, 'cache': cache}, x_t, mutable=['cache'])
+    return y, variables['cache']
+
+  _same_program(nnx_step, linen_step, params, cache, x[:, :1])
   heads = (
     kw.get('num_kv_heads', H)
     if (decl.decode == 'kv_cache' or decl.grouped_state(decl.resolve(decl.example)))
     else H
   )
-  state = cache['cache'].get('cached_key', cache['cache'].get('cached_state'))
+  state = cache.get('cached_key', cache.get('cached_state'))
   window = decl.kv_window(decl.resolve(decl.example)) if decl.decode == 'kv_cache' else None
   slots = L if window is None else min(L, window)  # local attention: a ring buffer
   assert jax.tree.leaves(state)[0].shape[:2] in ((B, heads), (B, slots))
   assert jax.tree.leaves(state)[0].shape[2 if decl.decode == 'kv_cache' else 1] == heads
+
+
+@pytest.mark.parametrize('mechanism', ['softmax', 'linear'])  # a key/value cache, a state
+def test_nnx_decoding_runs_and_equals_the_parallel_pass(mechanism):
+  x = _x()
+  linen, params, layer = _pair(mechanism, causal=True)
+  layer.init_cache(x.shape)
+  step = nnx.jit(lambda layer, x_t: layer(x_t, decode=True))
+  ys = [step(layer, x[:, t : t + 1]) for t in range(L)]
+  np.testing.assert_allclose(
+    jnp.concatenate(ys, axis=1), jax.jit(linen.apply)({'params': params}, x), **TOL
+  )
+  assert int(layer.cache_index[...]) == L
 
 
 def _error(make):
