@@ -359,7 +359,7 @@ def test_the_registry_properties_hold_with_the_kernels(mechanism):
   assert_close_where(y, call(reference)(variables, x, valid), valid, 'kernel vs XLA')
 
   dec = reference.clone(decode=True)
-  _, cache = jax.jit(lambda v, z: dec.apply(v, z, mutable=['cache']))(variables, x[:1])
+  cache = jax.jit(lambda v, z: dec.apply(v, z, mutable=['cache'])[1])(variables, x[:1])
   step = jax.jit(lambda c, z: dec.apply({**variables, **c}, z, mutable=['cache']))
   outs = []
   for t in range(n):
