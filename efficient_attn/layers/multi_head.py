@@ -20,6 +20,7 @@ from efficient_attn import registry
 from efficient_attn.layers import checks
 from efficient_attn.layers import head_shapes
 from efficient_attn.layers import parallel
+from efficient_attn.ops import masking
 from efficient_attn.ops import rotary
 from efficient_attn.ops import segments
 
@@ -205,6 +206,7 @@ def run_mechanism(
       return decl.step(options, params, state, q, k, v, ctx=ctx)
     return decl.prefill(options, params, state, q, k, v, ctx=ctx)
   checks.check_mask(decl, mask, q.shape[1])
+  k, v = zero_unused_keys(mask, k, v)
   if sequence_axis is not None:
     return parallel.attend(
       decl, options, params, q, k, v, mask=mask, causal=causal, ctx=ctx, axis=sequence_axis
@@ -216,3 +218,18 @@ def run_mechanism(
   return out, attention_weights(
     decl, options, params, q, k, mask=mask, causal=causal, ctx=ctx, dtype=weights_dtype
   )
+
+
+def zero_unused_keys(mask, k, v):
+  """k and v with 0 for every key that `mask` hides from every query and head.
+
+  Such a key (padding) moves no output by its weight, but a mechanism that multiplies
+  its zero weight by the key's value (a dense matmul: 0 x NaN is NaN), or mixes keys
+  before masking, would carry a NaN or Inf it holds into real outputs.
+  mask: None, key padding `[batch, kv_length]` or `[batch, heads|1, q_length|1,
+  kv_length]`; k, v `[batch, kv_length, heads, dim]`.
+  """
+  if mask is None:
+    return k, v
+  used = masking.key_padding_from_mask(mask, *k.shape[:2])[:, :, None, None]
+  return jnp.where(used, k, jnp.zeros_like(k)), jnp.where(used, v, jnp.zeros_like(v))

@@ -77,7 +77,8 @@ def _segment_means(x, weights, num_segments: int):
   """
   n = x.shape[1]
   seg = (jnp.arange(n) * num_segments) // n
-  xw = x * weights[:, :, None, None].astype(x.dtype)
+  # where, not a product: a masked token holding NaN or Inf stays out (0 x NaN is NaN).
+  xw = jnp.where(weights[:, :, None, None] > 0, x * weights[:, :, None, None].astype(x.dtype), 0)
   sums = jax.ops.segment_sum(
     jnp.moveaxis(xw, 1, 0), seg, num_segments, indices_are_sorted=True
   )  # [m, b, h, d]

@@ -294,20 +294,29 @@ def test_exact_settings_equal_the_reference(mechanism, x64):
 def test_padded_tokens_move_no_other_output(mechanism):
   """Self-attention over a padded batch, every projection scheme, 64 tokens (several blocks
   or chunks): changing the padded tokens of the layer's input (whole tokens: their queries,
-  keys and values, as in a user's padded batch) moves no real output, while changing one
-  real token does (the test can fail). The mask is flax's key padding in per-head form,
+  keys and values, as in a user's padded batch) to other values, or to NaN and Inf, moves
+  no real output, while changing one real token does (the test can fail). Row 0 is padded
+  on the left, row 1 on the right. The mask is flax's key padding in per-head form,
   `[batch, heads, 1, kv_length]`, the same for every head, which every mechanism accepts."""
   x = _inputs(shape=(2, LONG, WIDTH))
-  valid = jnp.arange(LONG)[None, :] < jnp.array([[LONG], [LONG - 21]])
+  valid = jnp.stack([jnp.arange(LONG) >= 13, jnp.arange(LONG) < LONG - 21])
   mask = jnp.broadcast_to(valid[:, None, None, :], (2, 2, 1, LONG))
   padded = jnp.where(valid[..., None], x, 10.0 * _inputs(9, shape=x.shape))
+  not_finite = jnp.where(valid[..., None], x, jnp.array([jnp.nan, jnp.inf, -jnp.inf] * 3)[:WIDTH])
   moved = x.at[1, 5].add(1.0)
+  real = lambda y: jnp.where(valid[..., None], y, 0.0)  # NaN may stay in padding's outputs
   for projection in ea.list_projections():
     layer = _long_layer(mechanism, projection)
     variables = helpers.random_variables(layer, x)
     apply = jax.jit(lambda v, z, m, layer=layer: layer.apply(v, z, mask=m))
-    y, y_padded, y_moved = (apply(variables, z, mask) for z in (x, padded, moved))
+    y, y_padded, y_not_finite, y_moved = (
+      apply(variables, z, mask) for z in (x, padded, not_finite, moved)
+    )
+    assert y.shape == x.shape, projection
     helpers.assert_close_where(y_padded, y, valid, f'{projection}: real outputs')
+    helpers.assert_close_where(
+      real(y_not_finite), real(y), valid, f'{projection}: real outputs, NaN and Inf padding'
+    )
     assert not np.allclose(y_moved[1, : LONG - 21], y[1, : LONG - 21]), projection
 
 
