@@ -26,7 +26,8 @@ def _prefill_then_steps(layer, variables, x, segment_ids=None):
   """The outputs `[B, L, ...]` of `layer.clone(decode=True)` given x[:, :SPLIT] in one call
   and the rest one token a call (segment ids alongside)."""
   dec = layer.clone(decode=True)
-  _, cache = dec.apply(variables, x, mutable=['cache'])  # creates the empty cache
+  # The empty cache, compiled alone (XLA drops the unused outputs; eager runs op by op).
+  cache = jax.jit(lambda v, x: dec.apply(v, x, mutable=['cache'])[1])(variables, x)
   call = jax.jit(
     lambda c, xt, ids: dec.apply({**variables, **c}, xt, segment_ids=ids, mutable=['cache'])
   )
@@ -48,9 +49,12 @@ def _layer(mechanism, **kw):
 def test_prefill_then_decode_matches_parallel(mechanism):
   x = jax.random.normal(jax.random.PRNGKey(0), (B, L, D))
   layer = _layer(mechanism)
-  variables = layer.init(jax.random.PRNGKey(1), x)
+  variables = jax.jit(layer.init)(jax.random.PRNGKey(1), x)
   np.testing.assert_allclose(
-    _prefill_then_steps(layer, variables, x), layer.apply(variables, x), atol=2e-5, rtol=2e-5
+    _prefill_then_steps(layer, variables, x),
+    jax.jit(layer.apply)(variables, x),
+    atol=2e-5,
+    rtol=2e-5,
   )
 
 
@@ -69,10 +73,10 @@ def test_packed_prefill_then_decode_matches_the_packed_parallel_pass(decl, rotar
   x = jax.random.normal(jax.random.PRNGKey(0), (B, L, D))
   ids = jnp.asarray(IDS)
   layer = _layer(decl, rotary=rotary)
-  variables = layer.init(jax.random.PRNGKey(1), x)
+  variables = jax.jit(layer.init)(jax.random.PRNGKey(1), x)
   variables = jax.tree.map(lambda p: p * 2.0, variables)
   decoded = _prefill_then_steps(layer, variables, x, ids)
-  parallel = layer.apply(variables, x, segment_ids=ids)
+  parallel = jax.jit(lambda v, x: layer.apply(v, x, segment_ids=ids))(variables, x)
   real = np.asarray(IDS != 0)
   np.testing.assert_allclose(decoded[real], parallel[real], atol=2e-5, rtol=2e-5)
   # The cache masks the older documents: without the ids the outputs differ.
