@@ -134,13 +134,15 @@ def fmt_bytes(n: Optional[float]) -> Optional[str]:
 
 
 def fmt_count(n: Optional[float]) -> Optional[str]:
-  """12345678 -> '12.3M'; integers below 10^4 in full."""
+  """12345678 -> '12.3M'; below 10^4, integers in full, 6610.3 -> '6,610', 2.345 -> '2.35'."""
   if n is None or (isinstance(n, float) and not math.isfinite(n)):
     return None
   for unit, size in (('T', 1e12), ('G', 1e9), ('M', 1e6), ('K', 1e3)):
     if abs(n) >= size and abs(n) >= 1e4:
       return f'{n / size:.3g}{unit}'
-  return f'{int(n):,}' if float(n).is_integer() else f'{n:.3g}'
+  if float(n).is_integer() or abs(n) >= 100:  # '.3g' would write 6610.3 as '6.61e+03'
+    return f'{round(n):,}'
+  return f'{n:.3g}'
 
 
 def fmt_num(x: Optional[float], digits: int = 3) -> Optional[str]:

@@ -726,3 +726,13 @@ def test_nnx_overhead_tool(tmp_path):
   assert linear['mechanism'] == 'linear' and linear['linen_s'] > 0 and linear['nnx_s'] > 0
   assert linear['flax_s'] is None and softmax['flax_s'] > 0  # flax's layer: softmax only
   assert '| linear |' in (tmp_path / 'o.md').read_text()
+
+
+def test_counts_read_without_exponents():
+  """A rate below 10^4 is never written in e-notation (6610.3 was '6.61e+03')."""
+  from benchmarks import output  # pylint: disable=g-import-not-at-top
+
+  cases = {12_345_678: '12.3M', 12_700.4: '12.7K', 6_610.3: '6,610', 9_999: '9,999', 2.345: '2.35'}
+  for value, text in cases.items():
+    assert output.fmt_count(value) == text, value
+  assert output.fmt_count(float('nan')) is None and output.fmt_count(None) is None
