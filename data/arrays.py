@@ -42,7 +42,9 @@ import zlib
 
 import numpy as np
 
+from data import cache_folder
 from data import files
+from data import npz_cache
 from data import sequences
 from data import specs
 from data.examples import Examples  # also arrays.Examples, as before
@@ -279,9 +281,6 @@ def load_digits() -> Dict[str, Examples]:
   without importing scikit-learn (~1.5 s); a cache that cannot be written is skipped
   with a line saying so.
   """
-  from data import cache_folder  # pylint: disable=g-import-not-at-top
-  from data import npz_cache  # pylint: disable=g-import-not-at-top
-
   settings = dict(
     dataset='digits',
     scikit_learn=importlib.metadata.version('scikit-learn'),

@@ -33,7 +33,7 @@ from data import files
 def settings_key(settings) -> str:
   """12 hex digits of the sha256 of `settings` (JSON, keys sorted): the part of a cached
   file's name that keeps files of other settings apart."""
-  return hashlib.sha256(json.dumps(settings, sort_keys=True).encode('utf-8')).hexdigest()[:12]
+  return hashlib.sha256(settings_json(settings)).hexdigest()[:12]
 
 
 def settings_json(settings) -> np.ndarray:

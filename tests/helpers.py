@@ -86,6 +86,13 @@ def random_variables(layer, x):
   return jax.tree.map(lambda s: jnp.asarray(0.3 * rng.standard_normal(s.shape), s.dtype), shapes)
 
 
+def empty_cache(decoder, variables, x):
+  """`{'cache': ...}`: the empty decoding cache that `decoder` (a layer with decode=True)
+  makes on its first call with `x`. One compiled program that returns the cache alone, so
+  XLA drops the unused attention (an eager call would run op by op)."""
+  return jax.jit(lambda v, x: decoder.apply(v, x, mutable=['cache'])[1])(variables, x)
+
+
 def assert_close_where(a, b, where, what):
   """a == b (to float32 round-off of their scale) at `where` [batch, length]."""
   scale = max(1.0, float(np.abs(b).max()))  # fnet's outputs reach ~100

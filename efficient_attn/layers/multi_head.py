@@ -232,4 +232,4 @@ def zero_unused_keys(mask, k, v):
   if mask is None:
     return k, v
   used = masking.key_padding_from_mask(mask, *k.shape[:2])[:, :, None, None]
-  return jnp.where(used, k, jnp.zeros_like(k)), jnp.where(used, v, jnp.zeros_like(v))
+  return jnp.where(used, k, 0), jnp.where(used, v, 0)

@@ -21,9 +21,7 @@ DECODABLE = decoding.decodable_mechanisms()
 def _decode_layer(layer, variables, x):
   """Outputs `[B, L, ...]` of `layer.clone(decode=True)` fed x one token at a time."""
   dec = layer.clone(decode=True)
-  # Creates the empty cache; one compiled program (an eager call runs op by op) that returns
-  # the cache alone, so XLA drops the unused attention.
-  cache = jax.jit(lambda v, x: dec.apply(v, x, mutable=['cache'])[1])(variables, x)
+  cache = helpers.empty_cache(dec, variables, x)
   step = jax.jit(lambda c, xt: dec.apply({**variables, **c}, xt, mutable=['cache']))
   outs = []
   for t in range(x.shape[1]):

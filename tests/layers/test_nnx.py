@@ -10,6 +10,7 @@ import contextlib
 
 from flax import nnx
 import flax.linen as nn
+import helpers
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -138,8 +139,7 @@ def test_nnx_decoding_equals_linen_decoding(mechanism, projection):
     projection, kw['num_kv_heads'] = 'standard', 1
   linen, params, layer = _pair(mechanism, projection, **kw)
   dec = linen.clone(decode=True)
-  # The cache as the Linen layer's first call makes it (only the cache is compiled).
-  initial = jax.jit(lambda x: dec.apply({'params': params}, x, mutable=['cache'])[1]['cache'])(x)
+  initial = helpers.empty_cache(dec, {'params': params}, x)['cache']  # as Linen makes it
   layer.init_cache(x.shape)
   graphdef, state, cache_state, rest = nnx.split(layer, nnx.Param, nnx.Cache, ...)
   # Flax's names; a key/value cache or a grouped state keeps only the kv heads.

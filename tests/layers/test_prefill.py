@@ -3,6 +3,7 @@ parallel causal pass, for every mechanism with a decoding form; with packed rows
 that starts a new document in the middle of a call resets its state."""
 
 from flax import nnx
+import helpers
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -26,8 +27,7 @@ def _prefill_then_steps(layer, variables, x, segment_ids=None):
   """The outputs `[B, L, ...]` of `layer.clone(decode=True)` given x[:, :SPLIT] in one call
   and the rest one token a call (segment ids alongside)."""
   dec = layer.clone(decode=True)
-  # The empty cache, compiled alone (XLA drops the unused outputs; eager runs op by op).
-  cache = jax.jit(lambda v, x: dec.apply(v, x, mutable=['cache'])[1])(variables, x)
+  cache = helpers.empty_cache(dec, variables, x)
   call = jax.jit(
     lambda c, xt, ids: dec.apply({**variables, **c}, xt, segment_ids=ids, mutable=['cache'])
   )

@@ -14,6 +14,7 @@ program: one forward + backward per kernel and dtype, one layer call per mechani
 import functools
 
 from helpers import assert_close_where
+from helpers import empty_cache
 from helpers import random_variables
 import jax
 import jax.numpy as jnp
@@ -359,7 +360,7 @@ def test_the_registry_properties_hold_with_the_kernels(mechanism):
   assert_close_where(y, call(reference)(variables, x, valid), valid, 'kernel vs XLA')
 
   dec = reference.clone(decode=True)
-  cache = jax.jit(lambda v, z: dec.apply(v, z, mutable=['cache'])[1])(variables, x[:1])
+  cache = empty_cache(dec, variables, x[:1])
   step = jax.jit(lambda c, z: dec.apply({**variables, **c}, z, mutable=['cache']))
   outs = []
   for t in range(n):
