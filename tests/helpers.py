@@ -94,9 +94,11 @@ def empty_cache(decoder, variables, x):
 
 
 def assert_close_where(a, b, where, what):
-  """a == b (to float32 round-off of their scale) at `where` [batch, length]."""
-  scale = max(1.0, float(np.abs(b).max()))  # fnet's outputs reach ~100
-  gap = np.abs(np.asarray(a) - np.asarray(b)) * np.asarray(where)[..., None]
+  """a == b (to float32 round-off of their scale) at `where` [batch, length]; elsewhere
+  either may hold anything, NaN included. A NaN at `where` fails."""
+  where = np.asarray(where)[..., None]
+  scale = max(1.0, float(np.where(where, np.abs(b), 0).max()))  # fnet's outputs reach ~100
+  gap = np.where(where, np.abs(np.asarray(a) - np.asarray(b)), 0)
   assert gap.max() <= 1e-5 * scale, f'{what}: moved by {gap.max():.3g}'
 
 

@@ -19,8 +19,8 @@ import jax.numpy as jnp
 from efficient_attn import registry
 from efficient_attn.layers import checks
 from efficient_attn.layers import head_shapes
+from efficient_attn.layers import non_finite
 from efficient_attn.layers import parallel
-from efficient_attn.ops import masking
 from efficient_attn.ops import rotary
 from efficient_attn.ops import segments
 
@@ -183,6 +183,12 @@ def run_mechanism(
         f'queries {q.shape}; valid: [batch, q_length, features] = '
         f'{q.shape[:2] + (-1,)}'
       )
+  poisoned = None
+  if state is None and causal and q.shape[1] == k.shape[1]:
+    q, k, v, inputs, poisoned = non_finite.guard_future(
+      q, k, v, inputs if decl.reads_input else None, mask=mask, documents=ctx.documents
+    )
+  if decl.reads_input:
     ctx.gates = decl.gates(options, params, inputs)
   dtype = dtype or q.dtype
   q, k, v = (x.astype(dtype) for x in (q, k, v))
@@ -206,30 +212,19 @@ def run_mechanism(
       return decl.step(options, params, state, q, k, v, ctx=ctx)
     return decl.prefill(options, params, state, q, k, v, ctx=ctx)
   checks.check_mask(decl, mask, q.shape[1])
-  k, v = zero_unused_keys(mask, k, v)
+  k, v = non_finite.zero_unused_keys(mask, k, v)
   if sequence_axis is not None:
-    return parallel.attend(
+    out = parallel.attend(
       decl, options, params, q, k, v, mask=mask, causal=causal, ctx=ctx, axis=sequence_axis
     )
-  out = decl.attend(options, params, q, k, v, mask=mask, causal=causal, ctx=ctx)
+  else:
+    out = decl.attend(options, params, q, k, v, mask=mask, causal=causal, ctx=ctx)
+  if poisoned is not None:
+    out = non_finite.poison(out, poisoned)
   if not sow_weights:
     return out
   weights_dtype = jnp.float32 if force_fp32_for_softmax else dtype
-  return out, attention_weights(
+  weights = attention_weights(
     decl, options, params, q, k, mask=mask, causal=causal, ctx=ctx, dtype=weights_dtype
   )
-
-
-def zero_unused_keys(mask, k, v):
-  """k and v with 0 for every key that `mask` hides from every query and head.
-
-  Such a key (padding) moves no output by its weight, but a mechanism that multiplies
-  its zero weight by the key's value (a dense matmul: 0 x NaN is NaN), or mixes keys
-  before masking, would carry a NaN or Inf it holds into real outputs.
-  mask: None, key padding `[batch, kv_length]` or `[batch, heads|1, q_length|1,
-  kv_length]`; k, v `[batch, kv_length, heads, dim]`.
-  """
-  if mask is None:
-    return k, v
-  used = masking.key_padding_from_mask(mask, *k.shape[:2])[:, :, None, None]
-  return jnp.where(used, k, 0), jnp.where(used, v, 0)
+  return out, weights if poisoned is None else non_finite.poison(weights, poisoned, axis=2)

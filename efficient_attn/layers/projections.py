@@ -89,17 +89,25 @@ def align(
       f'projection (l x l alignment kernel) was built for'
     )
   kernel, bias = kernel[:n, :n], bias[:n]
+  reached = None
   if causal:
     kernel = jnp.tril(kernel)
+    # The upper triangle's zeros would still multiply a later NaN or Inf (0 x NaN is NaN):
+    # mix finite values, and mark each entry from the first non-finite one on.
+    reached = jnp.cumsum(~jnp.isfinite(v), axis=1, dtype=jnp.int32) > 0
+    v = jnp.where(jnp.isfinite(v), v, 0)
   dtype = dtype or v.dtype
+  nan = jnp.array(jnp.nan, dtype)
   if index is not None:
-    if not causal:
+    if not causal or reached is None:
       raise ValueError('decoding through the super projection needs causal=True')
     rows = lax.dynamic_slice_in_dim(kernel, index, count, axis=0)  # [count, n]
     out = jnp.einsum('ts,bshd->bthd', rows.astype(dtype), v.astype(dtype))
-    return out + lax.dynamic_slice_in_dim(bias, index, count).astype(dtype)[None, :, None, None]
+    out = out + lax.dynamic_slice_in_dim(bias, index, count).astype(dtype)[None, :, None, None]
+    return jnp.where(lax.dynamic_slice_in_dim(reached, index, count, axis=1), nan, out)
   out = jnp.einsum('ts,bshd->bthd', kernel.astype(dtype), v.astype(dtype))
-  return out + bias.astype(dtype)[None, :, None, None]
+  out = out + bias.astype(dtype)[None, :, None, None]
+  return out if reached is None else jnp.where(reached, nan, out)
 
 
 def alignment_kernel(

@@ -240,22 +240,28 @@ def test_parameter_counts_match_the_paper(d, h, l):
 @pytest.mark.parametrize('mechanism', CAUSAL)
 def test_no_look_ahead(mechanism):
   """Causal layers, every projection scheme, 64 tokens (several blocks or chunks): changing
-  every token after t moves no output at or before t, for cuts at block edges and inside
-  blocks, and does move later outputs (the test can fail). Batch row i holds the tokens
+  every token after t, to other values or to NaN and Inf, moves no output at or before t,
+  for cuts at block edges and inside blocks, and does move later outputs (the test can
+  fail); after a NaN or Inf, the next output is not finite. Batch row i holds the tokens
   changed after CUTS[i]; one compiled call per projection runs them all."""
   cuts = (3, 12, 29, 47, 60)
   x = _inputs(shape=(1, LONG, WIDTH))
   later = jnp.arange(LONG)[None, :, None] > jnp.array(cuts)[:, None, None]
   changed = jnp.where(later, 10.0 * _inputs(9, shape=(len(cuts), LONG, WIDTH)), x)
+  not_finite = jnp.where(later, jnp.array([jnp.nan, jnp.inf, -jnp.inf] * 3)[:WIDTH], x)
   same = jnp.broadcast_to(x, changed.shape)
   for projection in ea.list_projections():
     layer = _long_layer(mechanism, projection, causal=True)
     variables = helpers.random_variables(layer, same)
     apply = jax.jit(layer.apply)
-    y, y_changed = apply(variables, same), apply(variables, changed)
+    y, y_changed, y_not_finite = (apply(variables, z) for z in (same, changed, not_finite))
     helpers.assert_close_where(y_changed, y, ~later[..., 0], f'{projection}: outputs up to t')
+    helpers.assert_close_where(
+      y_not_finite, y, ~later[..., 0], f'{projection}: outputs up to t, NaN and Inf after it'
+    )
     for i, t in enumerate(cuts):
       assert not np.allclose(y_changed[i, t + 1 :], y[i, t + 1 :]), (projection, t)
+      assert not np.isfinite(y_not_finite[i, t + 1]).all(), (projection, t)
 
 
 @pytest.mark.parametrize('mechanism', MECHANISMS)
@@ -304,7 +310,6 @@ def test_padded_tokens_move_no_other_output(mechanism):
   padded = jnp.where(valid[..., None], x, 10.0 * _inputs(9, shape=x.shape))
   not_finite = jnp.where(valid[..., None], x, jnp.array([jnp.nan, jnp.inf, -jnp.inf] * 3)[:WIDTH])
   moved = x.at[1, 5].add(1.0)
-  real = lambda y: jnp.where(valid[..., None], y, 0.0)  # NaN may stay in padding's outputs
   for projection in ea.list_projections():
     layer = _long_layer(mechanism, projection)
     variables = helpers.random_variables(layer, x)
@@ -315,7 +320,7 @@ def test_padded_tokens_move_no_other_output(mechanism):
     assert y.shape == x.shape, projection
     helpers.assert_close_where(y_padded, y, valid, f'{projection}: real outputs')
     helpers.assert_close_where(
-      real(y_not_finite), real(y), valid, f'{projection}: real outputs, NaN and Inf padding'
+      y_not_finite, y, valid, f'{projection}: real outputs, NaN and Inf padding'
     )
     assert not np.allclose(y_moved[1, : LONG - 21], y[1, : LONG - 21]), projection
 
