@@ -13,6 +13,7 @@ import jax
 
 import data
 from efficient_attn import registry
+from train import memory_check
 from train import mesh as mesh_lib
 from train import metrics as metrics_lib
 from train import modeling
@@ -50,6 +51,15 @@ class Session:
       self.data_processes = mesh_lib.data_processes(self.mesh)
     except ValueError as e:
       raise validate.ConfigError(str(e)) from None
+    if training:
+      refusal = memory_check.check(
+        self.config,
+        self.attention.declarations,
+        resolved.inputs.length,
+        processes=self.data_processes[1],
+      )
+      if refusal:
+        raise validate.ConfigError(refusal)
     if read_data:
       validate.read_data_of(resolved, training)
     self.task = tasks.get_task(self.config.task)
