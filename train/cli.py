@@ -18,6 +18,7 @@ import traceback
 from typing import Any, Dict, Optional
 
 from absl import flags
+import jax
 from ml_collections import config_flags
 
 import data
@@ -150,6 +151,19 @@ def offline_hint(argv, config_arg: str, config) -> str:
   return hint
 
 
+def out_of_memory(error: Exception, workdir: str) -> Optional[str]:
+  """One line for XLA's RESOURCE_EXHAUSTED (its allocation and what to lower), else None."""
+  text = str(error)
+  if 'RESOURCE_EXHAUSTED' not in text:
+    return None
+  first = ' '.join(text.split('RESOURCE_EXHAUSTED:', 1)[-1].split())[:200]
+  return (
+    f'out of memory ({first}); lower config.dataset.batch_size (and eval_batch_size), the '
+    f'sequence length or the model, or split it over more devices (config.train.mesh); '
+    f'{workdir} keeps its checkpoints: the same command resumes'
+  )
+
+
 def run(config_flag, **options) -> None:
   """`run_or_fail(config_flag, **options)`, with a Ctrl-C outside the training loop (while
   TensorFlow imports, data is prepared or the step compiles: the loop itself saves a
@@ -225,3 +239,8 @@ def run_or_fail(
     sys.exit(f'Error: {message}')
   except data.DownloadError as e:  # TFDS without a network: how to train from files
     sys.exit(f'Error: {e}{offline_hint(sys.argv, config_arg, config)}')
+  except jax.errors.JaxRuntimeError as e:  # out of memory: one line, the rest is XLA's
+    message = out_of_memory(e, path)
+    if message is None:
+      raise
+    sys.exit(f'Error: {message}')

@@ -1,11 +1,13 @@
-"""main.py's one-line errors before any work (issue 70, items 6 and 12): a missing --config,
-a config file that does not load or whose get_config raises or returns nothing, Ctrl-C
-outside the training loop; and TensorFlow's start-up notices kept off stderr."""
+"""main.py's one-line errors (issue 70, items 6 and 12): a missing --config, a config file
+that does not load or whose get_config raises or returns nothing, Ctrl-C outside the
+training loop, XLA running out of memory; and TensorFlow's start-up notices kept off
+stderr."""
 
 import os
 import sys
 
 from absl import flags
+import jax
 from ml_collections import config_flags
 import pytest
 
@@ -92,3 +94,29 @@ def test_tensorflow_imported_later_by_anything_leaves_out_its_notices(tmp_path, 
     sys.modules.pop('tensorflow', None)  # the real one (if any) comes back with monkeypatch
   assert capfd.readouterr().err == 'something a user must see\n'
   assert not any(isinstance(f, logs._QuietTensorFlowFinder) for f in sys.meta_path)  # pylint: disable=protected-access
+
+
+def test_out_of_memory_is_one_line_naming_the_allocation_and_what_to_lower(tmp_path, monkeypatch):
+  """XLA's RESOURCE_EXHAUSTED (an allocation the memory check cannot foresee: LRA ListOps
+  with Performer asked for 28 GB on a 24 GB host) exits with one line; other runtime
+  errors keep their traceback."""
+
+  def exhausted(*args, **kwargs):
+    raise jax.errors.JaxRuntimeError(
+      'RESOURCE_EXHAUSTED: Out of memory allocating 28482013984 bytes.'
+    )
+
+  monkeypatch.setattr(cli.trainer, 'train_and_evaluate', exhausted)
+  values = flags.FlagValues()
+  root = os.path.dirname(os.path.dirname(os.path.abspath(cli.__file__)))
+  argv = ['main.py', f'--config={os.path.join(root, cli.QUICK_START)}']
+  config_flags.DEFINE_config_file('config', flag_values=values, sys_argv=argv)
+  cli.parse_flags(argv, values)
+  options = dict(mode='train', restart=False, verbose=False, distributed={'mode': 'off'})
+  with pytest.raises(SystemExit) as exited:
+    cli.run_or_fail(values['config'], workdir=str(tmp_path / 'run'), **options)
+  message = str(exited.value)
+  assert len(message.splitlines()) == 1, message
+  assert message.startswith('Error: out of memory (Out of memory allocating 28482013984 bytes.)')
+  assert 'config.dataset.batch_size' in message and 'the same command resumes' in message
+  assert cli.out_of_memory(jax.errors.JaxRuntimeError('INTERNAL: other'), 'w') is None
