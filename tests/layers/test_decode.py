@@ -53,7 +53,7 @@ def test_taylor_linear_attention_decodes_from_a_state_of_its_feature_width():
   np.testing.assert_allclose(
     _decode_layer(layer, variables, x), jax.jit(layer.apply)(variables, x), atol=2e-5, rtol=2e-5
   )
-  _, cache = layer.clone(decode=True).apply(variables, x, mutable=['cache'])
+  cache = helpers.empty_cache(layer.clone(decode=True), variables, x)
   d = D // H
   assert (B, H, 1 + d + d * d, d) in [leaf.shape for leaf in jax.tree.leaves(cache)]
   with pytest.raises(
@@ -78,7 +78,7 @@ def test_based_linear_attention_projects_queries_and_keys_to_qk_dim():
   np.testing.assert_allclose(
     _decode_layer(layer, variables, x), jax.jit(layer.apply)(variables, x), atol=2e-5, rtol=2e-5
   )
-  _, cache = layer.clone(decode=True).apply(variables, x, mutable=['cache'])
+  cache = helpers.empty_cache(layer.clone(decode=True), variables, x)
   assert (B, H, 1 + 3 + 9, D // H) in [leaf.shape for leaf in jax.tree.leaves(cache)]
   with pytest.raises(ValueError, match="needs a key projection: projection 'efficient'") as e:
     ea.MultiHeadAttention(
@@ -212,7 +212,7 @@ def test_local_attention_decodes_through_a_ring_buffer_of_its_window(kw):
   variables = layer.init(jax.random.PRNGKey(1), x)
   parallel, qkv = layer.apply(variables, x, mutable=['attention_qkv'])
   dec = layer.clone(decode=True)
-  _, cache = dec.apply(variables, x[:, :6], mutable=['cache'])
+  cache = helpers.empty_cache(dec, variables, x[:, :6])
   kv_heads = kw.get('num_kv_heads', H)
   assert cache['cache']['cached_key'].shape == (B, WINDOW, kv_heads, D // H)
   step = jax.jit(lambda c, xt: dec.apply({**variables, **c}, xt, mutable=['cache']))
@@ -268,7 +268,7 @@ def test_decoding_from_the_cache_index_alone_with_two_batch_axes():
   variables = layer.init(jax.random.PRNGKey(1), x)
   causal = ea.MultiHeadAttention(num_heads=H, causal=True).apply(variables, x)
   dec = layer.clone(decode=True)
-  _, cache = dec.apply(variables, x, mutable=['cache'])
+  cache = helpers.empty_cache(dec, variables, x)
   assert cache['cache']['cached_key'].shape == (6, 10, H, D // H)
   step = jax.jit(lambda c, xt: dec.apply({**variables, **c}, xt, mutable=['cache']))
   outs = []

@@ -10,6 +10,7 @@ the float64 recurrences are in test_mamba2.py and test_retention.py.
 """
 
 from flax import nnx
+import helpers
 import jax
 import jax.numpy as jnp
 import main_runner
@@ -145,7 +146,7 @@ def test_nnx_equals_linen_and_decoding_equals_the_parallel_pass():
       np.testing.assert_allclose(*both(ours, x, mask), atol=2e-5, rtol=2e-5, err_msg=what)
     parallel = both(ours, x, None)[1]
     dec = linen.clone(decode=True)
-    _, cache = dec.apply({'params': params}, x, mutable=['cache'])
+    cache = helpers.empty_cache(dec, {'params': params}, x)
     ours.init_cache(x.shape)
 
     @nnx.jit

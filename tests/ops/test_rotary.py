@@ -1,5 +1,6 @@
 """Rotary positions (RoPE, Su et al. 2021): relative scores, RoFormer's kernel form, decoding."""
 
+import helpers
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -99,7 +100,7 @@ def test_decoding_with_rotary_matches_the_parallel_form(mechanism):
   )
   variables = layer.init(jax.random.key(1), x)
   dec = layer.clone(decode=True)
-  _, cache = dec.apply(variables, x, mutable=['cache'])
+  cache = helpers.empty_cache(dec, variables, x)
   step = jax.jit(lambda cache, x_t: dec.apply({**variables, **cache}, x_t, mutable=['cache']))
   outs = []
   for t in range(L):  # one compiled step, reused at every position
