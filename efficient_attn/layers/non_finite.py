@@ -20,7 +20,9 @@ mask `[batch, length]` or flax's `[batch, heads|1, q|1, length]`; documents
 `[batch, length]` (`ops.segments.document_index`).
 """
 
-from typing import Optional, Sequence, Tuple
+import functools
+import operator
+from typing import Optional, Tuple
 
 from jax import lax
 import jax.numpy as jnp
@@ -43,14 +45,14 @@ def zero_unused_keys(mask, k, v):
   return jnp.where(used, k, 0), jnp.where(used, v, 0)
 
 
-def _finite_tokens(arrays: Sequence[jnp.ndarray]) -> jnp.ndarray:
-  """`[batch, length]` bool: every entry of the token is finite in every array."""
-  finite = None
-  for array in arrays:
-    token = jnp.all(jnp.isfinite(array), axis=tuple(range(2, array.ndim)))
-    finite = token if finite is None else finite & token
-  assert finite is not None
-  return finite
+def finite_or_zero(x):
+  """x with 0 in place of every NaN or Inf entry."""
+  return jnp.where(jnp.isfinite(x), x, 0)
+
+
+def _finite_tokens(x) -> jnp.ndarray:
+  """`[batch, length]` bool: every entry of the token (`x[b, t]`) is finite."""
+  return jnp.all(jnp.isfinite(x), axis=tuple(range(2, x.ndim)))
 
 
 def after_non_finite(bad, documents: Optional[jnp.ndarray] = None):
@@ -79,15 +81,13 @@ def guard_future(
   them to NaN). A padded token (hidden by `mask` from every query) poisons nothing.
   inputs may be None (a mechanism that reads only q, k and v)."""
   arrays = [x for x in (q, k, v, inputs) if x is not None]
-  bad = ~_finite_tokens(arrays)
+  bad = ~functools.reduce(operator.and_, map(_finite_tokens, arrays))
   used = masking.key_padding_from_mask(mask, *k.shape[:2])
   if used is not None:
     bad = bad & used
   poisoned = after_non_finite(bad, documents)
-  q, k, v = (jnp.where(jnp.isfinite(x), x, 0) for x in (q, k, v))
-  if inputs is not None:
-    inputs = jnp.where(jnp.isfinite(inputs), inputs, 0)
-  return q, k, v, inputs, poisoned
+  q, k, v = map(finite_or_zero, (q, k, v))
+  return q, k, v, None if inputs is None else finite_or_zero(inputs), poisoned
 
 
 def poison(out, poisoned, *, axis: int = 1):

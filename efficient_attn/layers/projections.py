@@ -21,6 +21,7 @@ from jax import lax
 import jax.numpy as jnp
 
 from efficient_attn import registry
+from efficient_attn.layers import non_finite
 from efficient_attn.ops import masking
 
 
@@ -88,6 +89,8 @@ def align(
       f'sequence length {n} exceeds max_length={l} that the super '
       f'projection (l x l alignment kernel) was built for'
     )
+  if index is not None and not causal:
+    raise ValueError('decoding through the super projection needs causal=True')
   kernel, bias = kernel[:n, :n], bias[:n]
   reached = None
   if causal:
@@ -95,12 +98,11 @@ def align(
     # The upper triangle's zeros would still multiply a later NaN or Inf (0 x NaN is NaN):
     # mix finite values, and mark each entry from the first non-finite one on.
     reached = jnp.cumsum(~jnp.isfinite(v), axis=1, dtype=jnp.int32) > 0
-    v = jnp.where(jnp.isfinite(v), v, 0)
+    v = non_finite.finite_or_zero(v)
   dtype = dtype or v.dtype
   nan = jnp.array(jnp.nan, dtype)
   if index is not None:
-    if not causal or reached is None:
-      raise ValueError('decoding through the super projection needs causal=True')
+    assert reached is not None  # causal, checked above
     rows = lax.dynamic_slice_in_dim(kernel, index, count, axis=0)  # [count, n]
     out = jnp.einsum('ts,bshd->bthd', rows.astype(dtype), v.astype(dtype))
     out = out + lax.dynamic_slice_in_dim(bias, index, count).astype(dtype)[None, :, None, None]
