@@ -94,8 +94,9 @@ def _forms(mechanism, options, params, q, k, v, x, head_dim):
     inputs=a[4],
     head_dim=head_dim,
   )
-  chunk = run('chunk', params, q, k, v, x)
-  naive = run('naive', params, q, k, v, x)
+  # Each form one compiled program: run eagerly, every operation would compile alone.
+  chunk = jax.jit(functools.partial(run, 'chunk'))(params, q, k, v, x)
+  naive = jax.jit(functools.partial(run, 'naive'))(params, q, k, v, x)
   resolved = decl.resolve(options)
   state = decl.init_state(
     resolved, batch=q.shape[0], heads=v.shape[2], head_dim=q.shape[3], v_dim=v.shape[3]
@@ -171,7 +172,7 @@ def check_three_forms(
   got = jax.jit(grad)(*f32((params, q, k, v, x)))
   with jax.enable_x64(True):
     f64 = lambda a: jax.tree.map(lambda t: jnp.asarray(t, jnp.float64), a)
-    want = jax.grad(functools.partial(loss, 'naive'), argnums=(0, 1, 2, 3, 4))(
+    want = jax.jit(jax.grad(functools.partial(loss, 'naive'), argnums=(0, 1, 2, 3, 4)))(
       *f64((params, q, k, v, x))
     )
     want = jax.tree.map(np.asarray, want)

@@ -1,5 +1,7 @@
 """Decoding one token at a time equals the parallel causal forward pass."""
 
+import functools
+
 import helpers
 import jax
 import jax.numpy as jnp
@@ -117,7 +119,7 @@ def test_model_decode_matches_parallel_at_every_position(mechanism):
   params = jax.jit(model.init)(jax.random.PRNGKey(1), inputs)['params']
   # Larger weights than at init, so attention is far from uniform (float32
   # rounding then reaches ~1e-4 of logits ~10; in float64 the two agree exactly).
-  params = jax.tree.map(lambda p: p * 3.0, params)
+  params = jax.jit(lambda ps: jax.tree.map(lambda p: p * 3.0, ps))(params)  # one program
   helpers.assert_decode_matches_parallel(model, params, inputs)
 
 
@@ -141,9 +143,9 @@ def test_model_decoding_past_max_length_stops_with_a_message():
   model = CausalTransformer(
     TransformerConfig(max_length=n, d_model=8, depth=1, num_heads=2, mlp_dim=16, mechanism='linear')
   )
-  params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, n), jnp.int32))['params']
+  params = jax.jit(model.init)(jax.random.PRNGKey(0), jnp.zeros((1, n), jnp.int32))['params']
   step = jax.jit(sampling.make_step(model))
-  cache = sampling.init_cache(model.clone(decode=True), params, 1, n)
+  cache = jax.jit(lambda p: sampling.init_cache(model.clone(decode=True), p, 1, n))(params)
   token = jnp.zeros((1,), jnp.int32)
   for _ in range(n):
     logits, cache = step(params, cache, token)
@@ -171,7 +173,7 @@ def test_decode_errors_name_valid_choices():
     decl = ea.get_mechanism('nystrom')
     decoding.decode_form(decl, decl.resolve())
   layer = ea.MultiHeadAttention(num_heads=H, causal=True, decode=True)
-  variables = layer.init(jax.random.PRNGKey(0), x)
+  variables = jax.jit(layer.init)(jax.random.PRNGKey(0), x)
   with pytest.raises(ValueError, match='takes no mask.*segment_ids=0'):
     layer.apply(variables, x, mask=jnp.ones((1, 8), bool), mutable=['cache'])
 
@@ -181,7 +183,7 @@ def test_decoding_past_the_cache_capacity_stops_with_a_message():
   would otherwise overwrite the last slot silently."""
   x = jax.random.normal(jax.random.PRNGKey(0), (1, 3, D))
   layer = ea.MultiHeadAttention(num_heads=H, causal=True, decode=True)
-  variables = layer.init(jax.random.PRNGKey(1), x)
+  variables = jax.jit(layer.init)(jax.random.PRNGKey(1), x)
   params, cache = {'params': variables['params']}, variables['cache']
   step = jax.jit(lambda c, xt: layer.apply({**params, 'cache': c}, xt, mutable=['cache']))
   token = x[:, :1]
@@ -209,8 +211,8 @@ def test_local_attention_decodes_through_a_ring_buffer_of_its_window(kw):
   layer = ea.MultiHeadAttention(
     num_heads=H, mechanism='local', causal=True, options={'window': WINDOW}, **kw
   )
-  variables = layer.init(jax.random.PRNGKey(1), x)
-  parallel, qkv = layer.apply(variables, x, mutable=['attention_qkv'])
+  variables = jax.jit(layer.init)(jax.random.PRNGKey(1), x)
+  parallel, qkv = jax.jit(lambda v, x: layer.apply(v, x, mutable=['attention_qkv']))(variables, x)
   dec = layer.clone(decode=True)
   cache = helpers.empty_cache(dec, variables, x[:, :6])
   kv_heads = kw.get('num_kv_heads', H)
@@ -222,8 +224,9 @@ def test_local_attention_decodes_through_a_ring_buffer_of_its_window(kw):
     outs.append(y)
   np.testing.assert_allclose(jnp.concatenate(outs, axis=1), parallel, atol=2e-5, rtol=2e-5)
   ((_, k, v),) = qkv['attention_qkv']['qkv']
+  k, v = np.asarray(k), np.asarray(v)  # indexed in NumPy, not by eager gathers
   last = np.array([N - 1 - (N - 1 - s) % WINDOW for s in range(WINDOW)])  # [12, 9, 10, 11]
-  keys = rotary.rotate(k[:, last], last) if kw.get('rotary') else k[:, last]
+  keys = jax.jit(rotary.rotate)(k[:, last], last) if kw.get('rotary') else k[:, last]
   np.testing.assert_allclose(cache['cache']['cached_key'], keys, atol=1e-6)
   np.testing.assert_allclose(cache['cache']['cached_value'], v[:, last], atol=1e-6)
 
@@ -248,7 +251,7 @@ def test_local_attention_keeps_the_capacity_limit_where_its_cache_cannot_wrap(pr
     projection=projection,
     max_length=8,
   )
-  variables = layer.init(jax.random.PRNGKey(1), x)
+  variables = jax.jit(layer.init)(jax.random.PRNGKey(1), x)
   params, cache = {'params': variables['params']}, variables['cache']
   assert cache['cached_key'].shape[1] == min(length, WINDOW)
   step = jax.jit(lambda c, xt: layer.apply({**params, 'cache': c}, xt, mutable=['cache']))
@@ -265,8 +268,8 @@ def test_decoding_from_the_cache_index_alone_with_two_batch_axes():
   axes [b1, b2, length, features] keep one cache for the flattened batch."""
   x = jax.random.normal(jax.random.PRNGKey(0), (2, 3, 10, D))
   layer = ea.MultiHeadAttention(num_heads=H)
-  variables = layer.init(jax.random.PRNGKey(1), x)
-  causal = ea.MultiHeadAttention(num_heads=H, causal=True).apply(variables, x)
+  variables = jax.jit(layer.init)(jax.random.PRNGKey(1), x)
+  causal = jax.jit(ea.MultiHeadAttention(num_heads=H, causal=True).apply)(variables, x)
   dec = layer.clone(decode=True)
   cache = helpers.empty_cache(dec, variables, x)
   assert cache['cache']['cached_key'].shape == (6, 10, H, D // H)
@@ -289,13 +292,13 @@ def test_kv_cache_attention_groups_heads_over_any_cache_length(window):
   visible keys, with query head i reading kv head i // 2."""
   rng = np.random.default_rng(0)
   q, keys, values = (rng.standard_normal(s) for s in ((2, 4, 8), (2, 70, 2, 8), (2, 70, 2, 3)))
-  for index in (0, 63, 64, 69):
-    out = decoding.kv_cache_attention(
+  attention = jax.jit(functools.partial(decoding.kv_cache_attention, window=window))
+  for index in (0, 63, 64, 69):  # query_times an array: one compiled program for all four
+    out = attention(
       jnp.float32(q[:, None]),
       jnp.float32(keys),
       jnp.float32(values),
       query_times=jnp.asarray([index]),
-      window=window,
     )[:, 0]
     lo = 0 if window is None else max(0, index - window + 1)
     k, v = (
@@ -320,10 +323,12 @@ def test_a_decoding_step_of_another_batch_than_the_cache_names_both(mechanism):
 
   x = jnp.zeros((2, 4, D))
   linen = ea.MultiHeadAttention(num_heads=H, mechanism=mechanism, causal=True, decode=True)
-  variables = linen.init(jax.random.PRNGKey(0), x)
-  nnx_layer = ea_nnx.MultiHeadAttention(
-    num_heads=H, in_features=D, mechanism=mechanism, causal=True, rngs=nnx.Rngs(0)
-  )
+  variables = jax.jit(linen.init)(jax.random.PRNGKey(0), x)
+  nnx_layer = nnx.jit(  # built by one compiled program; the refused steps below run eagerly
+    lambda: ea_nnx.MultiHeadAttention(
+      num_heads=H, in_features=D, mechanism=mechanism, causal=True, rngs=nnx.Rngs(0)
+    )
+  )()
   nnx_layer.init_cache(x.shape)
   for batch in (3, 1):
     token = jnp.zeros((batch, 1, D))

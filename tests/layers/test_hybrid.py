@@ -8,6 +8,7 @@ cache; this also shows the parallel form never looks ahead). The config refuses,
 one line naming the value, what a pattern cannot be; a tiny MQAR run trains one.
 """
 
+import functools
 import json
 import os
 
@@ -93,10 +94,11 @@ def test_a_pattern_of_one_mechanism_twice_is_the_plain_stack():
     )
     for m in ('linformer', 'linformer+linformer')
   )
-  params = plain.init(jax.random.PRNGKey(1), x)
+  params = jax.jit(plain.init)(jax.random.PRNGKey(1), x)
   assert 'shared_attention_kv_proj' in params['params']
-  assert jax.tree.structure(twice.init(jax.random.PRNGKey(1), x)) == jax.tree.structure(params)
-  np.testing.assert_array_equal(twice.apply(params, x), plain.apply(params, x))
+  shapes = jax.eval_shape(twice.init, jax.random.PRNGKey(1), x)  # the tree, nothing to compute
+  assert jax.tree.structure(shapes) == jax.tree.structure(params)
+  np.testing.assert_array_equal(jax.jit(twice.apply)(params, x), jax.jit(plain.apply)(params, x))
   mixed = Encoder(
     TransformerConfig(
       d_model=16,
@@ -107,7 +109,8 @@ def test_a_pattern_of_one_mechanism_twice_is_the_plain_stack():
       options=options,
       max_length=8,
     )
-  ).init(jax.random.PRNGKey(1), x)
+  )
+  mixed = jax.eval_shape(mixed.init, jax.random.PRNGKey(1), x)
   assert 'shared_attention_linformer_kv_proj' in mixed['params']  # two mechanisms: by name
 
 
@@ -117,32 +120,31 @@ def test_each_block_takes_its_mechanism_and_options_in_turn():
   softmax, so the stack equals 'linear+softmax' on the same weights."""
   x = tokens()
   long_window = dict(BASED, window=12)
-  params = model('linear+local', long_window, depth=4).init(jax.random.PRNGKey(1), x)
+  params = jax.jit(model('linear+local', long_window, depth=4).init)(jax.random.PRNGKey(1), x)
   widths = [
     params['params']['decoder'][f'block_{i}']['attention']['key']['kernel'].shape[-1]
     for i in range(4)
   ]
   assert widths == [4, 8, 4, 8]  # qk_dim reached the linear blocks only
-  y = model('linear+local', long_window, depth=4).apply(params, x)
+  y = jax.jit(model('linear+local', long_window, depth=4).apply)(params, x)
   softmax = model('linear+softmax', {'feature_map': 'taylor', 'qk_dim': 4}, depth=4)
-  np.testing.assert_allclose(y, softmax.apply(params, x), atol=2e-5)
+  np.testing.assert_allclose(y, jax.jit(softmax.apply)(params, x), atol=2e-5)
   elu = model('linear+local', dict(long_window, feature_map='elu'), depth=4)
-  assert np.abs(elu.apply(params, x) - y).max() > 1e-3  # the feature map reached them
+  assert np.abs(jax.jit(elu.apply)(params, x) - y).max() > 1e-3  # the feature map reached them
 
 
 def test_decoding_a_pattern_token_by_token_equals_its_parallel_form():
   """A recurrent state (Taylor linear attention) beside a sliding window's cache (window 4
   of 12 tokens): the tokens one at a time give the full forward's logits."""
   x = tokens()
-  params = model('linear+local', BASED).init(jax.random.PRNGKey(1), x)['params']
-  full = model('linear+local', BASED).apply({'params': params}, x)
+  params = jax.jit(model('linear+local', BASED).init)(jax.random.PRNGKey(1), x)['params']
+  full = jax.jit(model('linear+local', BASED).apply)({'params': params}, x)
   stepper = model('linear+local', BASED, decode=True)
-  cache = stepper.init(jax.random.PRNGKey(1), x)['cache']
+  cache = jax.jit(stepper.init)(jax.random.PRNGKey(1), x)['cache']
+  step = jax.jit(functools.partial(stepper.apply, mutable=['cache']))  # compiled once
   steps = []
   for t in range(x.shape[1]):
-    y, changed = stepper.apply(
-      {'params': params, 'cache': cache}, x[:, t : t + 1], mutable=['cache']
-    )
+    y, changed = step({'params': params, 'cache': cache}, x[:, t : t + 1])
     cache = changed['cache']
     steps.append(y)
   np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=2e-5)
@@ -158,9 +160,10 @@ def test_padded_tokens_move_no_other_output_of_a_bidirectional_pattern():
       d_model=16, depth=2, num_heads=2, mlp_dim=32, mechanism='linear+local', options={'window': 4}
     )
   )
-  params = encoder.init(jax.random.PRNGKey(1), x, mask=valid)
+  params = jax.jit(encoder.init)(jax.random.PRNGKey(1), x, mask=valid)
   moved = x.at[0, 8:].set(100.0)
-  y, y_moved = (encoder.apply(params, z, mask=valid) for z in (x, moved))
+  apply = jax.jit(encoder.apply)  # one program for both inputs
+  y, y_moved = (apply(params, z, mask=valid) for z in (x, moved))
   np.testing.assert_allclose(y_moved[0, :8], y[0, :8], atol=1e-5)
   np.testing.assert_array_equal(y_moved[1], y[1])
   assert np.abs(y_moved[0, 8:] - y[0, 8:]).max() > 1e-2  # the padded rows did change
@@ -195,7 +198,8 @@ def test_depth_the_pattern_does_not_divide_and_reversible_are_refused_by_the_sta
       d_model=16, depth=2, num_heads=2, mlp_dim=32, mechanism='softmax+softmax', reversible=True
     )
   )
-  same.init(jax.random.PRNGKey(1), jax.numpy.ones((1, 8, 16)))  # one mechanism: reversible
+  # One mechanism: reversible (built and traced; its refusals above come while tracing).
+  jax.eval_shape(same.init, jax.random.PRNGKey(1), jax.numpy.ones((1, 8, 16)))
 
 
 # The config (configs/mqar.py as main.py builds it)

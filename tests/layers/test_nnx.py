@@ -39,16 +39,16 @@ def _kwargs(mechanism, projection='standard', **kw):
 def _pair(mechanism, projection='standard', **kw):
   """(Linen layer, random params, NNX layer holding those params).
 
-  The NNX layer is built abstractly and filled with NumPy draws (eager inits
-  compile a kernel per shape, which is slow); `jax.eval_shape` of the Linen
-  init checks that the trees match.
+  The NNX layer is built abstractly and filled with NumPy draws of its parameters'
+  shapes (eager inits compile a kernel per shape, which is slow). The trees match: the
+  callers' `_as_state` checks the names, and Linen's apply checks each parameter's shape
+  against its initialiser.
   """
-  x = jnp.zeros((B, L, D))
   linen = ea.MultiHeadAttention(num_heads=H, **_kwargs(mechanism, projection, **kw))
   layer = nnx.eval_shape(
     lambda: ean.MultiHeadAttention(H, D, rngs=nnx.Rngs(0), **_kwargs(mechanism, projection, **kw))
   )
-  shapes = jax.eval_shape(linen.init, jax.random.PRNGKey(1), x)['params']
+  shapes = nnx.to_pure_dict(nnx.state(layer, nnx.Param))
   rng = np.random.default_rng(2)
   params = jax.tree.map(lambda s: jnp.asarray(0.3 * rng.standard_normal(s.shape), s.dtype), shapes)
   ean.load_linen_params(layer, params)

@@ -11,6 +11,7 @@ padding, positions, the refusals around them) tested whatever the registry decla
 import functools
 
 from flax import nnx
+import helpers
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -117,18 +118,18 @@ def test_a_packed_row_equals_its_documents_alone(decl, causal):
   ids = jnp.asarray(np.stack([r[0] for r in rows]))
   docs = [(row, s, l) for row, (_, d) in enumerate(rows) for s, l in d]
   keys = jax.random.split(jax.random.PRNGKey(0), 4)
-  x = jax.random.normal(keys[0], (2, N, D))
-  ct = jax.random.normal(keys[1], (2, N, D)) * (ids != 0)[..., None]
-  garbage = jax.random.normal(keys[2], (len(docs), N, D))  # after each document: padding
-  x_alone, ct_alone = garbage, jnp.zeros_like(garbage)
+  # The rows are laid out in NumPy: an eager slice or update compiles once per shape.
+  x = np.asarray(jax.random.normal(keys[0], (2, N, D)))
+  ct = np.asarray(jax.random.normal(keys[1], (2, N, D))) * np.asarray(ids != 0)[..., None]
+  x_alone = np.array(jax.random.normal(keys[2], (len(docs), N, D)))  # padding after each doc
+  ct_alone = np.zeros_like(x_alone)
   real_alone = np.zeros((len(docs), N), bool)
   for i, (row, s, l) in enumerate(docs):
-    x_alone = x_alone.at[i, :l].set(x[row, s : s + l])
-    ct_alone = ct_alone.at[i, :l].set(ct[row, s : s + l])
+    x_alone[i, :l] = x[row, s : s + l]
+    ct_alone[i, :l] = ct[row, s : s + l]
     real_alone[i, :l] = True
   layer, run = _packed_and_alone(decl, causal)
-  variables = layer.init(keys[3], x)
-  variables = jax.tree.map(lambda p: p * 2.0, variables)  # attention far from uniform
+  variables = helpers.random_variables(layer, x)  # no init to compile; far from uniform
   (out, (g_params, g_x)), (out_alone, (g_params_alone, g_x_alone)) = run(
     variables, x, x_alone, ct, ct_alone, ids, jnp.asarray(real_alone)
   )
@@ -208,7 +209,7 @@ def test_segment_ids_refuse_what_a_packed_row_cannot_be():
   x = jnp.ones((1, N, D))
   ids = jnp.ones((1, N), jnp.int32)
   layer = _layer(decl, True)
-  variables = layer.init(jax.random.PRNGKey(0), x)
+  variables = jax.jit(layer.init)(jax.random.PRNGKey(0), x)
   cases = [
     (dict(inputs_k=x[:, :8], segment_ids=ids), 'cross-attention'),
     (dict(mask=jnp.ones((1, 1, N, N), bool), segment_ids=ids), 'may only be key padding'),

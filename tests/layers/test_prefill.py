@@ -23,21 +23,26 @@ SPLIT = 7  # the prompt: tokens 0..6 in one call, then one token a call
 IDS = np.array([[1, 1, 2, 2, 2, 0, 2, 2, 3, 1, 1, 0], [4, 4, 4, 4, 4, 4, 5, 5, 0, 5, 6, 6]])
 
 
-def _prefill_then_steps(layer, variables, x, segment_ids=None):
+def _prefill_then_steps(layer, variables, x, *segment_ids):
   """The outputs `[B, L, ...]` of `layer.clone(decode=True)` given x[:, :SPLIT] in one call
-  and the rest one token a call (segment ids alongside)."""
+  and the rest one token a call (segment ids alongside): one array per entry of
+  `segment_ids` (None: without ids; none given: one run without), each from the same empty
+  cache through the same jitted call."""
   dec = layer.clone(decode=True)
-  cache = helpers.empty_cache(dec, variables, x)
+  empty = helpers.empty_cache(dec, variables, x)
   call = jax.jit(
     lambda c, xt, ids: dec.apply({**variables, **c}, xt, segment_ids=ids, mutable=['cache'])
   )
   part = lambda a, lo, hi: None if a is None else a[:, lo:hi]
-  out, cache = call(cache, x[:, :SPLIT], part(segment_ids, 0, SPLIT))
-  outs = [out]
-  for t in range(SPLIT, L):
-    out, cache = call(cache, x[:, t : t + 1], part(segment_ids, t, t + 1))
-    outs.append(out)
-  return jnp.concatenate(outs, axis=1)
+  runs = []
+  for ids in segment_ids or (None,):
+    out, cache = call(empty, x[:, :SPLIT], part(ids, 0, SPLIT))
+    outs = [out]
+    for t in range(SPLIT, L):
+      out, cache = call(cache, x[:, t : t + 1], part(ids, t, t + 1))
+      outs.append(out)
+    runs.append(jnp.concatenate(outs, axis=1))
+  return runs
 
 
 def _layer(mechanism, **kw):
@@ -50,8 +55,9 @@ def test_prefill_then_decode_matches_parallel(mechanism):
   x = jax.random.normal(jax.random.PRNGKey(0), (B, L, D))
   layer = _layer(mechanism)
   variables = jax.jit(layer.init)(jax.random.PRNGKey(1), x)
+  (decoded,) = _prefill_then_steps(layer, variables, x)
   np.testing.assert_allclose(
-    _prefill_then_steps(layer, variables, x),
+    decoded,
     jax.jit(layer.apply)(variables, x),
     atol=2e-5,
     rtol=2e-5,
@@ -74,20 +80,20 @@ def test_packed_prefill_then_decode_matches_the_packed_parallel_pass(decl, rotar
   ids = jnp.asarray(IDS)
   layer = _layer(decl, rotary=rotary)
   variables = jax.jit(layer.init)(jax.random.PRNGKey(1), x)
-  variables = jax.tree.map(lambda p: p * 2.0, variables)
-  decoded = _prefill_then_steps(layer, variables, x, ids)
+  variables = jax.jit(lambda vs: jax.tree.map(lambda p: p * 2.0, vs))(variables)
+  decoded, without_ids = _prefill_then_steps(layer, variables, x, ids, None)
   parallel = jax.jit(lambda v, x: layer.apply(v, x, segment_ids=ids))(variables, x)
   real = np.asarray(IDS != 0)
   np.testing.assert_allclose(decoded[real], parallel[real], atol=2e-5, rtol=2e-5)
   # The cache masks the older documents: without the ids the outputs differ.
-  assert not np.allclose(_prefill_then_steps(layer, variables, x)[real], parallel[real], atol=1e-3)
+  assert not np.allclose(without_ids[real], parallel[real], atol=1e-3)
 
 
 def test_a_decoding_call_refuses_segment_ids_for_a_mechanism_without_segments():
   mechanism = next(m for m in decoding.decodable_mechanisms() if not ea.get_mechanism(m).segments)
   x = jnp.ones((1, 4, D))
   layer = _layer(mechanism, decode=True)
-  variables = layer.init(jax.random.PRNGKey(0), x)
+  variables = jax.jit(layer.init)(jax.random.PRNGKey(0), x)
   with pytest.raises(ValueError, match=f'{mechanism!r} cannot keep packed documents apart'):
     layer.apply(variables, x[:, :2], segment_ids=jnp.ones((1, 2), jnp.int32), mutable=['cache'])
 
@@ -95,13 +101,18 @@ def test_a_decoding_call_refuses_segment_ids_for_a_mechanism_without_segments():
 def test_the_nnx_layer_prefills_and_decodes_packed_rows_as_its_parallel_pass():
   x = jax.random.normal(jax.random.PRNGKey(0), (B, L, D))
   ids = jnp.asarray(IDS)
-  layer = ean.MultiHeadAttention(
-    H, D, mechanism=DenseReference(), causal=True, rotary=True, rngs=nnx.Rngs(0)
-  )
-  parallel = layer(x, segment_ids=ids)
-  layer.init_cache(x.shape)
-  outs = [layer(x[:, :SPLIT], segment_ids=ids[:, :SPLIT], decode=True)]
+  # Built, run and stepped by compiled programs (nnx.jit carries the cache's updates back
+  # to the layer): eagerly, each of its operations would compile on its own.
+  layer = nnx.jit(
+    lambda: ean.MultiHeadAttention(
+      H, D, mechanism=DenseReference(), causal=True, rotary=True, rngs=nnx.Rngs(0)
+    )
+  )()
+  parallel = nnx.jit(lambda m, x, ids: m(x, segment_ids=ids))(layer, x, ids)
+  nnx.jit(lambda m: m.init_cache(x.shape))(layer)
+  step = nnx.jit(lambda m, x, ids: m(x, segment_ids=ids, decode=True))
+  outs = [step(layer, x[:, :SPLIT], ids[:, :SPLIT])]
   for t in range(SPLIT, L):
-    outs.append(layer(x[:, t : t + 1], segment_ids=ids[:, t : t + 1], decode=True))
+    outs.append(step(layer, x[:, t : t + 1], ids[:, t : t + 1]))
   real = np.asarray(IDS != 0)
   np.testing.assert_allclose(jnp.concatenate(outs, 1)[real], parallel[real], atol=2e-5, rtol=2e-5)

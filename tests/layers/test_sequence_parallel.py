@@ -111,6 +111,11 @@ def compare(single, sharded):
       worst, where = err, jax.tree_util.keystr(path)
   return worst, where
 
+def init(module, *args, **kwargs):
+  """The module's variables from key 1, in one compiled program (an eager init compiles
+  every operation alone)."""
+  return jax.jit(lambda: module.init(jax.random.key(1), *args, **kwargs))()
+
 def linen_case(mechanism, causal, options, args, mesh=MESH, n=32, dtype=jnp.float32, batch=2,
                packed=False):
   decl = registry.get_mechanism(mechanism)
@@ -123,7 +128,7 @@ def linen_case(mechanism, causal, options, args, mesh=MESH, n=32, dtype=jnp.floa
       num_heads=2, mechanism=mechanism, options=small(decl, options), causal=causal,
       max_length=n, sequence_axis=axis, param_dtype=dtype, **args)
   single, split = make(None), make('sequence')
-  params = single.init(jax.random.key(1), x, **feed)
+  params = init(single, x, **feed)
   # Redrawn features: a training call with a 'features' stream, the same key for both.
   train = dict(deterministic=False, rngs={'features': jax.random.key(2)})
   call = train if options.get('redraw') else {}
@@ -161,7 +166,7 @@ def rows_case(mechanism, causal, kind):
   layer = ea.MultiHeadAttention(num_heads=2, mechanism=mechanism, causal=causal,
                                 options=small(decl, {'implementation': 'pallas'}),
                                 max_length=32)
-  params = layer.init(jax.random.key(1), x, mask=valid)
+  params = init(layer, x, mask=valid)
   def f(p, x):
     y = layer.apply(p, x, mask=valid)
     return jnp.sum(jnp.sin(y)), y
@@ -214,7 +219,7 @@ def encoder_case(mechanism, causal, reversible=False):
                              options={'window': 6, 'chunk_size': 4} if '+' in mechanism
                              else small(registry.get_mechanism(mechanism), {}))
   single, split = Encoder(config), Encoder(config.replace(sequence_axis='sequence'))
-  params = single.init(jax.random.key(1), x, mask=valid)
+  params = init(single, x, mask=valid)
   def loss(model):
     f = lambda p, x: (jnp.sum(jnp.sin(model.apply(p, x, mask=valid))),) * 2
     return jax.value_and_grad(f, argnums=(0, 1), has_aux=True)
@@ -502,9 +507,10 @@ def test_a_decoding_step_is_not_split():
   x = jax.random.normal(jax.random.key(0), (2, 8, 8))
   mesh = jax.make_mesh((1,), ('sequence',))
   with jax.set_mesh(mesh):
-    variables = layer.init(jax.random.key(1), x)
+    variables = jax.jit(layer.init)(jax.random.key(1), x)
     cache = variables['cache']
+    step = jax.jit(functools.partial(layer.apply, mutable=['cache']))  # not op by op
     for t in range(2):  # one token at a time, as without a sequence axis
-      y, mutated = layer.apply({**variables, 'cache': cache}, x[:, t : t + 1], mutable=['cache'])
+      y, mutated = step({**variables, 'cache': cache}, x[:, t : t + 1])
       cache = mutated['cache']
   assert y.shape == (2, 1, 8) and np.all(np.isfinite(y))

@@ -40,13 +40,17 @@ def test_a_packed_row_equals_its_documents_alone(kw):
   docs = [(row, s, l) for row, (_, d) in enumerate(rows) for s, l in d]
   tokens = jax.random.randint(jax.random.PRNGKey(0), (2, N), 0, VOCAB + 1)
   ct = jax.random.normal(jax.random.PRNGKey(1), (2, N, VOCAB)) * (ids != 0)[..., None]
-  alone = jax.random.randint(jax.random.PRNGKey(2), (len(docs), N), 0, VOCAB + 1)
-  ct_alone = jnp.zeros((len(docs), N, VOCAB))
+  # Each document copied to the start of its own row in NumPy (eager updates of slices of
+  # every length would each compile).
+  alone = np.array(jax.random.randint(jax.random.PRNGKey(2), (len(docs), N), 0, VOCAB + 1))
+  ct_alone = np.zeros((len(docs), N, VOCAB), np.float32)
+  packed_tokens, packed_ct = np.asarray(tokens), np.asarray(ct)
   for i, (row, s, l) in enumerate(docs):
-    alone = alone.at[i, :l].set(tokens[row, s : s + l])
-    ct_alone = ct_alone.at[i, :l].set(ct[row, s : s + l])
+    alone[i, :l] = packed_tokens[row, s : s + l]
+    ct_alone[i, :l] = packed_ct[row, s : s + l]
+  alone, ct_alone = jnp.asarray(alone), jnp.asarray(ct_alone)
   model = _model(**kw)
-  params = model.init(jax.random.PRNGKey(3), tokens)['params']
+  params = jax.jit(model.init)(jax.random.PRNGKey(3), tokens)['params']
 
   @jax.jit
   def run(params):
@@ -72,19 +76,26 @@ def test_scored_positions_and_segment_positions_keep_their_meaning():
   ids = jnp.asarray(np.stack([documents_of(seed)[0] for seed in (2, 3)]))
   tokens = jax.random.randint(jax.random.PRNGKey(0), (2, N), 0, VOCAB + 1)
   model = _model()
-  params = model.init(jax.random.PRNGKey(3), tokens)
-  full = model.apply(params, tokens, segment_ids=ids)
+  params = jax.jit(model.init)(jax.random.PRNGKey(3), tokens)
   scored = jnp.asarray([[0, 5, 23], [1, 2, 9]])
+
+  @jax.jit  # the four passes in one compiled program
+  def run(params):
+    apply = lambda **kw: model.apply(params, tokens, segment_ids=ids, **kw)
+    return (
+      apply(),
+      apply(positions=scored),
+      apply(segment_positions=segments.positions(ids)),
+      apply(segment_positions=segments.positions(ids) + 1),
+    )
+
+  full, at_scored, same, shifted = run(params)
   np.testing.assert_allclose(
-    model.apply(params, tokens, segment_ids=ids, positions=scored),
-    jnp.take_along_axis(full, scored[..., None], axis=1),
+    at_scored,
+    np.take_along_axis(np.asarray(full), np.asarray(scored)[..., None], axis=1),
     atol=1e-6,
   )
-  same = model.apply(params, tokens, segment_ids=ids, segment_positions=segments.positions(ids))
   np.testing.assert_allclose(same, full, atol=1e-6)
-  shifted = model.apply(
-    params, tokens, segment_ids=ids, segment_positions=segments.positions(ids) + 1
-  )
   assert not np.allclose(shifted, full, atol=1e-3)
 
 
@@ -95,11 +106,13 @@ def test_packed_prefill_then_decode_matches_the_parallel_pass():
   prompt = 10
   tokens = jax.random.randint(jax.random.PRNGKey(0), (2, N), 0, VOCAB + 1)
   model = _model(rotary=True)
-  params = model.init(jax.random.PRNGKey(3), tokens)['params']
-  params = jax.tree.map(lambda p: p * 2.0, params)
-  parallel = model.apply({'params': params}, tokens, segment_ids=ids)
+  params = jax.jit(model.init)(jax.random.PRNGKey(3), tokens)['params']
+  params = jax.jit(lambda ps: jax.tree.map(lambda p: p * 2.0, ps))(params)
+  parallel = jax.jit(lambda p: model.apply({'params': p}, tokens, segment_ids=ids))(params)
   decoder = model.clone(decode=True)
-  _, variables = decoder.apply({'params': params}, jnp.zeros_like(tokens), mutable=['cache'])
+  variables = jax.jit(  # the empty cache, made by the first decoding call
+    lambda p: decoder.apply({'params': p}, jnp.zeros_like(tokens), mutable=['cache'])[1]
+  )(params)
   call = jax.jit(
     lambda cache, t, i: decoder.apply(
       {'params': params, 'cache': cache}, t, segment_ids=i, mutable=['cache']

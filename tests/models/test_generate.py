@@ -52,16 +52,15 @@ def test_low_temperature_is_greedy(mechanism):
   greedy = sampler(params, jax.random.PRNGKey(1), temperature=0.0)
   np.testing.assert_array_equal(sampler(params, jax.random.PRNGKey(7), temperature=1e-4), greedy)
   # Greedy tokens are the argmax of the parallel forward pass on themselves.
-  logits = model.apply({'params': params}, shift_right(greedy, model.start_token))
+  logits = jax.jit(model.apply)({'params': params}, shift_right(greedy, model.start_token))
   np.testing.assert_array_equal(jnp.argmax(logits, -1), greedy)
 
 
 def test_sample_logits():
   logits = jnp.array([[0.0, 5.0, 1.0], [3.0, 0.0, 0.0]])
-  np.testing.assert_array_equal(sampling.sample_logits(jax.random.PRNGKey(0), logits, 0.0), [1, 0])
-  draws = jax.vmap(lambda k: sampling.sample_logits(k, logits, 1.0))(
-    jax.random.split(jax.random.PRNGKey(0), 2000)
-  )
+  sample = jax.jit(sampling.sample_logits)  # a traced temperature: one program for both
+  np.testing.assert_array_equal(sample(jax.random.PRNGKey(0), logits, 0.0), [1, 0])
+  draws = jax.vmap(lambda k: sample(k, logits, 1.0))(jax.random.split(jax.random.PRNGKey(0), 2000))
   freq = np.mean(np.asarray(draws[:, 0]) == 1)
   np.testing.assert_allclose(freq, jax.nn.softmax(logits[0])[1], atol=0.03)
 
@@ -148,9 +147,10 @@ def test_greedy_generation_is_the_argmax_of_the_parallel_pass(mechanism):
   out = model.generate(params, PROMPT, NEW, temperature=0.0, prompt_lengths=LENGTHS)
   tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
   assert tokens.shape == (3, NEW) and lengths.tolist() == [NEW] * 3
+  apply = jax.jit(model.apply)  # one program per row's length
   for row, length in enumerate(LENGTHS):  # each row as if alone: its own positions
     sequence = np.concatenate([PROMPT[row, :length], tokens[row]])[None]
-    logits = model.apply({'params': params}, jnp.asarray(sequence))
+    logits = apply({'params': params}, jnp.asarray(sequence))
     np.testing.assert_array_equal(
       np.argmax(logits[0, length - 1 : length - 1 + NEW], -1), tokens[row], err_msg=f'row {row}'
     )
@@ -163,7 +163,9 @@ def test_a_prompt_prefilled_whole_continues_as_the_parallel_pass(mechanism):
   model, params = _lm(mechanism)
   prompt = np.asarray([[11, 3, 4, 5, 6], [11, 7, 2, 9, 1]], np.int32)
   tokens = np.asarray(model.generate(params, prompt, NEW, temperature=0.0).tokens)
-  logits = model.apply({'params': params}, jnp.asarray(np.concatenate([prompt, tokens], 1)))
+  logits = jax.jit(model.apply)(
+    {'params': params}, jnp.asarray(np.concatenate([prompt, tokens], 1))
+  )
   np.testing.assert_array_equal(np.argmax(logits[:, 4 : 4 + NEW], -1), tokens)
 
 
@@ -174,13 +176,14 @@ def test_rows_stop_at_their_end_token_and_the_rest_is_filled():
   )
   eos = int(free[1, 2])  # row 1 ends at its third new token (or earlier, on the same token)
   out = model.generate(params, PROMPT, NEW, temperature=0.0, prompt_lengths=LENGTHS, eos_id=eos)
+  out_tokens, out_lengths = np.asarray(out.tokens), np.asarray(out.lengths)  # no eager slicing
   for row in range(3):
     hits = np.flatnonzero(free[row] == eos)
     length = int(hits[0]) + 1 if len(hits) else NEW
-    assert int(out.lengths[row]) == length, row
-    np.testing.assert_array_equal(out.tokens[row, :length], free[row, :length])
-    assert (np.asarray(out.tokens[row, length:]) == eos).all()
-  assert int(out.lengths[1]) <= 3
+    assert int(out_lengths[row]) == length, row
+    np.testing.assert_array_equal(out_tokens[row, :length], free[row, :length])
+    assert (out_tokens[row, length:] == eos).all()
+  assert int(out_lengths[1]) <= 3
 
 
 def test_sampling_depends_on_the_key_and_top_k_1_is_greedy():

@@ -68,13 +68,14 @@ def test_top_p_keeps_the_nucleus_against_numpy(p):
 def test_top_p_stops_where_the_probability_reaches_p_exactly():
   # probabilities 1/2, 1/4, 1/8, 1/8, exact in float32: 1/2 + 1/4 reaches 0.75
   logits = jnp.asarray(np.log([[0.5, 0.25, 0.125, 0.125]]), jnp.float32)
-  assert kept(sampling.top_p_logits(logits, 0.75)) == [{0, 1}]
-  assert kept(sampling.top_p_logits(logits, 0.7501)) == [{0, 1, 2, 3}]  # and the tie
-  assert kept(sampling.top_p_logits(logits, 0.5)) == [{0}]
+  top_p_logits = jax.jit(sampling.top_p_logits, static_argnums=1)  # top_p a Python float
+  assert kept(top_p_logits(logits, 0.75)) == [{0, 1}]
+  assert kept(top_p_logits(logits, 0.7501)) == [{0, 1, 2, 3}]  # and the tie
+  assert kept(top_p_logits(logits, 0.5)) == [{0}]
 
 
 def test_a_cut_keeps_the_logits_it_keeps():
-  cut = sampling.top_p_logits(jnp.asarray(ROWS), 0.5)
+  cut = jax.jit(sampling.top_p_logits, static_argnums=1)(jnp.asarray(ROWS), 0.5)
   finite = np.isfinite(cut)
   np.testing.assert_array_equal(np.asarray(cut)[finite], ROWS[finite])
 
@@ -82,7 +83,7 @@ def test_a_cut_keeps_the_logits_it_keeps():
 def _draws(**options):
   logits = jnp.log(jnp.asarray([[0.5, 0.3, 0.15, 0.05]]))
   keys = jax.random.split(jax.random.key(0), 4000)
-  draws = jax.vmap(lambda key: sampling.sample_logits(key, logits, **options)[0])(keys)
+  draws = jax.jit(jax.vmap(lambda key: sampling.sample_logits(key, logits, **options)[0]))(keys)
   return np.bincount(np.asarray(draws), minlength=4) / len(keys)
 
 
