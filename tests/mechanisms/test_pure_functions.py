@@ -9,6 +9,9 @@ take each gated declaration's own hooks (its `gates`, `run_pure_function` and `s
 so they name no family.
 """
 
+import functools
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -70,10 +73,17 @@ def _inputs(name):
 @pytest.mark.parametrize('name', GATED)
 def test_a_gated_pure_function_is_the_mechanisms_scan(name):
   decl, options, q, k, v, params, gates = _inputs(name)
-  want, _ = decl.cores.scan(*decl.recurrence_inputs(options, params, q, k, v, gates))
-  want = want + decl.skip(options, params, v)  # Mamba-2's y = S^T C + D X, before the norm
+
+  # Each side one compiled program (eagerly, every operation would compile alone).
+  @jax.jit
+  def scan(q, k, v, gates, params):
+    out, _ = decl.cores.scan(*decl.recurrence_inputs(options, params, q, k, v, gates))
+    return out + decl.skip(options, params, v)  # Mamba-2's y = S^T C + D X, before the norm
+
+  want = scan(q, k, v, gates, params)
   for form in ('chunk', 'naive'):
-    got = decl.run_pure_function(q, k, v, gates, params, form=form, chunk_size=4)
+    pure = functools.partial(decl.run_pure_function, form=form, chunk_size=4)
+    got = jax.jit(pure)(q, k, v, gates, params)
     assert got.shape == (B, N, H, D) and got.dtype == v.dtype
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5, err_msg=f'{name} {form}')
 
@@ -84,9 +94,10 @@ def test_a_padded_token_neither_writes_nor_decays(name):
   decl, _, q, k, v, params, gates = _inputs(name)
   pads = 3
   mask = jnp.arange(N)[None, :].repeat(B, 0) >= pads
-  got = decl.run_pure_function(q, k, v, gates, params, mask=mask, chunk_size=4)
+  pure = jax.jit(functools.partial(decl.run_pure_function, chunk_size=4))  # one program each
+  got = pure(q, k, v, gates, params, mask=mask)
   cut = {key: x[:, pads:] for key, x in gates.items()}
-  want = decl.run_pure_function(q[:, pads:], k[:, pads:], v[:, pads:], cut, params, chunk_size=4)
+  want = pure(q[:, pads:], k[:, pads:], v[:, pads:], cut, params)
   np.testing.assert_allclose(got[:, pads:], want, rtol=2e-5, atol=2e-5)
   assert not np.asarray(got[:, :pads]).any()
 

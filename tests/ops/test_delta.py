@@ -35,23 +35,31 @@ def _delta_reference(q, k, v, g, beta):
 def test_delta_rule_forms_equal_the_recurrence(gated, n):
   q, k, v, g, beta = _delta_inputs(n, gated=gated)
   want = _delta_reference(q, k, v, g, beta)
-  f32 = lambda a: None if a is None else jnp.asarray(a, jnp.float32)
+  f32 = lambda a: None if a is None else np.asarray(a, np.float32)
   args = [f32(a) for a in (q, k, v, g, beta)]
-  chunk, s_chunk = delta.delta_chunked(*args, chunk_size=4)
-  naive, s_naive = delta.delta_scan(*args)
+  argnums = (0, 1, 2, 3, 4) if gated else (0, 1, 2, 4)
+  loss = lambda fn: lambda *a: jnp.sum(jnp.sin(fn(*a)[0]))
+
+  @jax.jit  # one compiled program (eagerly, every operation would compile alone)
+  def forms(*a):
+    return (
+      delta.delta_chunked(*a, chunk_size=4),
+      delta.delta_scan(*a),
+      jax.grad(loss(lambda *a: delta.delta_chunked(*a, chunk_size=4)), argnums=argnums)(*a),
+    )
+
+  (chunk, s_chunk), (naive, s_naive), grads = forms(*args)
   np.testing.assert_allclose(chunk, want, atol=1e-5, rtol=1e-5)
   np.testing.assert_allclose(naive, want, atol=1e-5, rtol=1e-5)
   np.testing.assert_allclose(s_chunk, s_naive, atol=1e-5, rtol=1e-5)
+  step = jax.jit(delta.delta_step)  # one compiled step, reused at every token
   s, outs = zero_state(1, 2, 3, 2), []
   for t in range(n):
-    s, out_t = delta.delta_step(s, *(None if a is None else a[:, t] for a in args))
+    s, out_t = step(s, *(None if a is None else a[:, t] for a in args))
     outs.append(out_t)
-  np.testing.assert_allclose(jnp.stack(outs, 1), want, atol=1e-5, rtol=1e-5)
-  argnums = (0, 1, 2, 3, 4) if gated else (0, 1, 2, 4)
-  loss = lambda fn: lambda *a: jnp.sum(jnp.sin(fn(*a)[0]))
-  grads = jax.grad(loss(lambda *a: delta.delta_chunked(*a, chunk_size=4)), argnums=argnums)(*args)
+  np.testing.assert_allclose(np.stack(outs, 1), want, atol=1e-5, rtol=1e-5)
   with jax.enable_x64(True):
-    want_grads = jax.grad(loss(delta.delta_scan), argnums=argnums)(
+    want_grads = jax.jit(jax.grad(loss(delta.delta_scan), argnums=argnums))(
       *(None if a is None else jnp.asarray(a, jnp.float64) for a in (q, k, v, g, beta))
     )
   for got, ref in zip(grads, want_grads):
@@ -68,7 +76,7 @@ def test_delta_rule_8k_tokens_are_finite_and_exact(strength):
   got, _ = jax.jit(lambda *a: delta.delta_chunked(*a, chunk_size=64))(
     *(None if a is None else jnp.asarray(a, jnp.float32) for a in (q, k, v, g, beta))
   )
-  assert bool(jnp.all(jnp.isfinite(got)))
+  assert np.all(np.isfinite(np.asarray(got)))
   np.testing.assert_allclose(got, want, atol=2e-5 * np.abs(want).max(), rtol=1e-4)
 
 
@@ -98,7 +106,7 @@ def test_the_per_feature_step_is_kimi_delta_attention():
     q[0, :, 0], k[0, :, 0], v[0, :, 0], g[0, :, 0], beta[0, :, 0], s0[0, 0]
   )
   with jax.enable_x64(True):
-    got, s_got = delta.delta_scan(q, k, v, g, beta, initial_state=s0)
+    got, s_got = jax.jit(delta.delta_scan)(q, k, v, g, beta, initial_state=s0)
   np.testing.assert_allclose(got[0, :, 0], want, atol=1e-12)
   np.testing.assert_allclose(s_got[0, 0], s_want, atol=1e-12)
 
@@ -141,7 +149,7 @@ def test_a_per_feature_decay_8k_tokens_are_finite_and_exact():
   want = _kda_recurrence(q[0, :, 0], k[0, :, 0], v[0, :, 0], g[0, :, 0], beta[0, :, 0], 0.0)[0]
   f32 = tuple(jnp.asarray(a, jnp.float32) for a in (q, k, v, g, beta))
   got, _ = jax.jit(lambda *a: delta.delta_chunked(*a, chunk_size=64))(*f32)
-  assert bool(jnp.all(jnp.isfinite(got)))
+  assert np.all(np.isfinite(np.asarray(got)))
   np.testing.assert_allclose(got[0, :, 0], want, atol=2e-5 * np.abs(want).max(), rtol=1e-4)
 
 
@@ -174,7 +182,9 @@ def test_a_per_feature_decay_in_bfloat16_stays_within_a_stated_tolerance():
     *bf16, *rest
   )
   with jax.enable_x64(True):
-    want = run(delta.delta_scan, *(jnp.asarray(x, jnp.float64) for x in bf16 + rest))
+    want = jax.jit(functools.partial(run, delta.delta_scan))(
+      *(jnp.asarray(x, jnp.float64) for x in bf16 + rest)
+    )
   for x, w in zip(got, want):
     x, w = np.asarray(x, np.float64), np.asarray(w)
     error = np.max(np.abs(x - w)) / np.max(np.abs(w))

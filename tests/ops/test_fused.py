@@ -99,7 +99,7 @@ def test_fused_paths_equal_the_reference(kind, causal, masked, x64):
     run = functools.partial(fused_softmax.cudnn_attention, implementation='xla')
   else:
     run = functools.partial(fused_softmax.pallas_attention, interpret=True)
-  got = run(q, k, v, mask, causal, 0.3)
+  got = jax.jit(lambda q, k, v: run(q, k, v, mask, causal, 0.3))(q, k, v)
   np.testing.assert_allclose(got, want, atol=2e-5)
   if masked == 'left':
     assert not np.any(np.asarray(got)[1, : k.shape[1] // 4])
@@ -125,15 +125,17 @@ def test_layer_runs_the_faked_platforms_kernel_with_the_einsums_values_and_grads
     layer = ea.MultiHeadAttention(
       num_heads=2, mechanism='softmax', causal=True, options={'implementation': impl}
     )
-    params = layer.init(jax.random.PRNGKey(1), x, mask=pad)
 
-    def loss(p, layer=layer):
-      return jnp.sum(layer.apply(p, x, mask=pad) ** 2)
+    @jax.jit  # one compiled program (eagerly, every operation would compile alone)
+    def run(x, layer=layer):
+      params = layer.init(jax.random.PRNGKey(1), x, mask=pad)
+      loss = lambda p: jnp.sum(layer.apply(p, x, mask=pad) ** 2)
+      value_and_grad = jax.value_and_grad(loss)(params)
+      _, state = layer.apply(params, x, mask=pad, sow_weights=True, mutable=['intermediates'])
+      return value_and_grad, jax.tree_util.tree_leaves(state)
 
-    results[impl] = jax.value_and_grad(loss)(params)
-    out, state = layer.apply(params, x, mask=pad, sow_weights=True, mutable=['intermediates'])
-    results[impl + '_weights'] = jax.tree_util.tree_leaves(state)
-  assert len(calls) == 3  # the 'auto' layer: init, value_and_grad, the sown call
+    results[impl], results[impl + '_weights'] = run(x)
+  assert len(calls) == 3  # the 'auto' layer, traced once: init, value_and_grad, the sown call
   np.testing.assert_allclose(results['auto'][0], results['xla'][0], rtol=1e-5)
   jax.tree_util.tree_map(
     functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-5),

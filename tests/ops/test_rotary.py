@@ -1,6 +1,5 @@
 """Rotary positions (RoPE, Su et al. 2021): relative scores, RoFormer's kernel form, decoding."""
 
-import helpers
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -31,7 +30,9 @@ def test_rotate_matches_the_definition_and_scores_depend_only_on_offsets():
   q, k = rng.normal(size=(2, 8, 1, 6)), rng.normal(size=(2, 8, 1, 6))
   pos = np.arange(8)
   np.testing.assert_allclose(
-    rotary.rotate(jnp.asarray(q, jnp.float32), pos)[0, :, 0], _rot64(q[0, :, 0], pos), atol=1e-5
+    jax.jit(rotary.rotate)(jnp.asarray(q, jnp.float32), pos)[0, :, 0],
+    _rot64(q[0, :, 0], pos),
+    atol=1e-5,
   )
   scores = lambda shift: np.einsum(
     'qf,kf->qk', _rot64(q[0, :, 0], pos + shift), _rot64(k[0, :, 0], pos + shift)
@@ -46,14 +47,20 @@ def test_rotate_matches_the_definition_and_scores_depend_only_on_offsets():
 def test_rotated_softmax_layer_is_softmax_of_rotated_projections():
   x = jax.random.normal(jax.random.key(0), (B, L, D))
   layer = ea.MultiHeadAttention(num_heads=H, rotary=True)
-  variables = layer.init(jax.random.key(1), x)
-  _, inter = layer.apply(variables, x, mutable=['attention_qkv'])
-  q, k, v = inter['attention_qkv']['qkv'][0]
-  pos = jnp.arange(L)
-  heads = softmax_attention(rotary.rotate(q, pos), rotary.rotate(k, pos), v)
-  p = variables['params']['out']
-  want = jnp.einsum('bqhd,hdf->bqf', heads, p['kernel']) + p['bias']
-  np.testing.assert_allclose(layer.apply(variables, x), want, atol=1e-5)
+
+  @jax.jit  # one compiled program (eagerly, every operation would compile alone)
+  def run(x):
+    variables = layer.init(jax.random.key(1), x)
+    _, inter = layer.apply(variables, x, mutable=['attention_qkv'])
+    q, k, v = inter['attention_qkv']['qkv'][0]
+    pos = jnp.arange(L)
+    heads = softmax_attention(rotary.rotate(q, pos), rotary.rotate(k, pos), v)
+    p = variables['params']['out']
+    want = jnp.einsum('bqhd,hdf->bqf', heads, p['kernel']) + p['bias']
+    return layer.apply(variables, x), want
+
+  got, want = run(x)
+  np.testing.assert_allclose(got, want, atol=1e-5)
 
 
 @pytest.mark.parametrize('causal', [False, True])
@@ -63,13 +70,17 @@ def test_kernel_form_is_roformers_linear_attention(causal, feature_map):
   rng = np.random.default_rng(1)
   q, k, v = (rng.normal(size=(1, 10, 1, 4)) for _ in range(3))
   pos = np.arange(10)
-  got = ea.mechanisms.linear_attention(
-    *(jnp.asarray(a, jnp.float32) for a in (q, k, v)),
-    causal=causal,
-    feature_map=feature_map,
-    chunk_size=4,
-    positions=rotary.positions_of(10, 10),
-  )
+  got = jax.jit(
+    lambda q, k, v: ea.mechanisms.linear_attention(
+      q,
+      k,
+      v,
+      causal=causal,
+      feature_map=feature_map,
+      chunk_size=4,
+      positions=rotary.positions_of(10, 10),
+    )
+  )(*(jnp.asarray(a, jnp.float32) for a in (q, k, v)))
   phi = (
     (lambda a: np.where(a > 0, a + 1, np.exp(a)))
     if feature_map == 'elu'
@@ -98,17 +109,22 @@ def test_decoding_with_rotary_matches_the_parallel_form(mechanism):
     rotary=True,
     options=ea.get_mechanism(mechanism).example,
   )
-  variables = layer.init(jax.random.key(1), x)
   dec = layer.clone(decode=True)
-  cache = helpers.empty_cache(dec, variables, x)
+
+  @jax.jit  # one compiled program (eagerly, every operation would compile alone)
+  def run(x):
+    variables = layer.init(jax.random.key(1), x)
+    cache = dec.apply(variables, x, mutable=['cache'])[1]  # the empty cache alone
+    plain = layer.clone(rotary=False).apply(variables, x)
+    return variables, cache, layer.apply(variables, x), plain
+
+  variables, cache, parallel, plain = run(x)
   step = jax.jit(lambda cache, x_t: dec.apply({**variables, **cache}, x_t, mutable=['cache']))
-  outs = []
+  outs, x = [], np.asarray(x)
   for t in range(L):  # one compiled step, reused at every position
     y, cache = step(cache, x[:, t : t + 1])
     outs.append(y)
-  parallel = layer.apply(variables, x)
-  np.testing.assert_allclose(jnp.concatenate(outs, 1), parallel, atol=3e-5, rtol=3e-5)
-  plain = layer.clone(rotary=False).apply(variables, x)
+  np.testing.assert_allclose(np.concatenate(outs, 1), parallel, atol=3e-5, rtol=3e-5)
   assert not np.allclose(parallel, plain, atol=1e-3)  # the positions do something
 
 
@@ -127,9 +143,13 @@ def test_rotary_keeps_causal_forms_causal(mechanism):
     options=ea.get_mechanism(mechanism).example,
     max_length=L,
   )
-  variables = layer.init(jax.random.key(1), x)
-  jac = jax.jacrev(lambda z: layer.apply(variables, z)[0])(x)  # [L, D, 1, L, D]
-  dep = np.abs(np.asarray(jac[:, :, 0])).sum(axis=(1, 3))
+
+  @jax.jit  # one compiled program (eagerly, every operation would compile alone)
+  def jacobian(x):
+    variables = layer.init(jax.random.key(1), x)
+    return jax.jacrev(lambda z: layer.apply(variables, z)[0])(x)  # [L, D, 1, L, D]
+
+  dep = np.abs(np.asarray(jacobian(x))[:, :, 0]).sum(axis=(1, 3))
   assert np.max(np.triu(dep, k=1)) == 0.0 and np.count_nonzero(np.tril(dep)) >= L
 
 

@@ -9,6 +9,17 @@ from efficient_attn.ops import segments
 from efficient_attn.ops import short_conv
 
 
+def _value_and_vjp(fn):
+  """A jitted (d_out, *args) -> (fn(*args), the VJP of d_out): one compiled program (eagerly,
+  every operation, forward and backward, would compile alone)."""
+
+  def run(d_out, *args):
+    out, vjp = jax.vjp(fn, *args)
+    return out, vjp(d_out)
+
+  return jax.jit(run)
+
+
 def test_causal_conv_and_its_gradients_equal_the_float64_definition():
   """causal_conv's own backward (the kernel's gradient as matrix products) against autodiff of
   out_t = sum_i w[i] x_{t - K + 1 + i} in float64."""
@@ -20,12 +31,12 @@ def test_causal_conv_and_its_gradients_equal_the_float64_definition():
     xp = jnp.pad(x, [(0, 0), (3, 0), (0, 0), (0, 0)])
     return sum(w[i] * xp[:, i : i + x.shape[1]] for i in range(4))
 
-  out, vjp = jax.vjp(short_conv.causal_conv, *(jnp.asarray(a, jnp.float32) for a in (x, w)))
+  f32 = (jnp.asarray(a, jnp.float32) for a in (d_out, x, w))
+  out, grads = _value_and_vjp(short_conv.causal_conv)(*f32)
   with jax.enable_x64(True):
-    want, want_vjp = jax.vjp(definition, jnp.asarray(x), jnp.asarray(w))
-    want_grads = want_vjp(jnp.asarray(d_out))
+    want, want_grads = _value_and_vjp(definition)(*(jnp.asarray(a) for a in (d_out, x, w)))
   np.testing.assert_allclose(out, want, atol=1e-5, rtol=1e-5)
-  for got, ref in zip(vjp(jnp.asarray(d_out, jnp.float32)), want_grads):
+  for got, ref in zip(grads, want_grads):
     np.testing.assert_allclose(got, ref, atol=1e-5, rtol=1e-5)
 
 
@@ -36,7 +47,7 @@ def test_no_tap_crosses_a_document_boundary_forward_or_backward():
   gap read as zeros: the taps are positions, as with key padding); padding's outputs are
   0."""
   ids = np.asarray([[4, 1, 1, 1, 0, 1, 2, 2, 1, 0], [0, 0, 5, 5, 5, 5, 5, 6, 6, 0]], np.int32)
-  docs = np.asarray(segments.document_index(ids))
+  docs = np.asarray(jax.jit(segments.document_index)(ids))
   rng = np.random.default_rng(4)
   x, d_out = (rng.standard_normal((2, 10, 2, 3)) for _ in range(2))
   w = rng.standard_normal((3, 2, 3))
@@ -53,13 +64,12 @@ def test_no_tap_crosses_a_document_boundary_forward_or_backward():
           out = out.at[r, at].set(y * (ids[r, at] != 0)[:, None, None])
     return out
 
-  f32 = [jnp.asarray(a, jnp.float32) for a in (x, w)]
+  f32 = [jnp.asarray(a, jnp.float32) for a in (d_out, x, w)]
   packed = lambda x, w: short_conv.causal_conv(x, w, segment_ids=jnp.asarray(ids))
-  out, vjp = jax.vjp(packed, *f32)
+  out, grads = _value_and_vjp(packed)(*f32)
   with jax.enable_x64(True):
-    want, want_vjp = jax.vjp(by_document, jnp.asarray(x), jnp.asarray(w))
-    want_grads = want_vjp(jnp.asarray(d_out))
+    want, want_grads = _value_and_vjp(by_document)(*(jnp.asarray(a) for a in (d_out, x, w)))
   np.testing.assert_allclose(out, want, atol=1e-5, rtol=1e-5)
   assert not np.asarray(out)[ids == 0].any()
-  for got, ref in zip(vjp(jnp.asarray(d_out, jnp.float32)), want_grads):
+  for got, ref in zip(grads, want_grads):
     np.testing.assert_allclose(got, ref, atol=1e-5, rtol=1e-5)
