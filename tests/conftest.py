@@ -16,6 +16,8 @@ import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 import numpy as np
 import pytest
 
+main_runner.share_compilation_cache()
+
 # The tests compare float32 results with float64 references at float32 tolerances. On a
 # GPU or TPU, float32 matmuls default to TF32 / bfloat16 passes, which such a tolerance
 # rightly rejects; full precision there makes the suite's checks the same on every

@@ -8,11 +8,14 @@ batch of 16 and dropout, so the per-step rngs matter). Each process gets one
 CPU device and compiles under `XLA_FLAGS`, as the test processes do.
 """
 
+import atexit
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -28,6 +31,30 @@ XLA_FLAGS = (
   '--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true '
   '--xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=1'
 )
+
+
+def share_compilation_cache() -> None:
+  """One JAX compilation cache for the processes the tests start, per pytest session.
+
+  Dozens of them (main.py runs, the 8-device scripts) compile the same small programs:
+  the first writes each one, the others read it, and the folder goes with the session.
+  A test process compiles each of its programs once, so it neither reads nor writes the
+  folder (a cache would only add the writes). xdist workers inherit the controller's folder
+  through the environment.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+
+  jax.config.update('jax_enable_compilation_cache', False)  # this process only
+  if 'JAX_COMPILATION_CACHE_DIR' in os.environ:
+    return  # the controller's, or the caller's own
+  folder = tempfile.mkdtemp(prefix='jax_compilation_cache_')
+  os.environ.update(
+    JAX_COMPILATION_CACHE_DIR=folder,
+    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
+    JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES='0',
+  )
+  atexit.register(shutil.rmtree, folder, True)
+
 
 # Wraps main.py so that every training batch arrives `SLOW_STEP_S` seconds
 # late: the numbers are unchanged, the run just lasts long enough to be
