@@ -26,6 +26,7 @@ import jax.numpy as jnp
 from efficient_attn import registry
 from efficient_attn.mechanisms.kernel_family import CHUNK_SIZE
 from efficient_attn.mechanisms.kernel_family import KernelMechanism
+from efficient_attn.mechanisms.kernel_family import segment_ids_of
 from efficient_attn.ops import feature_maps
 from efficient_attn.ops import masking
 from efficient_attn.ops import rotary
@@ -35,6 +36,7 @@ from efficient_attn.ops.linear_attention import init_kernel_state  # noqa: F401 
 from efficient_attn.ops.linear_attention import kernel_attention
 from efficient_attn.ops.linear_attention import kernel_attention_step
 from efficient_attn.ops.linear_attention import rotary_features
+from efficient_attn.ops.linear_attention import zero_padding
 
 FeatureMapArg = Union[str, Callable[[jnp.ndarray], jnp.ndarray]]
 
@@ -80,6 +82,7 @@ def linear_attention(
   return_state: bool = False,
   positions=None,
   sequence_axis: Optional[str] = None,
+  segment_ids=None,
 ):
   """Linear attention phi(q) (phi(k)^T v) / (phi(q) . sum_j phi(k_j)).
 
@@ -110,12 +113,15 @@ def linear_attention(
     sequence_axis: the inputs are one device's block of a sequence split over this
       mesh axis (inside `jax.shard_map`; see `ops.linear_attention.sharded`);
       positions are then the block's.
+    segment_ids: optional int `[batch, length]`, packed rows (0: padding): each query
+      sees only the keys of its document (`ops.linear_attention.documents`).
 
   Returns:
     `[batch, q_length, heads, dv]` in v's dtype (and the state if requested).
   """
   _check_rotary(feature_map, positions)
   k, v, kp = masking.checked_keys_values(q, k, v, mask, name='linear attention', causal=causal)
+  q, k, v = zero_padding(segment_ids, q, k, v)  # packed rows: 0 at the padding
   if q.shape[2] > 1 and sequence_axis is None:
     return heads_as_batch(
       linear_attention,
@@ -129,6 +135,7 @@ def linear_attention(
       eps=eps,
       chunk_size=chunk_size,
       positions=positions,
+      segment_ids=segment_ids,
     )
   phi_q, phi_k, normalize = linear_features(q, k, feature_map)
   out, state = kernel_attention(
@@ -140,6 +147,7 @@ def linear_attention(
     normalize=normalize,
     chunk_size=chunk_size,
     sequence_axis=sequence_axis,
+    segment_ids=segment_ids,
   )
   return (out, state) if return_state else out
 
@@ -213,6 +221,7 @@ class Linear(KernelMechanism):
       eps=options.eps,
       chunk_size=options.chunk_size,
       positions=ctx.positions,
+      segment_ids=segment_ids_of(ctx),
     )
 
   def attend_sharded(self, options, params, q, k, v, *, mask, causal, ctx, axis):
@@ -227,6 +236,7 @@ class Linear(KernelMechanism):
       chunk_size=options.chunk_size,
       positions=ctx.positions,
       sequence_axis=axis,
+      segment_ids=segment_ids_of(ctx),
     )
 
   def head_shapes(self, options, *, heads, head_dim):
@@ -238,7 +248,14 @@ class Linear(KernelMechanism):
   def grouped_state(self, options):
     return True
 
-  def step(self, options, params, state, q_t, k_t, v_t, *, ctx):
+  def token_step(self, options, params, state, q_t, k_t, v_t, *, ctx, key_valid):
     return linear_attention_step(
-      state, q_t, k_t, v_t, feature_map=options.feature_map, eps=options.eps, position=ctx.position
+      state,
+      q_t,
+      k_t,
+      v_t,
+      feature_map=options.feature_map,
+      eps=options.eps,
+      key_valid=key_valid,
+      position=ctx.position,
     )

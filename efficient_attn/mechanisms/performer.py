@@ -15,18 +15,21 @@ projection W `[m, d]` is shared by all heads. Masks follow
 import math
 from typing import Optional
 
+import jax
 from jax import lax
 import jax.numpy as jnp
 
 from efficient_attn.ops import feature_maps
 from efficient_attn.ops import masking
 from efficient_attn.ops import rotary
+from efficient_attn.ops import segments
 from efficient_attn.ops.linear_attention import KernelState
 from efficient_attn.ops.linear_attention import heads_as_batch
 from efficient_attn.ops.linear_attention import kernel_attention
 from efficient_attn.ops.linear_attention import kernel_attention_step
 from efficient_attn.ops.linear_attention import platform_loops_rows
 from efficient_attn.ops.linear_attention import rotary_features
+from efficient_attn.ops.linear_attention import zero_padding
 
 
 def performer_eps(dtype) -> float:
@@ -64,6 +67,7 @@ def performer_attention(
   return_state: bool = False,
   positions=None,
   sequence_axis: Optional[str] = None,
+  segment_ids=None,
 ):
   """Performer FAVOR+ attention (Choromanski et al. 2021).
 
@@ -96,8 +100,21 @@ def performer_attention(
       `efficient_attn.ops.linear_attention.sharded`); the key stabiliser is
       then the maximum over every device's keys (`lax.pmax`), so the features are the
       unsplit sequence's.
+    segment_ids: optional int `[batch, length]`, packed rows (0: padding): each query
+      sees only the keys of its document (`ops.linear_attention.documents`); the key
+      stabiliser is then one per document (`_document_stabilizer`).
   """
   k, v, kp = masking.checked_keys_values(q, k, v, mask, name='Performer attention', causal=causal)
+  q, k, v = zero_padding(segment_ids, q, k, v)  # packed rows: 0 at the padding
+  if segment_ids is not None and sequence_axis is not None:
+    raise ValueError(
+      f'Performer attention takes segment_ids on one device only (its key stabiliser is '
+      f'one per document), not split over sequence_axis={sequence_axis!r}; valid: '
+      f'segment_ids=None, or sequence_axis=None'
+    )
+  if segment_ids is not None:  # padding (id 0) takes no part in the key stabiliser
+    real = jnp.asarray(segment_ids) != 0
+    kp = real if kp is None else jnp.asarray(kp, bool) & real
   loop_rows = platform_loops_rows() and q.shape[0] * q.shape[2] > 1 and sequence_axis is None
   if (q.shape[2] > 1 and sequence_axis is None) or loop_rows:  # rows one at a time on CPU
     return heads_as_batch(
@@ -113,6 +130,7 @@ def performer_attention(
       eps=eps,
       chunk_size=chunk_size,
       positions=positions,
+      segment_ids=segment_ids,
     )
   qs, ks = _scaled_queries_keys(q, k)
   eps = performer_eps(qs.dtype) if eps is None else eps
@@ -123,9 +141,11 @@ def performer_attention(
     is_query=False,
     key_padding=kp,
     return_stabilizer=True,
-    stabilizer=None
-    if sequence_axis is None
-    else _key_stabilizer(ks, projection, kp, sequence_axis),
+    stabilizer=_key_stabilizer(ks, projection, kp, sequence_axis)
+    if sequence_axis is not None
+    else None
+    if segment_ids is None
+    else _document_stabilizer(ks, projection, kp, segment_ids),
   )
   out, state = kernel_attention(
     rotary_features(phi_q, phi_k, positions),
@@ -136,10 +156,11 @@ def performer_attention(
     normalize=True,
     chunk_size=chunk_size,
     sequence_axis=sequence_axis,
+    segment_ids=segment_ids,
   )
   if not return_state:
     return out
-  log_scale = stab[:, 0, :, 0].astype(state.s.dtype)
+  log_scale = stab[:, -1, :, 0].astype(state.s.dtype)  # packed rows: the last document's
   if kp is not None:
     log_scale = jnp.where(jnp.any(kp, axis=1)[:, None], log_scale, masking.big_neg(state.s.dtype))
   return out, state._replace(log_scale=log_scale)
@@ -153,6 +174,20 @@ def _key_stabilizer(ks, projection, key_padding, axis: str):
     a = jnp.where(key_padding[:, :, None, None], a, -jnp.inf)
   stab = lax.pmax(lax.stop_gradient(jnp.max(a, axis=(1, 3), keepdims=True)), axis)
   return jnp.where(jnp.isfinite(stab), stab, 0.0)
+
+
+def _document_stabilizer(ks, projection, key_padding, segment_ids):
+  """The key stabiliser `[b, n, h, 1]` of packed rows: each key's is the maximum over its
+  document's real keys (0 where it has none), under stop_gradient. One maximum over the
+  row would let a document of large keys underflow another's features to 0."""
+  a = jnp.max(feature_maps.positive_log_features(ks, projection), axis=-1)  # [b, n, h]
+  if key_padding is not None:
+    a = jnp.where(key_padding[..., None], a, -jnp.inf)
+  b, n = ks.shape[:2]
+  docs = jnp.arange(b)[:, None] * n + segments.document_index(segment_ids)  # [b, n]
+  per_document = jax.ops.segment_max(a.reshape(b * n, -1), docs.reshape(-1), num_segments=b * n)
+  stab = per_document[docs.reshape(-1)].reshape(a.shape)[..., None]
+  return lax.stop_gradient(jnp.where(jnp.isfinite(stab), stab, 0.0))
 
 
 def performer_attention_step(
@@ -197,10 +232,10 @@ def performer_attention_step(
   new = jnp.maximum(new, neg)
   ratio = jnp.exp(old - new)
   phi_k = jnp.exp(a - new[..., None]) * (1.0 / math.sqrt(projection.shape[0]))
-  rescaled = KernelState(
-    state.s * ratio[..., None, None].astype(state.s.dtype),
-    state.z * ratio[..., None].astype(state.z.dtype),
-    new.astype(state.log_scale.dtype),
+  rescaled = state._replace(
+    s=state.s * ratio[..., None, None].astype(state.s.dtype),
+    z=state.z * ratio[..., None].astype(state.z.dtype),
+    log_scale=new.astype(state.log_scale.dtype),
   )
   new_state, out = kernel_attention_step(
     rescaled,

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from efficient_attn import registry
 from efficient_attn.mechanisms.kernel_family import CHUNK_SIZE
 from efficient_attn.mechanisms.kernel_family import KernelMechanism
+from efficient_attn.mechanisms.kernel_family import segment_ids_of
 from efficient_attn.mechanisms.performer import performer_attention
 from efficient_attn.mechanisms.performer import performer_attention_step
 from efficient_attn.mechanisms.rfa import rfa_attention
@@ -129,6 +130,7 @@ class RFA(KernelMechanism):
       sigma=sigma,
       chunk_size=options.chunk_size,
       positions=ctx.positions,
+      segment_ids=segment_ids_of(ctx),
     )
 
   def attend_sharded(self, options, params, q, k, v, *, mask, causal, ctx, axis):
@@ -145,6 +147,7 @@ class RFA(KernelMechanism):
       sigma=sigma,
       chunk_size=options.chunk_size,
       positions=ctx.positions,
+      segment_ids=segment_ids_of(ctx),
       sequence_axis=axis,
     )
 
@@ -154,7 +157,7 @@ class RFA(KernelMechanism):
   def grouped_state(self, options):
     return not (options.use_gate or options.learn_sigma)  # per-query-head gate or sigma
 
-  def step(self, options, params, state, q_t, k_t, v_t, *, ctx):
+  def token_step(self, options, params, state, q_t, k_t, v_t, *, ctx, key_valid):
     gate, sigma = self._gate_sigma(options, params, k_t)
     return rfa_attention_step(
       state,
@@ -165,6 +168,7 @@ class RFA(KernelMechanism):
       sigma=sigma,
       eps=options.eps,
       gate_t=gate,
+      key_valid=key_valid,
       position=ctx.position,
     )
 
@@ -189,6 +193,14 @@ class Performer(KernelMechanism):
   complexity = ('O(n m d)', 'O(n m + m d)')
   knob = _FEATURE_KNOB
   example = {'num_features': 16}
+  # performer_attention takes segment_ids (a key stabiliser per document), but its parallel
+  # form and its decoding (a running stabiliser) can disagree where a document's first keys
+  # are far below its largest: their denominators fall under eps (tests/layers/test_prefill).
+  segments = False
+  no_segments = (
+    "its parallel form's key stabiliser spans a whole document, so decoding a packed "
+    'row can disagree with it at a document\'s first tokens'
+  )
 
   def attend(self, options, params, q, k, v, *, mask, causal, ctx):
     return performer_attention(
@@ -201,6 +213,7 @@ class Performer(KernelMechanism):
       eps=options.eps,
       chunk_size=options.chunk_size,
       positions=ctx.positions,
+      segment_ids=segment_ids_of(ctx),
     )
 
   def attend_sharded(self, options, params, q, k, v, *, mask, causal, ctx, axis):
@@ -214,6 +227,7 @@ class Performer(KernelMechanism):
       eps=options.eps,
       chunk_size=options.chunk_size,
       positions=ctx.positions,
+      segment_ids=segment_ids_of(ctx),
       sequence_axis=axis,
     )
 
@@ -223,7 +237,7 @@ class Performer(KernelMechanism):
   def grouped_state(self, options):
     return True  # one random projection for every head
 
-  def step(self, options, params, state, q_t, k_t, v_t, *, ctx):
+  def token_step(self, options, params, state, q_t, k_t, v_t, *, ctx, key_valid):
     return performer_attention_step(
       state,
       q_t,
@@ -231,5 +245,6 @@ class Performer(KernelMechanism):
       v_t,
       _projection(options, q_t.shape[-1], ctx),
       eps=options.eps,
+      key_valid=key_valid,
       position=ctx.position,
     )

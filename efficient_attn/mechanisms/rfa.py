@@ -24,6 +24,7 @@ from efficient_attn.ops.linear_attention import KernelState
 from efficient_attn.ops.linear_attention import kernel_attention
 from efficient_attn.ops.linear_attention import kernel_attention_step
 from efficient_attn.ops.linear_attention import rotary_features
+from efficient_attn.ops.linear_attention import zero_padding
 
 Sigma = Union[float, jnp.ndarray]
 
@@ -67,6 +68,7 @@ def rfa_attention(
   return_state: bool = False,
   positions=None,
   sequence_axis: Optional[str] = None,
+  segment_ids=None,
 ):
   """Random feature attention (Peng et al. 2021).
 
@@ -99,8 +101,11 @@ def rfa_attention(
     positions: optional rotary (query, key) positions (see `linear_attention`).
     sequence_axis: one device's block of a sequence split over this mesh axis (see
       `efficient_attn.ops.linear_attention.sharded`).
+    segment_ids: optional int `[batch, length]`, packed rows (0: padding): each query
+      sees only the keys of its document (`ops.linear_attention.documents`).
   """
   k, v, kp = masking.checked_keys_values(q, k, v, mask, name='RFA attention', causal=causal)
+  q, k, v = zero_padding(segment_ids, q, k, v)  # packed rows: 0 at the padding
   phi_q = rfa_features(q, projection, sigma)
   phi_k = rfa_features(k, projection, sigma)
   out, state = kernel_attention(
@@ -113,6 +118,7 @@ def rfa_attention(
     normalize=True,
     chunk_size=chunk_size,
     sequence_axis=sequence_axis,
+    segment_ids=segment_ids,
   )
   return (out, state) if return_state else out
 

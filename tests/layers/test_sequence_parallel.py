@@ -275,7 +275,8 @@ for name, (mechanism, causal, options, args) in json.loads(sys.argv[1]).items():
 # (`kernels.common.per_device` splits the batch in a shard_map: XLA would run all of it on every
 # device); float64 identities (to 1e-10) for softmax, RFA and local; and Forgetting Attention's
 # ring on packed rows (documents and forget sums across the device blocks) and, with its dense
-# block, contiguous.
+# block, contiguous; linear attention and gated RFA on packed rows (their sums restart at each
+# document, across the device blocks).
 EXTRA = {
   'nnx:linear-bidirectional': ('linear', False, {}, {}),
   'encoder:linear+local-causal': ('linear+local', True, {}, {}),
@@ -293,6 +294,8 @@ EXTRA = {
   'rfa-causal-x64': ('rfa', True, {'use_gate': True}, {}),
   'local-bidirectional-x64': ('local', False, {'window': 21}, {}),
   'forgetting-causal-packed': ('forgetting', True, {}, {}),
+  'linear-causal-packed': ('linear', True, {}, {}),
+  'rfa-causal-packed': ('rfa', True, {'use_gate': True}, {}),
   'forgetting-causal-odd': ('forgetting', True, {'form': 'dense'}, {}),
 }
 

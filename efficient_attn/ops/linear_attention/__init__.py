@@ -16,6 +16,8 @@ and the final `KernelState`:
   sharded             `bidirectional_sharded`, `causal_sharded`: one device's block of a
                       sequence split over a mesh axis (the key sums psummed, or the state
                       of the blocks before it: the prefix-state form);
+  documents           `causal_packed`, `bidirectional_packed`: packed rows (`segment_ids`),
+                      the sums restarting at each document;
   common              `KernelFeatures` (`rotary_features`), the inputs' preparation,
                       `safe_denominator`;
   head_rows           `heads_as_batch`: a mechanism run with heads folded into the batch.
@@ -30,6 +32,9 @@ from typing import Optional
 
 import jax.numpy as jnp
 
+from efficient_attn.ops import masking
+from efficient_attn.ops import segments
+from efficient_attn.ops.linear_attention import common
 from efficient_attn.ops.linear_attention.bidirectional import bidirectional_kernel_attention
 from efficient_attn.ops.linear_attention.chunk import CAUSAL_CHUNK
 from efficient_attn.ops.linear_attention.chunk import causal_chunk_size
@@ -38,12 +43,16 @@ from efficient_attn.ops.linear_attention.common import KernelFeatures
 from efficient_attn.ops.linear_attention.common import normalize_by
 from efficient_attn.ops.linear_attention.common import rotary_features
 from efficient_attn.ops.linear_attention.common import safe_denominator
+from efficient_attn.ops.linear_attention.documents import bidirectional_packed
+from efficient_attn.ops.linear_attention.documents import causal_packed
+from efficient_attn.ops.linear_attention.documents import zero_padding
 from efficient_attn.ops.linear_attention.head_rows import LOOP_ROWS
 from efficient_attn.ops.linear_attention.head_rows import heads_as_batch
 from efficient_attn.ops.linear_attention.head_rows import platform_loops_rows
 from efficient_attn.ops.linear_attention.recurrent import KernelState
 from efficient_attn.ops.linear_attention.recurrent import init_kernel_state
 from efficient_attn.ops.linear_attention.recurrent import kernel_attention_step
+from efficient_attn.ops.linear_attention.recurrent import state_of_sums
 from efficient_attn.ops.linear_attention.sharded import bidirectional_sharded
 from efficient_attn.ops.linear_attention.sharded import causal_sharded
 
@@ -59,6 +68,7 @@ def kernel_attention(
   normalize: bool = True,
   chunk_size: Optional[int] = None,
   sequence_axis: Optional[str] = None,
+  segment_ids: Optional[jnp.ndarray] = None,
 ):
   """out_i = num_q_i^T S / safe(phi_q_i . Z) over the visible keys, in the form asked for.
 
@@ -76,6 +86,10 @@ def kernel_attention(
     sequence_axis: the inputs are this device's block of a sequence split over the mesh
       axis of that name, inside `jax.shard_map`: `causal_sharded` or
       `bidirectional_sharded`.
+    segment_ids: optional int `[batch, length]`, a packed row (0: padding; docs/design.md,
+      "Documents"): each query sees only keys of its document (`causal_packed`,
+      `bidirectional_packed`). Self-attention only; with `sequence_axis`, causal only,
+      and the returned state is None.
 
   Returns:
     (`[batch, q_length, heads, dv]` in v's dtype, the final `KernelState` in float32 or
@@ -83,6 +97,10 @@ def kernel_attention(
   """
   if gate is not None and not causal:
     raise ValueError('a recency gate needs causal=True')
+  if segment_ids is not None:
+    return _packed(
+      features, v, segment_ids, key_padding, causal, gate, eps, normalize, chunk_size, sequence_axis
+    )
   if causal and sequence_axis is not None:
     return causal_sharded(
       features,
@@ -105,15 +123,63 @@ def kernel_attention(
   return bidirectional_kernel_attention(features, v, key_padding, eps=eps, normalize=normalize)
 
 
+def _packed(features, v, segment_ids, key_padding, causal, gate, eps, normalize, chunk_size, axis):
+  """`kernel_attention` on packed rows: `causal_packed` or `bidirectional_packed`."""
+  if axis is not None and not causal:
+    raise ValueError(
+      f'bidirectional kernel attention takes segment_ids on one device only, not split '
+      f'over sequence_axis={axis!r}; valid: causal=True, segment_ids=None, or '
+      f'sequence_axis=None'
+    )
+  b, n = v.shape[:2]
+  if features.phi_q.shape[1] != n:
+    raise ValueError(
+      f'kernel attention with segment_ids is self-attention: q_length '
+      f'{features.phi_q.shape[1]} != kv_length {n}'
+    )
+  ids = segments.check(segment_ids, b, n, 'kernel attention')
+  if key_padding is not None:
+    ids = jnp.where(jnp.asarray(key_padding, bool), ids, 0)
+  # Every input zeroed at the padding first (by `where`): whatever it held (NaN) reaches no
+  # sum and no gradient, its own included.
+  real = ids != 0
+  features = KernelFeatures(
+    *(None if x is None else masking.zero_padded(x, real) for x in features)
+  )
+  v = masking.zero_padded(v, real)
+  gate = None if gate is None else masking.zero_padded(gate, real)
+  features, values, log_g = common.prepare(features, v, real, gate)
+  if causal:
+    out, (s, z) = causal_packed(
+      features,
+      values,
+      log_g,
+      ids,
+      eps=eps,
+      normalize=normalize,
+      chunk_size=causal_chunk_size(chunk_size),
+      axis=axis,
+    )
+    if axis is not None:
+      return out.astype(v.dtype), None  # a split row's block: no state
+  else:
+    out, (s, z) = bidirectional_packed(
+      features, values, ids, eps=eps, normalize=normalize, chunk_size=causal_chunk_size(chunk_size)
+    )
+  return out.astype(v.dtype), state_of_sums(s, z)
+
+
 __all__ = [
   'CAUSAL_CHUNK',
   'KernelFeatures',
   'KernelState',
   'LOOP_ROWS',
   'bidirectional_kernel_attention',
+  'bidirectional_packed',
   'bidirectional_sharded',
   'causal_chunk_size',
   'causal_kernel_attention',
+  'causal_packed',
   'causal_sharded',
   'heads_as_batch',
   'init_kernel_state',
@@ -123,4 +189,5 @@ __all__ = [
   'platform_loops_rows',
   'rotary_features',
   'safe_denominator',
+  'zero_padding',
 ]

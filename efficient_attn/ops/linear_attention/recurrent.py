@@ -26,11 +26,14 @@ class KernelState(NamedTuple):
       running key stabiliser (s and z hold the sums of features scaled by
       exp(-log_scale)). Starts at a large negative number (no key seen yet);
       the other feature maps carry it through untouched.
+    segment: optional `[batch]` int32, a layer's packed stream: the segment id of the
+      last real token (0: none yet; `KernelMechanism.step`). None for the pure functions.
   """
 
   s: jnp.ndarray
   z: jnp.ndarray
   log_scale: jnp.ndarray
+  segment: Optional[jnp.ndarray] = None
 
 
 def init_kernel_state(
@@ -144,5 +147,5 @@ def kernel_attention_step(
   out = out.astype(v_t.dtype)
   if keep_axis:
     out = out[:, None]
-  new_state = KernelState(s.astype(state.s.dtype), z.astype(state.z.dtype), state.log_scale)
+  new_state = state._replace(s=s.astype(state.s.dtype), z=z.astype(state.z.dtype))
   return new_state, out
