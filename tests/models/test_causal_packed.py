@@ -29,12 +29,18 @@ def _model(**kw):
   return CausalTransformer(TransformerConfig(**{**config, **kw}), vocab_size=VOCAB)
 
 
+HYBRID = {'mechanism': 'linear+local', 'options': {'window': 6, 'chunk_size': 4}}
+
+
 @pytest.mark.parametrize(
-  'kw', [{'rotary': True}, {'reversible': True}], ids=['rotary', 'reversible']
+  'kw',
+  [{'rotary': True}, {'reversible': True}, HYBRID],
+  ids=['rotary', 'reversible', 'hybrid'],
 )
 def test_a_packed_row_equals_its_documents_alone(kw):
   """Logits and parameter gradients of two packed rows equal those of each document at the
-  start of its own row (learned positions from 0 there)."""
+  start of its own row (learned positions from 0 there). The hybrid alternates linear
+  attention (chunks of 4) and a local window of 6 across the layers."""
   rows = [documents_of(seed) for seed in (2, 3)]
   ids = jnp.asarray(np.stack([r[0] for r in rows]))
   docs = [(row, s, l) for row, (_, d) in enumerate(rows) for s, l in d]

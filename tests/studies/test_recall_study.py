@@ -73,8 +73,13 @@ def test_decode_state_is_a_kv_cache_for_softmax_and_constant_for_linear():
     assert (
       decode_state.state_bytes(_config('softmax', seq_len)) == 2 * 2 * seq_len * 8 * 4 + counters
     )
-  # 2 layers x 2 heads x (S [4, 4] + z [4] + a log-scale) float32, whatever the length
-  assert decode_state.state_bytes(_config('linear', 16)) == 2 * 2 * (4 * 4 + 4 + 1) * 4 + counters
+  # 2 layers x 2 heads x (S [4, 4] + z [4] + a log-scale) float32, whatever the length, and
+  # each layer's int32 segment id of its row (packed rows: the last real token's document)
+  segment_ids = 2 * 4
+  assert (
+    decode_state.state_bytes(_config('linear', 16))
+    == 2 * 2 * (4 * 4 + 4 + 1) * 4 + counters + segment_ids
+  )
   assert decode_state.state_bytes(_config('linear', 32)) == decode_state.state_bytes(
     _config('linear', 16)
   )
