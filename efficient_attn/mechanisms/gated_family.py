@@ -460,10 +460,7 @@ class GatedRecurrence(registry.Mechanism):
     s, real, reset = state.s, None, None
     gates = ctx.gates
     if ctx.documents is not None:
-      ids = segments.check(ctx.documents, batch, 1, self.name)[:, 0]
-      real = ids != 0
-      reset = real & (segment != 0) & (ids != segment)
-      segment = jnp.where(real, ids, segment)
+      real, reset, segment = documents.token_documents(ctx.documents, segment, self.name)
       s = documents.where_rows(~reset, s)
       inputs = documents.zero_padding(real[:, None], *inputs)
       gates = jax.tree.map(lambda x: documents.zero_padding(real[:, None], x)[0], gates)

@@ -8,7 +8,6 @@ too (`segment_ids`: the sums restart at each document).
 import jax.numpy as jnp
 
 from efficient_attn import registry
-from efficient_attn.ops import segments
 from efficient_attn.ops.gated import documents
 from efficient_attn.ops.linear_attention import init_kernel_state
 
@@ -64,11 +63,7 @@ class KernelMechanism(registry.Mechanism):
     output is 0."""
     if ctx.documents is None:
       return self.token_step(options, params, state, q_t, k_t, v_t, ctx=ctx, key_valid=None)
-    batch = q_t.shape[0]
-    ids = segments.check(ctx.documents, batch, 1, self.name)[:, 0]
-    segment = jnp.zeros((batch,), jnp.int32) if state.segment is None else state.segment
-    real = ids != 0
-    reset = real & (segment != 0) & (ids != segment)
+    real, reset, segment = documents.token_documents(ctx.documents, state.segment, self.name)
     empty = init_kernel_state(*state.z.shape, state.s.shape[-1], state.s.dtype)
     state = state._replace(
       **{
@@ -77,5 +72,6 @@ class KernelMechanism(registry.Mechanism):
       }
     )
     state, out = self.token_step(options, params, state, q_t, k_t, v_t, ctx=ctx, key_valid=real)
-    out = jnp.where(real.reshape((batch,) + (1,) * (out.ndim - 1)), out, jnp.zeros((), out.dtype))
-    return state._replace(segment=jnp.where(real, ids, segment)), out
+    return state._replace(segment=segment), documents.where_rows(
+      real, out, jnp.zeros((), out.dtype)
+    )

@@ -135,17 +135,13 @@ def performer_attention(
   qs, ks = _scaled_queries_keys(q, k)
   eps = performer_eps(qs.dtype) if eps is None else eps
   phi_q = feature_maps.positive_features(qs, projection, is_query=True)
+  stabilizer = None  # one per (batch, head), over its keys
+  if sequence_axis is not None:
+    stabilizer = _key_stabilizer(ks, projection, kp, sequence_axis)
+  elif segment_ids is not None:
+    stabilizer = _document_stabilizer(ks, projection, kp, segment_ids)
   phi_k, stab = feature_maps.positive_features(
-    ks,
-    projection,
-    is_query=False,
-    key_padding=kp,
-    return_stabilizer=True,
-    stabilizer=_key_stabilizer(ks, projection, kp, sequence_axis)
-    if sequence_axis is not None
-    else None
-    if segment_ids is None
-    else _document_stabilizer(ks, projection, kp, segment_ids),
+    ks, projection, is_query=False, key_padding=kp, return_stabilizer=True, stabilizer=stabilizer
   )
   out, state = kernel_attention(
     rotary_features(phi_q, phi_k, positions),

@@ -128,6 +128,22 @@ def mask_chunk(dx, scores, q_in, k_out, s):
   )
 
 
+def token_documents(documents, segment, name: str):
+  """A decoding step's documents: (real, reset, segment after the token), each `[batch]`.
+
+  `documents` `[batch, 1]`: the token's raw segment id (0: padding); `segment` `[batch]`
+  (None: zeros): the state's id of its last real token (0: none yet). A real token whose
+  id differs from `segment` (when that is not 0) starts a new document (`reset`); a
+  padding token (`real` False) leaves `segment` as it was. A one-line ValueError naming
+  `name` for ids of another shape."""
+  batch = documents.shape[0]
+  ids = segments.check(documents, batch, 1, name)[:, 0]
+  segment = jnp.zeros((batch,), jnp.int32) if segment is None else segment
+  real = ids != 0
+  reset = real & (segment != 0) & (ids != segment)
+  return real, reset, jnp.where(real, ids, segment)
+
+
 def where_rows(mask, x, otherwise=0):
   """x `[b, ...]` where mask `[b]` is True, else `otherwise`."""
   return jnp.where(mask.reshape(mask.shape + (1,) * (x.ndim - 1)), x, otherwise)

@@ -32,7 +32,6 @@ from typing import Optional
 
 import jax.numpy as jnp
 
-from efficient_attn.ops import masking
 from efficient_attn.ops import segments
 from efficient_attn.ops.linear_attention import common
 from efficient_attn.ops.linear_attention.bidirectional import bidirectional_kernel_attention
@@ -142,13 +141,8 @@ def _packed(features, v, segment_ids, key_padding, causal, gate, eps, normalize,
     ids = jnp.where(jnp.asarray(key_padding, bool), ids, 0)
   # Every input zeroed at the padding first (by `where`): whatever it held (NaN) reaches no
   # sum and no gradient, its own included.
-  real = ids != 0
-  features = KernelFeatures(
-    *(None if x is None else masking.zero_padded(x, real) for x in features)
-  )
-  v = masking.zero_padded(v, real)
-  gate = None if gate is None else masking.zero_padded(gate, real)
-  features, values, log_g = common.prepare(features, v, real, gate)
+  *features, v, gate = zero_padding(ids, *features, v, gate)
+  features, values, log_g = common.prepare(KernelFeatures(*features), v, ids != 0, gate)
   if causal:
     out, (s, z) = causal_packed(
       features,

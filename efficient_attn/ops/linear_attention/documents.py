@@ -16,6 +16,7 @@ from typing import Optional
 
 import jax.numpy as jnp
 
+from efficient_attn.ops.gated import documents
 from efficient_attn.ops.gated.chunk import gated_chunked
 from efficient_attn.ops.gated.sharded import decayed_sharded
 from efficient_attn.ops.linear_attention import common
@@ -41,30 +42,18 @@ def _sums(
     )
     return out, None
 
-  if axis is not None:
-    return _sums_without_state(features, v, run)
+  last = lambda state, i: None if state is None else state[..., i]
   ones = jnp.ones(v.shape[:3] + (1,), v.dtype)
   s0, z0 = (None, None) if initial is None else initial
   if not features.has_numerator:  # one recurrence: the ones ride along as a last value
     state = None if initial is None else jnp.concatenate([initial[0], initial[1][..., None]], -1)
     out, state = run(features.phi_q, features.phi_k, jnp.concatenate([v, ones], -1), state)
-    return out[..., :-1], out[..., -1], (state[..., :-1], state[..., -1])
+    s = None if state is None else state[..., :-1]
+    return out[..., :-1], out[..., -1], (s, last(state, -1))
   num_q, num_k = features.numerator()
   num, s = run(num_q, num_k, v, s0)
   den, z = run(features.phi_q, features.phi_k, ones, None if z0 is None else z0[..., None])
-  return num, den[..., 0], (s, z[..., 0])
-
-
-def _sums_without_state(features: KernelFeatures, v, run):
-  """`_sums` through a `run` that returns no state (a split row's block)."""
-  ones = jnp.ones(v.shape[:3] + (1,), v.dtype)
-  if not features.has_numerator:
-    out, _ = run(features.phi_q, features.phi_k, jnp.concatenate([v, ones], -1), None)
-    return out[..., :-1], out[..., -1], (None, None)
-  num_q, num_k = features.numerator()
-  num, _ = run(num_q, num_k, v, None)
-  den, _ = run(features.phi_q, features.phi_k, ones, None)
-  return num, den[..., 0], (None, None)
+  return num, den[..., 0], (s, last(z, 0))
 
 
 def causal_packed(
@@ -116,9 +105,8 @@ def bidirectional_packed(
 
 def zero_padding(segment_ids, *xs):
   """Each `[batch, length, ...]` array of xs with the padding of `segment_ids` (id 0) set to
-  0 by `where` (None: xs unchanged): a pure function's inputs before its feature map, so
-  that NaN there reaches no gradient (the map's own included)."""
-  if segment_ids is None:
-    return xs
-  real = jnp.asarray(segment_ids) != 0
-  return tuple(jnp.where(real.reshape(real.shape + (1,) * (x.ndim - 2)), x, 0) for x in xs)
+  0 by `where` (`gated.documents.zero_padding`; None: xs unchanged): a pure function's
+  inputs before its feature map, so that NaN there reaches no gradient (the map's own
+  included)."""
+  real = None if segment_ids is None else jnp.asarray(segment_ids) != 0
+  return documents.zero_padding(real, *xs)
